@@ -1,0 +1,13 @@
+"""TokenTrace's serving engine: paged KV cache, prefix caching, continuous batching,
+and a trace event for every stage of a request."""
+from engine.config import EngineConfig, ModelConfig, UnsupportedModelError
+from engine.llm import LLM
+from engine.llm_engine import LLMEngine
+from engine.loader import ModelLoadError
+from engine.outputs import RequestOutput, TokenOutput, Usage
+from engine.sampling_params import SamplingParams
+from engine.trace import CaptureConfig, EventList, TraceEvent, Tracer
+
+__all__ = ["LLM", "LLMEngine", "SamplingParams", "EngineConfig", "ModelConfig", "CaptureConfig",
+           "RequestOutput", "TokenOutput", "Usage", "TraceEvent", "Tracer", "EventList",
+           "ModelLoadError", "UnsupportedModelError"]

@@ -1,0 +1,51 @@
+"""What one forward pass needs: the flattened tokens of every scheduled sequence,
+where their K/V go in the paged cache, and what to capture for the trace."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class CaptureSpec:
+    """What to record for one sequence during a forward pass (bounded on purpose:
+    a long prompt must not turn the trace into gigabytes)."""
+    attention_layers: list[int]  # empty: no attention capture
+    heads: list[int] | None  # None: all query heads
+    max_keys: int  # keep at most the last `max_keys` query rows and key columns
+    moe: bool
+    embed_dims: int  # 0: no embedding rows
+
+
+@dataclass
+class ForwardBatch:
+    input_ids: torch.Tensor  # [T] tokens of all sequences, concatenated
+    positions: torch.Tensor  # [T] absolute positions
+    slot_mapping: torch.Tensor  # [T] where each token's K/V is stored
+    query_starts: list[int]  # len B+1: sequence b owns tokens [starts[b], starts[b+1])
+    context_lens: list[int]  # keys visible to sequence b after this pass (cached + new)
+    block_tables: torch.Tensor  # [B, max_blocks] int32, padded with 0
+    context_lens_t: torch.Tensor  # [B] int32, same as context_lens
+    captures: list[CaptureSpec | None]  # per sequence
+    use_triton: bool = False
+    # Filled during the forward pass: per layer, per captured sequence.
+    captured_attention: dict[int, dict[int, dict]] = field(default_factory=dict)
+    captured_moe: dict[int, dict[int, dict]] = field(default_factory=dict)
+    captured_embed: dict[int, torch.Tensor] = field(default_factory=dict)
+    expert_load: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [E] counts
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.context_lens)
+
+    @property
+    def decode_only(self) -> bool:
+        return self.query_starts[-1] == self.num_seqs
+
+    @property
+    def any_capture(self) -> bool:
+        return any(c is not None for c in self.captures)
+
+    def seq_slice(self, b: int) -> slice:
+        return slice(self.query_starts[b], self.query_starts[b + 1])

@@ -1,0 +1,167 @@
+"""The paged KV cache's bookkeeping: a fixed pool of blocks, a block table per
+sequence, reference counts, and the prefix cache.
+
+Prefix cache: every full block is keyed by a hash chain (the parent block's hash and
+this block's token ids), so a key names the whole prefix up to that block. Ids are
+compared on a hit, so a hash collision cannot serve wrong K/V. Blocks nobody
+references stay cached in the free list, least recently used first in line for reuse.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Callable
+
+from engine.sequence import Sequence
+
+Emit = Callable[..., None]  # emit(type, request_id, **data)
+
+
+@dataclass
+class Block:
+    block_id: int
+    ref_count: int = 0
+    hash: int | None = None
+    token_ids: tuple[int, ...] = ()
+
+
+def chain_hash(parent: int | None, token_ids: tuple[int, ...]) -> int:
+    return hash((parent if parent is not None else -1, token_ids))
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 emit: Emit | None = None) -> None:
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.prefix_caching = enable_prefix_caching
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+        self.cached: dict[int, int] = {}  # chain hash -> block id
+        self.emit = emit
+
+    # --- queries ---------------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free)
+
+    @property
+    def num_cached_blocks(self) -> int:
+        return len(self.cached)
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def match_prefix(self, seq: Sequence) -> list[int]:
+        """Cached blocks holding the longest full-block prefix of seq (at least one token
+        is always left to compute, since its logits are needed)."""
+        if not self.prefix_caching:
+            return []
+        hits, parent = [], None
+        bs = self.block_size
+        for i in range((len(seq) - 1) // bs):
+            ids = tuple(seq.token_ids[i * bs:(i + 1) * bs])
+            h = chain_hash(parent, ids)
+            bid = self.cached.get(h)
+            if bid is None or self.blocks[bid].token_ids != ids:
+                break
+            hits.append(bid)
+            parent = h
+        return hits
+
+    def blocks_needed(self, seq: Sequence, num_new_tokens: int, hits: list[int] | None = None) -> int:
+        """Free blocks consumed by computing num_new_tokens more (after taking `hits`)."""
+        if hits is not None:  # admission: the table starts as the hits
+            revived = sum(1 for b in hits if self.blocks[b].ref_count == 0)
+            return revived + self.blocks_for(len(hits) * self.block_size + num_new_tokens) - len(hits)
+        return max(0, self.blocks_for(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table))
+
+    # --- changes ---------------------------------------------------------------
+    def admit(self, seq: Sequence, hits: list[int]) -> None:
+        """Give a new (or preempted) sequence the cached blocks of its prefix."""
+        for bid in hits:
+            block = self.blocks[bid]
+            if block.ref_count == 0:
+                del self.free[bid]
+            block.ref_count += 1
+        seq.block_table = list(hits)
+        seq.num_computed_tokens = seq.num_cached_tokens = len(hits) * self.block_size
+        if self.emit and seq.traced:
+            self.emit("prefix_cache.lookup", seq.request_id, hit=bool(hits), cached_blocks=hits,
+                      cached_tokens=seq.num_cached_tokens, prompt_tokens=len(seq),
+                      full_blocks=(len(seq) - 1) // self.block_size, readmission=seq.num_preemptions > 0)
+            if hits:
+                self.emit("kv.share", seq.request_id, blocks=hits, tokens=seq.num_cached_tokens)
+
+    def allocate(self, seq: Sequence, num_new_tokens: int) -> None:
+        new = [self._take() for _ in range(self.blocks_needed(seq, num_new_tokens))]
+        for bid in new:
+            self.blocks[bid].ref_count = 1
+        seq.block_table.extend(new)
+        if self.emit and seq.traced and new:
+            self.emit("kv.alloc", seq.request_id, blocks=new, table=list(seq.block_table))
+
+    def commit_full_blocks(self, seq: Sequence, old_computed: int) -> list[int]:
+        """After a forward pass: register blocks that just became full in the prefix cache."""
+        bs = self.block_size
+        done = []
+        for i in range(old_computed // bs, seq.num_computed_tokens // bs):
+            block = self.blocks[seq.block_table[i]]
+            if block.hash is not None:
+                continue  # came from the cache already
+            parent = self.blocks[seq.block_table[i - 1]].hash if i else None
+            ids = tuple(seq.token_ids[i * bs:(i + 1) * bs])
+            block.hash, block.token_ids = chain_hash(parent, ids), ids
+            if self.prefix_caching and block.hash not in self.cached:
+                self.cached[block.hash] = block.block_id
+            done.append(block.block_id)
+        return done
+
+    def free_seq(self, seq: Sequence) -> None:
+        """Drop seq's references. Tail blocks go back first, so under pressure a shared
+        prefix outlives the unique suffixes that follow it."""
+        freed, kept = [], []
+        for bid in reversed(seq.block_table):
+            block = self.blocks[bid]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                if block.hash is not None and self.cached.get(block.hash) == bid:
+                    self.free[bid] = None  # most recently used end
+                    kept.append(bid)
+                else:
+                    self._reset(block)
+                    self.free[bid] = None
+                    self.free.move_to_end(bid, last=False)  # reuse plain blocks first
+                freed.append(bid)
+        if self.emit and seq.traced:
+            self.emit("kv.free", seq.request_id, blocks=freed, cached=kept,
+                      released=len(seq.block_table) - len(freed))
+        seq.block_table = []
+
+    def _take(self) -> int:
+        bid, _ = self.free.popitem(last=False)
+        block = self.blocks[bid]
+        if block.hash is not None:
+            if self.cached.get(block.hash) == bid:
+                del self.cached[block.hash]
+                if self.emit:
+                    self.emit("kv.evict", None, block=bid)
+            self._reset(block)
+        return bid
+
+    @staticmethod
+    def _reset(block: Block) -> None:
+        block.hash, block.token_ids = None, ()
+
+    def check_invariants(self, live: list[Sequence]) -> None:
+        """Refcounts equal the number of live tables holding each block; the free list
+        is exactly the unreferenced blocks. Used by tests after random workloads."""
+        refs = [0] * self.num_blocks
+        for seq in live:
+            for bid in seq.block_table:
+                refs[bid] += 1
+        for block in self.blocks:
+            assert block.ref_count == refs[block.block_id], (block, refs[block.block_id])
+            assert (block.ref_count == 0) == (block.block_id in self.free), block
+        for h, bid in self.cached.items():
+            assert self.blocks[bid].hash == h

@@ -1,0 +1,191 @@
+"""Model and engine configuration.
+
+`ModelConfig` normalises the many spellings of Hugging Face `config.json` files
+(Llama, Mistral, Qwen2/3, Mixtral, Qwen2/3-MoE, OLMoE) into one flat description
+that the model code reads. `EngineConfig` holds the serving knobs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+# architecture name in config.json -> family. The family decides the few
+# places where these models differ (bias, norms, MoE block layout).
+ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+    "MixtralForCausalLM": "mixtral",
+    "Qwen2MoeForCausalLM": "qwen2_moe",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
+    "OlmoeForCausalLM": "olmoe",
+}
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+
+
+class UnsupportedModelError(ValueError):
+    """The checkpoint describes a model this engine cannot run."""
+
+
+@dataclass
+class ModelConfig:
+    architecture: str
+    family: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    rope_theta: float
+    rope_scaling: dict | None
+    tie_word_embeddings: bool
+    qk_norm: str  # "none" | "head" (Qwen3: per head) | "full" (OLMoE: whole projection)
+    qkv_bias: bool
+    o_bias: bool
+    mlp_bias: bool
+    clip_qkv: float | None
+    sliding_windows: list[int | None]  # per layer; None = full attention
+    moe_layers: list[bool]  # per layer: MoE block instead of dense MLP
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = True
+    shared_expert_intermediate_size: int = 0
+    eos_token_ids: list[int] = field(default_factory=list)
+    bos_token_id: int | None = None
+    torch_dtype: str | None = None
+
+    @property
+    def is_moe(self) -> bool:
+        return any(self.moe_layers)
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """K and V for one token across all layers, in elements (multiply by dtype size)."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim
+
+    @classmethod
+    def from_hf(cls, cfg: dict[str, Any]) -> "ModelConfig":
+        archs = cfg.get("architectures") or []
+        arch = next((a for a in archs if a in ARCHITECTURES), None)
+        if arch is None:
+            raise UnsupportedModelError(
+                f"unsupported architecture {archs or cfg.get('model_type')!r}; "
+                f"supported: {', '.join(ARCHITECTURES)}")
+        family = ARCHITECTURES[arch]
+        act = cfg.get("hidden_act", "silu")
+        if act not in ("silu", "swish"):
+            raise UnsupportedModelError(f"unsupported hidden_act {act!r} (only silu/SwiGLU)")
+        n_layers = cfg["num_hidden_layers"]
+        n_heads = cfg["num_attention_heads"]
+        head_dim = cfg.get("head_dim") or cfg["hidden_size"] // n_heads
+        rope_theta, rope_scaling = _rope(cfg)
+
+        # MoE layout: which layers are sparse, and the block's shape.
+        num_experts = cfg.get("num_local_experts") or cfg.get("num_experts") or 0
+        moe_layers = [False] * n_layers
+        if num_experts:
+            if family == "mixtral" or family == "olmoe":
+                moe_layers = [True] * n_layers
+            else:  # qwen2_moe / qwen3_moe
+                step = cfg.get("decoder_sparse_step", 1) or 1
+                only_mlp = set(cfg.get("mlp_only_layers") or [])
+                moe_layers = [i not in only_mlp and (i + 1) % step == 0 for i in range(n_layers)]
+        norm_topk = True if family == "mixtral" else bool(cfg.get("norm_topk_prob", False))
+
+        eos = cfg.get("eos_token_id")
+        eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
+        return cls(
+            architecture=arch,
+            family=family,
+            vocab_size=cfg["vocab_size"],
+            hidden_size=cfg["hidden_size"],
+            num_layers=n_layers,
+            num_heads=n_heads,
+            num_kv_heads=cfg.get("num_key_value_heads") or n_heads,
+            head_dim=head_dim,
+            intermediate_size=cfg.get("intermediate_size", 0),
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            max_position_embeddings=cfg.get("max_position_embeddings", 2048),
+            rope_theta=rope_theta,
+            rope_scaling=rope_scaling,
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            qk_norm={"qwen3": "head", "qwen3_moe": "head", "olmoe": "full"}.get(family, "none"),
+            clip_qkv=cfg.get("clip_qkv"),
+            # transformers hard-codes Q/K/V bias for Qwen2; the others read attention_bias.
+            qkv_bias=family in ("qwen2", "qwen2_moe") or bool(cfg.get("attention_bias", False)),
+            o_bias=family not in ("qwen2", "qwen2_moe") and bool(cfg.get("attention_bias", False)),
+            mlp_bias=bool(cfg.get("mlp_bias", False)),
+            sliding_windows=_sliding_windows(cfg, family, n_layers),
+            moe_layers=moe_layers,
+            num_experts=num_experts,
+            num_experts_per_tok=cfg.get("num_experts_per_tok", 0) if num_experts else 0,
+            moe_intermediate_size=(cfg.get("moe_intermediate_size") or cfg.get("intermediate_size", 0))
+            if num_experts else 0,
+            norm_topk_prob=norm_topk,
+            shared_expert_intermediate_size=cfg.get("shared_expert_intermediate_size", 0)
+            if family == "qwen2_moe" else 0,
+            eos_token_ids=eos_ids,
+            bos_token_id=cfg.get("bos_token_id"),
+            torch_dtype=cfg.get("dtype") or cfg.get("torch_dtype"),
+        )
+
+
+def _rope(cfg: dict) -> tuple[float, dict | None]:
+    # transformers >= 5 writes `rope_parameters` (theta inside); older files
+    # write `rope_theta` + `rope_scaling`.
+    params = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
+    theta = float(params.pop("rope_theta", None) or cfg.get("rope_theta") or 10000.0)
+    rope_type = params.get("rope_type") or params.get("type") or "default"
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise UnsupportedModelError(
+            f"unsupported RoPE scaling {rope_type!r}; supported: {', '.join(SUPPORTED_ROPE_TYPES)}")
+    if cfg.get("partial_rotary_factor", 1.0) != 1.0:
+        raise UnsupportedModelError("partial rotary embeddings are not supported")
+    return theta, ({**params, "rope_type": rope_type} if rope_type != "default" else None)
+
+
+def _sliding_windows(cfg: dict, family: str, n_layers: int) -> list[int | None]:
+    window = cfg.get("sliding_window")
+    if family in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe") and not cfg.get("use_sliding_window", False):
+        window = None
+    if not window or family in ("llama", "olmoe"):
+        return [None] * n_layers
+    if cfg.get("layer_types"):  # explicit per-layer list (transformers >= 4.5x)
+        return [window if t == "sliding_attention" else None for t in cfg["layer_types"]]
+    # Older files: each family's own rule, as transformers derives layer_types.
+    max_window_layers = cfg.get("max_window_layers", n_layers)
+    if family in ("qwen2", "qwen3"):
+        return [window if i >= max_window_layers else None for i in range(n_layers)]
+    if family == "qwen2_moe":
+        return [window if (i + 1) % 2 and i < max_window_layers else None for i in range(n_layers)]
+    return [window] * n_layers  # mistral, mixtral, qwen3_moe
+
+
+@dataclass
+class EngineConfig:
+    """Serving knobs. KV pool size: `num_kv_blocks`, else `kv_cache_memory_fraction`
+    of the free device memory, else a default that fits `max_num_seqs` full contexts
+    (capped at `kv_cache_max_bytes`)."""
+    block_size: int = 16
+    num_kv_blocks: int | None = None
+    kv_cache_memory_fraction: float | None = None
+    kv_cache_max_bytes: int = 1 << 30
+    max_num_seqs: int = 16
+    max_num_batched_tokens: int = 512  # per-step token budget (chunked prefill)
+    max_model_len: int | None = None
+    enable_prefix_caching: bool = True
+    use_triton: bool | None = None  # None: on CUDA when triton imports
+
+    def __post_init__(self) -> None:
+        if self.block_size <= 0 or self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size must be a positive power of two, got {self.block_size}")
+        if self.max_num_seqs <= 0 or self.max_num_batched_tokens <= 0:
+            raise ValueError("max_num_seqs and max_num_batched_tokens must be positive")
+        if self.kv_cache_memory_fraction is not None and not 0 < self.kv_cache_memory_fraction <= 1:
+            raise ValueError("kv_cache_memory_fraction must be in (0, 1]")

@@ -1,0 +1,164 @@
+"""Grouped-query attention over the paged KV cache.
+
+Every pass first writes the new tokens' K/V into their cache slots, then each
+query attends to its sequence's keys read back through the block table. So a
+chunked prefill, a decode step and a prefix-cache hit are the same code path.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.batch import ForwardBatch
+from engine.config import ModelConfig
+from engine.layers.norm import RMSNorm
+from engine.layers.rotary import RotaryEmbedding
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int, rotary: RotaryEmbedding) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q_size = cfg.num_heads * cfg.head_dim
+        self.kv_size = cfg.num_kv_heads * cfg.head_dim
+        self.scale = cfg.head_dim ** -0.5
+        self.window = cfg.sliding_windows[layer_idx]
+        self.clip_qkv = cfg.clip_qkv
+        self.qk_norm = cfg.qk_norm
+        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.o_bias)
+        if cfg.qk_norm == "head":
+            self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+        elif cfg.qk_norm == "full":
+            self.q_norm = RMSNorm(self.q_size, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(self.kv_size, cfg.rms_norm_eps)
+        self.rotary = rotary
+        # Views into the engine's preallocated pool, set by the model runner.
+        self.k_cache = torch.empty(0)
+        self.v_cache = torch.empty(0)
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        T = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        if self.qk_norm == "full":
+            q, k = self.q_norm(q), self.k_norm(k)
+        if self.clip_qkv is not None:
+            q, k, v = (t.clamp(-self.clip_qkv, self.clip_qkv) for t in (q, k, v))
+        q = q.reshape(T, self.num_heads, self.head_dim)
+        k = k.reshape(T, self.num_kv_heads, self.head_dim)
+        v = v.reshape(T, self.num_kv_heads, self.head_dim)
+        if self.qk_norm == "head":
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary(positions, q, k)
+        store_kv(k, v, self.k_cache, self.v_cache, batch)
+        o = self.attend(q, batch)
+        return self.o_proj(o.reshape(T, self.q_size))
+
+    def attend(self, q: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        capturing = [c is not None and self.layer_idx in c.attention_layers for c in batch.captures]
+        if batch.use_triton and batch.decode_only and not any(capturing):
+            from engine.kernels import paged_decode_attention
+            return paged_decode_attention(q, self.k_cache, self.v_cache, batch.block_tables,
+                                          batch.context_lens_t, self.scale, self.window)
+        out = torch.empty_like(q)
+        n_q = [batch.query_starts[b + 1] - batch.query_starts[b] for b in range(batch.num_seqs)]
+        decode = [b for b in range(batch.num_seqs) if n_q[b] == 1]
+        if decode:
+            rows = torch.tensor(batch.query_starts[:-1], device=q.device)[decode] if len(decode) < batch.num_seqs \
+                else None
+            q_dec = q if rows is None else q[rows]
+            idx = None if rows is None else torch.tensor(decode, device=q.device)
+            tables = batch.block_tables if idx is None else batch.block_tables[idx]
+            lens = batch.context_lens_t if idx is None else batch.context_lens_t[idx]
+            o, probs = decode_attention(q_dec, self.k_cache, self.v_cache, tables, lens, self.scale, self.window)
+            if rows is None:
+                out = o
+            else:
+                out[rows] = o
+            for i, b in enumerate(decode):
+                if capturing[b]:
+                    self._capture(batch, b, probs[i, :, None, : batch.context_lens[b]])
+        for b in range(batch.num_seqs):
+            if n_q[b] == 1:
+                continue
+            sl = batch.seq_slice(b)
+            o, probs = prefill_attention(q[sl], self.k_cache, self.v_cache, batch.block_tables[b],
+                                         batch.context_lens[b], self.scale, self.window, capturing[b])
+            out[sl] = o
+            if capturing[b]:
+                self._capture(batch, b, probs)
+        return out
+
+    def _capture(self, batch: ForwardBatch, b: int, probs: torch.Tensor) -> None:
+        """probs: [H, n_q, ctx]. Keep chosen heads and the last `max_keys` rows/keys."""
+        spec = batch.captures[b]
+        ctx = probs.shape[-1]
+        n = probs.shape[1]
+        rows = min(n, spec.max_keys)
+        key_start = max(0, ctx - spec.max_keys)
+        p = probs[:, n - rows:, key_start:]
+        if spec.heads is not None:
+            p = p[spec.heads]
+        batch.captured_attention.setdefault(self.layer_idx, {})[b] = {
+            "q_start": ctx - rows, "k_start": key_start, "window": self.window,
+            "probs": p.float().cpu(),
+        }
+
+
+def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             batch: ForwardBatch) -> None:
+    if batch.use_triton:
+        from engine.kernels import store_kv as store_kv_kernel
+        store_kv_kernel(k, v, k_cache, v_cache, batch.slot_mapping)
+        return
+    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, batch.slot_mapping, k)
+    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, batch.slot_mapping, v)
+
+
+def _window_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None) -> torch.Tensor:
+    allowed = k_pos[None, :] <= q_pos[:, None]
+    if window is not None:
+        allowed &= k_pos[None, :] > q_pos[:, None] - window
+    return allowed
+
+
+def decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, window):
+    """One query per sequence, sequences batched and padded to the longest context.
+    q: [B, H, D]; returns out [B, H, D] and probs [B, H, S]."""
+    B, H, D = q.shape
+    kvh = k_cache.shape[2]
+    k = k_cache[block_tables.long()].flatten(1, 2)  # [B, S, KVH, D]
+    v = v_cache[block_tables.long()].flatten(1, 2)
+    S = k.shape[1]
+    k_pos = torch.arange(S, device=q.device)[None, :]
+    q_pos = (context_lens.long() - 1)[:, None]
+    allowed = k_pos <= q_pos
+    if window is not None:
+        allowed &= k_pos > q_pos - window
+    scores = torch.einsum("bkgd,bskd->bkgs", q.view(B, kvh, H // kvh, D), k) * scale
+    scores = scores.masked_fill(~allowed[:, None, None, :], float("-inf"))
+    probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    out = torch.einsum("bkgs,bskd->bkgd", probs, v)
+    return out.reshape(B, H, D), probs.reshape(B, H, S)
+
+
+def prefill_attention(q, k_cache, v_cache, block_table, context_len, scale, window, want_probs):
+    """n queries of one sequence (the last n positions of its context).
+    q: [n, H, D]; returns out [n, H, D] and (if wanted) probs [H, n, ctx]."""
+    n, H, D = q.shape
+    kvh = k_cache.shape[2]
+    bs = k_cache.shape[1]
+    nblocks = (context_len + bs - 1) // bs
+    blocks = block_table[:nblocks].long()
+    k = k_cache[blocks].flatten(0, 1)[:context_len]  # [ctx, KVH, D]
+    v = v_cache[blocks].flatten(0, 1)[:context_len]
+    pos = torch.arange(context_len, device=q.device)
+    allowed = _window_mask(pos[context_len - n:], pos, window)
+    scores = torch.einsum("nkgd,skd->kgns", q.view(n, kvh, H // kvh, D), k) * scale
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    out = torch.einsum("kgns,skd->nkgd", probs, v).reshape(n, H, D)
+    return out, (probs.reshape(H, n, context_len) if want_probs else None)

@@ -1,0 +1,73 @@
+"""Feed-forward blocks: the dense SwiGLU MLP and the sparse mixture of experts."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.batch import ForwardBatch
+from engine.config import ModelConfig
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x)); gate and up fused into one matmul."""
+
+    def __init__(self, hidden: int, intermediate: int, bias: bool = False) -> None:
+        super().__init__()
+        self.gate_up_proj = nn.Linear(hidden, 2 * intermediate, bias=bias)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
+
+    def forward(self, x: torch.Tensor, batch: ForwardBatch | None = None) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class SparseMoE(nn.Module):
+    """Router softmax -> top-k -> (renormalise) -> weighted sum of the chosen experts,
+    plus a gated shared expert where the model has one (Qwen2-MoE)."""
+
+    def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.top_k = cfg.num_experts_per_tok
+        self.num_experts = cfg.num_experts
+        self.norm_topk_prob = cfg.norm_topk_prob
+        inter = cfg.moe_intermediate_size
+        self.gate = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=False)
+        self.experts_gate_up = nn.Parameter(torch.empty(cfg.num_experts, 2 * inter, cfg.hidden_size))
+        self.experts_down = nn.Parameter(torch.empty(cfg.num_experts, cfg.hidden_size, inter))
+        self.shared_expert = None
+        if cfg.shared_expert_intermediate_size:
+            self.shared_expert = MLP(cfg.hidden_size, cfg.shared_expert_intermediate_size)
+            self.shared_expert_gate = nn.Linear(cfg.hidden_size, 1, bias=False)
+
+    def forward(self, x: torch.Tensor, batch: ForwardBatch | None = None) -> torch.Tensor:
+        router_logits = self.gate(x)
+        probs = F.softmax(router_logits, dim=-1, dtype=torch.float32)
+        weights, experts = torch.topk(probs, self.top_k, dim=-1)
+        if self.norm_topk_prob:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        weights = weights.to(x.dtype)
+        out = torch.zeros_like(x)
+        load = torch.bincount(experts.flatten(), minlength=self.num_experts)
+        for e in load.nonzero().flatten().tolist():
+            token_idx, slot = torch.where(experts == e)
+            gate, up = F.linear(x[token_idx], self.experts_gate_up[e]).chunk(2, dim=-1)
+            y = F.linear(F.silu(gate) * up, self.experts_down[e])
+            out.index_add_(0, token_idx, y * weights[token_idx, slot, None])
+        if self.shared_expert is not None:
+            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        if batch is not None and batch.any_capture:
+            self._capture(batch, probs, experts, weights, load)
+        return out
+
+    def _capture(self, batch, probs, experts, weights, load) -> None:
+        batch.expert_load[self.layer_idx] = load.cpu()
+        for b, spec in enumerate(batch.captures):
+            if spec is None or not spec.moe:
+                continue
+            sl = batch.seq_slice(b)
+            batch.captured_moe.setdefault(self.layer_idx, {})[b] = {
+                "experts": experts[sl].cpu(), "weights": weights[sl].float().cpu(),
+                "router_probs": probs[sl].cpu(),
+            }

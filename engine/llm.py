@@ -1,0 +1,104 @@
+"""LLM: the offline Python API, in the style users know from vLLM.
+
+    from engine import LLM, SamplingParams
+    llm = LLM()                                   # the embedded model
+    out = llm.generate(["Once upon a time"], SamplingParams(temperature=0, max_tokens=20))
+    print(out[0].text)
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterator, Sequence as Seq
+
+import torch
+from tqdm.auto import tqdm
+
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.loader import ProgressFn
+from engine.outputs import RequestOutput, TokenOutput
+from engine.sampling_params import SamplingParams
+from engine.trace import CaptureConfig, EventList, TraceEvent, Tracer
+
+Prompt = str | list[int]
+Messages = list[dict]
+
+
+class LLM:
+    def __init__(self, model: str | Path | None = None, *, device: str = "auto",
+                 dtype: str | torch.dtype = "auto", capture: CaptureConfig | None = None,
+                 progress: ProgressFn | None = None, **engine_options) -> None:
+        """`engine_options` are EngineConfig fields: block_size, num_kv_blocks,
+        kv_cache_memory_fraction, max_num_seqs, max_num_batched_tokens, max_model_len,
+        enable_prefix_caching, use_triton."""
+        self.tracer = Tracer()
+        self.engine = LLMEngine(model, device=device, dtype=dtype, config=EngineConfig(**engine_options),
+                                tracer=self.tracer, trace_level="off", capture=capture, progress=progress)
+        self.tokenizer = self.engine.tokenizer
+
+    def generate(self, prompts: Prompt | Seq[Prompt], params: SamplingParams | Seq[SamplingParams] | None = None,
+                 use_tqdm: bool = False) -> list[RequestOutput]:
+        """One RequestOutput per prompt, in order. A prompt is a string or a list of token ids."""
+        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        return self._run([dict(prompt=p) for p in prompts], params, use_tqdm)
+
+    def chat(self, messages: Messages | Seq[Messages], params: SamplingParams | Seq[SamplingParams] | None = None,
+             use_tqdm: bool = False) -> RequestOutput | list[RequestOutput]:
+        """Apply the model's chat template and answer; one conversation or a list of them."""
+        single = bool(messages) and isinstance(messages[0], dict)
+        outs = self._run([dict(messages=m) for m in ([messages] if single else messages)], params, use_tqdm)
+        return outs[0] if single else outs
+
+    def stream(self, prompt: Prompt | None = None, params: SamplingParams | None = None, *,
+               messages: Messages | None = None, trace: str = "full"
+               ) -> Iterator[TokenOutput | TraceEvent | RequestOutput]:
+        """Run one request and yield, as they happen, its trace events (TraceEvent),
+        each new token (TokenOutput), and finally the whole RequestOutput."""
+        sink = EventList()
+        self.tracer.add_sink(sink)
+        rid = None
+        try:
+            rid = self.engine.add_request(prompt, params, messages=messages, trace_level=trace)
+            while True:
+                done = False
+                outputs = self.engine.step() if self.engine.has_unfinished_requests() else []
+                events, sink.events = sink.events, []
+                for ev in events:
+                    if ev.request_id in (rid, None):
+                        yield ev
+                for out in outputs:
+                    if out.request_id == rid:
+                        yield out
+                        done = done or out.finished
+                if done or self.engine.requests[rid].is_finished:
+                    break
+            yield self.engine.get_output(rid)
+        finally:
+            self.tracer.remove_sink(sink)
+            if rid is not None:
+                self.engine.abort(rid)
+                self.engine.release(rid)
+
+    def _run(self, requests: list[dict], params, use_tqdm: bool) -> list[RequestOutput]:
+        if not isinstance(params, (list, tuple)):
+            params = [params or SamplingParams()] * len(requests)
+        if len(params) != len(requests):
+            raise ValueError(f"{len(requests)} prompts but {len(params)} SamplingParams")
+        ids = []
+        try:
+            for req, p in zip(requests, params):
+                ids.append(self.engine.add_request(params=p, **req))
+            bar = tqdm(total=len(ids), desc="Generating", disable=not use_tqdm)
+            pending = set(ids)
+            while pending:
+                for out in self.engine.step():
+                    if out.finished and out.request_id in pending:
+                        pending.discard(out.request_id)
+                        bar.update(1)
+            bar.close()
+            return [self.engine.get_output(i) for i in ids]
+        finally:
+            for i in ids:
+                self.engine.abort(i)
+                self.engine.release(i)

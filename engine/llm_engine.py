@@ -1,0 +1,350 @@
+"""LLMEngine: the loop that serves requests. add_request -> step() ... -> finished.
+
+Each step: the scheduler picks a batch, the model runner computes it over the paged
+KV cache, the sampler draws one token for every sequence whose prompt is fully
+computed, and the results are checked against the stop conditions. Every stage is
+reported to the tracer for requests whose trace level asks for it.
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+from engine.batch import CaptureSpec
+from engine.block_manager import BlockManager
+from engine.config import EngineConfig
+from engine.loader import DTYPES, ProgressFn, load_config, resolve_model_path
+from engine.model_runner import ModelRunner
+from engine.outputs import RequestOutput, TokenOutput, Usage
+from engine.sampler import explain, sample
+from engine.sampling_params import SamplingParams
+from engine.scheduler import ScheduledSeq
+from engine.sequence import Sequence, Status
+from engine.tokenizer import IncrementalDetokenizer, Tokenizer
+from engine.trace import TRACE_LEVELS, CaptureConfig, Tracer
+
+DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "assets" / "models" / "target"
+_ids = itertools.count()
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' was requested but no CUDA GPU is available")
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"unsupported device {device!r} (cpu or cuda)")
+    return dev
+
+
+def resolve_dtype(dtype: str | torch.dtype, checkpoint_dtype: str | None, device: torch.device) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":  # the checkpoint's own dtype on GPU; float32 on CPU (fast and exact there)
+        return DTYPES.get(checkpoint_dtype or "", torch.bfloat16) if device.type == "cuda" else torch.float32
+    if dtype not in DTYPES:
+        raise ValueError(f"unsupported dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+class LLMEngine:
+    def __init__(self, model: str | Path | None = None, *, device: str = "auto",
+                 dtype: str | torch.dtype = "auto", config: EngineConfig | None = None,
+                 tracer: Tracer | None = None, trace_level: str = "basic",
+                 capture: CaptureConfig | None = None, progress: ProgressFn | None = None) -> None:
+        self.config = config or EngineConfig()
+        self.model_path = resolve_model_path(model if model is not None else DEFAULT_MODEL)
+        self.model_config = cfg = load_config(self.model_path)
+        self.tokenizer = Tokenizer(self.model_path)
+        self.device = resolve_device(device)
+        self.dtype = resolve_dtype(dtype, cfg.torch_dtype, self.device)
+        self.max_model_len = min(self.config.max_model_len or cfg.max_position_embeddings,
+                                 cfg.max_position_embeddings)
+        self.runner = ModelRunner(self.model_path, cfg, self.config, self.max_model_len,
+                                  self.dtype, self.device, progress)
+        self.tracer = tracer
+        if trace_level not in TRACE_LEVELS:
+            raise ValueError(f"trace_level must be one of {TRACE_LEVELS}")
+        self.default_trace_level = trace_level if tracer is not None else "off"
+        self.capture = capture or CaptureConfig()
+        self.block_manager = BlockManager(self.runner.num_blocks, self.config.block_size,
+                                          self.config.enable_prefix_caching,
+                                          emit=self._emit if tracer is not None else None)
+        from engine.scheduler import Scheduler
+        self.scheduler = Scheduler(self.config, self.block_manager)
+        self.requests: dict[str, Sequence] = {}
+        self.step_count = 0
+        self.num_aborted = 0
+        self.lock = threading.RLock()  # add/abort may come from other threads than step()
+
+    # --- requests ----------------------------------------------------------------
+    def add_request(self, prompt: str | list[int] | None = None, params: SamplingParams | None = None, *,
+                    messages: list[dict] | None = None, request_id: str | None = None,
+                    trace_level: str | None = None) -> str:
+        arrival = time.perf_counter()
+        params = params or SamplingParams()
+        level = trace_level or self.default_trace_level
+        if level not in TRACE_LEVELS:
+            raise ValueError(f"trace level must be one of {TRACE_LEVELS}")
+        if self.tracer is None:
+            level = "off"
+        request_id = request_id or f"req-{next(_ids)}"
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        text, ids = self._tokenize(prompt, messages)
+        self._validate(ids, params)
+        seq = Sequence(request_id, ids, params, IncrementalDetokenizer.start(self.tokenizer, ids),
+                       trace_level=level, prompt=text, arrival_time=arrival)
+        seq.tokenized_time = time.perf_counter()
+        if not params.greedy:
+            seq.generator = torch.Generator(self.device)
+            seq.generator.manual_seed(params.seed if params.seed is not None
+                                      else int.from_bytes(torch.randint(0, 2**62, (1,)).numpy().tobytes(), "little"))
+        if level == "full":
+            c = self.capture
+            layers = c.attention_layers if c.attention_layers is not None else list(range(self.model_config.num_layers))
+            seq.capture = CaptureSpec(layers, c.heads, c.max_keys, self.model_config.is_moe, c.embed_dims)
+        with self.lock:
+            self.requests[request_id] = seq
+            if seq.traced:
+                self._trace_arrival(seq, messages)
+            self.scheduler.add(seq)
+        return request_id
+
+    def _tokenize(self, prompt, messages) -> tuple[str | None, list[int]]:
+        if messages is not None:
+            _check_messages(messages)
+            return self.tokenizer.apply_chat_template(messages), self.tokenizer.encode_chat(messages)
+        if isinstance(prompt, str):
+            return prompt, self.tokenizer.encode(prompt)
+        if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
+            return None, list(prompt)
+        raise ValueError("a prompt is a string or a list of token ids (or pass messages=...)")
+
+    def _validate(self, ids: list[int], params: SamplingParams) -> None:
+        if not ids:
+            raise ValueError("the prompt is empty")
+        vocab = self.model_config.vocab_size
+        if any(t < 0 or t >= vocab for t in ids):
+            raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        if len(ids) >= self.max_model_len:
+            raise ValueError(f"the prompt has {len(ids)} tokens but this model's context is {self.max_model_len} "
+                             "tokens, and at least one must be generated")
+        if self.block_manager.blocks_for(len(ids) + 1) > self.block_manager.num_blocks:
+            raise ValueError(f"the prompt has {len(ids)} tokens but the KV cache holds only "
+                             f"{self.block_manager.num_blocks * self.config.block_size}")
+
+    def abort(self, request_id: str) -> bool:
+        """Stop a request now and free its blocks. False if unknown or already done."""
+        with self.lock:
+            seq = self.requests.get(request_id)
+            if seq is None or seq.is_finished:
+                return False
+            self.num_aborted += 1
+            self._finish(seq, "abort")
+            return True
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def get_output(self, request_id: str) -> RequestOutput:
+        seq = self.requests[request_id]
+        return RequestOutput(
+            request_id=seq.request_id, prompt=seq.prompt, prompt_token_ids=list(seq.prompt_token_ids),
+            token_ids=list(seq.output_token_ids), text=seq.text, finish_reason=seq.finish_reason,
+            usage=Usage(seq.num_prompt_tokens, seq.num_output_tokens, seq.num_cached_tokens),
+            metrics=self._metrics(seq))
+
+    def release(self, request_id: str) -> None:
+        """Forget a finished request (its output has been collected)."""
+        with self.lock:
+            seq = self.requests.get(request_id)
+            if seq is not None and seq.is_finished:
+                del self.requests[request_id]
+
+    # --- the loop ----------------------------------------------------------------
+    def step(self) -> list[TokenOutput]:
+        with self.lock:
+            return self._step()
+
+    def _step(self) -> list[TokenOutput]:
+        self.step_count += 1
+        outputs: list[TokenOutput] = []
+        sched = self.scheduler.schedule()
+        for seq in sched.out_of_memory:
+            self._emit_if(seq, "kv.exhausted", blocks=self.block_manager.num_blocks, tokens=len(seq))
+            outputs.append(self._finish(seq, "length"))
+        for seq in sched.preempted:
+            self._emit_if(seq, "schedule.preempt", tokens=len(seq))
+        now = time.perf_counter()
+        for seq in sched.admitted:
+            seq.first_scheduled_time = seq.first_scheduled_time or now
+        if not sched.scheduled:
+            return outputs
+        scheduled = sched.scheduled
+        batch = self.runner.prepare(scheduled, [s.seq.capture for s in scheduled])
+        sampling = [i for i, s in enumerate(scheduled) if s.samples]
+        t_start = time.perf_counter()
+        logits = self.runner.run(batch)[sampling] if sampling else None
+        t_forward = time.perf_counter()
+        seqs = [scheduled[i].seq for i in sampling]
+        tokens = sample(logits, [s.params for s in seqs], [s.generator for s in seqs]) if sampling else []
+        t_sample = time.perf_counter()
+        if self.tracer is not None and any(s.seq.traced for s in scheduled):
+            self._trace_step(scheduled, batch, t_forward - t_start)
+        for s in scheduled:
+            old = s.seq.num_computed_tokens
+            s.seq.num_computed_tokens += s.num_tokens
+            self.block_manager.commit_full_blocks(s.seq, old)
+        for row, (seq, token) in enumerate(zip(seqs, tokens)):
+            if seq.traced:
+                self._emit("sample", seq.request_id, position=len(seq),
+                           **explain(logits[row], seq.params, token, self.capture.top_candidates))
+            if not seq.first_token_time:
+                seq.prefill_done_time, seq.first_token_time = t_forward, t_sample
+            outputs.append(self._append_token(seq, token, t_sample))
+        return outputs
+
+    def _append_token(self, seq: Sequence, token: int, now: float) -> TokenOutput:
+        seq.token_ids.append(token)
+        seq.token_times.append(now)
+        seq.text += seq.detokenizer.push(token)
+        reason = self._stop_reason(seq, token)
+        if reason is not None:
+            return self._finish(seq, reason, token)
+        visible = len(seq.text) - self._holdback(seq)
+        return self._token_output(seq, token, visible)
+
+    def _stop_reason(self, seq: Sequence, token: int) -> str | None:
+        p = seq.params
+        if (not p.ignore_eos and token in self.model_config.eos_token_ids) or token in p.stop_token_ids:
+            return "stop"
+        for stop in p.stop:
+            idx = seq.text.find(stop)
+            if idx != -1:
+                seq.text = seq.text[: idx + (len(stop) if p.include_stop_str_in_output else 0)]
+                seq.stopped_by_string = True
+                return "stop"
+        if seq.num_output_tokens >= p.max_tokens or len(seq) >= self.max_model_len:
+            return "length"
+        return None
+
+    @staticmethod
+    def _holdback(seq: Sequence) -> int:
+        """Characters not streamed yet because they might begin a stop string."""
+        return max((len(s) - 1 for s in seq.params.stop), default=0)
+
+    def _token_output(self, seq: Sequence, token: int, visible: int) -> TokenOutput:
+        delta = seq.text[seq.streamed_chars:max(visible, seq.streamed_chars)]
+        seq.streamed_chars += len(delta)
+        out = TokenOutput(seq.request_id, token, delta, seq.num_output_tokens - 1,
+                          seq.token_times[-1] - seq.arrival_time, seq.finish_reason is not None, seq.finish_reason)
+        if seq.traced:
+            prev = seq.token_times[-2] if len(seq.token_times) > 1 else seq.arrival_time
+            self._emit("token", seq.request_id, token_id=token, text=delta, index=out.index,
+                       t=out.time, latency=seq.token_times[-1] - prev)
+        return out
+
+    def _finish(self, seq: Sequence, reason: str, token: int | None = None) -> TokenOutput:
+        if not seq.stopped_by_string:
+            seq.text += seq.detokenizer.flush()
+        seq.finish_reason = reason
+        out = self._token_output(seq, token, len(seq.text)) if token is not None else TokenOutput(
+            seq.request_id, -1, "", seq.num_output_tokens, time.perf_counter() - seq.arrival_time, True, reason)
+        self.scheduler.finish(seq, reason)
+        if seq.traced:
+            self._emit("finish", seq.request_id, reason=reason, text=seq.text,
+                       usage={"prompt_tokens": seq.num_prompt_tokens, "completion_tokens": seq.num_output_tokens,
+                              "cached_tokens": seq.num_cached_tokens},
+                       **self._metrics(seq))
+        return out
+
+    def _metrics(self, seq: Sequence) -> dict:
+        if not seq.first_token_time:
+            return {"preemptions": seq.num_preemptions}
+        times = [seq.first_token_time] + seq.token_times[1:]
+        return {
+            "ttft": seq.first_token_time - seq.arrival_time,
+            "ttft_split": {"tokenize": seq.tokenized_time - seq.arrival_time,
+                           "queue": seq.first_scheduled_time - seq.tokenized_time,
+                           "prefill": seq.prefill_done_time - seq.first_scheduled_time,
+                           "first_sample": seq.first_token_time - seq.prefill_done_time},
+            "token_latencies": [b - a for a, b in zip(times, times[1:])],
+            "preemptions": seq.num_preemptions,
+        }
+
+    # --- tracing -------------------------------------------------------------------
+    def _emit(self, type: str, request_id: str | None, **data) -> None:
+        self.tracer.emit(type, request_id, self.step_count, **data)
+
+    def _emit_if(self, seq: Sequence, type: str, **data) -> None:
+        if seq.traced and self.tracer is not None:
+            self._emit(type, seq.request_id, **data)
+
+    def _trace_arrival(self, seq: Sequence, messages: list[dict] | None) -> None:
+        p = seq.params
+        self._emit("request.arrive", seq.request_id, prompt=seq.prompt, messages=messages,
+                   params={"temperature": p.temperature, "top_k": p.top_k, "top_p": p.top_p, "min_p": p.min_p,
+                           "seed": p.seed, "max_tokens": p.max_tokens, "stop": p.stop, "ignore_eos": p.ignore_eos},
+                   trace_level=seq.trace_level)
+        ids = seq.prompt_token_ids
+        self._emit("tokenize", seq.request_id, tokens=self.tokenizer.pieces(ids), count=len(ids),
+                   vocab_size=self.tokenizer.vocab_size, chat_template=messages is not None,
+                   seconds=seq.tokenized_time - seq.arrival_time)
+
+    def _trace_step(self, scheduled: list[ScheduledSeq], batch, forward_seconds: float) -> None:
+        bm = self.block_manager
+        self._emit("schedule.step", None, forward_seconds=forward_seconds, num_tokens=batch.query_starts[-1],
+                   batch=[{"request_id": s.seq.request_id, "kind": s.kind, "start": s.start,
+                           "num_tokens": s.num_tokens} for s in scheduled],
+                   running=len(self.scheduler.running), waiting=len(self.scheduler.waiting),
+                   free_blocks=bm.num_free_blocks, cached_blocks=bm.num_cached_blocks)
+        bs = self.config.block_size
+        for b, s in enumerate(scheduled):
+            seq = s.seq
+            if not seq.traced:
+                continue
+            fills, pos, end = [], s.start, s.start + s.num_tokens
+            while pos < end:
+                n = min(end, (pos // bs + 1) * bs) - pos
+                fills.append({"block": seq.block_table[pos // bs], "offset": pos % bs, "count": n})
+                pos += n
+            self._emit("kv.fill", seq.request_id, fills=fills, tokens=end, blocks=len(seq.block_table),
+                       kind=s.kind)
+            if seq.capture is None:
+                continue
+            sl = batch.seq_slice(b)
+            if b in batch.captured_embed:
+                rows = batch.captured_embed[b]
+                self._emit("embed", seq.request_id, start=s.start, token_ids=batch.input_ids[sl],
+                           shape=[s.num_tokens, self.model_config.hidden_size], dims=rows.shape[1], rows=rows)
+            cfg = self.model_config
+            heads = seq.capture.heads if seq.capture.heads is not None else list(range(cfg.num_heads))
+            group = cfg.num_heads // cfg.num_kv_heads
+            for layer, per_seq in batch.captured_attention.items():
+                if b in per_seq:
+                    a = per_seq[b]
+                    self._emit("attention", seq.request_id, layer=layer, kind=s.kind, heads=heads,
+                               kv_heads=[h // group for h in heads], num_heads=cfg.num_heads,
+                               num_kv_heads=cfg.num_kv_heads, q_start=a["q_start"], k_start=a["k_start"],
+                               window=a["window"], probs=a["probs"])
+            for layer, per_seq in batch.captured_moe.items():
+                if b in per_seq:
+                    m = per_seq[b]
+                    self._emit("moe", seq.request_id, layer=layer, start=s.start, experts=m["experts"],
+                               weights=m["weights"], num_experts=cfg.num_experts, top_k=cfg.num_experts_per_tok,
+                               batch_load=batch.expert_load[layer])
+
+
+def _check_messages(messages: list[dict]) -> None:
+    if not isinstance(messages, list) or not messages:
+        raise ValueError("messages must be a non-empty list")
+    for m in messages:
+        if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant") \
+                or not isinstance(m.get("content"), str):
+            raise ValueError("each message needs a role (system, user or assistant) and string content")

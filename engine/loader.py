@@ -1,0 +1,134 @@
+"""Find a checkpoint (local directory or hub id), read its config and stream its
+safetensors weights into our model, with progress and clear errors."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Callable
+
+import torch
+from tqdm.auto import tqdm
+
+from engine.config import ModelConfig
+from engine.model import IGNORED, CausalLM, checkpoint_target, shard_sizes
+
+ProgressFn = Callable[[int, int, str], None]  # (done, total, what)
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_HUB_PATTERNS = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt", "*.jinja"]
+
+
+class ModelLoadError(RuntimeError):
+    """A checkpoint could not be found, read or understood; the message says what is missing."""
+
+
+def resolve_model_path(model: str | os.PathLike) -> Path:
+    """A local directory as is; otherwise a Hugging Face hub id, downloaded (cached)."""
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return path
+    text = str(model)
+    if path.exists() or text.startswith((".", "/", "~")) or text.count("/") != 1:
+        raise ModelLoadError(f"model directory not found: {text}")
+    try:
+        from huggingface_hub import snapshot_download
+        return Path(snapshot_download(repo_id=text, allow_patterns=_HUB_PATTERNS))
+    except Exception as e:  # offline, unknown repo, gated repo...
+        raise ModelLoadError(
+            f"could not get {text!r} from the Hugging Face hub ({type(e).__name__}: {str(e).splitlines()[0]}); "
+            "check the id and the network, or pass a local checkpoint directory") from e
+
+
+def load_config(path: Path) -> ModelConfig:
+    cfg_file = path / "config.json"
+    if not cfg_file.is_file():
+        raise ModelLoadError(f"missing config.json in {path}")
+    try:
+        raw = json.loads(cfg_file.read_text())
+    except json.JSONDecodeError as e:
+        raise ModelLoadError(f"config.json in {path} is not valid JSON: {e}") from e
+    cfg = ModelConfig.from_hf(raw)
+    gen_file = path / "generation_config.json"
+    if gen_file.is_file():
+        eos = json.loads(gen_file.read_text()).get("eos_token_id")
+        if eos is not None:  # generation_config decides when to stop, as in transformers
+            cfg.eos_token_ids = [eos] if isinstance(eos, int) else list(eos)
+    return cfg
+
+
+def weight_files(path: Path) -> list[Path]:
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        missing = [n for n in names if not (path / n).is_file()]
+        if missing:
+            raise ModelLoadError(f"missing weight shards in {path}: {', '.join(missing)}")
+        return [path / n for n in names]
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        other = [p.name for p in path.glob("*.bin")] + [p.name for p in path.glob("*.pt*")]
+        hint = f" (found {', '.join(other)}: convert them to safetensors)" if other else ""
+        raise ModelLoadError(f"missing *.safetensors weights in {path}{hint}")
+    return files
+
+
+def build_model(cfg: ModelConfig, max_positions: int, dtype: torch.dtype, device: torch.device) -> CausalLM:
+    # Build on the meta device so no memory is spent on random init, then allocate.
+    with torch.device("meta"):
+        model = CausalLM(cfg, max_positions)
+    model = model.to(dtype).to_empty(device=device)
+    rotary = model.model.layers[0].self_attn.rotary
+    fresh = type(rotary)(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling)
+    rotary.cos, rotary.sin = fresh.cos.to(device), fresh.sin.to(device)
+    return model.eval()
+
+
+def load_weights(model: CausalLM, path: Path, progress: ProgressFn | None = None) -> None:
+    from safetensors import safe_open
+    from safetensors import SafetensorError
+
+    cfg = model.config
+    params = dict(model.named_parameters(remove_duplicate=False))
+    filled = {name: 0 for name in dict(model.named_parameters())}
+    files = weight_files(path)
+    try:
+        handles = [safe_open(str(f), framework="pt", device="cpu") for f in files]
+        keys = [(h, k) for h in handles for k in h.keys()]
+    except (SafetensorError, OSError) as e:
+        raise ModelLoadError(f"cannot read weights in {path}: {e}") from e
+    bar = tqdm(total=len(keys), desc="Loading weights", unit="tensor", disable=progress is not None)
+    for i, (handle, key) in enumerate(keys):
+        if IGNORED.search(key) or (cfg.tie_word_embeddings and key == "lm_head.weight"):
+            continue
+        name, expert, shard = checkpoint_target(key)
+        if name not in params:
+            raise ModelLoadError(f"unexpected tensor {key!r} in {path} for {cfg.architecture}")
+        try:
+            tensor = handle.get_tensor(key)
+        except (SafetensorError, OSError) as e:
+            raise ModelLoadError(f"cannot read tensor {key!r} in {path}: {e}") from e
+        dest = params[name].data
+        if expert is not None:
+            dest = dest[expert]
+        if shard is not None:
+            sizes = shard_sizes(cfg, name)
+            dest = dest.narrow(0, sum(sizes[:shard]), sizes[shard])
+        if dest.shape != tensor.shape:
+            raise ModelLoadError(f"tensor {key!r} has shape {tuple(tensor.shape)}, expected {tuple(dest.shape)}")
+        dest.copy_(tensor)
+        filled[name] += tensor.numel()
+        bar.update(1)
+        if progress is not None:
+            progress(i + 1, len(keys), "weights")
+    bar.close()
+    missing = [n for n, p in model.named_parameters() if filled.get(n, 0) != p.numel()]
+    if missing:
+        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        raise ModelLoadError(f"checkpoint {path} lacks weights for: {shown}")
+
+
+def load_model(path: Path, cfg: ModelConfig, max_positions: int, dtype: torch.dtype,
+               device: torch.device, progress: ProgressFn | None = None) -> CausalLM:
+    model = build_model(cfg, max_positions, dtype, device)
+    load_weights(model, path, progress)
+    return model

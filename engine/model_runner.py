@@ -1,0 +1,106 @@
+"""Owns the model and the KV pool on the device; turns a scheduled batch into
+tensors, runs the forward pass and returns the logits that are sampled."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from engine.batch import CaptureSpec, ForwardBatch
+from engine.config import EngineConfig, ModelConfig
+from engine.loader import ProgressFn, load_model
+from engine.scheduler import ScheduledSeq
+
+
+def kv_pool_blocks(cfg: ModelConfig, ecfg: EngineConfig, max_model_len: int, dtype: torch.dtype,
+                   device: torch.device) -> int:
+    """How many blocks the pool gets: explicit count, memory fraction, or a default."""
+    bytes_per_block = cfg.kv_bytes_per_token * ecfg.block_size * dtype.itemsize
+    if ecfg.num_kv_blocks is not None:
+        return ecfg.num_kv_blocks
+    if ecfg.kv_cache_memory_fraction is not None:
+        if device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(device)
+        else:
+            free = _available_host_memory()
+        return max(1, int(free * ecfg.kv_cache_memory_fraction) // bytes_per_block)
+    wanted = ecfg.max_num_seqs * -(-max_model_len // ecfg.block_size)
+    return max(1, min(wanted, ecfg.kv_cache_max_bytes // bytes_per_block))
+
+
+def _triton_available() -> bool:
+    try:
+        from engine.kernels import triton_available
+    except ImportError:
+        return False
+    return triton_available()
+
+
+def _available_host_memory() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+
+class ModelRunner:
+    def __init__(self, path: Path, cfg: ModelConfig, ecfg: EngineConfig, max_model_len: int,
+                 dtype: torch.dtype, device: torch.device, progress: ProgressFn | None = None) -> None:
+        self.cfg, self.ecfg = cfg, ecfg
+        self.device, self.dtype = device, dtype
+        self.model = load_model(path, cfg, max_model_len, dtype, device, progress)
+        self.num_blocks = kv_pool_blocks(cfg, ecfg, max_model_len, dtype, device)
+        self.block_size = ecfg.block_size
+        # One preallocated pool: [K/V, layer, block, slot, kv head, head dim].
+        self.kv_cache = torch.zeros(2, cfg.num_layers, self.num_blocks, ecfg.block_size,
+                                    cfg.num_kv_heads, cfg.head_dim, dtype=dtype, device=device)
+        for i, attn in enumerate(self.model.attention_layers()):
+            attn.k_cache, attn.v_cache = self.kv_cache[0, i], self.kv_cache[1, i]
+        use_triton = ecfg.use_triton
+        if use_triton is None:
+            use_triton = device.type == "cuda" and _triton_available()
+        self.use_triton = use_triton
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return self.kv_cache.numel() * self.kv_cache.element_size()
+
+    def prepare(self, scheduled: list[ScheduledSeq], captures: list[CaptureSpec | None]) -> ForwardBatch:
+        ids, positions, slots, starts, ctx = [], [], [], [0], []
+        bs = self.block_size
+        for s in scheduled:
+            seq = s.seq
+            end = s.start + s.num_tokens
+            ids.extend(seq.token_ids[s.start:end])
+            positions.extend(range(s.start, end))
+            table = seq.block_table
+            slots.extend(table[p // bs] * bs + p % bs for p in range(s.start, end))
+            starts.append(starts[-1] + s.num_tokens)
+            ctx.append(end)
+        width = max(len(s.seq.block_table) for s in scheduled)
+        tables = [s.seq.block_table + [0] * (width - len(s.seq.block_table)) for s in scheduled]
+        dev = self.device
+        return ForwardBatch(
+            input_ids=torch.tensor(ids, dtype=torch.long, device=dev),
+            positions=torch.tensor(positions, dtype=torch.long, device=dev),
+            slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
+            query_starts=starts,
+            context_lens=ctx,
+            block_tables=torch.tensor(tables, dtype=torch.int32, device=dev),
+            context_lens_t=torch.tensor(ctx, dtype=torch.int32, device=dev),
+            captures=captures,
+            use_triton=self.use_triton,
+        )
+
+    @torch.inference_mode()
+    def run(self, batch: ForwardBatch, all_logits: bool = False) -> torch.Tensor:
+        """Logits [B, V] at each sequence's last computed token (or [T, V] for all)."""
+        hidden = self.model(batch)
+        if not all_logits:
+            hidden = hidden[[e - 1 for e in batch.query_starts[1:]]]
+        return self.model.compute_logits(hidden).float()

@@ -1,0 +1,79 @@
+"""Logits -> next token, per sequence: temperature -> top-k -> top-p -> min-p -> draw.
+
+Each sequence brings its own parameters and its own random generator, so a seeded
+request draws the same tokens whatever else shares its batch.
+"""
+from __future__ import annotations
+
+import torch
+
+from engine.sampling_params import SamplingParams
+
+
+def filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Scaled and masked logits (float32, -inf where cut) for one sequence: [V]."""
+    x = logits.float() / params.temperature
+    if params.top_k and params.top_k < x.shape[-1]:
+        kth = torch.topk(x, params.top_k).values[-1]
+        x = x.masked_fill(x < kth, float("-inf"))
+    if params.top_p < 1.0:
+        probs = torch.softmax(x, dim=-1)
+        sorted_p, order = torch.sort(probs, descending=True)
+        # drop a token when the mass before it already reaches top_p (the first always stays)
+        drop_sorted = (torch.cumsum(sorted_p, dim=-1) - sorted_p) >= params.top_p
+        x = x.masked_fill(torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted), float("-inf"))
+    if params.min_p > 0.0:
+        probs = torch.softmax(x, dim=-1)
+        x = x.masked_fill(probs < params.min_p * probs.max(), float("-inf"))
+    return x
+
+
+def sample_one(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
+    if params.greedy:
+        return int(torch.argmax(logits))
+    probs = torch.softmax(filter_logits(logits, params), dim=-1)
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def sample(logits: torch.Tensor, params: list[SamplingParams],
+           generators: list[torch.Generator | None]) -> list[int]:
+    """logits: [N, V], one row per sequence that draws a token this step."""
+    greedy_rows = [i for i, p in enumerate(params) if p.greedy]
+    tokens = [0] * len(params)
+    if greedy_rows:
+        picks = torch.argmax(logits[greedy_rows], dim=-1).tolist()
+        for i, t in zip(greedy_rows, picks):
+            tokens[i] = t
+    for i, p in enumerate(params):
+        if not p.greedy:
+            tokens[i] = sample_one(logits[i], p, generators[i])
+    return tokens
+
+
+def explain(logits: torch.Tensor, params: SamplingParams, token_id: int, top: int) -> dict:
+    """The sampling stages of one draw, for the trace: the top candidates before and
+    after each knob, how many tokens survive each cut, and the token drawn."""
+    raw = logits.float()
+    stages = {"logits": torch.softmax(raw, dim=-1)}
+    if params.greedy:
+        final = stages["logits"]
+    else:
+        stages["temperature"] = torch.softmax(raw / params.temperature, dim=-1)
+        step = SamplingParams(temperature=params.temperature, top_k=params.top_k)
+        stages["top_k"] = torch.softmax(filter_logits(raw, step), dim=-1)
+        step.top_p = params.top_p
+        stages["top_p"] = torch.softmax(filter_logits(raw, step), dim=-1)
+        step.min_p = params.min_p
+        final = stages["min_p"] = torch.softmax(filter_logits(raw, step), dim=-1)
+    ids = torch.topk(stages["logits"], min(top, raw.shape[-1])).indices
+    if token_id not in ids.tolist():
+        ids = torch.cat([ids, torch.tensor([token_id], device=ids.device)])
+    return {
+        "candidates": ids,
+        "stages": {name: {"probs": p[ids], "kept": int((p > 0).sum())} for name, p in stages.items()},
+        "params": {"temperature": params.temperature, "top_k": params.top_k, "top_p": params.top_p,
+                   "min_p": params.min_p, "greedy": params.greedy},
+        "token_id": token_id,
+        "token_prob": float(final[token_id]),
+        "entropy": float(-(final[final > 0] * final[final > 0].log()).sum()),
+    }

@@ -1,0 +1,127 @@
+"""Continuous batching with chunked prefill.
+
+Each step spends a token budget: first one token for every decoding sequence,
+then chunks of unfinished prefills, then new sequences from the queue (their
+prefix-cache hits are free). When the KV pool runs dry, the most recently
+admitted sequence is preempted: its blocks are freed and it is recomputed later.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from engine.block_manager import BlockManager
+from engine.config import EngineConfig
+from engine.sequence import Sequence, Status
+
+
+@dataclass
+class ScheduledSeq:
+    seq: Sequence
+    start: int  # first position computed this step
+    num_tokens: int
+
+    @property
+    def samples(self) -> bool:
+        """Does this chunk reach the end of the sequence, so a token is drawn?"""
+        return self.start + self.num_tokens == len(self.seq)
+
+    @property
+    def kind(self) -> str:
+        return "decode" if self.start >= self.seq.num_prompt_tokens and self.num_tokens == 1 else "prefill"
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledSeq] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+    admitted: list[Sequence] = field(default_factory=list)
+    out_of_memory: list[Sequence] = field(default_factory=list)  # cannot grow even alone
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_tokens for s in self.scheduled)
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, block_manager: BlockManager) -> None:
+        self.config = config
+        self.bm = block_manager
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.config.max_num_batched_tokens
+        decoding = [s for s in self.running if s.num_computed_tokens == len(s) - 1]
+        prefilling = [s for s in self.running if s.num_computed_tokens < len(s) - 1]
+        for seq in decoding + prefilling:
+            if budget == 0:
+                break
+            if seq.status != Status.RUNNING:  # preempted earlier in this loop
+                continue
+            n = min(len(seq) - seq.num_computed_tokens, budget)
+            if not self._make_room(seq, n, out):
+                continue
+            start = seq.num_computed_tokens
+            self.bm.allocate(seq, n)
+            out.scheduled.append(ScheduledSeq(seq, start, n))
+            budget -= n
+        # Admit new work only when nothing had to give way this step.
+        while self.waiting and budget > 0 and not out.preempted and len(self.running) < self.config.max_num_seqs:
+            seq = self.waiting[0]
+            hits = self.bm.match_prefix(seq)
+            n = min(len(seq) - len(hits) * self.bm.block_size, budget)
+            if self.bm.blocks_needed(seq, n, hits) > self.bm.num_free_blocks:
+                break
+            self.waiting.popleft()
+            self.bm.admit(seq, hits)
+            self.bm.allocate(seq, n)
+            seq.status = Status.RUNNING
+            self.running.append(seq)
+            out.admitted.append(seq)
+            out.scheduled.append(ScheduledSeq(seq, seq.num_computed_tokens, n))
+            budget -= n
+        if not out.scheduled and self.waiting and not self.running:
+            out.out_of_memory.append(self.waiting[0])  # too big for the empty pool: never fits
+        return out
+
+    def _make_room(self, seq: Sequence, n: int, out: SchedulerOutput) -> bool:
+        """Preempt later sequences until seq's next n tokens fit. False if seq itself
+        had to go (preempted, or alone and still too big for the whole pool)."""
+        while self.bm.blocks_needed(seq, n) > self.bm.num_free_blocks:
+            victim = self.running[-1]
+            if victim is seq and len(self.running) == 1:
+                out.out_of_memory.append(seq)  # the pool cannot hold this sequence at all
+                return False
+            if any(s.seq is victim for s in out.scheduled):
+                # Never preempt what is already in this batch: give way ourselves.
+                victim = seq
+            self.preempt(victim)
+            out.preempted.append(victim)
+            if victim is seq:
+                return False
+        return True
+
+    def preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.bm.free_seq(seq)
+        seq.status = Status.WAITING
+        seq.num_computed_tokens = 0
+        seq.num_preemptions += 1
+        self.waiting.appendleft(seq)
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        if seq.status == Status.RUNNING:
+            self.running.remove(seq)
+            self.bm.free_seq(seq)
+        elif seq.status == Status.WAITING:
+            self.waiting.remove(seq)
+        seq.status = Status.FINISHED
+        seq.finish_reason = reason

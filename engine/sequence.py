@@ -1,0 +1,74 @@
+"""The state of one request inside the engine."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from enum import Enum, auto
+
+import torch
+
+from engine.batch import CaptureSpec
+from engine.sampling_params import SamplingParams
+from engine.tokenizer import IncrementalDetokenizer
+
+
+class Status(Enum):
+    WAITING = auto()
+    RUNNING = auto()
+    FINISHED = auto()
+
+
+@dataclass
+class Sequence:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    detokenizer: IncrementalDetokenizer
+    capture: CaptureSpec | None = None
+    trace_level: str = "off"  # "off" | "basic" | "full"
+    prompt: str | None = None
+    status: Status = Status.WAITING
+    token_ids: list[int] = field(default_factory=list)  # prompt + generated
+    num_computed_tokens: int = 0  # tokens whose K/V are in the cache
+    num_cached_tokens: int = 0  # of those, taken from the prefix cache at (last) admission
+    block_table: list[int] = field(default_factory=list)
+    text: str = ""  # detokenized output so far (stop strings cut off)
+    streamed_chars: int = 0
+    finish_reason: str | None = None
+    stopped_by_string: bool = False
+    generator: torch.Generator | None = None
+    num_preemptions: int = 0
+    # timing (time.perf_counter): arrival, tokenize done, first scheduled, each token
+    arrival_time: float = field(default_factory=time.perf_counter)
+    tokenized_time: float = 0.0
+    first_scheduled_time: float = 0.0
+    prefill_done_time: float = 0.0
+    first_token_time: float = 0.0
+    token_times: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.token_ids:
+            self.token_ids = list(self.prompt_token_ids)
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == Status.FINISHED
+
+    @property
+    def traced(self) -> bool:
+        return self.trace_level != "off"

@@ -1,0 +1,77 @@
+"""Tokenizer and chat template (from the checkpoint's own files), and an
+incremental detokenizer that never splits a multi-byte UTF-8 character."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.loader import ModelLoadError
+
+
+class Tokenizer:
+    def __init__(self, path: Path) -> None:
+        if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer.model", "vocab.json")):
+            raise ModelLoadError(f"missing tokenizer files (tokenizer.json or tokenizer.model) in {path}")
+        from transformers import AutoTokenizer
+        try:
+            self.hf = AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
+        except Exception as e:
+            raise ModelLoadError(f"cannot load the tokenizer in {path}: {e}") from e
+        self.vocab_size = len(self.hf)
+        self.special_ids = set(self.hf.all_special_ids) | {
+            i for i, t in self.hf.added_tokens_decoder.items() if t.special}
+        self.has_chat_template = bool(self.hf.chat_template)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self.hf.encode(text, add_special_tokens=add_special_tokens)
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self.hf.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        if not self.has_chat_template:
+            raise ValueError("this model's tokenizer has no chat template; send a plain prompt instead")
+        return self.hf.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False)
+
+    def encode_chat(self, messages: list[dict]) -> list[int]:
+        # The template already writes BOS and role markers.
+        return self.encode(self.apply_chat_template(messages), add_special_tokens=False)
+
+    def pieces(self, ids: list[int]) -> list[dict]:
+        """Each token as the model sees it: raw piece, readable text, special flag."""
+        raw = self.hf.convert_ids_to_tokens(ids)
+        return [{"id": i, "piece": p, "text": self.hf.decode([i]), "special": i in self.special_ids}
+                for i, p in zip(ids, raw)]
+
+
+@dataclass
+class IncrementalDetokenizer:
+    """Turns a growing list of ids into text deltas. Decoding a window that starts a
+    few tokens back keeps word-boundary spaces right; a trailing U+FFFD means the
+    last token ended inside a multi-byte character, so that text waits."""
+    tokenizer: Tokenizer
+    ids: list[int]
+    prefix_offset: int
+    read_offset: int
+
+    @classmethod
+    def start(cls, tokenizer: Tokenizer, prompt_ids: list[int]) -> "IncrementalDetokenizer":
+        n = len(prompt_ids)
+        tail = list(prompt_ids[max(0, n - 4):])
+        return cls(tokenizer, tail, 0, len(tail))
+
+    def push(self, token_id: int) -> str:
+        self.ids.append(token_id)
+        before = self.tokenizer.decode(self.ids[self.prefix_offset:self.read_offset])
+        after = self.tokenizer.decode(self.ids[self.prefix_offset:])
+        if len(after) > len(before) and not after.endswith("\ufffd"):
+            self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+            return after[len(before):]
+        return ""
+
+    def flush(self) -> str:
+        """Whatever is still held back (an incomplete character at the very end)."""
+        before = self.tokenizer.decode(self.ids[self.prefix_offset:self.read_offset])
+        after = self.tokenizer.decode(self.ids[self.prefix_offset:])
+        self.prefix_offset = self.read_offset = len(self.ids)
+        return after[len(before):] if after.startswith(before) else ""

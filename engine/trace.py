@@ -1,0 +1,105 @@
+"""Trace events: what the engine tells the outside world about each stage.
+
+One small interface: the engine calls `tracer.emit(type, request_id, step, **data)`;
+a `Tracer` turns that into a `TraceEvent` and hands it to its sinks. Event types
+begin with a stage name (see STAGES and DESIGN.md), e.g. `kv.alloc`. With no tracer
+the engine builds no payloads at all.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+SCHEMA_VERSION = 1
+STAGES = ("request", "prefix_cache", "tokenize", "embed", "attention", "moe", "kv",
+          "schedule", "sample", "spec", "token", "finish")
+TRACE_LEVELS = ("off", "basic", "full")  # full adds tensors: embeddings, attention, MoE routing
+
+
+@dataclass
+class CaptureConfig:
+    """Bounds on what a `full` trace records, so a long prompt cannot exhaust memory."""
+    attention_layers: list[int] | None = None  # None: every layer
+    heads: list[int] | None = None  # None: every query head
+    max_keys: int = 64  # last N query rows / key columns of each attention matrix
+    embed_dims: int = 64  # leading columns of each embedding row
+    top_candidates: int = 8  # sampler candidates shown per stage
+
+
+@dataclass
+class TraceEvent:
+    type: str
+    request_id: str | None
+    step: int
+    ts: float  # time.perf_counter(): monotonic seconds
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": SCHEMA_VERSION, "type": self.type, "request_id": self.request_id,
+                "step": self.step, "ts": self.ts, **self.data}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "TraceEvent":
+        d = dict(d)
+        d.pop("schema", None)
+        return cls(d.pop("type"), d.pop("request_id"), d.pop("step"), d.pop("ts"), d)
+
+
+def jsonable(x: Any) -> Any:
+    """Tensors to (rounded) lists so every event survives json.dumps."""
+    if isinstance(x, torch.Tensor):
+        x = x.detach().cpu()
+        if x.is_floating_point():
+            x = (x.float() * 1e4).round() / 1e4
+        return x.tolist()
+    if isinstance(x, dict):
+        return {k: jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [jsonable(v) for v in x]
+    return x
+
+
+class Tracer:
+    """Fan-out of events to sinks (callables). Thread-safe: the engine may run in a
+    worker thread while sinks are added from a web server."""
+
+    def __init__(self, *sinks: Callable[[TraceEvent], None]) -> None:
+        self._sinks = list(sinks)
+        self._lock = threading.Lock()
+
+    def add_sink(self, sink: Callable[[TraceEvent], None]) -> None:
+        with self._lock:
+            self._sinks.append(sink)
+
+    def remove_sink(self, sink: Callable[[TraceEvent], None]) -> None:
+        with self._lock:
+            if sink in self._sinks:
+                self._sinks.remove(sink)
+
+    def emit(self, type: str, request_id: str | None, step: int, **data: Any) -> TraceEvent:
+        if type.split(".", 1)[0] not in STAGES:
+            raise ValueError(f"unknown trace stage in event type {type!r}")
+        event = TraceEvent(type, request_id, step, time.perf_counter(), jsonable(data))
+        with self._lock:
+            sinks = list(self._sinks)
+        for sink in sinks:
+            sink(event)
+        return event
+
+
+class EventList:
+    """A sink that keeps events (for tests, `LLM.stream` and trace files)."""
+
+    def __init__(self) -> None:
+        self.events: list[TraceEvent] = []
+
+    def __call__(self, event: TraceEvent) -> None:
+        self.events.append(event)
+
+    def of(self, request_id: str | None = None, prefix: str = "") -> list[TraceEvent]:
+        return [e for e in self.events
+                if (request_id is None or e.request_id == request_id) and e.type.startswith(prefix)]
