@@ -190,7 +190,7 @@ class LLMEngine:
         batch = self.runner.prepare(scheduled, [s.seq.capture for s in scheduled])
         sampling = [i for i, s in enumerate(scheduled) if s.samples]
         t_start = time.perf_counter()
-        logits = self.runner.run(batch)[sampling] if sampling else None
+        logits = self.runner.run(batch, rows=sampling)
         t_forward = time.perf_counter()
         seqs = [scheduled[i].seq for i in sampling]
         tokens = sample(logits, [s.params for s in seqs], [s.generator for s in seqs]) if sampling else []

@@ -77,6 +77,8 @@ def build_model(cfg: ModelConfig, max_positions: int, dtype: torch.dtype, device
     with torch.device("meta"):
         model = CausalLM(cfg, max_positions)
     model = model.to(dtype).to_empty(device=device)
+    if cfg.tie_word_embeddings:  # to_empty allocates each module's tensors anew: tie again
+        model.lm_head.weight = model.model.embed_tokens.weight
     rotary = model.model.layers[0].self_attn.rotary
     fresh = type(rotary)(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling)
     rotary.cos, rotary.sin = fresh.cos.to(device), fresh.sin.to(device)

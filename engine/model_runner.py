@@ -98,9 +98,12 @@ class ModelRunner:
         )
 
     @torch.inference_mode()
-    def run(self, batch: ForwardBatch, all_logits: bool = False) -> torch.Tensor:
-        """Logits [B, V] at each sequence's last computed token (or [T, V] for all)."""
+    def run(self, batch: ForwardBatch, rows: list[int] | None = None, all_logits: bool = False) -> torch.Tensor:
+        """Write the batch's K/V into the cache and return logits: at the last token of
+        the sequences in `rows` ([len(rows), V]; all sequences if None), or at every
+        token ([T, V]) with all_logits. Chunks that draw no token need no LM head."""
         hidden = self.model(batch)
         if not all_logits:
-            hidden = hidden[[e - 1 for e in batch.query_starts[1:]]]
+            ends = batch.query_starts[1:]
+            hidden = hidden[[ends[i] - 1 for i in (rows if rows is not None else range(len(ends)))]]
         return self.model.compute_logits(hidden).float()
