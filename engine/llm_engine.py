@@ -294,7 +294,8 @@ class LLMEngine:
                    trace_level=seq.trace_level)
         ids = seq.prompt_token_ids
         self._emit("tokenize", seq.request_id, tokens=self.tokenizer.pieces(ids), count=len(ids),
-                   vocab_size=self.tokenizer.vocab_size, chat_template=messages is not None,
+                   vocab_size=self.model_config.vocab_size,
+                   tokenizer_size=self.tokenizer.vocab_size, chat_template=messages is not None,
                    seconds=seq.tokenized_time - seq.arrival_time)
 
     def _trace_step(self, scheduled: list[ScheduledSeq], batch, forward_seconds: float) -> None:

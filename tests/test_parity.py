@@ -71,3 +71,17 @@ def test_config_features_are_read(pair):
     assert cfgs["qwen3_moe"].moe_layers == [False, True, False] and cfgs["qwen3_moe"].norm_topk_prob
     assert cfgs["qwen3_moe_nonorm"].moe_layers == [False, True, True] and not cfgs["qwen3_moe_nonorm"].norm_topk_prob
     assert cfgs["olmoe"].qk_norm == "full" and cfgs["olmoe"].clip_qkv == 4.0
+
+
+@pytest.mark.parametrize("arch", ["mistral", "qwen3_moe"])
+def test_triton_kernels_in_the_engine(checkpoint, arch):
+    """The engine with its Triton kernels (run by the interpreter on CPU) gives the
+    same greedy tokens as transformers; on CUDA the same path runs compiled."""
+    path = checkpoint(arch)
+    llm = LLM(path, device="cpu", block_size=4, use_triton=True)
+    assert llm.engine.runner.use_triton
+    prompt = PROMPT[:12]
+    with torch.no_grad():
+        hf = load_reference(path).generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False,
+                                           eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
+    assert llm.generate(prompt, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0].token_ids == hf

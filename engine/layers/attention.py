@@ -62,7 +62,7 @@ class Attention(nn.Module):
         if batch.use_triton and batch.decode_only and not any(capturing):
             from engine.kernels import paged_decode_attention
             return paged_decode_attention(q, self.k_cache, self.v_cache, batch.block_tables,
-                                          batch.context_lens_t, self.scale, self.window)
+                                          batch.context_lens_t, self.scale, self.window, use_triton=True)
         out = torch.empty_like(q)
         n_q = [batch.query_starts[b + 1] - batch.query_starts[b] for b in range(batch.num_seqs)]
         decode = [b for b in range(batch.num_seqs) if n_q[b] == 1]
@@ -112,7 +112,7 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
              batch: ForwardBatch) -> None:
     if batch.use_triton:
         from engine.kernels import store_kv as store_kv_kernel
-        store_kv_kernel(k, v, k_cache, v_cache, batch.slot_mapping)
+        store_kv_kernel(k, v, k_cache, v_cache, batch.slot_mapping, use_triton=True)
         return
     k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, batch.slot_mapping, k)
     v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, batch.slot_mapping, v)

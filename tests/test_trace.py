@@ -1,0 +1,147 @@
+"""Trace events: schema, every stage present, real numbers, bounds, and silence when off."""
+import json
+
+import pytest
+import torch
+
+from engine import LLM, CaptureConfig, EventList, SamplingParams, TokenOutput, TraceEvent, Tracer
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.trace import STAGES
+from tests.tiny import load_reference
+
+PARAMS = SamplingParams(temperature=0.8, top_k=20, top_p=0.9, seed=5, max_tokens=6, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def run(checkpoint):
+    llm = LLM(checkpoint("mixtral"), device="cpu", block_size=4,
+              capture=CaptureConfig(attention_layers=[0, 2], heads=[1, 2, 3], max_keys=8, embed_dims=16))
+    items = list(llm.stream(messages=[{"role": "user", "content": "The quick brown fox"}], params=PARAMS))
+    return llm, items
+
+
+def events(items, prefix=""):
+    return [i for i in items if isinstance(i, TraceEvent) and i.type.startswith(prefix)]
+
+
+def test_every_stage_is_reported(run):
+    _, items = run
+    types = {e.type.split(".")[0] for e in events(items)}
+    assert types == set(STAGES) - {"spec"}
+
+
+def test_schema_fields_and_json(run):
+    _, items = run
+    evs = events(items)
+    rid = evs[0].request_id
+    last_ts = 0.0
+    for e in evs:
+        d = json.loads(json.dumps(e.to_dict()))
+        assert d["schema"] == 1 and d["type"] == e.type and d["step"] >= 0
+        assert d["request_id"] in (rid, None)
+        assert d["ts"] >= last_ts
+        last_ts = d["ts"]
+        assert TraceEvent.from_dict(d).to_dict() == d
+
+
+def test_stream_interleaves_tokens_with_events(run):
+    _, items = run
+    tokens = [i for i in items if isinstance(i, TokenOutput)]
+    assert len(tokens) == 6 and tokens[-1].finished
+    first_token = items.index(tokens[0])
+    assert any(isinstance(i, TraceEvent) and i.type == "sample" for i in items[:first_token])
+    assert items[-1].text == "".join(t.text for t in tokens)
+
+
+def test_tokenize_and_embed_carry_real_values(run):
+    llm, items = run
+    tok = events(items, "tokenize")[0].data
+    ids = [t["id"] for t in tok["tokens"]]
+    assert tok["count"] == len(ids) and tok["vocab_size"] == 320
+    assert ids == llm.tokenizer.encode_chat([{"role": "user", "content": "The quick brown fox"}])
+    assert tok["tokens"][0]["special"] and tok["tokens"][0]["piece"] == "<s>"
+    embed = events(items, "embed")[0].data
+    weight = llm.engine.runner.model.model.embed_tokens.weight
+    assert embed["shape"] == [len(ids), 64] and embed["dims"] == 16
+    torch.testing.assert_close(torch.tensor(embed["rows"]), weight[ids, :16], atol=1e-4, rtol=0)
+
+
+def test_attention_is_bounded_and_normalised(run):
+    _, items = run
+    att = events(items, "attention")
+    assert {e.data["layer"] for e in att} == {0, 2}
+    for e in att:
+        probs = torch.tensor(e.data["probs"])
+        assert probs.shape[0] == 3 and probs.shape[1] <= 8 and probs.shape[2] <= 8
+        assert e.data["heads"] == [1, 2, 3] and e.data["kv_heads"] == [0, 1, 1]
+    decode = [e.data for e in att if e.data["kind"] == "decode"]
+    assert decode and all(len(d["probs"][0]) == 1 for d in decode)
+
+
+def test_attention_equals_transformers_attention(run, checkpoint):
+    """The captured prefill corner is exactly what HF's eager attention computes."""
+    _, items = run
+    ids = [t["id"] for t in events(items, "tokenize")[0].data["tokens"]]
+    ref = load_reference(checkpoint("mixtral"))
+    with torch.no_grad():
+        attentions = ref(torch.tensor([ids]), output_attentions=True).attentions
+    for e in events(items, "attention"):
+        if e.data["kind"] != "prefill":
+            continue
+        d = e.data
+        expected = attentions[d["layer"]][0, d["heads"], d["q_start"]:, d["k_start"]:]
+        torch.testing.assert_close(torch.tensor(d["probs"]), expected, atol=2e-4, rtol=0)
+        assert d["q_start"] == len(ids) - 8 and d["k_start"] == len(ids) - 8
+
+
+def test_moe_routing_matches_router(run):
+    _, items = run
+    moe = events(items, "moe")
+    assert {e.data["layer"] for e in moe} == {0, 1, 2}
+    for e in moe:
+        w = torch.tensor(e.data["weights"])
+        assert w.shape[1] == 2 and torch.allclose(w.sum(-1), torch.ones(len(w)), atol=1e-3)
+        assert sum(e.data["batch_load"]) == 2 * sum(
+            b["num_tokens"] for b in [s for s in events(items, "schedule.step") if s.step == e.step][0].data["batch"])
+
+
+def test_kv_and_finish(run):
+    _, items = run
+    alloc = [b for e in events(items, "kv.alloc") for b in e.data["blocks"]]
+    fills = [f for e in events(items, "kv.fill") for f in e.data["fills"]]
+    assert sum(f["count"] for f in fills) == events(items, "finish")[0].data["usage"]["prompt_tokens"] + 5
+    assert {f["block"] for f in fills} == set(alloc)
+    freed = events(items, "kv.free")[0].data
+    assert sorted(freed["blocks"]) == sorted(alloc)
+    fin = events(items, "finish")[0].data
+    assert fin["reason"] == "length" and fin["usage"]["completion_tokens"] == 6
+    split = fin["ttft_split"]
+    assert abs(sum(split.values()) - fin["ttft"]) < 1e-6 and len(fin["token_latencies"]) == 5
+    sample = events(items, "sample")[0].data
+    assert sample["stages"]["top_k"]["kept"] == 20 and sample["stages"]["top_p"]["kept"] <= 20
+
+
+def test_tracing_off_emits_nothing(checkpoint):
+    sink = EventList()
+    engine = LLMEngine(checkpoint("mixtral"), device="cpu", tracer=Tracer(sink), trace_level="off",
+                       config=EngineConfig(block_size=4))
+    rid = engine.add_request([5, 6, 7, 8, 9], SamplingParams(temperature=0, max_tokens=5))
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert sink.events == []
+    assert engine.get_output(rid).usage.completion_tokens == 5
+
+
+def test_only_traced_requests_are_reported(checkpoint):
+    sink = EventList()
+    engine = LLMEngine(checkpoint("mixtral"), device="cpu", tracer=Tracer(sink), trace_level="off",
+                       config=EngineConfig(block_size=4))
+    quiet = engine.add_request([5, 6, 7], SamplingParams(temperature=0, max_tokens=3))
+    loud = engine.add_request([9, 10, 11], SamplingParams(temperature=0, max_tokens=3), trace_level="basic")
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert {e.request_id for e in sink.events} == {loud, None}
+    assert not sink.of(loud, "attention")  # basic: no tensors
+    step = sink.of(None, "schedule.step")[0].data
+    assert {b["request_id"] for b in step["batch"]} == {quiet, loud}  # the batch is shown whole
