@@ -101,16 +101,18 @@ class BlockManager:
         if self.emit and seq.traced and new:
             self.emit("kv.alloc", seq.request_id, blocks=new, table=list(seq.block_table))
 
-    def commit_full_blocks(self, seq: Sequence, old_computed: int) -> list[int]:
-        """After a forward pass: register blocks that just became full in the prefix cache."""
+    def commit_full_blocks(self, seq: Sequence, old_computed: int, token_ids: list[int] | None = None) -> list[int]:
+        """After a forward pass: register blocks that just became full in the prefix cache.
+        token_ids: the sequence's tokens if they are not all in seq.token_ids yet."""
         bs = self.block_size
+        token_ids = seq.token_ids if token_ids is None else token_ids
         done = []
         for i in range(old_computed // bs, seq.num_computed_tokens // bs):
             block = self.blocks[seq.block_table[i]]
             if block.hash is not None:
                 continue  # came from the cache already
             parent = self.blocks[seq.block_table[i - 1]].hash if i else None
-            ids = tuple(seq.token_ids[i * bs:(i + 1) * bs])
+            ids = tuple(token_ids[i * bs:(i + 1) * bs])
             block.hash, block.token_ids = chain_hash(parent, ids), ids
             if self.prefix_caching and block.hash not in self.cached:
                 self.cached[block.hash] = block.block_id
@@ -118,10 +120,21 @@ class BlockManager:
         return done
 
     def free_seq(self, seq: Sequence) -> None:
-        """Drop seq's references. Tail blocks go back first, so under pressure a shared
-        prefix outlives the unique suffixes that follow it."""
+        """Drop all of seq's references."""
+        self._release(seq, 0, "kv.free")
+
+    def truncate(self, seq: Sequence, num_tokens: int) -> None:
+        """Keep only the blocks that num_tokens need (rejected speculative tokens)."""
+        self._release(seq, self.blocks_for(num_tokens), "kv.rollback")
+
+    def _release(self, seq: Sequence, keep: int, event: str) -> None:
+        """Drop seq's references to its blocks past the first `keep`. Tail blocks go back
+        first, so under pressure a shared prefix outlives the suffixes that follow it."""
+        dropped = seq.block_table[keep:]
+        if not dropped:
+            return
         freed, kept = [], []
-        for bid in reversed(seq.block_table):
+        for bid in reversed(dropped):
             block = self.blocks[bid]
             block.ref_count -= 1
             if block.ref_count == 0:
@@ -134,9 +147,8 @@ class BlockManager:
                     self.free.move_to_end(bid, last=False)  # reuse plain blocks first
                 freed.append(bid)
         if self.emit and seq.traced:
-            self.emit("kv.free", seq.request_id, blocks=freed, cached=kept,
-                      released=len(seq.block_table) - len(freed))
-        seq.block_table = []
+            self.emit(event, seq.request_id, blocks=freed, cached=kept, released=len(dropped) - len(freed))
+        del seq.block_table[keep:]
 
     def _take(self) -> int:
         bid, _ = self.free.popitem(last=False)

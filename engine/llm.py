@@ -27,13 +27,16 @@ Messages = list[dict]
 class LLM:
     def __init__(self, model: str | Path | None = None, *, device: str = "auto",
                  dtype: str | torch.dtype = "auto", capture: CaptureConfig | None = None,
-                 progress: ProgressFn | None = None, **engine_options) -> None:
-        """`engine_options` are EngineConfig fields: block_size, num_kv_blocks,
+                 progress: ProgressFn | None = None, draft: str | Path | None = None,
+                 num_speculative_tokens: int = 4, **engine_options) -> None:
+        """`draft`: a small model with the same vocabulary for speculative decoding.
+        `engine_options` are EngineConfig fields: block_size, num_kv_blocks,
         kv_cache_memory_fraction, max_num_seqs, max_num_batched_tokens, max_model_len,
         enable_prefix_caching, use_triton."""
         self.tracer = Tracer()
         self.engine = LLMEngine(model, device=device, dtype=dtype, config=EngineConfig(**engine_options),
-                                tracer=self.tracer, trace_level="off", capture=capture, progress=progress)
+                                tracer=self.tracer, trace_level="off", capture=capture, progress=progress,
+                                draft=draft, num_speculative_tokens=num_speculative_tokens)
         self.tokenizer = self.engine.tokenizer
 
     def generate(self, prompts: Prompt | Seq[Prompt], params: SamplingParams | Seq[SamplingParams] | None = None,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -22,7 +23,8 @@ from engine.model_runner import ModelRunner
 from engine.outputs import RequestOutput, TokenOutput, Usage
 from engine.sampler import explain, sample
 from engine.sampling_params import SamplingParams
-from engine.scheduler import ScheduledSeq
+from engine.scheduler import ScheduledSeq, Scheduler
+from engine.speculative import Speculator, Verdict, verify
 from engine.sequence import Sequence, Status
 from engine.tokenizer import IncrementalDetokenizer, Tokenizer
 from engine.trace import TRACE_LEVELS, CaptureConfig, Tracer
@@ -56,7 +58,8 @@ class LLMEngine:
     def __init__(self, model: str | Path | None = None, *, device: str = "auto",
                  dtype: str | torch.dtype = "auto", config: EngineConfig | None = None,
                  tracer: Tracer | None = None, trace_level: str = "basic",
-                 capture: CaptureConfig | None = None, progress: ProgressFn | None = None) -> None:
+                 capture: CaptureConfig | None = None, progress: ProgressFn | None = None,
+                 draft: str | Path | None = None, num_speculative_tokens: int = 4) -> None:
         self.config = config or EngineConfig()
         self.model_path = resolve_model_path(model if model is not None else DEFAULT_MODEL)
         self.model_config = cfg = load_config(self.model_path)
@@ -65,6 +68,12 @@ class LLMEngine:
         self.dtype = resolve_dtype(dtype, cfg.torch_dtype, self.device)
         self.max_model_len = min(self.config.max_model_len or cfg.max_position_embeddings,
                                  cfg.max_position_embeddings)
+        draft_path = draft_cfg = None
+        if draft is not None:  # check the draft before spending time on the target's weights
+            draft_path = resolve_model_path(draft)
+            draft_cfg = load_config(draft_path)
+            _check_same_vocabulary(self.tokenizer, cfg, Tokenizer(draft_path), draft_cfg, draft_path)
+            self.max_model_len = min(self.max_model_len, draft_cfg.max_position_embeddings)
         self.runner = ModelRunner(self.model_path, cfg, self.config, self.max_model_len,
                                   self.dtype, self.device, progress)
         self.tracer = tracer
@@ -75,17 +84,34 @@ class LLMEngine:
         self.block_manager = BlockManager(self.runner.num_blocks, self.config.block_size,
                                           self.config.enable_prefix_caching,
                                           emit=self._emit if tracer is not None else None)
-        from engine.scheduler import Scheduler
-        self.scheduler = Scheduler(self.config, self.block_manager)
+        self.speculator: Speculator | None = None
+        self.num_speculative_tokens = num_speculative_tokens
+        if draft_path is not None:
+            if num_speculative_tokens < 1:
+                raise ValueError("num_speculative_tokens must be >= 1")
+            # The draft mirrors the target's blocks, plus room for each sequence's proposals.
+            extra = self.config.max_num_seqs * (num_speculative_tokens // self.config.block_size + 2)
+            draft_config = replace(self.config, num_kv_blocks=self.runner.num_blocks + extra,
+                                   kv_cache_memory_fraction=None)
+            draft_runner = ModelRunner(draft_path, draft_cfg, draft_config, self.max_model_len,
+                                       self.dtype, self.device, progress)
+            self.speculator = Speculator(draft_runner, BlockManager(
+                draft_runner.num_blocks, self.config.block_size, self.config.enable_prefix_caching),
+                num_speculative_tokens)
+        self.scheduler = Scheduler(self.config, self.block_manager,
+                                   self._lookahead if self.speculator is not None else None)
         self.requests: dict[str, Sequence] = {}
         self.step_count = 0
         self.num_aborted = 0
+        self.stats = EngineStats()
         self.lock = threading.RLock()  # add/abort may come from other threads than step()
 
     # --- requests ----------------------------------------------------------------
     def add_request(self, prompt: str | list[int] | None = None, params: SamplingParams | None = None, *,
                     messages: list[dict] | None = None, request_id: str | None = None,
-                    trace_level: str | None = None) -> str:
+                    trace_level: str | None = None, speculative: bool = True) -> str:
+        """Queue a request; returns its id. `speculative=False` turns speculative decoding
+        off for this request (when the engine has a draft)."""
         arrival = time.perf_counter()
         params = params or SamplingParams()
         level = trace_level or self.default_trace_level
@@ -101,6 +127,7 @@ class LLMEngine:
         seq = Sequence(request_id, ids, params, IncrementalDetokenizer.start(self.tokenizer, ids),
                        trace_level=level, prompt=text, arrival_time=arrival)
         seq.tokenized_time = time.perf_counter()
+        seq.speculative = speculative and self.speculator is not None
         if not params.greedy:
             seq.generator = torch.Generator(self.device)
             seq.generator.manual_seed(params.seed if params.seed is not None
@@ -138,6 +165,13 @@ class LLMEngine:
         if self.block_manager.blocks_for(len(ids) + 1) > self.block_manager.num_blocks:
             raise ValueError(f"the prompt has {len(ids)} tokens but the KV cache holds only "
                              f"{self.block_manager.num_blocks * self.config.block_size}")
+
+    def _lookahead(self, seq: Sequence) -> int:
+        """Draft tokens to verify for this decoding sequence: k, less near its end."""
+        if not seq.speculative:
+            return 0
+        room = min(seq.params.max_tokens - seq.num_output_tokens, self.max_model_len - len(seq))
+        return max(0, min(self.num_speculative_tokens, room - 1))
 
     def abort(self, request_id: str) -> bool:
         """Stop a request now and free its blocks. False if unknown or already done."""
@@ -180,6 +214,8 @@ class LLMEngine:
             self._emit_if(seq, "kv.exhausted", blocks=self.block_manager.num_blocks, tokens=len(seq))
             outputs.append(self._finish(seq, "length"))
         for seq in sched.preempted:
+            if self.speculator is not None:
+                self.speculator.free(seq)
             self._emit_if(seq, "schedule.preempt", tokens=len(seq))
         now = time.perf_counter()
         for seq in sched.admitted:
@@ -187,28 +223,82 @@ class LLMEngine:
         if not sched.scheduled:
             return outputs
         scheduled = sched.scheduled
-        batch = self.runner.prepare(scheduled, [s.seq.capture for s in scheduled])
-        sampling = [i for i, s in enumerate(scheduled) if s.samples]
         t_start = time.perf_counter()
-        logits = self.runner.run(batch, rows=sampling)
+        if self.speculator is not None and any(s.num_draft for s in scheduled):
+            self.speculator.propose([s for s in scheduled if s.num_draft])
+        batch = self.runner.prepare(scheduled, [s.seq.capture for s in scheduled])
+        # Logit rows: the last token of each sampling sequence, or all k+1 verified positions.
+        spans: dict[int, tuple[int, int]] = {}
+        rows: list[int] = []
+        for b, s in enumerate(scheduled):
+            if s.samples:
+                first = batch.query_starts[b + 1] - 1 - s.num_draft
+                spans[b] = (len(rows), len(rows) + s.num_draft + 1)
+                rows.extend(range(first, first + s.num_draft + 1))
+        logits = self.runner.run(batch, rows)
+        self.stats.target_passes += 1
         t_forward = time.perf_counter()
-        seqs = [scheduled[i].seq for i in sampling]
-        tokens = sample(logits, [s.params for s in seqs], [s.generator for s in seqs]) if sampling else []
+        plain = [b for b in spans if not scheduled[b].num_draft]
+        seqs = [scheduled[b].seq for b in plain]
+        picks = sample(logits[[spans[b][0] for b in plain]], [s.params for s in seqs],
+                       [s.generator for s in seqs]) if plain else []
+        new_tokens = {b: [t] for b, t in zip(plain, picks)}
+        verdicts = {}
+        for b in spans:
+            s = scheduled[b]
+            if s.num_draft:
+                lo, hi = spans[b]
+                verdicts[b] = verify(logits[lo:hi], s.draft_tokens, s.draft_probs, s.seq.params, s.seq.generator)
+                new_tokens[b] = verdicts[b].tokens
         t_sample = time.perf_counter()
         if self.tracer is not None and any(s.seq.traced for s in scheduled):
             self._trace_step(scheduled, batch, t_forward - t_start)
-        for s in scheduled:
-            old = s.seq.num_computed_tokens
-            s.seq.num_computed_tokens += s.num_tokens
-            self.block_manager.commit_full_blocks(s.seq, old)
-        for row, (seq, token) in enumerate(zip(seqs, tokens)):
+        for b, s in enumerate(scheduled):
+            self._commit(s, verdicts.get(b))
+        for b, tokens in new_tokens.items():
+            seq = scheduled[b].seq
             if seq.traced:
-                self._emit("sample", seq.request_id, position=len(seq),
-                           **explain(logits[row], seq.params, token, self.capture.top_candidates))
+                row = spans[b][1] - 1 if b not in verdicts else spans[b][0] + verdicts[b].accepted
+                self._emit("sample", seq.request_id, position=len(seq) + len(tokens) - 1,
+                           **explain(logits[row], seq.params, tokens[-1], self.capture.top_candidates))
             if not seq.first_token_time:
                 seq.prefill_done_time, seq.first_token_time = t_forward, t_sample
-            outputs.append(self._append_token(seq, token, t_sample))
+            for token in tokens:
+                out = self._append_token(seq, token, t_sample)
+                outputs.append(out)
+                self.stats.generated_tokens += 1
+                if out.finished:
+                    break
         return outputs
+
+    def _commit(self, s: ScheduledSeq, verdict: Verdict | None) -> None:
+        """After the forward pass: advance what is computed, roll back rejected
+        speculative positions in both caches, and offer full blocks to the prefix cache."""
+        seq = s.seq
+        old = seq.num_computed_tokens
+        if verdict is None:
+            seq.num_computed_tokens += s.num_tokens
+            self.block_manager.commit_full_blocks(seq, old)
+            return
+        real_len = len(seq)
+        seq.num_computed_tokens = s.start + 1 + verdict.accepted
+        self.block_manager.truncate(seq, seq.num_computed_tokens)
+        kept = seq.token_ids + s.draft_tokens[:verdict.accepted]
+        self.block_manager.commit_full_blocks(seq, old, kept)
+        self.speculator.accept(seq, real_len, verdict.accepted, kept)
+        seq.spec_proposed += len(s.draft_tokens)
+        seq.spec_accepted += verdict.accepted
+        self.stats.spec_proposed += len(s.draft_tokens)
+        self.stats.spec_accepted += verdict.accepted
+        if seq.traced:
+            k = len(s.draft_tokens)
+            self._emit("spec", seq.request_id, k=k, proposed=s.draft_tokens,
+                       proposed_text=[self.tokenizer.decode([t], skip_special_tokens=False) for t in s.draft_tokens],
+                       draft_probs=verdict.draft_probs, target_probs=verdict.target_probs,
+                       accepted=verdict.accepted, rejected_position=verdict.accepted if verdict.accepted < k else None,
+                       token=verdict.tokens[-1], token_text=self.tokenizer.decode([verdict.tokens[-1]]),
+                       token_kind="corrected" if verdict.accepted < k else "bonus",
+                       acceptance_rate=seq.spec_accepted / seq.spec_proposed, greedy=seq.params.greedy)
 
     def _append_token(self, seq: Sequence, token: int, now: float) -> TokenOutput:
         seq.token_ids.append(token)
@@ -254,6 +344,8 @@ class LLMEngine:
         if not seq.stopped_by_string:
             seq.text += seq.detokenizer.flush()
         seq.finish_reason = reason
+        if self.speculator is not None:
+            self.speculator.free(seq)
         out = self._token_output(seq, token, len(seq.text)) if token is not None else TokenOutput(
             seq.request_id, -1, "", seq.num_output_tokens, time.perf_counter() - seq.arrival_time, True, reason)
         self.scheduler.finish(seq, reason)
@@ -340,6 +432,22 @@ class LLMEngine:
                     self._emit("moe", seq.request_id, layer=layer, start=s.start, experts=m["experts"],
                                weights=m["weights"], num_experts=cfg.num_experts, top_k=cfg.num_experts_per_tok,
                                batch_load=batch.expert_load[layer])
+
+
+@dataclass
+class EngineStats:
+    target_passes: int = 0  # forward passes of the target model
+    generated_tokens: int = 0
+    spec_proposed: int = 0
+    spec_accepted: int = 0
+
+
+def _check_same_vocabulary(tok: Tokenizer, cfg, draft_tok: Tokenizer, draft_cfg, draft_path: Path) -> None:
+    if draft_cfg.vocab_size != cfg.vocab_size or draft_tok.hf.get_vocab() != tok.hf.get_vocab():
+        raise ValueError(
+            f"the draft model in {draft_path} does not share the target's vocabulary "
+            f"(draft: {draft_cfg.vocab_size} logits, {draft_tok.vocab_size} tokens; "
+            f"target: {cfg.vocab_size} logits, {tok.vocab_size} tokens); speculative decoding needs the same tokenizer")
 
 
 def _check_messages(messages: list[dict]) -> None:

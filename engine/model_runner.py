@@ -76,7 +76,7 @@ class ModelRunner:
         for s in scheduled:
             seq = s.seq
             end = s.start + s.num_tokens
-            ids.extend(seq.token_ids[s.start:end])
+            ids.extend(s.token_ids())
             positions.extend(range(s.start, end))
             table = seq.block_table
             slots.extend(table[p // bs] * bs + p % bs for p in range(s.start, end))
@@ -98,12 +98,11 @@ class ModelRunner:
         )
 
     @torch.inference_mode()
-    def run(self, batch: ForwardBatch, rows: list[int] | None = None, all_logits: bool = False) -> torch.Tensor:
-        """Write the batch's K/V into the cache and return logits: at the last token of
-        the sequences in `rows` ([len(rows), V]; all sequences if None), or at every
-        token ([T, V]) with all_logits. Chunks that draw no token need no LM head."""
+    def run(self, batch: ForwardBatch, token_rows: list[int] | None = None) -> torch.Tensor:
+        """Write the batch's K/V into the cache and return the logits [len(token_rows), V]
+        at those tokens of the flattened batch (every token if None). Only rows that
+        are sampled or verified need the LM head."""
         hidden = self.model(batch)
-        if not all_logits:
-            ends = batch.query_starts[1:]
-            hidden = hidden[[ends[i] - 1 for i in (rows if rows is not None else range(len(ends)))]]
+        if token_rows is not None:
+            hidden = hidden[token_rows]
         return self.model.compute_logits(hidden).float()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Callable
 
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
@@ -19,16 +20,29 @@ from engine.sequence import Sequence, Status
 class ScheduledSeq:
     seq: Sequence
     start: int  # first position computed this step
-    num_tokens: int
+    num_tokens: int  # tokens computed this step, draft proposals included
+    num_draft: int = 0  # speculative decoding: proposals verified in this pass
+    draft_tokens: list[int] = field(default_factory=list)  # the proposals (not yet in seq.token_ids)
+    draft_probs: list = field(default_factory=list)  # the draft's distribution at each proposal
 
     @property
     def samples(self) -> bool:
         """Does this chunk reach the end of the sequence, so a token is drawn?"""
-        return self.start + self.num_tokens == len(self.seq)
+        return self.start + self.num_tokens - self.num_draft == len(self.seq)
 
     @property
     def kind(self) -> str:
+        if self.num_draft:
+            return "verify"
         return "decode" if self.start >= self.seq.num_prompt_tokens and self.num_tokens == 1 else "prefill"
+
+    def token_ids(self) -> list[int]:
+        """This step's input ids; positions past the real tokens read the proposals."""
+        start, end, ids = self.start, self.start + self.num_tokens, self.seq.token_ids
+        n = len(ids)
+        if end <= n:
+            return ids[start:end]
+        return ids[start:] + self.draft_tokens[max(0, start - n):end - n]
 
 
 @dataclass
@@ -44,9 +58,11 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, block_manager: BlockManager) -> None:
+    def __init__(self, config: EngineConfig, block_manager: BlockManager,
+                 lookahead: Callable[[Sequence], int] | None = None) -> None:
         self.config = config
         self.bm = block_manager
+        self.lookahead = lookahead  # draft tokens a decoding sequence verifies per step
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
 
@@ -67,12 +83,15 @@ class Scheduler:
             if seq.status != Status.RUNNING:  # preempted earlier in this loop
                 continue
             n = min(len(seq) - seq.num_computed_tokens, budget)
-            if not self._make_room(seq, n, out):
+            draft = 0
+            if self.lookahead is not None and seq.num_computed_tokens == len(seq) - 1:
+                draft = min(self.lookahead(seq), budget - 1)
+            if not self._make_room(seq, n + draft, out):
                 continue
             start = seq.num_computed_tokens
-            self.bm.allocate(seq, n)
-            out.scheduled.append(ScheduledSeq(seq, start, n))
-            budget -= n
+            self.bm.allocate(seq, n + draft)
+            out.scheduled.append(ScheduledSeq(seq, start, n + draft, draft))
+            budget -= n + draft
         # Admit new work only when nothing had to give way this step.
         while self.waiting and budget > 0 and not out.preempted and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]

@@ -38,6 +38,9 @@ class Sequence:
     stopped_by_string: bool = False
     generator: torch.Generator | None = None
     num_preemptions: int = 0
+    speculative: bool = False  # verify draft proposals in decode steps
+    spec_proposed: int = 0
+    spec_accepted: int = 0
     # timing (time.perf_counter): arrival, tokenize done, first scheduled, each token
     arrival_time: float = field(default_factory=time.perf_counter)
     tokenized_time: float = 0.0

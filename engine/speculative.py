@@ -1,0 +1,159 @@
+"""Speculative decoding: a small draft model proposes k tokens, the target checks
+them all in one forward pass, and the longest acceptable prefix is kept plus one
+token from the target.
+
+Greedy requests keep draft tokens that equal the target's argmax. Sampled requests
+use the rejection rule of Leviathan et al. / Chen et al.: keep x with probability
+min(1, p(x)/q(x)); at the first rejection draw from normalise(max(0, p - q)); when
+all k are kept draw a bonus token from p. The output then follows exactly the
+target's distribution. p and q are both taken after temperature, top-k, top-p, min-p.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.block_manager import BlockManager
+from engine.model_runner import ModelRunner
+from engine.sampler import filter_logits
+from engine.sampling_params import SamplingParams
+from engine.scheduler import ScheduledSeq
+from engine.sequence import Sequence
+
+
+@dataclass
+class DraftView:
+    """The draft model's side of a sequence: same tokens, its own blocks and progress.
+    Shaped like a Sequence so the block manager and model runner serve it as is."""
+    seq: Sequence
+    block_table: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = 0
+    hashed_upto: int = 0  # tokens already offered to the draft's prefix cache
+    traced: bool = False  # draft blocks are not drawn in the KV grid
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.seq.token_ids
+
+    @property
+    def request_id(self) -> str:
+        return self.seq.request_id
+
+    @property
+    def num_preemptions(self) -> int:
+        return self.seq.num_preemptions
+
+    def __len__(self) -> int:
+        return len(self.seq)
+
+
+@dataclass
+class Verdict:
+    accepted: int  # draft tokens kept
+    tokens: list[int]  # accepted drafts + the target's corrected or bonus token
+    target_probs: list[float]  # p(x) of each proposal
+    draft_probs: list[float]  # q(x) of each proposal
+
+
+def distribution(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The distribution a token is drawn from under these params ([V], float32)."""
+    if params.greedy:
+        return torch.nn.functional.one_hot(logits.argmax(), logits.shape[-1]).float()
+    return torch.softmax(filter_logits(logits, params), dim=-1)
+
+
+def verify(target_logits: torch.Tensor, drafts: list[int], draft_probs: list[torch.Tensor],
+           params: SamplingParams, generator: torch.Generator | None) -> Verdict:
+    """target_logits: [k+1, V] at the last real token and at each proposal."""
+    k = len(drafts)
+    p = [distribution(target_logits[i], params) for i in range(k + 1)]
+    p_x = [float(p[i][x]) for i, x in enumerate(drafts)]
+    q_x = [float(draft_probs[i][x]) for i, x in enumerate(drafts)]
+    tokens: list[int] = []
+    for i, x in enumerate(drafts):
+        if params.greedy:
+            if x != int(target_logits[i].argmax()):
+                tokens.append(int(target_logits[i].argmax()))
+                return Verdict(i, tokens, p_x, q_x)
+        else:
+            r = float(torch.rand((), generator=generator, device=target_logits.device))
+            if r >= min(1.0, p_x[i] / q_x[i]):
+                residual = torch.clamp(p[i] - draft_probs[i], min=0)
+                if residual.sum() <= 0:  # p == q up to rounding: any draw from p is right
+                    residual = p[i]
+                tokens.append(int(torch.multinomial(residual / residual.sum(), 1, generator=generator)))
+                return Verdict(i, tokens, p_x, q_x)
+        tokens.append(x)
+    last = p[k]
+    bonus = int(last.argmax()) if params.greedy else int(torch.multinomial(last, 1, generator=generator))
+    return Verdict(k, tokens + [bonus], p_x, q_x)
+
+
+class Speculator:
+    """Runs the draft model: its own weights, paged KV pool and prefix cache."""
+
+    def __init__(self, runner: ModelRunner, block_manager: BlockManager, num_tokens: int) -> None:
+        self.runner = runner
+        self.bm = block_manager
+        self.k = num_tokens
+        self.views: dict[str, DraftView] = {}
+
+    def propose(self, items: list[ScheduledSeq]) -> None:
+        """Fill each item's draft_tokens/draft_probs with up to item.num_draft proposals.
+        An item whose draft cannot get KV blocks verifies nothing this step."""
+        active: list[tuple[ScheduledSeq, DraftView]] = []
+        for item in items:
+            view = self._view(item.seq)
+            # catch up on every real token, then room for the proposals fed back in
+            needed = len(item.seq) - view.num_computed_tokens + item.num_draft - 1
+            if self.bm.blocks_needed(view, needed) > self.bm.num_free_blocks:
+                self.drop_proposals(item)
+                continue
+            self.bm.allocate(view, needed)
+            active.append((item, view))
+        round_ = 0
+        while active:
+            steps = [ScheduledSeq(view, view.num_computed_tokens,
+                                  len(item.seq) - view.num_computed_tokens if round_ == 0 else 1,
+                                  draft_tokens=item.draft_tokens) for item, view in active]
+            batch = self.runner.prepare(steps, [None] * len(steps))
+            logits = self.runner.run(batch, [e - 1 for e in batch.query_starts[1:]])
+            for (item, view), step, row in zip(active, steps, logits):
+                view.num_computed_tokens += step.num_tokens
+                q = distribution(row, item.seq.params)
+                x = int(q.argmax()) if item.seq.params.greedy else \
+                    int(torch.multinomial(q, 1, generator=item.seq.generator))
+                item.draft_tokens.append(x)
+                item.draft_probs.append(q)
+            active = [(item, view) for item, view in active if len(item.draft_tokens) < item.num_draft]
+            round_ += 1
+
+    @staticmethod
+    def drop_proposals(item: ScheduledSeq) -> None:
+        item.num_tokens -= item.num_draft
+        item.num_draft = 0
+
+    def accept(self, seq: Sequence, real_len: int, accepted: int, token_ids: list[int]) -> None:
+        """Roll the draft's cache back to the tokens that survived verification."""
+        view = self.views.get(seq.request_id)
+        if view is None:
+            return
+        view.num_computed_tokens = min(view.num_computed_tokens, real_len + accepted)
+        self.bm.truncate(view, view.num_computed_tokens)
+        self.bm.commit_full_blocks(view, view.hashed_upto, token_ids)
+        view.hashed_upto = view.num_computed_tokens
+
+    def free(self, seq: Sequence) -> None:
+        view = self.views.pop(seq.request_id, None)
+        if view is not None:
+            self.bm.free_seq(view)
+
+    def _view(self, seq: Sequence) -> DraftView:
+        view = self.views.get(seq.request_id)
+        if view is None:
+            view = self.views[seq.request_id] = DraftView(seq)
+            self.bm.admit(view, self.bm.match_prefix(view))
+            view.hashed_upto = view.num_computed_tokens
+        return view
