@@ -47,6 +47,17 @@ def save_tokenizer(path: Path) -> None:
     fast.save_pretrained(str(path))
 
 
+def save_word_tokenizer(path: Path, words: list[str]) -> None:
+    """A word-level tokenizer with a handful of tokens (the first is EOS), for tests
+    that need the exact distribution over a tiny vocabulary."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token=words[0]))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=words[0]).save_pretrained(str(path))
+
+
 def scale_weights(model: torch.nn.Module, seed: int) -> None:
     """Unit-scale random weights: default init (std 0.02) gives near-uniform logits
     whose argmax ties make greedy comparisons meaningless."""
@@ -62,21 +73,22 @@ def scale_weights(model: torch.nn.Module, seed: int) -> None:
 
 
 def make_checkpoint(arch: str, path: Path, seed: int = 0, num_layers: int = 3,
-                    max_shard_size: str | None = None) -> Path:
+                    max_shard_size: str | None = None, words: list[str] | None = None) -> Path:
+    """A tiny random checkpoint; `words`: use a word-level vocabulary of those tokens."""
     import transformers
 
     cls_name, extra = ARCH_CONFIGS[arch]
     cfg = getattr(transformers, cls_name)(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=num_layers,
+        vocab_size=len(words) if words else VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=num_layers,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-        bos_token_id=0, eos_token_id=1, pad_token_id=None, **extra)
+        bos_token_id=0, eos_token_id=0 if words else 1, pad_token_id=None, **extra)
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     scale_weights(model, seed)
     path.mkdir(parents=True, exist_ok=True)
     kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
     model.save_pretrained(str(path), **kwargs)
-    save_tokenizer(path)
+    save_word_tokenizer(path, words) if words else save_tokenizer(path)
     return path
 
 

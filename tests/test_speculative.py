@@ -1,0 +1,184 @@
+"""Speculative decoding: exactness for greedy, the target's distribution for
+sampling, KV rollback in both caches, and the per-round trace."""
+import itertools
+import random
+
+import pytest
+import torch
+from scipy.stats import chi2
+
+from engine import LLM, EventList, SamplingParams, TraceEvent, Tracer
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from tests.tiny import load_reference, make_checkpoint
+
+GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+PROMPTS = [list(range(10, 30)), [5, 6, 7], list(range(100, 141)), [42] * 9]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory, checkpoint):
+    """target -> (target dir, unrelated random draft dir with the same tokenizer)."""
+    root = tmp_path_factory.mktemp("drafts")
+    return {arch: (checkpoint(arch), make_checkpoint("llama", root / f"draft-{arch}", seed=11, num_layers=1))
+            for arch in ("llama", "mixtral")}
+
+
+@pytest.fixture(scope="module")
+def reference(models):
+    out = {}
+    for arch, (target, _) in models.items():
+        llm = LLM(target, device="cpu", block_size=4)
+        out[arch] = [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
+    return out
+
+
+def pools_empty(llm: LLM) -> bool:
+    for bm in (llm.engine.block_manager, llm.engine.speculator.bm):
+        bm.check_invariants([])
+        if bm.num_free_blocks != bm.num_blocks:
+            return False
+    return True
+
+
+@pytest.mark.parametrize("k", range(1, 7))
+@pytest.mark.parametrize("arch", ["llama", "mixtral"])
+def test_greedy_is_identical_with_speculation(models, reference, arch, k):
+    target, draft = models[arch]
+    llm = LLM(target, device="cpu", block_size=4, draft=draft, num_speculative_tokens=k,
+              max_num_batched_tokens=16)  # chunked prefill alongside verification
+    assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == reference[arch]
+    stats = llm.engine.stats
+    assert stats.spec_proposed > 0 and stats.spec_accepted < stats.spec_proposed  # rejections happened
+    assert pools_empty(llm)
+
+
+def test_greedy_matches_transformers_with_speculation(models):
+    target, draft = models["mixtral"]
+    llm = LLM(target, device="cpu", draft=draft, num_speculative_tokens=3)
+    prompt = PROMPTS[0]
+    with torch.no_grad():
+        hf = load_reference(target).generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False,
+                                             eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
+    assert llm.generate(prompt, GREEDY)[0].token_ids == hf
+
+
+@pytest.mark.parametrize("k", [1, 4, 6])
+def test_draft_equal_to_target_accepts_everything(models, reference, k):
+    target, _ = models["llama"]
+    llm = LLM(target, device="cpu", block_size=4, draft=target, num_speculative_tokens=k)
+    assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == reference["llama"]
+    stats = llm.engine.stats
+    assert stats.spec_proposed > 0 and stats.spec_accepted == stats.spec_proposed
+    # each pass after the prefill yields k+1 tokens (fewer only near max_tokens)
+    assert stats.target_passes < len(PROMPTS) * (1 + 24 / (k + 1) + 1)
+
+
+def test_sampled_output_follows_the_target_distribution(tmp_path):
+    """Chi-square test of the first three sampled tokens over many seeds against the
+    target's exact joint distribution (computed with transformers)."""
+    words = ["<eos>", "a", "b", "c", "d"]
+    target = make_checkpoint("llama", tmp_path / "t", seed=1, num_layers=2, words=words)
+    draft = make_checkpoint("llama", tmp_path / "d", seed=2, num_layers=1, words=words)
+    params = dict(temperature=0.8, top_k=4, max_tokens=3, ignore_eos=True)
+    prompt = [1, 2, 3]
+    n = 3000
+    llm = LLM(target, device="cpu", draft=draft, num_speculative_tokens=2, max_num_seqs=128)
+    outs = llm.generate([prompt] * n, [SamplingParams(seed=i, **params) for i in range(n)])
+    assert llm.engine.stats.spec_accepted < llm.engine.stats.spec_proposed
+    observed = torch.zeros(5, 5, 5)
+    for o in outs:
+        observed[tuple(o.token_ids)] += 1
+
+    def joint(path):
+        ref = load_reference(path)
+        probs = torch.zeros(5, 5, 5)
+        with torch.no_grad():
+            for seq in itertools.product(range(5), repeat=2):
+                logits = ref(torch.tensor([prompt + list(seq)])).logits[0, -3:] / 0.8
+                kth = torch.topk(logits, 4, dim=-1).values[:, -1:]
+                p = torch.softmax(logits.masked_fill(logits < kth, float("-inf")), -1)
+                probs[seq[0], seq[1]] = p[0, seq[0]] * p[1, seq[1]] * p[2]
+        return probs
+
+    def chi_square(expected):
+        mask = expected > 0
+        assert observed[~mask].sum() == 0  # nothing drawn that top-k cut away
+        e = expected[mask] * n
+        return float(((observed[mask] - e) ** 2 / e).sum()), int(mask.sum()) - 1
+
+    stat, dof = chi_square(joint(target))
+    assert stat < chi2.ppf(0.999, dof), (stat, dof)
+    # The same test has the power to tell the draft's distribution apart.
+    draft_stat, _ = chi_square(joint(draft).clamp(min=1e-9) * (joint(target) > 0))
+    assert draft_stat > chi2.ppf(0.999, dof)
+
+
+def test_no_block_leaks_with_rejections_preemptions_and_aborts(models):
+    target, draft = models["mixtral"]
+    engine = LLMEngine(target, device="cpu", draft=draft, num_speculative_tokens=3,
+                       config=EngineConfig(block_size=4, num_kv_blocks=30, max_num_seqs=5, max_num_batched_tokens=20))
+    rng = random.Random(5)
+    live = []
+    for i in range(200):
+        if rng.random() < 0.5:
+            prompt = [rng.randrange(4, 300) for _ in range(rng.randint(1, 25))]
+            params = SamplingParams(temperature=rng.choice([0, 1.0]), max_tokens=rng.randint(1, 16),
+                                    seed=i, ignore_eos=True)
+            live.append(engine.add_request(prompt, params, speculative=rng.random() < 0.8))
+        if live and rng.random() < 0.1:
+            engine.abort(live.pop(rng.randrange(len(live))))
+        for out in engine.step():
+            if out.finished and out.request_id in live:
+                live.remove(out.request_id)
+        engine.block_manager.check_invariants(engine.scheduler.running)
+        engine.speculator.bm.check_invariants(list(engine.speculator.views.values()))
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert engine.stats.spec_accepted < engine.stats.spec_proposed
+    assert sum(s.num_preemptions for s in engine.requests.values()) > 0
+    for bm in (engine.block_manager, engine.speculator.bm):
+        bm.check_invariants([])
+        assert bm.num_free_blocks == bm.num_blocks
+    assert not engine.speculator.views
+
+
+def test_speculation_can_be_turned_off_per_request(models):
+    target, draft = models["llama"]
+    engine = LLMEngine(target, device="cpu", draft=draft, config=EngineConfig(block_size=4))
+    engine.add_request(PROMPTS[0], GREEDY, speculative=False)
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert engine.stats.spec_proposed == 0 and engine.stats.target_passes == 24
+
+
+def test_draft_with_another_vocabulary_fails_at_load(models, tmp_path):
+    target, _ = models["llama"]
+    other = make_checkpoint("llama", tmp_path / "words", words=["<eos>", "x", "y"])
+    with pytest.raises(ValueError, match="does not share the target's vocabulary"):
+        LLM(target, draft=other)
+
+
+def test_spec_events(models):
+    target, draft = models["mixtral"]
+    llm = LLM(target, device="cpu", draft=draft, num_speculative_tokens=4)
+    items = list(llm.stream(PROMPTS[2], SamplingParams(temperature=0, max_tokens=20, ignore_eos=True), trace="basic"))
+    spec = [i.data for i in items if isinstance(i, TraceEvent) and i.type == "spec"]
+    assert spec
+    final = items[-1]
+    proposed = accepted = 0
+    for ev in spec:
+        assert len(ev["proposed"]) == ev["k"] == len(ev["draft_probs"]) == len(ev["target_probs"]) <= 4
+        assert 0 <= ev["accepted"] <= ev["k"]
+        assert (ev["rejected_position"] is None) == (ev["accepted"] == ev["k"])
+        assert ev["token_kind"] == ("bonus" if ev["accepted"] == ev["k"] else "corrected")
+        # greedy: a proposal is kept exactly when the target puts its argmax there (p = 1)
+        assert all(p == 1.0 for p in ev["target_probs"][: ev["accepted"]])
+        if ev["rejected_position"] is not None:
+            assert ev["target_probs"][ev["rejected_position"]] == 0.0
+        proposed += ev["k"]
+        accepted += ev["accepted"]
+        assert abs(ev["acceptance_rate"] - accepted / proposed) < 1e-9
+    # every generated token is an accepted proposal or the one token a step samples
+    samples = [i for i in items if isinstance(i, TraceEvent) and i.type == "sample"]
+    assert len(final.token_ids) == accepted + len(samples) and len(samples) > len(spec)
