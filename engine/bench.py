@@ -1,0 +1,257 @@
+"""Benchmarks, each figure a ratio against its baseline measured in the same run.
+
+    python -m engine.bench                 # the embedded models, a few minutes on CPU
+    python -m engine.bench --quick         # tiny settings (used by the tests)
+    python -m engine.bench --model DIR --draft DIR --device cuda
+
+Sections: engine vs transformers `generate` (batch 1 and 8, greedy tokens checked
+equal), tracing cost per level, continuous vs sequential vs static batching,
+speculative decoding, prefix caching, and memory. Medians over repeats. The table
+is printed and written as JSON (with the machine description) to benchmarks/results/.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+from tqdm.auto import tqdm
+
+from engine.config import EngineConfig
+from engine.llm_engine import DEFAULT_MODEL, LLMEngine
+from engine.sampling_params import SamplingParams
+from engine.trace import EventList, Tracer
+
+DEFAULT_DRAFT = DEFAULT_MODEL.parent / "draft"
+
+
+@dataclass
+class Row:
+    section: str
+    name: str
+    value: float
+    unit: str
+    baseline: float | None = None  # same quantity for the baseline, same run
+    note: str = ""
+
+    @property
+    def ratio(self) -> float | None:
+        return self.value / self.baseline if self.baseline else None
+
+
+@dataclass
+class Settings:
+    repeats: int = 3
+    new_tokens: int = 64
+    prompt_tokens: int = 32
+    batch: int = 8
+    mixed_requests: int = 16
+    system_prompt_tokens: int = 480
+
+
+QUICK = Settings(repeats=1, new_tokens=8, prompt_tokens=8, batch=2, mixed_requests=4, system_prompt_tokens=40)
+
+
+def median_time(fn: Callable[[], object], repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def run_engine(engine: LLMEngine, prompts: list[list[int]], params: list[SamplingParams],
+               trace_level: str | None = None, speculative: bool = True) -> dict[str, dict]:
+    """Run requests together to completion; per request: tokens, ttft."""
+    ids = [engine.add_request(p, sp, trace_level=trace_level, speculative=speculative)
+           for p, sp in zip(prompts, params)]
+    while engine.has_unfinished_requests():
+        engine.step()
+    outs = {}
+    for rid in ids:
+        out = engine.get_output(rid)
+        outs[rid] = {"tokens": out.token_ids, "ttft": out.metrics.get("ttft", 0.0)}
+        engine.release(rid)
+    return outs
+
+
+def greedy(n: int) -> SamplingParams:
+    return SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
+
+
+class Bench:
+    def __init__(self, model: Path, draft: Path | None, device: str, s: Settings) -> None:
+        self.model, self.draft, self.device, self.s = model, draft, device, s
+        self.rows: list[Row] = []
+        torch.manual_seed(0)
+        vocab = LLMEngine(model, device=device, config=EngineConfig(num_kv_blocks=4)).model_config.vocab_size
+        g = torch.Generator().manual_seed(0)
+        self.prompts = [torch.randint(10, vocab, (s.prompt_tokens,), generator=g).tolist() for _ in range(64)]
+
+    def engine(self, **config) -> LLMEngine:
+        return LLMEngine(self.model, device=self.device, config=EngineConfig(**config))
+
+    def add(self, *args, **kw) -> None:
+        self.rows.append(Row(*args, **kw))
+
+    # --- sections ------------------------------------------------------------------
+    def vs_transformers(self) -> None:
+        from transformers import AutoModelForCausalLM
+        s = self.s
+        ref = AutoModelForCausalLM.from_pretrained(str(self.model), dtype=torch.float32).to(self.device).eval()
+        engine = self.engine()
+        for batch in (1, s.batch):
+            prompts = self.prompts[:batch]
+            ids = torch.tensor(prompts, device=self.device)
+
+            def hf(n):
+                with torch.inference_mode():
+                    return ref.generate(ids, max_new_tokens=n, do_sample=False, eos_token_id=None,
+                                        pad_token_id=0, attention_mask=torch.ones_like(ids))[:, ids.shape[1]:].tolist()
+
+            def ours(n):
+                outs = run_engine(engine, prompts, [greedy(n)] * batch)
+                return [o["tokens"] for o in outs.values()]
+            same = hf(s.new_tokens) == ours(s.new_tokens)
+            # decode rate: tokens after the first, so prefill is left out of both
+            t_hf = median_time(lambda: hf(s.new_tokens), s.repeats) - median_time(lambda: hf(1), s.repeats)
+            t_us = median_time(lambda: ours(s.new_tokens), s.repeats) - median_time(lambda: ours(1), s.repeats)
+            n = batch * (s.new_tokens - 1)
+            self.add("decode vs transformers", f"batch {batch} decode tok/s", n / t_us, "tok/s", n / t_hf,
+                     "greedy tokens identical" if same else "GREEDY TOKENS DIFFER")
+
+    def tracing(self) -> None:
+        s = self.s
+        base = self.engine()
+        prompts, params = self.prompts[:1], [greedy(s.new_tokens)]
+        t0 = median_time(lambda: run_engine(base, prompts, params), s.repeats)
+        ttft0 = statistics.median(next(iter(run_engine(base, prompts, params).values()))["ttft"]
+                                  for _ in range(s.repeats))
+        for level in ("off", "basic", "full"):
+            sink = EventList()
+            engine = LLMEngine(self.model, device=self.device, tracer=Tracer(sink), trace_level=level)
+            t = median_time(lambda: (run_engine(engine, prompts, params), sink.events.clear()), s.repeats)
+            ttft = statistics.median(next(iter(run_engine(engine, prompts, params).values()))["ttft"]
+                                     for _ in range(s.repeats))
+            self.add("tracing cost", f"trace {level}: decode tok/s", s.new_tokens / t, "tok/s", s.new_tokens / t0,
+                     "baseline: no tracer")
+            self.add("tracing cost", f"trace {level}: TTFT", ttft * 1e3, "ms", ttft0 * 1e3)
+
+    def batching(self) -> None:
+        s = self.s
+        n = s.mixed_requests
+        g = torch.Generator().manual_seed(1)
+        lens = torch.randint(4, 4 * s.prompt_tokens, (n,), generator=g).tolist()
+        outs = torch.randint(4, 2 * s.new_tokens, (n,), generator=g).tolist()
+        prompts = [(self.prompts[i % 64] * 8)[:lens[i]] for i in range(n)]
+        params = [greedy(o) for o in outs]
+        useful = sum(outs)
+        engine = self.engine(max_num_seqs=n)
+        t_cont = median_time(lambda: run_engine(engine, prompts, params), s.repeats)
+        t_seq = median_time(lambda: [run_engine(engine, [p], [q]) for p, q in zip(prompts, params)], s.repeats)
+        # static batching: the whole batch runs until its longest request is done
+        t_static = median_time(lambda: run_engine(engine, prompts, [greedy(max(outs))] * n), s.repeats)
+        self.add("batching", f"{n} mixed requests, continuous: tok/s", useful / t_cont, "tok/s", useful / t_seq,
+                 "baseline: one after another")
+        self.add("batching", f"{n} mixed requests, continuous vs static: tok/s", useful / t_cont, "tok/s",
+                 useful / t_static, "baseline: static batch padded to the longest output")
+
+    def speculative(self) -> None:
+        if self.draft is None:
+            return
+        s = self.s
+        spec = LLMEngine(self.model, device=self.device, draft=self.draft, num_speculative_tokens=4)
+        prompts, params = self.prompts[:1], [greedy(s.new_tokens)]
+        t_off = median_time(lambda: run_engine(spec, prompts, params, speculative=False), s.repeats)
+        before = spec.stats.target_passes, spec.stats.generated_tokens, spec.stats.spec_accepted, spec.stats.spec_proposed
+        t_on = median_time(lambda: run_engine(spec, prompts, params), s.repeats)
+        passes, tokens, acc, prop = (a - b for a, b in zip(
+            (spec.stats.target_passes, spec.stats.generated_tokens, spec.stats.spec_accepted, spec.stats.spec_proposed),
+            before))
+        self.add("speculative (k=4)", "tok/s with vs without", s.new_tokens / t_on, "tok/s", s.new_tokens / t_off)
+        self.add("speculative (k=4)", "target passes per token", passes / tokens, "passes", 1.0,
+                 "baseline: one pass per token")
+        self.add("speculative (k=4)", "acceptance rate", acc / max(prop, 1), "", None, f"{acc}/{prop} proposals")
+
+    def prefix_cache(self) -> None:
+        s = self.s
+        system = (self.prompts[5] * 64)[:s.system_prompt_tokens]
+        engine = self.engine(max_num_batched_tokens=4096)
+        cold, warm = [], []
+        for i in range(s.repeats):
+            engine.block_manager.cached.clear()  # forget everything: a cold start
+            cold.append(next(iter(run_engine(engine, [system + [11 + i]], [greedy(1)]).values()))["ttft"])
+            warm.append(next(iter(run_engine(engine, [system + [12 + i]], [greedy(1)]).values()))["ttft"])
+        self.add("prefix caching", f"TTFT, {len(system)}-token system prompt cached", statistics.median(warm) * 1e3,
+                 "ms", statistics.median(cold) * 1e3, "baseline: not cached")
+
+    def memory(self) -> None:
+        engine = self.engine()
+        self.add("memory", "KV pool", engine.runner.kv_cache_bytes / 2**20, "MiB", None,
+                 f"{engine.runner.num_blocks} blocks x {engine.config.block_size} tokens")
+        self.add("memory", "process peak RSS", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "MiB")
+        if torch.cuda.is_available() and self.device.startswith("cuda"):
+            self.add("memory", "CUDA peak allocated", torch.cuda.max_memory_allocated() / 2**20, "MiB")
+
+
+def machine() -> dict:
+    info = {"python": platform.python_version(), "torch": torch.__version__, "platform": platform.platform(),
+            "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads()}
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name()
+    return info
+
+
+def print_table(rows: list[Row]) -> None:
+    section = None
+    print(f"\n{'benchmark':<52} {'value':>12} {'baseline':>12} {'ratio':>7}  note")
+    for r in rows:
+        if r.section != section:
+            section = r.section
+            print(f"-- {section}")
+        base = f"{r.baseline:12.2f}" if r.baseline is not None else " " * 12
+        ratio = f"{r.ratio:6.2f}x" if r.ratio is not None else " " * 7
+        print(f"  {r.name:<50} {r.value:12.2f} {base} {ratio}  {r.unit} {r.note}".rstrip())
+
+
+def main(argv: list[str] | None = None) -> list[Row]:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=str(DEFAULT_MODEL))
+    ap.add_argument("--draft", default=None, help="draft model (default: the embedded draft with the embedded model)")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--quick", action="store_true", help="tiny settings, for tests")
+    ap.add_argument("--out", default="benchmarks/results", help="folder for the JSON table ('' for none)")
+    ap.add_argument("--sections", default="transformers,tracing,batching,speculative,prefix,memory")
+    args = ap.parse_args(argv)
+    draft = args.draft or (str(DEFAULT_DRAFT) if args.model == str(DEFAULT_MODEL) else None)
+    device = "cuda" if args.device == "auto" and torch.cuda.is_available() else (
+        "cpu" if args.device == "auto" else args.device)
+    bench = Bench(Path(args.model), Path(draft) if draft else None, device, QUICK if args.quick else Settings())
+    sections = {"transformers": bench.vs_transformers, "tracing": bench.tracing, "batching": bench.batching,
+                "speculative": bench.speculative, "prefix": bench.prefix_cache, "memory": bench.memory}
+    chosen = [sections[name] for name in args.sections.split(",")]
+    for fn in tqdm(chosen, desc="benchmarks", unit="section"):
+        fn()
+    print_table(bench.rows)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        path = out / f"bench-{time.strftime('%Y%m%d-%H%M%S')}.json"
+        path.write_text(json.dumps({"machine": machine(), "model": args.model, "draft": draft, "device": device,
+                                    "settings": (QUICK if args.quick else Settings()).__dict__,
+                                    "rows": [dict(r.__dict__, ratio=r.ratio) for r in bench.rows]}, indent=2))
+        print(f"\nwritten: {path}")
+    return bench.rows
+
+
+if __name__ == "__main__":
+    main()
