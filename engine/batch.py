@@ -2,6 +2,7 @@
 where their K/V go in the paged cache, and what to capture for the trace."""
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import torch
@@ -25,10 +26,11 @@ class ForwardBatch:
     slot_mapping: torch.Tensor  # [T] where each token's K/V is stored
     query_starts: list[int]  # len B+1: sequence b owns tokens [starts[b], starts[b+1])
     context_lens: list[int]  # keys visible to sequence b after this pass (cached + new)
-    block_tables: torch.Tensor  # [B, max_blocks] int32, padded with 0
+    block_tables: torch.Tensor  # [B, max_blocks] int64, padded with 0
     context_lens_t: torch.Tensor  # [B] int32, same as context_lens
     captures: list[CaptureSpec | None]  # per sequence
     use_triton: bool = False
+    rope: tuple[torch.Tensor, torch.Tensor] | None = None  # cos, sin at `positions`, set by the model
     # Filled during the forward pass: per layer, per captured sequence.
     captured_attention: dict[int, dict[int, dict]] = field(default_factory=dict)
     captured_moe: dict[int, dict[int, dict]] = field(default_factory=dict)
@@ -49,3 +51,24 @@ class ForwardBatch:
 
     def seq_slice(self, b: int) -> slice:
         return slice(self.query_starts[b], self.query_starts[b + 1])
+
+    @functools.cached_property
+    def decode_group(self) -> "DecodeGroup | None":
+        """Sequences with one query token this pass: attended to together, padded."""
+        seqs = [b for b in range(self.num_seqs) if self.query_starts[b + 1] - self.query_starts[b] == 1]
+        if not seqs:
+            return None
+        if len(seqs) == self.num_seqs:
+            return DecodeGroup(seqs, None, self.block_tables, self.context_lens_t)
+        dev = self.input_ids.device
+        idx = torch.tensor(seqs, device=dev)
+        rows = torch.tensor([self.query_starts[b] for b in seqs], device=dev)
+        return DecodeGroup(seqs, rows, self.block_tables[idx], self.context_lens_t[idx])
+
+
+@dataclass
+class DecodeGroup:
+    seqs: list[int]  # batch indices
+    rows: torch.Tensor | None  # their token rows in the batch (None: every row)
+    block_tables: torch.Tensor
+    context_lens: torch.Tensor

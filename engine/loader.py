@@ -79,7 +79,7 @@ def build_model(cfg: ModelConfig, max_positions: int, dtype: torch.dtype, device
     model = model.to(dtype).to_empty(device=device)
     if cfg.tie_word_embeddings:  # to_empty allocates each module's tensors anew: tie again
         model.lm_head.weight = model.model.embed_tokens.weight
-    rotary = model.model.layers[0].self_attn.rotary
+    rotary = model.model.rotary  # its tables are computed, not loaded: compute them again
     fresh = type(rotary)(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling)
     rotary.cos, rotary.sin = fresh.cos.to(device), fresh.sin.to(device)
     return model.eval()

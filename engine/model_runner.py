@@ -91,7 +91,7 @@ class ModelRunner:
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
             query_starts=starts,
             context_lens=ctx,
-            block_tables=torch.tensor(tables, dtype=torch.int32, device=dev),
+            block_tables=torch.tensor(tables, dtype=torch.long, device=dev),
             context_lens_t=torch.tensor(ctx, dtype=torch.int32, device=dev),
             captures=captures,
             use_triton=self.use_triton,

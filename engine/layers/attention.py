@@ -13,11 +13,11 @@ from torch import nn
 from engine.batch import ForwardBatch
 from engine.config import ModelConfig
 from engine.layers.norm import RMSNorm
-from engine.layers.rotary import RotaryEmbedding
+from engine.layers.rotary import apply_rotary
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_idx: int, rotary: RotaryEmbedding) -> None:
+    def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
         super().__init__()
         self.layer_idx = layer_idx
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -35,7 +35,6 @@ class Attention(nn.Module):
         elif cfg.qk_norm == "full":
             self.q_norm = RMSNorm(self.q_size, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(self.kv_size, cfg.rms_norm_eps)
-        self.rotary = rotary
         # Views into the engine's preallocated pool, set by the model runner.
         self.k_cache = torch.empty(0)
         self.v_cache = torch.empty(0)
@@ -52,7 +51,7 @@ class Attention(nn.Module):
         v = v.reshape(T, self.num_kv_heads, self.head_dim)
         if self.qk_norm == "head":
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary(positions, q, k)
+        q, k = apply_rotary(q, k, *batch.rope)
         store_kv(k, v, self.k_cache, self.v_cache, batch)
         o = self.attend(q, batch)
         return self.o_proj(o.reshape(T, self.q_size))
@@ -64,27 +63,21 @@ class Attention(nn.Module):
             return paged_decode_attention(q, self.k_cache, self.v_cache, batch.block_tables,
                                           batch.context_lens_t, self.scale, self.window, use_triton=True)
         out = torch.empty_like(q)
-        n_q = [batch.query_starts[b + 1] - batch.query_starts[b] for b in range(batch.num_seqs)]
-        decode = [b for b in range(batch.num_seqs) if n_q[b] == 1]
-        if decode:
-            rows = torch.tensor(batch.query_starts[:-1], device=q.device)[decode] if len(decode) < batch.num_seqs \
-                else None
-            q_dec = q if rows is None else q[rows]
-            idx = None if rows is None else torch.tensor(decode, device=q.device)
-            tables = batch.block_tables if idx is None else batch.block_tables[idx]
-            lens = batch.context_lens_t if idx is None else batch.context_lens_t[idx]
-            o, probs = decode_attention(q_dec, self.k_cache, self.v_cache, tables, lens, self.scale, self.window)
-            if rows is None:
+        group = batch.decode_group
+        if group is not None:
+            o, probs = decode_attention(q if group.rows is None else q[group.rows], self.k_cache, self.v_cache,
+                                        group.block_tables, group.context_lens, self.scale, self.window)
+            if group.rows is None:
                 out = o
             else:
-                out[rows] = o
-            for i, b in enumerate(decode):
+                out[group.rows] = o
+            for i, b in enumerate(group.seqs):
                 if capturing[b]:
                     self._capture(batch, b, probs[i, :, None, : batch.context_lens[b]])
         for b in range(batch.num_seqs):
-            if n_q[b] == 1:
-                continue
             sl = batch.seq_slice(b)
+            if sl.stop - sl.start == 1:
+                continue
             o, probs = prefill_attention(q[sl], self.k_cache, self.v_cache, batch.block_tables[b],
                                          batch.context_lens[b], self.scale, self.window, capturing[b])
             out[sl] = o
@@ -130,8 +123,8 @@ def decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, win
     q: [B, H, D]; returns out [B, H, D] and probs [B, H, S]."""
     B, H, D = q.shape
     kvh = k_cache.shape[2]
-    k = k_cache[block_tables.long()].flatten(1, 2)  # [B, S, KVH, D]
-    v = v_cache[block_tables.long()].flatten(1, 2)
+    k = k_cache[block_tables].flatten(1, 2)  # [B, S, KVH, D]
+    v = v_cache[block_tables].flatten(1, 2)
     S = k.shape[1]
     k_pos = torch.arange(S, device=q.device)[None, :]
     q_pos = (context_lens.long() - 1)[:, None]
@@ -152,7 +145,7 @@ def prefill_attention(q, k_cache, v_cache, block_table, context_len, scale, wind
     kvh = k_cache.shape[2]
     bs = k_cache.shape[1]
     nblocks = (context_len + bs - 1) // bs
-    blocks = block_table[:nblocks].long()
+    blocks = block_table[:nblocks]
     k = k_cache[blocks].flatten(0, 1)[:context_len]  # [ctx, KVH, D]
     v = v_cache[blocks].flatten(0, 1)[:context_len]
     pos = torch.arange(context_len, device=q.device)
