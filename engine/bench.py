@@ -6,7 +6,8 @@
 
 Sections: engine vs transformers `generate` (batch 1 and 8, greedy tokens checked
 equal), tracing cost per level, continuous vs sequential vs static batching,
-speculative decoding, prefix caching, and memory. Medians over repeats. The table
+speculative decoding, prefix caching, on CUDA the HBM-bandwidth bound and the
+Triton kernels against the torch path, and memory. Medians over repeats. The table
 is printed and written as JSON (with the machine description) to benchmarks/results/.
 """
 from __future__ import annotations
@@ -107,8 +108,8 @@ class Bench:
     def vs_transformers(self) -> None:
         from transformers import AutoModelForCausalLM
         s = self.s
-        ref = AutoModelForCausalLM.from_pretrained(str(self.model), dtype=torch.float32).to(self.device).eval()
         engine = self.engine()
+        ref = AutoModelForCausalLM.from_pretrained(str(self.model), dtype=engine.dtype).to(self.device).eval()
         for batch in (1, s.batch):
             prompts = self.prompts[:batch]
             ids = torch.tensor(prompts, device=self.device)
@@ -194,6 +195,59 @@ class Bench:
         self.add("prefix caching", f"TTFT, {len(system)}-token system prompt cached", statistics.median(warm) * 1e3,
                  "ms", statistics.median(cold) * 1e3, "baseline: not cached")
 
+    def gpu(self) -> None:
+        """CUDA only: batch-1 decode against the memory-bandwidth bound, and the Triton
+        kernels against the torch path on a realistic shape."""
+        if not self.device.startswith("cuda"):
+            return
+        s = self.s
+        engine = self.engine()
+        cfg = engine.model_config
+        prompts, params = self.prompts[:1], [greedy(s.new_tokens)]
+        t = median_time(lambda: run_engine(engine, prompts, params), s.repeats) - \
+            median_time(lambda: run_engine(engine, prompts, [greedy(1)]), s.repeats)
+        rate = (s.new_tokens - 1) / t
+        # bytes a batch-1 decode step must read: every weight it uses (MoE: only the
+        # routed experts), plus the K/V of the context
+        expert = sum(p.numel() * p.element_size() for n, p in engine.runner.model.named_parameters() if "experts_" in n)
+        total = sum(p.numel() * p.element_size() for p in engine.runner.model.parameters())
+        active = total - expert + (expert * cfg.num_experts_per_tok // cfg.num_experts if cfg.num_experts else 0)
+        kv = cfg.kv_bytes_per_token * engine.dtype.itemsize * (s.prompt_tokens + s.new_tokens // 2)
+        bandwidth = measured_bandwidth(self.device)
+        bound = bandwidth / (active + kv)
+        self.add("gpu", "batch-1 decode vs HBM bandwidth bound", rate, "tok/s", bound,
+                 f"{(active + kv) / 2**20:.1f} MiB read per token at {bandwidth / 1e9:.0f} GB/s (measured copy)")
+        self.kernels()
+
+    def kernels(self) -> None:
+        from engine.kernels import paged_decode_attention, store_kv
+        from engine.layers.attention import decode_attention
+        dev, dt = self.device, torch.bfloat16
+        b, h, kvh, d, bs, ctx = 8, 32, 8, 128, 16, 2048
+        nblocks = b * ctx // bs
+        k_cache = torch.randn(nblocks, bs, kvh, d, device=dev, dtype=dt)
+        v_cache = torch.randn_like(k_cache)
+        tables = torch.randperm(nblocks, device=dev).view(b, -1)
+        lens = torch.full((b,), ctx, device=dev, dtype=torch.int32)
+        q = torch.randn(b, h, d, device=dev, dtype=dt)
+
+        def timed(fn):
+            fn()
+            torch.cuda.synchronize()
+            t = median_time(lambda: (fn(), torch.cuda.synchronize()), 20)
+            return t * 1e6
+        t_tri = timed(lambda: paged_decode_attention(q, k_cache, v_cache, tables, lens, d ** -0.5, use_triton=True))
+        t_torch = timed(lambda: decode_attention(q, k_cache, v_cache, tables, lens, d ** -0.5, None))
+        self.add("gpu", f"paged decode attention, Triton (B={b}, ctx={ctx})", t_torch / t_tri, "x faster", None,
+                 f"{t_tri:.0f} us vs torch {t_torch:.0f} us")
+        new_k = torch.randn(b * 64, kvh, d, device=dev, dtype=dt)
+        slots = torch.randperm(nblocks * bs, device=dev)[: b * 64]
+        t_tri = timed(lambda: store_kv(new_k, new_k, k_cache, v_cache, slots, use_triton=True))
+        t_torch = timed(lambda: (k_cache.view(-1, kvh, d).index_copy_(0, slots, new_k),
+                                 v_cache.view(-1, kvh, d).index_copy_(0, slots, new_k)))
+        self.add("gpu", f"KV store, Triton ({b * 64} tokens)", t_torch / t_tri, "x faster", None,
+                 f"{t_tri:.0f} us vs torch {t_torch:.0f} us")
+
     def memory(self) -> None:
         engine = self.engine()
         self.add("memory", "KV pool", engine.runner.kv_cache_bytes / 2**20, "MiB", None,
@@ -201,6 +255,16 @@ class Bench:
         self.add("memory", "process peak RSS", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "MiB")
         if torch.cuda.is_available() and self.device.startswith("cuda"):
             self.add("memory", "CUDA peak allocated", torch.cuda.max_memory_allocated() / 2**20, "MiB")
+
+
+def measured_bandwidth(device: str) -> float:
+    """Device memory bandwidth in bytes/s, from timing a large copy (read + write)."""
+    x = torch.empty(1 << 28, dtype=torch.uint8, device=device)
+    y = torch.empty_like(x)
+    y.copy_(x)
+    torch.cuda.synchronize()
+    t = median_time(lambda: (y.copy_(x), torch.cuda.synchronize()), 10)
+    return 2 * x.numel() / t
 
 
 def machine() -> dict:
@@ -230,14 +294,15 @@ def main(argv: list[str] | None = None) -> list[Row]:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--quick", action="store_true", help="tiny settings, for tests")
     ap.add_argument("--out", default="benchmarks/results", help="folder for the JSON table ('' for none)")
-    ap.add_argument("--sections", default="transformers,tracing,batching,speculative,prefix,memory")
+    ap.add_argument("--sections", default="transformers,tracing,batching,speculative,prefix,gpu,memory")
     args = ap.parse_args(argv)
     draft = args.draft or (str(DEFAULT_DRAFT) if args.model == str(DEFAULT_MODEL) else None)
     device = "cuda" if args.device == "auto" and torch.cuda.is_available() else (
         "cpu" if args.device == "auto" else args.device)
     bench = Bench(Path(args.model), Path(draft) if draft else None, device, QUICK if args.quick else Settings())
     sections = {"transformers": bench.vs_transformers, "tracing": bench.tracing, "batching": bench.batching,
-                "speculative": bench.speculative, "prefix": bench.prefix_cache, "memory": bench.memory}
+                "speculative": bench.speculative, "prefix": bench.prefix_cache, "gpu": bench.gpu,
+                "memory": bench.memory}
     chosen = [sections[name] for name in args.sections.split(",")]
     for fn in tqdm(chosen, desc="benchmarks", unit="section"):
         fn()
