@@ -8,7 +8,9 @@ reported to the tracer for requests whose trace level asks for it.
 from __future__ import annotations
 
 import itertools
+import secrets
 import threading
+from collections import deque
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -101,6 +103,10 @@ class LLMEngine:
         self.scheduler = Scheduler(self.config, self.block_manager,
                                    self._lookahead if self.speculator is not None else None)
         self.requests: dict[str, Sequence] = {}
+        # Finished requests stay readable (get_output) until released; past this many
+        # the oldest are forgotten, so a caller that never releases cannot grow memory.
+        self.max_finished = 1024
+        self._finished: deque[str] = deque()
         self.step_count = 0
         self.num_aborted = 0
         self.stats = EngineStats()
@@ -123,15 +129,14 @@ class LLMEngine:
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         text, ids = self._tokenize(prompt, messages)
-        self._validate(ids, params)
+        self._validate(ids)
         seq = Sequence(request_id, ids, params, IncrementalDetokenizer.start(self.tokenizer, ids),
                        trace_level=level, prompt=text, arrival_time=arrival)
         seq.tokenized_time = time.perf_counter()
         seq.speculative = speculative and self.speculator is not None
         if not params.greedy:
             seq.generator = torch.Generator(self.device)
-            seq.generator.manual_seed(params.seed if params.seed is not None
-                                      else int.from_bytes(torch.randint(0, 2**62, (1,)).numpy().tobytes(), "little"))
+            seq.generator.manual_seed(params.seed if params.seed is not None else secrets.randbits(63))
         if level == "full":
             c = self.capture
             layers = c.attention_layers if c.attention_layers is not None else list(range(self.model_config.num_layers))
@@ -153,7 +158,7 @@ class LLMEngine:
             return None, list(prompt)
         raise ValueError("a prompt is a string or a list of token ids (or pass messages=...)")
 
-    def _validate(self, ids: list[int], params: SamplingParams) -> None:
+    def _validate(self, ids: list[int]) -> None:
         if not ids:
             raise ValueError("the prompt is empty")
         vocab = self.model_config.vocab_size
@@ -349,6 +354,9 @@ class LLMEngine:
         out = self._token_output(seq, token, len(seq.text)) if token is not None else TokenOutput(
             seq.request_id, -1, "", seq.num_output_tokens, time.perf_counter() - seq.arrival_time, True, reason)
         self.scheduler.finish(seq, reason)
+        self._finished.append(seq.request_id)
+        while len(self._finished) > self.max_finished:
+            self.requests.pop(self._finished.popleft(), None)
         if seq.traced:
             self._emit("finish", seq.request_id, reason=reason, text=seq.text,
                        usage={"prompt_tokens": seq.num_prompt_tokens, "completion_tokens": seq.num_output_tokens,
