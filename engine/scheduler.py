@@ -86,6 +86,8 @@ class Scheduler:
             draft = 0
             if self.lookahead is not None and seq.num_computed_tokens == len(seq) - 1:
                 draft = min(self.lookahead(seq), budget - 1)
+                if self.bm.blocks_needed(seq, n + draft) > self.bm.num_free_blocks:
+                    draft = 0  # speculation is optional: never preempt anyone for it
             if not self._make_room(seq, n + draft, out):
                 continue
             start = seq.num_computed_tokens
