@@ -98,8 +98,7 @@ class LLMEngine:
             draft_runner = ModelRunner(draft_path, draft_cfg, draft_config, self.max_model_len,
                                        self.dtype, self.device, progress)
             self.speculator = Speculator(draft_runner, BlockManager(
-                draft_runner.num_blocks, self.config.block_size, self.config.enable_prefix_caching),
-                num_speculative_tokens)
+                draft_runner.num_blocks, self.config.block_size, self.config.enable_prefix_caching))
         self.scheduler = Scheduler(self.config, self.block_manager,
                                    self._lookahead if self.speculator is not None else None)
         self.requests: dict[str, Sequence] = {}
@@ -283,6 +282,7 @@ class LLMEngine:
         old = seq.num_computed_tokens
         if verdict is None:
             seq.num_computed_tokens += s.num_tokens
+            self.block_manager.truncate(seq, seq.num_computed_tokens)  # proposals dropped: their blocks too
             self.block_manager.commit_full_blocks(seq, old)
             return
         real_len = len(seq)

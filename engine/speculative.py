@@ -94,10 +94,9 @@ def verify(target_logits: torch.Tensor, drafts: list[int], draft_probs: list[tor
 class Speculator:
     """Runs the draft model: its own weights, paged KV pool and prefix cache."""
 
-    def __init__(self, runner: ModelRunner, block_manager: BlockManager, num_tokens: int) -> None:
+    def __init__(self, runner: ModelRunner, block_manager: BlockManager) -> None:
         self.runner = runner
         self.bm = block_manager
-        self.k = num_tokens
         self.views: dict[str, DraftView] = {}
 
     def propose(self, items: list[ScheduledSeq]) -> None:
