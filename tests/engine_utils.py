@@ -22,7 +22,7 @@ def chunked_logits(engine: LLMEngine, ids: list[int], chunk: int) -> torch.Tenso
             n = min(chunk, len(ids) - start)
             bm.allocate(seq, n)
             batch = runner.prepare([ScheduledSeq(seq, start, n)], [None])
-            out.append(runner.run(batch, all_logits=True))
+            out.append(runner.run(batch))
             seq.num_computed_tokens += n
     finally:
         bm.free_seq(seq)
