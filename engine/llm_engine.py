@@ -224,6 +224,8 @@ class LLMEngine:
         now = time.perf_counter()
         for seq in sched.admitted:
             seq.first_scheduled_time = seq.first_scheduled_time or now
+            self.stats.prefix_queried_tokens += len(seq)
+            self.stats.prefix_hit_tokens += seq.num_cached_tokens
         if not sched.scheduled:
             return outputs
         scheduled = sched.scheduled
@@ -448,6 +450,8 @@ class EngineStats:
     generated_tokens: int = 0
     spec_proposed: int = 0
     spec_accepted: int = 0
+    prefix_queried_tokens: int = 0  # tokens of admitted sequences looked up in the prefix cache
+    prefix_hit_tokens: int = 0  # of those, found there
 
 
 def _check_same_vocabulary(tok: Tokenizer, cfg, draft_tok: Tokenizer, draft_cfg, draft_path: Path) -> None:
