@@ -114,9 +114,11 @@ class LLMEngine:
     # --- requests ----------------------------------------------------------------
     def add_request(self, prompt: str | list[int] | None = None, params: SamplingParams | None = None, *,
                     messages: list[dict] | None = None, request_id: str | None = None,
-                    trace_level: str | None = None, speculative: bool = True) -> str:
-        """Queue a request; returns its id. `speculative=False` turns speculative decoding
-        off for this request (when the engine has a draft)."""
+                    trace_level: str | None = None, speculative: bool = True,
+                    num_speculative_tokens: int | None = None) -> str:
+        """Queue a request; returns its id. With a draft model, `speculative=False` turns
+        speculative decoding off for this request and `num_speculative_tokens` sets its k
+        (at most the engine's)."""
         arrival = time.perf_counter()
         params = params or SamplingParams()
         level = trace_level or self.default_trace_level
@@ -133,6 +135,10 @@ class LLMEngine:
                        trace_level=level, prompt=text, arrival_time=arrival)
         seq.tokenized_time = time.perf_counter()
         seq.speculative = speculative and self.speculator is not None
+        if num_speculative_tokens is not None:
+            if num_speculative_tokens < 0:
+                raise ValueError("num_speculative_tokens must be >= 0")
+            seq.spec_k = min(num_speculative_tokens, self.num_speculative_tokens)
         if not params.greedy:
             seq.generator = torch.Generator(self.device)
             seq.generator.manual_seed(params.seed if params.seed is not None else secrets.randbits(63))
@@ -175,7 +181,8 @@ class LLMEngine:
         if not seq.speculative:
             return 0
         room = min(seq.params.max_tokens - seq.num_output_tokens, self.max_model_len - len(seq))
-        return max(0, min(self.num_speculative_tokens, room - 1))
+        k = self.num_speculative_tokens if seq.spec_k is None else seq.spec_k
+        return max(0, min(k, room - 1))
 
     def abort(self, request_id: str) -> bool:
         """Stop a request now and free its blocks. False if unknown or already done."""

@@ -39,6 +39,7 @@ class Sequence:
     generator: torch.Generator | None = None
     num_preemptions: int = 0
     speculative: bool = False  # verify draft proposals in decode steps
+    spec_k: int | None = None  # proposals per round (None: the engine's k)
     spec_proposed: int = 0
     spec_accepted: int = 0
     # timing (time.perf_counter): arrival, tokenize done, first scheduled, each token

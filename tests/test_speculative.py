@@ -152,6 +152,20 @@ def test_speculation_can_be_turned_off_per_request(models):
     assert engine.stats.spec_proposed == 0 and engine.stats.target_passes == 24
 
 
+def test_k_can_be_set_per_request(models):
+    target, _ = models["llama"]
+    sink = EventList()
+    engine = LLMEngine(target, device="cpu", draft=target, num_speculative_tokens=5, tracer=Tracer(sink),
+                       config=EngineConfig(block_size=4))
+    two = engine.add_request(PROMPTS[0], GREEDY, num_speculative_tokens=2)
+    five = engine.add_request(PROMPTS[1], GREEDY)
+    capped = engine.add_request(PROMPTS[3], GREEDY, num_speculative_tokens=9)
+    while engine.has_unfinished_requests():
+        engine.step()
+    ks = {rid: {e.data["k"] for e in sink.of(rid, "spec")} for rid in (two, five, capped)}
+    assert max(ks[two]) == 2 and max(ks[five]) == 5 and max(ks[capped]) == 5
+
+
 def test_draft_with_another_vocabulary_fails_at_load(models, tmp_path):
     target, _ = models["llama"]
     other = make_checkpoint("llama", tmp_path / "words", words=["<eos>", "x", "y"])
