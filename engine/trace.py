@@ -59,8 +59,13 @@ def jsonable(x: Any) -> Any:
     if isinstance(x, dict):
         return {k: jsonable(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
+        if all(isinstance(v, _PLAIN) for v in x):  # the common case: ids, counts
+            return list(x)
         return [jsonable(v) for v in x]
     return x
+
+
+_PLAIN = (int, float, str, bool, type(None))
 
 
 class Tracer:
