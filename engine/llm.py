@@ -93,14 +93,16 @@ class LLM:
             for req, p in zip(requests, params):
                 ids.append(self.engine.add_request(params=p, **req))
             bar = tqdm(total=len(ids), desc="Generating", disable=not use_tqdm)
-            pending = set(ids)
-            while pending:
+            results: dict[str, RequestOutput] = {}
+            wanted = set(ids)
+            while len(results) < len(ids):
                 for out in self.engine.step():
-                    if out.finished and out.request_id in pending:
-                        pending.discard(out.request_id)
+                    if out.finished and out.request_id in wanted and out.request_id not in results:
+                        results[out.request_id] = self.engine.get_output(out.request_id)
+                        self.engine.release(out.request_id)
                         bar.update(1)
             bar.close()
-            return [self.engine.get_output(i) for i in ids]
+            return [results[i] for i in ids]
         finally:
             for i in ids:
                 self.engine.abort(i)

@@ -106,6 +106,7 @@ class LLMEngine:
         # the oldest are forgotten, so a caller that never releases cannot grow memory.
         self.max_finished = 1024
         self._finished: deque[str] = deque()
+        self._pending: list[TokenOutput] = []  # finishes that happened between steps (aborts)
         self.step_count = 0
         self.num_aborted = 0
         self.stats = EngineStats()
@@ -191,11 +192,12 @@ class LLMEngine:
             if seq is None or seq.is_finished:
                 return False
             self.num_aborted += 1
-            self._finish(seq, "abort")
+            # The next step() reports it like any other finish, so a stream sees its end.
+            self._pending.append(self._finish(seq, "abort"))
             return True
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or bool(self._pending)
 
     def get_output(self, request_id: str) -> RequestOutput:
         seq = self.requests[request_id]
@@ -219,7 +221,7 @@ class LLMEngine:
 
     def _step(self) -> list[TokenOutput]:
         self.step_count += 1
-        outputs: list[TokenOutput] = []
+        outputs, self._pending = self._pending, []
         sched = self.scheduler.schedule()
         for seq in sched.out_of_memory:
             self._emit_if(seq, "kv.exhausted", blocks=self.block_manager.num_blocks, tokens=len(seq))
@@ -272,8 +274,10 @@ class LLMEngine:
             seq = scheduled[b].seq
             if seq.traced:
                 row = spans[b][1] - 1 if b not in verdicts else spans[b][0] + verdicts[b].accepted
+                info = explain(logits[row], seq.params, tokens[-1], self.capture.top_candidates)
                 self._emit("sample", seq.request_id, position=len(seq) + len(tokens) - 1,
-                           **explain(logits[row], seq.params, tokens[-1], self.capture.top_candidates))
+                           candidate_texts=[self._piece(t) for t in info["candidates"].tolist()],
+                           token_text=self._piece(tokens[-1]), **info)
             if not seq.first_token_time:
                 seq.prefill_done_time, seq.first_token_time = t_forward, t_sample
             for token in tokens:
@@ -307,10 +311,10 @@ class LLMEngine:
         if seq.traced:
             k = len(s.draft_tokens)
             self._emit("spec", seq.request_id, k=k, proposed=s.draft_tokens,
-                       proposed_text=[self.tokenizer.decode([t], skip_special_tokens=False) for t in s.draft_tokens],
+                       proposed_text=[self._piece(t) for t in s.draft_tokens],
                        draft_probs=verdict.draft_probs, target_probs=verdict.target_probs,
                        accepted=verdict.accepted, rejected_position=verdict.accepted if verdict.accepted < k else None,
-                       token=verdict.tokens[-1], token_text=self.tokenizer.decode([verdict.tokens[-1]]),
+                       token=verdict.tokens[-1], token_text=self._piece(verdict.tokens[-1]),
                        token_kind="corrected" if verdict.accepted < k else "bonus",
                        acceptance_rate=seq.spec_accepted / seq.spec_proposed, greedy=seq.params.greedy)
 
@@ -388,6 +392,10 @@ class LLMEngine:
         }
 
     # --- tracing -------------------------------------------------------------------
+    def _piece(self, token_id: int) -> str:
+        """A token's text for the trace, special tokens included (a replay has no tokenizer)."""
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
     def _emit(self, type: str, request_id: str | None, **data) -> None:
         self.tracer.emit(type, request_id, self.step_count, **data)
 

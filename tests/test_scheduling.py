@@ -164,7 +164,10 @@ def test_abort_frees_blocks_at_once(path):
     assert engine.block_manager.num_free_blocks < engine.block_manager.num_blocks
     assert engine.abort(rid) and not engine.abort(rid)
     assert engine.get_output(rid).finish_reason == "abort"
-    assert free_all(engine) and not engine.has_unfinished_requests()
+    assert free_all(engine)
+    (out,) = engine.step()  # the abort is reported like any finish
+    assert out.request_id == rid and out.finished and out.finish_reason == "abort"
+    assert not engine.has_unfinished_requests() and engine.step() == []
 
 
 def test_sequence_bigger_than_pool_finishes_cleanly(path):

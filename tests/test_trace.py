@@ -120,6 +120,7 @@ def test_kv_and_finish(run):
     assert abs(sum(split.values()) - fin["ttft"]) < 1e-6 and len(fin["token_latencies"]) == 5
     sample = events(items, "sample")[0].data
     assert sample["stages"]["top_k"]["kept"] == 20 and sample["stages"]["top_p"]["kept"] <= 20
+    assert len(sample["candidate_texts"]) == len(sample["candidates"]) and isinstance(sample["token_text"], str)
 
 
 def test_tracing_off_emits_nothing(checkpoint):
