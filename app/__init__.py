@@ -1,0 +1,1 @@
+"""TokenTrace's server: the live Gradio page over the engine service (`python -m app`)."""

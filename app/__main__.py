@@ -1,0 +1,99 @@
+"""python -m app: load the model (and its draft), start the engine thread, serve the page."""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+ASSETS = Path(__file__).resolve().parent.parent / "assets" / "models"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m app", description="TokenTrace: watch one request travel "
+                                "through a real LLM serving engine.")
+    p.add_argument("--model", default=None, help="checkpoint directory or hub id (default: the embedded model)")
+    p.add_argument("--draft", default=None, help="draft model for speculative decoding ('none' to turn off; "
+                   "default: the embedded draft when the embedded model is served)")
+    p.add_argument("--num-speculative-tokens", type=int, default=4, help="largest k the page can pick")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=7860)
+    p.add_argument("--share", action="store_true", help="ask Gradio for a public link (needs internet)")
+    p.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
+    kv = p.add_argument_group("KV cache and batching")
+    kv.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    kv.add_argument("--num-kv-blocks", type=int, default=None, help="blocks in the KV pool")
+    kv.add_argument("--kv-cache-memory-fraction", type=float, default=None,
+                    help="size the pool as this fraction of free device memory")
+    kv.add_argument("--max-num-seqs", type=int, default=16)
+    kv.add_argument("--max-num-batched-tokens", type=int, default=512)
+    kv.add_argument("--max-model-len", type=int, default=None)
+    kv.add_argument("--no-prefix-caching", action="store_true")
+    cap = p.add_argument_group("capture (level 'full')")
+    cap.add_argument("--capture-max-keys", type=int, default=64, help="attention rows/keys kept per matrix")
+    cap.add_argument("--capture-heads", default=None, help="comma-separated query heads to capture (default all)")
+    return p.parse_args(argv)
+
+
+def default_draft(args: argparse.Namespace) -> str | None:
+    if args.draft is not None:
+        return None if args.draft.lower() == "none" else args.draft
+    if args.model is None and (ASSETS / "draft" / "config.json").is_file():
+        return str(ASSETS / "draft")
+    return None
+
+
+def build_service(args: argparse.Namespace):
+    from app.engine_service import EngineService
+    from engine import CaptureConfig, EngineConfig, LLMEngine, Tracer
+
+    config = EngineConfig(block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
+                          kv_cache_memory_fraction=args.kv_cache_memory_fraction, max_num_seqs=args.max_num_seqs,
+                          max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
+                          enable_prefix_caching=not args.no_prefix_caching)
+    heads = [int(h) for h in args.capture_heads.split(",")] if args.capture_heads else None
+    capture = CaptureConfig(max_keys=args.capture_max_keys, heads=heads)
+
+    def progress(done: int, total: int, what: str) -> None:
+        if done == total:
+            print(f"  loaded {what}: {total} tensors", flush=True)
+
+    engine = LLMEngine(args.model, device=args.device, dtype=args.dtype, config=config, tracer=Tracer(),
+                       trace_level="basic", capture=capture, progress=progress, draft=default_draft(args),
+                       num_speculative_tokens=args.num_speculative_tokens)
+    return EngineService(engine)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    t0 = time.perf_counter()
+    try:
+        service = build_service(args)
+    except (ValueError, OSError) as e:
+        sys.exit(f"cannot start: {e}")
+    import uvicorn
+
+    from app.server import create_app
+
+    app = create_app(service.start())
+    info = service.model_info()
+    print(f"TokenTrace: {info['name']} ({info['num_layers']} layers"
+          f"{', draft on' if info['has_draft'] else ''}) ready in {time.perf_counter() - t0:.1f} s "
+          f"on http://{args.host}:{args.port}", flush=True)
+    if args.share:
+        print("--share: public links need internet; serving locally only.", flush=True)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    finally:
+        service.stop()
+
+
+if __name__ == "__main__":
+    main()

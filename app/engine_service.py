@@ -1,0 +1,240 @@
+"""The engine service: one background thread runs LLMEngine.step(); a tracer sink copies
+every event into the trace store and into the queues of whoever watches that request.
+
+Web handlers never call step() and never wait on the engine's lock in the event loop:
+they submit, then read their queue from a worker thread. The KV block pool is read
+(under the engine's lock, on the engine thread) after every step, so each page can
+draw the other requests' blocks too.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from functools import cached_property, lru_cache
+
+from app.requests import Submission
+from app.trace_store import TraceStore
+from engine import LLMEngine, TraceEvent
+
+log = logging.getLogger("tokentrace")
+_ids = itertools.count(1)
+
+
+@dataclass
+class Subscription:
+    """One watcher's queue: trace events (dicts) of its request(s), plus app items of
+    type "output" (a streamed token, for every trace level) and "error"."""
+    request_id: str | None  # None: every request (the /ws firehose)
+    queue: "queue.SimpleQueue[dict]" = field(default_factory=queue.SimpleQueue)
+
+    def drain(self, timeout: float) -> list[dict]:
+        """Everything queued now, waiting up to `timeout` for the first item."""
+        items = []
+        try:
+            items.append(self.queue.get(timeout=timeout))
+            while True:
+                items.append(self.queue.get_nowait())
+        except queue.Empty:
+            pass
+        return items
+
+
+@dataclass(frozen=True)
+class KVSnapshot:
+    """The block pool after one engine step (all requests, not only traced ones)."""
+    step: int
+    num_blocks: int
+    block_size: int
+    ref: tuple[int, ...]
+    cached: tuple[bool, ...]
+    owners: dict[int, list[str]]
+    fill: dict[int, int]
+
+    @cached_property
+    def as_dict(self) -> dict:  # built once per step, however many pages read it
+        return {"step": self.step, "num_blocks": self.num_blocks, "block_size": self.block_size,
+                "ref": list(self.ref), "cached": list(self.cached), "owners": self.owners, "fill": self.fill}
+
+
+class EngineService:
+    def __init__(self, engine: LLMEngine, store: TraceStore | None = None, model_name: str | None = None) -> None:
+        if engine.tracer is None:
+            raise ValueError("the engine needs a Tracer for the service to watch it")
+        self.engine = engine
+        self.store = store or TraceStore()
+        self.model_name = model_name or engine.model_path.name
+        self._subs: dict[str, list[Subscription]] = {}
+        self._firehose: list[Subscription] = []
+        self._subs_lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.snapshot: KVSnapshot | None = None
+        self.error: str | None = None
+        engine.tracer.add_sink(self._on_event)
+        with engine.lock:
+            self._take_snapshot()
+
+    # --- model facts the page shows (all read from the engine) -------------------
+    def model_info(self) -> dict:
+        e, cfg = self.engine, self.engine.model_config
+        return {"name": self.model_name, "num_layers": cfg.num_layers, "num_heads": cfg.num_heads,
+                "num_kv_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim, "hidden_size": cfg.hidden_size,
+                "vocab_size": cfg.vocab_size, "num_experts": cfg.num_experts, "top_k": cfg.num_experts_per_tok,
+                "is_moe": cfg.is_moe, "moe_layers": [i for i, m in enumerate(cfg.moe_layers) if m],
+                "sliding_windows": list(cfg.sliding_windows), "dtype": str(e.dtype).replace("torch.", ""),
+                "dtype_bytes": e.runner.kv_cache.element_size(), "num_blocks": e.block_manager.num_blocks,
+                "block_size": e.config.block_size, "kv_cache_bytes": e.runner.kv_cache_bytes,
+                "max_model_len": e.max_model_len, "has_draft": e.speculator is not None,
+                "num_speculative_tokens": e.num_speculative_tokens, "device": str(e.device)}
+
+    @lru_cache(maxsize=65536)
+    def piece(self, token_id: int) -> str:
+        """A token's text as the user would read it (special tokens kept)."""
+        return self.engine.tokenizer.decode([token_id], skip_special_tokens=False)
+
+    def is_special(self, token_id: int) -> bool:
+        return token_id in self.engine.tokenizer.special_ids
+
+    # --- lifecycle ------------------------------------------------------------------
+    def start(self) -> "EngineService":
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="engine", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+
+    # --- requests -------------------------------------------------------------------
+    def submit(self, sub: Submission) -> Subscription:
+        """Queue a request and return its subscription. ValueError: the engine refused it
+        (the subscription is dropped again)."""
+        rid = f"req-{next(_ids)}"
+        watch = Subscription(rid)
+        with self._subs_lock:
+            self._subs.setdefault(rid, []).append(watch)  # before add_request: see its first events
+        try:
+            self.engine.add_request(messages=sub.messages, params=sub.params, request_id=rid,
+                                    trace_level=sub.trace_level, speculative=sub.speculative,
+                                    num_speculative_tokens=sub.num_speculative_tokens)
+        except ValueError:
+            self.unsubscribe(watch)
+            raise
+        self._wake.set()
+        return watch
+
+    def abort(self, request_id: str) -> bool:
+        """Stop a request; the engine's next step reports its end to the watchers."""
+        done = self.engine.abort(request_id)  # takes the engine lock: call from a worker thread
+        self._wake.set()
+        return done
+
+    def subscribe_all(self) -> Subscription:
+        watch = Subscription(None)
+        with self._subs_lock:
+            self._firehose.append(watch)
+        return watch
+
+    def unsubscribe(self, watch: Subscription) -> None:
+        with self._subs_lock:
+            if watch.request_id is None:
+                if watch in self._firehose:
+                    self._firehose.remove(watch)
+                return
+            subs = self._subs.get(watch.request_id, [])
+            if watch in subs:
+                subs.remove(watch)
+            if not subs:
+                self._subs.pop(watch.request_id, None)
+
+    # --- the engine thread ------------------------------------------------------------
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            if not self.engine.has_unfinished_requests():
+                self._wake.wait(0.05)
+                self._wake.clear()
+                continue
+            try:
+                outputs = self.engine.step()
+            except Exception as e:  # keep serving: fail the live requests, not the server
+                log.exception("engine step failed")
+                self.error = f"engine step failed: {e!r}"
+                self._fail_all(self.error)
+                continue
+            with self.engine.lock:
+                self._take_snapshot()
+            for out in outputs:
+                self._deliver(out.request_id, {"type": "output", "request_id": out.request_id,
+                                               "token_id": out.token_id, "text": out.text, "index": out.index,
+                                               "t": out.time, "finished": out.finished,
+                                               "finish_reason": out.finish_reason})
+                if out.finished:
+                    self._finished(out.request_id)
+
+    def _finished(self, request_id: str) -> None:
+        self.engine.release(request_id)  # its events live on in the trace store
+
+    def _fail_all(self, message: str) -> None:
+        with self.engine.lock:
+            live = [rid for rid, seq in self.engine.requests.items() if not seq.is_finished]
+        for rid in live:
+            self._deliver(rid, {"type": "error", "request_id": rid, "message": message})
+            self.abort(rid)
+
+    def _take_snapshot(self) -> None:
+        e = self.engine
+        bm = e.block_manager
+        bs = e.config.block_size
+        owners: dict[int, list[str]] = {}
+        fill: dict[int, int] = {}
+        for rid, seq in e.requests.items():
+            if seq.is_finished:
+                continue
+            for i, b in enumerate(seq.block_table):
+                owners.setdefault(b, []).append(rid)
+                fill[b] = max(fill.get(b, 0), max(0, min(bs, seq.num_computed_tokens - i * bs)))
+        self.snapshot = KVSnapshot(e.step_count, bm.num_blocks, bs, tuple(b.ref_count for b in bm.blocks),
+                                   tuple(b.hash is not None and bm.cached.get(b.hash) == b.block_id
+                                         for b in bm.blocks), owners, fill)
+
+    # --- the tracer sink (runs inside engine.step(): keep it cheap) ------------------------
+    def _on_event(self, event: TraceEvent) -> None:
+        d = event.to_dict()
+        rid = d["request_id"]
+        if rid is not None:
+            self.store.add(rid, d)
+            self._deliver(rid, d)
+        elif d["type"] == "schedule.step":
+            for b in d["batch"]:
+                self.store.add(b["request_id"], d)
+                self._deliver(b["request_id"], d, firehose=False)
+            self._deliver(None, d)
+        else:
+            self._deliver(None, d)
+
+    def _deliver(self, request_id: str | None, item: dict, firehose: bool = True) -> None:
+        with self._subs_lock:
+            targets = list(self._subs.get(request_id, ())) if request_id is not None else []
+            if firehose:
+                targets += self._firehose
+        for watch in targets:
+            watch.queue.put(item)
+
+
+def wait_idle(service: EngineService, timeout: float = 30.0) -> bool:
+    """True once the engine has no unfinished request (tests and shutdown)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if not service.engine.has_unfinished_requests():
+            return True
+        time.sleep(0.02)
+    return False

@@ -1,0 +1,150 @@
+"""One page's view of one request: it takes the items of its subscription, keeps them by
+stage, and redraws only the panels whose inputs changed (and the heavy ones at most a
+few times a second), so the browser gets small, cheap updates while tokens stream."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import visualizers as viz
+
+PANELS = ("request", "prefix", "tokens", "embedding", "attention", "kv", "moe", "sampling", "spec", "answer",
+          "timeline")
+HEAVY = {"embedding": 1.5, "attention": 1.5, "moe": 1.5, "timeline": 1.5, "kv": 0.5, "tokens": 1.0,
+         "sampling": 1.0, "spec": 1.0}  # panel -> least seconds between redraws while streaming (the
+# browser's cost grows with the DOM it patches; tokens must not queue behind it)
+
+# which panels an event type feeds
+FEEDS = {"request.arrive": ("timeline",), "tokenize": ("tokens", "timeline"), "prefix_cache.lookup": ("prefix",),
+         "schedule.step": ("timeline",), "embed": ("embedding",), "attention": ("attention",), "moe": ("moe",),
+         "sample": ("sampling",), "spec": ("spec",), "token": ("answer", "tokens", "timeline"),
+         "finish": ("answer", "timeline", "kv")}
+
+
+@dataclass
+class LiveView:
+    model: dict  # EngineService.model_info()
+    piece: Callable[[int], str]
+    is_special: Callable[[int], bool]
+    body: dict = field(default_factory=dict)
+    validation: dict | None = None
+    request_id: str | None = None
+    speculative: bool = True
+    layer: int = 0
+    head: int = 0
+    events: list[dict] = field(default_factory=list)
+    by_type: dict[str, list[dict]] = field(default_factory=dict)
+    outputs: list[dict] = field(default_factory=list)
+    snapshot: dict | None = None
+    error: str | None = None
+    finished: bool = False
+    dirty: set[str] = field(default_factory=lambda: set(PANELS))
+    drawn_at: dict[str, float] = field(default_factory=dict)
+    token_seen_at: list[float] = field(default_factory=list)  # when each streamed token reached this view
+
+    # --- input -----------------------------------------------------------------------
+    def add(self, items: list[dict]) -> None:
+        for it in items:
+            t = it["type"]
+            if t == "output":
+                self.outputs.append(it)
+                if it.get("token_id", -1) >= 0:
+                    self.token_seen_at.append(time.perf_counter())
+                self.dirty.update(("answer", "tokens"))
+                if it["finished"]:
+                    self.finished = True
+                    self.dirty.update(PANELS)
+                continue
+            if t == "error":
+                self.error = it["message"]
+                self.dirty.add("answer")
+                continue
+            self.events.append(it)
+            self.by_type.setdefault(t, []).append(it)
+            if t.startswith("kv."):
+                self.dirty.add("kv")
+            self.dirty.update(FEEDS.get(t, ()))
+
+    def set_snapshot(self, snapshot: dict | None) -> None:
+        if snapshot is not None and (self.snapshot is None or snapshot["step"] != self.snapshot["step"]):
+            self.snapshot = snapshot
+            self.dirty.add("kv")
+
+    def first(self, t: str) -> dict | None:
+        evs = self.by_type.get(t)
+        return evs[0] if evs else None
+
+    # --- derived -------------------------------------------------------------------------
+    def labels(self) -> list[str]:
+        """Token text by position: the prompt's pieces, then the generated tokens."""
+        tok = self.first("tokenize")
+        labels = [t["text"] or t["piece"] for t in tok["tokens"]] if tok else []
+        return labels + [self.piece(t) for t in self.generated_ids()]
+
+    def generated_ids(self) -> list[int]:
+        return [o["token_id"] for o in self.outputs if o.get("token_id", -1) >= 0]
+
+    def pieces(self) -> dict[int, str]:
+        ids = set(self.generated_ids())
+        for s in self.by_type.get("sample", ()):
+            ids.update(s["candidates"])
+        ids.update(s["token"] for s in self.by_type.get("spec", ()))
+        return {i: self.piece(i) for i in ids}
+
+    def stream_tokens(self) -> list[dict]:
+        """Per-token timing: from `token` events when traced, else from the outputs."""
+        evs = self.by_type.get("token")
+        if evs:
+            return evs
+        out, prev = [], 0.0
+        for o in self.outputs:
+            if o.get("token_id", -1) >= 0:
+                out.append({"index": o["index"], "token_id": o["token_id"], "text": o["text"], "t": o["t"],
+                            "latency": o["t"] - prev, "ts": o["t"]})
+                prev = o["t"]
+        return out
+
+    # --- output --------------------------------------------------------------------------
+    def render(self, name: str) -> str:
+        m = self.model
+        if name == "request":
+            return viz.request_html(self.body, self.validation)
+        if name == "prefix":
+            return viz.prefix_cache_html(self.first("prefix_cache.lookup"), m["block_size"])
+        if name == "tokens":
+            gen = [{"id": i, "text": self.piece(i), "special": self.is_special(i)} for i in self.generated_ids()]
+            return viz.tokens_html(self.first("tokenize"), gen)
+        if name == "embedding":
+            return viz.embedding_html(self.by_type.get("embed", []))
+        if name == "attention":
+            return viz.attention_html(self.by_type.get("attention", []), self.layer, self.head, self.labels(),
+                                      m["sliding_windows"] if any(m["sliding_windows"]) else None)
+        if name == "kv":
+            kv = [e for e in self.events if e["type"].startswith("kv.")]
+            return viz.kv_grid_html(self.snapshot, self.request_id, kv, m)
+        if name == "moe":
+            return viz.moe_html(self.by_type.get("moe", []), self.layer, self.labels(), m["is_moe"])
+        if name == "sampling":
+            return viz.sampling_html(self.by_type.get("sample", []), self.pieces())
+        if name == "spec":
+            return viz.spec_html(self.by_type.get("spec", []), self.speculative and m["has_draft"], self.pieces())
+        if name == "answer":
+            return viz.answer_html(self.stream_tokens(), self.first("finish"), self.error)
+        if name == "timeline":
+            return viz.timeline_html(self.events, self.request_id or "")
+        raise KeyError(name)
+
+    def due(self, now: float, force: bool = False) -> list[str]:
+        """Dirty panels whose redraw is due (all dirty ones when forced)."""
+        names = [n for n in PANELS if n in self.dirty
+                 and (force or now - self.drawn_at.get(n, 0.0) >= HEAVY.get(n, 0.0))]
+        return names
+
+    def draw(self, names: list[str], now: float) -> dict[str, str]:
+        out = {}
+        for n in names:
+            out[n] = self.render(n)
+            self.dirty.discard(n)
+            self.drawn_at[n] = now
+        return out

@@ -1,0 +1,51 @@
+"""Serve the app from a background thread of this process (tests and the measurement
+command drive a real browser against it, and read the engine's clock directly)."""
+from __future__ import annotations
+
+import threading
+import time
+
+import uvicorn
+
+from app.engine_service import EngineService
+from app.server import create_app
+
+
+class LocalServer:
+    def __init__(self, service: EngineService, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.service = service
+        self.server = uvicorn.Server(uvicorn.Config(create_app(service), host=host, port=port, log_level="warning"))
+        self.host = host
+        self.thread: threading.Thread | None = None
+
+    def start(self, timeout: float = 60.0) -> "LocalServer":
+        self.service.start()
+        self.thread = threading.Thread(target=self.server.run, name="uvicorn", daemon=True)
+        self.thread.start()
+        end = time.monotonic() + timeout
+        while not self.server.started:
+            if time.monotonic() > end or not self.thread.is_alive():
+                raise RuntimeError("the server did not start")
+            time.sleep(0.05)
+        return self
+
+    @property
+    def port(self) -> int:
+        return self.server.servers[0].sockets[0].getsockname()[1]
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}/"
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        if self.thread is not None:
+            self.thread.join(timeout=10)
+        self.service.stop()
+
+    def __enter__(self) -> "LocalServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+

@@ -1,0 +1,117 @@
+"""Shared helpers: escaping, colour scales and a tiny PNG encoder.
+
+Every string that came from a prompt, a token or an id goes through `esc` before it
+enters markup: token text is untrusted. Dense matrices (attention, embeddings) are
+drawn as small PNG images scaled up with CSS: a 64x64 heatmap is a few KB, where the
+same grid of <div>s would be hundreds of KB per update.
+"""
+from __future__ import annotations
+
+import base64
+import html
+import struct
+import zlib
+from typing import Mapping, Sequence
+
+import numpy as np
+
+# Perceptually ordered anchors (viridis-like) for values in [0, 1].
+_SEQ = np.array([[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]], dtype=float)
+# Diverging anchors (blue - white - red) for signed values.
+_DIV = np.array([[33, 102, 172], [146, 197, 222], [247, 247, 247], [244, 165, 130], [178, 24, 43]], dtype=float)
+
+
+def esc(value: object) -> str:
+    """Text for HTML content and attribute values (quotes escaped too)."""
+    return html.escape(str(value), quote=True)
+
+
+def show_piece(text: str) -> str:
+    """Make whitespace and control characters visible in a token chip (then escape)."""
+    out = []
+    for ch in text:
+        if ch == " ":
+            out.append("\u2423")
+        elif ch == "\n":
+            out.append("\u21b5")
+        elif ch == "\t":
+            out.append("\u21e5")
+        elif ord(ch) < 32 or ord(ch) == 127:
+            out.append(f"\\x{ord(ch):02x}")
+        else:
+            out.append(ch)
+    return esc("".join(out))
+
+
+def piece_text(token_id: int, pieces: Mapping[int, str] | None) -> str:
+    if pieces is not None and token_id in pieces:
+        return pieces[token_id]
+    return f"#{token_id}"
+
+
+def colormap(values: np.ndarray, diverging: bool = False) -> np.ndarray:
+    """values in [0, 1] (or [-1, 1] when diverging) -> uint8 RGB of shape values.shape + (3,)."""
+    anchors = _DIV if diverging else _SEQ
+    v = np.asarray(values, dtype=float)
+    v = (np.clip(v, -1, 1) + 1) / 2 if diverging else np.clip(v, 0, 1)
+    pos = v * (len(anchors) - 1)
+    lo = np.floor(pos).astype(int).clip(0, len(anchors) - 2)
+    frac = (pos - lo)[..., None]
+    rgb = anchors[lo] * (1 - frac) + anchors[lo + 1] * frac
+    return rgb.round().astype(np.uint8)
+
+
+def rgb_css(value: float, diverging: bool = False) -> str:
+    r, g, b = colormap(np.array([value]), diverging)[0]
+    return f"rgb({r},{g},{b})"
+
+
+def png_data_uri(rgb: np.ndarray) -> str:
+    """uint8 [H, W, 3] -> data: URI of a PNG (no imaging library needed)."""
+    rgb = np.ascontiguousarray(rgb, dtype=np.uint8)
+    h, w, _ = rgb.shape
+    raw = b"".join(b"\x00" + rgb[y].tobytes() for y in range(h))
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    png = (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
+           + chunk(b"IDAT", zlib.compress(raw, 6)) + chunk(b"IEND", b""))
+    return "data:image/png;base64," + base64.b64encode(png).decode()
+
+
+def heat_img(rgb: np.ndarray, css_class: str, title: str, height_px: int | None = None) -> str:
+    style = f' style="height:{height_px}px"' if height_px else ""
+    return f'<img class="{css_class}" alt="{esc(title)}" title="{esc(title)}" src="{png_data_uri(rgb)}"{style}>'
+
+
+def empty(message: str) -> str:
+    return f'<div class="tt-empty">{esc(message)}</div>'
+
+
+def panel(title: str, body: str, note: str = "") -> str:
+    note_html = f'<span class="tt-note">{esc(note)}</span>' if note else ""
+    return f'<div class="tt-panel"><div class="tt-title">{esc(title)}{note_html}</div>{body}</div>'
+
+
+def fmt_bytes(n: float) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:,.1f} {unit}"
+    return f"{int(n):,} B"
+
+
+def fmt_ms(seconds: float) -> str:
+    return f"{seconds * 1000:,.1f} ms"
+
+
+def bar(fraction: float, css_class: str = "tt-bar") -> str:
+    pct = max(0.0, min(1.0, fraction)) * 100
+    return f'<span class="{css_class}"><span style="width:{pct:.1f}%"></span></span>'
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]], css_class: str = "tt-table") -> str:
+    """headers are escaped here; row cells must already be safe HTML."""
+    head = "".join(f"<th>{esc(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
+    return f'<table class="{css_class}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'

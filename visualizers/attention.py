@@ -1,0 +1,144 @@
+"""Stage 5a: attention probabilities per layer and head.
+
+Rows are query positions, columns key positions. The prefill matrix comes first;
+each decode (or speculative verify) step adds its new row(s) underneath. Cells above
+the diagonal are the causal mask; cells older than a sliding window are that mask.
+Query heads are drawn grouped by the KV head they share (grouped-query attention).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from visualizers._html import colormap, empty, esc, heat_img, panel, show_piece
+
+MAX_POSITIONS = 96  # the newest positions shown
+THUMB_POSITIONS = 32
+KIND_RGB = {"prefill": (70, 110, 200), "decode": (240, 140, 30), "verify": (160, 80, 200)}
+CAUSAL_RGB = np.array([30, 30, 36], dtype=np.uint8)
+WINDOW_RGB = np.array([120, 40, 50], dtype=np.uint8)
+UNSEEN_RGB = np.array([200, 200, 205], dtype=np.uint8)
+
+
+def layers_and_heads(events: Sequence[dict]) -> tuple[list[int], list[int]]:
+    layers = sorted({e["layer"] for e in events})
+    heads = list(events[0]["heads"]) if events else []
+    return layers, heads
+
+
+def attention_matrix(events: Sequence[dict], layer: int, head: int, max_positions: int = MAX_POSITIONS
+                     ) -> tuple[np.ndarray, np.ndarray, list[str | None], int, int | None]:
+    """-> (probs [R, C] with NaN where not captured, mask codes [R, C] (0 visible, 1 causal,
+    2 outside the window), kind of each row, first position, window)."""
+    evs = [e for e in events if e["layer"] == layer]
+    if not evs:
+        return np.zeros((0, 0)), np.zeros((0, 0), dtype=int), [], 0, None
+    hi = max(e["q_start"] + len(e["probs"][0]) for e in evs)
+    lo = max(0, hi - max_positions)
+    n = hi - lo
+    probs = np.full((n, n), np.nan)
+    kinds: list[str | None] = [None] * n
+    window = evs[-1].get("window")
+    for e in evs:
+        h = e["heads"].index(head) if head in e["heads"] else None
+        if h is None:
+            continue
+        rows = np.asarray(e["probs"][h], dtype=float)
+        for r, row in enumerate(rows):
+            q = e["q_start"] + r
+            if q < lo:
+                continue
+            kinds[q - lo] = e["kind"]
+            k0 = e["k_start"]
+            cols = np.arange(k0, k0 + len(row))
+            keep = cols >= lo
+            probs[q - lo, cols[keep] - lo] = row[keep]
+    q = np.arange(lo, hi)[:, None]
+    k = np.arange(lo, hi)[None, :]
+    mask = np.where(k > q, 1, 0)
+    if window:
+        mask = np.where((k <= q) & (q - k >= window), 2, mask)
+    return probs, mask, kinds, lo, window
+
+
+def _image(probs: np.ndarray, mask: np.ndarray, kinds: list[str | None]) -> np.ndarray:
+    # sqrt stretches small probabilities so structure beyond the top key shows
+    rgb = colormap(np.sqrt(np.nan_to_num(probs, nan=0.0)))
+    rgb[np.isnan(probs)] = UNSEEN_RGB
+    rgb[mask == 1] = CAUSAL_RGB
+    rgb[mask == 2] = WINDOW_RGB
+    gutter = np.zeros((len(kinds), 2, 3), dtype=np.uint8) + 255
+    for i, kind in enumerate(kinds):
+        if kind:
+            gutter[i, :] = KIND_RGB.get(kind, (0, 0, 0))
+    return np.concatenate([gutter, rgb], axis=1)
+
+
+def _scaled(rgb: np.ndarray, width: int) -> tuple[int, int]:
+    h, w, _ = rgb.shape
+    cell = max(1, width // max(w, 1))
+    return w * cell, h * cell
+
+
+def attention_html(events: Sequence[dict], layer: int | None = None, head: int | None = None,
+                   labels: Sequence[str] = (), sliding_windows: Sequence[int | None] | None = None) -> str:
+    """events: this request's `attention` events. labels: token text by position."""
+    if not events:
+        return panel("Attention", empty("no attention captured yet (capture level 'full' records it)"))
+    layers, heads = layers_and_heads(events)
+    layer = layer if layer in layers else layers[0]
+    head = head if head in heads else heads[0]
+    last = next(e for e in reversed(events) if e["layer"] == layer)
+    num_heads, num_kv = last["num_heads"], last["num_kv_heads"]
+    group = num_heads // num_kv
+    probs, mask, kinds, lo, window = attention_matrix(events, layer, head)
+    rgb = _image(probs, mask, kinds)
+    w, h = _scaled(rgb, 480)
+    big = heat_img(rgb, "tt-heat", f"layer {layer} head {head}: rows are queries from position {lo}")
+    big = big.replace("<img ", f'<img width="{w}" height="{h}" ', 1)
+
+    # Grouped-query structure: query heads boxed by the KV head they read.
+    groups = []
+    for kv in range(num_kv):
+        thumbs = []
+        for qh in range(kv * group, (kv + 1) * group):
+            if qh not in heads:
+                continue
+            p, m, k, _, _ = attention_matrix(events, layer, qh, THUMB_POSITIONS)
+            img = _image(p, m, k)
+            tw, th = _scaled(img, 96)
+            sel = " tt-sel" if qh == head else ""
+            thumbs.append(f'<figure class="tt-thumb{sel}">'
+                          + heat_img(img, "tt-heat", f"query head {qh} (KV head {kv})").replace(
+                              "<img ", f'<img width="{tw}" height="{th}" ', 1)
+                          + f"<figcaption>Q{qh}</figcaption></figure>")
+        groups.append(f'<div class="tt-group"><div class="tt-group-title">KV head {kv} ← query heads '
+                      f'{kv * group}–{(kv + 1) * group - 1}</div>{"".join(thumbs)}</div>')
+
+    # The newest row in words: which keys it attended to most.
+    newest = ""
+    rows_seen = np.where(~np.all(np.isnan(probs), axis=1))[0]
+    if len(rows_seen):
+        r = rows_seen[-1]
+        row = np.nan_to_num(probs[r], nan=0.0)
+        top = np.argsort(row)[::-1][:5]
+        def lab(pos: int) -> str:
+            return show_piece(labels[pos]) if pos < len(labels) else f"#{pos}"
+        newest = (f"<div>newest row: position {lo + r} ({esc(kinds[r] or '')}, token "
+                  f"<code>{lab(lo + r)}</code>) attends most to "
+                  + ", ".join(f"<code>{lab(lo + int(c))}</code>@{lo + int(c)} {row[c]:.2f}" for c in top if row[c] > 0)
+                  + "</div>")
+    win_text = f"sliding window {window} tokens (dark red: masked as too old)" if window else "full causal attention"
+    if sliding_windows:
+        sw = [w for w in sliding_windows]
+        win_text += " · windows per layer: " + esc(", ".join("full" if x is None else str(x) for x in sw))
+    n_rows = {k: sum(1 for x in kinds if x == k) for k in ("prefill", "decode", "verify")}
+    info = (f"<div class='tt-lines'><div>layer <b>{layer}</b> of {len(layers)} captured · query head <b>{head}</b> · "
+            f"{num_heads} query heads share {num_kv} KV heads ({group} per KV head) · {win_text}</div>"
+            f"<div>rows: {n_rows['prefill']} prefill, {n_rows['decode']} decode, {n_rows['verify']} verify · "
+            f"positions {lo}–{lo + len(kinds) - 1} · left gutter: <span class='tt-k-prefill'>prefill</span> "
+            f"<span class='tt-k-decode'>decode</span> <span class='tt-k-verify'>verify</span> · "
+            f"black: causal mask · grey: not captured</div>{newest}</div>")
+    return panel("Attention", info + f'<div class="tt-attn"><div class="tt-attn-big">{big}</div>'
+                 f'<div class="tt-groups">{"".join(groups)}</div></div>')

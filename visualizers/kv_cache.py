@@ -1,0 +1,128 @@
+"""Stage 7: the paged KV cache: the block pool as a grid, this request's blocks filling
+token by token, prefix-shared blocks, other requests' blocks, freed blocks; and the
+cache-size formula with the served model's numbers."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from visualizers._html import empty, esc, fmt_bytes, heat_img, panel
+
+
+def _block_events(events: Sequence[dict]) -> tuple[set[int], set[int], list[int]]:
+    shared, freed, table = set(), set(), []
+    for e in events:
+        t = e["type"]
+        if t == "kv.share":
+            shared.update(e["blocks"])
+        elif t == "kv.alloc":
+            table = e["table"]
+            freed.difference_update(e["blocks"])
+        elif t in ("kv.free", "kv.rollback"):
+            freed.update(e["blocks"])
+    return shared, freed, table
+
+
+STATE_RGB = {  # (cell, filled part)
+    "mine": ((188, 208, 245), (70, 110, 200)), "shared": ((225, 198, 240), (160, 80, 200)),
+    "other": ((251, 217, 181), (240, 140, 30)), "cached": ((205, 235, 211), None),
+    "freed": ((255, 255, 255), None), "free": ((228, 231, 238), None)}
+FREED_EDGE = (70, 110, 200)
+
+
+def block_states(snapshot: dict, request_id: str | None, events: Sequence[dict] = ()) -> list[str]:
+    """The state of every block of the pool, as the viewer of request_id sees it."""
+    owners = {int(k): v for k, v in snapshot["owners"].items()}
+    shared, freed, _ = _block_events(events)
+    states = []
+    for b in range(snapshot["num_blocks"]):
+        own = owners.get(b, [])
+        if request_id in own:
+            states.append("shared" if snapshot["ref"][b] > 1 or b in shared else "mine")
+        elif own:
+            states.append("other")
+        elif b in freed:
+            states.append("freed")
+        elif snapshot["cached"][b]:
+            states.append("cached")
+        else:
+            states.append("free")
+    return states
+
+
+def grid_image(states: list[str], fill: dict[int, int], block_size: int) -> tuple[np.ndarray, int]:
+    """One cell per block (a thousand-block pool is one <img>, not a thousand nodes):
+    owned cells fill from the bottom as their tokens are written. -> (RGB, columns)."""
+    n = len(states)
+    cols = 32 if n <= 256 else 64
+    cell, gap = (12, 2) if n <= 512 else (8, 1)
+    pitch = cell + gap
+    rows = -(-n // cols)
+    img = np.full((rows * pitch, cols * pitch, 3), 255, dtype=np.uint8)
+    for b, state in enumerate(states):
+        y, x = (b // cols) * pitch, (b % cols) * pitch
+        bg, fg = STATE_RGB[state]
+        if state == "freed":
+            img[y:y + cell, x:x + cell] = FREED_EDGE
+            img[y + 1:y + cell - 1, x + 1:x + cell - 1] = bg
+            continue
+        img[y:y + cell, x:x + cell] = bg
+        if fg is not None:
+            h = round(cell * min(fill.get(b, 0), block_size) / block_size)
+            img[y + cell - h:y + cell, x:x + cell] = fg
+    return img, cols
+
+
+def kv_grid_html(snapshot: dict | None, request_id: str | None, events: Sequence[dict] = (),
+                 model: dict | None = None) -> str:
+    """snapshot: {"num_blocks", "block_size", "step", "ref": [..], "cached": [..],
+    "owners": {block: [request ids]}, "fill": {block: tokens}} read from the engine;
+    events: this request's kv.* events; model: numbers for the size formula."""
+    if snapshot is None:
+        return panel("KV cache", empty("no KV-cache state yet"))
+    n, bs = snapshot["num_blocks"], snapshot["block_size"]
+    owners = {int(k): v for k, v in snapshot["owners"].items()}
+    fill = {int(k): v for k, v in snapshot["fill"].items()}
+    _, _, table = _block_events(events)
+    states = block_states(snapshot, request_id, events)
+    counts = {s: 0 for s in STATE_RGB}
+    for s in states:
+        counts[s] += 1
+    others: dict[str, int] = {}
+    for b, own in owners.items():
+        for rid in own:
+            if rid != request_id:
+                others[rid] = others.get(rid, 0) + 1
+    mine = [b for b, s in enumerate(states) if s in ("mine", "shared")]
+    mine_tokens = sum(fill.get(b, 0) for b in mine)
+    img, cols = grid_image(states, fill, bs)
+    grid = heat_img(img, "tt-kv-img", f"KV block pool: {n} blocks, {cols} per row, block 0 top left")
+    data = " ".join(f'data-{s}="{c}"' for s, c in counts.items())
+    legend = "".join(f'<span class="tt-kv tt-kv-{s}"></span>{label} {counts[s]} '
+                     for s, label in (("mine", "this request"), ("shared", "shared via prefix cache"),
+                                      ("other", "other requests"), ("cached", "free, cached prefix"),
+                                      ("freed", "freed by this request"), ("free", "free")))
+    who = " · ".join(f"{esc(rid)}: {c} blocks" for rid, c in sorted(others.items()))
+    info = (f"<div class='tt-lines'><div>pool: <b>{n:,}</b> blocks × {bs} tokens · engine step {snapshot['step']}"
+            f" · block table: {esc(', '.join(map(str, table[:32])))}{'…' if len(table) > 32 else ''}"
+            f" · this request holds {mine_tokens:,} tokens in {len(mine)} blocks</div>"
+            f"<div>other requests: {who or 'none'}</div>"
+            f"<div class='tt-legend'>{legend}</div></div>")
+    body = f'<div class="tt-kv-grid" {data}>{grid}</div><div class="tt-note">block 0 top left, {cols} per row; ' \
+           f'a cell fills from the bottom as its {bs} token slots are written</div>'
+    return panel("KV cache", info + body + (kv_formula_html(model, mine_tokens) if model else ""))
+
+
+def kv_formula_html(model: dict, tokens: int) -> str:
+    """model: num_layers, num_kv_heads, head_dim, dtype, dtype_bytes, num_blocks, block_size,
+    kv_cache_bytes (all read from the engine)."""
+    L, kvh, hd, b = model["num_layers"], model["num_kv_heads"], model["head_dim"], model["dtype_bytes"]
+    per_token = 2 * L * kvh * hd * b
+    capacity = model["num_blocks"] * model["block_size"]
+    return (f"<div class='tt-formula'>KV bytes = 2 × layers × kv_heads × head_dim × tokens × bytes_per_value"
+            f"<br>this model: 2 × {L} × {kvh} × {hd} × tokens × {b} B ({esc(model['dtype'])}) = "
+            f"<b>{per_token:,} B per token</b>"
+            f"<br>this request: {per_token:,} B × {tokens:,} tokens = <b>{esc(fmt_bytes(per_token * tokens))}</b>"
+            f"<br>pool: {model['num_blocks']:,} blocks × {model['block_size']} tokens = {capacity:,} tokens × "
+            f"{per_token:,} B = <b>{esc(fmt_bytes(model['kv_cache_bytes']))}</b> allocated</div>")

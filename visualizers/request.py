@@ -1,0 +1,24 @@
+"""Stage 1: the request as JSON, and what validation said about it."""
+from __future__ import annotations
+
+import json
+
+from visualizers._html import esc, panel
+
+
+def request_html(body: dict, validation: dict | None) -> str:
+    """body: the OpenAI-style request body. validation: {"ok", "request_id", "error", "checks"}
+    where checks is a list of (name, passed, detail)."""
+    pretty = esc(json.dumps(body, indent=2, ensure_ascii=False))
+    if validation is None:
+        verdict = '<div class="tt-pending">validating…</div>'
+    elif validation.get("ok"):
+        verdict = (f'<div class="tt-ok">✓ valid — request id <code>{esc(validation.get("request_id", ""))}</code>'
+                   '</div>')
+    else:
+        verdict = f'<div class="tt-err">✗ rejected: {esc(validation.get("error", ""))}</div>'
+    checks = "".join(
+        f'<li class="{"tt-ok" if ok else "tt-err"}">{"✓" if ok else "✗"} {esc(name)}'
+        f'{": " + esc(detail) if detail else ""}</li>'
+        for name, ok, detail in (validation or {}).get("checks", []))
+    return panel("Request", f'<pre class="tt-json">{pretty}</pre>{verdict}<ul class="tt-checks">{checks}</ul>')

@@ -1,0 +1,58 @@
+"""Stage 8: sampling: the top candidates before and after temperature, top-k, top-p
+and min-p, how many tokens survive each cut, and the token drawn."""
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+from visualizers._html import bar, empty, esc, panel, piece_text, show_piece
+
+STAGE_LABELS = {"logits": "softmax(logits)", "temperature": "÷ temperature", "top_k": "top-k",
+                "top_p": "top-p", "min_p": "min-p"}
+
+
+def _knob(stage: str, params: dict) -> str:
+    if stage == "temperature":
+        return f"T={params['temperature']:g}"
+    if stage == "top_k":
+        return f"k={params['top_k']}" if params["top_k"] else "off"
+    if stage == "top_p":
+        return f"p={params['top_p']:g}" if params["top_p"] < 1 else "off"
+    if stage == "min_p":
+        return f"min_p={params['min_p']:g}" if params["min_p"] else "off"
+    return ""
+
+
+def sampling_html(samples: Sequence[dict], pieces: Mapping[int, str] | None = None, step: int | None = None) -> str:
+    """samples: this request's `sample` events; step: which one to detail (default: newest)."""
+    if not samples:
+        return panel("Sampling", empty("no token sampled yet"))
+    ev = samples[step if step is not None and -len(samples) <= step < len(samples) else -1]
+    stages = list(ev["stages"])
+    params = ev["params"]
+    head = ["token", "id"] + [f"{STAGE_LABELS.get(s, s)} {_knob(s, params)}".strip() for s in stages]
+    rows = []
+    for j, cid in enumerate(ev["candidates"]):
+        drawn = cid == ev["token_id"]
+        cells = []
+        for s in stages:
+            p = ev["stages"][s]["probs"][j]
+            cut = p == 0
+            cells.append(f'<span class="{"tt-cut" if cut else ""}">{bar(p)} {p:.3f}</span>')
+        cls = " class='tt-drawn'" if drawn else ""
+        rows.append(f"<tr{cls}><td>{'▶ ' if drawn else ''}<code>{show_piece(piece_text(cid, pieces))}</code></td>"
+                    f"<td>{esc(cid)}</td>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+    kept = " → ".join(f"{STAGE_LABELS.get(s, s)}: {ev['stages'][s]['kept']:,}" for s in stages)
+    table = ("<table class='tt-table tt-sample'><thead><tr>" + "".join(f"<th>{esc(h)}</th>" for h in head)
+             + "</tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
+    mode = "greedy (argmax)" if params.get("greedy") else "random draw from the final distribution"
+    info = (f"<div class='tt-lines'><div>step {len(samples) if step is None else step % len(samples) + 1} of "
+            f"{len(samples)} · position {ev['position']} · {mode} · drawn: "
+            f"<code>{show_piece(piece_text(ev['token_id'], pieces))}</code> (id {ev['token_id']}, "
+            f"p={ev['token_prob']:.3f}) · entropy {ev['entropy']:.2f} nats</div>"
+            f"<div>tokens kept after each stage: {esc(kept)}</div></div>")
+    history = "".join(
+        f'<span class="tt-chip" title="position {e["position"]} · p={e["token_prob"]:.3f} · '
+        f'entropy {e["entropy"]:.2f}">{show_piece(piece_text(e["token_id"], pieces))}'
+        f'<sub>{e["token_prob"]:.2f}</sub></span>' for e in samples[-48:])
+    return panel("Sampling", info + table + f"<div class='tt-subtitle'>every draw (p of the drawn token)</div>"
+                 f"<div class='tt-chips'>{history}</div>")
