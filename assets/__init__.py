@@ -1,0 +1,1 @@
+"""Project assets: the embedded default models live in assets/models/."""
