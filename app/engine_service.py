@@ -14,7 +14,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from functools import cached_property, lru_cache
+from functools import cached_property
 
 from app.requests import Submission
 from app.trace_store import TraceStore
@@ -92,10 +92,9 @@ class EngineService:
                 "max_model_len": e.max_model_len, "has_draft": e.speculator is not None,
                 "num_speculative_tokens": e.num_speculative_tokens, "device": str(e.device)}
 
-    @lru_cache(maxsize=65536)
     def piece(self, token_id: int) -> str:
         """A token's text as the user would read it (special tokens kept)."""
-        return self.engine.tokenizer.decode([token_id], skip_special_tokens=False)
+        return self.engine.tokenizer.token_text(token_id)
 
     def is_special(self, token_id: int) -> bool:
         return token_id in self.engine.tokenizer.special_ids

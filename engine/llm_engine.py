@@ -394,7 +394,7 @@ class LLMEngine:
     # --- tracing -------------------------------------------------------------------
     def _piece(self, token_id: int) -> str:
         """A token's text for the trace, special tokens included (a replay has no tokenizer)."""
-        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+        return self.tokenizer.token_text(token_id)
 
     def _emit(self, type: str, request_id: str | None, **data) -> None:
         self.tracer.emit(type, request_id, self.step_count, **data)

@@ -21,6 +21,7 @@ class Tokenizer:
         self.special_ids = set(self.hf.all_special_ids) | {
             i for i, t in self.hf.added_tokens_decoder.items() if t.special}
         self.has_chat_template = bool(self.hf.chat_template)
+        self._texts: dict[int, str] = {}
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.hf.encode(text, add_special_tokens=add_special_tokens)
@@ -36,6 +37,13 @@ class Tokenizer:
     def encode_chat(self, messages: list[dict]) -> list[int]:
         # The template already writes BOS and role markers.
         return self.encode(self.apply_chat_template(messages), add_special_tokens=False)
+
+    def token_text(self, token_id: int) -> str:
+        """One token's text, special tokens included (cached: traces ask for it per step)."""
+        text = self._texts.get(token_id)
+        if text is None:
+            text = self._texts[token_id] = self.hf.decode([token_id], skip_special_tokens=False)
+        return text
 
     def pieces(self, ids: list[int]) -> list[dict]:
         """Each token as the model sees it: raw piece, readable text, special flag."""
