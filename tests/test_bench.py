@@ -1,5 +1,6 @@
 """The benchmark command keeps working (tiny settings; no timing is asserted)."""
 import json
+import math
 
 from engine import bench
 from tests.tiny import make_checkpoint
@@ -12,7 +13,7 @@ def test_bench_quick_runs_every_section(checkpoint, tmp_path, capsys):
     sections = {r.section for r in rows}
     assert sections == {"decode vs transformers", "tracing cost", "batching", "speculative (k=4)",
                         "prefix caching", "memory"}
-    assert all(r.value > 0 for r in rows if r.section != "speculative (k=4)")
+    assert all(math.isfinite(r.value) for r in rows)  # tiny runs: no claim about speed
     assert "greedy tokens identical" in {r.note for r in rows if r.section == "decode vs transformers"}
     out = capsys.readouterr().out
     assert "ratio" in out and "trace full: tok/s" in out
