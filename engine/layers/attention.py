@@ -66,7 +66,8 @@ class Attention(nn.Module):
         group = batch.decode_group
         if group is not None:
             o, probs = decode_attention(q if group.rows is None else q[group.rows], self.k_cache, self.v_cache,
-                                        group.block_tables, group.context_lens, self.scale, self.window)
+                                        group.block_tables, group.context_lens, self.scale, self.window,
+                                        any(capturing[b] for b in group.seqs))
             if group.rows is None:
                 out = o
             else:
@@ -118,9 +119,9 @@ def _window_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None) -
     return allowed
 
 
-def decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, window):
+def decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, window, want_probs=True):
     """One query per sequence, sequences batched and padded to the longest context.
-    q: [B, H, D]; returns out [B, H, D] and probs [B, H, S]."""
+    q: [B, H, D]; returns out [B, H, D] and (if wanted) probs [B, H, S]."""
     B, H, D = q.shape
     kvh = k_cache.shape[2]
     k = k_cache[block_tables].flatten(1, 2)  # [B, S, KVH, D]
@@ -131,6 +132,10 @@ def decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, win
     allowed = k_pos <= q_pos
     if window is not None:
         allowed &= k_pos > q_pos - window
+    if not want_probs:  # one fused kernel when nobody looks at the probabilities
+        out = F.scaled_dot_product_attention(q[:, :, None], k.transpose(1, 2), v.transpose(1, 2),
+                                             allowed[:, None, None, :], scale=scale, enable_gqa=True)
+        return out.reshape(B, H, D), None
     scores = torch.einsum("bkgd,bskd->bkgs", q.view(B, kvh, H // kvh, D), k) * scale
     scores = scores.masked_fill(~allowed[:, None, None, :], float("-inf"))
     probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
@@ -150,6 +155,10 @@ def prefill_attention(q, k_cache, v_cache, block_table, context_len, scale, wind
     v = v_cache[blocks].flatten(0, 1)[:context_len]
     pos = torch.arange(context_len, device=q.device)
     allowed = _window_mask(pos[context_len - n:], pos, window)
+    if not want_probs:
+        out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
+                                             allowed, scale=scale, enable_gqa=True)
+        return out.transpose(0, 1), None
     scores = torch.einsum("nkgd,skd->kgns", q.view(n, kvh, H // kvh, D), k) * scale
     scores = scores.masked_fill(~allowed, float("-inf"))
     probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)

@@ -50,20 +50,25 @@ class SparseMoE(nn.Module):
         weights = weights.to(x.dtype)
         load = torch.bincount(experts.flatten(), minlength=self.num_experts)
         T = x.shape[0]
-        if T <= 64 and T * self.top_k >= self.num_experts:
+        if T == 1:  # one decoding sequence: just its k experts, no bookkeeping
+            out = sum(w * self._expert(x, e) for e, w in zip(experts[0].tolist(), weights[0]))
+        elif T <= 64 and T * self.top_k >= self.num_experts:
             out = self._all_experts(x, experts, weights)
         else:
             out = torch.zeros_like(x)
             for e in load.nonzero().flatten().tolist():
                 token_idx, slot = torch.where(experts == e)
-                gate, up = F.linear(x[token_idx], self.experts_gate_up[e]).chunk(2, dim=-1)
-                y = F.linear(F.silu(gate) * up, self.experts_down[e])
+                y = self._expert(x[token_idx], e)
                 out.index_add_(0, token_idx, y * weights[token_idx, slot, None])
         if self.shared_expert is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         if batch is not None and batch.any_capture:
             self._capture(batch, probs, experts, weights, load)
         return out
+
+    def _expert(self, x: torch.Tensor, e: int) -> torch.Tensor:
+        gate, up = F.linear(x, self.experts_gate_up[e]).chunk(2, dim=-1)
+        return F.linear(F.silu(gate) * up, self.experts_down[e])
 
     def _all_experts(self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """Few tokens that together reach most experts (a decode batch): run every expert
