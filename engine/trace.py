@@ -50,18 +50,17 @@ class TraceEvent:
 
 
 def jsonable(x: Any) -> Any:
-    """Tensors to (rounded) lists so every event survives json.dumps."""
+    """Tensors to (rounded) lists so every event survives json.dumps. Plain values are
+    passed through without a call each: this runs for every event of a traced step."""
     if isinstance(x, torch.Tensor):
         x = x.detach().cpu()
         if x.is_floating_point():
-            x = (x.float() * 1e4).round() / 1e4
+            x = torch.round(x.float(), decimals=4)
         return x.tolist()
     if isinstance(x, dict):
-        return {k: jsonable(v) for k, v in x.items()}
+        return {k: v if isinstance(v, _PLAIN) else jsonable(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        if all(isinstance(v, _PLAIN) for v in x):  # the common case: ids, counts
-            return list(x)
-        return [jsonable(v) for v in x]
+        return [v if isinstance(v, _PLAIN) else jsonable(v) for v in x]
     return x
 
 
