@@ -133,9 +133,17 @@ class Bench:
                 outs = run_engine(engine, prompts, [greedy(n)] * batch)
                 return [o["tokens"] for o in outs.values()]
             same = hf(s.new_tokens) == ours(s.new_tokens)
-            # decode rate: tokens after the first, so prefill is left out of both
-            t_hf = median_time(lambda: hf(s.new_tokens), s.repeats) - median_time(lambda: hf(1), s.repeats)
-            t_us = median_time(lambda: ours(s.new_tokens), s.repeats) - median_time(lambda: ours(1), s.repeats)
+            # decode rate: tokens after the first, so prefill is left out of both; the four
+            # runs interleave so drift in the machine's speed hits both engines alike
+            times = {key: [] for key in ("hf", "hf1", "us", "us1")}
+            for _ in range(2 * s.repeats):
+                for key, fn, n_new in (("hf", hf, s.new_tokens), ("hf1", hf, 1), ("us", ours, s.new_tokens),
+                                       ("us1", ours, 1)):
+                    t = time.perf_counter()
+                    fn(n_new)
+                    times[key].append(time.perf_counter() - t)
+            med = {key: statistics.median(v) for key, v in times.items()}
+            t_hf, t_us = med["hf"] - med["hf1"], med["us"] - med["us1"]
             n = batch * (s.new_tokens - 1)
             self.add("decode vs transformers", f"batch {batch} decode tok/s", n / t_us, "tok/s", n / t_hf,
                      "greedy tokens identical" if same else "GREEDY TOKENS DIFFER")
