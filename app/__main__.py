@@ -24,6 +24,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=7860)
     p.add_argument("--share", action="store_true", help="ask Gradio for a public link (needs internet)")
+    p.add_argument("--served-model-name", default=None,
+                   help="the model name the API answers to (default: the model directory's name)")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
     p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
     kv = p.add_argument_group("KV cache and batching")
@@ -67,7 +69,7 @@ def build_service(args: argparse.Namespace):
     engine = LLMEngine(args.model, device=args.device, dtype=args.dtype, config=config, tracer=Tracer(),
                        trace_level="basic", capture=capture, progress=progress, draft=default_draft(args),
                        num_speculative_tokens=args.num_speculative_tokens)
-    return EngineService(engine)
+    return EngineService(engine, model_name=args.served_model_name)
 
 
 def main(argv: list[str] | None = None) -> None:

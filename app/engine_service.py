@@ -114,10 +114,10 @@ class EngineService:
             self._thread = None
 
     # --- requests -------------------------------------------------------------------
-    def submit(self, sub: Submission) -> Subscription:
+    def submit(self, sub: Submission, request_id: str | None = None) -> Subscription:
         """Queue a request and return its subscription. ValueError: the engine refused it
         (the subscription is dropped again)."""
-        rid = f"req-{next(_ids)}"
+        rid = request_id or f"req-{next(_ids)}"
         watch = Subscription(rid)
         with self._subs_lock:
             self._subs.setdefault(rid, []).append(watch)  # before add_request: see its first events

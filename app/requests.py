@@ -54,7 +54,8 @@ def parse_body(body: dict) -> Submission:
         seed = body.get("seed")
         params = SamplingParams(
             temperature=float(body.get("temperature", 1.0)), top_k=int(body.get("top_k") or 0),
-            top_p=float(body.get("top_p", 1.0)), max_tokens=int(body.get("max_tokens") or 64),
+            top_p=float(body.get("top_p", 1.0)),
+            max_tokens=int(64 if body.get("max_tokens") is None else body["max_tokens"]),
             seed=None if seed is None or seed == "" else int(seed), stop=body.get("stop") or [])
     except (TypeError, ValueError) as e:
         fail("sampling", str(e))

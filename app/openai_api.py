@@ -1,0 +1,147 @@
+"""OpenAI-compatible chat completions on the same server as the page, so a plain
+`curl` or the `openai` SDK drives the engine and the page can watch the request.
+
+Each request is traced at level "full" under its completion id, like one typed in
+the page. Errors come in OpenAI's shape: {"error": {"message", "type", "param", "code"}}.
+"""
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+
+from app.engine_service import EngineService, Subscription
+from app.requests import parse_body
+
+FINISH = {"stop": "stop", "length": "length", "abort": "stop"}
+
+
+def error(status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
+          code: str | None = None) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": type_, "param": param, "code": code}}, status)
+
+
+def add_openai_routes(api: FastAPI, service: EngineService) -> None:
+    @api.get("/v1/models")
+    def models() -> dict:
+        return {"object": "list", "data": [{"id": service.model_name, "object": "model", "created": 0,
+                                            "owned_by": "tokentrace"}]}
+
+    @api.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        try:
+            body = json.loads(await request.body())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            return error(400, f"the body is not valid JSON: {e}")
+        if not isinstance(body, dict):
+            return error(400, "the body must be a JSON object")
+        model = body.get("model")
+        if model is not None and model != service.model_name:
+            return error(404, f"the model {model!r} does not exist; this server serves {service.model_name!r}",
+                         param="model", code="model_not_found")
+        body = {**body, "trace_level": "full"}
+        try:
+            sub = parse_body(body)
+        except ValueError as e:
+            return error(400, str(e))
+        rid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
+        try:
+            watch = await run_in_threadpool(service.submit, sub, rid)
+        except ValueError as e:  # e.g. a prompt longer than the context
+            return error(400, str(e), param="messages")
+        created = int(time.time())
+        stream_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        if body.get("stream"):
+            return StreamingResponse(_stream(request, service, watch, rid, created, stream_usage),
+                                     media_type="text/event-stream")
+        try:
+            text, reason, usage = await _collect(request, service, watch)
+        finally:
+            service.unsubscribe(watch)
+        if reason is None:  # the client went away
+            return error(499, "the client closed the request")
+        return {"id": rid, "object": "chat.completion", "created": created, "model": service.model_name,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                             "finish_reason": FINISH.get(reason, reason)}],
+                "usage": usage}
+
+
+def _usage(event: dict) -> dict:
+    u = event["usage"]
+    return {"prompt_tokens": u["prompt_tokens"], "completion_tokens": u["completion_tokens"],
+            "total_tokens": u["prompt_tokens"] + u["completion_tokens"],
+            "prompt_tokens_details": {"cached_tokens": u["cached_tokens"]}}
+
+
+async def _items(request: Request, service: EngineService, watch: Subscription) -> AsyncIterator[dict]:
+    """The request's queue, read off the event loop; aborts it if the client leaves."""
+    while True:
+        for item in await run_in_threadpool(watch.drain, 0.25):
+            yield item
+        if await request.is_disconnected():
+            await run_in_threadpool(service.abort, watch.request_id)
+            return
+
+
+async def _until_done(request: Request, service: EngineService, watch: Subscription) -> AsyncIterator[dict]:
+    """Text outputs, then one {"type": "done", reason, usage} once both the engine's finish
+    event (usage) and the last output (the final text) have arrived, in either order."""
+    finish, last = None, False
+    async for item in _items(request, service, watch):
+        if item["type"] == "output":
+            yield item
+            last = last or item["finished"]
+        elif item["type"] == "finish":
+            finish = item
+        elif item["type"] == "error":
+            yield item
+            return
+        if finish is not None and last:
+            yield {"type": "done", "reason": finish["reason"], "usage": _usage(finish)}
+            return
+
+
+async def _collect(request: Request, service: EngineService, watch: Subscription):
+    parts = []
+    async for item in _until_done(request, service, watch):
+        if item["type"] == "output":
+            parts.append(item["text"])
+        elif item["type"] == "error":
+            return "".join(parts), "abort", None
+        else:
+            return "".join(parts), item["reason"], item["usage"]
+    return "".join(parts), None, None
+
+
+async def _stream(request: Request, service: EngineService, watch: Subscription, rid: str, created: int,
+                  include_usage: bool) -> AsyncIterator[str]:
+    def chunk(delta: dict, finish: str | None = None, **extra) -> str:
+        return "data: " + json.dumps({"id": rid, "object": "chat.completion.chunk", "created": created,
+                                      "model": service.model_name,
+                                      "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+                                      **extra}) + "\n\n"
+    try:
+        yield chunk({"role": "assistant", "content": ""})
+        async for item in _until_done(request, service, watch):
+            if item["type"] == "output":
+                if item["text"]:
+                    yield chunk({"content": item["text"]})
+            elif item["type"] == "done":
+                yield chunk({}, FINISH.get(item["reason"], item["reason"]))
+                if include_usage:
+                    yield "data: " + json.dumps({"id": rid, "object": "chat.completion.chunk", "created": created,
+                                                 "model": service.model_name, "choices": [],
+                                                 "usage": item["usage"]}) + "\n\n"
+                break
+            elif item["type"] == "error":
+                yield "data: " + json.dumps({"error": {"message": item["message"], "type": "server_error",
+                                                       "param": None, "code": None}}) + "\n\n"
+                break
+        yield "data: [DONE]\n\n"
+    finally:
+        service.unsubscribe(watch)

@@ -1,0 +1,101 @@
+"""The OpenAI-compatible API, driven by the official `openai` SDK and by plain curl."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import httpx
+import pytest
+
+SYSTEM = "You are a patient teacher who explains every step."
+
+
+@pytest.fixture(scope="module")
+def server(checkpoint, tmp_path_factory):
+    os.environ.setdefault("GRADIO_TEMP_DIR", str(tmp_path_factory.mktemp("gradio")))
+    from app.__main__ import build_service, parse_args
+    from app.local_server import LocalServer
+    svc = build_service(parse_args(["--model", str(checkpoint("mixtral")), "--served-model-name", "tiny-moe",
+                                    "--block-size", "4"]))
+    with LocalServer(svc) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    from openai import OpenAI
+    return OpenAI(base_url=server.url + "v1", api_key="unused", max_retries=0)
+
+
+def test_models(client):
+    assert [m.id for m in client.models.list().data] == ["tiny-moe"]
+
+
+def test_chat_completion_with_the_sdk(client, server):
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Hello there"}]
+    first = client.chat.completions.create(model="tiny-moe", messages=messages, max_tokens=6, temperature=0)
+    assert first.id.startswith("chatcmpl-") and first.object == "chat.completion"
+    choice = first.choices[0]
+    assert choice.message.role == "assistant" and choice.finish_reason in ("stop", "length")
+    assert first.usage.completion_tokens >= 1 and first.usage.prompt_tokens > 20
+    assert first.usage.total_tokens == first.usage.prompt_tokens + first.usage.completion_tokens
+    assert first.id in server.service.store  # the page can show (and export) this request's trace
+    again = client.chat.completions.create(model="tiny-moe", messages=messages, max_tokens=6, temperature=0)
+    # the repeated prompt's full 4-token blocks come from the prefix cache
+    assert again.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens - 4
+    assert again.choices[0].message.content == choice.message.content
+
+
+def test_streaming_with_the_sdk(client):
+    messages = [{"role": "user", "content": "Count with me"}]
+    kwargs = dict(model="tiny-moe", messages=messages, max_tokens=8, temperature=0, seed=3)
+    whole = client.chat.completions.create(**kwargs).choices[0].message.content
+    chunks = list(client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kwargs))
+    assert len({c.id for c in chunks}) == 1
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes in (["length"], ["stop"])
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens >= 1
+
+
+def test_plain_curl(server):
+    body = {"model": "tiny-moe", "stream": True, "max_tokens": 5, "temperature": 0.7, "top_p": 0.9, "seed": 1,
+            "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]}
+    out = subprocess.run(["curl", "-sN", server.url + "v1/chat/completions", "-H", "Content-Type: application/json",
+                          "-d", json.dumps(body)], capture_output=True, text=True, timeout=60, check=True).stdout
+    lines = [line for line in out.splitlines() if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    chunks = [json.loads(line[6:]) for line in lines[:-1]]
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+@pytest.mark.parametrize("body,status,needle", [
+    ("{not json", 400, "not valid JSON"),
+    ({"model": "gpt-4", "messages": [{"role": "user", "content": "x"}]}, 404, "does not exist"),
+    ({"messages": []}, 400, "messages"),
+    ({"messages": [{"role": "wizard", "content": "x"}]}, 400, "role"),
+    ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, 400, "max_tokens"),
+    ({"messages": [{"role": "user", "content": "x"}], "temperature": -1}, 400, "temperature"),
+    ({"messages": [{"role": "user", "content": "x"}], "top_p": 1.5}, 400, "top_p"),
+    ({"messages": [{"role": "user", "content": "word " * 1000}]}, 400, "context"),
+])
+def test_errors_have_the_openai_shape(server, body, status, needle):
+    content = body if isinstance(body, str) else json.dumps(body)
+    r = httpx.post(server.url + "v1/chat/completions", content=content,
+                   headers={"Content-Type": "application/json"}, timeout=30)
+    assert r.status_code == status
+    err = r.json()["error"]
+    assert needle in err["message"] and set(err) == {"message", "type", "param", "code"}
+    from app.engine_service import wait_idle
+    assert wait_idle(server.service)
+    bm = server.service.engine.block_manager
+    assert bm.num_free_blocks == bm.num_blocks  # a refused request holds no KV block
+
+
+def test_sdk_raises_on_unknown_model(client):
+    import openai
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
