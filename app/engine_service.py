@@ -30,6 +30,14 @@ class Subscription:
     type "output" (a streamed token, for every trace level) and "error"."""
     request_id: str | None  # None: every request (the /ws firehose)
     queue: "queue.SimpleQueue[dict]" = field(default_factory=queue.SimpleQueue)
+    max_items: int | None = None  # bounded: a slow reader loses items (counted), never stalls the engine
+    dropped: int = 0
+
+    def offer(self, item: dict) -> None:
+        if self.max_items is not None and self.queue.qsize() >= self.max_items:
+            self.dropped += 1
+        else:
+            self.queue.put(item)
 
     def drain(self, timeout: float) -> list[dict]:
         """Everything queued now, waiting up to `timeout` for the first item."""
@@ -137,10 +145,17 @@ class EngineService:
         self._wake.set()
         return done
 
-    def subscribe_all(self) -> Subscription:
-        watch = Subscription(None)
+    def subscribe_all(self, max_items: int | None = None) -> Subscription:
+        watch = Subscription(None, max_items=max_items)
         with self._subs_lock:
             self._firehose.append(watch)
+        return watch
+
+    def subscribe(self, request_id: str, max_items: int | None = None) -> Subscription:
+        """Watch one request (already running or not yet sent)."""
+        watch = Subscription(request_id, max_items=max_items)
+        with self._subs_lock:
+            self._subs.setdefault(request_id, []).append(watch)
         return watch
 
     def unsubscribe(self, watch: Subscription) -> None:
@@ -226,7 +241,7 @@ class EngineService:
             if firehose:
                 targets += self._firehose
         for watch in targets:
-            watch.queue.put(item)
+            watch.offer(item)
 
 
 def wait_idle(service: EngineService, timeout: float = 30.0) -> bool:

@@ -10,6 +10,7 @@ import gradio as gr  # noqa: E402
 from fastapi import FastAPI  # noqa: E402
 
 from app.engine_service import EngineService  # noqa: E402
+from app.events_api import add_event_routes  # noqa: E402
 from app.openai_api import add_openai_routes  # noqa: E402
 from app.page import CSS, build_page  # noqa: E402
 
@@ -23,6 +24,7 @@ def create_app(service: EngineService) -> FastAPI:
                 "error": service.error}
 
     add_openai_routes(api, service)
+    add_event_routes(api, service)
     page = build_page(service)
     # A built-in theme with system fonts: GoogleFont would fetch from the internet.
     theme = gr.themes.Default(font=["ui-sans-serif", "system-ui", "sans-serif"],

@@ -99,3 +99,69 @@ def test_sdk_raises_on_unknown_model(client):
     import openai
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
+
+
+def _complete(server, text="Tell me more", max_tokens=6) -> dict:
+    body = {"model": "tiny-moe", "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens,
+            "temperature": 0}
+    return httpx.post(server.url + "v1/chat/completions", json=body, timeout=60).json()
+
+
+def _ws_url(server, query="") -> str:
+    return server.url.replace("http://", "ws://") + "ws" + query
+
+
+def test_websocket_carries_every_stage_of_a_request(server):
+    from websockets.sync.client import connect
+    from engine.trace import STAGES
+    with connect(_ws_url(server)) as ws:
+        done = _complete(server)
+        rid, seen = done["id"], set()
+        while "finish" not in seen:
+            event = json.loads(ws.recv(timeout=30))
+            assert event["schema"] == 1
+            if event["request_id"] == rid or (event["type"] == "schedule.step" and
+                                              any(b["request_id"] == rid for b in event["batch"])):
+                seen.add(event["type"].split(".")[0])
+    assert seen == set(STAGES) - {"spec"}
+
+
+def test_websocket_for_one_request(server):
+    from websockets.sync.client import connect
+    with connect(_ws_url(server)) as firehose:
+        import threading
+        result = {}
+        worker = threading.Thread(target=lambda: result.update(_complete(server, "A long answer", 60)))
+        worker.start()
+        rid = json.loads(firehose.recv(timeout=30))["request_id"]
+        with connect(_ws_url(server, f"?request_id={rid}")) as one:
+            events = []
+            while not events or events[-1]["type"] != "finish":
+                events.append(json.loads(one.recv(timeout=30)))
+        worker.join()
+    assert result["id"] == rid and len(events) > 3
+    for e in events:
+        assert e["request_id"] == rid or any(b["request_id"] == rid for b in e["batch"])
+
+
+def test_slow_reader_loses_events_not_the_engine(server):
+    from app.engine_service import wait_idle
+    watch = server.service.subscribe_all(max_items=5)
+    try:
+        _complete(server, "Hello", 8)
+        assert wait_idle(server.service)
+        assert len(watch.drain(0.1)) == 5 and watch.dropped > 20
+    finally:
+        server.service.unsubscribe(watch)
+
+
+def test_recorded_trace(server):
+    done = _complete(server, "Remember this")
+    trace = httpx.get(server.url + f"v1/traces/{done['id']}", timeout=30).json()
+    assert trace["id"] == done["id"] and trace["dropped"] == 0
+    types = [e["type"] for e in trace["events"]]
+    assert types[0] == "request.arrive" and "finish" in types
+    finish = next(e for e in trace["events"] if e["type"] == "finish")
+    assert finish["usage"]["completion_tokens"] == done["usage"]["completion_tokens"]
+    missing = httpx.get(server.url + "v1/traces/chatcmpl-nope", timeout=30)
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "trace_not_found"
