@@ -82,6 +82,7 @@ class EngineService:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.snapshot: KVSnapshot | None = None
+        self.output_listeners: list = []  # called on the engine thread with every output item (metrics)
         self.error: str | None = None
         engine.tracer.add_sink(self._on_event)
         with engine.lock:
@@ -187,10 +188,12 @@ class EngineService:
             with self.engine.lock:
                 self._take_snapshot()
             for out in outputs:
-                self._deliver(out.request_id, {"type": "output", "request_id": out.request_id,
-                                               "token_id": out.token_id, "text": out.text, "index": out.index,
-                                               "t": out.time, "finished": out.finished,
-                                               "finish_reason": out.finish_reason})
+                item = {"type": "output", "request_id": out.request_id, "token_id": out.token_id, "text": out.text,
+                        "index": out.index, "t": out.time, "finished": out.finished,
+                        "finish_reason": out.finish_reason}
+                for listen in self.output_listeners:
+                    listen(item)
+                self._deliver(out.request_id, item)
                 if out.finished:
                     self._finished(out.request_id)
 

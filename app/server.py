@@ -11,6 +11,7 @@ from fastapi import FastAPI  # noqa: E402
 
 from app.engine_service import EngineService  # noqa: E402
 from app.events_api import add_event_routes  # noqa: E402
+from app.metrics import add_metrics_route  # noqa: E402
 from app.openai_api import add_openai_routes  # noqa: E402
 from app.page import CSS, build_page  # noqa: E402
 
@@ -25,6 +26,7 @@ def create_app(service: EngineService) -> FastAPI:
 
     add_openai_routes(api, service)
     add_event_routes(api, service)
+    add_metrics_route(api, service)
     page = build_page(service)
     # A built-in theme with system fonts: GoogleFont would fetch from the internet.
     theme = gr.themes.Default(font=["ui-sans-serif", "system-ui", "sans-serif"],

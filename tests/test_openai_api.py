@@ -165,3 +165,23 @@ def test_recorded_trace(server):
     assert finish["usage"]["completion_tokens"] == done["usage"]["completion_tokens"]
     missing = httpx.get(server.url + "v1/traces/chatcmpl-nope", timeout=30)
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "trace_not_found"
+
+
+def test_prometheus_metrics(server):
+    from app.engine_service import wait_idle
+    _complete(server, "Count the tokens", 5)
+    assert wait_idle(server.service)
+    text = httpx.get(server.url + "metrics", timeout=30).text
+    values = {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines()
+              if line and not line.startswith("#")}
+    bm = server.service.engine.block_manager
+    assert values["tokentrace_requests_running"] == 0 and values["tokentrace_requests_waiting"] == 0
+    assert values["tokentrace_kv_blocks_used"] == 0
+    assert values["tokentrace_kv_blocks_free"] + values["tokentrace_kv_blocks_cached"] == bm.num_blocks
+    assert values["tokentrace_kv_blocks_cached"] > 0  # finished prompts stay in the prefix cache
+    assert 0 < values["tokentrace_prefix_cache_hit_rate"] <= 1  # earlier tests repeated a prompt
+    assert values["tokentrace_time_to_first_token_seconds_count"] >= 1
+    assert values['tokentrace_time_to_first_token_seconds_bucket{le="+Inf"}'] == \
+        values["tokentrace_time_to_first_token_seconds_count"]
+    assert values["tokentrace_time_per_output_token_seconds_count"] >= 4
+    assert "# TYPE tokentrace_requests_aborted_total counter" in text
