@@ -7,6 +7,7 @@ the page. Errors come in OpenAI's shape: {"error": {"message", "type", "param", 
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
 from typing import AsyncIterator
@@ -125,6 +126,7 @@ async def _stream(request: Request, service: EngineService, watch: Subscription,
                                       "model": service.model_name,
                                       "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
                                       **extra}) + "\n\n"
+    done = False
     try:
         yield chunk({"role": "assistant", "content": ""})
         async for item in _until_done(request, service, watch):
@@ -137,6 +139,7 @@ async def _stream(request: Request, service: EngineService, watch: Subscription,
                     yield "data: " + json.dumps({"id": rid, "object": "chat.completion.chunk", "created": created,
                                                  "model": service.model_name, "choices": [],
                                                  "usage": item["usage"]}) + "\n\n"
+                done = True
                 break
             elif item["type"] == "error":
                 yield "data: " + json.dumps({"error": {"message": item["message"], "type": "server_error",
@@ -145,3 +148,5 @@ async def _stream(request: Request, service: EngineService, watch: Subscription,
         yield "data: [DONE]\n\n"
     finally:
         service.unsubscribe(watch)
+        if not done:  # the client left (the server cancels this generator): stop the work
+            threading.Thread(target=service.abort, args=(rid,), daemon=True).start()

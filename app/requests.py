@@ -56,7 +56,8 @@ def parse_body(body: dict) -> Submission:
             temperature=float(body.get("temperature", 1.0)), top_k=int(body.get("top_k") or 0),
             top_p=float(body.get("top_p", 1.0)),
             max_tokens=int(64 if body.get("max_tokens") is None else body["max_tokens"]),
-            seed=None if seed is None or seed == "" else int(seed), stop=body.get("stop") or [])
+            seed=None if seed is None or seed == "" else int(seed), stop=body.get("stop") or [],
+            ignore_eos=bool(body.get("ignore_eos", False)))  # vLLM's extra parameter
     except (TypeError, ValueError) as e:
         fail("sampling", str(e))
     checks.append(("sampling", True, f"temperature {params.temperature:g}, top-k {params.top_k or 'off'}, "
