@@ -52,10 +52,6 @@ class SchedulerOutput:
     admitted: list[Sequence] = field(default_factory=list)
     out_of_memory: list[Sequence] = field(default_factory=list)  # cannot grow even alone
 
-    @property
-    def num_tokens(self) -> int:
-        return sum(s.num_tokens for s in self.scheduled)
-
 
 class Scheduler:
     def __init__(self, config: EngineConfig, block_manager: BlockManager,

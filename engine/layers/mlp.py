@@ -48,7 +48,6 @@ class SparseMoE(nn.Module):
         if self.norm_topk_prob:
             weights = weights / weights.sum(dim=-1, keepdim=True)
         weights = weights.to(x.dtype)
-        load = torch.bincount(experts.flatten(), minlength=self.num_experts)
         T = x.shape[0]
         if T == 1:  # one decoding sequence: just its k experts, no bookkeeping
             out = sum(w * self._expert(x, e) for e, w in zip(experts[0].tolist(), weights[0]))
@@ -56,6 +55,7 @@ class SparseMoE(nn.Module):
             out = self._all_experts(x, experts, weights)
         else:
             out = torch.zeros_like(x)
+            load = torch.bincount(experts.flatten(), minlength=self.num_experts)
             for e in load.nonzero().flatten().tolist():
                 token_idx, slot = torch.where(experts == e)
                 y = self._expert(x[token_idx], e)
@@ -63,7 +63,7 @@ class SparseMoE(nn.Module):
         if self.shared_expert is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         if batch is not None and batch.any_capture:
-            self._capture(batch, probs, experts, weights, load)
+            self._capture(batch, probs, experts, weights)
         return out
 
     def _expert(self, x: torch.Tensor, e: int) -> torch.Tensor:
@@ -80,8 +80,8 @@ class SparseMoE(nn.Module):
         route.scatter_(1, experts, weights)  # [T, E]: routing weight, 0 where not chosen
         return torch.einsum("te,eth->th", route, y)
 
-    def _capture(self, batch, probs, experts, weights, load) -> None:
-        batch.expert_load[self.layer_idx] = load.cpu()
+    def _capture(self, batch, probs, experts, weights) -> None:
+        batch.expert_load[self.layer_idx] = torch.bincount(experts.flatten(), minlength=self.num_experts).cpu()
         for b, spec in enumerate(batch.captures):
             if spec is None or not spec.moe:
                 continue
