@@ -130,6 +130,8 @@ class EngineService:
         watch = Subscription(rid)
         with self._subs_lock:
             self._subs.setdefault(rid, []).append(watch)  # before add_request: see its first events
+        if sub.trace_level != "off":
+            self.store.set_body(rid, sub.body)
         try:
             self.engine.add_request(messages=sub.messages, params=sub.params, request_id=rid,
                                     trace_level=sub.trace_level, speculative=sub.speculative,
@@ -190,7 +192,8 @@ class EngineService:
             for out in outputs:
                 item = {"type": "output", "request_id": out.request_id, "token_id": out.token_id, "text": out.text,
                         "index": out.index, "t": out.time, "finished": out.finished,
-                        "finish_reason": out.finish_reason}
+                        "finish_reason": out.finish_reason, "step": self.engine.step_count}
+                self.store.add_output(out.request_id, item)
                 for listen in self.output_listeners:
                     listen(item)
                 self._deliver(out.request_id, item)
@@ -219,9 +222,16 @@ class EngineService:
             for i, b in enumerate(seq.block_table):
                 owners.setdefault(b, []).append(rid)
                 fill[b] = max(fill.get(b, 0), max(0, min(bs, seq.num_computed_tokens - i * bs)))
-        self.snapshot = KVSnapshot(e.step_count, bm.num_blocks, bs, tuple(b.ref_count for b in bm.blocks),
-                                   tuple(b.hash is not None and bm.cached.get(b.hash) == b.block_id
-                                         for b in bm.blocks), owners, fill)
+        ref = tuple(b.ref_count for b in bm.blocks)
+        cached = tuple(b.hash is not None and bm.cached.get(b.hash) == b.block_id for b in bm.blocks)
+        prev = self.snapshot
+        if prev is not None:  # most steps change neither: share the tuples (the store keeps many snapshots)
+            ref = prev.ref if prev.ref == ref else ref
+            cached = prev.cached if prev.cached == cached else cached
+        snap = self.snapshot = KVSnapshot(e.step_count, bm.num_blocks, bs, ref, cached, owners, fill)
+        for rid, seq in e.requests.items():  # a replay draws the pool as it was at each of its steps
+            if seq.traced:
+                self.store.add_snapshot(rid, snap)
 
     # --- the tracer sink (runs inside engine.step(): keep it cheap) ------------------------
     def _on_event(self, event: TraceEvent) -> None:

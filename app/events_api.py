@@ -14,6 +14,7 @@ from starlette.concurrency import run_in_threadpool
 
 from app.engine_service import EngineService
 from app.openai_api import error
+from app.recording import record_request
 
 WS_QUEUE = 2000  # events a socket may fall behind before it starts losing them
 
@@ -24,8 +25,11 @@ def add_event_routes(api: FastAPI, service: EngineService) -> None:
         if request_id not in service.store:
             return error(404, f"no trace is kept for {request_id!r} (unknown, or dropped as one of the oldest)",
                          param="request_id", code="trace_not_found")
-        return {"id": request_id, "schema": 1, "events": service.store.get(request_id),
-                "dropped": service.store.dropped(request_id)}
+        rec = record_request(service.store, request_id, service.model_info(), service.piece, service.is_special)
+        if rec is None:
+            return error(404, f"{request_id!r} was not traced (trace_level off)", param="request_id",
+                         code="trace_not_found")
+        return rec.to_json()  # the same file the page exports and `python -m app --replay` serves
 
     @api.websocket("/ws")
     async def events(websocket: WebSocket, request_id: str | None = None) -> None:

@@ -17,6 +17,7 @@ class Submission:
     num_speculative_tokens: int | None = None
     trace_level: str = "full"
     checks: list[tuple[str, bool, str]] = field(default_factory=list)
+    body: dict | None = None  # as sent, kept with the trace
 
 
 def build_body(model: str, system: str, user: str, temperature: float, top_k: int, top_p: float,
@@ -69,4 +70,4 @@ def parse_body(body: dict) -> Submission:
     k = spec.get("num_tokens")
     if k is not None and (not isinstance(k, int) or k < 1):
         fail("speculative", "speculative.num_tokens must be a positive integer")
-    return Submission(messages, params, bool(spec.get("enabled", True)), k, level, checks)
+    return Submission(messages, params, bool(spec.get("enabled", True)), k, level, checks, body)

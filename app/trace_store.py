@@ -1,39 +1,90 @@
-"""A bounded store of recent requests' trace events (plain dicts), so a page can redraw
-a panel after the fact and a trace can later be exported or replayed."""
+"""A bounded store of recent requests' traces, so a page can redraw a panel after the
+fact and a trace can be exported, replayed or walked through in classroom mode.
+
+Per request it keeps the trace events (plain dicts), the streamed outputs, the JSON body
+it came with, and the KV block pool after each engine step it took part in (the pool is
+not in the request's own events: other requests' blocks are drawn too)."""
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class StoredTrace:
+    events: list[dict] = field(default_factory=list)
+    outputs: list[dict] = field(default_factory=list)
+    snapshots: list[Any] = field(default_factory=list)  # KVSnapshot objects, shared between requests
+    body: dict | None = None
+    dropped: int = 0
+    finished: bool = False
 
 
 class TraceStore:
-    def __init__(self, max_requests: int = 32, max_events_per_request: int = 50_000) -> None:
+    def __init__(self, max_requests: int = 32, max_events_per_request: int = 50_000,
+                 max_snapshots_per_request: int = 1024) -> None:
         self.max_requests = max_requests
         self.max_events = max_events_per_request
-        self._traces: OrderedDict[str, list[dict]] = OrderedDict()
-        self._dropped: dict[str, int] = {}
+        self.max_snapshots = max_snapshots_per_request
+        self._traces: OrderedDict[str, StoredTrace] = OrderedDict()
         self._lock = threading.Lock()
+
+    def _trace(self, request_id: str) -> StoredTrace:  # call with the lock held
+        tr = self._traces.get(request_id)
+        if tr is None:
+            tr = self._traces[request_id] = StoredTrace()
+            while len(self._traces) > self.max_requests:  # oldest request goes first
+                self._traces.popitem(last=False)
+        return tr
 
     def add(self, request_id: str, event: dict) -> None:
         with self._lock:
-            events = self._traces.get(request_id)
-            if events is None:
-                events = self._traces[request_id] = []
-                while len(self._traces) > self.max_requests:  # oldest request goes first
-                    old, _ = self._traces.popitem(last=False)
-                    self._dropped.pop(old, None)
-            if len(events) < self.max_events:
-                events.append(event)
+            tr = self._trace(request_id)
+            if len(tr.events) < self.max_events:
+                tr.events.append(event)
             else:
-                self._dropped[request_id] = self._dropped.get(request_id, 0) + 1
+                tr.dropped += 1
+
+    def add_output(self, request_id: str, item: dict) -> None:
+        with self._lock:
+            tr = self._traces.get(request_id)
+            if tr is not None:  # untraced requests keep nothing
+                tr.outputs.append(item)
+                tr.finished = tr.finished or item["finished"]
+
+    def add_snapshot(self, request_id: str, snapshot: Any) -> None:
+        with self._lock:
+            tr = self._traces.get(request_id)
+            if tr is None:
+                return
+            tr.snapshots.append(snapshot)
+            if len(tr.snapshots) > self.max_snapshots:  # a long request: keep every other step's pool
+                tr.snapshots[:] = tr.snapshots[::2]
+
+    def set_body(self, request_id: str, body: dict | None) -> None:
+        with self._lock:
+            self._trace(request_id).body = body
 
     def get(self, request_id: str) -> list[dict]:
         with self._lock:
-            return list(self._traces.get(request_id, ()))
+            tr = self._traces.get(request_id)
+            return list(tr.events) if tr else []
+
+    def trace(self, request_id: str) -> StoredTrace | None:
+        """A copy of everything kept for the request (lists copied, items shared)."""
+        with self._lock:
+            tr = self._traces.get(request_id)
+            if tr is None:
+                return None
+            return StoredTrace(list(tr.events), list(tr.outputs), list(tr.snapshots), tr.body, tr.dropped,
+                               tr.finished)
 
     def dropped(self, request_id: str) -> int:
         with self._lock:
-            return self._dropped.get(request_id, 0)
+            tr = self._traces.get(request_id)
+            return tr.dropped if tr else 0
 
     def request_ids(self) -> list[str]:
         with self._lock:
