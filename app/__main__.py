@@ -11,6 +11,8 @@ from pathlib import Path
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+from app.limits import MAX_BODY_BYTES, PUBLIC_MAX_CONCURRENT, PUBLIC_MAX_TOKENS, ServeLimits  # noqa: E402
+
 ASSETS = Path(__file__).resolve().parent.parent / "assets" / "models"
 
 
@@ -40,6 +42,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     cap = p.add_argument_group("capture (level 'full')")
     cap.add_argument("--capture-max-keys", type=int, default=64, help="attention rows/keys kept per matrix")
     cap.add_argument("--capture-heads", default=None, help="comma-separated query heads to capture (default all)")
+    pub = p.add_argument_group("access and limits (public mode: --share, or a --host other than loopback)")
+    pub.add_argument("--api-key", default=os.environ.get("TOKENTRACE_API_KEY"),
+                     help="require 'Authorization: Bearer KEY' on /v1, /ws (or ?api_key=KEY) and /metrics, and "
+                     "KEY as the page's password (default: $TOKENTRACE_API_KEY)")
+    pub.add_argument("--auth", action="append", default=[], metavar="USER:PASSWORD",
+                     help="a login for the page (repeatable)")
+    pub.add_argument("--max-tokens-cap", type=int, default=None,
+                     help=f"largest max_tokens a request may ask for (public default {PUBLIC_MAX_TOKENS}, "
+                     "local: none)")
+    pub.add_argument("--max-concurrent-per-client", type=int, default=None,
+                     help=f"requests in flight per client address (public default {PUBLIC_MAX_CONCURRENT}, "
+                     "local: none)")
+    pub.add_argument("--max-body-bytes", type=int, default=MAX_BODY_BYTES, help="largest request body")
     return p.parse_args(argv)
 
 
@@ -55,6 +70,7 @@ def build_service(args: argparse.Namespace):
     from app.engine_service import EngineService
     from engine import CaptureConfig, EngineConfig, LLMEngine, Tracer
 
+    limits = serve_limits(args)  # before the model loads: a bad --auth fails at once
     config = EngineConfig(block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
                           kv_cache_memory_fraction=args.kv_cache_memory_fraction, max_num_seqs=args.max_num_seqs,
                           max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
@@ -69,7 +85,21 @@ def build_service(args: argparse.Namespace):
     engine = LLMEngine(args.model, device=args.device, dtype=args.dtype, config=config, tracer=Tracer(),
                        trace_level="basic", capture=capture, progress=progress, draft=default_draft(args),
                        num_speculative_tokens=args.num_speculative_tokens)
-    return EngineService(engine, model_name=args.served_model_name)
+    return EngineService(engine, model_name=args.served_model_name, limits=limits)
+
+
+def serve_limits(args: argparse.Namespace) -> ServeLimits:
+    pairs = []
+    for item in args.auth:
+        user, sep, password = item.partition(":")
+        if not sep or not user or not password:
+            raise ValueError(f"--auth takes USER:PASSWORD, got {item!r}")
+        pairs.append((user, password))
+    for name in ("max_tokens_cap", "max_concurrent_per_client", "max_body_bytes"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
+    return ServeLimits.for_server(args.host, args.share, args.max_tokens_cap, args.max_concurrent_per_client,
+                                  args.max_body_bytes, args.api_key, tuple(pairs))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -78,8 +108,10 @@ def main(argv: list[str] | None = None) -> None:
     t0 = time.perf_counter()
     try:
         service = build_service(args)
-    except (ValueError, OSError) as e:
-        sys.exit(f"cannot start: {e}")
+    except Exception as e:  # one clear line: a corrupt checkpoint, an unsupported architecture, a draft...
+        if os.environ.get("TOKENTRACE_DEBUG"):
+            raise
+        sys.exit(f"cannot start: {' '.join(str(e).split()) or type(e).__name__}")
     import uvicorn
 
     from app.server import create_app
@@ -89,8 +121,14 @@ def main(argv: list[str] | None = None) -> None:
     print(f"TokenTrace: {info['name']} ({info['num_layers']} layers"
           f"{', draft on' if info['has_draft'] else ''}) ready in {time.perf_counter() - t0:.1f} s "
           f"on http://{args.host}:{args.port}", flush=True)
+    limits = service.limits
+    if limits.public:
+        print(f"public mode: max_tokens <= {limits.max_tokens_cap}, {limits.max_concurrent_per_client} requests "
+              f"in flight per client; " + ("access token required" if limits.api_key else
+                                            "no access token (set --api-key or TOKENTRACE_API_KEY)"), flush=True)
     if args.share:
-        print("--share: public links need internet; serving locally only.", flush=True)
+        from app.share import open_share_link
+        open_share_link(args.port, lambda line: print(line, flush=True))
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     finally:

@@ -16,6 +16,9 @@ import time
 from dataclasses import dataclass, field
 from functools import cached_property
 
+from jinja2 import TemplateError
+
+from app.limits import ClientSlots, RequestRefused, ServeLimits
 from app.requests import Submission
 from app.trace_store import TraceStore
 from engine import LLMEngine, TraceEvent
@@ -69,7 +72,8 @@ class KVSnapshot:
 
 
 class EngineService:
-    def __init__(self, engine: LLMEngine, store: TraceStore | None = None, model_name: str | None = None) -> None:
+    def __init__(self, engine: LLMEngine, store: TraceStore | None = None, model_name: str | None = None,
+                 limits: ServeLimits | None = None) -> None:
         if engine.tracer is None:
             raise ValueError("the engine needs a Tracer for the service to watch it")
         self.engine = engine
@@ -84,6 +88,9 @@ class EngineService:
         self.snapshot: KVSnapshot | None = None
         self.output_listeners: list = []  # called on the engine thread with every output item (metrics)
         self.error: str | None = None
+        self.limits = limits or ServeLimits()
+        self.slots = ClientSlots(self.limits.max_concurrent_per_client)
+        self.output_listeners.append(self._release_slot)
         engine.tracer.add_sink(self._on_event)
         with engine.lock:
             self._take_snapshot()
@@ -123,10 +130,17 @@ class EngineService:
             self._thread = None
 
     # --- requests -------------------------------------------------------------------
-    def submit(self, sub: Submission, request_id: str | None = None) -> Subscription:
-        """Queue a request and return its subscription. ValueError: the engine refused it
-        (the subscription is dropped again)."""
+    def submit(self, sub: Submission, request_id: str | None = None, client: str | None = None) -> Subscription:
+        """Queue a request and return its subscription. ValueError: the server's limits
+        (RequestRefused: max_tokens cap, this client's requests in flight) or the engine
+        refused it (the subscription is dropped again). `client`: who counts against the
+        per-client cap (None: not counted)."""
         rid = request_id or f"req-{next(_ids)}"
+        cap = self.limits.max_tokens_cap
+        if cap is not None and sub.params.max_tokens > cap:
+            raise RequestRefused(f"max_tokens {sub.params.max_tokens} is above this server's cap of {cap}",
+                                 param="max_tokens")
+        self.slots.acquire(client, rid)
         watch = Subscription(rid)
         with self._subs_lock:
             self._subs.setdefault(rid, []).append(watch)  # before add_request: see its first events
@@ -136,8 +150,12 @@ class EngineService:
             self.engine.add_request(messages=sub.messages, params=sub.params, request_id=rid,
                                     trace_level=sub.trace_level, speculative=sub.speculative,
                                     num_speculative_tokens=sub.num_speculative_tokens)
-        except ValueError:
+        except Exception as e:
             self.unsubscribe(watch)
+            self.slots.release(rid)
+            if isinstance(e, TemplateError):  # e.g. a template that wants user/assistant turns to alternate
+                raise RequestRefused(f"the model's chat template refused these messages: {e}",
+                                     param="messages") from e
             raise
         self._wake.set()
         return watch
@@ -184,7 +202,8 @@ class EngineService:
                 outputs = self.engine.step()
             except Exception as e:  # keep serving: fail the live requests, not the server
                 log.exception("engine step failed")
-                self.error = f"engine step failed: {e!r}"
+                self.error = ("engine step failed; the server log has the details" if self.limits.public
+                              else f"engine step failed: {e!r}")
                 self._fail_all(self.error)
                 continue
             with self.engine.lock:
@@ -199,6 +218,10 @@ class EngineService:
                 self._deliver(out.request_id, item)
                 if out.finished:
                     self._finished(out.request_id)
+
+    def _release_slot(self, item: dict) -> None:
+        if item["finished"]:
+            self.slots.release(item["request_id"])
 
     def _finished(self, request_id: str) -> None:
         self.engine.release(request_id)  # its events live on in the trace store

@@ -4,16 +4,24 @@
 request's. Each socket reads a bounded queue: when it falls behind, what it missed is
 counted and reported in a {"type": "dropped", "count": N} marker instead of slowing the
 engine down.
+
+A client may also send a chat body (the JSON of POST /v1/chat/completions) as a text
+frame: it is checked like the HTTP one, answered with {"type": "request.submitted",
+"request_id"} or {"type": "error", "error": {...}}, and its "output" items (the text) come
+with its events. The socket owns that request: closing it aborts the request.
 """
 from __future__ import annotations
 
 import asyncio
+import json
+import uuid
 
 from fastapi import FastAPI, WebSocket, WebSocketDisconnect
 from starlette.concurrency import run_in_threadpool
 
 from app.engine_service import EngineService
-from app.openai_api import error
+from app.limits import RequestRefused
+from app.openai_api import client_of, error, prepare, read_json, refusal
 from app.recording import record_request
 
 WS_QUEUE = 2000  # events a socket may fall behind before it starts losing them
@@ -36,13 +44,38 @@ def add_event_routes(api: FastAPI, service: EngineService) -> None:
         await websocket.accept()
         watch = service.subscribe(request_id, WS_QUEUE) if request_id else service.subscribe_all(WS_QUEUE)
         closed = asyncio.Event()
+        owned: set[str] = set()  # requests this socket sent and that have not finished
 
-        async def watch_close() -> None:  # the client may close at any time
+        async def submit(text: str) -> None:
+            nonlocal watch
+            rid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
+            try:
+                if len(text) > service.limits.max_body_bytes:
+                    raise RequestRefused(f"the body is larger than this server's limit of "
+                                         f"{service.limits.max_body_bytes:,} bytes", status=413)
+                sub = prepare(service, read_json(text))
+                own = await run_in_threadpool(service.submit, sub, rid, client_of(websocket))
+            except ValueError as e:
+                await websocket.send_json({"schema": 1, "type": "error", "request_id": None,
+                                           **json.loads(refusal(e, service).body)})
+                return
+            owned.add(rid)
+            if request_id:  # a socket that watches one request follows the one it sent
+                own.max_items = WS_QUEUE
+                service.unsubscribe(watch)
+                watch = own
+            else:  # the firehose carries it already
+                service.unsubscribe(own)
+            await websocket.send_json({"schema": 1, "type": "request.submitted", "request_id": rid})
+
+        async def watch_close() -> None:  # the client may close (or send a request) at any time
             try:
                 while True:
-                    await websocket.receive_text()
-            except WebSocketDisconnect:
+                    await submit(await websocket.receive_text())
+            except (WebSocketDisconnect, RuntimeError, KeyError):  # closed, or a binary frame
                 closed.set()
+                for rid in list(owned):  # free its KV blocks now, not after the next drain
+                    await run_in_threadpool(service.abort, rid)
 
         reader = asyncio.create_task(watch_close())
         reported = 0
@@ -54,10 +87,16 @@ def add_event_routes(api: FastAPI, service: EngineService) -> None:
                                                "count": watch.dropped - reported})
                     reported = watch.dropped
                 for item in items:
-                    if item.get("type") != "output":  # the socket carries trace events only
+                    if item.get("type") != "output":  # trace events; text only for its own requests
                         await websocket.send_json(item)
+                    elif item["request_id"] in owned:
+                        await websocket.send_json(item)
+                        if item["finished"]:
+                            owned.discard(item["request_id"])
         except (WebSocketDisconnect, RuntimeError):
             pass
         finally:
             reader.cancel()
             service.unsubscribe(watch)
+            for rid in list(owned):  # the server closed the socket first
+                await run_in_threadpool(service.abort, rid)

@@ -17,7 +17,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from app.engine_service import EngineService, Subscription
-from app.requests import parse_body
+from app.limits import RequestRefused
+from app.requests import BodyError, Submission, parse_body
 
 FINISH = {"stop": "stop", "length": "length", "abort": "stop"}
 
@@ -25,6 +26,64 @@ FINISH = {"stop": "stop", "length": "length", "abort": "stop"}
 def error(status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
           code: str | None = None) -> JSONResponse:
     return JSONResponse({"error": {"message": message, "type": type_, "param": param, "code": code}}, status)
+
+
+def refusal(e: ValueError, service: EngineService) -> JSONResponse:
+    """A refused request (bad body, server limits, the engine's own checks) as an OpenAI error."""
+    if isinstance(e, RequestRefused):
+        return error(e.status, service.limits.shown(str(e)), e.type, e.param, e.code)
+    param = e.param if isinstance(e, BodyError) else "messages"  # the engine's: context, KV pool
+    return error(400, service.limits.shown(str(e)), param=param)
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def read_json(raw: bytes | str) -> dict:
+    """A request body as a dict; RequestRefused says why not. Strict JSON: no NaN or
+    Infinity (they would reach the sampler), bounded nesting (the parser recurses)."""
+    try:
+        body = json.loads(raw, parse_constant=_reject_constant)
+    except RecursionError:
+        raise RequestRefused("the body is not valid JSON: nested too deeply") from None
+    except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError, int too long, NaN
+        raise RequestRefused(f"the body is not valid JSON: {str(e)[:200]}") from None
+    if not isinstance(body, dict):
+        raise RequestRefused("the body must be a JSON object")
+    return body
+
+
+def prepare(service: EngineService, body: dict) -> Submission:
+    """The checks every way in (HTTP, WebSocket) applies before the engine sees a body:
+    the model must be the one served (a path or hub id never loads anything), then the
+    body's fields and the server's max_tokens cap."""
+    model = body.get("model")
+    if model is not None and model != service.model_name:
+        shown = repr(model)[:80]
+        raise RequestRefused(f"the model {shown} does not exist; this server serves {service.model_name!r}",
+                             status=404, param="model", code="model_not_found")
+    return parse_body(body, service.limits.max_tokens_cap)
+
+
+def client_of(request) -> str | None:
+    """Who counts against the per-client cap: the client's address (behind a reverse proxy
+    on this machine, uvicorn takes it from X-Forwarded-For)."""
+    return request.client.host if request.client else None
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body, refused (413) as soon as it passes `limit` bytes, before reading the rest."""
+    size = request.headers.get("content-length")
+    if size is not None and size.isdigit() and int(size) > limit:
+        raise RequestRefused(f"the body is larger than this server's limit of {limit:,} bytes", status=413)
+    chunks, total = [], 0
+    async for chunk in request.stream():
+        total += len(chunk)
+        if total > limit:
+            raise RequestRefused(f"the body is larger than this server's limit of {limit:,} bytes", status=413)
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def add_openai_routes(api: FastAPI, service: EngineService) -> None:
@@ -35,26 +94,14 @@ def add_openai_routes(api: FastAPI, service: EngineService) -> None:
 
     @api.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        try:
-            body = json.loads(await request.body())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            return error(400, f"the body is not valid JSON: {e}")
-        if not isinstance(body, dict):
-            return error(400, "the body must be a JSON object")
-        model = body.get("model")
-        if model is not None and model != service.model_name:
-            return error(404, f"the model {model!r} does not exist; this server serves {service.model_name!r}",
-                         param="model", code="model_not_found")
-        body = {**body, "trace_level": "full"}
-        try:
-            sub = parse_body(body)
-        except ValueError as e:
-            return error(400, str(e))
         rid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
         try:
-            watch = await run_in_threadpool(service.submit, sub, rid)
-        except ValueError as e:  # e.g. a prompt longer than the context
-            return error(400, str(e), param="messages")
+            body = read_json(await read_body(request, service.limits.max_body_bytes))
+            body = {**body, "trace_level": "full"}
+            sub = prepare(service, body)
+            watch = await run_in_threadpool(service.submit, sub, rid, client_of(request))
+        except ValueError as e:  # the body, the server's limits, or the engine's checks (context, KV pool)
+            return refusal(e, service)
         created = int(time.time())
         stream_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         if body.get("stream"):

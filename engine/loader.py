@@ -93,11 +93,13 @@ def load_weights(model: CausalLM, path: Path, progress: ProgressFn | None = None
     params = dict(model.named_parameters(remove_duplicate=False))
     filled = {name: 0 for name in dict(model.named_parameters())}
     files = weight_files(path)
-    try:
-        handles = [safe_open(str(f), framework="pt", device="cpu") for f in files]
-        keys = [(h, k) for h in handles for k in h.keys()]
-    except (SafetensorError, OSError) as e:
-        raise ModelLoadError(f"cannot read weights in {path}: {e}") from e
+    handles = []
+    for f in files:
+        try:
+            handles.append(safe_open(str(f), framework="pt", device="cpu"))
+        except (SafetensorError, OSError) as e:
+            raise ModelLoadError(f"cannot read {f} (corrupt or truncated?): {e}") from e
+    keys = [(h, k) for h in handles for k in h.keys()]
     bar = tqdm(total=len(keys), desc="Loading weights", unit="tensor", disable=progress is not None)
     for i, (handle, key) in enumerate(keys):
         if IGNORED.search(key) or (cfg.tie_word_embeddings and key == "lm_head.weight"):
