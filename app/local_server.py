@@ -12,14 +12,17 @@ from app.server import create_app
 
 
 class LocalServer:
-    def __init__(self, service: EngineService, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, service: EngineService | None, host: str = "127.0.0.1", port: int = 0, app=None) -> None:
+        """app: serve this one instead (e.g. create_app(None, replay=...), with no engine)."""
         self.service = service
-        self.server = uvicorn.Server(uvicorn.Config(create_app(service), host=host, port=port, log_level="warning"))
+        self.server = uvicorn.Server(uvicorn.Config(app or create_app(service), host=host, port=port,
+                                                    log_level="warning"))
         self.host = host
         self.thread: threading.Thread | None = None
 
     def start(self, timeout: float = 60.0) -> "LocalServer":
-        self.service.start()
+        if self.service is not None:
+            self.service.start()
         self.thread = threading.Thread(target=self.server.run, name="uvicorn", daemon=True)
         self.thread.start()
         end = time.monotonic() + timeout
@@ -41,7 +44,8 @@ class LocalServer:
         self.server.should_exit = True
         if self.thread is not None:
             self.thread.join(timeout=10)
-        self.service.stop()
+        if self.service is not None:
+            self.service.stop()
 
     def __enter__(self) -> "LocalServer":
         return self.start()

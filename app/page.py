@@ -3,47 +3,80 @@
 Send runs a generator in a worker thread: it submits the request to the engine
 service and yields only the panels whose inputs changed, every 0.1 s at most, as
 HTML (gr.Plot streaming falls behind and leaks browser memory; HTML does not).
+Watch follows requests sent by others (curl, the SDK, other tabs) the same way.
+A finished request becomes a recording: export it, load one, scrub or play it
+step by step, or open it in classroom mode. With no engine (`--replay FILE`) the
+page only replays.
 """
 from __future__ import annotations
 
+import os
+import tempfile
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Iterator
 
 import gradio as gr
 
 import visualizers as viz
+from app.classroom import Classrooms
 from app.engine_service import EngineService
 from app.live_view import PANELS, LiveView
+from app.recording import Recording, ReplayCursor, TraceFileError, record_request
 from app.requests import TRACE_LEVELS, build_body, parse_body
 
 CSS = (Path(__file__).with_name("page.css")).read_text()
 YIELD_EVERY = 0.1  # seconds between updates sent to the browser while streaming
 MAX_SESSIONS = 64
+SPEEDS = {"0.1×": 0.1, "0.25×": 0.25, "0.5×": 0.5, "1× (real time)": 1.0, "2×": 2.0}
+MIN_FRAME = 0.12  # seconds a replay frame stays up at least (each is a full redraw)
+MAX_FRAME = 2.0
+
+
+@dataclass
+class Tab:
+    """One browser tab: the view its panels show, and its recording once there is one."""
+    view: LiveView
+    cursor: ReplayCursor | None = None
+    watched: bool = False  # the view follows someone else's request: Stop must not abort it
 
 
 class Sessions:
-    """Each browser tab's current view, by Gradio session hash (bounded, oldest out)."""
+    """Each browser tab's state, by Gradio session hash (bounded, oldest out)."""
 
     def __init__(self) -> None:
-        self._views: OrderedDict[str, LiveView] = OrderedDict()
+        self._tabs: OrderedDict[str, Tab] = OrderedDict()
         self._lock = threading.Lock()
 
-    def put(self, key: str, view: LiveView) -> None:
+    def put(self, key: str, tab: Tab) -> None:
         with self._lock:
-            self._views[key] = view
-            self._views.move_to_end(key)
-            while len(self._views) > MAX_SESSIONS:
-                self._views.popitem(last=False)
+            self._tabs[key] = tab
+            self._tabs.move_to_end(key)
+            while len(self._tabs) > MAX_SESSIONS:
+                self._tabs.popitem(last=False)
 
-    def get(self, key: str) -> LiveView | None:
+    def get(self, key: str) -> Tab | None:
         with self._lock:
-            return self._views.get(key)
+            return self._tabs.get(key)
 
 
 def _key(request: gr.Request | None) -> str:
     return getattr(request, "session_hash", None) or "default"
+
+
+def trace_folder() -> Path:
+    folder = Path(os.environ.get("GRADIO_TEMP_DIR") or tempfile.gettempdir()) / "tokentrace-traces"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def write_trace(rec: Recording) -> str:
+    path = trace_folder() / f"tokentrace-{''.join(c for c in rec.request_id if c.isalnum() or c in '-_')}.json"
+    path.write_text(rec.dumps())
+    return str(path)
 
 
 def model_summary(m: dict) -> str:
@@ -57,29 +90,52 @@ def model_summary(m: dict) -> str:
             f"({viz._html.esc(viz._html.fmt_bytes(m['kv_cache_bytes']))})</div>")
 
 
-def build_page(service: EngineService) -> gr.Blocks:
-    m = service.model_info()
+def build_page(service: EngineService | None, replay: Recording | None = None,
+               classrooms: Classrooms | None = None) -> gr.Blocks:
+    """service None: replay-only (no model loaded), showing `replay`."""
+    m = service.model_info() if service is not None else replay.model
+    m = {"num_experts": 0, "top_k": 0, "moe_layers": [], "sliding_windows": [], "has_draft": False,
+         "num_speculative_tokens": 1, "max_model_len": 0, "device": "-", **m}
     sessions = Sessions()
+    classrooms = classrooms or Classrooms()
+    live = service is not None
 
     def new_view() -> LiveView:
         return LiveView(model=m, piece=service.piece, is_special=service.is_special)
 
-    blank = new_view()
-    blank.body = build_body(m["name"], "", "", 0.8, 0, 1.0, 64, None, True, m["num_speculative_tokens"], "full")
+    if live:
+        blank = new_view()
+        blank.body = build_body(m["name"], "", "", 0.8, 0, 1.0, 64, None, True, m["num_speculative_tokens"], "full")
+        first_frames = 0
+    else:
+        start = ReplayCursor(replay)
+        blank = start.goto(start.last_frame)
+        first_frames = start.last_frame
+
+    def tab_of(request: gr.Request | None) -> Tab | None:
+        tab = sessions.get(_key(request))
+        if tab is None and replay is not None:  # a fresh tab on a replay server starts on the file
+            tab = Tab(view=None, cursor=ReplayCursor(replay))  # type: ignore[arg-type]
+            tab.view = tab.cursor.goto(tab.cursor.last_frame)
+            sessions.put(_key(request), tab)
+        return tab
 
     with gr.Blocks(title="TokenTrace") as page:
-        gr.HTML(f"<div class='tt-header'><h1>TokenTrace</h1><p>One request, every stage, drawn as it happens."
-                f"</p>{model_summary(m)}</div>")
+        mode = "" if live else " <span class='tt-badge tt-miss'>REPLAY: no model loaded</span>"
+        gr.HTML(f"<div class='tt-header'><h1>TokenTrace{mode}</h1><p>One request, every stage, drawn as it "
+                f"happens.</p>{model_summary(m)}</div>")
         with gr.Row(equal_height=False):
             with gr.Column(scale=1, min_width=300, elem_id="tt-controls"):
                 system = gr.Textbox(label="System prompt", lines=2, value="You are a helpful assistant.",
-                                    elem_id="tt-system")
+                                    elem_id="tt-system", interactive=live)
                 user = gr.Textbox(label="User prompt", lines=3, value="Tell me a short story about a fox.",
-                                  elem_id="tt-user")
+                                  elem_id="tt-user", interactive=live)
                 with gr.Row():
-                    send = gr.Button("Send", variant="primary", elem_id="tt-send")
-                    stop = gr.Button("Stop", variant="stop", elem_id="tt-stop")
-                status = gr.Textbox(label="Status", interactive=False, elem_id="tt-status")
+                    send = gr.Button("Send", variant="primary", elem_id="tt-send", interactive=live)
+                    stop = gr.Button("Stop", variant="stop", elem_id="tt-stop", interactive=live)
+                    watch_btn = gr.Button("Watch API requests", elem_id="tt-watch", interactive=live)
+                status = gr.Textbox(label="Status", interactive=False, elem_id="tt-status",
+                                    value="" if live else f"replaying {replay.request_id}")
                 temperature = gr.Slider(0, 2, value=0.8, step=0.05, label="Temperature (0 = greedy)")
                 top_k = gr.Slider(0, min(200, m["vocab_size"]), value=0, step=1, label="Top-k (0 = off)")
                 top_p = gr.Slider(0.05, 1, value=0.95, step=0.01, label="Top-p (1 = off)")
@@ -94,6 +150,20 @@ def build_page(service: EngineService) -> gr.Blocks:
                 level = gr.Radio(list(TRACE_LEVELS), value="full", label="Capture level",
                                  info="full: tensors (embeddings, attention, MoE); basic: no tensors")
             with gr.Column(scale=3):
+                with gr.Row(equal_height=False, elem_id="tt-replay"):
+                    load = gr.UploadButton("Load trace", file_types=[".json"], size="sm", elem_id="tt-load",
+                                           min_width=100)
+                    export = gr.DownloadButton("Export trace", value=write_trace(replay) if replay else None,
+                                               size="sm", elem_id="tt-export", interactive=not live, min_width=100)
+                    play = gr.Button("▶ Play", size="sm", elem_id="tt-play", min_width=80)
+                    pause = gr.Button("❚❚ Pause", size="sm", elem_id="tt-pause", min_width=80)
+                    speed = gr.Dropdown(list(SPEEDS), value="0.25×", show_label=False, container=False,
+                                        min_width=90, elem_id="tt-speed")
+                    class_btn = gr.Button("Classroom", size="sm", elem_id="tt-class-start", min_width=100)
+                step = gr.Slider(0, max(1, first_frames), value=first_frames, step=1, elem_id="tt-step",
+                                 label="Replay: engine step of this request (after a request finishes, or a "
+                                       "trace is loaded)")
+                class_links = gr.HTML("", elem_id="tt-class-links")
                 with gr.Row(equal_height=False):
                     with gr.Column(scale=1):
                         out_answer = gr.HTML(blank.render("answer"), elem_id="tt-answer")
@@ -128,11 +198,51 @@ def build_page(service: EngineService) -> gr.Blocks:
         panels = {"request": out_request, "prefix": out_prefix, "tokens": out_tokens, "embedding": out_embedding,
                   "attention": out_attention, "kv": out_kv, "moe": out_moe, "sampling": out_sampling,
                   "spec": out_spec, "answer": out_answer, "timeline": out_timeline}
-        outputs = [panels[n] for n in PANELS] + [status]
+        outputs = [panels[n] for n in PANELS] + [status, export, step]
 
         def full(view: LiveView, state: str) -> dict:
             now = time.perf_counter()
             return {**{panels[n]: h for n, h in view.draw(list(PANELS), now).items()}, status: state}
+
+        def finish(tab: Tab, final: str) -> dict:
+            """The last update of a live request: every panel, and its recording ready to export."""
+            view = tab.view
+            rec = record_request(service.store, view.request_id, m, service.piece, service.is_special) \
+                if view.request_id else None
+            extra = {export: gr.update(value=None, interactive=False), step: gr.update(maximum=1, value=0)}
+            if rec is not None:
+                tab.cursor = ReplayCursor(rec)
+                tab.cursor.frame, tab.cursor.view = tab.cursor.last_frame, view  # the live view is that frame
+                extra = {export: gr.update(value=write_trace(rec), interactive=True),
+                         step: gr.update(maximum=max(1, tab.cursor.last_frame), value=tab.cursor.last_frame)}
+            return {**full(view, final), **extra}
+
+        def stream(tab: Tab, next_items: Callable[[float], list[dict]]) -> Iterator[dict]:
+            """Feed the view from next_items until its request finishes, yielding due panels."""
+            view, rid = tab.view, tab.view.request_id
+            view.set_snapshot(service.snapshot.as_dict if service.snapshot else None)
+            yield full(view, f"{rid}: queued")
+            last = time.perf_counter()
+            while not view.finished:
+                view.add(next_items(YIELD_EVERY / 2))
+                if service.snapshot is not None:
+                    view.set_snapshot(service.snapshot.as_dict)
+                now = time.perf_counter()
+                if now - last >= YIELD_EVERY and not view.finished:
+                    names = view.due(now)
+                    if names:
+                        yield {**{panels[n]: h for n, h in view.draw(names, now).items()},
+                               status: f"{rid}: streaming, {len(view.generated_ids())} tokens"}
+                        last = now
+            view.add(next_items(0))
+            if service.snapshot is not None:
+                view.set_snapshot(service.snapshot.as_dict)
+            fin = view.first("finish")
+            reason = fin["reason"] if fin else next((o["finish_reason"] for o in view.outputs if o["finished"]), "?")
+            now = time.perf_counter()  # the last tokens first, then every panel's final state
+            yield {panels["answer"]: view.draw(["answer"], now)["answer"],
+                   status: f"{rid}: streaming, {len(view.generated_ids())} tokens"}
+            yield finish(tab, f"{rid}: finished ({reason}), {len(view.generated_ids())} tokens")
 
         def run(system_text, user_text, temp, topk, topp, max_tok, seed_value, spec_on, k_value, level_value,
                 layer_value, head_value, request: gr.Request):
@@ -142,7 +252,8 @@ def build_page(service: EngineService) -> gr.Blocks:
             view.body = build_body(m["name"], system_text or "", user_text or "", float(temp), int(topk),
                                    float(topp), int(max_tok), None if seed_value is None else int(seed_value),
                                    bool(spec_on) and m["has_draft"], int(k_value), level_value)
-            sessions.put(_key(request), view)
+            tab = Tab(view)
+            sessions.put(_key(request), tab)
             submission = None
             try:
                 submission = parse_body(view.body)
@@ -156,55 +267,146 @@ def build_page(service: EngineService) -> gr.Blocks:
             view.request_id = watch.request_id
             view.validation = {"ok": True, "request_id": watch.request_id, "checks": submission.checks + [
                 ("engine", True, f"accepted; fits the context of {m['max_model_len']:,} tokens and the KV pool")]}
-            view.set_snapshot(service.snapshot.as_dict if service.snapshot else None)
             try:
-                yield full(view, f"{watch.request_id}: queued")
-                last = time.perf_counter()
-                while not view.finished:
-                    view.add(watch.drain(YIELD_EVERY / 2))
-                    if service.snapshot is not None:
-                        view.set_snapshot(service.snapshot.as_dict)
-                    now = time.perf_counter()
-                    if now - last >= YIELD_EVERY and not view.finished:
-                        names = view.due(now)
-                        if names:
-                            n_out = len(view.generated_ids())
-                            yield {**{panels[n]: h for n, h in view.draw(names, now).items()},
-                                   status: f"{watch.request_id}: streaming, {n_out} tokens"}
-                            last = now
-                view.add(watch.drain(0))
-                if service.snapshot is not None:
-                    view.set_snapshot(service.snapshot.as_dict)
-                fin = view.first("finish")
-                reason = fin["reason"] if fin else next(
-                    (o["finish_reason"] for o in view.outputs if o["finished"]), "?")
-                now = time.perf_counter()  # the last tokens first, then every panel's final state
-                yield {panels["answer"]: view.draw(["answer"], now)["answer"],
-                       status: f"{watch.request_id}: streaming, {len(view.generated_ids())} tokens"}
-                yield full(view, f"{watch.request_id}: finished ({reason}), {len(view.generated_ids())} tokens")
+                yield from stream(tab, watch.drain)
             finally:
                 service.unsubscribe(watch)
                 if not view.finished:  # tab closed or event cancelled: free the engine's work
                     threading.Thread(target=service.abort, args=(watch.request_id,), daemon=True).start()
 
+        def follow(layer_value, head_value, request: gr.Request):
+            """Show every request sent by someone else (curl, SDK, another tab), one after another."""
+            fire = service.subscribe_all(max_items=20_000)
+            arrivals: deque[str] = deque()
+
+            def note_arrivals(timeout: float) -> None:
+                for it in fire.drain(timeout):
+                    if it["type"] == "request.arrive":
+                        arrivals.append(it["request_id"])
+
+            try:
+                yield {status: "watching: waiting for a request from curl, the SDK or another tab"}
+                while True:
+                    while not arrivals:
+                        note_arrivals(0.25)
+                    rid = arrivals.popleft()
+                    sub = service.subscribe(rid)
+                    try:
+                        tr = service.store.trace(rid)
+                        if tr is None:
+                            continue
+                        view = new_view()
+                        view.layer, view.head = int(layer_value or 0), int(head_value or 0)
+                        view.request_id, view.body = rid, tr.body or {}
+                        if tr.body:
+                            sub_checks = parse_body(tr.body)
+                            view.speculative = sub_checks.speculative
+                            view.validation = {"ok": True, "request_id": rid, "checks": sub_checks.checks + [
+                                ("engine", True, "accepted (sent by another client)")]}
+                        backfill = sorted(tr.events + tr.outputs, key=lambda i: i["step"])
+                        seen = {id(i) for i in backfill}
+                        view.add(backfill)
+                        tab = Tab(view, watched=True)
+                        sessions.put(_key(request), tab)
+
+                        def next_items(timeout: float) -> list[dict]:
+                            note_arrivals(0)
+                            return [i for i in sub.drain(timeout) if id(i) not in seen]
+
+                        yield from stream(tab, next_items)
+                    finally:
+                        service.unsubscribe(sub)
+                    yield {status: f"{rid} finished · watching: waiting for the next request"}
+            finally:
+                service.unsubscribe(fire)
+
         def stop_request(request: gr.Request):
-            view = sessions.get(_key(request))
-            if view is not None and view.request_id and not view.finished:
-                service.abort(view.request_id)
+            tab = sessions.get(_key(request))
+            if tab is not None and not tab.watched and tab.view.request_id and not tab.view.finished:
+                service.abort(tab.view.request_id)
 
         def redraw(layer_value, head_value, request: gr.Request):
-            view = sessions.get(_key(request)) or blank
+            tab = tab_of(request)
+            view = tab.view if tab else blank
             view.layer, view.head = int(layer_value or 0), int(head_value or 0)
             return view.render("attention"), view.render("moe")
 
+        def show_frame(tab: Tab, frame: int, note: str = "") -> dict:
+            view = tab.cursor.goto(frame)
+            tab.view = view
+            steps = tab.cursor.steps
+            return {**full(view, f"{tab.cursor.rec.request_id}: step {tab.cursor.frame + 1} of {len(steps)} "
+                                 f"(engine step {steps[tab.cursor.frame] if steps else 0}){note}"),
+                    step: gr.update(value=tab.cursor.frame)}
+
+        def goto(frame, layer_value, head_value, request: gr.Request):
+            tab = tab_of(request)
+            if tab is None or tab.cursor is None:
+                return {status: "nothing to replay yet: send a request or load a trace"}
+            tab.cursor.view.layer, tab.cursor.view.head = int(layer_value or 0), int(head_value or 0)
+            return show_frame(tab, int(frame or 0))
+
+        def play_frames(frame, speed_name, layer_value, head_value, request: gr.Request):
+            tab = tab_of(request)
+            if tab is None or tab.cursor is None:
+                yield {status: "nothing to replay yet: send a request or load a trace"}
+                return
+            cur = tab.cursor
+            cur.view.layer, cur.view.head = int(layer_value or 0), int(head_value or 0)
+            start = 0 if int(frame or 0) >= cur.last_frame else int(frame or 0)
+            yield show_frame(tab, start, " · playing")
+            while cur.frame < cur.last_frame:
+                time.sleep(min(MAX_FRAME, max(MIN_FRAME, cur.seconds_to_next() / SPEEDS.get(speed_name, 0.25))))
+                yield show_frame(tab, cur.frame + 1, " · playing" if cur.frame + 1 < cur.last_frame else "")
+
+        def load_trace(file, layer_value, head_value, request: gr.Request):
+            path = getattr(file, "name", file)
+            try:
+                rec = Recording.loads(Path(path).read_bytes())
+            except (TraceFileError, OSError) as e:
+                return {status: f"cannot load the trace: {e}"}
+            tab = Tab(rec.new_view(), ReplayCursor(rec))
+            tab.cursor.view.layer, tab.cursor.view.head = int(layer_value or 0), int(head_value or 0)
+            sessions.put(_key(request), tab)
+            out = show_frame(tab, tab.cursor.last_frame, f" · loaded {Path(path).name}")
+            return {**out, export: gr.update(value=write_trace(rec), interactive=True),
+                    step: gr.update(maximum=max(1, tab.cursor.last_frame), value=tab.cursor.last_frame)}
+
+        def start_classroom(request: gr.Request):
+            tab = tab_of(request)
+            rec = tab.cursor.rec if tab is not None and tab.cursor is not None else None
+            if rec is None and tab is not None and tab.view.request_id and live:  # still streaming: walk it live
+                rec = record_request(service.store, tab.view.request_id, m, service.piece, service.is_special)
+            if rec is None:
+                return "<div class='tt-err'>Send a request (or load a trace) first: classroom mode walks " \
+                       "through one request.</div>"
+            room = classrooms.create(rec)
+            return (f"<div class='tt-class-links'>Classroom for <b>{viz._html.esc(rec.request_id)}</b>: "
+                    f"<a id='tt-class-presenter' href='/classroom/{room.room_id}?key={room.key}' "
+                    f"target='_blank'>presenter view</a> (keep this link to yourself) · "
+                    f"<a id='tt-class-audience' href='/classroom/{room.room_id}' target='_blank'>audience link</a>"
+                    f" (share it: every viewer follows the presenter)</div>")
+
         inputs = [system, user, temperature, top_k, top_p, max_tokens, seed, speculative, k, level, layer, head]
-        send.click(run, inputs, outputs, api_name="send", concurrency_limit=16, show_progress="hidden")
-        user.submit(run, inputs, outputs, api_visibility="private", concurrency_limit=16,
-                    show_progress="hidden")
-        stop.click(stop_request, None, None, api_name="stop", concurrency_limit=None)
+        if live:
+            send.click(run, inputs, outputs, api_name="send", concurrency_limit=16, show_progress="hidden")
+            user.submit(run, inputs, outputs, api_visibility="private", concurrency_limit=16,
+                        show_progress="hidden")
+            watching = watch_btn.click(follow, [layer, head], outputs, api_visibility="private",
+                                       concurrency_limit=16, show_progress="hidden")
+            stop.click(stop_request, None, None, api_name="stop", concurrency_limit=None, cancels=[watching])
         for picker in (layer, head):
             picker.change(redraw, [layer, head], [out_attention, out_moe], api_visibility="private",
                           concurrency_limit=None, show_progress="hidden")
+        step.release(goto, [step, layer, head], outputs, api_visibility="private", concurrency_limit=None,
+                     show_progress="hidden")
+        playing = play.click(play_frames, [step, speed, layer, head], outputs, api_visibility="private",
+                             concurrency_limit=None, show_progress="hidden")
+        pause.click(None, None, None, cancels=[playing], api_visibility="private")
+        load.upload(load_trace, [load, layer, head], outputs, api_visibility="private", concurrency_limit=None,
+                    show_progress="hidden")
+        class_btn.click(start_classroom, None, class_links, api_visibility="private", concurrency_limit=None)
+
         def calculator(tokens, dtype):
             return viz.calculator_html(int(tokens or 0), dtype)
 

@@ -52,7 +52,7 @@ def token_ids(events: list[dict], outputs: list[dict]) -> set[int]:
         t = e["type"]
         if t == "sample":
             ids.update(e["candidates"])
-            ids.add(e.get("token", -1))
+            ids.add(e.get("token_id", -1))
         elif t == "spec":
             ids.update(e.get("proposed", ()))
             ids.add(e.get("token", -1))
@@ -193,6 +193,16 @@ class ReplayCursor:
         self._pos, self.frame = end, frame
         self.view.set_snapshot(self.rec.snapshot_at(step))
         return self.view
+
+    def peak_kv_frame(self) -> int:
+        """The frame at which the request held the most KV blocks (its last frame has freed them)."""
+        best, best_n = self.last_frame, -1
+        for f, step in enumerate(self.steps):
+            snap = next((s for s in reversed(self.rec.snapshots) if s["step"] <= step), None)
+            n = sum(1 for o in (snap or {}).get("owners", {}).values() if self.rec.request_id in o)
+            if n > best_n:
+                best, best_n = f, n
+        return best
 
     def seconds_to_next(self) -> float:
         """Engine time between this frame and the next, from the events' timestamps."""
