@@ -23,6 +23,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--draft", default=None, help="draft model for speculative decoding ('none' to turn off; "
                    "default: the embedded draft when the embedded model is served)")
     p.add_argument("--num-speculative-tokens", type=int, default=4, help="largest k the page can pick")
+    p.add_argument("--replay", default=None, metavar="FILE",
+                   help="serve the page on a recorded trace (exported from the page or GET /v1/traces/ID); "
+                        "no model is loaded")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=7860)
     p.add_argument("--share", action="store_true", help="ask Gradio for a public link (needs internet)")
@@ -102,9 +105,32 @@ def serve_limits(args: argparse.Namespace) -> ServeLimits:
                                   args.max_body_bytes, args.api_key, tuple(pairs))
 
 
+def serve_replay(args: argparse.Namespace) -> None:
+    """--replay FILE: the page, replay controls and classroom on one recording; no engine."""
+    from app.recording import Recording, TraceFileError
+    try:
+        rec = Recording.loads(Path(args.replay).read_bytes())
+        limits = serve_limits(args)
+    except (TraceFileError, OSError, ValueError) as e:
+        sys.exit(f"cannot replay {args.replay}: {e}")
+    import uvicorn
+
+    from app.server import create_app
+
+    app = create_app(None, replay=rec, limits=limits)
+    print(f"TokenTrace replay: {rec.request_id} ({rec.model['name']}, {len(rec.steps())} engine steps) on "
+          f"http://{args.host}:{args.port}", flush=True)
+    if args.share:
+        from app.share import open_share_link
+        open_share_link(args.port, lambda line: print(line, flush=True))
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if args.replay:
+        return serve_replay(args)
     t0 = time.perf_counter()
     try:
         service = build_service(args)

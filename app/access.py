@@ -21,7 +21,7 @@ from starlette.websockets import WebSocketClose
 from app.limits import ServeLimits
 
 log = logging.getLogger("tokentrace")
-PROTECTED = ("/v1/", "/ws", "/metrics")
+PROTECTED = ("/v1/", "/ws", "/metrics", "/classroom")  # "/classroom" exactly (making a room); rooms' pages are open
 
 
 def _protected(path: str) -> bool:

@@ -19,7 +19,7 @@ from typing import Callable
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse
 
-from app.recording import Recording, ReplayCursor
+from app.recording import Recording, ReplayCursor, TraceFileError
 from visualizers._html import esc
 from visualizers.walkthrough import Stage, stages
 
@@ -105,13 +105,46 @@ class Classrooms:
             return self._rooms.get(room_id)
 
 
+def _invalid(message: str, param: str | None) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": "invalid_request_error", "param": param,
+                                   "code": None}}, status_code=400)
+
+
 def _missing(room_id: str) -> JSONResponse:
     return JSONResponse({"error": {"message": f"no classroom {room_id!r} (closed, or the server restarted)",
                                    "type": "invalid_request_error", "param": "room_id", "code": "room_not_found"}},
                         status_code=404)
 
 
-def add_classroom_routes(api: FastAPI, classrooms: Classrooms, css: str) -> None:
+def add_classroom_routes(api: FastAPI, classrooms: Classrooms, css: str,
+                         recorder: Callable[[str], Recording | None]) -> None:
+    """recorder(request_id): the kept trace of a request (None when there is none)."""
+    @api.post("/classroom")
+    async def create(request: Request):
+        """{"request_id": ID} (a request this server kept) or {"trace": <trace file>} -> the room's links."""
+        try:
+            body = await request.json()
+        except ValueError:
+            body = None
+        if not isinstance(body, dict) or ("request_id" in body) == ("trace" in body):
+            return _invalid("the body must be {\"request_id\": ID} or {\"trace\": <a trace file>}", None)
+        if "trace" in body:
+            try:
+                rec, refresh = Recording.from_json(body["trace"]), None
+            except TraceFileError as e:
+                return _invalid(str(e), "trace")
+        else:
+            rid = body["request_id"]
+            rec = recorder(rid) if isinstance(rid, str) else None
+            if rec is None:
+                return JSONResponse({"error": {"message": f"no trace is kept for {rid!r}", "type":
+                                               "invalid_request_error", "param": "request_id",
+                                               "code": "trace_not_found"}}, status_code=404)
+            refresh = (lambda: recorder(rid)) if not any(e["type"] == "finish" for e in rec.events) else None
+        room = classrooms.create(rec, refresh)
+        return {"id": room.room_id, "request_id": rec.request_id, "presenter_url": f"/classroom/{room.room_id}?key="
+                f"{room.key}", "audience_url": f"/classroom/{room.room_id}", "stages": len(room.stage_list())}
+
     @api.get("/classroom/{room_id}", response_class=HTMLResponse)
     def classroom_page(room_id: str, key: str = ""):
         room = classrooms.get(room_id)
@@ -150,8 +183,7 @@ def add_classroom_routes(api: FastAPI, classrooms: Classrooms, css: str) -> None
             body = await request.json()
             key, i = body["key"], int(body["stage"])
         except (ValueError, KeyError, TypeError):
-            return JSONResponse({"error": {"message": "the body must be {\"key\": str, \"stage\": int}", "type":
-                                           "invalid_request_error", "param": None, "code": None}}, status_code=400)
+            return _invalid("the body must be {\"key\": str, \"stage\": int}", None)
         if not isinstance(key, str) or not hmac.compare_digest(key, room.key):
             return JSONResponse({"error": {"message": "only the presenter can move the class", "type":
                                            "permission_error", "param": "key", "code": None}}, status_code=403)

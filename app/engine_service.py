@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import logging
 import queue
+import secrets
 import threading
 import time
 from dataclasses import dataclass, field
@@ -135,7 +136,7 @@ class EngineService:
         (RequestRefused: max_tokens cap, this client's requests in flight) or the engine
         refused it (the subscription is dropped again). `client`: who counts against the
         per-client cap (None: not counted)."""
-        rid = request_id or f"req-{next(_ids)}"
+        rid = request_id or f"req-{next(_ids)}-{secrets.token_hex(4)}"  # unguessable: ids open traces and rooms
         cap = self.limits.max_tokens_cap
         if cap is not None and sub.params.max_tokens > cap:
             raise RequestRefused(f"max_tokens {sub.params.max_tokens} is above this server's cap of {cap}",

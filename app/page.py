@@ -375,12 +375,15 @@ def build_page(service: EngineService | None, replay: Recording | None = None,
         def start_classroom(request: gr.Request):
             tab = tab_of(request)
             rec = tab.cursor.rec if tab is not None and tab.cursor is not None else None
+            refresh = None
             if rec is None and tab is not None and tab.view.request_id and live:  # still streaming: walk it live
-                rec = record_request(service.store, tab.view.request_id, m, service.piece, service.is_special)
+                rid = tab.view.request_id
+                refresh = lambda: record_request(service.store, rid, m, service.piece, service.is_special)  # noqa
+                rec = refresh()
             if rec is None:
                 return "<div class='tt-err'>Send a request (or load a trace) first: classroom mode walks " \
                        "through one request.</div>"
-            room = classrooms.create(rec)
+            room = classrooms.create(rec, refresh)
             return (f"<div class='tt-class-links'>Classroom for <b>{viz._html.esc(rec.request_id)}</b>: "
                     f"<a id='tt-class-presenter' href='/classroom/{room.room_id}?key={room.key}' "
                     f"target='_blank'>presenter view</a> (keep this link to yourself) · "

@@ -1,5 +1,5 @@
 """The one web server: FastAPI with the Gradio page mounted at "/". Routes of our own
-(health now; the OpenAI API, /ws and trace export next) are registered before the mount."""
+(health, the OpenAI API, /ws, traces, metrics, classroom) are registered before the mount."""
 from __future__ import annotations
 
 import os
@@ -10,28 +10,45 @@ import gradio as gr  # noqa: E402
 from fastapi import FastAPI  # noqa: E402
 
 from app.access import add_access_control, page_login  # noqa: E402
+from app.classroom import Classrooms, add_classroom_routes  # noqa: E402
 from app.engine_service import EngineService  # noqa: E402
 from app.events_api import add_event_routes  # noqa: E402
+from app.limits import ServeLimits  # noqa: E402
 from app.metrics import add_metrics_route  # noqa: E402
 from app.openai_api import add_openai_routes  # noqa: E402
 from app.page import CSS, build_page  # noqa: E402
+from app.recording import Recording, record_request  # noqa: E402
 
 
-def create_app(service: EngineService) -> FastAPI:
+def create_app(service: EngineService | None, replay: Recording | None = None,
+               limits: ServeLimits | None = None) -> FastAPI:
+    """service None: replay mode (`python -m app --replay FILE`): the page and classroom only."""
+    limits = limits or (service.limits if service is not None else ServeLimits())
     api = FastAPI(title="TokenTrace")
 
     @api.get("/healthz")
     def healthz() -> dict:
+        if service is None:
+            return {"status": "ok", "model": None, "mode": "replay", "request_id": replay.request_id}
         return {"status": "ok" if service.error is None else "degraded", "model": service.model_name,
                 "error": service.error}
 
-    add_access_control(api, service.limits)  # token on our routes; no stack traces in errors
-    add_openai_routes(api, service)
-    add_event_routes(api, service)
-    add_metrics_route(api, service)
-    page = build_page(service)
+    add_access_control(api, limits)  # token on our routes; no stack traces in errors
+    if service is not None:
+        add_openai_routes(api, service)
+        add_event_routes(api, service)
+        add_metrics_route(api, service)
+    classrooms = Classrooms()
+    if service is not None:
+        def recorder(rid: str) -> Recording | None:
+            return record_request(service.store, rid, service.model_info(), service.piece, service.is_special)
+    else:
+        def recorder(rid: str) -> Recording | None:
+            return replay if rid == replay.request_id else None
+    add_classroom_routes(api, classrooms, CSS, recorder)
+    page = build_page(service, replay, classrooms)
     # A built-in theme with system fonts: GoogleFont would fetch from the internet.
     theme = gr.themes.Default(font=["ui-sans-serif", "system-ui", "sans-serif"],
                               font_mono=["ui-monospace", "monospace"])
     return gr.mount_gradio_app(api, page, path="/", css=CSS, theme=theme, footer_links=["api"],
-                               auth=page_login(service.limits), show_error=not service.limits.public)
+                               auth=page_login(limits), show_error=not limits.public)

@@ -1,0 +1,188 @@
+"""Recorded traces: export -> import gives the same trace, replay draws every panel at
+every step with no engine, classroom mode's walkthrough quotes the request's own numbers,
+its presenter moves the room, and `python -m app --replay FILE` serves a file."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from app.__main__ import build_service, parse_args
+from app.live_view import PANELS
+from app.recording import Recording, ReplayCursor, TraceFileError, record_request
+from app.requests import build_body, parse_body
+from visualizers.walkthrough import stages
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def service(checkpoint):
+    svc = build_service(parse_args(["--model", str(checkpoint("mixtral")), "--draft", str(checkpoint("mistral")),
+                                    "--num-speculative-tokens", "3", "--num-kv-blocks", "64",
+                                    "--block-size", "4"])).start()
+    yield svc
+    svc.stop()
+
+
+def run(service, user: str, max_tokens: int = 12, **kw) -> str:
+    args = dict(model="m", system="Be brief.", user=user, temperature=0.8, top_k=0, top_p=1.0,
+                max_tokens=max_tokens, seed=3, speculative=True, k=3, trace_level="full")
+    args.update(kw)
+    watch = service.submit(parse_body(build_body(**args) | {"ignore_eos": True}))
+    items, end = [], time.monotonic() + 60
+    while not any(i["type"] == "output" and i["finished"] for i in items):
+        assert time.monotonic() < end, "the request did not finish"
+        items += watch.drain(0.05)
+    service.unsubscribe(watch)
+    time.sleep(0.1)  # the step's snapshot lands after its outputs
+    return watch.request_id
+
+
+@pytest.fixture(scope="module")
+def recording(service) -> Recording:
+    rid = run(service, "Tell me about <script>alert(1)</script> foxes.")
+    return record_request(service.store, rid, service.model_info(), service.piece, service.is_special)
+
+
+def test_export_then_import_gives_the_same_trace(service, recording):
+    text = recording.dumps()
+    loaded = Recording.loads(text)
+    assert loaded.to_json() == recording.to_json() == json.loads(text)
+    # the file holds what the engine emitted, event for event
+    assert loaded.events == json.loads(json.dumps(service.store.get(recording.request_id)))
+    assert [o["token_id"] for o in loaded.outputs] == [e["token_id"] for e in loaded.events if e["type"] == "token"]
+    assert loaded.body["messages"][1]["content"].startswith("Tell me about <script>")
+    assert loaded.snapshots and all(a["step"] < b["step"] for a, b in zip(loaded.snapshots, loaded.snapshots[1:]))
+    assert all(0 <= i < service.model_info()["vocab_size"] for i in loaded.pieces)
+
+
+def test_replay_draws_every_panel_at_every_step(recording):
+    cursor = ReplayCursor(recording)
+    assert cursor.last_frame >= 4  # prefill, then several verify rounds
+    end = cursor.goto(cursor.last_frame)
+    final = {n: end.render(n) for n in PANELS}
+    # the same as one view fed the whole recording at once
+    whole = recording.new_view()
+    whole.add(recording.items())
+    whole.set_snapshot(recording.snapshot_at(recording.steps()[-1]))
+    assert {n: whole.render(n) for n in PANELS} == final
+    counts = []
+    for frame in range(cursor.last_frame + 1):
+        view = cursor.goto(frame)
+        counts.append(len(view.generated_ids()))
+        assert all(view.render(n) for n in PANELS)
+    assert counts[0] == 0 and counts == sorted(counts) and counts[-1] == 12
+    back = cursor.goto(2)  # backwards rebuilds: equal to going there from the start
+    assert len(back.generated_ids()) == counts[2]
+    peak = cursor.goto(cursor.peak_kv_frame())
+    owned = [b for b, rids in peak.snapshot["owners"].items() if recording.request_id in rids]
+    assert owned and "this request holds" in peak.render("kv")
+    assert "&lt;script&gt;" in final["request"] and "<script>" not in "".join(final.values())
+
+
+def test_bad_trace_files_are_refused_with_a_reason(recording):
+    good = recording.to_json()
+    for bad, reason in ((b"{not json", "not a JSON file"), (b"[1, 2]", "top level"),
+                        (json.dumps({**good, "schema": 9}), "schema"),
+                        (json.dumps({**good, "model": {"name": "x"}}), "lacks"),
+                        (json.dumps({**good, "events": [{"type": "x"}]}), "'step'"),
+                        (json.dumps({**good, "events": []}), "not traced"),
+                        (json.dumps({**good, "pieces": {"1": 2}}), "pieces")):
+        with pytest.raises(TraceFileError, match=reason):
+            Recording.loads(bad)
+
+
+def test_the_walkthrough_quotes_this_requests_numbers(recording):
+    m = recording.model
+    st = stages(m, recording.request_id, recording.body, recording.events, recording.outputs)
+    keys = [s.key for s in st]
+    assert keys == ["request", "prefix", "tokens", "embedding", "layers", "timeline", "kv", "sampling", "answer",
+                    "finish", "batching", "spec", "parallel"]  # DESIGN.md's order
+    text = {s.key: s.text for s in st}
+    tok = next(e for e in recording.events if e["type"] == "tokenize")
+    assert f"<b>{tok['count']}</b> tokens" in text["tokens"]
+    per_token = 2 * m["num_layers"] * m["num_kv_heads"] * m["head_dim"] * m["dtype_bytes"]
+    assert f"<b>{per_token:,}</b> bytes per token" in text["kv"]
+    assert f"<b>{tok['count'] + 12}</b> tokens hold" in text["kv"]
+    spec = [e for e in recording.events if e["type"] == "spec"]
+    accepted = sum(e["accepted"] for e in spec)
+    assert f"Over <b>{len(spec)}</b> rounds" in text["spec"] and f"kept <b>{accepted}</b>" in text["spec"]
+    fin = next(e for e in recording.events if e["type"] == "finish")
+    assert f"<b>{fin['usage']['completion_tokens']}</b> completion tokens" in text["finish"]
+    assert f"{m['num_heads']}</b> query heads" in text["layers"]
+
+
+def test_classroom_presenter_moves_the_room_and_viewers_follow(service, recording):
+    from fastapi.testclient import TestClient
+
+    from app.server import create_app
+    with TestClient(create_app(service)) as client:
+        room = client.post("/classroom", json={"request_id": recording.request_id}).json()
+        assert room["stages"] == 13 and room["request_id"] == recording.request_id
+        rid = room["id"]
+        follower = client.get(room["audience_url"]).text
+        presenter = client.get(room["presenter_url"]).text
+        key = room["presenter_url"].split("key=")[1]
+        assert "following the presenter" in follower and key not in follower and key in presenter
+        assert client.get(f"/classroom/{rid}/state").json()["stage"] == 0
+        wrong = client.post(f"/classroom/{rid}/goto", json={"key": "guess", "stage": 3})
+        assert wrong.status_code == 403 and wrong.json()["error"]["type"] == "permission_error"
+        assert client.post(f"/classroom/{rid}/goto", json={"key": key, "stage": 6}).json()["stage"] == 6
+        assert client.get(f"/classroom/{rid}/state").json()["stage"] == 6
+        kv = client.get(f"/classroom/{rid}/stage/6").json()["html"]
+        assert "The KV cache" in kv and "KV bytes = 2 × layers" in kv
+        assert client.post(f"/classroom/{rid}/goto", json={"key": key, "stage": 99}).json()["stage"] == 12
+        assert client.get(f"/classroom/{rid}/stage/13").status_code == 404
+        assert client.get("/classroom/nope/state").status_code == 404
+        assert client.post("/classroom", json={"request_id": "req-none"}).status_code == 404
+        assert client.post("/classroom", json={"trace": {"schema": 1}}).status_code == 400
+        from_file = client.post("/classroom", json={"trace": recording.to_json()}).json()
+        assert from_file["stages"] == 13
+        api = client.get(f"/v1/traces/{recording.request_id}").json()
+        assert Recording.from_json(api).to_json() == recording.to_json()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_replay_cli_serves_a_file_with_no_model(recording, tmp_path):
+    path = tmp_path / "trace.json"
+    path.write_text(recording.dumps())
+    env = {**os.environ, "HOME": str(tmp_path), "GRADIO_TEMP_DIR": str(tmp_path / "gradio"),
+           "GRADIO_ANALYTICS_ENABLED": "False", "PYTHONPATH": str(ROOT)}
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    out = subprocess.run([sys.executable, "-m", "app", "--replay", str(bad)], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "cannot replay" in out.stderr and "Traceback" not in out.stderr
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "app", "--replay", str(path), "--port", str(port)], cwd=ROOT,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        url, end = f"http://127.0.0.1:{port}/", time.monotonic() + 90
+        while True:
+            try:
+                health = httpx.get(url + "healthz", timeout=2).json()
+                break
+            except httpx.HTTPError:
+                assert proc.poll() is None and time.monotonic() < end, "the replay server did not start"
+                time.sleep(0.3)
+        assert health == {"status": "ok", "model": None, "mode": "replay", "request_id": recording.request_id}
+        assert "REPLAY: no model loaded" in httpx.get(url, timeout=10).text
+        assert httpx.post(url + "v1/chat/completions", json={}, timeout=10).status_code == 404  # no engine
+        room = httpx.post(url + "classroom", json={"request_id": recording.request_id}, timeout=10).json()
+        assert room["stages"] == 13
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
