@@ -128,13 +128,14 @@ def test_websocket_carries_every_stage_of_a_request(server):
 
 def test_websocket_for_one_request(server):
     from websockets.sync.client import connect
-    with connect(_ws_url(server)) as firehose:
+    # max_queue=None: unread events must not hold up the client's side of the close handshake (10 s)
+    with connect(_ws_url(server), max_queue=None) as firehose:
         import threading
         result = {}
         worker = threading.Thread(target=lambda: result.update(_complete(server, "A long answer", 60)))
         worker.start()
         rid = json.loads(firehose.recv(timeout=30))["request_id"]
-        with connect(_ws_url(server, f"?request_id={rid}")) as one:
+        with connect(_ws_url(server, f"?request_id={rid}"), max_queue=None) as one:
             events = []
             while not events or events[-1]["type"] != "finish":
                 events.append(json.loads(one.recv(timeout=30)))
