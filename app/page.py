@@ -31,8 +31,9 @@ from app.requests import TRACE_LEVELS, build_body, parse_body
 CSS = (Path(__file__).with_name("page.css")).read_text()
 YIELD_EVERY = 0.1  # seconds between updates sent to the browser while streaming
 MAX_SESSIONS = 64
-SPEEDS = {"0.1×": 0.1, "0.25×": 0.25, "0.5×": 0.5, "1× (real time)": 1.0, "2×": 2.0}
-MIN_FRAME = 0.12  # seconds a replay frame stays up at least (each is a full redraw)
+# replay speed -> seconds per step (None: the recorded pace, which on a CPU is too fast to follow)
+SPEEDS = {"1 step/s": 1.0, "2 steps/s": 0.5, "5 steps/s": 0.2, "10 steps/s": 0.1, "recorded pace": None}
+MIN_FRAME = 0.1  # seconds a replay frame stays up at least (each is a full redraw)
 MAX_FRAME = 2.0
 
 
@@ -157,8 +158,8 @@ def build_page(service: EngineService | None, replay: Recording | None = None,
                                                size="sm", elem_id="tt-export", interactive=not live, min_width=100)
                     play = gr.Button("▶ Play", size="sm", elem_id="tt-play", min_width=80)
                     pause = gr.Button("❚❚ Pause", size="sm", elem_id="tt-pause", min_width=80)
-                    speed = gr.Dropdown(list(SPEEDS), value="0.25×", show_label=False, container=False,
-                                        min_width=90, elem_id="tt-speed")
+                    speed = gr.Dropdown(list(SPEEDS), value="2 steps/s", show_label=False, container=False,
+                                        min_width=120, elem_id="tt-speed")
                     class_btn = gr.Button("Classroom", size="sm", elem_id="tt-class-start", min_width=100)
                 step = gr.Slider(0, max(1, first_frames), value=first_frames, step=1, elem_id="tt-step",
                                  label="Replay: engine step of this request (after a request finishes, or a "
@@ -356,7 +357,8 @@ def build_page(service: EngineService | None, replay: Recording | None = None,
             start = 0 if int(frame or 0) >= cur.last_frame else int(frame or 0)
             yield show_frame(tab, start, " · playing")
             while cur.frame < cur.last_frame:
-                time.sleep(min(MAX_FRAME, max(MIN_FRAME, cur.seconds_to_next() / SPEEDS.get(speed_name, 0.25))))
+                pace = SPEEDS.get(speed_name, 0.5)
+                time.sleep(min(MAX_FRAME, max(MIN_FRAME, cur.seconds_to_next() if pace is None else pace)))
                 yield show_frame(tab, cur.frame + 1, " · playing" if cur.frame + 1 < cur.last_frame else "")
 
         def load_trace(file, layer_value, head_value, request: gr.Request):
@@ -401,11 +403,18 @@ def build_page(service: EngineService | None, replay: Recording | None = None,
         for picker in (layer, head):
             picker.change(redraw, [layer, head], [out_attention, out_moe], api_visibility="private",
                           concurrency_limit=None, show_progress="hidden")
-        step.release(goto, [step, layer, head], outputs, api_visibility="private", concurrency_limit=None,
-                     show_progress="hidden")
+        # input: the user's own moves (mouse or keyboard), not the values Play writes; always_last coalesces a drag
+        step.input(goto, [step, layer, head], outputs, api_visibility="private", concurrency_limit=None,
+                   show_progress="hidden", trigger_mode="always_last")
         playing = play.click(play_frames, [step, speed, layer, head], outputs, api_visibility="private",
                              concurrency_limit=None, show_progress="hidden")
-        pause.click(None, None, None, cancels=[playing], api_visibility="private")
+        def paused(request: gr.Request):
+            tab = tab_of(request)
+            if tab is None or tab.cursor is None or tab.cursor.frame < 0:
+                return gr.update()
+            return f"{tab.cursor.rec.request_id}: paused at step {tab.cursor.frame + 1} of {len(tab.cursor.steps)}"
+
+        pause.click(paused, None, status, cancels=[playing], api_visibility="private", concurrency_limit=None)
         load.upload(load_trace, [load, layer, head], outputs, api_visibility="private", concurrency_limit=None,
                     show_progress="hidden")
         class_btn.click(start_classroom, None, class_links, api_visibility="private", concurrency_limit=None)
