@@ -13,7 +13,7 @@ import logging
 from typing import Callable
 from urllib.parse import parse_qs
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocketClose
@@ -61,17 +61,38 @@ class TokenCheck:
         await self.app(scope, receive, send)
 
 
-def add_access_control(api: FastAPI, limits: ServeLimits) -> None:
-    if limits.api_key:
-        api.add_middleware(TokenCheck, api_key=limits.api_key)
+class HideErrors:
+    """ASGI middleware: an unexpected exception becomes a 500 in OpenAI's shape; the trace
+    goes to the server log only. (Starlette's own handler re-raises, and uvicorn then drops
+    the keep-alive connection under the client's next request.)"""
 
-    @api.exception_handler(Exception)
-    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
-        # The trace goes to the server log; the client gets the OpenAI shape, never the trace.
-        log.exception("unexpected error in %s %s", request.method, request.url.path)
-        detail = "" if limits.public else f": {type(exc).__name__}: {exc}"
-        return JSONResponse({"error": {"message": f"internal server error{detail}", "type": "server_error",
-                                       "param": None, "code": None}}, 500)
+    def __init__(self, app: ASGIApp, public: bool) -> None:
+        self.app, self.public = app, public
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = False
+
+        async def watch_start(message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+        try:
+            await self.app(scope, receive, watch_start)
+        except Exception as exc:
+            log.exception("unexpected error in %s %s", scope.get("method"), scope.get("path"))
+            if started:  # too late for a status: the server closes the stream
+                raise
+            detail = "" if self.public else f": {type(exc).__name__}: {exc}"
+            await JSONResponse({"error": {"message": f"internal server error{detail}", "type": "server_error",
+                                          "param": None, "code": None}}, 500)(scope, receive, send)
+
+
+def add_access_control(api: FastAPI, limits: ServeLimits) -> None:
+    api.add_middleware(HideErrors, public=limits.public)
+    if limits.api_key:  # added last, so it runs first
+        api.add_middleware(TokenCheck, api_key=limits.api_key)
 
 
 def page_login(limits: ServeLimits) -> Callable[[str, str], bool] | None:

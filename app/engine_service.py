@@ -164,6 +164,7 @@ class EngineService:
     def abort(self, request_id: str) -> bool:
         """Stop a request; the engine's next step reports its end to the watchers."""
         done = self.engine.abort(request_id)  # takes the engine lock: call from a worker thread
+        self.slots.release(request_id)  # its blocks are free already; its client may send another now
         self._wake.set()
         return done
 
@@ -231,8 +232,8 @@ class EngineService:
         with self.engine.lock:
             live = [rid for rid, seq in self.engine.requests.items() if not seq.is_finished]
         for rid in live:
+            self.abort(rid)  # first: a client told of the error may send its next request at once
             self._deliver(rid, {"type": "error", "request_id": rid, "message": message})
-            self.abort(rid)
 
     def _take_snapshot(self) -> None:
         e = self.engine

@@ -20,8 +20,8 @@ from fastapi import FastAPI, WebSocket, WebSocketDisconnect
 from starlette.concurrency import run_in_threadpool
 
 from app.engine_service import EngineService
-from app.limits import RequestRefused
-from app.openai_api import client_of, error, prepare, read_json, refusal
+from app.limits import RequestRefused, client_of
+from app.openai_api import error, prepare, read_json, refusal
 from app.recording import record_request
 
 WS_QUEUE = 2000  # events a socket may fall behind before it starts losing them

@@ -52,6 +52,14 @@ class ServeLimits:
         return redact_paths(message) if self.public else message
 
 
+def client_of(request) -> str | None:
+    """Who counts against the per-client cap: the client's address (a Starlette or Gradio
+    request, or a WebSocket). Behind a reverse proxy on this machine, uvicorn takes it from
+    X-Forwarded-For."""
+    client = getattr(request, "client", None)
+    return getattr(client, "host", None)
+
+
 def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True

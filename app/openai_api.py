@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from app.engine_service import EngineService, Subscription
-from app.limits import RequestRefused
+from app.limits import RequestRefused, client_of
 from app.requests import BodyError, Submission, parse_body
 
 FINISH = {"stop": "stop", "length": "length", "abort": "stop"}
@@ -64,12 +64,6 @@ def prepare(service: EngineService, body: dict) -> Submission:
         raise RequestRefused(f"the model {shown} does not exist; this server serves {service.model_name!r}",
                              status=404, param="model", code="model_not_found")
     return parse_body(body, service.limits.max_tokens_cap)
-
-
-def client_of(request) -> str | None:
-    """Who counts against the per-client cap: the client's address (behind a reverse proxy
-    on this machine, uvicorn takes it from X-Forwarded-For)."""
-    return request.client.host if request.client else None
 
 
 async def read_body(request: Request, limit: int) -> bytes:

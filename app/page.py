@@ -24,6 +24,7 @@ import gradio as gr
 import visualizers as viz
 from app.classroom import Classrooms
 from app.engine_service import EngineService
+from app.limits import client_of
 from app.live_view import PANELS, LiveView
 from app.recording import Recording, ReplayCursor, TraceFileError, record_request
 from app.requests import TRACE_LEVELS, build_body, parse_body
@@ -257,8 +258,9 @@ def build_page(service: EngineService | None, replay: Recording | None = None,
             sessions.put(_key(request), tab)
             submission = None
             try:
-                submission = parse_body(view.body)
-                watch = service.submit(submission)  # the engine's own checks: context, KV pool, vocabulary
+                submission = parse_body(view.body, service.limits.max_tokens_cap)
+                # the server's per-client cap, then the engine's own checks: context, KV pool, vocabulary
+                watch = service.submit(submission, client=client_of(request))
             except ValueError as e:
                 checks = getattr(e, "checks", None) or submission.checks + [("engine", False, str(e))]
                 view.validation = {"ok": False, "error": str(e), "checks": checks}
