@@ -54,8 +54,10 @@ class Room:
                     self.rec, self._stages, self._html = rec, [], {}
                     self.version += 1
             if not self._stages:
+                cursor = ReplayCursor(self.rec)
+                kv_peak = cursor.goto(cursor.peak_kv_frame()).snapshot
                 self._stages = stages(self.rec.model, self.rec.request_id, self.rec.body, self.rec.events,
-                                      self.rec.outputs)
+                                      self.rec.outputs, kv_peak)
                 self.stage = min(self.stage, len(self._stages) - 1)
 
     def stage_list(self) -> list[Stage]:
@@ -223,7 +225,12 @@ async function show(i, v) {{
 async function poll() {{
   try {{
     const r = await fetch(`/classroom/${{ROOM}}/state`);
-    if (r.ok) {{ const s = await r.json(); if (!pending) {{ target = s.stage; await show(s.stage, s.version); }} }}
+    if (r.ok) {{
+      const s = await r.json();
+      // viewers adopt the room's stage; the presenter only at first (a late poll must not undo its keys)
+      if (!KEY || shown < 0) {{ target = s.stage; await show(s.stage, s.version); }}
+      else if (!pending && s.stage === target) await show(s.stage, s.version);  // a live trace grew
+    }}
   }} catch (e) {{}}
   setTimeout(poll, KEY ? 1500 : 400);
 }}

@@ -195,12 +195,13 @@ class ReplayCursor:
         return self.view
 
     def peak_kv_frame(self) -> int:
-        """The frame at which the request held the most KV blocks (its last frame has freed them)."""
-        best, best_n = self.last_frame, -1
+        """The last frame at which the request's blocks held the most tokens (its very last
+        frame has freed them)."""
+        best, best_n, rid = self.last_frame, -1, self.rec.request_id
         for f, step in enumerate(self.steps):
-            snap = next((s for s in reversed(self.rec.snapshots) if s["step"] <= step), None)
-            n = sum(1 for o in (snap or {}).get("owners", {}).values() if self.rec.request_id in o)
-            if n > best_n:
+            snap = next((s for s in reversed(self.rec.snapshots) if s["step"] <= step), None) or {}
+            n = sum(snap["fill"].get(b, 0) for b, owners in snap.get("owners", {}).items() if rid in owners)
+            if n >= best_n:
                 best, best_n = f, n
         return best
 

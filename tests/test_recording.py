@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -102,7 +103,9 @@ def test_bad_trace_files_are_refused_with_a_reason(recording):
 
 def test_the_walkthrough_quotes_this_requests_numbers(recording):
     m = recording.model
-    st = stages(m, recording.request_id, recording.body, recording.events, recording.outputs)
+    cursor = ReplayCursor(recording)
+    peak = cursor.goto(cursor.peak_kv_frame())
+    st = stages(m, recording.request_id, recording.body, recording.events, recording.outputs, peak.snapshot)
     keys = [s.key for s in st]
     assert keys == ["request", "prefix", "tokens", "embedding", "layers", "timeline", "kv", "sampling", "answer",
                     "finish", "batching", "spec", "parallel"]  # DESIGN.md's order
@@ -111,7 +114,9 @@ def test_the_walkthrough_quotes_this_requests_numbers(recording):
     assert f"<b>{tok['count']}</b> tokens" in text["tokens"]
     per_token = 2 * m["num_layers"] * m["num_kv_heads"] * m["head_dim"] * m["dtype_bytes"]
     assert f"<b>{per_token:,}</b> bytes per token" in text["kv"]
-    assert f"<b>{tok['count'] + 12}</b> tokens hold" in text["kv"]
+    held = re.search(r"this request holds ([\d,]+) tokens in (\d+) blocks", peak.render("kv"))
+    assert held and f"held K/V for <b>{held[1]}</b> tokens" in text["kv"] and f"<b>{held[2]}</b> blocks" in text["kv"]
+    assert int(held[1].replace(",", "")) <= tok["count"] + 12 - 1  # the last token drawn is never fed back
     spec = [e for e in recording.events if e["type"] == "spec"]
     accepted = sum(e["accepted"] for e in spec)
     assert f"Over <b>{len(spec)}</b> rounds" in text["spec"] and f"kept <b>{accepted}</b>" in text["spec"]

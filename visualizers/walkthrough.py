@@ -34,7 +34,9 @@ def _p(*sentences: str) -> str:
 
 
 def stages(model: dict, request_id: str, body: dict | None, events: Sequence[dict],
-           outputs: Sequence[dict]) -> list[Stage]:
+           outputs: Sequence[dict], kv_peak: dict | None = None) -> list[Stage]:
+    """kv_peak: the block pool (as kv_grid_html takes it) when this request held the most
+    tokens; the KV stage quotes it, so its words and its grid agree."""
     ev = _by_type(events)
     first = lambda t: (ev.get(t) or [None])[0]  # noqa: E731
     arrive, tok, look, fin = first("request.arrive"), first("tokenize"), first("prefix_cache.lookup"), first("finish")
@@ -134,13 +136,18 @@ def stages(model: dict, request_id: str, body: dict | None, events: Sequence[dic
 
     # 7. KV cache
     per_token = 2 * L * KVH * D * b
-    tokens = n_prompt + n_gen
     bs = model["block_size"]
+    if kv_peak is not None:
+        held = [blk for blk, rids in kv_peak["owners"].items() if request_id in rids]
+        tokens, blocks = sum(kv_peak["fill"].get(blk, 0) for blk in held), len(held)
+        when = f"After engine step {kv_peak['step']}, the last before it finished, "
+    else:  # the last token drawn is never fed back, so it has no K/V
+        tokens, blocks, when = max(0, n_prompt + n_gen - 1), -(-max(0, n_prompt + n_gen - 1) // bs), "At its end "
     out.append(Stage("kv", "7 · The KV cache", _p(
         f"So that no step recomputes the past, each layer's keys and values are kept: 2 × {L} layers × {KVH} KV "
         f"heads × {D} dims × {b} bytes = {_n(per_token)} bytes per token.",
-        f"This request's {_n(tokens)} tokens hold {esc(fmt_bytes(per_token * tokens))} in "
-        f"{_n(-(-tokens // bs))} blocks of {bs} tokens, taken from a shared pool of {_n(model['num_blocks'])} "
+        f"{when}this request held K/V for {_n(tokens)} tokens: {esc(fmt_bytes(per_token * tokens))} in "
+        f"{_n(blocks)} blocks of {bs} tokens, taken from a shared pool of {_n(model['num_blocks'])} "
         "blocks and handed back the moment it finished."), ("kv",)))
 
     # 8. sampling
