@@ -45,7 +45,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     cap = p.add_argument_group("capture (level 'full')")
     cap.add_argument("--capture-max-keys", type=int, default=64, help="attention rows/keys kept per matrix")
     cap.add_argument("--capture-heads", default=None, help="comma-separated query heads to capture (default all)")
-    pub = p.add_argument_group("access and limits (public mode: --share, or a --host other than loopback)")
+    pub = p.add_argument_group("access and limits (public mode: --share, --public, or a --host other than loopback)")
+    pub.add_argument("--public", action="store_true",
+                     help="public mode on a loopback host (behind a reverse proxy on this machine)")
     pub.add_argument("--api-key", default=os.environ.get("TOKENTRACE_API_KEY"),
                      help="require 'Authorization: Bearer KEY' on /v1, /ws (or ?api_key=KEY) and /metrics, and "
                      "KEY as the page's password (default: $TOKENTRACE_API_KEY)")
@@ -101,7 +103,8 @@ def serve_limits(args: argparse.Namespace) -> ServeLimits:
     for name in ("max_tokens_cap", "max_concurrent_per_client", "max_body_bytes"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
-    return ServeLimits.for_server(args.host, args.share, args.max_tokens_cap, args.max_concurrent_per_client,
+    return ServeLimits.for_server(args.host, args.share or args.public, args.max_tokens_cap,
+                                  args.max_concurrent_per_client,
                                   args.max_body_bytes, args.api_key, tuple(pairs))
 
 

@@ -35,10 +35,11 @@ class ServeLimits:
     page_auth: tuple[tuple[str, str], ...] = ()  # (user, password) pairs for the page's login
 
     @classmethod
-    def for_server(cls, host: str, share: bool, max_tokens_cap: int | None = None,
+    def for_server(cls, host: str, exposed: bool, max_tokens_cap: int | None = None,
                    max_concurrent_per_client: int | None = None, max_body_bytes: int | None = None,
                    api_key: str | None = None, page_auth: tuple[tuple[str, str], ...] = ()) -> "ServeLimits":
-        public = share or not is_loopback(host)
+        """exposed: reachable from elsewhere though bound to loopback (--share, --public behind a proxy)."""
+        public = exposed or not is_loopback(host)
         return cls(public=public,
                    max_tokens_cap=max_tokens_cap if max_tokens_cap is not None else
                    (PUBLIC_MAX_TOKENS if public else None),

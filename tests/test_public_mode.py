@@ -47,15 +47,19 @@ def chat(**fields) -> dict:
 
 
 def test_public_mode_and_its_defaults():
-    local = ServeLimits.for_server("127.0.0.1", share=False)
+    local = ServeLimits.for_server("127.0.0.1", exposed=False)
     assert not local.public and local.max_tokens_cap is None and local.max_concurrent_per_client is None
-    for host, share in (("0.0.0.0", False), ("192.168.1.5", False), ("demo.example.org", False),
-                        ("127.0.0.1", True)):
-        limits = ServeLimits.for_server(host, share)
+    for host, exposed in (("0.0.0.0", False), ("192.168.1.5", False), ("demo.example.org", False),
+                          ("127.0.0.1", True)):  # True: --share, or --public behind a proxy
+        limits = ServeLimits.for_server(host, exposed)
         assert limits.public and limits.max_tokens_cap == PUBLIC_MAX_TOKENS
         assert limits.max_concurrent_per_client == PUBLIC_MAX_CONCURRENT
     assert not ServeLimits.for_server("::1", False).public and not ServeLimits.for_server("localhost", False).public
     assert ServeLimits.for_server("0.0.0.0", False, max_tokens_cap=32).max_tokens_cap == 32
+    from app.__main__ import parse_args, serve_limits
+    assert serve_limits(parse_args(["--public"])).public and not serve_limits(parse_args([])).public
+    with pytest.raises(ValueError, match="USER:PASSWORD"):
+        serve_limits(parse_args(["--auth", "nopassword"]))
 
 
 def test_the_api_needs_the_token(server):
