@@ -288,10 +288,15 @@ def build_page(service: EngineService | None, replay: Recording | None = None,
                         arrivals.append(it["request_id"])
 
             try:
-                yield {status: "watching: waiting for a request from curl, the SDK or another tab"}
+                waiting = "watching: waiting for a request from curl, the SDK or another tab"
+                yield {status: waiting}
                 while True:
+                    idle_since = time.monotonic()
                     while not arrivals:
                         note_arrivals(0.25)
+                        if time.monotonic() - idle_since > 2.0:  # a closed tab ends this generator at a yield
+                            yield {status: waiting}
+                            idle_since = time.monotonic()
                     rid = arrivals.popleft()
                     sub = service.subscribe(rid)
                     try:
@@ -319,7 +324,8 @@ def build_page(service: EngineService | None, replay: Recording | None = None,
                         yield from stream(tab, next_items)
                     finally:
                         service.unsubscribe(sub)
-                    yield {status: f"{rid} finished · watching: waiting for the next request"}
+                    waiting = f"{rid} finished · watching: waiting for the next request"
+                    yield {status: waiting}
             finally:
                 service.unsubscribe(fire)
 
@@ -396,11 +402,13 @@ def build_page(service: EngineService | None, replay: Recording | None = None,
 
         inputs = [system, user, temperature, top_k, top_p, max_tokens, seed, speculative, k, level, layer, head]
         if live:
-            send.click(run, inputs, outputs, api_name="send", concurrency_limit=16, show_progress="hidden")
-            user.submit(run, inputs, outputs, api_visibility="private", concurrency_limit=16,
-                        show_progress="hidden")
             watching = watch_btn.click(follow, [layer, head], outputs, api_visibility="private",
                                        concurrency_limit=16, show_progress="hidden")
+            # sending from this tab ends its watching: one request per set of panels
+            send.click(run, inputs, outputs, api_name="send", concurrency_limit=16, show_progress="hidden",
+                       cancels=[watching])
+            user.submit(run, inputs, outputs, api_visibility="private", concurrency_limit=16,
+                        show_progress="hidden", cancels=[watching])
             stop.click(stop_request, None, None, api_name="stop", concurrency_limit=None, cancels=[watching])
         for picker in (layer, head):
             picker.change(redraw, [layer, head], [out_attention, out_moe], api_visibility="private",
