@@ -31,11 +31,15 @@ class ForwardBatch:
     captures: list[CaptureSpec | None]  # per sequence
     use_triton: bool = False
     rope: tuple[torch.Tensor, torch.Tensor] | None = None  # cos, sin at `positions`, set by the model
-    # Filled during the forward pass: per layer, per captured sequence.
+    # Kept during the pass for a `full` trace (references only, see engine/capture.py):
+    layer_q: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> queries [T, H, D]
+    moe_routing: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)  # experts, weights
+    embed_rows: dict[int, torch.Tensor] = field(default_factory=dict)  # seq -> [n, embed_dims]
+    # Filled after the pass by capture.collect, as plain lists: per layer, per captured sequence.
     captured_attention: dict[int, dict[int, dict]] = field(default_factory=dict)
     captured_moe: dict[int, dict[int, dict]] = field(default_factory=dict)
-    captured_embed: dict[int, torch.Tensor] = field(default_factory=dict)
-    expert_load: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [E] counts
+    captured_embed: dict[int, list] = field(default_factory=dict)  # seq -> rows
+    expert_load: dict[int, list[int]] = field(default_factory=dict)  # layer -> tokens per expert
 
     @property
     def num_seqs(self) -> int:
@@ -45,9 +49,14 @@ class ForwardBatch:
     def decode_only(self) -> bool:
         return self.query_starts[-1] == self.num_seqs
 
-    @property
+    @functools.cached_property
     def any_capture(self) -> bool:
         return any(c is not None for c in self.captures)
+
+    @functools.cached_property
+    def attention_capture_layers(self) -> frozenset[int]:
+        """Layers whose attention some sequence of this pass captures."""
+        return frozenset(layer for c in self.captures if c is not None for layer in c.attention_layers)
 
     def seq_slice(self, b: int) -> slice:
         return slice(self.query_starts[b], self.query_starts[b + 1])

@@ -436,27 +436,29 @@ class LLMEngine:
                        kind=s.kind)
             if seq.capture is None:
                 continue
-            sl = batch.seq_slice(b)
+            # captures are plain lists already (engine/capture.py): emitted without a walk
+            rid, step, emit = seq.request_id, self.step_count, self.tracer.emit_plain
+            cfg = self.model_config
             if b in batch.captured_embed:
                 rows = batch.captured_embed[b]
-                self._emit("embed", seq.request_id, start=s.start, token_ids=batch.input_ids[sl],
-                           shape=[s.num_tokens, self.model_config.hidden_size], dims=rows.shape[1], rows=rows)
-            cfg = self.model_config
+                emit("embed", rid, step, {"start": s.start, "token_ids": s.token_ids(),
+                                          "shape": [s.num_tokens, cfg.hidden_size], "dims": len(rows[0]),
+                                          "rows": rows})
             heads = seq.capture.heads if seq.capture.heads is not None else list(range(cfg.num_heads))
             group = cfg.num_heads // cfg.num_kv_heads
             for layer, per_seq in batch.captured_attention.items():
                 if b in per_seq:
                     a = per_seq[b]
-                    self._emit("attention", seq.request_id, layer=layer, kind=s.kind, heads=heads,
-                               kv_heads=[h // group for h in heads], num_heads=cfg.num_heads,
-                               num_kv_heads=cfg.num_kv_heads, q_start=a["q_start"], k_start=a["k_start"],
-                               window=a["window"], probs=a["probs"])
+                    emit("attention", rid, step, {
+                        "layer": layer, "kind": s.kind, "heads": list(heads), "kv_heads": [h // group for h in heads],
+                        "num_heads": cfg.num_heads, "num_kv_heads": cfg.num_kv_heads, "q_start": a["q_start"],
+                        "k_start": a["k_start"], "window": a["window"], "probs": a["probs"]})
             for layer, per_seq in batch.captured_moe.items():
                 if b in per_seq:
                     m = per_seq[b]
-                    self._emit("moe", seq.request_id, layer=layer, start=s.start, experts=m["experts"],
-                               weights=m["weights"], num_experts=cfg.num_experts, top_k=cfg.num_experts_per_tok,
-                               batch_load=batch.expert_load[layer])
+                    emit("moe", rid, step, {"layer": layer, "start": s.start, "experts": m["experts"],
+                                            "weights": m["weights"], "num_experts": cfg.num_experts,
+                                            "top_k": cfg.num_experts_per_tok, "batch_load": batch.expert_load[layer]})
 
 
 @dataclass

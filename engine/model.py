@@ -47,7 +47,7 @@ class DecoderModel(nn.Module):
         batch.rope = self.rotary.lookup(batch.positions, x.dtype)
         for b, spec in enumerate(batch.captures):
             if spec is not None and spec.embed_dims:
-                batch.captured_embed[b] = x[batch.seq_slice(b), : spec.embed_dims].float().cpu()
+                batch.embed_rows[b] = x[batch.seq_slice(b), : spec.embed_dims]
         for layer in self.layers:
             x = layer(batch.positions, x, batch)
         return self.norm(x)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from engine import capture
 from engine.batch import CaptureSpec, ForwardBatch
 from engine.config import EngineConfig, ModelConfig
 from engine.loader import ProgressFn, load_model
@@ -103,6 +104,8 @@ class ModelRunner:
         at those tokens of the flattened batch (every token if None). Only rows that
         are sampled or verified need the LM head."""
         hidden = self.model(batch)
+        if batch.any_capture:
+            capture.collect(batch, self.cfg, self.kv_cache)
         if token_rows is not None:
             hidden = hidden[token_rows]
         return self.model.compute_logits(hidden).float()

@@ -10,22 +10,32 @@ import torch
 from engine.sampling_params import SamplingParams
 
 
-def filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """Scaled and masked logits (float32, -inf where cut) for one sequence: [V]."""
+def filter_stages(logits: torch.Tensor, params: SamplingParams) -> dict[str, torch.Tensor]:
+    """The logits after each knob in turn (float32, -inf where cut), for one sequence:
+    temperature, top_k, top_p, min_p. A knob that is off passes its input on unchanged."""
     x = logits.float() / params.temperature
+    stages = {"temperature": x}
     if params.top_k and params.top_k < x.shape[-1]:
         kth = torch.topk(x, params.top_k).values[-1]
         x = x.masked_fill(x < kth, float("-inf"))
+    stages["top_k"] = x
     if params.top_p < 1.0:
         probs = torch.softmax(x, dim=-1)
         sorted_p, order = torch.sort(probs, descending=True)
         # drop a token when the mass before it already reaches top_p (the first always stays)
         drop_sorted = (torch.cumsum(sorted_p, dim=-1) - sorted_p) >= params.top_p
         x = x.masked_fill(torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted), float("-inf"))
+    stages["top_p"] = x
     if params.min_p > 0.0:
         probs = torch.softmax(x, dim=-1)
         x = x.masked_fill(probs < params.min_p * probs.max(), float("-inf"))
-    return x
+    stages["min_p"] = x
+    return stages
+
+
+def filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Scaled and masked logits (float32, -inf where cut) for one sequence: [V]."""
+    return filter_stages(logits, params)["min_p"]
 
 
 def sample_one(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
@@ -55,25 +65,28 @@ def explain(logits: torch.Tensor, params: SamplingParams, token_id: int, top: in
     after each knob, how many tokens survive each cut, and the token drawn."""
     raw = logits.float()
     stages = {"logits": torch.softmax(raw, dim=-1)}
-    if params.greedy:
-        final = stages["logits"]
-    else:
-        stages["temperature"] = torch.softmax(raw / params.temperature, dim=-1)
-        step = SamplingParams(temperature=params.temperature, top_k=params.top_k)
-        stages["top_k"] = torch.softmax(filter_logits(raw, step), dim=-1)
-        step.top_p = params.top_p
-        stages["top_p"] = torch.softmax(filter_logits(raw, step), dim=-1)
-        step.min_p = params.min_p
-        final = stages["min_p"] = torch.softmax(filter_logits(raw, step), dim=-1)
-    ids = torch.topk(stages["logits"], min(top, raw.shape[-1])).indices
+    if not params.greedy:
+        softmaxed: dict[int, torch.Tensor] = {}  # a knob that is off repeats its input: one softmax
+        for name, x in filter_stages(raw, params).items():
+            if id(x) not in softmaxed:
+                softmaxed[id(x)] = torch.softmax(x, dim=-1)
+            stages[name] = softmaxed[id(x)]
+    # every stage in one tensor, so each figure below is one op for all stages (this runs
+    # for every traced token)
+    probs = torch.stack(list(stages.values()))  # [S, V]
+    ids = torch.topk(probs[0], min(top, raw.shape[-1])).indices
     if token_id not in ids.tolist():
         ids = torch.cat([ids, torch.tensor([token_id], device=ids.device)])
+    final = probs[-1]
+    kept = torch.count_nonzero(probs, dim=-1).tolist()
+    token_prob, entropy = torch.stack([final[token_id], torch.special.entr(final).sum()]).tolist()
+    picked = probs[:, ids]  # [S, candidates]
     return {
         "candidates": ids,
-        "stages": {name: {"probs": p[ids], "kept": int((p > 0).sum())} for name, p in stages.items()},
+        "stages": {name: {"probs": picked[i], "kept": kept[i]} for i, name in enumerate(stages)},
         "params": {"temperature": params.temperature, "top_k": params.top_k, "top_p": params.top_p,
                    "min_p": params.min_p, "greedy": params.greedy},
         "token_id": token_id,
-        "token_prob": float(final[token_id]),
-        "entropy": float(-(final[final > 0] * final[final > 0].log()).sum()),
+        "token_prob": token_prob,
+        "entropy": entropy,
     }

@@ -1,6 +1,7 @@
 """Trace events: what the engine tells the outside world about each stage.
 
-One small interface: the engine calls `tracer.emit(type, request_id, step, **data)`;
+One small interface: the engine calls `tracer.emit(type, request_id, step, **data)`
+(or `emit_plain` with data already converted to JSON values);
 a `Tracer` turns that into a `TraceEvent` and hands it to its sinks. Event types
 begin with a stage name (see STAGES and DESIGN.md), e.g. `kv.alloc`. With no tracer
 the engine builds no payloads at all.
@@ -85,9 +86,14 @@ class Tracer:
                 self._sinks.remove(sink)
 
     def emit(self, type: str, request_id: str | None, step: int, **data: Any) -> TraceEvent:
+        return self.emit_plain(type, request_id, step, jsonable(data))
+
+    def emit_plain(self, type: str, request_id: str | None, step: int, data: dict[str, Any]) -> TraceEvent:
+        """`emit` for data already made of JSON values (e.g. from `Tensor.tolist()`): no
+        walk over it, which for captured tensors would cost as much as capturing them."""
         if type.split(".", 1)[0] not in STAGES:
             raise ValueError(f"unknown trace stage in event type {type!r}")
-        event = TraceEvent(type, request_id, step, time.perf_counter(), jsonable(data))
+        event = TraceEvent(type, request_id, step, time.perf_counter(), data)
         with self._lock:
             sinks = list(self._sinks)
         for sink in sinks:

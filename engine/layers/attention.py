@@ -57,49 +57,29 @@ class Attention(nn.Module):
         return self.o_proj(o.reshape(T, self.q_size))
 
     def attend(self, q: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        capturing = [c is not None and self.layer_idx in c.attention_layers for c in batch.captures]
-        if batch.use_triton and batch.decode_only and not any(capturing):
+        if self.layer_idx in batch.attention_capture_layers:
+            # a full trace: its probabilities are computed after the pass (engine/capture.py),
+            # so the output below takes the same fused path as when nobody watches
+            batch.layer_q[self.layer_idx] = q
+        if batch.use_triton and batch.decode_only:
             from engine.kernels import paged_decode_attention
             return paged_decode_attention(q, self.k_cache, self.v_cache, batch.block_tables,
                                           batch.context_lens_t, self.scale, self.window, use_triton=True)
-        out = torch.empty_like(q)
         group = batch.decode_group
+        if group is not None and group.rows is None:  # every sequence decodes one token
+            return decode_attention(q, self.k_cache, self.v_cache, group.block_tables, group.context_lens,
+                                    self.scale, self.window)
+        out = torch.empty_like(q)
         if group is not None:
-            o, probs = decode_attention(q if group.rows is None else q[group.rows], self.k_cache, self.v_cache,
-                                        group.block_tables, group.context_lens, self.scale, self.window,
-                                        any(capturing[b] for b in group.seqs))
-            if group.rows is None:
-                out = o
-            else:
-                out[group.rows] = o
-            for i, b in enumerate(group.seqs):
-                if capturing[b]:
-                    self._capture(batch, b, probs[i, :, None, : batch.context_lens[b]])
+            out[group.rows] = decode_attention(q[group.rows], self.k_cache, self.v_cache, group.block_tables,
+                                               group.context_lens, self.scale, self.window)
         for b in range(batch.num_seqs):
             sl = batch.seq_slice(b)
             if sl.stop - sl.start == 1:
                 continue
-            o, probs = prefill_attention(q[sl], self.k_cache, self.v_cache, batch.block_tables[b],
-                                         batch.context_lens[b], self.scale, self.window, capturing[b])
-            out[sl] = o
-            if capturing[b]:
-                self._capture(batch, b, probs)
+            out[sl] = prefill_attention(q[sl], self.k_cache, self.v_cache, batch.block_tables[b],
+                                        batch.context_lens[b], self.scale, self.window)
         return out
-
-    def _capture(self, batch: ForwardBatch, b: int, probs: torch.Tensor) -> None:
-        """probs: [H, n_q, ctx]. Keep chosen heads and the last `max_keys` rows/keys."""
-        spec = batch.captures[b]
-        ctx = probs.shape[-1]
-        n = probs.shape[1]
-        rows = min(n, spec.max_keys)
-        key_start = max(0, ctx - spec.max_keys)
-        p = probs[:, n - rows:, key_start:]
-        if spec.heads is not None:
-            p = p[spec.heads]
-        batch.captured_attention.setdefault(self.layer_idx, {})[b] = {
-            "q_start": ctx - rows, "k_start": key_start, "window": self.window,
-            "probs": p.float().cpu(),
-        }
 
 
 def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -119,48 +99,32 @@ def _window_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None) -
     return allowed
 
 
-def decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, window, want_probs=True):
+def decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, window):
     """One query per sequence, sequences batched and padded to the longest context.
-    q: [B, H, D]; returns out [B, H, D] and (if wanted) probs [B, H, S]."""
+    q: [B, H, D] -> out [B, H, D]."""
     B, H, D = q.shape
-    kvh = k_cache.shape[2]
     k = k_cache[block_tables].flatten(1, 2)  # [B, S, KVH, D]
     v = v_cache[block_tables].flatten(1, 2)
-    S = k.shape[1]
-    k_pos = torch.arange(S, device=q.device)[None, :]
+    k_pos = torch.arange(k.shape[1], device=q.device)[None, :]
     q_pos = (context_lens.long() - 1)[:, None]
     allowed = k_pos <= q_pos
     if window is not None:
         allowed &= k_pos > q_pos - window
-    if not want_probs:  # one fused kernel when nobody looks at the probabilities
-        out = F.scaled_dot_product_attention(q[:, :, None], k.transpose(1, 2), v.transpose(1, 2),
-                                             allowed[:, None, None, :], scale=scale, enable_gqa=True)
-        return out.reshape(B, H, D), None
-    scores = torch.einsum("bkgd,bskd->bkgs", q.view(B, kvh, H // kvh, D), k) * scale
-    scores = scores.masked_fill(~allowed[:, None, None, :], float("-inf"))
-    probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-    out = torch.einsum("bkgs,bskd->bkgd", probs, v)
-    return out.reshape(B, H, D), probs.reshape(B, H, S)
+    out = F.scaled_dot_product_attention(q[:, :, None], k.transpose(1, 2), v.transpose(1, 2),
+                                         allowed[:, None, None, :], scale=scale, enable_gqa=True)
+    return out.reshape(B, H, D)
 
 
-def prefill_attention(q, k_cache, v_cache, block_table, context_len, scale, window, want_probs):
+def prefill_attention(q, k_cache, v_cache, block_table, context_len, scale, window):
     """n queries of one sequence (the last n positions of its context).
-    q: [n, H, D]; returns out [n, H, D] and (if wanted) probs [H, n, ctx]."""
-    n, H, D = q.shape
-    kvh = k_cache.shape[2]
+    q: [n, H, D] -> out [n, H, D]."""
+    n = q.shape[0]
     bs = k_cache.shape[1]
-    nblocks = (context_len + bs - 1) // bs
-    blocks = block_table[:nblocks]
+    blocks = block_table[: (context_len + bs - 1) // bs]
     k = k_cache[blocks].flatten(0, 1)[:context_len]  # [ctx, KVH, D]
     v = v_cache[blocks].flatten(0, 1)[:context_len]
     pos = torch.arange(context_len, device=q.device)
     allowed = _window_mask(pos[context_len - n:], pos, window)
-    if not want_probs:
-        out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
-                                             allowed, scale=scale, enable_gqa=True)
-        return out.transpose(0, 1), None
-    scores = torch.einsum("nkgd,skd->kgns", q.view(n, kvh, H // kvh, D), k) * scale
-    scores = scores.masked_fill(~allowed, float("-inf"))
-    probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-    out = torch.einsum("kgns,skd->nkgd", probs, v).reshape(n, H, D)
-    return out, (probs.reshape(H, n, context_len) if want_probs else None)
+    out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
+                                         allowed, scale=scale, enable_gqa=True)
+    return out.transpose(0, 1)

@@ -62,8 +62,8 @@ class SparseMoE(nn.Module):
                 out.index_add_(0, token_idx, y * weights[token_idx, slot, None])
         if self.shared_expert is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
-        if batch is not None and batch.any_capture:
-            self._capture(batch, probs, experts, weights)
+        if batch is not None and batch.any_capture:  # a full trace: converted after the pass (engine/capture.py)
+            batch.moe_routing[self.layer_idx] = (experts, weights)
         return out
 
     def _expert(self, x: torch.Tensor, e: int) -> torch.Tensor:
@@ -79,14 +79,3 @@ class SparseMoE(nn.Module):
         route = torch.zeros(x.shape[0], self.num_experts, dtype=x.dtype, device=x.device)
         route.scatter_(1, experts, weights)  # [T, E]: routing weight, 0 where not chosen
         return torch.einsum("te,eth->th", route, y)
-
-    def _capture(self, batch, probs, experts, weights) -> None:
-        batch.expert_load[self.layer_idx] = torch.bincount(experts.flatten(), minlength=self.num_experts).cpu()
-        for b, spec in enumerate(batch.captures):
-            if spec is None or not spec.moe:
-                continue
-            sl = batch.seq_slice(b)
-            batch.captured_moe.setdefault(self.layer_idx, {})[b] = {
-                "experts": experts[sl].cpu(), "weights": weights[sl].float().cpu(),
-                "router_probs": probs[sl].cpu(),
-            }

@@ -1,0 +1,102 @@
+"""What a `full` trace records from one forward pass, gathered after the pass.
+
+During the pass the layers only keep references: each captured attention layer its
+queries, each MoE layer its routing, the model its embedding rows. So the pass runs the
+same fused kernels (SDPA, Triton) as an untraced one. Afterwards, in a few batched ops:
+
+- attention probabilities are recomputed for every captured layer at once from the
+  kept queries and the keys already in the paged cache, for the captured heads and the
+  last `max_keys` query rows only (softmax over all keys, then the last `max_keys`
+  columns kept), so a long prompt costs rows x context, not its whole square;
+- MoE routing and the batch's expert load are stacked across layers;
+- every tensor becomes Python lists in one `tolist` per kind, rounded like
+  `trace.jsonable`, so the trace events need no further conversion.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from engine.batch import ForwardBatch
+from engine.config import ModelConfig
+
+DECIMALS = 4  # as trace.jsonable rounds floats
+
+
+def collect(batch: ForwardBatch, cfg: ModelConfig, kv_cache: torch.Tensor) -> None:
+    """Fill batch.captured_attention / captured_moe / captured_embed / expert_load with
+    plain Python values. kv_cache: the runner's pool [K/V, layer, block, slot, kv head, dim]."""
+    for b, spec in enumerate(batch.captures):
+        if spec is None:
+            continue
+        if b in batch.embed_rows:
+            batch.captured_embed[b] = _rounded(batch.embed_rows[b])
+        layers = [layer for layer in spec.attention_layers if layer in batch.layer_q]
+        if layers:
+            _attention(batch, cfg, kv_cache, b, layers)
+    if batch.moe_routing:
+        _moe(batch, cfg)
+
+
+def attention_probs(q: torch.Tensor, k: torch.Tensor, ctx: int, scale: float,
+                    windows: list[int | None]) -> torch.Tensor:
+    """q: [L, rows, H, D], the queries at the last `rows` positions of a context of `ctx`
+    keys; k: [L, ctx, KVH, D] (query head h reads KV head h // (H // KVH)). -> float32
+    probabilities [L, H, rows, ctx], causal and per-layer sliding-window masked (HF semantics)."""
+    L, rows, H, D = q.shape
+    kvh = k.shape[2]
+    # [L, KVH, group * rows, D] @ [L, KVH, D, ctx]: each KV head against the query heads it serves
+    qg = (q.float() * scale).view(L, rows, kvh, H // kvh, D).permute(0, 2, 3, 1, 4).reshape(L, kvh, -1, D)
+    scores = torch.matmul(qg, k.float().permute(0, 2, 3, 1)).view(L, H, rows, ctx)
+    if rows > 1 or any(w is not None and w < ctx for w in windows):  # a lone last query sees every key
+        k_pos = torch.arange(ctx, device=q.device)
+        q_pos = k_pos[ctx - rows:, None]
+        allowed = (k_pos[None, :] <= q_pos).expand(L, rows, ctx)
+        if any(w is not None for w in windows):
+            w = torch.tensor([w if w is not None else ctx + 1 for w in windows], device=q.device)
+            allowed = allowed & (k_pos[None, None, :] > q_pos[None] - w[:, None, None])
+        scores = scores.masked_fill(~allowed[:, None], float("-inf"))
+    return F.softmax(scores, dim=-1)
+
+
+def _attention(batch: ForwardBatch, cfg: ModelConfig, kv_cache: torch.Tensor, b: int, layers: list[int]) -> None:
+    spec = batch.captures[b]
+    end, ctx = batch.query_starts[b + 1], batch.context_lens[b]
+    rows = min(end - batch.query_starts[b], spec.max_keys)
+    k_start = max(0, ctx - spec.max_keys)
+    whole = rows == batch.input_ids.shape[0]  # the batch is these rows (batch-1 decode): no slicing
+    q = torch.stack([batch.layer_q[layer] if whole else batch.layer_q[layer][end - rows:end]
+                     for layer in layers])  # [L, rows, H, D]
+    # the sequence's keys in every layer: [layer, block, slot, KVH, D] -> [L, ctx, KVH, D]
+    k = kv_cache[0].index_select(1, batch.block_tables[b, : -(-ctx // kv_cache.shape[3])])
+    if len(layers) < k.shape[0]:
+        k = k.index_select(0, torch.tensor(layers, device=k.device))
+    k = k.flatten(1, 2)[:, :ctx]
+    windows = [cfg.sliding_windows[layer] for layer in layers]
+    probs = attention_probs(q, k, ctx, cfg.head_dim ** -0.5, windows)[..., k_start:]
+    if spec.heads is not None:
+        probs = probs[:, spec.heads]
+    for layer, p in zip(layers, _rounded(probs)):
+        batch.captured_attention.setdefault(layer, {})[b] = {
+            "q_start": ctx - rows, "k_start": k_start, "window": cfg.sliding_windows[layer], "probs": p}
+
+
+def _moe(batch: ForwardBatch, cfg: ModelConfig) -> None:
+    layers = sorted(batch.moe_routing)
+    experts = torch.stack([batch.moe_routing[layer][0] for layer in layers])  # [L, T, top_k]
+    weights = torch.stack([batch.moe_routing[layer][1] for layer in layers])
+    flat = experts.flatten(1)
+    load = torch.zeros(len(layers), cfg.num_experts, dtype=flat.dtype, device=flat.device)
+    load.scatter_add_(1, flat, torch.ones_like(flat))  # [L, E]: tokens per expert
+    experts_l, weights_l, load_l = experts.tolist(), _rounded(weights), load.tolist()
+    for i, layer in enumerate(layers):
+        batch.expert_load[layer] = load_l[i]
+        for b, spec in enumerate(batch.captures):
+            if spec is not None and spec.moe:
+                sl = batch.seq_slice(b)
+                batch.captured_moe.setdefault(layer, {})[b] = {"experts": experts_l[i][sl],
+                                                               "weights": weights_l[i][sl]}
+
+
+def _rounded(x: torch.Tensor) -> list:
+    return torch.round(x.float(), decimals=DECIMALS).tolist()
