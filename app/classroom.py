@@ -19,11 +19,14 @@ from typing import Callable
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse
 
+from app.limits import RequestRefused
+from app.openai_api import read_body, read_json
 from app.recording import Recording, ReplayCursor, TraceFileError
 from visualizers._html import esc
 from visualizers.walkthrough import Stage, stages
 
 REFRESH_EVERY = 0.5  # seconds between re-reads of a request that is still running
+MAX_UPLOAD = 16 * 2**20  # a trace posted to make a room (a long fully traced request is a few MB)
 MAX_ROOMS = 64
 
 
@@ -125,10 +128,11 @@ def add_classroom_routes(api: FastAPI, classrooms: Classrooms, css: str,
     async def create(request: Request):
         """{"request_id": ID} (a request this server kept) or {"trace": <trace file>} -> the room's links."""
         try:
-            body = await request.json()
-        except ValueError:
-            body = None
-        if not isinstance(body, dict) or ("request_id" in body) == ("trace" in body):
+            body = read_json(await read_body(request, MAX_UPLOAD))
+        except RequestRefused as e:
+            return JSONResponse({"error": {"message": str(e), "type": e.type, "param": e.param, "code": e.code}},
+                                status_code=e.status)
+        if ("request_id" in body) == ("trace" in body):
             return _invalid("the body must be {\"request_id\": ID} or {\"trace\": <a trace file>}", None)
         if "trace" in body:
             try:

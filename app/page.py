@@ -24,7 +24,7 @@ import gradio as gr
 import visualizers as viz
 from app.classroom import Classrooms
 from app.engine_service import EngineService
-from app.limits import client_of
+from app.limits import RequestRefused, client_of
 from app.live_view import PANELS, LiveView
 from app.recording import Recording, ReplayCursor, TraceFileError, record_request
 from app.requests import TRACE_LEVELS, build_body, parse_body
@@ -132,17 +132,23 @@ def build_page(service: EngineService | None, replay: Recording | None = None,
                                     elem_id="tt-system", interactive=live)
                 user = gr.Textbox(label="User prompt", lines=3, value="Tell me a short story about a fox.",
                                   elem_id="tt-user", interactive=live)
+                hint_prompt = gr.HTML("", elem_id="tt-hint-prompt", padding=False)
                 with gr.Row():
                     send = gr.Button("Send", variant="primary", elem_id="tt-send", interactive=live)
                     stop = gr.Button("Stop", variant="stop", elem_id="tt-stop", interactive=live)
                     watch_btn = gr.Button("Watch API requests", elem_id="tt-watch", interactive=live)
+                hint_send = gr.HTML("", elem_id="tt-hint-send", padding=False)
                 status = gr.Textbox(label="Status", interactive=False, elem_id="tt-status",
                                     value="" if live else f"replaying {replay.request_id}")
                 temperature = gr.Slider(0, 2, value=0.8, step=0.05, label="Temperature (0 = greedy)")
                 top_k = gr.Slider(0, min(200, m["vocab_size"]), value=0, step=1, label="Top-k (0 = off)")
                 top_p = gr.Slider(0.05, 1, value=0.95, step=0.01, label="Top-p (1 = off)")
-                max_tokens = gr.Slider(1, 512, value=48, step=1, label="Max tokens", elem_id="tt-max-tokens")
-                seed = gr.Number(value=None, precision=0, label="Seed (empty = random)")
+                cap = service.limits.max_tokens_cap if live and service.limits.max_tokens_cap else 512
+                max_tokens = gr.Slider(1, cap, value=min(48, cap), step=1, label=f"Max tokens (≤ {cap})",
+                                       elem_id="tt-max-tokens")
+                hint_max = gr.HTML("", elem_id="tt-hint-max-tokens", padding=False)
+                seed = gr.Number(value=None, precision=0, label="Seed (empty = random)", elem_id="tt-seed")
+                hint_sampling = gr.HTML("", elem_id="tt-hint-sampling", padding=False)
                 with gr.Row():
                     speculative = gr.Checkbox(value=m["has_draft"], interactive=m["has_draft"],
                                               label="Speculative decoding" + ("" if m["has_draft"] else
@@ -200,7 +206,17 @@ def build_page(service: EngineService | None, replay: Recording | None = None,
         panels = {"request": out_request, "prefix": out_prefix, "tokens": out_tokens, "embedding": out_embedding,
                   "attention": out_attention, "kv": out_kv, "moe": out_moe, "sampling": out_sampling,
                   "spec": out_spec, "answer": out_answer, "timeline": out_timeline}
-        outputs = [panels[n] for n in PANELS] + [status, export, step]
+        hints = {"messages": hint_prompt, "max_tokens": hint_max, "temperature": hint_sampling,
+                 "top_k": hint_sampling, "top_p": hint_sampling, "seed": hint_sampling}
+        hint_boxes = [hint_prompt, hint_send, hint_max, hint_sampling]
+        outputs = [panels[n] for n in PANELS] + [status, export, step] + hint_boxes
+
+        def hint_for(e: ValueError, submission) -> gr.HTML:
+            """The box under the control the error is about (the engine's refusals are about the prompt)."""
+            param = getattr(e, "param", None)
+            if param is None and submission is not None and not isinstance(e, RequestRefused):
+                param = "messages"  # parsed fine, refused by the engine: empty, too long for context or pool
+            return hints.get(param, hint_send)
 
         def full(view: LiveView, state: str) -> dict:
             now = time.perf_counter()
@@ -265,8 +281,11 @@ def build_page(service: EngineService | None, replay: Recording | None = None,
                 checks = getattr(e, "checks", None) or submission.checks + [("engine", False, str(e))]
                 view.validation = {"ok": False, "error": str(e), "checks": checks}
                 view.error = f"not sent: {e}"
-                yield full(view, f"rejected: {e}")
+                box = hint_for(e, submission)
+                yield {**full(view, f"rejected: {e}"), **{h: "" for h in hint_boxes},
+                       box: f"<div class='tt-hint'>⚠ {viz._html.esc(e)}</div>"}
                 return
+            yield {h: "" for h in hint_boxes}  # the last request's complaints are gone
             view.request_id = watch.request_id
             view.validation = {"ok": True, "request_id": watch.request_id, "checks": submission.checks + [
                 ("engine", True, f"accepted; fits the context of {m['max_model_len']:,} tokens and the KV pool")]}

@@ -203,3 +203,22 @@ def test_two_tabs_each_see_their_own_request_and_the_others_blocks(server, brows
         assert page.locator("#tt-answer .tt-timed").count() == 48
     b.locator("#tt-kv").screenshot(path=str(shots / "kv_panel_tab_b.png"))
     context.close()
+
+
+def test_a_bad_request_is_explained_next_to_its_control(server, browser):
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = open_page(context, server.url)
+    set_controls(page, "   ", 4)
+    page.click("#tt-send")
+    page.wait_for_function("document.querySelector('#tt-status textarea').value.startsWith('rejected')")
+    hint = page.locator("#tt-hint-prompt .tt-hint")
+    hint.wait_for()
+    assert "empty" in hint.inner_text()
+    box, prompt = hint.bounding_box(), page.locator("#tt-user").bounding_box()
+    assert 0 <= box["y"] - (prompt["y"] + prompt["height"]) < 40  # right under the prompt it is about
+    assert page.locator("#tt-hint-send .tt-hint, #tt-hint-max-tokens .tt-hint").count() == 0
+    set_controls(page, "Now a real question.", 4)
+    page.click("#tt-send")
+    wait_finished(page)
+    assert page.locator(".tt-hint").count() == 0  # a good request clears the complaint
+    context.close()

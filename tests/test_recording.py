@@ -149,6 +149,9 @@ def test_classroom_presenter_moves_the_room_and_viewers_follow(service, recordin
         assert client.get("/classroom/nope/state").status_code == 404
         assert client.post("/classroom", json={"request_id": "req-none"}).status_code == 404
         assert client.post("/classroom", json={"trace": {"schema": 1}}).status_code == 400
+        assert client.post("/classroom", content=b"{nope").status_code == 400
+        huge = client.post("/classroom", content=b" " * (16 * 2**20 + 1))
+        assert huge.status_code == 413 and "limit" in huge.json()["error"]["message"]
         from_file = client.post("/classroom", json={"trace": recording.to_json()}).json()
         assert from_file["stages"] == 13
         api = client.get(f"/v1/traces/{recording.request_id}").json()
