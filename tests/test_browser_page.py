@@ -6,6 +6,7 @@ Without Chromium or Playwright these tests skip, unless TOKENTRACE_REQUIRE_BROWS
 (CI), where a missing browser is a failure."""
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from pathlib import Path
@@ -60,26 +61,28 @@ def test_a_missing_browser_fails_in_ci_and_skips_elsewhere(monkeypatch):
             _browser_or_skip()
 
 
-@pytest.fixture(scope="module")
-def server(checkpoint, tmp_path_factory):
+@contextlib.contextmanager
+def paced_server(checkpoint, tmp_path_factory, *args: str, delay: float = 0.06):
+    """The tiny MoE + draft served on loopback; the tiny model is too fast to watch, so each
+    engine step is paced and every machine streams for seconds."""
     _browser_or_skip()
     os.environ.setdefault("GRADIO_TEMP_DIR", str(tmp_path_factory.mktemp("gradio")))
     from app.__main__ import build_service, parse_args
     from app.local_server import LocalServer
     svc = build_service(parse_args(["--model", str(checkpoint("mixtral")), "--draft", str(checkpoint("mistral")),
-                                    "--num-speculative-tokens", "3", "--num-kv-blocks", "96"]))
+                                    "--num-speculative-tokens", "3", "--num-kv-blocks", "96", *args]))
     step = svc.engine.step
 
-    def paced_step():  # the tiny model is too fast to watch: pace it so every machine streams for seconds
-        time.sleep(0.06)
+    def paced_step():
+        time.sleep(delay)
         return step()
     svc.engine.step = paced_step
     with LocalServer(svc) as srv:
         yield srv
 
 
-@pytest.fixture(scope="module")
-def browser(server):
+@contextlib.contextmanager
+def chromium():
     from playwright.sync_api import sync_playwright
 
     from app.browser import launch
@@ -87,6 +90,18 @@ def browser(server):
         b = launch(pw)
         yield b
         b.close()
+
+
+@pytest.fixture(scope="module")
+def server(checkpoint, tmp_path_factory):
+    with paced_server(checkpoint, tmp_path_factory) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def browser(server):
+    with chromium() as b:
+        yield b
 
 
 @pytest.fixture(scope="module")

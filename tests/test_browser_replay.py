@@ -5,7 +5,6 @@ follows the presenter."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import threading
 import time
@@ -13,7 +12,7 @@ import time
 import httpx
 import pytest
 
-from tests.test_browser_page import LIVE_STATE, _browser_or_skip, open_page
+from tests.test_browser_page import LIVE_STATE, chromium, open_page, paced_server
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*no_silent_downcasting", "ignore:The copy keyword")
 STAGE_TITLES = ["The request arrives", "Prefix cache", "Tokenize", "Embed", "Through the layers",
@@ -23,32 +22,14 @@ STAGE_TITLES = ["The request arrives", "Prefix cache", "Tokenize", "Embed", "Thr
 
 @pytest.fixture(scope="module")
 def server(checkpoint, tmp_path_factory):
-    _browser_or_skip()
-    os.environ.setdefault("GRADIO_TEMP_DIR", str(tmp_path_factory.mktemp("gradio")))
-    from app.__main__ import build_service, parse_args
-    from app.local_server import LocalServer
-    svc = build_service(parse_args(["--model", str(checkpoint("mixtral")), "--draft", str(checkpoint("mistral")),
-                                    "--num-speculative-tokens", "3", "--num-kv-blocks", "96",
-                                    "--served-model-name", "tiny-moe"]))
-    step = svc.engine.step
-
-    def paced_step():  # slow enough that the watching page sees the request mid-stream on any machine
-        time.sleep(0.05)
-        return step()
-    svc.engine.step = paced_step
-    with LocalServer(svc) as srv:
+    with paced_server(checkpoint, tmp_path_factory, "--served-model-name", "tiny-moe", delay=0.05) as srv:
         yield srv
 
 
 @pytest.fixture(scope="module")
 def browser(server):
-    from playwright.sync_api import sync_playwright
-
-    from app.browser import launch
-    with sync_playwright() as pw:
-        b = launch(pw)
+    with chromium() as b:
         yield b
-        b.close()
 
 
 def status(page) -> str:
