@@ -230,7 +230,7 @@ def build_page(service: EngineService | None, replay: Recording | None = None,
             extra = {export: gr.update(value=None, interactive=False), step: gr.update(maximum=1, value=0)}
             if rec is not None:
                 tab.cursor = ReplayCursor(rec)
-                tab.cursor.frame, tab.cursor.view = tab.cursor.last_frame, view  # the live view is that frame
+                tab.cursor.adopt(view)  # the live view already shows the last frame
                 extra = {export: gr.update(value=write_trace(rec), interactive=True),
                          step: gr.update(maximum=max(1, tab.cursor.last_frame), value=tab.cursor.last_frame)}
             return {**full(view, final), **extra}
@@ -285,11 +285,11 @@ def build_page(service: EngineService | None, replay: Recording | None = None,
                 yield {**full(view, f"rejected: {e}"), **{h: "" for h in hint_boxes},
                        box: f"<div class='tt-hint'>⚠ {viz._html.esc(e)}</div>"}
                 return
-            yield {h: "" for h in hint_boxes}  # the last request's complaints are gone
             view.request_id = watch.request_id
             view.validation = {"ok": True, "request_id": watch.request_id, "checks": submission.checks + [
                 ("engine", True, f"accepted; fits the context of {m['max_model_len']:,} tokens and the KV pool")]}
             try:
+                yield {h: "" for h in hint_boxes}  # the last request's complaints are gone
                 yield from stream(tab, watch.drain)
             finally:
                 service.unsubscribe(watch)

@@ -194,6 +194,10 @@ class ReplayCursor:
         self.view.set_snapshot(self.rec.snapshot_at(step))
         return self.view
 
+    def adopt(self, view: LiveView) -> None:
+        """Take a view already fed the whole recording (the live one) as the last frame."""
+        self.view, self.frame, self._pos = view, self.last_frame, len(self._items)
+
     def peak_kv_frame(self) -> int:
         """The last frame at which the request's blocks held the most tokens (its very last
         frame has freed them)."""

@@ -86,6 +86,14 @@ def test_a_curl_request_appears_live_in_a_watching_page(watched):
                   "tt-timeline"):
         assert q(f"#{panel} .tt-empty").count() == 0, panel
     page.screenshot(path=str(page.shots / "watched.png"), full_page=True)
+    # the finished request is now a recording: scrubbing to its last step shows the same answer
+    page.locator("#tt-step input[type=range]").focus()
+    page.keyboard.press("ArrowLeft")
+    wait_status(page, " of ")
+    page.keyboard.press("End")
+    n = int(page.evaluate("document.querySelector('#tt-step input[type=range]').max")) + 1
+    wait_status(page, f"step {n} of {n}")
+    assert q("#tt-answer .tt-timed").count() == 24 and q("#tt-tokens .tt-chips .tt-gen").count() == 24
 
 
 def test_export_then_load_replays_the_same_trace(server, watched, browser, tmp_path):
