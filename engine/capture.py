@@ -85,12 +85,13 @@ def _moe(batch: ForwardBatch, cfg: ModelConfig) -> None:
     layers = sorted(batch.moe_routing)
     experts = torch.stack([batch.moe_routing[layer][0] for layer in layers])  # [L, T, top_k]
     weights = torch.stack([batch.moe_routing[layer][1] for layer in layers])
-    flat = experts.flatten(1)
-    load = torch.zeros(len(layers), cfg.num_experts, dtype=flat.dtype, device=flat.device)
-    load.scatter_add_(1, flat, torch.ones_like(flat))  # [L, E]: tokens per expert
-    experts_l, weights_l, load_l = experts.tolist(), _rounded(weights), load.tolist()
+    experts_l, weights_l = experts.tolist(), _rounded(weights)
     for i, layer in enumerate(layers):
-        batch.expert_load[layer] = load_l[i]
+        load = [0] * cfg.num_experts  # tokens per expert, counted here: fewer ops than on the device
+        for picks in experts_l[i]:
+            for e in picks:
+                load[e] += 1
+        batch.expert_load[layer] = load
         for b, spec in enumerate(batch.captures):
             if spec is not None and spec.moe:
                 sl = batch.seq_slice(b)

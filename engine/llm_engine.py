@@ -275,9 +275,9 @@ class LLMEngine:
             if seq.traced:
                 row = spans[b][1] - 1 if b not in verdicts else spans[b][0] + verdicts[b].accepted
                 info = explain(logits[row], seq.params, tokens[-1], self.capture.top_candidates)
-                self._emit("sample", seq.request_id, position=len(seq) + len(tokens) - 1,
-                           candidate_texts=[self._piece(t) for t in info["candidates"].tolist()],
-                           token_text=self._piece(tokens[-1]), **info)
+                self._emit_plain("sample", seq.request_id, position=len(seq) + len(tokens) - 1,
+                                 candidate_texts=[self._piece(t) for t in info["candidates"]],
+                                 token_text=self._piece(tokens[-1]), **info)
             if not seq.first_token_time:
                 seq.prefill_done_time, seq.first_token_time = t_forward, t_sample
             for token in tokens:
@@ -354,8 +354,8 @@ class LLMEngine:
                           seq.token_times[-1] - seq.arrival_time, seq.finish_reason is not None, seq.finish_reason)
         if seq.traced:
             prev = seq.token_times[-2] if len(seq.token_times) > 1 else seq.arrival_time
-            self._emit("token", seq.request_id, token_id=token, text=delta, index=out.index,
-                       t=out.time, latency=seq.token_times[-1] - prev)
+            self._emit_plain("token", seq.request_id, token_id=token, text=delta, index=out.index,
+                             t=out.time, latency=seq.token_times[-1] - prev)
         return out
 
     def _finish(self, seq: Sequence, reason: str, token: int | None = None) -> TokenOutput:
@@ -399,6 +399,10 @@ class LLMEngine:
     def _emit(self, type: str, request_id: str | None, **data) -> None:
         self.tracer.emit(type, request_id, self.step_count, **data)
 
+    def _emit_plain(self, type: str, request_id: str | None, **data) -> None:
+        """For data made of plain Python values only (no tensors): no conversion walk."""
+        self.tracer.emit_plain(type, request_id, self.step_count, data)
+
     def _emit_if(self, seq: Sequence, type: str, **data) -> None:
         if seq.traced and self.tracer is not None:
             self._emit(type, seq.request_id, **data)
@@ -417,11 +421,11 @@ class LLMEngine:
 
     def _trace_step(self, scheduled: list[ScheduledSeq], batch, forward_seconds: float) -> None:
         bm = self.block_manager
-        self._emit("schedule.step", None, forward_seconds=forward_seconds, num_tokens=batch.query_starts[-1],
-                   batch=[{"request_id": s.seq.request_id, "kind": s.kind, "start": s.start,
-                           "num_tokens": s.num_tokens} for s in scheduled],
-                   running=len(self.scheduler.running), waiting=len(self.scheduler.waiting),
-                   free_blocks=bm.num_free_blocks, cached_blocks=bm.num_cached_blocks)
+        self._emit_plain("schedule.step", None, forward_seconds=forward_seconds, num_tokens=batch.query_starts[-1],
+                         batch=[{"request_id": s.seq.request_id, "kind": s.kind, "start": s.start,
+                                 "num_tokens": s.num_tokens} for s in scheduled],
+                         running=len(self.scheduler.running), waiting=len(self.scheduler.waiting),
+                         free_blocks=bm.num_free_blocks, cached_blocks=bm.num_cached_blocks)
         bs = self.config.block_size
         for b, s in enumerate(scheduled):
             seq = s.seq
@@ -432,8 +436,8 @@ class LLMEngine:
                 n = min(end, (pos // bs + 1) * bs) - pos
                 fills.append({"block": seq.block_table[pos // bs], "offset": pos % bs, "count": n})
                 pos += n
-            self._emit("kv.fill", seq.request_id, fills=fills, tokens=end, blocks=len(seq.block_table),
-                       kind=s.kind)
+            self._emit_plain("kv.fill", seq.request_id, fills=fills, tokens=end, blocks=len(seq.block_table),
+                             kind=s.kind)
             if seq.capture is None:
                 continue
             # captures are plain lists already (engine/capture.py): emitted without a walk

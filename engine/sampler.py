@@ -62,7 +62,8 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
 
 def explain(logits: torch.Tensor, params: SamplingParams, token_id: int, top: int) -> dict:
     """The sampling stages of one draw, for the trace: the top candidates before and
-    after each knob, how many tokens survive each cut, and the token drawn."""
+    after each knob, how many tokens survive each cut, and the token drawn. Plain Python
+    values, from one transfer: this runs for every traced token."""
     raw = logits.float()
     stages = {"logits": torch.softmax(raw, dim=-1)}
     if not params.greedy:
@@ -71,22 +72,23 @@ def explain(logits: torch.Tensor, params: SamplingParams, token_id: int, top: in
             if id(x) not in softmaxed:
                 softmaxed[id(x)] = torch.softmax(x, dim=-1)
             stages[name] = softmaxed[id(x)]
-    # every stage in one tensor, so each figure below is one op for all stages (this runs
-    # for every traced token)
-    probs = torch.stack(list(stages.values()))  # [S, V]
-    ids = torch.topk(probs[0], min(top, raw.shape[-1])).indices
-    if token_id not in ids.tolist():
-        ids = torch.cat([ids, torch.tensor([token_id], device=ids.device)])
+    probs = torch.stack(list(stages.values())) if len(stages) > 1 else stages["logits"][None]  # [S, V]
+    ids = torch.topk(probs[0], min(top, raw.shape[-1])).indices.tolist()
+    if token_id not in ids:
+        ids.append(token_id)
     final = probs[-1]
-    kept = torch.count_nonzero(probs, dim=-1).tolist()
-    token_prob, entropy = torch.stack([final[token_id], torch.special.entr(final).sum()]).tolist()
-    picked = probs[:, ids]  # [S, candidates]
+    S, C = len(stages), len(ids)
+    figures = torch.cat([probs[:, ids].flatten(),  # [S x C] candidates
+                         torch.count_nonzero(probs, dim=-1).float(),  # [S] tokens kept
+                         final[token_id, None], -(final * final.log()).nansum()[None]]).tolist()  # entropy: 0 log 0 = 0
+    kept = figures[S * C:S * C + S]
     return {
         "candidates": ids,
-        "stages": {name: {"probs": picked[i], "kept": kept[i]} for i, name in enumerate(stages)},
+        "stages": {name: {"probs": figures[i * C:(i + 1) * C], "kept": int(kept[i])}
+                   for i, name in enumerate(stages)},
         "params": {"temperature": params.temperature, "top_k": params.top_k, "top_p": params.top_p,
                    "min_p": params.min_p, "greedy": params.greedy},
         "token_id": token_id,
-        "token_prob": token_prob,
-        "entropy": entropy,
+        "token_prob": figures[-2],
+        "entropy": figures[-1],
     }

@@ -73,17 +73,19 @@ class Tracer:
     worker thread while sinks are added from a web server."""
 
     def __init__(self, *sinks: Callable[[TraceEvent], None]) -> None:
-        self._sinks = list(sinks)
+        self._sinks = tuple(sinks)  # replaced, never mutated: emit reads it without the lock
         self._lock = threading.Lock()
 
     def add_sink(self, sink: Callable[[TraceEvent], None]) -> None:
         with self._lock:
-            self._sinks.append(sink)
+            self._sinks = self._sinks + (sink,)
 
     def remove_sink(self, sink: Callable[[TraceEvent], None]) -> None:
         with self._lock:
             if sink in self._sinks:
-                self._sinks.remove(sink)
+                sinks = list(self._sinks)
+                sinks.remove(sink)
+                self._sinks = tuple(sinks)
 
     def emit(self, type: str, request_id: str | None, step: int, **data: Any) -> TraceEvent:
         return self.emit_plain(type, request_id, step, jsonable(data))
@@ -94,9 +96,7 @@ class Tracer:
         if type.split(".", 1)[0] not in STAGES:
             raise ValueError(f"unknown trace stage in event type {type!r}")
         event = TraceEvent(type, request_id, step, time.perf_counter(), data)
-        with self._lock:
-            sinks = list(self._sinks)
-        for sink in sinks:
+        for sink in self._sinks:
             sink(event)
         return event
 

@@ -64,7 +64,7 @@ def test_explain_reports_every_stage():
     assert set(info["stages"]) == {"logits", "temperature", "top_k", "top_p", "min_p"}
     assert info["stages"]["logits"]["kept"] == 6 and info["stages"]["top_k"]["kept"] == 4
     assert info["stages"]["top_p"]["kept"] < 4 and info["token_id"] == 1
-    assert math.isclose(sum(info["stages"]["top_k"]["probs"][:4].tolist()), 1.0, rel_tol=1e-5)
+    assert math.isclose(sum(info["stages"]["top_k"]["probs"][:4]), 1.0, rel_tol=1e-5)
 
 
 def test_invalid_params_raise():
