@@ -181,6 +181,7 @@ class EngineConfig:
     max_model_len: int | None = None
     enable_prefix_caching: bool = True
     use_triton: bool | None = None  # None: on CUDA when triton imports
+    freeze_startup_heap: bool = True  # hide objects alive before the first engine from the GC (see llm_engine)
 
     def __post_init__(self) -> None:
         if self.block_size <= 0 or self.block_size & (self.block_size - 1):

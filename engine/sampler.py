@@ -77,14 +77,14 @@ def explain(logits: torch.Tensor, params: SamplingParams, token_id: int, top: in
     if token_id not in ids:
         ids.append(token_id)
     final = probs[-1]
+    kept = torch.stack([torch.count_nonzero(p) for p in stages.values()]).float()  # (faster than dim=)
+    entropy = -(final * final.log()).nansum()  # nansum: 0 log 0 = 0
+    # one transfer: [S x C] candidates' probabilities, [S] tokens kept, the token's probability, entropy
+    figures = torch.cat([probs[:, ids].flatten(), kept, final[token_id, None], entropy[None]]).tolist()
     S, C = len(stages), len(ids)
-    figures = torch.cat([probs[:, ids].flatten(),  # [S x C] candidates
-                         torch.count_nonzero(probs, dim=-1).float(),  # [S] tokens kept
-                         final[token_id, None], -(final * final.log()).nansum()[None]]).tolist()  # entropy: 0 log 0 = 0
-    kept = figures[S * C:S * C + S]
     return {
         "candidates": ids,
-        "stages": {name: {"probs": figures[i * C:(i + 1) * C], "kept": int(kept[i])}
+        "stages": {name: {"probs": figures[i * C:(i + 1) * C], "kept": int(figures[S * C + i])}
                    for i, name in enumerate(stages)},
         "params": {"temperature": params.temperature, "top_k": params.top_k, "top_p": params.top_p,
                    "min_p": params.min_p, "greedy": params.greedy},
