@@ -72,12 +72,19 @@ TEXT = ("The old lighthouse keeper climbed the stairs every evening to light the
 
 
 def median_time(fn: Callable[[], object], repeats: int) -> float:
-    times = []
+    return median_times([fn], repeats)[0]
+
+
+def median_times(fns: list[Callable[[], object]], repeats: int) -> list[float]:
+    """Median wall time of each fn, their runs interleaved so drift in the machine's
+    speed hits them alike."""
+    times: list[list[float]] = [[] for _ in fns]
     for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+        for fn, ts in zip(fns, times):
+            t = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t)
+    return [statistics.median(ts) for ts in times]
 
 
 def run_engine(engine: LLMEngine, prompts: list[list[int]], params: list[SamplingParams],
@@ -186,20 +193,26 @@ class Bench:
             self.add("tracing cost", f"trace {level}: TTFT", statistics.median(ttfts[level]) * 1e3, "ms",
                      ttft0 * 1e3)
 
-    def batching(self) -> None:
-        s = self.s
-        n = s.mixed_requests
+    def mixed(self) -> tuple[list[list[int]], list[int]]:
+        """16 requests (by default) of mixed prompt and output lengths: prompts, outputs."""
+        s, n = self.s, self.s.mixed_requests
         g = torch.Generator().manual_seed(1)
         lens = torch.randint(4, 4 * s.prompt_tokens, (n,), generator=g).tolist()
         outs = torch.randint(4, 2 * s.new_tokens, (n,), generator=g).tolist()
-        prompts = [(self.prompts[i % 64] * 8)[:lens[i]] for i in range(n)]
+        return [(self.prompts[i % 64] * 8)[:lens[i]] for i in range(n)], outs
+
+    def batching(self) -> None:
+        s = self.s
+        n = s.mixed_requests
+        prompts, outs = self.mixed()
         params = [greedy(o) for o in outs]
         useful = sum(outs)
         engine = self.engine(max_num_seqs=n)
-        t_cont = median_time(lambda: run_engine(engine, prompts, params), s.repeats)
-        t_seq = median_time(lambda: [run_engine(engine, [p], [q]) for p, q in zip(prompts, params)], s.repeats)
-        # static batching: the whole batch runs until its longest request is done
-        t_static = median_time(lambda: run_engine(engine, prompts, [greedy(max(outs))] * n), s.repeats)
+        t_cont, t_seq, t_static = median_times([
+            lambda: run_engine(engine, prompts, params),
+            lambda: [run_engine(engine, [p], [q]) for p, q in zip(prompts, params)],
+            # static batching: the whole batch runs until its longest request is done
+            lambda: run_engine(engine, prompts, [greedy(max(outs))] * n)], s.repeats)
         self.add("batching", f"{n} mixed requests, continuous: tok/s", useful / t_cont, "tok/s", useful / t_seq,
                  "baseline: one after another")
         self.add("batching", f"{n} mixed requests, continuous vs static: tok/s", useful / t_cont, "tok/s",
@@ -211,12 +224,18 @@ class Bench:
         s = self.s
         spec = LLMEngine(self.model, device=self.device, draft=self.draft, num_speculative_tokens=4)
         prompts, params = self.prompts[:1], [greedy(s.new_tokens)]
-        t_off = median_time(lambda: run_engine(spec, prompts, params, speculative=False), s.repeats)
-        before = spec.stats.target_passes, spec.stats.generated_tokens, spec.stats.spec_accepted, spec.stats.spec_proposed
-        t_on = median_time(lambda: run_engine(spec, prompts, params), s.repeats)
-        passes, tokens, acc, prop = (a - b for a, b in zip(
-            (spec.stats.target_passes, spec.stats.generated_tokens, spec.stats.spec_accepted, spec.stats.spec_proposed),
-            before))
+        counts = {"passes": 0, "tokens": 0, "accepted": 0, "proposed": 0}
+
+        def with_speculation():  # counts only these runs' passes and proposals
+            st = spec.stats
+            before = st.target_passes, st.generated_tokens, st.spec_accepted, st.spec_proposed
+            run_engine(spec, prompts, params)
+            for key, a, b in zip(counts, (st.target_passes, st.generated_tokens, st.spec_accepted,
+                                          st.spec_proposed), before):
+                counts[key] += a - b
+        t_off, t_on = median_times([lambda: run_engine(spec, prompts, params, speculative=False),
+                                    with_speculation], s.repeats)
+        passes, tokens, acc, prop = counts.values()
         self.add("speculative (k=4)", "tok/s with vs without", s.new_tokens / t_on, "tok/s", s.new_tokens / t_off)
         self.add("speculative (k=4)", "target passes per token", passes / tokens, "passes", 1.0,
                  "baseline: one pass per token")
@@ -242,20 +261,16 @@ class Bench:
         s = self.s
         engine = self.engine()
         cfg = engine.model_config
-        prompts, params = self.prompts[:1], [greedy(s.new_tokens)]
-        t = median_time(lambda: run_engine(engine, prompts, params), s.repeats) - \
-            median_time(lambda: run_engine(engine, prompts, [greedy(1)]), s.repeats)
+        prompts = self.prompts[:1]
+        run_engine(engine, prompts, [greedy(2)])  # warm-up: CUDA context, Triton compilation
+        t_all, t_first = median_times([lambda: run_engine(engine, prompts, [greedy(s.new_tokens)]),
+                                       lambda: run_engine(engine, prompts, [greedy(1)])], s.repeats)
+        t = t_all - t_first
         rate = (s.new_tokens - 1) / t
-        # bytes a batch-1 decode step must read: every weight it uses (MoE: only the
-        # routed experts), plus the K/V of the context
-        expert = sum(p.numel() * p.element_size() for n, p in engine.runner.model.named_parameters() if "experts_" in n)
-        total = sum(p.numel() * p.element_size() for p in engine.runner.model.parameters())
-        active = total - expert + (expert * cfg.num_experts_per_tok // cfg.num_experts if cfg.num_experts else 0)
-        kv = cfg.kv_bytes_per_token * engine.dtype.itemsize * (s.prompt_tokens + s.new_tokens // 2)
+        read = decode_bytes_per_token(engine.runner.model, cfg, s.prompt_tokens + s.new_tokens // 2)
         bandwidth = measured_bandwidth(self.device)
-        bound = bandwidth / (active + kv)
-        self.add("gpu", "batch-1 decode vs HBM bandwidth bound", rate, "tok/s", bound,
-                 f"{(active + kv) / 2**20:.1f} MiB read per token at {bandwidth / 1e9:.0f} GB/s (measured copy)")
+        self.add("gpu", "batch-1 decode vs HBM bandwidth bound", rate, "tok/s", bandwidth / read,
+                 f"{read / 2**20:.1f} MiB read per token at {bandwidth / 1e9:.0f} GB/s (measured copy)")
         self.kernels()
 
     def kernels(self) -> None:
@@ -277,23 +292,50 @@ class Bench:
             return t * 1e6
         t_tri = timed(lambda: paged_decode_attention(q, k_cache, v_cache, tables, lens, d ** -0.5, use_triton=True))
         t_torch = timed(lambda: decode_attention(q, k_cache, v_cache, tables, lens, d ** -0.5, None))
-        self.add("gpu", f"paged decode attention, Triton (B={b}, ctx={ctx})", t_torch / t_tri, "x faster", None,
-                 f"{t_tri:.0f} us vs torch {t_torch:.0f} us")
+        self.add("gpu", f"paged decode attention, Triton (B={b}, ctx={ctx})", 1e6 / t_tri, "calls/s", 1e6 / t_torch,
+                 f"baseline: the torch path (gather + SDPA); {t_tri:.0f} us vs {t_torch:.0f} us")
         new_k = torch.randn(b * 64, kvh, d, device=dev, dtype=dt)
         slots = torch.randperm(nblocks * bs, device=dev)[: b * 64]
         t_tri = timed(lambda: store_kv(new_k, new_k, k_cache, v_cache, slots, use_triton=True))
         t_torch = timed(lambda: (k_cache.view(-1, kvh, d).index_copy_(0, slots, new_k),
                                  v_cache.view(-1, kvh, d).index_copy_(0, slots, new_k)))
-        self.add("gpu", f"KV store, Triton ({b * 64} tokens)", t_torch / t_tri, "x faster", None,
-                 f"{t_tri:.0f} us vs torch {t_torch:.0f} us")
+        self.add("gpu", f"KV store, Triton ({b * 64} tokens)", 1e6 / t_tri, "calls/s", 1e6 / t_torch,
+                 f"baseline: the torch path (index_copy_); {t_tri:.0f} us vs {t_torch:.0f} us")
 
     def memory(self) -> None:
-        engine = self.engine()
-        self.add("memory", "KV pool", engine.runner.kv_cache_bytes / 2**20, "MiB", None,
-                 f"{engine.runner.num_blocks} blocks x {engine.config.block_size} tokens")
+        """The KV pool's peak use while the mixed requests run together, against its size;
+        the process's peak resident memory over the whole run (transformers included)."""
+        prompts, outs = self.mixed()
+        engine = self.engine(max_num_seqs=len(prompts))
+        for p, o in zip(prompts, outs):
+            engine.add_request(p, greedy(o))
+        bm, peak = engine.block_manager, 0
+        while engine.has_unfinished_requests():
+            engine.step()
+            peak = max(peak, bm.num_blocks - bm.num_free_blocks)
+        per_block = engine.runner.kv_cache_bytes / engine.runner.num_blocks
+        self.add("memory", f"KV pool, peak in use ({len(prompts)} mixed requests)", peak * per_block / 2**20, "MiB",
+                 engine.runner.kv_cache_bytes / 2**20,
+                 f"baseline: the pool, {engine.runner.num_blocks} blocks x {engine.config.block_size} tokens")
         self.add("memory", "process peak RSS", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "MiB")
-        if torch.cuda.is_available() and self.device.startswith("cuda"):
+        if self.device.startswith("cuda"):
             self.add("memory", "CUDA peak allocated", torch.cuda.max_memory_allocated() / 2**20, "MiB")
+
+
+def decode_bytes_per_token(model: torch.nn.Module, cfg, context_tokens: int) -> int:
+    """Bytes a batch-1 decode step must read from memory: every weight it uses (MoE:
+    only the routed top-k of each layer's experts; the embedding table: one row, unless
+    the LM head shares it) plus the K/V of `context_tokens` earlier tokens."""
+    weights = 0
+    for name, p in model.named_parameters():  # a tied LM head is listed once, as the embedding
+        size = p.numel() * p.element_size()
+        if "experts_" in name:
+            size = size * cfg.num_experts_per_tok // cfg.num_experts
+        elif name.endswith("embed_tokens.weight") and not cfg.tie_word_embeddings:
+            size = p.shape[1] * p.element_size()
+        weights += size
+    kv = cfg.kv_bytes_per_token * next(model.parameters()).element_size() * context_tokens
+    return weights + kv
 
 
 def measured_bandwidth(device: str) -> float:
@@ -308,10 +350,23 @@ def measured_bandwidth(device: str) -> float:
 
 def machine() -> dict:
     info = {"python": platform.python_version(), "torch": torch.__version__, "platform": platform.platform(),
-            "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads()}
+            "cpu": cpu_model(), "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)}
     if torch.cuda.is_available():
-        info["gpu"] = torch.cuda.get_device_name()
+        props = torch.cuda.get_device_properties(0)
+        info.update(gpu=props.name, gpu_memory_gib=round(props.total_memory / 2**30, 1), cuda=torch.version.cuda)
     return info
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def print_table(rows: list[Row]) -> None:
@@ -342,9 +397,10 @@ def main(argv: list[str] | None = None) -> list[Row]:
     sections = {"transformers": bench.vs_transformers, "tracing": bench.tracing, "batching": bench.batching,
                 "speculative": bench.speculative, "prefix": bench.prefix_cache, "gpu": bench.gpu,
                 "memory": bench.memory}
-    chosen = [sections[name] for name in args.sections.split(",")]
-    for fn in tqdm(chosen, desc="benchmarks", unit="section"):
-        fn()
+    bar = tqdm(args.sections.split(","), desc="benchmarks", unit="section")
+    for name in bar:
+        bar.set_postfix_str(name)
+        sections[name]()
     print_table(bench.rows)
     if args.out:
         out = Path(args.out)

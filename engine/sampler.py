@@ -77,10 +77,10 @@ def explain(logits: torch.Tensor, params: SamplingParams, token_id: int, top: in
     if token_id not in ids:
         ids.append(token_id)
     final = probs[-1]
-    kept = torch.stack([torch.count_nonzero(p) for p in stages.values()]).float()  # (faster than dim=)
-    entropy = -(final * final.log()).nansum()  # nansum: 0 log 0 = 0
-    # one transfer: [S x C] candidates' probabilities, [S] tokens kept, the token's probability, entropy
-    figures = torch.cat([probs[:, ids].flatten(), kept, final[token_id, None], entropy[None]]).tolist()
+    kept = [torch.count_nonzero(p) for p in stages.values()]  # (faster than one call with dim=)
+    plogp = (final * final.log()).nansum()  # nansum: 0 log 0 = 0
+    # one transfer: [S x C] candidates' probabilities, [S] tokens kept, sum p log p
+    figures = torch.cat([probs[:, ids].flatten(), torch.stack(kept).float(), plogp[None]]).tolist()
     S, C = len(stages), len(ids)
     return {
         "candidates": ids,
@@ -89,6 +89,6 @@ def explain(logits: torch.Tensor, params: SamplingParams, token_id: int, top: in
         "params": {"temperature": params.temperature, "top_k": params.top_k, "top_p": params.top_p,
                    "min_p": params.min_p, "greedy": params.greedy},
         "token_id": token_id,
-        "token_prob": figures[-2],
-        "entropy": figures[-1],
+        "token_prob": figures[(S - 1) * C + ids.index(token_id)],
+        "entropy": -figures[-1],
     }
