@@ -258,26 +258,31 @@ class Bench:
         kernels against the torch path on a realistic shape."""
         if not self.device.startswith("cuda"):
             return
+        self.bandwidth_bound()
+        self.kernels()
+
+    def bandwidth_bound(self, copy_bytes: int = 1 << 28) -> None:
+        """Batch-1 decode tok/s against memory bandwidth / bytes read per token (any device;
+        the tests run it on the CPU with small sizes)."""
         s = self.s
         engine = self.engine()
-        cfg = engine.model_config
         prompts = self.prompts[:1]
         run_engine(engine, prompts, [greedy(2)])  # warm-up: CUDA context, Triton compilation
         t_all, t_first = median_times([lambda: run_engine(engine, prompts, [greedy(s.new_tokens)]),
                                        lambda: run_engine(engine, prompts, [greedy(1)])], s.repeats)
-        t = t_all - t_first
-        rate = (s.new_tokens - 1) / t
-        read = decode_bytes_per_token(engine.runner.model, cfg, s.prompt_tokens + s.new_tokens // 2)
-        bandwidth = measured_bandwidth(self.device)
+        rate = (s.new_tokens - 1) / (t_all - t_first)
+        read = decode_bytes_per_token(engine.runner.model, engine.model_config, s.prompt_tokens + s.new_tokens // 2)
+        bandwidth = measured_bandwidth(self.device, copy_bytes)
         self.add("gpu", "batch-1 decode vs HBM bandwidth bound", rate, "tok/s", bandwidth / read,
-                 f"{read / 2**20:.1f} MiB read per token at {bandwidth / 1e9:.0f} GB/s (measured copy)")
-        self.kernels()
+                 f"{read / 2**20:.1f} MiB read per token at {bandwidth / 1e9:.3g} GB/s (measured copy)")
 
-    def kernels(self) -> None:
+    def kernels(self, dtype: torch.dtype = torch.bfloat16, shape: tuple[int, ...] = (8, 32, 8, 128, 16, 2048),
+                repeats: int = 20) -> None:
+        """Triton against the torch path. shape: batch, heads, kv heads, head dim, block size, context."""
         from engine.kernels import paged_decode_attention, store_kv
         from engine.layers.attention import decode_attention
-        dev, dt = self.device, torch.bfloat16
-        b, h, kvh, d, bs, ctx = 8, 32, 8, 128, 16, 2048
+        dev, dt = self.device, dtype
+        b, h, kvh, d, bs, ctx = shape
         nblocks = b * ctx // bs
         k_cache = torch.randn(nblocks, bs, kvh, d, device=dev, dtype=dt)
         v_cache = torch.randn_like(k_cache)
@@ -287,19 +292,19 @@ class Bench:
 
         def timed(fn):
             fn()
-            torch.cuda.synchronize()
-            t = median_time(lambda: (fn(), torch.cuda.synchronize()), 20)
-            return t * 1e6
+            synchronize(dev)
+            return median_time(lambda: (fn(), synchronize(dev)), repeats) * 1e6
         t_tri = timed(lambda: paged_decode_attention(q, k_cache, v_cache, tables, lens, d ** -0.5, use_triton=True))
         t_torch = timed(lambda: decode_attention(q, k_cache, v_cache, tables, lens, d ** -0.5, None))
         self.add("gpu", f"paged decode attention, Triton (B={b}, ctx={ctx})", 1e6 / t_tri, "calls/s", 1e6 / t_torch,
                  f"baseline: the torch path (gather + SDPA); {t_tri:.0f} us vs {t_torch:.0f} us")
-        new_k = torch.randn(b * 64, kvh, d, device=dev, dtype=dt)
-        slots = torch.randperm(nblocks * bs, device=dev)[: b * 64]
+        n_new = min(b * 64, nblocks * bs)  # a chunk of prefill: 64 tokens per sequence
+        new_k = torch.randn(n_new, kvh, d, device=dev, dtype=dt)
+        slots = torch.randperm(nblocks * bs, device=dev)[:n_new]
         t_tri = timed(lambda: store_kv(new_k, new_k, k_cache, v_cache, slots, use_triton=True))
         t_torch = timed(lambda: (k_cache.view(-1, kvh, d).index_copy_(0, slots, new_k),
                                  v_cache.view(-1, kvh, d).index_copy_(0, slots, new_k)))
-        self.add("gpu", f"KV store, Triton ({b * 64} tokens)", 1e6 / t_tri, "calls/s", 1e6 / t_torch,
+        self.add("gpu", f"KV store, Triton ({n_new} tokens)", 1e6 / t_tri, "calls/s", 1e6 / t_torch,
                  f"baseline: the torch path (index_copy_); {t_tri:.0f} us vs {t_torch:.0f} us")
 
     def memory(self) -> None:
@@ -338,14 +343,19 @@ def decode_bytes_per_token(model: torch.nn.Module, cfg, context_tokens: int) -> 
     return weights + kv
 
 
-def measured_bandwidth(device: str) -> float:
+def measured_bandwidth(device: str, nbytes: int = 1 << 28) -> float:
     """Device memory bandwidth in bytes/s, from timing a large copy (read + write)."""
-    x = torch.empty(1 << 28, dtype=torch.uint8, device=device)
+    x = torch.empty(nbytes, dtype=torch.uint8, device=device)
     y = torch.empty_like(x)
     y.copy_(x)
-    torch.cuda.synchronize()
-    t = median_time(lambda: (y.copy_(x), torch.cuda.synchronize()), 10)
+    synchronize(device)
+    t = median_time(lambda: (y.copy_(x), synchronize(device)), 10)
     return 2 * x.numel() / t
+
+
+def synchronize(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
 
 
 def machine() -> dict:

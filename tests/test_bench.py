@@ -2,6 +2,9 @@
 import json
 import math
 
+import pytest
+import torch
+
 from engine import bench
 from tests.tiny import make_checkpoint
 
@@ -38,3 +41,21 @@ def test_decode_bytes_per_token_counts_what_one_step_reads(checkpoint):
     layer = attn + 3 * h * i + 2 * h
     assert dense.model_config.tie_word_embeddings
     assert bench.decode_bytes_per_token(dense.runner.model, dense.model_config, ctx) == 4 * (3 * layer + h + v * h + kv)
+
+
+def test_gpu_rows_compute_on_cpu(checkpoint, tmp_path):
+    """The CUDA-only rows, run on the CPU with tiny sizes (Triton interpreted): their
+    arithmetic holds, whatever the speed (nothing here is a measurement claim)."""
+    pytest.importorskip("triton")
+    b = bench.Bench(checkpoint("mixtral"), None, "cpu", bench.QUICK)
+    b.bandwidth_bound(copy_bytes=1 << 20)
+    b.kernels(torch.float32, (2, 4, 2, 16, 4, 16), repeats=1)
+    bound, attention, store = b.rows
+    engine = b.engine()
+    read = bench.decode_bytes_per_token(engine.runner.model, engine.model_config,
+                                        bench.QUICK.prompt_tokens + bench.QUICK.new_tokens // 2)
+    # the bound is the measured bandwidth over the bytes one step reads
+    gbs = float(bound.note.split(" at ")[1].split(" GB/s")[0])
+    assert f"{read / 2**20:.1f} MiB read per token" in bound.note
+    assert bound.baseline * read / 1e9 == pytest.approx(gbs, rel=5e-3)
+    assert all(r.value > 0 and r.baseline > 0 and r.unit == "calls/s" for r in (attention, store))
