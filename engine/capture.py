@@ -41,13 +41,16 @@ def collect(batch: ForwardBatch, cfg: ModelConfig, kv_cache: torch.Tensor) -> No
 def attention_probs(q: torch.Tensor, k: torch.Tensor, ctx: int, scale: float,
                     windows: list[int | None]) -> torch.Tensor:
     """q: [L, rows, H, D], the queries at the last `rows` positions of a context of `ctx`
-    keys; k: [L, ctx, KVH, D] (query head h reads KV head h // (H // KVH)). -> float32
-    probabilities [L, H, rows, ctx], causal and per-layer sliding-window masked (HF semantics)."""
+    keys; k: [L, S, KVH, D], S >= ctx (keys past ctx, a block's unused slots, are
+    ignored); query head h reads KV head h // (H // KVH). -> float32 probabilities
+    [L, H, rows, ctx], causal and per-layer sliding-window masked (HF semantics)."""
     L, rows, H, D = q.shape
-    kvh = k.shape[2]
-    # [L, KVH, group * rows, D] @ [L, KVH, D, ctx]: each KV head against the query heads it serves
-    qg = (q.float() * scale).view(L, rows, kvh, H // kvh, D).permute(0, 2, 3, 1, 4).reshape(L, kvh, -1, D)
-    scores = torch.matmul(qg, k.float().permute(0, 2, 3, 1)).view(L, H, rows, ctx)
+    S, kvh = k.shape[1], k.shape[2]
+    if q.dtype != torch.float32:
+        q, k = q.float(), k.float()
+    # one batched matmul: per (layer, KV head), the rows of the query heads it serves
+    qg = q.view(L, rows, kvh, H // kvh, D).permute(0, 2, 3, 1, 4).reshape(L * kvh, -1, D)
+    scores = torch.bmm(qg, k.permute(0, 2, 3, 1).reshape(L * kvh, D, S)).view(L, H, rows, S)[..., :ctx] * scale
     if rows > 1 or any(w is not None and w < ctx for w in windows):  # a lone last query sees every key
         k_pos = torch.arange(ctx, device=q.device)
         q_pos = k_pos[ctx - rows:, None]
@@ -67,11 +70,11 @@ def _attention(batch: ForwardBatch, cfg: ModelConfig, kv_cache: torch.Tensor, b:
     whole = rows == batch.input_ids.shape[0]  # the batch is these rows (batch-1 decode): no slicing
     q = torch.stack([batch.layer_q[layer] if whole else batch.layer_q[layer][end - rows:end]
                      for layer in layers])  # [L, rows, H, D]
-    # the sequence's keys in every layer: [layer, block, slot, KVH, D] -> [L, ctx, KVH, D]
+    # the sequence's keys in every layer: [layer, block, slot, KVH, D] -> its blocks
     k = kv_cache[0].index_select(1, batch.block_tables[b, : -(-ctx // kv_cache.shape[3])])
     if len(layers) < k.shape[0]:
         k = k.index_select(0, torch.tensor(layers, device=k.device))
-    k = k.flatten(1, 2)[:, :ctx]
+    k = k.flatten(1, 2)  # [L, blocks x slots >= ctx, KVH, D]
     windows = [cfg.sliding_windows[layer] for layer in layers]
     probs = attention_probs(q, k, ctx, cfg.head_dim ** -0.5, windows)[..., k_start:]
     if spec.heads is not None:
