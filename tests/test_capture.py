@@ -56,3 +56,27 @@ def test_attention_probs_masks_per_layer_windows():
                 scores[pos + 1:] = float("-inf")
                 scores[:lo] = float("-inf")
                 torch.testing.assert_close(got[layer, h, r], torch.softmax(scores, 0))
+
+
+def test_captured_verify_rows_equal_transformers(checkpoint):
+    """Speculative verification passes (k+1 query rows) are captured like prefill chunks.
+    The draft is the target itself, so every greedy proposal is accepted and the tokens
+    each pass saw are the output's."""
+    sink = EventList()
+    target = checkpoint("mixtral")
+    engine = LLMEngine(target, device="cpu", draft=target, num_speculative_tokens=3, tracer=Tracer(sink),
+                       trace_level="full", config=EngineConfig(block_size=4),
+                       capture=CaptureConfig(heads=[1, 2], max_keys=5))
+    rid = engine.add_request(PROMPT, SamplingParams(temperature=0, max_tokens=9, ignore_eos=True))
+    while engine.has_unfinished_requests():
+        engine.step()
+    tokens = PROMPT + engine.get_output(rid).token_ids[:-1]
+    with torch.no_grad():
+        expected = load_reference(target)(torch.tensor([tokens]), output_attentions=True).attentions
+    verify = [e.data for e in sink.of(rid, "attention") if e.data["kind"] == "verify"]
+    assert verify and all(len(e["probs"][0]) == 4 for e in verify)  # k + 1 rows
+    for e in verify:
+        probs = torch.tensor(e["probs"])
+        rows, keys = probs.shape[1:]
+        want = expected[e["layer"]][0, [1, 2], e["q_start"]:e["q_start"] + rows, e["k_start"]:e["k_start"] + keys]
+        torch.testing.assert_close(probs, want, atol=2e-4, rtol=0)
