@@ -48,9 +48,12 @@ def attention_probs(q: torch.Tensor, k: torch.Tensor, ctx: int, scale: float,
     S, kvh = k.shape[1], k.shape[2]
     if q.dtype != torch.float32:
         q, k = q.float(), k.float()
-    # one batched matmul: per (layer, KV head), the rows of the query heads it serves
-    qg = q.view(L, rows, kvh, H // kvh, D).permute(0, 2, 3, 1, 4).reshape(L * kvh, -1, D)
-    scores = torch.bmm(qg, k.permute(0, 2, 3, 1).reshape(L * kvh, D, S)).view(L, H, rows, S)[..., :ctx] * scale
+    # Each query row as a KVH*D vector, zero outside the slice of the KV head it reads: one
+    # matmul against the keys as the cache lays them out (no copy of them) scores every head.
+    qb = q.new_zeros(L, kvh, H // kvh, rows, kvh, D)
+    qb.diagonal(0, 1, 4).copy_(q.reshape(L, rows, kvh, H // kvh, D).permute(0, 3, 1, 4, 2))
+    scores = torch.bmm(qb.view(L, H * rows, kvh * D), k.reshape(L, S, kvh * D).transpose(1, 2))
+    scores = scores.view(L, H, rows, S)[..., :ctx] * scale
     if rows > 1 or any(w is not None and w < ctx for w in windows):  # a lone last query sees every key
         k_pos = torch.arange(ctx, device=q.device)
         q_pos = k_pos[ctx - rows:, None]
