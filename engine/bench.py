@@ -13,6 +13,7 @@ is printed and written as JSON (with the machine description) to benchmarks/resu
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -408,9 +409,17 @@ def main(argv: list[str] | None = None) -> list[Row]:
                 "speculative": bench.speculative, "prefix": bench.prefix_cache, "gpu": bench.gpu,
                 "memory": bench.memory}
     bar = tqdm(args.sections.split(","), desc="benchmarks", unit="section")
-    for name in bar:
-        bar.set_postfix_str(name)
-        sections[name]()
+    try:
+        for name in bar:
+            bar.set_postfix_str(name)
+            # each section starts as a server does once started: earlier sections' garbage
+            # collected, what stays (modules imported since) frozen out of the collector's
+            # walks, as engine.llm_engine.freeze_startup_heap does at start-up
+            gc.collect()
+            gc.freeze()
+            sections[name]()
+    finally:
+        gc.unfreeze()
     print_table(bench.rows)
     if args.out:
         out = Path(args.out)
