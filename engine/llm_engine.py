@@ -45,7 +45,7 @@ def freeze_startup_heap() -> None:
     (the modules of torch, transformers and the caller's imports, ~300k objects, and that
     engine) into the collector's permanent generation. A traced step allocates ~150 small
     lists and dicts that the trace keeps, so full collections come often, and each walked
-    that whole static heap (on CPU, ~8 % of decode time at capture level `full`). vLLM
+    that whole static heap (on CPU, several % of decode time at capture level `full`). vLLM
     freezes its startup heap the same way. The cost: that first engine, if dropped, is
     freed only at exit (its reference cycles are never collected). Unfrozen at exit, so
     shutdown collects as usual."""
