@@ -132,12 +132,12 @@ def build_page(service: EngineService | None, replay: Recording | None = None,
                                     elem_id="tt-system", interactive=live)
                 user = gr.Textbox(label="User prompt", lines=3, value="Tell me a short story about a fox.",
                                   elem_id="tt-user", interactive=live)
-                hint_prompt = gr.HTML("", elem_id="tt-hint-prompt", padding=False)
+                hint_prompt = gr.HTML("", elem_id="tt-hint-prompt", padding=False, elem_classes=["tt-hint-box"])
                 with gr.Row():
                     send = gr.Button("Send", variant="primary", elem_id="tt-send", interactive=live)
                     stop = gr.Button("Stop", variant="stop", elem_id="tt-stop", interactive=live)
                     watch_btn = gr.Button("Watch API requests", elem_id="tt-watch", interactive=live)
-                hint_send = gr.HTML("", elem_id="tt-hint-send", padding=False)
+                hint_send = gr.HTML("", elem_id="tt-hint-send", padding=False, elem_classes=["tt-hint-box"])
                 status = gr.Textbox(label="Status", interactive=False, elem_id="tt-status",
                                     value="" if live else f"replaying {replay.request_id}")
                 temperature = gr.Slider(0, 2, value=0.8, step=0.05, label="Temperature (0 = greedy)")
@@ -146,9 +146,9 @@ def build_page(service: EngineService | None, replay: Recording | None = None,
                 cap = service.limits.max_tokens_cap if live and service.limits.max_tokens_cap else 512
                 max_tokens = gr.Slider(1, cap, value=min(48, cap), step=1, label=f"Max tokens (≤ {cap})",
                                        elem_id="tt-max-tokens")
-                hint_max = gr.HTML("", elem_id="tt-hint-max-tokens", padding=False)
+                hint_max = gr.HTML("", elem_id="tt-hint-max-tokens", padding=False, elem_classes=["tt-hint-box"])
                 seed = gr.Number(value=None, precision=0, label="Seed (empty = random)", elem_id="tt-seed")
-                hint_sampling = gr.HTML("", elem_id="tt-hint-sampling", padding=False)
+                hint_sampling = gr.HTML("", elem_id="tt-hint-sampling", padding=False, elem_classes=["tt-hint-box"])
                 with gr.Row():
                     speculative = gr.Checkbox(value=m["has_draft"], interactive=m["has_draft"],
                                               label="Speculative decoding" + ("" if m["has_draft"] else
