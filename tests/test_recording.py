@@ -110,6 +110,9 @@ def test_the_walkthrough_quotes_this_requests_numbers(recording):
     assert keys == ["request", "prefix", "tokens", "embedding", "layers", "timeline", "kv", "sampling", "answer",
                     "finish", "batching", "spec", "parallel"]  # DESIGN.md's order
     text = {s.key: s.text for s in st}
+    # a request still on its way has the same 13 stages, so the presenter's stage numbers never shift
+    arrival = [e for e in recording.events if e["type"] in ("request.arrive", "tokenize")]
+    assert [s.key for s in stages(m, recording.request_id, recording.body, arrival, [])] == keys
     tok = next(e for e in recording.events if e["type"] == "tokenize")
     assert f"<b>{tok['count']}</b> tokens" in text["tokens"]
     per_token = 2 * m["num_layers"] * m["num_kv_heads"] * m["head_dim"] * m["dtype_bytes"]
@@ -194,3 +197,32 @@ def test_replay_cli_serves_a_file_with_no_model(recording, tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=20)
+
+
+def test_a_classroom_on_a_running_request_follows_it_to_the_end(service, monkeypatch):
+    from fastapi.testclient import TestClient
+
+    from app.server import create_app
+    step = service.engine.step
+
+    def paced_step():  # slow enough that the room is made while the request still runs
+        time.sleep(0.05)
+        return step()
+    monkeypatch.setattr(service.engine, "step", paced_step)
+    args = dict(model="m", system="", user="Keep going.", temperature=0.0, top_k=0, top_p=1.0, max_tokens=30,
+                seed=None, speculative=False, k=1, trace_level="basic")
+    watch = service.submit(parse_body(build_body(**args) | {"ignore_eos": True}))
+    with TestClient(create_app(service)) as client:
+        while not service.store.trace(watch.request_id) or not any(
+                e["type"] == "token" for e in service.store.trace(watch.request_id).events):
+            time.sleep(0.01)
+        room = client.post("/classroom", json={"request_id": watch.request_id}).json()
+        assert room["stages"] == 13
+        first = client.get(f"/classroom/{room['id']}/stage/9").json()
+        assert "Still running" in first["html"]
+        end = time.monotonic() + 60
+        while "It ended because" not in client.get(f"/classroom/{room['id']}/stage/9").json()["html"]:
+            assert time.monotonic() < end, "the room never saw the request finish"
+            time.sleep(0.2)
+        assert client.get(f"/classroom/{room['id']}/state").json()["version"] > first["version"]
+    service.unsubscribe(watch)

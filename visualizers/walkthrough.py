@@ -18,6 +18,9 @@ class Stage:
     panels: tuple[str, ...]  # the page's panels (app/live_view.PANELS) shown with it; "parallel" is this file's
 
 
+NOT_YET = "Not reached yet: this request is still on its way (the page re-reads it while it runs)."
+
+
 def _by_type(events: Sequence[dict]) -> dict[str, list[dict]]:
     out: dict[str, list[dict]] = {}
     for e in events:
@@ -72,6 +75,9 @@ def stages(model: dict, request_id: str, body: dict | None, events: Sequence[dic
                   f"{_n(look['prompt_tokens'])} prompt tokens is computed now (a MISS).")
         out.append(Stage("prefix", "2 · Prefix cache", _p(t2, "A second request with the same system prompt would "
                          "reuse those blocks (a HIT) and skip their prefill."), ("prefix",)))
+    else:
+        out.append(Stage("prefix", "2 · Prefix cache", _p(NOT_YET, "When the scheduler admits it, the engine looks "
+                         "its prompt's blocks up in the prefix cache."), ("prefix",)))
 
     # 3. tokenize
     if tok:
@@ -81,6 +87,8 @@ def stages(model: dict, request_id: str, body: dict | None, events: Sequence[dic
             f"{_n(tok['count'])} tokens, each an integer id in a vocabulary of {_n(tok.get('tokenizer_size') or model['vocab_size'])}."
             f" {_n(special)} of them are special tokens that mark whose turn it is (highlighted).",
             "The model never sees letters: only these ids."), ("tokens",)))
+    else:
+        out.append(Stage("tokens", "3 · Tokenize", _p(NOT_YET), ("tokens",)))
 
     # 4. embed
     embeds = ev.get("embed", [])
@@ -163,6 +171,9 @@ def stages(model: dict, request_id: str, body: dict | None, events: Sequence[dic
             f"For the first answer token the engine drew {esc(repr(s.get('token_text', '')))} with probability "
             f"{_n(float(s.get('token_prob', 0)))}; the distribution's entropy was "
             f"{_n(float(s.get('entropy', 0)))} nats. {_n(len(samples))} draws were traced."), ("sampling",)))
+    else:
+        out.append(Stage("sampling", "8 · Sample", _p(NOT_YET, "Each step ends with logits over the vocabulary, cut "
+                         "by temperature, top-k and top-p, and one token drawn."), ("sampling",)))
 
     # 9. stream
     tokens_ev = ev.get("token", [])
@@ -184,6 +195,9 @@ def stages(model: dict, request_id: str, body: dict | None, events: Sequence[dic
             f"cache) and {_n(u.get('completion_tokens', 0))} completion tokens.",
             f"It was preempted {_n(fin.get('preemptions', 0))} times."
             if fin.get("preemptions") else ""), ("answer", "request")))
+    else:
+        out.append(Stage("finish", "10 · Stop", _p(f"Still running: {_n(n_gen)} tokens so far. It will end at an "
+                         "end-of-turn token, a stop string or max_tokens."), ("answer", "request")))
 
     # 11. batching
     shared = [s for s in mine if len(s["batch"]) > 1]
