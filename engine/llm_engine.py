@@ -29,7 +29,7 @@ from engine.sampler import explain, sample
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledSeq, Scheduler
 from engine.speculative import Speculator, Verdict, verify
-from engine.sequence import Sequence, Status
+from engine.sequence import Sequence
 from engine.tokenizer import IncrementalDetokenizer, Tokenizer
 from engine.trace import TRACE_LEVELS, CaptureConfig, Tracer
 
