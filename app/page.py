@@ -26,7 +26,7 @@ from app.classroom import Classrooms
 from app.engine_service import EngineService
 from app.limits import RequestRefused, client_of
 from app.live_view import PANELS, LiveView
-from app.recording import Recording, ReplayCursor, TraceFileError, record_request
+from app.recording import Recording, ReplayCursor, TraceFileError, record_request, show_accepted
 from app.requests import TRACE_LEVELS, build_body, parse_body
 
 CSS = (Path(__file__).with_name("page.css")).read_text()
@@ -324,12 +324,7 @@ def build_page(service: EngineService | None, replay: Recording | None = None,
                             continue
                         view = new_view()
                         view.layer, view.head = int(layer_value or 0), int(head_value or 0)
-                        view.request_id, view.body = rid, tr.body or {}
-                        if tr.body:
-                            sub_checks = parse_body(tr.body)
-                            view.speculative = sub_checks.speculative
-                            view.validation = {"ok": True, "request_id": rid, "checks": sub_checks.checks + [
-                                ("engine", True, "accepted (sent by another client)")]}
+                        show_accepted(view, rid, tr.body, "accepted (sent by another client)")
                         backfill = sorted(tr.events + tr.outputs, key=lambda i: i["step"])
                         seen = {id(i) for i in backfill}
                         view.add(backfill)

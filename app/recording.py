@@ -147,17 +147,22 @@ class Recording:
     def new_view(self) -> LiveView:
         view = LiveView(model=self.model, piece=lambda i: self.pieces.get(i, f"<{i}>"),
                         is_special=lambda i: i in self.special)
-        view.request_id = self.request_id
-        view.body = self.body or {}
-        if self.body:
-            try:
-                sub = parse_body(self.body)
-                view.speculative = sub.speculative
-                view.validation = {"ok": True, "request_id": self.request_id,
-                                   "checks": sub.checks + [("engine", True, "accepted (recorded)")]}
-            except ValueError as e:
-                view.validation = {"ok": False, "error": str(e), "checks": getattr(e, "checks", [])}
+        show_accepted(view, self.request_id, self.body, "accepted (recorded)")
         return view
+
+
+def show_accepted(view: LiveView, request_id: str, body: dict | None, note: str) -> None:
+    """Fill a view's request panel for a request the engine took from someone else (a
+    recording, another client): its body and the checks it passed."""
+    view.request_id, view.body = request_id, body or {}
+    if not body:
+        return
+    try:
+        sub = parse_body(body)
+        view.speculative = sub.speculative
+        view.validation = {"ok": True, "request_id": request_id, "checks": sub.checks + [("engine", True, note)]}
+    except ValueError as e:  # a hand-edited file
+        view.validation = {"ok": False, "error": str(e), "checks": getattr(e, "checks", [])}
 
 
 class ReplayCursor:
