@@ -23,6 +23,7 @@ class Block:
     ref_count: int = 0
     hash: int | None = None
     token_ids: tuple[int, ...] = ()
+    parent: int | None = None  # the previous block's chain hash, checked on a hit too
 
 
 def chain_hash(parent: int | None, token_ids: tuple[int, ...]) -> int:
@@ -63,7 +64,7 @@ class BlockManager:
             ids = tuple(seq.token_ids[i * bs:(i + 1) * bs])
             h = chain_hash(parent, ids)
             bid = self.cached.get(h)
-            if bid is None or self.blocks[bid].token_ids != ids:
+            if bid is None or self.blocks[bid].token_ids != ids or self.blocks[bid].parent != parent:
                 break
             hits.append(bid)
             parent = h
@@ -94,7 +95,7 @@ class BlockManager:
                 self.emit("kv.share", seq.request_id, blocks=hits, tokens=seq.num_cached_tokens)
 
     def allocate(self, seq: Sequence, num_new_tokens: int) -> None:
-        new = [self._take() for _ in range(self.blocks_needed(seq, num_new_tokens))]
+        new = [self._take(seq) for _ in range(self.blocks_needed(seq, num_new_tokens))]
         for bid in new:
             self.blocks[bid].ref_count = 1
         seq.block_table.extend(new)
@@ -113,7 +114,7 @@ class BlockManager:
                 continue  # came from the cache already
             parent = self.blocks[seq.block_table[i - 1]].hash if i else None
             ids = tuple(token_ids[i * bs:(i + 1) * bs])
-            block.hash, block.token_ids = chain_hash(parent, ids), ids
+            block.hash, block.token_ids, block.parent = chain_hash(parent, ids), ids, parent
             if self.prefix_caching and block.hash not in self.cached:
                 self.cached[block.hash] = block.block_id
             done.append(block.block_id)
@@ -150,20 +151,21 @@ class BlockManager:
             self.emit(event, seq.request_id, blocks=freed, cached=kept, released=len(dropped) - len(freed))
         del seq.block_table[keep:]
 
-    def _take(self) -> int:
+    def _take(self, seq: Sequence) -> int:
+        """The free list's head; a cached block there is evicted (told to seq's trace)."""
         bid, _ = self.free.popitem(last=False)
         block = self.blocks[bid]
         if block.hash is not None:
             if self.cached.get(block.hash) == bid:
                 del self.cached[block.hash]
-                if self.emit:
-                    self.emit("kv.evict", None, block=bid)
+                if self.emit and seq.traced:
+                    self.emit("kv.evict", seq.request_id, block=bid)
             self._reset(block)
         return bid
 
     @staticmethod
     def _reset(block: Block) -> None:
-        block.hash, block.token_ids = None, ()
+        block.hash, block.token_ids, block.parent = None, (), None
 
     def check_invariants(self, live: list[Sequence]) -> None:
         """Refcounts equal the number of live tables holding each block; the free list

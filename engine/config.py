@@ -117,8 +117,10 @@ class ModelConfig:
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             qk_norm={"qwen3": "head", "qwen3_moe": "head", "olmoe": "full"}.get(family, "none"),
             clip_qkv=cfg.get("clip_qkv"),
-            # transformers hard-codes Q/K/V bias for Qwen2; the others read attention_bias.
-            qkv_bias=family in ("qwen2", "qwen2_moe") or bool(cfg.get("attention_bias", False)),
+            # transformers hard-codes Q/K/V bias for Qwen2, reads qkv_bias (default on) for
+            # Qwen2-MoE, and attention_bias for the others.
+            qkv_bias=family == "qwen2" or (bool(cfg.get("qkv_bias", True)) if family == "qwen2_moe"
+                                           else bool(cfg.get("attention_bias", False))),
             o_bias=family not in ("qwen2", "qwen2_moe") and bool(cfg.get("attention_bias", False)),
             mlp_bias=bool(cfg.get("mlp_bias", False)),
             sliding_windows=_sliding_windows(cfg, family, n_layers),

@@ -40,29 +40,33 @@ class LLM:
         self.tokenizer = self.engine.tokenizer
 
     def generate(self, prompts: Prompt | Seq[Prompt], params: SamplingParams | Seq[SamplingParams] | None = None,
-                 use_tqdm: bool = False) -> list[RequestOutput]:
-        """One RequestOutput per prompt, in order. A prompt is a string or a list of token ids."""
+                 use_tqdm: bool = False, **spec) -> list[RequestOutput]:
+        """One RequestOutput per prompt, in order. A prompt is a string or a list of token ids.
+        With a draft model, `speculative=False` turns speculation off for these requests
+        and `num_speculative_tokens=k` lowers their k."""
         if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
-        return self._run([dict(prompt=p) for p in prompts], params, use_tqdm)
+        return self._run([dict(prompt=p, **spec) for p in prompts], params, use_tqdm)
 
     def chat(self, messages: Messages | Seq[Messages], params: SamplingParams | Seq[SamplingParams] | None = None,
-             use_tqdm: bool = False) -> RequestOutput | list[RequestOutput]:
-        """Apply the model's chat template and answer; one conversation or a list of them."""
+             use_tqdm: bool = False, **spec) -> RequestOutput | list[RequestOutput]:
+        """Apply the model's chat template and answer; one conversation or a list of them.
+        `spec`: as for generate."""
         single = bool(messages) and isinstance(messages[0], dict)
-        outs = self._run([dict(messages=m) for m in ([messages] if single else messages)], params, use_tqdm)
+        outs = self._run([dict(messages=m, **spec) for m in ([messages] if single else messages)], params, use_tqdm)
         return outs[0] if single else outs
 
     def stream(self, prompt: Prompt | None = None, params: SamplingParams | None = None, *,
-               messages: Messages | None = None, trace: str = "full"
-               ) -> Iterator[TokenOutput | TraceEvent | RequestOutput]:
+               messages: Messages | None = None, trace: str = "full", speculative: bool = True,
+               num_speculative_tokens: int | None = None) -> Iterator[TokenOutput | TraceEvent | RequestOutput]:
         """Run one request and yield, as they happen, its trace events (TraceEvent),
         each new token (TokenOutput), and finally the whole RequestOutput."""
         sink = EventList()
         self.tracer.add_sink(sink)
         rid = None
         try:
-            rid = self.engine.add_request(prompt, params, messages=messages, trace_level=trace)
+            rid = self.engine.add_request(prompt, params, messages=messages, trace_level=trace,
+                                          speculative=speculative, num_speculative_tokens=num_speculative_tokens)
             while True:
                 done = False
                 outputs = self.engine.step() if self.engine.has_unfinished_requests() else []

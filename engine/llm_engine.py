@@ -207,7 +207,7 @@ class LLMEngine:
             return 0
         room = min(seq.params.max_tokens - seq.num_output_tokens, self.max_model_len - len(seq))
         k = self.num_speculative_tokens if seq.spec_k is None else seq.spec_k
-        return max(0, min(k, room - 1))
+        return max(0, min(k, room - 1, self.config.max_num_batched_tokens - 1))
 
     def abort(self, request_id: str) -> bool:
         """Stop a request now and free its blocks. False if unknown or already done."""

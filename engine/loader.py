@@ -28,7 +28,8 @@ def resolve_model_path(model: str | os.PathLike) -> Path:
     if path.is_dir():
         return path
     text = str(model)
-    if path.exists() or text.startswith((".", "/", "~")) or text.count("/") != 1:
+    # Hub ids are "name" or "owner/name"; anything else is a local path that is not there.
+    if path.exists() or text.startswith((".", "/", "~")) or text.count("/") > 1 or not text:
         raise ModelLoadError(f"model directory not found: {text}")
     try:
         from huggingface_hub import snapshot_download

@@ -61,6 +61,7 @@ class Scheduler:
         self.lookahead = lookahead  # draft tokens a decoding sequence verifies per step
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self.num_steps = 0
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -73,6 +74,10 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         decoding = [s for s in self.running if s.num_computed_tokens == len(s) - 1]
         prefilling = [s for s in self.running if s.num_computed_tokens < len(s) - 1]
+        if decoding and self.lookahead is not None:  # take turns when rounds do not all fit
+            turn = self.num_steps % len(decoding)
+            decoding = decoding[turn:] + decoding[:turn]
+        self.num_steps += 1
         for seq in decoding + prefilling:
             if budget == 0:
                 break
@@ -80,10 +85,17 @@ class Scheduler:
                 continue
             n = min(len(seq) - seq.num_computed_tokens, budget)
             draft = 0
-            if self.lookahead is not None and seq.num_computed_tokens == len(seq) - 1:
-                draft = min(self.lookahead(seq), budget - 1)
-                if self.bm.blocks_needed(seq, n + draft) > self.bm.num_free_blocks:
-                    draft = 0  # speculation is optional: never preempt anyone for it
+            # Speculation keeps a seeded request's random draws the same in any batch: the
+            # first token always comes from the prefill, a round's size depends on the
+            # request alone (it waits rather than shrink), and a preempted sequence resumes
+            # with the round it would have run.
+            if self.lookahead is not None and seq.num_output_tokens and self.lookahead(seq):
+                if seq.num_computed_tokens == len(seq) - 1:
+                    draft = self.lookahead(seq)
+                    if 1 + draft > budget:
+                        continue
+                elif seq.num_computed_tokens + n == len(seq):
+                    n -= 1
             if not self._make_room(seq, n + draft, out):
                 continue
             start = seq.num_computed_tokens

@@ -101,7 +101,9 @@ class Speculator:
 
     def propose(self, items: list[ScheduledSeq]) -> None:
         """Fill each item's draft_tokens/draft_probs with up to item.num_draft proposals.
-        An item whose draft cannot get KV blocks verifies nothing this step."""
+        An item whose draft cannot get KV blocks verifies nothing this step. The draft's
+        pool is larger than the target's, so that happens only when the draft's prefix
+        cache shares fewer blocks than the target's does."""
         active: list[tuple[ScheduledSeq, DraftView]] = []
         for item in items:
             view = self._view(item.seq)

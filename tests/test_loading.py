@@ -53,6 +53,10 @@ def test_hub_id_resolves_from_the_hub_cache(checkpoint, tmp_path, monkeypatch):
     path = resolve_model_path("tokentrace/tiny-llama")
     assert path == repo / "snapshots" / commit
     assert LLM("tokentrace/tiny-llama", device="cpu").engine.model_config.family == "llama"
+    # Ids without an owner (like "gpt2") are hub ids too, not missing local paths.
+    bare = tmp_path / "hub" / "models--tiny-llama"
+    shutil.copytree(repo, bare)
+    assert resolve_model_path("tiny-llama") == bare / "snapshots" / commit
 
 
 def test_unreachable_hub_is_one_clear_error(tmp_path, monkeypatch):

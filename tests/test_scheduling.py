@@ -61,7 +61,7 @@ def test_prefix_cache_reuses_full_blocks(path):
     assert free_all(engine) and free_all(cold)
 
 
-def test_hash_collision_is_verified(path):
+def test_hash_collision_is_verified(path, monkeypatch):
     llm = LLM(path, device="cpu", block_size=4)
     bm = llm.engine.block_manager
     llm.generate(list(range(10, 30)), GREEDY)
@@ -72,14 +72,31 @@ def test_hash_collision_is_verified(path):
     assert out.usage.cached_tokens == 0
 
 
+def test_hash_collision_with_another_parent_is_verified(path, monkeypatch):
+    # A weak hash that forgets the parent: block [B] after [A] collides with [B] first.
+    monkeypatch.setattr("engine.block_manager.chain_hash", lambda parent, ids: hash(ids))
+    llm = LLM(path, device="cpu", block_size=4)
+    a, b, tail = [10, 11, 12, 13], [20, 21, 22, 23], [30, 31, 32]
+    llm.generate(a + b + tail, GREEDY)
+    assert llm.generate(a + b + tail, GREEDY)[0].usage.cached_tokens == 8  # a real hit still hits
+    out = llm.generate(b + b + tail, GREEDY)[0]
+    assert out.usage.cached_tokens == 0  # same ids as the cached [B], but its K/V saw [A] first
+    cold = LLM(path, device="cpu", block_size=4, enable_prefix_caching=False)
+    assert out.token_ids == cold.generate(b + b + tail, GREEDY)[0].token_ids
+
+
 def test_lru_eviction_keeps_recent_prefixes(path):
     llm = LLM(path, device="cpu", block_size=4, num_kv_blocks=24)
-    a, b = list(range(10, 30)), list(range(100, 120))
-    llm.generate(a, GREEDY)
+    bm = llm.engine.block_manager
+    a, b = list(range(10, 30)), list(range(100, 120))  # 4 full prompt blocks each
+    llm.generate(a, GREEDY)  # a is allocated (and cached) first, with the lowest block ids
     llm.generate(b, GREEDY)
-    llm.generate(list(range(200, 260)), SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))  # evicts
-    assert llm.generate(b, GREEDY)[0].usage.cached_tokens > 0  # most recent survived
-    assert llm.generate(a, GREEDY)[0].usage.cached_tokens == 0  # oldest went first
+    assert llm.generate(a, GREEDY)[0].usage.cached_tokens == 16  # a is now the most recently used
+    # Take every free block except the 4 most recently used.
+    n = bm.num_free_blocks - 4
+    llm.generate(list(range(200, 200 + 4 * n)), SamplingParams(temperature=0, max_tokens=1, ignore_eos=True))
+    assert llm.generate(a, GREEDY)[0].usage.cached_tokens == 16  # recently used survived
+    assert llm.generate(b, GREEDY)[0].usage.cached_tokens == 0  # least recently used went first
 
 
 @pytest.mark.parametrize("budget", [8, 64])

@@ -76,34 +76,45 @@ def test_draft_equal_to_target_accepts_everything(models, reference, k):
 
 def test_sampled_output_follows_the_target_distribution(tmp_path):
     """Chi-square test of the first three sampled tokens over many seeds against the
-    target's exact joint distribution (computed with transformers)."""
+    target's exact joint distribution, with transformers' own warpers as the reference.
+    Token 1 comes from the prefill; tokens 2-3 from a round of k = 3 proposals."""
+    from transformers.generation.logits_process import (MinPLogitsWarper, TemperatureLogitsWarper,
+                                                        TopKLogitsWarper, TopPLogitsWarper)
     words = ["<eos>", "a", "b", "c", "d"]
     target = make_checkpoint("llama", tmp_path / "t", seed=1, num_layers=2, words=words)
     draft = make_checkpoint("llama", tmp_path / "d", seed=2, num_layers=1, words=words)
-    params = dict(temperature=0.8, top_k=4, max_tokens=3, ignore_eos=True)
+    knobs = dict(temperature=0.8, top_k=4, top_p=0.9, min_p=0.05)
+    warpers = [TemperatureLogitsWarper(0.8), TopKLogitsWarper(4), TopPLogitsWarper(0.9), MinPLogitsWarper(0.05)]
     prompt = [1, 2, 3]
     n = 3000
-    llm = LLM(target, device="cpu", draft=draft, num_speculative_tokens=2, max_num_seqs=128)
-    outs = llm.generate([prompt] * n, [SamplingParams(seed=i, **params) for i in range(n)])
-    assert llm.engine.stats.spec_accepted < llm.engine.stats.spec_proposed
+    llm = LLM(target, device="cpu", draft=draft, num_speculative_tokens=3, max_num_seqs=128)
+    outs = llm.generate([prompt] * n, [SamplingParams(seed=i, max_tokens=5, ignore_eos=True, **knobs)
+                                       for i in range(n)])
+    stats = llm.engine.stats
+    assert stats.spec_proposed >= 3 * n and stats.spec_accepted < stats.spec_proposed
     observed = torch.zeros(5, 5, 5)
     for o in outs:
-        observed[tuple(o.token_ids)] += 1
+        observed[tuple(o.token_ids[:3])] += 1
 
     def joint(path):
         ref = load_reference(path)
         probs = torch.zeros(5, 5, 5)
         with torch.no_grad():
             for seq in itertools.product(range(5), repeat=2):
-                logits = ref(torch.tensor([prompt + list(seq)])).logits[0, -3:] / 0.8
-                kth = torch.topk(logits, 4, dim=-1).values[:, -1:]
-                p = torch.softmax(logits.masked_fill(logits < kth, float("-inf")), -1)
-                probs[seq[0], seq[1]] = p[0, seq[0]] * p[1, seq[1]] * p[2]
+                ids = torch.tensor([prompt + list(seq)])
+                logits = ref(ids).logits[0, -3:]
+                p = []
+                for i in range(3):
+                    scores = logits[i:i + 1]
+                    for w in warpers:
+                        scores = w(ids[:, : len(prompt) + i], scores)
+                    p.append(torch.softmax(scores, -1)[0])
+                probs[seq[0], seq[1]] = p[0][seq[0]] * p[1][seq[1]] * p[2]
         return probs
 
     def chi_square(expected):
         mask = expected > 0
-        assert observed[~mask].sum() == 0  # nothing drawn that top-k cut away
+        assert observed[~mask].sum() == 0  # nothing drawn that the knobs cut away
         e = expected[mask] * n
         return float(((observed[mask] - e) ** 2 / e).sum()), int(mask.sum()) - 1
 
@@ -112,6 +123,39 @@ def test_sampled_output_follows_the_target_distribution(tmp_path):
     # The same test has the power to tell the draft's distribution apart.
     draft_stat, _ = chi_square(joint(draft).clamp(min=1e-9) * (joint(target) > 0))
     assert draft_stat > chi2.ppf(0.999, dof)
+
+
+@pytest.mark.parametrize("num_kv_blocks", [40, 14])  # 14: the request is preempted on the way
+def test_seeded_request_draws_the_same_tokens_in_any_batch(models, num_kv_blocks):
+    """A seeded request makes the same random draws alone and in a crowd: behind a
+    prefix-cache hit, under a tiny token budget, and across a preemption."""
+    target, draft = models["mixtral"]
+    params = SamplingParams(temperature=1.0, top_p=0.95, seed=3, max_tokens=20, ignore_eos=True)
+    alone = LLM(target, device="cpu", block_size=4, draft=draft, num_speculative_tokens=4)
+    want = alone.generate(PROMPTS[0], params)[0]
+    crowded = LLM(target, device="cpu", block_size=4, draft=draft, num_speculative_tokens=4,
+                  max_num_batched_tokens=8, num_kv_blocks=num_kv_blocks)
+    others = [SamplingParams(temperature=0.7, seed=i, max_tokens=20, ignore_eos=True) for i in range(5)]
+    outs = crowded.generate(PROMPTS + [[9, 8, 7], PROMPTS[0]], others + [params])
+    assert outs[-1].token_ids == want.token_ids
+    assert outs[-1].usage.cached_tokens > 0  # it shared the first request's prompt blocks
+    assert (outs[-1].metrics["preemptions"] > 0) == (num_kv_blocks == 14)
+    assert pools_empty(crowded)
+
+
+def test_prefix_cache_with_speculation(models, reference):
+    """Shared prefixes hit in both pools; greedy output is unchanged."""
+    target, draft = models["mixtral"]
+    llm = LLM(target, device="cpu", block_size=4, draft=draft, num_speculative_tokens=3)
+    first = llm.generate(PROMPTS, GREEDY)
+    again = llm.generate(PROMPTS, GREEDY)  # every full prompt block is cached now
+    assert [o.token_ids for o in first] == [o.token_ids for o in again] == reference["mixtral"]
+    assert sum(o.usage.cached_tokens for o in again) >= sum((len(p) - 1) // 4 * 4 for p in PROMPTS)
+    assert llm.engine.speculator.bm.num_cached_blocks > 0
+    shared = [PROMPTS[2] + [7, 8, 9], PROMPTS[2] + [11]]  # a cached prefix with new tails
+    cold = LLM(target, device="cpu", block_size=4, enable_prefix_caching=False)
+    assert [o.token_ids for o in llm.generate(shared, GREEDY)] == [o.token_ids for o in cold.generate(shared, GREEDY)]
+    assert pools_empty(llm)
 
 
 def test_no_block_leaks_with_rejections_preemptions_and_aborts(models):
@@ -150,6 +194,17 @@ def test_speculation_can_be_turned_off_per_request(models):
     while engine.has_unfinished_requests():
         engine.step()
     assert engine.stats.spec_proposed == 0 and engine.stats.target_passes == 24
+
+
+def test_llm_api_switches_speculation_per_request(models, reference):
+    target, draft = models["llama"]
+    llm = LLM(target, device="cpu", block_size=4, draft=draft)
+    outs = llm.generate(PROMPTS, GREEDY, speculative=False)
+    assert [o.token_ids for o in outs] == reference["llama"] and llm.engine.stats.spec_proposed == 0
+    llm.chat([{"role": "user", "content": "hi"}], GREEDY, num_speculative_tokens=2)
+    assert 0 < llm.engine.stats.spec_proposed
+    items = list(llm.stream(PROMPTS[0], GREEDY, trace="basic", num_speculative_tokens=1))
+    assert {i.data["k"] for i in items if isinstance(i, TraceEvent) and i.type == "spec"} == {1}
 
 
 def test_k_can_be_set_per_request(models):

@@ -1,4 +1,7 @@
 """Detokenization across multi-byte UTF-8, stop conditions, chat template, context limit."""
+import json
+import shutil
+
 import pytest
 
 from engine import LLM, SamplingParams
@@ -86,8 +89,26 @@ def test_stop_token_and_eos(llm, checkpoint):
         llm.engine.model_config.eos_token_ids = [1]
 
 
-def test_eos_ids_come_from_generation_config(checkpoint):
-    assert LLM(checkpoint("qwen3"), device="cpu").engine.model_config.eos_token_ids == [1]
+def test_eos_ids_come_from_generation_config(checkpoint, tmp_path):
+    path = tmp_path / "ckpt"
+    shutil.copytree(checkpoint("qwen3"), path)
+    assert json.loads((path / "config.json").read_text())["eos_token_id"] == 1
+    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 3]}))
+    llm = LLM(path, device="cpu")
+    assert llm.engine.model_config.eos_token_ids == [2, 3]  # generation_config wins over config.json
+    free = llm.generate(list(range(10, 30)), SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0]
+    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": free.token_ids[4]}))
+    out = LLM(path, device="cpu").generate(list(range(10, 30)), SamplingParams(temperature=0, max_tokens=12))[0]
+    assert out.finish_reason == "stop" and out.token_ids == free.token_ids[: free.token_ids.index(free.token_ids[4]) + 1]
+
+
+def test_generate_from_text(llm):
+    text = "the quick brown fox"
+    out = llm.generate(text, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))[0]
+    assert out.prompt_token_ids == llm.tokenizer.encode(text) and len(out.token_ids) == 6
+    batch = llm.generate([text, llm.tokenizer.encode(text)], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
+    assert batch[0].token_ids == batch[1].token_ids == out.token_ids
+    assert out.text == llm.tokenizer.decode(out.token_ids)
 
 
 def test_chat_template_marks_roles(llm):
