@@ -122,7 +122,10 @@ class LiveView:
                                       m["sliding_windows"] if any(m["sliding_windows"]) else None)
         if name == "kv":
             kv = [e for e in self.events if e["type"].startswith("kv.")]
-            return viz.kv_grid_html(self.snapshot, self.request_id, kv, m)
+            fin = self.first("finish")
+            usage = fin["usage"] if fin else None  # the last token drawn is never fed back: no K/V
+            held = usage["prompt_tokens"] + usage["completion_tokens"] - 1 if usage else None
+            return viz.kv_grid_html(self.snapshot, self.request_id, kv, m, held)
         if name == "moe":
             return viz.moe_html(self.by_type.get("moe", []), self.layer, self.labels(), m["is_moe"])
         if name == "sampling":
@@ -146,5 +149,20 @@ class LiveView:
         for n in names:
             out[n] = self.render(n)
             self.dirty.discard(n)
-            self.drawn_at[n] = now
+            if self.has_input(n):  # a placeholder does not count: first content shows at once
+                self.drawn_at[n] = now
         return out
+
+    def has_input(self, name: str) -> bool:
+        """Does the panel have anything of this request to draw yet?"""
+        needs = {"prefix": "prefix_cache.lookup", "tokens": "tokenize", "embedding": "embed",
+                 "attention": "attention", "moe": "moe", "sampling": "sample", "spec": "spec"}
+        if name in needs:
+            return needs[name] in self.by_type
+        if name == "kv":
+            return self.snapshot is not None
+        if name == "answer":
+            return bool(self.outputs) or self.error is not None
+        if name == "timeline":
+            return bool(self.events)
+        return True

@@ -297,15 +297,15 @@ class LLMEngine:
             self._commit(s, verdicts.get(b))
         for b, tokens in new_tokens.items():
             seq = scheduled[b].seq
-            if seq.traced:
-                row = spans[b][1] - 1 if b not in verdicts else spans[b][0] + verdicts[b].accepted
-                info = explain(logits[row], seq.params, tokens[-1], self.capture.top_candidates)
-                self._emit_plain("sample", seq.request_id, position=len(seq) + len(tokens) - 1,
-                                 candidate_texts=[self._piece(t) for t in info["candidates"]],
-                                 token_text=self._piece(tokens[-1]), **info)
             if not seq.first_token_time:
                 seq.prefill_done_time, seq.first_token_time = t_forward, t_sample
-            for token in tokens:
+            for j, token in enumerate(tokens):
+                if seq.traced:  # the target's distribution at each new token's position
+                    info = explain(logits[spans[b][0] + j], seq.params, token, self.capture.top_candidates)
+                    source = _token_source(verdicts.get(b), j)
+                    self._emit_plain("sample", seq.request_id, position=len(seq), source=source,
+                                     candidate_texts=[self._piece(t) for t in info["candidates"]],
+                                     token_text=self._piece(token), **info)
                 out = self._append_token(seq, token, t_sample)
                 outputs.append(out)
                 self.stats.generated_tokens += 1
@@ -498,6 +498,16 @@ class EngineStats:
     spec_accepted: int = 0
     prefix_queried_tokens: int = 0  # tokens of admitted sequences looked up in the prefix cache
     prefix_hit_tokens: int = 0  # of those, found there
+
+
+def _token_source(verdict: Verdict | None, j: int) -> str:
+    """Where a step's j-th new token came from: a plain draw from the target, an accepted
+    draft proposal, the draw from max(0, p - q) after a rejection, or the bonus draw."""
+    if verdict is None:
+        return "target"
+    if j < verdict.accepted:
+        return "draft"
+    return "bonus" if verdict.accepted == len(verdict.target_probs) else "corrected"
 
 
 def _check_same_vocabulary(tok: Tokenizer, cfg, draft_tok: Tokenizer, draft_cfg, draft_path: Path) -> None:

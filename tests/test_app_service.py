@@ -143,3 +143,18 @@ def test_live_view_renders_every_panel_and_redraws_only_what_changed(service):
     assert view.dirty == {"answer", "tokens"}
     assert view.due(time.perf_counter()) == ["answer"]  # tokens were redrawn moments ago: throttled
     service.unsubscribe(watch)
+
+
+def test_live_view_shows_a_panels_first_content_at_once(service):
+    """Placeholders (the queued frame) do not use up a heavy panel's redraw allowance, so
+    a request that streams faster than the allowance still shows each stage mid-stream."""
+    view = LiveView(model=service.model_info(), piece=service.piece, is_special=service.is_special)
+    view.draw(list(PANELS), 100.0)  # the blank frame
+    embed = {"type": "embed", "request_id": "r", "step": 1, "ts": 0.0, "start": 0, "token_ids": [5],
+             "rows": [[0.1]], "shape": [1, 8]}
+    view.add([embed])
+    assert "embedding" in view.due(100.01)  # the first rows: drawn at once
+    view.draw(["embedding"], 100.01)
+    view.add([dict(embed, step=2, start=1)])
+    assert "embedding" not in view.due(100.02)  # later rows: throttled
+    assert "embedding" in view.due(100.01 + 1.5)

@@ -248,6 +248,12 @@ def test_spec_events(models):
         proposed += ev["k"]
         accepted += ev["accepted"]
         assert abs(ev["acceptance_rate"] - accepted / proposed) < 1e-9
-    # every generated token is an accepted proposal or the one token a step samples
-    samples = [i for i in items if isinstance(i, TraceEvent) and i.type == "sample"]
-    assert len(final.token_ids) == accepted + len(samples) and len(samples) > len(spec)
+    # every generated token has its `sample` event, saying where it came from
+    samples = [i.data for i in items if isinstance(i, TraceEvent) and i.type == "sample"]
+    assert [s["token_id"] for s in samples] == final.token_ids
+    assert [s["position"] for s in samples] == list(range(len(PROMPTS[2]), len(PROMPTS[2]) + 20))
+    sources = [s["source"] for s in samples]
+    assert sources.count("draft") == accepted
+    assert sources.count("corrected") + sources.count("bonus") == len(spec)
+    assert sources.count("bonus") == sum(ev["accepted"] == ev["k"] for ev in spec)
+    assert sources[0] == "target"  # the first token comes from the prefill

@@ -96,6 +96,10 @@ def test_token_text_is_escaped_everywhere():
     html = viz.sampling_html([sample], pieces)
     _no_raw_markup(html)
     assert "tt-cut" in html  # the top-k cut is marked
+    drafted = [dict(sample, source="draft"), dict(sample, source="corrected", position=4)]
+    html = viz.sampling_html(drafted, pieces)
+    assert "max(0, p − q)" in html and html.count("tt-chip-draft") == 1 and "token 2 of 2" in html
+    assert "proposed by the draft model" in viz.sampling_html(drafted, pieces, step=0)
     spec = {"k": 2, "proposed": [7, 8], "proposed_text": XSS[:2], "draft_probs": [0.5, 0.5],
             "target_probs": [0.4, 0.1], "accepted": 1, "token": 9, "token_text": XSS[2], "token_kind": "corrected",
             "acceptance_rate": 0.5, "greedy": False}
@@ -162,6 +166,10 @@ def test_kv_grid_marks_each_block_state():
     assert "&lt;b&gt;other&lt;/b&gt;: 2 blocks" in html
     assert "2 × 3 × 2 × 16 × tokens × 4 B" in html and "768 B per token" in html
     assert "768 B × 9 tokens" in html  # this request's blocks hold 4 + 4 + 1 tokens
+    # After the end its blocks are gone from the pool; the formula quotes what it held then.
+    gone = dict(snap, owners={"5": ["<b>other</b>"]}, ref=[0, 0, 0, 0, 0, 1, 0, 0])
+    done = viz.kv_grid_html(gone, "me", events + [{"type": "kv.free", "blocks": [0, 1, 2]}], model, final_tokens=9)
+    assert "this request, when it finished: 768 B × 9 tokens" in done and "× 0 tokens" not in done
     _no_raw_markup(html.replace("&lt;b&gt;", ""))
     assert "<b>other</b>" not in html
 

@@ -75,10 +75,11 @@ def grid_image(states: list[str], fill: dict[int, int], block_size: int) -> tupl
 
 
 def kv_grid_html(snapshot: dict | None, request_id: str | None, events: Sequence[dict] = (),
-                 model: dict | None = None) -> str:
+                 model: dict | None = None, final_tokens: int | None = None) -> str:
     """snapshot: {"num_blocks", "block_size", "step", "ref": [..], "cached": [..],
     "owners": {block: [request ids]}, "fill": {block: tokens}} read from the engine;
-    events: this request's kv.* events; model: numbers for the size formula."""
+    events: this request's kv.* events; model: numbers for the size formula;
+    final_tokens: K/V the request held when it finished (its blocks are gone from the pool)."""
     if snapshot is None:
         return panel("KV cache", empty("no KV-cache state yet"))
     n, bs = snapshot["num_blocks"], snapshot["block_size"]
@@ -111,10 +112,16 @@ def kv_grid_html(snapshot: dict | None, request_id: str | None, events: Sequence
             f"<div class='tt-legend'>{legend}</div></div>")
     body = f'<div class="tt-kv-grid" {data}>{grid}</div><div class="tt-note">block 0 top left, {cols} per row; ' \
            f'a cell fills from the bottom as its {bs} token slots are written</div>'
-    return panel("KV cache", info + body + (kv_formula_html(model, mine_tokens) if model else ""))
+    if model is None:
+        return panel("KV cache", info + body)
+    if not mine and final_tokens:
+        formula = kv_formula_html(model, final_tokens, "this request, when it finished")
+    else:
+        formula = kv_formula_html(model, mine_tokens)
+    return panel("KV cache", info + body + formula)
 
 
-def kv_formula_html(model: dict, tokens: int) -> str:
+def kv_formula_html(model: dict, tokens: int, who: str = "this request") -> str:
     """model: num_layers, num_kv_heads, head_dim, dtype, dtype_bytes, num_blocks, block_size,
     kv_cache_bytes (all read from the engine)."""
     L, kvh, hd, b = model["num_layers"], model["num_kv_heads"], model["head_dim"], model["dtype_bytes"]
@@ -123,6 +130,6 @@ def kv_formula_html(model: dict, tokens: int) -> str:
     return (f"<div class='tt-formula'>KV bytes = 2 × layers × kv_heads × head_dim × tokens × bytes_per_value"
             f"<br>this model: 2 × {L} × {kvh} × {hd} × tokens × {b} B ({esc(model['dtype'])}) = "
             f"<b>{per_token:,} B per token</b>"
-            f"<br>this request: {per_token:,} B × {tokens:,} tokens = <b>{esc(fmt_bytes(per_token * tokens))}</b>"
+            f"<br>{esc(who)}: {per_token:,} B × {tokens:,} tokens = <b>{esc(fmt_bytes(per_token * tokens))}</b>"
             f"<br>pool: {model['num_blocks']:,} blocks × {model['block_size']} tokens = {capacity:,} tokens × "
             f"{per_token:,} B = <b>{esc(fmt_bytes(model['kv_cache_bytes']))}</b> allocated</div>")

@@ -10,6 +10,15 @@ STAGE_LABELS = {"logits": "softmax(logits)", "temperature": "÷ temperature", "t
                 "top_p": "top-p", "min_p": "min-p"}
 
 
+# Where a token came from (speculative decoding gives every kept token a source).
+SOURCES = {
+    "target": "drawn from the target's final distribution",
+    "draft": "proposed by the draft model and kept by the target's check (the target's distribution is shown)",
+    "corrected": "the draft's proposal was rejected here: drawn from max(0, p − q), the target minus the draft",
+    "bonus": "every proposal was kept: one more token drawn from the target",
+}
+
+
 def _knob(stage: str, params: dict) -> str:
     if stage == "temperature":
         return f"T={params['temperature']:g}"
@@ -44,15 +53,22 @@ def sampling_html(samples: Sequence[dict], pieces: Mapping[int, str] | None = No
     kept = " → ".join(f"{STAGE_LABELS.get(s, s)}: {ev['stages'][s]['kept']:,}" for s in stages)
     table = ("<table class='tt-table tt-sample'><thead><tr>" + "".join(f"<th>{esc(h)}</th>" for h in head)
              + "</tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
-    mode = "greedy (argmax)" if params.get("greedy") else "random draw from the final distribution"
-    info = (f"<div class='tt-lines'><div>step {len(samples) if step is None else step % len(samples) + 1} of "
-            f"{len(samples)} · position {ev['position']} · {mode} · drawn: "
+    source = ev.get("source", "target")
+    if params.get("greedy"):
+        mode = "greedy: the draft proposed the target's argmax" if source == "draft" else "greedy (argmax)"
+    else:
+        mode = SOURCES.get(source, SOURCES["target"])
+    info = (f"<div class='tt-lines'><div>token {len(samples) if step is None else step % len(samples) + 1} of "
+            f"{len(samples)} · position {ev['position']} · {esc(mode)} · drawn: "
             f"<code>{show_piece(piece_text(ev['token_id'], pieces))}</code> (id {ev['token_id']}, "
             f"p={ev['token_prob']:.3f}) · entropy {ev['entropy']:.2f} nats</div>"
             f"<div>tokens kept after each stage: {esc(kept)}</div></div>")
     history = "".join(
-        f'<span class="tt-chip" title="position {e["position"]} · p={e["token_prob"]:.3f} · '
-        f'entropy {e["entropy"]:.2f}">{show_piece(piece_text(e["token_id"], pieces))}'
+        f'<span class="tt-chip{" tt-chip-draft" if e.get("source") == "draft" else ""}" '
+        f'title="position {e["position"]} · p={e["token_prob"]:.3f} · entropy {e["entropy"]:.2f}'
+        f'{" · from the draft" if e.get("source") == "draft" else ""}">{show_piece(piece_text(e["token_id"], pieces))}'
         f'<sub>{e["token_prob"]:.2f}</sub></span>' for e in samples[-48:])
-    return panel("Sampling", info + table + f"<div class='tt-subtitle'>every draw (p of the drawn token)</div>"
+    legend = " (underlined: proposed by the draft, kept by the target)" if any(
+        e.get("source") == "draft" for e in samples) else ""
+    return panel("Sampling", info + table + f"<div class='tt-subtitle'>every token (p under the target){legend}</div>"
                  f"<div class='tt-chips'>{history}</div>")
