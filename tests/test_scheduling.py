@@ -200,3 +200,13 @@ def test_sequence_bigger_than_pool_finishes_cleanly(path):
     assert free_all(engine)
     with pytest.raises(ValueError, match="KV cache holds only 16"):
         engine.add_request(list(range(10, 30)), GREEDY)
+
+
+def test_pool_size_from_a_memory_fraction(path, monkeypatch):
+    monkeypatch.setattr("engine.model_runner._available_host_memory", lambda: 64 << 20)
+    llm = LLM(path, device="cpu", block_size=4, kv_cache_memory_fraction=0.25)
+    cfg = llm.engine.model_config
+    per_block = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 4 * 4  # K and V, float32, 4 tokens
+    assert llm.engine.block_manager.num_blocks == (16 << 20) // per_block
+    assert llm.engine.runner.kv_cache.numel() * 4 == llm.engine.block_manager.num_blocks * per_block
+    assert llm.generate([5, 6, 7], GREEDY)[0].token_ids

@@ -123,11 +123,37 @@ def test_kv_and_finish(run):
     assert len(sample["candidate_texts"]) == len(sample["candidates"]) and isinstance(sample["token_text"], str)
 
 
+def test_ttft_parts_measure_where_the_time_went(checkpoint):
+    """One request waits behind another (one running at a time); the other's prompt is
+    prefilled in chunks. Each part of the TTFT split shows it."""
+    sink = EventList()
+    engine = LLMEngine(checkpoint("mixtral"), device="cpu", tracer=Tracer(sink),
+                       config=EngineConfig(block_size=4, max_num_seqs=1, max_num_batched_tokens=8))
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    first = engine.add_request(list(range(10, 50)), params)  # 40 tokens: 5 chunks of 8
+    second = engine.add_request([5, 6, 7], params)
+    while engine.has_unfinished_requests():
+        engine.step()
+    m1, m2 = engine.get_output(first).metrics, engine.get_output(second).metrics
+    for m in (m1, m2):
+        assert all(v >= 0 for v in m["ttft_split"].values()) and len(m["token_latencies"]) == 7
+    steps = {e.step: e.data for e in sink.of(None, "schedule.step")}
+    ran = lambda rid: [d["forward_seconds"] for d in steps.values() if any(b["request_id"] == rid for b in d["batch"])]
+    # the first's prefill spans its 5 chunk steps; the second queued through all of the first's steps
+    assert m1["ttft_split"]["prefill"] >= sum(ran(first)[:4])
+    assert m2["ttft_split"]["queue"] >= sum(ran(first)) > m1["ttft_split"]["queue"]
+    assert m2["ttft_split"]["prefill"] < m1["ttft_split"]["prefill"]  # one small chunk
+
+
 def test_tracing_off_emits_nothing(checkpoint):
     sink = EventList()
     engine = LLMEngine(checkpoint("mixtral"), device="cpu", tracer=Tracer(sink), trace_level="off",
-                       config=EngineConfig(block_size=4))
+                       config=EngineConfig(block_size=4, num_kv_blocks=12))
     rid = engine.add_request([5, 6, 7, 8, 9], SamplingParams(temperature=0, max_tokens=5))
+    while engine.has_unfinished_requests():
+        engine.step()
+    # a long prompt evicts the first one's cached blocks: still nothing is reported
+    engine.add_request(list(range(20, 60)), SamplingParams(temperature=0, max_tokens=2))
     while engine.has_unfinished_requests():
         engine.step()
     assert sink.events == []
