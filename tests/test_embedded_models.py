@@ -8,6 +8,7 @@ The held-out checks need the training corpus: `apt-get install -y fortunes`.
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -74,10 +75,11 @@ def test_saved_keys_are_classic_per_expert_layout():
 
 
 def test_default_dtype_load_works():
-    """Loading as-is (bfloat16, as config.json says) works and predicts nearly
-    the same: the float32 top token is among the bfloat16 top five."""
+    """Loading as stored (bfloat16, as config.json says) works and predicts
+    nearly the same: the float32 top token is among the bfloat16 top five.
+    dtype="auto" is transformers 5's default; 4.x loads float32 without it."""
     tok = AutoTokenizer.from_pretrained(TARGET_DIR)
-    m = AutoModelForCausalLM.from_pretrained(TARGET_DIR).eval()
+    m = AutoModelForCausalLM.from_pretrained(TARGET_DIR, dtype="auto").eval()
     assert m.dtype == torch.bfloat16
     fp = json.loads((MODELS_DIR / "fingerprint.json").read_text())["target"]
     with torch.no_grad():
@@ -118,6 +120,69 @@ def test_chat_template_renders_roles():
     assert tok.decode(ids) == text
 
 
+ROLE_TOKENS = ["<|system|>", "<|user|>", "<|assistant|>"]
+
+
+def test_tokenizer_config_is_readable_by_transformers_4_and_5():
+    """transformers 5 saves extra special tokens as a *list* under
+    `extra_special_tokens`; transformers 4 requires a dict there and
+    AutoTokenizer.from_pretrained crashes on a list. The shipped config must
+    name the role tokens the way both read: `additional_special_tokens`."""
+    cfg = json.loads((TARGET_DIR / "tokenizer_config.json").read_text())
+    assert isinstance(cfg.get("extra_special_tokens", {}), dict), "list form: transformers 4 cannot load it"
+    assert cfg["additional_special_tokens"] == ROLE_TOKENS
+    # ... and they are special tokens of tokenizer.json, at the card's ids 3-5.
+    added = {t["content"]: t for t in json.loads((TARGET_DIR / "tokenizer.json").read_text())["added_tokens"]}
+    for i, name in enumerate(["<|pad|>", "<|bos|>", "<|end|>", *ROLE_TOKENS]):
+        assert added[name]["id"] == i and added[name]["special"], name
+    assert (cfg["pad_token"], cfg["bos_token"], cfg["eos_token"]) == ("<|pad|>", "<|bos|>", "<|end|>")
+
+    # The installed transformers (4.56+ or 5.x) treats the role tokens as special.
+    tok = AutoTokenizer.from_pretrained(TARGET_DIR)
+    assert set(ROLE_TOKENS) <= set(tok.all_special_tokens)
+    assert [tok.convert_tokens_to_ids(t) for t in ROLE_TOKENS] == [3, 4, 5]
+    ids = tok.encode("<|system|>\nBe brief.<|end|>\n<|user|>\nHi!<|end|>\n<|assistant|>\n",
+                     add_special_tokens=False)
+    assert [i for i in ids if i in tok.all_special_ids] == [3, 2, 4, 2, 5]  # one special token per tag
+    assert tok.decode(ids, skip_special_tokens=True) == "\nBe brief.\n\nHi!\n\n"
+
+
+def test_save_tokenizer_writes_the_committed_config(tmp_path):
+    """The committed tokenizer_config.json is what tokenizer.py's save step
+    writes (train.py reloads and re-saves the tokenizer with each model)."""
+    from assets.models.tokenizer import save_tokenizer
+
+    save_tokenizer(AutoTokenizer.from_pretrained(TARGET_DIR), tmp_path)
+    written = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    committed = json.loads((TARGET_DIR / "tokenizer_config.json").read_text())
+    assert not isinstance(written.get("extra_special_tokens"), list)
+    assert (tmp_path / "tokenizer.json").read_bytes() == (TARGET_DIR / "tokenizer.json").read_bytes()
+    if int(transformers.__version__.split(".")[0]) >= 5:  # the version the files were written with
+        assert written == committed
+    else:  # 4.x writes more keys (added_tokens_decoder, ...) but the same values for shared ones
+        shared = written.keys() & committed.keys()
+        assert {"additional_special_tokens", "chat_template", "tokenizer_class", "eos_token"} <= shared
+        assert all(written[k] == committed[k] for k in shared)
+
+
+def test_paired_comparison_statistics():
+    from assets.models.evaluate import paired_comparison, sign_test_p
+
+    assert sign_test_p(5, 5) == 1.0
+    assert sign_test_p(0, 10) == pytest.approx(2 / 1024)
+    assert sign_test_p(9, 1) == pytest.approx(22 / 1024)
+    # Summed NLL and token count per document; the target is better on 3 of 4.
+    t = [(10.0, 5), (30.0, 10), (8.0, 4), (12.0, 6)]
+    d = [(12.0, 5), (33.0, 10), (7.0, 4), (15.0, 6)]
+    r = paired_comparison(t, d, samples=2000, seed=7)
+    assert r == paired_comparison(t, d, samples=2000, seed=7)  # deterministic
+    assert r["ppl_ratio"] == pytest.approx(math.exp((60 - 67) / 25))
+    assert r["target_better_docs"] == 3 and r["draft_better_docs"] == 1 and r["target_better_share"] == 0.75
+    assert r["mean_nll_diff_per_doc"] == pytest.approx((-0.4 - 0.3 + 0.25 - 0.5) / 4)
+    lo, hi = r["ppl_ratio_ci95"]
+    assert lo <= r["ppl_ratio"] <= hi
+
+
 def test_card_numbers_match_recorded_results(recorded):
     card = (MODELS_DIR / "README.md").read_text()
     p = recorded["perplexity"]
@@ -125,6 +190,20 @@ def test_card_numbers_match_recorded_results(recorded):
         assert f"{value:.2f}" in card
     assert f"{100 * recorded['speculative']['acceptance_rate']:.1f}%" in card
     assert f"{100 * recorded['min_expert_load']:.1f}%" in card
+    # The paired target-vs-draft comparison: recorded, consistent, and in the card.
+    c = recorded["paired_target_vs_draft"]
+    assert c["docs"] == recorded["heldout_docs"]
+    assert c["ppl_ratio"] == pytest.approx(p["target"] / p["draft"], rel=1e-9)
+    assert c["log_ppl_ratio"] == pytest.approx(math.log(c["ppl_ratio"]), rel=1e-9)
+    lo, hi = c["ppl_ratio_ci95"]
+    assert lo < c["ppl_ratio"] < hi < 1  # the target is better beyond document-resampling noise
+    assert c["mean_nll_diff_per_doc_ci95"][1] < 0
+    assert c["target_better_docs"] + c["draft_better_docs"] <= c["docs"]
+    assert c["target_better_share"] == c["target_better_docs"] / c["docs"] > 0.5
+    assert c["bootstrap"]["samples"] >= 1000
+    for value in (c["ppl_ratio"], lo, hi):
+        assert f"{value:.4f}" in card
+    assert f"{c['target_better_docs']} of {c['docs']} ({100 * c['target_better_share']:.1f}%)" in card
     # The issue's quality bar, on the full held-out split.
     assert p["target"] < 0.9 * p["draft"] < 0.9 * p["unigram"]
     assert p["draft"] < p["unigram"] / 3
@@ -140,6 +219,8 @@ def test_quick_evaluation_reproduces_recorded_numbers(models, recorded):
     assert got["docs"] == want["docs"] > 0
     assert got["target_ppl"] == pytest.approx(want["target_ppl"], rel=1e-3)
     assert got["draft_ppl"] == pytest.approx(want["draft_ppl"], rel=1e-3)
+    # Per-document comparison; a document whose two NLLs nearly tie may flip.
+    assert got["target_better_share"] == pytest.approx(want["target_better_share"], abs=1 / got["docs"] + 1e-9)
     assert got["min_expert_load"] == pytest.approx(want["min_expert_load"], abs=1e-3)
     assert got["acceptance_rate"] == pytest.approx(want["acceptance_rate"], abs=0.02)
     assert got["target_ppl"] < got["draft_ppl"]

@@ -9,6 +9,13 @@ Measured here:
 - perplexity of target and draft on held-out documents (`<|bos|> text <|end|>`,
   every token after <|bos|> predicted), and of a unigram baseline fitted on the
   training split (add-one smoothing);
+- a paired target-vs-draft comparison on the same held-out documents: per
+  document, the difference of the mean NLL per token (target - draft); the
+  share of documents where the target's is lower (with an exact two-sided sign
+  test); and a bootstrap 95% confidence interval (documents resampled with
+  replacement, fixed seed) of the perplexity ratio target / draft. It measures
+  how much the gap depends on which documents were held out, not how much it
+  would vary between training runs (each model was trained once);
 - expert load: the share of routed (token, top-2 slot) assignments each expert
   of each MoE layer receives on held-out text;
 - greedy speculative acceptance: the draft proposes k=4 greedy tokens, the target
@@ -34,6 +41,8 @@ from . import DRAFT_DIR, MODELS_DIR, TARGET_DIR
 from .corpus import load_docs, split_docs
 
 QUICK_DOCS = 32  # size of the subset that tests re-evaluate
+BOOTSTRAP_SAMPLES = 10_000  # resamples of the held-out documents for the paired comparison
+BOOTSTRAP_SEED = 1234
 FINGERPRINT_PROMPT = "The little dog ran to the door and"
 FINGERPRINT_CHAT = [{"role": "user", "content": "Tell me something about cats."}]
 PROMPTS = [  # ordinary prompts for the English-word check and the card's samples
@@ -78,14 +87,77 @@ def encode(tok, text: str, max_len: int = 512) -> list[int]:
 
 
 @torch.no_grad()
-def perplexity(model, tok, texts: list[str]) -> float:
-    nll, count = 0.0, 0
+def doc_nll(model, tok, texts: list[str]) -> list[tuple[float, int]]:
+    """Per document: (summed NLL in nats of every token after <|bos|>, token count)."""
+    rows = []
     for text in texts:
         ids = torch.tensor([encode(tok, text)])
         logits = model(ids).logits[0, :-1].float()
-        nll += torch.nn.functional.cross_entropy(logits, ids[0, 1:], reduction="sum").item()
-        count += ids.shape[1] - 1
+        rows.append((torch.nn.functional.cross_entropy(logits, ids[0, 1:], reduction="sum").item(),
+                     ids.shape[1] - 1))
+    return rows
+
+
+def perplexity_of(rows: list[tuple[float, int]]) -> float:
+    nll, count = 0.0, 0
+    for s, n in rows:
+        nll += s
+        count += n
     return math.exp(nll / count)
+
+
+def perplexity(model, tok, texts: list[str]) -> float:
+    return perplexity_of(doc_nll(model, tok, texts))
+
+
+def nll_diff_per_doc(target_rows: list[tuple[float, int]], draft_rows: list[tuple[float, int]]) -> list[float]:
+    """Per document: target - draft mean NLL per token (nats; negative = target better)."""
+    assert [n for _, n in target_rows] == [n for _, n in draft_rows], "not the same documents"
+    return [(t - d) / n for (t, n), (d, _) in zip(target_rows, draft_rows)]
+
+
+def sign_test_p(wins: int, losses: int) -> float:
+    """Exact two-sided sign test (binomial, p = 1/2; ties are left out)."""
+    n, k = wins + losses, min(wins, losses)
+    return min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2**n)
+
+
+def paired_comparison(target_rows: list[tuple[float, int]], draft_rows: list[tuple[float, int]],
+                      samples: int = BOOTSTRAP_SAMPLES, seed: int = BOOTSTRAP_SEED) -> dict:
+    """Target vs draft on the same documents (rows from doc_nll, same texts).
+
+    `mean_nll_diff_per_doc`: the mean over documents of (target - draft) mean
+    NLL per token (nats; negative = target better), each document weighted
+    equally. `log_ppl_ratio` is the token-weighted version, log(ppl_t / ppl_d).
+    The 95% intervals are bootstrap percentiles: the documents are resampled
+    with replacement `samples` times (numpy generator seeded with `seed`)."""
+    import numpy as np
+
+    diff = np.array(nll_diff_per_doc(target_rows, draft_rows))
+    t = np.array([s for s, _ in target_rows], dtype=np.float64)
+    d = np.array([s for s, _ in draft_rows], dtype=np.float64)
+    n = np.array([c for _, c in target_rows], dtype=np.float64)
+    wins, losses = int((diff < 0).sum()), int((diff > 0).sum())
+    rng = np.random.default_rng(seed)
+    boot_ratio, boot_diff = [], []
+    for start in range(0, samples, 1000):  # in chunks: 1000 x docs indices at a time
+        idx = rng.integers(0, len(n), size=(min(1000, samples - start), len(n)))
+        boot_ratio.append(np.exp((t[idx].sum(1) - d[idx].sum(1)) / n[idx].sum(1)))
+        boot_diff.append(diff[idx].mean(1))
+    boot_ratio, boot_diff = np.concatenate(boot_ratio), np.concatenate(boot_diff)
+    return {
+        "docs": len(n),
+        "ppl_ratio": math.exp((t.sum() - d.sum()) / n.sum()),
+        "ppl_ratio_ci95": [float(v) for v in np.percentile(boot_ratio, [2.5, 97.5])],
+        "log_ppl_ratio": float((t.sum() - d.sum()) / n.sum()),
+        "mean_nll_diff_per_doc": float(diff.mean()),
+        "mean_nll_diff_per_doc_ci95": [float(v) for v in np.percentile(boot_diff, [2.5, 97.5])],
+        "target_better_docs": wins,
+        "draft_better_docs": losses,
+        "target_better_share": wins / len(n),
+        "sign_test_p": sign_test_p(wins, losses),
+        "bootstrap": {"samples": samples, "seed": seed, "unit": "document"},
+    }
 
 
 def unigram_perplexity(tok, train_texts: list[str], texts: list[str]) -> float:
@@ -199,10 +271,12 @@ def quick_eval(models: Models, n_docs: int = QUICK_DOCS) -> dict:
     """The subset the tests re-run: perplexities, expert load and acceptance on
     the first n_docs held-out documents."""
     texts = heldout_texts(n_docs)
+    t_rows, d_rows = doc_nll(models.target, models.tok, texts), doc_nll(models.draft, models.tok, texts)
     return {
         "docs": len(texts),
-        "target_ppl": perplexity(models.target, models.tok, texts),
-        "draft_ppl": perplexity(models.draft, models.tok, texts),
+        "target_ppl": perplexity_of(t_rows),
+        "draft_ppl": perplexity_of(d_rows),
+        "target_better_share": sum(x < 0 for x in nll_diff_per_doc(t_rows, d_rows)) / len(texts),
         "min_expert_load": min(min(layer) for layer in expert_load(models.target, models.tok, texts)),
         "acceptance_rate": speculative_acceptance(models, texts[:8], new_tokens=16)["acceptance_rate"],
     }
@@ -215,6 +289,7 @@ def full_eval(models: Models) -> dict:
     test_texts = [d.text for d in splits["test"]]
     tok = models.tok
     n_tokens = sum(len(encode(tok, t)) - 1 for t in test_texts)
+    t_rows, d_rows = doc_nll(models.target, tok, test_texts), doc_nll(models.draft, tok, test_texts)
     loads = expert_load(models.target, tok, test_texts)
     rows = samples(models)
     words = train_word_list()
@@ -222,10 +297,11 @@ def full_eval(models: Models) -> dict:
         "heldout_docs": len(test_texts),
         "heldout_tokens": n_tokens,
         "perplexity": {
-            "target": perplexity(models.target, tok, test_texts),
-            "draft": perplexity(models.draft, tok, test_texts),
+            "target": perplexity_of(t_rows),
+            "draft": perplexity_of(d_rows),
             "unigram": unigram_perplexity(tok, train_texts, test_texts),
         },
+        "paired_target_vs_draft": paired_comparison(t_rows, d_rows),
         "expert_load": loads,
         "min_expert_load": min(min(layer) for layer in loads),
         "speculative": speculative_acceptance(models, test_texts[:200]),
@@ -243,10 +319,18 @@ def full_eval(models: Models) -> dict:
 
 
 def report(r: dict) -> str:
-    p = r["perplexity"]
+    p, c = r["perplexity"], r["paired_target_vs_draft"]
     lines = [
         f"held-out: {r['heldout_docs']} documents, {r['heldout_tokens']} predicted tokens",
         f"perplexity: target {p['target']:.2f} | draft {p['draft']:.2f} | unigram baseline {p['unigram']:.1f}",
+        "paired, target vs draft on the same {n} documents: perplexity ratio {r:.4f} "
+        "(bootstrap 95% CI {lo:.4f} to {hi:.4f})".format(
+            n=c["docs"], r=c["ppl_ratio"], lo=c["ppl_ratio_ci95"][0], hi=c["ppl_ratio_ci95"][1]),
+        "  per document: mean NLL/token difference (target - draft) {m:+.4f} nats (95% CI {mlo:+.4f} to "
+        "{mhi:+.4f}); target better on {w}/{n} ({share:.1%}, sign test p = {pv:.2g})".format(
+            m=c["mean_nll_diff_per_doc"], mlo=c["mean_nll_diff_per_doc_ci95"][0],
+            mhi=c["mean_nll_diff_per_doc_ci95"][1], w=c["target_better_docs"], n=c["docs"],
+            share=c["target_better_share"], pv=c["sign_test_p"]),
         "expert load (share of routed token-slots, experts 0-7):",
         *[f"  layer {i}: " + " ".join(f"{100 * x:5.1f}%" for x in layer) for i, layer in enumerate(r["expert_load"])],
         f"  minimum: {100 * r['min_expert_load']:.1f}%",

@@ -67,8 +67,15 @@ def wrap(tok: Tokenizer) -> PreTrainedTokenizerFast:
 
 def save_tokenizer(tok: PreTrainedTokenizerFast, out_dir) -> None:
     """save_pretrained, then put the chat template inside tokenizer_config.json
-    (older loaders and other engines look for it there, not in a .jinja file)
-    and name the plain fast-tokenizer class so no custom code is needed."""
+    (older loaders and other engines look for it there, not in a .jinja file),
+    name the plain fast-tokenizer class so no custom code is needed, and list
+    the role tokens under `additional_special_tokens`.
+
+    transformers 5 saves them as a list under `extra_special_tokens`, a form
+    transformers 4 cannot read (there that key must be a dict of named tokens,
+    and `from_pretrained` fails with "'list' object has no attribute 'keys'").
+    `additional_special_tokens` is read by both: 4.x natively, 5.x as the
+    legacy name of the same list."""
     import json
     from pathlib import Path
 
@@ -79,6 +86,14 @@ def save_tokenizer(tok: PreTrainedTokenizerFast, out_dir) -> None:
     cfg = json.loads(cfg_path.read_text())
     for key in ("is_local", "local_files_only"):  # loader state that a reloaded tokenizer carries
         cfg.pop(key, None)
+    roles = list(ROLE_TOKENS.values())
+    extra = cfg.get("extra_special_tokens")
+    if isinstance(extra, list):  # transformers 5: rename it in place, same position in the file
+        assert extra == roles, extra
+        cfg = {("additional_special_tokens" if k == "extra_special_tokens" else k): v for k, v in cfg.items()}
+    elif not extra:  # transformers 4 writes an empty dict
+        cfg.pop("extra_special_tokens", None)
+    cfg["additional_special_tokens"] = roles
     cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
     cfg["chat_template"] = CHAT_TEMPLATE
     cfg["add_bos_token"] = True
