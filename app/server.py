@@ -50,5 +50,8 @@ def create_app(service: EngineService | None, replay: Recording | None = None,
     # A built-in theme with system fonts: GoogleFont would fetch from the internet.
     theme = gr.themes.Default(font=["ui-sans-serif", "system-ui", "sans-serif"],
                               font_mono=["ui-monospace", "monospace"])
+    # run_history off: Gradio would copy every streamed update (our panels, images included)
+    # into the browser's localStorage, re-serialising its last 100 runs each time, which
+    # made each update slower request after request (and kept visitors' prompts there).
     return gr.mount_gradio_app(api, page, path="/", css=CSS, theme=theme, footer_links=["api"],
-                               auth=page_login(limits), show_error=not limits.public)
+                               auth=page_login(limits), show_error=not limits.public, run_history=False)

@@ -3,9 +3,15 @@ fact and a trace can be exported, replayed or walked through in classroom mode.
 
 Per request it keeps the trace events (plain dicts), the streamed outputs, the JSON body
 it came with, and the KV block pool after each engine step it took part in (the pool is
-not in the request's own events: other requests' blocks are drawn too)."""
+not in the request's own events: other requests' blocks are drawn too).
+
+A finished request's events and outputs are packed into one JSON string: millions of
+small dicts and lists kept for 32 requests would make each full garbage collection
+walk them all, a pause of hundreds of milliseconds that stalls the engine and the
+page alike. A string is one object the collector never looks into."""
 from __future__ import annotations
 
+import json
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -20,6 +26,24 @@ class StoredTrace:
     body: dict | None = None
     dropped: int = 0
     finished: bool = False
+    packed: str | None = None  # events and outputs as JSON, once finished (the lists are empty then)
+
+    def pack(self) -> None:
+        if self.packed is None:
+            self.packed = json.dumps([self.events, self.outputs], separators=(",", ":"))
+            self.events, self.outputs = [], []
+
+    def unpack(self) -> None:
+        if self.packed is not None:
+            self.events, self.outputs = json.loads(self.packed)
+            self.packed = None
+
+    def lists(self) -> tuple[list[dict], list[dict]]:
+        """Fresh lists of the events and outputs, packed or not."""
+        if self.packed is not None:
+            events, outputs = json.loads(self.packed)
+            return events, outputs
+        return list(self.events), list(self.outputs)
 
 
 class TraceStore:
@@ -42,17 +66,24 @@ class TraceStore:
     def add(self, request_id: str, event: dict) -> None:
         with self._lock:
             tr = self._trace(request_id)
+            late = tr.packed is not None  # an event after the end (rare)
+            tr.unpack()
             if len(tr.events) < self.max_events:
                 tr.events.append(event)
             else:
                 tr.dropped += 1
+            if late:
+                tr.pack()
 
     def add_output(self, request_id: str, item: dict) -> None:
         with self._lock:
             tr = self._traces.get(request_id)
             if tr is not None:  # untraced requests keep nothing
+                tr.unpack()
                 tr.outputs.append(item)
                 tr.finished = tr.finished or item["finished"]
+                if tr.finished:
+                    tr.pack()
 
     def add_snapshot(self, request_id: str, snapshot: Any) -> None:
         with self._lock:
@@ -70,7 +101,7 @@ class TraceStore:
     def get(self, request_id: str) -> list[dict]:
         with self._lock:
             tr = self._traces.get(request_id)
-            return list(tr.events) if tr else []
+            return tr.lists()[0] if tr else []
 
     def trace(self, request_id: str) -> StoredTrace | None:
         """A copy of everything kept for the request (lists copied, items shared)."""
@@ -78,8 +109,8 @@ class TraceStore:
             tr = self._traces.get(request_id)
             if tr is None:
                 return None
-            return StoredTrace(list(tr.events), list(tr.outputs), list(tr.snapshots), tr.body, tr.dropped,
-                               tr.finished)
+            events, outputs = tr.lists()
+            return StoredTrace(events, outputs, list(tr.snapshots), tr.body, tr.dropped, tr.finished)
 
     def dropped(self, request_id: str) -> int:
         with self._lock:

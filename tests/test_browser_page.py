@@ -191,6 +191,9 @@ def test_a_request_streams_through_every_panel(server, browser, shots):
     assert page.evaluate("document.querySelectorAll('img[src=\"x\"]').length") == 0
     assert page.evaluate("[...document.querySelectorAll('.tt-panel b')].filter(b => b.textContent === 'x').length") == 0
     assert page.external == []
+    # Gradio's run history is off: it would copy every update into localStorage (slower
+    # request after request) and keep the visitor's prompts there
+    assert page.evaluate("Object.keys(localStorage).filter(k => k.startsWith('gradio:run-history'))") == []
     context.close()
 
 

@@ -226,3 +226,28 @@ def test_a_classroom_on_a_running_request_follows_it_to_the_end(service, monkeyp
             time.sleep(0.2)
         assert client.get(f"/classroom/{room['id']}/state").json()["version"] > first["version"]
     service.unsubscribe(watch)
+
+
+def test_the_store_packs_a_finished_trace_and_reads_it_back_the_same():
+    """Finished traces are kept as one JSON string (no small objects for the garbage
+    collector to walk); every read gives the same events and outputs as before."""
+    from app.trace_store import TraceStore
+    store = TraceStore(max_requests=2)
+    events = [{"type": "tokenize", "request_id": "a", "step": 0, "tokens": [{"id": 1, "piece": "<x>"}]},
+              {"type": "attention", "request_id": "a", "step": 1, "probs": [[[0.25, 0.75]]]}]
+    for e in events:
+        store.add("a", e)
+    store.add_output("a", {"token_id": 5, "finished": False, "step": 1})
+    assert store._traces["a"].packed is None  # still running: plain lists
+    done = {"token_id": 6, "finished": True, "step": 2}
+    store.add_output("a", done)
+    tr = store._traces["a"]
+    assert tr.packed is not None and tr.events == [] and tr.outputs == []
+    got = store.trace("a")
+    assert got.events == events and got.outputs[-1] == done and got.finished and store.get("a") == events
+    store.add("a", {"type": "kv.free", "request_id": "a", "step": 2, "blocks": [3]})  # after the end
+    assert [e["type"] for e in store.get("a")] == ["tokenize", "attention", "kv.free"]
+    assert store._traces["a"].packed is not None
+    store.add("b", events[0])
+    store.add("c", events[0])  # only the 2 newest requests are kept
+    assert store.request_ids() == ["b", "c"] and store.trace("a") is None
