@@ -187,12 +187,39 @@ class Bench:
                 ttfts[level].append(out["ttft"])
                 sink.events.clear()
         engine.tracer = tracer
+        self.tracing_off_steps(engine, tracer, prompts[0], n)
         rate0, ttft0 = statistics.median(rates["none"]), statistics.median(ttfts["none"])
         for level in levels[1:]:
             self.add("tracing cost", f"trace {level}: tok/s", statistics.median(rates[level]), "tok/s", rate0,
                      "decode; baseline: no tracer")
             self.add("tracing cost", f"trace {level}: TTFT", statistics.median(ttfts[level]) * 1e3, "ms",
                      ttft0 * 1e3)
+
+    def tracing_off_steps(self, engine: LLMEngine, tracer: Tracer, prompt: list[int], n: int) -> None:
+        """`off` against no tracer, step by step: one request's decode steps alternate
+        between the two, so even slow drift in the machine's speed cancels, and the many
+        steps give a confidence interval for a difference of a few percent."""
+        steps: dict[bool, list[float]] = {False: [], True: []}
+        for _ in range(4 * self.s.repeats):
+            engine.tracer = tracer
+            rid = engine.add_request(prompt, greedy(n), trace_level="off")
+            engine.step()  # the prefill
+            with_tracer = False
+            while engine.has_unfinished_requests():
+                engine.tracer = tracer if with_tracer else None
+                t = time.perf_counter()
+                engine.step()
+                steps[with_tracer].append(time.perf_counter() - t)
+                with_tracer = not with_tracer
+            engine.release(rid)
+        engine.tracer = tracer
+        off, none = steps[True], steps[False]
+        rng = random.Random(0)
+        ratios = sorted(statistics.median(rng.choices(none, k=len(none))) /
+                        statistics.median(rng.choices(off, k=len(off))) for _ in range(1000))
+        self.add("tracing cost", "trace off, alternate steps: tok/s", 1 / statistics.median(off), "tok/s",
+                 1 / statistics.median(none), f"{len(off) + len(none)} decode steps; ratio 95% CI "
+                 f"{ratios[25]:.3f}-{ratios[974]:.3f}")
 
     def mixed(self) -> tuple[list[list[int]], list[int]]:
         """16 requests (by default) of mixed prompt and output lengths: prompts, outputs."""

@@ -19,7 +19,8 @@ def test_bench_quick_runs_every_section(checkpoint, tmp_path, capsys):
     assert all(math.isfinite(r.value) for r in rows)  # tiny runs: no claim about speed
     assert "greedy tokens identical" in {r.note for r in rows if r.section == "decode vs transformers"}
     out = capsys.readouterr().out
-    assert "ratio" in out and "trace full: tok/s" in out
+    assert "ratio" in out and "trace full: tok/s" in out and "trace off, alternate steps" in out
+    assert "95% CI" in next(r.note for r in rows if r.name.startswith("trace off, alternate"))
     (result,) = (tmp_path / "results").glob("bench-*.json")
     data = json.loads(result.read_text())
     assert data["machine"]["cpu_count"] >= 1 and len(data["rows"]) == len(rows)
