@@ -58,9 +58,11 @@ class Verdict:
 
 
 def distribution(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """The distribution a token is drawn from under these params ([V], float32)."""
+    """The distribution a token is drawn from under these params ([V], float32). Greedy
+    requests take the argmax and never draw; for them this is the plain softmax, so the
+    trace can say how sure each model was."""
     if params.greedy:
-        return torch.nn.functional.one_hot(logits.argmax(), logits.shape[-1]).float()
+        return torch.softmax(logits.float(), dim=-1)
     return torch.softmax(filter_logits(logits, params), dim=-1)
 
 
@@ -87,7 +89,7 @@ def verify(target_logits: torch.Tensor, drafts: list[int], draft_probs: list[tor
                 return Verdict(i, tokens, p_x, q_x)
         tokens.append(x)
     last = p[k]
-    bonus = int(last.argmax()) if params.greedy else int(torch.multinomial(last, 1, generator=generator))
+    bonus = int(target_logits[k].argmax()) if params.greedy else int(torch.multinomial(last, 1, generator=generator))
     return Verdict(k, tokens + [bonus], p_x, q_x)
 
 
@@ -124,7 +126,7 @@ class Speculator:
             for (item, view), step, row in zip(active, steps, logits):
                 view.num_computed_tokens += step.num_tokens
                 q = distribution(row, item.seq.params)
-                x = int(q.argmax()) if item.seq.params.greedy else \
+                x = int(row.argmax()) if item.seq.params.greedy else \
                     int(torch.multinomial(q, 1, generator=item.seq.generator))
                 item.draft_tokens.append(x)
                 item.draft_probs.append(q)

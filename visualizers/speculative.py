@@ -42,6 +42,8 @@ def spec_html(rounds: Sequence[dict], enabled: bool = True, pieces: Mapping[int,
             f"<b>{accepted}</b> · acceptance rate <b>{accepted / max(proposed, 1):.0%}</b> · "
             f"{per_pass:.2f} tokens per target pass · rule: "
             f"{'greedy match' if rounds[-1].get('greedy') else 'rejection sampling (keeps the target distribution)'}"
+            f"</div><div>hover a proposal for q (the draft's probability of it) and p (the target's)"
+            f"{'; greedy keeps it when it is the target argmax' if rounds[-1].get('greedy') else '; kept with probability min(1, p/q)'}"
             f"</div><div class='tt-legend'><span class='tt-chip tt-acc'>accepted</span>"
             f"<span class='tt-chip tt-rej'>rejected</span><span class='tt-chip tt-skip'>not checked</span>"
             f"<span class='tt-chip tt-bonus'>bonus</span><span class='tt-chip tt-corrected'>corrected</span>"
