@@ -120,7 +120,8 @@ class LLMEngine:
             draft_runner = ModelRunner(draft_path, draft_cfg, draft_config, self.max_model_len,
                                        self.dtype, self.device, progress)
             self.speculator = Speculator(draft_runner, BlockManager(
-                draft_runner.num_blocks, self.config.block_size, self.config.enable_prefix_caching))
+                draft_runner.num_blocks, self.config.block_size, self.config.enable_prefix_caching),
+                self.config.max_num_batched_tokens)
         self.scheduler = Scheduler(self.config, self.block_manager,
                                    self._lookahead if self.speculator is not None else None)
         self.requests: dict[str, Sequence] = {}

@@ -96,9 +96,10 @@ def verify(target_logits: torch.Tensor, drafts: list[int], draft_probs: list[tor
 class Speculator:
     """Runs the draft model: its own weights, paged KV pool and prefix cache."""
 
-    def __init__(self, runner: ModelRunner, block_manager: BlockManager) -> None:
+    def __init__(self, runner: ModelRunner, block_manager: BlockManager, max_tokens_per_pass: int) -> None:
         self.runner = runner
         self.bm = block_manager
+        self.max_tokens_per_pass = max_tokens_per_pass  # the engine's step budget: no huge draft prefill
         self.views: dict[str, DraftView] = {}
 
     def propose(self, items: list[ScheduledSeq]) -> None:
@@ -116,11 +117,10 @@ class Speculator:
                 continue
             self.bm.allocate(view, needed)
             active.append((item, view))
-        round_ = 0
-        while active:
-            steps = [ScheduledSeq(view, view.num_computed_tokens,
-                                  len(item.seq) - view.num_computed_tokens if round_ == 0 else 1,
-                                  draft_tokens=item.draft_tokens) for item, view in active]
+        self._catch_up([view for _, view in active])
+        while active:  # one token each: the last real one, then each proposal fed back in
+            steps = [ScheduledSeq(view, view.num_computed_tokens, 1, draft_tokens=item.draft_tokens)
+                     for item, view in active]
             batch = self.runner.prepare(steps, [None] * len(steps))
             logits = self.runner.run(batch, [e - 1 for e in batch.query_starts[1:]])
             for (item, view), step, row in zip(active, steps, logits):
@@ -131,7 +131,22 @@ class Speculator:
                 item.draft_tokens.append(x)
                 item.draft_probs.append(q)
             active = [(item, view) for item, view in active if len(item.draft_tokens) < item.num_draft]
-            round_ += 1
+
+    def _catch_up(self, views: list[DraftView]) -> None:
+        """Feed the draft every real token but the last (a new prompt, or tokens the target
+        produced), in passes no bigger than the step budget, as the target's prefill is."""
+        while True:
+            steps, room = [], self.max_tokens_per_pass
+            for view in views:
+                n = min(len(view) - 1 - view.num_computed_tokens, room)
+                if n > 0:
+                    steps.append(ScheduledSeq(view, view.num_computed_tokens, n))
+                    room -= n
+            if not steps:
+                return
+            self.runner.run(self.runner.prepare(steps, [None] * len(steps)), [])
+            for step in steps:
+                step.seq.num_computed_tokens += step.num_tokens
 
     @staticmethod
     def drop_proposals(item: ScheduledSeq) -> None:

@@ -53,6 +53,22 @@ def test_greedy_is_identical_with_speculation(models, reference, arch, k):
     assert pools_empty(llm)
 
 
+def test_the_draft_prefills_in_passes_no_bigger_than_the_step_budget(models, reference):
+    target, draft = models["mixtral"]
+    llm = LLM(target, device="cpu", block_size=4, draft=draft, num_speculative_tokens=3,
+              max_num_batched_tokens=16)
+    runner = llm.engine.speculator.runner
+    sizes, run = [], runner.run
+
+    def counted(batch, rows=None):
+        sizes.append(batch.query_starts[-1])
+        return run(batch, rows)
+    runner.run = counted
+    assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == reference["mixtral"]
+    assert max(sizes) == 16 and sum(s == 16 for s in sizes) >= 3  # the 41-token prompt took several
+    assert pools_empty(llm)
+
+
 def test_greedy_matches_transformers_with_speculation(models):
     target, draft = models["mixtral"]
     llm = LLM(target, device="cpu", draft=draft, num_speculative_tokens=3)
