@@ -1,7 +1,9 @@
 import os
 
-# Triton kernels run on the CPU through the interpreter; must be set before triton imports.
-os.environ.setdefault("TRITON_INTERPRET", "1")
+# Triton kernels run on the CPU through the interpreter (on a GPU machine, with
+# TOKENTRACE_TEST_DEVICE=cuda, natively); must be set before triton imports.
+if os.environ.get("TOKENTRACE_TEST_DEVICE", "cpu") == "cpu":
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 

@@ -1,6 +1,9 @@
 """Drive the engine's model runner by hand: the whole prompt in chunks of a chosen
-size through the paged cache, returning the logits at every position."""
+size through the paged cache, returning the logits at every position. DEVICE: where
+the engine tests run (TOKENTRACE_TEST_DEVICE=cuda on a GPU machine; CPU by default)."""
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -9,6 +12,8 @@ from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledSeq
 from engine.sequence import Sequence
 from engine.tokenizer import IncrementalDetokenizer
+
+DEVICE = os.environ.get("TOKENTRACE_TEST_DEVICE", "cpu")
 
 
 def chunked_logits(engine: LLMEngine, ids: list[int], chunk: int) -> torch.Tensor:
@@ -26,4 +31,4 @@ def chunked_logits(engine: LLMEngine, ids: list[int], chunk: int) -> torch.Tenso
             seq.num_computed_tokens += n
     finally:
         bm.free_seq(seq)
-    return torch.cat(out)
+    return torch.cat(out).cpu()  # compared with references computed on the CPU

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from engine import bench
+from tests.engine_utils import DEVICE
 from tests.tiny import make_checkpoint
 
 
@@ -30,7 +31,7 @@ def test_decode_bytes_per_token_counts_what_one_step_reads(checkpoint):
     """The HBM-bound row's denominator, by hand for the tiny checkpoints (float32): a MoE
     step reads 2 of its 4 experts and one embedding row; a tied LM head reads the table."""
     from engine.llm_engine import LLMEngine
-    moe = LLMEngine(checkpoint("mixtral"), device="cpu", dtype="float32")
+    moe = LLMEngine(checkpoint("mixtral"), device=DEVICE, dtype="float32")
     h, i, v, ctx = 64, 96, 320, 10
     attn = h * (h + 2 * 32) + h * h  # q, k, v (2 kv heads x 16) and o
     experts = 2 * (2 * i * h + h * i)  # top 2 of 4: gate+up and down
@@ -38,7 +39,7 @@ def test_decode_bytes_per_token_counts_what_one_step_reads(checkpoint):
     kv = 2 * 3 * 2 * 16 * ctx  # K and V, 3 layers, 2 kv heads x 16, ctx tokens
     expected = 4 * (3 * layer + h + h + v * h + kv)  # + final norm, one embedding row, LM head
     assert bench.decode_bytes_per_token(moe.runner.model, moe.model_config, ctx) == expected
-    dense = LLMEngine(checkpoint("llama"), device="cpu", dtype="float32")
+    dense = LLMEngine(checkpoint("llama"), device=DEVICE, dtype="float32")
     layer = attn + 3 * h * i + 2 * h
     assert dense.model_config.tie_word_embeddings
     assert bench.decode_bytes_per_token(dense.runner.model, dense.model_config, ctx) == 4 * (3 * layer + h + v * h + kv)

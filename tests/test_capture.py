@@ -8,6 +8,7 @@ from engine import CaptureConfig, EventList, SamplingParams, Tracer
 from engine.capture import attention_probs
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
+from tests.engine_utils import DEVICE
 from tests.tiny import load_reference
 
 PROMPT = torch.randint(4, 300, (21,), generator=torch.Generator().manual_seed(11)).tolist()
@@ -17,7 +18,7 @@ PROMPT = torch.randint(4, 300, (21,), generator=torch.Generator().manual_seed(11
 def test_captured_attention_equals_transformers(checkpoint, arch):
     sink = EventList()
     # a 7-token budget chunks the prompt; an untraced request shares every batch, first
-    engine = LLMEngine(checkpoint(arch), device="cpu", tracer=Tracer(sink), trace_level="off",
+    engine = LLMEngine(checkpoint(arch), device=DEVICE, tracer=Tracer(sink), trace_level="off",
                        config=EngineConfig(block_size=4, max_num_batched_tokens=7),
                        capture=CaptureConfig(heads=[0, 3], max_keys=6, embed_dims=8))
     greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
@@ -64,7 +65,7 @@ def test_captured_verify_rows_equal_transformers(checkpoint):
     each pass saw are the output's."""
     sink = EventList()
     target = checkpoint("mixtral")
-    engine = LLMEngine(target, device="cpu", draft=target, num_speculative_tokens=3, tracer=Tracer(sink),
+    engine = LLMEngine(target, device=DEVICE, draft=target, num_speculative_tokens=3, tracer=Tracer(sink),
                        trace_level="full", config=EngineConfig(block_size=4),
                        capture=CaptureConfig(heads=[1, 2], max_keys=5))
     rid = engine.add_request(PROMPT, SamplingParams(temperature=0, max_tokens=9, ignore_eos=True))

@@ -5,6 +5,7 @@ import torch
 
 from engine import LLM, SamplingParams
 from engine.llm_engine import DEFAULT_MODEL
+from tests.engine_utils import DEVICE
 
 DRAFT = DEFAULT_MODEL.parent / "draft"
 CHAT = [{"role": "system", "content": "You are a wise old owl."},
@@ -14,7 +15,7 @@ GREEDY = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
 
 @pytest.fixture(scope="module")
 def llm():
-    return LLM(device="cpu")  # no model argument: the embedded target
+    return LLM(device=DEVICE)  # no model argument: the embedded target
 
 
 def test_default_model_is_the_embedded_target(llm):
@@ -44,7 +45,7 @@ def test_chat_stops_at_end_of_turn(llm):
 @pytest.mark.parametrize("k", range(1, 7))
 def test_speculation_with_the_embedded_draft_is_exact(llm, k):
     expected = llm.chat(CHAT, GREEDY).token_ids
-    spec = LLM(device="cpu", draft=DRAFT, num_speculative_tokens=k)
+    spec = LLM(device=DEVICE, draft=DRAFT, num_speculative_tokens=k)
     out = spec.chat(CHAT, GREEDY)
     assert out.token_ids == expected
     stats = spec.engine.stats

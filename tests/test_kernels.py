@@ -1,4 +1,5 @@
-"""Triton kernels vs their plain-torch references, run on CPU under the Triton interpreter.
+"""Triton kernels vs their plain-torch references, run on CPU under the Triton interpreter
+(with TOKENTRACE_TEST_DEVICE=cuda, natively on the GPU).
 
 The references are themselves checked against a naive dense attention over unpaged K/V,
 so a bug shared by kernel and reference cannot pass unnoticed.
@@ -8,7 +9,9 @@ from __future__ import annotations
 
 import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first triton import
+DEVICE = os.environ.get("TOKENTRACE_TEST_DEVICE", "cpu")
+if DEVICE == "cpu":
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first triton import
 
 import importlib.util
 import subprocess
@@ -40,6 +43,12 @@ def _triton_importable() -> bool:
 
 
 needs_triton = pytest.mark.skipif(not _triton_importable(), reason="triton is not importable")
+cpu_only = pytest.mark.skipif(DEVICE != "cpu", reason="checks the CPU dispatch")
+
+
+def on_device(*ts: torch.Tensor) -> list[torch.Tensor]:
+    """Copies where the kernels under test run (the references stay on the CPU)."""
+    return [t.to(DEVICE) for t in ts]
 
 TOL = {  # (atol, rtol) for kernel vs reference
     torch.float32: (1e-5, 1e-5),
@@ -190,19 +199,20 @@ def test_store_kv_triton_matches_reference(dtype, slot_dtype, bs, h, d):
     kc_ref, vc_ref = kc.clone(), vc.clone()
     store_kv_reference(key, value, kc_ref, vc_ref, slots)
     assert not torch.equal(kc_ref, kc)  # the reference did write something
+    key, value, kc, vc, slots = on_device(key, value, kc, vc, slots)
     store_kv_triton(key, value, kc, vc, slots)
-    assert torch.equal(kc, kc_ref) and torch.equal(vc, vc_ref)  # a copy must be exact
+    assert torch.equal(kc.cpu(), kc_ref) and torch.equal(vc.cpu(), vc_ref)  # a copy must be exact
 
 
 @needs_triton
 def test_store_kv_triton_strided_input_and_cache_view():
     # key/value split from a fused qkv (strided), cache a view into a larger [2, ...] buffer.
     n, h, d, bs = 6, 2, 16, 8
-    qkv = torch.randn(n, (4 + 2 * h) * d)
+    qkv = torch.randn(n, (4 + 2 * h) * d, device=DEVICE)
     key = qkv[:, 4 * d : (4 + h) * d].view(n, h, d)
     value = qkv[:, (4 + h) * d :].view(n, h, d)
-    kv = torch.zeros(2, 3, bs, h, d)
-    slots = torch.tensor([0, 9, -1, 23, 8, 1], dtype=torch.int64)
+    kv = torch.zeros(2, 3, bs, h, d, device=DEVICE)
+    slots = torch.tensor([0, 9, -1, 23, 8, 1], dtype=torch.int64, device=DEVICE)
     ref = kv.clone()
     store_kv_reference(key, value, ref[0], ref[1], slots)
     store_kv_triton(key, value, kv[0], kv[1], slots)
@@ -210,6 +220,7 @@ def test_store_kv_triton_strided_input_and_cache_view():
 
 
 @needs_triton
+@cpu_only
 def test_store_kv_dispatch(monkeypatch):
     key, value, kc, vc, slots = _store_case(5, 2, 16, 8, torch.float32, torch.int64)
     calls = []
@@ -231,7 +242,7 @@ def test_store_kv_dispatch(monkeypatch):
 
 def _check_attention(q, kc, vc, bt, lens, scale, sliding_window, dtype):
     ref = paged_decode_attention_reference(q, kc, vc, bt, lens, scale, sliding_window)
-    out = paged_decode_attention_triton(q, kc, vc, bt, lens, scale, sliding_window)
+    out = paged_decode_attention_triton(*on_device(q, kc, vc, bt, lens), scale, sliding_window).cpu()
     assert out.dtype == q.dtype and out.shape == q.shape
     assert torch.isfinite(out).all(), "kernel read a slot outside the context (NaN-poisoned)"
     atol, rtol = TOL[dtype]
@@ -304,14 +315,17 @@ def test_paged_attention_triton_matches_dense_end_to_end():
     pad = torch.zeros(1, h_kv, d)
     key = torch.cat([t for k in dk for t in (k, pad)])
     value = torch.cat([t for v in dv for t in (v, pad)])
-    store_kv_triton(key, value, kc, vc, torch.tensor(slots))
+    kc, vc, key, value, slots, bt = on_device(kc, vc, key, value, torch.tensor(slots), bt)
+    store_kv_triton(key, value, kc, vc, slots)
     q = torch.randn(len(lens), h_kv * group, d, generator=g)
     for window in (None, 4):
-        out = paged_decode_attention(q, kc, vc, bt, torch.tensor(lens, dtype=torch.int32), d**-0.5, window, use_triton=True)
+        out = paged_decode_attention(*on_device(q, kc, vc, bt, torch.tensor(lens, dtype=torch.int32)), d**-0.5,
+                                     window, use_triton=True).cpu()
         torch.testing.assert_close(out, naive_dense_attention(q, dk, dv, d**-0.5, window), atol=1e-5, rtol=1e-5)
 
 
 @needs_triton
+@cpu_only
 def test_paged_attention_dispatch(monkeypatch):
     q, kc, vc, bt, lens, *_ = make_paged_batch([3, 9], 1, 2, 16, 8)
     import engine.kernels.paged_attention as mod

@@ -7,7 +7,7 @@ import torch
 
 from engine import LLM, ModelLoadError, SamplingParams, UnsupportedModelError
 from engine.loader import resolve_model_path
-from tests.engine_utils import chunked_logits
+from tests.engine_utils import DEVICE, chunked_logits
 from tests.tiny import make_checkpoint
 
 PROMPT = list(range(5, 30))
@@ -26,15 +26,15 @@ def test_sharded_checkpoint_with_index(tmp_path, checkpoint):
     sharded = make_checkpoint("qwen2_moe", tmp_path / "sharded", max_shard_size="100KB")
     assert (sharded / "model.safetensors.index.json").is_file()
     assert len(list(sharded.glob("*.safetensors"))) > 1
-    whole = LLM(checkpoint("qwen2_moe"), device="cpu")
-    split = LLM(sharded, device="cpu")
+    whole = LLM(checkpoint("qwen2_moe"), device=DEVICE)
+    split = LLM(sharded, device=DEVICE)
     torch.testing.assert_close(chunked_logits(split.engine, PROMPT, 25), chunked_logits(whole.engine, PROMPT, 25))
 
 
 @pytest.mark.parametrize("dtype,tol", [("bfloat16", 0.15), ("float16", 0.02)])
 def test_half_precision_dtypes(checkpoint, dtype, tol):
-    ref = chunked_logits(LLM(checkpoint("qwen3"), device="cpu", dtype="float32").engine, PROMPT, 25)
-    llm = LLM(checkpoint("qwen3"), device="cpu", dtype=dtype)
+    ref = chunked_logits(LLM(checkpoint("qwen3"), device=DEVICE, dtype="float32").engine, PROMPT, 25)
+    llm = LLM(checkpoint("qwen3"), device=DEVICE, dtype=dtype)
     assert llm.engine.runner.kv_cache.dtype == getattr(torch, dtype)
     got = chunked_logits(llm.engine, PROMPT, 25)
     assert (got - ref).abs().max() < tol * ref.abs().max()
@@ -52,7 +52,7 @@ def test_hub_id_resolves_from_the_hub_cache(checkpoint, tmp_path, monkeypatch):
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hub"))
     path = resolve_model_path("tokentrace/tiny-llama")
     assert path == repo / "snapshots" / commit
-    assert LLM("tokentrace/tiny-llama", device="cpu").engine.model_config.family == "llama"
+    assert LLM("tokentrace/tiny-llama", device=DEVICE).engine.model_config.family == "llama"
     # Ids without an owner (like "gpt2") are hub ids too, not missing local paths.
     bare = tmp_path / "hub" / "models--tiny-llama"
     shutil.copytree(repo, bare)
@@ -62,7 +62,7 @@ def test_hub_id_resolves_from_the_hub_cache(checkpoint, tmp_path, monkeypatch):
 def test_unreachable_hub_is_one_clear_error(tmp_path, monkeypatch):
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path))
     with pytest.raises(ModelLoadError, match="could not get 'nobody/no-such-model' from the Hugging Face hub"):
-        LLM("nobody/no-such-model", device="cpu")
+        LLM("nobody/no-such-model", device=DEVICE)
 
 
 def test_missing_directory():
@@ -136,5 +136,5 @@ def test_device_and_dtype_errors(checkpoint):
 
 def test_loading_reports_progress(checkpoint):
     seen = []
-    LLM(checkpoint("olmoe"), device="cpu", progress=lambda done, total, what: seen.append((done, total)))
+    LLM(checkpoint("olmoe"), device=DEVICE, progress=lambda done, total, what: seen.append((done, total)))
     assert seen and seen[-1][0] == seen[-1][1] > 10

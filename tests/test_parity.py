@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from tests.engine_utils import chunked_logits
+from tests.engine_utils import DEVICE, chunked_logits
 from tests.tiny import ARCH_CONFIGS, load_reference
 
 ARCHS = list(ARCH_CONFIGS)
@@ -18,7 +18,7 @@ def pair(checkpoint):
     def get(arch):
         if arch not in cache:
             path = checkpoint(arch)
-            cache[arch] = (LLM(path, device="cpu", dtype="float32", block_size=4), load_reference(path))
+            cache[arch] = (LLM(path, device=DEVICE, dtype="float32", block_size=4), load_reference(path))
         return cache[arch]
     return get
 
@@ -78,7 +78,7 @@ def test_triton_kernels_in_the_engine(checkpoint, arch):
     """The engine with its Triton kernels (run by the interpreter on CPU) gives the
     same greedy tokens as transformers; on CUDA the same path runs compiled."""
     path = checkpoint(arch)
-    llm = LLM(path, device="cpu", block_size=4, use_triton=True)
+    llm = LLM(path, device=DEVICE, block_size=4, use_triton=True)
     assert llm.engine.runner.use_triton
     prompt = PROMPT[:12]
     with torch.no_grad():

@@ -6,6 +6,7 @@ import torch
 
 from engine import LLM, SamplingParams
 from engine.sampler import explain, filter_logits, sample
+from tests.engine_utils import DEVICE
 
 PROBS = torch.tensor([0.40, 0.25, 0.15, 0.10, 0.06, 0.04])
 LOGITS = PROBS.log()
@@ -75,7 +76,7 @@ def test_invalid_params_raise():
 
 
 def test_seeded_sampling_is_reproducible_whatever_the_batch(checkpoint):
-    llm = LLM(checkpoint("llama"), device="cpu", block_size=4)
+    llm = LLM(checkpoint("llama"), device=DEVICE, block_size=4)
     prompt = list(range(10, 25))
     seeded = SamplingParams(temperature=1.0, top_p=0.95, seed=1234, max_tokens=16, ignore_eos=True)
     alone = llm.generate(prompt, seeded)[0].token_ids

@@ -7,6 +7,7 @@ import torch
 from engine import LLM, EventList, SamplingParams, Tracer
 from engine.llm_engine import LLMEngine
 from engine.config import EngineConfig
+from tests.engine_utils import DEVICE
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 
@@ -24,7 +25,7 @@ def path(checkpoint):
 @pytest.fixture(scope="module")
 def alone(path):
     """Reference outputs: each prompt run on its own, no chunking, no cache sharing."""
-    llm = LLM(path, device="cpu", block_size=4, max_num_seqs=1, enable_prefix_caching=False)
+    llm = LLM(path, device=DEVICE, block_size=4, max_num_seqs=1, enable_prefix_caching=False)
     return {tuple(p): llm.generate(p, GREEDY)[0].token_ids for p in prompts(12)}
 
 
@@ -36,7 +37,7 @@ def free_all(engine: LLMEngine) -> bool:
 
 def test_prefix_cache_reuses_full_blocks(path):
     tracer = Tracer(events := EventList())
-    engine = LLMEngine(path, device="cpu", config=EngineConfig(block_size=4), tracer=tracer)
+    engine = LLMEngine(path, device=DEVICE, config=EngineConfig(block_size=4), tracer=tracer)
     system = list(range(10, 40))  # 30 shared tokens = 7 full blocks
     first = engine.add_request(system + [50, 51, 52], GREEDY)
     while engine.has_unfinished_requests():
@@ -53,7 +54,7 @@ def test_prefix_cache_reuses_full_blocks(path):
                if any(b["request_id"] == second for b in e.data["batch"])][0]
     assert [b["num_tokens"] for b in prefill["batch"] if b["request_id"] == second] == [4]  # 32 - 28 computed
 
-    cold = LLMEngine(path, device="cpu", config=EngineConfig(block_size=4, enable_prefix_caching=False))
+    cold = LLMEngine(path, device=DEVICE, config=EngineConfig(block_size=4, enable_prefix_caching=False))
     rid = cold.add_request(system + [60, 61], GREEDY)
     while cold.has_unfinished_requests():
         cold.step()
@@ -62,7 +63,7 @@ def test_prefix_cache_reuses_full_blocks(path):
 
 
 def test_hash_collision_is_verified(path, monkeypatch):
-    llm = LLM(path, device="cpu", block_size=4)
+    llm = LLM(path, device=DEVICE, block_size=4)
     bm = llm.engine.block_manager
     llm.generate(list(range(10, 30)), GREEDY)
     # Forge: point every cached hash at a block whose ids differ.
@@ -75,18 +76,18 @@ def test_hash_collision_is_verified(path, monkeypatch):
 def test_hash_collision_with_another_parent_is_verified(path, monkeypatch):
     # A weak hash that forgets the parent: block [B] after [A] collides with [B] first.
     monkeypatch.setattr("engine.block_manager.chain_hash", lambda parent, ids: hash(ids))
-    llm = LLM(path, device="cpu", block_size=4)
+    llm = LLM(path, device=DEVICE, block_size=4)
     a, b, tail = [10, 11, 12, 13], [20, 21, 22, 23], [30, 31, 32]
     llm.generate(a + b + tail, GREEDY)
     assert llm.generate(a + b + tail, GREEDY)[0].usage.cached_tokens == 8  # a real hit still hits
     out = llm.generate(b + b + tail, GREEDY)[0]
     assert out.usage.cached_tokens == 0  # same ids as the cached [B], but its K/V saw [A] first
-    cold = LLM(path, device="cpu", block_size=4, enable_prefix_caching=False)
+    cold = LLM(path, device=DEVICE, block_size=4, enable_prefix_caching=False)
     assert out.token_ids == cold.generate(b + b + tail, GREEDY)[0].token_ids
 
 
 def test_lru_eviction_keeps_recent_prefixes(path):
-    llm = LLM(path, device="cpu", block_size=4, num_kv_blocks=24)
+    llm = LLM(path, device=DEVICE, block_size=4, num_kv_blocks=24)
     bm = llm.engine.block_manager
     a, b = list(range(10, 30)), list(range(100, 120))  # 4 full prompt blocks each
     llm.generate(a, GREEDY)  # a is allocated (and cached) first, with the lowest block ids
@@ -101,7 +102,7 @@ def test_lru_eviction_keeps_recent_prefixes(path):
 
 @pytest.mark.parametrize("budget", [8, 64])
 def test_concurrent_greedy_equals_alone(path, alone, budget):
-    llm = LLM(path, device="cpu", block_size=4, max_num_batched_tokens=budget, max_num_seqs=5)
+    llm = LLM(path, device=DEVICE, block_size=4, max_num_batched_tokens=budget, max_num_seqs=5)
     ps = prompts(12)
     outs = llm.generate(ps, GREEDY)
     for p, o in zip(ps, outs):
@@ -111,7 +112,7 @@ def test_concurrent_greedy_equals_alone(path, alone, budget):
 
 def test_chunked_prefill_mixes_with_decode(path):
     tracer = Tracer(events := EventList())
-    engine = LLMEngine(path, device="cpu", config=EngineConfig(block_size=4, max_num_batched_tokens=8),
+    engine = LLMEngine(path, device=DEVICE, config=EngineConfig(block_size=4, max_num_batched_tokens=8),
                        tracer=tracer)
     engine.add_request(list(range(10, 14)), GREEDY)
     engine.step()  # short prompt prefilled, now decoding
@@ -126,7 +127,7 @@ def test_chunked_prefill_mixes_with_decode(path):
 
 def test_preemption_under_a_small_pool_still_matches(path, alone):
     # 14 blocks x 4 tokens: far less than 12 requests need together.
-    llm = LLM(path, device="cpu", block_size=4, num_kv_blocks=14, max_num_seqs=8, max_num_batched_tokens=16)
+    llm = LLM(path, device=DEVICE, block_size=4, num_kv_blocks=14, max_num_seqs=8, max_num_batched_tokens=16)
     ps = prompts(12)
     outs = llm.generate(ps, GREEDY)
     for p, o in zip(ps, outs):
@@ -136,7 +137,7 @@ def test_preemption_under_a_small_pool_still_matches(path, alone):
 
 
 def test_max_running_requests_cap(path):
-    engine = LLMEngine(path, device="cpu", config=EngineConfig(block_size=4, max_num_seqs=3))
+    engine = LLMEngine(path, device=DEVICE, config=EngineConfig(block_size=4, max_num_seqs=3))
     for p in prompts(7):
         engine.add_request(p, GREEDY)
     peak = 0
@@ -147,7 +148,7 @@ def test_max_running_requests_cap(path):
 
 
 def test_random_workload_with_aborts_leaks_nothing(path):
-    engine = LLMEngine(path, device="cpu",
+    engine = LLMEngine(path, device=DEVICE,
                        config=EngineConfig(block_size=4, num_kv_blocks=40, max_num_seqs=6, max_num_batched_tokens=24))
     rng = random.Random(3)
     shared = [rng.randrange(4, 300) for _ in range(12)]
@@ -175,7 +176,7 @@ def test_random_workload_with_aborts_leaks_nothing(path):
 
 
 def test_abort_frees_blocks_at_once(path):
-    engine = LLMEngine(path, device="cpu", config=EngineConfig(block_size=4))
+    engine = LLMEngine(path, device=DEVICE, config=EngineConfig(block_size=4))
     rid = engine.add_request(list(range(10, 40)), SamplingParams(temperature=0, max_tokens=50))
     engine.step()
     assert engine.block_manager.num_free_blocks < engine.block_manager.num_blocks
@@ -188,7 +189,7 @@ def test_abort_frees_blocks_at_once(path):
 
 
 def test_sequence_bigger_than_pool_finishes_cleanly(path):
-    engine = LLMEngine(path, device="cpu", config=EngineConfig(block_size=4, num_kv_blocks=4))
+    engine = LLMEngine(path, device=DEVICE, config=EngineConfig(block_size=4, num_kv_blocks=4))
     rid = engine.add_request(list(range(10, 20)), SamplingParams(temperature=0, max_tokens=100, ignore_eos=True))
     for _ in range(200):
         if not engine.has_unfinished_requests():
@@ -204,7 +205,7 @@ def test_sequence_bigger_than_pool_finishes_cleanly(path):
 
 def test_pool_size_from_a_memory_fraction(path, monkeypatch):
     monkeypatch.setattr("engine.model_runner._available_host_memory", lambda: 64 << 20)
-    llm = LLM(path, device="cpu", block_size=4, kv_cache_memory_fraction=0.25)
+    llm = LLM(path, device=DEVICE, block_size=4, kv_cache_memory_fraction=0.25)
     cfg = llm.engine.model_config
     per_block = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 4 * 4  # K and V, float32, 4 tokens
     assert llm.engine.block_manager.num_blocks == (16 << 20) // per_block

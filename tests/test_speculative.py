@@ -10,6 +10,7 @@ from scipy.stats import chi2
 from engine import LLM, EventList, SamplingParams, TraceEvent, Tracer
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
+from tests.engine_utils import DEVICE
 from tests.tiny import load_reference, make_checkpoint
 
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
@@ -28,7 +29,7 @@ def models(tmp_path_factory, checkpoint):
 def reference(models):
     out = {}
     for arch, (target, _) in models.items():
-        llm = LLM(target, device="cpu", block_size=4)
+        llm = LLM(target, device=DEVICE, block_size=4)
         out[arch] = [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
     return out
 
@@ -45,7 +46,7 @@ def pools_empty(llm: LLM) -> bool:
 @pytest.mark.parametrize("arch", ["llama", "mixtral"])
 def test_greedy_is_identical_with_speculation(models, reference, arch, k):
     target, draft = models[arch]
-    llm = LLM(target, device="cpu", block_size=4, draft=draft, num_speculative_tokens=k,
+    llm = LLM(target, device=DEVICE, block_size=4, draft=draft, num_speculative_tokens=k,
               max_num_batched_tokens=16)  # chunked prefill alongside verification
     assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == reference[arch]
     stats = llm.engine.stats
@@ -55,7 +56,7 @@ def test_greedy_is_identical_with_speculation(models, reference, arch, k):
 
 def test_the_draft_prefills_in_passes_no_bigger_than_the_step_budget(models, reference):
     target, draft = models["mixtral"]
-    llm = LLM(target, device="cpu", block_size=4, draft=draft, num_speculative_tokens=3,
+    llm = LLM(target, device=DEVICE, block_size=4, draft=draft, num_speculative_tokens=3,
               max_num_batched_tokens=16)
     runner = llm.engine.speculator.runner
     sizes, run = [], runner.run
@@ -71,7 +72,7 @@ def test_the_draft_prefills_in_passes_no_bigger_than_the_step_budget(models, ref
 
 def test_greedy_matches_transformers_with_speculation(models):
     target, draft = models["mixtral"]
-    llm = LLM(target, device="cpu", draft=draft, num_speculative_tokens=3)
+    llm = LLM(target, device=DEVICE, draft=draft, num_speculative_tokens=3)
     prompt = PROMPTS[0]
     with torch.no_grad():
         hf = load_reference(target).generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False,
@@ -82,7 +83,7 @@ def test_greedy_matches_transformers_with_speculation(models):
 @pytest.mark.parametrize("k", [1, 4, 6])
 def test_draft_equal_to_target_accepts_everything(models, reference, k):
     target, _ = models["llama"]
-    llm = LLM(target, device="cpu", block_size=4, draft=target, num_speculative_tokens=k)
+    llm = LLM(target, device=DEVICE, block_size=4, draft=target, num_speculative_tokens=k)
     assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == reference["llama"]
     stats = llm.engine.stats
     assert stats.spec_proposed > 0 and stats.spec_accepted == stats.spec_proposed
@@ -103,7 +104,7 @@ def test_sampled_output_follows_the_target_distribution(tmp_path):
     warpers = [TemperatureLogitsWarper(0.8), TopKLogitsWarper(4), TopPLogitsWarper(0.9), MinPLogitsWarper(0.05)]
     prompt = [1, 2, 3]
     n = 3000
-    llm = LLM(target, device="cpu", draft=draft, num_speculative_tokens=3, max_num_seqs=128)
+    llm = LLM(target, device=DEVICE, draft=draft, num_speculative_tokens=3, max_num_seqs=128)
     outs = llm.generate([prompt] * n, [SamplingParams(seed=i, max_tokens=5, ignore_eos=True, **knobs)
                                        for i in range(n)])
     stats = llm.engine.stats
@@ -147,9 +148,9 @@ def test_seeded_request_draws_the_same_tokens_in_any_batch(models, num_kv_blocks
     prefix-cache hit, under a tiny token budget, and across a preemption."""
     target, draft = models["mixtral"]
     params = SamplingParams(temperature=1.0, top_p=0.95, seed=3, max_tokens=20, ignore_eos=True)
-    alone = LLM(target, device="cpu", block_size=4, draft=draft, num_speculative_tokens=4)
+    alone = LLM(target, device=DEVICE, block_size=4, draft=draft, num_speculative_tokens=4)
     want = alone.generate(PROMPTS[0], params)[0]
-    crowded = LLM(target, device="cpu", block_size=4, draft=draft, num_speculative_tokens=4,
+    crowded = LLM(target, device=DEVICE, block_size=4, draft=draft, num_speculative_tokens=4,
                   max_num_batched_tokens=8, num_kv_blocks=num_kv_blocks)
     others = [SamplingParams(temperature=0.7, seed=i, max_tokens=20, ignore_eos=True) for i in range(5)]
     outs = crowded.generate(PROMPTS + [[9, 8, 7], PROMPTS[0]], others + [params])
@@ -162,21 +163,21 @@ def test_seeded_request_draws_the_same_tokens_in_any_batch(models, num_kv_blocks
 def test_prefix_cache_with_speculation(models, reference):
     """Shared prefixes hit in both pools; greedy output is unchanged."""
     target, draft = models["mixtral"]
-    llm = LLM(target, device="cpu", block_size=4, draft=draft, num_speculative_tokens=3)
+    llm = LLM(target, device=DEVICE, block_size=4, draft=draft, num_speculative_tokens=3)
     first = llm.generate(PROMPTS, GREEDY)
     again = llm.generate(PROMPTS, GREEDY)  # every full prompt block is cached now
     assert [o.token_ids for o in first] == [o.token_ids for o in again] == reference["mixtral"]
     assert sum(o.usage.cached_tokens for o in again) >= sum((len(p) - 1) // 4 * 4 for p in PROMPTS)
     assert llm.engine.speculator.bm.num_cached_blocks > 0
     shared = [PROMPTS[2] + [7, 8, 9], PROMPTS[2] + [11]]  # a cached prefix with new tails
-    cold = LLM(target, device="cpu", block_size=4, enable_prefix_caching=False)
+    cold = LLM(target, device=DEVICE, block_size=4, enable_prefix_caching=False)
     assert [o.token_ids for o in llm.generate(shared, GREEDY)] == [o.token_ids for o in cold.generate(shared, GREEDY)]
     assert pools_empty(llm)
 
 
 def test_no_block_leaks_with_rejections_preemptions_and_aborts(models):
     target, draft = models["mixtral"]
-    engine = LLMEngine(target, device="cpu", draft=draft, num_speculative_tokens=3,
+    engine = LLMEngine(target, device=DEVICE, draft=draft, num_speculative_tokens=3,
                        config=EngineConfig(block_size=4, num_kv_blocks=30, max_num_seqs=5, max_num_batched_tokens=20))
     rng = random.Random(5)
     live = []
@@ -205,7 +206,7 @@ def test_no_block_leaks_with_rejections_preemptions_and_aborts(models):
 
 def test_speculation_can_be_turned_off_per_request(models):
     target, draft = models["llama"]
-    engine = LLMEngine(target, device="cpu", draft=draft, config=EngineConfig(block_size=4))
+    engine = LLMEngine(target, device=DEVICE, draft=draft, config=EngineConfig(block_size=4))
     engine.add_request(PROMPTS[0], GREEDY, speculative=False)
     while engine.has_unfinished_requests():
         engine.step()
@@ -214,7 +215,7 @@ def test_speculation_can_be_turned_off_per_request(models):
 
 def test_llm_api_switches_speculation_per_request(models, reference):
     target, draft = models["llama"]
-    llm = LLM(target, device="cpu", block_size=4, draft=draft)
+    llm = LLM(target, device=DEVICE, block_size=4, draft=draft)
     outs = llm.generate(PROMPTS, GREEDY, speculative=False)
     assert [o.token_ids for o in outs] == reference["llama"] and llm.engine.stats.spec_proposed == 0
     llm.chat([{"role": "user", "content": "hi"}], GREEDY, num_speculative_tokens=2)
@@ -226,7 +227,7 @@ def test_llm_api_switches_speculation_per_request(models, reference):
 def test_k_can_be_set_per_request(models):
     target, _ = models["llama"]
     sink = EventList()
-    engine = LLMEngine(target, device="cpu", draft=target, num_speculative_tokens=5, tracer=Tracer(sink),
+    engine = LLMEngine(target, device=DEVICE, draft=target, num_speculative_tokens=5, tracer=Tracer(sink),
                        config=EngineConfig(block_size=4))
     two = engine.add_request(PROMPTS[0], GREEDY, num_speculative_tokens=2)
     five = engine.add_request(PROMPTS[1], GREEDY)
@@ -246,7 +247,7 @@ def test_draft_with_another_vocabulary_fails_at_load(models, tmp_path):
 
 def test_spec_events(models):
     target, draft = models["mixtral"]
-    llm = LLM(target, device="cpu", draft=draft, num_speculative_tokens=4)
+    llm = LLM(target, device=DEVICE, draft=draft, num_speculative_tokens=4)
     items = list(llm.stream(PROMPTS[2], SamplingParams(temperature=0, max_tokens=20, ignore_eos=True), trace="basic"))
     spec = [i.data for i in items if isinstance(i, TraceEvent) and i.type == "spec"]
     assert spec

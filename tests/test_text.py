@@ -6,13 +6,14 @@ import pytest
 
 from engine import LLM, SamplingParams
 from engine.tokenizer import IncrementalDetokenizer, Tokenizer
+from tests.engine_utils import DEVICE
 
 TEXT = "Héllo wörld, naïve café 日本語 ✓ 🙂!"
 
 
 @pytest.fixture(scope="module")
 def llm(checkpoint):
-    return LLM(checkpoint("qwen3"), device="cpu", block_size=4)
+    return LLM(checkpoint("qwen3"), device=DEVICE, block_size=4)
 
 
 def byte_tokens(tok: Tokenizer, text: str) -> list[int]:
@@ -94,11 +95,11 @@ def test_eos_ids_come_from_generation_config(checkpoint, tmp_path):
     shutil.copytree(checkpoint("qwen3"), path)
     assert json.loads((path / "config.json").read_text())["eos_token_id"] == 1
     (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 3]}))
-    llm = LLM(path, device="cpu")
+    llm = LLM(path, device=DEVICE)
     assert llm.engine.model_config.eos_token_ids == [2, 3]  # generation_config wins over config.json
     free = llm.generate(list(range(10, 30)), SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0]
     (path / "generation_config.json").write_text(json.dumps({"eos_token_id": free.token_ids[4]}))
-    out = LLM(path, device="cpu").generate(list(range(10, 30)), SamplingParams(temperature=0, max_tokens=12))[0]
+    out = LLM(path, device=DEVICE).generate(list(range(10, 30)), SamplingParams(temperature=0, max_tokens=12))[0]
     assert out.finish_reason == "stop" and out.token_ids == free.token_ids[: free.token_ids.index(free.token_ids[4]) + 1]
 
 

@@ -8,6 +8,7 @@ from engine import LLM, CaptureConfig, EventList, SamplingParams, TokenOutput, T
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.trace import STAGES
+from tests.engine_utils import DEVICE
 from tests.tiny import load_reference
 
 PARAMS = SamplingParams(temperature=0.8, top_k=20, top_p=0.9, seed=5, max_tokens=6, ignore_eos=True)
@@ -15,7 +16,7 @@ PARAMS = SamplingParams(temperature=0.8, top_k=20, top_p=0.9, seed=5, max_tokens
 
 @pytest.fixture(scope="module")
 def run(checkpoint):
-    llm = LLM(checkpoint("mixtral"), device="cpu", block_size=4,
+    llm = LLM(checkpoint("mixtral"), device=DEVICE, block_size=4,
               capture=CaptureConfig(attention_layers=[0, 2], heads=[1, 2, 3], max_keys=8, embed_dims=16))
     items = list(llm.stream(messages=[{"role": "user", "content": "The quick brown fox"}], params=PARAMS))
     return llm, items
@@ -64,7 +65,7 @@ def test_tokenize_and_embed_carry_real_values(run):
     embed = events(items, "embed")[0].data
     weight = llm.engine.runner.model.model.embed_tokens.weight
     assert embed["shape"] == [len(ids), 64] and embed["dims"] == 16
-    torch.testing.assert_close(torch.tensor(embed["rows"]), weight[ids, :16], atol=1e-4, rtol=0)
+    torch.testing.assert_close(torch.tensor(embed["rows"]), weight[ids, :16].cpu(), atol=1e-4, rtol=0)
 
 
 def test_attention_is_bounded_and_normalised(run):
@@ -127,7 +128,7 @@ def test_ttft_parts_measure_where_the_time_went(checkpoint):
     """One request waits behind another (one running at a time); the other's prompt is
     prefilled in chunks. Each part of the TTFT split shows it."""
     sink = EventList()
-    engine = LLMEngine(checkpoint("mixtral"), device="cpu", tracer=Tracer(sink),
+    engine = LLMEngine(checkpoint("mixtral"), device=DEVICE, tracer=Tracer(sink),
                        config=EngineConfig(block_size=4, max_num_seqs=1, max_num_batched_tokens=8))
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     first = engine.add_request(list(range(10, 50)), params)  # 40 tokens: 5 chunks of 8
@@ -147,7 +148,7 @@ def test_ttft_parts_measure_where_the_time_went(checkpoint):
 
 def test_tracing_off_emits_nothing(checkpoint):
     sink = EventList()
-    engine = LLMEngine(checkpoint("mixtral"), device="cpu", tracer=Tracer(sink), trace_level="off",
+    engine = LLMEngine(checkpoint("mixtral"), device=DEVICE, tracer=Tracer(sink), trace_level="off",
                        config=EngineConfig(block_size=4, num_kv_blocks=12))
     rid = engine.add_request([5, 6, 7, 8, 9], SamplingParams(temperature=0, max_tokens=5))
     while engine.has_unfinished_requests():
@@ -162,7 +163,7 @@ def test_tracing_off_emits_nothing(checkpoint):
 
 def test_only_traced_requests_are_reported(checkpoint):
     sink = EventList()
-    engine = LLMEngine(checkpoint("mixtral"), device="cpu", tracer=Tracer(sink), trace_level="off",
+    engine = LLMEngine(checkpoint("mixtral"), device=DEVICE, tracer=Tracer(sink), trace_level="off",
                        config=EngineConfig(block_size=4))
     quiet = engine.add_request([5, 6, 7], SamplingParams(temperature=0, max_tokens=3))
     loud = engine.add_request([9, 10, 11], SamplingParams(temperature=0, max_tokens=3), trace_level="basic")
