@@ -83,19 +83,10 @@ class Scheduler:
                 break
             if seq.status != Status.RUNNING:  # preempted earlier in this loop
                 continue
-            n = min(len(seq) - seq.num_computed_tokens, budget)
-            draft = 0
-            # Speculation keeps a seeded request's random draws the same in any batch: the
-            # first token always comes from the prefill, a round's size depends on the
-            # request alone (it waits rather than shrink), and a preempted sequence resumes
-            # with the round it would have run.
-            if self.lookahead is not None and seq.num_output_tokens and self.lookahead(seq):
-                if seq.num_computed_tokens == len(seq) - 1:
-                    draft = self.lookahead(seq)
-                    if 1 + draft > budget:
-                        continue
-                elif seq.num_computed_tokens + n == len(seq):
-                    n -= 1
+            plan = self._plan(seq, len(seq) - seq.num_computed_tokens, budget)
+            if plan is None:
+                continue
+            n, draft = plan
             if not self._make_room(seq, n + draft, out):
                 continue
             start = seq.num_computed_tokens
@@ -106,20 +97,38 @@ class Scheduler:
         while self.waiting and budget > 0 and not out.preempted and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
             hits = self.bm.match_prefix(seq)
-            n = min(len(seq) - len(hits) * self.bm.block_size, budget)
-            if self.bm.blocks_needed(seq, n, hits) > self.bm.num_free_blocks:
+            plan = self._plan(seq, len(seq) - len(hits) * self.bm.block_size, budget)
+            if plan is None or self.bm.blocks_needed(seq, sum(plan), hits) > self.bm.num_free_blocks:
                 break
+            n, draft = plan
             self.waiting.popleft()
             self.bm.admit(seq, hits)
-            self.bm.allocate(seq, n)
+            self.bm.allocate(seq, n + draft)
             seq.status = Status.RUNNING
             self.running.append(seq)
             out.admitted.append(seq)
-            out.scheduled.append(ScheduledSeq(seq, seq.num_computed_tokens, n))
-            budget -= n
+            out.scheduled.append(ScheduledSeq(seq, seq.num_computed_tokens, n + draft, draft))
+            budget -= n + draft
         if not out.scheduled and self.waiting and not self.running:
             out.out_of_memory.append(self.waiting[0])  # too big for the empty pool: never fits
         return out
+
+    def _plan(self, seq: Sequence, remaining: int, budget: int) -> tuple[int, int] | None:
+        """(tokens to compute, draft tokens to verify) for seq this step, with `remaining`
+        of its tokens not computed yet; None: it waits a step.
+
+        Speculation keeps a seeded request's random draws the same in any batch: its first
+        token always comes from the prefill; later tokens come from rounds whose size
+        depends on the request alone (when the budget cannot hold a round, the request
+        waits rather than shrink it); and a preempted request, recomputed, leaves its last
+        token for the round it would have run."""
+        n = min(remaining, budget)
+        k = self.lookahead(seq) if self.lookahead is not None and seq.num_output_tokens else 0
+        if not k:
+            return n, 0
+        if remaining == 1:
+            return (1, k) if 1 + k <= budget else None
+        return (n - 1 if n == remaining else n), 0
 
     def _make_room(self, seq: Sequence, n: int, out: SchedulerOutput) -> bool:
         """Preempt later sequences until seq's next n tokens fit. False if seq itself

@@ -160,6 +160,32 @@ def test_seeded_request_draws_the_same_tokens_in_any_batch(models, num_kv_blocks
     assert pools_empty(crowded)
 
 
+def test_seeded_requests_match_alone_under_random_crowds(models):
+    """Random workloads: budgets down to one round, small pools (preemption), shared
+    prompts (prefix hits), mixed knobs. Every seeded request gives its alone tokens."""
+    target, draft = models["mixtral"]
+    rng = random.Random(2)
+    alone, preempted = {}, 0
+    for _ in range(6):
+        k = rng.randint(1, 5)
+        if k not in alone:
+            alone[k] = LLM(target, device=DEVICE, block_size=4, draft=draft, num_speculative_tokens=k)
+        prompts = [[rng.randrange(4, 300) for _ in range(rng.randint(1, 30))] for _ in range(rng.randint(2, 7))]
+        prompts[-1] = list(prompts[0])
+        params = [SamplingParams(temperature=rng.choice([0.7, 1.3]), top_p=rng.choice([1.0, 0.9]),
+                                 top_k=rng.choice([0, 20]), min_p=rng.choice([0.0, 0.05]), seed=rng.randrange(10**6),
+                                 max_tokens=rng.randint(1, 24), ignore_eos=True) for _ in prompts]
+        crowd = LLM(target, device=DEVICE, block_size=4, draft=draft, num_speculative_tokens=k,
+                    max_num_batched_tokens=rng.choice([k + 1, 8, 16]), num_kv_blocks=rng.choice([20, 30]),
+                    max_num_seqs=rng.randint(2, 6))
+        outs = crowd.generate(prompts, params)
+        for p, sp, o in zip(prompts, params, outs):
+            assert o.token_ids == alone[k].generate(p, sp)[0].token_ids
+        preempted += sum(o.metrics["preemptions"] for o in outs)
+        assert pools_empty(crowd)
+    assert preempted > 0
+
+
 def test_prefix_cache_with_speculation(models, reference):
     """Shared prefixes hit in both pools; greedy output is unchanged."""
     target, draft = models["mixtral"]
