@@ -104,7 +104,8 @@ class TraceStore:
             return tr.lists()[0] if tr else []
 
     def trace(self, request_id: str) -> StoredTrace | None:
-        """A copy of everything kept for the request (lists copied, items shared)."""
+        """A copy of everything kept for the request (lists copied; their items are shared
+        while it runs, and parsed afresh once it is packed)."""
         with self._lock:
             tr = self._traces.get(request_id)
             if tr is None:
