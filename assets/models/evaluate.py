@@ -106,10 +106,6 @@ def perplexity_of(rows: list[tuple[float, int]]) -> float:
     return math.exp(nll / count)
 
 
-def perplexity(model, tok, texts: list[str]) -> float:
-    return perplexity_of(doc_nll(model, tok, texts))
-
-
 def nll_diff_per_doc(target_rows: list[tuple[float, int]], draft_rows: list[tuple[float, int]]) -> list[float]:
     """Per document: target - draft mean NLL per token (nats; negative = target better)."""
     assert [n for _, n in target_rows] == [n for _, n in draft_rows], "not the same documents"
