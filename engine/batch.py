@@ -30,7 +30,8 @@ class ForwardBatch:
     context_lens_t: torch.Tensor  # [B] int32, same as context_lens
     captures: list[CaptureSpec | None]  # per sequence
     use_triton: bool = False
-    rope: tuple[torch.Tensor, torch.Tensor] | None = None  # cos, sin at `positions`, set by the model
+    # set by the model: RoPE table ("global", or Gemma's "local") -> cos, sin at `positions`
+    rope: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None
     # Kept during the pass for a `full` trace (references only, see engine/capture.py):
     layer_q: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> queries [T, H, D]
     moe_routing: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)  # experts, weights

@@ -80,8 +80,9 @@ def _attention(batch: ForwardBatch, cfg: ModelConfig, kv_cache: torch.Tensor, b:
     if len(layers) < k.shape[0]:
         k = k.index_select(0, torch.tensor(layers, device=k.device))
     k = k.flatten(1, 2)  # [L, blocks x slots >= ctx, KVH, D]
-    windows = [cfg.sliding_windows[layer] for layer in layers]
-    probs = attention_probs(q, k, ctx, cfg.head_dim ** -0.5, windows)[..., k_start:]
+    windows = [cfg.sliding_windows[layer] for layer in layers]  # Gemma 3: local layers windowed, global not
+    # the scale the layers use: 1/sqrt(head_dim), or Gemma's 1/sqrt(query_pre_attn_scalar)
+    probs = attention_probs(q, k, ctx, cfg.attention_scale, windows)[..., k_start:]
     if spec.heads is not None:
         probs = probs[:, spec.heads]
     for layer, p in zip(layers, _rounded(probs)):

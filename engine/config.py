@@ -1,7 +1,7 @@
 """Model and engine configuration.
 
 `ModelConfig` normalises the many spellings of Hugging Face `config.json` files
-(Llama, Mistral, Qwen2/3, Mixtral, Qwen2/3-MoE, OLMoE) into one flat description
+(Llama, Mistral, Qwen2/3, Mixtral, Qwen2/3-MoE, OLMoE, Gemma 3) into one flat description
 that the model code reads. `EngineConfig` holds the serving knobs.
 """
 from __future__ import annotations
@@ -20,8 +20,28 @@ ARCHITECTURES = {
     "Qwen2MoeForCausalLM": "qwen2_moe",
     "Qwen3MoeForCausalLM": "qwen3_moe",
     "OlmoeForCausalLM": "olmoe",
+    "Gemma3ForCausalLM": "gemma3",
+    "Gemma3ForConditionalGeneration": "gemma3",  # its language model only (the vision tower is skipped)
+}
+# model_type -> architecture, for a config.json without `architectures` (transformers'
+# AutoModelForCausalLM picks the class from model_type too).
+MODEL_TYPES = {
+    "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM", "mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM", "olmoe": "OlmoeForCausalLM",
 }
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+SUPPORTED_ACTIVATIONS = ("silu", "swish", "gelu_pytorch_tanh")  # SwiGLU, or GeGLU (tanh GELU)
+
+# Gemma3TextConfig's defaults: config.json files, above all the text_config inside a
+# Gemma3ForConditionalGeneration file, often leave these out.
+GEMMA3_DEFAULTS = {
+    "vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+    "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh",
+    "max_position_embeddings": 131_072, "rms_norm_eps": 1e-6, "tie_word_embeddings": True,
+    "query_pre_attn_scalar": 256, "sliding_window": 4096, "sliding_window_pattern": 6,
+    "rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0, "bos_token_id": 2, "eos_token_id": 1,
+}
 
 
 class UnsupportedModelError(ValueError):
@@ -59,10 +79,25 @@ class ModelConfig:
     eos_token_ids: list[int] = field(default_factory=list)
     bos_token_id: int | None = None
     torch_dtype: str | None = None
+    # Gemma 3; the defaults leave every other family as it was.
+    hidden_act: str = "silu"  # the MLP's gate: "silu" (SwiGLU) or "gelu_pytorch_tanh" (GeGLU)
+    query_pre_attn_scalar: float | None = None  # attention scale = its -1/2 power (None: head_dim's)
+    local_rope_theta: float | None = None  # RoPE of the sliding-window layers, where it differs
+    local_rope_scaling: dict | None = None
+    norm_offset: bool = False  # RMSNorm scales by (1 + weight)
+    sandwich_norms: bool = False  # norms before and after both attention and MLP
+    embed_scale: float | None = None  # embeddings multiplied by this (sqrt(hidden_size))
+    final_logit_softcapping: float | None = None  # logits -> c * tanh(logits / c)
 
     @property
     def is_moe(self) -> bool:
         return any(self.moe_layers)
+
+    @property
+    def attention_scale(self) -> float:
+        """What QKᵀ is multiplied by before the softmax: 1/sqrt(head_dim), or Gemma's
+        1/sqrt(query_pre_attn_scalar)."""
+        return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -73,18 +108,24 @@ class ModelConfig:
     def from_hf(cls, cfg: dict[str, Any]) -> "ModelConfig":
         archs = cfg.get("architectures") or []
         arch = next((a for a in archs if a in ARCHITECTURES), None)
+        if arch is None and not archs:
+            arch = MODEL_TYPES.get(cfg.get("model_type"))
         if arch is None:
             raise UnsupportedModelError(
                 f"unsupported architecture {archs or cfg.get('model_type')!r}; "
                 f"supported: {', '.join(ARCHITECTURES)}")
         family = ARCHITECTURES[arch]
-        act = cfg.get("hidden_act", "silu")
-        if act not in ("silu", "swish"):
-            raise UnsupportedModelError(f"unsupported hidden_act {act!r} (only silu/SwiGLU)")
+        if family == "gemma3":
+            cfg = _gemma3_text_config(cfg)
+        act = cfg.get("hidden_activation" if family == "gemma3" else "hidden_act") or "silu"
+        if act not in SUPPORTED_ACTIVATIONS:
+            raise UnsupportedModelError(
+                f"unsupported hidden activation {act!r}; supported: {', '.join(SUPPORTED_ACTIVATIONS)}")
         n_layers = cfg["num_hidden_layers"]
         n_heads = cfg["num_attention_heads"]
         head_dim = cfg.get("head_dim") or cfg["hidden_size"] // n_heads
         rope_theta, rope_scaling = _rope(cfg)
+        local_rope_theta, local_rope_scaling = _local_rope(cfg)
 
         # MoE layout: which layers are sparse, and the block's shape.
         num_experts = cfg.get("num_local_experts") or cfg.get("num_experts") or 0
@@ -115,7 +156,7 @@ class ModelConfig:
             rope_theta=rope_theta,
             rope_scaling=rope_scaling,
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            qk_norm={"qwen3": "head", "qwen3_moe": "head", "olmoe": "full"}.get(family, "none"),
+            qk_norm={"qwen3": "head", "qwen3_moe": "head", "olmoe": "full", "gemma3": "head"}.get(family, "none"),
             clip_qkv=cfg.get("clip_qkv"),
             # transformers hard-codes Q/K/V bias for Qwen2, reads qkv_bias (default on) for
             # Qwen2-MoE, and attention_bias for the others.
@@ -135,13 +176,53 @@ class ModelConfig:
             eos_token_ids=eos_ids,
             bos_token_id=cfg.get("bos_token_id"),
             torch_dtype=cfg.get("dtype") or cfg.get("torch_dtype"),
+            hidden_act="silu" if act == "swish" else act,
+            query_pre_attn_scalar=cfg.get("query_pre_attn_scalar") if family == "gemma3" else None,
+            local_rope_theta=local_rope_theta,
+            local_rope_scaling=local_rope_scaling,
+            norm_offset=family == "gemma3",
+            sandwich_norms=family == "gemma3",
+            embed_scale=cfg["hidden_size"] ** 0.5 if family == "gemma3" else None,
+            final_logit_softcapping=cfg.get("final_logit_softcapping"),
         )
+
+
+def _gemma3_text_config(cfg: dict) -> dict:
+    """A Gemma 3 config with Gemma3TextConfig's defaults filled in; for the multimodal
+    Gemma3ForConditionalGeneration, its text_config (the vision tower is not run)."""
+    top = {k: cfg[k] for k in ("eos_token_id", "bos_token_id", "dtype", "torch_dtype", "tie_word_embeddings")
+           if cfg.get(k) is not None}
+    cfg = {**GEMMA3_DEFAULTS, **(cfg.get("text_config") or cfg), **top}
+    if cfg.get("attn_logit_softcapping") is not None:
+        raise UnsupportedModelError("attention logit soft-capping (attn_logit_softcapping) is not supported")
+    if cfg.get("use_bidirectional_attention"):
+        raise UnsupportedModelError("bidirectional attention (an embedding model) is not supported")
+    return cfg
+
+
+def _by_layer_type(cfg: dict) -> dict | None:
+    """transformers >= 5 writes Gemma 3's `rope_parameters` as one entry per layer type."""
+    params = cfg.get("rope_parameters") or {}
+    return params if "full_attention" in params or "sliding_attention" in params else None
+
+
+def _local_rope(cfg: dict) -> tuple[float | None, dict | None]:
+    """(theta, scaling) of the sliding-window layers where they have a RoPE of their own
+    (Gemma 3: `rope_local_base_freq`, or the `sliding_attention` entry); else (None, None)."""
+    by_type = _by_layer_type(cfg)
+    if by_type is not None and by_type.get("sliding_attention"):
+        return _rope({"rope_parameters": by_type["sliding_attention"], "rope_theta": cfg.get("rope_local_base_freq")})
+    if cfg.get("rope_local_base_freq"):  # older files: scaling (rope_scaling) is for the global layers only
+        return float(cfg["rope_local_base_freq"]), None
+    return None, None
 
 
 def _rope(cfg: dict) -> tuple[float, dict | None]:
     # transformers >= 5 writes `rope_parameters` (theta inside); older files
-    # write `rope_theta` + `rope_scaling`.
-    params = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
+    # write `rope_theta` + `rope_scaling`. Keyed by layer type: the global layers' entry.
+    by_type = _by_layer_type(cfg)
+    params = dict((by_type.get("full_attention") or {}) if by_type is not None
+                  else cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
     theta = float(params.pop("rope_theta", None) or cfg.get("rope_theta") or 10000.0)
     rope_type = params.get("rope_type") or params.get("type") or "default"
     if rope_type not in SUPPORTED_ROPE_TYPES:
@@ -160,6 +241,9 @@ def _sliding_windows(cfg: dict, family: str, n_layers: int) -> list[int | None]:
         return [None] * n_layers
     if cfg.get("layer_types"):  # explicit per-layer list (transformers >= 4.5x)
         return [window if t == "sliding_attention" else None for t in cfg["layer_types"]]
+    if family == "gemma3":  # every `sliding_window_pattern`-th layer is global, the others local
+        pattern = cfg.get("sliding_window_pattern") or 6
+        return [window if (i + 1) % pattern else None for i in range(n_layers)]
     # Older files: each family's own rule, as transformers derives layer_types.
     max_window_layers = cfg.get("max_window_layers", n_layers)
     if family in ("qwen2", "qwen3"):

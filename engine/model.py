@@ -1,9 +1,13 @@
-"""The decoder-only transformer shared by the Llama and MoE families.
+"""The decoder-only transformer shared by the Llama, MoE and Gemma 3 families.
 
 Read top to bottom: embed -> L x (RMSNorm, attention, residual, RMSNorm,
-MLP or MoE, residual) -> RMSNorm -> LM head. Parameter names follow the
-Hugging Face checkpoints, except that q/k/v and gate/up are fused and experts
-are stacked; `checkpoint_target` maps a checkpoint name onto them.
+MLP or MoE, residual) -> RMSNorm -> LM head. Gemma 3 adds a few switches, all
+read from the config: embeddings scaled by sqrt(hidden), norms that scale by
+(1 + weight), a norm after attention and after the MLP too ("sandwich"), local
+(sliding-window) layers with their own RoPE base between global ones, and GeGLU.
+Parameter names follow the Hugging Face checkpoints, except that q/k/v and
+gate/up are fused and experts are stacked; `checkpoint_target` maps a
+checkpoint name onto them.
 """
 from __future__ import annotations
 
@@ -25,11 +29,19 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.self_attn = Attention(cfg, layer_idx)
         self.mlp = SparseMoE(cfg, layer_idx) if cfg.moe_layers[layer_idx] \
-            else MLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias)
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+            else MLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias, cfg.hidden_act)
+        norm = lambda: RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_offset)  # noqa: E731
+        self.input_layernorm = norm()
+        self.post_attention_layernorm = norm()
+        self.sandwich = cfg.sandwich_norms
+        if self.sandwich:  # Gemma: post_attention_layernorm normalises the attention output instead
+            self.pre_feedforward_layernorm = norm()
+            self.post_feedforward_layernorm = norm()
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        if self.sandwich:
+            x = x + self.post_attention_layernorm(self.self_attn(positions, self.input_layernorm(x), batch))
+            return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x), batch))
         x = x + self.self_attn(positions, self.input_layernorm(x), batch)
         return x + self.mlp(self.post_attention_layernorm(x), batch)
 
@@ -38,13 +50,23 @@ class DecoderModel(nn.Module):
     def __init__(self, cfg: ModelConfig, max_positions: int) -> None:
         super().__init__()
         self.rotary = RotaryEmbedding(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling)
+        self.rotary_local = None  # Gemma 3: the sliding-window layers' own RoPE base
+        if cfg.local_rope_theta is not None:
+            self.rotary_local = RotaryEmbedding(cfg.head_dim, max_positions, cfg.local_rope_theta,
+                                                cfg.local_rope_scaling)
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_scale = cfg.embed_scale
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_offset)
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         x = self.embed_tokens(batch.input_ids)
-        batch.rope = self.rotary.lookup(batch.positions, x.dtype)
+        if self.embed_scale is not None:  # Gemma: sqrt(hidden), rounded to the model's dtype first
+            x = x * torch.tensor(self.embed_scale).to(x.dtype).item()
+        # cos/sin looked up once per pass for each table; every layer reads its own
+        batch.rope = {"global": self.rotary.lookup(batch.positions, x.dtype)}
+        if self.rotary_local is not None:
+            batch.rope["local"] = self.rotary_local.lookup(batch.positions, x.dtype)
         for b, spec in enumerate(batch.captures):
             if spec is not None and spec.embed_dims:
                 batch.embed_rows[b] = x[batch.seq_slice(b), : spec.embed_dims]
@@ -67,7 +89,10 @@ class CausalLM(nn.Module):
         return self.model(batch)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden)
+        logits = self.lm_head(hidden)
+        if cap := self.config.final_logit_softcapping:  # squash into (-cap, cap)
+            logits = torch.tanh(logits / cap) * cap
+        return logits
 
     def attention_layers(self) -> list[Attention]:
         return [layer.self_attn for layer in self.model.layers]
@@ -83,7 +108,10 @@ _EXPERT = {"w1": ("experts_gate_up", 0), "w3": ("experts_gate_up", 1), "w2": ("e
 _EXPERT_RE = re.compile(r"^(model\.layers\.\d+)\.(?:block_sparse_moe|mlp)\.experts\.(\d+)\.(\w+)\.weight$")
 _FUSED_EXPERTS_RE = re.compile(r"^(model\.layers\.\d+)\.mlp\.experts\.(gate_up_proj|down_proj)$")
 _PROJ_RE = re.compile(r"^(.*)\.(q_proj|k_proj|v_proj|gate_proj|up_proj)\.(weight|bias)$")
-IGNORED = re.compile(r"rotary_emb\.inv_freq$")
+# Gemma3ForConditionalGeneration: its language model's tensors (transformers >= 5, and
+# older files), and the vision tower and projector we do not run
+_LANGUAGE_MODEL_RE = re.compile(r"^(?:model\.language_model|language_model\.model)\.")
+IGNORED = re.compile(r"rotary_emb\.inv_freq$|^(?:model\.)?(?:vision_tower|multi_modal_projector)\.")
 
 
 def checkpoint_target(name: str) -> tuple[str, int | None, int | None]:
@@ -91,6 +119,9 @@ def checkpoint_target(name: str) -> tuple[str, int | None, int | None]:
 
     shard: which part of a fused parameter (q/k/v or gate/up) the tensor fills.
     """
+    name = _LANGUAGE_MODEL_RE.sub("model.", name)
+    if name.startswith("language_model.lm_head."):
+        name = name.removeprefix("language_model.")
     name = name.replace(".block_sparse_moe.gate.", ".mlp.gate.")
     if m := _EXPERT_RE.match(name):
         param, shard = _EXPERT[m.group(3)]

@@ -27,6 +27,13 @@ ARCH_CONFIGS: dict[str, tuple[str, dict]] = {
     "qwen3_moe_nonorm": ("Qwen3MoeConfig", dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                                                 mlp_only_layers=[0], norm_topk_prob=False, head_dim=16)),
     "olmoe": ("OlmoeConfig", dict(num_experts=4, num_experts_per_tok=2, clip_qkv=4.0)),
+    # local (window 6) and global layers alternating, each kind with its own RoPE (linear scaling on
+    # the global ones); head_dim and query_pre_attn_scalar differ from hidden / heads
+    "gemma3": ("Gemma3TextConfig", dict(head_dim=24, query_pre_attn_scalar=20, sliding_window=6,
+                                        sliding_window_pattern=2, rope_parameters={
+                                            "full_attention": {"rope_type": "linear", "factor": 2.0,
+                                                               "rope_theta": 5000.0},
+                                            "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}})),
 }
 
 

@@ -2,7 +2,8 @@
 
 Rows are query positions, columns key positions. The prefill matrix comes first;
 each decode (or speculative verify) step adds its new row(s) underneath. Cells above
-the diagonal are the causal mask; cells older than a sliding window are that mask.
+the diagonal are the causal mask; cells older than a sliding window are that mask
+(Gemma 3 mixes local, sliding-window layers with global ones: the panel says which).
 Query heads are drawn grouped by the KV head they share (grouped-query attention).
 """
 from __future__ import annotations
@@ -60,6 +61,31 @@ def attention_matrix(events: Sequence[dict], layer: int, head: int, max_position
     if window:
         mask = np.where((k <= q) & (q - k >= window), 2, mask)
     return probs, mask, kinds, lo, window
+
+
+def layer_spans(layers: Sequence[int]) -> str:
+    """[0, 1, 2, 4] -> "0–2, 4"."""
+    out, start = [], None
+    for i, x in enumerate(layers):
+        if start is None:
+            start = x
+        if i + 1 == len(layers) or layers[i + 1] != x + 1:
+            out.append(str(start) if start == x else f"{start}–{x}")
+            start = None
+    return ", ".join(out)
+
+
+def layer_kinds(sliding_windows: Sequence[int | None]) -> str:
+    """Which layers are local (a sliding window of N tokens) and which global, e.g.
+    "local (sliding window 512 tokens): layers 0–4, 6–10 · global (full attention): layers 5, 11"."""
+    parts = []
+    for w in sorted({w for w in sliding_windows if w}):
+        idx = [i for i, x in enumerate(sliding_windows) if x == w]
+        parts.append(f"local (sliding window {w} tokens): layer{'s' if len(idx) > 1 else ''} {layer_spans(idx)}")
+    full = [i for i, x in enumerate(sliding_windows) if not x]
+    if full:
+        parts.append(f"global (full attention): layer{'s' if len(full) > 1 else ''} {layer_spans(full)}")
+    return esc(" · ".join(parts))
 
 
 def _image(probs: np.ndarray, mask: np.ndarray, kinds: list[str | None]) -> np.ndarray:
@@ -129,10 +155,16 @@ def attention_html(events: Sequence[dict], layer: int | None = None, head: int |
                   f"<code>{lab(lo + r)}</code>) attends most to "
                   + ", ".join(f"<code>{lab(lo + int(c))}</code>@{lo + int(c)} {row[c]:.2f}" for c in top if row[c] > 0)
                   + "</div>")
-    win_text = f"sliding window {window} tokens (dark red: masked as too old)" if window else "full causal attention"
+    if sliding_windows and layer < len(sliding_windows):
+        window = sliding_windows[layer]
+    mixed = bool(sliding_windows) and any(sliding_windows) and not all(sliding_windows)
+    if window:
+        win_text = (f"{'local layer: ' if mixed else ''}sliding window {window} tokens, each query sees only the "
+                    f"last {window} (dark red: masked as too old)")
+    else:
+        win_text = "global layer: full causal attention, every earlier token" if mixed else "full causal attention"
     if sliding_windows:
-        sw = [w for w in sliding_windows]
-        win_text += " · windows per layer: " + esc(", ".join("full" if x is None else str(x) for x in sw))
+        win_text += " · " + layer_kinds(sliding_windows)
     n_rows = {k: sum(1 for x in kinds if x == k) for k in ("prefill", "decode", "verify")}
     info = (f"<div class='tt-lines'><div>layer <b>{layer}</b> of {len(layers)} captured · query head <b>{head}</b> · "
             f"{num_heads} query heads share {num_kv} KV heads ({group} per KV head) · {win_text}</div>"

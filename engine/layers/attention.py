@@ -23,15 +23,17 @@ class Attention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.q_size = cfg.num_heads * cfg.head_dim
         self.kv_size = cfg.num_kv_heads * cfg.head_dim
-        self.scale = cfg.head_dim ** -0.5
-        self.window = cfg.sliding_windows[layer_idx]
+        self.scale = cfg.attention_scale
+        self.window = cfg.sliding_windows[layer_idx]  # None: a global layer; else it sees its last `window` keys
+        # which RoPE table: Gemma 3's local (sliding-window) layers have one of their own
+        self.rope = "local" if self.window is not None and cfg.local_rope_theta is not None else "global"
         self.clip_qkv = cfg.clip_qkv
         self.qk_norm = cfg.qk_norm
         self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.o_bias)
         if cfg.qk_norm == "head":
-            self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
-            self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+            self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, cfg.norm_offset)
+            self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, cfg.norm_offset)
         elif cfg.qk_norm == "full":
             self.q_norm = RMSNorm(self.q_size, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(self.kv_size, cfg.rms_norm_eps)
@@ -51,7 +53,7 @@ class Attention(nn.Module):
         v = v.reshape(T, self.num_kv_heads, self.head_dim)
         if self.qk_norm == "head":
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, k, *batch.rope)
+        q, k = apply_rotary(q, k, *batch.rope[self.rope])
         store_kv(k, v, self.k_cache, self.v_cache, batch)
         o = self.attend(q, batch)
         return self.o_proj(o.reshape(T, self.q_size))

@@ -9,17 +9,26 @@ from engine.batch import ForwardBatch
 from engine.config import ModelConfig
 
 
-class MLP(nn.Module):
-    """SwiGLU: down(silu(gate(x)) * up(x)); gate and up fused into one matmul."""
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh")
 
-    def __init__(self, hidden: int, intermediate: int, bias: bool = False) -> None:
+
+ACTIVATIONS = {"silu": F.silu, "gelu_pytorch_tanh": gelu_tanh}
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x)); gate and up fused into one matmul.
+    With activation="gelu_pytorch_tanh" it is Gemma's GeGLU."""
+
+    def __init__(self, hidden: int, intermediate: int, bias: bool = False, activation: str = "silu") -> None:
         super().__init__()
         self.gate_up_proj = nn.Linear(hidden, 2 * intermediate, bias=bias)
         self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
+        self.act = ACTIVATIONS[activation]
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch | None = None) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(self.act(gate) * up)
 
 
 class SparseMoE(nn.Module):

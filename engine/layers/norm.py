@@ -4,13 +4,19 @@ from torch import nn
 
 
 class RMSNorm(nn.Module):
-    """x / rms(x) * weight, computed in float32 like the reference implementation."""
+    """x / rms(x) * weight, computed in float32 like the reference implementation.
 
-    def __init__(self, dim: int, eps: float) -> None:
+    offset (Gemma): the checkpoint stores weight - 1, so the scale is (1 + weight), and
+    the product is taken in float32 before rounding to the model's dtype."""
+
+    def __init__(self, dim: int, eps: float, offset: bool = False) -> None:
         super().__init__()
         self.eps = eps
+        self.offset = offset
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # one fused kernel for x / rms(x) (float32, as the reference does), then the weight
+        if self.offset:
+            return F.rms_norm(x.float(), (x.shape[-1],), 1.0 + self.weight.float(), self.eps).to(x.dtype)
         return self.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
