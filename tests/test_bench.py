@@ -13,7 +13,8 @@ from tests.tiny import make_checkpoint
 def test_bench_quick_runs_every_section(checkpoint, tmp_path, capsys):
     draft = make_checkpoint("llama", tmp_path / "draft", seed=3, num_layers=1)
     rows = bench.main(["--quick", "--model", str(checkpoint("mixtral")), "--draft", str(draft),
-                       "--device", "cpu", "--out", str(tmp_path / "results")])
+                       "--device", "cpu", "--out", str(tmp_path / "results"),
+                       "--sections", "transformers,tracing,batching,speculative,prefix,gpu,memory"])
     sections = {r.section for r in rows}
     assert sections == {"decode vs transformers", "tracing cost", "batching", "speculative (k=4)",
                         "prefix caching", "memory"}
@@ -61,3 +62,13 @@ def test_gpu_rows_compute_on_cpu(checkpoint, tmp_path):
     assert f"{read / 2**20:.1f} MiB read per token" in bound.note
     assert bound.baseline * read / 1e9 == pytest.approx(gbs, rel=5e-3)
     assert all(r.value > 0 and r.baseline > 0 and r.unit == "calls/s" for r in (attention, store))
+
+
+def test_bench_real_section_runs_on_smollm2(tmp_path):
+    """The real-checkpoint rows: SmolLM2 from its GGUF against transformers on the same file."""
+    from tests.test_real_models import _gguf
+    _gguf("smollm2")
+    rows = bench.main(["--quick", "--device", "cpu", "--out", "", "--sections", "real"])
+    assert {r.section for r in rows} == {"SmolLM2-135M-Instruct: decode vs transformers",
+                                         "SmolLM2-135M-Instruct: tracing cost"}
+    assert {r.note for r in rows if r.section.endswith("transformers")} == {"greedy tokens identical"}
