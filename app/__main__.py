@@ -1,4 +1,12 @@
-"""python -m app: load the model (and its draft), start the engine thread, serve the page."""
+"""python -m app: load the models (each with its draft), start one engine thread per model,
+serve the page.
+
+    python -m app --model A --draft DA --model B --draft ngram --model C
+
+`--model` may be given more than once; `--draft` and `--served-model-name` apply to the
+`--model` before them (given before any `--model`, to the first one). With no `--model`,
+the embedded target is served with its embedded draft.
+"""
 from __future__ import annotations
 
 import argparse
@@ -6,6 +14,7 @@ import logging
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
@@ -14,14 +23,60 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from app.limits import MAX_BODY_BYTES, PUBLIC_MAX_CONCURRENT, PUBLIC_MAX_TOKENS, ServeLimits  # noqa: E402
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets" / "models"
+PER_MODEL = {"model": "--model", "draft": "--draft", "served_model_name": "--served-model-name"}
+
+
+@dataclass
+class ModelSpec:
+    """One served model as given on the command line."""
+    model: str | None = None  # None: the embedded target
+    draft: str | None = None  # "none", "ngram", a path or hub id; None: the default
+    served_model_name: str | None = None
+
+
+class _PerModel(argparse.Action):
+    """--model / --draft / --served-model-name, kept in command-line order."""
+
+    def __call__(self, parser, namespace, value, option_string=None) -> None:
+        order = getattr(namespace, "_per_model", None) or []
+        namespace._per_model = order + [(self.dest, value)]
+
+
+def model_specs(order: list[tuple[str, str]]) -> list[ModelSpec]:
+    """Pair each --draft / --served-model-name with the --model before it (the first
+    model's when given before any --model; the embedded model's when there is none)."""
+    specs: list[ModelSpec] = []
+    pending: dict[str, str] = {}
+    for dest, value in order:
+        if dest == "model":
+            specs.append(ModelSpec(value))
+            if len(specs) == 1:
+                for key, v in pending.items():
+                    setattr(specs[0], key, v)
+                pending = {}
+            continue
+        target = specs[-1] if specs else None
+        if (getattr(target, dest) if target else pending.get(dest)) is not None:
+            which = f"--model {target.model}" if target else "the first model"
+            raise ValueError(f"{PER_MODEL[dest]} was given twice for {which}; each --model takes one")
+        if target is None:
+            pending[dest] = value
+        else:
+            setattr(target, dest, value)
+    if not specs:
+        specs.append(ModelSpec(None, pending.get("draft"), pending.get("served_model_name")))
+    return specs
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m app", description="TokenTrace: watch one request travel "
                                 "through a real LLM serving engine.")
-    p.add_argument("--model", default=None, help="checkpoint directory or hub id (default: the embedded model)")
-    p.add_argument("--draft", default=None, help="draft model for speculative decoding ('none' to turn off; "
-                   "default: the embedded draft when the embedded model is served)")
+    p.add_argument("--model", action=_PerModel, default=None,
+                   help="checkpoint directory, .gguf file, catalog name (smollm2, gemma3-270m) or hub id "
+                   "(default: the embedded model); repeat it to serve several models, each on its own engine")
+    p.add_argument("--draft", action=_PerModel, default=None,
+                   help="for the --model before it: a draft model for speculative decoding, 'ngram' (n-gram "
+                   "prompt lookup, no draft model) or 'none' (default: the embedded draft for the embedded model)")
     p.add_argument("--num-speculative-tokens", type=int, default=4, help="largest k the page can pick")
     p.add_argument("--replay", default=None, metavar="FILE",
                    help="serve the page on a recorded trace (exported from the page or GET /v1/traces/ID); "
@@ -29,8 +84,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=7860)
     p.add_argument("--share", action="store_true", help="ask Gradio for a public link (needs internet)")
-    p.add_argument("--served-model-name", default=None,
-                   help="the model name the API answers to (default: the model directory's name)")
+    p.add_argument("--served-model-name", action=_PerModel, default=None,
+                   help="for the --model before it: the name the API and the page use (default: the "
+                   "directory's name, a .gguf file's stem, or the catalog name / hub id as given)")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
     p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
     kv = p.add_argument_group("KV cache and batching")
@@ -60,21 +116,75 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                      help=f"requests in flight per client address (public default {PUBLIC_MAX_CONCURRENT}, "
                      "local: none)")
     pub.add_argument("--max-body-bytes", type=int, default=MAX_BODY_BYTES, help="largest request body")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    try:
+        args.models = model_specs(getattr(args, "_per_model", None) or [])
+    except ValueError as e:
+        p.error(str(e))
+    first = args.models[0]  # the one-model view older callers read
+    args.model, args.draft, args.served_model_name = first.model, first.draft, first.served_model_name
+    return args
 
 
-def default_draft(args: argparse.Namespace) -> str | None:
-    if args.draft is not None:
-        return None if args.draft.lower() == "none" else args.draft
-    if args.model is None and (ASSETS / "draft" / "config.json").is_file():
+def default_draft(spec: ModelSpec) -> str | None:
+    """The engine's draft argument: None (no speculation), "ngram", or a draft checkpoint."""
+    if spec.draft is not None:
+        return None if spec.draft.lower() == "none" else "ngram" if spec.draft.lower() == "ngram" else spec.draft
+    if spec.model is None and (ASSETS / "draft" / "config.json").is_file():
         return str(ASSETS / "draft")
     return None
 
 
-def build_service(args: argparse.Namespace):
+def served_name(spec: ModelSpec, engine) -> str:
+    """--served-model-name, else the directory's name, a .gguf file's stem, or the name as
+    given (a catalog name like smollm2, a hub id)."""
+    if spec.served_model_name:
+        return spec.served_model_name
+    if spec.model is None:
+        return engine.model_path.name
+    path = Path(spec.model).expanduser()
+    if path.suffix.lower() == ".gguf":
+        return path.stem
+    if path.is_dir():
+        return path.resolve().name
+    return spec.model
+
+
+def draft_label(draft: str | None) -> str | None:
+    if draft is None or draft == "ngram":
+        return draft
+    path = Path(draft).expanduser()
+    return path.stem if path.suffix.lower() == ".gguf" else path.resolve().name if path.is_dir() else draft
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:,.0f} MB" if n >= 10e6 else f"{n / 1e6:,.1f} MB"
+
+
+def memory_line(service) -> str:
+    """e.g. "smollm2: weights 540 MB, KV pool 90 MB (5,760 tokens)"."""
+    e = service.engine
+    tokens = e.block_manager.num_blocks * e.config.block_size
+    line = (f"{service.model_name}: weights {_mb(service.weights_bytes)}, KV pool {_mb(e.runner.kv_cache_bytes)} "
+            f"({tokens:,} tokens)")
+    kind = service.draft_kind()
+    if kind == "ngram":
+        line += "; n-gram drafts (prompt lookup, no draft weights)"
+    elif kind is not None:
+        runner = getattr(e.speculator, "runner", None)
+        kv = f", KV pool {_mb(runner.kv_cache_bytes)}" if runner is not None else ""
+        line += f"; draft model {kind}: weights {_mb(service.draft_weights_bytes)}{kv}"
+    return line
+
+
+def build_services(args: argparse.Namespace, say=None):
+    """Every --model on its own engine (loaded one after another) -> ServedModels."""
     from app.engine_service import EngineService
+    from app.limits import ClientSlots
+    from app.served_models import ServedModels
     from engine import CaptureConfig, EngineConfig, LLMEngine, Tracer
 
+    say = say or (lambda line: print(line, flush=True))
     limits = serve_limits(args)  # before the model loads: a bad --auth fails at once
     config = EngineConfig(block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
                           kv_cache_memory_fraction=args.kv_cache_memory_fraction, max_num_seqs=args.max_num_seqs,
@@ -82,15 +192,35 @@ def build_service(args: argparse.Namespace):
                           enable_prefix_caching=not args.no_prefix_caching)
     heads = [int(h) for h in args.capture_heads.split(",")] if args.capture_heads else None
     capture = CaptureConfig(max_keys=args.capture_max_keys, heads=heads)
+    slots = ClientSlots(limits.max_concurrent_per_client)  # a client's cap counts its requests to every model
+    specs = args.models
+    names = [s.served_model_name for s in specs if s.served_model_name]
+    if len(set(names)) < len(names):
+        raise ValueError("two models have the same --served-model-name")
 
     def progress(done: int, total: int, what: str) -> None:
         if done == total:
-            print(f"  loaded {what}: {total} tensors", flush=True)
+            say(f"  loaded {what}: {total} tensors")
 
-    engine = LLMEngine(args.model, device=args.device, dtype=args.dtype, config=config, tracer=Tracer(),
-                       trace_level="basic", capture=capture, progress=progress, draft=default_draft(args),
-                       num_speculative_tokens=args.num_speculative_tokens)
-    return EngineService(engine, model_name=args.served_model_name, limits=limits)
+    services = []
+    for i, spec in enumerate(specs, 1):
+        draft = default_draft(spec)
+        if len(specs) > 1:
+            say(f"[{i}/{len(specs)}] loading {spec.model or 'the embedded model'}"
+                f"{f' (draft: {draft_label(draft)})' if draft else ''}")
+        engine = LLMEngine(spec.model, device=args.device, dtype=args.dtype, config=config, tracer=Tracer(),
+                           trace_level="basic", capture=capture, progress=progress, draft=draft,
+                           num_speculative_tokens=args.num_speculative_tokens)
+        service = EngineService(engine, model_name=served_name(spec, engine), limits=limits, slots=slots,
+                                draft_name=draft_label(draft))
+        say("  " + memory_line(service))
+        services.append(service)
+    return ServedModels(services)
+
+
+def build_service(args: argparse.Namespace):
+    """The first model's EngineService (tests and tools that drive one engine)."""
+    return build_services(args).first
 
 
 def serve_limits(args: argparse.Namespace) -> ServeLimits:
@@ -136,7 +266,7 @@ def main(argv: list[str] | None = None) -> None:
         return serve_replay(args)
     t0 = time.perf_counter()
     try:
-        service = build_service(args)
+        models = build_services(args)
     except Exception as e:  # one clear line: a corrupt checkpoint, an unsupported architecture, a draft...
         if os.environ.get("TOKENTRACE_DEBUG"):
             raise
@@ -145,12 +275,15 @@ def main(argv: list[str] | None = None) -> None:
 
     from app.server import create_app
 
-    app = create_app(service.start())
-    info = service.model_info()
-    print(f"TokenTrace: {info['name']} ({info['num_layers']} layers"
-          f"{', draft on' if info['has_draft'] else ''}) ready in {time.perf_counter() - t0:.1f} s "
+    app = create_app(models.start())
+    shown = []
+    for service in models:
+        info = service.model_info()
+        draft = {None: "", "ngram": ", n-gram draft"}.get(info["draft"], ", draft on")
+        shown.append(f"{info['name']} ({info['num_layers']} layers{draft})")
+    print(f"TokenTrace: {', '.join(shown)} ready in {time.perf_counter() - t0:.1f} s "
           f"on http://{args.host}:{args.port}", flush=True)
-    limits = service.limits
+    limits = models.limits
     if limits.public:
         print(f"public mode: max_tokens <= {limits.max_tokens_cap}, {limits.max_concurrent_per_client} requests "
               f"in flight per client; " + ("access token required" if limits.api_key else
@@ -161,7 +294,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     finally:
-        service.stop()
+        models.stop()
 
 
 if __name__ == "__main__":

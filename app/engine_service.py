@@ -74,12 +74,17 @@ class KVSnapshot:
 
 class EngineService:
     def __init__(self, engine: LLMEngine, store: TraceStore | None = None, model_name: str | None = None,
-                 limits: ServeLimits | None = None) -> None:
+                 limits: ServeLimits | None = None, slots: ClientSlots | None = None,
+                 draft_name: str | None = None) -> None:
+        """slots: the per-client count of requests in flight, shared by every engine of one
+        server (a client's cap counts its requests to all models); draft_name: what drafts for
+        this engine, as the page names it ("ngram", a draft model's name)."""
         if engine.tracer is None:
             raise ValueError("the engine needs a Tracer for the service to watch it")
         self.engine = engine
         self.store = store or TraceStore()
         self.model_name = model_name or engine.model_path.name
+        self.draft_name = draft_name
         self._subs: dict[str, list[Subscription]] = {}
         self._firehose: list[Subscription] = []
         self._subs_lock = threading.Lock()
@@ -90,7 +95,7 @@ class EngineService:
         self.output_listeners: list = []  # called on the engine thread with every output item (metrics)
         self.error: str | None = None
         self.limits = limits or ServeLimits()
-        self.slots = ClientSlots(self.limits.max_concurrent_per_client)
+        self.slots = slots or ClientSlots(self.limits.max_concurrent_per_client)
         self.output_listeners.append(self._release_slot)
         engine.tracer.add_sink(self._on_event)
         with engine.lock:
@@ -104,10 +109,32 @@ class EngineService:
                 "vocab_size": cfg.vocab_size, "num_experts": cfg.num_experts, "top_k": cfg.num_experts_per_tok,
                 "is_moe": cfg.is_moe, "moe_layers": [i for i, m in enumerate(cfg.moe_layers) if m],
                 "sliding_windows": list(cfg.sliding_windows), "dtype": str(e.dtype).replace("torch.", ""),
+                "query_pre_attn_scalar": cfg.query_pre_attn_scalar, "mlp_activation": cfg.hidden_act,
                 "dtype_bytes": e.runner.kv_cache.element_size(), "num_blocks": e.block_manager.num_blocks,
                 "block_size": e.config.block_size, "kv_cache_bytes": e.runner.kv_cache_bytes,
                 "max_model_len": e.max_model_len, "has_draft": e.speculator is not None,
-                "num_speculative_tokens": e.num_speculative_tokens, "device": str(e.device)}
+                "num_speculative_tokens": e.num_speculative_tokens, "device": str(e.device),
+                "architecture": cfg.architecture, "chat_template": e.tokenizer.has_chat_template,
+                "draft": self.draft_kind(), "weights_bytes": self.weights_bytes}
+
+    def draft_kind(self) -> str | None:
+        """None (no speculation), "ngram" (prompt lookup) or the draft model's name."""
+        spec = self.engine.speculator
+        if spec is None:
+            return None
+        if getattr(self.engine, "speculative_method", None) == "ngram" or "gram" in type(spec).__name__.lower():
+            return "ngram"
+        return self.draft_name or "draft model"
+
+    @cached_property
+    def weights_bytes(self) -> int:
+        """The target's parameters and buffers in memory (the draft's not included)."""
+        return _tensor_bytes(self.engine.runner.model)
+
+    @cached_property
+    def draft_weights_bytes(self) -> int:
+        runner = getattr(self.engine.speculator, "runner", None)
+        return _tensor_bytes(runner.model) if runner is not None else 0
 
     def piece(self, token_id: int) -> str:
         """A token's text as the user would read it (special tokens kept)."""
@@ -137,6 +164,9 @@ class EngineService:
         refused it (the subscription is dropped again). `client`: who counts against the
         per-client cap (None: not counted)."""
         rid = request_id or f"req-{next(_ids)}-{secrets.token_hex(4)}"  # unguessable: ids open traces and rooms
+        if sub.prompt is None and not self.engine.tokenizer.has_chat_template:
+            raise RequestRefused(f"the model {self.model_name!r} has no chat template (a base model): send a plain "
+                                 "prompt (POST /v1/completions) instead of chat messages", param="messages")
         cap = self.limits.max_tokens_cap
         if cap is not None and sub.params.max_tokens > cap:
             raise RequestRefused(f"max_tokens {sub.params.max_tokens} is above this server's cap of {cap}",
@@ -148,7 +178,8 @@ class EngineService:
         if sub.trace_level != "off":
             self.store.set_body(rid, sub.body)
         try:
-            self.engine.add_request(messages=sub.messages, params=sub.params, request_id=rid,
+            self.engine.add_request(prompt=sub.prompt, messages=None if sub.prompt is not None else sub.messages,
+                                    params=sub.params, request_id=rid,
                                     trace_level=sub.trace_level, speculative=sub.speculative,
                                     num_speculative_tokens=sub.num_speculative_tokens)
         except Exception as e:
@@ -169,16 +200,19 @@ class EngineService:
         return done
 
     def subscribe_all(self, max_items: int | None = None) -> Subscription:
-        watch = Subscription(None, max_items=max_items)
-        with self._subs_lock:
-            self._firehose.append(watch)
-        return watch
+        return self.attach(Subscription(None, max_items=max_items))
 
     def subscribe(self, request_id: str, max_items: int | None = None) -> Subscription:
         """Watch one request (already running or not yet sent)."""
-        watch = Subscription(request_id, max_items=max_items)
+        return self.attach(Subscription(request_id, max_items=max_items))
+
+    def attach(self, watch: Subscription) -> Subscription:
+        """Feed an existing queue too (one watcher of several engines has one queue)."""
         with self._subs_lock:
-            self._subs.setdefault(request_id, []).append(watch)
+            if watch.request_id is None:
+                self._firehose.append(watch)
+            else:
+                self._subs.setdefault(watch.request_id, []).append(watch)
         return watch
 
     def unsubscribe(self, watch: Subscription) -> None:
@@ -261,6 +295,7 @@ class EngineService:
     # --- the tracer sink (runs inside engine.step(): keep it cheap) ------------------------
     def _on_event(self, event: TraceEvent) -> None:
         d = event.to_dict()
+        d["model"] = self.model_name  # one server may serve several models: say whose event it is
         rid = d["request_id"]
         if rid is not None:
             self.store.add(rid, d)
@@ -282,11 +317,21 @@ class EngineService:
             watch.offer(item)
 
 
-def wait_idle(service: EngineService, timeout: float = 30.0) -> bool:
-    """True once the engine has no unfinished request (tests and shutdown)."""
+def _tensor_bytes(module) -> int:
+    seen, total = set(), 0
+    for t in list(module.parameters()) + list(module.buffers()):
+        if t.data_ptr() not in seen:
+            seen.add(t.data_ptr())
+            total += t.numel() * t.element_size()
+    return total
+
+
+def wait_idle(service, timeout: float = 30.0) -> bool:
+    """True once the engine (every engine of a ServedModels) has no unfinished request."""
+    engines = [s.engine for s in getattr(service, "services", [service])]  # one engine or a ServedModels
     end = time.monotonic() + timeout
     while time.monotonic() < end:
-        if not service.engine.has_unfinished_requests():
+        if not any(e.has_unfinished_requests() for e in engines):
             return True
         time.sleep(0.02)
     return False

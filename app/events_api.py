@@ -19,18 +19,21 @@ import uuid
 from fastapi import FastAPI, WebSocket, WebSocketDisconnect
 from starlette.concurrency import run_in_threadpool
 
-from app.engine_service import EngineService
 from app.limits import RequestRefused, client_of
 from app.openai_api import error, prepare, read_json, refusal
 from app.recording import record_request
+from app.served_models import ServedModels
 
 WS_QUEUE = 2000  # events a socket may fall behind before it starts losing them
 
 
-def add_event_routes(api: FastAPI, service: EngineService) -> None:
+def add_event_routes(api: FastAPI, served) -> None:
+    models = ServedModels.of(served)
+
     @api.get("/v1/traces/{request_id}")
     def trace(request_id: str):
-        if request_id not in service.store:
+        service = models.owner(request_id)  # ids are unique across engines
+        if service is None:
             return error(404, f"no trace is kept for {request_id!r} (unknown, or dropped as one of the oldest)",
                          param="request_id", code="trace_not_found")
         rec = record_request(service.store, request_id, service.model_info(), service.piece, service.is_special)
@@ -42,7 +45,7 @@ def add_event_routes(api: FastAPI, service: EngineService) -> None:
     @api.websocket("/ws")
     async def events(websocket: WebSocket, request_id: str | None = None) -> None:
         await websocket.accept()
-        watch = service.subscribe(request_id, WS_QUEUE) if request_id else service.subscribe_all(WS_QUEUE)
+        watch = models.subscribe(request_id, WS_QUEUE) if request_id else models.subscribe_all(WS_QUEUE)
         closed = asyncio.Event()
         owned: set[str] = set()  # requests this socket sent and that have not finished
 
@@ -50,19 +53,19 @@ def add_event_routes(api: FastAPI, service: EngineService) -> None:
             nonlocal watch
             rid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
             try:
-                if len(text) > service.limits.max_body_bytes:
+                if len(text) > models.limits.max_body_bytes:
                     raise RequestRefused(f"the body is larger than this server's limit of "
-                                         f"{service.limits.max_body_bytes:,} bytes", status=413)
-                sub = prepare(service, read_json(text))
+                                         f"{models.limits.max_body_bytes:,} bytes", status=413)
+                service, sub = prepare(models, read_json(text))
                 own = await run_in_threadpool(service.submit, sub, rid, client_of(websocket))
             except ValueError as e:
                 await websocket.send_json({"schema": 1, "type": "error", "request_id": None,
-                                           **json.loads(refusal(e, service).body)})
+                                           **json.loads(refusal(e, models).body)})
                 return
             owned.add(rid)
             if request_id:  # a socket that watches one request follows the one it sent
                 own.max_items = WS_QUEUE
-                service.unsubscribe(watch)
+                models.unsubscribe(watch)
                 watch = own
             else:  # the firehose carries it already
                 service.unsubscribe(own)
@@ -75,7 +78,7 @@ def add_event_routes(api: FastAPI, service: EngineService) -> None:
             except (WebSocketDisconnect, RuntimeError, KeyError):  # closed, or a binary frame
                 closed.set()
                 for rid in list(owned):  # free its KV blocks now, not after the next drain
-                    await run_in_threadpool(service.abort, rid)
+                    await run_in_threadpool(models.abort, rid)
 
         reader = asyncio.create_task(watch_close())
         reported = 0
@@ -97,6 +100,6 @@ def add_event_routes(api: FastAPI, service: EngineService) -> None:
             pass
         finally:
             reader.cancel()
-            service.unsubscribe(watch)
+            models.unsubscribe(watch)
             for rid in list(owned):  # the server closed the socket first
-                await run_in_threadpool(service.abort, rid)
+                await run_in_threadpool(models.abort, rid)

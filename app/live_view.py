@@ -116,7 +116,7 @@ class LiveView:
             gen = [{"id": i, "text": self.piece(i), "special": self.is_special(i)} for i in self.generated_ids()]
             return viz.tokens_html(self.first("tokenize"), gen)
         if name == "embedding":
-            return viz.embedding_html(self.by_type.get("embed", []))
+            return viz.embedding_html(self.by_type.get("embed", []), m.get("vocab_size"), m.get("hidden_size"))
         if name == "attention":
             return viz.attention_html(self.by_type.get("attention", []), self.layer, self.head, self.labels(),
                                       m["sliding_windows"] if any(m["sliding_windows"]) else None)
@@ -129,7 +129,7 @@ class LiveView:
         if name == "moe":
             return viz.moe_html(self.by_type.get("moe", []), self.layer, self.labels(), m["is_moe"])
         if name == "sampling":
-            return viz.sampling_html(self.by_type.get("sample", []), self.pieces())
+            return viz.sampling_html(self.by_type.get("sample", []), self.pieces(), vocab_size=m.get("vocab_size"))
         if name == "spec":
             return viz.spec_html(self.by_type.get("spec", []), self.speculative and m["has_draft"], self.pieces())
         if name == "answer":

@@ -8,21 +8,25 @@ import time
 import uvicorn
 
 from app.engine_service import EngineService
+from app.served_models import ServedModels
 from app.server import create_app
 
 
 class LocalServer:
-    def __init__(self, service: EngineService | None, host: str = "127.0.0.1", port: int = 0, app=None) -> None:
-        """app: serve this one instead (e.g. create_app(None, replay=...), with no engine)."""
-        self.service = service
-        self.server = uvicorn.Server(uvicorn.Config(app or create_app(service), host=host, port=port,
+    def __init__(self, service: EngineService | ServedModels | None, host: str = "127.0.0.1", port: int = 0,
+                 app=None) -> None:
+        """service: one engine or several (then .service is the first, .models all of them);
+        app: serve this one instead (e.g. create_app(None, replay=...), with no engine)."""
+        self.models = ServedModels.of(service) if service is not None else None
+        self.service = self.models.first if self.models is not None else None
+        self.server = uvicorn.Server(uvicorn.Config(app or create_app(self.models), host=host, port=port,
                                                     log_level="warning"))
         self.host = host
         self.thread: threading.Thread | None = None
 
     def start(self, timeout: float = 60.0) -> "LocalServer":
-        if self.service is not None:
-            self.service.start()
+        if self.models is not None:
+            self.models.start()
         self.thread = threading.Thread(target=self.server.run, name="uvicorn", daemon=True)
         self.thread.start()
         end = time.monotonic() + timeout
@@ -44,8 +48,8 @@ class LocalServer:
         self.server.should_exit = True
         if self.thread is not None:
             self.thread.join(timeout=10)
-        if self.service is not None:
-            self.service.stop()
+        if self.models is not None:
+            self.models.stop()
 
     def __enter__(self) -> "LocalServer":
         return self.start()

@@ -1,6 +1,7 @@
 """GET /metrics in the Prometheus text format, with the figures vLLM users watch:
 running/waiting requests, KV blocks, prefix-cache hit rate, speculative acceptance,
-TTFT and per-token latency histograms, aborted requests."""
+TTFT and per-token latency histograms, aborted requests. Every series has a `model`
+label: one server may hold several engines."""
 from __future__ import annotations
 
 import threading
@@ -10,6 +11,7 @@ from fastapi import FastAPI
 from fastapi.responses import PlainTextResponse
 
 from app.engine_service import EngineService
+from app.served_models import ServedModels
 
 BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
@@ -27,10 +29,11 @@ class Histogram:
         self.total += seconds
         self.n += 1
 
-    def lines(self, name: str, help_: str) -> list[str]:
-        out = [f"# HELP {name} {help_}", f"# TYPE {name} histogram"]
-        out += [f'{name}_bucket{{le="{edge}"}} {c}' for edge, c in zip(BUCKETS, self.counts)]
-        return out + [f'{name}_bucket{{le="+Inf"}} {self.n}', f"{name}_sum {self.total}", f"{name}_count {self.n}"]
+    def lines(self, name: str, label: str) -> list[str]:
+        """label: 'model="x"' (the series' own labels, without braces)."""
+        out = [f'{name}_bucket{{{label},le="{edge}"}} {c}' for edge, c in zip(BUCKETS, self.counts)]
+        return out + [f'{name}_bucket{{{label},le="+Inf"}} {self.n}', f"{name}_sum{{{label}}} {self.total}",
+                      f"{name}_count{{{label}}} {self.n}"]
 
 
 class Metrics:
@@ -55,7 +58,9 @@ class Metrics:
             if item.get("finished"):
                 self._last.pop(rid, None)
 
-    def render(self, service: EngineService) -> str:
+    def series(self, service: EngineService) -> tuple[list[tuple[str, str, str, float]], dict[str, list[str]]]:
+        """-> ([(kind, name, help, value)], histogram lines) of one engine, labelled with its model."""
+        label = f'model="{_label(service.model_name)}"'
         e = service.engine
         with e.lock:
             bm, stats = e.block_manager, e.stats
@@ -79,22 +84,47 @@ class Metrics:
                 ("tokentrace_generated_tokens_total", "tokens generated", stats.generated_tokens),
                 ("tokentrace_engine_steps_total", "engine steps (target forward passes)", stats.target_passes),
             ]
-        lines = []
-        for name, help_, value in gauges:
-            lines += [f"# HELP {name} {help_}", f"# TYPE {name} gauge", f"{name} {value}"]
-        for name, help_, value in counters:
-            lines += [f"# HELP {name} {help_}", f"# TYPE {name} counter", f"{name} {value}"]
+        values = [("gauge", n, h, v) for n, h, v in gauges] + [("counter", n, h, v) for n, h, v in counters]
         with self._lock:
-            lines += self.ttft.lines("tokentrace_time_to_first_token_seconds", "time to first token")
-            lines += self.per_token.lines("tokentrace_time_per_output_token_seconds", "time between tokens")
-        return "\n".join(lines) + "\n"
+            hist = {name: h.lines(name, label) for name, h in zip(HISTOGRAMS, (self.ttft, self.per_token))}
+        return [(k, f"{n}{{{label}}}", h, v) for k, n, h, v in values], hist
 
 
-def add_metrics_route(api: FastAPI, service: EngineService) -> Metrics:
-    metrics = Metrics()
-    service.output_listeners.append(metrics.on_output)
+HISTOGRAMS = {"tokentrace_time_to_first_token_seconds": "time to first token",
+              "tokentrace_time_per_output_token_seconds": "time between tokens"}
+
+
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def render(per_model: list[tuple[EngineService, Metrics]]) -> str:
+    """Every engine's series, grouped by metric name (HELP and TYPE once per name)."""
+    groups: dict[str, tuple[str, str, list[str]]] = {}
+    hists: dict[str, list[str]] = {name: [] for name in HISTOGRAMS}
+    for service, metrics in per_model:
+        values, hist = metrics.series(service)
+        for kind, series, help_, value in values:
+            name = series.split("{")[0]
+            groups.setdefault(name, (kind, help_, []))[2].append(f"{series} {value}")
+        for name, lines in hist.items():
+            hists[name] += lines
+    lines = []
+    for name, (kind, help_, series) in groups.items():
+        lines += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}", *series]
+    for name, series in hists.items():
+        lines += [f"# HELP {name} {HISTOGRAMS[name]}", f"# TYPE {name} histogram", *series]
+    return "\n".join(lines) + "\n"
+
+
+def add_metrics_route(api: FastAPI, served) -> list[Metrics]:
+    per_model = []
+    for service in ServedModels.of(served):
+        metrics = Metrics()
+        service.output_listeners.append(metrics.on_output)
+        per_model.append((service, metrics))
 
     @api.get("/metrics", response_class=PlainTextResponse)
     def prometheus() -> str:
-        return metrics.render(service)
-    return metrics
+        return render(per_model)
+    return [m for _, m in per_model]

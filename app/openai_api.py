@@ -1,5 +1,6 @@
-"""OpenAI-compatible chat completions on the same server as the page, so a plain
-`curl` or the `openai` SDK drives the engine and the page can watch the request.
+"""OpenAI-compatible chat completions (and plain completions, for base models) on the same
+server as the page, so a plain `curl` or the `openai` SDK drives the engines and the page
+can watch the request. A request's `model` picks the engine (the first when absent).
 
 Each request is traced at level "full" under its completion id, like one typed in
 the page. Errors come in OpenAI's shape: {"error": {"message", "type", "param", "code"}}.
@@ -19,6 +20,7 @@ from starlette.concurrency import run_in_threadpool
 from app.engine_service import EngineService, Subscription
 from app.limits import RequestRefused, client_of
 from app.requests import BodyError, Submission, parse_body
+from app.served_models import ServedModels
 
 FINISH = {"stop": "stop", "length": "length", "abort": "stop"}
 
@@ -28,12 +30,13 @@ def error(status: int, message: str, type_: str = "invalid_request_error", param
     return JSONResponse({"error": {"message": message, "type": type_, "param": param, "code": code}}, status)
 
 
-def refusal(e: ValueError, service: EngineService) -> JSONResponse:
-    """A refused request (bad body, server limits, the engine's own checks) as an OpenAI error."""
+def refusal(e: ValueError, served) -> JSONResponse:
+    """A refused request (bad body, server limits, the engine's own checks) as an OpenAI error.
+    served: anything with the server's .limits (an EngineService, ServedModels)."""
     if isinstance(e, RequestRefused):
-        return error(e.status, service.limits.shown(str(e)), e.type, e.param, e.code)
+        return error(e.status, served.limits.shown(str(e)), e.type, e.param, e.code)
     param = e.param if isinstance(e, BodyError) else "messages"  # the engine's: context, KV pool
-    return error(400, service.limits.shown(str(e)), param=param)
+    return error(400, served.limits.shown(str(e)), param=param)
 
 
 def _reject_constant(name: str):
@@ -54,16 +57,13 @@ def read_json(raw: bytes | str) -> dict:
     return body
 
 
-def prepare(service: EngineService, body: dict) -> Submission:
-    """The checks every way in (HTTP, WebSocket) applies before the engine sees a body:
-    the model must be the one served (a path or hub id never loads anything), then the
-    body's fields and the server's max_tokens cap."""
-    model = body.get("model")
-    if model is not None and model != service.model_name:
-        shown = repr(model)[:80]
-        raise RequestRefused(f"the model {shown} does not exist; this server serves {service.model_name!r}",
-                             status=404, param="model", code="model_not_found")
-    return parse_body(body, service.limits.max_tokens_cap)
+def prepare(models, body: dict, endpoint: str | None = None) -> tuple[EngineService, Submission]:
+    """The checks every way in (HTTP, WebSocket) applies before an engine sees a body:
+    the model must be one served (the first when absent; a path or hub id never loads
+    anything), then the body's fields and the server's max_tokens cap. -> (engine, submission)"""
+    models = ServedModels.of(models)
+    service = models.pick(body.get("model"))
+    return service, parse_body(body, models.limits.max_tokens_cap, endpoint)
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -80,37 +80,63 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def add_openai_routes(api: FastAPI, service: EngineService) -> None:
+def model_card(service: EngineService) -> dict:
+    return {"id": service.model_name, "object": "model", "created": 0, "owned_by": "tokentrace",
+            "max_model_len": service.engine.max_model_len}
+
+
+def add_openai_routes(api: FastAPI, served) -> None:
+    models = ServedModels.of(served)
+
     @api.get("/v1/models")
-    def models() -> dict:
-        return {"object": "list", "data": [{"id": service.model_name, "object": "model", "created": 0,
-                                            "owned_by": "tokentrace"}]}
+    def list_models() -> dict:
+        return {"object": "list", "data": [model_card(s) for s in models]}
+
+    @api.get("/v1/models/{model_id:path}")  # the OpenAI SDK's models.retrieve(); a hub-style id has a "/"
+    def retrieve_model(model_id: str):
+        service = models.get(model_id)
+        if service is None:
+            return refusal(RequestRefused(f"the model {model_id[:80]!r} does not exist; this server serves "
+                                          f"{', '.join(repr(n) for n in models.names)}", status=404,
+                                          param="model", code="model_not_found"), models)
+        return model_card(service)
 
     @api.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        rid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
-        try:
-            body = read_json(await read_body(request, service.limits.max_body_bytes))
-            body = {**body, "trace_level": "full"}
-            sub = prepare(service, body)
-            watch = await run_in_threadpool(service.submit, sub, rid, client_of(request))
-        except ValueError as e:  # the body, the server's limits, or the engine's checks (context, KV pool)
-            return refusal(e, service)
-        created = int(time.time())
-        stream_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        if body.get("stream"):
-            return StreamingResponse(_stream(request, service, watch, rid, created, stream_usage),
-                                     media_type="text/event-stream")
-        try:
-            text, reason, usage = await _collect(request, service, watch)
-        finally:
-            service.unsubscribe(watch)
-        if reason is None:  # the client went away
-            return error(499, "the client closed the request")
-        return {"id": rid, "object": "chat.completion", "created": created, "model": service.model_name,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                             "finish_reason": FINISH.get(reason, reason)}],
-                "usage": usage}
+        return await _complete(request, models, "chat")
+
+    @api.post("/v1/completions")  # a plain prompt: the way to a base model, which has no chat template
+    async def completions(request: Request):
+        return await _complete(request, models, "completion")
+
+
+async def _complete(request: Request, models: ServedModels, endpoint: str):
+    rid = f"{'chatcmpl' if endpoint == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+    try:
+        body = read_json(await read_body(request, models.limits.max_body_bytes))
+        body = {**body, "trace_level": "full"}
+        service, sub = prepare(models, body, endpoint)
+        watch = await run_in_threadpool(service.submit, sub, rid, client_of(request))
+    except ValueError as e:  # the body, the server's limits, or the engine's checks (context, KV pool)
+        return refusal(e, models)
+    created = int(time.time())
+    stream_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+    if body.get("stream"):
+        return StreamingResponse(_stream(request, service, watch, rid, created, stream_usage, endpoint),
+                                 media_type="text/event-stream")
+    try:
+        text, reason, usage = await _collect(request, service, watch)
+    finally:
+        service.unsubscribe(watch)
+    if reason is None:  # the client went away
+        return error(499, "the client closed the request")
+    finish = FINISH.get(reason, reason)
+    if endpoint == "chat":
+        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
+    else:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+    return {"id": rid, "object": "chat.completion" if endpoint == "chat" else "text_completion",
+            "created": created, "model": service.model_name, "choices": [choice], "usage": usage}
 
 
 def _usage(event: dict) -> dict:
@@ -161,23 +187,29 @@ async def _collect(request: Request, service: EngineService, watch: Subscription
 
 
 async def _stream(request: Request, service: EngineService, watch: Subscription, rid: str, created: int,
-                  include_usage: bool) -> AsyncIterator[str]:
-    def chunk(delta: dict, finish: str | None = None, **extra) -> str:
-        return "data: " + json.dumps({"id": rid, "object": "chat.completion.chunk", "created": created,
-                                      "model": service.model_name,
-                                      "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
-                                      **extra}) + "\n\n"
+                  include_usage: bool, endpoint: str = "chat") -> AsyncIterator[str]:
+    kind = "chat.completion.chunk" if endpoint == "chat" else "text_completion"
+
+    def chunk(text: str | None, finish: str | None = None) -> str:
+        if endpoint == "chat":
+            delta = {"role": "assistant", "content": ""} if text is None else {"content": text} if text else {}
+            choice = {"index": 0, "delta": delta, "finish_reason": finish}
+        else:
+            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+        return "data: " + json.dumps({"id": rid, "object": kind, "created": created, "model": service.model_name,
+                                      "choices": [choice]}) + "\n\n"
     done = False
     try:
-        yield chunk({"role": "assistant", "content": ""})
+        if endpoint == "chat":
+            yield chunk(None)  # the assistant's role first, as OpenAI's stream does
         async for item in _until_done(request, service, watch):
             if item["type"] == "output":
                 if item["text"]:
-                    yield chunk({"content": item["text"]})
+                    yield chunk(item["text"])
             elif item["type"] == "done":
-                yield chunk({}, FINISH.get(item["reason"], item["reason"]))
+                yield chunk("", FINISH.get(item["reason"], item["reason"]))
                 if include_usage:
-                    yield "data: " + json.dumps({"id": rid, "object": "chat.completion.chunk", "created": created,
+                    yield "data: " + json.dumps({"id": rid, "object": kind, "created": created,
                                                  "model": service.model_name, "choices": [],
                                                  "usage": item["usage"]}) + "\n\n"
                 done = True

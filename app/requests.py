@@ -18,13 +18,17 @@ class Submission:
     trace_level: str = "full"
     checks: list[tuple[str, bool, str]] = field(default_factory=list)
     body: dict | None = None  # as sent, kept with the trace
+    prompt: str | None = None  # a plain prompt (completions; base models): sent as is, no chat template
 
 
 def build_body(model: str, system: str, user: str, temperature: float, top_k: int, top_p: float,
-               max_tokens: int, seed: int | None, speculative: bool, k: int, trace_level: str) -> dict:
-    """The page's controls as the JSON body an OpenAI client would send (plus our extras)."""
+               max_tokens: int, seed: int | None, speculative: bool, k: int, trace_level: str,
+               plain: bool = False) -> dict:
+    """The page's controls as the JSON body an OpenAI client would send (plus our extras).
+    plain: a completion body (a base model, no chat template): the prompt alone, no system."""
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
-    return {"model": model, "stream": True, "messages": messages, "temperature": temperature, "top_k": top_k,
+    text = {"prompt": user} if plain else {"messages": messages}
+    return {"model": model, "stream": True, **text, "temperature": temperature, "top_k": top_k,
             "top_p": top_p, "max_tokens": max_tokens, "seed": seed,
             "speculative": {"enabled": bool(speculative), "num_tokens": k}, "trace_level": trace_level}
 
@@ -58,9 +62,10 @@ def _text(value) -> str | None:
     return value
 
 
-def parse_body(body: dict, max_tokens_cap: int | None = None) -> Submission:
+def parse_body(body: dict, max_tokens_cap: int | None = None, endpoint: str | None = None) -> Submission:
     """Raises BodyError (a ValueError, with the checks so far in .checks) when the body is
-    invalid. Types are checked strictly, so nothing malformed reaches the engine thread."""
+    invalid. Types are checked strictly, so nothing malformed reaches the engine thread.
+    endpoint: "chat" (messages), "completion" (a plain prompt), None: whichever the body has."""
     checks: list[tuple[str, bool, str]] = []
 
     def fail(name: str, msg: str, param: str | None = None):
@@ -82,21 +87,21 @@ def parse_body(body: dict, max_tokens_cap: int | None = None) -> Submission:
 
     if not isinstance(body, dict):
         fail("body", "the body must be a JSON object")
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        fail("messages", "messages must be a non-empty list", "messages")
-    clean = []
-    for m in messages:
-        role = ROLES.get(m.get("role")) if isinstance(m, dict) and isinstance(m.get("role"), str) else None
-        content = _text(m.get("content")) if isinstance(m, dict) else None
-        if role is None or content is None:
-            fail("messages", "each message needs a role (system, user or assistant) and string content",
-                 "messages")
-        clean.append({"role": role, "content": content})
-    messages = clean
-    if not any(m["content"].strip() for m in messages if m["role"] == "user"):
-        fail("messages", "the user message is empty", "messages")
-    checks.append(("messages", True, f"{len(messages)} message{'s' if len(messages) != 1 else ''}"))
+    if endpoint is None:
+        endpoint = "completion" if "prompt" in body and "messages" not in body else "chat"
+    prompt = None
+    if endpoint == "completion":
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1:  # OpenAI's batch form, with one prompt
+            prompt = prompt[0]
+        if not isinstance(prompt, str) or _text(prompt) is None:
+            fail("prompt", "prompt must be a string", "prompt")
+        if not prompt.strip():
+            fail("prompt", "the prompt is empty", "prompt")
+        checks.append(("prompt", True, f"a plain prompt of {len(prompt):,} characters (no chat template)"))
+        messages = []
+    else:
+        messages = _messages(body, checks, fail)
     if body.get("n") not in (None, 1):
         fail("sampling", "only n = 1 is supported", "n")
     stop = body.get("stop")
@@ -131,4 +136,22 @@ def parse_body(body: dict, max_tokens_cap: int | None = None) -> Submission:
     for name in ("stream", "stream_options"):
         if body.get(name) is not None and not isinstance(body[name], dict if name == "stream_options" else bool):
             fail("body", f"{name} must be {'an object' if name == 'stream_options' else 'true or false'}", name)
-    return Submission(messages, params, spec.get("enabled", True), k, level, checks, body)
+    return Submission(messages, params, spec.get("enabled", True), k, level, checks, body, prompt)
+
+
+def _messages(body: dict, checks: list, fail) -> list[dict]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        fail("messages", "messages must be a non-empty list", "messages")
+    clean = []
+    for m in messages:
+        role = ROLES.get(m.get("role")) if isinstance(m, dict) and isinstance(m.get("role"), str) else None
+        content = _text(m.get("content")) if isinstance(m, dict) else None
+        if role is None or content is None:
+            fail("messages", "each message needs a role (system, user or assistant) and string content",
+                 "messages")
+        clean.append({"role": role, "content": content})
+    if not any(m["content"].strip() for m in clean if m["role"] == "user"):
+        fail("messages", "the user message is empty", "messages")
+    checks.append(("messages", True, f"{len(clean)} message{'s' if len(clean) != 1 else ''}"))
+    return clean

@@ -8,7 +8,7 @@ import argparse
 import io
 from pathlib import Path
 
-from app.__main__ import build_service, parse_args
+from app.__main__ import build_services, parse_args
 from app.browser import launch
 from app.local_server import LocalServer
 
@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> None:
     from PIL import Image
     from playwright.sync_api import sync_playwright
 
-    with LocalServer(build_service(parse_args(rest))) as server, sync_playwright() as pw:
+    with LocalServer(build_services(parse_args(rest))) as server, sync_playwright() as pw:
         browser = launch(pw)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         page.goto(server.url, wait_until="load")

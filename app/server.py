@@ -18,35 +18,40 @@ from app.metrics import add_metrics_route  # noqa: E402
 from app.openai_api import add_openai_routes  # noqa: E402
 from app.page import CSS, build_page  # noqa: E402
 from app.recording import Recording, record_request  # noqa: E402
+from app.served_models import ServedModels  # noqa: E402
 
 
-def create_app(service: EngineService | None, replay: Recording | None = None,
+def create_app(served: EngineService | ServedModels | None, replay: Recording | None = None,
                limits: ServeLimits | None = None) -> FastAPI:
-    """service None: replay mode (`python -m app --replay FILE`): the page and classroom only."""
-    limits = limits or (service.limits if service is not None else ServeLimits())
+    """served: one engine or several (ServedModels); None: replay mode (`python -m app
+    --replay FILE`): the page and classroom only."""
+    models = ServedModels.of(served) if served is not None else None
+    limits = limits or (models.limits if models is not None else ServeLimits())
     api = FastAPI(title="TokenTrace")
 
     @api.get("/healthz")
     def healthz() -> dict:
-        if service is None:
+        if models is None:
             return {"status": "ok", "model": None, "mode": "replay", "request_id": replay.request_id}
-        return {"status": "ok" if service.error is None else "degraded", "model": service.model_name,
-                "error": service.error}
+        return {"status": "ok" if models.error is None else "degraded", "model": models.first.model_name,
+                "models": models.names, "error": models.error}
 
     add_access_control(api, limits)  # token on our routes; no stack traces in errors
-    if service is not None:
-        add_openai_routes(api, service)
-        add_event_routes(api, service)
-        add_metrics_route(api, service)
+    if models is not None:
+        add_openai_routes(api, models)
+        add_event_routes(api, models)
+        add_metrics_route(api, models)
     classrooms = Classrooms()
-    if service is not None:
+    if models is not None:
         def recorder(rid: str) -> Recording | None:
-            return record_request(service.store, rid, service.model_info(), service.piece, service.is_special)
+            service = models.owner(rid)  # whichever engine ran it
+            return None if service is None else record_request(service.store, rid, service.model_info(),
+                                                                service.piece, service.is_special)
     else:
         def recorder(rid: str) -> Recording | None:
             return replay if rid == replay.request_id else None
     add_classroom_routes(api, classrooms, CSS, recorder)
-    page = build_page(service, replay, classrooms)
+    page = build_page(models, replay, classrooms)
     # A built-in theme with system fonts: GoogleFont would fetch from the internet.
     theme = gr.themes.Default(font=["ui-sans-serif", "system-ui", "sans-serif"],
                               font_mono=["ui-monospace", "monospace"])

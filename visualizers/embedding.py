@@ -22,9 +22,12 @@ def embedding_matrix(embeds: Sequence[dict]) -> tuple[np.ndarray, list[int]]:
     return np.array([by_pos[p] for p in order], dtype=float), [ids[p] for p in order]
 
 
-def embedding_html(embeds: Sequence[dict]) -> str:
+def embedding_html(embeds: Sequence[dict], vocab_size: int | None = None, d_model: int | None = None) -> str:
+    """vocab_size, d_model: the model's, named before any row is captured."""
     if not embeds:
-        return panel("Embedding", empty("no embedding rows yet (capture level 'full' records them)"))
+        table = (f": each token will select one row of the [{vocab_size:,} × {d_model:,}] embedding matrix"
+                 if vocab_size and d_model else "")
+        return panel("Embedding", empty(f"no embedding rows yet{table} (capture level 'full' records them)"))
     mat, ids = embedding_matrix(embeds)
     d_model = embeds[-1]["shape"][1]
     scale = float(np.abs(mat).max()) or 1.0

@@ -19,6 +19,14 @@ SOURCES = {
 }
 
 
+def prob(p: float, digits: int = 3) -> str:
+    """A probability that stays readable when it is tiny: over a vocabulary of 262,144 a
+    flat distribution gives every candidate about 4e-6, which 3 decimals would show as 0."""
+    if p <= 0 or p >= 10 ** -digits:
+        return f"{max(0.0, p):.{digits}f}"  # max(0.0, -0.0) is 0.0: a cut-off token shows no minus
+    return f"{p:.1e}".replace("e-0", "e-")
+
+
 def _knob(stage: str, params: dict) -> str:
     if stage == "temperature":
         return f"T={params['temperature']:g}"
@@ -31,10 +39,13 @@ def _knob(stage: str, params: dict) -> str:
     return ""
 
 
-def sampling_html(samples: Sequence[dict], pieces: Mapping[int, str] | None = None, step: int | None = None) -> str:
-    """samples: this request's `sample` events; step: which one to detail (default: newest)."""
+def sampling_html(samples: Sequence[dict], pieces: Mapping[int, str] | None = None, step: int | None = None,
+                  vocab_size: int | None = None) -> str:
+    """samples: this request's `sample` events; step: which one to detail (default: newest);
+    vocab_size: the model's (the LM head scores every one of them)."""
+    over = f" over {vocab_size:,} vocabulary entries" if vocab_size else ""
     if not samples:
-        return panel("Sampling", empty("no token sampled yet"))
+        return panel("Sampling", empty(f"no token sampled yet (the LM head will score{over or ' the vocabulary'})"))
     ev = samples[step if step is not None and -len(samples) <= step < len(samples) else -1]
     stages = list(ev["stages"])
     params = ev["params"]
@@ -46,7 +57,8 @@ def sampling_html(samples: Sequence[dict], pieces: Mapping[int, str] | None = No
         for s in stages:
             p = ev["stages"][s]["probs"][j]
             cut = p == 0
-            cells.append(f'<span class="{"tt-cut" if cut else ""}">{bar(p)} {p:.3f}</span>')
+            # struck through: the number only (a struck space before it would read as a minus sign)
+            cells.append(f'{bar(p)} <span class="{"tt-cut" if cut else ""}">{prob(p)}</span>')
         cls = " class='tt-drawn'" if drawn else ""
         rows.append(f"<tr{cls}><td>{'▶ ' if drawn else ''}<code>{show_piece(piece_text(cid, pieces))}</code></td>"
                     f"<td>{esc(cid)}</td>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
@@ -61,13 +73,13 @@ def sampling_html(samples: Sequence[dict], pieces: Mapping[int, str] | None = No
     info = (f"<div class='tt-lines'><div>token {len(samples) if step is None else step % len(samples) + 1} of "
             f"{len(samples)} · position {ev['position']} · {esc(mode)} · drawn: "
             f"<code>{show_piece(piece_text(ev['token_id'], pieces))}</code> (id {ev['token_id']}, "
-            f"p={ev['token_prob']:.3f}) · entropy {ev['entropy']:.2f} nats</div>"
-            f"<div>tokens kept after each stage: {esc(kept)}</div></div>")
+            f"p={prob(ev['token_prob'])}) · entropy {max(0.0, ev['entropy']):.2f} nats</div>"
+            f"<div>logits{esc(over)} · tokens kept after each stage: {esc(kept)}</div></div>")
     history = "".join(
         f'<span class="tt-chip{" tt-chip-draft" if e.get("source") == "draft" else ""}" '
-        f'title="position {e["position"]} · p={e["token_prob"]:.3f} · entropy {e["entropy"]:.2f}'
+        f'title="position {e["position"]} · p={prob(e["token_prob"])} · entropy {max(0.0, e["entropy"]):.2f}'
         f'{" · from the draft" if e.get("source") == "draft" else ""}">{show_piece(piece_text(e["token_id"], pieces))}'
-        f'<sub>{e["token_prob"]:.2f}</sub></span>' for e in samples[-48:])
+        f'<sub>{prob(e["token_prob"], 2)}</sub></span>' for e in samples[-48:])
     legend = " (underlined: proposed by the draft, kept by the target)" if any(
         e.get("source") == "draft" for e in samples) else ""
     return panel("Sampling", info + table + f"<div class='tt-subtitle'>every token (p under the target){legend}</div>"
