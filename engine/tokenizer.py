@@ -2,6 +2,8 @@
 incremental detokenizer that never splits a multi-byte UTF-8 character."""
 from __future__ import annotations
 
+import hashlib
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -10,7 +12,7 @@ from engine.loader import ModelLoadError
 
 
 # Converting a GGUF file's vocabulary takes seconds (~17 s for 262k tokens): each file's
-# tokenizer is built once per process, keyed by (path, mtime, size).
+# tokenizer is built once per process, keyed by (path, mtime, size), and kept on disk.
 _gguf_tokenizers: dict[tuple[str, int, int], Any] = {}
 _GGUF_CACHE_SIZE = 4
 
@@ -66,15 +68,40 @@ def _gguf_tokenizer(path: Path):
     stat = path.stat()
     key = (str(path.resolve()), stat.st_mtime_ns, stat.st_size)
     if key not in _gguf_tokenizers:
-        from transformers import AutoTokenizer
-        try:  # transformers converts the tokenizer.ggml.* vocabulary and reads tokenizer.chat_template
-            hf = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, trust_remote_code=False)
-        except Exception as e:
-            raise ModelLoadError(f"cannot load the tokenizer in {path}: {_line(e)}") from e
         if len(_gguf_tokenizers) >= _GGUF_CACHE_SIZE:
             del _gguf_tokenizers[next(iter(_gguf_tokenizers))]
-        _gguf_tokenizers[key] = hf
+        _gguf_tokenizers[key] = _converted_tokenizer(path, key)
     return _gguf_tokenizers[key]
+
+
+def _converted_tokenizer(path: Path, key: tuple[str, int, int]):
+    """transformers converts the tokenizer.ggml.* vocabulary and reads tokenizer.chat_template.
+    The result is also saved on disk (tokenizer.json, a fraction of a second to load), so the
+    next start-up on the same file skips the conversion."""
+    from transformers import AutoTokenizer
+    saved = _tokenizer_cache_dir(path, key)
+    if (saved / "tokenizer.json").is_file():
+        try:
+            return AutoTokenizer.from_pretrained(str(saved), trust_remote_code=False)
+        except Exception:  # a damaged or foreign cache entry: convert again
+            pass
+    try:
+        hf = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, trust_remote_code=False)
+    except Exception as e:
+        raise ModelLoadError(f"cannot load the tokenizer in {path}: {_line(e)}") from e
+    try:  # written to a side folder, then renamed: a half-written entry is never read
+        tmp = saved.with_name(saved.name + f".tmp{os.getpid()}")
+        hf.save_pretrained(str(tmp))
+        tmp.replace(saved)
+    except OSError:
+        pass  # a read-only cache only costs the conversion next time
+    return hf
+
+
+def _tokenizer_cache_dir(path: Path, key: tuple[str, int, int]) -> Path:
+    root = Path(os.environ.get("TOKENTRACE_CACHE") or Path.home() / ".cache" / "tokentrace" / "models")
+    digest = hashlib.sha256(repr(key).encode()).hexdigest()[:16]
+    return root / ".tokenizers" / f"{path.stem}-{digest}"
 
 
 def _line(e: Exception) -> str:

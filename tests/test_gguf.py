@@ -184,6 +184,14 @@ def add_tokenizer(w, tok_dir, vocab_size: int, chat_template: bool) -> None:
                             or (tok_dir / "chat_template.jinja").read_text())
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _own_cache(tmp_path_factory):
+    """Converted tokenizers are saved in the model cache: keep these tests' files out of the user's cache."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TOKENTRACE_CACHE", str(tmp_path_factory.mktemp("cache")))
+        yield
+
+
 @pytest.fixture(scope="module")
 def tok_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("tokenizer")
@@ -387,6 +395,32 @@ def test_gguf_tokenizer_is_converted_once(gguf_file, monkeypatch):
                         lambda *a, **k: calls.append(a) or real(*a, **k))
     assert Tokenizer(path).encode("fox") == Tokenizer(path).encode("fox")
     assert calls == []
+
+
+def test_gguf_tokenizer_is_kept_on_disk_and_reloads_the_same(gguf_file, tmp_path, monkeypatch):
+    """A second start-up (a new process: the in-memory cache is empty) loads the saved
+    tokenizer.json instead of converting the vocabulary again, and it behaves the same."""
+    from engine import tokenizer as tk
+    import transformers
+
+    monkeypatch.setenv("TOKENTRACE_CACHE", str(tmp_path / "cache"))
+    path, _ = gguf_file("llama-q4_0-tied")
+    monkeypatch.setattr(tk, "_gguf_tokenizers", {})
+    converted = tk.Tokenizer(path)
+    (saved,) = (tmp_path / "cache" / ".tokenizers").iterdir()
+    assert (saved / "tokenizer.json").is_file()
+    monkeypatch.setattr(tk, "_gguf_tokenizers", {})
+    calls = []
+    real = transformers.AutoTokenizer.from_pretrained
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained",
+                        lambda *a, **k: calls.append(k.get("gguf_file")) or real(*a, **k))
+    reloaded = tk.Tokenizer(path)
+    assert calls == [None]  # read from the saved folder, no gguf_file conversion
+    text = "The quick brown fox: Héllo wörld, naïve café 日本語 ✓ 🙂</s>"
+    messages = [{"role": "user", "content": "Héllo fox"}]
+    assert reloaded.encode(text) == converted.encode(text)
+    assert reloaded.encode_chat(messages) == converted.encode_chat(messages)
+    assert reloaded.special_ids == converted.special_ids and reloaded.vocab_size == converted.vocab_size
 
 
 def test_gguf_without_chat_template(tmp_path, tok_dir):
