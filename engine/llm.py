@@ -28,21 +28,25 @@ class LLM:
     def __init__(self, model: str | Path | None = None, *, device: str = "auto",
                  dtype: str | torch.dtype = "auto", capture: CaptureConfig | None = None,
                  progress: ProgressFn | None = None, draft: str | Path | None = None,
-                 num_speculative_tokens: int = 4, **engine_options) -> None:
-        """`draft`: a small model with the same vocabulary for speculative decoding.
+                 num_speculative_tokens: int = 4, prompt_lookup_max: int = 4, prompt_lookup_min: int = 2,
+                 **engine_options) -> None:
+        """`draft`: a small model with the same vocabulary for speculative decoding, or
+        "ngram" for prompt lookup: proposals copied from what followed the last n tokens
+        (n from prompt_lookup_max down to prompt_lookup_min) earlier in the request.
         `engine_options` are EngineConfig fields: block_size, num_kv_blocks,
         kv_cache_memory_fraction, max_num_seqs, max_num_batched_tokens, max_model_len,
         enable_prefix_caching, use_triton."""
         self.tracer = Tracer()
         self.engine = LLMEngine(model, device=device, dtype=dtype, config=EngineConfig(**engine_options),
                                 tracer=self.tracer, trace_level="off", capture=capture, progress=progress,
-                                draft=draft, num_speculative_tokens=num_speculative_tokens)
+                                draft=draft, num_speculative_tokens=num_speculative_tokens,
+                                prompt_lookup_max=prompt_lookup_max, prompt_lookup_min=prompt_lookup_min)
         self.tokenizer = self.engine.tokenizer
 
     def generate(self, prompts: Prompt | Seq[Prompt], params: SamplingParams | Seq[SamplingParams] | None = None,
                  use_tqdm: bool = False, **spec) -> list[RequestOutput]:
         """One RequestOutput per prompt, in order. A prompt is a string or a list of token ids.
-        With a draft model, `speculative=False` turns speculation off for these requests
+        With speculation on, `speculative=False` turns speculation off for these requests
         and `num_speculative_tokens=k` lowers their k."""
         if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]

@@ -28,7 +28,7 @@ from engine.outputs import RequestOutput, TokenOutput, Usage
 from engine.sampler import explain, sample
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledSeq, Scheduler
-from engine.speculative import Speculator, Verdict, verify
+from engine.speculative import NGRAM, NgramProposer, Proposer, Speculator, Verdict, verify
 from engine.sequence import Sequence
 from engine.tokenizer import IncrementalDetokenizer, Tokenizer
 from engine.trace import TRACE_LEVELS, CaptureConfig, Tracer
@@ -83,7 +83,11 @@ class LLMEngine:
                  dtype: str | torch.dtype = "auto", config: EngineConfig | None = None,
                  tracer: Tracer | None = None, trace_level: str = "basic",
                  capture: CaptureConfig | None = None, progress: ProgressFn | None = None,
-                 draft: str | Path | None = None, num_speculative_tokens: int = 4) -> None:
+                 draft: str | Path | None = None, num_speculative_tokens: int = 4,
+                 prompt_lookup_max: int = 4, prompt_lookup_min: int = 2) -> None:
+        """draft: a draft model's path or hub id, or "ngram" for prompt lookup (proposals
+        copied from the request's own tokens: the last n tokens, n from prompt_lookup_max
+        down to prompt_lookup_min, are looked up earlier in the prompt and output)."""
         self.config = config or EngineConfig()
         self.model_path = resolve_model_path(model if model is not None else DEFAULT_MODEL)
         self.model_config = cfg = load_config(self.model_path)
@@ -93,7 +97,7 @@ class LLMEngine:
         self.max_model_len = min(self.config.max_model_len or cfg.max_position_embeddings,
                                  cfg.max_position_embeddings)
         draft_path = draft_cfg = None
-        if draft is not None:  # check the draft before spending time on the target's weights
+        if draft is not None and draft != NGRAM:  # check the draft before spending time on the target's weights
             draft_path = resolve_model_path(draft)
             draft_cfg = load_config(draft_path)
             _check_same_vocabulary(self.tokenizer, cfg, Tokenizer(draft_path), draft_cfg, draft_path)
@@ -108,11 +112,13 @@ class LLMEngine:
         self.block_manager = BlockManager(self.runner.num_blocks, self.config.block_size,
                                           self.config.enable_prefix_caching,
                                           emit=self._emit if tracer is not None else None)
-        self.speculator: Speculator | None = None
+        self.speculator: Proposer | None = None  # proposes the tokens each round verifies
         self.num_speculative_tokens = num_speculative_tokens
-        if draft_path is not None:
-            if num_speculative_tokens < 1:
-                raise ValueError("num_speculative_tokens must be >= 1")
+        if draft is not None and num_speculative_tokens < 1:
+            raise ValueError("num_speculative_tokens must be >= 1")
+        if draft == NGRAM:
+            self.speculator = NgramProposer(prompt_lookup_max, prompt_lookup_min, cfg.vocab_size, self.device)
+        elif draft_path is not None:
             # The draft mirrors the target's blocks, plus room for each sequence's proposals.
             extra = self.config.max_num_seqs * (num_speculative_tokens // self.config.block_size + 2)
             draft_config = replace(self.config, num_kv_blocks=self.runner.num_blocks + extra,
@@ -122,6 +128,7 @@ class LLMEngine:
             self.speculator = Speculator(draft_runner, BlockManager(
                 draft_runner.num_blocks, self.config.block_size, self.config.enable_prefix_caching),
                 self.config.max_num_batched_tokens)
+        self.speculative_method = self.speculator.method if self.speculator is not None else None
         self.scheduler = Scheduler(self.config, self.block_manager,
                                    self._lookahead if self.speculator is not None else None)
         self.requests: dict[str, Sequence] = {}
@@ -142,7 +149,7 @@ class LLMEngine:
                     messages: list[dict] | None = None, request_id: str | None = None,
                     trace_level: str | None = None, speculative: bool = True,
                     num_speculative_tokens: int | None = None) -> str:
-        """Queue a request; returns its id. With a draft model, `speculative=False` turns
+        """Queue a request; returns its id. With speculation on, `speculative=False` turns
         speculative decoding off for this request and `num_speculative_tokens` sets its k
         (at most the engine's)."""
         arrival = time.perf_counter()
@@ -203,12 +210,14 @@ class LLMEngine:
                              f"{self.block_manager.num_blocks * self.config.block_size}")
 
     def _lookahead(self, seq: Sequence) -> int:
-        """Draft tokens to verify for this decoding sequence: k, less near its end."""
+        """Draft tokens to verify for this decoding sequence: k, less near its end, or
+        what the proposer has (n-gram lookup: what follows the match, 0 without one)."""
         if not seq.speculative:
             return 0
         room = min(seq.params.max_tokens - seq.num_output_tokens, self.max_model_len - len(seq))
         k = self.num_speculative_tokens if seq.spec_k is None else seq.spec_k
-        return max(0, min(k, room - 1, self.config.max_num_batched_tokens - 1))
+        k = max(0, min(k, room - 1, self.config.max_num_batched_tokens - 1))
+        return self.speculator.lookahead(seq, k) if k else 0
 
     def abort(self, request_id: str) -> bool:
         """Stop a request now and free its blocks. False if unknown or already done."""
@@ -342,7 +351,8 @@ class LLMEngine:
                        accepted=verdict.accepted, rejected_position=verdict.accepted if verdict.accepted < k else None,
                        token=verdict.tokens[-1], token_text=self._piece(verdict.tokens[-1]),
                        token_kind="corrected" if verdict.accepted < k else "bonus",
-                       acceptance_rate=seq.spec_accepted / seq.spec_proposed, greedy=seq.params.greedy)
+                       acceptance_rate=seq.spec_accepted / seq.spec_proposed, greedy=seq.params.greedy,
+                       **self.speculator.describe(seq, self._piece))
 
     def _append_token(self, seq: Sequence, token: int, now: float) -> TokenOutput:
         seq.token_ids.append(token)

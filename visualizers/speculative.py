@@ -1,5 +1,6 @@
 """Stage 12: speculative decoding: each round's proposed, accepted and rejected draft
-tokens, the bonus (or corrected) token from the target, and the acceptance rate."""
+tokens, the bonus (or corrected) token from the target, and the acceptance rate. With
+n-gram lookup (no draft model) each round also says where its proposals were copied from."""
 from __future__ import annotations
 
 from typing import Mapping, Sequence
@@ -7,6 +8,27 @@ from typing import Mapping, Sequence
 from visualizers._html import empty, esc, panel, show_piece
 
 MAX_ROUNDS = 12
+
+
+def span_text(first: int, last: int, prompt_tokens: int) -> str:
+    """'tokens 12–15 of the prompt' (plain text): context positions, counted within the
+    prompt or within the answer, whichever holds them."""
+    if last < prompt_tokens:
+        where = "of the prompt"
+    elif first >= prompt_tokens:
+        first, last, where = first - prompt_tokens, last - prompt_tokens, "of the answer so far"
+    else:
+        where = "of the prompt + answer"
+    return (f"token {first}" if first == last else f"tokens {first}–{last}") + f" {where}"
+
+
+def copy_source(r: dict) -> str:
+    """HTML: where an n-gram round's proposals came from, and the n-gram that matched."""
+    src, gram, p = r["copied_from"], r["ngram"], r["prompt_tokens"]
+    matched = "".join(f'<span class="tt-chip">{show_piece(t)}</span>' for t in gram["text"])
+    return (f"<div class='tt-note'>copied from {esc(span_text(src[0], src[-1], p))}, after the "
+            f"{esc(gram['n'])}-gram {matched} at {esc(span_text(gram['start'], gram['start'] + gram['n'] - 1, p))}"
+            f"</div>")
 
 
 def spec_html(rounds: Sequence[dict], enabled: bool = True, pieces: Mapping[int, str] | None = None) -> str:
@@ -17,8 +39,10 @@ def spec_html(rounds: Sequence[dict], enabled: bool = True, pieces: Mapping[int,
         return panel("Speculative decoding", empty(msg))
     proposed = sum(r["k"] for r in rounds)
     accepted = sum(r["accepted"] for r in rounds)
+    ngram = rounds[-1].get("method") == "ngram"
     rows = []
     for i, r in enumerate(rounds[-MAX_ROUNDS:], start=max(0, len(rounds) - MAX_ROUNDS)):
+        copied = r.get("method") == "ngram"
         chips = []
         for j, text in enumerate(r["proposed_text"]):
             if j < r["accepted"]:
@@ -29,25 +53,40 @@ def spec_html(rounds: Sequence[dict], enabled: bool = True, pieces: Mapping[int,
                 cls, what = "tt-skip", "not checked (after a rejection)"
             q = r["draft_probs"][j] if j < len(r["draft_probs"]) else 0
             p = r["target_probs"][j] if j < len(r["target_probs"]) else 0
-            chips.append(f'<span class="tt-chip {cls}" title="{what} · draft q={q:.3f} · target p={p:.3f}">'
+            origin = f"copied from position {r['copied_from'][j]}" if copied else f"draft q={q:.3f}"
+            chips.append(f'<span class="tt-chip {cls}" title="{esc(what)} · {esc(origin)} · target p={p:.3f}">'
                          f'{show_piece(text)}<sub>{esc(r["proposed"][j])}</sub></span>')
         kind = r["token_kind"]
         text = r["token_text"] or (pieces or {}).get(r["token"], "")  # special tokens decode to ""
-        chips.append(f'<span class="tt-chip tt-{kind}" title="{kind} token from the target">'
+        chips.append(f'<span class="tt-chip tt-{esc(kind)}" title="{esc(kind)} token from the target">'
                      f'{show_piece(text)}<sub>{esc(r["token"])}</sub></span>')
-        rows.append(f"<tr><td>{i + 1}</td><td>{r['accepted']}/{r['k']}</td><td>{''.join(chips)}</td>"
+        source = copy_source(r) if copied else ""
+        rows.append(f"<tr><td>{i + 1}</td><td>{r['accepted']}/{r['k']}</td><td>{''.join(chips)}{source}</td>"
                     f"<td>{r['acceptance_rate']:.0%}</td></tr>")
     per_pass = (accepted + len(rounds)) / len(rounds)
-    info = (f"<div class='tt-lines'><div>rounds: <b>{len(rounds)}</b> · proposed {proposed} · accepted "
+    greedy = rounds[-1].get("greedy")
+    if ngram:
+        look = rounds[-1].get("lookup", {})
+        method = (f"<div>proposer: <b>n-gram lookup</b>, no draft model: each round looks the last n tokens "
+                  f"(n from {esc(look.get('max_n', '?'))} down to {esc(look.get('min_n', '?'))}) up earlier in the "
+                  "prompt and answer, and proposes what followed their latest occurrence; steps with no match "
+                  "decode one token plainly</div>")
+        hover = ("hover a proposal for where it was copied from and p (the target's probability of it); a copy is "
+                 "certain (q = 1), so " + ("greedy keeps it when it is the target argmax" if greedy
+                                           else "it is kept with probability p"))
+    else:
+        method = ""
+        hover = ("hover a proposal for q (the draft's probability of it) and p (the target's)"
+                 + ("; greedy keeps it when it is the target argmax" if greedy else "; kept with probability min(1, p/q)"))
+    info = (f"<div class='tt-lines'>{method}<div>rounds: <b>{len(rounds)}</b> · proposed {proposed} · accepted "
             f"<b>{accepted}</b> · acceptance rate <b>{accepted / max(proposed, 1):.0%}</b> · "
             f"{per_pass:.2f} tokens per target pass · rule: "
-            f"{'greedy match' if rounds[-1].get('greedy') else 'rejection sampling (keeps the target distribution)'}"
-            f"</div><div>hover a proposal for q (the draft's probability of it) and p (the target's)"
-            f"{'; greedy keeps it when it is the target argmax' if rounds[-1].get('greedy') else '; kept with probability min(1, p/q)'}"
-            f"</div><div class='tt-legend'><span class='tt-chip tt-acc'>accepted</span>"
+            f"{'greedy match' if greedy else 'rejection sampling (keeps the target distribution)'}"
+            f"</div><div>{esc(hover)}</div><div class='tt-legend'><span class='tt-chip tt-acc'>accepted</span>"
             f"<span class='tt-chip tt-rej'>rejected</span><span class='tt-chip tt-skip'>not checked</span>"
             f"<span class='tt-chip tt-bonus'>bonus</span><span class='tt-chip tt-corrected'>corrected</span>"
             f"</div></div>")
-    table = ("<table class='tt-table'><thead><tr><th>round</th><th>accepted</th><th>draft tokens → target token"
+    head = "copied tokens → target token" if ngram else "draft tokens → target token"
+    table = (f"<table class='tt-table'><thead><tr><th>round</th><th>accepted</th><th>{head}"
              "</th><th>running rate</th></tr></thead><tbody>" + "".join(reversed(rows)) + "</tbody></table>")
     return panel("Speculative decoding", info + table)
