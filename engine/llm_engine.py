@@ -313,7 +313,8 @@ class LLMEngine:
                 if seq.traced:  # the target's distribution at each new token's position
                     info = explain(logits[spans[b][0] + j], seq.params, token, self.capture.top_candidates)
                     source = _token_source(verdicts.get(b), j)
-                    self._emit_plain("sample", seq.request_id, position=len(seq), source=source,
+                    method = self.speculative_method if source != "target" else None
+                    self._emit_plain("sample", seq.request_id, position=len(seq), source=source, method=method,
                                      candidate_texts=[self._piece(t) for t in info["candidates"]],
                                      token_text=self._piece(token), **info)
                 out = self._append_token(seq, token, t_sample)

@@ -430,3 +430,16 @@ def test_the_classroom_explains_ngram_lookup_with_this_requests_numbers(repeat_t
                if ev["type"] == "spec" else ev for ev in events]
     text = {s.key: s.text for s in stages(model, final.request_id, None, hostile, outputs)}["spec"]
     assert "&lt;img src=x" in text and not re.search(r"<(img|svg|/script|b>x)", text)
+
+
+def test_the_sampling_panel_says_kept_tokens_were_copied_not_drafted(repeat_trace):
+    from visualizers.sampling import sampling_html
+
+    _, events, _, _ = repeat_trace
+    samples = [e for e in events if e["type"] == "sample"]
+    kept = [i for i, s in enumerate(samples) if s["source"] == "draft"]
+    assert kept and all(samples[i]["method"] == "ngram" for i in kept)
+    assert all(s["method"] is None for s in samples if s["source"] == "target")
+    html = sampling_html(samples, step=kept[0])
+    assert "n-gram lookup copied the target" in html and "copied by n-gram lookup" in html
+    assert "draft" not in html.replace("tt-chip-draft", "")

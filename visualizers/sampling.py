@@ -17,6 +17,13 @@ SOURCES = {
     "corrected": "the draft's proposal was rejected here: drawn from max(0, p − q), the target minus the draft",
     "bonus": "every proposal was kept: one more token drawn from the target",
 }
+# The same with n-gram prompt lookup, whose proposal is a copy (q is 1 on the copied token).
+NGRAM_SOURCES = {
+    **SOURCES,
+    "draft": "copied from earlier in the context by n-gram lookup and kept by the target's check "
+             "(the target's distribution is shown)",
+    "corrected": "the copied proposal was rejected here: drawn from the target with that token removed",
+}
 
 
 def prob(p: float, digits: int = 3) -> str:
@@ -65,11 +72,12 @@ def sampling_html(samples: Sequence[dict], pieces: Mapping[int, str] | None = No
     kept = " → ".join(f"{STAGE_LABELS.get(s, s)}: {ev['stages'][s]['kept']:,}" for s in stages)
     table = ("<table class='tt-table tt-sample'><thead><tr>" + "".join(f"<th>{esc(h)}</th>" for h in head)
              + "</tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
-    source = ev.get("source", "target")
+    source, ngram = ev.get("source", "target"), ev.get("method") == "ngram"
+    proposer = "n-gram lookup copied" if ngram else "the draft proposed"
     if params.get("greedy"):
-        mode = "greedy: the draft proposed the target's argmax" if source == "draft" else "greedy (argmax)"
+        mode = f"greedy: {proposer} the target's argmax" if source == "draft" else "greedy (argmax)"
     else:
-        mode = SOURCES.get(source, SOURCES["target"])
+        mode = (NGRAM_SOURCES if ngram else SOURCES).get(source, SOURCES["target"])
     info = (f"<div class='tt-lines'><div>token {len(samples) if step is None else step % len(samples) + 1} of "
             f"{len(samples)} · position {ev['position']} · {esc(mode)} · drawn: "
             f"<code>{show_piece(piece_text(ev['token_id'], pieces))}</code> (id {ev['token_id']}, "
@@ -78,9 +86,10 @@ def sampling_html(samples: Sequence[dict], pieces: Mapping[int, str] | None = No
     history = "".join(
         f'<span class="tt-chip{" tt-chip-draft" if e.get("source") == "draft" else ""}" '
         f'title="position {e["position"]} · p={prob(e["token_prob"])} · entropy {max(0.0, e["entropy"]):.2f}'
-        f'{" · from the draft" if e.get("source") == "draft" else ""}">{show_piece(piece_text(e["token_id"], pieces))}'
+        f'{(" · copied by n-gram lookup" if e.get("method") == "ngram" else " · from the draft") if e.get("source") == "draft" else ""}">{show_piece(piece_text(e["token_id"], pieces))}'
         f'<sub>{prob(e["token_prob"], 2)}</sub></span>' for e in samples[-48:])
-    legend = " (underlined: proposed by the draft, kept by the target)" if any(
+    legend = (" (underlined: copied by n-gram lookup, kept by the target)" if any(e.get("method") == "ngram" for e in samples)
+              else " (underlined: proposed by the draft, kept by the target)") if any(
         e.get("source") == "draft" for e in samples) else ""
     return panel("Sampling", info + table + f"<div class='tt-subtitle'>every token (p under the target){legend}</div>"
                  f"<div class='tt-chips'>{history}</div>")
