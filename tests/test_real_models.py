@@ -130,3 +130,25 @@ def test_a_missing_named_model_is_one_clear_line(monkeypatch, tmp_path):
     with pytest.raises(ModelLoadError) as err:
         LLM("smollm2")
     assert "\n" not in str(err.value) and "python -m engine.catalog fetch smollm2" in str(err.value)
+
+
+def test_smollm2_ngram_lookup_copies_long_runs_and_changes_nothing(smollm2):
+    """Asked to repeat a given text, the real model copies it: n-gram proposals are
+    accepted in long runs, and the tokens are exactly those of plain greedy decoding."""
+    llm = smollm2[0]
+    from engine.trace import TraceEvent
+    ngram = LLM(str(cached_path(CATALOG["smollm2"])), device="cpu", dtype="float32", draft="ngram",
+                num_speculative_tokens=4)
+    text = ("The lighthouse keeper climbed the stairs every evening to light the lamp, and the ships "
+            "passed safely through the night.")
+    messages = [{"role": "user", "content": f"Repeat this sentence exactly: {text}"}]
+    params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+    plain = llm.chat(messages, params)
+    items = list(ngram.stream(messages=messages, params=params, trace="basic"))
+    final = items[-1]
+    assert final.token_ids == plain.token_ids
+    spec = [i.data for i in items if isinstance(i, TraceEvent) and i.type == "spec"]
+    accepted = sum(ev["accepted"] for ev in spec)
+    proposed = sum(len(ev["proposed"]) for ev in spec)
+    assert proposed and accepted / proposed > 0.6 and max(ev["accepted"] for ev in spec) == 4
+    assert accepted >= len(final.token_ids) // 2  # most of the answer came from copies
