@@ -20,7 +20,9 @@ from pathlib import Path
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from app.limits import MAX_BODY_BYTES, PUBLIC_MAX_CONCURRENT, PUBLIC_MAX_TOKENS, ServeLimits  # noqa: E402
+from app.limits import API_TRACE_LEVEL, MAX_BODY_BYTES, PUBLIC_MAX_CONCURRENT, PUBLIC_MAX_TOKENS, \
+    ServeLimits  # noqa: E402
+from app.trace_store import MAX_BYTES_PER_REQUEST, MAX_TOTAL_BYTES  # noqa: E402
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets" / "models"
 PER_MODEL = {"model": "--model", "draft": "--draft", "served_model_name": "--served-model-name"}
@@ -101,6 +103,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     cap = p.add_argument_group("capture (level 'full')")
     cap.add_argument("--capture-max-keys", type=int, default=64, help="attention rows/keys kept per matrix")
     cap.add_argument("--capture-heads", default=None, help="comma-separated query heads to capture (default all)")
+    kept = p.add_argument_group("traces kept (export, replay, classroom, /v1/traces)")
+    kept.add_argument("--api-trace-level", choices=("full", "basic", "off"), default=API_TRACE_LEVEL,
+                      help="capture level of API and /ws requests whose body has no trace_level (default "
+                      f"{API_TRACE_LEVEL}: every stage and token, no tensors; a body may ask for \"full\")")
+    kept.add_argument("--trace-max-bytes-per-request", type=int, default=MAX_BYTES_PER_REQUEST, metavar="BYTES",
+                      help="past this much JSON a request's tensor captures stop and its trace is marked "
+                      f"truncated (default {MAX_BYTES_PER_REQUEST // 2**20} MiB)")
+    kept.add_argument("--trace-store-bytes", type=int, default=MAX_TOTAL_BYTES, metavar="BYTES",
+                      help="all kept traces together; the oldest are dropped first (default "
+                      f"{MAX_TOTAL_BYTES // 2**20} MiB; at least twice the per-request cap)")
     pub = p.add_argument_group("access and limits (public mode: --share, --public, or a --host other than loopback)")
     pub.add_argument("--public", action="store_true",
                      help="public mode on a loopback host (behind a reverse proxy on this machine)")
@@ -193,6 +205,7 @@ def build_services(args: argparse.Namespace, say=None):
     heads = [int(h) for h in args.capture_heads.split(",")] if args.capture_heads else None
     capture = CaptureConfig(max_keys=args.capture_max_keys, heads=heads)
     slots = ClientSlots(limits.max_concurrent_per_client)  # a client's cap counts its requests to every model
+    store = trace_store(args)  # one byte budget for every model's traces
     specs = args.models
     names = [s.served_model_name for s in specs if s.served_model_name]
     if len(set(names)) < len(names):
@@ -211,7 +224,7 @@ def build_services(args: argparse.Namespace, say=None):
         engine = LLMEngine(spec.model, device=args.device, dtype=args.dtype, config=config, tracer=Tracer(),
                            trace_level="basic", capture=capture, progress=progress, draft=draft,
                            num_speculative_tokens=args.num_speculative_tokens)
-        service = EngineService(engine, model_name=served_name(spec, engine), limits=limits, slots=slots,
+        service = EngineService(engine, store, model_name=served_name(spec, engine), limits=limits, slots=slots,
                                 draft_name=draft_label(draft))
         say("  " + memory_line(service))
         services.append(service)
@@ -221,6 +234,18 @@ def build_services(args: argparse.Namespace, say=None):
 def build_service(args: argparse.Namespace):
     """The first model's EngineService (tests and tools that drive one engine)."""
     return build_services(args).first
+
+
+def trace_store(args: argparse.Namespace):
+    """The store of recent requests' traces, with the byte bounds given (ValueError: bad bounds)."""
+    from app.trace_store import TraceStore
+    if args.trace_max_bytes_per_request < 1:
+        raise ValueError("--trace-max-bytes-per-request must be at least 1")
+    try:
+        return TraceStore(max_bytes_per_request=args.trace_max_bytes_per_request,
+                          max_total_bytes=args.trace_store_bytes)
+    except ValueError as e:
+        raise ValueError(f"--trace-store-bytes: {e}") from None
 
 
 def serve_limits(args: argparse.Namespace) -> ServeLimits:
@@ -235,7 +260,8 @@ def serve_limits(args: argparse.Namespace) -> ServeLimits:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
     return ServeLimits.for_server(args.host, args.share or args.public, args.max_tokens_cap,
                                   args.max_concurrent_per_client,
-                                  args.max_body_bytes, args.api_key, tuple(pairs))
+                                  args.max_body_bytes, args.api_key, tuple(pairs),
+                                  getattr(args, "api_trace_level", API_TRACE_LEVEL))
 
 
 def serve_replay(args: argparse.Namespace) -> None:

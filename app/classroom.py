@@ -60,7 +60,7 @@ class Room:
                 cursor = ReplayCursor(self.rec)
                 kv_peak = cursor.goto(cursor.peak_kv_frame()).snapshot
                 self._stages = stages(self.rec.model, self.rec.request_id, self.rec.body, self.rec.events,
-                                      self.rec.outputs, kv_peak)
+                                      self.rec.outputs, kv_peak, self.rec.truncated)
                 self.stage = min(self.stage, len(self._stages) - 1)
 
     def stage_list(self) -> list[Stage]:

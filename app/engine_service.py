@@ -14,7 +14,7 @@ import queue
 import secrets
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 from jinja2 import TemplateError
@@ -97,6 +97,7 @@ class EngineService:
         self.limits = limits or ServeLimits()
         self.slots = slots or ClientSlots(self.limits.max_concurrent_per_client)
         self.output_listeners.append(self._release_slot)
+        self._uncapture: set[str] = set()  # requests whose trace passed its cap: stop their tensor captures
         engine.tracer.add_sink(self._on_event)
         with engine.lock:
             self._take_snapshot()
@@ -140,6 +141,10 @@ class EngineService:
         """A token's text as the user would read it (special tokens kept)."""
         return self.engine.tokenizer.token_text(token_id)
 
+    def owns(self, request_id: str) -> bool:
+        """Whether this engine ran a request whose trace is kept (one store may serve every model)."""
+        return request_id in self.store and self.store.model_of(request_id) in (None, self.model_name)
+
     def is_special(self, token_id: int) -> bool:
         return token_id in self.engine.tokenizer.special_ids
 
@@ -171,12 +176,13 @@ class EngineService:
         if cap is not None and sub.params.max_tokens > cap:
             raise RequestRefused(f"max_tokens {sub.params.max_tokens} is above this server's cap of {cap}",
                                  param="max_tokens")
+        sub = self._fit_context(sub)
         self.slots.acquire(client, rid)
         watch = Subscription(rid)
         with self._subs_lock:
             self._subs.setdefault(rid, []).append(watch)  # before add_request: see its first events
         if sub.trace_level != "off":
-            self.store.set_body(rid, sub.body)
+            self.store.set_body(rid, sub.body, self.model_name)
         try:
             self.engine.add_request(prompt=sub.prompt, messages=None if sub.prompt is not None else sub.messages,
                                     params=sub.params, request_id=rid,
@@ -191,6 +197,24 @@ class EngineService:
             raise
         self._wake.set()
         return watch
+
+    def _fit_context(self, sub: Submission) -> Submission:
+        """Refuse (400, as vLLM's server does) a max_tokens that cannot fit: prompt + max_tokens
+        must not pass the context. A body without max_tokens gets the default, lowered to fit.
+        (A prompt that fills the context alone is left to the engine's own message.)"""
+        tok = self.engine.tokenizer
+        try:
+            n = len(tok.encode(sub.prompt) if sub.prompt is not None else tok.encode_chat(sub.messages))
+        except TemplateError as e:
+            raise RequestRefused(f"the model's chat template refused these messages: {e}", param="messages") from e
+        ctx, want = self.engine.max_model_len, sub.params.max_tokens
+        if n >= ctx or n + want <= ctx:
+            return sub
+        if sub.body is not None and sub.body.get("max_tokens") is None:
+            return replace(sub, params=replace(sub.params, max_tokens=ctx - n))
+        raise RequestRefused(f"max_tokens is too large: {want:,}. This model's maximum context length is {ctx:,} "
+                             f"tokens and the prompt has {n:,} tokens ({want:,} > {ctx:,} - {n:,}): ask for at "
+                             f"most {ctx - n:,}", param="max_tokens", code="context_length_exceeded")
 
     def abort(self, request_id: str) -> bool:
         """Stop a request; the engine's next step reports its end to the watchers."""
@@ -244,16 +268,32 @@ class EngineService:
                 continue
             with self.engine.lock:
                 self._take_snapshot()
+                for rid in self._uncapture:  # between steps: the engine reads seq.capture inside one
+                    seq = self.engine.requests.get(rid)
+                    if seq is not None:
+                        seq.capture = None
+                self._uncapture.clear()
             for out in outputs:
                 item = {"type": "output", "request_id": out.request_id, "token_id": out.token_id, "text": out.text,
                         "index": out.index, "t": out.time, "finished": out.finished,
                         "finish_reason": out.finish_reason, "step": self.engine.step_count}
+                if out.finished:  # what any level records: an untraced request has no finish event
+                    item["usage"] = self._usage(out.request_id)
                 self.store.add_output(out.request_id, item)
                 for listen in self.output_listeners:
                     listen(item)
                 self._deliver(out.request_id, item)
                 if out.finished:
                     self._finished(out.request_id)
+
+    def _usage(self, request_id: str) -> dict | None:
+        """A finished request's token counts (the prefix-cache hit included), from the engine's
+        own record of it: the request's outputs carry them at every capture level."""
+        seq = self.engine.requests.get(request_id)
+        if seq is None:
+            return None
+        return {"prompt_tokens": seq.num_prompt_tokens, "completion_tokens": seq.num_output_tokens,
+                "cached_tokens": seq.num_cached_tokens}
 
     def _release_slot(self, item: dict) -> None:
         if item["finished"]:
@@ -298,7 +338,8 @@ class EngineService:
         d["model"] = self.model_name  # one server may serve several models: say whose event it is
         rid = d["request_id"]
         if rid is not None:
-            self.store.add(rid, d)
+            if self.store.add(rid, d):  # its trace passed the per-request cap: no more tensor captures
+                self._uncapture.add(rid)
             self._deliver(rid, d)
         elif d["type"] == "schedule.step":
             for b in d["batch"]:

@@ -16,7 +16,7 @@ import asyncio
 import json
 import uuid
 
-from fastapi import FastAPI, WebSocket, WebSocketDisconnect
+from fastapi import FastAPI, Response, WebSocket, WebSocketDisconnect
 from starlette.concurrency import run_in_threadpool
 
 from app.limits import RequestRefused, client_of
@@ -40,7 +40,9 @@ def add_event_routes(api: FastAPI, served) -> None:
         if rec is None:
             return error(404, f"{request_id!r} was not traced (trace_level off)", param="request_id",
                          code="trace_not_found")
-        return rec.to_json()  # the same file the page exports and `python -m app --replay` serves
+        # the same file the page exports and `python -m app --replay` serves (dumps() encodes it item by
+        # item, so a poller of a long request's trace does not hold the GIL for a second at a time)
+        return Response(rec.dumps(), media_type="application/json")
 
     @api.websocket("/ws")
     async def events(websocket: WebSocket, request_id: str | None = None) -> None:

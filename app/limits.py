@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 PUBLIC_MAX_TOKENS = 256  # defaults in public mode; a local server has no caps
 PUBLIC_MAX_CONCURRENT = 2
 MAX_BODY_BYTES = 1 << 20
+API_TRACE_LEVEL = "basic"  # API requests that do not ask: every stage and token, no tensors (a few KB per token)
 
 
 class RequestRefused(ValueError):
@@ -33,11 +34,13 @@ class ServeLimits:
     max_body_bytes: int = MAX_BODY_BYTES
     api_key: str | None = None  # Bearer token required on /v1, /ws and /metrics
     page_auth: tuple[tuple[str, str], ...] = ()  # (user, password) pairs for the page's login
+    api_trace_level: str = API_TRACE_LEVEL  # for API and /ws requests whose body has no trace_level
 
     @classmethod
     def for_server(cls, host: str, exposed: bool, max_tokens_cap: int | None = None,
                    max_concurrent_per_client: int | None = None, max_body_bytes: int | None = None,
-                   api_key: str | None = None, page_auth: tuple[tuple[str, str], ...] = ()) -> "ServeLimits":
+                   api_key: str | None = None, page_auth: tuple[tuple[str, str], ...] = (),
+                   api_trace_level: str = API_TRACE_LEVEL) -> "ServeLimits":
         """exposed: reachable from elsewhere though bound to loopback (--share, --public behind a proxy)."""
         public = exposed or not is_loopback(host)
         return cls(public=public,
@@ -46,7 +49,7 @@ class ServeLimits:
                    max_concurrent_per_client=max_concurrent_per_client if max_concurrent_per_client is not None
                    else (PUBLIC_MAX_CONCURRENT if public else None),
                    max_body_bytes=max_body_bytes or MAX_BODY_BYTES, api_key=api_key or None,
-                   page_auth=page_auth)
+                   page_auth=page_auth, api_trace_level=api_trace_level)
 
     def shown(self, message: str) -> str:
         """An error message as a client may see it: in public mode without file paths."""

@@ -42,6 +42,8 @@ class LiveView:
     dirty: set[str] = field(default_factory=lambda: set(PANELS))
     drawn_at: dict[str, float] = field(default_factory=dict)
     token_seen_at: list[float] = field(default_factory=list)  # when each streamed token reached this view
+    replaying: bool = False  # a recording shown at one of its steps (not a live request)
+    drawn: dict[str, str] = field(default_factory=dict)  # each panel's last drawn HTML
 
     # --- input -----------------------------------------------------------------------
     def add(self, items: list[dict]) -> None:
@@ -105,15 +107,85 @@ class LiveView:
                 prev = o["t"]
         return out
 
+    @property
+    def level(self) -> str:
+        """The request's capture level: its body's, else its arrival event's (an API request)."""
+        arrive = self.first("request.arrive")
+        return (self.body or {}).get("trace_level") or (arrive or {}).get("trace_level") or "full"
+
+    def finish_info(self) -> dict | None:
+        """How the request ended: its `finish` event, or (capture level off: no events) what its
+        last output says, the usage included. None while it runs."""
+        fin = self.first("finish")
+        if fin is not None:
+            return fin
+        last = self.outputs[-1] if self.outputs and self.outputs[-1]["finished"] else None
+        if last is None:
+            return None
+        return {"reason": last.get("finish_reason"), "usage": last.get("usage"),
+                "text": "".join(o["text"] for o in self.outputs)}
+
+    def state(self) -> str:
+        """"idle" (nothing sent), "streaming", "replay" (a recording before its end) or "done"."""
+        if self.request_id is None and self.validation is None:
+            return "idle"
+        if self.finished or self.error or (self.validation or {}).get("ok") is False:
+            return "done"
+        return "replay" if self.replaying else "streaming"
+
+    # what each capture level leaves out, for the panels that show it
+    NOT_RECORDED = {"off": "capture level off records only the streamed tokens, their timing and the usage",
+                    "basic": "capture level basic records no tensors (embeddings, attention, MoE routing)"}
+    NEEDS_FULL = {"embedding": "embedding rows", "attention": "attention probabilities", "moe": "the router's picks"}
+    NEEDS_BASIC = {"sampling": "the sampling distributions", "spec": "the speculative rounds"}
+
+    def missing(self, name: str) -> str | None:
+        """Why a panel has nothing to draw when its request does not record that stage."""
+        level = self.level
+        if name in self.NEEDS_FULL and level != "full":
+            return f"not recorded: {self.NEEDS_FULL[name]} need capture level full (this request: {level})"
+        if name in self.NEEDS_BASIC and level == "off":
+            return f"not recorded: {self.NEEDS_BASIC[name]} need capture level basic or full (this request: off)"
+        return None
+
+    # before any request, the panels that would otherwise say they wait for one
+    IDLE = {"prefix": ("Prefix cache", "no request yet: the lookup runs when the scheduler admits one"),
+            "timeline": ("Timeline", "no request yet")}
+    TITLES = {"embedding": "Embedding", "attention": "Attention", "moe": "Mixture of experts", "sampling": "Sampling",
+              "spec": "Speculative decoding"}
+
     # --- output --------------------------------------------------------------------------
     def render(self, name: str) -> str:
         m = self.model
+        idle = self.state() == "idle"
         if name == "request":
-            return viz.request_html(self.body, self.validation)
+            return viz.request_html(self.body, self.validation, preview=idle)
+        if name == "answer":
+            note = ""
+            if self.level == "off" and not idle:
+                note = (self.NOT_RECORDED["off"] + ": no tokenization, prefix-cache blocks, embeddings, attention, "
+                        "MoE routing, sampling, speculative rounds or engine steps (the KV pool is read from the "
+                        "engine as it runs); choose basic or full to see them")
+            return viz.answer_html(self.stream_tokens(), self.finish_info(), self.error, self.state(), note)
+        if idle and name in self.IDLE:
+            return viz.not_recorded(*self.IDLE[name])
+        missing = None if idle else self.missing(name)
+        if missing and not self.has_input(name):
+            if name == "moe" and not m["is_moe"]:
+                missing = "this model has no MoE layers"
+            return viz.not_recorded(self.TITLES[name], missing)
         if name == "prefix":
-            return viz.prefix_cache_html(self.first("prefix_cache.lookup"), m["block_size"])
+            fin = self.finish_info()
+            return viz.prefix_cache_html(self.first("prefix_cache.lookup"), m["block_size"],
+                                         usage=(fin or {}).get("usage") if self.level == "off" else None,
+                                         traced=self.level != "off")
         if name == "tokens":
             gen = [{"id": i, "text": self.piece(i), "special": self.is_special(i)} for i in self.generated_ids()]
+            if self.level == "off":
+                usage = (self.finish_info() or {}).get("usage") or {}
+                return viz.tokens_html(None, gen, usage.get("prompt_tokens"),
+                                       "capture level off does not record the prompt's tokens (nor the vocabulary "
+                                       "and template): the generated ones are the streamed outputs")
             return viz.tokens_html(self.first("tokenize"), gen)
         if name == "embedding":
             return viz.embedding_html(self.by_type.get("embed", []), m.get("vocab_size"), m.get("hidden_size"))
@@ -122,8 +194,7 @@ class LiveView:
                                       m["sliding_windows"] if any(m["sliding_windows"]) else None)
         if name == "kv":
             kv = [e for e in self.events if e["type"].startswith("kv.")]
-            fin = self.first("finish")
-            usage = fin["usage"] if fin else None  # the last token drawn is never fed back: no K/V
+            usage = (self.finish_info() or {}).get("usage")  # the last token drawn is never fed back: no K/V
             held = usage["prompt_tokens"] + usage["completion_tokens"] - 1 if usage else None
             return viz.kv_grid_html(self.snapshot, self.request_id, kv, m, held)
         if name == "moe":
@@ -131,10 +202,15 @@ class LiveView:
         if name == "sampling":
             return viz.sampling_html(self.by_type.get("sample", []), self.pieces(), vocab_size=m.get("vocab_size"))
         if name == "spec":
+            if not self.by_type.get("spec") and not m["has_draft"]:
+                return viz.not_recorded("Speculative decoding", "this model is served without a draft, so no "
+                                        "speculative decoding (start it with --draft MODEL or --draft ngram)")
+            if not self.by_type.get("spec") and not self.speculative:
+                return viz.not_recorded("Speculative decoding", "speculative decoding is off for this request")
             return viz.spec_html(self.by_type.get("spec", []), self.speculative and m["has_draft"], self.pieces())
-        if name == "answer":
-            return viz.answer_html(self.stream_tokens(), self.first("finish"), self.error)
         if name == "timeline":
+            if self.level == "off":
+                return viz.untraced_timeline_html(self.stream_tokens(), self.finished)
             return viz.timeline_html(self.events, self.request_id or "")
         raise KeyError(name)
 
@@ -147,22 +223,27 @@ class LiveView:
     def draw(self, names: list[str], now: float) -> dict[str, str]:
         out = {}
         for n in names:
-            out[n] = self.render(n)
+            out[n] = self.drawn[n] = self.render(n)
             self.dirty.discard(n)
             if self.has_input(n):  # a placeholder does not count: first content shows at once
                 self.drawn_at[n] = now
         return out
 
+    NEEDS = {"prefix": "prefix_cache.lookup", "tokens": "tokenize", "embedding": "embed", "attention": "attention",
+             "moe": "moe", "sampling": "sample", "spec": "spec"}  # panel -> the event it draws from
+
     def has_input(self, name: str) -> bool:
         """Does the panel have anything of this request to draw yet?"""
-        needs = {"prefix": "prefix_cache.lookup", "tokens": "tokenize", "embedding": "embed",
-                 "attention": "attention", "moe": "moe", "sampling": "sample", "spec": "spec"}
-        if name in needs:
-            return needs[name] in self.by_type
+        if name in self.NEEDS and self.NEEDS[name] in self.by_type:
+            return True
+        if name in self.NEEDS and name != "tokens":
+            return False
         if name == "kv":
             return self.snapshot is not None
         if name == "answer":
             return bool(self.outputs) or self.error is not None
         if name == "timeline":
-            return bool(self.events)
+            return bool(self.events) or bool(self.outputs)  # level off: the streamed tokens' times
+        if name == "tokens":
+            return bool(self.outputs)
         return True

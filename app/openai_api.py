@@ -2,8 +2,11 @@
 server as the page, so a plain `curl` or the `openai` SDK drives the engines and the page
 can watch the request. A request's `model` picks the engine (the first when absent).
 
-Each request is traced at level "full" under its completion id, like one typed in
-the page. Errors come in OpenAI's shape: {"error": {"message", "type", "param", "code"}}.
+Each request is traced under its completion id, so the page can watch it and /v1/traces
+export it: at the level its body asks for (`"trace_level": "full"`, "basic" or "off"), else
+at the server's --api-trace-level ("basic": every stage and token, no tensors). Errors come
+in OpenAI's shape: {"error": {"message", "type", "param", "code"}}, unknown routes and
+wrong methods included.
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ from typing import AsyncIterator
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.routing import APIRoute
 from starlette.concurrency import run_in_threadpool
 
 from app.engine_service import EngineService, Subscription
@@ -63,6 +67,8 @@ def prepare(models, body: dict, endpoint: str | None = None) -> tuple[EngineServ
     anything), then the body's fields and the server's max_tokens cap. -> (engine, submission)"""
     models = ServedModels.of(models)
     service = models.pick(body.get("model"))
+    if body.get("trace_level") is None:  # the server's default for API requests (the page sends its own)
+        body = {**body, "trace_level": models.limits.api_trace_level}
     return service, parse_body(body, models.limits.max_tokens_cap, endpoint)
 
 
@@ -110,11 +116,36 @@ def add_openai_routes(api: FastAPI, served) -> None:
         return await _complete(request, models, "completion")
 
 
+METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
+
+
+def add_fallback_routes(api: FastAPI, replay: str | None = None) -> None:
+    """Every other /v1/... path or method, in OpenAI's error shape: 404 for a path this
+    server lacks, 405 (with Allow) for a wrong method on one it has. Register it after the
+    /v1 routes and before the page's mount at "/" (whose answer would be {"detail": ...}).
+    replay: the request id a replay server serves (no model: every /v1 path is a 404)."""
+    @api.api_route("/v1/{rest:path}", methods=METHODS, include_in_schema=False)
+    def unknown_route(rest: str, request: Request):
+        method, path = request.method, request.url.path
+        if replay is not None:
+            return error(404, f"no model is loaded: this server replays the recorded trace of {replay} (python -m "
+                         "app --replay); the API needs a server started with a model", code="model_not_loaded")
+        allowed = sorted({m for r in api.routes if isinstance(r, APIRoute) and r.endpoint is not unknown_route
+                          and r.path_regex.match(path) for m in r.methods})
+        if allowed:
+            answer = error(405, f"{method} is not allowed on {path[:200]}: use {' or '.join(allowed)}",
+                           code="method_not_allowed")
+            answer.headers["Allow"] = ", ".join(allowed)
+            return answer
+        return error(404, f"no route {method} {path[:200]}: this server has POST /v1/chat/completions, POST "
+                     "/v1/completions, GET /v1/models, GET /v1/models/{model} and GET /v1/traces/{id}",
+                     code="not_found")
+
+
 async def _complete(request: Request, models: ServedModels, endpoint: str):
     rid = f"{'chatcmpl' if endpoint == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
     try:
         body = read_json(await read_body(request, models.limits.max_body_bytes))
-        body = {**body, "trace_level": "full"}
         service, sub = prepare(models, body, endpoint)
         watch = await run_in_threadpool(service.submit, sub, rid, client_of(request))
     except ValueError as e:  # the body, the server's limits, or the engine's checks (context, KV pool)
@@ -157,20 +188,22 @@ async def _items(request: Request, service: EngineService, watch: Subscription) 
 
 
 async def _until_done(request: Request, service: EngineService, watch: Subscription) -> AsyncIterator[dict]:
-    """Text outputs, then one {"type": "done", reason, usage} once both the engine's finish
-    event (usage) and the last output (the final text) have arrived, in either order."""
-    finish, last = None, False
+    """Text outputs, then one {"type": "done", reason, usage} once the last output (the final
+    text) has arrived with its usage, or with the engine's finish event (in either order).
+    A request traced at level "off" has no finish event: its last output carries the usage."""
+    finish, last = None, None
     async for item in _items(request, service, watch):
         if item["type"] == "output":
             yield item
-            last = last or item["finished"]
+            last = item if item["finished"] else last
         elif item["type"] == "finish":
             finish = item
         elif item["type"] == "error":
             yield item
             return
-        if finish is not None and last:
-            yield {"type": "done", "reason": finish["reason"], "usage": _usage(finish)}
+        if last is not None and (finish is not None or last.get("usage") is not None):
+            usage = _usage(finish if finish is not None else last)
+            yield {"type": "done", "reason": finish["reason"] if finish else last["finish_reason"], "usage": usage}
             return
 
 

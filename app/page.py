@@ -32,7 +32,7 @@ from app.engine_service import EngineService
 from app.limits import RequestRefused, client_of
 from app.live_view import PANELS, LiveView
 from app.recording import Recording, ReplayCursor, TraceFileError, record_request, show_accepted
-from app.requests import TRACE_LEVELS, build_body, parse_body
+from app.requests import TRACE_LEVELS, BodyError, build_body, parse_body
 from app.served_models import ServedModels
 
 CSS = (Path(__file__).with_name("page.css")).read_text()
@@ -54,11 +54,32 @@ class Tab:
 
 
 class Sessions:
-    """Each browser tab's state, by Gradio session hash (bounded, oldest out)."""
+    """Each browser tab's state, by Gradio session hash (bounded, oldest out); which tabs have
+    a Send in flight (one at a time: a second is refused, visibly), and which are watching."""
 
     def __init__(self) -> None:
         self._tabs: OrderedDict[str, Tab] = OrderedDict()
         self._lock = threading.Lock()
+        self._sending: dict[str, str] = {}  # tab -> the request its Send is streaming ("" until it has an id)
+        self.watching: set[str] = set()
+        self.refused: set[str] = set()  # tabs whose Send was refused while their request streamed
+
+    def claim(self, key: str) -> str | None:
+        """Take the tab's one Send slot: None when taken now, else what holds it."""
+        with self._lock:
+            if key in self._sending:
+                return self._sending[key]
+            self._sending[key] = ""
+            return None
+
+    def sending(self, key: str, request_id: str) -> None:
+        with self._lock:
+            if key in self._sending:
+                self._sending[key] = request_id
+
+    def release(self, key: str) -> None:
+        with self._lock:
+            self._sending.pop(key, None)
 
     def put(self, key: str, tab: Tab) -> None:
         with self._lock:
@@ -86,6 +107,58 @@ def write_trace(rec: Recording) -> str:
     path = trace_folder() / f"tokentrace-{''.join(c for c in rec.request_id if c.isalnum() or c in '-_')}.json"
     path.write_text(rec.dumps())
     return str(path)
+
+
+# the controls' values when the page opens (the Request panel's first body is built from them too)
+CONTROL_NAMES = ("system", "user", "temperature", "top_k", "top_p", "max_tokens", "seed", "speculative", "k", "level")
+DEFAULTS = {"system": "You are a helpful assistant.", "user": "Tell me a short story about a fox.",
+            "temperature": 0.8, "top_k": 0, "top_p": 0.95, "max_tokens": 48, "seed": "", "level": "full"}
+
+
+def parse_seed(value) -> int | None:
+    """The seed box: empty for a random draw, else an integer (BodyError otherwise)."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    if isinstance(value, bool):
+        raise BodyError("the seed must be an integer (or empty for a random draw)", "seed",
+                        [("sampling", False, "seed is not an integer")])
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    try:
+        return int(str(value).strip())
+    except ValueError:
+        raise BodyError(f"the seed must be an integer (or empty for a random draw), got {str(value)[:40]!r}",
+                        "seed", [("sampling", False, "seed is not an integer")]) from None
+
+
+def trace_settings(rec: Recording, info: dict) -> dict:
+    """A recorded request's settings, as the controls would hold them: the sampling numbers the
+    engine recorded at arrival (else the body's, with the API's defaults), the prompts and
+    speculation from the body, the capture level it ran at."""
+    body = rec.body or {}
+    arrive = next((e for e in rec.events if e["type"] == "request.arrive"), None) or {}
+    try:
+        sub = parse_body(body) if body else None
+    except ValueError:  # a hand-edited file: what can be read
+        sub = None
+    p = dict(arrive.get("params") or {})
+    if sub is not None:
+        for name in ("temperature", "top_k", "top_p", "max_tokens", "seed"):
+            p.setdefault(name, getattr(sub.params, name))
+    messages = body.get("messages") or arrive.get("messages") or []
+    texts = {m.get("role"): m.get("content") for m in messages if isinstance(m, dict)}  # the last of each role
+    prompt = body.get("prompt") if isinstance(body.get("prompt"), str) else arrive.get("prompt")
+    user = texts.get("user") if messages else prompt
+    seed = p.get("seed")
+    return {"system": texts.get("system") or "" if messages else "", "user": user if isinstance(user, str) else "",
+            "temperature": float(p.get("temperature", 1.0)), "top_k": int(p.get("top_k") or 0),
+            "top_p": float(p.get("top_p", 1.0)), "max_tokens": int(p.get("max_tokens") or 1),
+            "seed": "" if seed is None else str(seed),
+            "speculative": sub.speculative if sub is not None else bool(info.get("has_draft")),
+            "k": (sub.num_speculative_tokens if sub is not None and sub.num_speculative_tokens else None)
+            or int(info.get("num_speculative_tokens") or 1),
+            "level": arrive.get("trace_level") or (sub.trace_level if sub is not None and "trace_level" in body
+                                                   else None) or ("off" if not rec.events else "full")}
 
 
 REAL_MODELS_HINT = ("Real models: <code>python -m app --model smollm2</code> (SmolLM2-135M-Instruct, fetched "
@@ -147,6 +220,22 @@ def model_note(m: dict, served: int) -> str:
     return f"{about}{plain}<div class='tt-real'>{several}{REAL_MODELS_HINT}.</div>"
 
 
+STEP_LABEL = "Replay: step of this request, 1 = its first engine step (0: nothing to replay yet)"
+NO_STEPS = {"minimum": 0, "maximum": 1, "value": 0, "interactive": False}  # the step slider, nothing to replay
+
+
+def step_range(frames: int, frame: int) -> dict:
+    """The step slider over `frames` frames at 0-based `frame`: the values are 1..frames, as
+    Status counts them (a Gradio slider needs minimum < maximum: one frame is 0..1, at 1)."""
+    if frames <= 1:
+        return {"minimum": 0, "maximum": 1, "value": 1 if frames else 0, "interactive": False}
+    return {"minimum": 1, "maximum": frames, "value": frame + 1, "interactive": True}
+
+
+def steps_update(cursor: "ReplayCursor") -> dict:
+    return gr.update(**step_range(cursor.last_frame + 1, cursor.frame))
+
+
 SYSTEM_LABEL = {False: "System prompt", True: "System prompt (not used in plain-prompt mode)"}
 USER_LABEL = {False: "User prompt", True: "Prompt (plain text: the model continues it)"}
 
@@ -167,16 +256,31 @@ def build_page(served: ServedModels | EngineService | None, replay: Recording | 
     m = infos[models.first.model_name] if live else with_defaults(replay.model)
     sessions = Sessions()
     classrooms = classrooms or Classrooms()
+    cap = models.limits.max_tokens_cap if live and models.limits.max_tokens_cap else 512  # the max-tokens slider's
+    opening = {**DEFAULTS, "max_tokens": min(DEFAULTS["max_tokens"], cap)}  # the controls when the page opens
 
     def new_view(service: EngineService) -> LiveView:
         return LiveView(model=infos[service.model_name], piece=service.piece, is_special=service.is_special)
 
-    def blank_view(service: EngineService) -> LiveView:
-        """Before any request: the model's empty panels, and its KV pool as it is now."""
+    def body_of(info: dict, c: dict) -> dict:
+        """The controls (c) as the body Send posts to the model `info` (a seed that is not an
+        integer stays as typed: Send refuses it, under the seed box)."""
+        try:
+            seed_value = parse_seed(c["seed"])
+        except BodyError:
+            seed_value = c["seed"]
+        return build_body(info["name"], c["system"] or "", c["user"] or "", float(c["temperature"]),
+                          int(c["top_k"] or 0), float(c["top_p"]), int(c["max_tokens"] or 1), seed_value,
+                          bool(c["speculative"]) and info["has_draft"], int(c["k"] or 1), c["level"],
+                          plain=not info["chat_template"])  # a base model: a plain prompt
+
+    def blank_view(service: EngineService, controls: dict | None = None) -> LiveView:
+        """Before any request: the model's empty panels, its KV pool as it is now, and the body
+        Send would post with the controls as they are (their defaults when not given)."""
         info = infos[service.model_name]
         view = new_view(service)
-        view.body = build_body(info["name"], "", "", 0.8, 0, 1.0, 64, None, True, info["num_speculative_tokens"],
-                               "full", plain=not info["chat_template"])
+        view.body = body_of(info, {**opening, "speculative": info["has_draft"],
+                                   "k": info["num_speculative_tokens"], **(controls or {})})
         view.set_snapshot(service.snapshot.as_dict if service.snapshot is not None else None)
         return view
 
@@ -184,9 +288,9 @@ def build_page(served: ServedModels | EngineService | None, replay: Recording | 
         blank = blank_view(models.first)
         first_frames = 0
     else:
-        start = ReplayCursor(replay)
-        blank = start.goto(start.last_frame)
-        first_frames = start.last_frame
+        first = ReplayCursor(replay)
+        blank = first.goto(first.last_frame)
+        first_frames = first.last_frame
 
     def tab_of(request: gr.Request | None) -> Tab | None:
         tab = sessions.get(_key(request))
@@ -210,9 +314,9 @@ def build_page(served: ServedModels | EngineService | None, replay: Recording | 
                                          info="every panel draws the picked model's shapes")
                 note = gr.HTML(model_note(m, len(infos)), elem_id="tt-model-note", padding=False)
                 plain = not m["chat_template"]
-                system = gr.Textbox(label=SYSTEM_LABEL[plain], lines=2, value="You are a helpful assistant.",
+                system = gr.Textbox(label=SYSTEM_LABEL[plain], lines=2, value=DEFAULTS["system"],
                                     elem_id="tt-system", interactive=live and not plain)
-                user = gr.Textbox(label=USER_LABEL[plain], lines=3, value="Tell me a short story about a fox.",
+                user = gr.Textbox(label=USER_LABEL[plain], lines=3, value=DEFAULTS["user"],
                                   elem_id="tt-user", interactive=live)
                 hint_prompt = gr.HTML("", elem_id="tt-hint-prompt", padding=False, elem_classes=["tt-hint-box"])
                 with gr.Row():
@@ -222,23 +326,28 @@ def build_page(served: ServedModels | EngineService | None, replay: Recording | 
                 hint_send = gr.HTML("", elem_id="tt-hint-send", padding=False, elem_classes=["tt-hint-box"])
                 status = gr.Textbox(label="Status", interactive=False, elem_id="tt-status",
                                     value="" if live else f"replaying {replay.request_id}")
-                temperature = gr.Slider(0, 2, value=0.8, step=0.05, label="Temperature (0 = greedy)")
-                top_k = gr.Slider(0, min(200, m["vocab_size"]), value=0, step=1, label="Top-k (0 = off)")
-                top_p = gr.Slider(0.05, 1, value=0.95, step=0.01, label="Top-p (1 = off)")
-                cap = models.limits.max_tokens_cap if live and models.limits.max_tokens_cap else 512
-                max_tokens = gr.Slider(1, cap, value=min(48, cap), step=1, label=f"Max tokens (≤ {cap})",
+                temperature = gr.Slider(0, 2, value=DEFAULTS["temperature"], step=0.05, label="Temperature (0 = greedy)",
+                                        elem_id="tt-temperature")
+                top_k = gr.Slider(0, min(200, m["vocab_size"]), value=DEFAULTS["top_k"], step=1, label="Top-k (0 = off)",
+                                  elem_id="tt-top-k")
+                top_p = gr.Slider(0.05, 1, value=DEFAULTS["top_p"], step=0.01, label="Top-p (1 = off)",
+                                  elem_id="tt-top-p")
+                max_tokens = gr.Slider(1, cap, value=opening["max_tokens"], step=1, label=f"Max tokens (≤ {cap})",
                                        elem_id="tt-max-tokens")
                 hint_max = gr.HTML("", elem_id="tt-hint-max-tokens", padding=False, elem_classes=["tt-hint-box"])
-                seed = gr.Number(value=None, precision=0, label="Seed (empty = random)", elem_id="tt-seed")
+                # a Textbox, not a Number: gr.Number shows (and sends) 0 for an empty value
+                seed = gr.Textbox(value=DEFAULTS["seed"], label="Seed (empty = a random draw)", elem_id="tt-seed",
+                                  placeholder="random", max_lines=1)
                 hint_sampling = gr.HTML("", elem_id="tt-hint-sampling", padding=False, elem_classes=["tt-hint-box"])
                 with gr.Row():
                     speculative = gr.Checkbox(value=m["has_draft"], interactive=m["has_draft"],
                                               label="Speculative decoding", info=spec_info(m),
                                               elem_id="tt-speculative")
                     k = gr.Slider(1, max(1, m["num_speculative_tokens"]), value=m["num_speculative_tokens"],
-                                  step=1, label="Draft tokens k", interactive=m["has_draft"])
-                level = gr.Radio(list(TRACE_LEVELS), value="full", label="Capture level",
-                                 info="full: tensors (embeddings, attention, MoE); basic: no tensors")
+                                  step=1, label="Draft tokens k", interactive=m["has_draft"], elem_id="tt-k")
+                level = gr.Radio(list(TRACE_LEVELS), value=DEFAULTS["level"], label="Capture level", elem_id="tt-level",
+                                 info="full: tensors (embeddings, attention, MoE); basic: no tensors; off: only the "
+                                      "streamed tokens, their timing and the usage")
             with gr.Column(scale=3):
                 with gr.Row(equal_height=False, elem_id="tt-replay"):
                     load = gr.UploadButton("Load trace", file_types=[".json"], size="sm", elem_id="tt-load",
@@ -250,9 +359,9 @@ def build_page(served: ServedModels | EngineService | None, replay: Recording | 
                     speed = gr.Dropdown(list(SPEEDS), value="2 steps/s", show_label=False, container=False,
                                         min_width=120, elem_id="tt-speed")
                     class_btn = gr.Button("Classroom", size="sm", elem_id="tt-class-start", min_width=100)
-                step = gr.Slider(0, max(1, first_frames), value=first_frames, step=1, elem_id="tt-step",
-                                 label="Replay: engine step of this request (after a request finishes, or a "
-                                       "trace is loaded)")
+                # numbered from 1, as Status counts them: "step 3 of 6" is the slider at 3
+                first_steps = step_range(first_frames + 1, first_frames) if not live else NO_STEPS
+                step = gr.Slider(step=1, elem_id="tt-step", label=STEP_LABEL, **first_steps)
                 class_links = gr.HTML("", elem_id="tt-class-links")
                 with gr.Row(equal_height=False):
                     with gr.Column(scale=1):
@@ -297,7 +406,9 @@ def build_page(served: ServedModels | EngineService | None, replay: Recording | 
         hint_boxes = [hint_prompt, hint_send, hint_max, hint_sampling]
         # what depends on the model shown (after the rest: the API's outputs keep their positions)
         model_outputs = [model_pick, summary, note, system, user, speculative, k, layer, head, moe_col]
-        outputs = [panels[n] for n in PANELS] + [status, export, step] + hint_boxes + model_outputs
+        # the rest of Send's controls: a loaded trace sets them to its own request's settings
+        setting_outputs = [temperature, top_k, top_p, max_tokens, seed, level]
+        outputs = [panels[n] for n in PANELS] + [status, export, step] + hint_boxes + model_outputs + setting_outputs
 
         def controls_for(info: dict, served_model: bool = True) -> dict:
             """Updates for every control and panel frame that depends on the model shown: the
@@ -339,22 +450,29 @@ def build_page(served: ServedModels | EngineService | None, replay: Recording | 
             now = time.perf_counter()
             return {**{panels[n]: h for n, h in view.draw(list(PANELS), now).items()}, status: state}
 
-        def finish(tab: Tab, final: str) -> dict:
-            """The last update of a live request: every panel, and its recording ready to export."""
+        def recording_updates(tab: Tab) -> dict:
+            """A finished live request as a recording: Export and the step slider (at capture level
+            off, what the page itself received: the streamed tokens and the usage). The heavy part of
+            a finish (the whole trace read and written as JSON): after the final panels are out."""
             view, svc = tab.view, tab.service
-            rec = record_request(svc.store, view.request_id, infos[svc.model_name], svc.piece, svc.is_special) \
+            info = infos[svc.model_name]
+            rec = record_request(svc.store, view.request_id, info, svc.piece, svc.is_special) \
                 if view.request_id else None
-            extra = {export: gr.update(value=None, interactive=False), step: gr.update(maximum=1, value=0)}
-            if rec is not None:
-                tab.cursor = ReplayCursor(rec)
-                tab.cursor.adopt(view)  # the live view already shows the last frame
-                extra = {export: gr.update(value=write_trace(rec), interactive=True),
-                         step: gr.update(maximum=max(1, tab.cursor.last_frame), value=tab.cursor.last_frame)}
-            return {**full(view, final), **extra}
+            if rec is None and view.request_id and view.outputs and view.level == "off":
+                ids = set(view.generated_ids())
+                rec = Recording(view.request_id, info, view.body or None, [], list(view.outputs), [],
+                                {i: svc.piece(i) for i in ids}, {i for i in ids if svc.is_special(i)})
+            if rec is None:
+                return {export: gr.update(value=None, interactive=False), step: gr.update(**NO_STEPS)}
+            tab.cursor = ReplayCursor(rec)
+            tab.cursor.adopt(view)  # the live view already shows the last frame
+            return {export: gr.update(value=write_trace(rec), interactive=True), step: steps_update(tab.cursor)}
 
-        def stream(tab: Tab, next_items: Callable[[float], list[dict]], first: dict | None = None) -> Iterator[dict]:
+        def stream(tab: Tab, next_items: Callable[[float], list[dict]], first: dict | None = None,
+                   final: Callable[[], dict] | None = None) -> Iterator[dict]:
             """Feed the view from next_items until its request finishes, yielding due panels
-            (`first`: more updates for the first yield, e.g. another model's controls)."""
+            (`first`: more updates for the first yield, e.g. another model's controls; `final`:
+            more for the last one)."""
             view, rid, service = tab.view, tab.view.request_id, tab.service
             view.set_snapshot(service.snapshot.as_dict if service.snapshot else None)
             yield merged(full(view, f"{rid}: queued"), first or {})
@@ -378,23 +496,47 @@ def build_page(served: ServedModels | EngineService | None, replay: Recording | 
             now = time.perf_counter()  # the last tokens first, then every panel's final state
             yield {panels["answer"]: view.draw(["answer"], now)["answer"],
                    status: f"{rid}: streaming, {len(view.generated_ids())} tokens"}
-            yield finish(tab, f"{rid}: finished ({reason}), {len(view.generated_ids())} tokens")
+            done = f"{rid}: finished ({reason}), {len(view.generated_ids())} tokens"
+            yield full(view, done)
+            # then the recording (Export, the step slider); the last yield carries every value (the
+            # panels as just drawn: Gradio sends no change for them)
+            yield {**{panels[n]: view.drawn[n] for n in PANELS}, status: done, **recording_updates(tab),
+                   **(final() if final else {})}
 
         def run(system_text, user_text, temp, topk, topp, max_tok, seed_value, spec_on, k_value, level_value,
                 layer_value, head_value, model_value=None, request: gr.Request = None):
+            key = _key(request)
+            sessions.watching.discard(key)  # Send ends this tab's watching
+            busy = sessions.claim(key)
+            if busy is not None:  # one request per tab: refuse a second Send, said under the button
+                sessions.refused.add(key)
+                what = f"{busy} is still streaming" if busy else "the last Send is still being submitted"
+                yield {hint_send: f"<div class='tt-hint'>⚠ Not sent: {viz._html.esc(what)} in this tab. Stop it or "
+                                  "wait for it to finish, then press Send again (your prompt and settings are kept)."
+                                  "</div>"}
+                return
+            try:
+                yield from send_request(key, system_text, user_text, temp, topk, topp, max_tok, seed_value, spec_on,
+                                        k_value, level_value, layer_value, head_value, model_value, request)
+            finally:
+                sessions.release(key)
+
+        def send_request(key, system_text, user_text, temp, topk, topp, max_tok, seed_value, spec_on, k_value,
+                         level_value, layer_value, head_value, model_value, request):
             service = models.by_name.get(model_value) or models.first  # the picker offers served models only
             info = infos[service.model_name]
             view = new_view(service)
             view.layer, view.head = int(layer_value or 0), int(head_value or 0)
             view.speculative = bool(spec_on)
-            view.body = build_body(info["name"], system_text or "", user_text or "", float(temp), int(topk),
-                                   float(topp), int(max_tok), None if seed_value is None else int(seed_value),
-                                   bool(spec_on) and info["has_draft"], int(k_value), level_value,
-                                   plain=not info["chat_template"])  # a base model: a plain prompt
+            controls = {"system": system_text, "user": user_text, "temperature": temp, "top_k": topk, "top_p": topp,
+                        "max_tokens": max_tok, "seed": seed_value, "speculative": spec_on, "k": k_value,
+                        "level": level_value}
+            view.body = body_of(info, controls)
             tab = Tab(view, service=service)
-            sessions.put(_key(request), tab)
+            sessions.put(key, tab)
             submission = None
             try:
+                parse_seed(seed_value)
                 submission = parse_body(view.body, models.limits.max_tokens_cap)
                 # the server's per-client cap, then the engine's own checks: context, KV pool, vocabulary
                 watch = service.submit(submission, client=client_of(request))
@@ -404,15 +546,27 @@ def build_page(served: ServedModels | EngineService | None, replay: Recording | 
                 view.error = f"not sent: {e}"
                 box = hint_for(e, submission)
                 yield {**full(view, f"rejected: {e}"), **{h: "" for h in hint_boxes},
-                       box: f"<div class='tt-hint'>⚠ {viz._html.esc(e)}</div>"}
+                       box: f"<div class='tt-hint'>⚠ {viz._html.esc(e)}</div>",
+                       export: gr.update(value=None, interactive=False), step: gr.update(**NO_STEPS)}
                 return
             view.request_id = watch.request_id
+            sessions.sending(key, watch.request_id)
             view.validation = {"ok": True, "request_id": watch.request_id, "checks": submission.checks + [
                 ("engine", True, f"accepted by {info['name']}; fits the context of {info['max_model_len']:,} tokens "
                                  "and the KV pool")]}
+            sessions.refused.discard(key)
             try:
-                yield {h: "" for h in hint_boxes}  # the last request's complaints are gone
-                yield from stream(tab, watch.drain)
+                # the last request's complaints are gone; its recording is no longer the one shown
+                yield {**{h: "" for h in hint_boxes}, export: gr.update(value=None, interactive=False),
+                       step: gr.update(**NO_STEPS)}
+                def refused_meanwhile() -> dict:  # a Send was refused while this one streamed: it can go now
+                    if key not in sessions.refused:
+                        return {}
+                    sessions.refused.discard(key)
+                    return {hint_send: f"<div class='tt-hint'>⚠ A Send was refused while {watch.request_id} streamed; "
+                                       "it has finished: press Send to send what the controls hold now.</div>"}
+
+                yield from stream(tab, watch.drain, final=refused_meanwhile)
             finally:
                 service.unsubscribe(watch)
                 if not view.finished:  # tab closed or event cancelled: free the engine's work
@@ -430,6 +584,7 @@ def build_page(served: ServedModels | EngineService | None, replay: Recording | 
                     if it["type"] == "request.arrive":
                         arrivals.append((it["request_id"], it.get("model")))
 
+            sessions.watching.add(_key(request))
             try:
                 waiting = "watching: waiting for a request from curl, the SDK or another tab"
                 yield {status: waiting}
@@ -475,13 +630,26 @@ def build_page(served: ServedModels | EngineService | None, replay: Recording | 
                 models.unsubscribe(fire)
 
         def stop_request(request: gr.Request):
-            tab = sessions.get(_key(request))
+            """Stop this tab's own request, or end its watching (a watched request is someone
+            else's: it goes on). Status says which."""
+            key = _key(request)
+            tab = sessions.get(key)
+            if key in sessions.watching:
+                sessions.watching.discard(key)
+                if tab is not None and tab.watched and tab.view.request_id and not tab.view.finished:
+                    return (f"watching stopped: {tab.view.request_id} (another client's request) goes on; the "
+                            "panels show it as it was when you pressed Stop")
+                return "watching stopped: press Watch API requests to follow requests again"
             if tab is not None and not tab.watched and tab.view.request_id and not tab.view.finished:
-                (tab.service or models).abort(tab.view.request_id)
+                (tab.service or models).abort(tab.view.request_id)  # its stream reports "finished (abort)"
+            return gr.update()
 
-        def pick_model(name, request: gr.Request):
+        def pick_model(name, system_text, user_text, temp, topk, topp, max_tok, seed_value, spec_on, k_value,
+                       level_value, request: gr.Request):
             """The picker moved: Send's controls, the selectors and every panel follow that model
             (a request still streaming in this tab keeps its panels until it ends)."""
+            controls = (system_text, user_text, temp, topk, topp, max_tok, seed_value, spec_on, k_value, level_value)
+            sessions.watching.discard(_key(request))  # picking ends watching
             service = models.by_name.get(name) or models.first
             info = infos[service.model_name]
             out = controls_for(info)
@@ -489,12 +657,13 @@ def build_page(served: ServedModels | EngineService | None, replay: Recording | 
             tab = sessions.get(_key(request))
             if tab is not None and not tab.watched and tab.view.request_id and not tab.view.finished:
                 return {c: v for c, v in out.items() if c not in (summary, moe_col, layer, head)}
-            tab = Tab(blank_view(service), service=service)
+            mine = {n: v for n, v in zip(CONTROL_NAMES, controls) if n not in ("speculative", "k")}  # the model's own
+            tab = Tab(blank_view(service, mine), service=service)
             sessions.put(_key(request), tab)
             ready = f"{info['name']}: Send goes to this model" + ("" if info["chat_template"] else
                                                                    " (plain-prompt mode: no chat template)")
             return merged(full(tab.view, ready), out, {export: gr.update(value=None, interactive=False),
-                                                        step: gr.update(maximum=1, value=0)})
+                                                        step: gr.update(**NO_STEPS)})
 
         def redraw(layer_value, head_value, request: gr.Request):
             tab = tab_of(request)
@@ -503,29 +672,33 @@ def build_page(served: ServedModels | EngineService | None, replay: Recording | 
             return view.render("attention"), view.render("moe")
 
         def show_frame(tab: Tab, frame: int, note: str = "") -> dict:
+            """Every panel at one frame (0-based) of the tab's recording; Status and the slider
+            both count from 1."""
             view = tab.cursor.goto(frame)
+            view.replaying = True
             tab.view = view
             steps = tab.cursor.steps
             return {**full(view, f"{tab.cursor.rec.request_id}: step {tab.cursor.frame + 1} of {len(steps)} "
                                  f"(engine step {steps[tab.cursor.frame] if steps else 0}){note}"),
-                    step: gr.update(value=tab.cursor.frame)}
+                    step: gr.update(value=tab.cursor.frame + 1)}
 
-        def goto(frame, layer_value, head_value, request: gr.Request):
+        def goto(number, layer_value, head_value, request: gr.Request):
             tab = tab_of(request)
             if tab is None or tab.cursor is None:
                 return {status: "nothing to replay yet: send a request or load a trace"}
             tab.cursor.view.layer, tab.cursor.view.head = int(layer_value or 0), int(head_value or 0)
-            return show_frame(tab, int(frame or 0))
+            return show_frame(tab, int(number or 1) - 1)
 
-        def play_frames(frame, speed_name, layer_value, head_value, request: gr.Request):
+        def play_frames(number, speed_name, layer_value, head_value, request: gr.Request):
             tab = tab_of(request)
             if tab is None or tab.cursor is None:
                 yield {status: "nothing to replay yet: send a request or load a trace"}
                 return
             cur = tab.cursor
             cur.view.layer, cur.view.head = int(layer_value or 0), int(head_value or 0)
-            start = 0 if int(frame or 0) >= cur.last_frame else int(frame or 0)
-            yield show_frame(tab, start, " · playing")
+            frame = int(number or 1) - 1
+            first = 0 if frame >= cur.last_frame else max(0, frame)
+            yield show_frame(tab, first, " · playing")
             while cur.frame < cur.last_frame:
                 pace = SPEEDS.get(speed_name, 0.5)
                 time.sleep(min(MAX_FRAME, max(MIN_FRAME, cur.seconds_to_next() if pace is None else pace)))
@@ -537,18 +710,52 @@ def build_page(served: ServedModels | EngineService | None, replay: Recording | 
                 rec = Recording.loads(Path(path).read_bytes())
             except (TraceFileError, OSError) as e:
                 return {status: f"cannot load the trace: {e}"}
+            sessions.watching.discard(_key(request))
             tab = Tab(rec.new_view(), ReplayCursor(rec))
             sessions.put(_key(request), tab)
             out = show_frame(tab, tab.cursor.last_frame, f" · loaded {Path(path).name}")
             # the trace's own model draws the selectors (from layer 0); a served one takes the picker too
             info = with_defaults(rec.model)
             controls = controls_for(info, served_model=info["name"] in infos)
-            return merged(out, controls, {export: gr.update(value=write_trace(rec), interactive=True),
-                                          step: gr.update(maximum=max(1, tab.cursor.last_frame),
-                                                          value=tab.cursor.last_frame)})
+            return merged(out, controls, settings_updates(rec, info),
+                          {export: gr.update(value=write_trace(rec), interactive=True), step: steps_update(tab.cursor)})
+
+        def settings_updates(rec: Recording, info: dict) -> dict:
+            """The controls set to the trace's own request: prompts, sampling, speculation, capture level."""
+            got = trace_settings(rec, info)
+            out = {system: got["system"], user: got["user"], temperature: got["temperature"], top_k: got["top_k"],
+                   top_p: got["top_p"], seed: got["seed"], level: got["level"],
+                   max_tokens: gr.update(value=min(got["max_tokens"], cap))}
+            if info["name"] in infos:  # a served model: its draft decides whether speculation can be on
+                out[speculative] = gr.update(value=got["speculative"] and info["has_draft"])
+                out[k] = gr.update(value=max(1, min(got["k"], info["num_speculative_tokens"])))
+            else:  # not served here: the controls still say what the trace's request used
+                out[speculative] = gr.update(value=got["speculative"])
+                out[k] = gr.update(value=max(1, got["k"]), maximum=max(1, got["k"]))
+            return out
+
+        def preview(system_text, user_text, temp, topk, topp, max_tok, seed_value, spec_on, k_value, level_value,
+                    model_value, request: gr.Request):
+            """A control moved: before any request, the Request panel shows the body Send would
+            post now (once a request is shown, that request's body stays). Named parameters: Gradio
+            passes gr.Request only to a parameter it can see."""
+            key = _key(request)
+            tab = sessions.get(key)
+            if tab is not None and (tab.view.request_id or tab.view.validation or tab.cursor is not None):
+                return gr.update()
+            controls = (system_text, user_text, temp, topk, topp, max_tok, seed_value, spec_on, k_value, level_value)
+            service = models.by_name.get(model_value) or models.first
+            view = blank_view(service, dict(zip(CONTROL_NAMES, controls)))
+            if tab is not None:
+                view.layer, view.head, view.snapshot = tab.view.layer, tab.view.head, tab.view.snapshot or view.snapshot
+            sessions.put(key, Tab(view, service=service))
+            return view.render("request")
 
         def start_classroom(request: gr.Request):
             tab = tab_of(request)
+            if tab is not None and tab.view.level == "off" and tab.view.request_id:
+                return "<div class='tt-err'>Classroom mode walks through a traced request: this one ran at capture " \
+                       "level off, which records no stages. Send it again at basic or full.</div>"
             rec = tab.cursor.rec if tab is not None and tab.cursor is not None else None
             refresh = None
             if rec is None and tab is not None and tab.view.request_id and tab.service is not None:
@@ -572,14 +779,19 @@ def build_page(served: ServedModels | EngineService | None, replay: Recording | 
             watching = watch_btn.click(follow, [layer, head, model_pick], outputs, api_visibility="private",
                                        concurrency_limit=16, show_progress="hidden")
             # input: the user's own pick (not the value Watch or Load write when they show another model)
-            model_pick.input(pick_model, [model_pick], outputs, api_visibility="private", concurrency_limit=None,
-                             show_progress="hidden", cancels=[watching])
-            # sending from this tab ends its watching: one request per set of panels
+            controls = [system, user, temperature, top_k, top_p, max_tokens, seed, speculative, k, level]
+            model_pick.input(pick_model, [model_pick] + controls, outputs, api_visibility="private",
+                             concurrency_limit=None, show_progress="hidden", cancels=[watching])
+            # sending from this tab ends its watching: one request per set of panels. "multiple": a Send
+            # while one streams reaches run(), which refuses it visibly (Gradio's default drops it unseen)
             send.click(run, inputs, outputs, api_name="send", concurrency_limit=16, show_progress="hidden",
-                       cancels=[watching])
+                       cancels=[watching], trigger_mode="multiple")
             user.submit(run, inputs, outputs, api_visibility="private", concurrency_limit=16,
-                        show_progress="hidden", cancels=[watching])
-            stop.click(stop_request, None, None, api_name="stop", concurrency_limit=None, cancels=[watching])
+                        show_progress="hidden", cancels=[watching], trigger_mode="multiple")
+            stop.click(stop_request, None, status, api_name="stop", concurrency_limit=None, cancels=[watching])
+            for control in controls:  # before any request, the body preview follows every edit (typed or pasted)
+                control.change(preview, controls + [model_pick], out_request, api_visibility="private",
+                              concurrency_limit=None, show_progress="hidden", trigger_mode="always_last")
         for picker in (layer, head):
             picker.change(redraw, [layer, head], [out_attention, out_moe], api_visibility="private",
                           concurrency_limit=None, show_progress="hidden")

@@ -5,7 +5,9 @@ GET /v1/traces/{id} returns, and what `python -m app --replay FILE` serves.
 File format (JSON, "schema": 1): id, model (the served model's numbers), body (the
 request as sent), events (trace events), outputs (streamed tokens, with the engine step
 that made them), snapshots (the KV block pool after each step, sparse), pieces (token id ->
-text for every id the panels name), special (special token ids), dropped.
+text for every id the panels name), special (special token ids), dropped (events not kept),
+truncated (null, or {"limit_bytes", "step", "captures_dropped"}: the trace reached the
+server's per-request cap at that step, and the tensor captures stop there).
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from typing import Any, Callable
 
 from app.live_view import LiveView
 from app.requests import parse_body
+from app.trace_store import sparse_snapshot  # noqa: F401 (the file's form of a pool; kept here too)
 
 SCHEMA = 1
 MODEL_KEYS = ("name", "num_layers", "num_heads", "num_kv_heads", "head_dim", "hidden_size", "vocab_size",
@@ -24,13 +27,6 @@ MAX_FILE_BYTES = 64 * 2**20
 
 class TraceFileError(ValueError):
     """The file is not a TokenTrace trace (the message says what is wrong)."""
-
-
-def sparse_snapshot(s: Any) -> dict:
-    """KVSnapshot -> the pool with only its non-empty blocks listed."""
-    return {"step": s.step, "num_blocks": s.num_blocks, "block_size": s.block_size,
-            "ref": {str(b): r for b, r in enumerate(s.ref) if r}, "cached": [b for b, c in enumerate(s.cached) if c],
-            "owners": {str(b): list(o) for b, o in s.owners.items()}, "fill": {str(b): f for b, f in s.fill.items()}}
 
 
 def dense_snapshot(s: dict) -> dict:
@@ -73,16 +69,27 @@ class Recording:
     pieces: dict[int, str] = field(default_factory=dict)
     special: set[int] = field(default_factory=set)
     dropped: int = 0
+    truncated: dict | None = None  # the server's per-request cap cut the trace (see trace_store)
 
     # --- files ---------------------------------------------------------------------
     def to_json(self) -> dict:
         return {"schema": SCHEMA, "id": self.request_id, "model": self.model, "body": self.body,
                 "events": self.events, "outputs": self.outputs, "snapshots": self.snapshots,
                 "pieces": {str(i): p for i, p in sorted(self.pieces.items())}, "special": sorted(self.special),
-                "dropped": self.dropped}
+                "dropped": self.dropped, "truncated": self.truncated}
 
     def dumps(self) -> str:
-        return json.dumps(self.to_json(), separators=(",", ":"))
+        """The file's text, encoded item by item: one json.dumps of a multi-MB trace holds the
+        GIL for most of a second, stalling the engine thread and every streaming page meanwhile
+        (a client polling GET /v1/traces/{id} made a long answer fall seconds behind)."""
+        parts = []
+        for key, value in self.to_json().items():
+            if key in ("events", "outputs", "snapshots"):
+                value_text = "[" + ",".join(json.dumps(v, separators=(",", ":")) for v in value) + "]"
+            else:
+                value_text = json.dumps(value, separators=(",", ":"))
+            parts.append(f"{json.dumps(key)}:{value_text}")
+        return "{" + ",".join(parts) + "}"
 
     @classmethod
     def from_json(cls, data: Any) -> "Recording":
@@ -103,15 +110,19 @@ class Recording:
                  "of objects")
             need(all(isinstance(i.get("step"), int) for i in items), f"every item of '{key}' needs an int 'step'")
         need(all(isinstance(e.get("type"), str) for e in data["events"]), "every event needs a 'type'")
-        need(bool(data["events"]), "'events' is empty: the request was not traced")
+        # a request at capture level off keeps no events: its streamed outputs (tokens, timing, usage) are the trace
+        need(bool(data["events"]) or bool(data["outputs"]), "'events' and 'outputs' are empty: nothing was recorded")
         pieces = data.get("pieces", {})
         need(isinstance(pieces, dict) and all(isinstance(p, str) for p in pieces.values()),
              "'pieces' must map token ids to text")
+        cut = data.get("truncated")
+        need(cut is None or (isinstance(cut, dict) and isinstance(cut.get("step"), int)),
+             "'truncated' must be null or an object with an int 'step'")
         try:
             return cls(data["id"], model, data.get("body") if isinstance(data.get("body"), dict) else None,
                        data["events"], data["outputs"], data["snapshots"],
                        {int(i): p for i, p in pieces.items()}, {int(i) for i in data.get("special", [])},
-                       int(data.get("dropped", 0)))
+                       int(data.get("dropped", 0)), cut)
         except (TypeError, ValueError) as e:
             raise TraceFileError(f"not a TokenTrace trace file: {e}") from None
 
@@ -148,7 +159,22 @@ class Recording:
         view = LiveView(model=self.model, piece=lambda i: self.pieces.get(i, f"<{i}>"),
                         is_special=lambda i: i in self.special)
         show_accepted(view, self.request_id, self.body, "accepted (recorded)")
+        note = truncation_note(self.truncated, self.dropped)
+        if note and view.validation:
+            view.validation["checks"] = list(view.validation["checks"]) + [("trace", True, note)]
         return view
+
+
+def truncation_note(truncated: dict | None, dropped: int = 0) -> str:
+    """What a bounded trace left out, in words ("" when nothing)."""
+    parts = []
+    if truncated:
+        parts.append(f"truncated: at engine step {truncated['step']} the trace reached the server's cap of "
+                     f"{truncated.get('limit_bytes', 0) / 2**20:.3g} MiB per request, so the attention, embedding "
+                     f"and MoE captures stop there ({truncated.get('captures_dropped', 0):,} left out)")
+    if dropped:
+        parts.append(f"{dropped:,} later events not kept")
+    return "; ".join(parts)
 
 
 def show_accepted(view: LiveView, request_id: str, body: dict | None, note: str) -> None:
@@ -233,9 +259,9 @@ def record_request(store, request_id: str, model: dict, piece: Callable[[int], s
         if e["type"] == "tokenize":
             ids.update(t["id"] for t in e["tokens"])
     snaps, seen = [], set()
-    for s in tr.snapshots:
-        if s.step not in seen:
-            seen.add(s.step)
-            snaps.append(sparse_snapshot(s))
+    for s in tr.snapshots:  # already sparse (the store keeps them so)
+        if s["step"] not in seen:
+            seen.add(s["step"])
+            snaps.append(s)
     return Recording(request_id, model, tr.body, tr.events, tr.outputs, snaps, {i: piece(i) for i in ids},
-                     {i for i in ids if is_special(i)}, tr.dropped)
+                     {i for i in ids if is_special(i)}, tr.dropped, tr.truncated)

@@ -123,7 +123,8 @@ def parse_body(body: dict, max_tokens_cap: int | None = None, endpoint: str | No
     except ValueError as e:  # the remaining rules (top_p > 0): the message names the field
         fail("sampling", str(e), str(e).split(" ")[0])
     checks.append(("sampling", True, f"temperature {params.temperature:g}, top-k {params.top_k or 'off'}, "
-                   f"top-p {params.top_p:g}, max {params.max_tokens} tokens, seed {params.seed}"))
+                   f"top-p {params.top_p:g}, max {params.max_tokens} tokens, "
+                   + (f"seed {params.seed}" if params.seed is not None else "no seed (a random draw)")))
     spec = body.get("speculative") or {}
     if not isinstance(spec, dict) or not isinstance(spec.get("enabled", True), bool):
         fail("speculative", "speculative must be an object {enabled: bool, num_tokens: int}", "speculative")

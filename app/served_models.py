@@ -60,7 +60,7 @@ class ServedModels:
 
     def owner(self, request_id: str) -> EngineService | None:
         """The engine that ran a (traced) request: trace ids are unique across engines."""
-        return next((s for s in self.services if request_id in s.store), None)
+        return next((s for s in self.services if s.owns(request_id)), None)
 
     @property
     def error(self) -> str | None:

@@ -15,7 +15,7 @@ from app.engine_service import EngineService  # noqa: E402
 from app.events_api import add_event_routes  # noqa: E402
 from app.limits import ServeLimits  # noqa: E402
 from app.metrics import add_metrics_route  # noqa: E402
-from app.openai_api import add_openai_routes  # noqa: E402
+from app.openai_api import add_fallback_routes, add_openai_routes  # noqa: E402
 from app.page import CSS, build_page  # noqa: E402
 from app.recording import Recording, record_request  # noqa: E402
 from app.served_models import ServedModels  # noqa: E402
@@ -41,6 +41,7 @@ def create_app(served: EngineService | ServedModels | None, replay: Recording | 
         add_openai_routes(api, models)
         add_event_routes(api, models)
         add_metrics_route(api, models)
+    add_fallback_routes(api, replay.request_id if models is None else None)  # after every /v1 route
     classrooms = Classrooms()
     if models is not None:
         def recorder(rid: str) -> Recording | None:

@@ -8,7 +8,17 @@ not in the request's own events: other requests' blocks are drawn too).
 A finished request's events and outputs are packed into one JSON string: millions of
 small dicts and lists kept for 32 requests would make each full garbage collection
 walk them all, a pause of hundreds of milliseconds that stalls the engine and the
-page alike. A string is one object the collector never looks into."""
+page alike. A string is one object the collector never looks into.
+
+Bounds, in bytes of JSON (what the export would hold; exact once a trace is packed, an
+estimate from the payloads' shapes before):
+- per request (max_bytes_per_request): past it, the tensor captures (attention,
+  embedding rows, MoE routing) are no longer kept, and add() says so once, so the engine
+  can stop computing them; the trace is marked `truncated`. The light events (tokens,
+  sampling, KV, timing: a few KB per token) go on up to twice the cap; past that only the
+  finish is kept and the rest is counted in `dropped`.
+- in all (max_total_bytes, plus max_requests): the oldest traces are dropped first, so
+  the store never holds more. One store may serve every model of a server."""
 from __future__ import annotations
 
 import json
@@ -17,21 +27,79 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+MAX_BYTES_PER_REQUEST = 8 * 2**20
+MAX_TOTAL_BYTES = 128 * 2**20
+HEAVY = {"attention": "probs", "embed": "rows", "moe": "weights"}  # tensor captures: type -> their big list
+ALWAYS = ("finish",)  # kept past every bound: a replay needs the end
+_SEP = (",", ":")
+
+
+def event_bytes(item: dict) -> int:
+    """An event's size as JSON: exact for the small ones; for tensor captures, from the
+    number of values (4 decimals: about 7 bytes each; MoE adds an expert id per weight)."""
+    key = HEAVY.get(item.get("type"))
+    if key is None:
+        return len(json.dumps(item, separators=_SEP))
+    return 400 + (10 if key == "weights" else 7) * _values(item.get(key))
+
+
+def _values(x) -> int:
+    """Numbers in a nested list (counted by the innermost lists' lengths, not one by one)."""
+    if not isinstance(x, list) or not x:
+        return 0
+    if not isinstance(x[0], list):
+        return len(x)
+    return sum(_values(v) for v in x)
+
+
+def sparse_snapshot(s: Any, prev: dict | None = None) -> dict:
+    """KVSnapshot -> the pool with only its non-empty blocks listed (the trace file's form).
+    prev: the previous step's sparse form, whose lists are reused when unchanged."""
+    sp = {"step": s.step, "num_blocks": s.num_blocks, "block_size": s.block_size,
+          "ref": {str(b): r for b, r in enumerate(s.ref) if r}, "cached": [b for b, c in enumerate(s.cached) if c],
+          "owners": {str(b): list(o) for b, o in s.owners.items()}, "fill": {str(b): f for b, f in s.fill.items()}}
+    if prev is not None:
+        for key in ("ref", "cached", "owners", "fill"):
+            if sp[key] == prev[key]:
+                sp[key] = prev[key]
+    return sp
+
+
+def _part_bytes(sp: dict) -> dict[str, int]:
+    return {key: len(json.dumps(sp[key], separators=_SEP)) + 12 for key in ("ref", "cached", "owners", "fill")}
+
+
+def snapshot_bytes(sp: dict, prev: dict | None, parts: dict[str, int]) -> int:
+    """What one sparse snapshot adds to a trace: the parts it does not share with the one before."""
+    return 80 + sum(n for key, n in parts.items() if prev is None or sp[key] is not prev[key])
+
 
 @dataclass
 class StoredTrace:
     events: list[dict] = field(default_factory=list)
     outputs: list[dict] = field(default_factory=list)
-    snapshots: list[Any] = field(default_factory=list)  # KVSnapshot objects, shared between requests
+    snapshots: list[dict] = field(default_factory=list)  # sparse pools by step (sparse_snapshot), shared
     body: dict | None = None
-    dropped: int = 0
+    dropped: int = 0  # events (and outputs) not kept: past a bound
     finished: bool = False
     packed: str | None = None  # events and outputs as JSON, once finished (the lists are empty then)
+    model: str | None = None  # the served model that ran it (one store may serve several)
+    truncated: dict | None = None  # {"limit_bytes", "step", "captures_dropped"} once a bound cut it
+    nbytes: int = 0  # events + outputs + body as JSON (exact once packed)
+    snapshot_bytes: int = 0
+
+    @property
+    def size(self) -> int:
+        return self.nbytes + self.snapshot_bytes
 
     def pack(self) -> None:
         if self.packed is None:
-            self.packed = json.dumps([self.events, self.outputs], separators=(",", ":"))
+            self.packed = json.dumps([self.events, self.outputs], separators=_SEP)
             self.events, self.outputs = [], []
+            self.nbytes = len(self.packed) + self._body_bytes()
+
+    def _body_bytes(self) -> int:
+        return len(json.dumps(self.body, separators=_SEP)) if self.body else 0
 
     def unpack(self) -> None:
         if self.packed is not None:
@@ -48,56 +116,140 @@ class StoredTrace:
 
 class TraceStore:
     def __init__(self, max_requests: int = 32, max_events_per_request: int = 50_000,
-                 max_snapshots_per_request: int = 1024) -> None:
+                 max_snapshots_per_request: int = 1024, max_bytes_per_request: int = MAX_BYTES_PER_REQUEST,
+                 max_total_bytes: int = MAX_TOTAL_BYTES) -> None:
+        if max_total_bytes < 2 * max_bytes_per_request:
+            raise ValueError(f"the trace store's budget ({max_total_bytes:,} bytes) must hold at least one whole "
+                             f"trace: twice the per-request cap of {max_bytes_per_request:,} bytes")
         self.max_requests = max_requests
         self.max_events = max_events_per_request
         self.max_snapshots = max_snapshots_per_request
+        self.max_bytes = max_bytes_per_request
+        self.max_total_bytes = max_total_bytes
+        self.total_bytes = 0  # sum of every kept trace's size
         self._traces: OrderedDict[str, StoredTrace] = OrderedDict()
+        self._gone: OrderedDict[str, None] = OrderedDict()  # dropped: keep out their later events
+        self._sparse: tuple[Any, dict, dict] | None = None  # this step's snapshot, its sparse form and sizes
         self._lock = threading.Lock()
 
-    def _trace(self, request_id: str) -> StoredTrace:  # call with the lock held
+    # --- bounds (call with the lock held) -----------------------------------------------
+    def _trace(self, request_id: str, model: str | None = None) -> StoredTrace | None:
         tr = self._traces.get(request_id)
-        if tr is None:
-            tr = self._traces[request_id] = StoredTrace()
-            while len(self._traces) > self.max_requests:  # oldest request goes first
-                self._traces.popitem(last=False)
+        if tr is None and request_id not in self._gone:
+            tr = self._traces[request_id] = StoredTrace(model=model)
         return tr
 
-    def add(self, request_id: str, event: dict) -> None:
+    def _grow(self, tr: StoredTrace, nbytes: int) -> None:
+        tr.nbytes += nbytes
+        self.total_bytes += nbytes
+
+    def _fit(self) -> None:
+        """Drop the oldest traces until the store is within its bounds."""
+        while self._traces and (len(self._traces) > self.max_requests or self.total_bytes > self.max_total_bytes):
+            rid, tr = self._traces.popitem(last=False)
+            self.total_bytes -= tr.size
+            self._gone[rid] = None  # a late event (or a running request's next) must not start it again
+            while len(self._gone) > 4096:
+                self._gone.popitem(last=False)
+
+    def _cut(self, tr: StoredTrace, step: int) -> None:
+        if tr.truncated is None:
+            tr.truncated = {"limit_bytes": self.max_bytes, "step": step, "captures_dropped": 0}
+
+    def _admit(self, tr: StoredTrace, item: dict, size: int) -> bool:
+        """Whether the per-request cap lets this event or output in (counting what it leaves out)."""
+        if item.get("type") in ALWAYS or item.get("finished"):
+            return True
+        if tr.nbytes + size > 2 * self.max_bytes or len(tr.events) + len(tr.outputs) >= self.max_events:
+            self._cut(tr, int(item.get("step", 0)))
+            tr.dropped += 1
+            return False
+        return True
+
+    # --- writing ---------------------------------------------------------------------
+    def add(self, request_id: str, event: dict) -> bool:
+        """Keep one event. True the first time the request's tensor captures pass the
+        per-request cap: the caller may stop the engine computing them."""
         with self._lock:
-            tr = self._trace(request_id)
-            late = tr.packed is not None  # an event after the end (rare)
-            tr.unpack()
-            if len(tr.events) < self.max_events:
+            tr = self._trace(request_id, event.get("model"))
+            if tr is None:
+                return False
+            size = event_bytes(event)
+            if event.get("type") in HEAVY and (tr.truncated is not None or tr.nbytes + size > self.max_bytes):
+                first = tr.truncated is None
+                self._cut(tr, int(event.get("step", 0)))
+                tr.truncated["captures_dropped"] += 1
+                return first
+            if not self._admit(tr, event, size):
+                return False
+            if tr.packed is not None:  # an event after the end (rare)
+                self.total_bytes -= tr.nbytes
+                tr.unpack()
                 tr.events.append(event)
-            else:
-                tr.dropped += 1
-            if late:
                 tr.pack()
+                self.total_bytes += tr.nbytes
+            else:
+                tr.events.append(event)
+                self._grow(tr, size)
+            self._fit()
+            return False
 
     def add_output(self, request_id: str, item: dict) -> None:
         with self._lock:
             tr = self._traces.get(request_id)
-            if tr is not None:  # untraced requests keep nothing
-                tr.unpack()
-                tr.outputs.append(item)
-                tr.finished = tr.finished or item["finished"]
-                if tr.finished:
-                    tr.pack()
+            if tr is None:  # untraced requests keep nothing
+                return
+            size = len(json.dumps(item, separators=_SEP))
+            if not self._admit(tr, item, size):
+                return
+            tr.unpack()
+            tr.outputs.append(item)
+            self._grow(tr, size)
+            tr.finished = tr.finished or item["finished"]
+            if tr.finished:
+                self.total_bytes -= tr.nbytes
+                tr.pack()
+                self.total_bytes += tr.nbytes
+            self._fit()
 
     def add_snapshot(self, request_id: str, snapshot: Any) -> None:
+        """The pool after a step this request took part in. Kept sparse (only the blocks in use),
+        made once per step for every request that shares it: a dense copy would cost 16 bytes
+        per block of the pool per step."""
         with self._lock:
             tr = self._traces.get(request_id)
             if tr is None:
                 return
-            tr.snapshots.append(snapshot)
+            if self._sparse is None or self._sparse[0] is not snapshot:
+                prev = self._sparse[1] if self._sparse is not None else None
+                sp = sparse_snapshot(snapshot, prev)
+                self._sparse = (snapshot, sp, _part_bytes(sp))
+            _, sp, parts = self._sparse
+            size = snapshot_bytes(sp, tr.snapshots[-1] if tr.snapshots else None, parts)
+            tr.snapshots.append(sp)
+            tr.snapshot_bytes += size
+            self.total_bytes += size
             if len(tr.snapshots) > self.max_snapshots:  # a long request: keep every other step's pool
                 tr.snapshots[:] = tr.snapshots[::2]
+                self.total_bytes -= tr.snapshot_bytes
+                tr.snapshot_bytes = sum(snapshot_bytes(a, b, _part_bytes(a))
+                                        for a, b in zip(tr.snapshots, [None] + tr.snapshots))
+                self.total_bytes += tr.snapshot_bytes
+            self._fit()
 
-    def set_body(self, request_id: str, body: dict | None) -> None:
+    def set_body(self, request_id: str, body: dict | None, model: str | None = None) -> None:
         with self._lock:
-            self._trace(request_id).body = body
+            tr = self._trace(request_id, model)
+            if tr is None:
+                return
+            size = len(json.dumps(body, separators=_SEP)) if body else 0
+            self._grow(tr, size - tr._body_bytes())
+            tr.body = body
+            if model is not None:
+                tr.model = model
+            self._fit()
 
+    # --- reading ---------------------------------------------------------------------
     def get(self, request_id: str) -> list[dict]:
         with self._lock:
             tr = self._traces.get(request_id)
@@ -111,12 +263,19 @@ class TraceStore:
             if tr is None:
                 return None
             events, outputs = tr.lists()
-            return StoredTrace(events, outputs, list(tr.snapshots), tr.body, tr.dropped, tr.finished)
+            return StoredTrace(events, outputs, list(tr.snapshots), tr.body, tr.dropped, tr.finished,
+                               model=tr.model, truncated=dict(tr.truncated) if tr.truncated else None,
+                               nbytes=tr.nbytes, snapshot_bytes=tr.snapshot_bytes)
 
     def dropped(self, request_id: str) -> int:
         with self._lock:
             tr = self._traces.get(request_id)
             return tr.dropped if tr else 0
+
+    def model_of(self, request_id: str) -> str | None:
+        with self._lock:
+            tr = self._traces.get(request_id)
+            return tr.model if tr else None
 
     def request_ids(self) -> list[str]:
         with self._lock:

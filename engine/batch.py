@@ -68,12 +68,13 @@ class ForwardBatch:
         seqs = [b for b in range(self.num_seqs) if self.query_starts[b + 1] - self.query_starts[b] == 1]
         if not seqs:
             return None
+        lens = [self.context_lens[b] for b in seqs]
         if len(seqs) == self.num_seqs:
-            return DecodeGroup(seqs, None, self.block_tables, self.context_lens_t)
+            return DecodeGroup(seqs, None, self.block_tables, self.context_lens_t, lens)
         dev = self.input_ids.device
         idx = torch.tensor(seqs, device=dev)
         rows = torch.tensor([self.query_starts[b] for b in seqs], device=dev)
-        return DecodeGroup(seqs, rows, self.block_tables[idx], self.context_lens_t[idx])
+        return DecodeGroup(seqs, rows, self.block_tables[idx], self.context_lens_t[idx], lens)
 
 
 @dataclass
@@ -82,3 +83,24 @@ class DecodeGroup:
     rows: torch.Tensor | None  # their token rows in the batch (None: every row)
     block_tables: torch.Tensor
     context_lens: torch.Tensor
+    lens: list[int]  # context_lens as Python ints
+    _masks: dict[int | None, torch.Tensor | None] = field(default_factory=dict)
+
+    def key_mask(self, window: int | None, num_keys: int) -> torch.Tensor | None:
+        """Which of the `num_keys` gathered keys each query sees ([B, num_keys]), built once
+        per pass for all the layers with this window; None when no mask is needed: one
+        sequence, no window cutting in, and its keys cut to its context (`lens`)."""
+        if window not in self._masks:
+            single = len(self.lens) == 1 and (window is None or self.lens[0] <= window)
+            self._masks[window] = None if single else key_mask(self.context_lens, num_keys, window)
+        return self._masks[window]
+
+
+def key_mask(context_lens: torch.Tensor, num_keys: int, window: int | None) -> torch.Tensor:
+    """[B, num_keys] bool: key j is visible to the query at position context_lens[b] - 1."""
+    k_pos = torch.arange(num_keys, device=context_lens.device)[None, :]
+    q_pos = (context_lens.long() - 1)[:, None]
+    allowed = k_pos <= q_pos
+    if window is not None:
+        allowed &= k_pos > q_pos - window
+    return allowed

@@ -290,8 +290,10 @@ class LLMEngine:
         t_forward = time.perf_counter()
         plain = [b for b in spans if not scheduled[b].num_draft]
         seqs = [scheduled[b].seq for b in plain]
-        picks = sample(logits[[spans[b][0] for b in plain]], [s.params for s in seqs],
-                       [s.generator for s in seqs]) if plain else []
+        plain_rows = [spans[b][0] for b in plain]
+        # every row a plain draw (no speculation this step): the logits as they are, not a copy
+        picks = sample(logits if plain_rows == list(range(len(logits))) else logits[plain_rows],
+                       [s.params for s in seqs], [s.generator for s in seqs]) if plain else []
         new_tokens = {b: [t] for b, t in zip(plain, picks)}
         verdicts = {}
         for b in spans:

@@ -11,6 +11,7 @@ import torch
 from tqdm.auto import tqdm
 
 from engine.config import ModelConfig
+from engine.layers.linear import pack_weights
 from engine.model import IGNORED, CausalLM, checkpoint_target, shard_sizes
 
 ProgressFn = Callable[[int, int, str], None]  # (done, total, what)
@@ -188,4 +189,5 @@ def load_model(path: Path, cfg: ModelConfig, max_positions: int, dtype: torch.dt
                device: torch.device, progress: ProgressFn | None = None) -> CausalLM:
     model = build_model(cfg, max_positions, dtype, device)
     load_weights(model, path, progress)
+    pack_weights(model)  # CPU float32: large weights reordered for oneDNN (engine/layers/linear.py)
     return model

@@ -74,7 +74,8 @@ def test_an_invalid_request_is_shown_as_rejected(client):
 
 
 def test_stop_aborts_the_running_request(client):
-    job = client.submit("", "Go on and on.", 0.7, 0, 1.0, 512, 1, False, 1, "basic", 0, 0, api_name="/send")
+    # 230 new tokens: long, and within the tiny model's 256-token context (past it is refused, as in vLLM)
+    job = client.submit("", "Go on and on.", 0.7, 0, 1.0, 230, 1, False, 1, "basic", 0, 0, api_name="/send")
     end = time.monotonic() + 60
     while time.monotonic() < end:  # wait until it is streaming
         outs = job.outputs()
@@ -89,3 +90,19 @@ def test_stop_aborts_the_running_request(client):
 def test_kv_calculator_endpoint(client):
     html = client.predict(2000, "float16", api_name="/kv_calculator")
     assert "262,144,000 B" in html
+
+
+def test_finished_shows_before_the_recording_is_written(client):
+    """Issue 13, item 12: the last tokens and "finished" reach the page before the whole trace is
+    read back and written as the export file (seconds for a long answer), and the last update
+    still carries every value."""
+    job = client.submit("", "Tell me a long story.", 0.7, 0, 0.95, 24, 5, True, 3, "full", 0, 0, api_name="/send")
+    final = job.result(timeout=120)
+    outs = [o for o in job.outputs() if isinstance(o, (list, tuple))]
+    def file(value) -> str | None:  # the export button's file, given as a value or in an update
+        return value if isinstance(value, str) else (value or {}).get("value")
+
+    finished = [i for i, o in enumerate(outs) if "finished" in str(o[11])]
+    assert finished and not file(outs[finished[0]][12])  # first "finished": no export file yet
+    assert str(file(final[12])).endswith(".json") and "finished" in final[11]  # then the recording
+    assert all(isinstance(v, str) for v in final[:12])

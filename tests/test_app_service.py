@@ -106,7 +106,7 @@ def test_kv_snapshot_shows_every_live_requests_blocks(service):
 
 
 def test_abort_and_engine_refusals(service):
-    watch = service.submit(parse_body(body(max_tokens=500, trace_level="basic")))
+    watch = service.submit(parse_body(body(max_tokens=200, trace_level="basic")))
     while not service.store.get(watch.request_id) or not any(
             e["type"] == "token" for e in service.store.get(watch.request_id)):
         time.sleep(0.01)

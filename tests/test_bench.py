@@ -14,9 +14,9 @@ def test_bench_quick_runs_every_section(checkpoint, tmp_path, capsys):
     draft = make_checkpoint("llama", tmp_path / "draft", seed=3, num_layers=1)
     rows = bench.main(["--quick", "--model", str(checkpoint("mixtral")), "--draft", str(draft),
                        "--device", "cpu", "--out", str(tmp_path / "results"),
-                       "--sections", "transformers,tracing,batching,speculative,prefix,gpu,memory"])
+                       "--sections", "transformers,tracing,bandwidth,batching,speculative,prefix,gpu,memory"])
     sections = {r.section for r in rows}
-    assert sections == {"decode vs transformers", "tracing cost", "batching", "speculative (k=4)",
+    assert sections == {"decode vs transformers", "tracing cost", "bandwidth", "batching", "speculative (k=4)",
                         "prefix caching", "memory"}
     assert all(math.isfinite(r.value) for r in rows)  # tiny runs: no claim about speed
     assert "greedy tokens identical" in {r.note for r in rows if r.section == "decode vs transformers"}
@@ -46,21 +46,46 @@ def test_decode_bytes_per_token_counts_what_one_step_reads(checkpoint):
     assert bench.decode_bytes_per_token(dense.runner.model, dense.model_config, ctx) == 4 * (3 * layer + h + v * h + kv)
 
 
-def test_gpu_rows_compute_on_cpu(checkpoint, tmp_path):
-    """The CUDA-only rows, run on the CPU with tiny sizes (Triton interpreted): their
-    arithmetic holds, whatever the speed (nothing here is a measurement claim)."""
-    pytest.importorskip("triton")
+def test_bandwidth_row_arithmetic(checkpoint):
+    """The bandwidth row on the CPU (tiny sizes): achieved GB/s is tok/s times the bytes one
+    step reads, the baseline the measured copy bandwidth, the bound their quotient."""
     b = bench.Bench(checkpoint("mixtral"), None, "cpu", bench.QUICK)
     b.bandwidth_bound(copy_bytes=1 << 20)
-    b.kernels(torch.float32, (2, 4, 2, 16, 4, 16), repeats=1)
-    bound, attention, store = b.rows
+    (row,) = b.rows
     engine = b.engine()
-    read = bench.decode_bytes_per_token(engine.runner.model, engine.model_config,
-                                        bench.QUICK.prompt_tokens + bench.QUICK.new_tokens // 2)
-    # the bound is the measured bandwidth over the bytes one step reads
-    gbs = float(bound.note.split(" at ")[1].split(" GB/s")[0])
-    assert f"{read / 2**20:.1f} MiB read per token" in bound.note
-    assert bound.baseline * read / 1e9 == pytest.approx(gbs, rel=5e-3)
+    context = bench.QUICK.prompt_tokens + bench.QUICK.new_tokens // 2
+    read = bench.decode_bytes_per_token(engine.runner.model, engine.model_config, context)
+    kv = read - bench.decode_bytes_per_token(engine.runner.model, engine.model_config, 0)
+    assert kv == engine.model_config.kv_bytes_per_token * 4 * context  # float32
+    rate = row.value * 1e9 / read
+    assert row.unit == "GB/s" and row.value > 0 and row.baseline > 0
+    assert f"{rate:.1f} tok/s x {read / 2**20:.1f} MiB read per token" in row.note
+    assert f"({kv / 2**20:.2f} MiB of it KV, {context} tokens)" in row.note
+    assert f"bound {row.baseline * 1e9 / read:.1f} tok/s" in row.note
+    # the baseline is the better of the two copies measured (all threads, one thread)
+    all_threads, one = row.note.split("copy: ")[1].split(", ")
+    copies = [float(all_threads.split(" GB/s")[0]), float(one.split(" GB/s")[0])]
+    assert row.baseline == pytest.approx(max(copies), rel=5e-3)
+    assert row.ratio == pytest.approx(row.value / row.baseline)
+
+
+def test_measured_bandwidth_on_cpu():
+    """A STREAM-style copy: bytes read + written over the time; sensible magnitude on any
+    machine (above 0.1 GB/s, below 10 TB/s), and the thread setting is restored."""
+    threads = torch.get_num_threads()
+    for n in (None, 1):
+        bw = bench.measured_bandwidth("cpu", 1 << 22, threads=n)
+        assert 1e8 < bw < 1e13
+    assert torch.get_num_threads() == threads
+
+
+def test_gpu_rows_compute_on_cpu(checkpoint, tmp_path):
+    """The CUDA-only rows, run on the CPU with tiny sizes (Triton interpreted): whatever the
+    speed (nothing here is a measurement claim), each is a rate against its baseline."""
+    pytest.importorskip("triton")
+    b = bench.Bench(checkpoint("mixtral"), None, "cpu", bench.QUICK)
+    b.kernels(torch.float32, (2, 4, 2, 16, 4, 16), repeats=1)
+    attention, store = b.rows
     assert all(r.value > 0 and r.baseline > 0 and r.unit == "calls/s" for r in (attention, store))
 
 
@@ -70,5 +95,5 @@ def test_bench_real_section_runs_on_smollm2(tmp_path):
     _gguf("smollm2")
     rows = bench.main(["--quick", "--device", "cpu", "--out", "", "--sections", "real"])
     assert {r.section for r in rows} == {"SmolLM2-135M-Instruct: decode vs transformers",
-                                         "SmolLM2-135M-Instruct: tracing cost"}
+                                         "SmolLM2-135M-Instruct: tracing cost", "SmolLM2-135M-Instruct: bandwidth"}
     assert {r.note for r in rows if r.section.endswith("transformers")} == {"greedy tokens identical"}

@@ -203,7 +203,7 @@ def test_watch_follows_requests_to_any_model(server, browser, shots):
     page.click("#tt-watch")
     page.wait_for_function("document.querySelector('#tt-status textarea').value.startsWith('watching')")
     body = {"model": "smol-shape", "messages": [{"role": "user", "content": "Hello from curl"}], "max_tokens": 12,
-            "temperature": 0}
+            "temperature": 0, "trace_level": "full"}  # API requests default to "basic" (no tensors)
     r = httpx.post(server.url + "v1/chat/completions", json=body, timeout=120)
     rid = r.json()["id"]
     page.wait_for_function(f"document.querySelector('#tt-status textarea').value.includes('{rid} finished')",
@@ -225,3 +225,67 @@ def test_watch_follows_requests_to_any_model(server, browser, shots):
     page.screenshot(path=str(shots / "page_watching_moe.png"), full_page=True)
     page.click("#tt-stop")
     context.close()
+
+
+OVERFLOW = """() => [...document.querySelectorAll('.tt-panel, .tt-panel table, .tt-panel img, .tt-panel svg, '
+  + '.tt-sample-main, .tt-moe-wrap')].filter(el => el.getBoundingClientRect().width > 0).map(el => {
+    const r = el.getBoundingClientRect();
+    return [(el.closest('[id^=tt-]') || {}).id + ' ' + el.tagName + '.' + (el.getAttribute('class') || ''),
+            Math.round(r.left), Math.round(r.right), el.scrollWidth - el.clientWidth];
+  }).filter(([what, left, right, hidden]) => left < 0 || right > window.innerWidth || hidden > 1)"""
+
+
+def box(page, selector: str) -> dict:
+    return page.locator(selector).first.bounding_box()
+
+
+def test_the_panels_fill_a_wide_screen_and_fit_a_phone(server, browser, shots):
+    """Issue 13, item 9: no large empty area beside Attention or Sampling on a dense model, the
+    sampling table whole on a 49k and a 262k vocabulary, and at 420 px every panel stacked with
+    no table cut off."""
+    context = browser.new_context(viewport={"width": 1500, "height": 1100})
+    page = open_page(context, server.url)
+    listed = options(page, "tt-model")
+    pick(page, listed[1])  # dense, 30 layers, 9/3 heads, 49,152 tokens
+    set_controls(page, "Tell me about foxes and owls.", 16)
+    page.click("#tt-send")
+    wait_finished(page)
+    table, history = box(page, "#tt-sampling .tt-sample-main"), box(page, "#tt-sampling .tt-sample-history")
+    assert history["x"] >= table["x"] + table["width"] and abs(history["y"] - table["y"]) < 40  # side by side
+    page.screenshot(path=str(shots / "layout_dense_1500.png"), full_page=True)
+    for width in (1500, 1920):  # beside the attention map: its head groups, or a strip too narrow for them
+        page.set_viewport_size({"width": width, "height": 1100})
+        page.wait_for_timeout(300)
+        panel, attn = box(page, "#tt-attention .tt-panel"), box(page, "#tt-attention .tt-attn-big")
+        groups = box(page, "#tt-attention .tt-groups")
+        beside = groups["x"] >= attn["x"] + attn["width"]
+        assert beside or attn["width"] >= 0.8 * panel["width"], (width, panel, attn, groups)
+        if width == 1920:
+            assert beside and groups["height"] <= attn["height"] * 1.2
+    page.set_viewport_size({"width": 1500, "height": 1100})
+    page.wait_for_timeout(300)
+    assert page.evaluate(OVERFLOW) == []
+    pick(page, listed[2])  # 262,144 tokens: the tiniest probabilities are the widest numbers
+    set_controls(page, "Once upon a time", 12)
+    page.click("#tt-send")
+    wait_finished(page)
+    assert page.evaluate(OVERFLOW) == []
+    context.close()
+
+    phone = browser.new_context(viewport={"width": 420, "height": 900})
+    page = open_page(phone, server.url)
+    set_controls(page, "Tell me about foxes.", 16)  # the MoE model: MoE and Sampling share a row on a desktop
+    page.click("#tt-send")
+    wait_finished(page)
+    moe, sampling = box(page, "#tt-moe"), box(page, "#tt-sampling")
+    assert moe["y"] + moe["height"] <= sampling["y"] and abs(moe["x"] - sampling["x"]) < 2  # stacked
+    assert page.evaluate(OVERFLOW) == []
+    page.screenshot(path=str(shots / "layout_moe_420.png"), full_page=True)
+    for label in listed[1:]:
+        pick(page, label)
+        set_controls(page, "Once upon a time", 12)
+        page.click("#tt-send")
+        wait_finished(page)
+        assert page.evaluate(OVERFLOW) == [], label
+    page.screenshot(path=str(shots / "layout_gemma_420.png"), full_page=True)
+    phone.close()

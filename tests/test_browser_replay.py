@@ -50,7 +50,7 @@ def watched(server, browser, tmp_path_factory):
     page.click("#tt-watch")
     wait_status(page, "watching")
     body = {"model": "tiny-moe", "stream": True, "max_tokens": 24, "temperature": 0.7, "seed": 4,
-            "ignore_eos": True, "messages": [{"role": "system", "content": "Be brief."},
+            "ignore_eos": True, "trace_level": "full", "messages": [{"role": "system", "content": "Be brief."},
                                              {"role": "user", "content": "Why is the <sky> blue?"}]}
     got: dict = {}
 
@@ -91,8 +91,9 @@ def test_a_curl_request_appears_live_in_a_watching_page(watched):
     page.keyboard.press("ArrowLeft")
     wait_status(page, " of ")
     page.keyboard.press("End")
-    n = int(page.evaluate("document.querySelector('#tt-step input[type=range]').max")) + 1
+    n = int(page.evaluate("document.querySelector('#tt-step input[type=range]').max"))  # counted from 1
     wait_status(page, f"step {n} of {n}")
+    assert int(page.evaluate("document.querySelector('#tt-step input[type=range]').value")) == n
     assert q("#tt-answer .tt-timed").count() == 24 and q("#tt-tokens .tt-chips .tt-gen").count() == 24
 
 

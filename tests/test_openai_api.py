@@ -101,9 +101,9 @@ def test_sdk_raises_on_unknown_model(client):
         client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
 
 
-def _complete(server, text="Tell me more", max_tokens=6) -> dict:
+def _complete(server, text="Tell me more", max_tokens=6, **extra) -> dict:
     body = {"model": "tiny-moe", "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens,
-            "temperature": 0}
+            "temperature": 0, **extra}
     return httpx.post(server.url + "v1/chat/completions", json=body, timeout=60).json()
 
 
@@ -115,7 +115,7 @@ def test_websocket_carries_every_stage_of_a_request(server):
     from websockets.sync.client import connect
     from engine.trace import STAGES
     with connect(_ws_url(server)) as ws:
-        done = _complete(server)
+        done = _complete(server, trace_level="full")  # the tensors too (API requests default to "basic")
         rid, seen = done["id"], set()
         while "finish" not in seen:
             event = json.loads(ws.recv(timeout=30))
@@ -187,3 +187,107 @@ def test_prometheus_metrics(server):
         values["tokentrace_time_to_first_token_seconds_count"]
     assert values["tokentrace_time_per_output_token_seconds_count"] >= 4
     assert "# TYPE tokentrace_requests_aborted_total counter" in text
+
+
+# --- every /v1 answer in OpenAI's shape; max_tokens against the context ---------------------
+def test_the_sdk_retrieves_a_model(client):
+    import openai
+    card = client.models.retrieve("tiny-moe")
+    assert card.id == "tiny-moe" and card.object == "model"
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        client.models.retrieve("gpt-4")
+
+
+@pytest.mark.parametrize("method,path,status,allow", [
+    ("GET", "v1/nope", 404, None),
+    ("POST", "v1/embeddings", 404, None),
+    ("GET", "v1/chat/completions", 405, "POST"),
+    ("PUT", "v1/completions", 405, "POST"),
+    ("DELETE", "v1/models", 405, "GET"),
+    ("POST", "v1/models", 405, "GET"),
+    ("DELETE", "v1/models/tiny-moe", 405, "GET"),
+    ("POST", "v1/traces/chatcmpl-x", 405, "GET"),
+])
+def test_unknown_routes_and_wrong_methods_answer_in_the_openai_shape(server, method, path, status, allow):
+    r = httpx.request(method, server.url + path, timeout=30)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and "detail" not in r.json()
+    assert err["type"] == "invalid_request_error" and f"/{path}" in err["message"]
+    if allow:
+        assert r.headers["allow"] == allow and allow in err["message"]
+
+
+def test_the_sdk_raises_on_a_wrong_route(client):
+    import openai
+    with pytest.raises(openai.NotFoundError):
+        client.embeddings.create(model="tiny-moe", input="x")
+
+
+def _prompt_tokens(server, messages) -> int:
+    return len(server.service.engine.tokenizer.encode_chat(messages))
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "completion"])
+def test_max_tokens_past_the_context_is_a_400(server, client, endpoint):
+    """vLLM's rule: prompt + max_tokens must fit the context (here 256 tokens)."""
+    import openai
+    ctx = server.service.engine.max_model_len
+    messages = [{"role": "user", "content": "How long can you go on?"}]
+    n = _prompt_tokens(server, messages) if endpoint == "chat" else \
+        len(server.service.engine.tokenizer.encode("How long can you go on?"))
+    text = {"messages": messages} if endpoint == "chat" else {"prompt": "How long can you go on?"}
+    url = server.url + ("v1/chat/completions" if endpoint == "chat" else "v1/completions")
+    for too_many in (100_000, ctx - n + 1):
+        r = httpx.post(url, json={"model": "tiny-moe", "max_tokens": too_many, **text}, timeout=30)
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["param"] == "max_tokens" and err["code"] == "context_length_exceeded"
+        assert f"max_tokens is too large: {too_many:,}" in err["message"]
+        assert f"context length is {ctx:,} tokens and the prompt has {n:,} tokens" in err["message"]
+        assert f"at most {ctx - n:,}" in err["message"]
+    with pytest.raises(openai.BadRequestError, match="max_tokens is too large"):
+        if endpoint == "chat":
+            client.chat.completions.create(model="tiny-moe", messages=messages, max_tokens=100_000)
+        else:
+            client.completions.create(model="tiny-moe", prompt="How long can you go on?", max_tokens=100_000)
+    # exactly the room left is fine: it runs to the end of the context
+    done = httpx.post(url, json={"model": "tiny-moe", "max_tokens": ctx - n, "ignore_eos": True, "temperature": 0,
+                                 **text}, timeout=120).json()
+    assert done["usage"]["prompt_tokens"] == n and done["usage"]["completion_tokens"] == ctx - n
+    from app.engine_service import wait_idle
+    assert wait_idle(server.service)
+    bm = server.service.engine.block_manager
+    assert bm.num_free_blocks == bm.num_blocks  # nothing held (cached prefixes count as free)
+
+
+def test_a_body_without_max_tokens_gets_a_default_that_fits(server):
+    ctx = server.service.engine.max_model_len
+    tok = server.service.engine.tokenizer
+    words = 1
+    while len(tok.encode_chat([{"role": "user", "content": "fox " * (words + 1)}])) < ctx - 20:
+        words += 1
+    messages = [{"role": "user", "content": "fox " * words}]
+    n = _prompt_tokens(server, messages)
+    assert ctx - 64 < n < ctx  # the default of 64 would not fit
+    r = httpx.post(server.url + "v1/chat/completions", timeout=120,
+                   json={"model": "tiny-moe", "messages": messages, "ignore_eos": True, "temperature": 0})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == ctx - n
+
+
+def test_api_requests_are_traced_at_basic_unless_they_ask(server, client):
+    """--api-trace-level (default basic: every stage and token, no tensors); a body's own
+    trace_level wins, through the SDK's extra_body too."""
+    assert server.models.limits.api_trace_level == "basic"
+    tensors = {"attention", "embed", "moe"}
+    plain = _complete(server, "What is kept?")
+    types = {e["type"] for e in server.service.store.get(plain["id"])}
+    assert "token" in types and "sample" in types and "finish" in types and not types & tensors
+    trace = httpx.get(server.url + f"v1/traces/{plain['id']}", timeout=30).json()
+    assert trace["body"]["trace_level"] == "basic" and trace["truncated"] is None
+    full = client.chat.completions.create(model="tiny-moe", messages=[{"role": "user", "content": "And now?"}],
+                                          max_tokens=4, extra_body={"trace_level": "full"})
+    assert tensors <= {e["type"] for e in server.service.store.get(full.id)}
+    off = _complete(server, "Nothing?", trace_level="off")
+    assert not {e["type"] for e in server.service.store.get(off["id"])} - {"schedule.step"}

@@ -85,3 +85,34 @@ def test_triton_kernels_in_the_engine(checkpoint, arch):
         hf = load_reference(path).generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False,
                                            eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
     assert llm.generate(prompt, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0].token_ids == hf
+
+
+@pytest.mark.skipif(DEVICE != "cpu" or not torch.backends.mkldnn.is_available(), reason="oneDNN: CPU only")
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "mixtral", "qwen2_moe"])
+def test_onednn_linears_match_transformers(checkpoint, monkeypatch, arch):
+    """Every linear layer through oneDNN with its weight reordered (engine/layers/linear.py;
+    the tiny checkpoints' weights are below the size that is packed by default): the same
+    logits and greedy tokens as transformers, including a decode batch of several sequences."""
+    from engine.layers import linear
+    monkeypatch.setattr(linear, "PACK_MIN_BYTES", 0)
+    path = checkpoint(arch)
+    llm = LLM(path, device="cpu", dtype="float32", block_size=4)
+    model = llm.engine.runner.model
+    layers = [m for m in model.modules() if isinstance(m, linear.Linear)]
+    assert layers and all(m.packed is not None for m in layers)
+    moe = [m for m in model.modules() if hasattr(m, "packed_down")]
+    assert all(m.packed_gate_up is not None and m.packed_down is not None for m in moe)
+    assert bool(moe) == (arch in ("mixtral", "qwen2_moe"))
+    ref = load_reference(path)
+    with torch.no_grad():
+        expected = ref(torch.tensor([PROMPT])).logits[0]
+    for chunk in (len(PROMPT), 1):
+        torch.testing.assert_close(chunked_logits(llm.engine, PROMPT, chunk), expected, atol=2e-4, rtol=1e-4)
+    prompts = [PROMPT, PROMPT[3:], PROMPT[:9]]
+    greedy = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    outs = llm.generate(prompts, greedy)
+    for prompt, out in zip(prompts, outs):
+        with torch.no_grad():
+            hf = ref.generate(torch.tensor([prompt]), max_new_tokens=16, do_sample=False, eos_token_id=None,
+                              pad_token_id=0)[0, len(prompt):].tolist()
+        assert out.token_ids == hf

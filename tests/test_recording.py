@@ -95,7 +95,7 @@ def test_bad_trace_files_are_refused_with_a_reason(recording):
                         (json.dumps({**good, "schema": 9}), "schema"),
                         (json.dumps({**good, "model": {"name": "x"}}), "lacks"),
                         (json.dumps({**good, "events": [{"type": "x"}]}), "'step'"),
-                        (json.dumps({**good, "events": []}), "not traced"),
+                        (json.dumps({**good, "events": [], "outputs": []}), "nothing was recorded"),
                         (json.dumps({**good, "pieces": {"1": 2}}), "pieces")):
         with pytest.raises(TraceFileError, match=reason):
             Recording.loads(bad)
@@ -191,7 +191,12 @@ def test_replay_cli_serves_a_file_with_no_model(recording, tmp_path):
                 time.sleep(0.3)
         assert health == {"status": "ok", "model": None, "mode": "replay", "request_id": recording.request_id}
         assert "REPLAY: no model loaded" in httpx.get(url, timeout=10).text
-        assert httpx.post(url + "v1/chat/completions", json={}, timeout=10).status_code == 404  # no engine
+        for method, path in (("POST", "v1/chat/completions"), ("GET", "v1/models"), ("GET", "v1/models/x"),
+                             ("DELETE", "v1/nope")):  # no engine: every /v1 route, in OpenAI's error shape
+            r = httpx.request(method, url + path, json={} if method == "POST" else None, timeout=10)
+            err = r.json()["error"]
+            assert r.status_code == 404 and set(err) == {"message", "type", "param", "code"}
+            assert "no model is loaded" in err["message"] and recording.request_id in err["message"]
         room = httpx.post(url + "classroom", json={"request_id": recording.request_id}, timeout=10).json()
         assert room["stages"] == 13
     finally:

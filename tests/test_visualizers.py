@@ -215,3 +215,54 @@ def test_timeline_names_the_requests_that_shared_each_batch():
     html = viz.timeline_html(ev, "a")
     assert "1 step shared with other requests (&lt;i&gt;b&lt;/i&gt;: 1)" in html and "<i>b</i>" not in html
     assert "TTFT 210.0 ms" in html
+
+
+def test_what_is_redrawn_while_streaming_does_not_grow_with_the_answer():
+    """Issue 13, item 12: the answer is redrawn ten times a second and the timeline and tokens
+    once a second or so; if their HTML grew with the answer, a 512-token answer would send the
+    browser megabytes and fall seconds behind. Past a bound, only the text grows."""
+    def tokens(n):
+        return [{"index": i, "token_id": 7, "text": " w", "t": 0.1 + i * 0.01, "latency": 0.01, "ts": 1.1 + i * 0.01}
+                for i in range(n)]
+
+    def events(n):
+        ev = [{"type": "request.arrive", "ts": 1.0}, {"type": "tokenize", "ts": 1.0, "seconds": 0.001}]
+        ev += [{"type": "schedule.step", "step": i + 1, "ts": 1.1 + i * 0.01, "forward_seconds": 0.005, "num_tokens": 1,
+                "batch": [{"request_id": "r", "kind": "decode" if i else "prefill", "num_tokens": 1}]}
+               for i in range(n)]
+        return ev + [dict(t, type="token") for t in tokens(n)]
+
+    def grown(draw, small=300, big=600, text_bytes=0):
+        return len(draw(big)) - len(draw(small)) - (big - small) * text_bytes
+
+    assert grown(lambda n: viz.answer_html(tokens(n)), text_bytes=len(" w")) < 200
+    assert grown(lambda n: viz.timeline_html(events(n), "r")) < 300 * 40  # a path, not a node per step
+    gen = [{"id": 7, "text": " w", "special": False}]
+    tok = {"tokens": [{"id": 1, "piece": "a", "text": "a"}], "count": 1, "vocab_size": 10}
+    assert grown(lambda n: viz.tokens_html(tok, gen * n)) < 200
+    assert "the newest 64 of 512 tokens" in viz.answer_html(tokens(512))
+
+
+def test_numbers_never_show_a_negative_zero():
+    from visualizers._html import fixed, fmt_ms
+    assert fmt_ms(-0.00001) == "0.0 ms" and fmt_ms(0.0123) == "12.3 ms"
+    assert fixed(-0.0001, 3) == "0.000" and fixed(-0.5, 2) == "-0.50"
+    html = viz.embedding_html([{"start": 0, "rows": [[-0.0001, 0.0]], "token_ids": [5], "shape": [1, 2]}])
+    assert "-0.000" not in html
+
+
+def test_the_timeline_quotes_the_engines_queue_time_once():
+    ev = [{"type": "request.arrive", "ts": 1.0}, {"type": "tokenize", "ts": 1.0, "seconds": 0.001},
+          {"type": "prefix_cache.lookup", "ts": 1.0091},
+          {"type": "schedule.step", "step": 1, "ts": 1.04, "forward_seconds": 0.02, "num_tokens": 8,
+           "batch": [{"request_id": "a", "kind": "prefill", "num_tokens": 8}]},
+          {"type": "token", "ts": 1.041, "index": 0, "t": 0.042}]
+    live = viz.timeline_html(ev, "a")  # before the finish: admission is the prefix-cache lookup
+    head = re.search(r"<div class='tt-lines'><div>(.*?)</div>", live).group(1)
+    assert re.findall(r"queue[^·]*?([\d.]+) ms", head) == ["9.1"]
+    fin = {"type": "finish", "ts": 1.05, "ttft": 0.042,
+           "ttft_split": {"tokenize": 0.001, "queue": 0.009, "prefill": 0.031, "first_sample": 0.001}}
+    done = viz.timeline_html(ev + [fin], "a")
+    head = re.search(r"<div class='tt-lines'><div>(.*?)</div>", done).group(1)
+    assert re.findall(r"queue[^+]*?([\d.]+) ms", head) == ["9.0"]  # the engine's figure, once
+    assert "queue (arrival to admission by the scheduler): 9.0 ms" in done  # the bar says the same

@@ -80,14 +80,17 @@ def scale_weights(model: torch.nn.Module, seed: int) -> None:
 
 
 def make_checkpoint(arch: str, path: Path, seed: int = 0, num_layers: int = 3,
-                    max_shard_size: str | None = None, words: list[str] | None = None) -> Path:
-    """A tiny random checkpoint; `words`: use a word-level vocabulary of those tokens."""
+                    max_shard_size: str | None = None, words: list[str] | None = None,
+                    num_heads: int = 4, num_kv_heads: int = 2, hidden_size: int = 64) -> Path:
+    """A tiny random checkpoint; `words`: use a word-level vocabulary of those tokens;
+    num_heads / num_kv_heads / hidden_size: other shapes (e.g. SmolLM2's 9 query heads on
+    3 KV heads, with a hidden size that 9 divides)."""
     import transformers
 
     cls_name, extra = ARCH_CONFIGS[arch]
     cfg = getattr(transformers, cls_name)(
-        vocab_size=len(words) if words else VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=num_layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        vocab_size=len(words) if words else VOCAB, hidden_size=hidden_size, intermediate_size=96, num_hidden_layers=num_layers,
+        num_attention_heads=num_heads, num_key_value_heads=num_kv_heads, max_position_embeddings=256,
         bos_token_id=0, eos_token_id=0 if words else 1, pad_token_id=None, **extra)
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)

@@ -1,6 +1,7 @@
 """Pure drawing functions: trace events (plain dicts, as `TraceEvent.to_dict()` gives
 them) in, escaped HTML out. They import nothing from `engine/` or `app/`, so a
 recorded trace and a live run draw the same way, in the page or in a notebook."""
+from visualizers._html import not_recorded
 from visualizers.answer import answer_html
 from visualizers.attention import attention_html, attention_matrix, layers_and_heads
 from visualizers.embedding import embedding_html, embedding_matrix
@@ -11,10 +12,11 @@ from visualizers.prefix_cache import prefix_cache_html
 from visualizers.request import request_html
 from visualizers.sampling import sampling_html
 from visualizers.speculative import spec_html
-from visualizers.timeline import timeline_html, timeline_steps
+from visualizers.timeline import queue_seconds, timeline_html, timeline_steps, untraced_timeline_html
 from visualizers.tokens import tokens_html
 
 __all__ = ["answer_html", "attention_html", "attention_matrix", "layers_and_heads", "embedding_html",
            "embedding_matrix", "kv_formula_html", "kv_grid_html", "DTYPE_BYTES", "REFERENCE_MODELS",
            "calculator_html", "kv_cache_bytes", "moe_html", "moe_layers", "prefix_cache_html", "request_html",
-           "sampling_html", "spec_html", "timeline_html", "timeline_steps", "tokens_html"]
+           "sampling_html", "spec_html", "timeline_html", "timeline_steps", "tokens_html", "not_recorded",
+           "queue_seconds", "untraced_timeline_html"]

@@ -102,7 +102,19 @@ def fmt_bytes(n: float) -> str:
 
 
 def fmt_ms(seconds: float) -> str:
-    return f"{seconds * 1000:,.1f} ms"
+    ms = seconds * 1000
+    return f"{0.0 if round(ms, 1) == 0 else ms:,.1f} ms"  # never "-0.0 ms"
+
+
+def fixed(x: float, digits: int) -> str:
+    """x with `digits` decimals, never "-0.00" (a tiny negative rounds to a plain zero)."""
+    text = f"{x:.{digits}f}"
+    return text[1:] if text.startswith("-") and float(text) == 0 else text
+
+
+def not_recorded(title: str, message: str) -> str:
+    """A panel whose stage this request does not record (its capture level), or has not reached."""
+    return panel(title, empty(message))
 
 
 def bar(fraction: float, css_class: str = "tt-bar") -> str:

@@ -5,32 +5,58 @@ from typing import Sequence
 
 from visualizers._html import esc, fmt_ms, panel, show_piece
 
+MAX_TIMED = 64  # newest tokens drawn with their latency bar (the text above is always whole): the answer is
+# redrawn ten times a second, so its size must not grow with the answer's length
+# what the answer panel says next to the text, by the request's state
+STATE_BADGES = {"streaming": "<span class='tt-live'>● streaming</span>",
+                "replay": "<span class='tt-live tt-replay'>◷ not finished at this step</span>",
+                "idle": "", "done": ""}
 
-def answer_html(tokens: Sequence[dict], finish: dict | None = None, error: str | None = None) -> str:
-    """tokens: {"index", "token_id", "text", "t" (s since arrival), "latency"} per streamed token."""
+
+def answer_html(tokens: Sequence[dict], finish: dict | None = None, error: str | None = None,
+                state: str | None = None, note: str = "") -> str:
+    """tokens: {"index", "token_id", "text", "t" (s since arrival), "latency"} per streamed token;
+    finish: the `finish` event, or what the request's last output says ({"reason", "usage"});
+    state: "idle" (nothing sent yet), "streaming", "replay" (a recording before its end) or
+    "done"; by default "done" once there is a finish or an error, else "streaming";
+    note: a line under the stats (e.g. what the capture level left out)."""
+    state = state or ("done" if finish is not None or error else "streaming")
     text = "".join(t["text"] for t in tokens)
     if finish is not None and finish.get("text") is not None:
         text = finish["text"]
     lat = [t["latency"] for t in tokens]
-    peak = max(lat[1:], default=0) or 1
+    # bar heights are relative to the slowest token after the first (the first one's wait, its TTFT,
+    # would flatten every other bar: it is capped at full height)
+    peak = max(lat[1:], default=0) or (lat[0] if lat and lat[0] > 0 else 1.0)
     chips = "".join(
         f'<span class="tt-chip tt-timed" title="token {t["index"]} · id {t["token_id"]} · at {t["t"] * 1000:.0f} ms'
         f' · +{t["latency"] * 1000:.1f} ms"><span class="tt-lat" style="height:{min(1, t["latency"] / peak) * 100:.0f}%">'
-        f'</span>{show_piece(t["text"]) if t["text"] else "·"}</span>' for t in tokens[-200:])
+        f'</span>{show_piece(t["text"]) if t["text"] else "·"}</span>' for t in tokens[-MAX_TIMED:])
     stats = []
     if tokens:
         stats.append(f"tokens: <b>{len(tokens)}</b>")
         stats.append(f"first token at <b>{fmt_ms(tokens[0]['t'])}</b>")
         if len(tokens) > 1:
             span = tokens[-1]["t"] - tokens[0]["t"]
-            stats.append(f"then {fmt_ms(span / (len(tokens) - 1))} per token "
-                         f"({(len(tokens) - 1) / span if span > 0 else 0:.1f} tokens/s)")
+            rate = f" ({(len(tokens) - 1) / span:.1f} tokens/s)" if span > 0 else ""
+            stats.append(f"then {fmt_ms(span / (len(tokens) - 1))} per token{rate}")
     if finish is not None:
-        u = finish.get("usage", {})
-        stats.append(f"finished: <b>{esc(finish.get('reason'))}</b> · usage: {u.get('prompt_tokens', 0)} prompt + "
-                     f"{u.get('completion_tokens', 0)} completion ({u.get('cached_tokens', 0)} cached)")
+        reason = esc(finish.get("reason") or "unknown")
+        u = finish.get("usage")
+        usage = (f" · usage: {u['prompt_tokens']} prompt + {u['completion_tokens']} completion "
+                 f"({u['cached_tokens']} cached)" if u else " · usage: not known")
+        stats.append(f"finished: <b>{reason}</b>{usage}")
+    if state == "idle":
+        stats.append("no request yet: press Send, or Watch API requests")
     err = f"<div class='tt-err'>{esc(error)}</div>" if error else ""
-    status = "" if finish or error else "<span class='tt-live'>● streaming</span>"
-    return panel("Answer", f"{err}<div class='tt-answer'>{esc(text)}{status}</div>"
-                 f"<div class='tt-lines'><div>{' · '.join(stats)}</div></div>"
-                 f"<div class='tt-chips tt-timing'>{chips}</div>")
+    legend = ""
+    if tokens:
+        shown = f"the newest {MAX_TIMED} of {len(tokens)} tokens" if len(tokens) > MAX_TIMED else "each token"
+        legend = (f"<div class='tt-lat-legend'><span class='tt-lat-key'></span> orange bar: the time "
+                  f"since the previous token (full height = {esc(fmt_ms(peak))}"
+                  f"{', the slowest after the first' if len(lat) > 1 else ''}); {shown}; hover a token for its "
+                  "timing</div>")
+    note_html = f"<div class='tt-note tt-level-note'>{esc(note)}</div>" if note else ""
+    return panel("Answer", f"{err}<div class='tt-answer'>{esc(text)}{STATE_BADGES.get(state, '')}</div>"
+                 f"<div class='tt-lines'><div>{' · '.join(stats)}</div>{note_html}</div>"
+                 f"{legend}<div class='tt-chips tt-timing'>{chips}</div>")

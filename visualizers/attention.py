@@ -16,6 +16,7 @@ from visualizers._html import colormap, empty, esc, heat_img, panel, show_piece
 
 MAX_POSITIONS = 96  # the newest positions shown
 THUMB_POSITIONS = 32
+THUMB_PX = 96  # the widest a thumbnail may be (2 px a position for 32 positions)
 KIND_RGB = {"prefill": (70, 110, 200), "decode": (240, 140, 30), "verify": (160, 80, 200)}
 CAUSAL_RGB = np.array([30, 30, 36], dtype=np.uint8)
 WINDOW_RGB = np.array([120, 40, 50], dtype=np.uint8)
@@ -133,7 +134,7 @@ def attention_html(events: Sequence[dict], layer: int | None = None, head: int |
                 continue
             p, m, k, _, _ = attention_matrix(events, layer, qh, THUMB_POSITIONS)
             img = _image(p, m, k)
-            tw, th = _scaled(img, 96)
+            tw, th = _scaled(img, THUMB_PX)
             sel = " tt-sel" if qh == head else ""
             thumbs.append(f'<figure class="tt-thumb{sel}">'
                           + heat_img(img, "tt-heat", f"query head {qh} (KV head {kv})").replace(

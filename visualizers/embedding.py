@@ -5,7 +5,7 @@ from typing import Sequence
 
 import numpy as np
 
-from visualizers._html import colormap, empty, esc, heat_img, panel
+from visualizers._html import colormap, empty, esc, fixed, heat_img, panel
 
 
 def embedding_matrix(embeds: Sequence[dict]) -> tuple[np.ndarray, list[int]]:
@@ -38,7 +38,7 @@ def embedding_html(embeds: Sequence[dict], vocab_size: int | None = None, d_mode
     title = f"embedding rows: {n} tokens x {dims} dims (of {d_model})"
     info = (f"<div class='tt-lines'><div>shape <b>[{n} tokens × d_model {d_model:,}]</b>"
             f"{'' if dims == d_model else f' · showing the first {dims} of {d_model:,} dims'}"
-            f" · values in [{mat.min():.3f}, {mat.max():.3f}] · colour: blue − / red + "
+            f" · values in [{fixed(mat.min(), 3)}, {fixed(mat.max(), 3)}] · colour: blue − / red + "
             f"(±{scale:.3f})</div><div>first ids: {esc(', '.join(map(str, ids[:16])))}"
             f"{'…' if len(ids) > 16 else ''}</div></div>")
     img = heat_img(rgb, "tt-heat tt-embed", title).replace(

@@ -100,7 +100,7 @@ def kv_grid_html(snapshot: dict | None, request_id: str | None, events: Sequence
     img, cols = grid_image(states, fill, bs)
     grid = heat_img(img, "tt-kv-img", f"KV block pool: {n} blocks, {cols} per row, block 0 top left")
     data = " ".join(f'data-{s}="{c}"' for s, c in counts.items())
-    legend = "".join(f'<span class="tt-kv tt-kv-{s}"></span>{label} {counts[s]} '
+    legend = "".join(f'<span class="tt-kv-key"><span class="tt-kv tt-kv-{s}"></span> {label} {counts[s]}</span> '
                      for s, label in (("mine", "this request"), ("shared", "shared via prefix cache"),
                                       ("other", "other requests"), ("cached", "free, cached prefix"),
                                       ("freed", "freed by this request"), ("free", "free")))

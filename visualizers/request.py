@@ -6,11 +6,15 @@ import json
 from visualizers._html import esc, panel
 
 
-def request_html(body: dict, validation: dict | None) -> str:
+def request_html(body: dict, validation: dict | None, preview: bool = False) -> str:
     """body: the OpenAI-style request body. validation: {"ok", "request_id", "error", "checks"}
-    where checks is a list of (name, passed, detail)."""
+    where checks is a list of (name, passed, detail). preview: nothing is sent yet; the body
+    is what Send would post with the controls as they are."""
     pretty = esc(json.dumps(body, indent=2, ensure_ascii=False))
-    if validation is None:
+    if preview:
+        verdict = ('<div class="tt-pending tt-preview">not sent yet: the body Send will post, as the controls are '
+                   'set now</div>')
+    elif validation is None:
         verdict = '<div class="tt-pending">validating…</div>'
     elif validation.get("ok"):
         verdict = (f'<div class="tt-ok">✓ valid — request id <code>{esc(validation.get("request_id", ""))}</code>'

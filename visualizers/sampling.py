@@ -67,10 +67,13 @@ def sampling_html(samples: Sequence[dict], pieces: Mapping[int, str] | None = No
             # struck through: the number only (a struck space before it would read as a minus sign)
             cells.append(f'{bar(p)} <span class="{"tt-cut" if cut else ""}">{prob(p)}</span>')
         cls = " class='tt-drawn'" if drawn else ""
-        rows.append(f"<tr{cls}><td>{'▶ ' if drawn else ''}<code>{show_piece(piece_text(cid, pieces))}</code></td>"
-                    f"<td>{esc(cid)}</td>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+        rows.append(f"<tr{cls}><td>{'▶ ' if drawn else ''}<code>{show_piece(piece_text(cid, pieces))}</code>"
+                    f"<sub class='tt-id-sub'>{esc(cid)}</sub></td><td class='tt-id'>{esc(cid)}</td>"
+                    + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     kept = " → ".join(f"{STAGE_LABELS.get(s, s)}: {ev['stages'][s]['kept']:,}" for s in stages)
-    table = ("<table class='tt-table tt-sample'><thead><tr>" + "".join(f"<th>{esc(h)}</th>" for h in head)
+    # a narrow screen (CSS) folds the id column into the token cell; "softmax(logits)" may break at its "("
+    heads = [f"<th{' class=tt-id' if h == 'id' else ''}>{esc(h).replace('(', '<wbr>(')}</th>" for h in head]
+    table = ("<table class='tt-table tt-sample'><thead><tr>" + "".join(heads)
              + "</tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
     source, ngram = ev.get("source", "target"), ev.get("method") == "ngram"
     proposer = "n-gram lookup copied" if ngram else "the draft proposed"
@@ -91,5 +94,7 @@ def sampling_html(samples: Sequence[dict], pieces: Mapping[int, str] | None = No
     legend = (" (underlined: copied by n-gram lookup, kept by the target)" if any(e.get("method") == "ngram" for e in samples)
               else " (underlined: proposed by the draft, kept by the target)") if any(
         e.get("source") == "draft" for e in samples) else ""
-    return panel("Sampling", info + table + f"<div class='tt-subtitle'>every token (p under the target){legend}</div>"
-                 f"<div class='tt-chips'>{history}</div>")
+    # the table and the history side by side where the panel is wide (a dense model's full row), else stacked
+    return panel("Sampling", info + f"<div class='tt-sample-wrap'><div class='tt-sample-main'>{table}</div>"
+                 f"<div class='tt-sample-history'><div class='tt-subtitle'>every token (p under the target){legend}"
+                 f"</div><div class='tt-chips'>{history}</div></div></div>")

@@ -7,6 +7,7 @@ from typing import Sequence
 from visualizers._html import empty, esc, fmt_ms, panel
 
 WIDTH, LANE, LEFT = 760, 22, 70
+MAX_TITLED = 64  # steps (and tokens) drawn one element each, with a hover title
 KIND_COLOR = {"prefill": "#466ec8", "decode": "#f08c1e", "verify": "#a050c8"}
 
 
@@ -25,6 +26,52 @@ def timeline_steps(events: Sequence[dict], request_id: str) -> list[dict]:
     return steps
 
 
+def queue_seconds(by_type: dict[str, list[dict]]) -> float | None:
+    """How long the request waited to be admitted: from its arrival (tokenized) to the step whose
+    scheduler admitted it. One definition, quoted everywhere: the engine's own figure (the
+    `finish` event's TTFT split) once the request ends, the prefix-cache lookup (made at
+    admission) before that."""
+    finish = (by_type.get("finish") or [None])[0]
+    split = (finish or {}).get("ttft_split") or {}
+    if "queue" in split:
+        return max(0.0, split["queue"])
+    arrive, lookup = (by_type.get("request.arrive") or [None])[0], (by_type.get("prefix_cache.lookup") or [None])[0]
+    if arrive is not None and lookup is not None:
+        return max(0.0, lookup["ts"] - arrive["ts"])
+    return None
+
+
+QUEUE_NAME = "queue (arrival to admission by the scheduler)"
+
+
+def untraced_timeline_html(tokens: Sequence[dict], finished: bool, level: str = "off") -> str:
+    """A request traced at level off: no engine steps are recorded, only when each token
+    streamed (tokens: {"index", "t"} with t in seconds since arrival)."""
+    missing = (f"capture level {level} records no engine steps (no prefill, decode or batch bars): only when each "
+               "token streamed")
+    if not tokens:
+        return panel("Timeline", empty(missing + (" — and no token streamed" if finished else "; none yet")))
+    end = max(t["t"] for t in tokens)
+    span = max(end, 1e-3)
+
+    def x(t: float) -> float:
+        return LEFT + t / span * (WIDTH - LEFT - 10)
+
+    ticks = " ".join(f"M{x(t['t']):.1f} 8V24" for t in tokens)
+    svg = (f'<text x="4" y="21" class="tt-lane">tokens</text><path d="{ticks}" stroke="#222" stroke-width="1">'
+           f'<title>{len(tokens)} tokens</title></path>'
+           f'<text x="{LEFT}" y="38" class="tt-lane">0 ms (arrival)</text>'
+           f'<text x="{WIDTH - 10}" y="38" text-anchor="end" class="tt-lane">{esc(fmt_ms(span))}</text>')
+    chart = (f'<svg class="tt-timeline" viewBox="0 0 {WIDTH} 42" width="100%" preserveAspectRatio="xMinYMin meet">'
+             f'{svg}</svg>')
+    rate = ""
+    if len(tokens) > 1 and end > tokens[0]["t"]:
+        rate = f" · then {(len(tokens) - 1) / (end - tokens[0]['t']):.1f} tokens/s"
+    info = (f"<div class='tt-lines'><div>{len(tokens)} tokens streamed · TTFT {esc(fmt_ms(tokens[0]['t']))}{rate}"
+            f" · last token at {esc(fmt_ms(end))}</div><div class='tt-note'>{esc(missing)}</div></div>")
+    return panel("Timeline", info + chart)
+
+
 def timeline_html(events: Sequence[dict], request_id: str) -> str:
     """events: this request's events plus the schedule.step events that include it."""
     by_type: dict[str, list[dict]] = {}
@@ -38,7 +85,8 @@ def timeline_html(events: Sequence[dict], request_id: str) -> str:
     steps = timeline_steps(events, request_id)
     tokens = by_type.get("token", [])
     finish = (by_type.get("finish") or [None])[0]
-    t_end = max([arrive["ts"]] + [s["end"] for s in steps] + [e["ts"] for e in tokens]
+    queue = queue_seconds(by_type)
+    t_end = max([arrive["ts"] + (queue or 0.0)] + [s["end"] for s in steps] + [e["ts"] for e in tokens]
                 + ([finish["ts"]] if finish else []))
     span = max(t_end - t0, 1e-3)
 
@@ -50,25 +98,45 @@ def timeline_html(events: Sequence[dict], request_id: str) -> str:
     svg = [f'<text x="4" y="{y[n] + 13}" class="tt-lane">{n}</text>' for n in lanes]
     svg.append(f'<rect x="{x(t0):.1f}" y="{y["tokenize"]}" width="{max(1.5, x(arrive["ts"]) - x(t0)):.1f}" '
                f'height="16" fill="#7a7a8c"><title>tokenize {esc(fmt_ms(tok.get("seconds", 0)))}</title></rect>')
-    if steps:
-        q_end = steps[0]["start"]
-        svg.append(f'<rect x="{x(arrive["ts"]):.1f}" y="{y["queue"]}" width="{max(1.5, x(q_end) - x(arrive["ts"])):.1f}"'
-                   f' height="16" fill="#b9b9c6"><title>queue {esc(fmt_ms(q_end - arrive["ts"]))}</title></rect>')
+    if queue is not None:
+        svg.append(f'<rect x="{x(arrive["ts"]):.1f}" y="{y["queue"]}" '
+                   f'width="{max(1.5, x(arrive["ts"] + queue) - x(arrive["ts"])):.1f}" height="16" fill="#b9b9c6">'
+                   f'<title>{esc(QUEUE_NAME)}: {esc(fmt_ms(queue))}</title></rect>')
+    # Each step its own <rect> with a hover title while there are few; past MAX_TITLED, one <path> per
+    # kind: a long answer's chart stays a few KB, not a node per step redrawn with every update.
+    titled = len(steps) <= MAX_TITLED
+    paths: dict[tuple[str, str], list[str]] = {}
     for s in steps:
         lane = "prefill" if s["kind"] == "prefill" else "decode"
+        x0, w = x(s["start"]), max(1.5, x(s["end"]) - x(s["start"]))
         others = ", ".join(s["others"]) or "none"
-        title = (f"step {s['step']} · {s['kind']} · {s['tokens']} tokens of {s['batch_tokens']} in the batch · "
-                 f"{fmt_ms(s['end'] - s['start'])} · shared with: {others}")
-        svg.append(f'<rect x="{x(s["start"]):.1f}" y="{y[lane]}" width="{max(1.5, x(s["end"]) - x(s["start"])):.1f}" '
-                   f'height="16" fill="{KIND_COLOR.get(s["kind"], "#888")}" stroke="#fff" stroke-width="0.5">'
-                   f'<title>{esc(title)}</title></rect>')
+        if titled:
+            title = (f"step {s['step']} · {s['kind']} · {s['tokens']} tokens of {s['batch_tokens']} in the batch · "
+                     f"{fmt_ms(s['end'] - s['start'])} · shared with: {others}")
+            svg.append(f'<rect x="{x0:.1f}" y="{y[lane]}" width="{w:.1f}" height="16" '
+                       f'fill="{KIND_COLOR.get(s["kind"], "#888")}" stroke="#fff" stroke-width="0.5">'
+                       f'<title>{esc(title)}</title></rect>')
+        else:
+            paths.setdefault((s["kind"], lane), []).append(f"M{x0:.1f} {y[lane]}h{w:.1f}v16h-{w:.1f}z")
         if s["others"]:
-            svg.append(f'<rect x="{x(s["start"]):.1f}" y="{y["batch"]}" '
-                       f'width="{max(1.5, x(s["end"]) - x(s["start"])):.1f}" height="{min(16, 4 * len(s["others"]))}" '
-                       f'fill="#2a9d8f"><title>{esc("batch shared with " + others)}</title></rect>')
-    for e in tokens:
-        svg.append(f'<line x1="{x(e["ts"]):.1f}" x2="{x(e["ts"]):.1f}" y1="{y["tokens"]}" y2="{y["tokens"] + 16}" '
-                   f'stroke="#222" stroke-width="1"><title>token {e["index"]} at {esc(fmt_ms(e["t"]))}</title></line>')
+            h = min(16, 4 * len(s["others"]))
+            if titled:
+                svg.append(f'<rect x="{x0:.1f}" y="{y["batch"]}" width="{w:.1f}" height="{h}" fill="#2a9d8f">'
+                           f'<title>{esc("batch shared with " + others)}</title></rect>')
+            else:
+                paths.setdefault(("batch", "batch"), []).append(f"M{x0:.1f} {y['batch']}h{w:.1f}v{h}h-{w:.1f}z")
+    for (kind, lane), parts in paths.items():
+        n = len(parts)
+        what = f"{n} steps shared their batch" if kind == "batch" else f"{n} {kind} step{'s' if n != 1 else ''}"
+        svg.append(f'<path d="{"".join(parts)}" fill="{KIND_COLOR.get(kind, "#2a9d8f")}" stroke="#fff" '
+                   f'stroke-width="0.5"><title>{esc(what)} (the table lists the newest)</title></path>')
+    if len(tokens) <= MAX_TITLED:
+        for e in tokens:
+            svg.append(f'<line x1="{x(e["ts"]):.1f}" x2="{x(e["ts"]):.1f}" y1="{y["tokens"]}" y2="{y["tokens"] + 16}" '
+                       f'stroke="#222" stroke-width="1"><title>token {e["index"]} at {esc(fmt_ms(e["t"]))}</title></line>')
+    else:
+        ticks = "".join(f"M{x(e['ts']):.1f} {y['tokens']}v16" for e in tokens)
+        svg.append(f'<path d="{ticks}" stroke="#222" stroke-width="1"><title>{len(tokens)} tokens</title></path>')
     if tokens:
         tx = x(tokens[0]["ts"])
         svg.append(f'<line x1="{tx:.1f}" x2="{tx:.1f}" y1="4" y2="{y["tokens"] + 20}" stroke="#d62828" '
@@ -87,16 +155,17 @@ def timeline_html(events: Sequence[dict], request_id: str) -> str:
              "<th>batch shared with</th></tr></thead><tbody>" + rows + "</tbody></table>")
     n_pre = sum(1 for s in steps if s["kind"] == "prefill")
     summary = [f"{len(steps)} engine steps: {n_pre} prefill chunk{'s' if n_pre != 1 else ''}, "
-               f"{len(steps) - n_pre} decode/verify",
-               f"tokenize {fmt_ms(tok.get('seconds', 0))}"]
-    if steps:
-        summary.append(f"queue {fmt_ms(steps[0]['start'] - arrive['ts'])}")
-    if finish and "ttft" in finish:
-        split = finish.get("ttft_split", {})
+               f"{len(steps) - n_pre} decode/verify"]
+    split = (finish or {}).get("ttft_split") or {}
+    if finish and "ttft" in finish:  # the engine's own split: tokenize and queue are quoted there, once
         summary.append(f"TTFT {fmt_ms(finish['ttft'])} = " + " + ".join(
-            f"{k} {fmt_ms(v)}" for k, v in split.items()))
-    elif tokens:
-        summary.append(f"TTFT {fmt_ms(tokens[0]['t'])}")
+            f"{QUEUE_NAME if k == 'queue' else k.replace('_', ' ')} {fmt_ms(v)}" for k, v in split.items()))
+    else:
+        summary.append(f"tokenize {fmt_ms(tok.get('seconds', 0))}")
+        if queue is not None:
+            summary.append(f"{QUEUE_NAME} {fmt_ms(queue)}")
+        if tokens:
+            summary.append(f"TTFT {fmt_ms(tokens[0]['t'])}")
     shared = sum(1 for s in steps if s["others"])
     partners: dict[str, int] = {}
     for s in steps:

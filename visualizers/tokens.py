@@ -6,6 +6,7 @@ from typing import Sequence
 from visualizers._html import empty, esc, panel, show_piece
 
 MAX_CHIPS = 600  # a very long prompt shows its start and end
+MAX_GENERATED = 256  # a long answer shows its newest tokens (the Answer panel has the whole text)
 
 
 def _chip(tok: dict, generated: bool = False) -> str:
@@ -19,17 +20,31 @@ def _chip(tok: dict, generated: bool = False) -> str:
             f'{show_piece(text)}<sub>{esc(tok["id"])}</sub></span>')
 
 
-def tokens_html(tokenize: dict | None, generated: Sequence[dict] = ()) -> str:
-    """tokenize: the `tokenize` event; generated: {"id", "text", "special"} per output token."""
+def tokens_html(tokenize: dict | None, generated: Sequence[dict] = (), prompt_tokens: int | None = None,
+                missing: str = "") -> str:
+    """tokenize: the `tokenize` event; generated: {"id", "text", "special"} per output token;
+    prompt_tokens: the prompt's token count when its pieces were not recorded (capture level
+    off: from the usage), missing: why they were not."""
     if tokenize is None:
-        return panel("Tokens", empty("no tokens yet"))
+        if not generated:
+            return panel("Tokens", empty(missing or "no tokens yet"))
+        count = f"<b>{prompt_tokens:,}</b>" if prompt_tokens is not None else "not known yet"
+        head = (f"<div class='tt-lines'><div>prompt tokens: {count} · generated: <b>{len(generated):,}</b></div>"
+                f"<div class='tt-note'>{esc(missing)}</div></div>" if missing else
+                f"<div class='tt-lines'><div>prompt tokens: {count} · generated: <b>{len(generated):,}</b></div></div>")
+        legend = '<div class="tt-legend"><span class="tt-chip tt-gen">generated</span></div>'
+        return panel("Tokens", head + legend + '<div class="tt-chips">'
+                     + "".join(_chip(t, generated=True) for t in generated[-MAX_GENERATED:]) + "</div>")
     toks = tokenize["tokens"]
     shown = toks if len(toks) <= MAX_CHIPS else toks[:MAX_CHIPS // 2] + [None] + toks[-MAX_CHIPS // 2:]
     chips = "".join('<span class="tt-chip tt-gap">…</span>' if t is None else _chip(t) for t in shown)
-    gen = "".join(_chip(t, generated=True) for t in generated)
+    gen = "".join(_chip(t, generated=True) for t in generated[-MAX_GENERATED:])
+    if len(generated) > MAX_GENERATED:
+        gen = f'<span class="tt-chip tt-gap" title="{len(generated) - MAX_GENERATED} earlier generated tokens">…</span>' + gen
     n_special = sum(1 for t in toks if t.get("special"))
     head = (f"<div class='tt-lines'><div>prompt tokens: <b>{tokenize['count']:,}</b> "
-            f"({n_special} special) · generated: <b>{len(generated):,}</b> · vocabulary: "
+            f"({n_special} special) · generated: <b>{len(generated):,}</b>"
+            f"{f' (the newest {MAX_GENERATED} shown)' if len(generated) > MAX_GENERATED else ''} · vocabulary: "
             f"<b>{tokenize['vocab_size']:,}</b> logits ({tokenize.get('tokenizer_size', tokenize['vocab_size']):,} "
             f"tokenizer entries) · chat template: {'yes' if tokenize.get('chat_template') else 'no'} · "
             f"tokenized in {tokenize.get('seconds', 0) * 1000:.1f} ms</div></div>")

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from visualizers._html import esc, fmt_bytes, fmt_ms
+from visualizers.attention import layer_spans
+from visualizers.speculative import span_text
 
 
 @dataclass(frozen=True)
@@ -37,9 +39,10 @@ def _p(*sentences: str) -> str:
 
 
 def stages(model: dict, request_id: str, body: dict | None, events: Sequence[dict],
-           outputs: Sequence[dict], kv_peak: dict | None = None) -> list[Stage]:
+           outputs: Sequence[dict], kv_peak: dict | None = None, truncated: dict | None = None) -> list[Stage]:
     """kv_peak: the block pool (as kv_grid_html takes it) when this request held the most
-    tokens; the KV stage quotes it, so its words and its grid agree."""
+    tokens; the KV stage quotes it, so its words and its grid agree. truncated: the trace's
+    {"step", "limit_bytes"} when the server's per-request cap stopped its tensor captures."""
     ev = _by_type(events)
     first = lambda t: (ev.get(t) or [None])[0]  # noqa: E731
     arrive, tok, look, fin = first("request.arrive"), first("tokenize"), first("prefix_cache.lookup"), first("finish")
@@ -65,16 +68,7 @@ def stages(model: dict, request_id: str, body: dict | None, events: Sequence[dic
     # 2. prefix cache
     if look:
         bs = model["block_size"]
-        if look["hit"]:
-            t2 = (f"The engine hashed the prompt in blocks of {_n(bs)} tokens and found {_n(len(look['cached_blocks']))}"
-                  f" of them already in the cache from an earlier request: {_n(look['cached_tokens'])} of "
-                  f"{_n(look['prompt_tokens'])} prompt tokens need no prefill at all.")
-        else:
-            t2 = (f"The engine hashed the prompt's {_n(look.get('full_blocks', 0))} full blocks of {_n(bs)} tokens "
-                  "and looked each hash up in the cache: no earlier request began the same way, so every one of the "
-                  f"{_n(look['prompt_tokens'])} prompt tokens is computed now (a MISS).")
-        out.append(Stage("prefix", "2 · Prefix cache", _p(t2, "A second request with the same system prompt would "
-                         "reuse those blocks (a HIT) and skip their prefill."), ("prefix",)))
+        out.append(Stage("prefix", "2 · Prefix cache", _prefix_text(look, model["block_size"]), ("prefix",)))
     else:
         out.append(Stage("prefix", "2 · Prefix cache", _p(NOT_YET, "When the scheduler admits it, the engine looks "
                          "its prompt's blocks up in the prefix cache."), ("prefix",)))
@@ -91,14 +85,15 @@ def stages(model: dict, request_id: str, body: dict | None, events: Sequence[dic
         out.append(Stage("tokens", "3 · Tokenize", _p(NOT_YET), ("tokens",)))
 
     # 4. embed
-    embeds = ev.get("embed", [])
-    rows = sum(e["shape"][0] for e in embeds) if embeds else n_prompt
+    cut = (f"The trace reached the server's size cap at engine step {_n(int(truncated['step']))}: the tensor "
+           "captures (embedding rows, attention, MoE routing) stop there, so the panels show the steps before it."
+           if truncated else "")
     out.append(Stage("embedding", "4 · Embed", _p(
         f"Each id picks one row of the embedding matrix ({_n(model['vocab_size'])} rows × {_n(d_model)} numbers). "
-        f"The prompt becomes a [{n_prompt:,} × {d_model:,}] matrix: {_n(n_prompt * d_model)} numbers, "
-        f"{esc(fmt_bytes(n_prompt * d_model * b))} in {esc(model['dtype'])}.",
-        f"Every generated token adds one more row ({_n(rows)} rows went in over this request)."
-        if embeds else "This request was traced without tensors, so the rows themselves were not kept."),
+        f"This request's prompt is {_n(n_prompt)} tokens: a [{n_prompt:,} × {d_model:,}] matrix, "
+        f"{_n(n_prompt * d_model)} numbers, {esc(fmt_bytes(n_prompt * d_model * b))} in {esc(model['dtype'])}.",
+        *_embed_lookups(ev.get("embed", []), n_prompt, (look or {}).get("cached_tokens", 0), d_model,
+                        bool(ev.get("spec")), bool((fin or {}).get("preemptions"))), cut),
         ("embedding",)))
 
     # 5. layers: attention and MoE
@@ -120,12 +115,14 @@ def stages(model: dict, request_id: str, body: dict | None, events: Sequence[dic
     elif model.get("is_moe"):
         moe_text = f"Its feed-forward layers are mixtures of {_n(model.get('num_experts', 0))} experts."
     else:
-        moe_text = "Its feed-forward block is one dense SwiGLU MLP per layer."
+        glu = "GeGLU" if str(model.get("mlp_activation", "silu")).startswith("gelu") else "SwiGLU"
+        moe_text = f"Its feed-forward block is one dense {glu} MLP per layer."
+    scale_d = model.get("query_pre_attn_scalar") or D  # Gemma scales by 1/√query_pre_attn_scalar
     out.append(Stage("layers", "5 · Through the layers", _p(
         f"The matrix now passes through {_n(L)} layers. In each, attention lets every token look back at the tokens "
-        f"before it: softmax(QKᵀ/√{D})·V with {_n(H)} query heads that share {_n(KVH)} key/value heads "
+        f"before it: softmax(QKᵀ/√{scale_d:g})·V with {_n(H)} query heads that share {_n(KVH)} key/value heads "
         f"({group} query heads per KV head: grouped-query attention, so the cache stores {group}× less).",
-        moe_text), ("attention", "moe")))
+        _window_text(model.get("sliding_windows") or []), moe_text, cut), ("attention", "moe")))
 
     # 6. prefill vs decode
     mine = [s for s in ev.get("schedule.step", []) if any(x["request_id"] == request_id for x in s["batch"])]
@@ -176,12 +173,9 @@ def stages(model: dict, request_id: str, body: dict | None, events: Sequence[dic
                          "by temperature, top-k and top-p, and one token drawn."), ("sampling",)))
 
     # 9. stream
-    tokens_ev = ev.get("token", [])
-    lat = [t["latency"] for t in tokens_ev[1:] if t.get("latency") is not None]
     out.append(Stage("answer", "9 · Stream", _p(
         f"Each token left as a server-sent event the moment it existed: {_n(n_gen)} tokens.",
-        f"Between tokens: {esc(fmt_ms(statistics.median(lat)))} at the median, {esc(fmt_ms(max(lat)))} at most."
-        if lat else ""), ("answer",)))
+        _stream_timing(ev.get("token", []))), ("answer",)))
 
     # 10. stop
     if fin:
@@ -211,7 +205,9 @@ def stages(model: dict, request_id: str, body: dict | None, events: Sequence[dic
 
     # 12. speculative decoding
     spec = ev.get("spec", [])
-    if spec:
+    if spec and spec[0].get("method") == "ngram":
+        t12 = _ngram_text(spec, kinds.count("decode"))
+    elif spec:
         proposed = sum(s["k"] for s in spec)
         accepted = sum(s["accepted"] for s in spec)
         t12 = (f"A small draft model proposed up to {_n(spec[0]['k'])} tokens per round; the target checked them all "
@@ -228,21 +224,167 @@ def stages(model: dict, request_id: str, body: dict | None, events: Sequence[dic
     return out
 
 
-def parallel_html(model: dict, devices: int = 2) -> str:
-    """How this model would be split across N devices, and what crosses the wire per token."""
+def _prefix_text(look: dict, bs: int) -> str:
+    """Stage 2 for a hit or a miss, in the words of what happened to this request."""
+    n, cached, full = look["prompt_tokens"], look.get("cached_tokens", 0), look.get("full_blocks", 0)
+    if look["hit"]:
+        rest = n - cached
+        return _p(f"A <b>HIT</b>. The engine hashed the prompt in blocks of {_n(bs)} tokens and found "
+                  f"{_n(len(look['cached_blocks']))} of them already in the cache, left by an earlier request that "
+                  f"began the same way (a shared system prompt, or the same conversation so far): {_n(cached)} of the "
+                  f"{_n(n)} prompt tokens reuse those K/V blocks and skip prefill; only the other {_n(rest)} "
+                  f"{'is' if rest == 1 else 'are'} computed now.",
+                  "The blocks are shared, not copied: each one's reference count went up by one, and it stays in "
+                  "the pool for as long as any request holds it.")
+    if not full:
+        return _p(f"A <b>MISS</b>, with nothing to look up: only full blocks of {_n(bs)} tokens are cached (and "
+                  f"never a prompt's last token), and this prompt's {_n(n)} tokens do not fill one, so every one is "
+                  "computed now.")
+    return _p(f"A <b>MISS</b>. The engine hashed the prompt's {_n(full)} full block{'s' if full != 1 else ''} of "
+              f"{_n(bs)} tokens and looked each hash up: none was in the cache (no earlier request began the same "
+              f"way, or its blocks have been evicted since), so all {_n(n)} prompt tokens are computed now.",
+              f"Those blocks stay in the cache after this request ends: a later request that begins with the same "
+              f"{_n(full * bs)} tokens (the same system prompt) will find them, a HIT that skips their prefill.")
+
+
+def _embed_lookups(embeds: Sequence[dict], n_prompt: int, cached: int, d_model: int, spec: bool,
+                   preempted: bool) -> list[str]:
+    """Stage 4: which rows the panel shows (one per position looked up) and how many went in."""
+    if not embeds:
+        return ["This request was traced without tensors, so the rows themselves were not kept."]
+    seen: dict[int, int] = {}
+    for e in embeds:
+        for i in range(len(e["token_ids"])):
+            seen[e["start"] + i] = seen.get(e["start"] + i, 0) + 1
+    shown, total = len(seen), sum(seen.values())
+    in_prompt = sum(1 for pos in seen if pos < n_prompt)
+    skipped = (f" (the first {_n(cached)} came from the prefix cache, stage 2: their rows were not looked up "
+               "again)" if cached else "")
+    fed = ("each generated token is looked up when it goes back in as the next step's input, and a verify pass "
+           "also looks up the draft's proposals" if spec else
+           "each generated token is looked up when it goes back in as the next step's input")
+    words = [f"The panel shows the rows this request looked up, one per position: [{shown:,} × {d_model:,}], that "
+             f"is {_n(in_prompt)} of the {_n(n_prompt)} prompt positions{skipped} and {_n(shown - in_prompt)} "
+             f"after the prompt ({fed})."]
+    if total > shown:
+        why = [w for w, on in (("a rejected proposal's position is looked up again with the token the target "
+                                "chose", spec), ("a preempted request recomputes its tokens", preempted)) if on]
+        words.append(f"Counting every forward pass, {_n(total)} rows went in: {_n(total - shown)} lookups were of a "
+                     f"position already looked up{' (' + '; '.join(why) + ')' if why else ''}.")
+    return words
+
+
+def _stream_timing(tokens: Sequence[dict]) -> str:
+    """Stage 9's gaps: between tokens, or, when a step releases several (speculative rounds),
+    between those bursts (the tokens inside one leave together, microseconds apart)."""
+    bursts: list[list[dict]] = []
+    for t in tokens:
+        if bursts and bursts[-1][0]["step"] == t["step"]:
+            bursts[-1].append(t)
+        else:
+            bursts.append([t])
+    if len(bursts) == len(tokens):
+        lat = [t["latency"] for t in tokens[1:] if t.get("latency") is not None]
+        return (f"Between tokens: {esc(fmt_ms(statistics.median(lat)))} at the median, {esc(fmt_ms(max(lat)))} at "
+                "most." if lat else "")
+    gaps = [b[0]["latency"] for b in bursts[1:] if b[0].get("latency") is not None]
+    sizes = [len(b) for b in bursts]
+    return (f"They left in bursts: a verify step releases every token it kept at once, so the {_n(len(tokens))} "
+            f"tokens came in {_n(len(bursts))} bursts, {len(tokens) / len(bursts):.1f} tokens per burst on average "
+            f"(at most {max(sizes)}). Inside a burst the tokens are microseconds apart; between bursts: "
+            + (f"{esc(fmt_ms(statistics.median(gaps)))} at the median, {esc(fmt_ms(max(gaps)))} at most."
+               if gaps else "none yet."))
+
+
+def _ngram_text(spec: list[dict], plain_steps: int) -> str:
+    """Stage 12 when the proposals came from n-gram lookup, with one round as the example."""
+    proposed, accepted = sum(s["k"] for s in spec), sum(s["accepted"] for s in spec)
+    look = spec[0].get("lookup", {})
+    best = max(spec, key=lambda s: s["accepted"])
+    gram, src, p = best["ngram"], best["copied_from"], best["prompt_tokens"]
+    quote = lambda texts: f"«{esc(''.join(texts))}»"  # noqa: E731
+    return _p(
+        "No draft model here: <b>n-gram lookup</b> (prompt lookup). Before each step the engine took the last n tokens "
+        f"of prompt + answer, n from {_n(look.get('max_n', gram['n']))} down to {_n(look.get('min_n', gram['n']))}, "
+        "found their latest earlier occurrence, and proposed the tokens that followed it there. An answer that "
+        "repeats its prompt (or itself) gets many tokens per pass for the price of a search.",
+        f"{_n(len(spec))} rounds found a match and proposed {_n(proposed)} tokens; the target kept {_n(accepted)} "
+        f"({accepted / max(1, proposed):.0%}), plus one token of its own each round: "
+        f"{(accepted + len(spec)) / len(spec):.2f} tokens per target pass instead of 1. "
+        f"{_n(plain_steps)} other steps found no match (or were at the end) and decoded one token plainly.",
+        f"For example, the {gram['n']} tokens {quote(gram['text'])} had occurred before at "
+        f"{esc(span_text(gram['start'], gram['start'] + gram['n'] - 1, p))}, so the engine copied "
+        f"{quote(best['proposed_text'])} from {esc(span_text(src[0], src[-1], p))}; the target kept "
+        f"{_n(best['accepted'])} of those {_n(best['k'])}.",
+        "A copy is certain (its q is 1): greedy keeps it when it is the target's top token; sampling keeps it with "
+        "probability p, the target's, and after a rejection draws from p without that token, so the answer still "
+        "follows the target's distribution.")
+
+
+def _window_text(windows: Sequence[int | None]) -> str:
+    """Which layers attend through a sliding window (local) and which see everything (global)."""
+    local = [i for i, w in enumerate(windows) if w]
+    if not local:
+        return ""
+    sizes = sorted({windows[i] for i in local})
+    size = " or ".join(f"{w:,}" for w in sizes)
+    if len(local) == len(windows):
+        return (f"Every layer is local: a token sees only the last <b>{size}</b> tokens (a sliding window), so "
+                "information from further back reaches it only through earlier tokens, layer by layer.")
+    glob = [i for i, w in enumerate(windows) if not w]
+    return (f"{_n(len(local))} of the {len(windows)} layers are local: a token sees only the last <b>{size}</b> "
+            f"tokens (a sliding window; layer{'s' if len(local) > 1 else ''} {esc(layer_spans(local))}). The other {_n(len(glob))} are global "
+            f"(layer{'s' if len(glob) > 1 else ''} {esc(layer_spans(glob))}) and attend to the whole context, "
+            "so long-range information still flows.")
+
+
+def _smallest_split(n: int) -> int:
+    """The smallest number of devices (at least 2) that divides n evenly (n itself when prime)."""
+    return next((d for d in range(2, n + 1) if n % d == 0), max(2, n))
+
+
+def _either(options: list[int]) -> str:
+    """[2, 4, 8] -> "2, 4 or 8"."""
+    words = [str(o) for o in options]
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"
+
+
+def parallel_html(model: dict) -> str:
+    """How this model would be split across devices, and what crosses the wire per token.
+    Heads are never cut in pieces: tensor parallelism needs N to divide the KV heads, and
+    each KV head takes its query heads along."""
     L, H, KVH, d, b = model["num_layers"], model["num_heads"], model["num_kv_heads"], model["hidden_size"], \
         model["dtype_bytes"]
-    n = devices
-    rows = [f"<b>Tensor parallel × {n}</b>: each device holds {H / n:g} of {H} query heads and {KVH / n:g} of "
-            f"{KVH} KV heads per layer (its slice of every weight matrix). After attention and after the MLP the "
-            f"partial sums are all-reduced: 2 × {L} layers × {d:,} values × {b} B = "
-            f"<b>{esc(fmt_bytes(2 * L * d * b))}</b> per token.",
-            f"<b>Pipeline parallel × {n}</b>: each device runs {L / n:g} consecutive layers of {L} "
-            f"(device 0: layers 0…{max(0, L // n - 1)}); only the hidden state crosses between stages: {d:,} × {b} B = "
-            f"<b>{esc(fmt_bytes(d * b))}</b> per token per boundary."]
+    group = H // max(1, KVH)
+    splits = [n for n in range(2, KVH + 1) if KVH % n == 0]
+    if splits:
+        n = splits[0]
+        heads = f"{group} query head{'s' if group != 1 else ''}"
+        tp = (f"<b>Tensor parallel</b>: a head is never cut in pieces, and a query head reads only its own KV head's "
+              f"cache, so the {heads} of each KV head must sit on the device that holds it. N devices must "
+              f"therefore divide the {KVH} KV heads: N = {_either(splits)} for this model. With N = {n} each device holds {H // n} of the {H} "
+              f"query heads and {KVH // n} of the {KVH} KV heads per layer (its slice of every weight matrix)."
+              + (f" N = 2 does not work: {KVH} KV heads do not split in two." if KVH % 2 else ""))
+    elif H < 2:
+        tp = "<b>Tensor parallel</b>: with a single attention head only the weight matrices' other dimension can split."
+    else:  # one KV head (multi-query attention): it cannot be split, only copied
+        n = _smallest_split(H)
+        tp = (f"<b>Tensor parallel</b>: this model's {H} query heads share a single KV head, which cannot be split: "
+              f"N devices split the query heads (N must divide {H}: with N = {n}, {H // n} each) and each device "
+              "keeps a copy of the KV head, so its cache is stored N times.")
+    tp += (f" After attention and after the MLP the partial sums are all-reduced: 2 × {L} layers × {d:,} values × "
+           f"{b} B = <b>{esc(fmt_bytes(2 * L * d * b))}</b> per token, whatever N.")
+    first = (L + 1) // 2
+    pp = (f"<b>Pipeline parallel × 2</b>: each device runs consecutive layers, {first} and {L - first} of {L} (device "
+          f"0: layers 0…{max(0, first - 1)}, device 1: layers {first}…{L - 1}); only the hidden state crosses "
+          f"between stages: {d:,} × {b} B = <b>{esc(fmt_bytes(d * b))}</b> per token per boundary."
+          if L >= 2 else f"<b>Pipeline parallel</b>: with {L} layer there is nothing to split between devices.")
+    rows = [tp, pp]
     if model.get("is_moe"):
         E, k = int(model.get("num_experts", 0)), int(model.get("top_k", 0))
-        rows.append(f"<b>Expert parallel × {n}</b>: {E / n:g} of {E} experts per device; each token's hidden state "
-                    f"goes to its {k} experts and back (all-to-all): up to 2 × {k} × {d:,} × {b} B = "
-                    f"<b>{esc(fmt_bytes(2 * k * d * b))}</b> per token per MoE layer.")
+        if E >= 2:
+            m = _smallest_split(E)
+            rows.append(f"<b>Expert parallel × {m}</b>: {E // m} of {E} experts per device (whole experts, never "
+                        f"halves); each token's hidden state goes to its {k} experts and back (all-to-all): up to "
+                        f"2 × {k} × {d:,} × {b} B = <b>{esc(fmt_bytes(2 * k * d * b))}</b> per token per MoE layer.")
     return _p(*rows) + "<p class='tt-note'>Figures from this model's config; this engine itself runs on one device.</p>"

@@ -10,10 +10,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.batch import ForwardBatch
+from engine.batch import DecodeGroup, ForwardBatch, key_mask
 from engine.config import ModelConfig
+from engine.layers.linear import Linear
 from engine.layers.norm import RMSNorm
-from engine.layers.rotary import apply_rotary
+from engine.layers.rotary import apply_rotary, rotate
 
 
 class Attention(nn.Module):
@@ -29,8 +30,8 @@ class Attention(nn.Module):
         self.rope = "local" if self.window is not None and cfg.local_rope_theta is not None else "global"
         self.clip_qkv = cfg.clip_qkv
         self.qk_norm = cfg.qk_norm
-        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
-        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.o_bias)
+        self.qkv_proj = Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
+        self.o_proj = Linear(self.q_size, cfg.hidden_size, bias=cfg.o_bias)
         if cfg.qk_norm == "head":
             self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, cfg.norm_offset)
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, cfg.norm_offset)
@@ -43,17 +44,25 @@ class Attention(nn.Module):
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         T = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        if self.qk_norm == "full":
-            q, k = self.q_norm(q), self.k_norm(k)
-        if self.clip_qkv is not None:
-            q, k, v = (t.clamp(-self.clip_qkv, self.clip_qkv) for t in (q, k, v))
-        q = q.reshape(T, self.num_heads, self.head_dim)
-        k = k.reshape(T, self.num_kv_heads, self.head_dim)
-        v = v.reshape(T, self.num_kv_heads, self.head_dim)
-        if self.qk_norm == "head":
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, k, *batch.rope[self.rope])
+        qkv = self.qkv_proj(x)
+        cos, sin = batch.rope[self.rope]
+        if self.qk_norm == "none" and self.clip_qkv is None:
+            # q and k lie side by side in qkv: one RoPE pass over both
+            qk = rotate(qkv[:, :self.q_size + self.kv_size].view(T, -1, self.head_dim), cos, sin)
+            q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
+            v = qkv[:, self.q_size + self.kv_size:].view(T, self.num_kv_heads, self.head_dim)
+        else:
+            q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+            if self.qk_norm == "full":
+                q, k = self.q_norm(q), self.k_norm(k)
+            if self.clip_qkv is not None:
+                q, k, v = (t.clamp(-self.clip_qkv, self.clip_qkv) for t in (q, k, v))
+            q = q.reshape(T, self.num_heads, self.head_dim)
+            k = k.reshape(T, self.num_kv_heads, self.head_dim)
+            v = v.reshape(T, self.num_kv_heads, self.head_dim)
+            if self.qk_norm == "head":
+                q, k = self.q_norm(q), self.k_norm(k)
+            q, k = apply_rotary(q, k, cos, sin)
         store_kv(k, v, self.k_cache, self.v_cache, batch)
         o = self.attend(q, batch)
         return self.o_proj(o.reshape(T, self.q_size))
@@ -70,11 +79,11 @@ class Attention(nn.Module):
         group = batch.decode_group
         if group is not None and group.rows is None:  # every sequence decodes one token
             return decode_attention(q, self.k_cache, self.v_cache, group.block_tables, group.context_lens,
-                                    self.scale, self.window)
+                                    self.scale, self.window, group)
         out = torch.empty_like(q)
         if group is not None:
             out[group.rows] = decode_attention(q[group.rows], self.k_cache, self.v_cache, group.block_tables,
-                                               group.context_lens, self.scale, self.window)
+                                               group.context_lens, self.scale, self.window, group)
         for b in range(batch.num_seqs):
             sl = batch.seq_slice(b)
             if sl.stop - sl.start == 1:
@@ -101,19 +110,24 @@ def _window_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None) -
     return allowed
 
 
-def decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, window):
+def decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, window,
+                     group: DecodeGroup | None = None):
     """One query per sequence, sequences batched and padded to the longest context.
-    q: [B, H, D] -> out [B, H, D]."""
+    q: [B, H, D] -> out [B, H, D]. group: the pass's decode group, which builds the key
+    mask once for all layers (a lone sequence needs none: its keys are cut to its context)."""
     B, H, D = q.shape
-    k = k_cache[block_tables].flatten(1, 2)  # [B, S, KVH, D]
-    v = v_cache[block_tables].flatten(1, 2)
-    k_pos = torch.arange(k.shape[1], device=q.device)[None, :]
-    q_pos = (context_lens.long() - 1)[:, None]
-    allowed = k_pos <= q_pos
-    if window is not None:
-        allowed &= k_pos > q_pos - window
+    # index_select, not k_cache[block_tables]: advanced indexing runs a general (and on the
+    # CPU, threaded) gather that costs ~100x more for these few small blocks
+    blocks = block_tables.flatten()
+    k = k_cache.index_select(0, blocks).view(B, -1, *k_cache.shape[2:])  # [B, S, KVH, D]
+    v = v_cache.index_select(0, blocks).view(B, -1, *v_cache.shape[2:])
+    if group is None:
+        allowed = key_mask(context_lens, k.shape[1], window)
+    elif (allowed := group.key_mask(window, k.shape[1])) is None:
+        k, v = k[:, :group.lens[0]], v[:, :group.lens[0]]
     out = F.scaled_dot_product_attention(q[:, :, None], k.transpose(1, 2), v.transpose(1, 2),
-                                         allowed[:, None, None, :], scale=scale, enable_gqa=True)
+                                         None if allowed is None else allowed[:, None, None, :], scale=scale,
+                                         enable_gqa=True)
     return out.reshape(B, H, D)
 
 
@@ -123,8 +137,8 @@ def prefill_attention(q, k_cache, v_cache, block_table, context_len, scale, wind
     n = q.shape[0]
     bs = k_cache.shape[1]
     blocks = block_table[: (context_len + bs - 1) // bs]
-    k = k_cache[blocks].flatten(0, 1)[:context_len]  # [ctx, KVH, D]
-    v = v_cache[blocks].flatten(0, 1)[:context_len]
+    k = k_cache.index_select(0, blocks).flatten(0, 1)[:context_len]  # [ctx, KVH, D]
+    v = v_cache.index_select(0, blocks).flatten(0, 1)[:context_len]
     pos = torch.arange(context_len, device=q.device)
     allowed = _window_mask(pos[context_len - n:], pos, window)
     out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),

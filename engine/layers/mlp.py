@@ -7,6 +7,7 @@ from torch import nn
 
 from engine.batch import ForwardBatch
 from engine.config import ModelConfig
+from engine.layers.linear import Linear, pack_weight, packed_linear
 
 
 def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
@@ -22,8 +23,8 @@ class MLP(nn.Module):
 
     def __init__(self, hidden: int, intermediate: int, bias: bool = False, activation: str = "silu") -> None:
         super().__init__()
-        self.gate_up_proj = nn.Linear(hidden, 2 * intermediate, bias=bias)
-        self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
+        self.gate_up_proj = Linear(hidden, 2 * intermediate, bias=bias)
+        self.down_proj = Linear(intermediate, hidden, bias=bias)
         self.act = ACTIVATIONS[activation]
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch | None = None) -> torch.Tensor:
@@ -42,13 +43,24 @@ class SparseMoE(nn.Module):
         self.num_experts = cfg.num_experts
         self.norm_topk_prob = cfg.norm_topk_prob
         inter = cfg.moe_intermediate_size
-        self.gate = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=False)
+        self.gate = Linear(cfg.hidden_size, cfg.num_experts, bias=False)
         self.experts_gate_up = nn.Parameter(torch.empty(cfg.num_experts, 2 * inter, cfg.hidden_size))
         self.experts_down = nn.Parameter(torch.empty(cfg.num_experts, cfg.hidden_size, inter))
         self.shared_expert = None
         if cfg.shared_expert_intermediate_size:
             self.shared_expert = MLP(cfg.hidden_size, cfg.shared_expert_intermediate_size)
-            self.shared_expert_gate = nn.Linear(cfg.hidden_size, 1, bias=False)
+            self.shared_expert_gate = Linear(cfg.hidden_size, 1, bias=False)
+        self.packed_gate_up = self.packed_down = None  # oneDNN copies of every expert (see pack)
+
+    def pack(self, on: bool = True) -> None:
+        """For _all_experts on the CPU: every expert side by side, reordered for oneDNN,
+        gate/up as one [E x 2I, H] matrix and down as one [H, E x I]."""
+        gate_up, down = self.experts_gate_up.detach(), self.experts_down.detach()
+        E, two_i, H = gate_up.shape
+        self.packed_gate_up = pack_weight(gate_up.view(E * two_i, H)) if on else None
+        self.packed_down = None
+        if self.packed_gate_up is not None:  # down is half gate/up's size: packed along with it
+            self.packed_down = pack_weight(down.permute(1, 0, 2).reshape(H, -1), min_bytes=0)
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch | None = None) -> torch.Tensor:
         router_logits = self.gate(x)
@@ -81,10 +93,16 @@ class SparseMoE(nn.Module):
 
     def _all_experts(self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """Few tokens that together reach most experts (a decode batch): run every expert
-        on every token in two batched matmuls and weight by the routing. The weights are
-        read once either way; one call per expert would cost more than the extra math."""
+        on every token in two matmuls and weight by the routing. The weights are read once
+        either way; one call per expert would cost more than the extra math."""
+        T = x.shape[0]
+        route = torch.zeros(T, self.num_experts, dtype=x.dtype, device=x.device)
+        route.scatter_(1, experts, weights)  # [T, E]: routing weight, 0 where not chosen
+        if self.packed_gate_up is not None:
+            # oneDNN, all experts side by side: [T, H] -> [T, E x 2I] -> [T, E x I] -> [T, H]; each
+            # expert's activations scaled by its routing weight, so the second matmul sums them
+            gate, up = packed_linear(x, self.packed_gate_up).view(T, self.num_experts, -1).chunk(2, dim=-1)
+            return packed_linear((F.silu(gate) * up * route[:, :, None]).view(T, -1), self.packed_down)
         gate, up = torch.matmul(x, self.experts_gate_up.transpose(1, 2)).chunk(2, dim=-1)  # [E, T, I]
         y = torch.matmul(F.silu(gate) * up, self.experts_down.transpose(1, 2))  # [E, T, H]
-        route = torch.zeros(x.shape[0], self.num_experts, dtype=x.dtype, device=x.device)
-        route.scatter_(1, experts, weights)  # [T, E]: routing weight, 0 where not chosen
         return torch.einsum("te,eth->th", route, y)

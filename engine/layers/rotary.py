@@ -30,28 +30,33 @@ class RotaryEmbedding(nn.Module):
 
     The tables are computed, never loaded, so they are plain float32 tensors made on the
     CPU rather than buffers: building the model on the meta device, casting it to bf16
-    or moving it leaves them intact. They follow the positions to their device on first use."""
+    or moving it leaves them intact. They follow the positions to their device on first use.
+    `sin` has its first half negated, the sign that rotate-half puts on x's second half
+    (see `rotate`)."""
 
     def __init__(self, head_dim: int, max_positions: int, theta: float, scaling: dict | None) -> None:
         super().__init__()
         with torch.device("cpu"):
             inv_freq = inverse_frequencies(head_dim, theta, scaling)
             freqs = torch.arange(max_positions, dtype=torch.float32)[:, None] * inv_freq[None, :]
-            emb = torch.cat([freqs, freqs], dim=-1)
-            self.cos, self.sin = emb.cos(), emb.sin()
+            self.cos = torch.cat([freqs, freqs], dim=-1).cos()
+            self.sin = torch.cat([-freqs.sin(), freqs.sin()], dim=-1)
 
     def lookup(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin for these positions: [T, 1, D], shared by every layer that uses this table."""
         if self.cos.device != positions.device:
             self.cos, self.sin = self.cos.to(positions.device), self.sin.to(positions.device)
-        return self.cos[positions].unsqueeze(1).to(dtype), self.sin[positions].unsqueeze(1).to(dtype)
+        return (self.cos.index_select(0, positions).unsqueeze(1).to(dtype),
+                self.sin.index_select(0, positions).unsqueeze(1).to(dtype))
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE on x [T, heads, D]: x * cos + rotate_half(x) * sin, where rotate_half(x) =
+    [-x2, x1]. The minus sign lives in `sin` (RotaryEmbedding), so the halves are only
+    swapped, in one op: the same products as the reference, bit for bit."""
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin
 
 
 def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
     # q: [T, H, D], k: [T, KVH, D]
-    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return rotate(q, cos, sin), rotate(k, cos, sin)

@@ -1,0 +1,56 @@
+"""Linear layers that run through oneDNN on the CPU.
+
+A decode step reads every weight once, so on a CPU its speed is how fast the matmuls
+stream weights from memory. PyTorch's default float32 matmul (MKL's sgemm) streams
+them well below the memory bandwidth, and at a few rows (a decode batch of 2-16
+sequences) far below it. oneDNN's kernels, reading a copy of the weight reordered once
+into their blocked layout, stream it up to ~1.7x faster at one row and ~3x at eight
+(README, Benchmarks). Their fixed cost per call (~12 us) outweighs that for small
+matrices, which sit in the cache anyway, so only weights of at least PACK_MIN_BYTES are
+reordered. The plain weight stays the parameter: loading, tying and reading it are
+unchanged; the reordered copy costs its size again in memory.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+PACK_MIN_BYTES = 1 << 20
+PACK_ROWS = 16  # the row count oneDNN tunes the layout for; it serves 1 to hundreds of rows well
+
+
+def pack_weight(w: torch.Tensor, min_bytes: int | None = None) -> torch.Tensor | None:
+    """w [out, in] reordered for oneDNN's matmul, or None where that does not pay: off the
+    CPU, other dtypes, or under `min_bytes` (default PACK_MIN_BYTES)."""
+    min_bytes = PACK_MIN_BYTES if min_bytes is None else min_bytes
+    if w.device.type != "cpu" or w.dtype != torch.float32 or not torch.backends.mkldnn.is_available() \
+            or w.numel() * w.element_size() < min_bytes:
+        return None
+    return torch.ops.mkldnn._reorder_linear_weight(w.detach(), PACK_ROWS)
+
+
+def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [T, in] @ W.T (+ bias) with W from pack_weight."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+class Linear(nn.Linear):
+    packed: torch.Tensor | None = None  # the weight in oneDNN's layout, once `pack`ed
+
+    def pack(self, on: bool = True) -> None:
+        self.packed = pack_weight(self.weight) if on else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is not None:
+            return packed_linear(x, self.packed, self.bias)
+        return F.linear(x, self.weight, self.bias)
+
+
+def pack_weights(model: nn.Module, on: bool = True) -> None:
+    """Reorder the large float32 CPU weights for oneDNN, in every module that can (after the
+    weights are loaded: the copies do not follow later changes to the parameters).
+    on=False: back to PyTorch's default matmul on the parameters, the copies freed."""
+    for m in model.modules():
+        if m is not model and hasattr(m, "pack"):
+            m.pack(on)
