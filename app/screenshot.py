@@ -20,6 +20,7 @@ def main(argv: list[str] | None = None) -> None:
     own.add_argument("--out", type=Path, default=DEFAULT_OUT)
     own.add_argument("--prompt", default="Tell me a short story about a fox.")
     own.add_argument("--max-tokens", type=int, default=48)
+    own.add_argument("--temperature", type=float, default=None, help="the page's temperature (0: greedy)")
     own.add_argument("--height", type=int, default=6000, help="pixels of the page to keep, from the top")
     ours, rest = own.parse_known_args(argv)
     from PIL import Image
@@ -34,6 +35,10 @@ def main(argv: list[str] | None = None) -> None:
         box = page.locator("#tt-max-tokens input[type=number]")
         box.fill(str(ours.max_tokens))
         box.press("Enter")
+        if ours.temperature is not None:
+            temp = page.locator("#tt-temperature input[type=number]")
+            temp.fill(str(ours.temperature))
+            temp.press("Enter")
         page.click("#tt-send")
         page.wait_for_function("document.querySelector('#tt-status textarea').value.includes('finished')",
                                timeout=300_000)
