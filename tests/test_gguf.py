@@ -57,10 +57,10 @@ def random_k_blocks(shape: tuple[int, ...], qtype, rng: np.random.Generator) -> 
     block, nbytes = gguf.GGML_QUANT_SIZES[qtype]
     *lead, cols = shape
     raw = rng.integers(0, 256, (*lead, cols // block, nbytes), dtype=np.uint8)
-    d = np.float16(1 / math.sqrt(cols) / (258 if qtype == Q.Q4_K else 1370))
-    if qtype == Q.Q4_K:  # d, dmin, 12 bytes of 6-bit scales/mins, 128 bytes of 4-bit values
+    d = np.float16(1 / math.sqrt(cols) / {Q.Q4_K: 258, Q.Q5_K: 516}.get(qtype, 1370))
+    if qtype in (Q.Q4_K, Q.Q5_K):  # d, dmin, 12 bytes of 6-bit scales/mins, then 4-bit values (Q5_K: + high bits)
         raw[..., 0:2] = np.frombuffer(d.tobytes(), np.uint8)
-        raw[..., 2:4] = np.frombuffer(np.float16(7.5 * d).tobytes(), np.uint8)
+        raw[..., 2:4] = np.frombuffer(np.float16((7.5 if qtype == Q.Q4_K else 15.5) * d).tobytes(), np.uint8)
     else:  # Q6_K: 6-bit values, int8 scales, d last
         raw[..., -2:] = np.frombuffer(d.tobytes(), np.uint8)
     return raw.reshape(*lead, -1)
@@ -74,7 +74,7 @@ def encode(w: np.ndarray, qtype, rng: np.random.Generator) -> tuple[np.ndarray, 
         return w.astype(np.float32), Q.F32
     if qtype == Q.F16:
         return w.astype(np.float16), Q.F16
-    if qtype in (Q.Q4_K, Q.Q6_K):
+    if qtype in (Q.Q4_K, Q.Q5_K, Q.Q6_K):
         return random_k_blocks(w.shape, qtype, rng), qtype
     return gguf.quants.quantize(w.astype(np.float32), qtype), qtype
 
@@ -228,7 +228,9 @@ CASES = {
     "llama-f32-untied": ("LlamaConfig", dict(tie_word_embeddings=False), Q.F32),
     "llama-q4_0-tied": ("LlamaConfig", dict(tie_word_embeddings=True), Q.Q4_0),
     "llama-q4_k": ("LlamaConfig", dict(tie_word_embeddings=False, hidden=256, inter=256), Q.Q4_K),
+    "llama-q5_k": ("LlamaConfig", dict(tie_word_embeddings=True, hidden=256, inter=256), Q.Q5_K),
     "qwen2-f16": ("Qwen2Config", dict(), Q.F16),
+    "qwen2-q5_0": ("Qwen2Config", dict(), Q.Q5_0),
     # transformers reads no head_dim from a qwen3 file: keep Qwen3Config's default (128)
     "qwen3-bf16": ("Qwen3Config", dict(), Q.BF16),
     "qwen3-q6_k": ("Qwen3Config", dict(hidden=256, inter=256), Q.Q6_K),
