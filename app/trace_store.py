@@ -5,10 +5,13 @@ Per request it keeps the trace events (plain dicts), the streamed outputs, the J
 it came with, and the KV block pool after each engine step it took part in (the pool is
 not in the request's own events: other requests' blocks are drawn too).
 
-A finished request's events and outputs are packed into one JSON string: millions of
-small dicts and lists kept for 32 requests would make each full garbage collection
-walk them all, a pause of hundreds of milliseconds that stalls the engine and the
-page alike. A string is one object the collector never looks into.
+A finished request's events and outputs are packed into JSON strings, one per item:
+millions of small dicts and lists kept for 32 requests would make each full garbage
+collection walk them all, a pause of hundreds of milliseconds that stalls the engine and
+the page alike; strings are objects the collector never looks into. One string per item,
+not one for the whole trace: a single json.dumps (at the finish, on the engine thread) or
+json.loads (each read) of a multi-MB trace is one C call that holds the GIL throughout,
+and a long answer's page fell behind by it; item by item, other threads run in between.
 
 Bounds, in bytes of JSON (what the export would hold; exact once a trace is packed, an
 estimate from the payloads' shapes before):
@@ -82,7 +85,7 @@ class StoredTrace:
     body: dict | None = None
     dropped: int = 0  # events (and outputs) not kept: past a bound
     finished: bool = False
-    packed: str | None = None  # events and outputs as JSON, once finished (the lists are empty then)
+    packed: tuple[list[str], list[str]] | None = None  # events, outputs as JSON items once finished (lists empty)
     model: str | None = None  # the served model that ran it (one store may serve several)
     truncated: dict | None = None  # {"limit_bytes", "step", "captures_dropped"} once a bound cut it
     nbytes: int = 0  # events + outputs + body as JSON (exact once packed)
@@ -94,24 +97,22 @@ class StoredTrace:
 
     def pack(self) -> None:
         if self.packed is None:
-            self.packed = json.dumps([self.events, self.outputs], separators=_SEP)
+            self.packed = ([json.dumps(e, separators=_SEP) for e in self.events],
+                           [json.dumps(o, separators=_SEP) for o in self.outputs])
             self.events, self.outputs = [], []
-            self.nbytes = len(self.packed) + self._body_bytes()
+            self.nbytes = _packed_bytes(self.packed) + self._body_bytes()
 
     def _body_bytes(self) -> int:
         return len(json.dumps(self.body, separators=_SEP)) if self.body else 0
 
-    def unpack(self) -> None:
-        if self.packed is not None:
-            self.events, self.outputs = json.loads(self.packed)
-            self.packed = None
 
-    def lists(self) -> tuple[list[dict], list[dict]]:
-        """Fresh lists of the events and outputs, packed or not."""
-        if self.packed is not None:
-            events, outputs = json.loads(self.packed)
-            return events, outputs
-        return list(self.events), list(self.outputs)
+def _packed_bytes(packed: tuple[list[str], list[str]]) -> int:
+    """len(json.dumps([events, outputs])) without building it: items, commas, brackets."""
+    return 3 + sum(2 + sum(map(len, items)) + max(len(items) - 1, 0) for items in packed)
+
+
+def _unpacked(packed: tuple[list[str], list[str]]) -> tuple[list[dict], list[dict]]:
+    return [json.loads(e) for e in packed[0]], [json.loads(o) for o in packed[1]]
 
 
 class TraceStore:
@@ -182,12 +183,10 @@ class TraceStore:
                 return first
             if not self._admit(tr, event, size):
                 return False
-            if tr.packed is not None:  # an event after the end (rare)
-                self.total_bytes -= tr.nbytes
-                tr.unpack()
-                tr.events.append(event)
-                tr.pack()
-                self.total_bytes += tr.nbytes
+            if tr.packed is not None:  # an event after the end (rare): one more packed item
+                text = json.dumps(event, separators=_SEP)
+                tr.packed[0].append(text)
+                self._grow(tr, len(text) + (len(tr.packed[0]) > 1))  # and a comma
             else:
                 tr.events.append(event)
                 self._grow(tr, size)
@@ -202,7 +201,11 @@ class TraceStore:
             size = len(json.dumps(item, separators=_SEP))
             if not self._admit(tr, item, size):
                 return
-            tr.unpack()
+            if tr.packed is not None:  # after the end (rare): one more packed item
+                tr.packed[1].append(json.dumps(item, separators=_SEP))
+                self._grow(tr, size + (len(tr.packed[1]) > 1))
+                self._fit()
+                return
             tr.outputs.append(item)
             self._grow(tr, size)
             tr.finished = tr.finished or item["finished"]
@@ -253,7 +256,11 @@ class TraceStore:
     def get(self, request_id: str) -> list[dict]:
         with self._lock:
             tr = self._traces.get(request_id)
-            return tr.lists()[0] if tr else []
+            if tr is None:
+                return []
+            packed = tr.packed
+            events = packed[0] if packed is not None else list(tr.events)
+        return [json.loads(e) for e in events] if packed is not None else events
 
     def trace(self, request_id: str) -> StoredTrace | None:
         """A copy of everything kept for the request (lists copied; their items are shared
@@ -262,10 +269,14 @@ class TraceStore:
             tr = self._traces.get(request_id)
             if tr is None:
                 return None
-            events, outputs = tr.lists()
-            return StoredTrace(events, outputs, list(tr.snapshots), tr.body, tr.dropped, tr.finished,
+            packed = tr.packed
+            events, outputs = (list(tr.events), list(tr.outputs)) if packed is None else ([], [])
+            copy = StoredTrace(events, outputs, list(tr.snapshots), tr.body, tr.dropped, tr.finished,
                                model=tr.model, truncated=dict(tr.truncated) if tr.truncated else None,
                                nbytes=tr.nbytes, snapshot_bytes=tr.snapshot_bytes)
+        if packed is not None:  # decoded outside the lock, item by item
+            copy.events, copy.outputs = _unpacked(packed)
+        return copy
 
     def dropped(self, request_id: str) -> int:
         with self._lock:
