@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import uuid
+from collections import OrderedDict
 
 from fastapi import FastAPI, Response, WebSocket, WebSocketDisconnect
 from starlette.concurrency import run_in_threadpool
@@ -25,10 +27,38 @@ from app.recording import record_request
 from app.served_models import ServedModels
 
 WS_QUEUE = 2000  # events a socket may fall behind before it starts losing them
+FILE_CACHE_BYTES = 64 * 2**20  # finished traces' files kept as text for repeated GETs
+
+
+class FileCache:
+    """Finished traces' files, as served: a replay viewer or a poller asking again for a long
+    answer's trace would otherwise cost a second of CPU (decode, re-encode) every time."""
+
+    def __init__(self, max_bytes: int = FILE_CACHE_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self._files: OrderedDict[str, tuple[tuple, str]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, request_id: str, version: tuple) -> str | None:
+        with self._lock:
+            hit = self._files.get(request_id)
+            if hit is None or hit[0] != version:
+                return None
+            self._files.move_to_end(request_id)
+            return hit[1]
+
+    def put(self, request_id: str, version: tuple, text: str) -> None:
+        if len(text) > self.max_bytes:
+            return
+        with self._lock:
+            self._files[request_id] = (version, text)
+            while sum(len(t) for _, t in self._files.values()) > self.max_bytes:
+                self._files.popitem(last=False)
 
 
 def add_event_routes(api: FastAPI, served) -> None:
     models = ServedModels.of(served)
+    files = FileCache()
 
     @api.get("/v1/traces/{request_id}")
     def trace(request_id: str):
@@ -36,13 +66,20 @@ def add_event_routes(api: FastAPI, served) -> None:
         if service is None:
             return error(404, f"no trace is kept for {request_id!r} (unknown, or dropped as one of the oldest)",
                          param="request_id", code="trace_not_found")
-        rec = record_request(service.store, request_id, service.model_info(), service.piece, service.is_special)
-        if rec is None:
-            return error(404, f"{request_id!r} was not traced (trace_level off)", param="request_id",
-                         code="trace_not_found")
-        # the same file the page exports and `python -m app --replay` serves (dumps() encodes it item by
-        # item, so a poller of a long request's trace does not hold the GIL for a second at a time)
-        return Response(rec.dumps(), media_type="application/json")
+        version = service.store.version(request_id)
+        text = files.get(request_id, version) if version is not None else None
+        if text is None:
+            rec = record_request(service.store, request_id, service.model_info(), service.piece,
+                                 service.is_special)
+            if rec is None:
+                return error(404, f"{request_id!r} was not traced (trace_level off)", param="request_id",
+                             code="trace_not_found")
+            # the same file the page exports and `python -m app --replay` serves (dumps() encodes it item
+            # by item, so a poller of a long request's trace does not hold the GIL for a second at a time)
+            text = rec.dumps()
+            if version is not None and version[0]:  # finished: the same file until something is added
+                files.put(request_id, version, text)
+        return Response(text, media_type="application/json")
 
     @api.websocket("/ws")
     async def events(websocket: WebSocket, request_id: str | None = None) -> None:

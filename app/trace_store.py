@@ -278,6 +278,13 @@ class TraceStore:
             copy.events, copy.outputs = _unpacked(packed)
         return copy
 
+    def version(self, request_id: str) -> tuple | None:
+        """Changes whenever anything kept for the request does (None: nothing is kept): lets a
+        reader reuse what it made from an earlier read."""
+        with self._lock:
+            tr = self._traces.get(request_id)
+            return None if tr is None else (tr.finished, tr.nbytes, tr.snapshot_bytes, len(tr.snapshots), tr.dropped)
+
     def dropped(self, request_id: str) -> int:
         with self._lock:
             tr = self._traces.get(request_id)

@@ -166,6 +166,27 @@ def test_recorded_trace(server):
     assert finish["usage"]["completion_tokens"] == done["usage"]["completion_tokens"]
     missing = httpx.get(server.url + "v1/traces/chatcmpl-nope", timeout=30)
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "trace_not_found"
+    # a finished trace's file is served again from its text; anything added later shows
+    from app.engine_service import wait_idle
+    assert wait_idle(server.service)
+    first = httpx.get(server.url + f"v1/traces/{done['id']}", timeout=30).text
+    assert httpx.get(server.url + f"v1/traces/{done['id']}", timeout=30).text == first
+    server.service.store.add(done["id"], {"type": "kv.free", "request_id": done["id"], "step": 10**6,
+                                          "blocks": []})
+    again = httpx.get(server.url + f"v1/traces/{done['id']}", timeout=30).json()
+    assert again["events"][-1]["step"] == 10**6 and len(again["events"]) == len(json.loads(first)["events"]) + 1
+
+
+def test_the_file_cache_keeps_to_its_budget():
+    from app.events_api import FileCache
+    cache = FileCache(max_bytes=10)
+    cache.put("a", (True, 1), "aaaa")
+    cache.put("b", (True, 1), "bbbb")
+    assert cache.get("a", (True, 1)) == "aaaa" and cache.get("a", (True, 2)) is None  # a new version misses
+    cache.put("c", (True, 1), "cccc")  # over 10 bytes: the least recently read goes
+    assert cache.get("b", (True, 1)) is None and cache.get("a", (True, 1)) == "aaaa"
+    cache.put("d", (True, 1), "x" * 11)  # larger than the whole budget: not kept
+    assert cache.get("d", (True, 1)) is None
 
 
 def test_prometheus_metrics(server):
