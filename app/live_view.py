@@ -62,6 +62,13 @@ class LiveView:
                 self.error = it["message"]
                 self.dirty.add("answer")
                 continue
+            if t == "trace.truncated" and self.validation and self.validation.get("ok") and \
+                    not any(c[0] == "trace" for c in self.validation["checks"]):  # (a replay says so already)
+                note = (f"truncated: at engine step {it['step']} the trace reached the server's cap of "
+                        f"{it['limit_bytes'] / 2**20:.3g} MiB per request, so the attention, embedding and MoE "
+                        "captures stop there")
+                self.validation = {**self.validation, "checks": list(self.validation["checks"]) + [("trace", True, note)]}
+                self.dirty.add("request")
             self.events.append(it)
             self.by_type.setdefault(t, []).append(it)
             if t.startswith("kv."):

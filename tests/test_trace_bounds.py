@@ -122,8 +122,8 @@ def _run(svc, level: str, max_tokens: int = 40):
 
 
 def test_a_truncated_trace_stops_the_captures_says_so_and_still_replays(capped):
-    from app.live_view import PANELS
-    from app.recording import Recording, ReplayCursor, record_request
+    from app.live_view import PANELS, LiveView
+    from app.recording import Recording, ReplayCursor, record_request, show_accepted
     from visualizers.walkthrough import stages
     rid, seen = _run(capped, "full")
     rec = record_request(capped.store, rid, capped.model_info(), capped.piece, capped.is_special)
@@ -133,6 +133,13 @@ def test_a_truncated_trace_stops_the_captures_says_so_and_still_replays(capped):
     # what the watcher saw: the engine stopped computing captures after the step that passed the cap
     assert max(i["step"] for i in seen if i["type"] in heavy) <= cut["step"]
     assert any(i["type"] in heavy for i in seen) and max(i["step"] for i in seen) > cut["step"] + 3
+    # ... and said so when it happened: a page watching it live shows the note before the end
+    note = next(i for i in seen if i["type"] == "trace.truncated")
+    assert note["step"] == cut["step"] and note["limit_bytes"] == 100_000
+    live = LiveView(model=capped.model_info(), piece=capped.piece, is_special=capped.is_special)
+    show_accepted(live, rid, rec.body, "accepted")
+    live.add([i for i in seen if i["step"] <= cut["step"]])
+    assert f"truncated: at engine step {cut['step']}" in live.render("request") and not live.finished
     kept = [e for e in rec.events if e["type"] in heavy]
     assert kept and max(e["step"] for e in kept) <= cut["step"]
     # everything else went on to the end: every token, the finish
@@ -146,7 +153,8 @@ def test_a_truncated_trace_stops_the_captures_says_so_and_still_replays(capped):
     for frame in range(cursor.last_frame + 1):
         view = cursor.goto(frame)
         assert all(view.render(n) for n in PANELS)
-    assert f"truncated: at engine step {cut['step']}" in loaded.new_view().render("request")
+    request_panel = cursor.goto(cursor.last_frame).render("request")
+    assert request_panel.count(f"truncated: at engine step {cut['step']}") == 1  # once, not twice
     peak = ReplayCursor(loaded)
     text = {s.key: s.text for s in stages(loaded.model, rid, loaded.body, loaded.events, loaded.outputs,
                                           peak.goto(peak.peak_kv_frame()).snapshot, loaded.truncated)}
