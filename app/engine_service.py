@@ -340,7 +340,8 @@ class EngineService:
         if rid is not None:
             if self.store.add(rid, d):  # its trace passed the per-request cap: no more tensor captures
                 self._uncapture.add(rid)
-                cut = {"schema": 1, "type": "trace.truncated", "request_id": rid, "ts": d.get("ts"), "step": d.get("step", 0), "model": self.model_name,
+                cut = {"schema": 1, "type": "trace.truncated", "request_id": rid, "step": d.get("step", 0),
+                       "ts": d.get("ts"), "model": self.model_name,
                        "limit_bytes": self.store.max_bytes}  # watchers say so now, not only in the file
                 self.store.add(rid, cut)
                 self._deliver(rid, cut)
