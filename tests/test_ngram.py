@@ -2,7 +2,6 @@
 exact greedy output, the target's distribution when sampling, seeded draws in any batch,
 long copied runs where the answer repeats its context, and the trace and panels that
 say where each proposal was copied from."""
-import itertools
 import random
 import re
 
@@ -16,6 +15,7 @@ from engine import LLM, SamplingParams, TraceEvent
 from engine.speculative import NgramProposer, find_ngram, verify
 from engine.sequence import Sequence
 from tests.engine_utils import DEVICE
+from tests.sampling_reference import KNOBS, WORDS, chi_square, first_three, joint_distribution
 from tests.tiny import VOCAB, load_reference, make_checkpoint, save_tokenizer
 from visualizers.walkthrough import stages
 
@@ -238,52 +238,25 @@ def test_sampled_output_follows_the_target_distribution(tmp_path, monkeypatch):
     target's exact joint distribution, with transformers' own warpers as the reference.
     Token 1 comes from the prefill; tokens 2-3 from a round of up to 3 copies (when the
     last token occurred before: every word but <eos> does) or from plain draws."""
-    from transformers.generation.logits_process import (MinPLogitsWarper, TemperatureLogitsWarper,
-                                                        TopKLogitsWarper, TopPLogitsWarper)
-    words = ["<eos>", "a", "b", "c", "d"]
-    target = make_checkpoint("llama", tmp_path / "t", seed=1, num_layers=2, words=words)
-    knobs = dict(temperature=0.8, top_k=4, top_p=0.9, min_p=0.05)
-    warpers = [TemperatureLogitsWarper(0.8), TopKLogitsWarper(4), TopPLogitsWarper(0.9), MinPLogitsWarper(0.05)]
+    target = make_checkpoint("llama", tmp_path / "t", seed=1, num_layers=2, words=WORDS)
     prompt = [1, 2, 3, 4, 1, 2]
     n = 3000
 
     def observed_counts(n: int):
         llm = ngram_llm(target, 3, max_num_seqs=128, prompt_lookup_min=1)
-        outs = llm.generate([prompt] * n, [SamplingParams(seed=i, max_tokens=5, ignore_eos=True, **knobs)
+        outs = llm.generate([prompt] * n, [SamplingParams(seed=i, max_tokens=5, ignore_eos=True, **KNOBS)
                                            for i in range(n)])
-        counts = torch.zeros(5, 5, 5)
-        for o in outs:
-            counts[tuple(o.token_ids[:3])] += 1
-        return counts, llm.engine.stats
+        return first_three(outs), llm.engine.stats
 
-    ref = load_reference(target)
-    expected = torch.zeros(5, 5, 5)
-    with torch.no_grad():
-        for seq in itertools.product(range(5), repeat=2):
-            ids = torch.tensor([prompt + list(seq)])
-            logits = ref(ids).logits[0, -3:]
-            p = []
-            for i in range(3):
-                scores = logits[i:i + 1]
-                for w in warpers:
-                    scores = w(ids[:, : len(prompt) + i], scores)
-                p.append(torch.softmax(scores, -1)[0])
-            expected[seq[0], seq[1]] = p[0][seq[0]] * p[1][seq[1]] * p[2]
-
-    def chi_square(observed: torch.Tensor) -> tuple[float, int]:
-        mask = expected > 0
-        assert observed[~mask].sum() == 0  # nothing drawn that the knobs cut away
-        e = expected[mask] * observed.sum()
-        return float(((observed[mask] - e) ** 2 / e).sum()), int(mask.sum()) - 1
-
+    expected = joint_distribution(target, prompt)
     observed, stats = observed_counts(n)
     assert stats.spec_proposed > n and 0 < stats.spec_accepted < stats.spec_proposed
-    stat, dof = chi_square(observed)
+    stat, dof = chi_square(observed, expected)
     assert stat < chi2.ppf(0.999, dof), (stat, dof)
     # The test has the power to catch a rule that keeps every copy the target allows (q ~ 0).
     monkeypatch.setattr(engine.llm_engine, "verify",
                         lambda lg, xs, qs, sp, g: verify(lg, xs, [q * 1e-9 for q in qs], sp, g))
-    broken, _ = chi_square(observed_counts(1000)[0])
+    broken, _ = chi_square(observed_counts(1000)[0], expected)
     assert broken > chi2.ppf(0.999, dof)
 
 

@@ -1,6 +1,5 @@
 """Speculative decoding: exactness for greedy, the target's distribution for
 sampling, KV rollback in both caches, and the per-round trace."""
-import itertools
 import random
 
 import pytest
@@ -11,6 +10,7 @@ from engine import LLM, EventList, SamplingParams, TraceEvent, Tracer
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from tests.engine_utils import DEVICE
+from tests.sampling_reference import KNOBS, WORDS, chi_square, first_three, joint_distribution
 from tests.tiny import load_reference, make_checkpoint
 
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
@@ -95,50 +95,21 @@ def test_sampled_output_follows_the_target_distribution(tmp_path):
     """Chi-square test of the first three sampled tokens over many seeds against the
     target's exact joint distribution, with transformers' own warpers as the reference.
     Token 1 comes from the prefill; tokens 2-3 from a round of k = 3 proposals."""
-    from transformers.generation.logits_process import (MinPLogitsWarper, TemperatureLogitsWarper,
-                                                        TopKLogitsWarper, TopPLogitsWarper)
-    words = ["<eos>", "a", "b", "c", "d"]
-    target = make_checkpoint("llama", tmp_path / "t", seed=1, num_layers=2, words=words)
-    draft = make_checkpoint("llama", tmp_path / "d", seed=2, num_layers=1, words=words)
-    knobs = dict(temperature=0.8, top_k=4, top_p=0.9, min_p=0.05)
-    warpers = [TemperatureLogitsWarper(0.8), TopKLogitsWarper(4), TopPLogitsWarper(0.9), MinPLogitsWarper(0.05)]
+    target = make_checkpoint("llama", tmp_path / "t", seed=1, num_layers=2, words=WORDS)
+    draft = make_checkpoint("llama", tmp_path / "d", seed=2, num_layers=1, words=WORDS)
     prompt = [1, 2, 3]
     n = 3000
     llm = LLM(target, device=DEVICE, draft=draft, num_speculative_tokens=3, max_num_seqs=128)
-    outs = llm.generate([prompt] * n, [SamplingParams(seed=i, max_tokens=5, ignore_eos=True, **knobs)
+    outs = llm.generate([prompt] * n, [SamplingParams(seed=i, max_tokens=5, ignore_eos=True, **KNOBS)
                                        for i in range(n)])
     stats = llm.engine.stats
     assert stats.spec_proposed >= 3 * n and stats.spec_accepted < stats.spec_proposed
-    observed = torch.zeros(5, 5, 5)
-    for o in outs:
-        observed[tuple(o.token_ids[:3])] += 1
-
-    def joint(path):
-        ref = load_reference(path)
-        probs = torch.zeros(5, 5, 5)
-        with torch.no_grad():
-            for seq in itertools.product(range(5), repeat=2):
-                ids = torch.tensor([prompt + list(seq)])
-                logits = ref(ids).logits[0, -3:]
-                p = []
-                for i in range(3):
-                    scores = logits[i:i + 1]
-                    for w in warpers:
-                        scores = w(ids[:, : len(prompt) + i], scores)
-                    p.append(torch.softmax(scores, -1)[0])
-                probs[seq[0], seq[1]] = p[0][seq[0]] * p[1][seq[1]] * p[2]
-        return probs
-
-    def chi_square(expected):
-        mask = expected > 0
-        assert observed[~mask].sum() == 0  # nothing drawn that the knobs cut away
-        e = expected[mask] * n
-        return float(((observed[mask] - e) ** 2 / e).sum()), int(mask.sum()) - 1
-
-    stat, dof = chi_square(joint(target))
+    observed = first_three(outs)
+    expected = joint_distribution(target, prompt)
+    stat, dof = chi_square(observed, expected)
     assert stat < chi2.ppf(0.999, dof), (stat, dof)
     # The same test has the power to tell the draft's distribution apart.
-    draft_stat, _ = chi_square(joint(draft).clamp(min=1e-9) * (joint(target) > 0))
+    draft_stat, _ = chi_square(observed, joint_distribution(draft, prompt).clamp(min=1e-9) * (expected > 0))
     assert draft_stat > chi2.ppf(0.999, dof)
 
 
