@@ -22,7 +22,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from app.classroom_push import Feed
+from app.classroom_push import KEEPALIVE, Feed
 from app.classroom_question import Question, VoteRefused
 from app.limits import RequestRefused
 from app.openai_api import read_body, read_json
@@ -204,12 +204,17 @@ class Room:
             self.publish()  # finished: say so
 
 
-def prompt_tail(rec: Recording, n: int = 12) -> str:
-    """The last tokens before the first generated one (the question's context)."""
+def prompt_tail(rec: Recording, chars: int = 60) -> str:
+    """The prompt's last tokens, about `chars` characters of them (the question's context)."""
     tok = next((e for e in rec.events if e["type"] == "tokenize"), None)
     if tok is None:
         return ""
-    return "".join(t.get("text", "") for t in tok["tokens"][-n:])
+    out = ""
+    for t in reversed(tok["tokens"]):
+        if len(out) >= chars:
+            break
+        out = t.get("text", "") + out
+    return out
 
 
 class Classrooms:
@@ -467,7 +472,7 @@ table.tt-q-results tr.tt-q-drawn td { font-weight: 700; background: #e8f5e9; }
 
 def page_html(room: Room, presenter: bool, css: str) -> str:
     titles = [s.title for s in room.stage_list()]
-    sample_stage = next((i for i, t in enumerate(titles) if t.lower().startswith("sample")), -1)
+    sample_stage = next((i for i, s in enumerate(room.stage_list()) if s.key == "sampling"), -1)
     dots = "".join(f"<button class='tt-class-dot' data-i='{i}' title='{esc(t)}'>{i + 1}</button>"
                    for i, t in enumerate(titles))
     role = ("presenter: → / ← / space / PageDown move the whole class" if presenter else
@@ -497,15 +502,20 @@ function el(tag, attrs, ...kids) {{  // DOM built with textContent: token text i
   for (const k of kids) e.append(k);
   return e;
 }}
-const visible = t => t.replace(/ /g, '\u2423').replace(/\\n/g, '\u21b5').replace(/\\t/g, '\u21e5');
+const visible = t => t.replace(/ /g, '\u2423').replace(/\\n/g, '\u21b5').replace(/\\t/g, '\u21e5')
+  .replace(/[\\x00-\\x1f\\x7f]/g, c => '\\\\x' + c.charCodeAt(0).toString(16).padStart(2, '0'));
+const label = c => c.text === '' ? `#${{c.token_id}}` : c.text;  // a token that is part of a character
 let voter = null;
 try {{ voter = localStorage.getItem('tt-voter') || (crypto.randomUUID ? crypto.randomUUID() :
          String(Math.random()).slice(2) + Date.now()); localStorage.setItem('tt-voter', voter); }} catch (e) {{}}
 async function show(i, v) {{
   if (i === shown && v === version) return;
-  const r = await fetch(`/classroom/${{ROOM}}/stage/${{i}}?v=${{v}}`);  // immutable per trace version: cached
-  if (!r.ok) return;
-  const d = await r.json();
+  let d = null;
+  try {{
+    const r = await fetch(`/classroom/${{ROOM}}/stage/${{i}}?v=${{v}}`);  // immutable per trace version: cached
+    if (r.ok) d = await r.json();
+  }} catch (e) {{}}
+  if (!d) {{ setTimeout(() => {{ if (room) enqueue(room); }}, 1000); return; }}  // offline: try the newest state again
   $('tt-class-stage').innerHTML = d.html;
   $('tt-class-pos').textContent = i + 1;
   document.querySelectorAll('.tt-class-dot').forEach(b => b.classList.toggle('tt-on', +b.dataset.i === i));
@@ -549,10 +559,10 @@ function renderQuestion(q) {{
   if (!q.revealed) {{
     const choices = el('div', {{class: 'tt-q-choices'}});
     for (const c of q.candidates) {{
-      const b = el('button', {{class: 'tt-q-choice' + (mine === c.text ? ' tt-mine' : ''), 'data-id': c.token_id,
-                              text: visible(c.text)}});
-      b.dataset.text = c.text;
-      if (KEY) b.disabled = true; else b.onclick = () => vote(q, {{choice: c.token_id}}, c.text);
+      const b = el('button', {{class: 'tt-q-choice' + (mine === label(c) ? ' tt-mine' : ''), 'data-id': c.token_id,
+                              text: visible(label(c))}});
+      b.dataset.text = label(c);
+      if (KEY) b.disabled = true; else b.onclick = () => vote(q, {{choice: c.token_id}}, label(c));
       choices.append(b);
     }}
     kids.push(choices);
@@ -566,14 +576,14 @@ function renderQuestion(q) {{
     kids.push(el('div', {{class: 'tt-q-note', id: 'tt-q-count', text: countText(q, mine)}}));
   }} else {{
     const rows = q.candidates.map(c => el('tr', {{class: c.token_id === q.drawn.token_id ? 'tt-q-drawn' : ''}},
-      el('td', {{text: (c.token_id === q.drawn.token_id ? '▶ ' : '') + visible(c.text)}}),
+      el('td', {{text: (c.token_id === q.drawn.token_id ? '▶ ' : '') + visible(label(c))}}),
       el('td', {{}}, bar('tt-q-model', c.prob), (c.prob * 100).toFixed(1) + '%'),
       el('td', {{}}, bar('', c.share), `${{c.votes}} (${{(c.share * 100).toFixed(0)}}%)`)));
     kids.push(el('table', {{class: 'tt-q-results'}}, el('tr', {{}}, el('th', {{text: 'token'}}),
       el('th', {{text: "the model's probability"}}), el('th', {{text: "the class's votes"}})), ...rows));
     const drawnIn = q.candidates.some(c => c.token_id === q.drawn.token_id);
-    kids.push(el('div', {{id: 'tt-q-answer', text: `The model drew ${{visible(q.drawn.text)}}` +
-      (drawnIn ? '' : ' (not among its top candidates)') + ` · ${{q.correct}} of ${{q.votes}} predicted it` +
+    kids.push(el('div', {{id: 'tt-q-answer', text: `The model drew ${{visible(label(q.drawn))}} (p=${{q.drawn.prob.toFixed(3)}} where it was drawn` +
+      (drawnIn ? ')' : '; not among its top candidates)') + ` · ${{q.correct}} of ${{q.votes}} predicted it` +
       (mine ? ` · you said ${{visible(mine)}}` : '')}}));
     if (q.guesses.length) kids.push(el('div', {{class: 'tt-q-note', text: 'typed guesses: ' +
       q.guesses.map(g => `${{visible(g.text)}} ×${{g.votes}}`).join(', ')}}));
@@ -606,13 +616,23 @@ async function apply(s) {{
   if (room === s) renderQuestion(s.question);
 }}
 let queue = Promise.resolve();  // states applied in order, the newest last
-function follow() {{
+function enqueue(s) {{ queue = queue.then(() => apply(s)).catch(() => {{}}); }}
+let src = null, heard = 0;
+function follow() {{  // EventSource reconnects by itself after a lost connection; this also covers it giving up
   if (!window.EventSource) {{ poll(); return; }}
-  const src = new EventSource(`/classroom/${{ROOM}}/events`);  // reconnects by itself after a loss
-  src.addEventListener('state', e => {{ const s = JSON.parse(e.data); queue = queue.then(() => apply(s)); }});
-  src.onopen = () => {{ $('tt-class-link').textContent = 'live'; document.body.dataset.link = 'live'; }};
-  src.onerror = () => {{ $('tt-class-link').textContent = 'reconnecting…'; document.body.dataset.link = 'lost'; }};
+  if (src) src.close();
+  src = new EventSource(`/classroom/${{ROOM}}/events`);
+  heard = Date.now();
+  src.addEventListener('state', e => {{ heard = Date.now(); enqueue(JSON.parse(e.data)); }});
+  src.addEventListener('ping', () => {{ heard = Date.now(); }});
+  src.onopen = () => {{ heard = Date.now(); $('tt-class-link').textContent = 'live'; document.body.dataset.link = 'live'; }};
+  src.onerror = () => {{
+    $('tt-class-link').textContent = 'reconnecting…'; document.body.dataset.link = 'lost';
+    if (src.readyState === EventSource.CLOSED) setTimeout(follow, 1000);
+  }};
 }}
+window.addEventListener('online', follow);  // back on the network: the room's state now, not at the next retry
+setInterval(() => {{ if (Date.now() - heard > {int(3 * KEEPALIVE * 1000)}) follow(); }}, 5000);  // a silent, dead stream
 async function poll() {{  // without EventSource only
   try {{ const r = await fetch(`/classroom/${{ROOM}}/state`); if (r.ok) await apply(await r.json()); }} catch (e) {{}}
   setTimeout(poll, 1000);

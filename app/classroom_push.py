@@ -12,7 +12,7 @@ import asyncio
 import json
 from typing import AsyncIterator
 
-KEEPALIVE = 15.0  # seconds between comment lines on a quiet stream (proxies close idle ones)
+KEEPALIVE = 15.0  # seconds between pings on a quiet stream (proxies close idle ones; pages notice dead ones)
 RETRY_MS = 1000  # how soon EventSource reconnects after a lost connection
 
 
@@ -68,6 +68,6 @@ class Feed:
                 try:
                     await asyncio.wait_for(changed.wait(), KEEPALIVE)
                 except asyncio.TimeoutError:
-                    yield b": keep-alive\n\n"
+                    yield b"event: ping\ndata: {}\n\n"  # the page sees it: a silent stream is a dead one
         finally:
             self.followers -= 1

@@ -39,6 +39,7 @@ class Question:
     candidates: list[Candidate]
     drawn: int  # the token id the engine drew
     drawn_text: str
+    drawn_prob: float  # its probability where it was drawn (after the request's knobs)
     revealed: bool = False
     votes: dict[str, int | str] = field(default_factory=dict)  # browser id -> token id, or a typed guess
 
@@ -51,7 +52,8 @@ class Question:
                                                                     f"#{sample['candidates'][j]}"),
                            float(first["probs"][j]), float(last["probs"][j])) for j in order]
         drawn = int(sample["token_id"])
-        return cls(qid, int(sample["position"]), context, cands, drawn, pieces.get(drawn, f"#{drawn}"))
+        return cls(qid, int(sample["position"]), context, cands, drawn, pieces.get(drawn, f"#{drawn}"),
+                   float(sample.get("token_prob", 0.0)))
 
     def vote(self, voter: str, choice: object, guess: object) -> None:
         """choice: a candidate's token id; guess: typed text. Exactly one of them."""
@@ -93,7 +95,7 @@ class Question:
     def results(self) -> dict:
         picks, guesses = self.tally()
         n = max(1, len(self.votes))
-        return {"drawn": {"token_id": self.drawn, "text": self.drawn_text},
+        return {"drawn": {"token_id": self.drawn, "text": self.drawn_text, "prob": self.drawn_prob},
                 "candidates": [{"token_id": c.token_id, "text": c.text, "prob": c.prob, "final_prob": c.final_prob,
                                 "votes": picks[c.token_id], "share": picks[c.token_id] / n} for c in self.candidates],
                 "guesses": [{"text": g, "votes": k} for g, k in guesses.most_common(SHOWN_GUESSES)],

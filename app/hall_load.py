@@ -208,7 +208,7 @@ async def audience(hall: Hall, seen: dict, shown: dict, joins: list, errors: dic
                 while b"\n\n" in buf:
                     ev, buf = buf.split(b"\n\n", 1)
                     data = next((ln[6:] for ln in ev.split(b"\n") if ln.startswith(b"data: ")), None)
-                    if data is None:
+                    if data is None or b"event: state" not in ev:  # a ping, or the retry line
                         continue
                     t = time.perf_counter()
                     s = json.loads(data)

@@ -43,10 +43,13 @@ class Follower:
     def _run(self, url: str) -> None:
         with httpx.stream("GET", url, timeout=httpx.Timeout(30, read=None)) as r:
             self.status, self.headers = r.status_code, r.headers
+            event = None
             for line in r.iter_lines():
                 if self._stop:
                     return
-                if line.startswith("data: "):
+                if line.startswith("event: "):
+                    event = line[7:]
+                elif line.startswith("data: ") and event == "state":
                     self.states.append((time.monotonic(), json.loads(line[6:])))
 
     def wait(self, pred, timeout: float = 10.0) -> dict:
