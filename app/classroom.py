@@ -58,6 +58,9 @@ class Room:
     _vote_flush_pending: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
 
+    def __post_init__(self) -> None:
+        self._read_at = time.monotonic()  # the trace it was made with is fresh
+
     @property
     def finished(self) -> bool:
         return any(e["type"] == "finish" for e in self.rec.events)

@@ -12,8 +12,9 @@ again meanwhile. It reports errors, state latency (presenter move -> the state r
 client) p50/p99, the worst lag (move -> the last client holding that stage's HTML), moves
 some client never saw, and the stream's tokens/s against the same request alone.
 
---find-max grows the audience (doubling, then halving the gap, at most --max-trials runs)
-to the largest that meets the hall's bar: no errors, every client sees every move, the last
+--find-max grows the audience (doubling, then halving the gap, at most --max-trials runs; a
+size that fails is run once more before it counts as failing) to the largest that meets the
+hall's bar: no errors, every client sees every move, the last
 client within 1 s, state p99 under 500 ms, the stream at 0.8 of its solo speed or better.
 The clients are plain asyncio sockets (no HTTP library per client) so that the generator,
 not being the thing measured, costs as little CPU as it can.
@@ -329,13 +330,17 @@ async def trial(hall: Hall, clients: int, seconds: float, every: float = 1.5, so
 async def find_max(hall: Hall, start: int, seconds: float, max_clients: int, max_trials: int,
                    report=print) -> tuple[int, list[Trial]]:
     """The largest audience meeting BAR: double from start until a trial fails, then bisect."""
-    solo = max([await hall.stream_once() for _ in range(3)])
     trials: list[Trial] = []
     good, bad, n = 0, None, start
     while len(trials) < max_trials:
-        t = await trial(hall, n, seconds, solo=solo)
+        t = await trial(hall, n, seconds)  # the solo speed again each time: the machine's load drifts
         trials.append(t)
         report(t.line())
+        if not t.meets() and len(trials) < max_trials:  # on a shared machine one bad run is not the answer
+            await asyncio.sleep(2.0)
+            t = await trial(hall, n, seconds)
+            trials.append(t)
+            report(t.line() + "  (again)")
         if t.meets():
             good = max(good, n)
         else:
@@ -389,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--move-every", type=float, default=1.5)
     p.add_argument("--find-max", action="store_true", help="the largest audience meeting the hall's bar")
     p.add_argument("--max-clients", type=int, default=1200)
-    p.add_argument("--max-trials", type=int, default=6)
+    p.add_argument("--max-trials", type=int, default=8)
     p.add_argument("--url", help="a running server on loopback (default: start `python -m app`)")
     p.add_argument("--max-tokens", type=int, default=32, help="the streaming request's length")
     p.add_argument("--json", help="write the trials here")

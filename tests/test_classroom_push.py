@@ -205,3 +205,33 @@ def test_votes_count_once_per_browser_and_the_reveal_shows_both(server, room):
     first_sample = next(e for e in ex["trace"]["events"] if e["type"] == "sample")
     assert last["drawn"]["token_id"] == first_sample["token_id"]
     ask(server, room, "close")
+
+
+def test_a_live_rooms_growing_trace_is_pushed_and_its_renders_change(recording):  # noqa: F811
+    """A room made while its request runs: one reader per room re-reads the trace, and the
+    followers get a new trace version (new ETags, the stages re-rendered) and then the finish."""
+    import asyncio
+    import dataclasses
+    steps = sorted({e["step"] for e in recording.events})
+    mid = steps[len(steps) // 2]
+    partial = dataclasses.replace(recording, events=[e for e in recording.events if e["step"] <= mid],
+                                  outputs=[o for o in recording.outputs if o["step"] <= mid])
+    assert not any(e["type"] == "finish" for e in partial.events)
+    reads = []
+    room = Room("live", "k", partial, lambda: reads.append(1) or recording)
+    before, etag = room.stage_body(9), room.etag(9)
+    assert b"Still running" in before
+
+    async def follow() -> list[dict]:
+        room.start()
+        states = []
+        async for msg in room.feed.follow():
+            if msg.startswith(b"id:"):
+                states.append(json.loads(msg.split(b"data: ", 1)[1]))
+                if states[-1]["finished"]:
+                    return states
+    states = asyncio.run(asyncio.wait_for(follow(), 20))
+    assert states[0]["trace_version"] == 0 and not states[0]["finished"]
+    assert states[-1]["trace_version"] == 1 and states[-1]["finished"] and len(reads) >= 1
+    assert room.etag(9) != etag and b"Still running" not in room.stage_body(9)
+    assert room.cached_stage(0) is not None  # re-rendered ahead of the followers
