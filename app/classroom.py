@@ -22,6 +22,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
+from app.classroom_bundle import bundle_zip
 from app.classroom_push import KEEPALIVE, Feed
 from app.classroom_question import Question, VoteRefused
 from app.limits import RequestRefused
@@ -36,6 +37,7 @@ MAX_ROOMS = 64
 VOTE_FLUSH = 0.5  # seconds: the running count of votes reaches the class at most this often
 TICK_IDLE = 30.0  # seconds a live room keeps re-reading its request with nobody following
 VOTER_COOKIE = "tt_voter"
+OPEN = {"Access-Control-Allow-Origin": "*"}  # a static bundle on another origin follows and votes
 
 
 @dataclass
@@ -336,7 +338,7 @@ def add_classroom_routes(api: FastAPI, classrooms: Classrooms, css: str,
             return _missing(room_id)
         await _ready(room)
         return StreamingResponse(room.feed.follow(), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **OPEN})
 
     @api.get("/classroom/{room_id}/state")
     async def state(room_id: str):
@@ -345,7 +347,7 @@ def add_classroom_routes(api: FastAPI, classrooms: Classrooms, css: str,
         if room is None:
             return _missing(room_id)
         await _ready(room)
-        return Response(room.feed.data, media_type="application/json", headers={"Cache-Control": "no-cache"})
+        return Response(room.feed.data, media_type="application/json", headers={"Cache-Control": "no-cache", **OPEN})
 
     @api.get("/classroom/{room_id}/stage/{index}")
     async def stage(room_id: str, index: int, request: Request, v: int | None = None):
@@ -417,19 +419,36 @@ def add_classroom_routes(api: FastAPI, classrooms: Classrooms, css: str,
                                   "{\"voter\": <8 to 64 characters>}", param="voter")
             room.vote(voter, body.get("choice"), body.get("guess"))
         except VoteRefused as e:
-            return _refused(e)
+            r = _refused(e)
+            r.headers.update(OPEN)
+            return r
         await _ready(room)
         if not room._vote_flush_pending:
             room._vote_flush_pending = True
             asyncio.get_running_loop().create_task(_flush(room))
         q = room.question
-        return {"question": q.qid, "votes": len(q.votes)}
+        return JSONResponse({"question": q.qid, "votes": len(q.votes)}, headers=OPEN)
 
     async def _flush(room: Room) -> None:
         try:
             await room.flush_votes()
         finally:
             room._vote_flush_pending = False
+
+    @api.get("/classroom/{room_id}/bundle")
+    async def bundle(room_id: str, request: Request, key: str = ""):
+        """The presenter: the room as a static site (zip) whose page follows this server."""
+        room = classrooms.get(room_id)
+        if room is None:
+            return _missing(room_id)
+        if not _is_presenter(room, key):
+            return _forbidden()
+        if room.live:
+            return _refused(VoteRefused("the request is still running: bundle it once it has finished", 409))
+        server = str(request.base_url).rstrip("/")
+        data = await run_in_threadpool(bundle_zip, room, server, css)
+        return Response(data, media_type="application/zip", headers={
+            "Content-Disposition": f'attachment; filename="classroom-{room.room_id}.zip"'})
 
     @api.get("/classroom/{room_id}/export")
     async def export(room_id: str, key: str = ""):
@@ -473,7 +492,9 @@ table.tt-q-results tr.tt-q-drawn td { font-weight: 700; background: #e8f5e9; }
 """
 
 
-def page_html(room: Room, presenter: bool, css: str) -> str:
+def page_html(room: Room, presenter: bool, css: str, server: str = "", static: bool = False) -> str:
+    """server: the origin the page follows (empty: its own); static: a bundle's page, which
+    reads the stages from its own files (stages/N.json) and only the position from the server."""
     titles = [s.title for s in room.stage_list()]
     sample_stage = next((i for i, s in enumerate(room.stage_list()) if s.key == "sampling"), -1)
     dots = "".join(f"<button class='tt-class-dot' data-i='{i}' title='{esc(t)}'>{i + 1}</button>"
@@ -495,7 +516,8 @@ def page_html(room: Room, presenter: bool, css: str) -> str:
 {ask}</footer>
 <script>
 const ROOM = {json.dumps(room.room_id)}, KEY = {json.dumps(room.key if presenter else '')}, COUNT = {len(titles)};
-const SAMPLE = {sample_stage};
+const SAMPLE = {sample_stage}, SERVER = {json.dumps(server.rstrip('/'))}, STATIC = {json.dumps(static)};
+const api = path => `${{SERVER}}/classroom/${{ROOM}}/${{path}}`;
 let shown = -1, version = -1, target = 0, pending = 0;  // target: where the presenter's keys have sent the class
 let room = null;  // the room's newest state (pushed)
 const $ = id => document.getElementById(id);
@@ -515,7 +537,8 @@ async function show(i, v) {{
   if (i === shown && v === version) return;
   let d = null;
   try {{
-    const r = await fetch(`/classroom/${{ROOM}}/stage/${{i}}?v=${{v}}`);  // immutable per trace version: cached
+    // immutable per trace version: the browser's cache serves a revisit (a bundle: its own file)
+    const r = await fetch(STATIC ? `stages/${{i}}.json` : api(`stage/${{i}}?v=${{v}}`));
     if (r.ok) d = await r.json();
   }} catch (e) {{}}
   if (!d) {{ setTimeout(() => {{ if (room) enqueue(room); }}, 1000); return; }}  // offline: try the newest state again
@@ -530,7 +553,8 @@ function myVote(q) {{ try {{ return localStorage.getItem(`tt-vote-${{ROOM}}-${{q
 async function vote(q, payload, label) {{
   const err = $('tt-q-err');
   try {{
-    const r = await fetch(`/classroom/${{ROOM}}/vote`, {{method: 'POST', headers: {{'Content-Type': 'application/json'}},
+    // text/plain: a bundle on another origin votes without a CORS preflight (the server reads JSON either way)
+    const r = await fetch(api('vote'), {{method: 'POST', headers: {{'Content-Type': 'text/plain'}},
       body: JSON.stringify({{...payload, voter}})}});
     const d = await r.json();
     if (!r.ok) {{ err.textContent = d.error ? d.error.message : 'the vote was refused'; return; }}
@@ -607,7 +631,7 @@ function presenterButtons() {{
   if (b) b.hidden = !(SAMPLE >= 0 && target === SAMPLE && !(room && room.question));
 }}
 async function ask(action) {{
-  const r = await fetch(`/classroom/${{ROOM}}/question`, {{method: 'POST', headers: {{'Content-Type': 'application/json'}},
+  const r = await fetch(api('question'), {{method: 'POST', headers: {{'Content-Type': 'application/json'}},
     body: JSON.stringify({{key: KEY, action}})}});
   if (!r.ok) {{ const d = await r.json(); const e = $('tt-q-err'); if (e) e.textContent = d.error.message; }}
 }}
@@ -624,7 +648,7 @@ let src = null, heard = 0;
 function follow() {{  // EventSource reconnects by itself after a lost connection; this also covers it giving up
   if (!window.EventSource) {{ poll(); return; }}
   if (src) src.close();
-  src = new EventSource(`/classroom/${{ROOM}}/events`);
+  src = new EventSource(api('events'));
   heard = Date.now();
   src.addEventListener('state', e => {{ heard = Date.now(); enqueue(JSON.parse(e.data)); }});
   src.addEventListener('ping', () => {{ heard = Date.now(); }});
@@ -637,7 +661,7 @@ function follow() {{  // EventSource reconnects by itself after a lost connectio
 window.addEventListener('online', follow);  // back on the network: the room's state now, not at the next retry
 setInterval(() => {{ if (Date.now() - heard > {int(3 * KEEPALIVE * 1000)}) follow(); }}, 5000);  // a silent, dead stream
 async function poll() {{  // without EventSource only
-  try {{ const r = await fetch(`/classroom/${{ROOM}}/state`); if (r.ok) await apply(await r.json()); }} catch (e) {{}}
+  try {{ const r = await fetch(api('state')); if (r.ok) await apply(await r.json()); }} catch (e) {{}}
   setTimeout(poll, 1000);
 }}
 async function go(i) {{
@@ -649,7 +673,7 @@ async function go(i) {{
   try {{
     while (true) {{
       const want = target;
-      const r = await fetch(`/classroom/${{ROOM}}/goto`, {{method: 'POST',
+      const r = await fetch(api('goto'), {{method: 'POST',
         headers: {{'Content-Type': 'application/json'}}, body: JSON.stringify({{key: KEY, stage: want}})}});
       if (!r.ok) break;
       const s = await r.json();

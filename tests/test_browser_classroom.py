@@ -2,10 +2,17 @@
 through "predict the next token": the students follow to the sampling stage by push, vote
 (one changes its mind, one types a guess with markup in it), a reload keeps the question
 and the vote, the reveal shows the class's votes beside the model's probabilities, and a
-student who lost the network resumes at the current stage."""
+student who lost the network resumes at the current stage. The room as a static bundle on
+another origin follows the presenter from the app server."""
 from __future__ import annotations
 
+import io
+import json
 import os
+import threading
+import zipfile
+from functools import partial
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
@@ -122,3 +129,38 @@ def test_presenter_and_two_students_through_a_question(server, browser, room, tm
     assert not dialogs
     for c in ctxs:
         c.close()
+
+
+def test_a_static_bundle_shows_its_own_files_and_follows_the_server(server, browser, room, tmp_path):
+    """For a hall larger than one server holds: the room as a static site on another origin;
+    only the presenter's position comes from the app server."""
+    url = server.url + f"classroom/{room['id']}/bundle"
+    assert httpx.get(url, params={"key": "guess"}).status_code == 403
+    r = httpx.get(url, params={"key": room["key"]}, timeout=60)
+    assert r.status_code == 200 and r.headers["content-type"] == "application/zip"
+    with zipfile.ZipFile(io.BytesIO(r.content)) as z:
+        z.extractall(tmp_path)
+    assert sorted(p.name for p in (tmp_path / "stages").iterdir()) == sorted(f"{i}.json" for i in range(13))
+    assert json.loads((tmp_path / "stages" / "4.json").read_text()) == \
+        httpx.get(server.url + f"classroom/{room['id']}/stage/4").json()
+    assert json.loads((tmp_path / "trace.json").read_text())["id"] == room["request_id"]
+    assert room["key"] not in (tmp_path / "index.html").read_text()
+    host = ThreadingHTTPServer(("127.0.0.1", 0), partial(SimpleHTTPRequestHandler, directory=str(tmp_path)))
+    threading.Thread(target=host.serve_forever, daemon=True).start()
+    ctx = browser.new_context(viewport={"width": 1280, "height": 800})
+    page = ctx.new_page()
+    asked: list[str] = []
+    page.on("request", lambda q: asked.append(q.url))
+    try:
+        page.goto(f"http://127.0.0.1:{host.server_address[1]}/index.html")
+        for stage in (4, 6):
+            httpx.post(server.url + f"classroom/{room['id']}/goto", json={"key": room["key"], "stage": stage})
+            stage_is(page, stage)
+            assert page.inner_text("#tt-class-title").startswith(f"{stage + 1} ·")
+        app_origin = server.url.rstrip("/")
+        assert not [u for u in asked if u.startswith(app_origin) and "/stage/" in u]  # no stage from the server
+        assert any(u.startswith(app_origin) and u.endswith("/events") for u in asked)
+        assert any(u.endswith("stages/6.json") for u in asked)
+    finally:
+        ctx.close()
+        host.shutdown()
