@@ -23,7 +23,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingRes
 from starlette.concurrency import run_in_threadpool
 
 from app.classroom_bundle import bundle_zip
-from app.classroom_push import KEEPALIVE, Feed
+from app.classroom_push import KEEPALIVE, CachedStages, Feed
 from app.classroom_question import Question, VoteRefused
 from app.limits import RequestRefused
 from app.openai_api import read_body, read_json
@@ -288,6 +288,8 @@ async def _ready(room: Room) -> None:
 def add_classroom_routes(api: FastAPI, classrooms: Classrooms, css: str,
                          recorder: Callable[[str], Recording | None]) -> None:
     """recorder(request_id): the kept trace of a request (None when there is none)."""
+    api.add_middleware(CachedStages, classrooms=classrooms)
+
     @api.post("/classroom")
     async def create(request: Request):
         """{"request_id": ID} (a request this server kept) or {"trace": <trace file>} -> the room's links."""

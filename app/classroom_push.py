@@ -71,3 +71,40 @@ class Feed:
                     yield b"event: ping\ndata: {}\n\n"  # the page sees it: a silent stream is a dead one
         finally:
             self.followers -= 1
+
+
+class CachedStages:
+    """ASGI middleware: GET /classroom/{room}/stage/{i} answered from the room's cache without
+    routing, validation or a thread: a hall fetches each stage at once after every move, and
+    what the server's loop spends there it takes from the engine's share of the CPU (and GIL).
+    Anything not already rendered goes on to the route."""
+
+    def __init__(self, app, classrooms) -> None:
+        self.app, self.classrooms = app, classrooms
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["method"] == "GET" and scope["path"].startswith("/classroom/"):
+            parts = scope["path"].split("/")  # "", "classroom", room, "stage", i
+            if len(parts) == 5 and parts[3] == "stage" and parts[4].isdigit():
+                room = self.classrooms.get(parts[2])
+                body = room.cached_stage(int(parts[4])) if room is not None else None
+                if body is not None:
+                    await self._send(room, int(parts[4]), body, scope, send)
+                    return
+        await self.app(scope, receive, send)
+
+    @staticmethod
+    async def _send(room, i: int, body: bytes, scope, send) -> None:
+        etag = room.etag(i).encode()
+        query = scope.get("query_string", b"").decode("latin-1")
+        pinned = f"v={room.trace_version}" in query.split("&")
+        cache = b"public, max-age=86400, immutable" if pinned else b"no-cache"
+        match = any(k == b"if-none-match" and v == etag for k, v in scope["headers"])
+        headers = [(b"etag", etag), (b"cache-control", cache)]
+        if match:
+            await send({"type": "http.response.start", "status": 304, "headers": headers})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        headers += [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
