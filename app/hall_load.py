@@ -114,7 +114,8 @@ class Trial:
     missed: int = 0  # moves that some client never showed
     missed_views: int = 0  # (client, move) pairs never shown
     stage_fetches: int = 0
-    stream_tps_solo: float = 0.0
+    stream_tps_solo: float = 0.0  # the mean of the solo speed just before and just after
+    stream_tps_solo_range: list = field(default_factory=list)
     stream_tps_loaded: float = 0.0
     stream_ratio: float = 0.0
     loadavg: list = field(default_factory=list)  # the machine's 1-min load at start and end
@@ -272,9 +273,7 @@ async def trial(hall: Hall, clients: int, seconds: float, every: float = 1.5, so
                 ramp_s: float = 3.0, grace_s: float = 2.0) -> Trial:
     clients, seconds = min(clients, MAX_CLIENTS), min(seconds, MAX_SECONDS)
     out = Trial(clients, seconds, loadavg=[os.getloadavg()[0]])
-    if solo is None:  # the stream alone: the best of 3 (the machine is shared)
-        solo = max([await hall.stream_once() for _ in range(3)])
-    out.stream_tps_solo = solo
+    solo_before = solo if solo is not None else max([await hall.stream_once() for _ in range(3)])
     seen = [dict() for _ in range(clients)]
     shown = [dict() for _ in range(clients)]
     joins: list[float] = []
@@ -298,6 +297,10 @@ async def trial(hall: Hall, clients: int, seconds: float, every: float = 1.5, so
         t.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
     await asyncio.wait_for(stream, 120)  # the stream running finishes its request
+    # the stream alone before and after (best of 3 each): the machine is shared and its load drifts
+    solo_after = solo if solo is not None else max([await hall.stream_once() for _ in range(3)])
+    solo = out.stream_tps_solo = (solo_before + solo_after) / 2
+    out.stream_tps_solo_range = [solo_before, solo_after]
     lat, lags, missed, missed_views = [], [], 0, 0
     for version, _stage, t0 in moves:
         worst, miss = 0.0, 0
