@@ -2,9 +2,11 @@
 
 A room holds one recording (a finished request, a loaded trace, or a request still
 streaming, re-read while it runs). The presenter's link carries a secret key and
-moves the stage (buttons or keyboard); every other viewer of the room's link polls
-the room and follows. The page is plain HTML + a little JS (not Gradio): big type,
-keyboard control and a cheap poll for thirty browsers.
+moves the stage (buttons or keyboard); every other viewer of the room's link follows by
+server-sent events (app/classroom_push.py): a lecture hall costs one encoded state per
+change, each stage's HTML rendered once per trace version and served from a cache, and
+nothing on the engine's thread. At the sampling stage the presenter may ask "predict the
+next token" (app/classroom_question.py). The page is plain HTML + a little JS (not Gradio).
 """
 from __future__ import annotations
 
