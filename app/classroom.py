@@ -493,6 +493,9 @@ table.tt-q-results td, table.tt-q-results th { padding: 4px 10px; text-align: le
 table.tt-q-results tr.tt-q-drawn td { font-weight: 700; background: #e8f5e9; }
 .tt-q-bar { display: inline-block; height: 0.8em; background: #466ec8; vertical-align: middle; margin-right: 6px; }
 .tt-q-bar.tt-q-model { background: #2e7d32; }
+/* while the class guesses, the stage's words and panels (which name the drawn token) wait */
+body[data-question='open'] #tt-class-stage .tt-class-text, body[data-question='open'] #tt-class-stage .tt-class-panels
+  { display: none; }
 """
 
 
@@ -506,7 +509,7 @@ def page_html(room: Room, presenter: bool, css: str, server: str = "", static: b
     role = ("presenter: → / ← / space / PageDown move the whole class" if presenter else
             "following the presenter")
     ask = ("<span class='tt-q-presenter'><button id='tt-q-open' hidden>Ask the class: predict the next token"
-           "</button></span>" if presenter else "")
+           "</button> <span class='tt-q-error' id='tt-q-ask-err'></span></span>" if presenter else "")
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>TokenTrace classroom · {esc(room.rec.request_id)}</title>
 <style>{css}{QUESTION_CSS}</style></head>
 <body class="tt-class {'tt-presenter' if presenter else 'tt-follower'}">
@@ -637,7 +640,8 @@ function presenterButtons() {{
 async function ask(action) {{
   const r = await fetch(api('question'), {{method: 'POST', headers: {{'Content-Type': 'application/json'}},
     body: JSON.stringify({{key: KEY, action}})}});
-  if (!r.ok) {{ const d = await r.json(); const e = $('tt-q-err'); if (e) e.textContent = d.error.message; }}
+  const e = $('tt-q-err') || $('tt-q-ask-err');  // no question box yet: beside the button
+  if (!r.ok) {{ const d = await r.json(); if (e) e.textContent = d.error.message; }} else $('tt-q-ask-err').textContent = '';
 }}
 async function apply(s) {{
   room = s;

@@ -79,6 +79,7 @@ def test_presenter_and_two_students_through_a_question(server, browser, room, tm
     choices = s1.locator(".tt-q-choice")
     assert choices.count() >= 2
     assert s1.locator("#tt-class-q table").count() == 0  # no probabilities before the reveal
+    assert s1.locator(".tt-class-panels").is_hidden() and s1.locator(".tt-class-text").is_hidden()  # nor the panel
     choices.nth(0).click()
     s1.wait_for_function("document.querySelector('#tt-q-count').textContent.includes('your vote')")
     choices.nth(1).click()  # changes its mind: still one vote
@@ -91,6 +92,7 @@ def test_presenter_and_two_students_through_a_question(server, browser, room, tm
                               timeout=10_000)
     s1.wait_for_function("document.querySelector('#tt-q-count').textContent.startsWith('2 votes')", timeout=10_000)
     s1.screenshot(path=f"{shots}/classroom-question-open.png")
+    teacher.screenshot(path=f"{shots}/classroom-question-presenter.png")
     s2.reload()  # a reload resumes at the stage, with the question and its own vote
     stage_is(s2, 7)
     question_is(s2, "open")
@@ -98,6 +100,7 @@ def test_presenter_and_two_students_through_a_question(server, browser, room, tm
     teacher.click("#tt-q-reveal")
     for s in (s1, s2):
         question_is(s, "revealed")
+    assert s1.locator(".tt-class-panels").is_visible()  # the sampling panel is back
     answer = s1.inner_text("#tt-q-answer")
     assert "The model drew" in answer and "of 2 predicted it" in answer
     ex = httpx.get(server.url + f"classroom/{room['id']}/export", params={"key": room["key"]}, timeout=30).json()

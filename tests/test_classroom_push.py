@@ -235,3 +235,14 @@ def test_a_live_rooms_growing_trace_is_pushed_and_its_renders_change(recording):
     assert states[-1]["trace_version"] == 1 and states[-1]["finished"] and len(reads) >= 1
     assert room.etag(9) != etag and b"Still running" not in room.stage_body(9)
     assert room.cached_stage(0) is not None  # re-rendered ahead of the followers
+
+
+def test_a_trace_without_sampled_candidates_cannot_ask_and_says_why(server, recording):  # noqa: F811
+    trace = recording.to_json()
+    trace["events"] = [e for e in trace["events"] if e["type"] != "sample"]
+    made = httpx.post(server.url + "classroom", json={"trace": trace}, timeout=60).json()
+    room = {"id": made["id"], "key": made["presenter_url"].split("key=")[1]}
+    r = ask(server, room, "open")
+    assert r.status_code == 409 and "no sampled token" in r.json()["error"]["message"]
+    assert ask(server, room, "reveal").status_code == 409  # nothing open to reveal
+    assert httpx.get(server.url + f"classroom/{room['id']}/state").json()["question"] is None
