@@ -478,7 +478,7 @@ QUESTION_CSS = """
   background: #f5f8ff; font-size: 1.1em; }
 #tt-class-q h3 { margin: 0 0 6px; }
 .tt-q-context { font-family: ui-monospace, monospace; background: #fff; border: 1px solid #d5d9e6; padding: 4px 8px;
-  border-radius: 6px; display: inline-block; white-space: pre-wrap; }
+  border-radius: 6px; display: block; width: fit-content; margin: 4px 0; white-space: pre-wrap; }
 .tt-q-context .tt-q-blank { background: #466ec8; color: #fff; padding: 0 6px; border-radius: 4px; margin-left: 2px; }
 .tt-q-choices { display: flex; flex-wrap: wrap; gap: 8px; margin: 10px 0; }
 .tt-q-choice { font-family: ui-monospace, monospace; font-size: 1.05em; padding: 8px 14px; border-radius: 8px;
@@ -611,10 +611,10 @@ function renderQuestion(q) {{
   }} else {{
     const rows = q.candidates.map(c => el('tr', {{class: c.token_id === q.drawn.token_id ? 'tt-q-drawn' : ''}},
       el('td', {{text: (c.token_id === q.drawn.token_id ? '▶ ' : '') + visible(label(c))}}),
-      el('td', {{}}, bar('tt-q-model', c.prob), (c.prob * 100).toFixed(1) + '%'),
+      el('td', {{}}, bar('tt-q-model', c.final_prob), (c.final_prob * 100).toFixed(1) + '%'),
       el('td', {{}}, bar('', c.share), `${{c.votes}} (${{(c.share * 100).toFixed(0)}}%)`)));
     kids.push(el('table', {{class: 'tt-q-results'}}, el('tr', {{}}, el('th', {{text: 'token'}}),
-      el('th', {{text: "the model's probability"}}), el('th', {{text: "the class's votes"}})), ...rows));
+      el('th', {{text: "the model's probability (as sampled)"}}), el('th', {{text: "the class's votes"}})), ...rows));
     const drawnIn = q.candidates.some(c => c.token_id === q.drawn.token_id);
     kids.push(el('div', {{id: 'tt-q-answer', text: `The model drew ${{visible(label(q.drawn))}} (p=${{q.drawn.prob.toFixed(3)}} where it was drawn` +
       (drawnIn ? ')' : '; not among its top candidates)') + ` · ${{q.correct}} of ${{q.votes}} predicted it` +

@@ -111,7 +111,7 @@ def test_presenter_and_two_students_through_a_question(server, browser, room, tm
     assert second["votes"] == 1 and q["candidates"][0]["votes"] == 0
     # the class's votes beside the model's probability, row by row, as the server counted them
     cells = s1.locator("table.tt-q-results tr").nth(2).locator("td")
-    assert cells.nth(1).inner_text().strip() == f"{second['prob'] * 100:.1f}%"
+    assert cells.nth(1).inner_text().strip() == f"{second['final_prob'] * 100:.1f}%"  # what it drew from
     assert cells.nth(2).inner_text().strip() == "1 (50%)"
     # the typed markup is text: shown as typed, no element made of it
     assert GUESS.lower() in s2.inner_text("#tt-class-q") and s2.locator("#tt-class-q b").count() == 0
