@@ -5,10 +5,12 @@ for a shared CI machine (the full bar, 300 clients, is `python -m app.hall_load`
 from __future__ import annotations
 
 import asyncio
+import signal
+import time
 
 import pytest
 
-from app.hall_load import Hall, start_server, trial
+from app.hall_load import Conn, Hall, start_server, trial
 
 SCALED = {"errors": 0, "missed": 0, "worst_lag_s": 2.0, "state_p99_ms": 1000.0, "stream_ratio": 0.5}
 
@@ -17,7 +19,9 @@ SCALED = {"errors": 0, "missed": 0, "worst_lag_s": 2.0, "state_p99_ms": 1000.0, 
 def hall(checkpoint):
     proc, url = start_server(["--model", str(checkpoint("mixtral")), "--block-size", "4", "--num-kv-blocks", "64"])
     try:
-        yield Hall(url, max_tokens=32)
+        h = Hall(url, max_tokens=32)
+        h.proc = proc
+        yield h
     finally:
         proc.terminate()
         proc.wait(10)
@@ -36,3 +40,27 @@ def test_100_clients_follow_every_move_while_a_stream_keeps_its_speed(hall):
     assert t.state_p99_ms < SCALED["state_p99_ms"], t.line()
     assert t.stream_ratio >= SCALED["stream_ratio"], t.line()
     assert t.meets(SCALED)
+
+
+def test_ctrl_c_ends_the_server_while_followers_are_connected(hall):
+    """Open event streams must not hold the server's exit (uvicorn waits for open responses)."""
+    async def connect() -> list[Conn]:
+        if not hall.room:
+            await hall.make_room()
+        conns = [Conn(hall.host, hall.port) for _ in range(3)]
+        for c in conns:
+            await c.send("GET", f"/classroom/{hall.room}/events")
+            assert (await c.head())[0] == 200
+        return conns
+
+    async def run() -> float:
+        conns = await connect()
+        t = time.monotonic()
+        hall.proc.send_signal(signal.SIGINT)
+        while hall.proc.poll() is None and time.monotonic() - t < 30:
+            await asyncio.sleep(0.1)
+        for c in conns:
+            c.close()
+        return time.monotonic() - t
+    took = asyncio.run(run())
+    assert hall.proc.returncode == 0 and took < 15, took
