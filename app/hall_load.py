@@ -25,6 +25,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import socket
 import statistics
 import subprocess
@@ -114,6 +115,9 @@ class Trial:
     missed: int = 0  # moves that some client never showed
     missed_views: int = 0  # (client, move) pairs never shown
     stage_fetches: int = 0
+    questions: int = 0  # with --votes: questions opened, votes the clients sent, votes the room counted
+    votes_sent: int = 0
+    votes_counted: int = 0
     stream_tps_solo: float = 0.0  # the mean of the solo speed just before and just after
     stream_tps_solo_range: list = field(default_factory=list)
     stream_tps_loaded: float = 0.0
@@ -129,7 +133,9 @@ class Trial:
         return (f"{self.clients:5d} clients  errors {self.errors}  state p50/p99 {self.state_p50_ms:.0f}/"
                 f"{self.state_p99_ms:.0f} ms  worst lag {self.worst_lag_s:.2f} s  missed {self.missed}/{self.moves}"
                 f"  stream {self.stream_ratio:.2f} of solo ({self.stream_tps_loaded:.1f}/{self.stream_tps_solo:.1f}"
-                f" tok/s)  load {self.loadavg[0]:.1f}->{self.loadavg[-1]:.1f}  {'MEETS' if self.meets() else 'fails'}")
+                f" tok/s)  load {self.loadavg[0]:.1f}->{self.loadavg[-1]:.1f}"
+                + (f"  votes {self.votes_counted}/{self.votes_sent} in {self.questions} question(s)"
+                   if self.questions else "") + f"  {'MEETS' if self.meets() else 'fails'}")
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -149,7 +155,7 @@ class Hall:
         self.host, self.port = u.hostname, u.port or 80
         self.model, self.max_tokens = model, max_tokens
         self.room = self.key = ""
-        self.count = 0
+        self.count, self.sample_stage = 0, -1
 
     def body(self, stream: bool, trace_level: str = "basic") -> bytes:
         b = {"stream": stream, "max_tokens": self.max_tokens, "temperature": 0, "ignore_eos": True,
@@ -170,6 +176,18 @@ class Hall:
         room = json.loads(data)
         c.close()
         self.room, self.key, self.count = room["id"], room["presenter_url"].split("key=")[1], room["stages"]
+        page = await Conn(self.host, self.port).request("GET", f"/classroom/{self.room}")
+        found = re.search(rb"SAMPLE = (-?\d+)", page[2])
+        self.sample_stage = int(found.group(1)) if found else -1
+
+    async def questions(self) -> list[dict]:
+        """Every question the room asked, with its counted votes (the presenter's export)."""
+        c = Conn(self.host, self.port)
+        status, _, data = await c.request("GET", f"/classroom/{self.room}/export?key={self.key}")
+        c.close()
+        if status != 200:
+            raise RuntimeError(f"export HTTP {status}")
+        return json.loads(data)["questions"]
 
     async def stream_once(self) -> float:
         """One streaming request: its tokens/s between the first and the last token."""
@@ -192,9 +210,11 @@ class Hall:
 
 
 async def audience(hall: Hall, seen: dict, shown: dict, joins: list, errors: dict, stop: asyncio.Event,
-                   fetches: list) -> None:
-    """One student's page: follow the room's events; fetch each (stage, trace version) once."""
+                   fetches: list, me: int = 0, votes: list | None = None) -> None:
+    """One student's page: follow the room's events; fetch each (stage, trace version) once;
+    vote once on each question opened (when votes is a list: it collects the sent votes)."""
     cache: set = set()
+    voted: set = set()
     pages = Conn(hall.host, hall.port)
     while not stop.is_set():
         sse = Conn(hall.host, hall.port)
@@ -217,7 +237,7 @@ async def audience(hall: Hall, seen: dict, shown: dict, joins: list, errors: dic
                     if first:
                         joins.append(t - t0)
                         first = False
-                    seen[s["version"]] = t
+                    seen[s["version"]] = (t, s["stage"])
                     key = (s["stage"], s["trace_version"])
                     if key not in cache:
                         st, _, body = await pages.request("GET", f"/classroom/{hall.room}/stage/{s['stage']}"
@@ -226,7 +246,16 @@ async def audience(hall: Hall, seen: dict, shown: dict, joins: list, errors: dic
                         if st != 200 or b'"html"' not in body:
                             raise RuntimeError(f"stage HTTP {st}")
                         cache.add(key)
-                    shown[s["version"]] = time.perf_counter()
+                    shown[s["version"]] = (time.perf_counter(), s["stage"])
+                    q = s.get("question")
+                    if votes is not None and q and not q["revealed"] and q["id"] not in voted:
+                        voted.add(q["id"])
+                        pick = q["candidates"][me % len(q["candidates"])]["token_id"]
+                        st, _, body = await pages.request("POST", f"/classroom/{hall.room}/vote", json.dumps(
+                            {"choice": pick, "voter": f"hall-load-{me:06d}"}).encode())
+                        if st != 200:
+                            raise RuntimeError(f"vote HTTP {st}")
+                        votes.append(q["id"])
         except asyncio.CancelledError:
             break
         except Exception as e:  # noqa: BLE001 (counted, then reconnect as EventSource would)
@@ -240,18 +269,35 @@ async def audience(hall: Hall, seen: dict, shown: dict, joins: list, errors: dic
     pages.close()
 
 
-async def presenter(hall: Hall, seconds: float, every: float, moves: list, errors: dict) -> None:
+async def presenter(hall: Hall, seconds: float, every: float, moves: list, errors: dict,
+                    ask: bool = False) -> None:
+    """Moves every `every` seconds; with ask, opens the question at the sampling stage and
+    reveals (then closes) it just before moving on."""
     c = Conn(hall.host, hall.port)
-    stage, end = 0, time.perf_counter() + seconds
+    stage, end, asking = 0, time.perf_counter() + seconds, False
+
+    async def question(action: str) -> None:
+        st, _, _ = await c.request("POST", f"/classroom/{hall.room}/question",
+                                   json.dumps({"key": hall.key, "action": action}).encode())
+        if st != 200:
+            raise RuntimeError(f"question {action} HTTP {st}")
     while time.perf_counter() < end:
         stage = (stage + 1) % hall.count
         t0 = time.perf_counter()
         try:
+            if asking:
+                await question("reveal")
+                await question("close")
+                asking = False
+                t0 = time.perf_counter()
             st, _, data = await c.request("POST", f"/classroom/{hall.room}/goto",
                                           json.dumps({"key": hall.key, "stage": stage}).encode())
             if st != 200:
                 raise RuntimeError(f"goto HTTP {st}")
             moves.append((json.loads(data)["version"], stage, t0))
+            if ask and stage == hall.sample_stage:
+                await question("open")
+                asking = True
         except Exception as e:  # noqa: BLE001
             errors[f"presenter {type(e).__name__}"] = errors.get(f"presenter {type(e).__name__}", 0) + 1
             c.close()
@@ -270,7 +316,7 @@ async def streamer(hall: Hall, stop: asyncio.Event, rates: list, errors: dict) -
 
 
 async def trial(hall: Hall, clients: int, seconds: float, every: float = 1.5, solo: float | None = None,
-                ramp_s: float = 3.0, grace_s: float = 2.0) -> Trial:
+                ramp_s: float = 3.0, grace_s: float = 2.0, votes: bool = False) -> Trial:
     clients, seconds = min(clients, MAX_CLIENTS), min(seconds, MAX_SECONDS)
     out = Trial(clients, seconds, loadavg=[os.getloadavg()[0]])
     solo_before = solo if solo is not None else max([await hall.stream_once() for _ in range(3)])
@@ -279,10 +325,13 @@ async def trial(hall: Hall, clients: int, seconds: float, every: float = 1.5, so
     joins: list[float] = []
     errors: dict = {}
     fetches: list = []
+    sent: list = []
+    asked_before = len(await hall.questions()) if votes else 0
     stop = asyncio.Event()
     tasks = []
     for i in range(clients):  # a hall fills over a few seconds, not in one instant
-        tasks.append(asyncio.create_task(audience(hall, seen[i], shown[i], joins, errors, stop, fetches)))
+        tasks.append(asyncio.create_task(audience(hall, seen[i], shown[i], joins, errors, stop, fetches, i,
+                                                  sent if votes else None)))
         await asyncio.sleep(ramp_s / clients)
     end = time.perf_counter() + 10 + ramp_s
     while len(joins) < clients and time.perf_counter() < end:
@@ -290,7 +339,7 @@ async def trial(hall: Hall, clients: int, seconds: float, every: float = 1.5, so
     rates: list[float] = []
     moves: list = []
     stream = asyncio.create_task(streamer(hall, stop, rates, errors))
-    await presenter(hall, seconds, every, moves, errors)
+    await presenter(hall, seconds, every, moves, errors, ask=votes)
     await asyncio.sleep(grace_s)  # the last move's stragglers
     stop.set()
     for t in tasks:
@@ -302,13 +351,17 @@ async def trial(hall: Hall, clients: int, seconds: float, every: float = 1.5, so
     solo = out.stream_tps_solo = (solo_before + solo_after) / 2
     out.stream_tps_solo_range = [solo_before, solo_after]
     lat, lags, missed, missed_views = [], [], 0, 0
-    for version, _stage, t0 in moves:
+    for k, (version, stage, t0) in enumerate(moves):
+        # a client that got a later state of the same move (the question opened, a vote count) saw it too
+        until = moves[k + 1][0] if k + 1 < len(moves) else float("inf")
         worst, miss = 0.0, 0
         for i in range(clients):
-            if version in seen[i]:
-                lat.append(seen[i][version] - t0)
-            if version in shown[i]:
-                worst = max(worst, shown[i][version] - t0)
+            got = [t for v, (t, st) in seen[i].items() if version <= v < until and st == stage]
+            if got:
+                lat.append(min(got) - t0)
+            had = [t for v, (t, st) in shown[i].items() if version <= v < until and st == stage]
+            if had:
+                worst = max(worst, min(had) - t0)
             else:
                 miss += 1
         missed += miss > 0
@@ -324,6 +377,13 @@ async def trial(hall: Hall, clients: int, seconds: float, every: float = 1.5, so
     out.worst_lag_s = max(lags) if lags else 0.0
     out.lag_p50_s = pct(finite, 0.5)
     out.stage_fetches = len(fetches)
+    if votes:  # every vote sent is counted once, as the server's export says
+        asked = (await hall.questions())[asked_before:]
+        out.questions, out.votes_sent = len(asked), len(sent)
+        out.votes_counted = sum(q["votes"] for q in asked)
+        if out.votes_counted != out.votes_sent:
+            out.errors += 1
+            out.error_kinds["votes counted != sent"] = out.votes_counted - out.votes_sent
     out.stream_tps_loaded = statistics.median(rates) if rates else 0.0
     out.stream_ratio = out.stream_tps_loaded / solo if solo else 0.0
     out.loadavg.append(os.getloadavg()[0])
@@ -331,17 +391,17 @@ async def trial(hall: Hall, clients: int, seconds: float, every: float = 1.5, so
 
 
 async def find_max(hall: Hall, start: int, seconds: float, max_clients: int, max_trials: int,
-                   report=print) -> tuple[int, list[Trial]]:
+                   report=print, votes: bool = False) -> tuple[int, list[Trial]]:
     """The largest audience meeting BAR: double from start until a trial fails, then bisect."""
     trials: list[Trial] = []
     good, bad, n = 0, None, start
     while len(trials) < max_trials:
-        t = await trial(hall, n, seconds)  # the solo speed again each time: the machine's load drifts
+        t = await trial(hall, n, seconds, votes=votes)  # the solo speed again each time: the load drifts
         trials.append(t)
         report(t.line())
         if not t.meets() and len(trials) < max_trials:  # on a shared machine one bad run is not the answer
             await asyncio.sleep(2.0)
-            t = await trial(hall, n, seconds)
+            t = await trial(hall, n, seconds, votes=votes)
             trials.append(t)
             report(t.line() + "  (again)")
         if t.meets():
@@ -395,6 +455,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--clients", type=int, default=100, help=f"audience clients (at most {MAX_CLIENTS})")
     p.add_argument("--seconds", type=float, default=20.0, help=f"how long the presenter moves (at most {MAX_SECONDS})")
     p.add_argument("--move-every", type=float, default=1.5)
+    p.add_argument("--votes", action="store_true",
+                   help="the presenter asks 'predict the next token' at the sampling stage; every client votes")
     p.add_argument("--find-max", action="store_true", help="the largest audience meeting the hall's bar")
     p.add_argument("--max-clients", type=int, default=1200)
     p.add_argument("--max-trials", type=int, default=8)
@@ -414,10 +476,10 @@ def main(argv: list[str] | None = None) -> int:
             await hall.make_room()
             if a.find_max:
                 best, trials = await find_max(hall, a.clients, a.seconds, min(a.max_clients, MAX_CLIENTS),
-                                              a.max_trials)
+                                              a.max_trials, votes=a.votes)
                 print(f"largest audience meeting the bar: {best} clients")
                 return trials
-            t = await trial(hall, a.clients, a.seconds, a.move_every)
+            t = await trial(hall, a.clients, a.seconds, a.move_every, votes=a.votes)
             print(t.line())
             if t.error_kinds:
                 print("errors:", t.error_kinds)

@@ -1,6 +1,7 @@
 """Issue 15, bounded in CI: 100 audience clients follow a presenter for 15 s on loopback
 (the server in its own process, as `python -m app.hall_load` runs it) while a streaming
-request runs: no errors, every client shows every move, and the hall's thresholds, scaled
+request runs and every client votes on the question: no errors, every client shows every
+move, every vote counted once, and the hall's thresholds, scaled
 for a shared CI machine (the full bar, 300 clients, is `python -m app.hall_load`)."""
 from __future__ import annotations
 
@@ -27,10 +28,10 @@ def hall(checkpoint):
         proc.wait(10)
 
 
-def test_100_clients_follow_every_move_while_a_stream_keeps_its_speed(hall):
+def test_100_clients_follow_every_move_and_vote_while_a_stream_keeps_its_speed(hall):
     async def go():
         await hall.make_room()
-        return await trial(hall, 100, 15.0, every=1.5)
+        return await trial(hall, 100, 15.0, every=1.5, votes=True)
     t = asyncio.run(go())
     print(t.line())
     assert t.errors == 0, t.error_kinds
@@ -40,6 +41,8 @@ def test_100_clients_follow_every_move_while_a_stream_keeps_its_speed(hall):
     assert t.state_p99_ms < SCALED["state_p99_ms"], t.line()
     assert t.stream_ratio >= SCALED["stream_ratio"], t.line()
     assert t.meets(SCALED)
+    # the presenter asked at the sampling stage: every client voted once, the room counted each once
+    assert t.questions >= 1 and t.votes_sent == 100 * t.questions == t.votes_counted
 
 
 def test_ctrl_c_ends_the_server_while_followers_are_connected(hall):
