@@ -36,6 +36,8 @@ from visualizers.walkthrough import Stage, stages
 REFRESH_EVERY = 0.5  # seconds between re-reads of a request that is still running
 MAX_UPLOAD = 16 * 2**20  # a trace posted to make a room (a long fully traced request is a few MB)
 MAX_ROOMS = 64
+MAX_SMALL_BODY = 4096  # a vote or a presenter's action
+MAX_QUESTIONS = 100  # the export keeps this many of a room's questions (the newest)
 VOTE_FLUSH = 0.5  # seconds: the running count of votes reaches the class at most this often
 TICK_IDLE = 30.0  # seconds a live room keeps re-reading its request with nobody following
 VOTER_COOKIE = "tt_voter"
@@ -149,9 +151,9 @@ class Room:
                 sample = self.sample_for_question()
                 if sample is None:
                     raise VoteRefused("this request has no sampled token with its candidates to ask about", 409)
-                self.question = Question.from_sample(len(self.questions) + 1, sample, self.rec.pieces,
-                                                     prompt_tail(self.rec))
-                self.questions.append(self.question)
+                qid = self.questions[-1].qid + 1 if self.questions else 1
+                self.question = Question.from_sample(qid, sample, self.rec.pieces, prompt_tail(self.rec))
+                self.questions = self.questions[-(MAX_QUESTIONS - 1):] + [self.question]
             elif action in ("reveal", "close"):
                 if self.question is None:
                     raise VoteRefused("no question is open", 409)
@@ -272,7 +274,9 @@ def _is_presenter(room: Room, key: object) -> bool:
 
 async def _json_object(request: Request) -> dict:
     try:
-        body = json.loads(await request.body() or b"null")
+        body = json.loads(await read_body(request, MAX_SMALL_BODY) or b"null")
+    except RequestRefused as e:
+        raise VoteRefused(str(e), e.status) from None
     except (ValueError, UnicodeDecodeError):
         raise VoteRefused("the body must be a JSON object") from None
     if not isinstance(body, dict):

@@ -14,7 +14,7 @@ import pytest
 
 from app.classroom import Room
 from app.local_server import LocalServer
-from tests.test_recording import recording, run, service  # noqa: F401 (module fixtures: a real engine run)
+from tests.test_recording import recording, service  # noqa: F401 (module fixtures: a real engine run)
 
 
 @pytest.fixture(scope="module")
@@ -177,6 +177,8 @@ def test_votes_count_once_per_browser_and_the_reveal_shows_both(server, room):
         assert r.status_code == 400 and r.json()["error"]["param"] == why, (bad, r.text)
     assert httpx.post(base + "vote", content=b"{nope").status_code == 400
     assert httpx.post(base + "vote", json=[1]).status_code == 400
+    big = httpx.post(base + "vote", content=b'{"guess": "' + b"x" * 5000 + b'"}')
+    assert big.status_code == 413 and "limit" in big.json()["error"]["message"]
     time.sleep(0.7)  # the running count is flushed to followers at most twice a second
     state = httpx.get(base + "state").json()
     n = state["question"]["votes"]
