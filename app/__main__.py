@@ -282,7 +282,8 @@ def serve_replay(args: argparse.Namespace) -> None:
     if args.share:
         from app.share import open_share_link
         open_share_link(args.port, lambda line: print(line, flush=True))
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    # open event streams (a classroom's audience) end 3 s after Ctrl-C instead of holding the exit
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=3)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -318,7 +319,7 @@ def main(argv: list[str] | None = None) -> None:
         from app.share import open_share_link
         open_share_link(args.port, lambda line: print(line, flush=True))
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=3)
     finally:
         models.stop()
 

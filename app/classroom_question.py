@@ -1,0 +1,106 @@
+"""The live question of a classroom: "predict the next token".
+
+At the sampling stage the presenter opens it on the request's first generated token: every
+student picks one of the model's top candidates (or types a guess), then the presenter
+reveals what the model drew, with the class's votes beside the model's probabilities.
+One vote per browser (the server keys votes by the browser's id; a second vote replaces the
+first), and the probabilities stay hidden until the reveal so they cannot steer the class.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+MAX_CANDIDATES = 6  # the choices offered (the model's top ones)
+MAX_GUESS_CHARS = 40
+MAX_VOTERS = 20_000  # a bound on the memory one room's question may hold
+SHOWN_GUESSES = 8  # typed guesses shown at the reveal (the most frequent)
+
+
+class VoteRefused(ValueError):
+    def __init__(self, message: str, status: int = 400, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.param = status, param
+
+
+@dataclass
+class Candidate:
+    token_id: int
+    text: str  # the token's text (untrusted: escaped where shown)
+    prob: float  # the model's softmax(logits) for it
+    final_prob: float  # after the request's temperature / top-k / top-p
+
+
+@dataclass
+class Question:
+    qid: int
+    position: int  # the position of the token asked about
+    context: str  # the last words before it (untrusted)
+    candidates: list[Candidate]
+    drawn: int  # the token id the engine drew
+    drawn_text: str
+    drawn_prob: float  # its probability where it was drawn (after the request's knobs)
+    revealed: bool = False
+    votes: dict[str, int | str] = field(default_factory=dict)  # browser id -> token id, or a typed guess
+
+    @classmethod
+    def from_sample(cls, qid: int, sample: dict, pieces: dict[int, str], context: str) -> "Question":
+        stages = sample["stages"]
+        first, last = stages.get("logits") or next(iter(stages.values())), list(stages.values())[-1]
+        order = sorted(range(len(sample["candidates"])), key=lambda j: -first["probs"][j])[:MAX_CANDIDATES]
+        cands = [Candidate(int(sample["candidates"][j]), pieces.get(int(sample["candidates"][j]),
+                                                                    f"#{sample['candidates'][j]}"),
+                           float(first["probs"][j]), float(last["probs"][j])) for j in order]
+        drawn = int(sample["token_id"])
+        return cls(qid, int(sample["position"]), context, cands, drawn, pieces.get(drawn, f"#{drawn}"),
+                   float(sample.get("token_prob", 0.0)))
+
+    def vote(self, voter: str, choice: object, guess: object) -> None:
+        """choice: a candidate's token id; guess: typed text. Exactly one of them."""
+        if self.revealed:
+            raise VoteRefused("the answer is revealed: voting is closed", 409)
+        if (choice is None) == (guess is None):
+            raise VoteRefused("the body must be {\"choice\": <a candidate's token id>} or {\"guess\": <text>}")
+        if choice is not None:
+            if isinstance(choice, bool) or not isinstance(choice, int) or \
+                    choice not in {c.token_id for c in self.candidates}:
+                raise VoteRefused("choice must be the token id of one of the question's candidates",
+                                  param="choice")
+            value: int | str = choice
+        else:
+            if not isinstance(guess, str) or not guess.strip() or len(guess) > MAX_GUESS_CHARS:
+                raise VoteRefused(f"guess must be 1 to {MAX_GUESS_CHARS} characters of text", param="guess")
+            # a typed guess that is one of the candidates counts for it
+            match = next((c.token_id for c in self.candidates if c.text.strip() == guess.strip()), None)
+            value = match if match is not None else guess.strip()
+        if voter not in self.votes and len(self.votes) >= MAX_VOTERS:
+            raise VoteRefused("this question has all the votes it can hold", 429)
+        self.votes[voter] = value  # once per browser: a second vote replaces the first
+
+    def tally(self) -> tuple[Counter, Counter]:
+        picks = Counter(v for v in self.votes.values() if isinstance(v, int))
+        guesses = Counter(v.lower() for v in self.votes.values() if isinstance(v, str))
+        return picks, guesses
+
+    def public(self) -> dict:
+        """What every follower sees: the choices; at the reveal, the answer, the model's
+        probabilities and the class's votes."""
+        out = {"id": self.qid, "position": self.position, "context": self.context, "revealed": self.revealed,
+               "votes": len(self.votes),
+               "candidates": [{"token_id": c.token_id, "text": c.text} for c in self.candidates]}
+        if self.revealed:
+            out.update(self.results())
+        return out
+
+    def results(self) -> dict:
+        picks, guesses = self.tally()
+        n = max(1, len(self.votes))
+        return {"drawn": {"token_id": self.drawn, "text": self.drawn_text, "prob": self.drawn_prob},
+                "candidates": [{"token_id": c.token_id, "text": c.text, "prob": c.prob, "final_prob": c.final_prob,
+                                "votes": picks[c.token_id], "share": picks[c.token_id] / n} for c in self.candidates],
+                "guesses": [{"text": g, "votes": k} for g, k in guesses.most_common(SHOWN_GUESSES)],
+                "other_guesses": sum(guesses.values()),
+                "correct": sum(1 for v in self.votes.values() if v == self.drawn)}
+
+    def export(self) -> dict:
+        return {**self.public(), **self.results(), "revealed": self.revealed}
