@@ -1,0 +1,191 @@
+"""Tensor and expert parallelism (engine/parallel) on the CPU: 2 ranks over gloo.
+
+The sharded engine must compute what the single-device engine computes (itself checked
+against transformers in test_parity.py): logits within float tolerance (the all-reduces
+sum partial products in another order) and identical greedy tokens, on the embedded
+Mixtral and on tiny Llama, Qwen3, Mixtral and Qwen2-MoE checkpoints. Plus the refusals,
+the trace's collectives, and the failure paths: a rank that dies, a killed engine.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine import LLM, SamplingParams
+from engine.parallel.worker import RankFailedError
+from tests.engine_utils import chunked_logits
+
+ROOT = Path(__file__).resolve().parents[1]
+EMBEDDED = ROOT / "assets" / "models" / "target"
+PROMPTS = [torch.randint(4, 300, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (21, 9)]
+GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie (exited, not yet reaped) counts as gone
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+_single: dict = {}
+
+
+def _engines(path, **parallel) -> tuple[LLM, LLM]:
+    """The single-device engine (kept for the module) and a fresh 2-rank one."""
+    if path not in _single:
+        _single[path] = LLM(path, device="cpu", dtype="float32", block_size=4)
+    two = LLM(path, device="cpu", dtype="float32", block_size=4, tensor_parallel_size=2, **parallel)
+    return _single[path], two
+
+
+# Mixtral's expert parallelism runs on the embedded model (a Mixtral); Qwen2-MoE's adds
+# the shared expert, split by columns across the ranks like a dense MLP.
+CASES = [("llama", {}), ("qwen3", {}), ("mixtral", {}), ("qwen2_moe", {"expert_parallel": True}),
+         ("embedded", {}), ("embedded", {"expert_parallel": True})]
+
+
+@pytest.mark.parametrize("arch,parallel", CASES, ids=[a + ("-ep" if p else "-tp") for a, p in CASES])
+def test_two_ranks_match_one_device(checkpoint, arch, parallel):
+    path = EMBEDDED if arch == "embedded" else checkpoint(arch)
+    one, two = _engines(path, **parallel)
+    try:
+        workers = two.engine.runner.procs
+        assert len(workers) == 1 and workers[0].is_alive()
+        # logits of a whole prefill and of token-by-token decoding through each rank's KV pages
+        ids = one.tokenizer.encode("Once upon a time, the little fox") if arch == "embedded" else PROMPTS[0]
+        for chunk in (len(ids), 1):
+            torch.testing.assert_close(chunked_logits(two.engine, ids, chunk), chunked_logits(one.engine, ids, chunk),
+                                       atol=1e-4, rtol=1e-4)
+        # greedy tokens of a batch of two prompts (prefill, then batched decode)
+        prompts = [ids, PROMPTS[1]]
+        assert [o.token_ids for o in two.generate(prompts, GREEDY)] == [o.token_ids for o in one.generate(prompts, GREEDY)]
+        if arch == "embedded" and not parallel:  # seeded sampling draws the same tokens too
+            sp = SamplingParams(temperature=0.8, top_p=0.95, seed=3, max_tokens=16, ignore_eos=True)
+            assert two.generate(ids, sp)[0].token_ids == one.generate(ids, sp)[0].token_ids
+        assert two.engine.block_manager.num_free_blocks == two.engine.block_manager.num_blocks
+        if parallel:
+            _check_expert_placement(one, two)
+        if arch == "qwen3":
+            _check_trace(two)
+    finally:
+        two.shutdown()
+    assert not any(p.is_alive() for p in workers)
+
+
+def _check_expert_placement(one: LLM, two: LLM) -> None:
+    """Rank 0 holds half the query and KV heads (whole GQA groups), KV pages of half the
+    width, and half the experts, whole; the router still scores all of them."""
+    cfg, runner = one.engine.model_config, two.engine.runner
+    layer = next(i for i, m in enumerate(cfg.moe_layers) if m)
+    attn = runner.model.model.layers[layer].self_attn
+    assert (attn.num_heads, attn.num_kv_heads) == (cfg.num_heads // 2, cfg.num_kv_heads // 2)
+    assert runner.kv_cache.shape[-2] == cfg.num_kv_heads // 2
+    moe = runner.model.model.layers[layer].mlp.inner
+    E = cfg.num_experts
+    assert moe.experts_gate_up.shape[0] == E // 2 and moe.gate.weight.shape[0] == E
+    ranks = runner.placement.as_dict()["ranks"]
+    assert [r["experts"] for r in ranks] == [list(range(E // 2)), list(range(E // 2, E))]
+    H, K = cfg.num_heads, cfg.num_kv_heads
+    assert [r["heads"] for r in ranks] == [list(range(H // 2)), list(range(H // 2, H))]
+    assert [r["kv_heads"] for r in ranks] == [list(range(K // 2)), list(range(K // 2, K))]
+
+
+def _check_trace(llm: LLM) -> None:
+    stream = list(llm.stream(PROMPTS[0], SamplingParams(temperature=0, max_tokens=3), trace="basic"))
+    events = [e for e in stream if getattr(e, "type", None) == "schedule.collective"]
+    steps = [e.data["num_tokens"] for e in stream if getattr(e, "type", None) == "schedule.step"]
+    assert len(events) == len(steps) == 3  # one per step: the prefill (what the prefix cache lacks), two decodes
+    assert steps[1:] == [1, 1]
+    cfg = llm.engine.model_config
+    for ev, tokens in zip(events, steps):
+        cols = ev.data["collectives"]
+        reduces = [c for c in cols if c["kind"] == "all_reduce"]
+        # one after attention's o_proj and one after the MLP's down_proj, in every layer
+        assert [(c["layer"], c["what"]) for c in reduces] == [
+            (i, w) for i in range(cfg.num_layers) for w in ("attention", "mlp")]
+        assert all(c["bytes"] == tokens * cfg.hidden_size * 4 for c in reduces)
+        assert all(len(c["ms"]) == 2 and min(c["ms"]) >= 0 for c in cols)
+        assert [c["what"] for c in cols if c["kind"] == "broadcast"] == ["batch"]
+        ranks = ev.data["placement"]["ranks"]
+        assert [r["kv_heads"] for r in ranks] == [[0], [1]] and [r["heads"] for r in ranks] == [[0, 1], [2, 3]]
+
+
+def test_refusals_are_clear_and_start_nothing(checkpoint, tmp_path):
+    from tests.tiny import make_checkpoint
+    import multiprocessing as mp
+
+    odd = make_checkpoint("llama", tmp_path / "kv3", num_heads=9, num_kv_heads=3, hidden_size=72)
+    with pytest.raises(ValueError, match=r"does not divide the model's 3 KV heads"):
+        LLM(odd, device="cpu", dtype="float32", tensor_parallel_size=2)
+    with pytest.raises(ValueError, match="expert parallelism needs a mixture-of-experts model"):
+        LLM(checkpoint("llama"), device="cpu", tensor_parallel_size=2, expert_parallel=True)
+    with pytest.raises(ValueError, match="tensor_parallel_size must be >= 1"):
+        LLM(checkpoint("llama"), device="cpu", tensor_parallel_size=0)
+    assert not mp.active_children()
+
+
+def test_a_dying_rank_stops_the_engine_with_one_error(checkpoint, monkeypatch):
+    llm = LLM(checkpoint("llama"), device="cpu", dtype="float32", block_size=4, tensor_parallel_size=2)
+    runner = llm.engine.runner
+    worker = runner.procs[0]
+    assert llm.generate(PROMPTS[1], GREEDY)[0].finish_reason == "length"
+    # no liveness check before the step: rank 0 learns of the death from gloo, in a collective
+    monkeypatch.setattr(runner, "_check_workers", lambda: None)
+    os.kill(worker.pid, signal.SIGKILL)
+    worker.join(5)
+    t = time.monotonic()
+    with pytest.raises(RankFailedError, match=r"rank 1 of 2 died \(exit code -9\)"):
+        llm.generate(PROMPTS[0], GREEDY)
+    assert time.monotonic() - t < 30
+    with pytest.raises(RankFailedError, match="rank 1 of 2 died"):  # and stays stopped, saying why
+        llm.generate(PROMPTS[0], GREEDY)
+    assert llm.engine.block_manager.num_free_blocks == llm.engine.block_manager.num_blocks  # no page leaked
+    llm.shutdown()
+
+
+KILLED = textwrap.dedent("""
+    import os, signal, sys, time
+    sys.path.insert(0, {root!r})
+    from engine import LLM, SamplingParams
+    if __name__ == "__main__":
+        llm = LLM({path!r}, device="cpu", dtype="float32", tensor_parallel_size=2)
+        print(" ".join(str(p.pid) for p in llm.engine.runner.procs), flush=True)
+        if {sig} == signal.SIGKILL:
+            os.kill(os.getpid(), signal.SIGKILL)
+        while True:  # serving until interrupted
+            llm.generate([1, 2, 3], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+""")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "kill-9"])
+def test_a_stopped_engine_process_leaves_no_workers(checkpoint, tmp_path, sig):
+    script = tmp_path / "serve.py"
+    script.write_text(KILLED.format(root=str(ROOT), path=str(checkpoint("llama")), sig=int(sig)))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            start_new_session=True)
+    try:
+        pids = [int(p) for p in proc.stdout.readline().split()]
+        assert len(pids) == 1 and _alive(pids[0])
+        if sig == signal.SIGINT:
+            time.sleep(0.5)
+            os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: to the engine and its workers
+        proc.wait(30)
+        deadline = time.monotonic() + 15
+        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not any(_alive(p) for p in pids), "a worker rank outlived the engine's process"
+    finally:
+        proc.kill()
