@@ -341,7 +341,7 @@ class EngineService:
             if self.store.add(rid, d):  # its trace passed the per-request cap: no more tensor captures
                 self._uncapture.add(rid)
             self._deliver(rid, d)
-        elif d["type"] == "schedule.step":
+        elif d["type"] in ("schedule.step", "schedule.collective"):  # a step's: kept with each request in it
             for b in d["batch"]:
                 self.store.add(b["request_id"], d)
                 self._deliver(b["request_id"], d, firehose=False)

@@ -470,7 +470,8 @@ class LLMEngine:
         bm = self.block_manager
         if hasattr(self.runner, "trace_events"):  # sharded: what crossed between the ranks (engine/parallel)
             self._emit_plain("schedule.collective", None, placement=self.runner.placement.as_dict(),
-                             collectives=self.runner.trace_events())
+                             collectives=self.runner.trace_events(), forward_seconds=forward_seconds,
+                             batch=[{"request_id": s.seq.request_id} for s in scheduled])
         self._emit_plain("schedule.step", None, forward_seconds=forward_seconds, num_tokens=batch.query_starts[-1],
                          batch=[{"request_id": s.seq.request_id, "kind": s.kind, "start": s.start,
                                  "num_tokens": s.num_tokens} for s in scheduled],

@@ -22,6 +22,7 @@ import torch
 from engine import LLM, SamplingParams
 from engine.parallel.worker import RankFailedError
 from tests.engine_utils import chunked_logits
+from visualizers.parallel import measured_stage_html, parallel_panel_html, step_summary
 
 ROOT = Path(__file__).resolve().parents[1]
 EMBEDDED = ROOT / "assets" / "models" / "target"
@@ -121,6 +122,21 @@ def _check_trace(llm: LLM) -> None:
         assert [c["what"] for c in cols if c["kind"] == "broadcast"] == ["batch"]
         ranks = ev.data["placement"]["ranks"]
         assert [r["kv_heads"] for r in ranks] == [[0], [1]] and [r["heads"] for r in ranks] == [[0, 1], [2, 3]]
+    # the page's panel and classroom stage 13 quote these events
+    dicts = [e.to_dict() for e in events]
+    panel = parallel_panel_html(dicts, cfg.num_layers)
+    assert panel.count("<td") == 2 * cfg.num_layers and "rank 1: compute" in panel and "not built" in panel
+    last = step_summary(dicts[-1])
+    assert last["bytes"] == sum(c["bytes"] for c in dicts[-1]["collectives"]) and len(last["comm_ms"]) == 2
+    stage = measured_stage_html(dicts)
+    assert "ran sharded" in stage and f"{sum(len(d['collectives']) for d in dicts):,}</b> collectives" in stage
+
+
+def test_one_device_panel_says_what_is_not_built():
+    html = parallel_panel_html([])
+    assert "one device" in html and "Pipeline parallelism" in html and "not built" in html
+    assert "Llama-3-70B" in html and "32.0 KiB" in html  # 2 x 8192 x 2 B per token per layer
+    assert measured_stage_html([]) == ""
 
 
 def test_refusals_are_clear_and_start_nothing(checkpoint, tmp_path):

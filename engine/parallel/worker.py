@@ -260,10 +260,10 @@ def _stop_workers(procs: list, comm: Comm | None, state: dict) -> None:
     if comm is not None and not state["in_step"] and any(p.is_alive() for p in procs):
         try:
             comm.broadcast_object(None)
+            for p in procs:
+                p.join(timeout=5)
         except Exception:  # noqa: BLE001 - they are terminated below
             pass
-    for p in procs:
-        p.join(timeout=5)
     for p in procs:
         if p.is_alive():
             p.terminate()
