@@ -161,6 +161,7 @@ class EngineService:
         if self._thread is not None:
             self._thread.join(timeout=10)
             self._thread = None
+        self.engine.shutdown()  # a sharded engine's worker ranks (nothing for one device)
 
     # --- requests -------------------------------------------------------------------
     def submit(self, sub: Submission, request_id: str | None = None, client: str | None = None) -> Subscription:

@@ -132,6 +132,26 @@ def _check_trace(llm: LLM) -> None:
     assert "ran sharded" in stage and f"{sum(len(d['collectives']) for d in dicts):,}</b> collectives" in stage
 
 
+def test_the_app_serves_a_sharded_model_and_stage_13_quotes_it():
+    """python -m app --tensor-parallel-size 2 --expert-parallel: the page's service runs a request
+    on 2 ranks; its trace keeps the step's collectives, and classroom stage 13 quotes them."""
+    from app.__main__ import build_service, parse_args
+    from tests.test_walkthrough import run, walk
+
+    svc = build_service(parse_args(["--tensor-parallel-size", "2", "--expert-parallel"])).start()
+    try:
+        workers = svc.engine.runner.procs
+        rec = run(svc, "Tell me a story.", max_tokens=6, speculative=False)
+    finally:
+        svc.stop()
+    assert not any(p.is_alive() for p in workers)
+    sharded = [e for e in rec.events if e["type"] == "schedule.collective"]
+    assert len(sharded) >= 6 and all(len(e["collectives"]) == 1 + 2 * rec.model["num_layers"] for e in sharded)
+    text = walk(rec)["parallel"]
+    assert "ran sharded" in text and "<table class='tt-par-grid'>" in text and "experts 4–7" in text
+    assert "Pipeline parallelism is not built" in text
+
+
 def test_one_device_panel_says_what_is_not_built():
     html = parallel_panel_html([])
     assert "one device" in html and "Pipeline parallelism" in html and "not built" in html

@@ -7,7 +7,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Sequence
 
-from visualizers.parallel import measured_stage_html
+from visualizers.parallel import measured_stage_html, parallel_panel_html
 from visualizers._html import esc, fmt_bytes, fmt_ms
 from visualizers.attention import layer_spans
 from visualizers.speculative import span_text
@@ -223,8 +223,8 @@ def stages(model: dict, request_id: str, body: dict | None, events: Sequence[dic
     # 13. beyond one device
     sharded = [c for c in ev.get("schedule.collective", [])
                if any(x.get("request_id") == request_id for x in c.get("batch", []))]
-    out.append(Stage("parallel", "13 · Beyond one GPU", measured_stage_html(sharded)
-                     + parallel_html(model, sharded=bool(sharded)), ()))
+    measured = measured_stage_html(sharded) + (parallel_panel_html(sharded, L) if sharded else "")
+    out.append(Stage("parallel", "13 · Beyond one GPU", measured + parallel_html(model, sharded=bool(sharded)), ()))
     return out
 
 
