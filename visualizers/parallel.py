@@ -50,8 +50,9 @@ def reference_html(ref: dict = REFERENCE) -> str:
             f"× {ref['layers']} layers = <b>{esc(fmt_bytes(per_layer * ref['layers']))}</b> per token.</p>")
 
 
-def parallel_panel_html(events: Sequence[dict], num_layers: int | None = None) -> str:
-    """The parallelism panel for a request's `schedule.collective` events (the last step shown)."""
+def parallel_panel_html(events: Sequence[dict], num_layers: int | None = None, notes: bool = True) -> str:
+    """The parallelism panel for a request's `schedule.collective` events (the last step shown).
+    notes=False: without the not-built line (a caller that says it itself)."""
     events = [e for e in events if e.get("type", "schedule.collective") == "schedule.collective"]
     if not events:
         return ("<div class='tt-parallel'><p>This model runs on one device: nothing crosses between devices. "
@@ -69,7 +70,8 @@ def parallel_panel_html(events: Sequence[dict], num_layers: int | None = None) -
             d = summary["layers"].get(i)
             moved = (f"<br><span class='tt-note'>{esc(fmt_bytes(d['bytes']))} · {d['ms'][r]:.2f} ms</span>"
                      if d and r < len(d["ms"]) else "")
-            cells.append(f"<td title='rank {r}, layer {i}'>q {esc(_span(place.get('heads', [])))}<br>"
+            cells.append(f"<td title='rank {r}, layer {i}' style='border:1px solid #ccc;padding:2px 6px'>"
+                         f"q {esc(_span(place.get('heads', [])))}<br>"
                          f"kv {esc(_span(place.get('kv_heads', [])))}"
                          + (f"<br>experts {esc(_span(place['experts']))}" if place.get("experts") else "")
                          + f"{moved}</td>")
@@ -84,11 +86,13 @@ def parallel_panel_html(events: Sequence[dict], num_layers: int | None = None) -
     ep = bool(last.get("placement", {}).get("expert_parallel"))
     what = ("whole experts per rank (expert parallel), attention and dense MLPs split by tensor parallelism" if ep
             else "attention split by KV-head groups, MLP by columns (tensor parallel)")
-    return (f"<div class='tt-parallel'><p>Step {esc(last.get('step', '?'))}: {len(ranks)} ranks, {what}. "
-            f"{summary['count']} collectives moved {esc(fmt_bytes(summary['bytes']))} per rank "
-            f"over {len(events)} step{'s' if len(events) != 1 else ''} shown here as the last.</p>"
-            f"<table class='tt-par-grid'><tr><th></th>{head}</tr>{''.join(rows)}</table>{''.join(bars)}"
-            + reference_html() + f"<p class='tt-note'>{esc(NOT_BUILT)}</p></div>")
+    tail = reference_html() + (f"<p class='tt-note'>{esc(NOT_BUILT)}</p>" if notes else "")
+    return (f"<div class='tt-parallel'><p>{len(ranks)} ranks, {what}. The last of {len(events)} "
+            f"step{'s' if len(events) != 1 else ''} (step {esc(last.get('step', '?'))}): {summary['count']} "
+            f"collectives, {esc(fmt_bytes(summary['bytes']))} from each rank; per layer, what each rank holds "
+            f"and its all-reduces' bytes and milliseconds:</p>"
+            f"<table class='tt-par-grid' style='border-collapse:collapse'><tr><th></th>{head}</tr>{''.join(rows)}"
+            f"</table>{''.join(bars)}{tail}</div>")
 
 
 def _span(items: Sequence[int]) -> str:

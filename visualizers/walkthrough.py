@@ -223,7 +223,7 @@ def stages(model: dict, request_id: str, body: dict | None, events: Sequence[dic
     # 13. beyond one device
     sharded = [c for c in ev.get("schedule.collective", [])
                if any(x.get("request_id") == request_id for x in c.get("batch", []))]
-    measured = measured_stage_html(sharded) + (parallel_panel_html(sharded, L) if sharded else "")
+    measured = measured_stage_html(sharded) + (parallel_panel_html(sharded, L, notes=False) if sharded else "")
     out.append(Stage("parallel", "13 · Beyond one GPU", measured + parallel_html(model, sharded=bool(sharded)), ()))
     return out
 
