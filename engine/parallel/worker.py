@@ -202,6 +202,10 @@ class ParallelRunner(ModelRunner):
     def run(self, batch: ForwardBatch, token_rows: list[int] | None = None) -> torch.Tensor:
         if self.failed:
             raise RankFailedError(self.failed)
+        if self._state["in_step"]:  # the last step was cut short (Ctrl-C caught): the ranks are out of step
+            self.failed = "a step was interrupted half way through its collectives; the sharded engine stopped: restart it"
+            self.shutdown()
+            raise RankFailedError(self.failed)
         self._check_workers()
         want = self._want_timings
         self._want_timings = False
