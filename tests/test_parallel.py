@@ -197,6 +197,27 @@ def test_a_dying_rank_stops_the_engine_with_one_error(checkpoint, monkeypatch):
     llm.shutdown()
 
 
+def test_a_step_interrupted_mid_collective_stops_the_engine(checkpoint):
+    """Ctrl-C caught in a REPL while rank 1 waits in layer 1's all-reduce: the next call says
+    the engine stopped (rather than pairing new collectives with old ones, a hang), and
+    the worker is terminated, not left waiting."""
+    llm = LLM(checkpoint("llama"), device="cpu", dtype="float32", block_size=4, tensor_parallel_size=2)
+    worker = llm.engine.runner.procs[0]
+    layer = llm.engine.runner.model.model.layers[1]
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    layer.forward = interrupted
+    with pytest.raises(KeyboardInterrupt):
+        llm.generate(PROMPTS[1], GREEDY)
+    del layer.forward
+    with pytest.raises(RankFailedError, match="interrupted half way"):
+        llm.generate(PROMPTS[1], GREEDY)
+    worker.join(10)
+    assert not worker.is_alive()
+    assert llm.engine.block_manager.num_free_blocks == llm.engine.block_manager.num_blocks
+
+
 KILLED = textwrap.dedent("""
     import os, signal, sys, time
     sys.path.insert(0, {root!r})
