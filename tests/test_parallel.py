@@ -86,6 +86,7 @@ def test_two_ranks_match_one_device(checkpoint, arch, parallel):
             _check_expert_placement(one, two)
         if arch == "qwen3":
             _check_trace(two)
+            _check_attention_capture(one, two)
     finally:
         two.shutdown()
     assert not any(p.is_alive() for p in workers)
@@ -107,6 +108,21 @@ def _check_expert_placement(one: LLM, two: LLM) -> None:
     H, K = cfg.num_heads, cfg.num_kv_heads
     assert [r["heads"] for r in ranks] == [list(range(H // 2)), list(range(H // 2, H))]
     assert [r["kv_heads"] for r in ranks] == [list(range(K // 2)), list(range(K // 2, K))]
+
+
+def _check_attention_capture(one: LLM, two: LLM) -> None:
+    """A `full` trace of a sharded request still shows every head's attention: each rank
+    scores its own heads and rank 0 gathers them, equal to the single device's."""
+    def attention(llm):
+        return [e.data for e in llm.stream(PROMPTS[1], SamplingParams(temperature=0, max_tokens=3), trace="full")
+                if getattr(e, "type", None) == "attention"]
+    a, b = attention(one), attention(two)
+    cfg = one.engine.model_config
+    assert len(a) == len(b) == 3 * cfg.num_layers  # every layer, at the prefill and two decodes
+    for x, y in zip(a, b):
+        assert (x["layer"], x["heads"], x["q_start"], x["k_start"]) == (y["layer"], y["heads"], y["q_start"], y["k_start"])
+        assert len(y["probs"]) == cfg.num_heads
+        torch.testing.assert_close(torch.tensor(y["probs"]), torch.tensor(x["probs"]), atol=2e-4, rtol=0)
 
 
 def _check_trace(llm: LLM) -> None:

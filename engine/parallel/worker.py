@@ -77,17 +77,48 @@ def load_shard(spec: ShardSpec, comm: Comm, progress: ProgressFn | None = None):
 
 
 def _batch_message(batch: ForwardBatch, want_timings: bool) -> dict:
+    # captures: only the attention part travels (each rank scores its own heads' attention)
+    caps = [c if c is not None and c.attention_layers else None for c in batch.captures]
     return {"ids": batch.input_ids.tolist(), "pos": batch.positions.tolist(), "slots": batch.slot_mapping.tolist(),
             "starts": batch.query_starts, "ctx": batch.context_lens, "tables": batch.block_tables.tolist(),
-            "triton": batch.use_triton, "timings": want_timings}
+            "triton": batch.use_triton, "timings": want_timings,
+            "captures": [None if c is None else replace(c, heads=None, moe=False, embed_dims=0) for c in caps]}
 
 
 def _batch_from_message(m: dict, device: torch.device) -> ForwardBatch:
     t = lambda v, dt=torch.long: torch.tensor(v, dtype=dt, device=device)  # noqa: E731
     return ForwardBatch(input_ids=t(m["ids"]), positions=t(m["pos"]), slot_mapping=t(m["slots"]),
                         query_starts=m["starts"], context_lens=m["ctx"], block_tables=t(m["tables"]),
-                        context_lens_t=t(m["ctx"], torch.int32), captures=[None] * len(m["ctx"]),
+                        context_lens_t=t(m["ctx"], torch.int32), captures=m["captures"],
                         use_triton=m["triton"])
+
+
+def local_attention_probs(batch: ForwardBatch, cfg: ModelConfig, kv: torch.Tensor, b: int) -> torch.Tensor:
+    """Sequence b's attention probabilities for this rank's heads, every captured layer:
+    [L, local heads, rows, keys] (engine/capture.py's computation, on this rank's shard)."""
+    spec = batch.captures[b]
+    layers = [layer for layer in spec.attention_layers if layer in batch.layer_q]
+    end, ctx = batch.query_starts[b + 1], batch.context_lens[b]
+    rows = min(end - batch.query_starts[b], spec.max_keys)
+    q = torch.stack([batch.layer_q[layer][end - rows:end] for layer in layers])
+    k = kv[0].index_select(1, batch.block_tables[b, : -(-ctx // kv.shape[3])])
+    k = k.index_select(0, torch.tensor(layers, device=k.device)).flatten(1, 2)
+    probs = capture.attention_probs(q, k, ctx, cfg.attention_scale, [cfg.sliding_windows[i] for i in layers])
+    return probs[..., max(0, ctx - spec.max_keys):].contiguous()
+
+
+def gather_attention(batch: ForwardBatch, cfg: ModelConfig, kv: torch.Tensor, comm: Comm) -> dict[int, torch.Tensor]:
+    """Every rank's probabilities of every sequence that captures attention, side by side
+    by head on every rank: {b: [L, heads, rows, keys]}. Same order of calls on every rank."""
+    out = {}
+    for b, spec in enumerate(batch.captures):
+        if spec is None or not spec.attention_layers:
+            continue
+        mine = local_attention_probs(batch, cfg, kv, b)
+        parts = [torch.empty_like(mine) for _ in range(comm.world_size)]
+        comm.group.allgather([parts], [mine]).wait()
+        out[b] = torch.cat(parts, dim=1)
+    return out
 
 
 def _watch_parent(parent: int) -> None:
@@ -104,7 +135,7 @@ def worker_main(rank: int, spec: ShardSpec, parent: int, conn) -> None:
     torch.set_num_threads(spec.threads)
     try:
         comm = Comm.connect("127.0.0.1", spec.port, rank, spec.world_size, torch.device(spec.device))
-        model, _, _ = load_shard(spec, comm, progress=lambda *_: None)  # rank 0 shows the progress
+        model, lcfg, kv = load_shard(spec, comm, progress=lambda *_: None)  # rank 0 shows the progress
         conn.send(("ready", None))
     except BaseException as e:  # noqa: BLE001 - reported to rank 0, which raises it
         conn.send(("error", f"{type(e).__name__}: {e}"))
@@ -119,10 +150,13 @@ def worker_main(rank: int, spec: ShardSpec, parent: int, conn) -> None:
             if msg is None:  # shutdown
                 break
             try:
-                model(_batch_from_message(msg, device))
+                batch = _batch_from_message(msg, device)
+                model(batch)
                 log = comm.take_log()
-                if msg["timings"]:
+                if msg["timings"]:  # the same collectives in the same order as rank 0's run()
                     comm.gather_floats([c.ms for c in log])
+                if batch.any_capture:
+                    gather_attention(batch, lcfg, kv, comm)
             except Exception:
                 traceback.print_exc()
                 os._exit(1)
@@ -196,7 +230,7 @@ class ParallelRunner(ModelRunner):
 
     def prepare(self, scheduled: list[ScheduledSeq], captures: list[CaptureSpec | None]) -> ForwardBatch:
         self._want_timings = any(s.seq.traced for s in scheduled)
-        return super().prepare(scheduled, _without_attention(captures))
+        return super().prepare(scheduled, captures)
 
     @torch.inference_mode()
     def run(self, batch: ForwardBatch, token_rows: list[int] | None = None) -> torch.Tensor:
@@ -219,11 +253,17 @@ class ParallelRunner(ModelRunner):
                 self.step_collectives = [{"kind": c.kind, "layer": c.layer, "what": c.what, "bytes": c.bytes,
                                           "ms": [per_rank[r][i] for r in range(self.world_size)]}
                                          for i, c in enumerate(log)]
+            # attention from every rank's heads (embeddings and MoE routing are here already)
+            probs = gather_attention(batch, self.local_cfg, self.kv_cache, self.comm) if batch.any_capture else {}
         except Exception as e:
             self._fail(e)
         self._state["in_step"] = False
         if batch.any_capture:
+            specs = batch.captures
+            batch.captures = _without_attention(specs)
             capture.collect(batch, self.local_cfg, self.kv_cache)
+            batch.captures = specs
+            _fill_attention(batch, probs, self.cfg)
         if token_rows is not None:
             hidden = hidden[token_rows]
         return self.model.compute_logits(hidden).float()
@@ -278,6 +318,19 @@ def _stop_workers(procs: list, comm: Comm | None, state: dict) -> None:
 
 
 def _without_attention(captures: list[CaptureSpec | None]) -> list[CaptureSpec | None]:
-    """A sharded pass captures embeddings and MoE routing (replicated on rank 0) but not
-    attention probabilities: each rank holds the queries and keys of its own heads only."""
     return [None if c is None else replace(c, attention_layers=[]) for c in captures]
+
+
+def _fill_attention(batch: ForwardBatch, probs: dict[int, torch.Tensor], cfg: ModelConfig) -> None:
+    """batch.captured_attention as engine/capture.py writes it, from the gathered probabilities."""
+    for b, p in probs.items():
+        spec = batch.captures[b]
+        layers = [layer for layer in spec.attention_layers if layer in batch.layer_q]
+        end, ctx = batch.query_starts[b + 1], batch.context_lens[b]
+        rows = min(end - batch.query_starts[b], spec.max_keys)
+        if spec.heads is not None:
+            p = p[:, spec.heads]
+        for layer, lp in zip(layers, torch.round(p.double(), decimals=capture.DECIMALS).tolist()):
+            batch.captured_attention.setdefault(layer, {})[b] = {
+                "q_start": ctx - rows, "k_start": max(0, ctx - spec.max_keys), "window": cfg.sliding_windows[layer],
+                "probs": lp}
