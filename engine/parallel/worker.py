@@ -3,8 +3,8 @@ tables, and each step broadcasts the batch (token ids, positions, KV slots, bloc
 to ranks 1..N-1, spawned processes (torch.multiprocessing, spawn) that each hold their
 shard and their own KV pages for their heads, and run the same forward pass in lockstep;
 the all-reduces inside the layers keep them in step. Only rank 0 computes logits (the LM
-head is replicated), so nothing is sent back but the collectives' timings when a traced
-request asks for them.
+head is replicated), so nothing else comes back but, for traced requests, the collectives'
+timings and, for `full` traces, each rank's heads' attention probabilities.
 
 Failure handling: a worker that dies closes its gloo connections, so rank 0's next
 collective fails; rank 0 then also checks the workers' exit codes, stops the others and
