@@ -267,3 +267,17 @@ def test_a_stopped_engine_process_leaves_no_workers(checkpoint, tmp_path, sig):
         assert not any(_alive(p) for p in pids), "a worker rank outlived the engine's process"
     finally:
         proc.kill()
+
+
+def test_bench_parallel_section(checkpoint):
+    """`python -m engine.bench --sections parallel`: TP=2 against TP=1, tokens checked equal,
+    and each rank's share of the decode forward spent in collectives."""
+    from engine import bench
+
+    rows = bench.main(["--quick", "--device", "cpu", "--out", "", "--model", str(checkpoint("llama")),
+                       "--sections", "parallel"])
+    rates = [r for r in rows if r.unit == "tok/s"]
+    shares = [r for r in rows if r.unit == "%"]
+    assert len(rates) == 2 and all(r.value > 0 and r.baseline > 0 and "greedy tokens identical" in r.note
+                                   for r in rates)
+    assert len(shares) == 2 and all(0 < r.value < 100 and "7 collectives per step" in r.note for r in shares)
