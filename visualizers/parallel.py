@@ -20,10 +20,12 @@ NOT_BUILT = ("Pipeline parallelism (consecutive layers on different devices) is 
 
 
 def step_summary(event: dict) -> dict:
-    """One step's collectives, summed: per rank the ms, per layer the bytes and ms."""
+    """One step's collectives, summed: per rank the ms inside the forward pass (the layers'
+    all-reduces; the batch broadcast is left out: a worker rank waits in it while rank 0
+    samples and schedules between steps), per layer the bytes and ms."""
     cols = event.get("collectives", [])
     n = len(event.get("placement", {}).get("ranks", [])) or max((len(c["ms"]) for c in cols), default=1)
-    comm_ms = [sum(c["ms"][r] for c in cols if r < len(c["ms"])) for r in range(n)]
+    comm_ms = [sum(c["ms"][r] for c in cols if r < len(c["ms"]) and c.get("layer") is not None) for r in range(n)]
     layers: dict[int, dict] = {}
     for c in cols:
         if c.get("layer") is None:
@@ -80,7 +82,7 @@ def parallel_panel_html(events: Sequence[dict], num_layers: int | None = None, n
     fwd = summary["forward_ms"]
     for r, ms in enumerate(summary["comm_ms"]):
         share = ms / fwd if fwd > 0 else 0.0
-        bars.append(f"<div class='tt-par-bar'>rank {r}: compute {max(0.0, fwd - ms):.2f} ms · communication "
+        bars.append(f"<div class='tt-par-bar'>rank {r}: compute {max(0.0, fwd - ms):.2f} ms · all-reduces "
                     f"{ms:.2f} ms (<b>{share:.0%}</b>)<div style='background:#ddd;height:8px'>"
                     f"<div style='background:#c0392b;height:8px;width:{min(100.0, 100 * share):.1f}%'></div></div></div>")
     ep = bool(last.get("placement", {}).get("expert_parallel"))
@@ -123,4 +125,5 @@ def measured_stage_html(events: Sequence[dict]) -> str:
                       for r, ms in enumerate(comm))
     return (f"<p>This request <b>ran sharded</b> over <b>{n}</b> ranks ({esc(where)}). Over its {len(events)} "
             f"steps they ran <b>{count:,}</b> collectives and each rank sent <b>{esc(fmt_bytes(moved))}</b> into "
-            f"them; of <b>{fwd:.1f} ms</b> of forward passes, the collectives took {esc(share)}.</p>")
+            f"them; of <b>{fwd:.1f} ms</b> of forward passes, the all-reduces took {esc(share)} (time in a "
+            f"collective includes waiting for the slower rank).</p>")
