@@ -390,7 +390,10 @@ def parallel_html(model: dict, sharded: bool = False) -> str:
             m = _smallest_split(E)
             rows.append(f"<b>Expert parallel × {m}</b>: {E // m} of {E} experts per device (whole experts, never "
                         f"halves); each token's hidden state goes to its {k} experts and back (all-to-all): up to "
-                        f"2 × {k} × {d:,} × {b} B = <b>{esc(fmt_bytes(2 * k * d * b))}</b> per token per MoE layer.")
+                        f"2 × {k} × {d:,} × {b} B = <b>{esc(fmt_bytes(2 * k * d * b))}</b> per token per MoE layer."
+                        + (" This engine instead keeps every token on every rank (attention's all-reduce already "
+                           "put it there) and sums the experts' partial outputs in the block's one all-reduce "
+                           f"({d:,} × {b} B per token)." if sharded else ""))
     note = "Figures from this model's config." + ("" if sharded else " This request ran on one device "
                                                     "(--tensor-parallel-size 2 splits it).")
     return _p(*rows) + f"<p class='tt-note'>{note} Pipeline parallelism is not built in this engine.</p>"
