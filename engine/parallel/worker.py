@@ -171,6 +171,8 @@ class ParallelRunner(ModelRunner):
                  dtype: torch.dtype, device: torch.device, progress: ProgressFn | None = None) -> None:
         n, ep = ecfg.tensor_parallel_size, ecfg.expert_parallel
         check_shardable(cfg, n, ep)
+        if device.type == "cuda" and n > torch.cuda.device_count():  # NCCL: one GPU per rank
+            raise ValueError(f"tensor_parallel_size={n} needs {n} GPUs; this machine has {torch.cuda.device_count()}")
         self.cfg, self.ecfg, self.device, self.dtype = cfg, ecfg, device, dtype
         self.world_size, self.expert_parallel = n, ep
         self.placement = placement(cfg, n, ep)
