@@ -100,6 +100,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     kv.add_argument("--max-num-batched-tokens", type=int, default=512)
     kv.add_argument("--max-model-len", type=int, default=None)
     kv.add_argument("--no-prefix-caching", action="store_true")
+    par = p.add_argument_group("parallelism (engine/parallel)")
+    par.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
+                     help="split each model over N ranks (processes; one GPU each on CUDA): attention by "
+                          "KV-head groups, MLP by columns")
+    par.add_argument("--expert-parallel", action="store_true",
+                     help="MoE models: whole experts on ranks instead of every expert split")
     cap = p.add_argument_group("capture (level 'full')")
     cap.add_argument("--capture-max-keys", type=int, default=64, help="attention rows/keys kept per matrix")
     cap.add_argument("--capture-heads", default=None, help="comma-separated query heads to capture (default all)")
@@ -201,7 +207,8 @@ def build_services(args: argparse.Namespace, say=None):
     config = EngineConfig(block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
                           kv_cache_memory_fraction=args.kv_cache_memory_fraction, max_num_seqs=args.max_num_seqs,
                           max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
-                          enable_prefix_caching=not args.no_prefix_caching)
+                          enable_prefix_caching=not args.no_prefix_caching,
+                          tensor_parallel_size=args.tensor_parallel_size, expert_parallel=args.expert_parallel)
     heads = [int(h) for h in args.capture_heads.split(",")] if args.capture_heads else None
     capture = CaptureConfig(max_keys=args.capture_max_keys, heads=heads)
     slots = ClientSlots(limits.max_concurrent_per_client)  # a client's cap counts its requests to every model

@@ -161,6 +161,7 @@ class EngineService:
         if self._thread is not None:
             self._thread.join(timeout=10)
             self._thread = None
+        self.engine.shutdown()  # a sharded engine's worker ranks (nothing for one device)
 
     # --- requests -------------------------------------------------------------------
     def submit(self, sub: Submission, request_id: str | None = None, client: str | None = None) -> Subscription:
@@ -346,7 +347,7 @@ class EngineService:
                 self.store.add(rid, cut)
                 self._deliver(rid, cut)
             self._deliver(rid, d)
-        elif d["type"] == "schedule.step":
+        elif d["type"] in ("schedule.step", "schedule.collective"):  # a step's: kept with each request in it
             for b in d["batch"]:
                 self.store.add(b["request_id"], d)
                 self._deliver(b["request_id"], d, firehose=False)

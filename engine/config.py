@@ -268,6 +268,8 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     use_triton: bool | None = None  # None: on CUDA when triton imports
     freeze_startup_heap: bool = True  # hide objects alive before the first engine from the GC (see llm_engine)
+    tensor_parallel_size: int = 1  # ranks the model is split over (engine/parallel)
+    expert_parallel: bool = False  # MoE blocks: whole experts on ranks instead of split experts
 
     def __post_init__(self) -> None:
         if self.block_size <= 0 or self.block_size & (self.block_size - 1):
@@ -276,3 +278,5 @@ class EngineConfig:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be positive")
         if self.kv_cache_memory_fraction is not None and not 0 < self.kv_cache_memory_fraction <= 1:
             raise ValueError("kv_cache_memory_fraction must be in (0, 1]")
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")

@@ -35,13 +35,23 @@ class LLM:
         (n from prompt_lookup_max down to prompt_lookup_min) earlier in the request.
         `engine_options` are EngineConfig fields: block_size, num_kv_blocks,
         kv_cache_memory_fraction, max_num_seqs, max_num_batched_tokens, max_model_len,
-        enable_prefix_caching, use_triton."""
+        enable_prefix_caching, use_triton, tensor_parallel_size, expert_parallel."""
         self.tracer = Tracer()
         self.engine = LLMEngine(model, device=device, dtype=dtype, config=EngineConfig(**engine_options),
                                 tracer=self.tracer, trace_level="off", capture=capture, progress=progress,
                                 draft=draft, num_speculative_tokens=num_speculative_tokens,
                                 prompt_lookup_max=prompt_lookup_max, prompt_lookup_min=prompt_lookup_min)
         self.tokenizer = self.engine.tokenizer
+
+    def shutdown(self) -> None:
+        """Stop the worker ranks of a sharded model (tensor_parallel_size > 1)."""
+        self.engine.shutdown()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
 
     def generate(self, prompts: Prompt | Seq[Prompt], params: SamplingParams | Seq[SamplingParams] | None = None,
                  use_tqdm: bool = False, **spec) -> list[RequestOutput]:

@@ -102,8 +102,11 @@ class LLMEngine:
             draft_cfg = load_config(draft_path)
             _check_same_vocabulary(self.tokenizer, cfg, Tokenizer(draft_path), draft_cfg, draft_path)
             self.max_model_len = min(self.max_model_len, draft_cfg.max_position_embeddings)
-        self.runner = ModelRunner(self.model_path, cfg, self.config, self.max_model_len,
-                                  self.dtype, self.device, progress)
+        runner_cls = ModelRunner
+        if self.config.tensor_parallel_size > 1 or self.config.expert_parallel:  # sharded over ranks
+            from engine.parallel.worker import ParallelRunner as runner_cls
+        self.runner = runner_cls(self.model_path, cfg, self.config, self.max_model_len,
+                                 self.dtype, self.device, progress)
         self.tracer = tracer
         if trace_level not in TRACE_LEVELS:
             raise ValueError(f"trace_level must be one of {TRACE_LEVELS}")
@@ -458,8 +461,17 @@ class LLMEngine:
                    tokenizer_size=self.tokenizer.vocab_size, chat_template=messages is not None,
                    seconds=seq.tokenized_time - seq.arrival_time)
 
+    def shutdown(self) -> None:
+        """Stop a sharded engine's worker ranks (nothing to do for one device)."""
+        if hasattr(self.runner, "shutdown"):
+            self.runner.shutdown()
+
     def _trace_step(self, scheduled: list[ScheduledSeq], batch, forward_seconds: float) -> None:
         bm = self.block_manager
+        if hasattr(self.runner, "trace_events"):  # sharded: what crossed between the ranks (engine/parallel)
+            self._emit_plain("schedule.collective", None, placement=self.runner.placement.as_dict(),
+                             collectives=self.runner.trace_events(), forward_seconds=forward_seconds,
+                             batch=[{"request_id": s.seq.request_id} for s in scheduled])
         self._emit_plain("schedule.step", None, forward_seconds=forward_seconds, num_tokens=batch.query_starts[-1],
                          batch=[{"request_id": s.seq.request_id, "kind": s.kind, "start": s.start,
                                  "num_tokens": s.num_tokens} for s in scheduled],

@@ -7,6 +7,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Sequence
 
+from visualizers.parallel import measured_stage_html, parallel_panel_html
 from visualizers._html import esc, fmt_bytes, fmt_ms
 from visualizers.attention import layer_spans
 from visualizers.speculative import span_text
@@ -220,7 +221,10 @@ def stages(model: dict, request_id: str, body: dict | None, events: Sequence[dic
     out.append(Stage("spec", "12 · Speculative decoding", _p(t12), ("spec",)))
 
     # 13. beyond one device
-    out.append(Stage("parallel", "13 · Beyond one GPU", parallel_html(model), ()))
+    sharded = [c for c in ev.get("schedule.collective", [])
+               if any(x.get("request_id") == request_id for x in c.get("batch", []))]
+    measured = measured_stage_html(sharded) + (parallel_panel_html(sharded, L, notes=False) if sharded else "")
+    out.append(Stage("parallel", "13 · Beyond one GPU", measured + parallel_html(model, sharded=bool(sharded)), ()))
     return out
 
 
@@ -349,7 +353,7 @@ def _either(options: list[int]) -> str:
     return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"
 
 
-def parallel_html(model: dict) -> str:
+def parallel_html(model: dict, sharded: bool = False) -> str:
     """How this model would be split across devices, and what crosses the wire per token.
     Heads are never cut in pieces: tensor parallelism needs N to divide the KV heads, and
     each KV head takes its query heads along."""
@@ -386,5 +390,10 @@ def parallel_html(model: dict) -> str:
             m = _smallest_split(E)
             rows.append(f"<b>Expert parallel × {m}</b>: {E // m} of {E} experts per device (whole experts, never "
                         f"halves); each token's hidden state goes to its {k} experts and back (all-to-all): up to "
-                        f"2 × {k} × {d:,} × {b} B = <b>{esc(fmt_bytes(2 * k * d * b))}</b> per token per MoE layer.")
-    return _p(*rows) + "<p class='tt-note'>Figures from this model's config; this engine itself runs on one device.</p>"
+                        f"2 × {k} × {d:,} × {b} B = <b>{esc(fmt_bytes(2 * k * d * b))}</b> per token per MoE layer."
+                        + (" This engine instead keeps every token on every rank (attention's all-reduce already "
+                           "put it there) and sums the experts' partial outputs in the block's one all-reduce "
+                           f"({d:,} × {b} B per token)." if sharded else ""))
+    note = "Figures from this model's config." + ("" if sharded else " This request ran on one device "
+                                                    "(--tensor-parallel-size 2 splits it).")
+    return _p(*rows) + f"<p class='tt-note'>{note} Pipeline parallelism is not built in this engine.</p>"

@@ -1,0 +1,96 @@
+"""The ranks' process group and the collectives the sharded model calls.
+
+Each engine gets a private group (its own TCPStore and ProcessGroupGloo / ProcessGroupNCCL)
+rather than torch.distributed's default group, so a process can hold several sharded
+engines one after another (tests, the app's model switch) and the default group stays
+free for whoever else uses it. Every collective is timed and logged with its layer, so
+the trace can show what crossed between ranks in a step and how long each rank waited.
+"""
+from __future__ import annotations
+
+import datetime
+import pickle
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class Collective:
+    kind: str  # "all_reduce" | "broadcast" | "all_gather"
+    layer: int | None  # None: not inside a layer (the step's batch broadcast)
+    what: str  # "attention" (after o_proj) | "mlp" (after down_proj) | "moe" | "batch"
+    bytes: int  # payload of one rank
+    ms: float
+
+
+@dataclass
+class Comm:
+    rank: int
+    world_size: int
+    group: object  # ProcessGroupGloo | ProcessGroupNCCL
+    device: torch.device
+    log: list[Collective] = field(default_factory=list)  # this step's collectives
+    record: bool = True
+
+    @classmethod
+    def connect(cls, host: str, port: int, rank: int, world_size: int, device: torch.device,
+                timeout_s: float = 300.0) -> "Comm":
+        """rank 0 hosts the store (port 0: pick a free one, read it back as comm.port)."""
+        timeout = datetime.timedelta(seconds=timeout_s)
+        store = dist.TCPStore(host, port, world_size, rank == 0, timeout=timeout)
+        return cls.connect_with_store(store, rank, world_size, device, timeout_s)
+
+    @classmethod
+    def connect_with_store(cls, store, rank: int, world_size: int, device: torch.device,
+                           timeout_s: float = 300.0) -> "Comm":
+        timeout = datetime.timedelta(seconds=timeout_s)
+        if device.type == "cuda":
+            group = dist.ProcessGroupNCCL(dist.PrefixStore("tokentrace", store), rank, world_size)
+        else:
+            group = dist.ProcessGroupGloo(dist.PrefixStore("tokentrace", store), rank, world_size, timeout)
+        comm = cls(rank, world_size, group, device)
+        comm.store, comm.port = store, store.port
+        return comm
+
+    def _timed(self, kind: str, layer: int | None, what: str, nbytes: int, work) -> None:
+        t = time.perf_counter()
+        work().wait()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        if self.record:
+            self.log.append(Collective(kind, layer, what, nbytes, (time.perf_counter() - t) * 1e3))
+
+    def all_reduce(self, x: torch.Tensor, layer: int | None = None, what: str = "") -> torch.Tensor:
+        """Sum x over the ranks, in place (every rank ends with the sum)."""
+        x = x.contiguous()
+        self._timed("all_reduce", layer, what, x.numel() * x.element_size(), lambda: self.group.allreduce([x]))
+        return x
+
+    def broadcast_object(self, obj) -> object:
+        """rank 0's obj on every rank (others pass None): its pickled length, then the bytes."""
+        if self.rank == 0:
+            data = torch.frombuffer(bytearray(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)), dtype=torch.uint8)
+            size = torch.tensor([data.numel()], dtype=torch.long)
+        else:
+            size = torch.zeros(1, dtype=torch.long)
+        size = size.to(self.device)
+        self.group.broadcast(size, 0).wait()
+        if self.rank != 0:
+            data = torch.empty(int(size.item()), dtype=torch.uint8)
+        data = data.to(self.device)
+        self._timed("broadcast", None, "batch", data.numel() + 8, lambda: self.group.broadcast(data, 0))
+        return obj if self.rank == 0 else pickle.loads(data.cpu().numpy().tobytes())
+
+    def gather_floats(self, values: list[float]) -> list[list[float]]:
+        """Every rank's list (same length on each) on every rank: [rank][i]."""
+        x = torch.tensor(values, dtype=torch.float64, device=self.device)
+        out = [torch.empty_like(x) for _ in range(self.world_size)]
+        self.group.allgather([out], [x]).wait()
+        return [o.tolist() for o in out]
+
+    def take_log(self) -> list[Collective]:
+        log, self.log = self.log, []
+        return log

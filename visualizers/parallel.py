@@ -1,0 +1,129 @@
+"""Stage 13 as measured: what each rank of a sharded model holds and what it exchanged.
+
+Input: the engine's `schedule.collective` events (engine/parallel): the placement (rank ->
+query heads, KV heads, experts, MLP columns) and, per step, every collective with its
+kind, layer, bytes and the milliseconds each rank spent in it. Output: a device x layer
+table (what each rank holds in each layer, and the bytes and time of that layer's
+all-reduces this step), compute against communication per rank, and the same per-token
+arithmetic for a large reference model. Pure: events in, escaped HTML out.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from visualizers._html import esc, fmt_bytes
+
+# Llama-3-70B: 80 layers, hidden 8192, 64 query / 8 KV heads, bf16 (its config.json)
+REFERENCE = {"name": "Llama-3-70B", "layers": 80, "hidden": 8192, "heads": 64, "kv_heads": 8, "bytes": 2, "devices": 8}
+NOT_BUILT = ("Pipeline parallelism (consecutive layers on different devices) is not built in this engine; "
+             "only tensor and expert parallelism run.")
+
+
+def step_summary(event: dict) -> dict:
+    """One step's collectives, summed: per rank the ms inside the forward pass (the layers'
+    all-reduces; the batch broadcast is left out: a worker rank waits in it while rank 0
+    samples and schedules between steps), per layer the bytes and ms."""
+    cols = event.get("collectives", [])
+    n = len(event.get("placement", {}).get("ranks", [])) or max((len(c["ms"]) for c in cols), default=1)
+    comm_ms = [sum(c["ms"][r] for c in cols if r < len(c["ms"]) and c.get("layer") is not None) for r in range(n)]
+    layers: dict[int, dict] = {}
+    for c in cols:
+        if c.get("layer") is None:
+            continue
+        d = layers.setdefault(int(c["layer"]), {"bytes": 0, "ms": [0.0] * n, "count": 0})
+        d["bytes"] += int(c["bytes"])
+        d["count"] += 1
+        for r in range(min(n, len(c["ms"]))):
+            d["ms"][r] += c["ms"][r]
+    return {"ranks": n, "comm_ms": comm_ms, "forward_ms": 1e3 * float(event.get("forward_seconds", 0.0)),
+            "layers": layers, "bytes": sum(int(c["bytes"]) for c in cols), "count": len(cols)}
+
+
+def reference_html(ref: dict = REFERENCE) -> str:
+    """Bytes per token per layer for the reference model, from its config: two all-reduces
+    of the hidden vector per layer; a ring all-reduce sends 2 (N-1)/N of it from each device."""
+    per_layer = 2 * ref["hidden"] * ref["bytes"]
+    n = ref["devices"]
+    sent = per_layer * 2 * (n - 1) / n
+    return (f"<p>For scale, <b>{esc(ref['name'])}</b> on {n} devices: {ref['heads'] // n} query heads and "
+            f"{ref['kv_heads'] // n} KV head{'s' if ref['kv_heads'] // n != 1 else ''} per device per layer; two "
+            f"all-reduces of {ref['hidden']:,} × {ref['bytes']} B per token per layer = "
+            f"<b>{esc(fmt_bytes(per_layer))}</b> (each device sends about {esc(fmt_bytes(int(sent)))} of it in a ring), "
+            f"× {ref['layers']} layers = <b>{esc(fmt_bytes(per_layer * ref['layers']))}</b> per token.</p>")
+
+
+def parallel_panel_html(events: Sequence[dict], num_layers: int | None = None, notes: bool = True) -> str:
+    """The parallelism panel for a request's `schedule.collective` events (the last step shown).
+    notes=False: without the not-built line (a caller that says it itself)."""
+    events = [e for e in events if e.get("type", "schedule.collective") == "schedule.collective"]
+    if not events:
+        return ("<div class='tt-parallel'><p>This model runs on one device: nothing crosses between devices. "
+                "Start the server with <code>--tensor-parallel-size 2</code> to split it.</p>"
+                + reference_html() + f"<p class='tt-note'>{esc(NOT_BUILT)}</p></div>")
+    last = events[-1]
+    ranks = last.get("placement", {}).get("ranks", [])
+    summary = step_summary(last)
+    L = num_layers if num_layers is not None else (max(summary["layers"], default=-1) + 1)
+    head = "".join(f"<th>L{i}</th>" for i in range(L))
+    rows = []
+    for r, place in enumerate(ranks):
+        cells = []
+        for i in range(L):
+            d = summary["layers"].get(i)
+            moved = (f"<br><span class='tt-note'>{esc(fmt_bytes(d['bytes']))} · {d['ms'][r]:.2f} ms</span>"
+                     if d and r < len(d["ms"]) else "")
+            cells.append(f"<td title='rank {r}, layer {i}' style='border:1px solid #ccc;padding:2px 6px'>"
+                         f"q {esc(_span(place.get('heads', [])))}<br>"
+                         f"kv {esc(_span(place.get('kv_heads', [])))}"
+                         + (f"<br>experts {esc(_span(place['experts']))}" if place.get("experts") else "")
+                         + f"{moved}</td>")
+        rows.append(f"<tr><th>rank {r}</th>{''.join(cells)}</tr>")
+    bars = []
+    fwd = summary["forward_ms"]
+    for r, ms in enumerate(summary["comm_ms"]):
+        share = ms / fwd if fwd > 0 else 0.0
+        bars.append(f"<div class='tt-par-bar'>rank {r}: compute {max(0.0, fwd - ms):.2f} ms · all-reduces "
+                    f"{ms:.2f} ms (<b>{share:.0%}</b>)<div style='background:#ddd;height:8px'>"
+                    f"<div style='background:#c0392b;height:8px;width:{min(100.0, 100 * share):.1f}%'></div></div></div>")
+    ep = bool(last.get("placement", {}).get("expert_parallel"))
+    what = ("whole experts per rank (expert parallel), attention and dense MLPs split by tensor parallelism" if ep
+            else "attention split by KV-head groups, MLP by columns (tensor parallel)")
+    tail = reference_html() + (f"<p class='tt-note'>{esc(NOT_BUILT)}</p>" if notes else "")
+    return (f"<div class='tt-parallel'><p>{len(ranks)} ranks, {what}. The last of {len(events)} "
+            f"step{'s' if len(events) != 1 else ''} (step {esc(last.get('step', '?'))}): {summary['count']} "
+            f"collectives, {esc(fmt_bytes(summary['bytes']))} from each rank; per layer, what each rank holds "
+            f"and its all-reduces' bytes and milliseconds:</p>"
+            f"<table class='tt-par-grid' style='border-collapse:collapse'><tr><th></th>{head}</tr>{''.join(rows)}"
+            f"</table>{''.join(bars)}{tail}</div>")
+
+
+def _span(items: Sequence[int]) -> str:
+    """[0, 1, 2, 3] -> "0–3"; [5] -> "5"."""
+    items = list(items)
+    if not items:
+        return "–"
+    if items == list(range(items[0], items[-1] + 1)) and len(items) > 1:
+        return f"{items[0]}–{items[-1]}"
+    return ",".join(str(i) for i in items)
+
+
+def measured_stage_html(events: Sequence[dict]) -> str:
+    """Classroom stage 13's opening when the request ran sharded: its own measured numbers."""
+    if not events:
+        return ""
+    ranks = events[0].get("placement", {}).get("ranks", [])
+    sums = [step_summary(e) for e in events]
+    n = len(ranks) or sums[0]["ranks"]
+    comm = [sum(s["comm_ms"][r] for s in sums if r < len(s["comm_ms"])) for r in range(n)]
+    fwd = sum(s["forward_ms"] for s in sums)
+    moved = sum(s["bytes"] for s in sums)
+    count = sum(s["count"] for s in sums)
+    where = "; ".join(f"rank {r}: query heads {_span(p.get('heads', []))}, KV heads {_span(p.get('kv_heads', []))}"
+                      + (f", experts {_span(p['experts'])}" if p.get("experts") and
+                         events[0]["placement"].get("expert_parallel") else "") for r, p in enumerate(ranks))
+    share = ", ".join(f"rank {r} {ms:.1f} ms ({ms / fwd:.0%})" if fwd > 0 else f"rank {r} {ms:.1f} ms"
+                      for r, ms in enumerate(comm))
+    return (f"<p>This request <b>ran sharded</b> over <b>{n}</b> ranks ({esc(where)}). Over its {len(events)} "
+            f"steps they ran <b>{count:,}</b> collectives and each rank sent <b>{esc(fmt_bytes(moved))}</b> into "
+            f"them; of <b>{fwd:.1f} ms</b> of forward passes, the all-reduces took {esc(share)} (time in a "
+            f"collective includes waiting for the slower rank).</p>")
