@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from engine.batch import CaptureSpec
+from engine import logit_lens
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.loader import DTYPES, ProgressFn, load_config, resolve_model_path
@@ -178,7 +179,8 @@ class LLMEngine:
         if level == "full":
             c = self.capture
             layers = c.attention_layers if c.attention_layers is not None else list(range(self.model_config.num_layers))
-            seq.capture = CaptureSpec(layers, c.heads, c.max_keys, self.model_config.is_moe, c.embed_dims)
+            seq.capture = CaptureSpec(layers, c.heads, c.max_keys, self.model_config.is_moe, c.embed_dims,
+                                      c.logit_lens_top)
         with self.lock:
             self.requests[request_id] = seq
             if seq.traced:
@@ -285,6 +287,7 @@ class LLMEngine:
                 first = batch.query_starts[b + 1] - 1 - s.num_draft
                 spans[b] = (len(rows), len(rows) + s.num_draft + 1)
                 rows.extend(range(first, first + s.num_draft + 1))
+        lens_at = self._lens_rows(scheduled, batch, spans, rows)
         logits = self.runner.run(batch, rows)
         self.stats.target_passes += 1
         t_forward = time.perf_counter()
@@ -319,12 +322,31 @@ class LLMEngine:
                     self._emit_plain("sample", seq.request_id, position=len(seq), source=source, method=method,
                                      candidate_texts=[self._piece(t) for t in info["candidates"]],
                                      token_text=self._piece(token), **info)
+                    if b in lens_at:
+                        self._emit_plain("logit_lens", seq.request_id, position=len(seq), source=source,
+                                         **logit_lens.event(batch.lens_probs[:, lens_at[b] + j], token,
+                                                            seq.capture.logit_lens, self._piece))
                 out = self._append_token(seq, token, t_sample)
                 outputs.append(out)
                 self.stats.generated_tokens += 1
                 if out.finished:
                     break
         return outputs
+
+    @staticmethod
+    def _lens_rows(scheduled: list[ScheduledSeq], batch, spans: dict[int, tuple[int, int]],
+                   rows: list[int]) -> dict[int, int]:
+        """Mark the sampled rows of sequences with a logit lens on the batch; -> sequence -> its
+        first row in batch.lens_probs (its j-th new token reads row + j)."""
+        at, flat = {}, []
+        for b, (lo, hi) in spans.items():
+            c = scheduled[b].seq.capture
+            if c is not None and c.logit_lens:
+                at[b] = len(flat)
+                flat.extend(rows[lo:hi])
+        if flat:
+            batch.lens_rows = torch.tensor(flat, dtype=torch.long, device=batch.input_ids.device)
+        return at
 
     def _commit(self, s: ScheduledSeq, verdict: Verdict | None) -> None:
         """After the forward pass: advance what is computed, roll back rejected

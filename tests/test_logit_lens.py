@@ -1,0 +1,133 @@
+"""The logit lens (engine/logit_lens.py): at capture level `full` every generated token gets
+a `logit_lens` event whose rows equal Hugging Face's hidden states (output_hidden_states)
+put through the final norm and LM head, whose last row is the model's own output (the
+sampler's distribution), in plain decode and in speculative verify steps alike; and on the
+real SmolLM2 " Paris" rises through the layers."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+from engine import CaptureConfig, EventList, SamplingParams, Tracer
+from engine.llm_engine import LLMEngine
+from tests.engine_utils import DEVICE
+from tests.tiny import load_reference
+
+PROMPT = torch.randint(4, 300, (9,), generator=torch.Generator().manual_seed(5)).tolist()
+TOP = 4
+
+
+def run(path, prompt, max_tokens=6, top=TOP, **kw):
+    sink = EventList()
+    engine = LLMEngine(path, device=DEVICE, tracer=Tracer(sink), trace_level="full",
+                       capture=CaptureConfig(logit_lens_top=top), **kw)
+    rid = engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))
+    while engine.has_unfinished_requests():
+        engine.step()
+    return engine, rid, sink
+
+
+def hf_lens(path, tokens: list[int]) -> torch.Tensor:
+    """[L + 1, positions, vocab]: HF's hidden states after the embedding and each layer, through
+    the final norm and LM head; the last row is HF's own logits."""
+    ref = load_reference(path)
+    with torch.no_grad():
+        out = ref(torch.tensor([tokens]), output_hidden_states=True)
+        L = ref.config.num_hidden_layers
+        assert len(out.hidden_states) == L + 1
+        inner = ref.model
+        rows = [ref.lm_head(inner.norm(h[0])) for h in out.hidden_states[:L]] + [out.logits[0]]
+        logits = torch.stack(rows).float()
+        if cap := getattr(ref.config, "final_logit_softcapping", None):  # HF caps its own logits already
+            logits[:L] = torch.tanh(logits[:L] / cap) * cap
+    return torch.softmax(logits, dim=-1)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_every_row_equals_transformers_hidden_states_through_norm_and_head(checkpoint, arch):
+    engine, rid, sink = run(checkpoint(arch), PROMPT)
+    tokens = PROMPT + engine.get_output(rid).token_ids
+    lens = [e.data for e in sink.of(rid, "logit_lens")]
+    samples = {e.data["position"]: e.data for e in sink.of(rid, "sample")}
+    L = engine.model_config.num_layers
+    assert [e["position"] for e in lens] == list(range(len(PROMPT), len(tokens)))  # one per generated token
+    want = hf_lens(checkpoint(arch), tokens)
+    for e in lens:
+        pos, chosen = e["position"], e["token_id"]
+        assert chosen == tokens[pos] and len(e["layers"]) == L + 1
+        ref = want[:, pos - 1]  # the distribution at a position is read from the token before it
+        for row, r in zip(e["layers"], ref):
+            assert len(row["top_ids"]) == len(row["top_probs"]) == len(row["top_texts"]) == TOP
+            torch.testing.assert_close(torch.tensor(row["top_probs"], dtype=torch.float64),
+                                       r[row["top_ids"]].double(), atol=2e-4, rtol=0)
+            assert row["top_probs"][0] == pytest.approx(r.max().item(), abs=2e-4)
+            assert row["chosen_prob"] == pytest.approx(r[chosen].item(), abs=2e-4)
+            c = r[chosen]  # the rank, up to ties within float noise (relative: most probabilities are tiny)
+            assert 1 + int((r > c * 1.001).sum()) <= row["chosen_rank"] <= int((r >= c * 0.999).sum())
+            assert row["top_texts"] == [engine.tokenizer.token_text(t) for t in row["top_ids"]]
+        # the last row is the model's own output: greedy picked its top token, as the sampler saw it
+        last, s = e["layers"][-1], samples[pos]
+        assert last["top_ids"][0] == chosen and last["chosen_rank"] == 1
+        assert last["chosen_prob"] == pytest.approx(s["token_prob"], abs=1e-4)
+        probs = dict(zip(s["candidates"], s["stages"]["logits"]["probs"]))
+        for t, p in zip(last["top_ids"], last["top_probs"]):
+            assert p == pytest.approx(probs[t], abs=1e-4)
+    json.dumps(lens)  # plain JSON values
+
+
+def test_speculative_verify_rows_map_to_their_tokens(checkpoint):
+    """n-gram speculation: several tokens from one verify pass, each with the lens of its own row."""
+    path = checkpoint("llama")
+    prompt = PROMPT * 3  # repeats, so prompt lookup proposes
+    engine, rid, sink = run(path, prompt, max_tokens=10, draft="ngram")
+    assert sink.of(rid, "spec"), "no speculative round ran"
+    tokens = prompt + engine.get_output(rid).token_ids
+    lens = [e.data for e in sink.of(rid, "logit_lens")]
+    assert [e["position"] for e in lens] == list(range(len(prompt), len(tokens)))
+    want = hf_lens(path, tokens)
+    for e in lens:
+        for row, r in zip(e["layers"], want[:, e["position"] - 1]):
+            assert row["chosen_prob"] == pytest.approx(r[e["token_id"]].item(), abs=2e-4)
+
+
+def test_no_lens_below_full_or_when_turned_off(checkpoint):
+    _, rid, sink = run(checkpoint("llama"), PROMPT, max_tokens=2, top=0)
+    assert sink.of(rid, "sample") and not sink.of(rid, "logit_lens")
+    sink = EventList()
+    engine = LLMEngine(checkpoint("llama"), device=DEVICE, tracer=Tracer(sink), trace_level="basic")
+    rid = engine.add_request(PROMPT, SamplingParams(temperature=0, max_tokens=2))
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert sink.of(rid, "sample") and not sink.of(rid, "logit_lens")
+
+
+def test_paris_rises_through_smollm2s_layers():
+    from engine.catalog import CATALOG, cached_path
+    path = cached_path(CATALOG["smollm2"])
+    if not path.is_file():
+        if os.environ.get("TOKENTRACE_REQUIRE_REAL_MODELS"):
+            pytest.fail("smollm2 is not in the cache; run `python -m engine.catalog fetch smollm2 --no-hub`")
+        pytest.skip("smollm2 not cached (python -m engine.catalog fetch smollm2 --no-hub)")
+    sink = EventList()
+    engine = LLMEngine(path, device=DEVICE, tracer=Tracer(sink), trace_level="full",
+                       capture=CaptureConfig(logit_lens_top=5))
+    ids = engine.tokenizer.encode("The capital of France is", add_special_tokens=False)
+    rid = engine.add_request(ids, SamplingParams(temperature=0, max_tokens=1))
+    while engine.has_unfinished_requests():
+        engine.step()
+    e = sink.of(rid, "logit_lens")[0].data
+    assert e["token_text"] == " Paris"
+    rows = e["layers"]
+    assert len(rows) == engine.model_config.num_layers + 1
+    ranks, probs = [r["chosen_rank"] for r in rows], [r["chosen_prob"] for r in rows]
+    assert ranks[-1] == 1 and rows[-1]["top_texts"][0] == " Paris" and probs[-1] > 0.5
+    L = len(rows) - 1
+    # measured on this model: rank ~1,500-5,000 through layer 23 (the lens reads punctuation and
+    # spaces there), then 396, 92, 113, 34, 7, 3 and 1: " Paris" rises in the last layers only
+    assert min(ranks[: L // 2]) > 1000  # the first half: no sign of the answer
+    rises = next(i for i, r in enumerate(ranks) if r <= 100)
+    assert rises >= 2 * L // 3  # the answer comes into view in the last third
+    assert ranks[-2] <= 10 and all(r <= 200 for r in ranks[rises:])  # and stays in view
