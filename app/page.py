@@ -93,6 +93,9 @@ class Sessions:
             return self._tabs.get(key)
 
 
+LATER_PANELS = ("logit_lens",)  # panels added after the page's API was published: last in its outputs
+
+
 def _key(request: gr.Request | None) -> str:
     return getattr(request, "session_hash", None) or "default"
 
@@ -382,6 +385,8 @@ def build_page(served: ServedModels | EngineService | None, replay: Recording | 
                     layer = gr.Dropdown(list(range(m["num_layers"])), value=0, label="Layer", elem_id="tt-layer")
                     head = gr.Dropdown(list(range(m["num_heads"])), value=0, label="Query head", elem_id="tt-head")
                 out_attention = gr.HTML(blank.render("attention"), elem_id="tt-attention")
+        with gr.Row(equal_height=False):  # what the model would answer after each layer (the newest token)
+            out_lens = gr.HTML(blank.render("logit_lens"), elem_id="tt-logit-lens")
         with gr.Row(equal_height=False):
             with gr.Column(scale=2, visible=m["is_moe"], elem_id="tt-moe-col") as moe_col:  # hidden: a dense model
                 out_moe = gr.HTML(blank.render("moe"), elem_id="tt-moe")
@@ -400,7 +405,7 @@ def build_page(served: ServedModels | EngineService | None, replay: Recording | 
 
         panels = {"request": out_request, "prefix": out_prefix, "tokens": out_tokens, "embedding": out_embedding,
                   "attention": out_attention, "kv": out_kv, "moe": out_moe, "sampling": out_sampling,
-                  "spec": out_spec, "answer": out_answer, "timeline": out_timeline}
+                  "spec": out_spec, "answer": out_answer, "timeline": out_timeline, "logit_lens": out_lens}
         hints = {"messages": hint_prompt, "prompt": hint_prompt, "max_tokens": hint_max, "temperature": hint_sampling,
                  "top_k": hint_sampling, "top_p": hint_sampling, "seed": hint_sampling}
         hint_boxes = [hint_prompt, hint_send, hint_max, hint_sampling]
@@ -408,7 +413,10 @@ def build_page(served: ServedModels | EngineService | None, replay: Recording | 
         model_outputs = [model_pick, summary, note, system, user, speculative, k, layer, head, moe_col]
         # the rest of Send's controls: a loaded trace sets them to its own request's settings
         setting_outputs = [temperature, top_k, top_p, max_tokens, seed, level]
-        outputs = [panels[n] for n in PANELS] + [status, export, step] + hint_boxes + model_outputs + setting_outputs
+        # panels added later go last: the API's outputs keep their positions
+        later = [n for n in PANELS if n in LATER_PANELS]
+        outputs = [panels[n] for n in PANELS if n not in LATER_PANELS] + [status, export, step] + hint_boxes \
+            + model_outputs + setting_outputs + [panels[n] for n in later]
 
         def controls_for(info: dict, served_model: bool = True) -> dict:
             """Updates for every control and panel frame that depends on the model shown: the

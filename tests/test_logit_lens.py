@@ -131,3 +131,50 @@ def test_paris_rises_through_smollm2s_layers():
     rises = next(i for i, r in enumerate(ranks) if r <= 100)
     assert rises >= 2 * L // 3  # the answer comes into view in the last third
     assert ranks[-2] <= 10 and all(r <= 200 for r in ranks[rises:])  # and stays in view
+
+
+# --- the panel and the classroom stage -------------------------------------------------------
+
+def test_the_panel_draws_every_row_escapes_token_text_and_marks_the_chosen_token(checkpoint):
+    import re
+
+    from visualizers.logit_lens import logit_lens_html
+    engine, rid, sink = run(checkpoint("llama"), PROMPT, max_tokens=3)
+    events = [e.to_dict() for e in sink.of(rid, "logit_lens")]
+    hostile = {**events[-1], "token_text": "<b>&"}
+    hostile["layers"] = [{**r, "top_texts": ["<script>x</script>"] + r["top_texts"][1:]} for r in events[-1]["layers"]]
+    html = logit_lens_html(events[:-1] + [hostile])
+    assert "<script>" not in html and "<b>&" not in html and "&lt;script&gt;" in html
+    L = engine.model_config.num_layers
+    assert html.count("class=\"tt-lens-row") == L + 1 and "embedding" in html and f"layer {L - 1}" in html
+    assert f"token {len(events)} of {len(events)}" in html  # the newest by default
+    # the chosen token is outlined wherever it is among the candidates, and its rank shown on every row
+    chosen = sum(r["top_ids"].count(hostile["token_id"]) for r in hostile["layers"])
+    assert html.count("tt-lens-chosen") == chosen and chosen >= 1
+    assert [int(x) for x in re.findall(r">#([\d,]+) · ", html)] == [r["chosen_rank"] for r in hostile["layers"]]
+    # hover: the exact probability and what the row and column are
+    r0 = events[0]["layers"][0]
+    first = logit_lens_html(events, position=events[0]["position"])
+    assert f"token 1 of {len(events)}" in first
+    assert f"embedding · candidate #1: {r0['top_texts'][0]!r}".replace("'", "&#x27;") in first
+    assert f"p={r0['top_probs'][0]:.4f}" in first
+
+
+def test_the_classroom_stage_sits_between_the_layers_and_sampling_and_quotes_the_lens(checkpoint):
+    from visualizers.walkthrough import stages
+    engine, rid, sink = run(checkpoint("llama"), PROMPT, max_tokens=4)
+    cfg = engine.model_config
+    model = {"num_layers": cfg.num_layers, "num_heads": cfg.num_heads, "num_kv_heads": cfg.num_kv_heads,
+             "head_dim": cfg.head_dim, "hidden_size": cfg.hidden_size, "dtype_bytes": 4, "vocab_size": cfg.vocab_size,
+             "dtype": "float32", "block_size": 16, "num_blocks": 64, "is_moe": False}
+    events = [e.to_dict() for e in sink.events]
+    st = stages(model, rid, None, events, [])
+    keys = [s.key for s in st]
+    assert keys.index("layers") < keys.index("logit_lens") < keys.index("sampling")
+    lens = st[keys.index("logit_lens")]
+    assert lens.panels == ("logit_lens",) and lens.title == f"{keys.index('logit_lens') + 1} · The logit lens"
+    first = next(e for e in events if e["type"] == "logit_lens")
+    assert f"ranked it <b>{first['layers'][0]['chosen_rank']:,}</b>" in lens.text
+    assert f"Over the <b>{len(sink.of(rid, 'logit_lens'))}</b> traced tokens" in lens.text
+    basic = stages(model, rid, None, [e for e in events if e["type"] != "logit_lens"], [])
+    assert "capture level full records one" in basic[keys.index("logit_lens")].text
