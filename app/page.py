@@ -15,6 +15,7 @@ loaded request came from.
 """
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 import threading
@@ -34,6 +35,7 @@ from app.live_view import PANELS, LiveView
 from app.recording import Recording, ReplayCursor, TraceFileError, record_request, show_accepted
 from app.requests import TRACE_LEVELS, BodyError, build_body, parse_body
 from app.served_models import ServedModels
+from visualizers.perfetto import perfetto_trace
 
 CSS = (Path(__file__).with_name("page.css")).read_text()
 YIELD_EVERY = 0.1  # seconds between updates sent to the browser while streaming
@@ -109,6 +111,13 @@ def trace_folder() -> Path:
 def write_trace(rec: Recording) -> str:
     path = trace_folder() / f"tokentrace-{''.join(c for c in rec.request_id if c.isalnum() or c in '-_')}.json"
     path.write_text(rec.dumps())
+    return str(path)
+
+
+def write_timeline(rec: Recording) -> str:
+    """The recording's timeline as Chrome trace-event JSON (open it in ui.perfetto.dev)."""
+    path = trace_folder() / f"tokentrace-{''.join(c for c in rec.request_id if c.isalnum() or c in '-_')}.perfetto.json"
+    path.write_text(json.dumps(perfetto_trace(rec.events, rec.request_id, rec.model.get("name"))))
     return str(path)
 
 
@@ -357,6 +366,9 @@ def build_page(served: ServedModels | EngineService | None, replay: Recording | 
                                            min_width=100)
                     export = gr.DownloadButton("Export trace", value=write_trace(replay) if replay else None,
                                                size="sm", elem_id="tt-export", interactive=not live, min_width=100)
+                    export_timeline = gr.DownloadButton(
+                        "Export timeline", value=write_timeline(replay) if replay else None, size="sm",
+                        elem_id="tt-export-timeline", interactive=not live, min_width=120)
                     play = gr.Button("▶ Play", size="sm", elem_id="tt-play", min_width=80)
                     pause = gr.Button("❚❚ Pause", size="sm", elem_id="tt-pause", min_width=80)
                     speed = gr.Dropdown(list(SPEEDS), value="2 steps/s", show_label=False, container=False,
@@ -416,7 +428,7 @@ def build_page(served: ServedModels | EngineService | None, replay: Recording | 
         # panels added later go last: the API's outputs keep their positions
         later = [n for n in PANELS if n in LATER_PANELS]
         outputs = [panels[n] for n in PANELS if n not in LATER_PANELS] + [status, export, step] + hint_boxes \
-            + model_outputs + setting_outputs + [panels[n] for n in later]
+            + model_outputs + setting_outputs + [panels[n] for n in later] + [export_timeline]
 
         def controls_for(info: dict, served_model: bool = True) -> dict:
             """Updates for every control and panel frame that depends on the model shown: the
@@ -471,10 +483,12 @@ def build_page(served: ServedModels | EngineService | None, replay: Recording | 
                 rec = Recording(view.request_id, info, view.body or None, [], list(view.outputs), [],
                                 {i: svc.piece(i) for i in ids}, {i for i in ids if svc.is_special(i)})
             if rec is None:
-                return {export: gr.update(value=None, interactive=False), step: gr.update(**NO_STEPS)}
+                return {export: gr.update(value=None, interactive=False), step: gr.update(**NO_STEPS),
+                        export_timeline: gr.update(value=None, interactive=False)}
             tab.cursor = ReplayCursor(rec)
             tab.cursor.adopt(view)  # the live view already shows the last frame
-            return {export: gr.update(value=write_trace(rec), interactive=True), step: steps_update(tab.cursor)}
+            return {export: gr.update(value=write_trace(rec), interactive=True), step: steps_update(tab.cursor),
+                    export_timeline: gr.update(value=write_timeline(rec), interactive=bool(rec.events))}
 
         def stream(tab: Tab, next_items: Callable[[float], list[dict]], first: dict | None = None,
                    final: Callable[[], dict] | None = None) -> Iterator[dict]:
@@ -555,7 +569,8 @@ def build_page(served: ServedModels | EngineService | None, replay: Recording | 
                 box = hint_for(e, submission)
                 yield {**full(view, f"rejected: {e}"), **{h: "" for h in hint_boxes},
                        box: f"<div class='tt-hint'>⚠ {viz._html.esc(e)}</div>",
-                       export: gr.update(value=None, interactive=False), step: gr.update(**NO_STEPS)}
+                       export: gr.update(value=None, interactive=False),
+                       export_timeline: gr.update(value=None, interactive=False), step: gr.update(**NO_STEPS)}
                 return
             view.request_id = watch.request_id
             sessions.sending(key, watch.request_id)
@@ -566,6 +581,7 @@ def build_page(served: ServedModels | EngineService | None, replay: Recording | 
             try:
                 # the last request's complaints are gone; its recording is no longer the one shown
                 yield {**{h: "" for h in hint_boxes}, export: gr.update(value=None, interactive=False),
+                       export_timeline: gr.update(value=None, interactive=False),
                        step: gr.update(**NO_STEPS)}
                 def refused_meanwhile() -> dict:  # a Send was refused while this one streamed: it can go now
                     if key not in sessions.refused:
@@ -671,6 +687,7 @@ def build_page(served: ServedModels | EngineService | None, replay: Recording | 
             ready = f"{info['name']}: Send goes to this model" + ("" if info["chat_template"] else
                                                                    " (plain-prompt mode: no chat template)")
             return merged(full(tab.view, ready), out, {export: gr.update(value=None, interactive=False),
+                                                        export_timeline: gr.update(value=None, interactive=False),
                                                         step: gr.update(**NO_STEPS)})
 
         def redraw(layer_value, head_value, request: gr.Request):
@@ -726,7 +743,8 @@ def build_page(served: ServedModels | EngineService | None, replay: Recording | 
             info = with_defaults(rec.model)
             controls = controls_for(info, served_model=info["name"] in infos)
             return merged(out, controls, settings_updates(rec, info),
-                          {export: gr.update(value=write_trace(rec), interactive=True), step: steps_update(tab.cursor)})
+                          {export: gr.update(value=write_trace(rec), interactive=True), step: steps_update(tab.cursor),
+                           export_timeline: gr.update(value=write_timeline(rec), interactive=bool(rec.events))})
 
         def settings_updates(rec: Recording, info: dict) -> dict:
             """The controls set to the trace's own request: prompts, sampling, speculation, capture level."""

@@ -258,6 +258,7 @@ class LLMEngine:
     @torch.inference_mode()  # sampling and the trace's tensor work too: less dispatch per op
     def _step(self) -> list[TokenOutput]:
         self.step_count += 1
+        t_begin = time.perf_counter()  # the step's phases for the timeline: schedule, forward, sample, trace
         outputs, self._pending = self._pending, []
         sched = self.scheduler.schedule()
         for seq in sched.out_of_memory:
@@ -307,7 +308,8 @@ class LLMEngine:
                 new_tokens[b] = verdicts[b].tokens
         t_sample = time.perf_counter()
         if self.tracer is not None and any(s.seq.traced for s in scheduled):
-            self._trace_step(scheduled, batch, t_forward - t_start)
+            self._trace_step(scheduled, batch, t_forward - t_start, {
+                "start": t_begin, "schedule_seconds": t_start - t_begin, "sample_seconds": t_sample - t_forward})
         for b, s in enumerate(scheduled):
             self._commit(s, verdicts.get(b))
         for b, tokens in new_tokens.items():
@@ -480,9 +482,12 @@ class LLMEngine:
                    tokenizer_size=self.tokenizer.vocab_size, chat_template=messages is not None,
                    seconds=seq.tokenized_time - seq.arrival_time)
 
-    def _trace_step(self, scheduled: list[ScheduledSeq], batch, forward_seconds: float) -> None:
+    def _trace_step(self, scheduled: list[ScheduledSeq], batch, forward_seconds: float, phases: dict) -> None:
+        """phases: the step's start (perf_counter) and its schedule and sample seconds (the forward
+        pass is forward_seconds; what follows this event is the trace's own work)."""
         bm = self.block_manager
-        self._emit_plain("schedule.step", None, forward_seconds=forward_seconds, num_tokens=batch.query_starts[-1],
+        self._emit_plain("schedule.step", None, **phases, forward_seconds=forward_seconds,
+                         num_tokens=batch.query_starts[-1],
                          batch=[{"request_id": s.seq.request_id, "kind": s.kind, "start": s.start,
                                  "num_tokens": s.num_tokens} for s in scheduled],
                          running=len(self.scheduler.running), waiting=len(self.scheduler.waiting),

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-DECIMALS = 4  # as trace.jsonable rounds floats
+DIGITS = 4  # significant digits kept: a lens row's chosen token may have p = 1e-9, which 4 decimals zero
 
 
 def probabilities(model: torch.nn.Module, hidden: list[torch.Tensor]) -> torch.Tensor:
@@ -45,4 +45,5 @@ def event(probs: torch.Tensor, chosen: int, top: int, piece) -> dict:
 
 
 def _rounded(x: torch.Tensor) -> list:
-    return torch.round(x.double(), decimals=DECIMALS).tolist()
+    return [[float(f"{v:.{DIGITS}g}") for v in row] if isinstance(row, list) else float(f"{row:.{DIGITS}g}")
+            for row in x.tolist()]

@@ -17,7 +17,7 @@ from visualizers.sampling import prob
 
 def row_label(i: int, n_rows: int) -> str:
     """Row i of n_rows: 0 is the embedding, i is after layer i - 1 (the last: the output)."""
-    return "embedding" if i == 0 else f"layer {i - 1}"
+    return "embedding" if i == 0 else f"layer {i - 1}" + (" = output" if i == n_rows - 1 else "")
 
 
 def _shade(p: float) -> str:
@@ -61,13 +61,13 @@ def logit_lens_html(events: Sequence[dict], position: int | None = None, labels:
     head = "".join(f"<th>#{j + 1}</th>" for j in range(k))
     body = []
     for i, r in enumerate(rows):
-        where = row_label(i, n) + (" = the model's output" if i == n - 1 else "")
+        where = row_label(i, n)
         cells = []
         for j, (tid, text, p) in enumerate(zip(r["top_ids"], r["top_texts"], r["top_probs"])):
             mark = " tt-lens-chosen" if tid == chosen else ""
             title = f"{where} · candidate #{j + 1}: {text!r} (id {tid}) · p={prob(p, 4)}"
             cells.append(f'<td class="tt-lens-cell{mark}" style="{_shade(p)}" title="{esc(title)}">'
-                         f"<code>{show_piece(text)}</code></td>")
+                         f"<code>{show_piece(text) if text else f'#{tid}'}</code></td>")
         cells += ["<td></td>"] * (k - len(r["top_ids"]))
         cp, rank = r["chosen_prob"], r["chosen_rank"]
         ctitle = f"{where} · the chosen token {ev['token_text']!r}: rank {rank:,}, p={prob(cp, 4)}"

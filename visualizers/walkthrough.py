@@ -9,7 +9,7 @@ from typing import Sequence
 
 from visualizers._html import esc, fmt_bytes, fmt_ms
 from visualizers.attention import layer_spans
-from visualizers.logit_lens import first_top, row_label
+from visualizers.logit_lens import first_top
 from visualizers.speculative import span_text
 
 
@@ -229,6 +229,11 @@ def stages(model: dict, request_id: str, body: dict | None, events: Sequence[dic
     return [replace(st, title=f"{i} · {st.title}") for i, st in enumerate(out, 1)]
 
 
+def _after(row: int) -> str:
+    """A logit-lens row as words: row 0 is the embedding, row i the output of layer i - 1."""
+    return "right after the embedding" if row == 0 else f"after layer <b>{row - 1}</b>"
+
+
 def _lens_text(lens: Sequence[dict], num_layers: int) -> str:
     """At which layer does the model already know the answer? Read from the first answer
     token's logit lens, then over every traced token."""
@@ -246,15 +251,15 @@ def _lens_text(lens: Sequence[dict], num_layers: int) -> str:
     elif top == n - 1:
         when = f"{tok} became the top candidate only at the output, after the last layer"
     else:
-        when = f"{tok} was already the top candidate {esc(row_label(top, n))}, and stayed there"
+        when = f"{tok} was already the top candidate {_after(top)}, and stayed there"
     near = next((i for i, r in enumerate(rows) if r["chosen_rank"] <= 10), None)
-    near_text = (f" It entered the top 10 {esc(row_label(near, n))} (the embedding alone ranked it "
+    near_text = (f" It entered the top 10 {_after(near)} (the embedding alone ranked it "
                  f"{_n(rows[0]['chosen_rank'])})." if near not in (None, n - 1) else
                  f" The embedding alone ranked it {_n(rows[0]['chosen_rank'])}.")
     tops = [first_top(x["layers"]) for x in lens]
     early = [t for t, x in zip(tops, lens) if t is not None and t < len(x["layers"]) - 1]
     summary = (f"Over the {_n(len(lens))} traced tokens, {_n(len(early))} were settled before the last layer"
-               + (f" (at the median {esc(row_label(int(statistics.median(early)), n))})" if early else "") + ".")
+               + (f" (at the median, {_after(int(statistics.median(early)))})" if early else "") + ".")
     return _p(what, f"For the first answer token, {when}.{near_text}", summary,
               f"The whole lens is one [{num_layers + 1} × hidden] · [hidden × vocab] product per traced token.")
 
