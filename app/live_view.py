@@ -193,7 +193,7 @@ class LiveView:
             return viz.embedding_html(self.by_type.get("embed", []), m.get("vocab_size"), m.get("hidden_size"))
         if name == "attention":
             return viz.attention_html(self.by_type.get("attention", []), self.layer, self.head, self.labels(),
-                                      m["sliding_windows"] if any(m["sliding_windows"]) else None)
+                                      m["sliding_windows"] if any(m["sliding_windows"]) else None, self.position)
         if name == "kv":
             kv = [e for e in self.events if e["type"].startswith("kv.")]
             usage = (self.finish_info() or {}).get("usage")  # the last token drawn is never fed back: no K/V

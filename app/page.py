@@ -38,6 +38,7 @@ from app.served_models import ServedModels
 from visualizers.perfetto import perfetto_trace
 
 CSS = (Path(__file__).with_name("page.css")).read_text()
+HEAD = f"<script>{Path(__file__).with_name('hover.js').read_text()}</script>"  # hover tips, token picks
 YIELD_EVERY = 0.1  # seconds between updates sent to the browser while streaming
 MAX_SESSIONS = 64
 # replay speed -> seconds per step (None: the recorded pace, which on a CPU is too fast to follow)
@@ -386,6 +387,8 @@ def build_page(served: ServedModels | EngineService | None, replay: Recording | 
                         out_request = gr.HTML(blank.render("request"), elem_id="tt-request")
                 out_timeline = gr.HTML(blank.render("timeline"), elem_id="tt-timeline")
                 out_tokens = gr.HTML(blank.render("tokens"), elem_id="tt-tokens")
+                # a click on a token chip writes its position here (app/hover.js): attention and the lens follow
+                pick = gr.Textbox(elem_id="tt-pick", elem_classes=["tt-hidden"], show_label=False, container=False)
         # the KV pool under the embedding: attention (a big map, one thumbnail per query head) is the
         # tallest panel, and a 30-layer, 9-head model would leave the left column half empty
         with gr.Row(equal_height=False):
@@ -696,10 +699,25 @@ def build_page(served: ServedModels | EngineService | None, replay: Recording | 
             view.layer, view.head = int(layer_value or 0), int(head_value or 0)
             return view.render("attention"), view.render("moe")
 
+        def pick_token(value, layer_value, head_value, request: gr.Request):
+            """A token chip was clicked ("POSITION:NONCE"): that position in attention and the logit lens."""
+            tab = tab_of(request)
+            if tab is None:  # nothing shown yet (the blank view is every tab's: not to be changed)
+                return gr.update(), gr.update()
+            view = tab.view
+            try:
+                view.position = int(str(value).split(":")[0])
+            except ValueError:
+                view.position = None
+            view.layer, view.head = int(layer_value or 0), int(head_value or 0)
+            return view.render("attention"), view.render("logit_lens")
+
         def show_frame(tab: Tab, frame: int, note: str = "") -> dict:
             """Every panel at one frame (0-based) of the tab's recording; Status and the slider
             both count from 1."""
+            picked = tab.view.position if tab.view is not None else None
             view = tab.cursor.goto(frame)
+            view.position = picked
             view.replaying = True
             tab.view = view
             steps = tab.cursor.steps
@@ -818,6 +836,8 @@ def build_page(served: ServedModels | EngineService | None, replay: Recording | 
             for control in controls:  # before any request, the body preview follows every edit (typed or pasted)
                 control.change(preview, controls + [model_pick], out_request, api_visibility="private",
                               concurrency_limit=None, show_progress="hidden", trigger_mode="always_last")
+        pick.change(pick_token, [pick, layer, head], [out_attention, out_lens], api_visibility="private",
+                   concurrency_limit=None, show_progress="hidden")
         for picker in (layer, head):
             picker.change(redraw, [layer, head], [out_attention, out_moe], api_visibility="private",
                           concurrency_limit=None, show_progress="hidden")

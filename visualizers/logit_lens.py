@@ -85,6 +85,8 @@ def logit_lens_html(events: Sequence[dict], position: int | None = None, labels:
     idx = next((i for i, e in enumerate(events) if e is ev), len(events) - 1)
     info = (f"<div class='tt-lines'><div>token {idx + 1} of {len(events)} · position {pos}{ctx} · chosen "
             f"<code>{show_piece(ev['token_text'])}</code> (id {esc(chosen)}): {known}</div>"
-            f"<div>each row: the residual stream after that layer through the final norm and the LM head "
+            + (f"<div class='tt-note'>position {position} has no lens (the lens is recorded for generated tokens, "
+               f"not the prompt's): showing the newest</div>" if position is not None and pos != position else "")
+            + f"<div>each row: the residual stream after that layer through the final norm and the LM head "
             f"(top {k}; shading: probability; outlined: the chosen token)</div></div>")
     return panel("Logit lens", info + table)
