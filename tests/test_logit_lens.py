@@ -172,7 +172,8 @@ def test_the_classroom_stage_sits_between_the_layers_and_sampling_and_quotes_the
     keys = [s.key for s in st]
     assert keys.index("layers") < keys.index("logit_lens") < keys.index("sampling")
     lens = st[keys.index("logit_lens")]
-    assert lens.panels == ("logit_lens",) and lens.title == f"{keys.index('logit_lens') + 1} · The logit lens"
+    assert lens.title == f"{keys.index('logit_lens') + 1} · The logit lens"
+    assert "token 1 of" in lens.text and "tt-lens" in lens.text  # its own grid: the first answer token's
     first = next(e for e in events if e["type"] == "logit_lens")
     assert f"ranked it <b>{first['layers'][0]['chosen_rank']:,}</b>" in lens.text
     assert f"Over the <b>{len(sink.of(rid, 'logit_lens'))}</b> traced tokens" in lens.text

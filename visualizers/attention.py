@@ -22,7 +22,7 @@ KIND_RGB = {"prefill": (70, 110, 200), "decode": (240, 140, 30), "verify": (160,
 CAUSAL_RGB = np.array([30, 30, 36], dtype=np.uint8)
 WINDOW_RGB = np.array([120, 40, 50], dtype=np.uint8)
 UNSEEN_RGB = np.array([200, 200, 205], dtype=np.uint8)
-PICKED_RGB = np.array([217, 72, 15], dtype=np.uint8)  # the gutter of the row picked in the Tokens panel
+PICKED_RGB = np.array([220, 20, 60], dtype=np.uint8)  # the gutter of the row picked in the Tokens panel
 
 
 def layers_and_heads(events: Sequence[dict]) -> tuple[list[int], list[int]]:

@@ -26,6 +26,14 @@ def _shade(p: float) -> str:
     return f"background:rgba(46,110,200,{p * 0.85 + 0.04:.2f})" + (";color:#fff" if p > 0.45 else "")
 
 
+def _visible(text: str, tid: int) -> str:
+    """A candidate's text as the cell shows it: spaces and newlines as marks (show_piece); a
+    token that would draw nothing (empty, a no-break or zero-width space) as its repr."""
+    if not text or all(c.isspace() or not c.isprintable() for c in text) and not set(text) & set(" \n\t"):
+        return esc(repr(text)) if text else f"#{tid}"
+    return show_piece(text)
+
+
 def select(events: Sequence[dict], position: int | None = None) -> dict | None:
     """The event of the token at `position` (None or not traced: the newest)."""
     if not events:
@@ -67,7 +75,7 @@ def logit_lens_html(events: Sequence[dict], position: int | None = None, labels:
             mark = " tt-lens-chosen" if tid == chosen else ""
             title = f"{where} · candidate #{j + 1}: {text!r} (id {tid}) · p={prob(p, 4)}"
             cells.append(f'<td class="tt-lens-cell{mark}" style="{_shade(p)}" title="{esc(title)}">'
-                         f"<code>{show_piece(text) if text else f'#{tid}'}</code></td>")
+                         f"<code>{_visible(text, tid)}</code></td>")
         cells += ["<td></td>"] * (k - len(r["top_ids"]))
         cp, rank = r["chosen_prob"], r["chosen_rank"]
         ctitle = f"{where} · the chosen token {ev['token_text']!r}: rank {rank:,}, p={prob(cp, 4)}"
@@ -77,9 +85,11 @@ def logit_lens_html(events: Sequence[dict], position: int | None = None, labels:
     table = (f"<table class='tt-table tt-lens'><thead><tr><th>after</th>{head}<th>chosen: rank · p</th></tr>"
              f"</thead><tbody>{''.join(body)}</tbody></table>")
     top = first_top(rows)
-    known = ("it is the top candidate only at the output" if top == n - 1 else
-             f"it is the top candidate from {esc(row_label(top, n))} on" if top is not None else
-             "it is never the top candidate (a draw below the top)")
+    ever = next((i for i, r in enumerate(rows) if r["chosen_rank"] == 1), None)
+    known = ("it is never the top candidate (a draw below the top)" if top is None else
+             f"it is the top candidate from {esc(row_label(top, n))} on" if top < n - 1 else
+             "it is the top candidate only at the output" if ever == n - 1 else
+             f"it is the top candidate first at {esc(row_label(ever, n))}, for good only at the output")
     pos = ev["position"]
     ctx = f" after <code>{show_piece(labels[pos - 1])}</code>" if 0 < pos <= len(labels) else ""
     idx = next((i for i, e in enumerate(events) if e is ev), len(events) - 1)

@@ -9,7 +9,7 @@ from typing import Sequence
 
 from visualizers._html import esc, fmt_bytes, fmt_ms
 from visualizers.attention import layer_spans
-from visualizers.logit_lens import first_top
+from visualizers.logit_lens import first_top, logit_lens_html
 from visualizers.speculative import span_text
 
 
@@ -157,7 +157,10 @@ def stages(model: dict, request_id: str, body: dict | None, events: Sequence[dic
         "blocks and handed back the moment it finished."), ("kv",)))
 
     # between the layers and sampling: the logit lens
-    out.append(Stage("logit_lens", "The logit lens", _lens_text(ev.get("logit_lens", []), L), ("logit_lens",)))
+    # its own grid, of the first answer token (the page's panel follows the newest, often an end-of-turn token)
+    lens = ev.get("logit_lens", [])
+    out.append(Stage("logit_lens", "The logit lens", _lens_text(lens, L)
+                     + (logit_lens_html(lens, lens[0]["position"]) if lens else ""), ()))
 
     # 8. sampling
     samples = ev.get("sample", [])
