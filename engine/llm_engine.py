@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
-from engine.batch import CaptureSpec
 from engine import logit_lens
+from engine.batch import CaptureSpec
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.loader import DTYPES, ProgressFn, load_config, resolve_model_path
