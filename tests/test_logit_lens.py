@@ -179,3 +179,42 @@ def test_the_classroom_stage_sits_between_the_layers_and_sampling_and_quotes_the
     assert f"Over the <b>{len(sink.of(rid, 'logit_lens'))}</b> traced tokens" in lens.text
     basic = stages(model, rid, None, [e for e in events if e["type"] != "logit_lens"], [])
     assert "capture level full records one" in basic[keys.index("logit_lens")].text
+
+
+def test_a_replay_shows_the_newest_token_of_each_step_and_a_picked_one(checkpoint):
+    """Replay: at every engine step the lens shows the token drawn by then; a pick shows any token."""
+    import time
+
+    from app.__main__ import build_service, parse_args
+    from app.recording import ReplayCursor, record_request
+    from app.requests import build_body, parse_body
+    svc = build_service(parse_args(["--model", str(checkpoint("llama")), "--num-kv-blocks", "64"])).start()
+    try:
+        body = build_body(model="m", system="", user="a fox", temperature=0.0, top_k=0, top_p=1.0, max_tokens=5,
+                          seed=None, speculative=False, k=1, trace_level="full") | {"ignore_eos": True}
+        watch = svc.submit(parse_body(body))
+        items, end = [], time.monotonic() + 60
+        while not any(i["type"] == "output" and i["finished"] for i in items):
+            assert time.monotonic() < end
+            items += watch.drain(0.05)
+        svc.unsubscribe(watch)
+        time.sleep(0.1)
+        rec = record_request(svc.store, watch.request_id, svc.model_info(), svc.piece, svc.is_special)
+    finally:
+        svc.stop()
+    lens = [e for e in rec.events if e["type"] == "logit_lens"]
+    assert len(lens) == 5
+    cursor = ReplayCursor(rec)
+    seen = []
+    for frame in range(cursor.last_frame + 1):
+        view = cursor.goto(frame)
+        drawn = [e for e in view.events if e["type"] == "logit_lens"]
+        html = view.render("logit_lens")
+        if drawn:
+            assert f"token {len(drawn)} of {len(drawn)} · position {drawn[-1]['position']} " in html
+            seen.append(len(drawn))
+        else:
+            assert "no token generated yet" in html
+    assert seen[-1] == 5 and seen == sorted(seen)
+    view.position = lens[1]["position"]
+    assert f"token 2 of 5 · position {lens[1]['position']} " in view.render("logit_lens")
