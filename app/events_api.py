@@ -1,4 +1,5 @@
-"""The live event stream (GET /ws, a WebSocket) and recorded traces (GET /v1/traces/{id}).
+"""The live event stream (GET /ws, a WebSocket) and recorded traces (GET /v1/traces/{id}, and
+its timeline for Perfetto: GET /v1/traces/{id}/perfetto).
 
 /ws sends every request's trace events as JSON text frames; /ws?request_id=ID only that
 request's. Each socket reads a bounded queue: when it falls behind, what it missed is
@@ -19,12 +20,14 @@ import uuid
 from collections import OrderedDict
 
 from fastapi import FastAPI, Response, WebSocket, WebSocketDisconnect
+from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from app.limits import RequestRefused, client_of
 from app.openai_api import error, prepare, read_json, refusal
 from app.recording import record_request
 from app.served_models import ServedModels
+from visualizers.perfetto import perfetto_trace
 
 WS_QUEUE = 2000  # events a socket may fall behind before it starts losing them
 FILE_CACHE_BYTES = 64 * 2**20  # finished traces' files kept as text for repeated GETs
@@ -80,6 +83,17 @@ def add_event_routes(api: FastAPI, served) -> None:
             if version is not None and version[0]:  # finished: the same file until something is added
                 files.put(request_id, version, text)
         return Response(text, media_type="application/json")
+
+    @api.get("/v1/traces/{request_id}/perfetto")
+    def perfetto(request_id: str):
+        """The request's timeline as Chrome trace-event JSON: open it in ui.perfetto.dev."""
+        service = models.owner(request_id)
+        rec = None if service is None else record_request(service.store, request_id, service.model_info(),
+                                                          service.piece, service.is_special)
+        if rec is None:
+            return error(404, f"no trace is kept for {request_id!r} (unknown, dropped as one of the oldest, or "
+                              "not traced)", param="request_id", code="trace_not_found")
+        return JSONResponse(perfetto_trace(rec.events, request_id, rec.model.get("name")))
 
     @api.websocket("/ws")
     async def events(websocket: WebSocket, request_id: str | None = None) -> None:

@@ -10,15 +10,15 @@ from typing import Callable
 import visualizers as viz
 
 PANELS = ("request", "prefix", "tokens", "embedding", "attention", "kv", "moe", "sampling", "spec", "answer",
-          "timeline")
+          "timeline", "logit_lens")
 HEAVY = {"embedding": 1.5, "attention": 1.5, "moe": 1.5, "timeline": 1.5, "kv": 0.5, "tokens": 1.0,
-         "sampling": 1.0, "spec": 1.0}  # panel -> least seconds between redraws while streaming (the
+         "sampling": 1.0, "spec": 1.0, "logit_lens": 1.0}  # panel -> least seconds between redraws while streaming (the
 # browser's cost grows with the DOM it patches; tokens must not queue behind it)
 
 # which panels an event type feeds
 FEEDS = {"request.arrive": ("timeline",), "tokenize": ("tokens", "timeline"), "prefix_cache.lookup": ("prefix",),
          "schedule.step": ("timeline",), "embed": ("embedding",), "attention": ("attention",), "moe": ("moe",),
-         "sample": ("sampling",), "spec": ("spec",), "token": ("answer", "tokens", "timeline"),
+         "sample": ("sampling",), "logit_lens": ("logit_lens",), "spec": ("spec",), "token": ("answer", "tokens", "timeline"),
          "finish": ("answer", "timeline", "kv")}
 
 
@@ -33,6 +33,7 @@ class LiveView:
     speculative: bool = True
     layer: int = 0
     head: int = 0
+    position: int | None = None  # the token picked in the Tokens panel (None: the newest)
     events: list[dict] = field(default_factory=list)
     by_type: dict[str, list[dict]] = field(default_factory=dict)
     outputs: list[dict] = field(default_factory=list)
@@ -143,7 +144,8 @@ class LiveView:
     # what each capture level leaves out, for the panels that show it
     NOT_RECORDED = {"off": "capture level off records only the streamed tokens, their timing and the usage",
                     "basic": "capture level basic records no tensors (embeddings, attention, MoE routing)"}
-    NEEDS_FULL = {"embedding": "embedding rows", "attention": "attention probabilities", "moe": "the router's picks"}
+    NEEDS_FULL = {"embedding": "embedding rows", "attention": "attention probabilities", "moe": "the router's picks",
+                  "logit_lens": "the logit lens"}
     NEEDS_BASIC = {"sampling": "the sampling distributions", "spec": "the speculative rounds"}
 
     def missing(self, name: str) -> str | None:
@@ -159,7 +161,7 @@ class LiveView:
     IDLE = {"prefix": ("Prefix cache", "no request yet: the lookup runs when the scheduler admits one"),
             "timeline": ("Timeline", "no request yet")}
     TITLES = {"embedding": "Embedding", "attention": "Attention", "moe": "Mixture of experts", "sampling": "Sampling",
-              "spec": "Speculative decoding"}
+              "spec": "Speculative decoding", "logit_lens": "Logit lens"}
 
     # --- output --------------------------------------------------------------------------
     def render(self, name: str) -> str:
@@ -198,7 +200,7 @@ class LiveView:
             return viz.embedding_html(self.by_type.get("embed", []), m.get("vocab_size"), m.get("hidden_size"))
         if name == "attention":
             return viz.attention_html(self.by_type.get("attention", []), self.layer, self.head, self.labels(),
-                                      m["sliding_windows"] if any(m["sliding_windows"]) else None)
+                                      m["sliding_windows"] if any(m["sliding_windows"]) else None, self.position)
         if name == "kv":
             kv = [e for e in self.events if e["type"].startswith("kv.")]
             usage = (self.finish_info() or {}).get("usage")  # the last token drawn is never fed back: no K/V
@@ -215,6 +217,8 @@ class LiveView:
             if not self.by_type.get("spec") and not self.speculative:
                 return viz.not_recorded("Speculative decoding", "speculative decoding is off for this request")
             return viz.spec_html(self.by_type.get("spec", []), self.speculative and m["has_draft"], self.pieces())
+        if name == "logit_lens":
+            return viz.logit_lens_html(self.by_type.get("logit_lens", []), self.position, self.labels())
         if name == "timeline":
             if self.level == "off":
                 return viz.untraced_timeline_html(self.stream_tokens(), self.finished)
@@ -237,7 +241,7 @@ class LiveView:
         return out
 
     NEEDS = {"prefix": "prefix_cache.lookup", "tokens": "tokenize", "embedding": "embed", "attention": "attention",
-             "moe": "moe", "sampling": "sample", "spec": "spec"}  # panel -> the event it draws from
+             "moe": "moe", "sampling": "sample", "spec": "spec", "logit_lens": "logit_lens"}  # panel -> the event it draws from
 
     def has_input(self, name: str) -> bool:
         """Does the panel have anything of this request to draw yet?"""

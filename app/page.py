@@ -15,6 +15,7 @@ loaded request came from.
 """
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 import threading
@@ -34,8 +35,10 @@ from app.live_view import PANELS, LiveView
 from app.recording import Recording, ReplayCursor, TraceFileError, record_request, show_accepted
 from app.requests import TRACE_LEVELS, BodyError, build_body, parse_body
 from app.served_models import ServedModels
+from visualizers.perfetto import perfetto_trace
 
 CSS = (Path(__file__).with_name("page.css")).read_text()
+HEAD = f"<script>{Path(__file__).with_name('hover.js').read_text()}</script>"  # hover tips, token picks
 YIELD_EVERY = 0.1  # seconds between updates sent to the browser while streaming
 MAX_SESSIONS = 64
 # replay speed -> seconds per step (None: the recorded pace, which on a CPU is too fast to follow)
@@ -93,6 +96,9 @@ class Sessions:
             return self._tabs.get(key)
 
 
+LATER_PANELS = ("logit_lens",)  # panels added after the page's API was published: last in its outputs
+
+
 def _key(request: gr.Request | None) -> str:
     return getattr(request, "session_hash", None) or "default"
 
@@ -106,6 +112,13 @@ def trace_folder() -> Path:
 def write_trace(rec: Recording) -> str:
     path = trace_folder() / f"tokentrace-{''.join(c for c in rec.request_id if c.isalnum() or c in '-_')}.json"
     path.write_text(rec.dumps())
+    return str(path)
+
+
+def write_timeline(rec: Recording) -> str:
+    """The recording's timeline as Chrome trace-event JSON (open it in ui.perfetto.dev)."""
+    path = trace_folder() / f"tokentrace-{''.join(c for c in rec.request_id if c.isalnum() or c in '-_')}.perfetto.json"
+    path.write_text(json.dumps(perfetto_trace(rec.events, rec.request_id, rec.model.get("name"))))
     return str(path)
 
 
@@ -354,6 +367,9 @@ def build_page(served: ServedModels | EngineService | None, replay: Recording | 
                                            min_width=100)
                     export = gr.DownloadButton("Export trace", value=write_trace(replay) if replay else None,
                                                size="sm", elem_id="tt-export", interactive=not live, min_width=100)
+                    export_timeline = gr.DownloadButton(
+                        "Export timeline", value=write_timeline(replay) if replay else None, size="sm",
+                        elem_id="tt-export-timeline", interactive=not live, min_width=120)
                     play = gr.Button("▶ Play", size="sm", elem_id="tt-play", min_width=80)
                     pause = gr.Button("❚❚ Pause", size="sm", elem_id="tt-pause", min_width=80)
                     speed = gr.Dropdown(list(SPEEDS), value="2 steps/s", show_label=False, container=False,
@@ -371,6 +387,8 @@ def build_page(served: ServedModels | EngineService | None, replay: Recording | 
                         out_request = gr.HTML(blank.render("request"), elem_id="tt-request")
                 out_timeline = gr.HTML(blank.render("timeline"), elem_id="tt-timeline")
                 out_tokens = gr.HTML(blank.render("tokens"), elem_id="tt-tokens")
+                # a click on a token chip writes its position here (app/hover.js): attention and the lens follow
+                pick = gr.Textbox(elem_id="tt-pick", elem_classes=["tt-hidden"], show_label=False, container=False)
         # the KV pool under the embedding: attention (a big map, one thumbnail per query head) is the
         # tallest panel, and a 30-layer, 9-head model would leave the left column half empty
         with gr.Row(equal_height=False):
@@ -382,6 +400,8 @@ def build_page(served: ServedModels | EngineService | None, replay: Recording | 
                     layer = gr.Dropdown(list(range(m["num_layers"])), value=0, label="Layer", elem_id="tt-layer")
                     head = gr.Dropdown(list(range(m["num_heads"])), value=0, label="Query head", elem_id="tt-head")
                 out_attention = gr.HTML(blank.render("attention"), elem_id="tt-attention")
+        with gr.Row(equal_height=False):  # what the model would answer after each layer (the newest token)
+            out_lens = gr.HTML(blank.render("logit_lens"), elem_id="tt-logit-lens")
         with gr.Row(equal_height=False):
             with gr.Column(scale=2, visible=m["is_moe"], elem_id="tt-moe-col") as moe_col:  # hidden: a dense model
                 out_moe = gr.HTML(blank.render("moe"), elem_id="tt-moe")
@@ -400,7 +420,7 @@ def build_page(served: ServedModels | EngineService | None, replay: Recording | 
 
         panels = {"request": out_request, "prefix": out_prefix, "tokens": out_tokens, "embedding": out_embedding,
                   "attention": out_attention, "kv": out_kv, "moe": out_moe, "sampling": out_sampling,
-                  "spec": out_spec, "answer": out_answer, "timeline": out_timeline}
+                  "spec": out_spec, "answer": out_answer, "timeline": out_timeline, "logit_lens": out_lens}
         hints = {"messages": hint_prompt, "prompt": hint_prompt, "max_tokens": hint_max, "temperature": hint_sampling,
                  "top_k": hint_sampling, "top_p": hint_sampling, "seed": hint_sampling}
         hint_boxes = [hint_prompt, hint_send, hint_max, hint_sampling]
@@ -408,7 +428,10 @@ def build_page(served: ServedModels | EngineService | None, replay: Recording | 
         model_outputs = [model_pick, summary, note, system, user, speculative, k, layer, head, moe_col]
         # the rest of Send's controls: a loaded trace sets them to its own request's settings
         setting_outputs = [temperature, top_k, top_p, max_tokens, seed, level]
-        outputs = [panels[n] for n in PANELS] + [status, export, step] + hint_boxes + model_outputs + setting_outputs
+        # panels added later go last: the API's outputs keep their positions
+        later = [n for n in PANELS if n in LATER_PANELS]
+        outputs = [panels[n] for n in PANELS if n not in LATER_PANELS] + [status, export, step] + hint_boxes \
+            + model_outputs + setting_outputs + [panels[n] for n in later] + [export_timeline]
 
         def controls_for(info: dict, served_model: bool = True) -> dict:
             """Updates for every control and panel frame that depends on the model shown: the
@@ -463,10 +486,12 @@ def build_page(served: ServedModels | EngineService | None, replay: Recording | 
                 rec = Recording(view.request_id, info, view.body or None, [], list(view.outputs), [],
                                 {i: svc.piece(i) for i in ids}, {i for i in ids if svc.is_special(i)})
             if rec is None:
-                return {export: gr.update(value=None, interactive=False), step: gr.update(**NO_STEPS)}
+                return {export: gr.update(value=None, interactive=False), step: gr.update(**NO_STEPS),
+                        export_timeline: gr.update(value=None, interactive=False)}
             tab.cursor = ReplayCursor(rec)
             tab.cursor.adopt(view)  # the live view already shows the last frame
-            return {export: gr.update(value=write_trace(rec), interactive=True), step: steps_update(tab.cursor)}
+            return {export: gr.update(value=write_trace(rec), interactive=True), step: steps_update(tab.cursor),
+                    export_timeline: gr.update(value=write_timeline(rec), interactive=bool(rec.events))}
 
         def stream(tab: Tab, next_items: Callable[[float], list[dict]], first: dict | None = None,
                    final: Callable[[], dict] | None = None) -> Iterator[dict]:
@@ -547,7 +572,8 @@ def build_page(served: ServedModels | EngineService | None, replay: Recording | 
                 box = hint_for(e, submission)
                 yield {**full(view, f"rejected: {e}"), **{h: "" for h in hint_boxes},
                        box: f"<div class='tt-hint'>⚠ {viz._html.esc(e)}</div>",
-                       export: gr.update(value=None, interactive=False), step: gr.update(**NO_STEPS)}
+                       export: gr.update(value=None, interactive=False),
+                       export_timeline: gr.update(value=None, interactive=False), step: gr.update(**NO_STEPS)}
                 return
             view.request_id = watch.request_id
             sessions.sending(key, watch.request_id)
@@ -558,6 +584,7 @@ def build_page(served: ServedModels | EngineService | None, replay: Recording | 
             try:
                 # the last request's complaints are gone; its recording is no longer the one shown
                 yield {**{h: "" for h in hint_boxes}, export: gr.update(value=None, interactive=False),
+                       export_timeline: gr.update(value=None, interactive=False),
                        step: gr.update(**NO_STEPS)}
                 def refused_meanwhile() -> dict:  # a Send was refused while this one streamed: it can go now
                     if key not in sessions.refused:
@@ -663,6 +690,7 @@ def build_page(served: ServedModels | EngineService | None, replay: Recording | 
             ready = f"{info['name']}: Send goes to this model" + ("" if info["chat_template"] else
                                                                    " (plain-prompt mode: no chat template)")
             return merged(full(tab.view, ready), out, {export: gr.update(value=None, interactive=False),
+                                                        export_timeline: gr.update(value=None, interactive=False),
                                                         step: gr.update(**NO_STEPS)})
 
         def redraw(layer_value, head_value, request: gr.Request):
@@ -671,10 +699,25 @@ def build_page(served: ServedModels | EngineService | None, replay: Recording | 
             view.layer, view.head = int(layer_value or 0), int(head_value or 0)
             return view.render("attention"), view.render("moe")
 
+        def pick_token(value, layer_value, head_value, request: gr.Request):
+            """A token chip was clicked ("POSITION:NONCE"): that position in attention and the logit lens."""
+            tab = tab_of(request)
+            if tab is None:  # nothing shown yet (the blank view is every tab's: not to be changed)
+                return gr.update(), gr.update()
+            view = tab.view
+            try:
+                view.position = int(str(value).split(":")[0])
+            except ValueError:
+                view.position = None
+            view.layer, view.head = int(layer_value or 0), int(head_value or 0)
+            return view.render("attention"), view.render("logit_lens")
+
         def show_frame(tab: Tab, frame: int, note: str = "") -> dict:
             """Every panel at one frame (0-based) of the tab's recording; Status and the slider
             both count from 1."""
+            picked = tab.view.position if tab.view is not None else None
             view = tab.cursor.goto(frame)
+            view.position = picked
             view.replaying = True
             tab.view = view
             steps = tab.cursor.steps
@@ -718,7 +761,8 @@ def build_page(served: ServedModels | EngineService | None, replay: Recording | 
             info = with_defaults(rec.model)
             controls = controls_for(info, served_model=info["name"] in infos)
             return merged(out, controls, settings_updates(rec, info),
-                          {export: gr.update(value=write_trace(rec), interactive=True), step: steps_update(tab.cursor)})
+                          {export: gr.update(value=write_trace(rec), interactive=True), step: steps_update(tab.cursor),
+                           export_timeline: gr.update(value=write_timeline(rec), interactive=bool(rec.events))})
 
         def settings_updates(rec: Recording, info: dict) -> dict:
             """The controls set to the trace's own request: prompts, sampling, speculation, capture level."""
@@ -792,6 +836,8 @@ def build_page(served: ServedModels | EngineService | None, replay: Recording | 
             for control in controls:  # before any request, the body preview follows every edit (typed or pasted)
                 control.change(preview, controls + [model_pick], out_request, api_visibility="private",
                               concurrency_limit=None, show_progress="hidden", trigger_mode="always_last")
+        pick.change(pick_token, [pick, layer, head], [out_attention, out_lens], api_visibility="private",
+                   concurrency_limit=None, show_progress="hidden")
         for picker in (layer, head):
             picker.change(redraw, [layer, head], [out_attention, out_moe], api_visibility="private",
                           concurrency_limit=None, show_progress="hidden")

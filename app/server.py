@@ -16,7 +16,7 @@ from app.events_api import add_event_routes  # noqa: E402
 from app.limits import ServeLimits  # noqa: E402
 from app.metrics import add_metrics_route  # noqa: E402
 from app.openai_api import add_fallback_routes, add_openai_routes  # noqa: E402
-from app.page import CSS, build_page  # noqa: E402
+from app.page import CSS, HEAD, build_page  # noqa: E402
 from app.recording import Recording, record_request  # noqa: E402
 from app.served_models import ServedModels  # noqa: E402
 
@@ -59,5 +59,5 @@ def create_app(served: EngineService | ServedModels | None, replay: Recording | 
     # run_history off: Gradio would copy every streamed update (our panels, images included)
     # into the browser's localStorage, re-serialising its last 100 runs each time, which
     # made each update slower request after request (and kept visitors' prompts there).
-    return gr.mount_gradio_app(api, page, path="/", css=CSS, theme=theme, footer_links=["api"],
+    return gr.mount_gradio_app(api, page, path="/", css=CSS, head=HEAD, theme=theme, footer_links=["api"],
                                auth=page_login(limits), show_error=not limits.public, run_history=False)

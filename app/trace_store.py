@@ -33,6 +33,7 @@ from typing import Any
 MAX_BYTES_PER_REQUEST = 8 * 2**20
 MAX_TOTAL_BYTES = 128 * 2**20
 HEAVY = {"attention": "probs", "embed": "rows", "moe": "weights"}  # tensor captures: type -> their big list
+CAPTURES = (*HEAVY, "logit_lens")  # what stops past the per-request cap (the lens sized as exact JSON)
 ALWAYS = ("finish",)  # kept past every bound: a replay needs the end
 _SEP = (",", ":")
 
@@ -176,7 +177,7 @@ class TraceStore:
             if tr is None:
                 return False
             size = event_bytes(event)
-            if event.get("type") in HEAVY and (tr.truncated is not None or tr.nbytes + size > self.max_bytes):
+            if event.get("type") in CAPTURES and (tr.truncated is not None or tr.nbytes + size > self.max_bytes):
                 first = tr.truncated is None
                 self._cut(tr, int(event.get("step", 0)))
                 tr.truncated["captures_dropped"] += 1

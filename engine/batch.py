@@ -17,6 +17,7 @@ class CaptureSpec:
     max_keys: int  # keep at most the last `max_keys` query rows and key columns
     moe: bool
     embed_dims: int  # 0: no embedding rows
+    logit_lens: int = 0  # candidates per layer in the logit lens; 0: no lens
 
 
 @dataclass
@@ -36,6 +37,11 @@ class ForwardBatch:
     layer_q: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> queries [T, H, D]
     moe_routing: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)  # experts, weights
     embed_rows: dict[int, torch.Tensor] = field(default_factory=dict)  # seq -> [n, embed_dims]
+    # Logit lens (engine/logit_lens.py): the flat rows whose residual stream is kept after the
+    # embedding and after every layer (set by the engine: the sampled rows of lens-traced sequences)
+    lens_rows: torch.Tensor | None = None
+    lens_hidden: list[torch.Tensor] = field(default_factory=list)  # L + 1 tensors [len(lens_rows), hidden]
+    lens_probs: torch.Tensor | None = None  # after the pass: [L + 1, len(lens_rows), vocab]
     # Filled after the pass by capture.collect, as plain lists: per layer, per captured sequence.
     captured_attention: dict[int, dict[int, dict]] = field(default_factory=dict)
     captured_moe: dict[int, dict[int, dict]] = field(default_factory=dict)

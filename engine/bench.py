@@ -171,7 +171,8 @@ class Bench:
         sink = EventList()
         tracer = Tracer(sink)
         engine = LLMEngine(self.model, device=self.device, tracer=tracer)
-        levels = ("none", "off", "basic", "full")
+        levels = ("none", "off", "basic", "full", "full, no logit lens")
+        lens_on, lens_off = engine.capture, replace(engine.capture, logit_lens_top=0)
         rates = {level: [] for level in levels}
         ttfts = {level: [] for level in levels}
         order = random.Random(0)
@@ -181,14 +182,15 @@ class Bench:
             for level in order.sample(levels, len(levels)):
                 # "none": the engine as built without a tracer (nothing else holds it)
                 engine.tracer = None if level == "none" else tracer
+                engine.capture = lens_off if level == "full, no logit lens" else lens_on  # what the lens costs
                 t = time.perf_counter()
-                out = next(iter(run_engine(engine, prompts, params, trace_level=level if engine.tracer else None
-                                           ).values()))
+                out = next(iter(run_engine(engine, prompts, params,
+                                           trace_level=level.split(",")[0] if engine.tracer else None).values()))
                 elapsed = time.perf_counter() - t
                 rates[level].append((n - 1) / (elapsed - out["ttft"]))
                 ttfts[level].append(out["ttft"])
                 sink.events.clear()
-        engine.tracer = tracer
+        engine.tracer, engine.capture = tracer, lens_on
         self.tracing_off_steps(engine, tracer, prompts[0], n)
         rate0, ttft0 = statistics.median(rates["none"]), statistics.median(ttfts["none"])
         for level in levels[1:]:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from engine import logit_lens
 from engine.batch import CaptureSpec
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
@@ -181,7 +182,8 @@ class LLMEngine:
         if level == "full":
             c = self.capture
             layers = c.attention_layers if c.attention_layers is not None else list(range(self.model_config.num_layers))
-            seq.capture = CaptureSpec(layers, c.heads, c.max_keys, self.model_config.is_moe, c.embed_dims)
+            seq.capture = CaptureSpec(layers, c.heads, c.max_keys, self.model_config.is_moe, c.embed_dims,
+                                      c.logit_lens_top)
         with self.lock:
             self.requests[request_id] = seq
             if seq.traced:
@@ -259,6 +261,7 @@ class LLMEngine:
     @torch.inference_mode()  # sampling and the trace's tensor work too: less dispatch per op
     def _step(self) -> list[TokenOutput]:
         self.step_count += 1
+        t_begin = time.perf_counter()  # the step's phases for the timeline: schedule, forward, sample, trace
         outputs, self._pending = self._pending, []
         sched = self.scheduler.schedule()
         for seq in sched.out_of_memory:
@@ -288,6 +291,7 @@ class LLMEngine:
                 first = batch.query_starts[b + 1] - 1 - s.num_draft
                 spans[b] = (len(rows), len(rows) + s.num_draft + 1)
                 rows.extend(range(first, first + s.num_draft + 1))
+        lens_at = self._lens_rows(scheduled, batch, spans, rows)
         logits = self.runner.run(batch, rows)
         self.stats.target_passes += 1
         t_forward = time.perf_counter()
@@ -307,7 +311,8 @@ class LLMEngine:
                 new_tokens[b] = verdicts[b].tokens
         t_sample = time.perf_counter()
         if self.tracer is not None and any(s.seq.traced for s in scheduled):
-            self._trace_step(scheduled, batch, t_forward - t_start)
+            self._trace_step(scheduled, batch, t_forward - t_start, {
+                "start": t_begin, "schedule_seconds": t_start - t_begin, "sample_seconds": t_sample - t_forward})
         for b, s in enumerate(scheduled):
             self._commit(s, verdicts.get(b))
         for b, tokens in new_tokens.items():
@@ -322,12 +327,31 @@ class LLMEngine:
                     self._emit_plain("sample", seq.request_id, position=len(seq), source=source, method=method,
                                      candidate_texts=[self._piece(t) for t in info["candidates"]],
                                      token_text=self._piece(token), **info)
+                    if b in lens_at:
+                        self._emit_plain("logit_lens", seq.request_id, position=len(seq), source=source,
+                                         **logit_lens.event(batch.lens_probs[:, lens_at[b] + j], token,
+                                                            seq.capture.logit_lens, self._piece))
                 out = self._append_token(seq, token, t_sample)
                 outputs.append(out)
                 self.stats.generated_tokens += 1
                 if out.finished:
                     break
         return outputs
+
+    @staticmethod
+    def _lens_rows(scheduled: list[ScheduledSeq], batch, spans: dict[int, tuple[int, int]],
+                   rows: list[int]) -> dict[int, int]:
+        """Mark the sampled rows of sequences with a logit lens on the batch; -> sequence -> its
+        first row in batch.lens_probs (its j-th new token reads row + j)."""
+        at, flat = {}, []
+        for b, (lo, hi) in spans.items():
+            c = scheduled[b].seq.capture
+            if c is not None and c.logit_lens:
+                at[b] = len(flat)
+                flat.extend(rows[lo:hi])
+        if flat:
+            batch.lens_rows = torch.tensor(flat, dtype=torch.long, device=batch.input_ids.device)
+        return at
 
     def _commit(self, s: ScheduledSeq, verdict: Verdict | None) -> None:
         """After the forward pass: advance what is computed, roll back rejected
@@ -466,13 +490,16 @@ class LLMEngine:
         if hasattr(self.runner, "shutdown"):
             self.runner.shutdown()
 
-    def _trace_step(self, scheduled: list[ScheduledSeq], batch, forward_seconds: float) -> None:
+    def _trace_step(self, scheduled: list[ScheduledSeq], batch, forward_seconds: float, phases: dict) -> None:
+        """phases: the step's start (perf_counter) and its schedule and sample seconds (the forward
+        pass is forward_seconds; what follows this event is the trace's own work)."""
         bm = self.block_manager
         if hasattr(self.runner, "trace_events"):  # sharded: what crossed between the ranks (engine/parallel)
             self._emit_plain("schedule.collective", None, placement=self.runner.placement.as_dict(),
                              collectives=self.runner.trace_events(), forward_seconds=forward_seconds,
                              batch=[{"request_id": s.seq.request_id} for s in scheduled])
-        self._emit_plain("schedule.step", None, forward_seconds=forward_seconds, num_tokens=batch.query_starts[-1],
+        self._emit_plain("schedule.step", None, **phases, forward_seconds=forward_seconds,
+                         num_tokens=batch.query_starts[-1],
                          batch=[{"request_id": s.seq.request_id, "kind": s.kind, "start": s.start,
                                  "num_tokens": s.num_tokens} for s in scheduled],
                          running=len(self.scheduler.running), waiting=len(self.scheduler.waiting),

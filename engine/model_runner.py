@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from engine import capture
+from engine import capture, logit_lens
 from engine.batch import CaptureSpec, ForwardBatch
 from engine.config import EngineConfig, ModelConfig
 from engine.loader import ProgressFn, load_model
@@ -106,6 +106,9 @@ class ModelRunner:
         hidden = self.model(batch)
         if batch.any_capture:
             capture.collect(batch, self.cfg, self.kv_cache)
+        if batch.lens_hidden:
+            batch.lens_probs = logit_lens.probabilities(self.model, batch.lens_hidden)
+            batch.lens_hidden = []
         if token_rows is not None:
             hidden = hidden[token_rows]
         return self.model.compute_logits(hidden).float()

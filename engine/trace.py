@@ -17,7 +17,7 @@ import torch
 
 SCHEMA_VERSION = 1
 STAGES = ("request", "prefix_cache", "tokenize", "embed", "attention", "moe", "kv",
-          "schedule", "sample", "spec", "token", "finish")
+          "schedule", "logit_lens", "sample", "spec", "token", "finish")
 TRACE_LEVELS = ("off", "basic", "full")  # full adds tensors: embeddings, attention, MoE routing
 
 
@@ -29,6 +29,7 @@ class CaptureConfig:
     max_keys: int = 64  # last N query rows / key columns of each attention matrix
     embed_dims: int = 64  # leading columns of each embedding row
     top_candidates: int = 8  # sampler candidates shown per stage
+    logit_lens_top: int = 5  # candidates per layer in the logit lens (engine/logit_lens.py); 0: no lens
 
 
 @dataclass

@@ -16,7 +16,7 @@ from tests.test_browser_page import LIVE_STATE, chromium, open_page, paced_serve
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*no_silent_downcasting", "ignore:The copy keyword")
 STAGE_TITLES = ["The request arrives", "Prefix cache", "Tokenize", "Embed", "Through the layers",
-                "Prefill, then decode", "The KV cache", "Sample", "Stream", "Stop", "Continuous batching",
+                "Prefill, then decode", "The KV cache", "The logit lens", "Sample", "Stream", "Stop", "Continuous batching",
                 "Speculative decoding", "Beyond one GPU"]
 
 

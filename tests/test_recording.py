@@ -107,10 +107,11 @@ def test_the_walkthrough_quotes_this_requests_numbers(recording):
     peak = cursor.goto(cursor.peak_kv_frame())
     st = stages(m, recording.request_id, recording.body, recording.events, recording.outputs, peak.snapshot)
     keys = [s.key for s in st]
-    assert keys == ["request", "prefix", "tokens", "embedding", "layers", "timeline", "kv", "sampling", "answer",
-                    "finish", "batching", "spec", "parallel"]  # DESIGN.md's order
+    assert keys == ["request", "prefix", "tokens", "embedding", "layers", "timeline", "kv", "logit_lens", "sampling",
+                    "answer", "finish", "batching", "spec", "parallel"]  # DESIGN.md's order, the logit lens added
+    assert [s.title for s in st] == [f"{i} · {s.title.split(' · ', 1)[1]}" for i, s in enumerate(st, 1)]
     text = {s.key: s.text for s in st}
-    # a request still on its way has the same 13 stages, so the presenter's stage numbers never shift
+    # a request still on its way has the same stages, so the presenter's stage numbers never shift
     arrival = [e for e in recording.events if e["type"] in ("request.arrive", "tokenize")]
     assert [s.key for s in stages(m, recording.request_id, recording.body, arrival, [])] == keys
     tok = next(e for e in recording.events if e["type"] == "tokenize")
@@ -134,7 +135,8 @@ def test_classroom_presenter_moves_the_room_and_viewers_follow(service, recordin
     from app.server import create_app
     with TestClient(create_app(service)) as client:
         room = client.post("/classroom", json={"request_id": recording.request_id}).json()
-        assert room["stages"] == 13 and room["request_id"] == recording.request_id
+        n = len(stages(recording.model, recording.request_id, recording.body, recording.events, recording.outputs))
+        assert room["stages"] == n and room["request_id"] == recording.request_id
         rid = room["id"]
         follower = client.get(room["audience_url"]).text
         presenter = client.get(room["presenter_url"]).text
@@ -147,8 +149,8 @@ def test_classroom_presenter_moves_the_room_and_viewers_follow(service, recordin
         assert client.get(f"/classroom/{rid}/state").json()["stage"] == 6
         kv = client.get(f"/classroom/{rid}/stage/6").json()["html"]
         assert "The KV cache" in kv and "KV bytes = 2 × layers" in kv
-        assert client.post(f"/classroom/{rid}/goto", json={"key": key, "stage": 99}).json()["stage"] == 12
-        assert client.get(f"/classroom/{rid}/stage/13").status_code == 404
+        assert client.post(f"/classroom/{rid}/goto", json={"key": key, "stage": 99}).json()["stage"] == n - 1
+        assert client.get(f"/classroom/{rid}/stage/{n}").status_code == 404
         assert client.get("/classroom/nope/state").status_code == 404
         assert client.post("/classroom", json={"request_id": "req-none"}).status_code == 404
         assert client.post("/classroom", json={"trace": {"schema": 1}}).status_code == 400
@@ -156,7 +158,7 @@ def test_classroom_presenter_moves_the_room_and_viewers_follow(service, recordin
         huge = client.post("/classroom", content=b" " * (16 * 2**20 + 1))
         assert huge.status_code == 413 and "limit" in huge.json()["error"]["message"]
         from_file = client.post("/classroom", json={"trace": recording.to_json()}).json()
-        assert from_file["stages"] == 13
+        assert from_file["stages"] == n
         api = client.get(f"/v1/traces/{recording.request_id}").json()
         assert Recording.from_json(api).to_json() == recording.to_json()
 
@@ -198,7 +200,8 @@ def test_replay_cli_serves_a_file_with_no_model(recording, tmp_path):
             assert r.status_code == 404 and set(err) == {"message", "type", "param", "code"}
             assert "no model is loaded" in err["message"] and recording.request_id in err["message"]
         room = httpx.post(url + "classroom", json={"request_id": recording.request_id}, timeout=10).json()
-        assert room["stages"] == 13
+        assert room["stages"] == len(stages(recording.model, recording.request_id, recording.body, recording.events,
+                                            recording.outputs))
     finally:
         proc.terminate()
         proc.wait(timeout=20)
@@ -222,11 +225,13 @@ def test_a_classroom_on_a_running_request_follows_it_to_the_end(service, monkeyp
                 e["type"] == "token" for e in service.store.trace(watch.request_id).events):
             time.sleep(0.01)
         room = client.post("/classroom", json={"request_id": watch.request_id}).json()
-        assert room["stages"] == 13
-        first = client.get(f"/classroom/{room['id']}/stage/9").json()
+        keys = [s.key for s in stages(service.model_info(), watch.request_id, None, [], [])]
+        assert room["stages"] == len(keys)
+        fin = keys.index("finish")
+        first = client.get(f"/classroom/{room['id']}/stage/{fin}").json()
         assert "Still running" in first["html"]
         end = time.monotonic() + 60
-        while "It ended because" not in client.get(f"/classroom/{room['id']}/stage/9").json()["html"]:
+        while "It ended because" not in client.get(f"/classroom/{room['id']}/stage/{fin}").json()["html"]:
             assert time.monotonic() < end, "the room never saw the request finish"
             time.sleep(0.2)
         assert client.get(f"/classroom/{room['id']}/state").json()["version"] > first["version"]

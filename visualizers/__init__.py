@@ -7,6 +7,7 @@ from visualizers.attention import attention_html, attention_matrix, layers_and_h
 from visualizers.embedding import embedding_html, embedding_matrix
 from visualizers.kv_cache import kv_formula_html, kv_grid_html
 from visualizers.kv_calculator import DTYPE_BYTES, REFERENCE_MODELS, calculator_html, kv_cache_bytes
+from visualizers.logit_lens import logit_lens_html
 from visualizers.moe import moe_html, moe_layers
 from visualizers.prefix_cache import prefix_cache_html
 from visualizers.request import request_html
@@ -17,6 +18,6 @@ from visualizers.tokens import tokens_html
 
 __all__ = ["answer_html", "attention_html", "attention_matrix", "layers_and_heads", "embedding_html",
            "embedding_matrix", "kv_formula_html", "kv_grid_html", "DTYPE_BYTES", "REFERENCE_MODELS",
-           "calculator_html", "kv_cache_bytes", "moe_html", "moe_layers", "prefix_cache_html", "request_html",
+           "calculator_html", "kv_cache_bytes", "logit_lens_html", "moe_html", "moe_layers", "prefix_cache_html", "request_html",
            "sampling_html", "spec_html", "timeline_html", "timeline_steps", "tokens_html", "not_recorded",
            "queue_seconds", "untraced_timeline_html"]

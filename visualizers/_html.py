@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import html
+import json
 import struct
 import zlib
 from typing import Mapping, Sequence
@@ -127,3 +128,35 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]], css_class: str 
     head = "".join(f"<th>{esc(h)}</th>" for h in headers)
     body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
     return f'<table class="{css_class}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+# --- hover: a matrix drawn as one PNG answers the pointer with its exact cell (app/hover.js) ---
+NOT_CAPTURED, MASKED, OUTSIDE_WINDOW = 65535, 65534, 65533  # codes in a "u16" grid
+
+
+def hover_attr(spec: dict, values: np.ndarray | None = None, scale: float = 1e4, signed: bool = False) -> str:
+    """data-tt-hover="…": what app/hover.js needs to name the cell under the pointer. spec: "w",
+    "h" (cells across and down the image), "x0" (leading gutter columns), "rows"/"cols" (labels;
+    "same": the columns are the rows' positions),
+    "fmt" (e.g. "query {r} → key {c} · weight {v}"), "ctx". values [h, w - x0]: the trace's
+    numbers (4 decimals) packed as integers x scale, base64 (a 96 x 96 map is ~25 KB, not ~60 KB
+    of JSON); NaN: not captured, or a code already in a u16 grid."""
+    spec = dict(spec)
+    if values is not None:
+        if signed:
+            packed = np.round(np.nan_to_num(values) * scale).astype("<i4")
+        else:
+            v = np.asarray(values, dtype=float)
+            packed = np.where(np.isnan(v), NOT_CAPTURED, np.clip(np.round(v * scale), 0, MASKED - 2)).astype("<u2")
+            if "codes" in spec:  # masks drawn over the values: their own words
+                for code, mask in spec.pop("codes"):
+                    packed[mask] = code
+        spec.update(v=base64.b64encode(packed.tobytes()).decode(), enc="i32" if signed else "u16", scale=scale)
+    return f'data-tt-hover="{esc(json.dumps(spec, separators=(",", ":")))}"'
+
+
+def hover_img(rgb: np.ndarray, css_class: str, alt: str, hover: str, width: int, height: int) -> str:
+    """A heatmap whose cells answer the pointer (hover: hover_attr's); no title, whose native
+    tooltip would cover the cell's own."""
+    return (f'<img class="{css_class}" alt="{esc(alt)}" width="{width}" height="{height}" {hover} '
+            f'src="{png_data_uri(rgb)}">')

@@ -12,7 +12,8 @@ from typing import Sequence
 
 import numpy as np
 
-from visualizers._html import colormap, empty, esc, heat_img, panel, show_piece
+from visualizers._html import (MASKED, OUTSIDE_WINDOW, colormap, empty, esc, hover_attr, hover_img, panel,
+                               show_piece)
 
 MAX_POSITIONS = 96  # the newest positions shown
 THUMB_POSITIONS = 32
@@ -21,6 +22,7 @@ KIND_RGB = {"prefill": (70, 110, 200), "decode": (240, 140, 30), "verify": (160,
 CAUSAL_RGB = np.array([30, 30, 36], dtype=np.uint8)
 WINDOW_RGB = np.array([120, 40, 50], dtype=np.uint8)
 UNSEEN_RGB = np.array([200, 200, 205], dtype=np.uint8)
+PICKED_RGB = np.array([220, 20, 60], dtype=np.uint8)  # the gutter of the row picked in the Tokens panel
 
 
 def layers_and_heads(events: Sequence[dict]) -> tuple[list[int], list[int]]:
@@ -102,6 +104,16 @@ def _image(probs: np.ndarray, mask: np.ndarray, kinds: list[str | None]) -> np.n
     return np.concatenate([gutter, rgb], axis=1)
 
 
+def _hover(probs: np.ndarray, mask: np.ndarray, kinds: list[str | None], lo: int, labels: Sequence[str],
+           ctx: str) -> str:
+    """Each cell under the pointer: query token -> key token, its weight, the layer and head."""
+    names = [f"{lo + i} {labels[lo + i]!r}" if lo + i < len(labels) else str(lo + i) for i in range(len(kinds))]
+    spec = {"w": len(kinds) + 2, "h": len(kinds), "x0": 2, "rows": names, "same": True, "row_name": "query",
+            "gutter": [k or "" for k in kinds], "fmt": "query {r} → key {c} · weight {v}", "ctx": ctx,
+            "codes": [(MASKED, mask == 1), (OUTSIDE_WINDOW, mask == 2)]}
+    return hover_attr(spec, probs)
+
+
 def _scaled(rgb: np.ndarray, width: int) -> tuple[int, int]:
     h, w, _ = rgb.shape
     cell = max(1, width // max(w, 1))
@@ -109,8 +121,10 @@ def _scaled(rgb: np.ndarray, width: int) -> tuple[int, int]:
 
 
 def attention_html(events: Sequence[dict], layer: int | None = None, head: int | None = None,
-                   labels: Sequence[str] = (), sliding_windows: Sequence[int | None] | None = None) -> str:
-    """events: this request's `attention` events. labels: token text by position."""
+                   labels: Sequence[str] = (), sliding_windows: Sequence[int | None] | None = None,
+                   position: int | None = None) -> str:
+    """events: this request's `attention` events. labels: token text by position. position: the
+    query row picked in the Tokens panel (marked in the gutter and put in words; default: the newest)."""
     if not events:
         return panel("Attention", empty("no attention captured yet (capture level 'full' records it)"))
     layers, heads = layers_and_heads(events)
@@ -121,9 +135,14 @@ def attention_html(events: Sequence[dict], layer: int | None = None, head: int |
     group = num_heads // num_kv
     probs, mask, kinds, lo, window = attention_matrix(events, layer, head)
     rgb = _image(probs, mask, kinds)
+    rows_seen = np.where(~np.all(np.isnan(probs), axis=1))[0]
+    picked = position is not None and position - lo in set(rows_seen.tolist())
+    if picked:
+        rgb[position - lo, :2] = PICKED_RGB
     w, h = _scaled(rgb, 480)
-    big = heat_img(rgb, "tt-heat", f"layer {layer} head {head}: rows are queries from position {lo}")
-    big = big.replace("<img ", f'<img width="{w}" height="{h}" ', 1)
+    ctx = f"layer {layer} · head {head} (KV head {head // group})"
+    big = hover_img(rgb, "tt-heat", f"{ctx}: rows are queries from position {lo}",
+                    _hover(probs, mask, kinds, lo, labels, ctx), w, h)
 
     # Grouped-query structure: query heads boxed by the KV head they read.
     groups = []
@@ -132,27 +151,27 @@ def attention_html(events: Sequence[dict], layer: int | None = None, head: int |
         for qh in range(kv * group, (kv + 1) * group):
             if qh not in heads:
                 continue
-            p, m, k, _, _ = attention_matrix(events, layer, qh, THUMB_POSITIONS)
+            p, m, k, lo_t, _ = attention_matrix(events, layer, qh, THUMB_POSITIONS)
             img = _image(p, m, k)
             tw, th = _scaled(img, THUMB_PX)
             sel = " tt-sel" if qh == head else ""
             thumbs.append(f'<figure class="tt-thumb{sel}">'
-                          + heat_img(img, "tt-heat", f"query head {qh} (KV head {kv})").replace(
-                              "<img ", f'<img width="{tw}" height="{th}" ', 1)
+                          + hover_img(img, "tt-heat", f"query head {qh} (KV head {kv})",
+                                      _hover(p, m, k, lo_t, labels, f"layer {layer} · head {qh} (KV head {kv})"),
+                                      tw, th)
                           + f"<figcaption>Q{qh}</figcaption></figure>")
         groups.append(f'<div class="tt-group"><div class="tt-group-title">KV head {kv} ← query heads '
                       f'{kv * group}–{(kv + 1) * group - 1}</div>{"".join(thumbs)}</div>')
 
     # The newest row in words: which keys it attended to most.
     newest = ""
-    rows_seen = np.where(~np.all(np.isnan(probs), axis=1))[0]
     if len(rows_seen):
-        r = rows_seen[-1]
+        r = position - lo if picked else rows_seen[-1]
         row = np.nan_to_num(probs[r], nan=0.0)
         top = np.argsort(row)[::-1][:5]
         def lab(pos: int) -> str:
             return show_piece(labels[pos]) if pos < len(labels) else f"#{pos}"
-        newest = (f"<div>newest row: position {lo + r} ({esc(kinds[r] or '')}, token "
+        newest = (f"<div>{'picked' if picked else 'newest'} row: position {lo + r} ({esc(kinds[r] or '')}, token "
                   f"<code>{lab(lo + r)}</code>) attends most to "
                   + ", ".join(f"<code>{lab(lo + int(c))}</code>@{lo + int(c)} {row[c]:.2f}" for c in top if row[c] > 0)
                   + "</div>")

@@ -5,7 +5,7 @@ from typing import Sequence
 
 import numpy as np
 
-from visualizers._html import colormap, empty, esc, fixed, heat_img, panel
+from visualizers._html import colormap, empty, esc, fixed, hover_attr, hover_img, panel
 
 
 def embedding_matrix(embeds: Sequence[dict]) -> tuple[np.ndarray, list[int]]:
@@ -41,6 +41,9 @@ def embedding_html(embeds: Sequence[dict], vocab_size: int | None = None, d_mode
             f" · values in [{fixed(mat.min(), 3)}, {fixed(mat.max(), 3)}] · colour: blue − / red + "
             f"(±{scale:.3f})</div><div>first ids: {esc(', '.join(map(str, ids[:16])))}"
             f"{'…' if len(ids) > 16 else ''}</div></div>")
-    img = heat_img(rgb, "tt-heat tt-embed", title).replace(
-        "<img ", f'<img width="{dims * cell_w}" height="{n * row_h}" ', 1)
+    positions = sorted({ev["start"] + i for ev in embeds for i in range(len(ev["rows"]))})
+    hover = hover_attr({"w": dims, "h": n, "rows": [f"{p} (id {t})" for p, t in zip(positions, ids)],
+                        "fmt": "token {r} · dim {c} · value {v}", "ctx": f"embedding row (of d_model {d_model:,})"},
+                       mat, signed=True)
+    img = hover_img(rgb, "tt-heat tt-embed", title, hover, dims * cell_w, n * row_h)
     return panel("Embedding", info + f'<div class="tt-strip">{img}</div>')

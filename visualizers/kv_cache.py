@@ -7,7 +7,7 @@ from typing import Sequence
 
 import numpy as np
 
-from visualizers._html import empty, esc, fmt_bytes, heat_img, panel
+from visualizers._html import empty, esc, fmt_bytes, hover_attr, hover_img, panel
 
 
 def _block_events(events: Sequence[dict]) -> tuple[set[int], set[int], list[int]]:
@@ -98,7 +98,14 @@ def kv_grid_html(snapshot: dict | None, request_id: str | None, events: Sequence
     mine = [b for b, s in enumerate(states) if s in ("mine", "shared")]
     mine_tokens = sum(fill.get(b, 0) for b in mine)
     img, cols = grid_image(states, fill, bs)
-    grid = heat_img(img, "tt-kv-img", f"KV block pool: {n} blocks, {cols} per row, block 0 top left")
+    words = {"mine": "this request's", "shared": "shared via the prefix cache", "other": "another request's",
+             "cached": "free, cached prefix", "freed": "freed by this request"}
+    blocks = {b: f"block {b} · {words[st]}" + (f" · owners {', '.join(owners[b])} · ref {snapshot['ref'][b]}"
+                                                if owners.get(b) else "") + f" · {fill.get(b, 0)}/{bs} tokens"
+              for b, st in enumerate(states) if st != "free"}
+    hover = hover_attr({"kind": "blocks", "w": cols, "h": -(-n // cols), "n": n, "blocks": blocks})
+    grid = hover_img(img, "tt-kv-img", f"KV block pool: {n} blocks, {cols} per row, block 0 top left", hover,
+                     img.shape[1], img.shape[0])
     data = " ".join(f'data-{s}="{c}"' for s, c in counts.items())
     legend = "".join(f'<span class="tt-kv-key"><span class="tt-kv tt-kv-{s}"></span> {label} {counts[s]}</span> '
                      for s, label in (("mine", "this request"), ("shared", "shared via prefix cache"),

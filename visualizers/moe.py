@@ -44,9 +44,11 @@ def moe_html(events: Sequence[dict], layer: int | None = None, labels: Sequence[
     for p in positions[-MAX_ROWS:]:
         chosen = dict(picks[p])
         label = show_piece(labels[p]) if p < len(labels) else f"#{p}"
+        who = esc(f"position {p} {labels[p]!r}" if p < len(labels) else f"position {p}")
         cells = "".join(
-            f'<td class="tt-pick" style="background:{rgb_css(chosen[x])}">{chosen[x]:.2f}</td>' if x in chosen
-            else "<td></td>" for x in range(num_experts))
+            f'<td class="tt-pick" style="background:{rgb_css(chosen[x])}" title="{who} → expert {x} · router weight '
+            f'{chosen[x]:.4f} · layer {layer}">{chosen[x]:.2f}</td>' if x in chosen
+            else f'<td title="{who} · expert {x} not picked · layer {layer}"></td>' for x in range(num_experts))
         rows.append(f"<tr><th>{p}</th><th class='tt-tok'>{label}</th>{cells}</tr>")
     grid = (f'<table class="tt-moe"><thead><tr><th>pos</th><th>token</th>{head}</tr></thead>'
             f'<tbody>{"".join(rows)}</tbody></table>')

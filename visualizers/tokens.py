@@ -9,14 +9,17 @@ MAX_CHIPS = 600  # a very long prompt shows its start and end
 MAX_GENERATED = 256  # a long answer shows its newest tokens (the Answer panel has the whole text)
 
 
-def _chip(tok: dict, generated: bool = False) -> str:
+def _chip(tok: dict, generated: bool = False, pos: int | None = None) -> str:
     cls = "tt-chip"
     if tok.get("special"):
         cls += " tt-special"
     if generated:
         cls += " tt-gen"
     text = tok.get("text") if tok.get("text") not in (None, "") else tok.get("piece", "")
-    return (f'<span class="{cls}" title="id {esc(tok["id"])} · piece {esc(repr(tok.get("piece", "")))}">'
+    # data-pos: a click selects this position in the attention and logit-lens panels (app/hover.js)
+    at = f' data-pos="{pos}"' if pos is not None else ""
+    where = f"position {pos} · " if pos is not None else ""
+    return (f'<span class="{cls}"{at} title="{where}id {esc(tok["id"])} · piece {esc(repr(tok.get("piece", "")))}">'
             f'{show_piece(text)}<sub>{esc(tok["id"])}</sub></span>')
 
 
@@ -36,9 +39,11 @@ def tokens_html(tokenize: dict | None, generated: Sequence[dict] = (), prompt_to
         return panel("Tokens", head + legend + '<div class="tt-chips">'
                      + "".join(_chip(t, generated=True) for t in generated[-MAX_GENERATED:]) + "</div>")
     toks = tokenize["tokens"]
-    shown = toks if len(toks) <= MAX_CHIPS else toks[:MAX_CHIPS // 2] + [None] + toks[-MAX_CHIPS // 2:]
-    chips = "".join('<span class="tt-chip tt-gap">…</span>' if t is None else _chip(t) for t in shown)
-    gen = "".join(_chip(t, generated=True) for t in generated[-MAX_GENERATED:])
+    n = len(toks)
+    idx = list(range(n)) if n <= MAX_CHIPS else list(range(MAX_CHIPS // 2)) + [None] + list(range(n - MAX_CHIPS // 2, n))
+    chips = "".join('<span class="tt-chip tt-gap">…</span>' if i is None else _chip(toks[i], pos=i) for i in idx)
+    first = max(0, len(generated) - MAX_GENERATED)
+    gen = "".join(_chip(t, generated=True, pos=n + first + j) for j, t in enumerate(generated[first:]))
     if len(generated) > MAX_GENERATED:
         gen = f'<span class="tt-chip tt-gap" title="{len(generated) - MAX_GENERATED} earlier generated tokens">…</span>' + gen
     n_special = sum(1 for t in toks if t.get("special"))

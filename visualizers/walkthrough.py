@@ -4,12 +4,13 @@ to show beside the words. Pure: events in, escaped HTML out."""
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 from visualizers.parallel import measured_stage_html, parallel_panel_html
 from visualizers._html import esc, fmt_bytes, fmt_ms
 from visualizers.attention import layer_spans
+from visualizers.logit_lens import first_top, logit_lens_html
 from visualizers.speculative import span_text
 
 
@@ -59,7 +60,7 @@ def stages(model: dict, request_id: str, body: dict | None, events: Sequence[dic
     msgs = (arrive or {}).get("messages") or (body or {}).get("messages") or []
     params = (arrive or {}).get("params", {})
     chars = sum(len(m.get("content", "")) for m in msgs if isinstance(m, dict))
-    out.append(Stage("request", "1 · The request arrives", _p(
+    out.append(Stage("request", "The request arrives", _p(
         f"A client sent a JSON body like any OpenAI client would: {_n(len(msgs))} message{'s' if len(msgs) != 1 else ''}, {_n(chars)} characters "
         f"of text, asking for at most {_n(params.get('max_tokens', 0))} new tokens at temperature "
         f"{_n(float(params.get('temperature', 0)))}.",
@@ -69,27 +70,27 @@ def stages(model: dict, request_id: str, body: dict | None, events: Sequence[dic
     # 2. prefix cache
     if look:
         bs = model["block_size"]
-        out.append(Stage("prefix", "2 · Prefix cache", _prefix_text(look, model["block_size"]), ("prefix",)))
+        out.append(Stage("prefix", "Prefix cache", _prefix_text(look, model["block_size"]), ("prefix",)))
     else:
-        out.append(Stage("prefix", "2 · Prefix cache", _p(NOT_YET, "When the scheduler admits it, the engine looks "
+        out.append(Stage("prefix", "Prefix cache", _p(NOT_YET, "When the scheduler admits it, the engine looks "
                          "its prompt's blocks up in the prefix cache."), ("prefix",)))
 
     # 3. tokenize
     if tok:
         special = sum(1 for t in tok["tokens"] if t.get("special"))
-        out.append(Stage("tokens", "3 · Tokenize", _p(
+        out.append(Stage("tokens", "Tokenize", _p(
             f"The chat template wrapped the messages in role markers, then byte-level BPE cut the text into "
             f"{_n(tok['count'])} tokens, each an integer id in a vocabulary of {_n(tok.get('tokenizer_size') or model['vocab_size'])}."
             f" {_n(special)} of them are special tokens that mark whose turn it is (highlighted).",
             "The model never sees letters: only these ids."), ("tokens",)))
     else:
-        out.append(Stage("tokens", "3 · Tokenize", _p(NOT_YET), ("tokens",)))
+        out.append(Stage("tokens", "Tokenize", _p(NOT_YET), ("tokens",)))
 
     # 4. embed
     cut = (f"The trace reached the server's size cap at engine step {_n(int(truncated['step']))}: the tensor "
            "captures (embedding rows, attention, MoE routing) stop there, so the panels show the steps before it."
            if truncated else "")
-    out.append(Stage("embedding", "4 · Embed", _p(
+    out.append(Stage("embedding", "Embed", _p(
         f"Each id picks one row of the embedding matrix ({_n(model['vocab_size'])} rows × {_n(d_model)} numbers). "
         f"This request's prompt is {_n(n_prompt)} tokens: a [{n_prompt:,} × {d_model:,}] matrix, "
         f"{_n(n_prompt * d_model)} numbers, {esc(fmt_bytes(n_prompt * d_model * b))} in {esc(model['dtype'])}.",
@@ -119,7 +120,7 @@ def stages(model: dict, request_id: str, body: dict | None, events: Sequence[dic
         glu = "GeGLU" if str(model.get("mlp_activation", "silu")).startswith("gelu") else "SwiGLU"
         moe_text = f"Its feed-forward block is one dense {glu} MLP per layer."
     scale_d = model.get("query_pre_attn_scalar") or D  # Gemma scales by 1/√query_pre_attn_scalar
-    out.append(Stage("layers", "5 · Through the layers", _p(
+    out.append(Stage("layers", "Through the layers", _p(
         f"The matrix now passes through {_n(L)} layers. In each, attention lets every token look back at the tokens "
         f"before it: softmax(QKᵀ/√{scale_d:g})·V with {_n(H)} query heads that share {_n(KVH)} key/value heads "
         f"({group} query heads per KV head: grouped-query attention, so the cache stores {group}× less).",
@@ -132,7 +133,7 @@ def stages(model: dict, request_id: str, body: dict | None, events: Sequence[dic
     n_decode = len(kinds) - n_prefill
     ttft = (fin or {}).get("ttft")
     step_ms = [s["forward_seconds"] for s in mine if s.get("forward_seconds") is not None]
-    out.append(Stage("timeline", "6 · Prefill, then decode", _p(
+    out.append(Stage("timeline", "Prefill, then decode", _p(
         f"Prefill ran the whole prompt through the model in {_n(n_prefill)} forward pass"
         f"{'es' if n_prefill != 1 else ''} (long prompts are cut into chunks that share steps with other "
         f"requests); then {_n(n_decode)} decode or verify steps produced the answer.",
@@ -149,12 +150,18 @@ def stages(model: dict, request_id: str, body: dict | None, events: Sequence[dic
         when = f"After engine step {kv_peak['step']}, the last before it finished, "
     else:  # the last token drawn is never fed back, so it has no K/V
         tokens, blocks, when = max(0, n_prompt + n_gen - 1), -(-max(0, n_prompt + n_gen - 1) // bs), "At its end "
-    out.append(Stage("kv", "7 · The KV cache", _p(
+    out.append(Stage("kv", "The KV cache", _p(
         f"So that no step recomputes the past, each layer's keys and values are kept: 2 × {L} layers × {KVH} KV "
         f"heads × {D} dims × {b} bytes = {_n(per_token)} bytes per token.",
         f"{when}this request held K/V for {_n(tokens)} tokens: {esc(fmt_bytes(per_token * tokens))} in "
         f"{_n(blocks)} blocks of {bs} tokens, taken from a shared pool of {_n(model['num_blocks'])} "
         "blocks and handed back the moment it finished."), ("kv",)))
+
+    # between the layers and sampling: the logit lens
+    # its own grid, of the first answer token (the page's panel follows the newest, often an end-of-turn token)
+    lens = ev.get("logit_lens", [])
+    out.append(Stage("logit_lens", "The logit lens", _lens_text(lens, L)
+                     + (logit_lens_html(lens, lens[0]["position"]) if lens else ""), ()))
 
     # 8. sampling
     samples = ev.get("sample", [])
@@ -163,18 +170,18 @@ def stages(model: dict, request_id: str, body: dict | None, events: Sequence[dic
         p = s.get("params", {})
         knobs = ("greedy: always the most likely token" if p.get("greedy") else
                  f"temperature {p.get('temperature', 1):g}, top-k {p.get('top_k') or 'off'}, top-p {p.get('top_p', 1):g}")
-        out.append(Stage("sampling", "8 · Sample", _p(
+        out.append(Stage("sampling", "Sample", _p(
             f"The last layer's output times the LM head gives one score for each of {_n(model['vocab_size'])} tokens."
             f" Softmax turns them into probabilities; then the knobs cut the list ({esc(knobs)}).",
             f"For the first answer token the engine drew {esc(repr(s.get('token_text', '')))} with probability "
             f"{_n(float(s.get('token_prob', 0)))}; the distribution's entropy was "
             f"{_n(float(s.get('entropy', 0)))} nats. {_n(len(samples))} draws were traced."), ("sampling",)))
     else:
-        out.append(Stage("sampling", "8 · Sample", _p(NOT_YET, "Each step ends with logits over the vocabulary, cut "
+        out.append(Stage("sampling", "Sample", _p(NOT_YET, "Each step ends with logits over the vocabulary, cut "
                          "by temperature, top-k and top-p, and one token drawn."), ("sampling",)))
 
     # 9. stream
-    out.append(Stage("answer", "9 · Stream", _p(
+    out.append(Stage("answer", "Stream", _p(
         f"Each token left as a server-sent event the moment it existed: {_n(n_gen)} tokens.",
         _stream_timing(ev.get("token", []))), ("answer",)))
 
@@ -183,7 +190,7 @@ def stages(model: dict, request_id: str, body: dict | None, events: Sequence[dic
         u = fin.get("usage", {})
         why = {"stop": "the model produced an end-of-turn token (or a stop string)",
                "length": "it reached max_tokens", "abort": "it was stopped (a click or a closed connection)"}
-        out.append(Stage("finish", "10 · Stop", _p(
+        out.append(Stage("finish", "Stop", _p(
             f"It ended because {esc(why.get(fin['reason'], fin['reason']))} (finish_reason "
             f"<b>{esc(fin['reason'])}</b>).",
             f"Usage: {_n(u.get('prompt_tokens', 0))} prompt tokens ({_n(u.get('cached_tokens', 0))} from the prefix "
@@ -191,13 +198,13 @@ def stages(model: dict, request_id: str, body: dict | None, events: Sequence[dic
             f"It was preempted {_n(fin.get('preemptions', 0))} times."
             if fin.get("preemptions") else ""), ("answer", "request")))
     else:
-        out.append(Stage("finish", "10 · Stop", _p(f"Still running: {_n(n_gen)} tokens so far. It will end at an "
+        out.append(Stage("finish", "Stop", _p(f"Still running: {_n(n_gen)} tokens so far. It will end at an "
                          "end-of-turn token, a stop string or max_tokens."), ("answer", "request")))
 
     # 11. batching
     shared = [s for s in mine if len(s["batch"]) > 1]
     others = {x["request_id"] for s in mine for x in s["batch"]} - {request_id}
-    out.append(Stage("batching", "11 · Continuous batching", _p(
+    out.append(Stage("batching", "Continuous batching", _p(
         f"The engine never waits for a batch to fill. Of this request's {_n(len(mine))} steps, {_n(len(shared))} "
         f"were shared with {_n(len(others))} other request{'s' if len(others) != 1 else ''}"
         f" (at most {_n(max((len(s['batch']) for s in mine), default=1))} in one step).",
@@ -218,14 +225,50 @@ def stages(model: dict, request_id: str, body: dict | None, events: Sequence[dic
     else:
         t12 = ("This request ran without a draft model: one target forward pass per token. With speculation on, a "
                "small draft proposes k tokens and the target verifies them in one pass.")
-    out.append(Stage("spec", "12 · Speculative decoding", _p(t12), ("spec",)))
+    out.append(Stage("spec", "Speculative decoding", _p(t12), ("spec",)))
 
     # 13. beyond one device
     sharded = [c for c in ev.get("schedule.collective", [])
                if any(x.get("request_id") == request_id for x in c.get("batch", []))]
     measured = measured_stage_html(sharded) + (parallel_panel_html(sharded, L, notes=False) if sharded else "")
-    out.append(Stage("parallel", "13 · Beyond one GPU", measured + parallel_html(model, sharded=bool(sharded)), ()))
-    return out
+    out.append(Stage("parallel", "Beyond one GPU", measured + parallel_html(model, sharded=bool(sharded)), ()))
+    # numbered here, so a stage added anywhere renumbers the rest
+    return [replace(st, title=f"{i} · {st.title}") for i, st in enumerate(out, 1)]
+
+
+def _after(row: int) -> str:
+    """A logit-lens row as words: row 0 is the embedding, row i the output of layer i - 1."""
+    return "right after the embedding" if row == 0 else f"after layer <b>{row - 1}</b>"
+
+
+def _lens_text(lens: Sequence[dict], num_layers: int) -> str:
+    """At which layer does the model already know the answer? Read from the first answer
+    token's logit lens, then over every traced token."""
+    what = ("Put the residual stream after the embedding and after every layer through the model's final norm "
+            "and LM head, and it says what the model would answer if it stopped there.")
+    if not lens:
+        return _p(what, "This request has no logit lens: capture level full records one per generated token.")
+    e = lens[0]
+    rows = e["layers"]
+    top = first_top(rows)
+    n = len(rows)
+    tok = esc(repr(e["token_text"]))
+    if top is None:
+        when = f"the drawn token {tok} was never the top candidate (sampling picked a less likely one)"
+    elif top == n - 1:
+        when = f"{tok} became the top candidate only at the output, after the last layer"
+    else:
+        when = f"{tok} was already the top candidate {_after(top)}, and stayed there"
+    near = next((i for i, r in enumerate(rows) if r["chosen_rank"] <= 10), None)
+    near_text = (f" It entered the top 10 {_after(near)} (the embedding alone ranked it "
+                 f"{_n(rows[0]['chosen_rank'])})." if near not in (None, n - 1) else
+                 f" The embedding alone ranked it {_n(rows[0]['chosen_rank'])}.")
+    tops = [first_top(x["layers"]) for x in lens]
+    early = [t for t, x in zip(tops, lens) if t is not None and t < len(x["layers"]) - 1]
+    summary = (f"Over the {_n(len(lens))} traced tokens, {_n(len(early))} were settled before the last layer"
+               + (f" (at the median, {_after(int(statistics.median(early)))})" if early else "") + ".")
+    return _p(what, f"For the first answer token, {when}.{near_text}", summary,
+              f"The whole lens is one [{num_layers + 1} × hidden] · [hidden × vocab] product per traced token.")
 
 
 def _prefix_text(look: dict, bs: int) -> str:

@@ -1,0 +1,61 @@
+// Hover on the page's matrices (attention, embedding rows, KV pool): an <img data-tt-hover>
+// carries its cells' values and labels (visualizers/_html.hover_attr); the pointer's cell is
+// named in one floating tip. Clicking a token chip (data-pos) selects that position.
+(() => {
+  const CODES = {65535: "not captured", 65534: "masked (causal: a later key)", 65533: "masked (outside the sliding window)"};
+  function spec(el) {
+    if (el._ttSrc !== el.dataset.ttHover) {  // Gradio swaps the panel's HTML: parse once per drawing
+      const s = JSON.parse(el.dataset.ttHover);
+      if (s.v) {
+        const b = atob(s.v), buf = new Uint8Array(b.length);
+        for (let i = 0; i < b.length; i++) buf[i] = b.charCodeAt(i);
+        s.vals = s.enc === "i32" ? new Int32Array(buf.buffer) : new Uint16Array(buf.buffer);
+      }
+      el._tt = s; el._ttSrc = el.dataset.ttHover;
+    }
+    return el._tt;
+  }
+  function fmtValue(s, x) {
+    if (s.enc === "u16" && CODES[x]) return CODES[x];
+    return (x / s.scale).toFixed(4);
+  }
+  function describe(s, row, col) {
+    if (s.kind === "blocks") {
+      const b = row * s.w + col;
+      if (b >= s.n) return "";
+      return (s.blocks && s.blocks[b]) || `block ${b} · free`;
+    }
+    const c = col - (s.x0 || 0);
+    const r = s.rows ? s.rows[row] : row;
+    if (c < 0) return `${s.row_name || "row"} ${r}` + (s.gutter ? ` · ${s.gutter[row] || ""}` : "") + (s.ctx ? ` · ${s.ctx}` : "");
+    const cl = (s.same ? s.rows : s.cols || [])[c];  // same: columns are the rows' positions (attention)
+    const v = s.vals ? fmtValue(s, s.vals[row * (s.w - (s.x0 || 0)) + c]) : "";
+    return s.fmt.replace("{r}", r).replace("{c}", cl === undefined ? c : cl).replace("{v}", v) + (s.ctx ? ` · ${s.ctx}` : "");
+  }
+  let tip = null;
+  document.addEventListener("mousemove", (ev) => {
+    const el = ev.target.closest ? ev.target.closest("[data-tt-hover]") : null;
+    if (!tip) { tip = document.createElement("div"); tip.id = "tt-hover-tip"; document.body.appendChild(tip); }
+    if (!el) { tip.style.display = "none"; return; }
+    const s = spec(el), box = el.getBoundingClientRect();
+    const col = Math.min(s.w - 1, Math.floor((ev.clientX - box.left) / box.width * s.w));
+    const row = Math.min(s.h - 1, Math.floor((ev.clientY - box.top) / box.height * s.h));
+    const text = describe(s, row, col);
+    if (!text) { tip.style.display = "none"; return; }
+    tip.textContent = text;
+    tip.dataset.row = row; tip.dataset.col = col;
+    tip.style.display = "block";
+    tip.style.left = Math.min(ev.clientX + 14, window.innerWidth - tip.offsetWidth - 4) + "px";
+    tip.style.top = (ev.clientY + 16) + "px";
+  }, {passive: true});
+  document.addEventListener("click", (ev) => {
+    const chip = ev.target.closest ? ev.target.closest("#tt-tokens [data-pos]") : null;
+    if (!chip) return;
+    const box = document.querySelector("#tt-pick textarea, #tt-pick input");
+    if (!box) return;
+    box.value = `${chip.dataset.pos}:${Date.now()}`;  // a new value every click: Gradio fires "change"
+    box.dispatchEvent(new Event("input", {bubbles: true}));
+    document.querySelectorAll("#tt-tokens .tt-picked").forEach((c) => c.classList.remove("tt-picked"));
+    chip.classList.add("tt-picked");
+  });
+})();

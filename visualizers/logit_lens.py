@@ -1,0 +1,102 @@
+"""Stage 5b: the logit lens: what the model would answer if it stopped after each layer.
+
+One `logit_lens` event per generated token: for each point of the residual stream (after
+the embedding, after every layer; the last is the model's own output) the top candidates
+of the final norm + LM head, and the rank and probability of the token finally chosen.
+Drawn as a layers x candidates grid: rows are layers (the embedding on top, the output at
+the bottom), columns the candidates by rank; shading is the probability, the chosen token
+is outlined wherever it appears, and the last column follows it down the stack.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from visualizers._html import empty, esc, panel, show_piece
+from visualizers.sampling import prob
+
+
+def row_label(i: int, n_rows: int) -> str:
+    """Row i of n_rows: 0 is the embedding, i is after layer i - 1 (the last: the output)."""
+    return "embedding" if i == 0 else f"layer {i - 1}" + (" = output" if i == n_rows - 1 else "")
+
+
+def _shade(p: float) -> str:
+    # a probability as the alpha of one hue: light cells are unlikely, saturated ones sure
+    p = max(0.0, min(1.0, p))
+    return f"background:rgba(46,110,200,{p * 0.85 + 0.04:.2f})" + (";color:#fff" if p > 0.45 else "")
+
+
+def _visible(text: str, tid: int) -> str:
+    """A candidate's text as the cell shows it: spaces and newlines as marks (show_piece); a
+    token that would draw nothing (empty, a no-break or zero-width space) as its repr."""
+    if not text or all(c.isspace() or not c.isprintable() for c in text) and not set(text) & set(" \n\t"):
+        return esc(repr(text)) if text else f"#{tid}"
+    return show_piece(text)
+
+
+def select(events: Sequence[dict], position: int | None = None) -> dict | None:
+    """The event of the token at `position` (None or not traced: the newest)."""
+    if not events:
+        return None
+    if position is not None:
+        for e in events:
+            if e["position"] == position:
+                return e
+    return events[-1]
+
+
+def first_top(layers: Sequence[dict]) -> int | None:
+    """The first row from which the chosen token stays the top candidate to the end."""
+    at = None
+    for i, row in enumerate(layers):
+        if row["chosen_rank"] == 1:
+            at = i if at is None else at
+        else:
+            at = None
+    return at
+
+
+def logit_lens_html(events: Sequence[dict], position: int | None = None, labels: Sequence[str] = ()) -> str:
+    """events: this request's `logit_lens` events; position: the token to show (default: the
+    newest); labels: token text by position (for the context line)."""
+    ev = select(events, position)
+    if ev is None:
+        return panel("Logit lens", empty("no token generated yet (capture level 'full' records the logit lens)"))
+    rows = ev["layers"]
+    n = len(rows)
+    chosen = ev["token_id"]
+    k = max(len(r["top_ids"]) for r in rows)
+    head = "".join(f"<th>#{j + 1}</th>" for j in range(k))
+    body = []
+    for i, r in enumerate(rows):
+        where = row_label(i, n)
+        cells = []
+        for j, (tid, text, p) in enumerate(zip(r["top_ids"], r["top_texts"], r["top_probs"])):
+            mark = " tt-lens-chosen" if tid == chosen else ""
+            title = f"{where} · candidate #{j + 1}: {text!r} (id {tid}) · p={prob(p, 4)}"
+            cells.append(f'<td class="tt-lens-cell{mark}" style="{_shade(p)}" title="{esc(title)}">'
+                         f"<code>{_visible(text, tid)}</code></td>")
+        cells += ["<td></td>"] * (k - len(r["top_ids"]))
+        cp, rank = r["chosen_prob"], r["chosen_rank"]
+        ctitle = f"{where} · the chosen token {ev['token_text']!r}: rank {rank:,}, p={prob(cp, 4)}"
+        body.append(f'<tr class="tt-lens-row{" tt-lens-out" if i == n - 1 else ""}"><th title="{esc(where)}">'
+                    f"{esc(row_label(i, n))}</th>{''.join(cells)}"
+                    f'<td class="tt-lens-rank" style="{_shade(cp)}" title="{esc(ctitle)}">#{rank:,} · {prob(cp)}</td></tr>')
+    table = (f"<table class='tt-table tt-lens'><thead><tr><th>after</th>{head}<th>chosen: rank · p</th></tr>"
+             f"</thead><tbody>{''.join(body)}</tbody></table>")
+    top = first_top(rows)
+    ever = next((i for i, r in enumerate(rows) if r["chosen_rank"] == 1), None)
+    known = ("it is never the top candidate (a draw below the top)" if top is None else
+             f"it is the top candidate from {esc(row_label(top, n))} on" if top < n - 1 else
+             "it is the top candidate only at the output" if ever == n - 1 else
+             f"it is the top candidate first at {esc(row_label(ever, n))}, for good only at the output")
+    pos = ev["position"]
+    ctx = f" after <code>{show_piece(labels[pos - 1])}</code>" if 0 < pos <= len(labels) else ""
+    idx = next((i for i, e in enumerate(events) if e is ev), len(events) - 1)
+    info = (f"<div class='tt-lines'><div>token {idx + 1} of {len(events)} · position {pos}{ctx} · chosen "
+            f"<code>{show_piece(ev['token_text'])}</code> (id {esc(chosen)}): {known}</div>"
+            + (f"<div class='tt-note'>position {position} has no lens (the lens is recorded for generated tokens, "
+               f"not the prompt's): showing the newest</div>" if position is not None and pos != position else "")
+            + f"<div>each row: the residual stream after that layer through the final norm and the LM head "
+            f"(top {k}; shading: probability; outlined: the chosen token)</div></div>")
+    return panel("Logit lens", info + table)

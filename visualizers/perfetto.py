@@ -1,0 +1,114 @@
+"""Stages 6 and 11 for Perfetto (ui.perfetto.dev) or chrome://tracing: one request's trace as
+Chrome trace-event JSON, complete ("X") slices on a few tracks:
+
+- "engine steps": every engine step that computed this request, split into its phases:
+  schedule (the scheduler's pick), forward (draft proposals, the batch's tensors and the
+  model's pass), sample, and trace (the events written after sampling, the captures
+  included), where the recording has them;
+- the request itself: its whole life, tokenize, the queue (arrival to admission), then
+  each step it was in (prefill chunk, decode or verify) and an instant per streamed token;
+- one track per batch neighbour: the other requests that shared those steps, and how many
+  tokens each brought.
+Pure: events in (a recording's, as plain dicts), a JSON-serializable dict out. Times are
+microseconds from the request's arrival.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+ENGINE_TID, REQUEST_TID = 1, 2
+
+
+def _us(seconds: float) -> float:
+    return round(seconds * 1e6, 3)
+
+
+def step_phases(step: dict, end: float) -> list[tuple[str, float, float]]:
+    """[(phase, start, end)] in seconds (perf_counter), for a `schedule.step` event whose
+    step's last event was written at `end`."""
+    if "start" not in step:  # a recording from before the phases were traced: the forward pass only
+        return [("forward", step["ts"] - step["forward_seconds"], step["ts"])]
+    t0 = step["start"]
+    t1 = t0 + step["schedule_seconds"]
+    t2 = t1 + step["forward_seconds"]
+    t3 = t2 + step["sample_seconds"]
+    phases = [("schedule", t0, t1), ("forward", t1, t2), ("sample", t2, t3)]
+    if end > t3:
+        phases.append(("trace", t3, end))
+    return phases
+
+
+def perfetto_trace(events: Sequence[dict], request_id: str, model: str | None = None) -> dict:
+    """events: one request's recording (its own events and the schedule.step events it was in)."""
+    steps = [e for e in events if e["type"] == "schedule.step"
+             and any(b["request_id"] == request_id for b in e["batch"])]
+    mine = [e for e in events if e.get("request_id") == request_id]
+    by_type: dict[str, list[dict]] = {}
+    for e in mine:
+        by_type.setdefault(e["type"], []).append(e)
+    arrive = (by_type.get("request.arrive") or [None])[0]
+    tok = (by_type.get("tokenize") or [None])[0]
+    fin = (by_type.get("finish") or [None])[0]
+    if arrive is not None:  # arrival: before tokenizing, which the arrive event follows
+        t_arrival = arrive["ts"] - (tok or {}).get("seconds", 0.0)
+    else:
+        t_arrival = min((e["ts"] for e in events), default=0.0)
+    last_ts: dict[int, float] = {}  # each step's last event of this request: the end of its trace phase
+    for e in events:
+        if e["type"] == "schedule.step" or e.get("request_id") == request_id:
+            last_ts[e["step"]] = max(last_ts.get(e["step"], e["ts"]), e["ts"])
+
+    out: list[dict] = []
+
+    def meta(tid: int, name: str, order: int) -> None:
+        out.append({"ph": "M", "name": "thread_name", "pid": 1, "tid": tid, "args": {"name": name}})
+        out.append({"ph": "M", "name": "thread_sort_index", "pid": 1, "tid": tid, "args": {"sort_index": order}})
+
+    def slice_(tid: int, name: str, start: float, end: float, cat: str, **args) -> None:
+        out.append({"ph": "X", "name": name, "cat": cat, "pid": 1, "tid": tid, "ts": _us(start - t_arrival),
+                    "dur": max(0.0, _us(end - t_arrival) - _us(start - t_arrival)), "args": args})
+
+    out.append({"ph": "M", "name": "process_name", "pid": 1,
+                "args": {"name": f"TokenTrace · {model}" if model else "TokenTrace"}})
+    meta(ENGINE_TID, "engine steps", 0)
+    meta(REQUEST_TID, f"request {request_id}", 1)
+    neighbours: dict[str, int] = {}
+    spans = []
+    for s in steps:
+        phases = step_phases(s, last_ts.get(s["step"], s["ts"]))
+        start, end = phases[0][1], phases[-1][2]
+        spans.append((start, end))
+        batch = [f"{b['request_id']}: {b['kind']} {b['num_tokens']} tokens" for b in s["batch"]]
+        slice_(ENGINE_TID, f"step {s['step']}", start, end, "engine", step=s["step"], num_tokens=s["num_tokens"],
+               batch=batch, running=s.get("running"), waiting=s.get("waiting"), free_blocks=s.get("free_blocks"))
+        for name, a, b in phases:
+            slice_(ENGINE_TID, name, a, b, "phase", step=s["step"])
+        me = next(b for b in s["batch"] if b["request_id"] == request_id)
+        others = [b["request_id"] for b in s["batch"] if b["request_id"] != request_id]
+        slice_(REQUEST_TID, me["kind"], start, end, "request", step=s["step"], start_position=me["start"],
+               tokens=me["num_tokens"], batch_neighbours=others)
+        for b in s["batch"]:
+            if b["request_id"] == request_id:
+                continue
+            if b["request_id"] not in neighbours:
+                neighbours[b["request_id"]] = REQUEST_TID + 1 + len(neighbours)
+                meta(neighbours[b["request_id"]], f"neighbour {b['request_id']}", 1 + len(neighbours))
+            slice_(neighbours[b["request_id"]], b["kind"], start, end, "neighbour", step=s["step"],
+                   tokens=b["num_tokens"], shared_with=request_id)
+    t_end = max([fin["ts"] if fin else t_arrival] + [e for _, e in spans] + [e["ts"] for e in mine])
+    slice_(REQUEST_TID, f"request {request_id}", t_arrival, t_end, "request",
+           finish_reason=(fin or {}).get("reason"), usage=(fin or {}).get("usage"), ttft_s=(fin or {}).get("ttft"))
+    if tok is not None:
+        slice_(REQUEST_TID, "tokenize", t_arrival, t_arrival + tok.get("seconds", 0.0), "request", tokens=tok["count"])
+    queued = t_arrival + (tok or {}).get("seconds", 0.0)
+    if spans and spans[0][0] > queued:  # tokenized, waiting for the step whose scheduler admits it
+        slice_(REQUEST_TID, "queue", queued, spans[0][0], "request")
+    for t in by_type.get("token", []):
+        out.append({"ph": "i", "s": "t", "name": f"token {t['text']!r}", "cat": "token", "pid": 1,
+                    "tid": REQUEST_TID, "ts": _us(t["ts"] - t_arrival),
+                    "args": {"index": t["index"], "token_id": t["token_id"], "latency_s": t.get("latency")}})
+    meta_events = [e for e in out if e["ph"] == "M"]
+    timed = sorted((e for e in out if e["ph"] != "M"), key=lambda e: (e["ts"], -e.get("dur", 0)))
+    return {"traceEvents": meta_events + timed, "displayTimeUnit": "ms",
+            "otherData": {"source": "TokenTrace", "request_id": request_id, "model": model,
+                          "time_origin": "the request's arrival (microseconds)"}}
