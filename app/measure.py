@@ -173,11 +173,14 @@ def main(argv: list[str] | None = None) -> None:
         finished_on_page = page.evaluate("window.__finished")
         browser.close()
     lags = [seen[k] - produced[k] for k in produced if k.split(":")[0] in rids and k in seen]
+    worst = sorted(((seen[k] - produced[k], k) for k in produced if k.split(":")[0] in rids and k in seen),
+                   reverse=True)[:5]
     missing = sum(1 for k in produced if k.split(":")[0] in rids and k not in seen)
     tokens = sum(1 for k in produced if k.split(":")[0] in rids)
     print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} (other work shares them)")
     print(f"requests: {len(rids)} in {elapsed:.1f} s, {tokens} tokens ({tokens / elapsed:.1f} tokens/s)")
     print(lag_line(lags, missing))
+    print("slowest tokens (request:token index): " + ", ".join(f"{k} {lag:.0f} ms" for lag, k in worst))
     growth_mb = (mem1 - mem0) * 1.048576  # MiB -> MB
     print(f"chromium memory (PSS): {mem0:.0f} MiB after warm-up -> {mem1:.0f} MiB after {len(rids)} requests: "
           f"growth {growth_mb:+.0f} MB -> target: under {MEMORY_TARGET_MB} MB: "
