@@ -106,9 +106,13 @@ class ModelRunner:
         hidden = self.model(batch)
         if batch.any_capture:
             capture.collect(batch, self.cfg, self.kv_cache)
-        if batch.lens_hidden:
-            batch.lens_probs = logit_lens.probabilities(self.model, batch.lens_hidden)
-            batch.lens_hidden = []
+        self.lens(batch)
         if token_rows is not None:
             hidden = hidden[token_rows]
         return self.model.compute_logits(hidden).float()
+
+    def lens(self, batch: ForwardBatch) -> None:
+        """The logit lens of the rows the forward pass kept (engine/logit_lens.py)."""
+        if batch.lens_hidden:
+            batch.lens_probs = logit_lens.probabilities(self.model, batch.lens_hidden)
+            batch.lens_hidden = []

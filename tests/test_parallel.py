@@ -113,10 +113,18 @@ def _check_expert_placement(one: LLM, two: LLM) -> None:
 def _check_attention_capture(one: LLM, two: LLM) -> None:
     """A `full` trace of a sharded request still shows every head's attention: each rank
     scores its own heads and rank 0 gathers them, equal to the single device's."""
-    def attention(llm):
-        return [e.data for e in llm.stream(PROMPTS[1], SamplingParams(temperature=0, max_tokens=3), trace="full")
-                if getattr(e, "type", None) == "attention"]
-    a, b = attention(one), attention(two)
+    def events(llm):
+        return [e for e in llm.stream(PROMPTS[1], SamplingParams(temperature=0, max_tokens=3), trace="full")
+                if getattr(e, "type", None) in ("attention", "logit_lens")]
+    ea, eb = events(one), events(two)
+    a, b = [e.data for e in ea if e.type == "attention"], [e.data for e in eb if e.type == "attention"]
+    # the logit lens too: rank 0 reads the whole residual stream after each all-reduce
+    la, lb = [e.data for e in ea if e.type == "logit_lens"], [e.data for e in eb if e.type == "logit_lens"]
+    assert len(la) == len(lb) == 3 and all(len(x["layers"]) == one.engine.model_config.num_layers + 1 for x in lb)
+    for x, y in zip(la, lb):
+        assert [r["top_ids"][0] for r in x["layers"]] == [r["top_ids"][0] for r in y["layers"]]
+        torch.testing.assert_close(torch.tensor([r["top_probs"] for r in y["layers"]]),
+                                   torch.tensor([r["top_probs"] for r in x["layers"]]), atol=2e-3, rtol=0)
     cfg = one.engine.model_config
     assert len(a) == len(b) == 3 * cfg.num_layers  # every layer, at the prefill and two decodes
     for x, y in zip(a, b):

@@ -266,6 +266,7 @@ class ParallelRunner(ModelRunner):
             capture.collect(batch, self.local_cfg, self.kv_cache)
             batch.captures = specs
             _fill_attention(batch, probs, self.cfg)
+        self.lens(batch)  # rank 0 holds the whole residual stream after each all-reduce
         if token_rows is not None:
             hidden = hidden[token_rows]
         return self.model.compute_logits(hidden).float()
