@@ -10,15 +10,15 @@ from typing import Callable
 import visualizers as viz
 
 PANELS = ("request", "prefix", "tokens", "embedding", "attention", "kv", "moe", "sampling", "spec", "answer",
-          "timeline", "logit_lens")
+          "timeline", "logit_lens", "parallel")
 HEAVY = {"embedding": 1.5, "attention": 1.5, "moe": 1.5, "timeline": 1.5, "kv": 0.5, "tokens": 1.0,
-         "sampling": 1.0, "spec": 1.0, "logit_lens": 1.0}  # panel -> least seconds between redraws while streaming (the
+         "sampling": 1.0, "spec": 1.0, "logit_lens": 1.0, "parallel": 1.5}  # panel -> least seconds between redraws while streaming (the
 # browser's cost grows with the DOM it patches; tokens must not queue behind it)
 
 # which panels an event type feeds
 FEEDS = {"request.arrive": ("timeline",), "tokenize": ("tokens", "timeline"), "prefix_cache.lookup": ("prefix",),
          "schedule.step": ("timeline",), "embed": ("embedding",), "attention": ("attention",), "moe": ("moe",),
-         "sample": ("sampling",), "logit_lens": ("logit_lens",), "spec": ("spec",), "token": ("answer", "tokens", "timeline"),
+         "sample": ("sampling",), "logit_lens": ("logit_lens",), "schedule.collective": ("parallel",), "spec": ("spec",), "token": ("answer", "tokens", "timeline"),
          "finish": ("answer", "timeline", "kv")}
 
 
@@ -217,6 +217,8 @@ class LiveView:
             if not self.by_type.get("spec") and not self.speculative:
                 return viz.not_recorded("Speculative decoding", "speculative decoding is off for this request")
             return viz.spec_html(self.by_type.get("spec", []), self.speculative and m["has_draft"], self.pieces())
+        if name == "parallel":
+            return viz.parallel_html(self.by_type.get("schedule.collective", []), m, self.level, idle)
         if name == "logit_lens":
             return viz.logit_lens_html(self.by_type.get("logit_lens", []), self.position, self.labels())
         if name == "timeline":

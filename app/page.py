@@ -96,7 +96,7 @@ class Sessions:
             return self._tabs.get(key)
 
 
-LATER_PANELS = ("logit_lens",)  # panels added after the page's API was published: last in its outputs
+LATER_PANELS = ("logit_lens", "parallel")  # panels added after the page's API was published: last in its outputs
 
 
 def _key(request: gr.Request | None) -> str:
@@ -417,10 +417,13 @@ def build_page(served: ServedModels | EngineService | None, replay: Recording | 
                                             elem_id="tt-calc-tokens")
                     calc_dtype = gr.Dropdown(list(viz.DTYPE_BYTES), value="float16", label="dtype")
                 out_calc = gr.HTML(viz.calculator_html(2000, "float16"), elem_id="tt-calc")
+        with gr.Row(equal_height=False):  # beyond one device: what each rank holds and exchanged this step
+            out_parallel = gr.HTML(blank.render("parallel"), elem_id="tt-parallel")
 
         panels = {"request": out_request, "prefix": out_prefix, "tokens": out_tokens, "embedding": out_embedding,
                   "attention": out_attention, "kv": out_kv, "moe": out_moe, "sampling": out_sampling,
-                  "spec": out_spec, "answer": out_answer, "timeline": out_timeline, "logit_lens": out_lens}
+                  "spec": out_spec, "answer": out_answer, "timeline": out_timeline, "logit_lens": out_lens,
+                  "parallel": out_parallel}
         hints = {"messages": hint_prompt, "prompt": hint_prompt, "max_tokens": hint_max, "temperature": hint_sampling,
                  "top_k": hint_sampling, "top_p": hint_sampling, "seed": hint_sampling}
         hint_boxes = [hint_prompt, hint_send, hint_max, hint_sampling]

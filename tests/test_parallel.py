@@ -181,6 +181,15 @@ def test_the_app_serves_a_sharded_model_and_stage_13_quotes_it():
     text = walk(rec)["parallel"]
     assert "ran sharded" in text and "<table class='tt-par-grid'" in text and "experts 4–7" in text
     assert "Pipeline parallelism is not built" in text and "Llama-3-70B" in text
+    # the page's parallelism panel, at the request's last frame and at a mid one
+    from app.recording import ReplayCursor
+    assert rec.model["tensor_parallel_size"] == 2 and rec.model["expert_parallel"]
+    cursor = ReplayCursor(rec)
+    last = cursor.goto(cursor.last_frame).render("parallel")
+    assert "Parallelism" in last and "2 ranks, whole experts per rank" in last and "tt-par-grid" in last
+    assert f"The last of {len(sharded)} steps" in last
+    assert "no engine step of this request yet" in cursor.goto(0).render("parallel")
+    assert "The last of 1 step " in cursor.goto(1).render("parallel")
 
 
 def test_one_device_panel_says_what_is_not_built():
@@ -188,6 +197,11 @@ def test_one_device_panel_says_what_is_not_built():
     assert "one device" in html and "Pipeline parallelism" in html and "not built" in html
     assert "Llama-3-70B" in html and "32.0 KiB" in html  # 2 x 8192 x 2 B per token per layer
     assert measured_stage_html([]) == ""
+    from visualizers import parallel_html
+    page = parallel_html([], {"tensor_parallel_size": 1, "num_layers": 4})
+    assert "Parallelism" in page and "one device" in page
+    sharded_off = parallel_html([], {"tensor_parallel_size": 2, "num_layers": 4}, level="off")
+    assert "sharded over 2 ranks" in sharded_off and "capture level" in sharded_off
 
 
 def test_refusals_are_clear_and_start_nothing(checkpoint, tmp_path):

@@ -9,6 +9,7 @@ from visualizers.kv_cache import kv_formula_html, kv_grid_html
 from visualizers.kv_calculator import DTYPE_BYTES, REFERENCE_MODELS, calculator_html, kv_cache_bytes
 from visualizers.logit_lens import logit_lens_html
 from visualizers.moe import moe_html, moe_layers
+from visualizers.parallel import parallel_html
 from visualizers.prefix_cache import prefix_cache_html
 from visualizers.request import request_html
 from visualizers.sampling import sampling_html
@@ -18,6 +19,6 @@ from visualizers.tokens import tokens_html
 
 __all__ = ["answer_html", "attention_html", "attention_matrix", "layers_and_heads", "embedding_html",
            "embedding_matrix", "kv_formula_html", "kv_grid_html", "DTYPE_BYTES", "REFERENCE_MODELS",
-           "calculator_html", "kv_cache_bytes", "logit_lens_html", "moe_html", "moe_layers", "prefix_cache_html", "request_html",
+           "calculator_html", "kv_cache_bytes", "logit_lens_html", "moe_html", "moe_layers", "parallel_html", "prefix_cache_html", "request_html",
            "sampling_html", "spec_html", "timeline_html", "timeline_steps", "tokens_html", "not_recorded",
            "queue_seconds", "untraced_timeline_html"]

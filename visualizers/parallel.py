@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from visualizers._html import esc, fmt_bytes
+from visualizers._html import esc, fmt_bytes, not_recorded, panel
 
 # Llama-3-70B: 80 layers, hidden 8192, 64 query / 8 KV heads, bf16 (its config.json)
 REFERENCE = {"name": "Llama-3-70B", "layers": 80, "hidden": 8192, "heads": 64, "kv_heads": 8, "bytes": 2, "devices": 8}
@@ -127,3 +127,17 @@ def measured_stage_html(events: Sequence[dict]) -> str:
             f"steps they ran <b>{count:,}</b> collectives and each rank sent <b>{esc(fmt_bytes(moved))}</b> into "
             f"them; of <b>{fwd:.1f} ms</b> of forward passes, the all-reduces took {esc(share)} (time in a "
             f"collective includes waiting for the slower rank).</p>")
+
+
+def parallel_html(events: Sequence[dict], model: dict, level: str = "full", idle: bool = False) -> str:
+    """The page's parallelism panel: this request's collectives on a sharded engine, or
+    what one device means (with the reference model's numbers either way)."""
+    tp = int(model.get("tensor_parallel_size") or 1)
+    if events:
+        return panel("Parallelism", parallel_panel_html(events, model.get("num_layers")))
+    if tp > 1:
+        why = ("no request yet: each step's collectives show here" if idle else
+               "not recorded: the collectives need capture level basic or full (this request: off)"
+               if level == "off" else "no engine step of this request yet")
+        return not_recorded("Parallelism", f"this model runs sharded over {tp} ranks; {why}")
+    return panel("Parallelism", parallel_panel_html([]))
