@@ -117,7 +117,7 @@ class Room:
                 body = "".join(f"<div class='tt-class-panel'>{html.get(p) or view.render(p)}</div>" for p in s.panels)
                 page = (f"<h2 id='tt-class-title'>{esc(s.title)}</h2><div class='tt-class-text'>{s.text}"
                         f"</div><div class='tt-class-panels'>{body}</div>")
-                self._html[i] = json.dumps({"index": i, "count": len(all_stages), "html": page,
+                self._html[i] = json.dumps({"index": i, "count": len(all_stages), "key": s.key, "html": page,
                                             "version": self.trace_version}).encode()
             return self._html[i]
 

@@ -22,3 +22,21 @@ def checkpoint(tmp_path_factory):
             cache[arch] = make_checkpoint(arch, tmp_path_factory.mktemp(arch))
         return cache[arch]
     return get
+
+
+# --- browser tests (tests/test_browser_*.py): each module defines its own `server` ---------
+@pytest.fixture(scope="module")
+def browser(server):
+    """Chromium for a module's page tests (after its server: that skips, or fails in CI, without a browser)."""
+    from tests.test_browser_page import chromium
+    with chromium() as b:
+        yield b
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory):
+    """Where the browser tests' screenshots go: $TOKENTRACE_SCREENSHOTS, to look at them, or a temporary folder."""
+    from pathlib import Path
+    d = Path(os.environ.get("TOKENTRACE_SCREENSHOTS") or tmp_path_factory.mktemp("screenshots"))
+    d.mkdir(parents=True, exist_ok=True)
+    return d

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.test_browser_page import _browser_or_skip, chromium, open_page, set_controls, wait_finished
+from tests.test_browser_page import _browser_or_skip, open_page, set_controls, wait_finished
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*no_silent_downcasting", "ignore:The copy keyword")
 CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}</s>{% endfor %}"
@@ -88,19 +88,6 @@ def server(checkpoint, wide, tmp_path_factory):
                             say=lambda line: None)
     with LocalServer(models) as srv:
         yield srv
-
-
-@pytest.fixture(scope="module")
-def browser(server):
-    with chromium() as b:
-        yield b
-
-
-@pytest.fixture(scope="module")
-def shots(tmp_path_factory) -> Path:
-    d = Path(os.environ.get("TOKENTRACE_SCREENSHOTS") or tmp_path_factory.mktemp("screenshots"))
-    d.mkdir(parents=True, exist_ok=True)
-    return d
 
 
 def pick(page, label: str) -> None:

@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 
-from tests.test_browser_page import LIVE_STATE, chromium, open_page, paced_server
+from tests.test_browser_page import LIVE_STATE, open_page, paced_server, status, wait_status
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*no_silent_downcasting", "ignore:The copy keyword")
 STAGE_TITLES = ["The request arrives", "Prefix cache", "Tokenize", "Embed", "Through the layers",
@@ -24,22 +24,6 @@ STAGE_TITLES = ["The request arrives", "Prefix cache", "Tokenize", "Embed", "Thr
 def server(checkpoint, tmp_path_factory):
     with paced_server(checkpoint, tmp_path_factory, "--served-model-name", "tiny-moe", delay=0.05) as srv:
         yield srv
-
-
-@pytest.fixture(scope="module")
-def browser(server):
-    with chromium() as b:
-        yield b
-
-
-def status(page) -> str:
-    return page.input_value("#tt-status textarea")
-
-
-def wait_status(page, text: str, timeout_s: float = 90) -> str:
-    page.wait_for_function(f"document.querySelector('#tt-status textarea').value.includes({json.dumps(text)})",
-                           timeout=timeout_s * 1000)
-    return status(page)
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_browser_page import chromium, open_page, paced_server, set_controls, wait_finished
+from tests.test_browser_page import open_page, paced_server, set_controls, status, wait_status
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*no_silent_downcasting", "ignore:The copy keyword")
 PANELS = ["tt-request", "tt-prefix", "tt-tokens", "tt-embedding", "tt-attention", "tt-kv", "tt-moe", "tt-sampling",
@@ -26,27 +26,11 @@ def server(checkpoint, tmp_path_factory):
         yield srv
 
 
-@pytest.fixture(scope="module")
-def browser(server):
-    with chromium() as b:
-        yield b
-
-
 @pytest.fixture()
 def page(server, browser):
     context = browser.new_context(viewport={"width": 1500, "height": 1100}, accept_downloads=True)
     yield open_page(context, server.url)
     context.close()
-
-
-def status(page) -> str:
-    return page.input_value("#tt-status textarea")
-
-
-def wait_status(page, text: str, timeout_s: float = 90) -> str:
-    page.wait_for_function(f"document.querySelector('#tt-status textarea').value.includes({json.dumps(text)})",
-                           timeout=timeout_s * 1000)
-    return status(page)
 
 
 def send_and_finish(page, user: str, max_tokens: int, level: str = "full") -> str:
