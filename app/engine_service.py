@@ -116,7 +116,8 @@ class EngineService:
                 "max_model_len": e.max_model_len, "has_draft": e.speculator is not None,
                 "num_speculative_tokens": e.num_speculative_tokens, "device": str(e.device),
                 "architecture": cfg.architecture, "chat_template": e.tokenizer.has_chat_template,
-                "draft": self.draft_kind(), "weights_bytes": self.weights_bytes}
+                "draft": self.draft_kind(), "weights_bytes": self.weights_bytes,
+                "quantization": q.summary() if (q := getattr(e.runner.model, "quantization", None)) else None}
 
     def draft_kind(self) -> str | None:
         """None (no speculation), "ngram" (prompt lookup) or the draft model's name."""

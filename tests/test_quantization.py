@@ -121,3 +121,16 @@ def test_bad_quantization_is_a_clear_error(bad):
         EngineConfig(quantization=bad)
     with pytest.raises(ValueError, match="unsupported quantization"):
         LLM(quantization=bad)
+
+
+def test_app_option_reaches_the_engine_and_the_page(capsys):
+    from app.__main__ import build_service, memory_line, parse_args
+    from app.page import model_summary
+    svc = build_service(parse_args(["--quantization", "int4", "--device", "cpu"]))
+    info = svc.model_info()
+    assert info["quantization"].startswith("int4 weights (") and "LM head to int8" in info["quantization"]
+    assert f"float32 with {info['quantization']} on cpu" in model_summary(info)  # beside the dtype
+    assert "int4 weights" in memory_line(svc)
+    with pytest.raises(SystemExit):
+        parse_args(["--quantization", "int3"])
+    assert "invalid choice: 'int3'" in capsys.readouterr().err
