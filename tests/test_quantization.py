@@ -134,3 +134,17 @@ def test_app_option_reaches_the_engine_and_the_page(capsys):
     with pytest.raises(SystemExit):
         parse_args(["--quantization", "int3"])
     assert "invalid choice: 'int3'" in capsys.readouterr().err
+
+
+def test_bandwidth_view_counts_the_packed_bytes():
+    """The bench's bytes-per-step (bandwidth section) reads the codes and scales, not the float weights."""
+    from engine.bench import decode_bytes_per_token
+    f32, int8 = LLM().engine, LLM(quantization="int8").engine
+    report = int8.runner.model.quantization
+    drop = decode_bytes_per_token(f32.runner.model, f32.model_config, 0) - \
+        decode_bytes_per_token(int8.runner.model, int8.model_config, 0)
+    # every quantized Linear's float weight gone, its codes and scales added; the tied LM head
+    # keeps the embedding's float matrix, so only its int8 copy (in report.bytes) is added
+    quantized_float = sum(p.numel() * 4 for n, p in f32.runner.model.named_parameters()
+                          if n.endswith(("proj.weight", "mlp.gate.weight")))
+    assert drop == quantized_float - report.bytes
