@@ -91,6 +91,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "directory's name, a .gguf file's stem, or the catalog name / hub id as given)")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
     p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
+    p.add_argument("--quantization", choices=("int8", "int4"), default=None,
+                   help="weight-only int8 / int4 linear layers on the CPU (a GGUF's Q4_0 / Q4_1 blocks used as they are)")
     kv = p.add_argument_group("KV cache and batching")
     kv.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     kv.add_argument("--num-kv-blocks", type=int, default=None, help="blocks in the KV pool")
@@ -192,6 +194,8 @@ def memory_line(service) -> str:
         runner = getattr(e.speculator, "runner", None)
         kv = f", KV pool {_mb(runner.kv_cache_bytes)}" if runner is not None else ""
         line += f"; draft model {kind}: weights {_mb(service.draft_weights_bytes)}{kv}"
+    if (q := getattr(e.runner.model, "quantization", None)) is not None:
+        line += f"; {q.summary()}"
     return line
 
 
@@ -207,7 +211,7 @@ def build_services(args: argparse.Namespace, say=None):
     config = EngineConfig(block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
                           kv_cache_memory_fraction=args.kv_cache_memory_fraction, max_num_seqs=args.max_num_seqs,
                           max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
-                          enable_prefix_caching=not args.no_prefix_caching,
+                          enable_prefix_caching=not args.no_prefix_caching, quantization=args.quantization,
                           tensor_parallel_size=args.tensor_parallel_size, expert_parallel=args.expert_parallel)
     heads = [int(h) for h in args.capture_heads.split(",")] if args.capture_heads else None
     capture = CaptureConfig(max_keys=args.capture_max_keys, heads=heads)

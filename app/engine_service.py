@@ -117,7 +117,8 @@ class EngineService:
                 "num_speculative_tokens": e.num_speculative_tokens, "device": str(e.device),
                 "architecture": cfg.architecture, "chat_template": e.tokenizer.has_chat_template,
                 "draft": self.draft_kind(), "weights_bytes": self.weights_bytes,
-                "tensor_parallel_size": e.config.tensor_parallel_size, "expert_parallel": e.config.expert_parallel}
+                "tensor_parallel_size": e.config.tensor_parallel_size, "expert_parallel": e.config.expert_parallel,
+                "quantization": q.summary() if (q := getattr(e.runner.model, "quantization", None)) else None}
 
     def draft_kind(self) -> str | None:
         """None (no speculation), "ngram" (prompt lookup) or the draft model's name."""

@@ -214,9 +214,16 @@ def model_summary(m: dict) -> str:
     arch = f" ({esc(m['architecture'])})" if m["architecture"] else ""
     return (f"<div class='tt-model'><b>{esc(m['name'])}</b>{arch} · {m['num_layers']} layers · d_model "
             f"{m['hidden_size']:,} · {m['num_heads']} query heads / {m['num_kv_heads']} KV heads × {m['head_dim']} · "
-            f"vocab {m['vocab_size']:,} · {moe}{esc(_draft_text(m))} · {esc(m['dtype'])} on {esc(m['device'])} · "
+            f"vocab {m['vocab_size']:,} · {moe}{esc(_draft_text(m))} · {esc(m['dtype'])}{_quant_text(m)} "
+            f"on {esc(m['device'])} · "
             f"KV pool {m['num_blocks']:,} blocks × {m['block_size']} tokens "
             f"({esc(viz._html.fmt_bytes(m['kv_cache_bytes']))})</div>")
+
+
+def _quant_text(m: dict) -> str:
+    """" with int4 weights (...)": where the linear layers are quantized (engine/quantize.py)."""
+    q = m.get("quantization")  # absent in replays of older traces
+    return f" with {viz._html.esc(q)}" if q else ""
 
 
 def model_note(m: dict, served: int) -> str:

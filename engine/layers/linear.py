@@ -13,9 +13,14 @@ unchanged; the reordered copy costs its size again in memory (SmolLM2: +0.5 GB).
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+if TYPE_CHECKING:
+    from engine.layers.quantized import QuantizedWeight
 
 PACK_MIN_BYTES = 1 << 20
 PACK_ROWS = 16  # the row count oneDNN tunes the layout for; it serves 1 to hundreds of rows well
@@ -38,11 +43,24 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | No
 
 class Linear(nn.Linear):
     packed: torch.Tensor | None = None  # the weight in oneDNN's layout, once `pack`ed
+    qweight: "QuantizedWeight | None" = None  # int8/int4 codes, once `quantize`d (engine/quantize.py)
 
     def pack(self, on: bool = True) -> None:
-        self.packed = pack_weight(self.weight) if on else None
+        self.packed = pack_weight(self.weight) if on and self.qweight is None else None
+
+    def quantize(self, qw: "QuantizedWeight", drop_float: bool) -> None:
+        """Run on the packed codes from now on. drop_float: free the float weight (not when
+        another module shares it, as a tied LM head shares the embedding)."""
+        self.qweight, self.packed = qw, None
+        # buffers, so the module's byte counts (bench, page) see the codes and scales
+        self.register_buffer("qdata", qw.data, persistent=False)
+        self.register_buffer("qscales", qw.scales, persistent=False)
+        if drop_float:
+            self.weight = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.qweight is not None:
+            return self.qweight.linear(x, self.bias)
         if self.packed is not None:
             return packed_linear(x, self.packed, self.bias)
         return F.linear(x, self.weight, self.bias)
