@@ -283,3 +283,6 @@ class EngineConfig:
             raise ValueError("kv_cache_memory_fraction must be in (0, 1]")
         if self.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
+        if self.quantization is not None and self.tensor_parallel_size > 1:  # the shards load float weights
+            raise ValueError(f"quantization={self.quantization!r} with tensor_parallel_size="
+                             f"{self.tensor_parallel_size} is not built: use one or the other")

@@ -123,6 +123,11 @@ def test_bad_quantization_is_a_clear_error(bad):
         LLM(quantization=bad)
 
 
+def test_quantization_with_tensor_parallelism_is_refused_before_anything_starts():
+    with pytest.raises(ValueError, match="quantization='int8' with tensor_parallel_size=2 is not built"):
+        EngineConfig(quantization="int8", tensor_parallel_size=2)
+
+
 def test_app_option_reaches_the_engine_and_the_page(capsys):
     from app.__main__ import build_service, memory_line, parse_args
     from app.page import model_summary
