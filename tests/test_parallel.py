@@ -181,6 +181,16 @@ def test_the_app_serves_a_sharded_model_and_stage_13_quotes_it():
     text = walk(rec)["parallel"]
     assert "ran sharded" in text and "<table class='tt-par-grid'" in text and "experts 4–7" in text
     assert "Pipeline parallelism is not built" in text and "Llama-3-70B" in text
+    # Perfetto: a track per rank with every collective; rank 0's lie inside its forward passes
+    from visualizers.perfetto import RANK_TID, perfetto_trace, step_phases
+    slices = [e for e in perfetto_trace(rec.events, rec.request_id)["traceEvents"] if e.get("cat") == "collective"]
+    assert {e["tid"] for e in slices} == {RANK_TID, RANK_TID + 1}
+    assert len(slices) == 2 * sum(len(e["collectives"]) for e in sharded)
+    steps = {e["step"]: e for e in rec.events if e["type"] == "schedule.step"}
+    for c in sharded:
+        _, t0, t1 = next(p for p in step_phases(steps[c["step"]], 0) if p[0] == "forward")
+        for col in c["collectives"]:
+            assert t0 - 1e-3 <= col["start"][0] and col["start"][0] + col["ms"][0] / 1e3 <= t1 + 1e-3
     # the page's parallelism panel, at the request's last frame and at a mid one
     from app.recording import ReplayCursor
     assert rec.model["tensor_parallel_size"] == 2 and rec.model["expert_parallel"]

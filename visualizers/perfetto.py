@@ -8,7 +8,10 @@ Chrome trace-event JSON, complete ("X") slices on a few tracks:
 - the request itself: its whole life, tokenize, the queue (arrival to admission), then
   each step it was in (prefill chunk, decode or verify) and an instant per streamed token;
 - one track per batch neighbour: the other requests that shared those steps, and how many
-  tokens each brought.
+  tokens each brought;
+- on a sharded engine, one track per rank: each collective of those steps (the batch
+  broadcast, the all-reduces after each layer's attention and MLP), when that rank entered
+  it and how long it stayed, on rank 0's clock.
 Pure: events in (a recording's, as plain dicts), a JSON-serializable dict out. Times are
 microseconds from the request's arrival.
 """
@@ -17,6 +20,7 @@ from __future__ import annotations
 from typing import Sequence
 
 ENGINE_TID, REQUEST_TID = 1, 2
+RANK_TID = 1000  # + rank: the collectives' tracks, after the neighbours'
 
 
 def _us(seconds: float) -> float:
@@ -95,6 +99,18 @@ def perfetto_trace(events: Sequence[dict], request_id: str, model: str | None = 
                 meta(neighbours[b["request_id"]], f"neighbour {b['request_id']}", 1 + len(neighbours))
             slice_(neighbours[b["request_id"]], b["kind"], start, end, "neighbour", step=s["step"],
                    tokens=b["num_tokens"], shared_with=request_id)
+    ranks: set[int] = set()
+    for c in events:
+        if c["type"] != "schedule.collective" or not any(b["request_id"] == request_id for b in c["batch"]):
+            continue
+        for col in c.get("collectives", []):
+            for r, (t, ms) in enumerate(zip(col.get("start", ()), col["ms"])):  # no "start": an older file
+                if r not in ranks:
+                    ranks.add(r)
+                    meta(RANK_TID + r, f"rank {r} collectives", 1000 + r)
+                where = f" layer {col['layer']}" if col.get("layer") is not None else ""
+                slice_(RANK_TID + r, f"{col['kind']} {col['what']}{where}", t, t + ms / 1e3, "collective",
+                       step=c["step"], layer=col.get("layer"), bytes=col["bytes"], ms=ms)
     t_end = max([fin["ts"] if fin else t_arrival] + [e for _, e in spans] + [e["ts"] for e in mine])
     slice_(REQUEST_TID, f"request {request_id}", t_arrival, t_end, "request",
            finish_reason=(fin or {}).get("reason"), usage=(fin or {}).get("usage"), ttft_s=(fin or {}).get("ttft"))

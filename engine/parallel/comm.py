@@ -24,6 +24,7 @@ class Collective:
     what: str  # "attention" (after o_proj) | "mlp" (after down_proj) | "moe" | "batch"
     bytes: int  # payload of one rank
     ms: float
+    start: float = 0.0  # perf_counter when this rank entered it
 
 
 @dataclass
@@ -61,7 +62,7 @@ class Comm:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         if self.record:
-            self.log.append(Collective(kind, layer, what, nbytes, (time.perf_counter() - t) * 1e3))
+            self.log.append(Collective(kind, layer, what, nbytes, (time.perf_counter() - t) * 1e3, t))
 
     def all_reduce(self, x: torch.Tensor, layer: int | None = None, what: str = "") -> torch.Tensor:
         """Sum x over the ranks, in place (every rank ends with the sum)."""
@@ -90,6 +91,16 @@ class Comm:
         out = [torch.empty_like(x) for _ in range(self.world_size)]
         self.group.allgather([out], [x]).wait()
         return [o.tolist() for o in out]
+
+    def gather_timings(self, log: list[Collective]) -> tuple[list[list[float]], list[list[float]]]:
+        """Every rank's milliseconds in each collective of the step, and when it entered each
+        (ms after it left the first: the batch broadcast, which all ranks leave together, so the
+        ranks' times line up): ([rank][i], [rank][i]). Every rank calls it with its log of the
+        same collectives."""
+        n = len(log)
+        t0 = log[0].start + log[0].ms / 1e3 if log else 0.0
+        both = self.gather_floats([c.ms for c in log] + [(c.start - t0) * 1e3 for c in log])
+        return [r[:n] for r in both], [r[n:] for r in both]
 
     def take_log(self) -> list[Collective]:
         log, self.log = self.log, []

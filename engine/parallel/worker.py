@@ -154,7 +154,7 @@ def worker_main(rank: int, spec: ShardSpec, parent: int, conn) -> None:
                 model(batch)
                 log = comm.take_log()
                 if msg["timings"]:  # the same collectives in the same order as rank 0's run()
-                    comm.gather_floats([c.ms for c in log])
+                    comm.gather_timings(log)
                 if batch.any_capture:
                     gather_attention(batch, lcfg, kv, comm)
             except Exception:
@@ -251,9 +251,11 @@ class ParallelRunner(ModelRunner):
             hidden = self.model(batch)
             log = self.comm.take_log()
             if want:
-                per_rank = self.comm.gather_floats([c.ms for c in log])
+                per_rank, at = self.comm.gather_timings(log)
+                origin = log[0].start + log[0].ms / 1e3  # rank 0's clock when the batch broadcast ended
                 self.step_collectives = [{"kind": c.kind, "layer": c.layer, "what": c.what, "bytes": c.bytes,
-                                          "ms": [per_rank[r][i] for r in range(self.world_size)]}
+                                          "ms": [per_rank[r][i] for r in range(self.world_size)],
+                                          "start": [origin + at[r][i] / 1e3 for r in range(self.world_size)]}
                                          for i, c in enumerate(log)]
             # attention from every rank's heads (embeddings and MoE routing are here already)
             probs = gather_attention(batch, self.local_cfg, self.kv_cache, self.comm) if batch.any_capture else {}
