@@ -138,15 +138,19 @@ def wait_ready(store: dist.Store, gen: int, world_size: int, timeout_s: float = 
 def _goodbye() -> None:
     """At rank 0's exit: stop the engines still running, then tell the ranks to finish."""
     host = _host
-    for runner in list(host.runners):
-        runner.shutdown()
-    with _host_lock:
-        host.store.set(f"gen{host.next_gen}", b"exit")
-        host.next_gen += 1
-    deadline = time.monotonic() + 10
-    for rank in range(1, host.env.world_size):  # the store lives in this process: let them read it first
-        while not host.store.check([f"bye{rank}"]) and time.monotonic() < deadline:
-            time.sleep(0.05)
+    try:
+        for runner in list(host.runners):
+            runner.shutdown()
+        with _host_lock:
+            host.store.set(f"gen{host.next_gen}", b"exit")
+            host.next_gen += 1
+        deadline = time.monotonic() + 10
+        for rank in range(1, host.env.world_size):  # the store may live in this process: let them read it first
+            while not host.store.check([f"bye{rank}"]) and time.monotonic() < deadline:
+                time.sleep(0.05)
+    except Exception as e:  # noqa: BLE001 - the store is gone (torchrun is tearing down): nothing to tell
+        print(f"tokentrace rank 0: could not tell the ranks to finish ({type(e).__name__}: {e})",
+              file=sys.stderr, flush=True)
 
 
 # --- ranks 1..N-1 ------------------------------------------------------------------------
