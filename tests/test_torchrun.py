@@ -100,41 +100,94 @@ def test_only_rank_zero_builds_the_engine(monkeypatch):
         LLM(EMBEDDED, device="cpu", dtype="float32", tensor_parallel_size=2)
 
 
-def test_app_on_two_torchrun_ranks_answers_and_stops_on_ctrl_c():
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _complete(port: int, model: str) -> dict:
+    body = json.dumps({"model": model, "prompt": "Once upon a time", "max_tokens": 8, "temperature": 0})
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body.encode(),
+                                 {"Content-Type": "application/json"})
+    return json.loads(urllib.request.urlopen(req, timeout=30).read())
+
+
+def _first_answer(p: subprocess.Popen, port: int, model: str, log: Path) -> dict:
+    """The app's first completion (polling while it starts)."""
+    deadline = time.monotonic() + TIMEOUT_S
+    while time.monotonic() < deadline and p.poll() is None:
+        try:
+            return _complete(port, model)
+        except OSError:
+            time.sleep(0.5)
+    pytest.fail(f"the app did not answer (torchrun exit code {p.poll()}):\n{log.read_text()[-3000:]}")
+
+
+def _app(tmp_path: Path, *args: str) -> tuple[subprocess.Popen, int, Path]:
+    """torchrun ... app ARGS on a free port, its output in a file (a pipe nobody reads could fill)."""
+    port, log = _free_port(), tmp_path / "torchrun.log"
+    with open(log, "w") as f:
+        p = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                              "-m", "engine.parallel.launch", "app", *args, "--port", str(port), "--dtype", "float32",
+                              "--device", "cpu"], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, text=True,
+                             start_new_session=True, env={**os.environ, "TQDM_DISABLE": "1"})
+    return p, port, log
+
+
+def _stop(p: subprocess.Popen) -> None:
+    if p.poll() is None or _group_members(p.pid):
+        os.killpg(p.pid, 9)
+        p.wait()
+
+
+def test_app_on_two_torchrun_ranks_answers_and_stops_on_ctrl_c(tmp_path):
     """`torchrun ... -m engine.parallel.launch app` with two models (two sharded engines, each
     served by rank 1 on its own thread): the OpenAI API answers what one device answers, for
     both; Ctrl-C (SIGINT to torchrun, which passes it on) stops every process."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    p = _start("app", "--model", str(EMBEDDED), "--served-model-name", "a", "--model", str(EMBEDDED),
-               "--served-model-name", "b", "--port", str(port), "--dtype", "float32", "--device", "cpu")
-
-    def complete(model: str) -> dict:
-        body = json.dumps({"model": model, "prompt": "Once upon a time", "max_tokens": 8, "temperature": 0})
-        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body.encode(),
-                                     {"Content-Type": "application/json"})
-        return json.loads(urllib.request.urlopen(req, timeout=30).read())
+    p, port, log = _app(tmp_path, "--model", str(EMBEDDED), "--served-model-name", "a",
+                        "--model", str(EMBEDDED), "--served-model-name", "b")
     try:
-        deadline, answer = time.monotonic() + TIMEOUT_S, None
-        while answer is None and time.monotonic() < deadline and p.poll() is None:
-            try:
-                answer = complete("a")
-            except OSError:
-                time.sleep(0.5)
-        assert answer is not None, p.stderr.read()[-3000:] if p.poll() is not None else "no answer in time"
+        answer = _first_answer(p, port, "a", log)
         with LLM(EMBEDDED, device="cpu", dtype="float32") as one:
             want = one.generate(["Once upon a time"], SamplingParams(temperature=0, max_tokens=8))[0]
         assert answer["choices"][0]["text"] == want.text
-        assert complete("b")["choices"][0]["text"] == want.text
+        assert _complete(port, "b")["choices"][0]["text"] == want.text
         p.send_signal(signal.SIGINT)
-        _, err = p.communicate(timeout=60)
+        p.wait(timeout=60)
         time.sleep(0.5)
         assert _group_members(p.pid) == [], "processes left behind by torchrun"
-        assert "tokentrace rank 1/2: serving target (engine 0, " in err
-        assert "tokentrace rank 1/2: serving target (engine 1, " in err
-        assert "tokentrace rank 1/2: rank 0 finished; exiting" in err  # rank 0 stopped cleanly, then rank 1
+        out = log.read_text()
+        assert "tokentrace rank 1/2: serving target (engine 0, " in out
+        assert "tokentrace rank 1/2: serving target (engine 1, " in out
+        assert "tokentrace rank 1/2: rank 0 finished; exiting" in out  # rank 0 stopped cleanly, then rank 1
     finally:
-        if p.poll() is None or _group_members(p.pid):
-            os.killpg(p.pid, 9)
-            p.communicate()
+        _stop(p)
+
+
+def _rank_pid(torchrun_pid: int, rank: int) -> int:
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                env = d.joinpath("environ").read_bytes().split(b"\0")
+                ppid = int(d.joinpath("stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError):
+                continue
+            if ppid == torchrun_pid and f"RANK={rank}".encode() in env:
+                return int(d.name)
+    raise AssertionError(f"no rank {rank} under torchrun {torchrun_pid}")
+
+
+def test_a_killed_rank_stops_every_process(tmp_path):
+    """Rank 1 killed while the app serves: torchrun stops rank 0 and exits non-zero naming
+    rank 1; no process is left, no hang."""
+    p, port, log = _app(tmp_path, "--model", str(EMBEDDED))
+    try:
+        _first_answer(p, port, "target", log)
+        os.kill(_rank_pid(p.pid, 1), signal.SIGKILL)
+        assert p.wait(timeout=60) != 0
+        time.sleep(0.5)
+        assert _group_members(p.pid) == [], "processes left behind by torchrun"
+        assert "local_rank: 1" in log.read_text() and "exitcode: -9" in log.read_text()
+    finally:
+        _stop(p)
