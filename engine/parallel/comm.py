@@ -46,14 +46,15 @@ class Comm:
 
     @classmethod
     def connect_with_store(cls, store, rank: int, world_size: int, device: torch.device,
-                           timeout_s: float = 300.0) -> "Comm":
+                           timeout_s: float = 300.0, prefix: str = "tokentrace") -> "Comm":
+        """`prefix`: the group's keys in the store (torchrun: one store, a prefix per engine)."""
         timeout = datetime.timedelta(seconds=timeout_s)
         if device.type == "cuda":
-            group = dist.ProcessGroupNCCL(dist.PrefixStore("tokentrace", store), rank, world_size)
+            group = dist.ProcessGroupNCCL(dist.PrefixStore(prefix, store), rank, world_size)
         else:
-            group = dist.ProcessGroupGloo(dist.PrefixStore("tokentrace", store), rank, world_size, timeout)
+            group = dist.ProcessGroupGloo(dist.PrefixStore(prefix, store), rank, world_size, timeout)
         comm = cls(rank, world_size, group, device)
-        comm.store, comm.port = store, store.port
+        comm.store, comm.port = store, getattr(store, "port", None)  # a PrefixStore has none
         return comm
 
     def _timed(self, kind: str, layer: int | None, what: str, nbytes: int, work) -> None:

@@ -4,7 +4,8 @@ to ranks 1..N-1, spawned processes (torch.multiprocessing, spawn) that each hold
 shard and their own KV pages for their heads, and run the same forward pass in lockstep;
 the all-reduces inside the layers keep them in step. Only rank 0 computes logits (the LM
 head is replicated), so nothing else comes back but, for traced requests, the collectives'
-timings and, for `full` traces, each rank's heads' attention probabilities.
+timings and, for `full` traces, each rank's heads' attention probabilities. Under torchrun
+the ranks 1..N-1 are torchrun's processes instead, running serve_steps() from launch.py.
 
 Failure handling: a worker that dies closes its gloo connections, so rank 0's next
 collective fails; rank 0 then also checks the workers' exit codes, stops the others and
@@ -140,7 +141,14 @@ def worker_main(rank: int, spec: ShardSpec, parent: int, conn) -> None:
     except BaseException as e:  # noqa: BLE001 - reported to rank 0, which raises it
         conn.send(("error", f"{type(e).__name__}: {e}"))
         os._exit(1)
-    device = torch.device(spec.device)
+    serve_steps(comm, model, lcfg, kv, torch.device(spec.device))
+    conn.close()
+    os._exit(0)
+
+
+def serve_steps(comm: Comm, model, lcfg: ModelConfig, kv: torch.Tensor, device: torch.device) -> None:
+    """A worker rank's loop: rank 0's batches, in lockstep, until its shutdown message
+    (returns). Exits the process when rank 0 is gone (2) or a step fails here (1)."""
     with torch.inference_mode():
         while True:
             try:
@@ -148,7 +156,7 @@ def worker_main(rank: int, spec: ShardSpec, parent: int, conn) -> None:
             except Exception:  # rank 0 is gone
                 os._exit(2)
             if msg is None:  # shutdown
-                break
+                return
             try:
                 batch = _batch_from_message(msg, device)
                 model(batch)
@@ -160,8 +168,6 @@ def worker_main(rank: int, spec: ShardSpec, parent: int, conn) -> None:
             except Exception:
                 traceback.print_exc()
                 os._exit(1)
-    conn.close()
-    os._exit(0)
 
 
 class ParallelRunner(ModelRunner):
@@ -171,7 +177,11 @@ class ParallelRunner(ModelRunner):
                  dtype: torch.dtype, device: torch.device, progress: ProgressFn | None = None) -> None:
         n, ep = ecfg.tensor_parallel_size, ecfg.expert_parallel
         check_shardable(cfg, n, ep)
-        if device.type == "cuda" and n > torch.cuda.device_count():  # NCCL: one GPU per rank
+        from engine.parallel import launch
+        torchrun = launch.torchrun_env()  # started by torchrun: its other processes are the ranks
+        if torchrun is not None:
+            launch.check_world(torchrun, n)
+        elif device.type == "cuda" and n > torch.cuda.device_count():  # NCCL: one GPU per rank
             raise ValueError(f"tensor_parallel_size={n} needs {n} GPUs; this machine has {torch.cuda.device_count()}")
         self.cfg, self.ecfg, self.device, self.dtype = cfg, ecfg, device, dtype
         self.world_size, self.expert_parallel = n, ep
@@ -187,6 +197,10 @@ class ParallelRunner(ModelRunner):
         self.step_collectives: list[dict] = []  # the last traced step's, per collective
         self._want_timings = False
         self.comm = None
+        self.torchrun = torchrun
+        if torchrun is not None:
+            self._start_external(path, cfg, max_model_len, progress)
+            return
         # The store first (without waiting), so the workers know its port.
         import datetime
         import torch.distributed as dist
@@ -214,6 +228,30 @@ class ParallelRunner(ModelRunner):
                               n, ep, store.port, threads)
             self.model, _, self.kv_cache = load_shard(spec0, self.comm, progress)
             self._wait_ready()
+        except BaseException:
+            self.shutdown()
+            raise
+        self.comm.take_log()
+
+    def _start_external(self, path: Path, cfg: ModelConfig, max_model_len: int, progress: ProgressFn | None) -> None:
+        """Under torchrun (engine/parallel/launch.py): the ranks are running already; publish
+        the spec in rank 0's store as a new generation and connect to them."""
+        from engine.parallel import launch
+        n = self.world_size
+        spec = ShardSpec(path, cfg, max_model_len, self.dtype, str(self.device), self.num_blocks, self.block_size,
+                         n, self.expert_parallel, 0, self.torchrun.threads())
+        store, gen = launch.publish(self.torchrun, spec, self)
+        self._state = {"in_step": False}
+        self._finalizer = weakref.finalize(self, _stop_workers, [], None, self._state)
+        try:
+            self.comm = Comm.connect_with_store(store, 0, n, self.device, STARTUP_TIMEOUT_S,
+                                                prefix=f"tokentrace/gen{gen}")
+            self._finalizer.detach()
+            self._finalizer = weakref.finalize(self, _stop_workers, [], self.comm, self._state, True)
+            self.model, _, self.kv_cache = load_shard(spec, self.comm, progress)
+            if (err := launch.wait_ready(store, gen, n)) is not None:
+                self.failed = err  # no shutdown message: a rank that failed would never take part in it
+                raise RankFailedError(err)
         except BaseException:
             self.shutdown()
             raise
@@ -299,14 +337,18 @@ class ParallelRunner(ModelRunner):
     def shutdown(self) -> None:
         """Stop the workers (a shutdown message, then terminate what is left)."""
         self._finalizer.detach()
-        _stop_workers(self.procs, self.comm if not self.failed else None, self._state)
+        _stop_workers(self.procs, self.comm if not self.failed else None, self._state, self.torchrun is not None)
         self.failed = self.failed or "this sharded engine was shut down (its worker ranks are stopped)"
 
 
-def _stop_workers(procs: list, comm: Comm | None, state: dict) -> None:
+def _stop_workers(procs: list, comm: Comm | None, state: dict, external: bool = False) -> None:
     """The shutdown message where the ranks are between steps; else (a failure, a step
-    interrupted half way, whose collectives the message would be mistaken for) terminate."""
-    if comm is not None and not state["in_step"] and any(p.is_alive() for p in procs):
+    interrupted half way, whose collectives the message would be mistaken for) terminate.
+    `external`: torchrun's ranks, not ours to terminate; once stopped, they serve the next engine."""
+    if state.get("stopped"):
+        return
+    state["stopped"] = True
+    if comm is not None and not state["in_step"] and (external or any(p.is_alive() for p in procs)):
         try:
             comm.broadcast_object(None)
             for p in procs:
