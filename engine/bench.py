@@ -450,7 +450,7 @@ class Bench:
         one, two = self.engine(), self.engine(tensor_parallel_size=2)
         try:
             for batch in (1, s.batch):
-                prompts, params = self.prompts[:batch], [greedy(n)] * batch
+                prompts = self.prompts[:batch]
                 toks = {}
                 times = {"one": [], "one1": [], "two": [], "two1": []}
                 for _ in range(s.repeats):
