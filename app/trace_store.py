@@ -260,7 +260,7 @@ class TraceStore:
             if tr is None:
                 return []
             packed = tr.packed
-            events = packed[0] if packed is not None else list(tr.events)
+            events = list(packed[0]) if packed is not None else list(tr.events)
         return [json.loads(e) for e in events] if packed is not None else events
 
     def trace(self, request_id: str) -> StoredTrace | None:
@@ -270,7 +270,8 @@ class TraceStore:
             tr = self._traces.get(request_id)
             if tr is None:
                 return None
-            packed = tr.packed
+            packed = (list(tr.packed[0]), list(tr.packed[1])) if tr.packed is not None else None  # (an item
+            # may still be appended after the end: decode what the copy's sizes count)
             events, outputs = (list(tr.events), list(tr.outputs)) if packed is None else ([], [])
             copy = StoredTrace(events, outputs, list(tr.snapshots), tr.body, tr.dropped, tr.finished,
                                model=tr.model, truncated=dict(tr.truncated) if tr.truncated else None,
