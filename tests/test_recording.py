@@ -19,6 +19,7 @@ from app.__main__ import build_service, parse_args
 from app.live_view import PANELS
 from app.recording import Recording, ReplayCursor, TraceFileError, record_request
 from app.requests import build_body, parse_body
+from tests.service_utils import run_to_end
 from visualizers.walkthrough import stages
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,14 +38,7 @@ def run(service, user: str, max_tokens: int = 12, **kw) -> str:
     args = dict(model="m", system="Be brief.", user=user, temperature=0.8, top_k=0, top_p=1.0,
                 max_tokens=max_tokens, seed=3, speculative=True, k=3, trace_level="full")
     args.update(kw)
-    watch = service.submit(parse_body(build_body(**args) | {"ignore_eos": True}))
-    items, end = [], time.monotonic() + 60
-    while not any(i["type"] == "output" and i["finished"] for i in items):
-        assert time.monotonic() < end, "the request did not finish"
-        items += watch.drain(0.05)
-    service.unsubscribe(watch)
-    time.sleep(0.1)  # the step's snapshot lands after its outputs
-    return watch.request_id
+    return run_to_end(service, build_body(**args) | {"ignore_eos": True})[0]
 
 
 @pytest.fixture(scope="module")

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import json
 import random
-import time
 
 import pytest
 
 from app.trace_store import TraceStore
+from tests.service_utils import run_to_end
 
 SEP = (",", ":")
 
@@ -107,18 +107,10 @@ def capped(checkpoint):
 
 
 def _run(svc, level: str, max_tokens: int = 40):
-    from app.requests import build_body, parse_body
+    from app.requests import build_body
     body = build_body("m", "Be brief.", "Tell me everything about foxes.", 0.8, 0, 1.0, max_tokens, 1, True, 3,
                       level) | {"ignore_eos": True}
-    watch = svc.submit(parse_body(body))
-    items, end = [], time.monotonic() + 60
-    while not any(i["type"] == "output" and i["finished"] for i in items):
-        assert time.monotonic() < end, "the request did not finish"
-        items += watch.drain(0.05)
-    time.sleep(0.1)  # the step's snapshot lands after its outputs
-    items += watch.drain(0.05)
-    svc.unsubscribe(watch)
-    return watch.request_id, items
+    return run_to_end(svc, body)
 
 
 def test_a_truncated_trace_stops_the_captures_says_so_and_still_replays(capped):

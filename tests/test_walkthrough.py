@@ -5,13 +5,13 @@ beyond-one-GPU stage never splits a head."""
 from __future__ import annotations
 
 import re
-import time
 
 import pytest
 
 from app.__main__ import build_service, parse_args
 from app.recording import ReplayCursor, record_request
-from app.requests import build_body, parse_body
+from app.requests import build_body
+from tests.service_utils import run_to_end
 from visualizers.embedding import embedding_matrix
 from visualizers.walkthrough import stages
 
@@ -21,14 +21,8 @@ SYSTEM = ("You are a patient teacher. You explain every step of how a language m
 
 def run(svc, user: str, system: str = SYSTEM, max_tokens: int = 24, speculative: bool = True):
     body = build_body("m", system, user, 0.8, 0, 1.0, max_tokens, 5, speculative, 4, "full") | {"ignore_eos": True}
-    watch = svc.submit(parse_body(body))
-    items, end = [], time.monotonic() + 120
-    while not any(i["type"] == "output" and i["finished"] for i in items):
-        assert time.monotonic() < end, "the request did not finish"
-        items += watch.drain(0.05)
-    svc.unsubscribe(watch)
-    time.sleep(0.1)  # the step's snapshot lands after its outputs
-    return record_request(svc.store, watch.request_id, svc.model_info(), svc.piece, svc.is_special)
+    rid, _ = run_to_end(svc, body, timeout_s=120)
+    return record_request(svc.store, rid, svc.model_info(), svc.piece, svc.is_special)
 
 
 def walk(rec) -> dict[str, str]:
