@@ -65,9 +65,7 @@ class LiveView:
                 continue
             if t == "trace.truncated" and self.validation and self.validation.get("ok") and \
                     not any(c[0] == "trace" for c in self.validation["checks"]):  # (a replay says so already)
-                note = (f"truncated: at engine step {it['step']} the trace reached the server's cap of "
-                        f"{it['limit_bytes'] / 2**20:.3g} MiB per request, so the attention, embedding and MoE "
-                        "captures stop there")
+                note = truncation_note(it)
                 self.validation = {**self.validation, "checks": list(self.validation["checks"]) + [("trace", True, note)]}
                 self.dirty.add("request")
             self.events.append(it)
@@ -260,3 +258,17 @@ class LiveView:
         if name == "tokens":
             return bool(self.outputs)
         return True
+
+
+def truncation_note(truncated: dict | None, dropped: int = 0) -> str:
+    """What a bounded trace left out, in words ("" when nothing): a recording's `truncated`, or
+    the live `trace.truncated` event (which cannot yet count what it leaves out)."""
+    parts = []
+    if truncated:
+        parts.append(f"truncated: at engine step {truncated['step']} the trace reached the server's cap of "
+                     f"{truncated.get('limit_bytes', 0) / 2**20:.3g} MiB per request, so the attention, embedding "
+                     "and MoE captures stop there"
+                     + (f" ({truncated['captures_dropped']:,} left out)" if "captures_dropped" in truncated else ""))
+    if dropped:
+        parts.append(f"{dropped:,} later events not kept")
+    return "; ".join(parts)

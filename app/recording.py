@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from app.live_view import LiveView
+from app.live_view import LiveView, truncation_note
 from app.requests import parse_body
 from app.trace_store import sparse_snapshot  # noqa: F401 (the file's form of a pool; kept here too)
 
@@ -163,18 +163,6 @@ class Recording:
         if note and view.validation:
             view.validation["checks"] = list(view.validation["checks"]) + [("trace", True, note)]
         return view
-
-
-def truncation_note(truncated: dict | None, dropped: int = 0) -> str:
-    """What a bounded trace left out, in words ("" when nothing)."""
-    parts = []
-    if truncated:
-        parts.append(f"truncated: at engine step {truncated['step']} the trace reached the server's cap of "
-                     f"{truncated.get('limit_bytes', 0) / 2**20:.3g} MiB per request, so the attention, embedding "
-                     f"and MoE captures stop there ({truncated.get('captures_dropped', 0):,} left out)")
-    if dropped:
-        parts.append(f"{dropped:,} later events not kept")
-    return "; ".join(parts)
 
 
 def show_accepted(view: LiveView, request_id: str, body: dict | None, note: str) -> None:
