@@ -118,6 +118,7 @@ class EngineService:
                 "architecture": cfg.architecture, "chat_template": e.tokenizer.has_chat_template,
                 "draft": self.draft_kind(), "weights_bytes": self.weights_bytes,
                 "tensor_parallel_size": e.config.tensor_parallel_size, "expert_parallel": e.config.expert_parallel,
+                "split_sizes": split_sizes(cfg),
                 "quantization": q.summary() if (q := getattr(e.runner.model, "quantization", None)) else None}
 
     def draft_kind(self) -> str | None:
@@ -384,3 +385,16 @@ def wait_idle(service, timeout: float = 30.0) -> bool:
             return True
         time.sleep(0.02)
     return False
+
+
+def split_sizes(cfg) -> list[int]:
+    """The tensor-parallel sizes (2 up to the KV heads) the engine accepts for this model."""
+    from engine.parallel.shard import check_shardable
+    ok = []
+    for n in range(2, cfg.num_kv_heads + 1):
+        try:
+            check_shardable(cfg, n, False)
+            ok.append(n)
+        except ValueError:
+            pass
+    return ok

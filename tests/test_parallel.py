@@ -202,7 +202,7 @@ def test_the_app_serves_a_sharded_model_and_stage_13_quotes_it():
     assert "The last of 1 step " in cursor.goto(1).render("parallel")
 
 
-def test_one_device_panel_says_what_is_not_built():
+def test_one_device_panel_says_what_is_not_built(tmp_path):
     html = parallel_panel_html([])
     assert "one device" in html and "Pipeline parallelism" in html and "not built" in html
     assert "Llama-3-70B" in html and "32.0 KiB" in html  # 2 x 8192 x 2 B per token per layer
@@ -210,6 +210,15 @@ def test_one_device_panel_says_what_is_not_built():
     from visualizers import parallel_html
     page = parallel_html([], {"tensor_parallel_size": 1, "num_layers": 4})
     assert "Parallelism" in page and "one device" in page
+    # the size it suggests is one the engine accepts (SmolLM2's 3 KV heads: 3, not 2; Gemma 3 270M's 1: none)
+    from app.engine_service import split_sizes
+    from engine.loader import load_config
+    from tests.tiny import make_checkpoint
+    kv3 = load_config(make_checkpoint("llama", tmp_path / "kv3", num_heads=9, num_kv_heads=3, hidden_size=72))
+    assert split_sizes(kv3) == [3]
+    assert "--tensor-parallel-size 3</code>" in parallel_html([], {"split_sizes": [3], "num_layers": 30})
+    single = parallel_html([], {"split_sizes": [], "num_layers": 18})
+    assert "cannot split it" in single and "--tensor-parallel-size" not in single
     sharded_off = parallel_html([], {"tensor_parallel_size": 2, "num_layers": 4}, level="off")
     assert "sharded over 2 ranks" in sharded_off and "capture level" in sharded_off
 

@@ -52,14 +52,27 @@ def reference_html(ref: dict = REFERENCE) -> str:
             f"× {ref['layers']} layers = <b>{esc(fmt_bytes(per_layer * ref['layers']))}</b> per token.</p>")
 
 
-def parallel_panel_html(events: Sequence[dict], num_layers: int | None = None, notes: bool = True) -> str:
+def _split_hint(sizes: Sequence[int] | None) -> str:
+    """How this model could be split: sizes are the tensor-parallel sizes the engine accepts
+    for it (None: not known, e.g. an older recording)."""
+    if sizes is None:
+        return "Start the server with <code>--tensor-parallel-size 2</code> to split it."
+    if not sizes:
+        return ("This engine cannot split it: no tensor-parallel size divides its KV heads and MLP columns "
+                "(or its q/k normalisation spans all heads); attention is split by KV-head groups.")
+    return (f"Start the server with <code>--tensor-parallel-size {sizes[0]}</code> to split it (sizes it accepts: "
+            f"{', '.join(str(n) for n in sizes)}).")
+
+
+def parallel_panel_html(events: Sequence[dict], num_layers: int | None = None, notes: bool = True,
+                        split_sizes: Sequence[int] | None = None) -> str:
     """The parallelism panel for a request's `schedule.collective` events (the last step shown).
-    notes=False: without the not-built line (a caller that says it itself)."""
+    notes=False: without the not-built line (a caller that says it itself); split_sizes: the
+    tensor-parallel sizes the engine accepts for this model, said when it runs on one device."""
     events = [e for e in events if e.get("type", "schedule.collective") == "schedule.collective"]
     if not events:
         return ("<div class='tt-parallel'><p>This model runs on one device: nothing crosses between devices. "
-                "Start the server with <code>--tensor-parallel-size 2</code> to split it.</p>"
-                + reference_html() + f"<p class='tt-note'>{esc(NOT_BUILT)}</p></div>")
+                f"{_split_hint(split_sizes)}</p>" + reference_html() + f"<p class='tt-note'>{esc(NOT_BUILT)}</p></div>")
     last = events[-1]
     ranks = last.get("placement", {}).get("ranks", [])
     summary = step_summary(last)
@@ -140,4 +153,4 @@ def parallel_html(events: Sequence[dict], model: dict, level: str = "full", idle
                "not recorded: the collectives need capture level basic or full (this request: off)"
                if level == "off" else "no engine step of this request yet")
         return not_recorded("Parallelism", f"this model runs sharded over {tp} ranks; {why}")
-    return panel("Parallelism", parallel_panel_html([]))
+    return panel("Parallelism", parallel_panel_html([], split_sizes=model.get("split_sizes")))
