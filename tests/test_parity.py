@@ -88,18 +88,32 @@ def test_triton_kernels_in_the_engine(checkpoint, arch):
 
 
 @pytest.mark.skipif(DEVICE != "cpu" or not torch.backends.mkldnn.is_available(), reason="oneDNN: CPU only")
+@pytest.mark.parametrize("kernel", ["c", "onednn"])
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "mixtral", "qwen2_moe"])
-def test_onednn_linears_match_transformers(checkpoint, monkeypatch, arch):
-    """Every linear layer through oneDNN with its weight reordered (engine/layers/linear.py;
-    the tiny checkpoints' weights are below the size that is packed by default): the same
-    logits and greedy tokens as transformers, including a decode batch of several sequences."""
+def test_cpu_linears_match_transformers(checkpoint, monkeypatch, arch, kernel):
+    """Every linear layer through a CPU fast path with its weight reordered
+    (engine/layers/linear.py): the C kernel (engine/kernels/cpu_linear.c) where it builds,
+    else oneDNN (the tiny checkpoints' weights are below the size oneDNN packs by default):
+    the same logits and greedy tokens as transformers, including a decode batch of several
+    sequences."""
+    from engine.kernels import cpu
     from engine.layers import linear
+    if kernel == "c" and not cpu.available():
+        pytest.skip("no C compiler for the CPU kernels")
     monkeypatch.setattr(linear, "PACK_MIN_BYTES", 0)
+    cpu.library.cache_clear()
+    monkeypatch.setenv("TOKENTRACE_CPU_KERNELS", "1" if kernel == "c" else "0")
+    try:
+        llm = LLM(checkpoint(arch), device="cpu", dtype="float32", block_size=4)
+    finally:
+        cpu.library.cache_clear()
     path = checkpoint(arch)
-    llm = LLM(path, device="cpu", dtype="float32", block_size=4)
     model = llm.engine.runner.model
     layers = [m for m in model.modules() if isinstance(m, linear.Linear)]
-    assert layers and all(m.packed is not None for m in layers)
+    if kernel == "c":
+        assert layers and all(m.blocked is not None and m.packed is None for m in layers)
+    else:
+        assert layers and all(m.packed is not None and m.blocked is None for m in layers)
     moe = [m for m in model.modules() if hasattr(m, "packed_down")]
     assert all(m.packed_gate_up is not None and m.packed_down is not None for m in moe)
     assert bool(moe) == (arch in ("mixtral", "qwen2_moe"))

@@ -1,0 +1,145 @@
+"""The CPU's own kernels (cpu_linear.c): compiled on first use with the system's C
+compiler for this machine's CPU, cached, and called through ctypes.
+
+Why C and not PyTorch: a decode step is a few rows times every weight, bound by how fast
+the weights stream from memory, and PyTorch's CPU matmuls (MKL, oneDNN) stream them at
+about 60% of the read bandwidth at one row. The kernel is a few dozen lines; building it
+takes under a second and needs no PyTorch headers. Without a compiler (or with
+TOKENTRACE_CPU_KERNELS=0) `library()` is None and the layers keep PyTorch's paths.
+ctypes releases the GIL for the call, so a server's other threads run meanwhile.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("cpu_linear.c")
+ROWS_PER_BLOCK, COLS_PER_BLOCK = 8, 16  # the blocked layout of cpu_linear.c
+MAX_ROWS = 32  # above this many rows (a prefill chunk) PyTorch's GEMM, built for it, takes over
+CFLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC"]
+
+
+def build_dir() -> Path:
+    root = os.environ.get("TOKENTRACE_CACHE")
+    return Path(root).parent / "kernels" if root else Path.home() / ".cache" / "tokentrace" / "kernels"
+
+
+def _cpu_flags() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line for line in f if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        return platform.processor()
+
+
+def compiler() -> str | None:
+    return os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+
+
+class BuildError(RuntimeError):
+    pass
+
+
+def build(out_dir: Path | None = None) -> Path:
+    """Compile cpu_linear.c for this CPU, once: the file is named by a hash of the source,
+    the compiler, its flags and the CPU's feature flags, and written atomically, so
+    processes building at once (tensor-parallel ranks) agree."""
+    cc = compiler()
+    if cc is None:
+        raise BuildError("no C compiler (gcc or cc) on PATH")
+    source = SOURCE.read_bytes()
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
+    key = hashlib.sha256(b"\0".join([source, version.encode(), " ".join(CFLAGS).encode(),
+                                     _cpu_flags().encode()])).hexdigest()[:16]
+    out_dir = out_dir or build_dir()
+    lib = out_dir / f"cpu_linear-{key}.so"
+    if lib.exists():
+        return lib
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
+        tmp_lib = Path(tmp) / lib.name
+        done = subprocess.run([cc, *CFLAGS, str(SOURCE), "-o", str(tmp_lib)], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise BuildError(f"{cc} failed on {SOURCE.name}:\n{done.stderr.strip()}")
+        os.replace(tmp_lib, lib)
+    return lib
+
+
+@functools.cache
+def library() -> ctypes.CDLL | None:
+    """The loaded kernels, or None where they cannot run (switched off, no compiler,
+    a failed build): callers then keep PyTorch's path."""
+    if os.environ.get("TOKENTRACE_CPU_KERNELS", "1") == "0":
+        return None
+    try:
+        lib = ctypes.CDLL(str(build()))
+    except (BuildError, OSError):
+        return None
+    c_long, ptr = ctypes.c_long, ctypes.c_void_p
+    lib.tt_linear_f32.argtypes = [ptr, c_long, c_long, ptr, c_long, c_long, ptr, ptr, c_long, ctypes.c_int]
+    lib.tt_linear_f32.restype = None
+    return lib
+
+
+def available() -> bool:
+    return library() is not None
+
+
+@dataclass
+class BlockedWeight:
+    """A float32 weight [out, in] in cpu_linear.c's layout: [out/8, in/16, 8, 16], padded
+    with zeros to whole blocks."""
+    data: torch.Tensor
+    out_features: int
+    in_features: int
+
+    @classmethod
+    def of(cls, w: torch.Tensor) -> "BlockedWeight":
+        n, k = w.shape
+        rb, cb = ROWS_PER_BLOCK, COLS_PER_BLOCK
+        padded = torch.zeros(-(-n // rb) * rb, -(-k // cb) * cb, dtype=torch.float32)
+        padded[:n, :k] = w.detach()
+        data = padded.view(padded.shape[0] // rb, rb, padded.shape[1] // cb, cb).permute(0, 2, 1, 3).contiguous()
+        return cls(data, n, k)
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.numel() * self.data.element_size()
+
+
+def blocked_weight(w: torch.Tensor) -> BlockedWeight | None:
+    """w in the kernel's layout, or None where the kernel does not apply (not a float32
+    CPU tensor, or no kernels on this machine)."""
+    if w.device.type != "cpu" or w.dtype != torch.float32 or w.dim() != 2 or library() is None:
+        return None
+    return BlockedWeight.of(w)
+
+
+def linear(x: torch.Tensor, w: BlockedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., in] float32 @ W.T (+ bias) -> [..., out], any number of rows (fastest at
+    a few: see MAX_ROWS)."""
+    lib = library()
+    assert lib is not None, "linear() needs the CPU kernels (see available())"
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, w.in_features)
+    if x2.stride(-1) != 1 or x2.dtype != torch.float32:
+        x2 = x2.float().contiguous()
+    if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
+        bias = bias.float().contiguous()
+    T = x2.shape[0]
+    y = torch.empty(T, w.out_features, dtype=torch.float32)
+    if T:
+        lib.tt_linear_f32(x2.data_ptr(), T, x2.stride(0), w.data.data_ptr(), w.out_features, w.in_features,
+                          None if bias is None else bias.data_ptr(), y.data_ptr(), w.out_features,
+                          torch.get_num_threads())
+    return y.view(*lead, w.out_features)

@@ -1,0 +1,112 @@
+"""The CPU's C kernels (engine/kernels/cpu_linear.c) against PyTorch's own matmul.
+
+They need a C compiler; without one they skip, unless TOKENTRACE_REQUIRE_CPU_KERNELS=1
+(set by .ci/run), where a kernel that cannot build fails instead."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.kernels import cpu
+from engine.layers.linear import Linear
+
+if not cpu.available():
+    if os.environ.get("TOKENTRACE_REQUIRE_CPU_KERNELS") == "1":
+        cpu.build()  # raises with the compiler's message
+        raise AssertionError("the CPU kernels built but did not load")
+    pytest.skip("no C compiler for the CPU kernels", allow_module_level=True)
+
+
+def close(a: torch.Tensor, b: torch.Tensor, k: int) -> None:
+    # a float32 dot product of k terms summed in another order: ~sqrt(k) ulps of its scale
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6 * k ** 0.5 * b.abs().max().item())
+
+
+@pytest.mark.parametrize("n,k", [(8, 16), (576, 576), (960, 576), (577, 576), (10, 37), (3, 5), (130, 1536)])
+@pytest.mark.parametrize("rows", [1, 2, 3, 8, 33])
+def test_linear_matches_torch(n, k, rows):
+    g = torch.Generator().manual_seed(n * 1000 + k + rows)
+    w, x, bias = torch.randn(n, k, generator=g), torch.randn(rows, k, generator=g), torch.randn(n, generator=g)
+    bw = cpu.BlockedWeight.of(w)
+    close(cpu.linear(x, bw), F.linear(x, w), k)
+    close(cpu.linear(x, bw, bias), F.linear(x, w, bias), k)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_large_matrix_split_between_threads(threads):
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        w, x = torch.randn(4099, 300), torch.randn(5, 300)
+        close(cpu.linear(x, cpu.BlockedWeight.of(w)), F.linear(x, w), 300)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_strided_and_batched_inputs():
+    w = torch.randn(64, 48)
+    bw = cpu.BlockedWeight.of(w)
+    wide = torch.randn(6, 100)
+    x = wide[:, 10:58]  # rows 100 floats apart: read in place, not copied
+    close(cpu.linear(x, bw), F.linear(x, w), 48)
+    cols = torch.randn(48, 6).t()  # column-major: copied to rows first
+    close(cpu.linear(cols, bw), F.linear(cols, w), 48)
+    x3 = torch.randn(2, 3, 48)
+    assert cpu.linear(x3, bw).shape == (2, 3, 64)
+    close(cpu.linear(x3, bw), F.linear(x3, w), 48)
+    assert cpu.linear(torch.randn(0, 48), bw).shape == (0, 64)
+
+
+def test_blocked_layout():
+    w = torch.arange(10 * 20, dtype=torch.float32).view(10, 20)
+    bw = cpu.BlockedWeight.of(w)
+    assert bw.data.shape == (2, 2, 8, 16)  # 10 rows -> 2 blocks of 8, 20 columns -> 2 of 16
+    assert bw.data[0, 1, 3, 2].item() == w[3, 18].item()  # block 0, columns 16-31, row 3, column 16 + 2
+    assert bw.data[1, 0, 1, 4].item() == w[9, 4].item()
+    assert bw.data[1, 0, 2:].abs().sum() == 0 and bw.data[:, 1, :, 4:].abs().sum() == 0  # zero padding
+
+
+def test_linear_layer_takes_the_kernel_for_few_rows_only():
+    torch.manual_seed(0)
+    layer = Linear(96, 200, bias=True)
+    few, many = torch.randn(1, 96), torch.randn(cpu.MAX_ROWS + 1, 96)
+    layer.pack()
+    assert layer.blocked is not None and layer.packed is None
+    close(layer(few), F.linear(few, layer.weight, layer.bias), 96)
+    # a prefill-sized batch goes to PyTorch's GEMM: bit for bit F.linear
+    assert torch.equal(layer(many), F.linear(many, layer.weight, layer.bias))
+    layer.pack(on=False)
+    assert layer.blocked is None
+
+
+def test_build_is_cached_by_content(tmp_path):
+    first = cpu.build(tmp_path)
+    mtime = first.stat().st_mtime_ns
+    assert cpu.build(tmp_path) == first and first.stat().st_mtime_ns == mtime  # not rebuilt
+    assert [p.name for p in tmp_path.iterdir()] == [first.name]  # no temporary files left
+
+
+def test_switched_off_by_environment(monkeypatch):
+    cpu.library.cache_clear()
+    monkeypatch.setenv("TOKENTRACE_CPU_KERNELS", "0")
+    try:
+        assert cpu.library() is None and cpu.blocked_weight(torch.randn(4, 4)) is None
+        layer = Linear(64, 1 << 15)
+        layer.pack()
+        assert layer.blocked is None and layer.packed is not None  # oneDNN instead
+    finally:
+        cpu.library.cache_clear()
+    monkeypatch.delenv("TOKENTRACE_CPU_KERNELS")
+    assert cpu.available()
+
+
+def test_engine_runs_its_linears_through_the_kernel():
+    """The parity tests (test_parity, test_real_models) then check the kernel's logits and
+    greedy tokens against transformers."""
+    from engine.llm import LLM
+    llm = LLM()
+    layers = [m for m in llm.engine.runner.model.modules() if isinstance(m, Linear)]
+    assert layers and all(m.blocked is not None for m in layers)
