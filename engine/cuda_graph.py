@@ -25,6 +25,7 @@ import bisect
 from dataclasses import dataclass
 
 import torch
+from tqdm.auto import tqdm
 
 from engine.batch import ForwardBatch
 from engine.config import EngineConfig
@@ -137,16 +138,20 @@ class DecodeGraphs:
         Each size runs once eagerly before its capture (Triton compiles its kernels then)."""
         assert self.capture
         pool = None
-        for i, size in enumerate(reversed(self.sizes)):
-            self._forward(size)
-            torch.cuda.synchronize(self.device)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
+        bar = tqdm(total=len(self.sizes), desc="Capturing CUDA graphs", unit="batch size",
+                   disable=progress is not None)
+        with bar:
+            for i, size in enumerate(reversed(self.sizes)):
                 self._forward(size)
-            pool = graph.pool() if pool is None else pool
-            self.graphs[size] = graph
-            if progress is not None:
-                progress(i + 1, len(self.sizes), "CUDA graphs")
+                torch.cuda.synchronize(self.device)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    self._forward(size)
+                pool = graph.pool() if pool is None else pool
+                self.graphs[size] = graph
+                bar.update(1)
+                if progress is not None:
+                    progress(i + 1, len(self.sizes), "CUDA graphs")
         torch.cuda.synchronize(self.device)
 
     def _forward(self, size: int) -> None:

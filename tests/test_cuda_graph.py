@@ -287,3 +287,45 @@ def test_captured_graphs_match_eager(checkpoint, arch):
         for s in seqs:
             bm.free_seq(s)
     torch.testing.assert_close(replayed, direct, atol=1e-4, rtol=1e-4)
+
+
+# --- engine.bench --device cuda: the bandwidth rows --------------------------------------------
+
+def test_bench_cuda_rows_computed_on_the_cpu(checkpoint, monkeypatch):
+    """The bandwidth section's CUDA rows (HBM roofline at batch 1 with and without graphs, and
+    graphs against eager), computed on the CPU: the 'graphs' engine runs the padded path
+    eagerly, and the copy bandwidth is a stand-in. Nothing here is a speed claim."""
+    from engine import bench
+    from engine.llm_engine import LLMEngine
+
+    path = checkpoint("llama")
+    b = bench.Bench(path, None, "cpu", bench.QUICK)
+
+    def engine(cuda_graphs=None, **config):
+        e = LLMEngine(path, device="cpu", config=EngineConfig(use_triton=True, **config))
+        if cuda_graphs:
+            e.runner.decode_graphs = DecodeGraphs.for_runner(e.runner, [1, 2], capture=False)
+        return e
+    monkeypatch.setattr(b, "engine", engine)
+    monkeypatch.setattr(bench, "measured_bandwidth", lambda device, nbytes, threads=None: 3e12)
+    b.device = "cuda"
+    b.bandwidth_bound()
+    graphed, eager, speed = b.rows
+    assert graphed.name == "batch-1 decode, CUDA graphs: weights + KV read, GB/s"
+    assert eager.name == "batch-1 decode, eager: weights + KV read, GB/s"
+    assert graphed.baseline == eager.baseline == 3000 and "measured copy (HBM)" in graphed.note
+    e = engine()
+    read = bench.decode_bytes_per_token(e.runner.model, e.model_config,
+                                        bench.QUICK.prompt_tokens + bench.QUICK.new_tokens // 2)
+    assert speed.name == "batch-1 decode tok/s, CUDA graphs vs eager" and speed.unit == "tok/s"
+    assert speed.value == pytest.approx(graphed.value * 1e9 / read) and speed.baseline == pytest.approx(
+        eager.value * 1e9 / read)
+    replayed = int(speed.note.split(" steps replayed")[0].rsplit(", ", 1)[1])
+    assert replayed >= bench.QUICK.new_tokens - 1  # the graphs engine's decode steps took the padded path
+
+
+def test_cli_flag_turns_graphs_off():
+    from app.__main__ import build_service, parse_args
+    assert not parse_args([]).no_cuda_graphs
+    service = build_service(parse_args(["--device", "cpu", "--no-cuda-graphs", "--draft", "none"]))
+    assert service.engine.config.cuda_graphs is False and service.engine.runner.decode_graphs is None
