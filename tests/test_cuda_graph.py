@@ -329,3 +329,69 @@ def test_cli_flag_turns_graphs_off():
     assert not parse_args([]).no_cuda_graphs
     service = build_service(parse_args(["--device", "cpu", "--no-cuda-graphs", "--draft", "none"]))
     assert service.engine.config.cuda_graphs is False and service.engine.runner.decode_graphs is None
+
+
+def test_capture_control_flow_with_a_stand_in_graph(llama, monkeypatch):
+    """capture_all and the replay dispatch on the CPU, torch.cuda's graph API replaced by a
+    stand-in whose replay reruns the pass it recorded: sizes captured largest first, one memory
+    pool shared, progress reported per size, and a step of n replays the graph of its padded
+    size and gives the ordinary pass's logits."""
+    runner = llama.engine.runner
+    graphs = DecodeGraphs.for_runner(runner, SIZES, capture=False)
+    graphs.capture = True
+    recorded, capturing = [], []
+
+    class StandIn:
+        def __init__(self):
+            self.size, self.replayed = None, 0
+
+        def pool(self):
+            return ("pool of", self)
+
+        def replay(self):
+            self.replayed += 1
+            forward(self.size)
+
+    class Capture:
+        def __init__(self, graph, pool=None):
+            self.graph = graph
+            recorded.append((graph, pool))
+
+        def __enter__(self):
+            capturing.append(self.graph)
+
+        def __exit__(self, *exc):
+            capturing.pop()
+
+    forward = graphs._forward
+
+    def record(size):
+        if capturing:
+            capturing[-1].size = size
+        forward(size)
+    monkeypatch.setattr(graphs, "_forward", record)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", StandIn)
+    monkeypatch.setattr(torch.cuda, "graph", Capture)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    progress = []
+    graphs.capture_all(lambda done, total, what: progress.append((done, total, what)))
+    assert [g.size for g, _ in recorded] == [8, 4, 2, 1]
+    first = recorded[0][0]
+    assert recorded[0][1] is None and all(pool == ("pool of", first) for _, pool in recorded[1:])
+    assert progress == [(i, 4, "CUDA graphs") for i in (1, 2, 3, 4)]
+    assert sorted(graphs.graphs) == SIZES and all(graphs.graphs[s].size == s for s in SIZES)
+
+    engine = llama.engine
+    seqs = _decoding(engine, 3)
+    try:
+        steps = [ScheduledSeq(s, s.num_computed_tokens, 1) for s in seqs]
+        runner.decode_graphs = graphs
+        got = runner.run(runner.prepare(steps, [None] * 3))
+        runner.decode_graphs = None
+        want = runner.run(runner.prepare(steps, [None] * 3))
+    finally:
+        runner.decode_graphs = None
+        for s in seqs:
+            engine.block_manager.free_seq(s)
+    assert [graphs.graphs[s].replayed for s in SIZES] == [0, 0, 1, 0]  # 3 sequences: the graph of 4
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
