@@ -198,6 +198,8 @@ def memory_line(service) -> str:
         line += f"; draft model {kind}: weights {_mb(service.draft_weights_bytes)}{kv}"
     if (q := getattr(e.runner.model, "quantization", None)) is not None:
         line += f"; {q.summary()}"
+    if (g := getattr(e.runner, "decode_graphs", None)) is not None:
+        line += f"; decode steps replayed from CUDA graphs (batch sizes {', '.join(map(str, g.sizes))})"
     return line
 
 
