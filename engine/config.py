@@ -288,6 +288,8 @@ class EngineConfig:
             raise ValueError("kv_cache_memory_fraction must be in (0, 1]")
         if self.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
+        if self.cuda_graph_sizes is not None and (not self.cuda_graph_sizes or min(self.cuda_graph_sizes) < 1):
+            raise ValueError(f"cuda_graph_sizes must be batch sizes >= 1, got {self.cuda_graph_sizes}")
         if self.cuda_graphs and (self.tensor_parallel_size > 1 or self.expert_parallel):
             raise ValueError("cuda_graphs=True on a sharded model (engine/parallel) is not built")
         if self.quantization is not None and self.tensor_parallel_size > 1:  # the shards load float weights

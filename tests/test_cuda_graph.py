@@ -75,6 +75,8 @@ def test_graphs_wanted_by_device_and_kernels():
         graphs_wanted(on, cuda, use_triton=False)
     with pytest.raises(ValueError, match="sharded"):
         EngineConfig(cuda_graphs=True, tensor_parallel_size=2)
+    with pytest.raises(ValueError, match="cuda_graph_sizes"):
+        EngineConfig(cuda_graph_sizes=(0, 4))
 
 
 @CPU_ONLY
