@@ -13,6 +13,9 @@ past n are padding: KV slot -1 (the Triton store kernel skips it) and context le
 neither write into the KV pool nor read from it. The graphs call the Triton kernels
 (engine/kernels), which read lengths and block ids on the device; the torch decode path
 cuts keys by Python lengths, which a graph would freeze, so graphs need use_triton.
+Nothing in the pass may read a tensor's value on the host: a MoE layer, which for one
+token reads its chosen expert ids, routes a static batch (`ForwardBatch.static_shapes`)
+densely instead, every expert weighted by the router (engine/layers/mlp.py).
 
 Without capture (`capture=False`, any device) the same padded forward runs eagerly over
 the same static buffers: that is how the CPU tests check it, and on CUDA it is the
