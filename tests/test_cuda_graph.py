@@ -121,7 +121,7 @@ def _decoding(engine, n: int) -> list[Sequence]:
         seq = Sequence(f"pad{i}", ids, SamplingParams(), IncrementalDetokenizer.start(engine.tokenizer, ids))
         bm.admit(seq, [])
         bm.allocate(seq, len(ids))
-        runner.run(runner.prepare([ScheduledSeq(seq, 0, len(ids))], [None]), [len(ids) - 1])
+        runner.run(_torch_path(runner.prepare([ScheduledSeq(seq, 0, len(ids))], [None])), [len(ids) - 1])
         seq.num_computed_tokens = len(ids)
         seq.token_ids.append(7 + i)  # its next token, to be decoded
         bm.allocate(seq, 1)
@@ -407,4 +407,27 @@ def test_capture_control_flow_with_a_stand_in_graph(llama, monkeypatch):
         for s in seqs:
             engine.block_manager.free_seq(s)
     assert [graphs.graphs[s].replayed for s in SIZES] == [0, 0, 1, 0]  # 3 sequences: the graph of 4
+    torch.testing.assert_close(got, want, **TOL)
+
+
+@pytest.mark.parametrize("arch", ["mistral", "gemma3", "qwen2_moe"])
+def test_padded_decode_in_other_families(checkpoint, arch):
+    """Sliding windows (Mistral; Gemma 3's local layers with their own RoPE) and a MoE with a
+    shared expert: 3 sequences padded to 4 give the eager pass's logits."""
+    llm = LLM(checkpoint(arch), device=DEVICE, dtype="float32", block_size=4, use_triton=True, cuda_graphs=False)
+    engine, runner = llm.engine, llm.engine.runner
+    seqs = _decoding(engine, 3)
+    for _ in range(6):  # past Mistral's window of 8 and Gemma's of 6
+        steps = [ScheduledSeq(s, s.num_computed_tokens, 1) for s in seqs]
+        runner.run(_torch_path(runner.prepare(steps, [None] * 3)))  # only fills the cache: the quick kernels
+        for s in seqs:
+            s.num_computed_tokens += 1
+            s.token_ids.append(9)
+            engine.block_manager.allocate(s, 1)
+    steps = [ScheduledSeq(s, s.num_computed_tokens, 1) for s in seqs]
+    want = runner.run(runner.prepare(steps, [None] * 3))
+    runner.decode_graphs = DecodeGraphs.for_runner(runner, SIZES, capture=False)
+    got = runner.run(runner.prepare(steps, [None] * 3))
+    assert runner.decode_graphs.replays == 1
+    assert min(s.num_computed_tokens for s in seqs) + 1 > 8
     torch.testing.assert_close(got, want, **TOL)
