@@ -69,6 +69,17 @@ def graphs_wanted(ecfg: EngineConfig, device: torch.device, use_triton: bool) ->
     return why is None
 
 
+class DeviceOnly(list):
+    """The Python context lengths of a static batch: a graph replays other lengths than the
+    capture saw, so a layer that read these would be wrong silently; it fails instead."""
+
+    def __getitem__(self, i):
+        raise RuntimeError("a static (CUDA graph) batch has its context lengths on the device only")
+
+    def __iter__(self):
+        raise RuntimeError("a static (CUDA graph) batch has its context lengths on the device only")
+
+
 @dataclass
 class StaticInputs:
     """The buffers every graph reads: sized for the largest batch, padding by default."""
@@ -89,11 +100,11 @@ class StaticInputs:
 
     def batch(self, size: int) -> ForwardBatch:
         """A decode batch of `size` rows over views of the buffers (what a graph records).
-        context_lens (the Python list) is only counted: the Triton path reads the tensor."""
+        Its lengths exist on the device only: the Python list can be counted, not read."""
         return ForwardBatch(
             input_ids=self.input_ids[:size], positions=self.positions[:size],
             slot_mapping=self.slot_mapping[:size], query_starts=list(range(size + 1)),
-            context_lens=[0] * size, block_tables=self.block_tables[:size],
+            context_lens=DeviceOnly([0] * size), block_tables=self.block_tables[:size],
             context_lens_t=self.context_lens[:size], captures=[None] * size, use_triton=True,
             static_shapes=True)
 

@@ -109,6 +109,12 @@ def test_which_steps_fall_back_to_eager(padded):
     lens.lens_rows = torch.tensor([0])
     assert "full trace" in padded.eager_reason(lens)
     assert "wider" in padded.eager_reason(_batch([1], width=padded.static.block_tables.shape[1] + 1))
+    static = padded.batches[4]  # what a graph records: counted, its lengths never read on the host
+    assert static.num_seqs == 4 and static.decode_only and static.static_shapes and static.use_triton
+    with pytest.raises(RuntimeError, match="on the device only"):
+        static.context_lens[0]
+    with pytest.raises(RuntimeError, match="on the device only"):
+        sum(static.context_lens)
 
 
 # --- the padded path against the ordinary one ------------------------------------------------
