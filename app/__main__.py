@@ -93,6 +93,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
     p.add_argument("--quantization", choices=("int8", "int4"), default=None,
                    help="weight-only int8 / int4 linear layers on the CPU (a GGUF's Q4_0 / Q4_1 blocks used as they are)")
+    p.add_argument("--no-cuda-graphs", action="store_true",
+                   help="CUDA: run every decode step eagerly (by default they replay CUDA graphs captured at start-up)")
     kv = p.add_argument_group("KV cache and batching")
     kv.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     kv.add_argument("--num-kv-blocks", type=int, default=None, help="blocks in the KV pool")
@@ -196,6 +198,8 @@ def memory_line(service) -> str:
         line += f"; draft model {kind}: weights {_mb(service.draft_weights_bytes)}{kv}"
     if (q := getattr(e.runner.model, "quantization", None)) is not None:
         line += f"; {q.summary()}"
+    if (g := getattr(e.runner, "decode_graphs", None)) is not None:
+        line += f"; decode steps replayed from CUDA graphs (batch sizes {', '.join(map(str, g.sizes))})"
     return line
 
 
@@ -212,6 +216,7 @@ def build_services(args: argparse.Namespace, say=None):
                           kv_cache_memory_fraction=args.kv_cache_memory_fraction, max_num_seqs=args.max_num_seqs,
                           max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
                           enable_prefix_caching=not args.no_prefix_caching, quantization=args.quantization,
+                          cuda_graphs=False if args.no_cuda_graphs else None,
                           tensor_parallel_size=args.tensor_parallel_size, expert_parallel=args.expert_parallel)
     heads = [int(h) for h in args.capture_heads.split(",")] if args.capture_heads else None
     capture = CaptureConfig(max_keys=args.capture_max_keys, heads=heads)
@@ -224,7 +229,7 @@ def build_services(args: argparse.Namespace, say=None):
 
     def progress(done: int, total: int, what: str) -> None:
         if done == total:
-            say(f"  loaded {what}: {total} tensors")
+            say(f"  captured {what}: {total} batch sizes" if what == "CUDA graphs" else f"  loaded {what}: {total} tensors")
 
     services = []
     for i, spec in enumerate(specs, 1):

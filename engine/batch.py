@@ -31,6 +31,9 @@ class ForwardBatch:
     context_lens_t: torch.Tensor  # [B] int32, same as context_lens
     captures: list[CaptureSpec | None]  # per sequence
     use_triton: bool = False
+    # a padded decode batch that a CUDA graph replays (engine/cuda_graph.py): no layer may
+    # read a tensor's values on the host (the graph would keep the values seen at capture)
+    static_shapes: bool = False
     # set by the model: RoPE table ("global", or Gemma's "local") -> cos, sin at `positions`
     rope: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None
     # Kept during the pass for a `full` trace (references only, see engine/capture.py):

@@ -294,14 +294,21 @@ class Bench:
         """Batch-1 decode as memory traffic (any device): the bytes one step must read
         (weights, and the KV of the context) times tok/s, against the machine's measured
         copy bandwidth, so the gap to the limit is one number. On a model small enough to
-        stay in the CPU's cache (the embedded one) the ratio can pass 1."""
+        stay in the CPU's cache (the embedded one) the ratio can pass 1. On CUDA: the HBM
+        roofline fraction with the decode steps replayed from CUDA graphs and without
+        (engine/cuda_graph.py), and the graphs' decode speed against eager."""
         s = self.s
-        engine = self.engine()
+        cuda = self.device.startswith("cuda")
+        engines = {"": self.engine()} if not cuda else {
+            "CUDA graphs": self.engine(cuda_graphs=True), "eager": self.engine(cuda_graphs=False)}
         prompts = self.prompts[:1]
-        run_engine(engine, prompts, [greedy(2)])  # warm-up: CUDA context, Triton compilation
-        t_all, t_first = median_times([lambda: run_engine(engine, prompts, [greedy(s.new_tokens)]),
-                                       lambda: run_engine(engine, prompts, [greedy(1)])], s.repeats)
-        rate = (s.new_tokens - 1) / (t_all - t_first)
+        for engine in engines.values():
+            run_engine(engine, prompts, [greedy(2)])  # warm-up: CUDA context, Triton compilation
+        times = median_times([fn for e in engines.values() for fn in (
+            lambda e=e: run_engine(e, prompts, [greedy(s.new_tokens)]),
+            lambda e=e: run_engine(e, prompts, [greedy(1)]))], s.repeats)
+        rates = {k: (s.new_tokens - 1) / (times[2 * i] - times[2 * i + 1]) for i, k in enumerate(engines)}
+        engine = next(iter(engines.values()))
         context = s.prompt_tokens + s.new_tokens // 2
         read = decode_bytes_per_token(engine.runner.model, engine.model_config, context)
         kv = read - decode_bytes_per_token(engine.runner.model, engine.model_config, 0)
@@ -312,9 +319,19 @@ class Bench:
             single = measured_bandwidth(self.device, copy_bytes, threads=1)
             note = f"; copy: {bandwidth / 1e9:.3g} GB/s on {threads} threads, {single / 1e9:.3g} GB/s on 1"
             bandwidth = max(bandwidth, single)
-        self.add("bandwidth", "batch-1 decode: weights + KV read, GB/s", rate * read / 1e9, "GB/s", bandwidth / 1e9,
-                 f"baseline: measured copy; {rate:.1f} tok/s x {read / 2**20:.1f} MiB read per token "
-                 f"({kv / 2**20:.2f} MiB of it KV, {context} tokens); bound {bandwidth / read:.1f} tok/s{note}")
+        if cuda and engine.model_config.is_moe:  # a replayed step routes densely: no expert ids on the host
+            note += "; CUDA graphs: every expert read at batch 1, counted here as top-k"
+        for kind, rate in rates.items():
+            name = f"batch-1 decode{f', {kind}' if kind else ''}: weights + KV read, GB/s"
+            self.add("bandwidth", name, rate * read / 1e9, "GB/s", bandwidth / 1e9,
+                     f"baseline: measured copy{' (HBM)' if cuda else ''}; {rate:.1f} tok/s x {read / 2**20:.1f} MiB "
+                     f"read per token ({kv / 2**20:.2f} MiB of it KV, {context} tokens); "
+                     f"bound {bandwidth / read:.1f} tok/s{note}")
+        if cuda:
+            graphs = engines["CUDA graphs"].runner.decode_graphs
+            self.add("bandwidth", "batch-1 decode tok/s, CUDA graphs vs eager", rates["CUDA graphs"], "tok/s",
+                     rates["eager"], f"baseline: eager; captured batch sizes {graphs.sizes}, "
+                     f"{graphs.replays} steps replayed")
 
     def kernels(self, dtype: torch.dtype = torch.bfloat16, shape: tuple[int, ...] = (8, 32, 8, 128, 16, 2048),
                 repeats: int = 20) -> None:

@@ -271,6 +271,11 @@ class EngineConfig:
     tensor_parallel_size: int = 1  # ranks the model is split over (engine/parallel)
     expert_parallel: bool = False  # MoE blocks: whole experts on ranks instead of split experts
     quantization: str | None = None  # "int8" / "int4": weight-only quantized linear layers, CPU (engine/quantize.py)
+    # decode steps replayed from CUDA graphs (engine/cuda_graph.py). None: on for CUDA with the
+    # Triton kernels; False: always eager (vLLM's enforce_eager). Sizes: None = 1, 2, 4, 8, 16, 32
+    # up to max_num_seqs
+    cuda_graphs: bool | None = None
+    cuda_graph_sizes: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         from engine.layers.quantized import check_quantization
@@ -283,6 +288,10 @@ class EngineConfig:
             raise ValueError("kv_cache_memory_fraction must be in (0, 1]")
         if self.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
+        if self.cuda_graph_sizes is not None and (not self.cuda_graph_sizes or min(self.cuda_graph_sizes) < 1):
+            raise ValueError(f"cuda_graph_sizes must be batch sizes >= 1, got {self.cuda_graph_sizes}")
+        if self.cuda_graphs and (self.tensor_parallel_size > 1 or self.expert_parallel):
+            raise ValueError("cuda_graphs=True on a sharded model (engine/parallel) is not built")
         if self.quantization is not None and self.tensor_parallel_size > 1:  # the shards load float weights
             raise ValueError(f"quantization={self.quantization!r} with tensor_parallel_size="
                              f"{self.tensor_parallel_size} is not built: use one or the other")

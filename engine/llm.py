@@ -35,7 +35,8 @@ class LLM:
         (n from prompt_lookup_max down to prompt_lookup_min) earlier in the request.
         `engine_options` are EngineConfig fields: block_size, num_kv_blocks,
         kv_cache_memory_fraction, max_num_seqs, max_num_batched_tokens, max_model_len,
-        enable_prefix_caching, use_triton, tensor_parallel_size, expert_parallel."""
+        enable_prefix_caching, use_triton, tensor_parallel_size, expert_parallel, quantization,
+        cuda_graphs, cuda_graph_sizes."""
         self.tracer = Tracer()
         self.engine = LLMEngine(model, device=device, dtype=dtype, config=EngineConfig(**engine_options),
                                 tracer=self.tracer, trace_level="off", capture=capture, progress=progress,

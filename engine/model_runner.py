@@ -10,6 +10,7 @@ import torch
 from engine import capture, logit_lens
 from engine.batch import CaptureSpec, ForwardBatch
 from engine.config import EngineConfig, ModelConfig
+from engine.cuda_graph import DecodeGraphs, capture_sizes, graphs_wanted
 from engine.loader import ProgressFn, load_model
 from engine.scheduler import ScheduledSeq
 
@@ -69,6 +70,13 @@ class ModelRunner:
         if use_triton is None:
             use_triton = device.type == "cuda" and _triton_available()
         self.use_triton = use_triton
+        self.max_model_len = max_model_len
+        # CUDA graphs of the decode step (engine/cuda_graph.py), captured now: part of start-up
+        self.decode_graphs: DecodeGraphs | None = None
+        if graphs_wanted(ecfg, device, use_triton):
+            sizes = capture_sizes(ecfg.max_num_seqs, ecfg.cuda_graph_sizes)
+            self.decode_graphs = DecodeGraphs.for_runner(self, sizes, capture=True)
+            self.decode_graphs.capture_all(progress)
 
     @property
     def kv_cache_bytes(self) -> int:
@@ -106,7 +114,11 @@ class ModelRunner:
         """Write the batch's K/V into the cache and return the logits [len(token_rows), V]
         at those tokens of the flattened batch (every token if None). Only rows that
         are sampled or verified need the LM head."""
-        hidden = self.model(batch)
+        graphs = self.decode_graphs
+        if graphs is not None and graphs.eager_reason(batch) is None:  # a replay: plain decode steps only
+            hidden = graphs.forward(batch)
+        else:
+            hidden = self.model(batch)
         if batch.any_capture:
             capture.collect(batch, self.cfg, self.kv_cache)
         self.lens(batch)

@@ -70,9 +70,10 @@ class SparseMoE(nn.Module):
             weights = weights / weights.sum(dim=-1, keepdim=True)
         weights = weights.to(x.dtype)
         T = x.shape[0]
-        if T == 1:  # one decoding sequence: just its k experts, no bookkeeping
+        static = batch is not None and batch.static_shapes  # a CUDA graph: no expert ids read on the host
+        if T == 1 and not static:  # one decoding sequence: just its k experts, no bookkeeping
             out = sum(w * self._expert(x, e) for e, w in zip(experts[0].tolist(), weights[0]))
-        elif T <= 64 and T * self.top_k >= self.num_experts:
+        elif static or T <= 64 and T * self.top_k >= self.num_experts:
             out = self._all_experts(x, experts, weights)
         else:
             out = torch.zeros_like(x)
