@@ -15,10 +15,7 @@
 typedef float v16 __attribute__((vector_size(64), aligned(4)));  /* aligned(4): unaligned loads */
 #define VL 16  /* floats per vector */
 #define RB 8   /* output rows per block */
-/* Multi-row tiles read each block again from the cache for every pair of rows, and do
-   enough arithmetic that the next block's lines must be asked for in advance (8 KiB
-   ahead, into L2) or the memory sits idle while they compute. */
-#define PREFETCH_FLOATS 2048
+#define LINES_PER_STEP (RB * VL * 4 / 64)  /* 64-byte cache lines of one block per 16 columns */
 
 static inline float hsum(v16 v) {
     float s = 0.f;
@@ -26,18 +23,21 @@ static inline float hsum(v16 v) {
     return s;
 }
 
-/* One block of RB output rows for TB input rows: RB x TB accumulators in registers. */
+/* One block of RB output rows for TB input rows: RB x TB accumulators in registers.
+   next, pf_first, pf_lines: while it computes, ask for lines [pf_first, pf_first +
+   pf_lines) of every 16-column step of the next block (into L2): see tt_linear_f32. */
 #define TILE(TB)                                                                              \
 static void tile_##TB(const float *x, long ldx, const float *wb, long KC, long K, float *y,   \
-                      long ldy, const float *bias, long n0, long nvalid, long t0) {           \
+                      long ldy, const float *bias, long n0, long nvalid, long t0,             \
+                      const float *next, int pf_first, int pf_lines) {                        \
     v16 acc[RB][TB];                                                                          \
     _Pragma("GCC unroll 8") for (int r = 0; r < RB; r++)                                      \
         _Pragma("GCC unroll 8") for (int t = 0; t < TB; t++) acc[r][t] = (v16){0};            \
     for (long kc = 0; kc < KC; kc++) {                                                        \
         const float *wk = wb + kc * RB * VL;                                                  \
-        if (TB > 1) {                                                                         \
-            __builtin_prefetch(wk + PREFETCH_FLOATS, 0, 1);                                   \
-            __builtin_prefetch(wk + PREFETCH_FLOATS + VL, 0, 1);                              \
+        if (next) {                                                                           \
+            const char *nk = (const char *)(next + kc * RB * VL) + pf_first * 64;             \
+            for (int l = 0; l < pf_lines; l++) __builtin_prefetch(nk + l * 64, 0, 1);          \
         }                                                                                     \
         long k = kc * VL;                                                                     \
         v16 xv[TB];                                                                           \
@@ -66,7 +66,13 @@ TILE(2)
 
 /* x: [T, K] with row stride ldx; Wb: the blocked weight; y: [T, N] with row stride ldy.
    Output-row blocks are split between `nthreads` OpenMP threads (PyTorch's own pool:
-   the same libgomp), one thread for a matrix too small to be worth waking the other. */
+   the same libgomp), one thread for a matrix too small to be worth waking the other.
+
+   Each block is read once from memory and then from the cache by one pass per pair of
+   x's rows. Past one pass the arithmetic is long enough that memory would sit idle
+   while it runs, so each pass also asks for its share of the next block's lines: the
+   next block arrives spread over this block's passes (at 8 rows of x: 1.5x faster on
+   one thread than without). */
 void tt_linear_f32(const float *x, long T, long ldx, const float *Wb, long N, long K,
                    const float *bias, float *y, long ldy, int nthreads) {
     long KC = (K + VL - 1) / VL, nblocks = (N + RB - 1) / RB;
@@ -74,8 +80,15 @@ void tt_linear_f32(const float *x, long T, long ldx, const float *Wb, long N, lo
     for (long b = 0; b < nblocks; b++) {
         const float *wb = Wb + b * KC * RB * VL;
         long n0 = b * RB, nvalid = N - n0 < RB ? N - n0 : RB;
-        long t = 0;
-        for (; t + 2 <= T; t += 2) tile_2(x, ldx, wb, KC, K, y, ldy, bias, n0, nvalid, t);
-        if (t < T) tile_1(x, ldx, wb, KC, K, y, ldy, bias, n0, nvalid, t);
+        long passes = (T + 1) / 2;
+        const float *next = passes > 1 && b + 1 < nblocks ? wb + KC * RB * VL : 0;
+        int share = (int)((LINES_PER_STEP + passes - 1) / passes);
+        for (long t = 0, p = 0; t < T; t += 2, p++) {
+            int first = (int)(p * share), lines = first >= LINES_PER_STEP ? 0
+                : (first + share > LINES_PER_STEP ? LINES_PER_STEP - first : share);
+            const float *pf = lines ? next : 0;
+            if (t + 2 <= T) tile_2(x, ldx, wb, KC, K, y, ldy, bias, n0, nvalid, t, pf, first, lines);
+            else tile_1(x, ldx, wb, KC, K, y, ldy, bias, n0, nvalid, t, pf, first, lines);
+        }
     }
 }
