@@ -17,10 +17,12 @@ typedef float v16 __attribute__((vector_size(64), aligned(4)));  /* aligned(4): 
 #define RB 8   /* output rows per block */
 #define LINES_PER_STEP (RB * VL * 4 / 64)  /* 64-byte cache lines of one block per 16 columns */
 
-static inline float hsum(v16 v) {
-    float s = 0.f;
-    for (int i = 0; i < VL; i++) s += v[i];
-    return s;
+typedef float v8 __attribute__((vector_size(32)));
+typedef float v4 __attribute__((vector_size(16)));
+static inline float hsum(v16 v) {  /* a tree of halves: 4 adds, not 15 in a chain */
+    v8 a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) + __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+    v4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
+    return (b[0] + b[2]) + (b[1] + b[3]);
 }
 
 /* One block of RB output rows for TB input rows: RB x TB accumulators in registers.
