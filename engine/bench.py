@@ -32,6 +32,8 @@ from tqdm.auto import tqdm
 
 from engine.catalog import CATALOG
 from engine.config import EngineConfig
+from engine.kernels import cpu as cpu_kernels
+from engine.layers.linear import Linear, pack_weight, packed_linear
 from engine.llm_engine import DEFAULT_MODEL, LLMEngine
 from engine.sampling_params import SamplingParams
 from engine.trace import EventList, Tracer
@@ -327,11 +329,34 @@ class Bench:
                      f"baseline: measured copy{' (HBM)' if cuda else ''}; {rate:.1f} tok/s x {read / 2**20:.1f} MiB "
                      f"read per token ({kv / 2**20:.2f} MiB of it KV, {context} tokens); "
                      f"bound {bandwidth / read:.1f} tok/s{note}")
+        if self.device == "cpu":
+            self.cpu_linears(engine, bandwidth)
         if cuda:
             graphs = engines["CUDA graphs"].runner.decode_graphs
             self.add("bandwidth", "batch-1 decode tok/s, CUDA graphs vs eager", rates["CUDA graphs"], "tok/s",
                      rates["eager"], f"baseline: eager; captured batch sizes {graphs.sizes}, "
                      f"{graphs.replays} steps replayed")
+
+    @torch.inference_mode()
+    def cpu_linears(self, engine: LLMEngine, bandwidth: float) -> None:
+        """CPU: the model's linear layers alone, at 1 and `batch` rows, through the C kernel
+        (engine/kernels/cpu_linear.c) against oneDNN on the same weights (reordered for it
+        here): the weights' bytes over the time, so each one's share of the memory
+        bandwidth is one number."""
+        layers = [m for m in engine.runner.model.modules() if isinstance(m, Linear) and m.blocked is not None]
+        if not layers:
+            return
+        packed = [pack_weight(m.weight, min_bytes=0) for m in layers]
+        nbytes = sum(m.weight.numel() * m.weight.element_size() for m in layers)
+        for rows in (1, self.s.batch):
+            xs = [torch.randn(rows, m.in_features) for m in layers]
+            t_ours, t_onednn = median_times([
+                lambda: [cpu_kernels.linear(x, m.blocked, m.bias) for m, x in zip(layers, xs)],
+                lambda: [packed_linear(x, p, m.bias) for m, p, x in zip(layers, packed, xs)]], max(self.s.repeats, 5))
+            self.add("bandwidth", f"linear layers alone, {rows} row{'s' if rows > 1 else ''}: C kernel vs oneDNN, GB/s",
+                     nbytes / t_ours / 1e9, "GB/s", nbytes / t_onednn / 1e9,
+                     f"baseline: oneDNN on the same weights; {len(layers)} layers, {nbytes / 2**20:.0f} MiB; "
+                     f"the C kernel at {nbytes / t_ours / bandwidth:.2f} of the measured copy bandwidth")
 
     def kernels(self, dtype: torch.dtype = torch.bfloat16, shape: tuple[int, ...] = (8, 32, 8, 128, 16, 2048),
                 repeats: int = 20) -> None:
