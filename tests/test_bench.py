@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from engine import bench
+from engine.layers.linear import Linear
 from tests.engine_utils import DEVICE
 from tests.tiny import make_checkpoint
 
@@ -51,8 +52,16 @@ def test_bandwidth_row_arithmetic(checkpoint):
     step reads, the baseline the measured copy bandwidth, the bound their quotient."""
     b = bench.Bench(checkpoint("mixtral"), None, "cpu", bench.QUICK)
     b.bandwidth_bound(copy_bytes=1 << 20)
-    (row,) = b.rows
+    row, *linears = b.rows
     engine = b.engine()
+    # the C kernel's rows (where it builds): the model's linears alone at 1 and batch rows
+    layers = [m for m in engine.runner.model.modules() if isinstance(m, Linear) and m.blocked is not None]
+    assert [r.name for r in linears] == ([] if not layers else [
+        "linear layers alone, 1 row: C kernel vs oneDNN, GB/s",
+        f"linear layers alone, {bench.QUICK.batch} rows: C kernel vs oneDNN, GB/s"])
+    nbytes = sum(m.weight.numel() * 4 for m in layers)
+    for r in linears:
+        assert r.value > 0 and r.baseline > 0 and f"{len(layers)} layers, {nbytes / 2**20:.0f} MiB" in r.note
     context = bench.QUICK.prompt_tokens + bench.QUICK.new_tokens // 2
     read = bench.decode_bytes_per_token(engine.runner.model, engine.model_config, context)
     kv = read - bench.decode_bytes_per_token(engine.runner.model, engine.model_config, 0)
