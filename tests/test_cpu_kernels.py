@@ -110,3 +110,11 @@ def test_engine_runs_its_linears_through_the_kernel():
     llm = LLM()
     layers = [m for m in llm.engine.runner.model.modules() if isinstance(m, Linear)]
     assert layers and all(m.blocked is not None for m in layers)
+
+
+def test_start_up_line_names_the_kernels_weight_copy():
+    from app.__main__ import build_service, memory_line, parse_args
+    service = build_service(parse_args(["--device", "cpu", "--draft", "none"]))
+    copies = sum(m.blocked.nbytes for m in service.engine.runner.model.modules() if getattr(m, "blocked", None))
+    assert copies > 0
+    assert f"; decode linears through the C kernel (its weight copy {copies / 1e6:,.1f} MB)" in memory_line(service)
