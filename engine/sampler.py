@@ -51,7 +51,8 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
     greedy_rows = [i for i, p in enumerate(params) if p.greedy]
     tokens = [0] * len(params)
     if greedy_rows:
-        picks = torch.argmax(logits[greedy_rows], dim=-1).tolist()
+        greedy_logits = logits if len(greedy_rows) == len(logits) else logits[greedy_rows]  # all greedy: no copy
+        picks = torch.argmax(greedy_logits, dim=-1).tolist()
         for i, t in zip(greedy_rows, picks):
             tokens[i] = t
     for i, p in enumerate(params):
