@@ -93,16 +93,21 @@ class DecodeGroup:
     block_tables: torch.Tensor
     context_lens: torch.Tensor
     lens: list[int]  # context_lens as Python ints
-    _masks: dict[int | None, torch.Tensor | None] = field(default_factory=dict)
+    _masks: dict[tuple[int | None, torch.dtype | None], torch.Tensor | None] = field(default_factory=dict)
 
-    def key_mask(self, window: int | None, num_keys: int) -> torch.Tensor | None:
+    def key_mask(self, window: int | None, num_keys: int, dtype: torch.dtype | None = None) -> torch.Tensor | None:
         """Which of the `num_keys` gathered keys each query sees ([B, num_keys]), built once
         per pass for all the layers with this window; None when no mask is needed: one
-        sequence, no window cutting in, and its keys cut to its context (`lens`)."""
-        if window not in self._masks:
+        sequence, no window cutting in, and its keys cut to its context (`lens`).
+        dtype: as an additive bias of that dtype instead (0 seen, -inf hidden), which SDPA
+        would otherwise rebuild from the bool mask in every layer."""
+        if (window, dtype) not in self._masks:
             single = len(self.lens) == 1 and (window is None or self.lens[0] <= window)
-            self._masks[window] = None if single else key_mask(self.context_lens, num_keys, window)
-        return self._masks[window]
+            mask = None if single else key_mask(self.context_lens, num_keys, window)
+            if mask is not None and dtype is not None:
+                mask = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
+            self._masks[window, dtype] = mask
+        return self._masks[window, dtype]
 
 
 def key_mask(context_lens: torch.Tensor, num_keys: int, window: int | None) -> torch.Tensor:

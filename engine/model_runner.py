@@ -50,6 +50,11 @@ def _available_host_memory() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 
+def _every_row(rows: list[int], n: int) -> bool:
+    """rows is 0..n-1 in order (a decode step samples every row): no copy needed."""
+    return len(rows) == n and (n == 0 or (rows[0] == 0 and rows[-1] == n - 1 and rows == list(range(n))))
+
+
 class ModelRunner:
     def __init__(self, path: Path, cfg: ModelConfig, ecfg: EngineConfig, max_model_len: int,
                  dtype: torch.dtype, device: torch.device, progress: ProgressFn | None = None) -> None:
@@ -122,7 +127,7 @@ class ModelRunner:
         if batch.any_capture:
             capture.collect(batch, self.cfg, self.kv_cache)
         self.lens(batch)
-        if token_rows is not None:
+        if token_rows is not None and not _every_row(token_rows, hidden.shape[0]):
             hidden = hidden[token_rows]
         return self.model.compute_logits(hidden).float()
 

