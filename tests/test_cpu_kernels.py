@@ -118,3 +118,26 @@ def test_start_up_line_names_the_kernels_weight_copy():
     copies = sum(m.blocked.nbytes for m in service.engine.runner.model.modules() if getattr(m, "blocked", None))
     assert copies > 0
     assert f"; decode linears through the C kernel (its weight copy {copies / 1e6:,.1f} MB)" in memory_line(service)
+
+
+@pytest.mark.parametrize("inter", [3, 4])  # 2 x 3 rows do not fill a block of 8: each expert its own copy
+def test_moe_experts_through_the_kernel(inter):
+    """SparseMoE on the C kernel, for a lone token (each expert alone) and a decode batch (all
+    experts side by side), against the same block on PyTorch's matmuls."""
+    from engine.config import ModelConfig
+    from engine.layers.mlp import SparseMoE
+    cfg = ModelConfig.from_hf({"model_type": "mixtral", "architectures": ["MixtralForCausalLM"], "hidden_size": 40,
+                               "intermediate_size": inter, "num_local_experts": 4, "num_experts_per_tok": 2,
+                               "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
+                               "vocab_size": 10})
+    torch.manual_seed(inter)
+    moe = SparseMoE(cfg, 0)
+    for p in moe.parameters():
+        torch.nn.init.normal_(p)
+    one, batch = torch.randn(1, 40), torch.randn(3, 40)
+    expected = {1: moe(one), 3: moe(batch)}
+    moe.pack()
+    assert moe.blocked_gate_up is not None and len(moe.blocked_experts) == 4
+    assert (moe.blocked_experts[1][0].data.data_ptr() == moe.blocked_gate_up.data[1].data_ptr()) == (inter == 4)
+    close(moe(one), expected[1], 40)
+    close(moe(batch), expected[3], 40)

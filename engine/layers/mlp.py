@@ -1,12 +1,16 @@
 """Feed-forward blocks: the dense SwiGLU MLP and the sparse mixture of experts."""
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from engine.batch import ForwardBatch
 from engine.config import ModelConfig
+from engine.kernels import cpu as cpu_kernels
+from engine.kernels.cpu import BlockedWeight
 from engine.layers.linear import Linear, pack_weight, packed_linear
 
 
@@ -51,16 +55,34 @@ class SparseMoE(nn.Module):
             self.shared_expert = MLP(cfg.hidden_size, cfg.shared_expert_intermediate_size)
             self.shared_expert_gate = Linear(cfg.hidden_size, 1, bias=False)
         self.packed_gate_up = self.packed_down = None  # oneDNN copies of every expert (see pack)
+        self.blocked_gate_up = self.blocked_down = None  # the same for the C kernel, where it builds
+        self.blocked_experts: list[tuple[BlockedWeight, BlockedWeight]] | None = None
 
     def pack(self, on: bool = True) -> None:
-        """For _all_experts on the CPU: every expert side by side, reordered for oneDNN,
-        gate/up as one [E x 2I, H] matrix and down as one [H, E x I]."""
+        """For _all_experts on the CPU: every expert side by side, gate/up as one [E x 2I, H]
+        matrix and down as one [H, E x I], in the C kernel's layout (engine/kernels/cpu.py),
+        and each expert on its own for a lone token; without the kernel, reordered for oneDNN."""
         gate_up, down = self.experts_gate_up.detach(), self.experts_down.detach()
         E, two_i, H = gate_up.shape
-        self.packed_gate_up = pack_weight(gate_up.view(E * two_i, H)) if on else None
+        self.blocked_gate_up = cpu_kernels.blocked_weight(gate_up.view(E * two_i, H)) if on else None
+        self.blocked_down = self.blocked_experts = None
+        if self.blocked_gate_up is not None:
+            self.blocked_down = cpu_kernels.BlockedWeight.of(down.permute(1, 0, 2).reshape(H, -1))
+            self.blocked_experts = [(self._expert_rows(e, two_i, H), cpu_kernels.BlockedWeight.of(down[e]))
+                                    for e in range(E)]
+        self.packed_gate_up = pack_weight(gate_up.view(E * two_i, H)) if on and self.blocked_gate_up is None else None
         self.packed_down = None
         if self.packed_gate_up is not None:  # down is half gate/up's size: packed along with it
             self.packed_down = pack_weight(down.permute(1, 0, 2).reshape(H, -1), min_bytes=0)
+
+    def _expert_rows(self, e: int, two_i: int, hidden: int) -> BlockedWeight:
+        """Expert e's gate/up in the kernel's layout: a view of the side-by-side copy where its
+        rows fill whole blocks, else a copy of its own."""
+        rb = cpu_kernels.ROWS_PER_BLOCK
+        if two_i % rb:
+            return cpu_kernels.BlockedWeight.of(self.experts_gate_up[e].detach())
+        data = self.blocked_gate_up.data[e * two_i // rb:(e + 1) * two_i // rb]
+        return cpu_kernels.BlockedWeight(data, two_i, hidden)
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch | None = None) -> torch.Tensor:
         router_logits = self.gate(x)
@@ -93,8 +115,13 @@ class SparseMoE(nn.Module):
         (each expert's output times its weight, then summed, as transformers does)."""
         out = None
         for e, w in zip(experts, weights):
-            gate, up = F.linear(x, self.experts_gate_up[e]).chunk(2, dim=-1)
-            y = F.linear(F.silu(gate).mul_(up), self.experts_down[e]).mul_(w)
+            if self.blocked_experts is not None:
+                gate_up, down = self.blocked_experts[e]
+                gate, up = cpu_kernels.linear(x, gate_up).chunk(2, dim=-1)
+                y = cpu_kernels.linear(F.silu(gate).mul_(up), down).mul_(w)
+            else:
+                gate, up = F.linear(x, self.experts_gate_up[e]).chunk(2, dim=-1)
+                y = F.linear(F.silu(gate).mul_(up), self.experts_down[e]).mul_(w)
             out = y if out is None else out.add_(y)
         return out
 
@@ -110,11 +137,17 @@ class SparseMoE(nn.Module):
         T = x.shape[0]
         route = torch.zeros(T, self.num_experts, dtype=x.dtype, device=x.device)
         route.scatter_(1, experts, weights)  # [T, E]: routing weight, 0 where not chosen
-        if self.packed_gate_up is not None:
-            # oneDNN, all experts side by side: [T, H] -> [T, E x 2I] -> [T, E x I] -> [T, H]; each
-            # expert's activations scaled by its routing weight, so the second matmul sums them
-            gate, up = packed_linear(x, self.packed_gate_up).view(T, self.num_experts, -1).chunk(2, dim=-1)
-            return packed_linear((F.silu(gate) * up * route[:, :, None]).view(T, -1), self.packed_down)
+        if self.blocked_gate_up is not None or self.packed_gate_up is not None:
+            # all experts side by side: [T, H] -> [T, E x 2I] -> [T, E x I] -> [T, H]; each expert's
+            # activations scaled by its routing weight, so the second matmul sums them
+            if self.blocked_gate_up is not None:  # the C kernel
+                first, second = partial(cpu_kernels.linear, w=self.blocked_gate_up), \
+                    partial(cpu_kernels.linear, w=self.blocked_down)
+            else:  # oneDNN
+                first, second = partial(packed_linear, packed=self.packed_gate_up), \
+                    partial(packed_linear, packed=self.packed_down)
+            gate, up = first(x).view(T, self.num_experts, -1).chunk(2, dim=-1)
+            return second((F.silu(gate) * up * route[:, :, None]).view(T, -1))
         gate, up = torch.matmul(x, self.experts_gate_up.transpose(1, 2)).chunk(2, dim=-1)  # [E, T, I]
         y = torch.matmul(F.silu(gate) * up, self.experts_down.transpose(1, 2))  # [E, T, H]
         return torch.einsum("te,eth->th", route, y)
