@@ -69,6 +69,12 @@ def test_blocked_layout():
     assert bw.data[1, 0, 2:].abs().sum() == 0 and bw.data[:, 1, :, 4:].abs().sum() == 0  # zero padding
 
 
+@pytest.mark.parametrize("n,k", [(10, 20), (8, 16), (1, 1), (33, 577)])
+def test_blocking_in_c_equals_torch(n, k):
+    w = torch.randn(n, k)
+    assert torch.equal(cpu.BlockedWeight.of(w).data, cpu.block_reference(w))
+
+
 def test_linear_layer_takes_the_kernel_for_few_rows_only():
     torch.manual_seed(0)
     layer = Linear(96, 200, bias=True)

@@ -94,3 +94,18 @@ void tt_linear_f32(const float *x, long T, long ldx, const float *Wb, long N, lo
         }
     }
 }
+
+/* W [N, K] row-major -> Wb (see the top of this file), zero padding included: at load, so
+   a model's weights are copied at memory speed rather than by a strided tensor copy. */
+void tt_block_f32(const float *W, long N, long K, float *Wb, int nthreads) {
+    long KC = (K + VL - 1) / VL, nblocks = (N + RB - 1) / RB;
+    #pragma omp parallel for schedule(static) num_threads(nthreads)
+    for (long b = 0; b < nblocks; b++)
+        for (long kc = 0; kc < KC; kc++)
+            for (long r = 0; r < RB; r++) {
+                float *dst = Wb + ((b * KC + kc) * RB + r) * VL;
+                long n = b * RB + r, k = kc * VL, len = n < N ? (K - k < VL ? K - k : VL) : 0;
+                for (long i = 0; i < len; i++) dst[i] = W[n * K + k + i];
+                for (long i = len; i < VL; i++) dst[i] = 0.f;
+            }
+}
