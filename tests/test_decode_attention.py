@@ -1,15 +1,26 @@
-"""The engine's CPU decode attention (engine/layers/attention.py: query heads folded onto
-their KV head, the padded-key mask built once per pass as an additive bias) against an
-independent dense oracle over unpaged K/V, for lone and batched sequences, GQA groups and
-sliding windows."""
+"""The engine's CPU decode attention against an independent dense oracle over unpaged K/V,
+for lone and batched sequences, GQA groups and sliding windows, on both of its paths: the
+C kernel reading the paged pool in place (engine/kernels/cpu_attention.c) and PyTorch's
+(engine/layers/attention.py: query heads folded onto their KV head, the padded-key mask
+built once per pass as an additive bias)."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from engine.batch import DecodeGroup
+from engine.kernels import cpu as cpu_kernels
 from engine.layers.attention import decode_attention
 from tests.test_kernels import make_paged_batch, naive_dense_attention
+
+
+@pytest.fixture(autouse=True, params=["c", "torch"])
+def path(request, monkeypatch):
+    if request.param == "c" and not cpu_kernels.available():
+        pytest.skip("no C compiler for the CPU kernels")
+    if request.param == "torch":
+        monkeypatch.setattr(cpu_kernels, "attention_applies", lambda *a: False)
+    return request.param
 
 
 @pytest.mark.parametrize("group", [1, 3, 4])
@@ -43,3 +54,26 @@ def test_strided_queries_from_the_fused_projection():
     groups = DecodeGroup([0, 1], None, bt.long(), ctx, [5, 12])
     torch.testing.assert_close(decode_attention(strided, kc, vc, bt.long(), ctx, hd ** -0.5, None, groups),
                                naive_dense_attention(q, dk, dv, hd ** -0.5), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("hd,group", [(64, 3), (24, 9), (128, 1)])
+@pytest.mark.parametrize("window", [None, 200])
+def test_long_contexts_over_several_chunks(hd, group, window):
+    """Contexts longer than the C kernel's chunk of 128 keys (its running max and sum carry
+    across chunks), head sizes that are not a multiple of 16, a window inside the context."""
+    lens = [300, 129, 1, 128]
+    q, kc, vc, bt, ctx, dk, dv = make_paged_batch(lens, 2, group, hd, 16, seed=hd, table_pad=0)
+    kc, vc = (torch.nan_to_num(c, nan=30.0) for c in (kc, vc))
+    q = q * 4  # sharper distributions: the softmax's max matters
+    groups = DecodeGroup(list(range(len(lens))), None, bt.long(), ctx, lens)
+    torch.testing.assert_close(decode_attention(q, kc, vc, bt.long(), ctx, hd ** -0.5, window, groups),
+                               naive_dense_attention(q, dk, dv, hd ** -0.5, window), atol=2e-5, rtol=2e-5)
+
+
+def test_a_sequence_with_no_keys_gets_zeros(path):
+    if path == "torch":
+        pytest.skip("the torch path never sees one; the C kernel may (padding rows)")
+    q, kc, vc, bt, ctx, dk, dv = make_paged_batch([4, 6], 1, 2, 16, 8, table_pad=0)
+    out = cpu_kernels.decode_attention(q, kc.nan_to_num(), vc.nan_to_num(), bt.long(), torch.tensor([4, 0]),
+                                       0.25, None)
+    assert out[1].abs().sum() == 0 and out[0].abs().sum() > 0

@@ -1,4 +1,4 @@
-"""The CPU's own kernels (cpu_linear.c): compiled on first use with the system's C
+"""The CPU's own kernels (cpu_linear.c, cpu_attention.c): compiled on first use with the system's C
 compiler for this machine's CPU, cached, and called through ctypes.
 
 Why C and not PyTorch: a decode step is a few rows times every weight, bound by how fast
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-SOURCE = Path(__file__).with_name("cpu_linear.c")
+SOURCES = [Path(__file__).with_name(name) for name in ("cpu_linear.c", "cpu_attention.c")]
 ROWS_PER_BLOCK, COLS_PER_BLOCK = 8, 16  # the blocked layout of cpu_linear.c
 MAX_ROWS = 32  # above this many rows (a prefill chunk) PyTorch's GEMM, built for it, takes over
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC"]
@@ -51,26 +51,27 @@ class BuildError(RuntimeError):
 
 
 def build(out_dir: Path | None = None) -> Path:
-    """Compile cpu_linear.c for this CPU, once: the file is named by a hash of the source,
+    """Compile the sources into one library for this CPU, once: named by a hash of the sources,
     the compiler, its flags and the CPU's feature flags, and written atomically, so
     processes building at once (tensor-parallel ranks) agree."""
     cc = compiler()
     if cc is None:
         raise BuildError("no C compiler (gcc or cc) on PATH")
-    source = SOURCE.read_bytes()
+    sources = [p.read_bytes() for p in SOURCES]
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
-    key = hashlib.sha256(b"\0".join([source, version.encode(), " ".join(CFLAGS).encode(),
+    key = hashlib.sha256(b"\0".join([*sources, version.encode(), " ".join(CFLAGS).encode(),
                                      _cpu_flags().encode()])).hexdigest()[:16]
     out_dir = out_dir or build_dir()
-    lib = out_dir / f"cpu_linear-{key}.so"
+    lib = out_dir / f"tokentrace_cpu-{key}.so"
     if lib.exists():
         return lib
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
         tmp_lib = Path(tmp) / lib.name
-        done = subprocess.run([cc, *CFLAGS, str(SOURCE), "-o", str(tmp_lib)], capture_output=True, text=True)
+        done = subprocess.run([cc, *CFLAGS, *map(str, SOURCES), "-o", str(tmp_lib), "-lm"],
+                              capture_output=True, text=True)
         if done.returncode != 0:
-            raise BuildError(f"{cc} failed on {SOURCE.name}:\n{done.stderr.strip()}")
+            raise BuildError(f"{cc} failed on {', '.join(p.name for p in SOURCES)}:\n{done.stderr.strip()}")
         os.replace(tmp_lib, lib)
     return lib
 
@@ -90,6 +91,9 @@ def library() -> ctypes.CDLL | None:
     lib.tt_linear_f32.restype = None
     lib.tt_block_f32.argtypes = [ptr, c_long, c_long, ptr, ctypes.c_int]
     lib.tt_block_f32.restype = None
+    lib.tt_decode_attention.argtypes = [ptr, ptr, ptr, ptr, c_long, ptr, c_long, c_long, c_long, c_long, c_long,
+                                        ctypes.c_float, c_long, ptr, ctypes.c_int]
+    lib.tt_decode_attention.restype = None
     return lib
 
 
@@ -157,3 +161,30 @@ def linear(x: torch.Tensor, w: BlockedWeight, bias: torch.Tensor | None = None) 
                           None if bias is None else bias.data_ptr(), y.data_ptr(), w.out_features,
                           torch.get_num_threads())
     return y.view(*lead, w.out_features)
+
+
+MAX_GROUP, MAX_HEAD_DIM = 16, 512  # cpu_attention.c's stack buffers
+
+
+def attention_applies(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    """Whether decode_attention takes these: float32 CPU tensors within its buffers."""
+    return (q.device.type == "cpu" and q.dtype == torch.float32 and k_cache.dtype == torch.float32
+            and q.shape[1] // k_cache.shape[2] <= MAX_GROUP and q.shape[-1] <= MAX_HEAD_DIM and available())
+
+
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                     context_lens: torch.Tensor, scale: float, window: int | None) -> torch.Tensor:
+    """One query per sequence over its paged keys, read in place (cpu_attention.c).
+    q [B, H, D]; caches [num_blocks, block_size, KVH, D]; block_tables [B, W]; context_lens [B]
+    (the new token's key included) -> [B, H, D]."""
+    B, H, D = q.shape
+    _, bs, kvh, _ = k_cache.shape
+    q = q.contiguous()
+    tables = block_tables.to(torch.int64).contiguous()
+    lens = context_lens.to(torch.int32).contiguous()
+    assert k_cache.is_contiguous() and v_cache.is_contiguous() and H % kvh == 0
+    out = torch.empty_like(q)
+    library().tt_decode_attention(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(),
+                                  tables.shape[1], lens.data_ptr(), B, H, kvh, D, bs, scale, window or 0,
+                                  out.data_ptr(), torch.get_num_threads())
+    return out

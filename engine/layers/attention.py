@@ -12,6 +12,7 @@ from torch import nn
 
 from engine.batch import DecodeGroup, ForwardBatch, key_mask
 from engine.config import ModelConfig
+from engine.kernels import cpu as cpu_kernels
 from engine.layers.linear import Linear
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import apply_rotary, rotate
@@ -115,6 +116,8 @@ def decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, win
     """One query per sequence, sequences batched and padded to the longest context.
     q: [B, H, D] -> out [B, H, D]. group: the pass's decode group, which builds the key
     mask once for all layers (a lone sequence needs none: its keys are cut to its context)."""
+    if cpu_kernels.attention_applies(q, k_cache):  # the C kernel: keys read in place, no gather
+        return cpu_kernels.decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, window)
     B, H, D = q.shape
     KVH = k_cache.shape[2]
     # index_select, not k_cache[block_tables]: advanced indexing runs a general (and on the
