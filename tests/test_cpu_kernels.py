@@ -147,3 +147,20 @@ def test_moe_experts_through_the_kernel(inter):
     assert (moe.blocked_experts[1][0].data.data_ptr() == moe.blocked_gate_up.data[1].data_ptr()) == (inter == 4)
     close(moe(one), expected[1], 40)
     close(moe(batch), expected[3], 40)
+
+
+@pytest.mark.parametrize("offset", [False, True])
+@pytest.mark.parametrize("shape", [(1, 576), (3, 40), (2, 5, 24)])
+def test_rms_norm_matches_torch(offset, shape):
+    from engine.layers.norm import RMSNorm
+    norm = RMSNorm(shape[-1], 1e-6, offset)
+    torch.nn.init.normal_(norm.weight)
+    x = torch.randn(shape) * 3
+    scale = (1.0 + norm.weight) if offset else norm.weight
+    expected = F.rms_norm(x, (shape[-1],), scale.detach(), 1e-6)
+    assert cpu.rms_norm(x, norm.weight, 1e-6, 1.0 if offset else 0.0).shape == x.shape
+    torch.testing.assert_close(norm(x), expected, rtol=1e-5, atol=1e-6)
+    wide = torch.randn(shape[0], shape[-1] + 7)[:, 3:3 + shape[-1]]  # rows read in place
+    if len(shape) == 2:
+        torch.testing.assert_close(norm(wide), F.rms_norm(wide, (shape[-1],), scale.detach(), 1e-6),
+                                   rtol=1e-5, atol=1e-6)

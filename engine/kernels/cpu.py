@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-SOURCES = [Path(__file__).with_name(name) for name in ("cpu_linear.c", "cpu_attention.c")]
+SOURCES = [Path(__file__).with_name(name) for name in ("cpu_linear.c", "cpu_attention.c", "cpu_norm.c")]
 ROWS_PER_BLOCK, COLS_PER_BLOCK = 8, 16  # the blocked layout of cpu_linear.c
 MAX_ROWS = 32  # above this many rows (a prefill chunk) PyTorch's GEMM, built for it, takes over
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC"]
@@ -94,6 +94,8 @@ def library() -> ctypes.CDLL | None:
     lib.tt_decode_attention.argtypes = [ptr, ptr, ptr, ptr, c_long, ptr, c_long, c_long, c_long, c_long, c_long,
                                         ctypes.c_float, c_long, ptr, ctypes.c_int]
     lib.tt_decode_attention.restype = None
+    lib.tt_rms_norm.argtypes = [ptr, c_long, c_long, c_long, ptr, ctypes.c_float, ctypes.c_float, ptr]
+    lib.tt_rms_norm.restype = None
     return lib
 
 
@@ -188,3 +190,17 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                                   tables.shape[1], lens.data_ptr(), B, H, kvh, D, bs, scale, window or 0,
                                   out.data_ptr(), torch.get_num_threads())
     return out
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0) -> torch.Tensor:
+    """x / rms(x) * (weight + offset) over the last dim of a float32 CPU tensor (cpu_norm.c)."""
+    H = x.shape[-1]
+    x2 = x.reshape(-1, H)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    w = weight.detach()
+    if w.dtype != torch.float32 or not w.is_contiguous():
+        w = w.float().contiguous()
+    y = torch.empty(x2.shape, dtype=torch.float32)
+    library().tt_rms_norm(x2.data_ptr(), x2.shape[0], H, x2.stride(0), w.data_ptr(), offset, eps, y.data_ptr())
+    return y.view(x.shape)

@@ -2,6 +2,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.kernels import cpu as cpu_kernels
+
 
 class RMSNorm(nn.Module):
     """x / rms(x) * weight, computed in float32 like the reference implementation.
@@ -16,6 +18,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32 and x.device.type == "cpu" and x.shape[0] <= cpu_kernels.MAX_ROWS \
+                and cpu_kernels.available():  # the C kernel: one call, not PyTorch's five small ops
+            return cpu_kernels.rms_norm(x, self.weight, self.eps, 1.0 if self.offset else 0.0)
         # one fused kernel for x / rms(x) (float32, as the reference does), then the weight
         if self.offset:
             return F.rms_norm(x.float(), (x.shape[-1],), 1.0 + self.weight.float(), self.eps).to(x.dtype)
