@@ -50,27 +50,27 @@ class BuildError(RuntimeError):
     pass
 
 
-def build(out_dir: Path | None = None) -> Path:
-    """Compile cpu_linear.c for this CPU, once: the file is named by a hash of the source,
-    the compiler, its flags and the CPU's feature flags, and written atomically, so
-    processes building at once (tensor-parallel ranks) agree."""
+def build(out_dir: Path | None = None, source: Path = SOURCE) -> Path:
+    """Compile cpu_linear.c (or another of these C files: cpu_quant.c) for this CPU, once:
+    the file is named by a hash of the source, the compiler, its flags and the CPU's feature
+    flags, and written atomically, so processes building at once (tensor-parallel ranks) agree."""
     cc = compiler()
     if cc is None:
         raise BuildError("no C compiler (gcc or cc) on PATH")
-    source = SOURCE.read_bytes()
+    text = source.read_bytes()
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
-    key = hashlib.sha256(b"\0".join([source, version.encode(), " ".join(CFLAGS).encode(),
+    key = hashlib.sha256(b"\0".join([text, version.encode(), " ".join(CFLAGS).encode(),
                                      _cpu_flags().encode()])).hexdigest()[:16]
     out_dir = out_dir or build_dir()
-    lib = out_dir / f"cpu_linear-{key}.so"
+    lib = out_dir / f"{source.stem}-{key}.so"
     if lib.exists():
         return lib
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
         tmp_lib = Path(tmp) / lib.name
-        done = subprocess.run([cc, *CFLAGS, str(SOURCE), "-o", str(tmp_lib)], capture_output=True, text=True)
+        done = subprocess.run([cc, *CFLAGS, str(source), "-o", str(tmp_lib)], capture_output=True, text=True)
         if done.returncode != 0:
-            raise BuildError(f"{cc} failed on {SOURCE.name}:\n{done.stderr.strip()}")
+            raise BuildError(f"{cc} failed on {source.name}:\n{done.stderr.strip()}")
         os.replace(tmp_lib, lib)
     return lib
 
