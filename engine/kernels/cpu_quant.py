@@ -107,13 +107,13 @@ def _scales(s: torch.Tensor) -> torch.Tensor:
 def linear(x: torch.Tensor, w: BlockedQuantWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [..., in] (float32) @ W.T (+ bias) -> [..., out] float32, W the dequantized weight.
     Over cpu.MAX_ROWS rows (a prefill chunk: compute-bound) the weight is dequantized for
-    this call and PyTorch's GEMM does the product."""
+    this call and PyTorch's GEMM does the product. Lean: a decode step calls it per layer."""
     lib = library()
     assert lib is not None, "linear() needs the CPU kernels (see available())"
-    lead = x.shape[:-1]
-    x2 = x.reshape(-1, w.in_features)
+    x2 = x if x.dim() == 2 else x.reshape(-1, w.in_features)
     if x2.shape[0] > cpu.MAX_ROWS:
-        return F.linear(x2.float(), w.dequantize(), None if bias is None else bias.float()).view(*lead, w.out_features)
+        y = F.linear(x2.float(), w.dequantize(), None if bias is None else bias.float())
+        return y if x.dim() == 2 else y.view(*x.shape[:-1], w.out_features)
     if x2.stride(-1) != 1 or x2.dtype != torch.float32:
         x2 = x2.float().contiguous()
     if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
@@ -126,4 +126,4 @@ def linear(x: torch.Tensor, w: BlockedQuantWeight, bias: torch.Tensor | None = N
                 None if bias is None else bias.data_ptr(), y.data_ptr(), w.out_features, torch.get_num_threads())
         if rc:  # int4's group sums of x could not be allocated
             raise MemoryError(f"cpu_quant: no memory for {T} x {w.in_features // GROUP} group sums")
-    return y.view(*lead, w.out_features)
+    return y if x.dim() == 2 else y.view(*x.shape[:-1], w.out_features)
