@@ -144,7 +144,7 @@ def test_gguf_blocks_are_used_as_they_are(block_gguf, qtype, kind, kernels, monk
     f32 = LLM(path, dtype="float32", block_size=4)
     q = LLM(path, dtype="float32", block_size=4, quantization=kind)
     report = q.engine.runner.model.quantization
-    ids = list(range(5, 60))
+    ids = list(range(5, 5 + cpu.MAX_ROWS))  # up to MAX_ROWS rows a prompt runs through the kernel itself
     base, logits = prompt_logits(f32.engine, ids), prompt_logits(q.engine, ids)
     top1, kl = agreement(base, logits)
     if kernels == "torch" and kind == "int8":
@@ -157,7 +157,9 @@ def test_gguf_blocks_are_used_as_they_are(block_gguf, qtype, kind, kernels, monk
     assert lin.weight is None and lin.qweight.source == f"GGUF {qtype}"  # the float copy is freed
     if kernels == "c":
         torch.testing.assert_close(logits, base, rtol=1e-4, atol=1e-4 * base.abs().max().item())
-        assert top1 == 1.0
+        assert top1 == 1.0 and not torch.equal(logits, base)  # other arithmetic: the kernel's, not F.linear's
+        longer = list(range(5, 60))  # a longer prompt: the dequantized weight through PyTorch's GEMM
+        torch.testing.assert_close(prompt_logits(q.engine, longer), prompt_logits(f32.engine, longer))
         params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
         assert [o.token_ids for o in q.generate(["The little dog", "Once"], params)] == \
             [o.token_ids for o in f32.generate(["The little dog", "Once"], params)]
@@ -184,7 +186,7 @@ def test_tied_head_takes_the_embeddings_q8_0_codes(tmp_path, monkeypatch):
     types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(path).tensors}
     assert types["token_embd.weight"] == "Q8_0" and "output.weight" not in types
     f32 = LLM(path, dtype="float32", block_size=4)
-    ids = list(range(5, 60))
+    ids = list(range(5, 5 + cpu.MAX_ROWS))
     base = prompt_logits(f32.engine, ids)
     for kind, from_file in (("int4", {"Q4_1": 12, "Q8_0": 1}), ("int8", {"Q8_0": 1})):
         q = LLM(path, dtype="float32", block_size=4, quantization=kind)
