@@ -7,11 +7,12 @@ format takes the file's codes as they are: Q8_0 for int8, Q4_0 / Q4_1 for int4. 
 are quantized from the dequantized float weight (a K-quant tensor is thus dequantized, then
 requantized).
 
-The LM head is int8 under int4 too, as llama.cpp's Q4 files keep their output matrix at
-6-8 bits: on SmolLM2 an int4 head alone moved the teacher-forced top token off float32's at
-19% of positions (KL 0.058 nats), a per-row int8 one at 3.6% (KL 0.0016). A tied head
-whose embedding the file stores as Q8_0 (SmolLM2's) takes those codes: then it is exactly
-the float32 engine's head.
+An LM head quantized at load is int8 under int4 too, as llama.cpp's Q4 files keep their
+output matrix at 6-8 bits: on SmolLM2 an int4 head alone moved the teacher-forced top token
+off float32's at 19% of positions (KL 0.058 nats), a per-row int8 one at 3.6% (KL 0.0016).
+For the same reason a head stored as Q8_0 (or the embedding a tied head shares: SmolLM2's)
+takes those codes under int4 as under int8, and is then exactly the float32 engine's head;
+one stored as Q4_0 / Q4_1 keeps its blocks under int4.
 """
 from __future__ import annotations
 
