@@ -3,6 +3,8 @@ kernels (the C ones, and PyTorch's where those cannot build) against plain-torch
 dequantized references, GGUF Q8_0 / Q4_0 / Q4_1 codes used as they are and read as the
 `gguf` package reads them, the agreement with float32 on the embedded model, and bad
 values refused."""
+import os
+
 import pytest
 import torch
 
@@ -20,13 +22,21 @@ def bf16(t: torch.Tensor) -> torch.Tensor:
     return t.to(torch.bfloat16).double()
 
 
+def need_c_kernels() -> None:
+    """Skip without a C compiler, unless TOKENTRACE_REQUIRE_CPU_KERNELS=1 (CI): then fail."""
+    if not cpu_quant.available():
+        if os.environ.get("TOKENTRACE_REQUIRE_CPU_KERNELS") == "1":
+            raise AssertionError("the CPU kernels (engine/kernels/cpu_quant.c) did not build")
+        pytest.skip("no C compiler for the CPU kernels")
+
+
 @pytest.fixture(params=["c", "torch"])
 def kernels(request, monkeypatch):
     """Each test twice: with the C kernels, and with PyTorch's (as without a compiler)."""
     if request.param == "torch":
         monkeypatch.setenv("TOKENTRACE_CPU_KERNELS", "0")
-    elif not cpu_quant.available():
-        pytest.skip("no C compiler for the CPU kernels")
+    else:
+        need_c_kernels()
     cpu.library.cache_clear()
     cpu_quant.library.cache_clear()
     assert quantized.c_kernels() == (request.param == "c")
@@ -173,8 +183,7 @@ def test_tied_head_takes_the_embeddings_q8_0_codes(tmp_path, monkeypatch):
     quantized weight is the float32 engine's."""
     import tests.test_gguf as tg
     from tests.tiny import save_tokenizer
-    if not cpu_quant.available():
-        pytest.skip("Q8_0 codes run in the C kernels only")
+    need_c_kernels()  # Q8_0 codes run in the C kernels only
     monkeypatch.setenv("TOKENTRACE_CACHE", str(tmp_path))
     save_tokenizer(tmp_path / "tok")
     model = tg.tiny_model("LlamaConfig", seed=4, tie_word_embeddings=True)
