@@ -271,8 +271,9 @@ def _check_quant_types(reader: "GGUFReader", path: Path) -> None:
 
 def read_tensors(path: Path, codes: dict | None = None) -> tuple[int, Iterator[tuple[str, torch.Tensor]]]:
     """How many tensors the file yields, and the tensors as (HF name, float32 tensor).
-    codes: if given, also filled with the raw int4 codes of every Q4_0 / Q4_1 matrix, as
-    {HF name: (codes, scale, zero)} (see `q4_codes`), for int4 layers that use them as they are."""
+    codes: if given, also filled with the raw codes of every Q8_0 / Q4_0 / Q4_1 matrix, as
+    {HF name: (codes, d, m, type)} (see `block_codes`), for quantized layers that use them as
+    they are."""
     reader = open_gguf(path)
     count = sum(_num_experts(t) or 1 for t in reader.tensors if t.name not in _NOT_WEIGHTS)
     return count, _tensors(reader, path, codes)
@@ -298,8 +299,9 @@ def _tensors(reader: "GGUFReader", path: Path, codes: dict | None = None) -> Ite
         if m is None:
             stem, _, suffix = t.name.rpartition(".")
             name = f"{_TOP[stem]}.{suffix}" if stem in _TOP else t.name
-            if codes is not None and stem == "output" and (q4 := q4_codes(t)) is not None:
-                codes[name] = q4  # an untied LM head
+            # an untied LM head, or the embedding a tied one shares
+            if codes is not None and stem in ("output", "token_embd") and (q := block_codes(t)) is not None:
+                codes[name] = q
             yield name, w
             continue
         layer, kind, suffix = m.groups()
@@ -308,16 +310,17 @@ def _tensors(reader: "GGUFReader", path: Path, codes: dict | None = None) -> Ite
             for e in range(w.shape[0]):
                 yield f"{prefix}mlp.experts.{e}.{_EXPERTS[kind]}.{suffix}", w[e]
             continue
-        q4 = q4_codes(t) if codes is not None and suffix == "weight" else None
+        q = block_codes(t) if codes is not None and suffix == "weight" else None
         if arch == "llama" and kind in ("attn_q", "attn_k"):
             w = _unpermute(w, n_heads if kind == "attn_q" else n_kv_heads)
-            if q4 is not None:  # a permutation of rows: codes and their scales move with them
-                q4 = tuple(_unpermute(a, n_heads if kind == "attn_q" else n_kv_heads) for a in q4[:3]) + q4[3:]
+            if q is not None:  # a permutation of rows: codes and their scales move with them
+                q = tuple(a if a is None else _unpermute(a, n_heads if kind == "attn_q" else n_kv_heads)
+                          for a in q[:3]) + q[3:]
         if kind == "ffn_gate_inp_shexp":
             w = w.reshape(1, -1)  # [hidden] in the file, a Linear(hidden, 1) in the model
         name = f"{prefix}{names[kind]}.{suffix}" if kind in names else t.name
-        if q4 is not None:
-            codes[name] = q4
+        if q is not None:
+            codes[name] = q
         yield name, w
 
 
@@ -334,28 +337,29 @@ def _dequantize(t: "ReaderTensor", path: Path) -> torch.Tensor:
     return torch.from_numpy(array.astype(np.float32, copy=False)).reshape(tuple(int(d) for d in reversed(t.shape)))
 
 
-# bytes per block of 32 weights: a float16 d (and m for Q4_1), then 16 bytes of 4-bit codes
-_Q4_BLOCKS = {"Q4_0": 18, "Q4_1": 20}
+# bytes per block of 32 weights: a float16 d (and m for Q4_1), then the codes (4-bit: 16 bytes, 8-bit: 32)
+_BLOCKS = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
 
 
-def q4_codes(t: "ReaderTensor") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, str] | None:
-    """A Q4_0 / Q4_1 matrix's blocks as int4 codes [N, K] (0..15) with one scale and zero per
-    block [N, K/32] such that w = (q - 8) * scale + zero, and the type's name; None for
-    other types. Q4_0: w = (q - 8) * d, so zero = 0. Q4_1: w = q * d + m, so zero = m + 8d."""
-    size = _Q4_BLOCKS.get(t.tensor_type.name)
+def block_codes(t: "ReaderTensor") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, str] | None:
+    """A Q8_0 / Q4_0 / Q4_1 matrix's blocks as codes [N, K] with one scale d and offset m
+    per block [N, K/32], and the type's name; None for other types.
+    Q8_0: int8 codes, w = q * d (m is None). Q4_1: codes 0..15, w = q * d + m.
+    Q4_0: codes 0..15, w = (q - 8) * d, so m = -8d."""
+    size = _BLOCKS.get(t.tensor_type.name)
     if size is None or len(t.shape) != 2:
         return None
     rows = int(t.shape[1])
     blocks = np.asarray(t.data, dtype=np.uint8).reshape(rows, -1, size)
     d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
-    if size == 20:
-        m = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
-        zero = m + 8 * d
+    m = None
+    if size == 34:
+        codes = blocks[..., 2:].copy().view(np.int8).reshape(rows, -1)
     else:
-        zero = np.zeros_like(d)
-    qs = blocks[..., size - 16:]
-    codes = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(rows, -1)  # low nibbles are weights 0..15
-    return torch.from_numpy(codes), torch.from_numpy(d), torch.from_numpy(zero), t.tensor_type.name
+        m = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32) if size == 20 else -8 * d
+        qs = blocks[..., size - 16:]
+        codes = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(rows, -1)  # low nibbles are weights 0..15
+    return torch.from_numpy(codes), torch.from_numpy(d), None if m is None else torch.from_numpy(m), t.tensor_type.name
 
 
 def _unpermute(w: torch.Tensor, n_heads: int) -> torch.Tensor:

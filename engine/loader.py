@@ -192,7 +192,7 @@ def load_model(path: Path, cfg: ModelConfig, max_positions: int, dtype: torch.dt
     """quantization: "int8" / "int4" weight-only linear layers (engine/quantize.py); the
     model's `quantization` attribute then holds what was done (None without)."""
     model = build_model(cfg, max_positions, dtype, device)
-    codes: dict | None = {} if quantization == "int4" else None  # GGUF Q4 blocks, used as they are
+    codes: dict | None = {} if quantization is not None else None  # GGUF Q8_0 / Q4 blocks, used as they are
     load_weights(model, path, progress, codes)
     model.quantization = None
     if quantization is not None:

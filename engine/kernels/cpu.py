@@ -50,28 +50,29 @@ class BuildError(RuntimeError):
     pass
 
 
-def build(out_dir: Path | None = None) -> Path:
-    """Compile the sources into one library for this CPU, once: named by a hash of the sources,
-    the compiler, its flags and the CPU's feature flags, and written atomically, so
-    processes building at once (tensor-parallel ranks) agree."""
+def build(out_dir: Path | None = None, source: Path | None = None) -> Path:
+    """Compile the float kernels (SOURCES, one library), or another C file of this folder
+    (cpu_quant.c), for this CPU, once: named by a hash of the sources, the compiler, its
+    flags and the CPU's feature flags, and written atomically, so processes building at
+    once (tensor-parallel ranks) agree."""
     cc = compiler()
     if cc is None:
         raise BuildError("no C compiler (gcc or cc) on PATH")
-    sources = [p.read_bytes() for p in SOURCES]
+    files = SOURCES if source is None else [source]
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
-    key = hashlib.sha256(b"\0".join([*sources, version.encode(), " ".join(CFLAGS).encode(),
-                                     _cpu_flags().encode()])).hexdigest()[:16]
+    key = hashlib.sha256(b"\0".join([*(p.read_bytes() for p in files), version.encode(),
+                                     " ".join(CFLAGS).encode(), _cpu_flags().encode()])).hexdigest()[:16]
     out_dir = out_dir or build_dir()
-    lib = out_dir / f"tokentrace_cpu-{key}.so"
+    lib = out_dir / f"{'tokentrace_cpu' if source is None else source.stem}-{key}.so"
     if lib.exists():
         return lib
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
         tmp_lib = Path(tmp) / lib.name
-        done = subprocess.run([cc, *CFLAGS, *map(str, SOURCES), "-o", str(tmp_lib), "-lm"],
+        done = subprocess.run([cc, *CFLAGS, *map(str, files), "-o", str(tmp_lib), "-lm"],
                               capture_output=True, text=True)
         if done.returncode != 0:
-            raise BuildError(f"{cc} failed on {', '.join(p.name for p in SOURCES)}:\n{done.stderr.strip()}")
+            raise BuildError(f"{cc} failed on {', '.join(p.name for p in files)}:\n{done.stderr.strip()}")
         os.replace(tmp_lib, lib)
     return lib
 
