@@ -81,6 +81,13 @@ def median_time(fn: Callable[[], object], repeats: int) -> float:
     return median_times([fn], repeats)[0]
 
 
+def repeat_spread(base: list[float], base1: list[float], ours: list[float], ours1: list[float]) -> str:
+    """The ratio of each interleaved repeat on its own (decode time: a run's time minus
+    the same repeat's one-token run), as "ratio over N interleaved repeats: lo-hi"."""
+    ratios = sorted((b - b1) / (o - o1) for b, b1, o, o1 in zip(base, base1, ours, ours1) if o > o1)
+    return f"ratio over {len(ratios)} interleaved repeats: {ratios[0]:.2f}-{ratios[-1]:.2f}" if ratios else ""
+
+
 def median_times(fns: list[Callable[[], object]], repeats: int) -> list[float]:
     """Median wall time of each fn, their runs interleaved so drift in the machine's
     speed hits them alike."""
@@ -158,8 +165,9 @@ class Bench:
             med = {key: statistics.median(v) for key, v in times.items()}
             t_hf, t_us = med["hf"] - med["hf1"], med["us"] - med["us1"]
             n = batch * (s.new_tokens - 1)
+            spread = repeat_spread(times["hf"], times["hf1"], times["us"], times["us1"])
             self.add("decode vs transformers", f"batch {batch} decode tok/s", n / t_us, "tok/s", n / t_hf,
-                     "greedy tokens identical" if same else "GREEDY TOKENS DIFFER")
+                     ("greedy tokens identical" if same else "GREEDY TOKENS DIFFER") + f"; {spread}")
 
     def tracing(self) -> None:
         """Each level against no tracer, on one engine (the same weights in memory, so only
@@ -436,8 +444,9 @@ class Bench:
             n = batch * (s.new_tokens - 1)
             rate = {k: n / (med[k] - med[k + "1"]) for k in runs}
             for k in engines:
+                spread = repeat_spread(times["transformers"], times["transformers1"], times[k], times[k + "1"])
                 self.add(f"{label}: quantized decode", f"{k} batch {batch} decode tok/s", rate[k], "tok/s",
-                         rate["transformers"], "baseline: transformers float32")
+                         rate["transformers"], f"baseline: transformers float32; {spread}")
         text = real.engines_text_ids(engines["float32"])
         base_logits = prompt_logits(engines["float32"], text)
         greedy_ref = [o["tokens"] for o in run_engine(engines["float32"], real.prompts[:s.batch],
