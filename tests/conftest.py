@@ -40,3 +40,29 @@ def shots(tmp_path_factory):
     d = Path(os.environ.get("TOKENTRACE_SCREENSHOTS") or tmp_path_factory.mktemp("screenshots"))
     d.mkdir(parents=True, exist_ok=True)
     return d
+
+
+@pytest.fixture
+def cpu_kernels_switch(monkeypatch):
+    """switch(on) turns the CPU's C kernels (engine/kernels/cpu*.c) on or off for this test
+    and says whether they run; on=True without them skips, or fails where CI requires them
+    (TOKENTRACE_REQUIRE_CPU_KERNELS=1). Afterwards the switch is undone and the cached
+    libraries dropped, so no later test inherits an "off" looked up during this one."""
+    from engine.kernels import cpu, cpu_quant
+
+    def clear() -> None:
+        cpu.library.cache_clear()
+        cpu_quant.library.cache_clear()
+
+    def switch(on: bool) -> bool:
+        monkeypatch.setenv("TOKENTRACE_CPU_KERNELS", "1" if on else "0")
+        clear()
+        if on and not cpu.available():
+            if os.environ.get("TOKENTRACE_REQUIRE_CPU_KERNELS") == "1":
+                cpu.build()  # raises with the compiler's message
+            pytest.skip("no C compiler for the CPU kernels")
+        return cpu.available()
+
+    yield switch
+    monkeypatch.undo()
+    clear()

@@ -95,18 +95,13 @@ def test_build_is_cached_by_content(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == [first.name]  # no temporary files left
 
 
-def test_switched_off_by_environment(monkeypatch):
-    cpu.library.cache_clear()
-    monkeypatch.setenv("TOKENTRACE_CPU_KERNELS", "0")
-    try:
-        assert cpu.library() is None and cpu.blocked_weight(torch.randn(4, 4)) is None
-        layer = Linear(64, 1 << 15)
-        layer.pack()
-        assert layer.blocked is None and layer.packed is not None  # oneDNN instead
-    finally:
-        cpu.library.cache_clear()
-    monkeypatch.delenv("TOKENTRACE_CPU_KERNELS")
-    assert cpu.available()
+def test_switched_off_by_environment(cpu_kernels_switch):
+    assert not cpu_kernels_switch(False)
+    assert cpu.library() is None and cpu.blocked_weight(torch.randn(4, 4)) is None
+    layer = Linear(64, 1 << 15)
+    layer.pack()
+    assert layer.blocked is None and layer.packed is not None  # oneDNN instead
+    assert cpu_kernels_switch(True)
 
 
 def test_engine_runs_its_linears_through_the_kernel():

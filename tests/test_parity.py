@@ -90,24 +90,17 @@ def test_triton_kernels_in_the_engine(checkpoint, arch):
 @pytest.mark.skipif(DEVICE != "cpu" or not torch.backends.mkldnn.is_available(), reason="oneDNN: CPU only")
 @pytest.mark.parametrize("kernel", ["c", "onednn"])
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "mixtral", "qwen2_moe"])
-def test_cpu_linears_match_transformers(checkpoint, monkeypatch, arch, kernel):
+def test_cpu_linears_match_transformers(checkpoint, monkeypatch, cpu_kernels_switch, arch, kernel):
     """Every linear layer through a CPU fast path with its weight reordered
     (engine/layers/linear.py): the C kernel (engine/kernels/cpu_linear.c) where it builds,
     else oneDNN (the tiny checkpoints' weights are below the size oneDNN packs by default):
     the same logits and greedy tokens as transformers, including a decode batch of several
     sequences."""
-    from engine.kernels import cpu
     from engine.layers import linear
-    if kernel == "c" and not cpu.available():
-        pytest.skip("no C compiler for the CPU kernels")
+    assert cpu_kernels_switch(kernel == "c") == (kernel == "c")
     monkeypatch.setattr(linear, "PACK_MIN_BYTES", 0)
-    cpu.library.cache_clear()
-    monkeypatch.setenv("TOKENTRACE_CPU_KERNELS", "1" if kernel == "c" else "0")
-    try:
-        llm = LLM(checkpoint(arch), device="cpu", dtype="float32", block_size=4)
-    finally:
-        cpu.library.cache_clear()
     path = checkpoint(arch)
+    llm = LLM(path, device="cpu", dtype="float32", block_size=4)
     model = llm.engine.runner.model
     layers = [m for m in model.modules() if isinstance(m, linear.Linear)]
     if kernel == "c":
