@@ -1,4 +1,5 @@
-"""The CPU's own kernels (cpu_linear.c, cpu_attention.c): compiled on first use with the system's C
+"""The CPU's own kernels (cpu_linear.c, cpu_attention.c, cpu_norm.c; the quantized ones,
+cpu_quant.c, load through cpu_quant.py): compiled on first use with the system's C
 compiler for this machine's CPU, cached, and called through ctypes.
 
 Why C and not PyTorch: a decode step is a few rows times every weight, bound by how fast
