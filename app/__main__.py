@@ -198,9 +198,9 @@ def memory_line(service) -> str:
         line += f"; draft model {kind}: weights {_mb(service.draft_weights_bytes)}{kv}"
     if (q := getattr(e.runner.model, "quantization", None)) is not None:
         line += f"; {q.summary()}"
-    blocked = [m.blocked for m in e.runner.model.modules() if getattr(m, "blocked", None) is not None]
-    if blocked:  # engine/kernels/cpu_linear.c: its own copy of each float32 weight
-        line += f"; decode linears through the C kernel (its weight copy {_mb(sum(b.nbytes for b in blocked))})"
+    from engine.kernels.cpu import blocked_bytes
+    if copies := blocked_bytes(e.runner.model):  # engine/kernels/cpu_linear.c: its own copy of the float32 weights
+        line += f"; decode linears through the C kernel (its weight copy {_mb(copies)})"
     if (g := getattr(e.runner, "decode_graphs", None)) is not None:
         line += f"; decode steps replayed from CUDA graphs (batch sizes {', '.join(map(str, g.sizes))})"
     return line

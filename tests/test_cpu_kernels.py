@@ -114,11 +114,20 @@ def test_engine_runs_its_linears_through_the_kernel():
 
 
 def test_start_up_line_names_the_kernels_weight_copy():
-    from app.__main__ import build_service, memory_line, parse_args
+    from app.__main__ import _mb, build_service, memory_line, parse_args
     service = build_service(parse_args(["--device", "cpu", "--draft", "none"]))
-    copies = sum(m.blocked.nbytes for m in service.engine.runner.model.modules() if getattr(m, "blocked", None))
-    assert copies > 0
-    assert f"; decode linears through the C kernel (its weight copy {copies / 1e6:,.1f} MB)" in memory_line(service)
+    model = service.engine.runner.model
+    linears = sum(m.blocked.nbytes for m in model.modules() if getattr(m, "blocked", None))
+    moe = [m for m in model.modules() if getattr(m, "blocked_experts", None)]
+    assert linears > 0 and moe  # the embedded model: a MoE, whose experts have copies of their own
+    # the side-by-side copies, and each expert's down copy (its gate/up is a view into the side-by-side one)
+    experts = sum(m.blocked_gate_up.nbytes + m.blocked_down.nbytes + sum(d.nbytes for _, d in m.blocked_experts)
+                  for m in moe)
+    assert all(g.data.untyped_storage().data_ptr() == m.blocked_gate_up.data.untyped_storage().data_ptr()
+               for m in moe for g, _ in m.blocked_experts)
+    copies = cpu.blocked_bytes(model)
+    assert copies == linears + experts
+    assert f"; decode linears through the C kernel (its weight copy {_mb(copies)})" in memory_line(service)
 
 
 @pytest.mark.parametrize("inter", [3, 4])  # 2 x 3 rows do not fill a block of 8: each expert its own copy

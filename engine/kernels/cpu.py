@@ -147,19 +147,40 @@ def blocked_weight(w: torch.Tensor) -> BlockedWeight | None:
     return BlockedWeight.of(w)
 
 
+def operands(x2: torch.Tensor, bias: torch.Tensor | None, out_features: int):
+    """A linear kernel's operands: x's rows [T, in] as it reads them (float32, unit stride
+    along a row; the row stride is passed), the bias float32 and contiguous, and the
+    float32 output [T, out] it fills."""
+    if x2.stride(-1) != 1 or x2.dtype != torch.float32:
+        x2 = x2.float().contiguous()
+    if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
+        bias = bias.float().contiguous()
+    return x2, bias, torch.empty(x2.shape[0], out_features, dtype=torch.float32)
+
+
+def blocked_bytes(model: torch.nn.Module) -> int:
+    """Memory held by the kernel's weight copies in a model: every BlockedWeight a module
+    keeps (a Linear's, a MoE block's side-by-side and per-expert ones), a storage shared
+    by two of them (an expert's view into the side-by-side copy) counted once."""
+    storages: dict[int, int] = {}
+    for m in model.modules():
+        for value in vars(m).values():
+            items = value if isinstance(value, (list, tuple)) else [value]
+            for w in (w for item in items for w in (item if isinstance(item, tuple) else (item,))):
+                if isinstance(w, BlockedWeight):
+                    storage = w.data.untyped_storage()
+                    storages[storage.data_ptr()] = storage.nbytes()
+    return sum(storages.values())
+
+
 def linear(x: torch.Tensor, w: BlockedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [..., in] float32 @ W.T (+ bias) -> [..., out], any number of rows (fastest at
     a few: see MAX_ROWS)."""
     lib = library()
     assert lib is not None, "linear() needs the CPU kernels (see available())"
     lead = x.shape[:-1]
-    x2 = x.reshape(-1, w.in_features)
-    if x2.stride(-1) != 1 or x2.dtype != torch.float32:
-        x2 = x2.float().contiguous()
-    if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
-        bias = bias.float().contiguous()
+    x2, bias, y = operands(x.reshape(-1, w.in_features), bias, w.out_features)
     T = x2.shape[0]
-    y = torch.empty(T, w.out_features, dtype=torch.float32)
     if T:
         lib.tt_linear_f32(x2.data_ptr(), T, x2.stride(0), w.data.data_ptr(), w.out_features, w.in_features,
                           None if bias is None else bias.data_ptr(), y.data_ptr(), w.out_features,

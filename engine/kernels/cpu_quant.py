@@ -114,12 +114,8 @@ def linear(x: torch.Tensor, w: BlockedQuantWeight, bias: torch.Tensor | None = N
     if x2.shape[0] > cpu.MAX_ROWS:
         y = F.linear(x2.float(), w.dequantize(), None if bias is None else bias.float())
         return y if x.dim() == 2 else y.view(*x.shape[:-1], w.out_features)
-    if x2.stride(-1) != 1 or x2.dtype != torch.float32:
-        x2 = x2.float().contiguous()
-    if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
-        bias = bias.float().contiguous()
+    x2, bias, y = cpu.operands(x2, bias, w.out_features)
     T = x2.shape[0]
-    y = torch.empty(T, w.out_features, dtype=torch.float32)
     if T:
         fn = lib.tt_linear_q8 if w.kind == "int8" else lib.tt_linear_q4
         rc = fn(x2.data_ptr(), T, x2.stride(0), w.data.data_ptr(), w.out_features, w.in_features,
