@@ -11,6 +11,7 @@ from engine import capture, logit_lens
 from engine.batch import CaptureSpec, ForwardBatch
 from engine.config import EngineConfig, ModelConfig
 from engine.cuda_graph import DecodeGraphs, capture_sizes, graphs_wanted
+from engine.kernels import cpu as cpu_kernels
 from engine.loader import ProgressFn, load_model
 from engine.scheduler import ScheduledSeq
 
@@ -67,8 +68,11 @@ class ModelRunner:
         self.num_blocks = kv_pool_blocks(cfg, ecfg, max_model_len, dtype, device)
         self.block_size = ecfg.block_size
         # One preallocated pool: [K/V, layer, block, slot, kv head, head dim].
-        self.kv_cache = torch.zeros(2, cfg.num_layers, self.num_blocks, ecfg.block_size,
-                                    cfg.num_kv_heads, cfg.head_dim, dtype=dtype, device=device)
+        shape = (2, cfg.num_layers, self.num_blocks, ecfg.block_size, cfg.num_kv_heads, cfg.head_dim)
+        if device.type == "cpu":  # on 2 MB pages: a decode step reads pages scattered over the pool
+            self.kv_cache = cpu_kernels.huge_page_empty(shape, dtype).zero_()
+        else:
+            self.kv_cache = torch.zeros(shape, dtype=dtype, device=device)
         for i, attn in enumerate(self.model.attention_layers()):
             attn.k_cache, attn.v_cache = self.kv_cache[0, i], self.kv_cache[1, i]
         use_triton = ecfg.use_triton

@@ -168,3 +168,34 @@ def test_rms_norm_matches_torch(offset, shape):
     if len(shape) == 2:
         torch.testing.assert_close(norm(wide), F.rms_norm(wide, (shape[-1],), scale.detach(), 1e-6),
                                    rtol=1e-5, atol=1e-6)
+
+
+def _huge_pages_in(t: torch.Tensor) -> int:
+    """kB of transparent huge pages backing the mapping that holds t (from /proc/self/smaps)."""
+    addr, kb, inside = t.data_ptr(), 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and all(c in "0123456789abcdef-" for c in head):
+                lo, hi = (int(v, 16) for v in head.split("-"))
+                inside = lo <= addr < hi
+            elif inside and head == "AnonHugePages:":
+                kb = int(line.split()[1])
+    return kb
+
+
+def test_weight_copies_and_kv_pool_ask_for_huge_pages():
+    small = cpu.huge_page_empty((100, 3))
+    assert small.shape == (100, 3) and small.dtype == torch.float32
+    t = cpu.huge_page_empty((3, 1 << 20), torch.float32).fill_(1.0)  # 12 MB, written after the madvise
+    assert t.shape == (3, 1 << 20) and t.is_contiguous() and t.sum().item() == 3 << 20
+    assert t.data_ptr() % cpu.HUGE_PAGE == 0
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            offered = "[never]" not in f.read()
+    except OSError:
+        offered = False
+    if offered:  # Linux with THP in 'madvise' or 'always' mode: the written 2 MB pages are huge ones
+        assert _huge_pages_in(t) >= 2048
+    w = cpu.BlockedWeight.of(torch.randn(4096, 576))  # 9 MB: the layer's copy is aligned the same way
+    assert w.data.data_ptr() % cpu.HUGE_PAGE == 0

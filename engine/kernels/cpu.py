@@ -14,10 +14,12 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import math
 import os
 import platform
 import shutil
 import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -105,6 +107,40 @@ def available() -> bool:
     return library() is not None
 
 
+HUGE_PAGE = 2 << 20
+MADV_HUGEPAGE = 14  # Linux, every architecture
+
+
+@functools.cache
+def _madvise():
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        fn = ctypes.CDLL(None).madvise
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
+    return fn
+
+
+def huge_page_empty(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """torch.empty on the CPU, asking Linux to back it with 2 MB pages (transparent huge
+    pages, which this kernel's default 'madvise' mode gives only to memory that asks).
+
+    Why: a decode step streams every weight once and reads KV pages scattered over the
+    pool. With 4 KB pages that is a TLB miss every 4 KB (SmolLM2: 135,000 a step, each a
+    page walk); with 2 MB pages almost none. Best effort: where the kernel says no, or
+    the memory was touched before, the tensor is an ordinary one."""
+    nbytes = math.prod(shape) * dtype.itemsize
+    madvise = _madvise()
+    if madvise is None or nbytes < HUGE_PAGE:
+        return torch.empty(shape, dtype=dtype)
+    raw = torch.empty(nbytes + HUGE_PAGE, dtype=torch.uint8)  # room to start on a 2 MB boundary
+    start = -raw.data_ptr() % HUGE_PAGE
+    madvise(raw.data_ptr() + start, nbytes, MADV_HUGEPAGE)  # before the first write: faults take huge pages
+    return raw[start:start + nbytes].view(dtype).view(shape)
+
+
 @dataclass
 class BlockedWeight:
     """A float32 weight [out, in] in cpu_linear.c's layout: [out/8, in/16, 8, 16], padded
@@ -121,7 +157,7 @@ class BlockedWeight:
         lib = library()
         if lib is None:
             return cls(block_reference(w), n, k)
-        data = torch.empty(-(-n // rb), -(-k // cb), rb, cb, dtype=torch.float32)
+        data = huge_page_empty((-(-n // rb), -(-k // cb), rb, cb))
         lib.tt_block_f32(w.data_ptr(), n, k, data.data_ptr(), torch.get_num_threads())  # ~3x the torch copy
         return cls(data, n, k)
 
@@ -161,15 +197,17 @@ def operands(x2: torch.Tensor, bias: torch.Tensor | None, out_features: int):
 def blocked_bytes(model: torch.nn.Module) -> int:
     """Memory held by the kernel's weight copies in a model: every BlockedWeight a module
     keeps (a Linear's, a MoE block's side-by-side and per-expert ones), a storage shared
-    by two of them (an expert's view into the side-by-side copy) counted once."""
+    by two of them (an expert's view into the side-by-side copy) counted once, by its
+    largest user (a storage's own size also counts the unused lead-in that puts a
+    huge_page_empty tensor on a 2 MB boundary: address space, never written)."""
     storages: dict[int, int] = {}
     for m in model.modules():
         for value in vars(m).values():
             items = value if isinstance(value, (list, tuple)) else [value]
             for w in (w for item in items for w in (item if isinstance(item, tuple) else (item,))):
                 if isinstance(w, BlockedWeight):
-                    storage = w.data.untyped_storage()
-                    storages[storage.data_ptr()] = storage.nbytes()
+                    ptr = w.data.untyped_storage().data_ptr()
+                    storages[ptr] = max(storages.get(ptr, 0), w.nbytes)
     return sum(storages.values())
 
 

@@ -60,8 +60,7 @@ class BlockedQuantWeight:
         """q: int8 codes [N, K]; d: float scales [N, K/32]."""
         n, k = q.shape
         codes = _blocks(q.view(torch.uint8), 0).reshape(-1, k // GROUP, ROWS_PER_BLOCK * GROUP)
-        data = torch.cat([codes, _scales(d)], dim=-1).contiguous()
-        return cls("int8", data, n, k)
+        return cls("int8", _on_huge_pages(torch.cat([codes, _scales(d)], dim=-1)), n, k)
 
     @classmethod
     def int4(cls, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> "BlockedQuantWeight":
@@ -69,8 +68,7 @@ class BlockedQuantWeight:
         n, k = q.shape
         b = _blocks(q.to(torch.uint8), 0)  # [B, K/32, 8, 32]
         packed = (b[..., :16] | (b[..., 16:] << 4)).reshape(-1, k // GROUP, ROWS_PER_BLOCK * GROUP // 2)
-        data = torch.cat([packed, _scales(d), _scales(m)], dim=-1).contiguous()
-        return cls("int4", data, n, k)
+        return cls("int4", _on_huge_pages(torch.cat([packed, _scales(d), _scales(m)], dim=-1)), n, k)
 
     @property
     def nbytes(self) -> int:
@@ -84,6 +82,11 @@ class BlockedQuantWeight:
         lib.tt_dequantize(self.data.data_ptr(), int(self.kind == "int4"), self.out_features, self.in_features,
                           out.data_ptr(), torch.get_num_threads())
         return out
+
+
+def _on_huge_pages(records: torch.Tensor) -> torch.Tensor:
+    """The records, copied where every decode step streams them from: see cpu.huge_page_empty."""
+    return cpu.huge_page_empty(tuple(records.shape), records.dtype).copy_(records)
 
 
 def _blocks(a: torch.Tensor, fill) -> torch.Tensor:
