@@ -1,0 +1,86 @@
+/* One whole decoder layer of a CPU decode step (Llama-style: RMSNorm, attention with RoPE
+   over the paged KV pool, residual, RMSNorm, SwiGLU MLP, residual), in one call.
+
+   The layer's parts are this library's own kernels (cpu_norm.c, cpu_linear.c,
+   cpu_attention.c); what this file adds is the glue that PyTorch ran as ~15 small ops a
+   layer (RoPE's roll and products, the two index_copy_ into the pool, splits, the SiLU
+   and its product, the residual adds), each with its dispatch and Python around it:
+   ~150 us a layer, 4-5 ms of a SmolLM2 step, more than its attention. Here they are a few
+   loops over a handful of rows. engine/layers/fused.py decides when a layer takes it. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+void tt_rms_norm(const float *x, long T, long H, long ldx, const float *w, float offset, float eps, float *y);
+void tt_linear_f32(const float *x, long T, long ldx, const float *Wb, long N, long K, const float *bias,
+                   float *y, long ldy, int nthreads);
+void tt_decode_attention(const float *q, const float *k_cache, const float *v_cache, const long *tables,
+                         long W, const int *ctx, long B, long H, long KVH, long D, long BS, float scale,
+                         long window, float *out, int nthreads);
+
+/* What does not change from step to step: sizes, weights (blocked, as cpu_linear.c reads
+   them), this layer's part of the KV pool. Filled once per layer by engine/layers/fused.py. */
+typedef struct {
+    long hidden, heads, kv_heads, head_dim, inter, block_size, window;  /* window 0: none */
+    float eps, norm_offset, scale;
+    const float *norm1, *norm2;                                /* [hidden] */
+    const float *qkv, *qkv_bias, *o, *o_bias;                  /* biases may be NULL */
+    const float *gate_up, *gate_up_bias, *down, *down_bias;
+    float *k_cache, *v_cache;                                  /* [blocks, block_size, kv_heads, head_dim] */
+} tt_layer;
+
+/* RoPE on one head in place, the engine's rotate-half layout (engine/layers/rotary.py):
+   v * cos + roll(v, D/2) * sin, where sin carries rotate-half's minus sign in its first half. */
+static void rope(float *v, const float *cos, const float *sin, long D) {
+    long half = D / 2;
+    for (long i = 0; i < half; i++) {
+        float a = v[i], b = v[i + half];
+        v[i] = a * cos[i] + b * sin[i];
+        v[i + half] = b * cos[i + half] + a * sin[i + half];
+    }
+}
+
+/* x [T, hidden] -> out [T, hidden] (may be x). T sequences, one new token each: its
+   position's cos/sin [T, head_dim], its K/V slot, its block table row [T, W] and its
+   context length (the new key included). q_out [T, heads * head_dim] or NULL: the rotated
+   queries, for a trace that computes attention probabilities after the pass.
+   Returns 0, or -1 when the scratch rows could not be allocated. */
+int tt_decode_layer(const tt_layer *L, const float *x, long T, const float *cos, const float *sin,
+                    const long *slots, const long *tables, long W, const int *ctx, float *out, float *q_out,
+                    int nthreads) {
+    long Hd = L->hidden, D = L->head_dim, QS = L->heads * D, KS = L->kv_heads * D, QKV = QS + 2 * KS;
+    long I = L->inter;
+    float *buf = malloc(sizeof(float) * T * (Hd + QKV + 2 * QS + 3 * I + Hd));
+    if (!buf) return -1;
+    float *h = buf, *qkv = h + T * Hd, *q = qkv + T * QKV, *att = q + T * QS, *gu = att + T * QS,
+          *act = gu + T * 2 * I, *tmp = act + T * I;
+
+    tt_rms_norm(x, T, Hd, Hd, L->norm1, L->norm_offset, L->eps, h);
+    tt_linear_f32(h, T, Hd, L->qkv, QKV, Hd, L->qkv_bias, qkv, QKV, nthreads);
+    for (long t = 0; t < T; t++) {
+        float *row = qkv + t * QKV;
+        const float *c = cos + t * D, *s = sin + t * D;
+        for (long hh = 0; hh < L->heads + L->kv_heads; hh++) rope(row + hh * D, c, s, D);
+        memcpy(q + t * QS, row, sizeof(float) * QS);
+        long at = slots[t] * KS;  /* slot s of the pool: block s / BS, row s % BS, contiguous */
+        memcpy(L->k_cache + at, row + QS, sizeof(float) * KS);
+        memcpy(L->v_cache + at, row + QS + KS, sizeof(float) * KS);
+    }
+    if (q_out) memcpy(q_out, q, sizeof(float) * T * QS);
+    tt_decode_attention(q, L->k_cache, L->v_cache, tables, W, ctx, T, L->heads, L->kv_heads, D, L->block_size,
+                        L->scale, L->window, att, nthreads);
+    tt_linear_f32(att, T, QS, L->o, Hd, QS, L->o_bias, tmp, Hd, nthreads);
+    for (long i = 0; i < T * Hd; i++) out[i] = x[i] + tmp[i];
+
+    tt_rms_norm(out, T, Hd, Hd, L->norm2, L->norm_offset, L->eps, h);
+    tt_linear_f32(h, T, Hd, L->gate_up, 2 * I, Hd, L->gate_up_bias, gu, 2 * I, nthreads);
+    for (long t = 0; t < T; t++)
+        for (long i = 0; i < I; i++) {
+            float g = gu[t * 2 * I + i];
+            act[t * I + i] = g / (1.f + expf(-g)) * gu[t * 2 * I + I + i];
+        }
+    tt_linear_f32(act, T, I, L->down, Hd, I, L->down_bias, tmp, Hd, nthreads);
+    for (long i = 0; i < T * Hd; i++) out[i] += tmp[i];
+    free(buf);
+    return 0;
+}

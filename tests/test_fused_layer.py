@@ -1,0 +1,109 @@
+"""The fused CPU decode layer (engine/layers/fused.py, engine/kernels/cpu_layer.c) against
+the layer's own modules: the same logits for a decode batch of sequences at different
+lengths (past a sliding window, with q/k/v biases), the same queries for a `full` trace's
+attention capture, and the modules kept wherever the fused call does not apply.
+(tests/test_parity.py holds both paths against transformers' logits and greedy tokens.)"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine import LLM
+from engine.batch import CaptureSpec
+from engine.layers import fused
+from engine.sampling_params import SamplingParams
+from engine.scheduler import ScheduledSeq
+from engine.sequence import Sequence
+from engine.tokenizer import IncrementalDetokenizer
+
+
+@pytest.fixture(autouse=True)
+def kernels(cpu_kernels_switch):
+    cpu_kernels_switch(True)  # skips without a compiler (fails where CI requires the kernels)
+
+
+def _decode_pass(llm: LLM, prompts: list[list[int]], capture: CaptureSpec | None = None):
+    """Prefill every prompt but its last token, then one decode pass over those last tokens,
+    twice: fused, then through the modules (the same K/V rewritten to the same slots).
+    -> (logits, captured attention) of each."""
+    engine = llm.engine
+    bm, runner = engine.block_manager, engine.runner
+    seqs = []
+    for i, ids in enumerate(prompts):
+        seq = Sequence(f"s{i}", list(ids), SamplingParams(), IncrementalDetokenizer.start(engine.tokenizer, ids))
+        bm.admit(seq, [])
+        bm.allocate(seq, len(ids))
+        runner.run(runner.prepare([ScheduledSeq(seq, 0, len(ids) - 1)], [None]))
+        seqs.append(seq)
+    layers = runner.model.model.layers
+    results = []
+    try:
+        for fuse in (True, False):
+            for layer in layers:
+                layer.fusable = fuse and layer.fusable
+            batch = runner.prepare([ScheduledSeq(s, len(s) - 1, 1) for s in seqs], [capture] * len(seqs))
+            assert batch.decode_group is not None and batch.decode_group.rows is None
+            results.append((runner.run(batch), batch.captured_attention))
+            if fuse:
+                assert all(layer.fused is not None for layer in layers)
+    finally:
+        for seq in seqs:
+            bm.free_seq(seq)
+    return results
+
+
+@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2"])  # plain; a sliding window; biases and a window
+def test_fused_decode_equals_the_modules(checkpoint, arch):
+    llm = LLM(checkpoint(arch), device="cpu", dtype="float32", block_size=4)
+    assert all(layer.fusable for layer in llm.engine.runner.model.model.layers)
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(4, 300, (n,), generator=g).tolist() for n in (3, 13, 22, 9)]
+    (fused_logits, _), (module_logits, _) = _decode_pass(llm, prompts)
+    assert fused_logits.shape == (4, llm.engine.model_config.vocab_size)
+    torch.testing.assert_close(fused_logits, module_logits, atol=2e-5, rtol=1e-5)
+
+
+def test_a_full_trace_reads_the_fused_queries(checkpoint):
+    llm = LLM(checkpoint("llama"), device="cpu", dtype="float32", block_size=4)
+    spec = CaptureSpec(attention_layers=[0, 1], heads=None, max_keys=64, moe=False, embed_dims=0)
+    prompts = [list(range(5, 16)), list(range(40, 46))]
+    (_, fused_attn), (_, module_attn) = _decode_pass(llm, prompts, spec)
+    assert set(fused_attn) == {0, 1} and fused_attn.keys() == module_attn.keys()
+    for layer in fused_attn:
+        for b in fused_attn[layer]:
+            got, want = fused_attn[layer][b], module_attn[layer][b]
+            assert got.keys() == want.keys()
+            torch.testing.assert_close(torch.tensor(got["probs"]), torch.tensor(want["probs"]), atol=2e-4,
+                                       rtol=0)
+
+
+# q/k norms; MoE; sandwich norms; clipping; MoE with one dense layer (mlp_only_layers=[1])
+@pytest.mark.parametrize("arch", ["qwen3", "mixtral", "gemma3", "olmoe", "qwen2_moe"])
+def test_layers_of_other_kinds_keep_their_modules(checkpoint, arch):
+    llm = LLM(checkpoint(arch), device="cpu", dtype="float32", block_size=4)
+    layers = llm.engine.runner.model.model.layers
+    fusable = [layer.fusable for layer in layers]
+    moe_layers = llm.engine.model_config.moe_layers
+    assert fusable == ([not moe for moe in moe_layers] if arch == "qwen2_moe" else [False] * len(layers))
+    assert any(fusable) == (arch == "qwen2_moe")
+    llm.generate([list(range(5, 12))] * 2, SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
+    assert [layer.fused is not None for layer in layers] == fusable
+
+
+def test_prefill_quantized_and_unpacked_layers_keep_their_modules(checkpoint, monkeypatch):
+    calls = []
+    real = fused.forward
+    monkeypatch.setattr(fused, "forward", lambda *a: calls.append(1) or real(*a))
+    greedy = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    llm = LLM(checkpoint("llama"), device="cpu", dtype="float32", block_size=4)
+    layers = llm.engine.runner.model.model.layers
+    llm.generate([list(range(5, 12))], greedy)
+    assert len(calls) == 3 * len(layers)  # the prefill through the modules, the 3 decode passes fused
+    calls.clear()
+    quantized = LLM(checkpoint("llama"), device="cpu", dtype="float32", block_size=4, quantization="int8")
+    quantized.generate([list(range(5, 12))], greedy)
+    assert not calls and all(layer.fused is None for layer in quantized.engine.runner.model.model.layers)
+    from engine.layers.linear import pack_weights
+    pack_weights(llm.engine.runner.model, on=False)  # oneDNN / PyTorch's matmul: no blocked weights
+    llm.generate([list(range(5, 12))], greedy)
+    assert not calls and all(layer.fused is None for layer in layers)
