@@ -39,9 +39,8 @@ class DecoderLayer(nn.Module):
         if self.sandwich:  # Gemma: post_attention_layernorm normalises the attention output instead
             self.pre_feedforward_layernorm = norm()
             self.post_feedforward_layernorm = norm()
-        # a CPU decode step through one C call (engine/layers/fused.py): the layer's kind allows it
-        self.fusable = not self.sandwich and not cfg.moe_layers[layer_idx] and cfg.hidden_act == "silu" \
-            and cfg.qk_norm == "none" and cfg.clip_qkv is None
+        # a CPU decode step through C calls (engine/layers/fused.py): the attention is of that kind
+        self.fusable = not self.sandwich and cfg.qk_norm == "none" and cfg.clip_qkv is None
         self.fused: fused.FusedLayer | None = None
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
@@ -49,7 +48,7 @@ class DecoderLayer(nn.Module):
             if self.fused is None or not self.fused.current(self):
                 self.fused = fused.plan(self)  # None where the weights are not the C kernel's
             if self.fused is not None:
-                return fused.forward(self.fused, self, positions, x, batch)
+                return fused.forward(self.fused, self, x, batch)
         if self.sandwich:
             x = x + self.post_attention_layernorm(self.self_attn(positions, self.input_layernorm(x), batch))
             return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x), batch))

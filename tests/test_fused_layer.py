@@ -1,7 +1,8 @@
 """The fused CPU decode layer (engine/layers/fused.py, engine/kernels/cpu_layer.c) against
 the layer's own modules: the same logits for a decode batch of sequences at different
-lengths (past a sliding window, with q/k/v biases), the same queries for a `full` trace's
-attention capture, and the modules kept wherever the fused call does not apply.
+lengths (past a sliding window, with q/k/v biases, MoE layers whose attention half alone
+is fused), the same attention and routing in a `full` trace, and the modules kept
+wherever the fused calls do not apply.
 (tests/test_parity.py holds both paths against transformers' logits and greedy tokens.)"""
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ def kernels(cpu_kernels_switch):
 def _decode_pass(llm: LLM, prompts: list[list[int]], capture: CaptureSpec | None = None):
     """Prefill every prompt but its last token, then one decode pass over those last tokens,
     twice: fused, then through the modules (the same K/V rewritten to the same slots).
-    -> (logits, captured attention) of each."""
+    -> (logits, captured attention, captured MoE routing) of each."""
     engine = llm.engine
     bm, runner = engine.block_manager, engine.runner
     seqs = []
@@ -43,7 +44,7 @@ def _decode_pass(llm: LLM, prompts: list[list[int]], capture: CaptureSpec | None
                 layer.fusable = fuse and layer.fusable
             batch = runner.prepare([ScheduledSeq(s, len(s) - 1, 1) for s in seqs], [capture] * len(seqs))
             assert batch.decode_group is not None and batch.decode_group.rows is None
-            results.append((runner.run(batch), batch.captured_attention))
+            results.append((runner.run(batch), batch.captured_attention, batch.captured_moe))
             if fuse:
                 assert all(layer.fused is not None for layer in layers)
     finally:
@@ -52,22 +53,27 @@ def _decode_pass(llm: LLM, prompts: list[list[int]], capture: CaptureSpec | None
     return results
 
 
-@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2"])  # plain; a sliding window; biases and a window
+# plain; a sliding window; biases and a window; MoE (the attention half fused); MoE and dense layers
+@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "mixtral", "qwen2_moe"])
 def test_fused_decode_equals_the_modules(checkpoint, arch):
     llm = LLM(checkpoint(arch), device="cpu", dtype="float32", block_size=4)
-    assert all(layer.fusable for layer in llm.engine.runner.model.model.layers)
+    layers = llm.engine.runner.model.model.layers
+    assert all(layer.fusable for layer in layers)
     g = torch.Generator().manual_seed(3)
     prompts = [torch.randint(4, 300, (n,), generator=g).tolist() for n in (3, 13, 22, 9)]
-    (fused_logits, _), (module_logits, _) = _decode_pass(llm, prompts)
+    (fused_logits, *_), (module_logits, *_) = _decode_pass(llm, prompts)
     assert fused_logits.shape == (4, llm.engine.model_config.vocab_size)
     torch.testing.assert_close(fused_logits, module_logits, atol=2e-5, rtol=1e-5)
+    # the MLP half fused for dense layers only; a MoE block runs its own modules
+    assert [layer.fused.mlp for layer in layers] == [not moe for moe in llm.engine.model_config.moe_layers]
 
 
-def test_a_full_trace_reads_the_fused_queries(checkpoint):
-    llm = LLM(checkpoint("llama"), device="cpu", dtype="float32", block_size=4)
-    spec = CaptureSpec(attention_layers=[0, 1], heads=None, max_keys=64, moe=False, embed_dims=0)
+@pytest.mark.parametrize("arch", ["llama", "mixtral"])
+def test_a_full_trace_reads_the_fused_queries_and_routing(checkpoint, arch):
+    llm = LLM(checkpoint(arch), device="cpu", dtype="float32", block_size=4)
+    spec = CaptureSpec(attention_layers=[0, 1], heads=None, max_keys=64, moe=arch == "mixtral", embed_dims=0)
     prompts = [list(range(5, 16)), list(range(40, 46))]
-    (_, fused_attn), (_, module_attn) = _decode_pass(llm, prompts, spec)
+    (_, fused_attn, fused_moe), (_, module_attn, module_moe) = _decode_pass(llm, prompts, spec)
     assert set(fused_attn) == {0, 1} and fused_attn.keys() == module_attn.keys()
     for layer in fused_attn:
         for b in fused_attn[layer]:
@@ -75,19 +81,20 @@ def test_a_full_trace_reads_the_fused_queries(checkpoint):
             assert got.keys() == want.keys()
             torch.testing.assert_close(torch.tensor(got["probs"]), torch.tensor(want["probs"]), atol=2e-4,
                                        rtol=0)
+    assert bool(fused_moe) == (arch == "mixtral") and fused_moe.keys() == module_moe.keys()
+    for layer in fused_moe:
+        for b in fused_moe[layer]:
+            assert fused_moe[layer][b]["experts"] == module_moe[layer][b]["experts"]
 
 
-# q/k norms; MoE; sandwich norms; clipping; MoE with one dense layer (mlp_only_layers=[1])
-@pytest.mark.parametrize("arch", ["qwen3", "mixtral", "gemma3", "olmoe", "qwen2_moe"])
+# q/k norms; sandwich norms; clipping; a MoE with q/k norms
+@pytest.mark.parametrize("arch", ["qwen3", "gemma3", "olmoe", "qwen3_moe"])
 def test_layers_of_other_kinds_keep_their_modules(checkpoint, arch):
     llm = LLM(checkpoint(arch), device="cpu", dtype="float32", block_size=4)
     layers = llm.engine.runner.model.model.layers
-    fusable = [layer.fusable for layer in layers]
-    moe_layers = llm.engine.model_config.moe_layers
-    assert fusable == ([not moe for moe in moe_layers] if arch == "qwen2_moe" else [False] * len(layers))
-    assert any(fusable) == (arch == "qwen2_moe")
+    assert not any(layer.fusable for layer in layers)
     llm.generate([list(range(5, 12))] * 2, SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
-    assert [layer.fused is not None for layer in layers] == fusable
+    assert all(layer.fused is None for layer in layers)
 
 
 def test_prefill_quantized_and_unpacked_layers_keep_their_modules(checkpoint, monkeypatch):

@@ -101,8 +101,11 @@ def library() -> ctypes.CDLL | None:
     lib.tt_decode_attention.restype = None
     lib.tt_rms_norm.argtypes = [ptr, c_long, c_long, c_long, ptr, ctypes.c_float, ctypes.c_float, ptr]
     lib.tt_rms_norm.restype = None
-    lib.tt_decode_layer.argtypes = [ptr, ptr, c_long, ptr, ptr, ptr, ptr, c_long, ptr, ptr, ptr, ctypes.c_int]
-    lib.tt_decode_layer.restype = ctypes.c_int
+    lib.tt_decode_attention_block.argtypes = [ptr, ptr, c_long, ptr, ptr, ptr, ptr, c_long, ptr, ptr, ptr,
+                                              ctypes.c_int]
+    lib.tt_decode_attention_block.restype = ctypes.c_int
+    lib.tt_decode_mlp_block.argtypes = [ptr, ptr, c_long, ctypes.c_int]
+    lib.tt_decode_mlp_block.restype = ctypes.c_int
     return lib
 
 

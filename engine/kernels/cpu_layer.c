@@ -1,5 +1,6 @@
-/* One whole decoder layer of a CPU decode step (Llama-style: RMSNorm, attention with RoPE
-   over the paged KV pool, residual, RMSNorm, SwiGLU MLP, residual), in one call.
+/* A decoder layer of a CPU decode step (Llama-style: RMSNorm, attention with RoPE over the
+   paged KV pool, residual, RMSNorm, SwiGLU MLP, residual) in two calls, one per half: a
+   MoE layer takes the attention half here and its experts in PyTorch.
 
    The layer's parts are this library's own kernels (cpu_norm.c, cpu_linear.c,
    cpu_attention.c); what this file adds is the glue that PyTorch ran as ~15 small ops a
@@ -19,7 +20,8 @@ void tt_decode_attention(const float *q, const float *k_cache, const float *v_ca
                          long window, float *out, int nthreads);
 
 /* What does not change from step to step: sizes, weights (blocked, as cpu_linear.c reads
-   them), this layer's part of the KV pool. Filled once per layer by engine/layers/fused.py. */
+   them), this layer's part of the KV pool. Filled once per layer by engine/layers/fused.py
+   (gate_up and down NULL for a layer whose MLP half is not fused). */
 typedef struct {
     long hidden, heads, kv_heads, head_dim, inter, block_size, window;  /* window 0: none */
     float eps, norm_offset, scale;
@@ -40,21 +42,19 @@ static void rope(float *v, const float *cos, const float *sin, long D) {
     }
 }
 
-/* x [T, hidden] -> out [T, hidden] (may be x). T sequences, one new token each: its
+/* The attention half: out = x + o(attention(rope(qkv(norm1(x))))), the new K/V written
+   into the pool. x [T, hidden] -> out [T, hidden]. T sequences, one new token each: its
    position's cos/sin [T, head_dim], its K/V slot, its block table row [T, W] and its
    context length (the new key included). q_out [T, heads * head_dim] or NULL: the rotated
    queries, for a trace that computes attention probabilities after the pass.
    Returns 0, or -1 when the scratch rows could not be allocated. */
-int tt_decode_layer(const tt_layer *L, const float *x, long T, const float *cos, const float *sin,
-                    const long *slots, const long *tables, long W, const int *ctx, float *out, float *q_out,
-                    int nthreads) {
+int tt_decode_attention_block(const tt_layer *L, const float *x, long T, const float *cos, const float *sin,
+                              const long *slots, const long *tables, long W, const int *ctx, float *out,
+                              float *q_out, int nthreads) {
     long Hd = L->hidden, D = L->head_dim, QS = L->heads * D, KS = L->kv_heads * D, QKV = QS + 2 * KS;
-    long I = L->inter;
-    float *buf = malloc(sizeof(float) * T * (Hd + QKV + 2 * QS + 3 * I + Hd));
+    float *buf = malloc(sizeof(float) * T * (Hd + QKV + 2 * QS + Hd));
     if (!buf) return -1;
-    float *h = buf, *qkv = h + T * Hd, *q = qkv + T * QKV, *att = q + T * QS, *gu = att + T * QS,
-          *act = gu + T * 2 * I, *tmp = act + T * I;
-
+    float *h = buf, *qkv = h + T * Hd, *q = qkv + T * QKV, *att = q + T * QS, *tmp = att + T * QS;
     tt_rms_norm(x, T, Hd, Hd, L->norm1, L->norm_offset, L->eps, h);
     tt_linear_f32(h, T, Hd, L->qkv, QKV, Hd, L->qkv_bias, qkv, QKV, nthreads);
     for (long t = 0; t < T; t++) {
@@ -71,8 +71,17 @@ int tt_decode_layer(const tt_layer *L, const float *x, long T, const float *cos,
                         L->scale, L->window, att, nthreads);
     tt_linear_f32(att, T, QS, L->o, Hd, QS, L->o_bias, tmp, Hd, nthreads);
     for (long i = 0; i < T * Hd; i++) out[i] = x[i] + tmp[i];
+    free(buf);
+    return 0;
+}
 
-    tt_rms_norm(out, T, Hd, Hd, L->norm2, L->norm_offset, L->eps, h);
+/* The MLP half, in place: x += down(silu(gate(norm2(x))) * up(norm2(x))). x [T, hidden]. */
+int tt_decode_mlp_block(const tt_layer *L, float *x, long T, int nthreads) {
+    long Hd = L->hidden, I = L->inter;
+    float *buf = malloc(sizeof(float) * T * (Hd + 3 * I + Hd));
+    if (!buf) return -1;
+    float *h = buf, *gu = h + T * Hd, *act = gu + T * 2 * I, *tmp = act + T * I;
+    tt_rms_norm(x, T, Hd, Hd, L->norm2, L->norm_offset, L->eps, h);
     tt_linear_f32(h, T, Hd, L->gate_up, 2 * I, Hd, L->gate_up_bias, gu, 2 * I, nthreads);
     for (long t = 0; t < T; t++)
         for (long i = 0; i < I; i++) {
@@ -80,7 +89,7 @@ int tt_decode_layer(const tt_layer *L, const float *x, long T, const float *cos,
             act[t * I + i] = g / (1.f + expf(-g)) * gu[t * 2 * I + I + i];
         }
     tt_linear_f32(act, T, I, L->down, Hd, I, L->down_bias, tmp, Hd, nthreads);
-    for (long i = 0; i < T * Hd; i++) out[i] += tmp[i];
+    for (long i = 0; i < T * Hd; i++) x[i] += tmp[i];
     free(buf);
     return 0;
 }
