@@ -97,7 +97,23 @@ def test_layers_of_other_kinds_keep_their_modules(checkpoint, arch):
     assert all(layer.fused is None for layer in layers)
 
 
-def test_prefill_quantized_and_unpacked_layers_keep_their_modules(checkpoint, monkeypatch):
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+def test_quantized_layers_fuse_with_their_own_kernels(checkpoint, kind):
+    """int8 / int4 projections (cpu_quant.c, a library of its own) inside the fused calls:
+    the same logits as the quantized modules."""
+    llm = LLM(checkpoint("llama"), device="cpu", dtype="float32", block_size=4, quantization=kind)
+    layers = llm.engine.runner.model.model.layers
+    projections = [m for layer in layers for m in (layer.self_attn.qkv_proj, layer.self_attn.o_proj,
+                                                   layer.mlp.gate_up_proj, layer.mlp.down_proj)]
+    assert all(m.qweight is not None and m.qweight.blocked is not None and m.qweight.kind == kind
+               for m in projections)
+    prompts = [list(range(5, 16)), list(range(40, 46)), list(range(7, 9))]
+    (fused_logits, *_), (module_logits, *_) = _decode_pass(llm, prompts)
+    torch.testing.assert_close(fused_logits, module_logits, atol=2e-5, rtol=1e-5)
+    assert all(layer.fused.args.qkv.kind == {"int8": 1, "int4": 2}[kind] for layer in layers)
+
+
+def test_prefill_and_unpacked_layers_keep_their_modules(checkpoint, monkeypatch):
     calls = []
     real = fused.forward
     monkeypatch.setattr(fused, "forward", lambda *a: calls.append(1) or real(*a))
@@ -107,9 +123,6 @@ def test_prefill_quantized_and_unpacked_layers_keep_their_modules(checkpoint, mo
     llm.generate([list(range(5, 12))], greedy)
     assert len(calls) == 3 * len(layers)  # the prefill through the modules, the 3 decode passes fused
     calls.clear()
-    quantized = LLM(checkpoint("llama"), device="cpu", dtype="float32", block_size=4, quantization="int8")
-    quantized.generate([list(range(5, 12))], greedy)
-    assert not calls and all(layer.fused is None for layer in quantized.engine.runner.model.model.layers)
     from engine.layers.linear import pack_weights
     pack_weights(llm.engine.runner.model, on=False)  # oneDNN / PyTorch's matmul: no blocked weights
     llm.generate([list(range(5, 12))], greedy)

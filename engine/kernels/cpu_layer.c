@@ -19,17 +19,45 @@ void tt_decode_attention(const float *q, const float *k_cache, const float *v_ca
                          long W, const int *ctx, long B, long H, long KVH, long D, long BS, float scale,
                          long window, float *out, int nthreads);
 
-/* What does not change from step to step: sizes, weights (blocked, as cpu_linear.c reads
-   them), this layer's part of the KV pool. Filled once per layer by engine/layers/fused.py
-   (gate_up and down NULL for a layer whose MLP half is not fused). */
+/* A projection's weight as one of the kernels reads it: kind 0 float32 blocked
+   (cpu_linear.c), 1 int8 or 2 int4 records (cpu_quant.c, a library of its own: its
+   functions arrive as pointers in tt_layer). */
+typedef struct {
+    const void *w;
+    const float *bias;  /* or NULL */
+    long kind;
+} tt_proj;
+
+typedef void (*linear_q8_fn)(const float *x, long T, long ldx, const void *Wb, long N, long K, const float *bias,
+                             float *y, long ldy, int nthreads);
+typedef int (*linear_q4_fn)(const float *x, long T, long ldx, const void *Wb, long N, long K, const float *bias,
+                            float *y, long ldy, int nthreads);
+
+/* What does not change from step to step: sizes, weights, this layer's part of the KV
+   pool. Filled once per layer by engine/layers/fused.py (gate_up and down unused for a
+   layer whose MLP half is not fused). */
 typedef struct {
     long hidden, heads, kv_heads, head_dim, inter, block_size, window;  /* window 0: none */
     float eps, norm_offset, scale;
     const float *norm1, *norm2;                                /* [hidden] */
-    const float *qkv, *qkv_bias, *o, *o_bias;                  /* biases may be NULL */
-    const float *gate_up, *gate_up_bias, *down, *down_bias;
+    tt_proj qkv, o, gate_up, down;
     float *k_cache, *v_cache;                                  /* [blocks, block_size, kv_heads, head_dim] */
+    linear_q8_fn linear_q8;                                    /* NULL where no projection is quantized */
+    linear_q4_fn linear_q4;
 } tt_layer;
+
+/* y [T, N] = x [T, K] (row stride ldx) @ W.T + bias, through the kernel for p's kind.
+   Returns 0, or non-zero when the int4 kernel could not allocate its group sums. */
+static int project(const tt_layer *L, const tt_proj *p, const float *x, long T, long ldx, long N, long K,
+                   float *y, int nthreads) {
+    if (p->kind == 1) {
+        L->linear_q8(x, T, ldx, p->w, N, K, p->bias, y, N, nthreads);
+        return 0;
+    }
+    if (p->kind == 2) return L->linear_q4(x, T, ldx, p->w, N, K, p->bias, y, N, nthreads);
+    tt_linear_f32(x, T, ldx, p->w, N, K, p->bias, y, N, nthreads);
+    return 0;
+}
 
 /* RoPE on one head in place, the engine's rotate-half layout (engine/layers/rotary.py):
    v * cos + roll(v, D/2) * sin, where sin carries rotate-half's minus sign in its first half. */
@@ -47,7 +75,7 @@ static void rope(float *v, const float *cos, const float *sin, long D) {
    position's cos/sin [T, head_dim], its K/V slot, its block table row [T, W] and its
    context length (the new key included). q_out [T, heads * head_dim] or NULL: the rotated
    queries, for a trace that computes attention probabilities after the pass.
-   Returns 0, or -1 when the scratch rows could not be allocated. */
+   Returns 0, or -1 when scratch memory could not be allocated. */
 int tt_decode_attention_block(const tt_layer *L, const float *x, long T, const float *cos, const float *sin,
                               const long *slots, const long *tables, long W, const int *ctx, float *out,
                               float *q_out, int nthreads) {
@@ -56,7 +84,10 @@ int tt_decode_attention_block(const tt_layer *L, const float *x, long T, const f
     if (!buf) return -1;
     float *h = buf, *qkv = h + T * Hd, *q = qkv + T * QKV, *att = q + T * QS, *tmp = att + T * QS;
     tt_rms_norm(x, T, Hd, Hd, L->norm1, L->norm_offset, L->eps, h);
-    tt_linear_f32(h, T, Hd, L->qkv, QKV, Hd, L->qkv_bias, qkv, QKV, nthreads);
+    if (project(L, &L->qkv, h, T, Hd, QKV, Hd, qkv, nthreads)) {
+        free(buf);
+        return -1;
+    }
     for (long t = 0; t < T; t++) {
         float *row = qkv + t * QKV;
         const float *c = cos + t * D, *s = sin + t * D;
@@ -69,10 +100,10 @@ int tt_decode_attention_block(const tt_layer *L, const float *x, long T, const f
     if (q_out) memcpy(q_out, q, sizeof(float) * T * QS);
     tt_decode_attention(q, L->k_cache, L->v_cache, tables, W, ctx, T, L->heads, L->kv_heads, D, L->block_size,
                         L->scale, L->window, att, nthreads);
-    tt_linear_f32(att, T, QS, L->o, Hd, QS, L->o_bias, tmp, Hd, nthreads);
+    int rc = project(L, &L->o, att, T, QS, Hd, QS, tmp, nthreads);
     for (long i = 0; i < T * Hd; i++) out[i] = x[i] + tmp[i];
     free(buf);
-    return 0;
+    return rc ? -1 : 0;
 }
 
 /* The MLP half, in place: x += down(silu(gate(norm2(x))) * up(norm2(x))). x [T, hidden]. */
@@ -82,14 +113,17 @@ int tt_decode_mlp_block(const tt_layer *L, float *x, long T, int nthreads) {
     if (!buf) return -1;
     float *h = buf, *gu = h + T * Hd, *act = gu + T * 2 * I, *tmp = act + T * I;
     tt_rms_norm(x, T, Hd, Hd, L->norm2, L->norm_offset, L->eps, h);
-    tt_linear_f32(h, T, Hd, L->gate_up, 2 * I, Hd, L->gate_up_bias, gu, 2 * I, nthreads);
+    if (project(L, &L->gate_up, h, T, Hd, 2 * I, Hd, gu, nthreads)) {
+        free(buf);
+        return -1;
+    }
     for (long t = 0; t < T; t++)
         for (long i = 0; i < I; i++) {
             float g = gu[t * 2 * I + i];
             act[t * I + i] = g / (1.f + expf(-g)) * gu[t * 2 * I + I + i];
         }
-    tt_linear_f32(act, T, I, L->down, Hd, I, L->down_bias, tmp, Hd, nthreads);
+    int rc = project(L, &L->down, act, T, I, Hd, I, tmp, nthreads);
     for (long i = 0; i < T * Hd; i++) x[i] += tmp[i];
     free(buf);
-    return 0;
+    return rc ? -1 : 0;
 }

@@ -6,12 +6,13 @@ layer around the matmuls, each a few microseconds of dispatch and Python: 4-5 ms
 20 ms SmolLM2 step. The fused call runs the same kernels with that glue in C.
 
 The attention half applies to a Llama-style layer (RMSNorm, attention with RoPE and no
-q/k norm or clipping) whose q/k/v and o projections hold the C kernel's blocked weights,
-on float32 CPU rows of a pass in which every sequence decodes one token; the MLP half
-too where it is a dense SwiGLU with blocked weights, while a MoE block runs its own
-modules after the fused attention. Everything else (prefill, mixed batches, Gemma,
-quantized or sharded layers) takes the modules. A `full` trace still gets what it reads
-from a layer: the rotated queries (layer_q) and the MoE routing.
+q/k norm or clipping) whose q/k/v and o projections run in the C kernels (float32
+blocked weights, or int8 / int4 records), on float32 CPU rows of a pass in which every
+sequence decodes one token; the MLP half too where it is a dense SwiGLU on such
+weights, while a MoE block runs its own modules after the fused attention. Everything
+else (prefill, mixed batches, Gemma, sharded layers, PyTorch's quantized kernels) takes
+the modules. A `full` trace still gets what it reads from a layer: the rotated queries
+(layer_q) and the MoE routing.
 """
 from __future__ import annotations
 
@@ -23,32 +24,50 @@ from torch import nn
 
 from engine.batch import ForwardBatch
 from engine.kernels import cpu as cpu_kernels
+from engine.kernels import cpu_quant
 from engine.layers.linear import Linear
 from engine.layers.mlp import ACTIVATIONS, MLP
 
 _P, _L, _F = ctypes.c_void_p, ctypes.c_long, ctypes.c_float
 
 
+class Proj(ctypes.Structure):
+    """cpu_layer.c's tt_proj: a projection's weight, bias and kind (0 float32, 1 int8, 2 int4)."""
+    _fields_ = [("w", _P), ("bias", _P), ("kind", _L)]
+
+
 class LayerArgs(ctypes.Structure):
     """cpu_layer.c's tt_layer, field for field."""
     _fields_ = [("hidden", _L), ("heads", _L), ("kv_heads", _L), ("head_dim", _L), ("inter", _L),
                 ("block_size", _L), ("window", _L), ("eps", _F), ("norm_offset", _F), ("scale", _F),
-                ("norm1", _P), ("norm2", _P), ("qkv", _P), ("qkv_bias", _P), ("o", _P), ("o_bias", _P),
-                ("gate_up", _P), ("gate_up_bias", _P), ("down", _P), ("down_bias", _P),
-                ("k_cache", _P), ("v_cache", _P)]
+                ("norm1", _P), ("norm2", _P), ("qkv", Proj), ("o", Proj), ("gate_up", Proj), ("down", Proj),
+                ("k_cache", _P), ("v_cache", _P), ("linear_q8", _P), ("linear_q4", _P)]
+
+
+KINDS = {"int8": 1, "int4": 2}
+
+
+def _weight(m: nn.Module):
+    """What the C code multiplies by for this projection: its blocked float32 copy or its
+    int8 / int4 records (None where it has neither: PyTorch runs it)."""
+    if type(m) is not Linear:
+        return None
+    if m.qweight is not None:
+        return m.qweight if m.qweight.blocked is not None else None
+    return m.blocked
 
 
 @dataclass
 class FusedLayer:
     """The arguments of one layer, and what they point into, kept alive here: the plan is
-    rebuilt when a projection's blocked copy or the KV pool is replaced."""
+    rebuilt when a projection's weight copy or the KV pool is replaced."""
     args: LayerArgs
     mlp: bool  # the MLP half fused too (a dense SwiGLU); else the layer's own MLP or MoE runs it
-    weights: list[tuple[Linear, cpu_kernels.BlockedWeight]]  # each fused projection and its copy then
+    weights: list[tuple[Linear, object]]  # each fused projection and the weight it had then
     keep: tuple  # the float32 norm weights and biases, the cache views
 
     def current(self, layer: nn.Module) -> bool:
-        return all(m.blocked is w for m, w in self.weights) and \
+        return all(_weight(m) is w for m, w in self.weights) and \
             self.keep[0].data_ptr() == layer.self_attn.k_cache.data_ptr()
 
 
@@ -56,38 +75,41 @@ def _f32(t: torch.Tensor | None) -> torch.Tensor | None:
     return None if t is None else t.detach().float().contiguous()
 
 
-def _blocked(m: nn.Module) -> bool:
-    return type(m) is Linear and m.blocked is not None
+def _proj(m: Linear, bias: torch.Tensor | None) -> Proj:
+    w = _weight(m)
+    if m.qweight is not None:
+        return Proj(w.blocked.data.data_ptr(), None if bias is None else bias.data_ptr(), KINDS[w.kind])
+    return Proj(w.data.data_ptr(), None if bias is None else bias.data_ptr(), 0)
 
 
 def plan(layer: nn.Module) -> FusedLayer | None:
-    """The fused call's arguments for this DecoderLayer (whose `fusable` says the attention
-    half is of the kind the C code runs), or None where its weights are not the C kernel's."""
+    """The fused calls' arguments for this DecoderLayer (whose `fusable` says the attention
+    half is of the kind the C code runs), or None where its weights are not the C kernels'."""
     attn, mlp = layer.self_attn, layer.mlp
     cache = attn.k_cache
-    if not (_blocked(attn.qkv_proj) and _blocked(attn.o_proj)) or cache.dtype != torch.float32 \
+    if _weight(attn.qkv_proj) is None or _weight(attn.o_proj) is None or cache.dtype != torch.float32 \
             or cache.device.type != "cpu" or not cache.is_contiguous() or cpu_kernels.library() is None \
             or attn.num_heads // attn.num_kv_heads > cpu_kernels.MAX_GROUP \
             or attn.head_dim > cpu_kernels.MAX_HEAD_DIM:  # cpu_attention.c's stack buffers
         return None
     n1, n2 = layer.input_layernorm, layer.post_attention_layernorm
-    fuse_mlp = type(mlp) is MLP and mlp.act is ACTIVATIONS["silu"] and _blocked(mlp.gate_up_proj) \
-        and _blocked(mlp.down_proj) and (n1.offset, n1.eps) == (n2.offset, n2.eps)
+    fuse_mlp = type(mlp) is MLP and mlp.act is ACTIVATIONS["silu"] and _weight(mlp.gate_up_proj) is not None \
+        and _weight(mlp.down_proj) is not None and (n1.offset, n1.eps) == (n2.offset, n2.eps)
     linears = [attn.qkv_proj, attn.o_proj] + ([mlp.gate_up_proj, mlp.down_proj] if fuse_mlp else [])
     w1, w2 = _f32(n1.weight), _f32(n2.weight)
     biases = [_f32(m.bias) for m in linears]
-    blocked = [m.blocked.data.data_ptr() for m in linears] + [None, None]
-    bias = [None if b is None else b.data_ptr() for b in biases] + [None, None]
+    projs = [_proj(m, b) for m, b in zip(linears, biases)] + [Proj(), Proj()]
+    quant = cpu_quant.library() if any(m.qweight is not None for m in linears) else None
+    fn = lambda name: None if quant is None else ctypes.cast(getattr(quant, name), _P).value  # noqa: E731
     args = LayerArgs(
         hidden=attn.qkv_proj.in_features, heads=attn.num_heads, kv_heads=attn.num_kv_heads,
         head_dim=attn.head_dim, inter=mlp.down_proj.in_features if fuse_mlp else 0,
         block_size=cache.shape[1], window=attn.window or 0, eps=n1.eps,
         norm_offset=1.0 if n1.offset else 0.0, scale=attn.scale, norm1=w1.data_ptr(), norm2=w2.data_ptr(),
-        qkv=blocked[0], qkv_bias=bias[0], o=blocked[1], o_bias=bias[1],
-        gate_up=blocked[2], gate_up_bias=bias[2], down=blocked[3], down_bias=bias[3],
-        k_cache=cache.data_ptr(), v_cache=attn.v_cache.data_ptr())
-    return FusedLayer(args, fuse_mlp, [(m, m.blocked) for m in linears],
-                      (cache, attn.v_cache, w1, w2, *biases))
+        qkv=projs[0], o=projs[1], gate_up=projs[2], down=projs[3],
+        k_cache=cache.data_ptr(), v_cache=attn.v_cache.data_ptr(),
+        linear_q8=fn("tt_linear_q8"), linear_q4=fn("tt_linear_q4"))
+    return FusedLayer(args, fuse_mlp, [(m, _weight(m)) for m in linears], (cache, attn.v_cache, w1, w2, *biases))
 
 
 def applies(x: torch.Tensor, batch: ForwardBatch) -> bool:
