@@ -93,6 +93,7 @@ int tt_decode_attention_block(const tt_layer *L, const float *x, long T, const f
         const float *c = cos + t * D, *s = sin + t * D;
         for (long hh = 0; hh < L->heads + L->kv_heads; hh++) rope(row + hh * D, c, s, D);
         memcpy(q + t * QS, row, sizeof(float) * QS);
+        if (slots[t] < 0) continue;  /* a padding row (engine/cuda_graph.py's convention): not stored */
         long at = slots[t] * KS;  /* slot s of the pool: block s / BS, row s % BS, contiguous */
         memcpy(L->k_cache + at, row + QS, sizeof(float) * KS);
         memcpy(L->v_cache + at, row + QS + KS, sizeof(float) * KS);

@@ -116,7 +116,7 @@ def applies(x: torch.Tensor, batch: ForwardBatch) -> bool:
     """Whether this pass's rows can take the fused layer: float32 CPU rows, one new token
     per sequence, few enough for the C linear kernel."""
     group = batch.decode_group
-    return (x.dtype == torch.float32 and x.device.type == "cpu" and not batch.use_triton
+    return (x.dtype == torch.float32 and x.device.type == "cpu" and not batch.use_triton and not batch.static_shapes
             and x.shape[0] <= cpu_kernels.MAX_ROWS and group is not None and group.rows is None)
 
 
