@@ -114,10 +114,13 @@ def plan(layer: nn.Module) -> FusedLayer | None:
 
 def applies(x: torch.Tensor, batch: ForwardBatch) -> bool:
     """Whether this pass's rows can take the fused layer: float32 CPU rows, one new token
-    per sequence, few enough for the C linear kernel."""
+    per sequence, few enough for the C linear kernel (and not a padded static batch,
+    whose lengths only its device may read)."""
+    if x.dtype != torch.float32 or x.device.type != "cpu" or batch.use_triton or batch.static_shapes \
+            or x.shape[0] > cpu_kernels.MAX_ROWS:
+        return False
     group = batch.decode_group
-    return (x.dtype == torch.float32 and x.device.type == "cpu" and not batch.use_triton and not batch.static_shapes
-            and x.shape[0] <= cpu_kernels.MAX_ROWS and group is not None and group.rows is None)
+    return group is not None and group.rows is None
 
 
 def forward(fused: FusedLayer, layer: nn.Module, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
