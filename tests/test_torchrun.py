@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -101,9 +102,24 @@ def test_only_rank_zero_builds_the_engine(monkeypatch):
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port below the kernel's ephemeral range. A port found by binding to 0 is an
+    ephemeral one, and while the app starts torchrun's rendezvous and gloo bind ephemeral
+    ports of their own, which can take it first (seen in CI: "address already in use")."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            first_ephemeral = int(f.read().split()[0])
+    except OSError:
+        first_ephemeral = 32768
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(max(1024, first_ephemeral - 10000), first_ephemeral)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port below the ephemeral range")
 
 
 def _complete(port: int, model: str) -> dict:
