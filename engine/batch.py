@@ -72,6 +72,19 @@ class ForwardBatch:
         return slice(self.query_starts[b], self.query_starts[b + 1])
 
     @functools.cached_property
+    def row_keys(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each token row as a query of its own (the fused CPU layers, engine/layers/fused.py):
+        its sequence's block table [T, max_blocks] and how many keys it sees [T] int32, its
+        position + 1 (the pass's K/V are all stored before anyone attends). For a decode-only
+        pass these are the batch's own tables and lengths."""
+        if self.decode_only:
+            return self.block_tables, self.context_lens_t
+        counts = torch.tensor([self.query_starts[b + 1] - self.query_starts[b] for b in range(self.num_seqs)],
+                              device=self.block_tables.device)
+        rows = torch.repeat_interleave(torch.arange(self.num_seqs, device=counts.device), counts)
+        return self.block_tables.index_select(0, rows), (self.positions + 1).to(torch.int32)
+
+    @functools.cached_property
     def decode_group(self) -> "DecodeGroup | None":
         """Sequences with one query token this pass: attended to together, padded."""
         seqs = [b for b in range(self.num_seqs) if self.query_starts[b + 1] - self.query_starts[b] == 1]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import time
 
 import pytest
@@ -213,10 +214,13 @@ def test_two_tabs_each_see_their_own_request_and_the_others_blocks(server, brows
     assert rid_a != rid_b
     assert "Tab A" in a.locator("#tt-request").inner_text() and "Tab B" in b.locator("#tt-request").inner_text()
     assert rid_a in a.locator("#tt-request").inner_text() and rid_b in b.locator("#tt-request").inner_text()
-    for page, other in ((a, rid_b), (b, rid_a)):
+    for page, other, status in ((a, rid_b, sa), (b, rid_a, sb)):
         assert page.evaluate("window.__maxOther") > 0, "the other tab's blocks never showed in the KV grid"
         assert other in page.locator("#tt-timeline").inner_text()  # shared batches name the other request
-        assert page.locator("#tt-answer .tt-timed").count() == 48
+        # an unseeded draw may end early at end-of-text (CI once saw 29): every token it gave is shown
+        tokens = int(re.search(r"(\d+) tokens", status).group(1))
+        assert tokens == 48 or "(stop)" in status, status
+        assert page.locator("#tt-answer .tt-timed").count() == tokens
     b.locator("#tt-kv").screenshot(path=str(shots / "kv_panel_tab_b.png"))
     context.close()
 

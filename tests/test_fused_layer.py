@@ -113,16 +113,57 @@ def test_quantized_layers_fuse_with_their_own_kernels(checkpoint, kind):
     assert all(layer.fused.args.qkv.kind == {"int8": 1, "int4": 2}[kind] for layer in layers)
 
 
-def test_prefill_and_unpacked_layers_keep_their_modules(checkpoint, monkeypatch):
+def test_verify_and_prefill_rows_attend_causally_in_the_fused_layer(checkpoint):
+    """A pass mixing a 6-token chunk of one sequence (a prefill chunk, or a verify pass's k + 1
+    rows) with decode rows of others: every row a query of its own over its sequence's pages,
+    the chunk's rows seeing each other causally. The same logits as the modules."""
+    llm = LLM(checkpoint("mistral"), device="cpu", dtype="float32", block_size=4)
+    engine = llm.engine
+    bm, runner = engine.block_manager, engine.runner
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(4, 300, (n,), generator=g).tolist() for n in (17, 5, 11)]
+    seqs = []
+    for i, ids in enumerate(prompts):
+        seq = Sequence(f"m{i}", list(ids), SamplingParams(), IncrementalDetokenizer.start(engine.tokenizer, ids))
+        bm.admit(seq, [])
+        bm.allocate(seq, len(ids))
+        seqs.append(seq)
+    runner.run(runner.prepare([ScheduledSeq(seqs[0], 0, 11)], [None]))  # the first 11 of 17, then a chunk of 6
+    for s in seqs[1:]:
+        runner.run(runner.prepare([ScheduledSeq(s, 0, len(s) - 1)], [None]))
+    layers = runner.model.model.layers
+    chunk = [ScheduledSeq(seqs[0], 11, 6)] + [ScheduledSeq(s, len(s) - 1, 1) for s in seqs[1:]]
+    spec = CaptureSpec(attention_layers=[0], heads=None, max_keys=64, moe=False, embed_dims=0)
+    out = []
+    try:
+        for fuse in (True, False):
+            for layer in layers:
+                layer.fusable = fuse
+            batch = runner.prepare(chunk, [spec] * 3)
+            assert not batch.decode_only and batch.input_ids.shape[0] == 8
+            out.append((runner.run(batch), batch.captured_attention[0]))
+    finally:
+        for seq in seqs:
+            bm.free_seq(seq)
+    (fused_logits, fused_attn), (module_logits, module_attn) = out
+    torch.testing.assert_close(fused_logits, module_logits, atol=2e-5, rtol=1e-5)
+    for b in range(3):
+        torch.testing.assert_close(torch.tensor(fused_attn[b]["probs"]), torch.tensor(module_attn[b]["probs"]),
+                                   atol=2e-4, rtol=0)
+
+
+def test_long_prefill_and_unpacked_layers_keep_their_modules(checkpoint, monkeypatch):
     calls = []
     real = fused.forward
-    monkeypatch.setattr(fused, "forward", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(fused, "forward", lambda *a: calls.append(a[2].shape[0]) or real(*a))
     greedy = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
     llm = LLM(checkpoint("llama"), device="cpu", dtype="float32", block_size=4)
     layers = llm.engine.runner.model.model.layers
-    llm.generate([list(range(5, 12))], greedy)
-    assert len(calls) == 3 * len(layers)  # the prefill through the modules, the 3 decode passes fused
+    llm.generate([list(range(5, 12))], greedy)  # a 7-token prefill and 3 decode steps, all fused
+    assert calls == [7] * len(layers) + [1] * 3 * len(layers)
     calls.clear()
+    llm.generate([list(range(5, 45))], SamplingParams(temperature=0, max_tokens=1))  # 40 rows: the modules
+    assert not calls
     from engine.layers.linear import pack_weights
     pack_weights(llm.engine.runner.model, on=False)  # oneDNN / PyTorch's matmul: no blocked weights
     llm.generate([list(range(5, 12))], greedy)

@@ -1,4 +1,4 @@
-/* A decoder layer of a CPU decode step (Llama-style: RMSNorm, attention with RoPE over the
+/* A decoder layer of a CPU pass over a few rows (Llama-style: RMSNorm, attention with RoPE over the
    paged KV pool, residual, RMSNorm, SwiGLU MLP, residual) in two calls, one per half: a
    MoE layer takes the attention half here and its experts in PyTorch.
 
@@ -71,10 +71,13 @@ static void rope(float *v, const float *cos, const float *sin, long D) {
 }
 
 /* The attention half: out = x + o(attention(rope(qkv(norm1(x))))), the new K/V written
-   into the pool. x [T, hidden] -> out [T, hidden]. T sequences, one new token each: its
-   position's cos/sin [T, head_dim], its K/V slot, its block table row [T, W] and its
-   context length (the new key included). q_out [T, heads * head_dim] or NULL: the rotated
-   queries, for a trace that computes attention probabilities after the pass.
+   into the pool. x [T, hidden] -> out [T, hidden]. Each row is a query of its own (a
+   decode step's sequences, or the rows of a verify pass or short prefill chunk): its
+   position's cos/sin [T, head_dim], its K/V slot, its sequence's block table row [T, W]
+   and the keys it sees (its position + 1). Every row's K/V is stored before any row
+   attends, so the rows of one sequence see each other causally. q_out [T, heads *
+   head_dim] or NULL: the rotated queries, for a trace that computes attention
+   probabilities after the pass.
    Returns 0, or -1 when scratch memory could not be allocated. */
 int tt_decode_attention_block(const tt_layer *L, const float *x, long T, const float *cos, const float *sin,
                               const long *slots, const long *tables, long W, const int *ctx, float *out,

@@ -1,4 +1,4 @@
-"""A decoder layer's decode step in two C calls (engine/kernels/cpu_layer.c), where it applies.
+"""A decoder layer over a few rows in two C calls (engine/kernels/cpu_layer.c), where it applies.
 
 A CPU decode step at a few rows spends most of its time streaming weights, which the C
 linear kernel does near the memory's speed; what is left is ~15 small PyTorch ops a
@@ -7,12 +7,13 @@ layer around the matmuls, each a few microseconds of dispatch and Python: 4-5 ms
 
 The attention half applies to a Llama-style layer (RMSNorm, attention with RoPE and no
 q/k norm or clipping) whose q/k/v and o projections run in the C kernels (float32
-blocked weights, or int8 / int4 records), on float32 CPU rows of a pass in which every
-sequence decodes one token; the MLP half too where it is a dense SwiGLU on such
-weights, while a MoE block runs its own modules after the fused attention. Everything
-else (prefill, mixed batches, Gemma, sharded layers, PyTorch's quantized kernels) takes
-the modules. A `full` trace still gets what it reads from a layer: the rotated queries
-(layer_q) and the MoE routing.
+blocked weights, or int8 / int4 records), on up to 32 float32 CPU rows of a pass: a
+decode step, a speculative verify pass, a short prefill chunk (every row attends as a
+query of its own, over its sequence's pages). The MLP half too where it is a dense
+SwiGLU on such weights, while a MoE block runs its own modules after the fused
+attention. Everything else (longer prefill chunks, Gemma, sharded layers, PyTorch's
+quantized kernels) takes the modules. A `full` trace still gets what it reads from a
+layer: the rotated queries (layer_q) and the MoE routing.
 """
 from __future__ import annotations
 
@@ -60,15 +61,17 @@ def _weight(m: nn.Module):
 @dataclass
 class FusedLayer:
     """The arguments of one layer, and what they point into, kept alive here: the plan is
-    rebuilt when a projection's weight copy or the KV pool is replaced."""
+    rebuilt when a projection's weight copy or the KV pool is replaced, or the layer's
+    sliding window changes."""
     args: LayerArgs
     mlp: bool  # the MLP half fused too (a dense SwiGLU); else the layer's own MLP or MoE runs it
     weights: list[tuple[Linear, object]]  # each fused projection and the weight it had then
     keep: tuple  # the float32 norm weights and biases, the cache views
 
     def current(self, layer: nn.Module) -> bool:
+        attn = layer.self_attn
         return all(_weight(m) is w for m, w in self.weights) and \
-            self.keep[0].data_ptr() == layer.self_attn.k_cache.data_ptr()
+            self.keep[0].data_ptr() == attn.k_cache.data_ptr() and self.args.window == (attn.window or 0)
 
 
 def _f32(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -113,14 +116,11 @@ def plan(layer: nn.Module) -> FusedLayer | None:
 
 
 def applies(x: torch.Tensor, batch: ForwardBatch) -> bool:
-    """Whether this pass's rows can take the fused layer: float32 CPU rows, one new token
-    per sequence, few enough for the C linear kernel (and not a padded static batch,
-    whose lengths only its device may read)."""
-    if x.dtype != torch.float32 or x.device.type != "cpu" or batch.use_triton or batch.static_shapes \
-            or x.shape[0] > cpu_kernels.MAX_ROWS:
-        return False
-    group = batch.decode_group
-    return group is not None and group.rows is None
+    """Whether this pass's rows can take the fused layer: float32 CPU rows, few enough for
+    the C linear kernel (a decode step, a speculative verify pass, a short prefill chunk;
+    not a padded static batch, whose lengths only its device may read)."""
+    return (x.dtype == torch.float32 and x.device.type == "cpu" and not batch.use_triton
+            and not batch.static_shapes and x.shape[0] <= cpu_kernels.MAX_ROWS)
 
 
 def forward(fused: FusedLayer, layer: nn.Module, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
@@ -129,7 +129,7 @@ def forward(fused: FusedLayer, layer: nn.Module, x: torch.Tensor, batch: Forward
     T = x.shape[0]
     x = x.contiguous()
     cos, sin = (t.reshape(T, -1) for t in batch.rope[attn.rope])
-    group = batch.decode_group
+    tables, keys = batch.row_keys  # every row a query of its own over its sequence's pages
     out = torch.empty_like(x)
     q = None
     if attn.layer_idx in batch.attention_capture_layers:  # a full trace reads the queries after the pass
@@ -138,7 +138,7 @@ def forward(fused: FusedLayer, layer: nn.Module, x: torch.Tensor, batch: Forward
     lib, threads = cpu_kernels.library(), torch.get_num_threads()
     rc = lib.tt_decode_attention_block(
         ctypes.byref(fused.args), x.data_ptr(), T, cos.data_ptr(), sin.data_ptr(), batch.slot_mapping.data_ptr(),
-        group.block_tables.data_ptr(), group.block_tables.shape[1], group.context_lens.data_ptr(),
+        tables.data_ptr(), tables.shape[1], keys.data_ptr(),
         out.data_ptr(), None if q is None else q.data_ptr(), threads)
     if not rc and fused.mlp:
         rc = lib.tt_decode_mlp_block(ctypes.byref(fused.args), out.data_ptr(), T, threads)
