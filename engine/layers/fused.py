@@ -124,7 +124,7 @@ def applies(x: torch.Tensor, batch: ForwardBatch) -> bool:
 
 
 def forward(fused: FusedLayer, layer: nn.Module, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-    """The layer's output rows for the decode pass's rows x [T, hidden] (see applies)."""
+    """The layer's output for the pass's rows x [T, hidden] (see applies)."""
     attn = layer.self_attn
     T = x.shape[0]
     x = x.contiguous()
