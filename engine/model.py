@@ -39,21 +39,30 @@ class DecoderLayer(nn.Module):
         if self.sandwich:  # Gemma: post_attention_layernorm normalises the attention output instead
             self.pre_feedforward_layernorm = norm()
             self.post_feedforward_layernorm = norm()
-        # a CPU decode step through C calls (engine/layers/fused.py): the attention is of that kind
+        # a CPU pass of a few rows through C calls (engine/layers/fused.py): the attention is of that kind
         self.fusable = not self.sandwich and cfg.qk_norm == "none" and cfg.clip_qkv is None
         self.fused: fused.FusedLayer | None = None
 
+    def _fused_plan(self, x: torch.Tensor, batch: ForwardBatch) -> fused.FusedLayer | None:
+        """The fused C calls' plan where this pass can take them, else None."""
+        if not (self.fusable and fused.applies(x, batch)):
+            return None
+        if self.fused is None or not self.fused.current(self):
+            self.fused = fused.plan(self)  # None where the weights are not the C kernels'
+        return self.fused
+
     def forward(self, positions: torch.Tensor, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        if self.fusable and fused.applies(x, batch):
-            if self.fused is None or not self.fused.current(self):
-                self.fused = fused.plan(self)  # None where the weights are not the C kernel's
-            if self.fused is not None:
-                return fused.forward(self.fused, self, x, batch)
         if self.sandwich:
             x = x + self.post_attention_layernorm(self.self_attn(positions, self.input_layernorm(x), batch))
             return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x), batch))
-        x = x + self.self_attn(positions, self.input_layernorm(x), batch)
-        return x + self.mlp(self.post_attention_layernorm(x), batch)
+        plan = self._fused_plan(x, batch)
+        if plan is None:
+            x = x + self.self_attn(positions, self.input_layernorm(x), batch)
+        else:
+            x = fused.forward(plan, self, x, batch)
+            if plan.mlp:
+                return x
+        return x + self.mlp(self.post_attention_layernorm(x), batch)  # a MoE's experts run here either way
 
 
 class DecoderModel(nn.Module):

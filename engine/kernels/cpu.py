@@ -226,10 +226,15 @@ def linear(x: torch.Tensor, w: BlockedWeight, bias: torch.Tensor | None = None) 
 MAX_GROUP, MAX_HEAD_DIM = 16, 512  # cpu_attention.c's stack buffers
 
 
+def attention_fits(heads: int, kv_heads: int, head_dim: int) -> bool:
+    """Whether cpu_attention.c's stack buffers hold these heads."""
+    return heads // kv_heads <= MAX_GROUP and head_dim <= MAX_HEAD_DIM
+
+
 def attention_applies(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
     """Whether decode_attention takes these: float32 CPU tensors within its buffers."""
     return (q.device.type == "cpu" and q.dtype == torch.float32 and k_cache.dtype == torch.float32
-            and q.shape[1] // k_cache.shape[2] <= MAX_GROUP and q.shape[-1] <= MAX_HEAD_DIM and available())
+            and attention_fits(q.shape[1], k_cache.shape[2], q.shape[-1]) and available())
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,

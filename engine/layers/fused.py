@@ -92,8 +92,7 @@ def plan(layer: nn.Module) -> FusedLayer | None:
     cache = attn.k_cache
     if _weight(attn.qkv_proj) is None or _weight(attn.o_proj) is None or cache.dtype != torch.float32 \
             or cache.device.type != "cpu" or not cache.is_contiguous() or cpu_kernels.library() is None \
-            or attn.num_heads // attn.num_kv_heads > cpu_kernels.MAX_GROUP \
-            or attn.head_dim > cpu_kernels.MAX_HEAD_DIM:  # cpu_attention.c's stack buffers
+            or not cpu_kernels.attention_fits(attn.num_heads, attn.num_kv_heads, attn.head_dim):
         return None
     n1, n2 = layer.input_layernorm, layer.post_attention_layernorm
     fuse_mlp = type(mlp) is MLP and mlp.act is ACTIVATIONS["silu"] and _weight(mlp.gate_up_proj) is not None \
@@ -124,7 +123,8 @@ def applies(x: torch.Tensor, batch: ForwardBatch) -> bool:
 
 
 def forward(fused: FusedLayer, layer: nn.Module, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-    """The layer's output for the pass's rows x [T, hidden] (see applies)."""
+    """The pass's rows x [T, hidden] after the layer's attention half, and after its MLP half
+    too where `fused.mlp` (else the layer runs its own MLP or MoE on the result; see applies)."""
     attn = layer.self_attn
     T = x.shape[0]
     x = x.contiguous()
@@ -144,6 +144,4 @@ def forward(fused: FusedLayer, layer: nn.Module, x: torch.Tensor, batch: Forward
         rc = lib.tt_decode_mlp_block(ctypes.byref(fused.args), out.data_ptr(), T, threads)
     if rc:
         raise MemoryError(f"cpu_layer: no memory for the scratch rows of {T} tokens")
-    if not fused.mlp:  # a MoE (or another MLP): its own modules, routing captures and all
-        out = out + layer.mlp(layer.post_attention_layernorm(out), batch)
     return out
