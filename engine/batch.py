@@ -41,10 +41,13 @@ class ForwardBatch:
     moe_routing: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)  # experts, weights
     embed_rows: dict[int, torch.Tensor] = field(default_factory=dict)  # seq -> [n, embed_dims]
     # Logit lens (engine/logit_lens.py): the flat rows whose residual stream is kept after the
-    # embedding and after every layer (set by the engine: the sampled rows of lens-traced sequences)
+    # embedding and after every layer but the last (set by the engine: the sampled rows of
+    # lens-traced sequences), and where each of them is among the rows the pass returns logits for
     lens_rows: torch.Tensor | None = None
-    lens_hidden: list[torch.Tensor] = field(default_factory=list)  # L + 1 tensors [len(lens_rows), hidden]
-    lens_probs: torch.Tensor | None = None  # after the pass: [L + 1, len(lens_rows), vocab]
+    lens_out_rows: list[int] = field(default_factory=list)
+    lens_hidden: list[torch.Tensor] = field(default_factory=list)  # L tensors [len(lens_rows), hidden]
+    lens_logits: torch.Tensor | None = None  # after the pass: [L * len(lens_rows) + returned rows, vocab]
+    lens_returned: int = 0  # rows the pass returned logits for
     # Filled after the pass by capture.collect, as plain lists: per layer, per captured sequence.
     captured_attention: dict[int, dict[int, dict]] = field(default_factory=dict)
     captured_moe: dict[int, dict[int, dict]] = field(default_factory=dict)

@@ -329,7 +329,7 @@ class LLMEngine:
                                      token_text=self._piece(token), **info)
                     if b in lens_at:
                         self._emit_plain("logit_lens", seq.request_id, position=len(seq), source=source,
-                                         **logit_lens.event(batch.lens_probs[:, lens_at[b] + j], token,
+                                         **logit_lens.event(logit_lens.rows(batch, lens_at[b] + j), token,
                                                             seq.capture.logit_lens, self._piece))
                 out = self._append_token(seq, token, t_sample)
                 outputs.append(out)
@@ -342,13 +342,14 @@ class LLMEngine:
     def _lens_rows(scheduled: list[ScheduledSeq], batch, spans: dict[int, tuple[int, int]],
                    rows: list[int]) -> dict[int, int]:
         """Mark the sampled rows of sequences with a logit lens on the batch; -> sequence -> its
-        first row in batch.lens_probs (its j-th new token reads row + j)."""
+        first lens row (its j-th new token reads row + j: logit_lens.rows)."""
         at, flat = {}, []
         for b, (lo, hi) in spans.items():
             c = scheduled[b].seq.capture
             if c is not None and c.logit_lens:
                 at[b] = len(flat)
                 flat.extend(rows[lo:hi])
+                batch.lens_out_rows.extend(range(lo, hi))  # where the pass returns their logits
         if flat:
             batch.lens_rows = torch.tensor(flat, dtype=torch.long, device=batch.input_ids.device)
         return at

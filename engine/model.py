@@ -89,13 +89,13 @@ class DecoderModel(nn.Module):
         for b, spec in enumerate(batch.captures):
             if spec is not None and spec.embed_dims:
                 batch.embed_rows[b] = x[batch.seq_slice(b), : spec.embed_dims]
-        lens = batch.lens_rows  # logit lens: the residual stream at the sampled rows, before each layer
+        # logit lens: the residual stream at the sampled rows before each layer (after the last
+        # one it is the model's own output: engine/logit_lens.py)
+        lens = batch.lens_rows
         for layer in self.layers:
             if lens is not None:
                 batch.lens_hidden.append(x.index_select(0, lens))
             x = layer(batch.positions, x, batch)
-        if lens is not None:
-            batch.lens_hidden.append(x.index_select(0, lens))
         return self.norm(x)
 
 

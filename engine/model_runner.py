@@ -130,13 +130,6 @@ class ModelRunner:
             hidden = self.model(batch)
         if batch.any_capture:
             capture.collect(batch, self.cfg, self.kv_cache)
-        self.lens(batch)
         if token_rows is not None and not _every_row(token_rows, hidden.shape[0]):
             hidden = hidden[token_rows]
-        return self.model.compute_logits(hidden).float()
-
-    def lens(self, batch: ForwardBatch) -> None:
-        """The logit lens of the rows the forward pass kept (engine/logit_lens.py)."""
-        if batch.lens_hidden:
-            batch.lens_probs = logit_lens.probabilities(self.model, batch.lens_hidden)
-            batch.lens_hidden = []
+        return logit_lens.logits_with_lens(self.model, hidden, batch)  # the lens's rows too, if any

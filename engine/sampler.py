@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from engine.sampling_params import SamplingParams
+from engine.softmax_stats import probability, softmax_stats
 
 
 def filter_stages(logits: torch.Tensor, params: SamplingParams) -> dict[str, torch.Tensor]:
@@ -81,32 +82,27 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
 def explain(logits: torch.Tensor, params: SamplingParams, token_id: int, top: int) -> dict:
     """The sampling stages of one draw, for the trace: the top candidates before and
     after each knob, how many tokens survive each cut, and the token drawn. Plain Python
-    values, from one transfer: this runs for every traced token."""
+    values, read from the logits without a softmax (engine/softmax_stats.py): this runs
+    for every traced token."""
     raw = logits.float()
-    stages = {"logits": torch.softmax(raw, dim=-1)}
+    stages = {"logits": raw}
     if not params.greedy:
-        softmaxed: dict[int, torch.Tensor] = {}  # a knob that is off repeats its input: one softmax
-        for name, x in filter_stages(raw, params).items():
-            if id(x) not in softmaxed:
-                softmaxed[id(x)] = torch.softmax(x, dim=-1)
-            stages[name] = softmaxed[id(x)]
-    probs = torch.stack(list(stages.values())) if len(stages) > 1 else stages["logits"][None]  # [S, V]
-    ids = torch.topk(probs[0], min(top, raw.shape[-1])).indices.tolist()
+        stages.update(filter_stages(raw, params))
+    distinct = list({id(x): x for x in stages.values()}.values())  # a knob that is off repeats its input
+    row = {id(x): i for i, x in enumerate(distinct)}
+    z = torch.stack(distinct) if len(distinct) > 1 else raw[None]  # [S, V]
+    s = softmax_stats(z, top)
+    ids = s.top_ids[0]  # the candidates: the most likely before any knob, and the token drawn
     if token_id not in ids:
         ids.append(token_id)
-    final = probs[-1]
-    kept = [torch.count_nonzero(p) for p in stages.values()]  # (faster than one call with dim=)
-    plogp = (final * final.log()).nansum()  # nansum: 0 log 0 = 0
-    # one transfer: [S x C] candidates' probabilities, [S] tokens kept, sum p log p
-    figures = torch.cat([probs[:, ids].flatten(), torch.stack(kept).float(), plogp[None]]).tolist()
-    S, C = len(stages), len(ids)
+    probs = [[probability(v - lse) for v in r] for r, lse in zip(z[:, ids].tolist(), s.lse)]
+    final = row[id(stages["min_p"] if "min_p" in stages else raw)]
     return {
         "candidates": ids,
-        "stages": {name: {"probs": figures[i * C:(i + 1) * C], "kept": int(figures[S * C + i])}
-                   for i, name in enumerate(stages)},
+        "stages": {name: {"probs": probs[row[id(x)]], "kept": s.kept[row[id(x)]]} for name, x in stages.items()},
         "params": {"temperature": params.temperature, "top_k": params.top_k, "top_p": params.top_p,
                    "min_p": params.min_p, "greedy": params.greedy},
         "token_id": token_id,
-        "token_prob": figures[(S - 1) * C + ids.index(token_id)],
-        "entropy": -figures[-1],
+        "token_prob": probs[final][ids.index(token_id)],
+        "entropy": s.entropy[final],
     }

@@ -93,6 +93,29 @@ def test_speculative_verify_rows_map_to_their_tokens(checkpoint):
             assert row["chosen_prob"] == pytest.approx(r[e["token_id"]].item(), abs=2e-4)
 
 
+def test_a_lens_beside_a_request_without_one_reads_its_own_rows(checkpoint):
+    """The lens's rows share the LM head's matmul with every sampled row of the batch: a
+    request whose sampled row is not the first still gets its own rows, the same as alone."""
+    path = checkpoint("llama")
+    _, rid, sink = run(path, PROMPT)
+    alone = [e.data for e in sink.of(rid, "logit_lens")]
+    sink = EventList()
+    engine = LLMEngine(path, device=DEVICE, tracer=Tracer(sink), trace_level="full",
+                       capture=CaptureConfig(logit_lens_top=TOP))
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    other = engine.add_request(PROMPT[::-1], params, trace_level="basic")
+    rid = engine.add_request(PROMPT, params)
+    while engine.has_unfinished_requests():
+        engine.step()
+    together = [e.data for e in sink.of(rid, "logit_lens")]
+    assert not sink.of(other, "logit_lens") and len(together) == len(alone) == 6
+    for a, b in zip(alone, together):
+        assert a["position"] == b["position"] and a["token_id"] == b["token_id"]
+        for ra, rb in zip(a["layers"], b["layers"]):
+            assert ra["top_ids"] == rb["top_ids"] and ra["chosen_rank"] == rb["chosen_rank"]
+            assert ra["top_probs"] == pytest.approx(rb["top_probs"], abs=2e-4)
+
+
 def test_no_lens_below_full_or_when_turned_off(checkpoint):
     _, rid, sink = run(checkpoint("llama"), PROMPT, max_tokens=2, top=0)
     assert sink.of(rid, "sample") and not sink.of(rid, "logit_lens")

@@ -1,4 +1,5 @@
-"""The CPU's own kernels (cpu_linear.c, cpu_attention.c, cpu_norm.c, cpu_layer.c; the quantized ones,
+"""The CPU's own kernels (cpu_linear.c, cpu_attention.c, cpu_norm.c, cpu_layer.c, cpu_stats.c, sharing
+cpu_vec.h; the quantized ones,
 cpu_quant.c, load through cpu_quant.py): compiled on first use with the system's C
 compiler for this machine's CPU, cached, and called through ctypes.
 
@@ -27,7 +28,8 @@ from pathlib import Path
 import torch
 
 SOURCES = [Path(__file__).with_name(name) for name in ("cpu_linear.c", "cpu_attention.c", "cpu_norm.c",
-                                                        "cpu_layer.c")]
+                                                        "cpu_layer.c", "cpu_stats.c")]
+HEADERS = [Path(__file__).with_name("cpu_vec.h")]  # part of every build's hash
 ROWS_PER_BLOCK, COLS_PER_BLOCK = 8, 16  # the blocked layout of cpu_linear.c
 MAX_ROWS = 32  # above this many rows (a prefill chunk) PyTorch's GEMM, built for it, takes over
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC"]
@@ -64,7 +66,7 @@ def build(out_dir: Path | None = None, source: Path | None = None) -> Path:
         raise BuildError("no C compiler (gcc or cc) on PATH")
     files = SOURCES if source is None else [source]
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
-    key = hashlib.sha256(b"\0".join([*(p.read_bytes() for p in files), version.encode(),
+    key = hashlib.sha256(b"\0".join([*(p.read_bytes() for p in files + HEADERS), version.encode(),
                                      " ".join(CFLAGS).encode(), _cpu_flags().encode()])).hexdigest()[:16]
     out_dir = out_dir or build_dir()
     lib = out_dir / f"{'tokentrace_cpu' if source is None else source.stem}-{key}.so"
@@ -106,6 +108,8 @@ def library() -> ctypes.CDLL | None:
     lib.tt_decode_attention_block.restype = ctypes.c_int
     lib.tt_decode_mlp_block.argtypes = [ptr, ptr, c_long, ctypes.c_int]
     lib.tt_decode_mlp_block.restype = ctypes.c_int
+    lib.tt_dist_stats.argtypes = [ptr, c_long, c_long, c_long, ctypes.c_int, ptr, ptr, ptr, ptr, ptr, ctypes.c_int]
+    lib.tt_dist_stats.restype = None
     return lib
 
 

@@ -12,38 +12,10 @@
 #include <math.h>
 #include <stddef.h>
 
-typedef float v16 __attribute__((vector_size(64), aligned(4)));
-typedef int v16i __attribute__((vector_size(64)));
-typedef float v8 __attribute__((vector_size(32)));
-typedef float v4 __attribute__((vector_size(16)));
-#define VL 16
+#include "cpu_vec.h"
 #define CHUNK 128
 #define MAX_GROUP 16   /* query heads per KV head handled in one task */
 #define MAX_DIM 512
-
-/* e^x for 16 lanes, x <= 0 (scores minus their max): 2^n * p(r) with x = n ln2 + r,
-   |r| <= ln2 / 2, p a degree-6 polynomial (Cephes' expf): within 2 ulp of expf. */
-static inline v16 exp16(v16 x) {
-    for (int t = 0; t < VL; t++) x[t] = x[t] < -87.3f ? -87.3f : x[t];  /* below: 0 in float32 anyway */
-    /* n = round(x / ln2); x <= 0, so subtracting 0.5 and truncating toward zero rounds */
-    v16 n = __builtin_convertvector(__builtin_convertvector(x * 1.44269504088896341f - 0.5f, v16i), v16);
-    v16 r = x - n * 0.693359375f + n * 2.12194440e-4f;
-    v16 p = (v16){0} + 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    v16i bits = (__builtin_convertvector(n, v16i) + 127) << 23;  /* 2^n as a float's bits */
-    return p * (v16)bits;
-}
-
-static inline float hsum(v16 v) {  /* a tree of halves: 4 adds, not 15 in a chain */
-    v8 a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) + __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
-    v4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
-    return (b[0] + b[2]) + (b[1] + b[3]);
-}
 
 static inline float dot(const float *a, const float *b, long D) {
     v16 acc = {0};

@@ -12,12 +12,10 @@
    same source builds on other ISAs. Built and loaded by engine/kernels/cpu.py. */
 #include <stddef.h>
 
-typedef float v16 __attribute__((vector_size(64), aligned(4)));  /* aligned(4): unaligned loads */
-#define VL 16  /* floats per vector */
+#include "cpu_vec.h"
 #define RB 8   /* output rows per block */
 #define LINES_PER_STEP (RB * VL * 4 / 64)  /* 64-byte cache lines of one block per 16 columns */
 
-typedef float v8 __attribute__((vector_size(32)));
 /* The lane sums of 8 vectors at once, [sum(a), sum(b), ..., sum(h)]: a transposing tree of
    halves, 24 operations where 8 separate sums take ~60. Each block and row of x ends in
    these sums, so they count where x has many rows: SmolLM2's LM head at 16-31 rows (the

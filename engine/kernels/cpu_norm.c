@@ -1,8 +1,7 @@
 /* RMSNorm on the CPU: y = x / sqrt(mean(x^2) + eps) * (w + offset), float32, row by row.
    PyTorch runs it as five small ops (~10 us a call at a decode step's one row of 576
    floats); a model calls it twice a layer, so that is most of a millisecond per step. */
-typedef float v16 __attribute__((vector_size(64), aligned(4)));
-#define VL 16
+#include "cpu_vec.h"
 
 void tt_rms_norm(const float *x, long T, long H, long ldx, const float *w, float offset, float eps,
                  float *y) {

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 import torch.multiprocessing as mp
 
-from engine import capture
+from engine import capture, logit_lens
 from engine.batch import CaptureSpec, ForwardBatch
 from engine.config import EngineConfig, ModelConfig
 from engine.layers.linear import pack_weights
@@ -306,10 +306,10 @@ class ParallelRunner(ModelRunner):
             capture.collect(batch, self.local_cfg, self.kv_cache)
             batch.captures = specs
             _fill_attention(batch, probs, self.cfg)
-        self.lens(batch)  # rank 0 holds the whole residual stream after each all-reduce
         if token_rows is not None:
             hidden = hidden[token_rows]
-        return self.model.compute_logits(hidden).float()
+        # the logit lens's rows too: rank 0 holds the whole residual stream after each all-reduce
+        return logit_lens.logits_with_lens(self.model, hidden, batch)
 
     def _check_workers(self) -> None:
         for rank, p in enumerate(self.procs, start=1):
