@@ -21,17 +21,41 @@ def filter_stages(logits: torch.Tensor, params: SamplingParams) -> dict[str, tor
         x = x.masked_fill(x < kth, float("-inf"))
     stages["top_k"] = x
     if params.top_p < 1.0:
-        probs = torch.softmax(x, dim=-1)
-        sorted_p, order = torch.sort(probs, descending=True)
-        # drop a token when the mass before it already reaches top_p (the first always stays)
-        drop_sorted = (torch.cumsum(sorted_p, dim=-1) - sorted_p) >= params.top_p
-        x = x.masked_fill(torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted), float("-inf"))
+        x = x.masked_fill(outside_nucleus(torch.softmax(x, dim=-1), params.top_p), float("-inf"))
     stages["top_p"] = x
     if params.min_p > 0.0:
         probs = torch.softmax(x, dim=-1)
         x = x.masked_fill(probs < params.min_p * probs.max(), float("-inf"))
     stages["min_p"] = x
     return stages
+
+
+def outside_nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """[V] bool: the tokens top-p drops. In order of probability a token is dropped when
+    the mass before it already reaches top_p (the first always stays). Only the head of
+    that order decides, so it is found by topk with k growing until the k-th token is
+    dropped, not by sorting the vocabulary (49k probabilities: a sort 3.4 ms on this
+    project's CPU, topk(256) 0.1 ms)."""
+    V = probs.shape[-1]
+    k = min(V, 256)
+    while True:
+        top, ids = torch.topk(probs, k)  # descending
+        before = torch.cumsum(top, dim=-1) - top
+        if k == V or before[-1] >= top_p:  # the k-th is dropped, so is every token after it
+            drop = torch.ones_like(probs, dtype=torch.bool)
+            drop[ids[before < top_p]] = False
+            return drop
+        k = min(V, 8 * k)
+
+
+def draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+    """One token drawn from probs [V] (any nonnegative weights): the first whose cumulative
+    weight passes u * total, u uniform in [0, 1). torch.multinomial draws an exponential per
+    token (~1 ms for 49k on this project's CPU); this is a cumsum and a binary search. In
+    float64, so a token's share of the line is its probability to ~1e-16."""
+    cdf = probs.double().cumsum(dim=-1)
+    u = torch.rand((1,), dtype=torch.float64, generator=generator, device=probs.device) * cdf[-1]
+    return min(int(torch.searchsorted(cdf, u, right=True)), probs.shape[-1] - 1)
 
 
 def filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -59,8 +83,7 @@ def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
 def sample_one(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
     if params.greedy:
         return int(torch.argmax(logits))
-    probs = torch.softmax(filter_logits(logits, params), dim=-1)
-    return int(torch.multinomial(probs, 1, generator=generator))
+    return draw(torch.softmax(filter_logits(logits, params), dim=-1), generator)
 
 
 def sample(logits: torch.Tensor, params: list[SamplingParams],

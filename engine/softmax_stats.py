@@ -9,6 +9,7 @@ token, ~3 ms of PyTorch ops); elsewhere, and as the test oracle, the PyTorch ops
 """
 from __future__ import annotations
 
+import ctypes
 import math
 from dataclasses import dataclass
 
@@ -40,22 +41,17 @@ def softmax_stats(z: torch.Tensor, k: int, chosen: list[int] | None = None) -> S
 
 def _c_stats(z: torch.Tensor, k: int, chosen: list[int] | None) -> SoftmaxStats:
     R, V = z.shape
-    ids = torch.empty(R, k, dtype=torch.long)
-    top_z = torch.empty(R, k, dtype=torch.float32)
-    stats = torch.empty(R, 4, dtype=torch.float64)
-    greater = torch.empty(R, dtype=torch.long)
-    c = torch.tensor(chosen, dtype=torch.long) if chosen is not None else None
-    cpu.library().tt_dist_stats(z.data_ptr(), R, V, z.stride(0), k, None if c is None else c.data_ptr(),
-                                ids.data_ptr(), top_z.data_ptr(), stats.data_ptr(), greater.data_ptr(),
-                                torch.get_num_threads())
-    _, lse, entropy, kept = zip(*stats.tolist())
-    out = SoftmaxStats(ids.tolist(), [[probability(v - s) for v in row] for row, s in zip(top_z.tolist(), lse)],
-                       list(lse), list(entropy), [int(n) for n in kept])
-    if c is not None:
-        zc = z[torch.arange(R), c].tolist()
-        out.rank = [n + 1 for n in greater.tolist()]
-        out.chosen_probs = [probability(v - s) for v, s in zip(zc, lse)]
-    return out
+    out = torch.empty(R, 6 + 2 * k, dtype=torch.float64)  # per row: see tt_dist_stats
+    c = (ctypes.c_long * R)(*chosen) if chosen is not None else None
+    cpu.library().tt_dist_stats(z.data_ptr(), R, V, z.stride(0), k, c, out.data_ptr(), torch.get_num_threads())
+    rows = out.tolist()
+    s = SoftmaxStats([[int(i) for i in r[6:6 + k]] for r in rows],
+                     [[probability(v - r[1]) for v in r[6 + k:]] for r in rows],
+                     [r[1] for r in rows], [r[2] for r in rows], [int(r[3]) for r in rows])
+    if chosen is not None:
+        s.rank = [int(r[4]) + 1 for r in rows]
+        s.chosen_probs = [probability(r[5] - r[1]) for r in rows]
+    return s
 
 
 def probability(x: float) -> float:

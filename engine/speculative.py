@@ -23,7 +23,7 @@ import torch
 
 from engine.block_manager import BlockManager
 from engine.model_runner import ModelRunner
-from engine.sampler import filter_logits
+from engine.sampler import draw, filter_logits
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledSeq
 from engine.sequence import Sequence
@@ -95,11 +95,11 @@ def verify(target_logits: torch.Tensor, drafts: list[int], draft_probs: list[tor
                 residual = torch.clamp(p[i] - draft_probs[i], min=0)
                 if residual.sum() <= 0:  # p == q up to rounding: any draw from p is right
                     residual = p[i]
-                tokens.append(int(torch.multinomial(residual / residual.sum(), 1, generator=generator)))
+                tokens.append(draw(residual, generator))
                 return Verdict(i, tokens, p_x, q_x)
         tokens.append(x)
     last = p[k]
-    bonus = int(target_logits[k].argmax()) if params.greedy else int(torch.multinomial(last, 1, generator=generator))
+    bonus = int(target_logits[k].argmax()) if params.greedy else draw(last, generator)
     return Verdict(k, tokens + [bonus], p_x, q_x)
 
 
@@ -165,8 +165,7 @@ class Speculator:
             for (item, view), step, row in zip(active, steps, logits):
                 view.num_computed_tokens += step.num_tokens
                 q = distribution(row, item.seq.params)
-                x = int(row.argmax()) if item.seq.params.greedy else \
-                    int(torch.multinomial(q, 1, generator=item.seq.generator))
+                x = int(row.argmax()) if item.seq.params.greedy else draw(q, item.seq.generator)
                 item.draft_tokens.append(x)
                 item.draft_probs.append(q)
             active = [(item, view) for item, view in active if len(item.draft_tokens) < item.num_draft]

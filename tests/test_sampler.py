@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from engine.sampler import explain, filter_logits, sample
+from engine.sampler import draw, explain, filter_logits, outside_nucleus, sample
 from tests.engine_utils import DEVICE
 
 PROBS = torch.tensor([0.40, 0.25, 0.15, 0.10, 0.06, 0.04])
@@ -52,6 +52,32 @@ def test_draws_follow_the_filtered_distribution():
     expected = torch.tensor([0.40, 0.25, 0.15, 0, 0, 0]) / 0.80
     assert counts[3:].sum() == 0
     assert torch.allclose(counts, expected, atol=0.03)
+
+
+@pytest.mark.parametrize("scale,top_p", [(8.0, 0.9), (3.0, 0.95), (0.3, 0.95), (0.0, 0.5), (1.0, 0.999)])
+def test_the_nucleus_without_a_sort_is_the_sorted_rule(scale, top_p):
+    """outside_nucleus looks at a growing top k, not the sorted vocabulary: the same tokens
+    as the rule written with a sort, for peaked distributions (a few tokens), flat ones
+    (past 256 and 2,048 tokens: k grows) and a uniform one (every token ties)."""
+    probs = torch.softmax(torch.randn(20_000, generator=torch.Generator().manual_seed(7)) * scale, dim=-1)
+    sorted_p, order = torch.sort(probs, descending=True, stable=True)
+    drop = torch.zeros(20_000, dtype=torch.bool)
+    drop[order] = (torch.cumsum(sorted_p, dim=-1) - sorted_p) >= top_p
+    got = outside_nucleus(probs, top_p)
+    if scale == 0.0:  # ties: which of the equal tokens stay is the order's choice, how many is not
+        assert (~got).sum() == (~drop).sum() == 10_000
+    else:
+        assert torch.equal(got, drop)
+
+
+def test_draw_follows_the_weights_and_never_a_zero():
+    w = torch.tensor([0.0, 3.0, 0.0, 1.0, 0.5, 0.0, 0.0, 4.5])  # unnormalised, like a residual
+    g = torch.Generator().manual_seed(2)
+    n = 20_000
+    counts = torch.bincount(torch.tensor([draw(w, g) for _ in range(n)]), minlength=8).float() / n
+    assert counts[w == 0].sum() == 0
+    torch.testing.assert_close(counts, w / w.sum(), atol=0.012, rtol=0)
+    assert draw(torch.tensor([0.0, 0.0, 1.0]), None) == 2
 
 
 def test_greedy_and_sampled_rows_in_one_batch():

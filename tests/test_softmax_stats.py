@@ -41,6 +41,11 @@ def test_c_kernel_matches_torch(c_path, V):
     assert_same(softmax_stats(z, 5), reference(z, k))
 
 
+def test_every_token_a_candidate(c_path):
+    z = torch.randn(2, 300, generator=torch.Generator().manual_seed(2))
+    assert_same(softmax_stats(z, 300, [5, 6]), reference(z, 300, [5, 6]))
+
+
 def test_strided_rows_as_the_logit_lens_reads_them(c_path):
     both = torch.randn(31, 3, 1000, generator=torch.Generator().manual_seed(1)) * 6  # [L + 1, tokens, V]
     rows = both[:, 1]  # one token's lens: row stride 3 * V

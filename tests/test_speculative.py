@@ -123,7 +123,10 @@ def test_seeded_request_draws_the_same_tokens_in_any_batch(models, num_kv_blocks
     want = alone.generate(PROMPTS[0], params)[0]
     crowded = LLM(target, device=DEVICE, block_size=4, draft=draft, num_speculative_tokens=4,
                   max_num_batched_tokens=8, num_kv_blocks=num_kv_blocks)
-    others = [SamplingParams(temperature=0.7, seed=i, max_tokens=20, ignore_eos=True) for i in range(5)]
+    # the crowd's seeds decide its lengths, so when the pool runs out: these give both a
+    # preemption and a prefix hit at 14 blocks (with some, the preempted request returns
+    # after the shared blocks were evicted)
+    others = [SamplingParams(temperature=0.7, seed=5 + i, max_tokens=20, ignore_eos=True) for i in range(5)]
     outs = crowded.generate(PROMPTS + [[9, 8, 7], PROMPTS[0]], others + [params])
     assert outs[-1].token_ids == want.token_ids
     assert outs[-1].usage.cached_tokens > 0  # it shared the first request's prompt blocks

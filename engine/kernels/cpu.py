@@ -108,7 +108,7 @@ def library() -> ctypes.CDLL | None:
     lib.tt_decode_attention_block.restype = ctypes.c_int
     lib.tt_decode_mlp_block.argtypes = [ptr, ptr, c_long, ctypes.c_int]
     lib.tt_decode_mlp_block.restype = ctypes.c_int
-    lib.tt_dist_stats.argtypes = [ptr, c_long, c_long, c_long, ctypes.c_int, ptr, ptr, ptr, ptr, ptr, ctypes.c_int]
+    lib.tt_dist_stats.argtypes = [ptr, c_long, c_long, c_long, ctypes.c_int, ptr, ptr, ctypes.c_int]
     lib.tt_dist_stats.restype = None
     return lib
 

@@ -14,13 +14,13 @@
 
 /* Insert (value, id) into the top list (vals descending; among equal values the lower id
    first, as it arrives first) of length `filled` <= k; returns the new length. */
-static inline int insert(float *vals, long *ids, int filled, int k, float v, long id) {
+static inline int insert(double *vals, double *ids, int filled, int k, float v, long id) {
     int at = filled < k ? filled : k - 1;
     while (at > 0 && vals[at - 1] < v) {
         if (at < k) vals[at] = vals[at - 1], ids[at] = ids[at - 1];
         at--;
     }
-    vals[at] = v, ids[at] = id;
+    vals[at] = v, ids[at] = (double)id;
     return filled < k ? filled + 1 : k;
 }
 
@@ -36,8 +36,8 @@ static inline float hmax(v16 v) {
     return m;
 }
 
-static void row_stats(const float *z, long V, int k, long chosen, long *top_ids, float *top_z,
-                      double *out, long *greater) {
+static void row_stats(const float *z, long V, int k, long chosen, double *out) {
+    double *top_ids = out + 6, *top_z = out + 6 + k;  /* filled in place: k may be the whole vocabulary */
     /* pass 1: maximum, top k, logits above the chosen token's.
        A block of 4 vectors is looked at lane by lane only when its maximum beats the k-th
        largest so far: rarely, after the first blocks. */
@@ -58,7 +58,7 @@ static void row_stats(const float *z, long V, int k, long chosen, long *top_ids,
             for (int l = 0; l < 4 * VL; l++)
                 if (filled < k ? p[l] == p[l] : p[l] > th) {
                     filled = insert(top_z, top_ids, filled, k, p[l], i + l);
-                    if (filled == k) th = top_z[k - 1];
+                    if (filled == k) th = (float)top_z[k - 1];
                 }
     }
     float m = -INFINITY;
@@ -70,11 +70,11 @@ static void row_stats(const float *z, long V, int k, long chosen, long *top_ids,
         n_above += v > zc;
         if (filled < k ? v == v : v > th) {
             filled = insert(top_z, top_ids, filled, k, v, i);
-            if (filled == k) th = top_z[k - 1];
+            if (filled == k) th = (float)top_z[k - 1];
         }
     }
     for (int j = filled; j < k; j++) top_ids[j] = -1, top_z[j] = -INFINITY;  /* fewer than k finite */
-    if (greater) *greater = n_above;
+    out[4] = (double)n_above, out[5] = chosen >= 0 ? zc : NAN;
     if (m == -INFINITY) {  /* every token masked: nothing to normalise */
         out[0] = out[1] = -INFINITY, out[2] = 0.0, out[3] = 0.0;
         return;
@@ -106,13 +106,13 @@ static void row_stats(const float *z, long V, int k, long chosen, long *top_ids,
 }
 
 /* z: R rows of V logits, row r at z + r * ldz (-inf for a masked token); k <= V candidates
-   a row; chosen: a token per row whose rank is counted (NULL: none). Out, per row:
-   top_ids / top_z [R, k] (descending), stats [R, 4] (max, log-sum-exp, entropy in nats,
-   nonzero probabilities), greater [R] (logits above the chosen one's; 1 + it is the rank). */
-void tt_dist_stats(const float *z, long R, long V, long ldz, int k, const long *chosen, long *top_ids,
-                   float *top_z, double *stats, long *greater, int nthreads) {
+   a row; chosen: a token per row whose rank is counted (NULL: none). Out: one row of
+   6 + 2k doubles per row of z (one buffer, one conversion to Python): max, log-sum-exp,
+   entropy in nats, nonzero probabilities, logits above the chosen one's (1 + it is the
+   rank), the chosen token's logit, then the top k ids and their logits, descending. */
+void tt_dist_stats(const float *z, long R, long V, long ldz, int k, const long *chosen, double *out,
+                   int nthreads) {
     #pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1 && R > 1 && R * V >= 65536)
     for (long r = 0; r < R; r++)
-        row_stats(z + r * ldz, V, k, chosen ? chosen[r] : -1, top_ids + r * k, top_z + r * k, stats + r * 4,
-                  greater ? greater + r : 0);
+        row_stats(z + r * ldz, V, k, chosen ? chosen[r] : -1, out + r * (6 + 2 * k));
 }
