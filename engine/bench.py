@@ -174,40 +174,49 @@ class Bench:
         the tracing differs), runs interleaved so drift in the machine's speed hits every
         variant alike. Decode rate: the tokens after the first over the time after the
         first token; what a level adds before the first token shows in its TTFT row. The
-        events are kept until the run ends, as a trace store keeps them."""
+        events are kept until the run ends, as a trace store keeps them. Two more variants
+        draw with the page's default knobs (temperature 0.8, top-p 0.95) instead of greedy:
+        without a tracer, and traced `full` as the page traces (seeded, so every run draws
+        the same tokens)."""
         s = self.s
         n = 2 * s.new_tokens  # longer runs: the differences measured here are small
-        prompts, params = self.prompts[:1], [greedy(n)]
+        prompts = self.prompts[:1]
+        sampled = SamplingParams(temperature=0.8, top_p=0.95, seed=0, max_tokens=n, ignore_eos=True)
         sink = EventList()
         tracer = Tracer(sink)
         engine = LLMEngine(self.model, device=self.device, tracer=tracer)
-        levels = ("none", "off", "basic", "full", "full, no logit lens")
         lens_on, lens_off = engine.capture, replace(engine.capture, logit_lens_top=0)
-        rates = {level: [] for level in levels}
-        ttfts = {level: [] for level in levels}
+        # name -> trace level (None: the engine as built without a tracer), capture, sampling
+        variants = {"none": (None, lens_on, greedy(n)), "off": ("off", lens_on, greedy(n)),
+                    "basic": ("basic", lens_on, greedy(n)), "full": ("full", lens_on, greedy(n)),
+                    "full, no logit lens": ("full", lens_off, greedy(n)),  # what the lens costs
+                    "sampled, no tracer": (None, lens_on, sampled), "sampled, full": ("full", lens_on, sampled)}
+        rates = {name: [] for name in variants}
+        ttfts = {name: [] for name in variants}
         order = random.Random(0)
         for _ in range(5 * s.repeats):
-            # a new order each round: a run must not always follow the same level (the one
+            # a new order each round: a run must not always follow the same variant (the one
             # after `full` inherits the freeing of its events)
-            for level in order.sample(levels, len(levels)):
-                # "none": the engine as built without a tracer (nothing else holds it)
-                engine.tracer = None if level == "none" else tracer
-                engine.capture = lens_off if level == "full, no logit lens" else lens_on  # what the lens costs
+            for name in order.sample(list(variants), len(variants)):
+                level, engine.capture, params = variants[name]
+                engine.tracer = None if level is None else tracer
                 t = time.perf_counter()
-                out = next(iter(run_engine(engine, prompts, params,
-                                           trace_level=level.split(",")[0] if engine.tracer else None).values()))
+                out = next(iter(run_engine(engine, prompts, [params], trace_level=level).values()))
                 elapsed = time.perf_counter() - t
-                rates[level].append((n - 1) / (elapsed - out["ttft"]))
-                ttfts[level].append(out["ttft"])
+                rates[name].append((n - 1) / (elapsed - out["ttft"]))
+                ttfts[name].append(out["ttft"])
                 sink.events.clear()
         engine.tracer, engine.capture = tracer, lens_on
         self.tracing_off_steps(engine, tracer, prompts[0], n)
         rate0, ttft0 = statistics.median(rates["none"]), statistics.median(ttfts["none"])
-        for level in levels[1:]:
-            self.add("tracing cost", f"trace {level}: tok/s", statistics.median(rates[level]), "tok/s", rate0,
-                     "decode; baseline: no tracer")
-            self.add("tracing cost", f"trace {level}: TTFT", statistics.median(ttfts[level]) * 1e3, "ms",
-                     ttft0 * 1e3)
+        for name in list(variants)[1:]:
+            rate = statistics.median(rates[name])
+            what = (f"decode with temperature 0.8 + top-p 0.95, {name.split(', ')[1]}" if name.startswith("sampled")
+                    else f"trace {name}")
+            self.add("tracing cost", f"{what}: tok/s", rate, "tok/s", rate0,
+                     f"decode; baseline: greedy, no tracer; {1e3 * (1 / rate - 1 / rate0):+.2f} ms a token")
+            if not name.startswith("sampled"):
+                self.add("tracing cost", f"{what}: TTFT", statistics.median(ttfts[name]) * 1e3, "ms", ttft0 * 1e3)
 
     def tracing_off_steps(self, engine: LLMEngine, tracer: Tracer, prompt: list[int], n: int) -> None:
         """`off` against no tracer, step by step: one request's decode steps alternate
