@@ -299,9 +299,12 @@ class LLMEngine:
         seqs = [scheduled[b].seq for b in plain]
         plain_rows = [spans[b][0] for b in plain]
         # every row a plain draw (no speculation this step): the logits as they are, not a copy
+        knobs: dict[int, dict] = {}  # a traced draw's filtered logits, which its `sample` event shows
         picks = sample(logits if plain_rows == list(range(len(logits))) else logits[plain_rows],
-                       [s.params for s in seqs], [s.generator for s in seqs]) if plain else []
+                       [s.params for s in seqs], [s.generator for s in seqs],
+                       knobs if any(s.traced for s in seqs) else None) if plain else []
         new_tokens = {b: [t] for b, t in zip(plain, picks)}
+        draw_row = {b: i for i, b in enumerate(plain)}
         verdicts = {}
         for b in spans:
             s = scheduled[b]
@@ -321,7 +324,8 @@ class LLMEngine:
                 seq.prefill_done_time, seq.first_token_time = t_forward, t_sample
             for j, token in enumerate(tokens):
                 if seq.traced:  # the target's distribution at each new token's position
-                    info = explain(logits[spans[b][0] + j], seq.params, token, self.capture.top_candidates)
+                    info = explain(logits[spans[b][0] + j], seq.params, token, self.capture.top_candidates,
+                                   knobs.get(draw_row.get(b)))
                     source = _token_source(verdicts.get(b), j)
                     method = self.speculative_method if source != "target" else None
                     self._emit_plain("sample", seq.request_id, position=len(seq), source=source, method=method,

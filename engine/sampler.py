@@ -80,15 +80,10 @@ def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
     return torch.argmax(chunks[rows, best], dim=-1) + best * chunk
 
 
-def sample_one(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
-    if params.greedy:
-        return int(torch.argmax(logits))
-    return draw(torch.softmax(filter_logits(logits, params), dim=-1), generator)
-
-
-def sample(logits: torch.Tensor, params: list[SamplingParams],
-           generators: list[torch.Generator | None]) -> list[int]:
-    """logits: [N, V], one row per sequence that draws a token this step."""
+def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None],
+           stages: dict[int, dict[str, torch.Tensor]] | None = None) -> list[int]:
+    """logits: [N, V], one row per sequence that draws a token this step. stages: where
+    to keep each drawing row's filter_stages (by row), for explain to reuse."""
     greedy_rows = [i for i, p in enumerate(params) if p.greedy]
     tokens = [0] * len(params)
     if greedy_rows:
@@ -98,19 +93,23 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
             tokens[i] = t
     for i, p in enumerate(params):
         if not p.greedy:
-            tokens[i] = sample_one(logits[i], p, generators[i])
+            knobs = filter_stages(logits[i], p)
+            tokens[i] = draw(torch.softmax(knobs["min_p"], dim=-1), generators[i])
+            if stages is not None:
+                stages[i] = knobs
     return tokens
 
 
-def explain(logits: torch.Tensor, params: SamplingParams, token_id: int, top: int) -> dict:
+def explain(logits: torch.Tensor, params: SamplingParams, token_id: int, top: int,
+            knobs: dict[str, torch.Tensor] | None = None) -> dict:
     """The sampling stages of one draw, for the trace: the top candidates before and
     after each knob, how many tokens survive each cut, and the token drawn. Plain Python
     values, read from the logits without a softmax (engine/softmax_stats.py): this runs
-    for every traced token."""
+    for every traced token. knobs: filter_stages of these logits, if the draw kept them."""
     raw = logits.float()
     stages = {"logits": raw}
     if not params.greedy:
-        stages.update(filter_stages(raw, params))
+        stages.update(knobs if knobs is not None else filter_stages(raw, params))
     distinct = list({id(x): x for x in stages.values()}.values())  # a knob that is off repeats its input
     row = {id(x): i for i, x in enumerate(distinct)}
     z = torch.stack(distinct) if len(distinct) > 1 else raw[None]  # [S, V]
