@@ -40,7 +40,7 @@ class DecoderLayer(nn.Module):
             self.pre_feedforward_layernorm = norm()
             self.post_feedforward_layernorm = norm()
         # a CPU pass of a few rows through C calls (engine/layers/fused.py): the attention is of that kind
-        self.fusable = not self.sandwich and cfg.qk_norm == "none" and cfg.clip_qkv is None
+        self.fusable = cfg.qk_norm in ("none", "head") and cfg.clip_qkv is None
         self.fused: fused.FusedLayer | None = None
 
     def _fused_plan(self, x: torch.Tensor, batch: ForwardBatch) -> fused.FusedLayer | None:
@@ -52,16 +52,16 @@ class DecoderLayer(nn.Module):
         return self.fused
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        if self.sandwich:
-            x = x + self.post_attention_layernorm(self.self_attn(positions, self.input_layernorm(x), batch))
-            return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x), batch))
         plan = self._fused_plan(x, batch)
         if plan is None:
-            x = x + self.self_attn(positions, self.input_layernorm(x), batch)
+            h = self.self_attn(positions, self.input_layernorm(x), batch)
+            x = x + (self.post_attention_layernorm(h) if self.sandwich else h)
         else:
             x = fused.forward(plan, self, x, batch)
             if plan.mlp:
                 return x
+        if self.sandwich:  # Gemma: a norm before the MLP and one on its output
+            return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x), batch))
         return x + self.mlp(self.post_attention_layernorm(x), batch)  # a MoE's experts run here either way
 
 

@@ -1,6 +1,9 @@
 /* A decoder layer of a CPU pass over a few rows (Llama-style: RMSNorm, attention with RoPE over the
    paged KV pool, residual, RMSNorm, SwiGLU MLP, residual) in two calls, one per half: a
-   MoE layer takes the attention half here and its experts in PyTorch.
+   MoE layer takes the attention half here and its experts in PyTorch. Optional parts
+   cover Qwen3 and Gemma 3: an RMSNorm on each query and key head before RoPE, Gemma's
+   "sandwich" norms on the attention's and the MLP's outputs before their residual adds,
+   and GeGLU (tanh GELU) for SwiGLU's SiLU.
 
    The layer's parts are this library's own kernels (cpu_norm.c, cpu_linear.c,
    cpu_attention.c); what this file adds is the glue that PyTorch ran as ~15 small ops a
@@ -44,6 +47,9 @@ typedef struct {
     float *k_cache, *v_cache;                                  /* [blocks, block_size, kv_heads, head_dim] */
     linear_q8_fn linear_q8;                                    /* NULL where no projection is quantized */
     linear_q4_fn linear_q4;
+    const float *q_norm, *k_norm;                              /* [head_dim] per-head norms, or NULL */
+    const float *post_attn_norm, *post_mlp_norm;               /* [hidden] sandwich norms, or NULL */
+    long gelu;                                                 /* 1: GeGLU (tanh GELU), 0: SwiGLU (SiLU) */
 } tt_layer;
 
 /* y [T, N] = x [T, K] (row stride ldx) @ W.T + bias, through the kernel for p's kind.
@@ -70,7 +76,8 @@ static void rope(float *v, const float *cos, const float *sin, long D) {
     }
 }
 
-/* The attention half: out = x + o(attention(rope(qkv(norm1(x))))), the new K/V written
+/* The attention half: out = x + o(attention(rope(qkv(norm1(x))))) (with q/k head norms
+   before RoPE, and the sandwich norm on o's output, where the layer has them), the new K/V written
    into the pool. x [T, hidden] -> out [T, hidden]. Each row is a query of its own (a
    decode step's sequences, or the rows of a verify pass or short prefill chunk): its
    position's cos/sin [T, head_dim], its K/V slot, its sequence's block table row [T, W]
@@ -94,6 +101,10 @@ int tt_decode_attention_block(const tt_layer *L, const float *x, long T, const f
     for (long t = 0; t < T; t++) {
         float *row = qkv + t * QKV;
         const float *c = cos + t * D, *s = sin + t * D;
+        if (L->q_norm) {  /* each head's D values on their own, in place (q heads, then k heads) */
+            tt_rms_norm(row, L->heads, D, D, L->q_norm, L->norm_offset, L->eps, row);
+            tt_rms_norm(row + QS, L->kv_heads, D, D, L->k_norm, L->norm_offset, L->eps, row + QS);
+        }
         for (long hh = 0; hh < L->heads + L->kv_heads; hh++) rope(row + hh * D, c, s, D);
         memcpy(q + t * QS, row, sizeof(float) * QS);
         if (slots[t] < 0) continue;  /* a padding row (engine/cuda_graph.py's convention): not stored */
@@ -105,12 +116,14 @@ int tt_decode_attention_block(const tt_layer *L, const float *x, long T, const f
     tt_decode_attention(q, L->k_cache, L->v_cache, tables, W, ctx, T, L->heads, L->kv_heads, D, L->block_size,
                         L->scale, L->window, att, nthreads);
     int rc = project(L, &L->o, att, T, QS, Hd, QS, tmp, nthreads);
+    if (L->post_attn_norm) tt_rms_norm(tmp, T, Hd, Hd, L->post_attn_norm, L->norm_offset, L->eps, tmp);
     for (long i = 0; i < T * Hd; i++) out[i] = x[i] + tmp[i];
     free(buf);
     return rc ? -1 : 0;
 }
 
-/* The MLP half, in place: x += down(silu(gate(norm2(x))) * up(norm2(x))). x [T, hidden]. */
+/* The MLP half, in place: x += down(act(gate(norm2(x))) * up(norm2(x))), act SiLU or tanh
+   GELU, the sandwich norm on down's output where the layer has it. x [T, hidden]. */
 int tt_decode_mlp_block(const tt_layer *L, float *x, long T, int nthreads) {
     long Hd = L->hidden, I = L->inter;
     float *buf = malloc(sizeof(float) * T * (Hd + 3 * I + Hd));
@@ -124,9 +137,13 @@ int tt_decode_mlp_block(const tt_layer *L, float *x, long T, int nthreads) {
     for (long t = 0; t < T; t++)
         for (long i = 0; i < I; i++) {
             float g = gu[t * 2 * I + i];
-            act[t * I + i] = g / (1.f + expf(-g)) * gu[t * 2 * I + I + i];
+            /* PyTorch's gelu(approximate="tanh"): 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))) */
+            float a = L->gelu ? 0.5f * g * (1.f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g)))
+                              : g / (1.f + expf(-g));
+            act[t * I + i] = a * gu[t * 2 * I + I + i];
         }
     int rc = project(L, &L->down, act, T, I, Hd, I, tmp, nthreads);
+    if (L->post_mlp_norm) tt_rms_norm(tmp, T, Hd, Hd, L->post_mlp_norm, L->norm_offset, L->eps, tmp);
     for (long i = 0; i < T * Hd; i++) x[i] += tmp[i];
     free(buf);
     return rc ? -1 : 0;

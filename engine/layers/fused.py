@@ -5,14 +5,15 @@ linear kernel does near the memory's speed; what is left is ~15 small PyTorch op
 layer around the matmuls, each a few microseconds of dispatch and Python: 4-5 ms of a
 20 ms SmolLM2 step. The fused call runs the same kernels with that glue in C.
 
-The attention half applies to a Llama-style layer (RMSNorm, attention with RoPE and no
-q/k norm or clipping) whose q/k/v and o projections run in the C kernels (float32
-blocked weights, or int8 / int4 records), on up to 32 float32 CPU rows of a pass: a
-decode step, a speculative verify pass, a short prefill chunk (every row attends as a
-query of its own, over its sequence's pages). The MLP half too where it is a dense
-SwiGLU on such weights, while a MoE block runs its own modules after the fused
-attention. Everything else (longer prefill chunks, Gemma, sharded layers, PyTorch's
-quantized kernels) takes the modules. A `full` trace still gets what it reads from a
+The attention half applies to a Llama-style layer (RMSNorm, attention with RoPE, no
+clipping; Qwen3's and Gemma 3's per-head q/k norms and Gemma's sandwich norms too) whose
+q/k/v and o projections run in the C kernels (float32 blocked weights, or int8 / int4
+records), on up to 32 float32 CPU rows of a pass: a decode step, a speculative verify
+pass, a short prefill chunk (every row attends as a query of its own, over its
+sequence's pages). The MLP half too where it is a dense SwiGLU or GeGLU on such
+weights, while a MoE block runs its own modules after the fused attention. Everything
+else (longer prefill chunks, OLMoE's whole-projection norms and clipping, sharded
+layers, PyTorch's quantized kernels) takes the modules. A `full` trace still gets what it reads from a
 layer: the rotated queries (layer_q) and the MoE routing.
 """
 from __future__ import annotations
@@ -42,7 +43,8 @@ class LayerArgs(ctypes.Structure):
     _fields_ = [("hidden", _L), ("heads", _L), ("kv_heads", _L), ("head_dim", _L), ("inter", _L),
                 ("block_size", _L), ("window", _L), ("eps", _F), ("norm_offset", _F), ("scale", _F),
                 ("norm1", _P), ("norm2", _P), ("qkv", Proj), ("o", Proj), ("gate_up", Proj), ("down", Proj),
-                ("k_cache", _P), ("v_cache", _P), ("linear_q8", _P), ("linear_q4", _P)]
+                ("k_cache", _P), ("v_cache", _P), ("linear_q8", _P), ("linear_q4", _P),
+                ("q_norm", _P), ("k_norm", _P), ("post_attn_norm", _P), ("post_mlp_norm", _P), ("gelu", _L)]
 
 
 KINDS = {"int8": 1, "int4": 2}
@@ -94,11 +96,21 @@ def plan(layer: nn.Module) -> FusedLayer | None:
             or cache.device.type != "cpu" or not cache.is_contiguous() or cpu_kernels.library() is None \
             or not cpu_kernels.attention_fits(attn.num_heads, attn.num_kv_heads, attn.head_dim):
         return None
-    n1, n2 = layer.input_layernorm, layer.post_attention_layernorm
-    fuse_mlp = type(mlp) is MLP and mlp.act is ACTIVATIONS["silu"] and _weight(mlp.gate_up_proj) is not None \
-        and _weight(mlp.down_proj) is not None and (n1.offset, n1.eps) == (n2.offset, n2.eps)
+    # the norms, in the order the layer applies them (None: it has none there); the C code
+    # takes one eps and offset for all, which every model here shares between its norms
+    n1 = layer.input_layernorm
+    qn, kn = (attn.q_norm, attn.k_norm) if attn.qk_norm == "head" else (None, None)
+    post_attn, n2, post_mlp = (layer.post_attention_layernorm, layer.pre_feedforward_layernorm,
+                               layer.post_feedforward_layernorm) if layer.sandwich \
+        else (None, layer.post_attention_layernorm, None)
+    if any(n is not None and (n.offset, n.eps) != (n1.offset, n1.eps) for n in (qn, kn, post_attn)):
+        return None
+    fuse_mlp = type(mlp) is MLP and mlp.act in (ACTIVATIONS["silu"], ACTIVATIONS["gelu_pytorch_tanh"]) \
+        and _weight(mlp.gate_up_proj) is not None and _weight(mlp.down_proj) is not None \
+        and all(n is None or (n.offset, n.eps) == (n1.offset, n1.eps) for n in (n2, post_mlp))
     linears = [attn.qkv_proj, attn.o_proj] + ([mlp.gate_up_proj, mlp.down_proj] if fuse_mlp else [])
     w1, w2 = _f32(n1.weight), _f32(n2.weight)
+    extra = [_f32(n.weight) if n is not None else None for n in (qn, kn, post_attn, post_mlp if fuse_mlp else None)]
     biases = [_f32(m.bias) for m in linears]
     projs = [_proj(m, b) for m, b in zip(linears, biases)] + [Proj(), Proj()]
     quant = cpu_quant.library() if any(m.qweight is not None for m in linears) else None
@@ -110,8 +122,15 @@ def plan(layer: nn.Module) -> FusedLayer | None:
         norm_offset=1.0 if n1.offset else 0.0, scale=attn.scale, norm1=w1.data_ptr(), norm2=w2.data_ptr(),
         qkv=projs[0], o=projs[1], gate_up=projs[2], down=projs[3],
         k_cache=cache.data_ptr(), v_cache=attn.v_cache.data_ptr(),
-        linear_q8=fn("tt_linear_q8"), linear_q4=fn("tt_linear_q4"))
-    return FusedLayer(args, fuse_mlp, [(m, _weight(m)) for m in linears], (cache, attn.v_cache, w1, w2, *biases))
+        linear_q8=fn("tt_linear_q8"), linear_q4=fn("tt_linear_q4"),
+        q_norm=_ptr(extra[0]), k_norm=_ptr(extra[1]), post_attn_norm=_ptr(extra[2]), post_mlp_norm=_ptr(extra[3]),
+        gelu=int(fuse_mlp and mlp.act is ACTIVATIONS["gelu_pytorch_tanh"]))
+    return FusedLayer(args, fuse_mlp, [(m, _weight(m)) for m in linears],
+                      (cache, attn.v_cache, w1, w2, *extra, *biases))
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
 
 
 def applies(x: torch.Tensor, batch: ForwardBatch) -> bool:
