@@ -117,7 +117,9 @@ def test_a_truncated_trace_stops_the_captures_says_so_and_still_replays(capped):
     from app.live_view import PANELS, LiveView
     from app.recording import Recording, ReplayCursor, record_request, show_accepted
     from visualizers.walkthrough import stages
-    rid, seen = _run(capped, "full")
+    # 32 tokens: their events (sampling, speculative rounds, KV) fit in twice the cap with room; at 40
+    # some draws' runs (more rejected proposals, so more steps) came within a few kB of it
+    rid, seen = _run(capped, "full", 32)
     rec = record_request(capped.store, rid, capped.model_info(), capped.piece, capped.is_special)
     cut = rec.truncated
     assert cut is not None and cut["limit_bytes"] == 100_000 and cut["captures_dropped"] >= 1
@@ -135,7 +137,7 @@ def test_a_truncated_trace_stops_the_captures_says_so_and_still_replays(capped):
     kept = [e for e in rec.events if e["type"] in heavy]
     assert kept and max(e["step"] for e in kept) <= cut["step"]
     # everything else went on to the end: every token, the finish
-    assert len([e for e in rec.events if e["type"] == "token"]) == 40
+    assert len([e for e in rec.events if e["type"] == "token"]) == 32
     assert any(e["type"] == "finish" for e in rec.events) and rec.outputs[-1]["finished"]
     assert len(json.dumps([rec.events, rec.outputs], separators=SEP)) <= 2 * 100_000
     # the file says so, and replays at every step
