@@ -92,9 +92,12 @@ class DecoderModel(nn.Module):
         # logit lens: the residual stream at the sampled rows before each layer (after the last
         # one it is the model's own output: engine/logit_lens.py)
         lens = batch.lens_rows
+        # every row a lens row (a traced decode step of one sequence, its verify pass): x itself,
+        # which no layer writes to (each returns a new tensor); the engine marks rows in order
+        whole = lens is not None and lens.shape[0] == x.shape[0]
         for layer in self.layers:
             if lens is not None:
-                batch.lens_hidden.append(x.index_select(0, lens))
+                batch.lens_hidden.append(x if whole else x.index_select(0, lens))
             x = layer(batch.positions, x, batch)
         return self.norm(x)
 
