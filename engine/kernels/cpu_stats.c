@@ -73,7 +73,7 @@ static void row_stats(const float *z, long V, int k, long chosen, double *out) {
             if (filled == k) th = (float)top_z[k - 1];
         }
     }
-    for (int j = filled; j < k; j++) top_ids[j] = -1, top_z[j] = -INFINITY;  /* fewer than k finite */
+    for (int j = filled; j < k; j++) top_ids[j] = -1, top_z[j] = -INFINITY;  /* fewer than k that are not NaN */
     out[4] = (double)n_above, out[5] = chosen >= 0 ? zc : NAN;
     if (m == -INFINITY) {  /* every token masked: nothing to normalise */
         out[0] = out[1] = -INFINITY, out[2] = 0.0, out[3] = 0.0;
