@@ -5,6 +5,8 @@ request draws the same tokens whatever else shares its batch.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from engine.sampling_params import SamplingParams
@@ -52,9 +54,13 @@ def draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
     """One token drawn from probs [V] (any nonnegative weights): the first whose cumulative
     weight passes u * total, u uniform in [0, 1). torch.multinomial draws an exponential per
     token (~1 ms for 49k on this project's CPU); this is a cumsum and a binary search. In
-    float64, so a token's share of the line is its probability to ~1e-16."""
+    float64, so a token's share of the line is its probability to ~1e-16. Weights with no
+    finite positive total (NaN or inf logits from a broken model) raise, as multinomial did."""
     cdf = probs.double().cumsum(dim=-1)
-    u = torch.rand((1,), dtype=torch.float64, generator=generator, device=probs.device) * cdf[-1]
+    total = float(cdf[-1])
+    if not (0.0 < total < math.inf):
+        raise ValueError(f"cannot draw a token: the probabilities sum to {total} (NaN or inf logits?)")
+    u = torch.rand((1,), dtype=torch.float64, generator=generator, device=probs.device) * total
     return min(int(torch.searchsorted(cdf, u, right=True)), probs.shape[-1] - 1)
 
 

@@ -78,6 +78,9 @@ def test_draw_follows_the_weights_and_never_a_zero():
     assert counts[w == 0].sum() == 0
     torch.testing.assert_close(counts, w / w.sum(), atol=0.012, rtol=0)
     assert draw(torch.tensor([0.0, 0.0, 1.0]), None) == 2
+    for broken in ([float("nan"), 1.0], [0.0, 0.0], [float("inf"), 1.0]):  # as torch.multinomial refuses
+        with pytest.raises(ValueError, match="cannot draw"):
+            draw(torch.tensor(broken), None)
 
 
 def test_greedy_and_sampled_rows_in_one_batch():
