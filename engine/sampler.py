@@ -124,7 +124,7 @@ def explain(logits: torch.Tensor, params: SamplingParams, token_id: int, top: in
     if token_id not in ids:
         ids.append(token_id)
     probs = [[probability(v - lse) for v in r] for r, lse in zip(z[:, ids].tolist(), s.lse)]
-    final = row[id(stages["min_p"] if "min_p" in stages else raw)]
+    final = row[id(list(stages.values())[-1])]  # the distribution drawn from: after the last knob
     return {
         "candidates": ids,
         "stages": {name: {"probs": probs[row[id(x)]], "kept": s.kept[row[id(x)]]} for name, x in stages.items()},
