@@ -20,9 +20,9 @@ from pathlib import Path
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from app.limits import API_TRACE_LEVEL, MAX_BODY_BYTES, PUBLIC_MAX_CONCURRENT, PUBLIC_MAX_TOKENS, \
+from app.serving.limits import API_TRACE_LEVEL, MAX_BODY_BYTES, PUBLIC_MAX_CONCURRENT, PUBLIC_MAX_TOKENS, \
     ServeLimits  # noqa: E402
-from app.trace_store import MAX_BYTES_PER_REQUEST, MAX_TOTAL_BYTES  # noqa: E402
+from app.serving.trace_store import MAX_BYTES_PER_REQUEST, MAX_TOTAL_BYTES  # noqa: E402
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets" / "models"
 PER_MODEL = {"model": "--model", "draft": "--draft", "served_model_name": "--served-model-name"}
@@ -208,9 +208,9 @@ def memory_line(service) -> str:
 
 def build_services(args: argparse.Namespace, say=None):
     """Every --model on its own engine (loaded one after another) -> ServedModels."""
-    from app.engine_service import EngineService
-    from app.limits import ClientSlots
-    from app.served_models import ServedModels
+    from app.serving.engine_service import EngineService
+    from app.serving.limits import ClientSlots
+    from app.serving.served_models import ServedModels
     from engine import CaptureConfig, EngineConfig, LLMEngine, Tracer
 
     say = say or (lambda line: print(line, flush=True))
@@ -257,7 +257,7 @@ def build_service(args: argparse.Namespace):
 
 def trace_store(args: argparse.Namespace):
     """The store of recent requests' traces, with the byte bounds given (ValueError: bad bounds)."""
-    from app.trace_store import TraceStore
+    from app.serving.trace_store import TraceStore
     if args.trace_max_bytes_per_request < 1:
         raise ValueError("--trace-max-bytes-per-request must be at least 1")
     try:
@@ -285,7 +285,7 @@ def serve_limits(args: argparse.Namespace) -> ServeLimits:
 
 def serve_replay(args: argparse.Namespace) -> None:
     """--replay FILE: the page, replay controls and classroom on one recording; no engine."""
-    from app.recording import Recording, TraceFileError
+    from app.serving.recording import Recording, TraceFileError
     try:
         rec = Recording.loads(Path(args.replay).read_bytes())
         limits = serve_limits(args)
@@ -299,7 +299,7 @@ def serve_replay(args: argparse.Namespace) -> None:
     print(f"TokenTrace replay: {rec.request_id} ({rec.model['name']}, {len(rec.steps())} engine steps) on "
           f"http://{args.host}:{args.port}", flush=True)
     if args.share:
-        from app.share import open_share_link
+        from app.serving.share import open_share_link
         open_share_link(args.port, lambda line: print(line, flush=True))
     # open event streams (a classroom's audience) end 3 s after Ctrl-C instead of holding the exit
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=3)
@@ -335,7 +335,7 @@ def main(argv: list[str] | None = None) -> None:
               f"in flight per client; " + ("access token required" if limits.api_key else
                                             "no access token (set --api-key or TOKENTRACE_API_KEY)"), flush=True)
     if args.share:
-        from app.share import open_share_link
+        from app.serving.share import open_share_link
         open_share_link(args.port, lambda line: print(line, flush=True))
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=3)

@@ -9,16 +9,16 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # nothing leaves the
 import gradio as gr  # noqa: E402
 from fastapi import FastAPI  # noqa: E402
 
-from app.access import add_access_control, page_login  # noqa: E402
-from app.classroom import Classrooms, add_classroom_routes  # noqa: E402
-from app.engine_service import EngineService  # noqa: E402
-from app.events_api import add_event_routes  # noqa: E402
-from app.limits import ServeLimits  # noqa: E402
-from app.metrics import add_metrics_route  # noqa: E402
-from app.openai_api import add_fallback_routes, add_openai_routes  # noqa: E402
-from app.page import CSS, HEAD, build_page  # noqa: E402
-from app.recording import Recording, record_request  # noqa: E402
-from app.served_models import ServedModels  # noqa: E402
+from app.serving.access import add_access_control, page_login  # noqa: E402
+from app.classroom.rooms import Classrooms, add_classroom_routes  # noqa: E402
+from app.serving.engine_service import EngineService  # noqa: E402
+from app.api.events import add_event_routes  # noqa: E402
+from app.serving.limits import ServeLimits  # noqa: E402
+from app.api.metrics import add_metrics_route  # noqa: E402
+from app.api.openai_routes import add_fallback_routes, add_openai_routes  # noqa: E402
+from app.page.layout import CSS, HEAD, build_page  # noqa: E402
+from app.serving.recording import Recording, record_request  # noqa: E402
+from app.serving.served_models import ServedModels  # noqa: E402
 
 
 def create_app(served: EngineService | ServedModels | None, replay: Recording | None = None,

@@ -3,7 +3,7 @@ and a trace event for every stage of a request."""
 from engine.config import EngineConfig, ModelConfig, UnsupportedModelError
 from engine.llm import LLM
 from engine.llm_engine import LLMEngine
-from engine.loader import ModelLoadError
+from engine.checkpoint.errors import ModelLoadError
 from engine.outputs import RequestOutput, TokenOutput, Usage
 from engine.sampling_params import SamplingParams
 from engine.trace import CaptureConfig, EventList, TraceEvent, Tracer

@@ -36,11 +36,11 @@ class ForwardBatch:
     static_shapes: bool = False
     # set by the model: RoPE table ("global", or Gemma's "local") -> cos, sin at `positions`
     rope: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None
-    # Kept during the pass for a `full` trace (references only, see engine/capture.py):
+    # Kept during the pass for a `full` trace (references only, see engine/trace/capture.py):
     layer_q: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> queries [T, H, D]
     moe_routing: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)  # experts, weights
     embed_rows: dict[int, torch.Tensor] = field(default_factory=dict)  # seq -> [n, embed_dims]
-    # Logit lens (engine/logit_lens.py): the flat rows whose residual stream is kept after the
+    # Logit lens (engine/trace/logit_lens.py): the flat rows whose residual stream is kept after the
     # embedding and after every layer but the last (set by the engine: the sampled rows of
     # lens-traced sequences), and where each of them is among the rows the pass returns logits for
     lens_rows: torch.Tensor | None = None

@@ -7,7 +7,12 @@ that the model code reads. `EngineConfig` holds the serving knobs.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
+
+import torch
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+ProgressFn = Callable[[int, int, str], None]  # (done, total, what): model loading's progress
 
 # architecture name in config.json -> family. The family decides the few
 # places where these models differ (bias, norms, MoE block layout).
@@ -270,7 +275,7 @@ class EngineConfig:
     freeze_startup_heap: bool = True  # hide objects alive before the first engine from the GC (see llm_engine)
     tensor_parallel_size: int = 1  # ranks the model is split over (engine/parallel)
     expert_parallel: bool = False  # MoE blocks: whole experts on ranks instead of split experts
-    quantization: str | None = None  # "int8" / "int4": weight-only quantized linear layers, CPU (engine/quantize.py)
+    quantization: str | None = None  # "int8" / "int4": weight-only quantized linear layers, CPU (engine/checkpoint/quantize.py)
     # decode steps replayed from CUDA graphs (engine/cuda_graph.py). None: on for CUDA with the
     # Triton kernels; False: always eager (vLLM's enforce_eager). Sizes: None = 1, 2, 4, 8, 16, 32
     # up to max_num_seqs

@@ -32,7 +32,7 @@ from tqdm.auto import tqdm
 
 from engine.batch import ForwardBatch
 from engine.config import EngineConfig
-from engine.loader import ProgressFn
+from engine.config import ProgressFn
 
 DEFAULT_MAX_CAPTURE = 32  # start-up stays quick: at most 1, 2, 4, 8, 16, 32 captured by default
 

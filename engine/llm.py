@@ -15,7 +15,7 @@ from tqdm.auto import tqdm
 
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
-from engine.loader import ProgressFn
+from engine.config import ProgressFn
 from engine.outputs import RequestOutput, TokenOutput
 from engine.sampling_params import SamplingParams
 from engine.trace import CaptureConfig, EventList, TraceEvent, Tracer

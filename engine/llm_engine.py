@@ -19,11 +19,12 @@ from pathlib import Path
 
 import torch
 
-from engine import logit_lens
+from engine.trace import logit_lens
 from engine.batch import CaptureSpec
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
-from engine.loader import DTYPES, ProgressFn, load_config, resolve_model_path
+from engine.config import DTYPES, ProgressFn
+from engine.checkpoint.resolve import load_config, resolve_model_path
 from engine.model_runner import ModelRunner
 from engine.outputs import RequestOutput, TokenOutput, Usage
 from engine.sampler import explain, sample
@@ -523,7 +524,7 @@ class LLMEngine:
                              kind=s.kind)
             if seq.capture is None:
                 continue
-            # captures are plain lists already (engine/capture.py): emitted without a walk
+            # captures are plain lists already (engine/trace/capture.py): emitted without a walk
             rid, step, emit = seq.request_id, self.step_count, self.tracer.emit_plain
             cfg = self.model_config
             if b in batch.captured_embed:

@@ -90,7 +90,7 @@ class DecoderModel(nn.Module):
             if spec is not None and spec.embed_dims:
                 batch.embed_rows[b] = x[batch.seq_slice(b), : spec.embed_dims]
         # logit lens: the residual stream at the sampled rows before each layer (after the last
-        # one it is the model's own output: engine/logit_lens.py)
+        # one it is the model's own output: engine/trace/logit_lens.py)
         lens = batch.lens_rows
         # every row a lens row (a traced decode step of one sequence, its verify pass): x itself,
         # which no layer writes to (each returns a new tensor); the engine marks rows in order

@@ -7,12 +7,13 @@ from pathlib import Path
 
 import torch
 
-from engine import capture, logit_lens
+from engine.trace import capture, logit_lens
 from engine.batch import CaptureSpec, ForwardBatch
 from engine.config import EngineConfig, ModelConfig
 from engine.cuda_graph import DecodeGraphs, capture_sizes, graphs_wanted
 from engine.kernels import cpu as cpu_kernels
-from engine.loader import ProgressFn, load_model
+from engine.config import ProgressFn
+from engine.checkpoint.weights import load_model
 from engine.scheduler import ScheduledSeq
 
 

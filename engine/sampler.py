@@ -10,7 +10,7 @@ import math
 import torch
 
 from engine.sampling_params import SamplingParams
-from engine.softmax_stats import probability, softmax_stats
+from engine.trace.softmax_stats import probability, softmax_stats
 
 
 def filter_stages(logits: torch.Tensor, params: SamplingParams) -> dict[str, torch.Tensor]:
@@ -110,7 +110,7 @@ def explain(logits: torch.Tensor, params: SamplingParams, token_id: int, top: in
             knobs: dict[str, torch.Tensor] | None = None) -> dict:
     """The sampling stages of one draw, for the trace: the top candidates before and
     after each knob, how many tokens survive each cut, and the token drawn. Plain Python
-    values, read from the logits without a softmax (engine/softmax_stats.py): this runs
+    values, read from the logits without a softmax (engine/trace/softmax_stats.py): this runs
     for every traced token. knobs: filter_stages of these logits, if the draw kept them."""
     raw = logits.float()
     stages = {"logits": raw}

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.loader import ModelLoadError
+from engine.checkpoint.errors import ModelLoadError
 
 
 # Converting a GGUF file's vocabulary takes seconds (~17 s for 262k tokens): each file's

@@ -28,7 +28,7 @@ def checkpoint(tmp_path_factory):
 @pytest.fixture(scope="module")
 def browser(server):
     """Chromium for a module's page tests (after its server: that skips, or fails in CI, without a browser)."""
-    from tests.test_browser_page import chromium
+    from tests.app.page.test_browser_page import chromium
     with chromium() as b:
         yield b
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from app.requests import parse_body
+from app.serving.requests import parse_body
 
 
 def run_to_end(svc, body: dict, timeout_s: float = 60) -> tuple[str, list[dict]]:

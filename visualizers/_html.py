@@ -130,12 +130,12 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]], css_class: str 
     return f'<table class="{css_class}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 
-# --- hover: a matrix drawn as one PNG answers the pointer with its exact cell (app/hover.js) ---
+# --- hover: a matrix drawn as one PNG answers the pointer with its exact cell (app/page/hover.js) ---
 NOT_CAPTURED, MASKED, OUTSIDE_WINDOW = 65535, 65534, 65533  # codes in a "u16" grid
 
 
 def hover_attr(spec: dict, values: np.ndarray | None = None, scale: float = 1e4, signed: bool = False) -> str:
-    """data-tt-hover="…": what app/hover.js needs to name the cell under the pointer. spec: "w",
+    """data-tt-hover="…": what app/page/hover.js needs to name the cell under the pointer. spec: "w",
     "h" (cells across and down the image), "x0" (leading gutter columns), "rows"/"cols" (labels;
     "same": the columns are the rows' positions),
     "fmt" (e.g. "query {r} → key {c} · weight {v}"), "ctx". values [h, w - x0]: the trace's

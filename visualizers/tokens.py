@@ -16,7 +16,7 @@ def _chip(tok: dict, generated: bool = False, pos: int | None = None) -> str:
     if generated:
         cls += " tt-gen"
     text = tok.get("text") if tok.get("text") not in (None, "") else tok.get("piece", "")
-    # data-pos: a click selects this position in the attention and logit-lens panels (app/hover.js)
+    # data-pos: a click selects this position in the attention and logit-lens panels (app/page/hover.js)
     at = f' data-pos="{pos}"' if pos is not None else ""
     where = f"position {pos} · " if pos is not None else ""
     return (f'<span class="{cls}"{at} title="{where}id {esc(tok["id"])} · piece {esc(repr(tok.get("piece", "")))}">'

@@ -70,7 +70,7 @@ class Attention(nn.Module):
 
     def attend(self, q: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         if self.layer_idx in batch.attention_capture_layers:
-            # a full trace: its probabilities are computed after the pass (engine/capture.py),
+            # a full trace: its probabilities are computed after the pass (engine/trace/capture.py),
             # so the output below takes the same fused path as when nobody watches
             batch.layer_q[self.layer_idx] = q
         if batch.use_triton and batch.decode_only:

@@ -53,7 +53,7 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | No
 class Linear(nn.Linear):
     blocked: cpu_kernels.BlockedWeight | None = None  # the weight in the C kernel's layout, once `pack`ed
     packed: torch.Tensor | None = None  # the weight in oneDNN's layout, once `pack`ed (no C kernel)
-    qweight: "QuantizedWeight | None" = None  # int8/int4 codes, once `quantize`d (engine/quantize.py)
+    qweight: "QuantizedWeight | None" = None  # int8/int4 codes, once `quantize`d (engine/checkpoint/quantize.py)
 
     def pack(self, on: bool = True) -> None:
         on = on and self.qweight is None and self.weight is not None

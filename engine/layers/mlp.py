@@ -106,7 +106,7 @@ class SparseMoE(nn.Module):
                 out.index_add_(0, token_idx, y * weights[token_idx, slot, None])
         if self.shared_expert is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
-        if batch is not None and batch.any_capture:  # a full trace: converted after the pass (engine/capture.py)
+        if batch is not None and batch.any_capture:  # a full trace: converted after the pass (engine/trace/capture.py)
             batch.moe_routing[self.layer_idx] = (experts, weights)
         return out
 

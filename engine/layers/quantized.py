@@ -6,7 +6,7 @@ inputs of a row, kept packed, float32 activations.
                            exactly, and Q4_0's (q - 8) * d with m = -8d
 
 A GGUF file's Q8_0 / Q4_0 / Q4_1 blocks are 32 inputs of a row too, so their codes are
-used as they are (engine/gguf_loader.py `block_codes`); everything else is quantized at
+used as they are (engine/checkpoint/gguf.py `block_codes`); everything else is quantized at
 load from the float weight: int8 by each group's largest magnitude, int4 by each group's
 min/max.
 

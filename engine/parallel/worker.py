@@ -26,11 +26,12 @@ from pathlib import Path
 import torch
 import torch.multiprocessing as mp
 
-from engine import capture, logit_lens
+from engine.trace import capture, logit_lens
 from engine.batch import CaptureSpec, ForwardBatch
 from engine.config import EngineConfig, ModelConfig
 from engine.layers.linear import pack_weights
-from engine.loader import ProgressFn, build_model, load_weights
+from engine.config import ProgressFn
+from engine.checkpoint.weights import build_model, load_weights
 from engine.model_runner import ModelRunner, kv_pool_blocks, _triton_available
 from engine.parallel.comm import Comm
 from engine.parallel.shard import check_shardable, local_config, placement, shard_model
@@ -96,7 +97,7 @@ def _batch_from_message(m: dict, device: torch.device) -> ForwardBatch:
 
 def local_attention_probs(batch: ForwardBatch, cfg: ModelConfig, kv: torch.Tensor, b: int) -> torch.Tensor:
     """Sequence b's attention probabilities for this rank's heads, every captured layer:
-    [L, local heads, rows, keys] (engine/capture.py's computation, on this rank's shard)."""
+    [L, local heads, rows, keys] (engine/trace/capture.py's computation, on this rank's shard)."""
     spec = batch.captures[b]
     layers = [layer for layer in spec.attention_layers if layer in batch.layer_q]
     end, ctx = batch.query_starts[b + 1], batch.context_lens[b]
@@ -369,7 +370,7 @@ def _without_attention(captures: list[CaptureSpec | None]) -> list[CaptureSpec |
 
 
 def _fill_attention(batch: ForwardBatch, probs: dict[int, torch.Tensor], cfg: ModelConfig) -> None:
-    """batch.captured_attention as engine/capture.py writes it, from the gathered probabilities."""
+    """batch.captured_attention as engine/trace/capture.py writes it, from the gathered probabilities."""
     for b, p in probs.items():
         spec = batch.captures[b]
         layers = [layer for layer in spec.attention_layers if layer in batch.layer_q]

@@ -1,0 +1,709 @@
+"""Classroom mode: one request walked through stage by stage on a projector.
+
+A room holds one recording (a finished request, a loaded trace, or a request still
+streaming, re-read while it runs). The presenter's link carries a secret key and
+moves the stage (buttons or keyboard); every other viewer of the room's link follows by
+server-sent events (app/classroom/push.py): a lecture hall costs one encoded state per
+change, each stage's HTML rendered once per trace version and served from a cache, and
+nothing on the engine's thread. At the sampling stage the presenter may ask "predict the
+next token" (app/classroom/question.py). The page is plain HTML + a little JS (not Gradio).
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import secrets
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Callable
+
+from fastapi import FastAPI, Request
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+
+from app.classroom.bundle import bundle_zip
+from app.classroom.push import KEEPALIVE, CachedStages, Feed
+from app.classroom.question import Question, VoteRefused
+from app.serving.limits import RequestRefused
+from app.api.openai_routes import read_body, read_json
+from app.serving.recording import Recording, ReplayCursor, TraceFileError
+from visualizers._html import esc
+from visualizers.walkthrough import Stage, stages
+
+REFRESH_EVERY = 0.5  # seconds between re-reads of a request that is still running
+MAX_UPLOAD = 16 * 2**20  # a trace posted to make a room (a long fully traced request is a few MB)
+MAX_ROOMS = 64
+MAX_SMALL_BODY = 4096  # a vote or a presenter's action
+MAX_QUESTIONS = 100  # the export keeps this many of a room's questions (the newest)
+VOTE_FLUSH = 0.5  # seconds: the running count of votes reaches the class at most this often
+TICK_IDLE = 30.0  # seconds a live room keeps re-reading its request with nobody following
+VOTER_COOKIE = "tt_voter"
+OPEN = {"Access-Control-Allow-Origin": "*"}  # a static bundle on another origin follows and votes
+
+
+@dataclass
+class Room:
+    room_id: str
+    key: str  # the presenter's secret
+    rec: Recording
+    refresh: Callable[[], Recording | None] | None = None  # re-reads a live request's trace
+    stage: int = 0
+    version: int = 0  # bumps when anything a follower sees changes (stage, trace, question)
+    trace_version: int = 0  # bumps when the trace grows: the stages' HTML depends on this only
+    question: Question | None = None
+    questions: list[Question] = field(default_factory=list)  # every question asked, for the export
+    feed: Feed = field(default_factory=Feed)
+    _stages: list[Stage] = field(default_factory=list)
+    _html: dict[int, bytes] = field(default_factory=dict)  # stage -> its JSON body, rendered once per trace_version
+    _read_at: float = 0.0
+    _ticker: asyncio.Task | None = None
+    _vote_flush: bool = False
+    _vote_flush_pending: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self._read_at = time.monotonic()  # the trace it was made with is fresh
+
+    @property
+    def finished(self) -> bool:
+        return any(e["type"] == "finish" for e in self.rec.events)
+
+    @property
+    def live(self) -> bool:
+        return self.refresh is not None and not self.finished
+
+    def update(self) -> bool:
+        """Re-read a running request (at most every REFRESH_EVERY seconds); build stages once.
+        True when the trace grew."""
+        grew = False
+        with self.lock:
+            if self.live and time.monotonic() - self._read_at > REFRESH_EVERY:
+                self._read_at = time.monotonic()
+                rec = self.refresh()
+                if rec is not None and len(rec.events) != len(self.rec.events):
+                    self.rec, self._stages, self._html = rec, [], {}
+                    self.version, self.trace_version, grew = self.version + 1, self.trace_version + 1, True
+            if not self._stages:
+                cursor = ReplayCursor(self.rec)
+                kv_peak = cursor.goto(cursor.peak_kv_frame()).snapshot
+                self._stages = stages(self.rec.model, self.rec.request_id, self.rec.body, self.rec.events,
+                                      self.rec.outputs, kv_peak, self.rec.truncated)
+                self.stage = min(self.stage, len(self._stages) - 1)
+        return grew
+
+    def stage_list(self) -> list[Stage]:
+        if not self._stages:
+            self.update()
+        return self._stages
+
+    def render(self, i: int) -> str:
+        """Stage i: its words, then the page's panels for it at the request's last step."""
+        return json.loads(self.stage_body(i))["html"]
+
+    def stage_body(self, i: int) -> bytes:
+        """Stage i as the JSON the page reads, rendered once per trace version (then cached)."""
+        all_stages = self.stage_list()
+        with self.lock:
+            if i not in self._html:
+                s = all_stages[i]
+                cursor = ReplayCursor(self.rec)
+                # the pool while the request still held its blocks; every other panel at the end
+                views = {p: (cursor.goto(cursor.peak_kv_frame()) if p == "kv" else None) for p in s.panels}
+                html = {p: v.render(p) for p, v in views.items() if v is not None}
+                view = cursor.goto(cursor.last_frame)
+                body = "".join(f"<div class='tt-class-panel'>{html.get(p) or view.render(p)}</div>" for p in s.panels)
+                page = (f"<h2 id='tt-class-title'>{esc(s.title)}</h2><div class='tt-class-text'>{s.text}"
+                        f"</div><div class='tt-class-panels'>{body}</div>")
+                self._html[i] = json.dumps({"index": i, "count": len(all_stages), "key": s.key, "html": page,
+                                            "version": self.trace_version}).encode()
+            return self._html[i]
+
+    def cached_stage(self, i: int) -> bytes | None:
+        return self._html.get(i)
+
+    def etag(self, i: int) -> str:
+        return f'"{self.room_id}.{self.trace_version}.{i}"'
+
+    def prerender(self) -> None:
+        """Every stage, so that no follower ever waits for a render (run off the loop)."""
+        for i in range(len(self.stage_list())):
+            self.stage_body(i)
+
+    def goto(self, i: int) -> None:
+        n = len(self.stage_list())
+        with self.lock:
+            i = max(0, min(int(i), n - 1))
+            if i != self.stage:
+                self.stage, self.version = i, self.version + 1
+        self.publish()
+
+    # --- the live question --------------------------------------------------------
+    def sample_for_question(self) -> dict | None:
+        return next((e for e in self.rec.events if e["type"] == "sample" and e.get("candidates")), None)
+
+    def ask(self, action: str) -> None:
+        """The presenter's "open", "reveal" or "close" of "predict the next token"."""
+        with self.lock:
+            if action == "open":
+                sample = self.sample_for_question()
+                if sample is None:
+                    raise VoteRefused("this request has no sampled token with its candidates to ask about", 409)
+                qid = self.questions[-1].qid + 1 if self.questions else 1
+                self.question = Question.from_sample(qid, sample, self.rec.pieces, prompt_tail(self.rec))
+                self.questions = self.questions[-(MAX_QUESTIONS - 1):] + [self.question]
+            elif action in ("reveal", "close"):
+                if self.question is None:
+                    raise VoteRefused("no question is open", 409)
+                if action == "reveal":
+                    self.question.revealed = True
+                else:
+                    self.question = None
+            else:
+                raise VoteRefused("action must be \"open\", \"reveal\" or \"close\"", param="action")
+            self.version += 1
+        self.publish()
+
+    def vote(self, voter: str, choice: object, guess: object) -> None:
+        with self.lock:
+            if self.question is None:
+                raise VoteRefused("no question is open", 409)
+            self.question.vote(voter, choice, guess)
+        self._vote_flush = True  # the count reaches the followers with the next flush (not one event per vote)
+
+    async def flush_votes(self) -> None:
+        """At most one state per VOTE_FLUSH seconds for the running count of votes."""
+        await asyncio.sleep(VOTE_FLUSH)
+        if self._vote_flush:
+            self._vote_flush = False
+            with self.lock:
+                self.version += 1
+            self.publish()
+
+    # --- push ---------------------------------------------------------------------
+    def state(self) -> dict:
+        q = self.question
+        return {"stage": self.stage, "count": len(self.stage_list()), "version": self.version,
+                "trace_version": self.trace_version, "finished": self.finished,
+                "question": q.public() if q is not None else None}
+
+    def publish(self) -> None:
+        self.feed.publish(self.state())
+
+    def start(self) -> None:
+        """From the server's loop: bind the feed; a live request's room re-reads it on a timer
+        (one reader per room, however many follow it)."""
+        self.feed.bind()
+        if not self.feed.event:
+            self.publish()
+        if self.live and (self._ticker is None or self._ticker.done()):
+            self._ticker = asyncio.get_running_loop().create_task(self._tick())
+
+    async def _tick(self) -> None:
+        idle = 0.0
+        while self.live and idle < TICK_IDLE:
+            await asyncio.sleep(REFRESH_EVERY)
+            idle = 0.0 if self.feed.followers else idle + REFRESH_EVERY
+            if await run_in_threadpool(self.update):
+                await run_in_threadpool(self.prerender)
+                self.publish()
+        if not self.live:
+            self.publish()  # finished: say so
+
+
+def prompt_tail(rec: Recording, chars: int = 60) -> str:
+    """The prompt's last tokens, about `chars` characters of them (the question's context)."""
+    tok = next((e for e in rec.events if e["type"] == "tokenize"), None)
+    if tok is None:
+        return ""
+    out = ""
+    for t in reversed(tok["tokens"]):
+        if len(out) >= chars:
+            break
+        out = t.get("text", "") + out
+    return out
+
+
+class Classrooms:
+    def __init__(self, max_rooms: int = MAX_ROOMS) -> None:
+        self._rooms: OrderedDict[str, Room] = OrderedDict()
+        self._lock = threading.Lock()
+        self.max_rooms = max_rooms
+
+    def create(self, rec: Recording, refresh: Callable[[], Recording | None] | None = None) -> Room:
+        room = Room(secrets.token_urlsafe(6), secrets.token_urlsafe(16), rec, refresh)
+        # every stage rendered now, off any loop and off the engine's thread: followers only read the cache
+        threading.Thread(target=room.prerender, name=f"classroom-{room.room_id}", daemon=True).start()
+        with self._lock:
+            self._rooms[room.room_id] = room
+            while len(self._rooms) > self.max_rooms:  # the oldest room closes
+                self._rooms.popitem(last=False)
+        return room
+
+    def get(self, room_id: str) -> Room | None:
+        with self._lock:
+            return self._rooms.get(room_id)
+
+
+def _invalid(message: str, param: str | None) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": "invalid_request_error", "param": param,
+                                   "code": None}}, status_code=400)
+
+
+def _missing(room_id: str) -> JSONResponse:
+    return JSONResponse({"error": {"message": f"no classroom {room_id!r} (closed, or the server restarted)",
+                                   "type": "invalid_request_error", "param": "room_id", "code": "room_not_found"}},
+                        status_code=404)
+
+
+def _refused(e: VoteRefused) -> JSONResponse:
+    return JSONResponse({"error": {"message": str(e), "type": "invalid_request_error", "param": e.param,
+                                   "code": None}}, status_code=e.status)
+
+
+def _forbidden() -> JSONResponse:
+    return JSONResponse({"error": {"message": "only the presenter can do this", "type": "permission_error",
+                                   "param": "key", "code": None}}, status_code=403)
+
+
+def _is_presenter(room: Room, key: object) -> bool:
+    return isinstance(key, str) and bool(key) and hmac.compare_digest(key, room.key)
+
+
+async def _json_object(request: Request) -> dict:
+    try:
+        body = json.loads(await read_body(request, MAX_SMALL_BODY) or b"null")
+    except RequestRefused as e:
+        raise VoteRefused(str(e), e.status) from None
+    except (ValueError, UnicodeDecodeError):
+        raise VoteRefused("the body must be a JSON object") from None
+    if not isinstance(body, dict):
+        raise VoteRefused("the body must be a JSON object")
+    return body
+
+
+async def _ready(room: Room) -> None:
+    """Stages built (off the loop), the feed bound to this loop and holding the state."""
+    if not room._stages:
+        await run_in_threadpool(room.stage_list)
+    room.start()
+
+
+def add_classroom_routes(api: FastAPI, classrooms: Classrooms, css: str,
+                         recorder: Callable[[str], Recording | None]) -> None:
+    """recorder(request_id): the kept trace of a request (None when there is none)."""
+    api.add_middleware(CachedStages, classrooms=classrooms)
+
+    @api.post("/classroom")
+    async def create(request: Request):
+        """{"request_id": ID} (a request this server kept) or {"trace": <trace file>} -> the room's links."""
+        try:
+            body = read_json(await read_body(request, MAX_UPLOAD))
+        except RequestRefused as e:
+            return JSONResponse({"error": {"message": str(e), "type": e.type, "param": e.param, "code": e.code}},
+                                status_code=e.status)
+        if ("request_id" in body) == ("trace" in body):
+            return _invalid("the body must be {\"request_id\": ID} or {\"trace\": <a trace file>}", None)
+        if "trace" in body:
+            try:
+                rec, refresh = Recording.from_json(body["trace"]), None
+            except TraceFileError as e:
+                return _invalid(str(e), "trace")
+        else:
+            rid = body["request_id"]
+            rec = await run_in_threadpool(recorder, rid) if isinstance(rid, str) else None
+            if rec is None:
+                return JSONResponse({"error": {"message": f"no trace is kept for {rid!r}", "type":
+                                               "invalid_request_error", "param": "request_id",
+                                               "code": "trace_not_found"}}, status_code=404)
+            refresh = (lambda: recorder(rid)) if not any(e["type"] == "finish" for e in rec.events) else None
+        room = await run_in_threadpool(classrooms.create, rec, refresh)
+        await _ready(room)
+        n = len(room._stages)
+        return {"id": room.room_id, "request_id": rec.request_id, "presenter_url": f"/classroom/{room.room_id}?key="
+                f"{room.key}", "audience_url": f"/classroom/{room.room_id}", "stages": n}
+
+    @api.get("/classroom/{room_id}", response_class=HTMLResponse)
+    async def classroom_page(room_id: str, request: Request, key: str = ""):
+        room = classrooms.get(room_id)
+        if room is None:
+            return HTMLResponse(f"<p>No classroom {esc(room_id)}: it was closed or the server restarted.</p>",
+                                status_code=404)
+        await _ready(room)
+        page = HTMLResponse(page_html(room, _is_presenter(room, key), css))
+        if VOTER_COOKIE not in request.cookies:  # one id per browser: its vote counts once
+            page.set_cookie(VOTER_COOKIE, secrets.token_urlsafe(12), max_age=30 * 86400, httponly=True,
+                            samesite="lax")
+        return page
+
+    @api.get("/classroom/{room_id}/events")
+    async def events(room_id: str):
+        """Server-sent events: the room's state now, then each change (stage, trace, question)."""
+        room = classrooms.get(room_id)
+        if room is None:
+            return _missing(room_id)
+        await _ready(room)
+        return StreamingResponse(room.feed.follow(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **OPEN})
+
+    @api.get("/classroom/{room_id}/state")
+    async def state(room_id: str):
+        """The same state as the stream's last event (for a client without EventSource)."""
+        room = classrooms.get(room_id)
+        if room is None:
+            return _missing(room_id)
+        await _ready(room)
+        return Response(room.feed.data, media_type="application/json", headers={"Cache-Control": "no-cache", **OPEN})
+
+    @api.get("/classroom/{room_id}/stage/{index}")
+    async def stage(room_id: str, index: int, request: Request, v: int | None = None):
+        """A stage's HTML (in JSON), rendered once per trace version. ?v=<trace_version> makes the
+        URL immutable (cached for a day); either way an If-None-Match of its ETag gets a 304."""
+        room = classrooms.get(room_id)
+        if room is None:
+            return _missing(room_id)
+        n = len(room._stages) or len(await run_in_threadpool(room.stage_list))
+        if not 0 <= index < n:
+            return JSONResponse({"error": {"message": f"stage must be in [0, {n - 1}]", "type":
+                                           "invalid_request_error", "param": "index", "code": None}}, status_code=404)
+        etag = room.etag(index)
+        cache = ("public, max-age=86400, immutable" if v == room.trace_version else "no-cache")
+        if request.headers.get("if-none-match") == etag:
+            return Response(status_code=304, headers={"ETag": etag, "Cache-Control": cache})
+        body = room.cached_stage(index) or await run_in_threadpool(room.stage_body, index)
+        return Response(body, media_type="application/json", headers={"ETag": etag, "Cache-Control": cache})
+
+    @api.post("/classroom/{room_id}/goto")
+    async def goto(room_id: str, request: Request):
+        room = classrooms.get(room_id)
+        if room is None:
+            return _missing(room_id)
+        try:
+            body = await request.json()
+            key, i = body["key"], int(body["stage"])
+        except (ValueError, KeyError, TypeError):
+            return _invalid("the body must be {\"key\": str, \"stage\": int}", None)
+        if not _is_presenter(room, key):
+            return JSONResponse({"error": {"message": "only the presenter can move the class", "type":
+                                           "permission_error", "param": "key", "code": None}}, status_code=403)
+        n = len(room._stages) or len(await run_in_threadpool(room.stage_list))
+        target = max(0, min(i, n - 1))
+        if room.cached_stage(target) is None:  # rendered before the class is told to fetch it
+            await run_in_threadpool(room.stage_body, target)
+        await _ready(room)
+        room.goto(target)
+        return {"stage": room.stage, "version": room.version}
+
+    @api.post("/classroom/{room_id}/question")
+    async def question(room_id: str, request: Request):
+        """The presenter: {"key", "action": "open" | "reveal" | "close"} "predict the next token"."""
+        room = classrooms.get(room_id)
+        if room is None:
+            return _missing(room_id)
+        try:
+            body = await _json_object(request)
+            if not _is_presenter(room, body.get("key")):
+                return _forbidden()
+            await _ready(room)
+            room.ask(body.get("action"))
+        except VoteRefused as e:
+            return _refused(e)
+        return room.state()["question"] or {"id": None}
+
+    @api.post("/classroom/{room_id}/vote")
+    async def vote(room_id: str, request: Request):
+        """A student: {"choice": <candidate token id>} or {"guess": <text>}; one vote per browser
+        (its cookie; a client without cookies sends {"voter": <its own id>})."""
+        room = classrooms.get(room_id)
+        if room is None:
+            return _missing(room_id)
+        try:
+            body = await _json_object(request)
+            voter = request.cookies.get(VOTER_COOKIE) or body.get("voter")
+            if not isinstance(voter, str) or not 8 <= len(voter) <= 64:
+                raise VoteRefused("no voter id: open the room's page first (it sets one), or send "
+                                  "{\"voter\": <8 to 64 characters>}", param="voter")
+            room.vote(voter, body.get("choice"), body.get("guess"))
+        except VoteRefused as e:
+            r = _refused(e)
+            r.headers.update(OPEN)
+            return r
+        await _ready(room)
+        if not room._vote_flush_pending:
+            room._vote_flush_pending = True
+            asyncio.get_running_loop().create_task(_flush(room))
+        q = room.question
+        return JSONResponse({"question": q.qid, "votes": len(q.votes)}, headers=OPEN)
+
+    async def _flush(room: Room) -> None:
+        try:
+            await room.flush_votes()
+        finally:
+            room._vote_flush_pending = False
+
+    @api.get("/classroom/{room_id}/bundle")
+    async def bundle(room_id: str, request: Request, key: str = ""):
+        """The presenter: the room as a static site (zip) whose page follows this server."""
+        room = classrooms.get(room_id)
+        if room is None:
+            return _missing(room_id)
+        if not _is_presenter(room, key):
+            return _forbidden()
+        if room.live:
+            return _refused(VoteRefused("the request is still running: bundle it once it has finished", 409))
+        server = str(request.base_url).rstrip("/")
+        data = await run_in_threadpool(bundle_zip, room, server, css)
+        return Response(data, media_type="application/zip", headers={
+            "Content-Disposition": f'attachment; filename="classroom-{room.room_id}.zip"'})
+
+    @api.get("/classroom/{room_id}/export")
+    async def export(room_id: str, key: str = ""):
+        """The presenter: the room as a file: its trace, where it stands, every question's results."""
+        room = classrooms.get(room_id)
+        if room is None:
+            return _missing(room_id)
+        if not _is_presenter(room, key):
+            return _forbidden()
+
+        def build() -> bytes:
+            with room.lock:
+                qs = [q.export() for q in room.questions]
+                out = {"schema": 1, "room": room.room_id, "request_id": room.rec.request_id, "stage": room.stage,
+                       "stages": [s.title for s in room._stages], "questions": qs, "trace": room.rec.to_json()}
+            return json.dumps(out).encode()
+        return Response(await run_in_threadpool(build), media_type="application/json", headers={
+            "Content-Disposition": f'attachment; filename="classroom-{room.room_id}.json"'})
+
+
+QUESTION_CSS = """
+#tt-class-q { border: 2px solid #466ec8; border-radius: 12px; padding: 12px 18px; margin: 10px 0; max-width: 1100px;
+  background: #f5f8ff; font-size: 1.1em; }
+#tt-class-q h3 { margin: 0 0 6px; }
+.tt-q-context { font-family: ui-monospace, monospace; background: #fff; border: 1px solid #d5d9e6; padding: 4px 8px;
+  border-radius: 6px; display: block; width: fit-content; margin: 4px 0; white-space: pre-wrap; }
+.tt-q-context .tt-q-blank { background: #466ec8; color: #fff; padding: 0 6px; border-radius: 4px; margin-left: 2px; }
+.tt-q-choices { display: flex; flex-wrap: wrap; gap: 8px; margin: 10px 0; }
+.tt-q-choice { font-family: ui-monospace, monospace; font-size: 1.05em; padding: 8px 14px; border-radius: 8px;
+  border: 1px solid #9aa6c8; background: #fff; cursor: pointer; }
+.tt-q-choice.tt-mine { background: #466ec8; color: #fff; border-color: #466ec8; }
+.tt-q-guess input { font-size: 1em; padding: 6px 8px; width: 14em; }
+.tt-q-guess button, .tt-q-presenter button { font-size: 1em; padding: 6px 14px; border-radius: 8px; margin-right: 6px; }
+.tt-q-note { color: #555; font-size: 0.9em; margin-top: 6px; }
+.tt-q-error { color: #b00020; }
+table.tt-q-results { border-collapse: collapse; margin: 8px 0; }
+table.tt-q-results td, table.tt-q-results th { padding: 4px 10px; text-align: left; border-bottom: 1px solid #dde; }
+table.tt-q-results tr.tt-q-drawn td { font-weight: 700; background: #e8f5e9; }
+.tt-q-bar { display: inline-block; height: 0.8em; background: #466ec8; vertical-align: middle; margin-right: 6px; }
+.tt-q-bar.tt-q-model { background: #2e7d32; }
+/* while the class guesses, the stage's words and panels (which name the drawn token) wait */
+body[data-question='open'] #tt-class-stage .tt-class-text, body[data-question='open'] #tt-class-stage .tt-class-panels
+  { display: none; }
+"""
+
+
+def page_html(room: Room, presenter: bool, css: str, server: str = "", static: bool = False) -> str:
+    """server: the origin the page follows (empty: its own); static: a bundle's page, which
+    reads the stages from its own files (stages/N.json) and only the position from the server."""
+    titles = [s.title for s in room.stage_list()]
+    sample_stage = next((i for i, s in enumerate(room.stage_list()) if s.key == "sampling"), -1)
+    dots = "".join(f"<button class='tt-class-dot' data-i='{i}' title='{esc(t)}'>{i + 1}</button>"
+                   for i, t in enumerate(titles))
+    role = ("presenter: → / ← / space / PageDown move the whole class" if presenter else
+            "following the presenter")
+    ask = ("<span class='tt-q-presenter'><button id='tt-q-open' hidden>Ask the class: predict the next token"
+           "</button> <span class='tt-q-error' id='tt-q-ask-err'></span></span>" if presenter else "")
+    return f"""<!doctype html><html><head><meta charset="utf-8"><title>TokenTrace classroom · {esc(room.rec.request_id)}</title>
+<style>{css}{QUESTION_CSS}</style></head>
+<body class="tt-class {'tt-presenter' if presenter else 'tt-follower'}">
+<header><span class="tt-class-brand">TokenTrace classroom</span> · request <b>{esc(room.rec.request_id)}</b>
+ · <span id="tt-class-role">{esc(role)}</span> · stage <b id="tt-class-pos">1</b> of {len(titles)}
+ · <span id="tt-class-link">connecting…</span></header>
+<nav id="tt-class-dots">{dots}</nav>
+<section id="tt-class-q" hidden></section>
+<main id="tt-class-stage"></main>
+<footer>{'<button id="tt-class-prev">← Previous</button> <button id="tt-class-next">Next →</button>' if presenter else ''}
+{ask}</footer>
+<script>
+const ROOM = {json.dumps(room.room_id)}, KEY = {json.dumps(room.key if presenter else '')}, COUNT = {len(titles)};
+const SAMPLE = {sample_stage}, SERVER = {json.dumps(server.rstrip('/'))}, STATIC = {json.dumps(static)};
+const api = path => `${{SERVER}}/classroom/${{ROOM}}/${{path}}`;
+let shown = -1, version = -1, target = 0, pending = 0;  // target: where the presenter's keys have sent the class
+let room = null;  // the room's newest state (pushed)
+const $ = id => document.getElementById(id);
+function el(tag, attrs, ...kids) {{  // DOM built with textContent: token text is untrusted
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {{}})) {{ if (k === 'text') e.textContent = v; else e.setAttribute(k, v); }}
+  for (const k of kids) e.append(k);
+  return e;
+}}
+const visible = t => t.replace(/ /g, '\u2423').replace(/\\n/g, '\u21b5').replace(/\\t/g, '\u21e5')
+  .replace(/[\\x00-\\x1f\\x7f]/g, c => '\\\\x' + c.charCodeAt(0).toString(16).padStart(2, '0'));
+const label = c => c.text === '' ? `#${{c.token_id}}` : c.text;  // a token that is part of a character
+let voter = null;
+try {{ voter = localStorage.getItem('tt-voter') || (crypto.randomUUID ? crypto.randomUUID() :
+         String(Math.random()).slice(2) + Date.now()); localStorage.setItem('tt-voter', voter); }} catch (e) {{}}
+async function show(i, v) {{
+  if (i === shown && v === version) return;
+  let d = null;
+  try {{
+    // immutable per trace version: the browser's cache serves a revisit (a bundle: its own file)
+    const r = await fetch(STATIC ? `stages/${{i}}.json` : api(`stage/${{i}}?v=${{v}}`));
+    if (r.ok) d = await r.json();
+  }} catch (e) {{}}
+  if (!d) {{ setTimeout(() => {{ if (room) enqueue(room); }}, 1000); return; }}  // offline: try the newest state again
+  $('tt-class-stage').innerHTML = d.html;
+  $('tt-class-pos').textContent = i + 1;
+  document.querySelectorAll('.tt-class-dot').forEach(b => b.classList.toggle('tt-on', +b.dataset.i === i));
+  document.body.dataset.stage = i;
+  shown = i; version = v;
+  if (KEY) presenterButtons();
+}}
+function myVote(q) {{ try {{ return localStorage.getItem(`tt-vote-${{ROOM}}-${{q.id}}`); }} catch (e) {{ return null; }} }}
+async function vote(q, payload, label) {{
+  const err = $('tt-q-err');
+  try {{
+    // text/plain: a bundle on another origin votes without a CORS preflight (the server reads JSON either way)
+    const r = await fetch(api('vote'), {{method: 'POST', headers: {{'Content-Type': 'text/plain'}},
+      body: JSON.stringify({{...payload, voter}})}});
+    const d = await r.json();
+    if (!r.ok) {{ err.textContent = d.error ? d.error.message : 'the vote was refused'; return; }}
+    try {{ localStorage.setItem(`tt-vote-${{ROOM}}-${{q.id}}`, label); }} catch (e) {{}}
+    err.textContent = '';
+    renderQuestion({{...q, votes: Math.max(q.votes, d.votes)}});
+  }} catch (e) {{ err.textContent = 'no connection: the vote was not sent'; }}
+}}
+function bar(cls, share) {{ return el('span', {{class: 'tt-q-bar ' + cls, style: `width:${{Math.round(share * 160)}}px`}}); }}
+let drawn = '';  // which question (and whether revealed) the box shows: a new count only updates it
+function countText(q, mine) {{
+  return `${{q.votes}} vote${{q.votes === 1 ? '' : 's'}} so far` + (mine ? ` · your vote: ${{visible(mine)}} (you may change it)` : '');
+}}
+function renderQuestion(q) {{
+  const box = $('tt-class-q');
+  document.body.dataset.question = q ? (q.revealed ? 'revealed' : 'open') : 'none';
+  if (!q) {{ drawn = ''; box.hidden = true; box.replaceChildren(); if (KEY) presenterButtons(); return; }}
+  box.hidden = false;
+  const mine = myVote(q);
+  if (!q.revealed && drawn === `${{q.id}}` && $('tt-q-count')) {{  // keep what a student is typing
+    $('tt-q-count').textContent = countText(q, mine);
+    box.querySelectorAll('.tt-q-choice').forEach(b => b.classList.toggle('tt-mine', b.dataset.text === mine));
+    return;
+  }}
+  drawn = q.revealed ? `${{q.id}}r` : `${{q.id}}`;
+  const kids = [el('h3', {{text: q.revealed ? 'Predict the next token: the answer' : 'Predict the next token'}}),
+    el('div', {{}}, 'What does the model write next after ', el('span', {{class: 'tt-q-context'}}, '…' + q.context,
+       el('span', {{class: 'tt-q-blank', text: '?'}})))];
+  if (!q.revealed) {{
+    const choices = el('div', {{class: 'tt-q-choices'}});
+    for (const c of q.candidates) {{
+      const b = el('button', {{class: 'tt-q-choice' + (mine === label(c) ? ' tt-mine' : ''), 'data-id': c.token_id,
+                              text: visible(label(c))}});
+      b.dataset.text = label(c);
+      if (KEY) b.disabled = true; else b.onclick = () => vote(q, {{choice: c.token_id}}, label(c));
+      choices.append(b);
+    }}
+    kids.push(choices);
+    if (!KEY) {{
+      const input = el('input', {{id: 'tt-q-text', maxlength: 40, placeholder: 'or type your guess'}});
+      const send = el('button', {{id: 'tt-q-send', text: 'Guess'}});
+      send.onclick = () => {{ const g = input.value.trim(); if (g) vote(q, {{guess: g}}, g); }};
+      input.onkeydown = e => {{ if (e.key === 'Enter') send.onclick(); }};
+      kids.push(el('div', {{class: 'tt-q-guess'}}, input, ' ', send));
+    }}
+    kids.push(el('div', {{class: 'tt-q-note', id: 'tt-q-count', text: countText(q, mine)}}));
+  }} else {{
+    const rows = q.candidates.map(c => el('tr', {{class: c.token_id === q.drawn.token_id ? 'tt-q-drawn' : ''}},
+      el('td', {{text: (c.token_id === q.drawn.token_id ? '▶ ' : '') + visible(label(c))}}),
+      el('td', {{}}, bar('tt-q-model', c.final_prob), (c.final_prob * 100).toFixed(1) + '%'),
+      el('td', {{}}, bar('', c.share), `${{c.votes}} (${{(c.share * 100).toFixed(0)}}%)`)));
+    kids.push(el('table', {{class: 'tt-q-results'}}, el('tr', {{}}, el('th', {{text: 'token'}}),
+      el('th', {{text: "the model's probability (as sampled)"}}), el('th', {{text: "the class's votes"}})), ...rows));
+    const drawnIn = q.candidates.some(c => c.token_id === q.drawn.token_id);
+    kids.push(el('div', {{id: 'tt-q-answer', text: `The model drew ${{visible(label(q.drawn))}} (p=${{q.drawn.prob.toFixed(3)}} where it was drawn` +
+      (drawnIn ? ')' : '; not among its top candidates)') + ` · ${{q.correct}} of ${{q.votes}} predicted it` +
+      (mine ? ` · you said ${{visible(mine)}}` : '')}}));
+    if (q.guesses.length) kids.push(el('div', {{class: 'tt-q-note', text: 'typed guesses: ' +
+      q.guesses.map(g => `${{visible(g.text)}} ×${{g.votes}}`).join(', ')}}));
+  }}
+  kids.push(el('div', {{class: 'tt-q-error', id: 'tt-q-err'}}));
+  if (KEY) {{
+    const bs = el('div', {{class: 'tt-q-presenter'}});
+    if (!q.revealed) {{ const r = el('button', {{id: 'tt-q-reveal', text: 'Reveal the answer'}});
+      r.onclick = () => ask('reveal'); bs.append(r); }}
+    const c = el('button', {{id: 'tt-q-close', text: 'Close the question'}}); c.onclick = () => ask('close');
+    bs.append(c); kids.push(bs);
+  }}
+  box.replaceChildren(...kids);
+  if (KEY) presenterButtons();
+}}
+function presenterButtons() {{
+  const b = $('tt-q-open');
+  if (b) b.hidden = !(SAMPLE >= 0 && target === SAMPLE && !(room && room.question));
+}}
+async function ask(action) {{
+  const r = await fetch(api('question'), {{method: 'POST', headers: {{'Content-Type': 'application/json'}},
+    body: JSON.stringify({{key: KEY, action}})}});
+  const e = $('tt-q-err') || $('tt-q-ask-err');  // no question box yet: beside the button
+  if (!r.ok) {{ const d = await r.json(); if (e) e.textContent = d.error.message; }} else $('tt-q-ask-err').textContent = '';
+}}
+async function apply(s) {{
+  room = s;
+  // viewers adopt the room's stage; the presenter only at first (a late event must not undo its keys)
+  if (!KEY || shown < 0) {{ target = s.stage; await show(s.stage, s.trace_version); }}
+  else if (!pending && s.stage === target) await show(s.stage, s.trace_version);  // a live trace grew
+  if (room === s) renderQuestion(s.question);
+}}
+let queue = Promise.resolve();  // states applied in order, the newest last
+function enqueue(s) {{ queue = queue.then(() => apply(s)).catch(() => {{}}); }}
+let src = null, heard = 0;
+function follow() {{  // EventSource reconnects by itself after a lost connection; this also covers it giving up
+  if (!window.EventSource) {{ poll(); return; }}
+  if (src) src.close();
+  src = new EventSource(api('events'));
+  heard = Date.now();
+  src.addEventListener('state', e => {{ heard = Date.now(); enqueue(JSON.parse(e.data)); }});
+  src.addEventListener('ping', () => {{ heard = Date.now(); }});
+  src.onopen = () => {{ heard = Date.now(); $('tt-class-link').textContent = 'live'; document.body.dataset.link = 'live'; }};
+  src.onerror = () => {{
+    $('tt-class-link').textContent = 'reconnecting…'; document.body.dataset.link = 'lost';
+    if (src.readyState === EventSource.CLOSED) setTimeout(follow, 1000);
+  }};
+}}
+window.addEventListener('online', follow);  // back on the network: the room's state now, not at the next retry
+setInterval(() => {{ if (Date.now() - heard > {int(3 * KEEPALIVE * 1000)}) follow(); }}, 5000);  // a silent, dead stream
+async function poll() {{  // without EventSource only
+  try {{ const r = await fetch(api('state')); if (r.ok) await apply(await r.json()); }} catch (e) {{}}
+  setTimeout(poll, 1000);
+}}
+async function go(i) {{
+  if (!KEY) return;
+  target = Math.max(0, Math.min(COUNT - 1, i));
+  presenterButtons();
+  if (pending) return;  // the loop below sends the latest target: one request at a time, in order
+  pending = 1;
+  try {{
+    while (true) {{
+      const want = target;
+      const r = await fetch(api('goto'), {{method: 'POST',
+        headers: {{'Content-Type': 'application/json'}}, body: JSON.stringify({{key: KEY, stage: want}})}});
+      if (!r.ok) break;
+      const s = await r.json();
+      if (want === target) {{ await show(s.stage, room ? room.trace_version : 0); break; }}
+    }}
+  }} finally {{ pending = 0; }}
+}}
+if (KEY) {{
+  document.addEventListener('keydown', e => {{
+    if (e.target.tagName === 'INPUT') return;
+    if (['ArrowRight', 'PageDown', ' ', 'Enter'].includes(e.key)) {{ e.preventDefault(); go(target + 1); }}
+    else if (['ArrowLeft', 'PageUp', 'Backspace'].includes(e.key)) {{ e.preventDefault(); go(target - 1); }}
+    else if (e.key === 'Home') go(0); else if (e.key === 'End') go(COUNT - 1);
+  }});
+  $('tt-class-next').onclick = () => go(target + 1);
+  $('tt-class-prev').onclick = () => go(target - 1);
+  $('tt-q-open').onclick = () => ask('open');
+  document.querySelectorAll('.tt-class-dot').forEach(b => b.onclick = () => go(+b.dataset.i));
+}}
+follow();
+</script></body></html>"""

@@ -1,0 +1,255 @@
+"""A recorded request: everything needed to draw every panel at every engine step with
+no model loaded. It is the trace file the page exports and loads, what
+GET /v1/traces/{id} returns, and what `python -m app --replay FILE` serves.
+
+File format (JSON, "schema": 1): id, model (the served model's numbers), body (the
+request as sent), events (trace events), outputs (streamed tokens, with the engine step
+that made them), snapshots (the KV block pool after each step, sparse), pieces (token id ->
+text for every id the panels name), special (special token ids), dropped (events not kept),
+truncated (null, or {"limit_bytes", "step", "captures_dropped"}: the trace reached the
+server's per-request cap at that step, and the tensor captures stop there).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from app.page.live_view import LiveView, truncation_note
+from app.serving.requests import parse_body
+from app.serving.trace_store import sparse_snapshot  # noqa: F401 (the file's form of a pool; kept here too)
+
+SCHEMA = 1
+MODEL_KEYS = ("name", "num_layers", "num_heads", "num_kv_heads", "head_dim", "hidden_size", "vocab_size",
+              "is_moe", "num_blocks", "block_size", "dtype", "dtype_bytes", "kv_cache_bytes")
+MAX_FILE_BYTES = 64 * 2**20
+
+
+class TraceFileError(ValueError):
+    """The file is not a TokenTrace trace (the message says what is wrong)."""
+
+
+def dense_snapshot(s: dict) -> dict:
+    """The sparse form -> what visualizers.kv_grid_html draws."""
+    n = int(s["num_blocks"])
+    ref, cached = [0] * n, [False] * n
+    for b, r in s["ref"].items():
+        ref[int(b)] = int(r)
+    for b in s["cached"]:
+        cached[int(b)] = True
+    return {"step": s["step"], "num_blocks": n, "block_size": s["block_size"], "ref": ref, "cached": cached,
+            "owners": {int(b): o for b, o in s["owners"].items()}, "fill": {int(b): f for b, f in s["fill"].items()}}
+
+
+def token_ids(events: list[dict], outputs: list[dict]) -> set[int]:
+    """Every token id a panel may name (generated, sampling candidates, drafts)."""
+    ids = {o["token_id"] for o in outputs if o.get("token_id", -1) >= 0}
+    for e in events:
+        t = e["type"]
+        if t == "sample":
+            ids.update(e["candidates"])
+            ids.add(e.get("token_id", -1))
+        elif t == "spec":
+            ids.update(e.get("proposed", ()))
+            ids.add(e.get("token", -1))
+        elif t == "token":
+            ids.add(e["token_id"])
+    ids.discard(-1)
+    return {int(i) for i in ids if isinstance(i, int)}
+
+
+@dataclass
+class Recording:
+    request_id: str
+    model: dict
+    body: dict | None
+    events: list[dict]
+    outputs: list[dict]
+    snapshots: list[dict] = field(default_factory=list)  # sparse, by step
+    pieces: dict[int, str] = field(default_factory=dict)
+    special: set[int] = field(default_factory=set)
+    dropped: int = 0
+    truncated: dict | None = None  # the server's per-request cap cut the trace (see trace_store)
+
+    # --- files ---------------------------------------------------------------------
+    def to_json(self) -> dict:
+        return {"schema": SCHEMA, "id": self.request_id, "model": self.model, "body": self.body,
+                "events": self.events, "outputs": self.outputs, "snapshots": self.snapshots,
+                "pieces": {str(i): p for i, p in sorted(self.pieces.items())}, "special": sorted(self.special),
+                "dropped": self.dropped, "truncated": self.truncated}
+
+    def dumps(self) -> str:
+        """The file's text, encoded item by item: one json.dumps of a multi-MB trace holds the
+        GIL for most of a second, stalling the engine thread and every streaming page meanwhile
+        (a client polling GET /v1/traces/{id} made a long answer fall seconds behind)."""
+        parts = []
+        for key, value in self.to_json().items():
+            if key in ("events", "outputs", "snapshots"):
+                value_text = "[" + ",".join(json.dumps(v, separators=(",", ":")) for v in value) + "]"
+            else:
+                value_text = json.dumps(value, separators=(",", ":"))
+            parts.append(f"{json.dumps(key)}:{value_text}")
+        return "{" + ",".join(parts) + "}"
+
+    @classmethod
+    def from_json(cls, data: Any) -> "Recording":
+        def need(ok: bool, what: str) -> None:
+            if not ok:
+                raise TraceFileError(f"not a TokenTrace trace file: {what}")
+
+        need(isinstance(data, dict), "the top level must be a JSON object")
+        need(data.get("schema") == SCHEMA, f"schema must be {SCHEMA} (found {data.get('schema')!r})")
+        need(isinstance(data.get("id"), str), "'id' must be the request id (a string)")
+        model = data.get("model")
+        need(isinstance(model, dict), "'model' must be an object")
+        missing = [k for k in MODEL_KEYS if k not in model]
+        need(not missing, f"'model' lacks {', '.join(missing)}")
+        for key in ("events", "outputs", "snapshots"):
+            items = data.get(key)
+            need(isinstance(items, list) and all(isinstance(i, dict) for i in items), f"'{key}' must be a list "
+                 "of objects")
+            need(all(isinstance(i.get("step"), int) for i in items), f"every item of '{key}' needs an int 'step'")
+        need(all(isinstance(e.get("type"), str) for e in data["events"]), "every event needs a 'type'")
+        # a request at capture level off keeps no events: its streamed outputs (tokens, timing, usage) are the trace
+        need(bool(data["events"]) or bool(data["outputs"]), "'events' and 'outputs' are empty: nothing was recorded")
+        pieces = data.get("pieces", {})
+        need(isinstance(pieces, dict) and all(isinstance(p, str) for p in pieces.values()),
+             "'pieces' must map token ids to text")
+        cut = data.get("truncated")
+        need(cut is None or (isinstance(cut, dict) and isinstance(cut.get("step"), int)),
+             "'truncated' must be null or an object with an int 'step'")
+        try:
+            return cls(data["id"], model, data.get("body") if isinstance(data.get("body"), dict) else None,
+                       data["events"], data["outputs"], data["snapshots"],
+                       {int(i): p for i, p in pieces.items()}, {int(i) for i in data.get("special", [])},
+                       int(data.get("dropped", 0)), cut)
+        except (TypeError, ValueError) as e:
+            raise TraceFileError(f"not a TokenTrace trace file: {e}") from None
+
+    @classmethod
+    def loads(cls, text: str | bytes) -> "Recording":
+        if len(text) > MAX_FILE_BYTES:
+            raise TraceFileError(f"the file is over {MAX_FILE_BYTES // 2**20} MiB")
+        try:
+            data = json.loads(text)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise TraceFileError(f"not a JSON file: {e}") from None
+        return cls.from_json(data)
+
+    # --- steps ---------------------------------------------------------------------
+    def steps(self) -> list[int]:
+        """The engine steps at which something happened to this request, in order."""
+        return sorted({e["step"] for e in self.events} | {o["step"] for o in self.outputs})
+
+    def items(self) -> list[dict]:
+        """Events and outputs merged in the order a live watcher got them (a step's
+        outputs after its events)."""
+        return sorted(self.events + self.outputs, key=lambda i: i["step"])
+
+    def snapshot_at(self, step: int) -> dict | None:
+        best = None
+        for s in self.snapshots:
+            if s["step"] <= step:
+                best = s
+            else:
+                break
+        return dense_snapshot(best) if best is not None else None
+
+    def new_view(self) -> LiveView:
+        view = LiveView(model=self.model, piece=lambda i: self.pieces.get(i, f"<{i}>"),
+                        is_special=lambda i: i in self.special)
+        show_accepted(view, self.request_id, self.body, "accepted (recorded)")
+        note = truncation_note(self.truncated, self.dropped)
+        if note and view.validation:
+            view.validation["checks"] = list(view.validation["checks"]) + [("trace", True, note)]
+        return view
+
+
+def show_accepted(view: LiveView, request_id: str, body: dict | None, note: str) -> None:
+    """Fill a view's request panel for a request the engine took from someone else (a
+    recording, another client): its body and the checks it passed."""
+    view.request_id, view.body = request_id, body or {}
+    if not body:
+        return
+    try:
+        sub = parse_body(body)
+        view.speculative = sub.speculative
+        view.validation = {"ok": True, "request_id": request_id, "checks": sub.checks + [("engine", True, note)]}
+    except ValueError as e:  # a hand-edited file
+        view.validation = {"ok": False, "error": str(e), "checks": getattr(e, "checks", [])}
+
+
+class ReplayCursor:
+    """A view of a recording at one frame (frame i = after the i-th step of the request).
+    Moving forward adds only the new items; moving back rebuilds."""
+
+    def __init__(self, rec: Recording) -> None:
+        self.rec = rec
+        self.steps = rec.steps()
+        self._items = rec.items()
+        self.frame = -1
+        self._pos = 0
+        self.view = rec.new_view()
+        self._t: dict[int, float] = {}  # step -> when it happened (engine clock)
+        for e in rec.events:
+            self._t.setdefault(e["step"], float(e.get("ts", 0.0)))
+
+    @property
+    def last_frame(self) -> int:
+        return max(0, len(self.steps) - 1)
+
+    def goto(self, frame: int) -> LiveView:
+        frame = max(0, min(int(frame), self.last_frame))
+        if frame < self.frame:
+            layer, head = self.view.layer, self.view.head
+            self.view, self._pos = self.rec.new_view(), 0
+            self.view.layer, self.view.head = layer, head
+        step = self.steps[frame] if self.steps else 0
+        end = self._pos
+        while end < len(self._items) and self._items[end]["step"] <= step:
+            end += 1
+        self.view.add(self._items[self._pos:end])
+        self._pos, self.frame = end, frame
+        self.view.set_snapshot(self.rec.snapshot_at(step))
+        return self.view
+
+    def adopt(self, view: LiveView) -> None:
+        """Take a view already fed the whole recording (the live one) as the last frame."""
+        self.view, self.frame, self._pos = view, self.last_frame, len(self._items)
+
+    def peak_kv_frame(self) -> int:
+        """The last frame at which the request's blocks held the most tokens (its very last
+        frame has freed them)."""
+        best, best_n, rid = self.last_frame, -1, self.rec.request_id
+        for f, step in enumerate(self.steps):
+            snap = next((s for s in reversed(self.rec.snapshots) if s["step"] <= step), None) or {}
+            n = sum(snap["fill"].get(b, 0) for b, owners in snap.get("owners", {}).items() if rid in owners)
+            if n >= best_n:
+                best, best_n = f, n
+        return best
+
+    def seconds_to_next(self) -> float:
+        """Engine time between this frame and the next, from the events' timestamps."""
+        if self.frame + 1 > self.last_frame:
+            return 0.0
+        a, b = self._t.get(self.steps[self.frame]), self._t.get(self.steps[self.frame + 1])
+        return max(0.0, b - a) if a is not None and b is not None else 0.0
+
+
+def record_request(store, request_id: str, model: dict, piece: Callable[[int], str],
+                   is_special: Callable[[int], bool]) -> Recording | None:
+    """The stored trace of one request as a Recording (None when nothing is kept)."""
+    tr = store.trace(request_id)
+    if tr is None or not tr.events:
+        return None
+    ids = token_ids(tr.events, tr.outputs)
+    for e in tr.events:
+        if e["type"] == "tokenize":
+            ids.update(t["id"] for t in e["tokens"])
+    snaps, seen = [], set()
+    for s in tr.snapshots:  # already sparse (the store keeps them so)
+        if s["step"] not in seen:
+            seen.add(s["step"])
+            snaps.append(s)
+    return Recording(request_id, model, tr.body, tr.events, tr.outputs, snaps, {i: piece(i) for i in ids},
+                     {i for i in ids if is_special(i)}, tr.dropped, tr.truncated)

@@ -1,0 +1,94 @@
+"""Hover and click in a real Chromium: the attention map, the embedding rows and the KV pool
+name the cell under the pointer with the trace's exact value (read back from GET
+/v1/traces/{id}) and what its row and column are; MoE and logit-lens cells carry the same in
+their titles; clicking a token chip selects it in attention and the logit lens.
+
+Without Chromium or Playwright these tests skip, unless TOKENTRACE_REQUIRE_BROWSER=1."""
+from __future__ import annotations
+
+import json
+import re
+
+import httpx
+import pytest
+
+from tests.app.page.test_browser_page import chromium, open_page, paced_server, set_controls, wait_finished
+
+pytestmark = pytest.mark.filterwarnings("ignore:.*no_silent_downcasting", "ignore:The copy keyword")
+
+
+@pytest.fixture(scope="module")
+def server(checkpoint, tmp_path_factory):
+    with paced_server(checkpoint, tmp_path_factory, delay=0.01) as srv:
+        yield srv
+
+
+def hover_cell(page, selector: str, row: int, col: int) -> str:
+    """Move the pointer to the centre of cell (row, col) of a hover map; -> the tip's text."""
+    page.locator(selector).scroll_into_view_if_needed()
+    box = page.locator(selector).bounding_box()  # in the viewport's coordinates
+    spec = json.loads(page.get_attribute(selector, "data-tt-hover"))
+    page.mouse.move(box["x"] + (col + 0.5) * box["width"] / spec["w"], box["y"] + (row + 0.5) * box["height"] / spec["h"])
+    page.wait_for_function("document.querySelector('#tt-hover-tip') && "
+                           f"document.querySelector('#tt-hover-tip').dataset.row === '{row}' && "
+                           f"document.querySelector('#tt-hover-tip').dataset.col === '{col}'", timeout=5000)
+    return page.inner_text("#tt-hover-tip")
+
+
+def test_every_matrix_answers_hover_and_a_token_click_selects_it(server, tmp_path):
+    with chromium() as browser:
+        context = browser.new_context(viewport={"width": 1500, "height": 1100})
+        page = open_page(context, server.url)
+        set_controls(page, "Tell me about foxes", 8)
+        page.click("#tt-send")
+        status = wait_finished(page)
+        rid = status.split(":")[0]
+        trace = httpx.get(server.url + f"v1/traces/{rid}", timeout=30).json()
+        events = trace["events"]
+
+        # attention: the newest captured row, its own key (the diagonal), and a masked cell above it
+        big = "#tt-attention .tt-attn-big img"
+        spec = json.loads(page.get_attribute(big, "data-tt-hover"))
+        n = spec["h"]
+        lo = int(spec["rows"][0].split()[0])
+        pos = lo + n - 1
+        # the last event that computed that row (a verify step recomputes rows after a rejected draft)
+        ev = [e for e in events if e["type"] == "attention" and e["layer"] == 0
+              and e["q_start"] <= pos < e["q_start"] + len(e["probs"][0])][-1]
+        want = ev["probs"][ev["heads"].index(0)][pos - ev["q_start"]][pos - ev["k_start"]]
+        tip = hover_cell(page, big, n - 1, spec["x0"] + n - 1)
+        assert tip.startswith(f"query {pos} ") and f"→ key {pos} " in tip, tip
+        assert f"weight {want:.4f}" in tip and "layer 0 · head 0 (KV head 0)" in tip, tip
+        key = lo + 1 if n > 2 else lo
+        want = ev["probs"][ev["heads"].index(0)][pos - ev["q_start"]][key - ev["k_start"]]
+        assert f"weight {want:.4f}" in hover_cell(page, big, n - 1, spec["x0"] + key - lo)
+        assert "masked (causal" in hover_cell(page, big, 0, spec["x0"] + 1)
+        page.locator("#tt-attention").screenshot(path=str(tmp_path / "attention_hover.png"))
+
+        # embedding rows: position 0, dim 0 .. the value the trace holds
+        emb = next(e for e in events if e["type"] == "embed" and e["start"] == 0)
+        tip = hover_cell(page, "#tt-embedding img.tt-embed", 0, 3)
+        assert tip.startswith(f"token 0 (id {emb['token_ids'][0]}) · dim 3 · value {emb['rows'][0][3]:.4f}"), tip
+
+        # the KV pool: block, state, tokens
+        assert re.match(r"block 0 · ", hover_cell(page, "#tt-kv img.tt-kv-img", 0, 0))
+
+        # MoE and logit-lens cells: their titles
+        moe = page.get_attribute("#tt-moe td.tt-pick", "title")
+        assert re.search(r"position \d+ .* → expert \d+ · router weight 0\.\d{4} · layer \d+", moe), moe
+        lens = [e for e in events if e["type"] == "logit_lens"]
+        newest = lens[-1]["layers"][0]  # the panel shows the newest token until one is picked
+        cell = page.get_attribute("#tt-logit-lens td.tt-lens-cell", "title")
+        assert cell == (f"embedding · candidate #1: {newest['top_texts'][0]!r} (id {newest['top_ids'][0]}) · "
+                        f"p={newest['top_probs'][0]:.4f}"), cell
+
+        # a click on the first generated token: attention's words and the lens follow it
+        p0 = lens[0]["position"]
+        assert "token 8 of 8" in page.inner_text("#tt-logit-lens")  # the newest, before any click
+        page.click(f"#tt-tokens [data-pos='{p0}']")
+        page.wait_for_function(f"document.querySelector('#tt-logit-lens').innerText.includes('position {p0}')")
+        assert "token 1 of 8" in page.inner_text("#tt-logit-lens")
+        page.wait_for_function("document.querySelector('#tt-attention').innerText.includes("
+                               f"'picked row: position {p0} ')")
+        page.locator("#tt-logit-lens").screenshot(path=str(tmp_path / "lens_picked.png"))
+        context.close()

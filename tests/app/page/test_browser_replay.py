@@ -1,0 +1,155 @@
+"""Issue 6 in a real Chromium: a curl request appears live in a watching page; the page
+exports its trace (the same file GET /v1/traces/{id} gives), loads it back and replays
+it step by step; classroom mode walks every stage while a second browser context
+follows the presenter."""
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+
+import httpx
+import pytest
+
+from tests.app.page.test_browser_page import LIVE_STATE, open_page, paced_server, status, wait_status
+
+pytestmark = pytest.mark.filterwarnings("ignore:.*no_silent_downcasting", "ignore:The copy keyword")
+STAGE_TITLES = ["The request arrives", "Prefix cache", "Tokenize", "Embed", "Through the layers",
+                "Prefill, then decode", "The KV cache", "The logit lens", "Sample", "Stream", "Stop", "Continuous batching",
+                "Speculative decoding", "Beyond one GPU"]
+
+
+@pytest.fixture(scope="module")
+def server(checkpoint, tmp_path_factory):
+    with paced_server(checkpoint, tmp_path_factory, "--served-model-name", "tiny-moe", delay=0.05) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def watched(server, browser, tmp_path_factory):
+    """A page that watches while curl sends the request of the story; -> (page, id, curl's text)."""
+    context = browser.new_context(viewport={"width": 1500, "height": 1100}, accept_downloads=True)
+    page = open_page(context, server.url)
+    page.click("#tt-watch")
+    wait_status(page, "watching")
+    body = {"model": "tiny-moe", "stream": True, "max_tokens": 24, "temperature": 0.7, "seed": 4,
+            "ignore_eos": True, "trace_level": "full", "messages": [{"role": "system", "content": "Be brief."},
+                                             {"role": "user", "content": "Why is the <sky> blue?"}]}
+    got: dict = {}
+
+    def curl() -> None:
+        got["out"] = subprocess.run(["curl", "-sN", server.url + "v1/chat/completions", "-H",
+                                     "Content-Type: application/json", "-d", json.dumps(body)],
+                                    capture_output=True, text=True, timeout=120).stdout
+
+    sender = threading.Thread(target=curl)
+    sender.start()
+    wait_status(page, "streaming")
+    mid = page.evaluate(LIVE_STATE)
+    sender.join()
+    final = wait_status(page, "waiting for the next request")
+    chunks = [json.loads(line[6:]) for line in got["out"].splitlines() if line.startswith("data: {")]
+    rid = chunks[0]["id"]
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    page.shots = tmp_path_factory.mktemp("replay-shots")
+    page.mid, page.final = mid, final
+    yield page, rid, text
+    context.close()
+
+
+def test_a_curl_request_appears_live_in_a_watching_page(watched):
+    page, rid, text = watched
+    assert 0 <= page.mid["tokens"] < 24 and rid in page.final
+    q = page.locator
+    assert rid in q("#tt-request").inner_text() and "Why is the <sky> blue?" in q("#tt-request").inner_text()
+    assert q("#tt-answer .tt-timed").count() == 24
+    assert text and q("#tt-answer .tt-answer").inner_text().strip() == text.strip()  # what curl got, as text
+    assert q("#tt-tokens .tt-chips .tt-gen").count() == 24
+    for panel in ("tt-prefix", "tt-embedding", "tt-attention", "tt-kv", "tt-moe", "tt-sampling", "tt-spec",
+                  "tt-timeline"):
+        assert q(f"#{panel} .tt-empty").count() == 0, panel
+    page.screenshot(path=str(page.shots / "watched.png"), full_page=True)
+    # the finished request is now a recording: scrubbing to its last step shows the same answer
+    page.locator("#tt-step input[type=range]").focus()
+    page.keyboard.press("ArrowLeft")
+    wait_status(page, " of ")
+    page.keyboard.press("End")
+    n = int(page.evaluate("document.querySelector('#tt-step input[type=range]').max"))  # counted from 1
+    wait_status(page, f"step {n} of {n}")
+    assert int(page.evaluate("document.querySelector('#tt-step input[type=range]').value")) == n
+    assert q("#tt-answer .tt-timed").count() == 24 and q("#tt-tokens .tt-chips .tt-gen").count() == 24
+
+
+def test_export_then_load_replays_the_same_trace(server, watched, browser, tmp_path):
+    page, rid, _ = watched
+    with page.expect_download() as download:
+        page.click("#tt-export")
+    exported = json.loads(open(download.value.path()).read())
+    api = httpx.get(server.url + f"v1/traces/{rid}", timeout=30).json()
+    assert exported["id"] == rid and exported == api  # the page's file is the recorded trace
+    path = tmp_path / download.value.suggested_filename
+    path.write_text(json.dumps(exported))
+
+    context = browser.new_context(viewport={"width": 1500, "height": 1100})
+    other = open_page(context, server.url)
+    with other.expect_file_chooser() as chooser:
+        other.click("#tt-load")
+    chooser.value.set_files(str(path))
+    loaded = wait_status(other, "loaded")
+    n = len({e["step"] for e in exported["events"]} | {o["step"] for o in exported["outputs"]})
+    assert f"step {n} of {n}" in loaded
+    assert other.locator("#tt-answer .tt-timed").count() == 24
+    other.locator("#tt-step input[type=range]").focus()
+    other.keyboard.press("Home")  # scrub to the first step: nothing generated yet
+    wait_status(other, f"step 1 of {n}")
+    assert other.locator("#tt-answer .tt-timed").count() == 0
+    other.locator("#tt-speed input").click()
+    other.locator("li[data-value='10 steps/s'], [role=option]:has-text('10 steps/s')").first.click()
+    other.click("#tt-play")
+    wait_status(other, "playing")
+    seen = set()
+    end = time.monotonic() + 60
+    while f"step {n} of {n}" not in status(other) or "playing" in status(other):
+        assert time.monotonic() < end, status(other)
+        seen.add(other.locator("#tt-answer .tt-timed").count())
+        other.wait_for_timeout(50)
+    assert other.locator("#tt-answer .tt-timed").count() == 24
+    assert len(seen - {0, 24}) >= 2, seen  # the answer grew frame by frame
+    other.screenshot(path=str(page.shots / "replayed.png"), full_page=True)
+    context.close()
+
+
+def test_classroom_walks_every_stage_and_a_second_browser_follows(server, watched, browser):
+    page, rid, _ = watched
+    page.click("#tt-class-start")
+    page.wait_for_selector("#tt-class-presenter")
+    presenter_href = page.get_attribute("#tt-class-presenter", "href")
+    audience_href = page.get_attribute("#tt-class-audience", "href")
+    assert "key=" in presenter_href and "key=" not in audience_href
+    base = server.url.rstrip("/")
+    teacher_ctx = browser.new_context(viewport={"width": 1600, "height": 1000})
+    class_ctx = browser.new_context(viewport={"width": 1280, "height": 800})
+    teacher, student = teacher_ctx.new_page(), class_ctx.new_page()
+    teacher.goto(base + presenter_href)
+    student.goto(base + audience_href)
+    for i, title in enumerate(STAGE_TITLES):
+        teacher.wait_for_function(f"document.body.dataset.stage === '{i}'", timeout=20_000)
+        student.wait_for_function(f"document.body.dataset.stage === '{i}'", timeout=20_000)
+        for p in (teacher, student):
+            assert title in p.inner_text("#tt-class-title")
+            assert len(p.inner_text(".tt-class-text")) > 60
+        if i == 2:  # the words quote this request's numbers
+            words = student.inner_text(".tt-class-text")
+            n = len(json.loads(httpx.get(server.url + f"v1/traces/{rid}", timeout=30).text)["events"][1]["tokens"])
+            assert f"{n} tokens" in words
+        if i in (6, 11):
+            student.screenshot(path=str(page.shots / f"classroom-{i + 1}.png"))
+        teacher.keyboard.press("ArrowRight")
+    teacher.keyboard.press("ArrowLeft")
+    student.wait_for_function(f"document.body.dataset.stage === '{len(STAGE_TITLES) - 2}'", timeout=20_000)
+    student.keyboard.press("ArrowLeft")  # a viewer's keys move nothing
+    time.sleep(1.0)
+    assert teacher.evaluate("document.body.dataset.stage") == str(len(STAGE_TITLES) - 2)
+    teacher_ctx.close()
+    class_ctx.close()

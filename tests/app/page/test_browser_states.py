@@ -1,0 +1,244 @@
+"""Issue 13 in a real Chromium: the page tells the truth in every state. Before any request
+(no "streaming" badge; the Request panel previews the body the controls would send), at
+capture level off (what it records, and what it leaves out), a second Send while one
+streams (refused, said so, the prompt kept), Stop while watching, replay numbering, the
+timeline's one queue time, no Python None or "-0.00", readable contrast, and a loaded
+trace's settings in the controls. Skips without Chromium unless TOKENTRACE_REQUIRE_BROWSER=1
+(see test_browser_page)."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.app.page.test_browser_page import open_page, paced_server, set_controls, status, wait_status
+
+pytestmark = pytest.mark.filterwarnings("ignore:.*no_silent_downcasting", "ignore:The copy keyword")
+PANELS = ["tt-request", "tt-prefix", "tt-tokens", "tt-embedding", "tt-attention", "tt-kv", "tt-moe", "tt-sampling",
+          "tt-spec", "tt-answer", "tt-timeline"]
+
+
+@pytest.fixture(scope="module")
+def server(checkpoint, tmp_path_factory):
+    with paced_server(checkpoint, tmp_path_factory, delay=0.05) as srv:
+        yield srv
+
+
+@pytest.fixture()
+def page(server, browser):
+    context = browser.new_context(viewport={"width": 1500, "height": 1100}, accept_downloads=True)
+    yield open_page(context, server.url)
+    context.close()
+
+
+def send_and_finish(page, user: str, max_tokens: int, level: str = "full") -> str:
+    page.check(f"#tt-level input[value={level}]")
+    set_controls(page, user, max_tokens)
+    before = status(page)
+    page.click("#tt-send")
+    page.wait_for_function("([old]) => { const v = document.querySelector('#tt-status textarea').value;"
+                           " return v !== old && v.includes('finished'); }", arg=[before], timeout=120_000)
+    page.wait_for_function("!document.querySelector('#tt-export').disabled", timeout=60_000)  # its recording
+    page.wait_for_timeout(300)
+    return status(page)
+
+
+def body_shown(page) -> dict:
+    return json.loads(page.inner_text("#tt-request .tt-json"))
+
+
+def download(page, folder: Path) -> Path:
+    with page.expect_download() as d:
+        page.click("#tt-export")
+    path = folder / d.value.suggested_filename
+    d.value.save_as(path)
+    return path
+
+
+def load(page, path: Path) -> str:
+    with page.expect_file_chooser() as chooser:
+        page.click("#tt-load")
+    chooser.value.set_files(str(path))
+    return wait_status(page, "loaded")
+
+
+def test_before_any_request_nothing_streams_and_the_body_matches_the_controls(page):
+    assert page.locator("#tt-answer .tt-live").count() == 0  # no "● streaming" badge: nothing was sent
+    assert "no request yet" in page.inner_text("#tt-answer")
+    assert "waiting for the scheduler" not in page.inner_text("#tt-prefix")
+    body = body_shown(page)
+    controls = {"temperature": float(page.input_value("#tt-temperature input[type=number]")),
+                "top_p": float(page.input_value("#tt-top-p input[type=number]")),
+                "top_k": int(page.input_value("#tt-top-k input[type=number]")),
+                "max_tokens": int(page.input_value("#tt-max-tokens input[type=number]"))}
+    assert {k: body[k] for k in controls} == controls
+    assert page.input_value("#tt-seed input") == "" and body["seed"] is None  # empty box: a random draw
+    assert body["messages"][-1]["content"] == page.input_value("#tt-user textarea")
+    assert body["trace_level"] == "full" and "not sent yet" in page.inner_text("#tt-request")
+    # the preview follows the controls as they change
+    set_controls(page, "A preview prompt", 31)
+    page.fill("#tt-seed input", "12")
+    page.check("#tt-level input[value=basic]")
+    page.wait_for_function("document.querySelector('#tt-request .tt-json').textContent.includes('\"seed\": 12')")
+    page.wait_for_function("document.querySelector('#tt-request .tt-json').textContent.includes('basic')")
+    body = body_shown(page)
+    assert (body["max_tokens"], body["seed"], body["trace_level"]) == (31, 12, "basic")
+    assert body["messages"][-1]["content"] == "A preview prompt"
+
+
+def test_capture_level_off_shows_what_it_records_and_says_what_it_leaves_out(page, tmp_path):
+    final = send_and_finish(page, "Tell me about foxes.", 20, level="off")
+    n = int(re.search(r"finished \(\w+\), (\d+) tokens", final).group(1))
+    answer = page.inner_text("#tt-answer")
+    assert page.locator("#tt-answer .tt-live").count() == 0  # not "streaming" any more
+    assert "finished:" in answer and re.search(r"usage: \d+ prompt \+ \d+ completion \(\d+ cached\)", answer)
+    assert "capture level off records only the streamed tokens, their timing and the usage" in answer
+    assert page.locator("#tt-answer .tt-timed").count() == n  # each token with its timing
+    prefix = page.inner_text("#tt-prefix")
+    assert ("HIT" in prefix or "MISS" in prefix) and "tokens reused:" in prefix and "not recorded" in prefix
+    timeline = page.inner_text("#tt-timeline")
+    assert f"{n} tokens streamed" in timeline and "TTFT" in timeline and "records no engine steps" in timeline
+    assert page.locator("#tt-tokens .tt-chips .tt-gen").count() == n and "prompt tokens:" in page.inner_text("#tt-tokens")
+    for panel in ("tt-embedding", "tt-attention", "tt-moe", "tt-sampling", "tt-spec"):
+        assert "not recorded" in page.inner_text(f"#{panel}"), panel
+    # Export works, and the file loads back with the same answer
+    path = download(page, tmp_path)
+    data = json.loads(path.read_text())
+    assert data["events"] == [] and data["outputs"][-1]["usage"]["completion_tokens"] == n
+    loaded = load(page, path)
+    assert " of " in loaded and page.locator("#tt-answer .tt-timed").count() == n
+    assert "usage:" in page.inner_text("#tt-answer")
+
+
+def test_a_send_while_one_streams_is_refused_visibly_and_the_prompt_is_kept(page):
+    page.uncheck("#tt-speculative input")  # one token per paced step: streams for seconds
+    set_controls(page, "The first request, a long one.", 120)
+    page.click("#tt-send")
+    first = wait_status(page, "streaming").split(":")[0]
+    page.fill("#tt-user textarea", "The second prompt, typed meanwhile.")
+    page.click("#tt-send")
+    hint = page.locator("#tt-hint-send .tt-hint")
+    hint.wait_for(timeout=10_000)
+    assert "Not sent" in hint.inner_text() and first in hint.inner_text()
+    assert status(page).startswith(first)  # the first request goes on, its body still shown
+    request = page.inner_text("#tt-request")
+    assert first in request and "The first request" in request and "not sent yet" not in request
+    assert page.input_value("#tt-user textarea") == "The second prompt, typed meanwhile."
+    page.click("#tt-stop")
+    wait_status(page, "finished (abort)")
+    page.wait_for_function("document.querySelector('#tt-hint-send').innerText.includes('press Send')")
+    page.click("#tt-send")  # now it goes
+    page.wait_for_function(f"!document.querySelector('#tt-status textarea').value.startsWith('{first}')")
+    wait_status(page, "streaming")
+    assert "The second prompt, typed meanwhile." in page.inner_text("#tt-request")
+    assert page.locator("#tt-hint-send .tt-hint").count() == 0
+    page.click("#tt-stop")
+    wait_status(page, "finished (abort)")
+
+
+def test_stop_ends_watching_and_status_says_so(page):
+    page.click("#tt-watch")
+    wait_status(page, "watching: waiting")
+    page.click("#tt-stop")
+    wait_status(page, "watching stopped", timeout_s=10)
+    page.wait_for_timeout(2500)  # the watcher used to repeat its line every 2 s
+    assert "watching stopped" in status(page) and "waiting for a request" not in status(page)
+
+
+def test_replay_counts_steps_from_one_in_the_slider_and_the_status(page):
+    final = send_and_finish(page, "Count my steps.", 12)
+    rid = final.split(":")[0]
+    slider = "document.querySelector('#tt-step input[type=range]')"
+    lo, hi, value = page.evaluate(f"[{slider}.min, {slider}.max, {slider}.value].map(Number)")
+    assert lo == 1 and value == hi
+    page.locator("#tt-step input[type=range]").focus()
+    page.keyboard.press("Home")
+    assert wait_status(page, f"{rid}: step 1 of {hi} ") and page.evaluate(f"+{slider}.value") == 1
+    page.keyboard.press("ArrowRight")
+    assert wait_status(page, f"step 2 of {hi} ") and page.evaluate(f"+{slider}.value") == 2
+    assert page.input_value("#tt-step input[type=number]") == "2"
+    assert "1 = its first engine step" in page.inner_text("#tt-step")
+
+
+def test_the_timeline_quotes_one_queue_time(page):
+    send_and_finish(page, "How long did I wait?", 8)
+    head = page.inner_text("#tt-timeline .tt-lines")
+    queues = re.findall(r"queue[^·=+]*?([\d.]+) ms", head)
+    assert len(queues) == 1, head  # one number, however often the word appears
+    assert "queue (arrival to admission by the scheduler)" in head
+    bar = page.evaluate("[...document.querySelectorAll('#tt-timeline svg title')].map(t => t.textContent)"
+                        ".find(t => t.startsWith('queue'))")
+    assert bar.endswith(f"{queues[0]} ms"), (bar, queues)
+
+
+def test_no_python_none_or_negative_zero_reaches_the_page(page):
+    for level in ("full", "basic", "off"):
+        send_and_finish(page, f"Level {level}, please.", 10, level=level)
+        assert "no seed (a random draw)" in page.inner_text("#tt-request")
+        for panel in PANELS:
+            text = page.inner_text(f"#{panel}")
+            assert not re.search(r"\bNone\b|-0\.0+\b|\bnan\b", text), (level, panel, text)
+        everything = page.inner_text("body") + status(page)  # the status, model lines, hints too
+        assert not re.search(r"\bNone\b|-0\.0+\b|\bnan\b", everything), level
+
+
+CONTRAST = """(sel) => {
+  const rgb = s => s.match(/[\\d.]+/g).slice(0, 3).map(Number);
+  const lum = c => { const [r, g, b] = c.map(v => { v /= 255; return v <= 0.03928 ? v / 12.92 :
+    ((v + 0.055) / 1.055) ** 2.4; }); return 0.2126 * r + 0.7152 * g + 0.0722 * b; };
+  const bg = el => { for (; el; el = el.parentElement) { const c = getComputedStyle(el).backgroundColor;
+    if (c && !c.startsWith('rgba(0, 0, 0, 0)') && c !== 'transparent') return c; } return 'rgb(255,255,255)'; };
+  return [...document.querySelectorAll(sel)].map(el => {
+    const a = lum(rgb(getComputedStyle(el).color)), b = lum(rgb(bg(el)));
+    return [el.parentElement.className + ' > ' + el.tagName, (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05)];
+  });
+}"""
+
+
+def test_chip_text_and_token_ids_are_readable_and_the_latency_bars_explained(page):
+    send_and_finish(page, "Speculate for me.", 24)
+    # every chip kind, the dark "bonus" and "corrected" ones included, whether this run drew them or not
+    page.evaluate("""() => { const p = document.createElement('div'); p.className = 'tt-panel'; p.id = 'tt-probe';
+      p.innerHTML = ['', 'tt-special', 'tt-gen', 'tt-acc', 'tt-rej', 'tt-skip', 'tt-bonus', 'tt-corrected']
+        .map(c => `<span class="tt-chip ${c}">x<sub>123</sub></span>`).join('');
+      document.querySelector('#tt-spec').appendChild(p); }""")
+    ratios = page.evaluate(CONTRAST, "#tt-probe .tt-chip, #tt-probe .tt-chip sub, #tt-spec .tt-chip sub, "
+                                     "#tt-spec .tt-chip, #tt-tokens .tt-chip sub, #tt-sampling .tt-chip sub")
+    assert len(ratios) >= 16
+    low = [(what, round(r, 2)) for what, r in ratios if r < 4.5]
+    assert not low, low  # WCAG AA for normal text
+    legend = page.inner_text("#tt-answer .tt-lat-legend")
+    assert "orange bar" in legend and "time since the previous token" in legend
+    assert page.locator("#tt-answer .tt-lat-key").count() == 1
+
+
+def test_a_loaded_trace_sets_the_controls_to_its_settings(page, browser, server, tmp_path):
+    page.fill("#tt-temperature input[type=number]", "0.7")
+    page.press("#tt-temperature input[type=number]", "Enter")
+    page.fill("#tt-top-p input[type=number]", "0.9")
+    page.press("#tt-top-p input[type=number]", "Enter")
+    page.fill("#tt-top-k input[type=number]", "20")
+    page.press("#tt-top-k input[type=number]", "Enter")
+    page.fill("#tt-seed input", "11")
+    page.uncheck("#tt-speculative input")
+    send_and_finish(page, "Remember my settings.", 40, level="basic")
+    path = download(page, tmp_path)
+
+    context = browser.new_context(viewport={"width": 1500, "height": 1100})
+    other = open_page(context, server.url)  # its own controls: the page's defaults
+    assert other.input_value("#tt-max-tokens input[type=number]") != "40"
+    load(other, path)
+    other.wait_for_timeout(500)
+    got = {"max_tokens": other.input_value("#tt-max-tokens input[type=number]"),
+           "temperature": other.input_value("#tt-temperature input[type=number]"),
+           "top_p": other.input_value("#tt-top-p input[type=number]"),
+           "top_k": other.input_value("#tt-top-k input[type=number]"),
+           "seed": other.input_value("#tt-seed input"),
+           "speculative": other.is_checked("#tt-speculative input"),
+           "level": other.evaluate("document.querySelector('#tt-level input:checked').value"),
+           "user": other.input_value("#tt-user textarea")}
+    assert got == {"max_tokens": "40", "temperature": "0.7", "top_p": "0.9", "top_k": "20", "seed": "11",
+                   "speculative": False, "level": "basic", "user": "Remember my settings."}
+    context.close()

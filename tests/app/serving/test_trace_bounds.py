@@ -1,0 +1,164 @@
+"""A long-running server's traces are bounded: API requests default to capture level
+"basic", each request's trace stops keeping tensor captures past a byte cap (and says so,
+in the file, the request panel and the classroom), and the store never holds more than its
+byte budget in all, dropping the oldest first."""
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from app.serving.trace_store import TraceStore
+from tests.service_utils import run_to_end
+
+SEP = (",", ":")
+
+
+def _exact(tr) -> int:
+    return len(json.dumps([tr.events, tr.outputs], separators=SEP)) + \
+        (len(json.dumps(tr.body, separators=SEP)) if tr.body else 0)
+
+
+def test_the_store_never_holds_more_than_its_byte_budget():
+    cap, budget = 20_000, 100_000
+    store = TraceStore(max_requests=1000, max_bytes_per_request=cap, max_total_bytes=budget)
+    rng = random.Random(7)
+    running: dict[str, int] = {}  # request -> step
+    evicted_while_running = set()
+    for i in range(3000):
+        if len(running) < 4 or rng.random() < 0.01:
+            rid = f"r{i}"
+            running[rid] = 0
+            store.set_body(rid, {"messages": [{"role": "user", "content": "x" * rng.randrange(10, 2000)}]}, "m")
+        rid = rng.choice(sorted(running))
+        step = running[rid] = running[rid] + 1
+        keys = rng.randrange(1, 64)
+        store.add(rid, {"type": "attention", "request_id": rid, "step": step, "model": "m",
+                        "probs": [[[round(rng.random(), 4)] * keys] * rng.randrange(1, 5)] * 4})
+        store.add(rid, {"type": "sample", "request_id": rid, "step": step, "candidates": list(range(8)),
+                        "probs": [0.125] * 8})
+        done = rng.random() < 0.03
+        if done:
+            store.add(rid, {"type": "finish", "request_id": rid, "step": step, "reason": "stop"})
+        store.add_output(rid, {"type": "output", "request_id": rid, "token_id": 5, "text": "ab", "finished": done,
+                               "step": step})
+        if done:
+            del running[rid]
+        kept = store._traces
+        assert store.total_bytes <= budget
+        assert store.total_bytes == sum(t.size for t in kept.values())
+        for r in list(running):
+            if r not in kept:
+                evicted_while_running.add(r)
+    assert len(store.request_ids()) > 3 and evicted_while_running  # it did have to drop some
+    for rid in store.request_ids():
+        tr = store._traces[rid]
+        if tr.packed is not None:
+            assert tr.nbytes == _exact(store.trace(rid))  # exact once packed
+        assert tr.nbytes <= 2 * cap + 1000  # light events past the cap, up to twice it (plus the finish)
+    # a request dropped while it ran does not come back half-recorded
+    gone = next(iter(evicted_while_running))
+    store.add(gone, {"type": "token", "request_id": gone, "step": 999, "token_id": 1})
+    assert gone not in store
+
+
+def test_a_request_past_its_cap_keeps_its_light_events_and_says_so():
+    store = TraceStore(max_bytes_per_request=5_000, max_total_bytes=1_000_000)
+    cut_at = []
+    for step in range(40):
+        if store.add("a", {"type": "attention", "request_id": "a", "step": step, "probs": [[[0.5] * 32] * 2] * 2}):
+            cut_at.append(step)
+        store.add("a", {"type": "token", "request_id": "a", "step": step, "token_id": step, "text": "x"})
+    assert len(cut_at) == 1  # add() says it once: the engine stops computing the captures
+    tr = store.trace("a")
+    assert tr.truncated == {"limit_bytes": 5_000, "step": cut_at[0], "captures_dropped": 40 - cut_at[0]}
+    assert [e["step"] for e in tr.events if e["type"] == "token"] == list(range(40))
+    assert max(e["step"] for e in tr.events if e["type"] == "attention") == cut_at[0] - 1
+    with pytest.raises(ValueError, match="twice the per-request cap"):
+        TraceStore(max_bytes_per_request=10, max_total_bytes=19)
+
+
+def test_the_bounds_are_command_line_flags():
+    from app.__main__ import parse_args, serve_limits, trace_store
+    args = parse_args([])
+    store = trace_store(args)
+    assert (store.max_bytes, store.max_total_bytes) == (8 * 2**20, 128 * 2**20)
+    assert serve_limits(args).api_trace_level == "basic"
+    args = parse_args(["--trace-max-bytes-per-request", "1000", "--trace-store-bytes", "5000",
+                       "--api-trace-level", "full"])
+    assert (trace_store(args).max_bytes, trace_store(args).max_total_bytes) == (1000, 5000)
+    assert serve_limits(args).api_trace_level == "full"
+    with pytest.raises(ValueError, match="--trace-store-bytes"):
+        trace_store(parse_args(["--trace-max-bytes-per-request", "1000", "--trace-store-bytes", "1500"]))
+    with pytest.raises(SystemExit):
+        parse_args(["--api-trace-level", "everything"])
+
+
+@pytest.fixture(scope="module")
+def capped(checkpoint):
+    """A tiny MoE with its draft and a 100 kB per-request cap (a full trace passes it within a few steps)."""
+    from app.__main__ import build_service, parse_args
+    svc = build_service(parse_args(["--model", str(checkpoint("mixtral")), "--draft", str(checkpoint("mistral")),
+                                    "--block-size", "4", "--trace-max-bytes-per-request", "100000",
+                                    "--trace-store-bytes", "400000"])).start()
+    yield svc
+    svc.stop()
+
+
+def _run(svc, level: str, max_tokens: int = 40):
+    from app.serving.requests import build_body
+    body = build_body("m", "Be brief.", "Tell me everything about foxes.", 0.8, 0, 1.0, max_tokens, 1, True, 3,
+                      level) | {"ignore_eos": True}
+    return run_to_end(svc, body)
+
+
+def test_a_truncated_trace_stops_the_captures_says_so_and_still_replays(capped):
+    from app.page.live_view import PANELS, LiveView
+    from app.serving.recording import Recording, ReplayCursor, record_request, show_accepted
+    from visualizers.walkthrough import stages
+    # 32 tokens: their events (sampling, speculative rounds, KV) fit in twice the cap with room; at 40
+    # some draws' runs (more rejected proposals, so more steps) came within a few kB of it
+    rid, seen = _run(capped, "full", 32)
+    rec = record_request(capped.store, rid, capped.model_info(), capped.piece, capped.is_special)
+    cut = rec.truncated
+    assert cut is not None and cut["limit_bytes"] == 100_000 and cut["captures_dropped"] >= 1
+    heavy = {"attention", "embed", "moe"}
+    # what the watcher saw: the engine stopped computing captures after the step that passed the cap
+    assert max(i["step"] for i in seen if i["type"] in heavy) <= cut["step"]
+    assert any(i["type"] in heavy for i in seen) and max(i["step"] for i in seen) > cut["step"] + 3
+    # ... and said so when it happened: a page watching it live shows the note before the end
+    note = next(i for i in seen if i["type"] == "trace.truncated")
+    assert note["step"] == cut["step"] and note["limit_bytes"] == 100_000
+    live = LiveView(model=capped.model_info(), piece=capped.piece, is_special=capped.is_special)
+    show_accepted(live, rid, rec.body, "accepted")
+    live.add([i for i in seen if i["step"] <= cut["step"]])
+    assert f"truncated: at engine step {cut['step']}" in live.render("request") and not live.finished
+    kept = [e for e in rec.events if e["type"] in heavy]
+    assert kept and max(e["step"] for e in kept) <= cut["step"]
+    # everything else went on to the end: every token, the finish
+    assert len([e for e in rec.events if e["type"] == "token"]) == 32
+    assert any(e["type"] == "finish" for e in rec.events) and rec.outputs[-1]["finished"]
+    assert len(json.dumps([rec.events, rec.outputs], separators=SEP)) <= 2 * 100_000
+    # the file says so, and replays at every step
+    loaded = Recording.loads(rec.dumps())
+    assert loaded.truncated == cut
+    cursor = ReplayCursor(loaded)
+    for frame in range(cursor.last_frame + 1):
+        view = cursor.goto(frame)
+        assert all(view.render(n) for n in PANELS)
+    request_panel = cursor.goto(cursor.last_frame).render("request")
+    assert request_panel.count(f"truncated: at engine step {cut['step']}") == 1  # once, not twice
+    peak = ReplayCursor(loaded)
+    text = {s.key: s.text for s in stages(loaded.model, rid, loaded.body, loaded.events, loaded.outputs,
+                                          peak.goto(peak.peak_kv_frame()).snapshot, loaded.truncated)}
+    assert f"size cap at engine step <b>{cut['step']}</b>" in text["embedding"]
+    assert "size cap" in text["layers"]
+
+
+def test_a_trace_under_its_cap_is_whole(capped):
+    from app.serving.recording import record_request
+    rid, _ = _run(capped, "basic", 12)
+    rec = record_request(capped.store, rid, capped.model_info(), capped.piece, capped.is_special)
+    assert rec.truncated is None and rec.dropped == 0 and rec.to_json()["truncated"] is None
+    assert capped.store.total_bytes <= capped.store.max_total_bytes

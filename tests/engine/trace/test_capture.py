@@ -1,0 +1,83 @@
+"""A `full` trace's attention is recomputed after the forward pass (engine/trace/capture.py):
+every captured row, in prefill chunks, decode steps and mixed batches, equals what
+Hugging Face's eager attention computes over the same tokens, sliding windows included."""
+import pytest
+import torch
+
+from engine import CaptureConfig, EventList, SamplingParams, Tracer
+from engine.trace.capture import attention_probs
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from tests.engine_utils import DEVICE
+from tests.tiny import load_reference
+
+PROMPT = torch.randint(4, 300, (21,), generator=torch.Generator().manual_seed(11)).tolist()
+
+
+@pytest.mark.parametrize("arch", ["mistral", "qwen2", "mixtral"])
+def test_captured_attention_equals_transformers(checkpoint, arch):
+    sink = EventList()
+    # a 7-token budget chunks the prompt; an untraced request shares every batch, first
+    engine = LLMEngine(checkpoint(arch), device=DEVICE, tracer=Tracer(sink), trace_level="off",
+                       config=EngineConfig(block_size=4, max_num_batched_tokens=7),
+                       capture=CaptureConfig(heads=[0, 3], max_keys=6, embed_dims=8))
+    greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    engine.add_request(PROMPT[:5], greedy)
+    rid = engine.add_request(PROMPT, greedy, trace_level="full")
+    while engine.has_unfinished_requests():
+        engine.step()
+    tokens = PROMPT + engine.get_output(rid).token_ids[:-1]  # every token the model was fed
+    with torch.no_grad():
+        expected = load_reference(checkpoint(arch))(torch.tensor([tokens]), output_attentions=True).attentions
+    events = [e.data for e in sink.of(rid, "attention")]
+    assert {e["kind"] for e in events} == {"prefill", "decode"}
+    assert len([e for e in events if e["kind"] == "prefill"]) > 3  # 3 layers, in several chunks
+    for e in events:
+        probs = torch.tensor(e["probs"])
+        rows, keys = probs.shape[1:]
+        assert rows <= 6 and keys <= 6 and e["heads"] == [0, 3] and e["kv_heads"] == [0, 1]
+        want = expected[e["layer"]][0, [0, 3], e["q_start"]:e["q_start"] + rows,
+                                      e["k_start"]:e["k_start"] + keys]
+        assert want.shape == probs.shape and e["k_start"] + keys == e["q_start"] + rows
+        torch.testing.assert_close(probs, want, atol=2e-4, rtol=0)
+
+
+def test_attention_probs_masks_per_layer_windows():
+    """Two layers, one with a window of 2: rows over 5 keys, against a dense softmax."""
+    torch.manual_seed(0)
+    L, rows, H, kvh, D, ctx = 2, 3, 4, 2, 8, 5
+    q, k = torch.randn(L, rows, H, D), torch.randn(L, ctx, kvh, D)
+    got = attention_probs(q, k, ctx, 0.5, [None, 2])
+    for layer, window in enumerate([None, 2]):
+        for r in range(rows):
+            pos = ctx - rows + r
+            for h in range(H):
+                scores = k[layer, :, h // 2] @ q[layer, r, h] * 0.5
+                lo = 0 if window is None else pos - window + 1
+                scores[pos + 1:] = float("-inf")
+                scores[:lo] = float("-inf")
+                torch.testing.assert_close(got[layer, h, r], torch.softmax(scores, 0))
+
+
+def test_captured_verify_rows_equal_transformers(checkpoint):
+    """Speculative verification passes (k+1 query rows) are captured like prefill chunks.
+    The draft is the target itself, so every greedy proposal is accepted and the tokens
+    each pass saw are the output's."""
+    sink = EventList()
+    target = checkpoint("mixtral")
+    engine = LLMEngine(target, device=DEVICE, draft=target, num_speculative_tokens=3, tracer=Tracer(sink),
+                       trace_level="full", config=EngineConfig(block_size=4),
+                       capture=CaptureConfig(heads=[1, 2], max_keys=5))
+    rid = engine.add_request(PROMPT, SamplingParams(temperature=0, max_tokens=9, ignore_eos=True))
+    while engine.has_unfinished_requests():
+        engine.step()
+    tokens = PROMPT + engine.get_output(rid).token_ids[:-1]
+    with torch.no_grad():
+        expected = load_reference(target)(torch.tensor([tokens]), output_attentions=True).attentions
+    verify = [e.data for e in sink.of(rid, "attention") if e.data["kind"] == "verify"]
+    assert verify and all(len(e["probs"][0]) == 4 for e in verify)  # k + 1 rows
+    for e in verify:
+        probs = torch.tensor(e["probs"])
+        rows, keys = probs.shape[1:]
+        want = expected[e["layer"]][0, [1, 2], e["q_start"]:e["q_start"] + rows, e["k_start"]:e["k_start"] + keys]
+        torch.testing.assert_close(probs, want, atol=2e-4, rtol=0)
