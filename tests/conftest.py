@@ -24,11 +24,11 @@ def checkpoint(tmp_path_factory):
     return get
 
 
-# --- browser tests (tests/test_browser_*.py): each module defines its own `server` ---------
+# --- browser tests (tests/app/*/test_browser_*.py): each module defines its own `server` ---
 @pytest.fixture(scope="module")
 def browser(server):
     """Chromium for a module's page tests (after its server: that skips, or fails in CI, without a browser)."""
-    from tests.app.page.test_browser_page import chromium
+    from tests.browser_utils import chromium  # here, not at the top: it imports gradio (seconds), which most tests never need
     with chromium() as b:
         yield b
 

@@ -1,10 +1,68 @@
-"""Drive the app's engine service the way a page does: submit a body and read its
-subscription until the request finishes."""
+"""The app's engine service for tests, built as `python -m app` builds it (one factory for
+every module that serves a tiny model), and helpers that drive it the way a page does:
+submit a body and read its subscription until the request finishes."""
 from __future__ import annotations
 
+import contextlib
+import os
 import time
+from collections.abc import Iterator
 
-from app.serving.requests import parse_body
+import httpx
+
+from app.__main__ import build_service, parse_args
+from app.serving.engine_service import EngineService
+from app.serving.recording import Recording, ReplayCursor, record_request
+from app.serving.requests import build_body, parse_body
+from app.serving.served_models import ServedModels
+from benchmarks.local_server import LocalServer
+from visualizers.walkthrough import stages
+
+WALK_SYSTEM = ("You are a patient teacher. You explain every step of how a language model answers, from the tokens "
+               "to the sampling, and you always give a short example.")
+
+
+def app_service(checkpoint, *options: str, model: str | None = "mixtral", draft: str | None = None,
+                pace_s: float = 0.0) -> EngineService:
+    """The app's service (not started) for `python -m app --model M --draft D *options`:
+    model / draft name tiny checkpoints (tests/tiny.py; model=None: the embedded model, with
+    its embedded draft unless options say otherwise); options: the app's own flags (pool size,
+    limits, served name...). pace_s: a sleep before each engine step, for tests that must see
+    a request while it runs (the tiny model answers in milliseconds)."""
+    args = (["--model", str(checkpoint(model))] if model else []) + (["--draft", str(checkpoint(draft))] if draft else [])
+    svc = build_service(parse_args([*args, *options]))
+    if pace_s:
+        pace(svc.engine, pace_s)
+    return svc
+
+
+def pace(engine, delay_s: float) -> None:
+    """Each engine step waits delay_s first (outside the engine's lock: aborts still land)."""
+    step = engine.step
+
+    def paced_step():
+        time.sleep(delay_s)
+        return step()
+    engine.step = paced_step
+
+
+@contextlib.contextmanager
+def started(svc: EngineService) -> Iterator[EngineService]:
+    """The service's engine thread running for the block; stopped after it."""
+    svc.start()
+    try:
+        yield svc
+    finally:
+        svc.stop()
+
+
+@contextlib.contextmanager
+def served(service: EngineService | ServedModels, tmp_path_factory, host: str = "127.0.0.1") -> Iterator[LocalServer]:
+    """The app (API and page) over `service` on a free port of this machine, in a thread of
+    this process (the test reads the engine directly); gradio's files in a temporary folder."""
+    os.environ.setdefault("GRADIO_TEMP_DIR", str(tmp_path_factory.mktemp("gradio")))
+    with LocalServer(service, host=host) as srv:
+        yield srv
 
 
 def run_to_end(svc, body: dict, timeout_s: float = 60) -> tuple[str, list[dict]]:
@@ -19,3 +77,32 @@ def run_to_end(svc, body: dict, timeout_s: float = 60) -> tuple[str, list[dict]]
     items += watch.drain(0.05)
     svc.unsubscribe(watch)
     return watch.request_id, items
+
+
+def traced_run(service, user: str, max_tokens: int = 12, **kw) -> str:
+    """A full-trace speculative request (seed 3, ignore_eos) run to its end -> its id."""
+    args = dict(model="m", system="Be brief.", user=user, temperature=0.8, top_k=0, top_p=1.0,
+                max_tokens=max_tokens, seed=3, speculative=True, k=3, trace_level="full")
+    args.update(kw)
+    return run_to_end(service, build_body(**args) | {"ignore_eos": True})[0]
+
+
+def record_run(svc, user: str, system: str = WALK_SYSTEM, max_tokens: int = 24, speculative: bool = True) -> Recording:
+    """A full-trace request (k=4, ignore_eos) run to its end -> its recording."""
+    body = build_body("m", system, user, 0.8, 0, 1.0, max_tokens, 5, speculative, 4, "full") | {"ignore_eos": True}
+    rid, _ = run_to_end(svc, body, timeout_s=120)
+    return record_request(svc.store, rid, svc.model_info(), svc.piece, svc.is_special)
+
+
+def walk(rec: Recording) -> dict[str, str]:
+    """The walkthrough's text per stage key, with the KV pool at its peak."""
+    cursor = ReplayCursor(rec)
+    peak = cursor.goto(cursor.peak_kv_frame()).snapshot
+    return {s.key: s.text for s in stages(rec.model, rec.request_id, rec.body, rec.events, rec.outputs, peak,
+                                           rec.truncated)}
+
+
+def stage_index(server, room: dict, key: str) -> int:
+    """Where a stage stands in a classroom (stages may be added before it)."""
+    return next(i for i in range(room["stages"])
+                if httpx.get(server.url + f"classroom/{room['id']}/stage/{i}").json()["key"] == key)

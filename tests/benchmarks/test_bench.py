@@ -8,6 +8,7 @@ import torch
 from benchmarks import bench
 from engine.layers.linear import Linear
 from tests.engine_utils import DEVICE
+from tests.real_models import cached_gguf
 from tests.tiny import make_checkpoint
 
 
@@ -99,10 +100,10 @@ def test_gpu_rows_compute_on_cpu(checkpoint, tmp_path):
     assert all(r.value > 0 and r.baseline > 0 and r.unit == "calls/s" for r in (attention, store))
 
 
+@pytest.mark.slow  # a real model, against transformers
 def test_bench_real_section_runs_on_smollm2(tmp_path):
     """The real-checkpoint rows: SmolLM2 from its GGUF against transformers on the same file."""
-    from tests.engine.checkpoint.test_real_models import _gguf
-    _gguf("smollm2")
+    cached_gguf("smollm2")
     rows = bench.main(["--quick", "--device", "cpu", "--out", "", "--sections", "real"])
     assert {r.section for r in rows} == {"SmolLM2-135M-Instruct: decode vs transformers",
                                          "SmolLM2-135M-Instruct: tracing cost", "SmolLM2-135M-Instruct: bandwidth"}

@@ -13,6 +13,7 @@ import pytest
 
 from benchmarks.hall_load import Conn, Hall, start_server, trial
 
+pytestmark = pytest.mark.slow  # a load test: 100 clients for 15 s, the server in its own process
 SCALED = {"errors": 0, "missed": 0, "worst_lag_s": 2.0, "state_p99_ms": 1000.0, "stream_ratio": 0.5}
 
 

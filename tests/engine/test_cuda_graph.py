@@ -168,6 +168,7 @@ def _torch_path(batch: ForwardBatch) -> ForwardBatch:
     return batch
 
 
+@pytest.mark.slow  # two engines, padded and eager, token for token
 def test_engine_greedy_tokens_and_kv_pages_with_padded_steps(llama, padded):
     """Five requests of different lengths: prefill and mixed steps run eagerly, the decode
     steps (5, padded to 8, then fewer as requests finish) through the static buffers; the

@@ -97,7 +97,8 @@ def test_window_and_local_rope_matter(gemma):
     assert torch.allclose(base[:WINDOW], chunked_logits(llm.engine, PROMPTS[0], 1)[:WINDOW], atol=1e-4)
 
 
-@pytest.mark.parametrize("use_triton", [False, True], ids=["torch", "triton"])
+@pytest.mark.parametrize("use_triton", [False, pytest.param(True, marks=pytest.mark.slow)],  # slow: Triton interpreted
+                         ids=["torch", "triton"])
 def test_greedy_batches_with_chunked_prefill_match_transformers(gemma, use_triton):
     """Three prompts longer than the window at once, under a 7-token budget: prefill chunks
     share steps with other requests' decodes. Triton: the decode kernel (interpreted on CPU)."""

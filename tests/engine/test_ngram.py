@@ -233,6 +233,7 @@ def test_embedded_model_copies_a_repeated_answer_in_long_runs():
 
 
 # --- sampling: the target's distribution, and seeded draws in any batch --------------------
+@pytest.mark.slow  # 3,000 seeded requests
 def test_sampled_output_follows_the_target_distribution(tmp_path, monkeypatch):
     """Chi-square test of the first three sampled tokens over many seeds against the
     target's exact joint distribution, with transformers' own warpers as the reference.

@@ -73,6 +73,7 @@ def test_config_features_are_read(pair):
     assert cfgs["olmoe"].qk_norm == "full" and cfgs["olmoe"].clip_qkv == 4.0
 
 
+@pytest.mark.slow  # Triton interpreted on the CPU: seconds per model
 @pytest.mark.parametrize("arch", ["mistral", "qwen3_moe"])
 def test_triton_kernels_in_the_engine(checkpoint, arch):
     """The engine with its Triton kernels (run by the interpreter on CPU) gives the

@@ -91,6 +91,7 @@ def test_draft_equal_to_target_accepts_everything(models, reference, k):
     assert stats.target_passes < len(PROMPTS) * (1 + 24 / (k + 1) + 1)
 
 
+@pytest.mark.slow  # 3,000 seeded requests
 def test_sampled_output_follows_the_target_distribution(tmp_path):
     """Chi-square test of the first three sampled tokens over many seeds against the
     target's exact joint distribution, with transformers' own warpers as the reference.

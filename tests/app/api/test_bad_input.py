@@ -4,12 +4,13 @@ no request is left in the engine and the KV pool is back to its starting state."
 from __future__ import annotations
 
 import json
-import os
 
 import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from tests.service_utils import app_service, served
 
 NAME = "tiny-moe"
 CAP = 6  # --max-tokens-cap: valid fuzzed bodies finish in a few steps
@@ -19,13 +20,9 @@ USER = [{"role": "user", "content": "Hello"}]
 
 @pytest.fixture(scope="module")
 def server(checkpoint, tmp_path_factory):
-    os.environ.setdefault("GRADIO_TEMP_DIR", str(tmp_path_factory.mktemp("gradio")))
-    from app.__main__ import build_service, parse_args
-    from benchmarks.local_server import LocalServer
-    svc = build_service(parse_args(["--model", str(checkpoint("mixtral")), "--served-model-name", NAME,
-                                    "--block-size", "4", "--max-tokens-cap", str(CAP),
-                                    "--max-body-bytes", str(BODY_LIMIT)]))
-    with LocalServer(svc) as srv:
+    svc = app_service(checkpoint, "--served-model-name", NAME, "--block-size", "4", "--max-tokens-cap", str(CAP),
+                      "--max-body-bytes", str(BODY_LIMIT))
+    with served(svc, tmp_path_factory) as srv:
         yield srv
 
 
@@ -199,6 +196,7 @@ raw_bodies = (valid | one_wild | one_wild | all_wild).map(json.dumps) | st.binar
     | values.map(json.dumps)
 
 
+@pytest.mark.slow  # 150 fuzzed requests
 @settings(max_examples=150, deadline=None, database=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(raw=raw_bodies)

@@ -2,23 +2,19 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 
 import httpx
 import pytest
+
+from tests.service_utils import app_service, served
 
 SYSTEM = "You are a patient teacher who explains every step."
 
 
 @pytest.fixture(scope="module")
 def server(checkpoint, tmp_path_factory):
-    os.environ.setdefault("GRADIO_TEMP_DIR", str(tmp_path_factory.mktemp("gradio")))
-    from app.__main__ import build_service, parse_args
-    from benchmarks.local_server import LocalServer
-    svc = build_service(parse_args(["--model", str(checkpoint("mixtral")), "--served-model-name", "tiny-moe",
-                                    "--block-size", "4"]))
-    with LocalServer(svc) as srv:
+    with served(app_service(checkpoint, "--served-model-name", "tiny-moe", "--block-size", "4"), tmp_path_factory) as srv:
         yield srv
 
 

@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from app.__main__ import build_service, parse_args
 from app.serving.recording import record_request
 from app.serving.requests import build_body, parse_body
+from tests.service_utils import app_service, started
 
 US = 1e6
 
@@ -20,10 +20,9 @@ US = 1e6
 @pytest.fixture(scope="module")
 def service(checkpoint):
     # a 6-token budget chunks the prompt, so the request has several prefill steps as well as decodes
-    svc = build_service(parse_args(["--model", str(checkpoint("llama")), "--num-kv-blocks", "64", "--block-size", "4",
-                                    "--max-num-batched-tokens", "6"])).start()
-    yield svc
-    svc.stop()
+    with started(app_service(checkpoint, "--num-kv-blocks", "64", "--block-size", "4", "--max-num-batched-tokens", "6",
+                             model="llama")) as svc:
+        yield svc
 
 
 def submit(service, user: str, max_tokens: int):

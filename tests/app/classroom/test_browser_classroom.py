@@ -19,10 +19,11 @@ import pytest
 
 from app.classroom.rooms import prompt_tail
 from app.serving.recording import Recording
-from tests.app.page.test_browser_page import paced_server
-from tests.app.classroom.test_classroom_push import stage_index
+from tests.browser_utils import paced_server
+from tests.service_utils import stage_index
 
-pytestmark = pytest.mark.filterwarnings("ignore:.*no_silent_downcasting", "ignore:The copy keyword")
+pytestmark = [pytest.mark.slow,
+              pytest.mark.filterwarnings("ignore:.*no_silent_downcasting", "ignore:The copy keyword")]
 GUESS = "<b>x</b>"
 
 

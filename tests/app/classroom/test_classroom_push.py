@@ -13,28 +13,21 @@ import httpx
 import pytest
 
 from app.classroom.rooms import Room
-from benchmarks.local_server import LocalServer
-from tests.app.serving.test_recording import recording, service  # noqa: F401 (module fixtures: a real engine run)
+from tests.service_utils import served, stage_index
 
 
 @pytest.fixture(scope="module")
-def server(service):  # noqa: F811
-    with LocalServer(service) as srv:
+def server(service, tmp_path_factory):  # `service` and `recording`: tests/app/conftest.py, a real engine run
+    with served(service, tmp_path_factory) as srv:
         yield srv
 
 
 @pytest.fixture(scope="module")
-def room(server, recording):  # noqa: F811
+def room(server, recording):
     r = httpx.post(server.url + "classroom", json={"request_id": recording.request_id}, timeout=60).json()
     r["key"] = r["presenter_url"].split("key=")[1]
     r["sample"] = stage_index(server, r, "sampling")
     return r
-
-
-def stage_index(server, room: dict, key: str) -> int:
-    """Where a stage stands in the room (stages may be added before it)."""
-    return next(i for i in range(room["stages"])
-                if httpx.get(server.url + f"classroom/{room['id']}/stage/{i}").json()["key"] == key)
 
 
 class Follower:
@@ -128,7 +121,7 @@ def test_a_stage_is_served_from_cache_with_an_etag_and_304(server, room):
     assert httpx.get(server.url + f"classroom/{room['id']}/stage/{room['stages']}").status_code == 404
 
 
-def test_each_stage_renders_once_per_trace_version(recording, monkeypatch):  # noqa: F811
+def test_each_stage_renders_once_per_trace_version(recording, monkeypatch):
     import app.classroom.rooms as classroom
     made = []
     real = classroom.ReplayCursor
@@ -216,7 +209,7 @@ def test_votes_count_once_per_browser_and_the_reveal_shows_both(server, room):
     ask(server, room, "close")
 
 
-def test_a_live_rooms_growing_trace_is_pushed_and_its_renders_change(recording):  # noqa: F811
+def test_a_live_rooms_growing_trace_is_pushed_and_its_renders_change(recording):
     """A room made while its request runs: one reader per room re-reads the trace, and the
     followers get a new trace version (new ETags, the stages re-rendered) and then the finish."""
     import asyncio
@@ -247,7 +240,7 @@ def test_a_live_rooms_growing_trace_is_pushed_and_its_renders_change(recording):
     assert room.cached_stage(0) is not None  # re-rendered ahead of the followers
 
 
-def test_a_trace_without_sampled_candidates_cannot_ask_and_says_why(server, recording):  # noqa: F811
+def test_a_trace_without_sampled_candidates_cannot_ask_and_says_why(server, recording):
     trace = recording.to_json()
     trace["events"] = [e for e in trace["events"] if e["type"] != "sample"]
     made = httpx.post(server.url + "classroom", json={"trace": trace}, timeout=60).json()

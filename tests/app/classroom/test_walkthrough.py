@@ -8,28 +8,8 @@ import re
 
 import pytest
 
-from app.__main__ import build_service, parse_args
-from app.serving.recording import ReplayCursor, record_request
-from app.serving.requests import build_body
-from tests.service_utils import run_to_end
+from tests.service_utils import app_service, record_run, started, walk
 from visualizers.embedding import embedding_matrix
-from visualizers.walkthrough import stages
-
-SYSTEM = ("You are a patient teacher. You explain every step of how a language model answers, from the tokens "
-          "to the sampling, and you always give a short example.")
-
-
-def run(svc, user: str, system: str = SYSTEM, max_tokens: int = 24, speculative: bool = True):
-    body = build_body("m", system, user, 0.8, 0, 1.0, max_tokens, 5, speculative, 4, "full") | {"ignore_eos": True}
-    rid, _ = run_to_end(svc, body, timeout_s=120)
-    return record_request(svc.store, rid, svc.model_info(), svc.piece, svc.is_special)
-
-
-def walk(rec) -> dict[str, str]:
-    cursor = ReplayCursor(rec)
-    peak = cursor.goto(cursor.peak_kv_frame()).snapshot
-    return {s.key: s.text for s in stages(rec.model, rec.request_id, rec.body, rec.events, rec.outputs, peak,
-                                           rec.truncated)}
 
 
 def first(rec, kind: str) -> dict:
@@ -39,14 +19,13 @@ def first(rec, kind: str) -> dict:
 @pytest.fixture(scope="module")
 def embedded():
     """The embedded MoE target with its embedded draft (speculative decoding on)."""
-    svc = build_service(parse_args([])).start()
-    yield svc
-    svc.stop()
+    with started(app_service(None, model=None)) as svc:
+        yield svc
 
 
 @pytest.fixture(scope="module")
 def miss_then_hit(embedded):
-    return run(embedded, "What is a token?"), run(embedded, "And what is an embedding?")
+    return record_run(embedded, "What is a token?"), record_run(embedded, "And what is an embedding?")
 
 
 def test_the_prefix_stage_says_what_happened_to_this_request(miss_then_hit):
@@ -95,7 +74,7 @@ def test_the_stream_stage_explains_speculative_bursts(embedded, miss_then_hit):
     assert f"came in <b>{len(steps)}</b> bursts" in text and "microseconds apart" in text
     gap = re.search(r"between bursts: ([\d.]+) (ms|s) at the median", text)
     assert gap and float(gap[1]) > 0
-    plain = run(embedded, "One token at a time, please.", system="", max_tokens=8, speculative=False)
+    plain = record_run(embedded, "One token at a time, please.", system="", max_tokens=8, speculative=False)
     text = walk(plain)["answer"]
     assert "Between tokens:" in text and "burst" not in text
 
@@ -106,13 +85,12 @@ def nine_heads(tmp_path_factory):
     from tests.tiny import make_checkpoint
     path = make_checkpoint("llama", tmp_path_factory.mktemp("nine"), num_heads=9, num_kv_heads=3,
                            hidden_size=144)
-    svc = build_service(parse_args(["--model", str(path)])).start()
-    yield svc
-    svc.stop()
+    with started(app_service(None, "--model", str(path), model=None)) as svc:
+        yield svc
 
 
 def test_the_parallel_stage_never_splits_a_head(nine_heads, miss_then_hit):
-    rec = run(nine_heads, "Split me.", system="", max_tokens=4)
+    rec = record_run(nine_heads, "Split me.", system="", max_tokens=4)
     assert (rec.model["num_heads"], rec.model["num_kv_heads"]) == (9, 3)
     text = walk(rec)["parallel"]
     assert "N devices must therefore divide the 3 KV heads: N = 3 for this model" in text

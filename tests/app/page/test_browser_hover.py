@@ -12,9 +12,10 @@ import re
 import httpx
 import pytest
 
-from tests.app.page.test_browser_page import chromium, open_page, paced_server, set_controls, wait_finished
+from tests.browser_utils import chromium, open_page, paced_server, set_controls, wait_finished
 
-pytestmark = pytest.mark.filterwarnings("ignore:.*no_silent_downcasting", "ignore:The copy keyword")
+pytestmark = [pytest.mark.slow,
+              pytest.mark.filterwarnings("ignore:.*no_silent_downcasting", "ignore:The copy keyword")]
 
 
 @pytest.fixture(scope="module")

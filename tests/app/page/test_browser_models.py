@@ -6,20 +6,22 @@ mode, and Watch follows requests to any model.
 The shapes are the hard cases for the panels: a 30-layer model with 9 query / 3 KV heads and
 a 49,152-token vocabulary (SmolLM2-135M's), and an 18-layer base model with a 262,144-token
 vocabulary (Gemma 3 270M's), both tiny and random. Skips without Chromium unless
-TOKENTRACE_REQUIRE_BROWSER=1 (see test_browser_page)."""
+TOKENTRACE_REQUIRE_BROWSER=1 (see tests/browser_utils.py)."""
 from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.app.page.test_browser_page import _browser_or_skip, open_page, set_controls, wait_finished
+from app.__main__ import build_services, parse_args
+from tests.browser_utils import browser_or_skip, open_page, set_controls, wait_finished
+from tests.service_utils import served
 
-pytestmark = pytest.mark.filterwarnings("ignore:.*no_silent_downcasting", "ignore:The copy keyword")
+pytestmark = [pytest.mark.slow,
+              pytest.mark.filterwarnings("ignore:.*no_silent_downcasting", "ignore:The copy keyword")]
 CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}</s>{% endfor %}"
                  "{% if add_generation_prompt %}<|assistant|>{% endif %}")
 
@@ -77,16 +79,13 @@ def wide(tmp_path_factory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def server(checkpoint, wide, tmp_path_factory):
-    _browser_or_skip()
-    os.environ.setdefault("GRADIO_TEMP_DIR", str(tmp_path_factory.mktemp("gradio")))
-    from app.__main__ import build_services, parse_args
-    from benchmarks.local_server import LocalServer
+    browser_or_skip()
     models = build_services(parse_args(["--model", str(checkpoint("mixtral")), "--draft", str(checkpoint("mistral")),
                                         "--served-model-name", "tiny-moe", "--model", str(wide["smol-shape"]),
                                         "--draft", "ngram", "--model", str(wide["gemma-shape"]),
                                         "--num-kv-blocks", "96", "--num-speculative-tokens", "3"]),
                             say=lambda line: None)
-    with LocalServer(models) as srv:
+    with served(models, tmp_path_factory) as srv:
         yield srv
 
 

@@ -6,135 +6,34 @@ Without Chromium or Playwright these tests skip, unless TOKENTRACE_REQUIRE_BROWS
 (CI), where a missing browser is a failure."""
 from __future__ import annotations
 
-import contextlib
-import json
-import os
 import re
 import time
 
 import pytest
 
-os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+import benchmarks.browser
+from tests import browser_utils
+from tests.browser_utils import LIVE_STATE, open_page, paced_server, set_controls, wait_finished
+
 # gradio's own queue code trips pandas deprecation warnings; they are not ours to fix
-pytestmark = pytest.mark.filterwarnings("ignore:.*no_silent_downcasting", "ignore:The copy keyword")
-REQUIRE = os.environ.get("TOKENTRACE_REQUIRE_BROWSER") == "1"
-PANELS = ["tt-request", "tt-prefix", "tt-tokens", "tt-embedding", "tt-attention", "tt-kv", "tt-moe", "tt-sampling",
-          "tt-spec", "tt-answer", "tt-timeline"]
+pytestmark = [pytest.mark.slow,
+              pytest.mark.filterwarnings("ignore:.*no_silent_downcasting", "ignore:The copy keyword")]
 XSS_USER = "Hi <img src=x onerror=alert(1)> and </script><b>x"
 XSS_SYSTEM = "</script><b>x"
 
-# Records every number of streamed tokens the answer panel showed, and the most
-# other-request KV blocks ever drawn; installed before the page's own scripts run.
-WATCH = """
-window.__counts = []; window.__maxOther = 0;
-new MutationObserver(() => {
-  const n = document.querySelectorAll('#tt-answer .tt-timed').length;
-  if (!window.__counts.includes(n)) window.__counts.push(n);
-  const grid = document.querySelector('#tt-kv .tt-kv-grid');
-  const other = grid ? +grid.dataset.other : 0;
-  window.__maxOther = Math.max(window.__maxOther, other);
-}).observe(document, {subtree: true, childList: true, characterData: true, attributes: true});
-"""
-
-
-LIVE_STATE = """() => ({
-  status: document.querySelector('#tt-status textarea').value,
-  empty: %s.filter(id => document.querySelector('#' + id + ' .tt-empty')),
-  tokens: document.querySelectorAll('#tt-answer .tt-timed').length})""" % PANELS
-
-
-def _browser_or_skip():
-    from benchmarks.browser import find_chromium
-    try:
-        import playwright.sync_api  # noqa: F401
-    except ImportError:
-        (pytest.fail if REQUIRE else pytest.skip)("the playwright package is not installed")
-    if find_chromium() is None:
-        (pytest.fail if REQUIRE else pytest.skip)("no Chromium (apt-get install -y chromium)")
-
 
 def test_a_missing_browser_fails_in_ci_and_skips_elsewhere(monkeypatch):
-    import benchmarks.browser
     monkeypatch.setattr(benchmarks.browser, "find_chromium", lambda: None)
     for require, outcome in ((True, pytest.fail.Exception), (False, pytest.skip.Exception)):
-        monkeypatch.setitem(globals(), "REQUIRE", require)
+        monkeypatch.setattr(browser_utils, "REQUIRE", require)
         with pytest.raises(outcome):
-            _browser_or_skip()
-
-
-@contextlib.contextmanager
-def paced_server(checkpoint, tmp_path_factory, *args: str, delay: float = 0.06):
-    """The tiny MoE + draft served on loopback; the tiny model is too fast to watch, so each
-    engine step is paced and every machine streams for seconds."""
-    _browser_or_skip()
-    os.environ.setdefault("GRADIO_TEMP_DIR", str(tmp_path_factory.mktemp("gradio")))
-    from app.__main__ import build_service, parse_args
-    from benchmarks.local_server import LocalServer
-    svc = build_service(parse_args(["--model", str(checkpoint("mixtral")), "--draft", str(checkpoint("mistral")),
-                                    "--num-speculative-tokens", "3", "--num-kv-blocks", "96", *args]))
-    step = svc.engine.step
-
-    def paced_step():
-        time.sleep(delay)
-        return step()
-    svc.engine.step = paced_step
-    with LocalServer(svc) as srv:
-        yield srv
-
-
-@contextlib.contextmanager
-def chromium():
-    from playwright.sync_api import sync_playwright
-
-    from benchmarks.browser import launch
-    with sync_playwright() as pw:
-        b = launch(pw)
-        yield b
-        b.close()
+            browser_utils.browser_or_skip()
 
 
 @pytest.fixture(scope="module")
 def server(checkpoint, tmp_path_factory):
     with paced_server(checkpoint, tmp_path_factory) as srv:
         yield srv
-
-
-def status(page) -> str:
-    return page.input_value("#tt-status textarea")
-
-
-def wait_status(page, text: str, timeout_s: float = 90) -> str:
-    page.wait_for_function(f"document.querySelector('#tt-status textarea').value.includes({json.dumps(text)})",
-                           timeout=timeout_s * 1000)
-    return status(page)
-
-
-def open_page(context, url: str):
-    page = context.new_page()
-    page.dialogs, page.external = [], []
-    page.on("dialog", lambda d: (page.dialogs.append(d.message), d.dismiss()))
-    page.on("request", lambda r: page.external.append(r.url)
-            if not r.url.startswith(("http://127.0.0.1", "data:", "blob:")) else None)
-    page.add_init_script(WATCH)
-    page.goto(url, wait_until="load")  # the queue stream never lets the network go idle
-    page.wait_for_selector("#tt-send")
-    return page
-
-
-def set_controls(page, user: str, max_tokens: int, system: str | None = None) -> None:
-    if system is not None:
-        page.fill("#tt-system textarea", system)
-    page.fill("#tt-user textarea", user)
-    box = page.locator("#tt-max-tokens input[type=number]")
-    box.fill(str(max_tokens))
-    box.press("Enter")
-
-
-def wait_finished(page, timeout_s: float = 120) -> str:
-    page.wait_for_function("document.querySelector('#tt-status textarea').value.includes('finished')",
-                           timeout=timeout_s * 1000)
-    page.wait_for_timeout(300)
-    return page.input_value("#tt-status textarea")
 
 
 def test_a_request_streams_through_every_panel(server, browser, shots):

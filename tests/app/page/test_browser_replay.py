@@ -12,9 +12,10 @@ import time
 import httpx
 import pytest
 
-from tests.app.page.test_browser_page import LIVE_STATE, open_page, paced_server, status, wait_status
+from tests.browser_utils import LIVE_STATE, open_page, paced_server, status, wait_status
 
-pytestmark = pytest.mark.filterwarnings("ignore:.*no_silent_downcasting", "ignore:The copy keyword")
+pytestmark = [pytest.mark.slow,
+              pytest.mark.filterwarnings("ignore:.*no_silent_downcasting", "ignore:The copy keyword")]
 STAGE_TITLES = ["The request arrives", "Prefix cache", "Tokenize", "Embed", "Through the layers",
                 "Prefill, then decode", "The KV cache", "The logit lens", "Sample", "Stream", "Stop", "Continuous batching",
                 "Speculative decoding", "Beyond one GPU"]

@@ -4,7 +4,7 @@ capture level off (what it records, and what it leaves out), a second Send while
 streams (refused, said so, the prompt kept), Stop while watching, replay numbering, the
 timeline's one queue time, no Python None or "-0.00", readable contrast, and a loaded
 trace's settings in the controls. Skips without Chromium unless TOKENTRACE_REQUIRE_BROWSER=1
-(see test_browser_page)."""
+(see tests/browser_utils.py)."""
 from __future__ import annotations
 
 import json
@@ -13,11 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.app.page.test_browser_page import open_page, paced_server, set_controls, status, wait_status
+from tests.browser_utils import PANELS, open_page, paced_server, set_controls, status, wait_status
 
-pytestmark = pytest.mark.filterwarnings("ignore:.*no_silent_downcasting", "ignore:The copy keyword")
-PANELS = ["tt-request", "tt-prefix", "tt-tokens", "tt-embedding", "tt-attention", "tt-kv", "tt-moe", "tt-sampling",
-          "tt-spec", "tt-answer", "tt-timeline"]
+pytestmark = [pytest.mark.slow,
+              pytest.mark.filterwarnings("ignore:.*no_silent_downcasting", "ignore:The copy keyword")]
 
 
 @pytest.fixture(scope="module")

@@ -7,18 +7,18 @@ import time
 
 import pytest
 
-from app.__main__ import build_service, parse_args
+from app.__main__ import parse_args
 from app.serving.engine_service import wait_idle
 from app.page.live_view import PANELS, LiveView
 from app.serving.requests import build_body, parse_body
+from tests.service_utils import app_service, started
 
 
 @pytest.fixture(scope="module")
 def service(checkpoint):
-    svc = build_service(parse_args(["--model", str(checkpoint("mixtral")), "--draft", str(checkpoint("mistral")),
-                                    "--num-speculative-tokens", "4", "--num-kv-blocks", "64"])).start()
-    yield svc
-    svc.stop()
+    with started(app_service(checkpoint, "--num-speculative-tokens", "4", "--num-kv-blocks", "64",
+                             draft="mistral")) as svc:
+        yield svc
 
 
 def body(user="Tell me a story.", max_tokens=8, **kw):

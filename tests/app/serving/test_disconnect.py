@@ -2,26 +2,18 @@
 from __future__ import annotations
 
 import json
-import os
 import time
 
 import httpx
 import pytest
 
+from tests.service_utils import app_service, served
+
 
 @pytest.fixture(scope="module")
 def server(checkpoint, tmp_path_factory):
-    os.environ.setdefault("GRADIO_TEMP_DIR", str(tmp_path_factory.mktemp("gradio")))
-    from app.__main__ import build_service, parse_args
-    from benchmarks.local_server import LocalServer
-    svc = build_service(parse_args(["--model", str(checkpoint("mixtral")), "--block-size", "4"]))
-    step = svc.engine.step
-
-    def paced_step():  # slow enough that the stream is still running when the client leaves
-        time.sleep(0.02)
-        return step()
-    svc.engine.step = paced_step
-    with LocalServer(svc) as srv:
+    # paced: slow enough that the stream is still running when the client leaves
+    with served(app_service(checkpoint, "--block-size", "4", pace_s=0.02), tmp_path_factory) as srv:
         yield srv
 
 

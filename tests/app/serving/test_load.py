@@ -5,37 +5,30 @@ Bounded in count; the only time limits are generous timeouts against hangs."""
 from __future__ import annotations
 
 import json
-import os
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 
+from tests.service_utils import app_service, served
+
+pytestmark = pytest.mark.slow  # load tests: dozens of concurrent streams
 MAX_TOKENS = 10
-
-
-def start(checkpoint, tmp_path_factory, *options):
-    os.environ.setdefault("GRADIO_TEMP_DIR", str(tmp_path_factory.mktemp("gradio")))
-    from app.__main__ import build_service, parse_args
-    from benchmarks.local_server import LocalServer
-    svc = build_service(parse_args(["--model", str(checkpoint("mixtral")), "--block-size", "4", *options]))
-    return LocalServer(svc, host="127.0.0.1").start()
 
 
 @pytest.fixture(scope="module")
 def server(checkpoint, tmp_path_factory):
-    srv = start(checkpoint, tmp_path_factory, "--max-num-seqs", "16")
-    yield srv
-    srv.stop()
+    with served(app_service(checkpoint, "--block-size", "4", "--max-num-seqs", "16"), tmp_path_factory) as srv:
+        yield srv
 
 
 @pytest.fixture(scope="module")
 def small_pool(checkpoint, tmp_path_factory):
     # 14 blocks x 4 tokens: room for about two of these requests at once, 8 may run
-    srv = start(checkpoint, tmp_path_factory, "--num-kv-blocks", "14", "--max-num-seqs", "8",
-                "--max-num-batched-tokens", "16")
-    yield srv
-    srv.stop()
+    svc = app_service(checkpoint, "--block-size", "4", "--num-kv-blocks", "14", "--max-num-seqs", "8",
+                      "--max-num-batched-tokens", "16")
+    with served(svc, tmp_path_factory) as srv:
+        yield srv
 
 
 def prompt(i: int) -> str:

@@ -5,15 +5,15 @@ A base model (no chat template) answers plain prompts on /v1/completions."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 
 import httpx
 import pytest
 
-from app.__main__ import ModelSpec, parse_args
+from app.__main__ import ModelSpec, build_services, parse_args
 from tests.paths import ROOT
+from tests.service_utils import served
 
 ASSETS = ROOT / "assets" / "models"
 TARGET, DRAFT = str(ASSETS / "target"), str(ASSETS / "draft")
@@ -71,15 +71,12 @@ def test_default_drafts_and_served_names(tmp_path):
 def server(checkpoint, tmp_path_factory):
     """The embedded target (no draft), the embedded draft as a model of its own (n-gram
     drafts), and a tiny base model with no chat template."""
-    os.environ.setdefault("GRADIO_TEMP_DIR", str(tmp_path_factory.mktemp("gradio")))
-    from app.__main__ import build_services
-    from benchmarks.local_server import LocalServer
     base = base_model(checkpoint("llama"), tmp_path_factory.mktemp("base") / "tiny-base")
     lines: list[str] = []
     models = build_services(parse_args(["--model", TARGET, "--draft", "none", "--model", DRAFT, "--draft", "ngram",
                                         "--model", str(base), "--num-kv-blocks", "64"]), say=lines.append)
     models.lines = lines
-    with LocalServer(models) as srv:
+    with served(models, tmp_path_factory) as srv:
         yield srv
 
 
@@ -208,15 +205,12 @@ def test_a_base_model_answers_plain_prompts(client, server):
 
 
 def test_public_mode_serves_only_the_start_up_models(tmp_path_factory, checkpoint):
-    os.environ.setdefault("GRADIO_TEMP_DIR", str(tmp_path_factory.mktemp("gradio")))
-    from app.__main__ import build_services
-    from benchmarks.local_server import LocalServer
     models = build_services(parse_args(["--model", TARGET, "--draft", "none", "--model", DRAFT, "--host", "0.0.0.0",
                                         "--api-key", KEY, "--max-concurrent-per-client", "1",
                                         "--num-kv-blocks", "32"]), say=lambda line: None)
     assert models.limits.public
     paths = [s.engine.model_path for s in models]
-    with LocalServer(models, host="127.0.0.1") as srv, \
+    with served(models, tmp_path_factory) as srv, \
             httpx.Client(base_url=srv.url, headers={"Authorization": f"Bearer {KEY}"}, timeout=60) as http:
         for model in (str(checkpoint("llama")), "Qwen/Qwen3-0.6B", "../../etc", "smollm2", TARGET):
             for path in ("v1/chat/completions", "v1/completions"):
@@ -238,7 +232,6 @@ def test_public_mode_serves_only_the_start_up_models(tmp_path_factory, checkpoin
 
 
 def test_two_models_cannot_share_a_name():
-    from app.__main__ import build_services
     with pytest.raises(ValueError, match="same --served-model-name"):
         build_services(parse_args(["--model", TARGET, "--served-model-name", "x", "--model", DRAFT,
                                    "--served-model-name", "x"]), say=lambda line: None)

@@ -4,13 +4,13 @@ start-up, and errors that show neither file paths nor stack traces."""
 from __future__ import annotations
 
 import json
-import os
 import time
 
 import httpx
 import pytest
 
 from app.serving.limits import PUBLIC_MAX_CONCURRENT, PUBLIC_MAX_TOKENS, ServeLimits
+from tests.service_utils import app_service, served
 
 KEY = "s3cret-token"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -19,20 +19,11 @@ pytestmark = pytest.mark.filterwarnings("ignore:.*no_silent_downcasting", "ignor
 
 @pytest.fixture(scope="module")
 def server(checkpoint, tmp_path_factory):
-    os.environ.setdefault("GRADIO_TEMP_DIR", str(tmp_path_factory.mktemp("gradio")))
-    from app.__main__ import build_service, parse_args
-    from benchmarks.local_server import LocalServer
-    # --host 0.0.0.0 makes it public; the test still listens on loopback only
-    svc = build_service(parse_args(["--model", str(checkpoint("mixtral")), "--block-size", "4", "--host", "0.0.0.0",
-                                    "--api-key", KEY, "--auth", "teacher:chalk",
-                                    "--max-concurrent-per-client", "1"]))
-    step = svc.engine.step
-
-    def paced_step():  # a long request stays in flight while the test sends others
-        time.sleep(0.01)
-        return step()
-    svc.engine.step = paced_step
-    with LocalServer(svc, host="127.0.0.1") as srv:
+    # --host 0.0.0.0 makes it public; the test still listens on loopback only. Paced: a long
+    # request stays in flight while the test sends others.
+    svc = app_service(checkpoint, "--block-size", "4", "--host", "0.0.0.0", "--api-key", KEY, "--auth", "teacher:chalk",
+                      "--max-concurrent-per-client", "1", pace_s=0.01)
+    with served(svc, tmp_path_factory) as srv:
         yield srv
 
 

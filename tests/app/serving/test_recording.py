@@ -10,41 +10,15 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 
-from app.__main__ import build_service, parse_args
 from app.page.live_view import PANELS
-from app.serving.recording import Recording, ReplayCursor, TraceFileError, record_request
+from app.serving.recording import Recording, ReplayCursor, TraceFileError
 from app.serving.requests import build_body, parse_body
-from tests.service_utils import run_to_end
-from visualizers.walkthrough import stages
 from tests.paths import ROOT
-
-
-
-@pytest.fixture(scope="module")
-def service(checkpoint):
-    svc = build_service(parse_args(["--model", str(checkpoint("mixtral")), "--draft", str(checkpoint("mistral")),
-                                    "--num-speculative-tokens", "3", "--num-kv-blocks", "64",
-                                    "--block-size", "4"])).start()
-    yield svc
-    svc.stop()
-
-
-def run(service, user: str, max_tokens: int = 12, **kw) -> str:
-    args = dict(model="m", system="Be brief.", user=user, temperature=0.8, top_k=0, top_p=1.0,
-                max_tokens=max_tokens, seed=3, speculative=True, k=3, trace_level="full")
-    args.update(kw)
-    return run_to_end(service, build_body(**args) | {"ignore_eos": True})[0]
-
-
-@pytest.fixture(scope="module")
-def recording(service) -> Recording:
-    rid = run(service, "Tell me about <script>alert(1)</script> foxes.")
-    return record_request(service.store, rid, service.model_info(), service.piece, service.is_special)
+from visualizers.walkthrough import stages
 
 
 def test_export_then_import_gives_the_same_trace(service, recording):
@@ -163,6 +137,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow  # a process of its own: `python -m app --replay` starting up
 def test_replay_cli_serves_a_file_with_no_model(recording, tmp_path):
     path = tmp_path / "trace.json"
     path.write_text(recording.dumps())

@@ -66,6 +66,7 @@ EXPECT = {  # what the one line must say
 }
 
 
+@pytest.mark.slow  # a `python -m app` process per case
 def test_broken_checkpoints_fail_with_one_clear_line(broken, tmp_path):
     def run(name: str) -> tuple[str, subprocess.CompletedProcess]:
         return name, subprocess.run([sys.executable, "-m", "app", *broken[name], "--port", "1"], cwd=ROOT,
@@ -91,6 +92,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow  # a `python -m app` process
 def test_share_without_internet_keeps_serving_locally(checkpoint, tmp_path):
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "app", "--model", str(checkpoint("mixtral")), "--share",

@@ -10,7 +10,7 @@ import random
 import pytest
 
 from app.serving.trace_store import TraceStore
-from tests.service_utils import run_to_end
+from tests.service_utils import app_service, run_to_end, started
 
 SEP = (",", ":")
 
@@ -98,12 +98,9 @@ def test_the_bounds_are_command_line_flags():
 @pytest.fixture(scope="module")
 def capped(checkpoint):
     """A tiny MoE with its draft and a 100 kB per-request cap (a full trace passes it within a few steps)."""
-    from app.__main__ import build_service, parse_args
-    svc = build_service(parse_args(["--model", str(checkpoint("mixtral")), "--draft", str(checkpoint("mistral")),
-                                    "--block-size", "4", "--trace-max-bytes-per-request", "100000",
-                                    "--trace-store-bytes", "400000"])).start()
-    yield svc
-    svc.stop()
+    with started(app_service(checkpoint, "--block-size", "4", "--trace-max-bytes-per-request", "100000",
+                             "--trace-store-bytes", "400000", draft="mistral")) as svc:
+        yield svc
 
 
 def _run(svc, level: str, max_tokens: int = 40):

@@ -211,6 +211,7 @@ def test_card_numbers_match_recorded_results(recorded):
     assert recorded["english_word_rate"]["target"] >= 0.8
 
 
+@pytest.mark.slow  # a held-out evaluation of both models
 def test_quick_evaluation_reproduces_recorded_numbers(models, recorded):
     from assets.models.evaluate import quick_eval
 

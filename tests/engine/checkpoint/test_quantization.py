@@ -113,7 +113,7 @@ def test_int4_quantization_error_is_within_half_a_step(kernels):
 @pytest.fixture(scope="module")
 def block_gguf(tmp_path_factory):
     """The tiny llama written by the `gguf` package's own writer and quantizer, one file per type."""
-    from tests.engine.checkpoint.test_gguf import tiny_model, write_gguf
+    from tests.gguf_writer import tiny_model, write_gguf
     from tests.tiny import save_tokenizer
     tok = tmp_path_factory.mktemp("tok")
     save_tokenizer(tok)
@@ -181,7 +181,7 @@ def test_tied_head_takes_the_embeddings_q8_0_codes(tmp_path, monkeypatch):
     """SmolLM2's layout: Q4_1 layers, a tied LM head whose embedding is stored as Q8_0. Under
     int4 and int8 alike the head takes the embedding's Q8_0 codes, so under int4 every
     quantized weight is the float32 engine's."""
-    import tests.engine.checkpoint.test_gguf as tg
+    import tests.gguf_writer as tg
     from tests.tiny import save_tokenizer
     need_c_kernels()  # Q8_0 codes run in the C kernels only
     monkeypatch.setenv("TOKENTRACE_CACHE", str(tmp_path))

@@ -6,26 +6,17 @@ first). Without them these tests skip, except where TOKENTRACE_REQUIRE_REAL_MODE
 (CI), where a missing model is a failure."""
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
 from engine import LLM, SamplingParams
 from engine.checkpoint.catalog import CATALOG, cached_path
 from engine.checkpoint.errors import ModelLoadError
+from tests.real_models import cached_gguf
 
+pytestmark = pytest.mark.slow  # real models (135M and 270M parameters), against transformers
 CHATS = ["What is the capital of France?", "Write a haiku about the sea.",
          "Explain in one sentence what a GPU does."]
-
-
-def _gguf(name: str):
-    path = cached_path(CATALOG[name])
-    if not path.is_file():
-        if os.environ.get("TOKENTRACE_REQUIRE_REAL_MODELS"):
-            pytest.fail(f"{name} is not in the cache; run `python -m engine.checkpoint.catalog fetch {name} --no-hub`")
-        pytest.skip(f"{name} not cached (python -m engine.checkpoint.catalog fetch {name} --no-hub)")
-    return path
 
 
 def _reference(path):
@@ -46,17 +37,17 @@ def _hf_greedy(model, ids: list[int], n: int) -> tuple[list[int], torch.Tensor]:
 
 @pytest.fixture(scope="module")
 def smollm2():
-    path = _gguf("smollm2")
+    path = cached_gguf("smollm2")
     return LLM(str(path), device="cpu", dtype="float32"), *_reference(path)
 
 
 @pytest.fixture(scope="module")
 def gemma():
-    path = _gguf("gemma3-270m")
+    path = cached_gguf("gemma3-270m")
     return LLM(str(path), device="cpu", dtype="float32"), *_reference(path)
 
 
-def test_smollm2_by_name_resolves_to_the_cached_gguf(smollm2):
+def test_smollm2_by_name_resolves_to_the_cachedcached_gguf(smollm2):
     from engine.checkpoint.resolve import resolve_model_path
     assert resolve_model_path("smollm2") == cached_path(CATALOG["smollm2"])
     llm = smollm2[0]

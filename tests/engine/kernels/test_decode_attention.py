@@ -11,7 +11,7 @@ import torch
 from engine.batch import DecodeGroup
 from engine.kernels import cpu as cpu_kernels
 from engine.layers.attention import decode_attention
-from tests.engine.kernels.test_kernels import make_paged_batch, naive_dense_attention
+from tests.kernel_utils import make_paged_batch, naive_dense_attention
 
 
 @pytest.fixture(autouse=True, params=["c", "torch"])

@@ -60,6 +60,7 @@ CASES = [("llama", {}), ("qwen3", {}), ("mixtral", {"expert_parallel": True}),
          ("qwen2_moe", {"expert_parallel": True}), ("embedded", {"draft": "ngram"})]
 
 
+@pytest.mark.slow  # 2 worker processes
 @pytest.mark.parametrize("arch,parallel", CASES, ids=[a + ("-ep" if p.get("expert_parallel") else "-tp")
                                                       for a, p in CASES])
 def test_two_ranks_match_one_device(checkpoint, arch, parallel):
@@ -163,18 +164,15 @@ def _check_trace(llm: LLM) -> None:
     assert "ran sharded" in stage and f"{sum(len(d['collectives']) for d in dicts):,}</b> collectives" in stage
 
 
+@pytest.mark.slow  # 2 worker processes
 def test_the_app_serves_a_sharded_model_and_stage_13_quotes_it():
     """python -m app --tensor-parallel-size 2 --expert-parallel: the page's service runs a request
     on 2 ranks; its trace keeps the step's collectives, and classroom stage 13 quotes them."""
-    from app.__main__ import build_service, parse_args
-    from tests.app.classroom.test_walkthrough import run, walk
+    from tests.service_utils import app_service, record_run, started, walk  # the app (gradio): only this test
 
-    svc = build_service(parse_args(["--tensor-parallel-size", "2", "--expert-parallel"])).start()
-    try:
+    with started(app_service(None, "--tensor-parallel-size", "2", "--expert-parallel", model=None)) as svc:
         workers = svc.engine.runner.procs
-        rec = run(svc, "Tell me a story.", max_tokens=6, speculative=False)
-    finally:
-        svc.stop()
+        rec = record_run(svc, "Tell me a story.", max_tokens=6, speculative=False)
     assert not any(p.is_alive() for p in workers)
     sharded = [e for e in rec.events if e["type"] == "schedule.collective"]
     assert len(sharded) >= 6 and all(len(e["collectives"]) == 1 + 2 * rec.model["num_layers"] for e in sharded)
@@ -237,6 +235,7 @@ def test_refusals_are_clear_and_start_nothing(checkpoint, tmp_path):
     assert not mp.active_children()
 
 
+@pytest.mark.slow  # 2 worker processes
 def test_a_dying_rank_stops_the_engine_with_one_error(checkpoint, monkeypatch):
     llm = LLM(checkpoint("llama"), device="cpu", dtype="float32", block_size=4, tensor_parallel_size=2)
     runner = llm.engine.runner
@@ -256,6 +255,7 @@ def test_a_dying_rank_stops_the_engine_with_one_error(checkpoint, monkeypatch):
     llm.shutdown()
 
 
+@pytest.mark.slow  # 2 worker processes
 def test_a_step_interrupted_mid_collective_stops_the_engine(checkpoint):
     """Ctrl-C caught in a REPL while rank 1 waits in layer 1's all-reduce: the next call says
     the engine stopped (rather than pairing new collectives with old ones, a hang), and
@@ -291,6 +291,7 @@ KILLED = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # an engine process and its workers
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "kill-9"])
 def test_a_stopped_engine_process_leaves_no_workers(checkpoint, tmp_path, sig):
     script = tmp_path / "serve.py"
@@ -312,6 +313,7 @@ def test_a_stopped_engine_process_leaves_no_workers(checkpoint, tmp_path, sig):
         proc.kill()
 
 
+@pytest.mark.slow  # 2 worker processes
 def test_bench_parallel_section(checkpoint):
     """`python -m benchmarks.bench --sections parallel`: TP=2 against TP=1, tokens checked equal,
     and each rank's share of the decode forward spent in collectives."""

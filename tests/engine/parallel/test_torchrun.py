@@ -63,6 +63,7 @@ def _torchrun(*args: str) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(p.args, p.returncode, out, err)
 
 
+@pytest.mark.slow  # torchrun: 2 processes
 def test_generate_on_two_torchrun_ranks_matches_one_device():
     prompt, n = "Once upon a time, the little fox", 12
     r = _torchrun("generate", "--model", str(EMBEDDED), "--prompt", prompt, "--max-tokens", str(n))
@@ -78,6 +79,7 @@ def test_generate_on_two_torchrun_ranks_matches_one_device():
     assert "tokentrace rank 1/2: rank 0 finished; exiting" in r.stderr
 
 
+@pytest.mark.slow  # torchrun: 2 processes
 @pytest.mark.parametrize("args,message", [
     (("generate", "--model", "/nonexistent/model", "--prompt", "hi"), "model directory not found: /nonexistent/model"),
     (("app", "--tensor-parallel-size", "3"), "tensor_parallel_size=3 but torchrun started WORLD_SIZE=2 processes"),
@@ -157,6 +159,7 @@ def _stop(p: subprocess.Popen) -> None:
         p.wait()
 
 
+@pytest.mark.slow  # torchrun: 2 processes
 def test_app_on_two_torchrun_ranks_answers_and_stops_on_ctrl_c(tmp_path):
     """`torchrun ... -m engine.parallel.launch app` with two models (two sharded engines, each
     served by rank 1 on its own thread): the OpenAI API answers what one device answers, for
@@ -194,6 +197,7 @@ def _rank_pid(torchrun_pid: int, rank: int) -> int:
     raise AssertionError(f"no rank {rank} under torchrun {torchrun_pid}")
 
 
+@pytest.mark.slow  # torchrun: 2 processes
 def test_a_killed_rank_stops_every_process(tmp_path):
     """Rank 1 killed while the app serves: torchrun stops rank 0 and exits non-zero naming
     rank 1; no process is left, no hang."""

@@ -6,7 +6,6 @@ real SmolLM2 " Paris" rises through the layers."""
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 import torch
@@ -14,6 +13,7 @@ import torch
 from engine import CaptureConfig, EventList, SamplingParams, Tracer
 from engine.llm_engine import LLMEngine
 from tests.engine_utils import DEVICE
+from tests.real_models import cached_gguf
 from tests.tiny import load_reference
 
 PROMPT = torch.randint(4, 300, (9,), generator=torch.Generator().manual_seed(5)).tolist()
@@ -127,13 +127,9 @@ def test_no_lens_below_full_or_when_turned_off(checkpoint):
     assert sink.of(rid, "sample") and not sink.of(rid, "logit_lens")
 
 
+@pytest.mark.slow  # a real model
 def test_paris_rises_through_smollm2s_layers():
-    from engine.checkpoint.catalog import CATALOG, cached_path
-    path = cached_path(CATALOG["smollm2"])
-    if not path.is_file():
-        if os.environ.get("TOKENTRACE_REQUIRE_REAL_MODELS"):
-            pytest.fail("smollm2 is not in the cache; run `python -m engine.checkpoint.catalog fetch smollm2 --no-hub`")
-        pytest.skip("smollm2 not cached (python -m engine.checkpoint.catalog fetch smollm2 --no-hub)")
+    path = cached_gguf("smollm2")
     sink = EventList()
     engine = LLMEngine(path, device=DEVICE, tracer=Tracer(sink), trace_level="full",
                        capture=CaptureConfig(logit_lens_top=5))
@@ -206,25 +202,15 @@ def test_the_classroom_stage_sits_between_the_layers_and_sampling_and_quotes_the
 
 def test_a_replay_shows_the_newest_token_of_each_step_and_a_picked_one(checkpoint):
     """Replay: at every engine step the lens shows the token drawn by then; a pick shows any token."""
-    import time
-
-    from app.__main__ import build_service, parse_args
+    # the app's modules here, not at the top: they import gradio (seconds), which only this test needs
     from app.serving.recording import ReplayCursor, record_request
-    from app.serving.requests import build_body, parse_body
-    svc = build_service(parse_args(["--model", str(checkpoint("llama")), "--num-kv-blocks", "64"])).start()
-    try:
+    from app.serving.requests import build_body
+    from tests.service_utils import app_service, run_to_end, started
+    with started(app_service(checkpoint, "--num-kv-blocks", "64", model="llama")) as svc:
         body = build_body(model="m", system="", user="a fox", temperature=0.0, top_k=0, top_p=1.0, max_tokens=5,
                           seed=None, speculative=False, k=1, trace_level="full") | {"ignore_eos": True}
-        watch = svc.submit(parse_body(body))
-        items, end = [], time.monotonic() + 60
-        while not any(i["type"] == "output" and i["finished"] for i in items):
-            assert time.monotonic() < end
-            items += watch.drain(0.05)
-        svc.unsubscribe(watch)
-        time.sleep(0.1)
-        rec = record_request(svc.store, watch.request_id, svc.model_info(), svc.piece, svc.is_special)
-    finally:
-        svc.stop()
+        rid, _ = run_to_end(svc, body)
+        rec = record_request(svc.store, rid, svc.model_info(), svc.piece, svc.is_special)
     lens = [e for e in rec.events if e["type"] == "logit_lens"]
     assert len(lens) == 5
     cursor = ReplayCursor(rec)

@@ -1,0 +1,110 @@
+"""The page's browser tests' shared parts: a paced server for the tiny MoE, Chromium
+(Playwright, the system browser), and helpers that drive the page.
+
+Without Chromium or Playwright the tests skip, unless TOKENTRACE_REQUIRE_BROWSER=1 (CI),
+where a missing browser is a failure."""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Iterator
+
+import pytest
+
+import benchmarks.browser
+from benchmarks.local_server import LocalServer
+from tests.service_utils import app_service, served
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+REQUIRE = os.environ.get("TOKENTRACE_REQUIRE_BROWSER") == "1"
+PANELS = ["tt-request", "tt-prefix", "tt-tokens", "tt-embedding", "tt-attention", "tt-kv", "tt-moe", "tt-sampling",
+          "tt-spec", "tt-answer", "tt-timeline"]
+
+# Records every number of streamed tokens the answer panel showed, and the most
+# other-request KV blocks ever drawn; installed before the page's own scripts run.
+WATCH = """
+window.__counts = []; window.__maxOther = 0;
+new MutationObserver(() => {
+  const n = document.querySelectorAll('#tt-answer .tt-timed').length;
+  if (!window.__counts.includes(n)) window.__counts.push(n);
+  const grid = document.querySelector('#tt-kv .tt-kv-grid');
+  const other = grid ? +grid.dataset.other : 0;
+  window.__maxOther = Math.max(window.__maxOther, other);
+}).observe(document, {subtree: true, childList: true, characterData: true, attributes: true});
+"""
+
+
+LIVE_STATE = """() => ({
+  status: document.querySelector('#tt-status textarea').value,
+  empty: %s.filter(id => document.querySelector('#' + id + ' .tt-empty')),
+  tokens: document.querySelectorAll('#tt-answer .tt-timed').length})""" % PANELS
+
+
+def browser_or_skip() -> None:
+    """Skip (fail, where CI requires the browser) without Playwright or Chromium."""
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        (pytest.fail if REQUIRE else pytest.skip)("the playwright package is not installed")
+    if benchmarks.browser.find_chromium() is None:
+        (pytest.fail if REQUIRE else pytest.skip)("no Chromium (apt-get install -y chromium)")
+
+
+@contextlib.contextmanager
+def paced_server(checkpoint, tmp_path_factory, *args: str, delay: float = 0.06) -> Iterator[LocalServer]:
+    """The tiny MoE + draft served on loopback; the tiny model is too fast to watch, so each
+    engine step is paced and every machine streams for seconds."""
+    browser_or_skip()
+    svc = app_service(checkpoint, "--num-speculative-tokens", "3", "--num-kv-blocks", "96", *args, draft="mistral",
+                      pace_s=delay)
+    with served(svc, tmp_path_factory) as srv:
+        yield srv
+
+
+@contextlib.contextmanager
+def chromium():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        b = benchmarks.browser.launch(pw)
+        yield b
+        b.close()
+
+
+def status(page) -> str:
+    return page.input_value("#tt-status textarea")
+
+
+def wait_status(page, text: str, timeout_s: float = 90) -> str:
+    page.wait_for_function(f"document.querySelector('#tt-status textarea').value.includes({json.dumps(text)})",
+                           timeout=timeout_s * 1000)
+    return status(page)
+
+
+def open_page(context, url: str):
+    page = context.new_page()
+    page.dialogs, page.external = [], []
+    page.on("dialog", lambda d: (page.dialogs.append(d.message), d.dismiss()))
+    page.on("request", lambda r: page.external.append(r.url)
+            if not r.url.startswith(("http://127.0.0.1", "data:", "blob:")) else None)
+    page.add_init_script(WATCH)
+    page.goto(url, wait_until="load")  # the queue stream never lets the network go idle
+    page.wait_for_selector("#tt-send")
+    return page
+
+
+def set_controls(page, user: str, max_tokens: int, system: str | None = None) -> None:
+    if system is not None:
+        page.fill("#tt-system textarea", system)
+    page.fill("#tt-user textarea", user)
+    box = page.locator("#tt-max-tokens input[type=number]")
+    box.fill(str(max_tokens))
+    box.press("Enter")
+
+
+def wait_finished(page, timeout_s: float = 120) -> str:
+    page.wait_for_function("document.querySelector('#tt-status textarea').value.includes('finished')",
+                           timeout=timeout_s * 1000)
+    page.wait_for_timeout(300)
+    return page.input_value("#tt-status textarea")
