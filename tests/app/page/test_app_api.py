@@ -2,10 +2,14 @@
 KV calculator, against the real server (FastAPI + mounted Gradio) on a free local port."""
 from __future__ import annotations
 
+import itertools
 import os
+import threading
 import time
 
 import pytest
+
+from tests.service_utils import app_service, served
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 # gradio's own queue code trips pandas deprecation warnings; they are not ours to fix
@@ -14,11 +18,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:.*no_silent_downcasting", "ignor
 
 @pytest.fixture(scope="module")
 def server(checkpoint, tmp_path_factory):
-    os.environ.setdefault("GRADIO_TEMP_DIR", str(tmp_path_factory.mktemp("gradio")))
-    from app.__main__ import build_service, parse_args
-    from benchmarks.local_server import LocalServer
-    svc = build_service(parse_args(["--model", str(checkpoint("mixtral")), "--draft", str(checkpoint("mistral"))]))
-    with LocalServer(svc) as srv:
+    with served(app_service(checkpoint, draft="mistral"), tmp_path_factory) as srv:
         yield srv
 
 
@@ -73,7 +73,27 @@ def test_an_invalid_request_is_shown_as_rejected(client):
     assert out[-1].startswith("rejected") and "rejected" in out[0] and "empty" in out[0]
 
 
-def test_stop_aborts_the_running_request(client):
+@pytest.fixture
+def held_until_stop(server, monkeypatch) -> threading.Event:
+    """After a few engine steps the engine waits (60 s at most) until an abort arrives: a
+    request cannot finish before Stop is seen, however busy the machine. -> set by the abort."""
+    engine, aborted = server.service.engine, threading.Event()
+    step, abort, steps = engine.step, engine.abort, itertools.count(1)
+
+    def held_step():
+        if next(steps) > 8:
+            aborted.wait(60)  # outside the engine's lock: the abort can land
+        return step()
+
+    def seen_abort(request_id: str) -> bool:
+        aborted.set()
+        return abort(request_id)
+    monkeypatch.setattr(engine, "step", held_step)
+    monkeypatch.setattr(engine, "abort", seen_abort)
+    return aborted
+
+
+def test_stop_aborts_the_running_request(client, held_until_stop):
     # 230 new tokens: long, and within the tiny model's 256-token context (past it is refused, as in vLLM)
     # seed 3: this model draws no end-of-text within those 230 tokens (with seed 1 it stops at 81)
     job = client.submit("", "Go on and on.", 0.7, 0, 1.0, 230, 3, False, 1, "basic", 0, 0, api_name="/send")
@@ -85,7 +105,7 @@ def test_stop_aborts_the_running_request(client):
         time.sleep(0.05)
     client.predict(api_name="/stop")
     final = job.result(timeout=60)
-    assert "finished (abort)" in final[11]
+    assert "finished (abort)" in final[11] and held_until_stop.is_set()
 
 
 def test_kv_calculator_endpoint(client):

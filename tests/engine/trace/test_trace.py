@@ -126,7 +126,9 @@ def test_kv_and_finish(run):
 
 def test_ttft_parts_measure_where_the_time_went(checkpoint):
     """One request waits behind another (one running at a time); the other's prompt is
-    prefilled in chunks. Each part of the TTFT split shows it."""
+    prefilled in chunks. Each part of the TTFT split shows it, checked against the engine's
+    own record of its steps (each schedule.step's start and phases), never a wall-clock sum
+    against another: so it holds however busy the machine is."""
     sink = EventList()
     engine = LLMEngine(checkpoint("mixtral"), device=DEVICE, tracer=Tracer(sink),
                        config=EngineConfig(block_size=4, max_num_seqs=1, max_num_batched_tokens=8))
@@ -138,12 +140,40 @@ def test_ttft_parts_measure_where_the_time_went(checkpoint):
     m1, m2 = engine.get_output(first).metrics, engine.get_output(second).metrics
     for m in (m1, m2):
         assert all(v >= 0 for v in m["ttft_split"].values()) and len(m["token_latencies"]) == 7
+        assert sum(m["ttft_split"].values()) == pytest.approx(m["ttft"], abs=1e-9)  # the parts are the whole
     steps = {e.step: e.data for e in sink.of(None, "schedule.step")}
-    ran = lambda rid: [d["forward_seconds"] for d in steps.values() if any(b["request_id"] == rid for b in d["batch"])]
-    # the first's prefill spans its 5 chunk steps; the second queued through all of the first's steps
-    assert m1["ttft_split"]["prefill"] >= sum(ran(first)[:4])
-    assert m2["ttft_split"]["queue"] >= sum(ran(first)) > m1["ttft_split"]["queue"]
-    assert m2["ttft_split"]["prefill"] < m1["ttft_split"]["prefill"]  # one small chunk
+    ran = lambda rid: sorted(n for n, d in steps.items() if any(b["request_id"] == rid for b in d["batch"]))
+    kinds = lambda rid: [b["kind"] for n in ran(rid) for b in steps[n]["batch"] if b["request_id"] == rid]
+    one, two = ran(first), ran(second)
+    # the first ran from the first step, its prompt in 5 chunks; the second only after the first's last step
+    assert kinds(first) == ["prefill"] * 5 + ["decode"] * 7 and kinds(second) == ["prefill"] + ["decode"] * 7
+    assert one[0] == min(steps) and two[0] > one[-1]
+    begin = lambda n: steps[n]["start"]  # a step's phases: schedule, forward, sample
+    forward = lambda n: begin(n) + steps[n]["schedule_seconds"]
+    forward_end = lambda n: forward(n) + steps[n]["forward_seconds"]
+
+    def timeline(m, prefilled_at: int) -> tuple[float, float, float]:
+        """(tokenized, scheduled, prefilled) on the steps' clock: the request's first token was
+        drawn at the end of the sample phase of the step that finished its prompt."""
+        split = m["ttft_split"]
+        arrived = forward_end(prefilled_at) + steps[prefilled_at]["sample_seconds"] - m["ttft"]
+        tokenized = arrived + split["tokenize"]
+        return tokenized, tokenized + split["queue"], tokenized + split["queue"] + split["prefill"]
+
+    eps = 1e-6  # float rounding only
+    tokenized1, scheduled1, prefilled1 = timeline(m1, one[4])
+    tokenized2, scheduled2, prefilled2 = timeline(m2, two[0])
+    # queue: the first is admitted in its first step, before that step's forward pass; the
+    # second, tokenized before any step ran, only in the step after the first's last one
+    assert begin(one[0]) - eps <= scheduled1 <= forward(one[0]) + eps
+    assert tokenized2 <= begin(one[0]) + eps and begin(two[0]) - eps <= scheduled2 <= forward(two[0]) + eps
+    assert m2["ttft_split"]["queue"] >= begin(two[0]) - begin(one[0]) - eps >= sum(
+        steps[n]["forward_seconds"] for n in one)
+    # prefill: the first's spans its 5 chunk steps, the second's one chunk's step
+    assert prefilled1 == pytest.approx(forward_end(one[4]), abs=eps)
+    assert m1["ttft_split"]["prefill"] >= sum(steps[n]["forward_seconds"] for n in one[:5]) - eps
+    assert prefilled2 == pytest.approx(forward_end(two[0]), abs=eps)
+    assert m2["ttft_split"]["prefill"] <= forward_end(two[0]) - begin(two[0]) + eps
 
 
 def test_tracing_off_emits_nothing(checkpoint):
