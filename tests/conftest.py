@@ -28,7 +28,8 @@ def checkpoint(tmp_path_factory):
 @pytest.fixture(scope="module")
 def browser(server):
     """Chromium for a module's page tests (after its server: that skips, or fails in CI, without a browser)."""
-    from tests.browser_utils import chromium  # here, not at the top: it imports gradio (seconds), which most tests never need
+    # imported here, not at the top: it imports gradio (seconds), which most tests never need
+    from tests.browser_utils import chromium
     with chromium() as b:
         yield b
 

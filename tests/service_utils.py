@@ -29,7 +29,8 @@ def app_service(checkpoint, *options: str, model: str | None = "mixtral", draft:
     its embedded draft unless options say otherwise); options: the app's own flags (pool size,
     limits, served name...). pace_s: a sleep before each engine step, for tests that must see
     a request while it runs (the tiny model answers in milliseconds)."""
-    args = (["--model", str(checkpoint(model))] if model else []) + (["--draft", str(checkpoint(draft))] if draft else [])
+    args = ["--model", str(checkpoint(model))] if model else []
+    args += ["--draft", str(checkpoint(draft))] if draft else []
     svc = build_service(parse_args([*args, *options]))
     if pace_s:
         pace(svc.engine, pace_s)

@@ -14,7 +14,8 @@ SYSTEM = "You are a patient teacher who explains every step."
 
 @pytest.fixture(scope="module")
 def server(checkpoint, tmp_path_factory):
-    with served(app_service(checkpoint, "--served-model-name", "tiny-moe", "--block-size", "4"), tmp_path_factory) as srv:
+    svc = app_service(checkpoint, "--served-model-name", "tiny-moe", "--block-size", "4")
+    with served(svc, tmp_path_factory) as srv:
         yield srv
 
 
