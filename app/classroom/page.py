@@ -6,13 +6,12 @@ from __future__ import annotations
 import json
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from app.classroom.push import KEEPALIVE
+from app.serving.recording import Recording
 from visualizers._html import esc
-
-if TYPE_CHECKING:  # a type only: rooms.py imports this module
-    from app.classroom.rooms import Room
+from visualizers.walkthrough import Stage
 
 HERE = Path(__file__).parent
 
@@ -20,6 +19,15 @@ HERE = Path(__file__).parent
 @cache
 def asset(name: str) -> str:
     return (HERE / name).read_text()
+
+
+class Room(Protocol):
+    """What the page reads of a room (app/classroom/rooms.py's Room)."""
+    room_id: str
+    key: str
+    rec: Recording
+
+    def stage_list(self) -> list[Stage]: ...
 
 
 def script_json(value: object) -> str:

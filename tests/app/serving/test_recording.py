@@ -102,7 +102,7 @@ def test_the_walkthrough_quotes_this_requests_numbers(recording):
     st = stages(m, recording.request_id, recording.body, recording.events, recording.outputs, peak.snapshot)
     keys = [s.key for s in st]
     assert keys == ["request", "prefix", "tokens", "embedding", "layers", "timeline", "kv", "logit_lens", "sampling",
-                    "answer", "finish", "batching", "spec", "parallel"]  # DESIGN.md's order, the logit lens added
+                    "answer", "finish", "batching", "spec", "parallel"]  # ARCHITECTURE.md's order, the logit lens added
     assert [s.title for s in st] == [f"{i} · {s.title.split(' · ', 1)[1]}" for i, s in enumerate(st, 1)]
     text = {s.key: s.text for s in st}
     # a request still on its way has the same stages, so the presenter's stage numbers never shift
