@@ -7,7 +7,8 @@ the same forward pass on their shards in lockstep. Its ranks are processes it sp
 
 Failure handling: a worker that dies closes its gloo connections, so rank 0's next
 collective fails; rank 0 then also checks the workers' exit codes, stops the others and
-raises RankFailedError naming the rank.
+raises RankFailedError naming the rank. shutdown() sends the shutdown message, joins the
+workers (terminating what is left) and closes their pipes: nothing is left behind.
 """
 from __future__ import annotations
 
@@ -199,7 +200,7 @@ class ParallelRunner(ModelRunner):
         return out
 
     def shutdown(self) -> None:
-        """Stop the workers (a shutdown message, then terminate what is left)."""
+        """Stop the workers (a shutdown message, then terminate what is left) and close their pipes."""
         self._finalizer.detach()
         _stop_workers(self.procs, self.conns, self.comm if not self.failed else None, self._state,
                       self.torchrun is not None)
@@ -209,6 +210,7 @@ class ParallelRunner(ModelRunner):
 def _stop_workers(procs: list, conns: list, comm: Comm | None, state: dict, external: bool = False) -> None:
     """The shutdown message where the ranks are between steps; else (a failure, a step
     interrupted half way, whose collectives the message would be mistaken for) terminate.
+    Every process is joined (reaped) and every pipe closed.
     `external`: torchrun's ranks, not ours to terminate; once stopped, they serve the next engine."""
     if state.get("stopped"):
         return
@@ -227,6 +229,8 @@ def _stop_workers(procs: list, conns: list, comm: Comm | None, state: dict, exte
         if p.is_alive():
             p.kill()
             p.join()
+    for c in conns:
+        c.close()
 
 
 def _without_attention(captures: list[CaptureSpec | None]) -> list[CaptureSpec | None]:

@@ -25,6 +25,7 @@ import traceback
 from dataclasses import replace
 
 import torch
+from tqdm.std import tqdm
 
 from engine.checkpoint.weights import build_model, load_weights
 from engine.config import ModelConfig, ProgressFn
@@ -95,9 +96,16 @@ def _watch_parent(parent: int) -> None:
 
 def worker_main(rank: int, spec: ShardSpec, parent: int, conn) -> None:
     """A spawned rank (torch.multiprocessing, spawn): load the shard, answer over `conn`,
-    serve rank 0's steps, exit."""
+    serve rank 0's steps, exit. Every end is os._exit: no interpreter teardown (torch's, and
+    the process group's, whose other end rank 0 still holds), so this process must hold
+    nothing that outlives it: no named semaphore, no shared memory (see the tqdm lock)."""
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: rank 0 decides
+    # tqdm's default lock is a multiprocessing RLock: in a process started by spawn, a named
+    # semaphore that only multiprocessing's exit handlers unlink. A worker ending in os._exit
+    # (or terminated, or killed) never runs them, and the resource tracker warns at the
+    # engine's exit of "leaked semaphore objects", one per worker. This rank draws no bars.
+    tqdm.set_lock(threading.RLock())
     torch.set_num_threads(spec.threads)
     try:
         comm = Comm.connect("127.0.0.1", spec.port, rank, spec.world_size, torch.device(spec.device))
