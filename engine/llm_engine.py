@@ -26,6 +26,7 @@ from engine.config import EngineConfig
 from engine.config import DTYPES, ProgressFn
 from engine.checkpoint.resolve import load_config, resolve_model_path
 from engine.model_runner import ModelRunner
+from engine.parallel.runner import ParallelRunner
 from engine.outputs import RequestOutput, TokenOutput, Usage
 from engine.sampler import explain, sample
 from engine.sampling_params import SamplingParams
@@ -106,7 +107,7 @@ class LLMEngine:
             self.max_model_len = min(self.max_model_len, draft_cfg.max_position_embeddings)
         runner_cls = ModelRunner
         if self.config.tensor_parallel_size > 1 or self.config.expert_parallel:  # sharded over ranks
-            from engine.parallel.worker import ParallelRunner as runner_cls
+            runner_cls = ParallelRunner
         self.runner = runner_cls(self.model_path, cfg, self.config, self.max_model_len,
                                  self.dtype, self.device, progress)
         self.tracer = tracer

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from engine.parallel.worker import RankFailedError
+from engine.parallel.runner import RankFailedError
 from tests.engine_utils import chunked_logits
 from visualizers.parallel import measured_stage_html, parallel_panel_html, step_summary
 from tests.paths import ROOT
