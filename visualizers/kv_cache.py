@@ -1,6 +1,11 @@
 """Stage 7: the paged KV cache: the block pool as a grid, this request's blocks filling
 token by token, prefix-shared blocks, other requests' blocks, freed blocks; and the
-cache-size formula with the served model's numbers."""
+cache-size formula with the served model's numbers.
+
+The pool is drawn from the engine's `kv.pool` events (each says what changed in the pool
+after a step; see engine/trace/kv_pool.py), folded in order by apply_kv_pool into one
+dict: {"step", "num_blocks", "block_size", "ref": [..], "cached": [..],
+"owners": {block: [request ids]}, "fill": {block: tokens}} (owners and fill: held blocks only)."""
 from __future__ import annotations
 
 from typing import Sequence
@@ -8,6 +13,43 @@ from typing import Sequence
 import numpy as np
 
 from visualizers._html import empty, esc, fmt_bytes, hover_attr, hover_img, panel
+
+
+def empty_pool(num_blocks: int, block_size: int, step: int = 0) -> dict:
+    return {"step": step, "num_blocks": num_blocks, "block_size": block_size, "ref": [0] * num_blocks,
+            "cached": [False] * num_blocks, "owners": {}, "fill": {}}
+
+
+def copy_pool(pool: dict) -> dict:
+    return {**pool, "ref": list(pool["ref"]), "cached": list(pool["cached"]), "owners": dict(pool["owners"]),
+            "fill": dict(pool["fill"])}
+
+
+def apply_kv_pool(pool: dict | None, event: dict) -> dict:
+    """The pool after one kv.pool event, folded into `pool` in place (a full event, or a pool
+    of another shape, starts from an empty one: a full event lists every block in use)."""
+    n = event["num_blocks"]
+    if pool is None or event["full"] or pool["num_blocks"] != n:
+        pool = empty_pool(n, event["block_size"])
+    ref, cached, owners, fill = pool["ref"], pool["cached"], pool["owners"], pool["fill"]
+    for b, own, r, f, c in zip(event["blocks"], event["owners"], event["ref"], event["fill"], event["cached"]):
+        ref[b], cached[b] = r, c
+        if own:
+            owners[b], fill[b] = own, f
+        else:
+            owners.pop(b, None)
+            fill.pop(b, None)
+    pool["step"] = event["step"]
+    return pool
+
+
+def pool_at(events: Sequence[dict], step: int | None = None) -> dict | None:
+    """The pool after `step` (None: the last) from a trace's kv.pool events; None before the first."""
+    pool = None
+    for e in events:
+        if e["type"] == "kv.pool" and (step is None or e["step"] <= step):
+            pool = apply_kv_pool(pool, e)
+    return pool
 
 
 def _block_events(events: Sequence[dict]) -> tuple[set[int], set[int], list[int]]:
@@ -76,8 +118,7 @@ def grid_image(states: list[str], fill: dict[int, int], block_size: int) -> tupl
 
 def kv_grid_html(snapshot: dict | None, request_id: str | None, events: Sequence[dict] = (),
                  model: dict | None = None, final_tokens: int | None = None) -> str:
-    """snapshot: {"num_blocks", "block_size", "step", "ref": [..], "cached": [..],
-    "owners": {block: [request ids]}, "fill": {block: tokens}} read from the engine;
+    """snapshot: the pool (apply_kv_pool's form) after the step shown;
     events: this request's kv.* events; model: numbers for the size formula;
     final_tokens: K/V the request held when it finished (its blocks are gone from the pool)."""
     if snapshot is None:
