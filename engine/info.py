@@ -6,17 +6,14 @@ Plain dataclasses, so a server reads them without touching the engine's parts, a
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
 from engine.config import ModelConfig
 from engine.kernels.cpu import blocked_bytes
+from engine.model_runner import ModelRunner
 from engine.parallel.shard import check_shardable
-from engine.speculative import Speculator
-
-if TYPE_CHECKING:  # a type only: llm_engine imports this module
-    from engine.llm_engine import LLMEngine
+from engine.speculative import Proposer, Speculator
 
 
 @dataclass(frozen=True)
@@ -109,23 +106,23 @@ class EngineLoad:
         return asdict(self)
 
 
-def describe(engine: "LLMEngine") -> EngineInfo:
-    runner, cfg, ecfg = engine.runner, engine.model_config, engine.config
-    spec = engine.speculator
+def describe(runner: ModelRunner, spec: Proposer | None, num_speculative_tokens: int,
+             max_model_len: int) -> EngineInfo:
+    """An engine from its parts: the target's runner (plain or sharded), the proposer."""
+    cfg, ecfg = runner.cfg, runner.ecfg
     speculation = None
     if spec is not None:
         draft = spec.runner if isinstance(spec, Speculator) else None
-        speculation = SpeculationInfo(spec.method, engine.num_speculative_tokens,
-                                      model_shape(draft.cfg, draft.model, engine) if draft else None,
+        speculation = SpeculationInfo(spec.method, num_speculative_tokens,
+                                      model_shape(draft, max_model_len) if draft else None,
                                       draft.kv_cache_bytes if draft else 0)
     q = getattr(runner.model, "quantization", None)  # set by engine/checkpoint/weights.py, None for float
     placement = getattr(runner, "placement", None)  # only the sharded runner has one (engine/parallel)
     graphs = getattr(runner, "decode_graphs", None)  # ... and it captures no graphs
     itemsize = runner.kv_cache.element_size()
     return EngineInfo(
-        model=model_shape(cfg, runner.model, engine),
-        kv_pool=KVPoolInfo(engine.block_manager.num_blocks, ecfg.block_size,
-                           engine.block_manager.num_blocks * ecfg.block_size, itemsize,
+        model=model_shape(runner, max_model_len),
+        kv_pool=KVPoolInfo(runner.num_blocks, ecfg.block_size, runner.num_blocks * ecfg.block_size, itemsize,
                            cfg.kv_bytes_per_token * itemsize, runner.kv_cache_bytes, ecfg.enable_prefix_caching),
         speculation=speculation,
         parallel=ParallelInfo(ecfg.tensor_parallel_size, ecfg.expert_parallel,
@@ -134,12 +131,13 @@ def describe(engine: "LLMEngine") -> EngineInfo:
         cuda_graphs=list(graphs.sizes) if graphs is not None else None)
 
 
-def model_shape(cfg: ModelConfig, model: torch.nn.Module, engine: "LLMEngine") -> ModelShape:
+def model_shape(runner: ModelRunner, max_model_len: int) -> ModelShape:
+    cfg, model = runner.cfg, runner.model
     return ModelShape(
         cfg.architecture, cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
         cfg.vocab_size, cfg.num_experts, cfg.num_experts_per_tok, [i for i, m in enumerate(cfg.moe_layers) if m],
         list(cfg.sliding_windows), cfg.query_pre_attn_scalar, cfg.hidden_act,
-        str(engine.dtype).replace("torch.", ""), str(engine.device), engine.max_model_len,
+        str(runner.dtype).replace("torch.", ""), str(runner.device), max_model_len,
         tensor_bytes(model), blocked_bytes(model))
 
 

@@ -314,7 +314,7 @@ class LLMEngine:
         """The model's shape, the KV pool, speculation, the parallel layout, quantization and
         CUDA graphs: fixed once the engine is built, so built once."""
         if self._info is None:
-            self._info = describe(self)
+            self._info = describe(self.runner, self.speculator, self.num_speculative_tokens, self.max_model_len)
         return self._info
 
     def load(self) -> EngineLoad:

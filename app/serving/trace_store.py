@@ -209,10 +209,11 @@ class TraceStore:
             self._fit()
 
     def discard(self, request_id: str) -> None:
-        """Forget a request's trace (a request the engine refused: only its body was kept)."""
+        """Forget a trace that holds only its body (a request the engine refused)."""
         with self._lock:
-            tr = self._traces.pop(request_id, None)
-            if tr is not None:
+            tr = self._traces.get(request_id)
+            if tr is not None and not tr.events and not tr.outputs and tr.packed is None:
+                del self._traces[request_id]
                 self.total_bytes -= tr.size
 
     # --- reading ---------------------------------------------------------------------

@@ -121,10 +121,13 @@ def test_abort_and_engine_refusals(service):
     assert [i["finish_reason"] for i in items if i["type"] == "output" and i["finished"]] == ["abort"]
     assert any(e["type"] == "finish" and e["reason"] == "abort" for e in service.store.get(watch.request_id))
     service.unsubscribe(watch)
-    before = dict(service._subs)
+    before, kept = dict(service._subs), service.store.request_ids()
     with pytest.raises(ValueError, match="context|KV cache"):
         service.submit(parse_body(body(user="long " * 2000)))
-    assert service._subs == before  # a refused request leaves no queue behind
+    with pytest.raises(ValueError, match="max_tokens is too large") as err:  # the engine's one context check
+        service.submit(parse_body(body(max_tokens=10**6)))
+    assert err.value.param == "max_tokens" and err.value.code == "context_length_exceeded"
+    assert service._subs == before and service.store.request_ids() == kept  # a refused request leaves nothing
 
 
 def test_live_view_renders_every_panel_and_redraws_only_what_changed(service):
