@@ -73,20 +73,20 @@ STATE_RGB = {  # (cell, filled part)
 FREED_EDGE = (70, 110, 200)
 
 
-def block_states(snapshot: dict, request_id: str | None, events: Sequence[dict] = ()) -> list[str]:
+def block_states(pool: dict, request_id: str | None, events: Sequence[dict] = ()) -> list[str]:
     """The state of every block of the pool, as the viewer of request_id sees it."""
-    owners = {int(k): v for k, v in snapshot["owners"].items()}
+    owners = {int(k): v for k, v in pool["owners"].items()}
     shared, freed, _ = _block_events(events)
     states = []
-    for b in range(snapshot["num_blocks"]):
+    for b in range(pool["num_blocks"]):
         own = owners.get(b, [])
         if request_id in own:
-            states.append("shared" if snapshot["ref"][b] > 1 or b in shared else "mine")
+            states.append("shared" if pool["ref"][b] > 1 or b in shared else "mine")
         elif own:
             states.append("other")
         elif b in freed:
             states.append("freed")
-        elif snapshot["cached"][b]:
+        elif pool["cached"][b]:
             states.append("cached")
         else:
             states.append("free")
@@ -116,18 +116,18 @@ def grid_image(states: list[str], fill: dict[int, int], block_size: int) -> tupl
     return img, cols
 
 
-def kv_grid_html(snapshot: dict | None, request_id: str | None, events: Sequence[dict] = (),
+def kv_grid_html(pool: dict | None, request_id: str | None, events: Sequence[dict] = (),
                  model: dict | None = None, final_tokens: int | None = None) -> str:
-    """snapshot: the pool (apply_kv_pool's form) after the step shown;
+    """pool: the block pool (apply_kv_pool's form) after the step shown;
     events: this request's kv.* events; model: numbers for the size formula;
     final_tokens: K/V the request held when it finished (its blocks are gone from the pool)."""
-    if snapshot is None:
+    if pool is None:
         return panel("KV cache", empty("no KV-cache state yet"))
-    n, bs = snapshot["num_blocks"], snapshot["block_size"]
-    owners = {int(k): v for k, v in snapshot["owners"].items()}
-    fill = {int(k): v for k, v in snapshot["fill"].items()}
+    n, bs = pool["num_blocks"], pool["block_size"]
+    owners = {int(k): v for k, v in pool["owners"].items()}
+    fill = {int(k): v for k, v in pool["fill"].items()}
     _, _, table = _block_events(events)
-    states = block_states(snapshot, request_id, events)
+    states = block_states(pool, request_id, events)
     counts = {s: 0 for s in STATE_RGB}
     for s in states:
         counts[s] += 1
@@ -141,7 +141,7 @@ def kv_grid_html(snapshot: dict | None, request_id: str | None, events: Sequence
     img, cols = grid_image(states, fill, bs)
     words = {"mine": "this request's", "shared": "shared via the prefix cache", "other": "another request's",
              "cached": "free, cached prefix", "freed": "freed by this request"}
-    blocks = {b: f"block {b} · {words[st]}" + (f" · owners {', '.join(owners[b])} · ref {snapshot['ref'][b]}"
+    blocks = {b: f"block {b} · {words[st]}" + (f" · owners {', '.join(owners[b])} · ref {pool['ref'][b]}"
                                                 if owners.get(b) else "") + f" · {fill.get(b, 0)}/{bs} tokens"
               for b, st in enumerate(states) if st != "free"}
     hover = hover_attr({"kind": "blocks", "w": cols, "h": -(-n // cols), "n": n, "blocks": blocks})
@@ -153,7 +153,7 @@ def kv_grid_html(snapshot: dict | None, request_id: str | None, events: Sequence
                                       ("other", "other requests"), ("cached", "free, cached prefix"),
                                       ("freed", "freed by this request"), ("free", "free")))
     who = " · ".join(f"{esc(rid)}: {c} blocks" for rid, c in sorted(others.items()))
-    info = (f"<div class='tt-lines'><div>pool: <b>{n:,}</b> blocks × {bs} tokens · engine step {snapshot['step']}"
+    info = (f"<div class='tt-lines'><div>pool: <b>{n:,}</b> blocks × {bs} tokens · engine step {pool['step']}"
             f" · block table: {esc(', '.join(map(str, table[:32])))}{'…' if len(table) > 32 else ''}"
             f" · this request holds {mine_tokens:,} tokens in {len(mine)} blocks</div>"
             f"<div>other requests: {who or 'none'}</div>"
