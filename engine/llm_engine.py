@@ -98,6 +98,11 @@ def resolve_dtype(dtype: str | torch.dtype, checkpoint_dtype: str | None, device
 
 
 class LLMEngine:
+    """What a server may use: add_request, abort, step, has_unfinished_requests, get_output,
+    release, live_requests, stop_captures, describe (engine/info.py), load, shutdown; the
+    attributes tokenizer, tracer, model_path, max_model_len, num_speculative_tokens and
+    step_count (read only); and the tracer's events. The rest are its parts, free to change."""
+
     def __init__(self, model: str | Path | None = None, *, device: str = "auto",
                  dtype: str | torch.dtype = "auto", config: EngineConfig | None = None,
                  tracer: Tracer | None = None, trace_level: str = "basic",
