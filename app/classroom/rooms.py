@@ -89,7 +89,7 @@ class Room:
                     self.version, self.trace_version, grew = self.version + 1, self.trace_version + 1, True
             if not self._stages:
                 cursor = ReplayCursor(self.rec)
-                kv_peak = cursor.goto(cursor.peak_kv_frame()).snapshot
+                kv_peak = cursor.goto(cursor.peak_kv_frame()).pool
                 self._stages = stages(self.rec.model, self.rec.request_id, self.rec.body, self.rec.events,
                                       self.rec.outputs, kv_peak, self.rec.truncated)
                 self.stage = min(self.stage, len(self._stages) - 1)

@@ -17,7 +17,8 @@ import torch
 
 SCHEMA_VERSION = 1
 STAGES = ("request", "prefix_cache", "tokenize", "embed", "attention", "moe", "kv",
-          "schedule", "logit_lens", "sample", "spec", "token", "finish")
+          "schedule", "logit_lens", "sample", "spec", "token", "finish",
+          "trace")  # trace.truncated: a reader's byte cap stopped the request's tensor captures
 TRACE_LEVELS = ("off", "basic", "full")  # full adds tensors: embeddings, attention, MoE routing
 
 

@@ -27,7 +27,7 @@ def run(svc, user: str, system: str = SYSTEM, max_tokens: int = 24, speculative:
 
 def walk(rec) -> dict[str, str]:
     cursor = ReplayCursor(rec)
-    peak = cursor.goto(cursor.peak_kv_frame()).snapshot
+    peak = cursor.goto(cursor.peak_kv_frame()).pool
     return {s.key: s.text for s in stages(rec.model, rec.request_id, rec.body, rec.events, rec.outputs, peak,
                                            rec.truncated)}
 

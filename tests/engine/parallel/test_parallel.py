@@ -211,7 +211,7 @@ def test_one_device_panel_says_what_is_not_built(tmp_path):
     page = parallel_html([], {"tensor_parallel_size": 1, "num_layers": 4})
     assert "Parallelism" in page and "one device" in page
     # the size it suggests is one the engine accepts (SmolLM2's 3 KV heads: 3, not 2; Gemma 3 270M's 1: none)
-    from app.serving.engine_service import split_sizes
+    from engine.info import split_sizes
     from engine.checkpoint.resolve import load_config
     from tests.tiny import make_checkpoint
     kv3 = load_config(make_checkpoint("llama", tmp_path / "kv3", num_heads=9, num_kv_heads=3, hidden_size=72))
