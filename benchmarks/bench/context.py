@@ -36,12 +36,12 @@ class Row:
 
 @dataclass
 class Settings:
-    repeats: int = 3
-    new_tokens: int = 64
+    repeats: int = 3  # the compared runs, interleaved; each figure is a median over them
+    new_tokens: int = 64  # generated per request (the tracing section: twice as many)
     prompt_tokens: int = 32
-    batch: int = 8
-    mixed_requests: int = 16
-    system_prompt_tokens: int = 480
+    batch: int = 8  # the second batch size of the decode rows (the first is 1)
+    mixed_requests: int = 16  # the batching and memory sections' requests of mixed lengths
+    system_prompt_tokens: int = 480  # the prefix-cache section's shared prompt
 
 
 QUICK = Settings(repeats=1, new_tokens=8, prompt_tokens=8, batch=2, mixed_requests=4, system_prompt_tokens=40)
