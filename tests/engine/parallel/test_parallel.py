@@ -315,10 +315,10 @@ def test_a_stopped_engine_process_leaves_no_workers(checkpoint, tmp_path, sig):
 def test_bench_parallel_section(checkpoint):
     """`python -m benchmarks.bench --sections parallel`: TP=2 against TP=1, tokens checked equal,
     and each rank's share of the decode forward spent in collectives."""
-    from benchmarks import bench
+    from benchmarks.bench.cli import main
 
-    rows = bench.main(["--quick", "--device", "cpu", "--out", "", "--model", str(checkpoint("llama")),
-                       "--sections", "parallel"])
+    rows = main(["--quick", "--device", "cpu", "--out", "", "--model", str(checkpoint("llama")),
+                 "--sections", "parallel"])
     rates = [r for r in rows if r.unit == "tok/s"]
     shares = [r for r in rows if r.unit == "%"]
     # the rates themselves are timings of 8-token runs on a shared CPU: only their checks are asserted
