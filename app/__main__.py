@@ -185,24 +185,20 @@ def _mb(n: int) -> str:
 
 def memory_line(service) -> str:
     """e.g. "smollm2: weights 540 MB, KV pool 90 MB (5,760 tokens)"."""
-    e = service.engine
-    tokens = e.block_manager.num_blocks * e.config.block_size
-    line = (f"{service.model_name}: weights {_mb(service.weights_bytes)}, KV pool {_mb(e.runner.kv_cache_bytes)} "
-            f"({tokens:,} tokens)")
-    kind = service.draft_kind()
+    info = service.engine.describe()
+    line = (f"{service.model_name}: weights {_mb(info.model.weights_bytes)}, KV pool {_mb(info.kv_pool.bytes)} "
+            f"({info.kv_pool.tokens:,} tokens)")
+    kind, spec = service.draft_kind(), info.speculation
     if kind == "ngram":
         line += "; n-gram drafts (prompt lookup, no draft weights)"
     elif kind is not None:
-        runner = getattr(e.speculator, "runner", None)
-        kv = f", KV pool {_mb(runner.kv_cache_bytes)}" if runner is not None else ""
-        line += f"; draft model {kind}: weights {_mb(service.draft_weights_bytes)}{kv}"
-    if (q := getattr(e.runner.model, "quantization", None)) is not None:
-        line += f"; {q.summary()}"
-    from engine.kernels.cpu import blocked_bytes
-    if copies := blocked_bytes(e.runner.model):  # engine/kernels/cpu_linear.c: its own copy of the float32 weights
+        line += f"; draft model {kind}: weights {_mb(spec.draft.weights_bytes)}, KV pool {_mb(spec.draft_kv_bytes)}"
+    if info.quantization is not None:
+        line += f"; {info.quantization.summary}"
+    if copies := info.model.kernel_weight_bytes:  # engine/kernels/cpu_linear.c: its own copy of the float32 weights
         line += f"; decode linears through the C kernel (its weight copy {_mb(copies)})"
-    if (g := getattr(e.runner, "decode_graphs", None)) is not None:
-        line += f"; decode steps replayed from CUDA graphs (batch sizes {', '.join(map(str, g.sizes))})"
+    if info.cuda_graphs is not None:
+        line += f"; decode steps replayed from CUDA graphs (batch sizes {', '.join(map(str, info.cuda_graphs))})"
     return line
 
 
@@ -242,7 +238,8 @@ def build_services(args: argparse.Namespace, say=None):
                 f"{f' (draft: {draft_label(draft)})' if draft else ''}")
         engine = LLMEngine(spec.model, device=args.device, dtype=args.dtype, config=config, tracer=Tracer(),
                            trace_level="basic", capture=capture, progress=progress, draft=draft,
-                           num_speculative_tokens=args.num_speculative_tokens)
+                           num_speculative_tokens=args.num_speculative_tokens,
+                           kv_pool_events="always")  # the page draws the pool for untraced requests too
         service = EngineService(engine, store, model_name=served_name(spec, engine), limits=limits, slots=slots,
                                 draft_name=draft_label(draft))
         say("  " + memory_line(service))

@@ -106,7 +106,8 @@ class Poller:
 
 
 def main(argv: list[str] | None = None) -> None:
-    own = argparse.ArgumentParser(add_help=False)
+    own = argparse.ArgumentParser(prog="python -m benchmarks.measure", description=__doc__, add_help=False,
+                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     own.add_argument("--requests", type=int, default=20)
     own.add_argument("--max-tokens", type=int, default=64)
     own.add_argument("--long-tokens", type=int, default=512, help="the long-answer run's tokens (0: skip it)")
@@ -114,6 +115,9 @@ def main(argv: list[str] | None = None) -> None:
                      help="what the other client polls during the long answer: /metrics, /metrics and the "
                           "request's trace (default), or nothing")
     ours, rest = own.parse_known_args(argv)
+    if "-h" in rest or "--help" in rest:  # this tool's options, then the app's (parse_args prints them)
+        own.print_help()
+        print("\nand the app's options:")
     args = parse_args(rest)
     from playwright.sync_api import sync_playwright
 

@@ -16,13 +16,17 @@ DEFAULT_OUT = Path(__file__).resolve().parent.parent / "assets" / "static" / "sc
 
 
 def main(argv: list[str] | None = None) -> None:
-    own = argparse.ArgumentParser(add_help=False)
+    own = argparse.ArgumentParser(prog="python -m benchmarks.screenshot", description=__doc__, add_help=False,
+                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     own.add_argument("--out", type=Path, default=DEFAULT_OUT)
     own.add_argument("--prompt", default="Tell me a short story about a fox.")
     own.add_argument("--max-tokens", type=int, default=48)
     own.add_argument("--temperature", type=float, default=None, help="the page's temperature (0: greedy)")
     own.add_argument("--height", type=int, default=6000, help="pixels of the page to keep, from the top")
     ours, rest = own.parse_known_args(argv)
+    if "-h" in rest or "--help" in rest:  # this tool's options, then the app's (parse_args prints them)
+        own.print_help()
+        print("\nand the app's options:")
     from PIL import Image
     from playwright.sync_api import sync_playwright
 

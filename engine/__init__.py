@@ -2,7 +2,8 @@
 and a trace event for every stage of a request."""
 from engine.config import EngineConfig, ModelConfig, UnsupportedModelError
 from engine.llm import LLM
-from engine.llm_engine import LLMEngine
+from engine.info import EngineInfo, EngineLoad
+from engine.llm_engine import ContextLengthError, LLMEngine
 from engine.checkpoint.errors import ModelLoadError
 from engine.outputs import RequestOutput, TokenOutput, Usage
 from engine.sampling_params import SamplingParams
@@ -10,4 +11,4 @@ from engine.trace import CaptureConfig, EventList, TraceEvent, Tracer
 
 __all__ = ["LLM", "LLMEngine", "SamplingParams", "EngineConfig", "ModelConfig", "CaptureConfig",
            "RequestOutput", "TokenOutput", "Usage", "TraceEvent", "Tracer", "EventList",
-           "ModelLoadError", "UnsupportedModelError"]
+           "ModelLoadError", "UnsupportedModelError", "ContextLengthError", "EngineInfo", "EngineLoad"]

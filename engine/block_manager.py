@@ -50,6 +50,15 @@ class BlockManager:
     def num_cached_blocks(self) -> int:
         return len(self.cached)
 
+    def cached_block_ids(self) -> set[int]:
+        """Blocks the prefix cache can serve now, held by a request or free (the trace's kv.pool)."""
+        return set(self.cached.values())
+
+    @property
+    def num_free_cached_blocks(self) -> int:
+        """Unreferenced blocks that still hold a cached prefix (free, but reusable until evicted)."""
+        return sum(1 for bid in self.cached.values() if self.blocks[bid].ref_count == 0)
+
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 

@@ -12,6 +12,7 @@ from typing import Any, Callable
 import torch
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+QUANTIZATIONS = ("int8", "int4")  # weight-only kinds (engine/layers/quantized.py)
 ProgressFn = Callable[[int, int, str], None]  # (done, total, what): model loading's progress
 
 # architecture name in config.json -> family. The family decides the few
@@ -283,7 +284,6 @@ class EngineConfig:
     cuda_graph_sizes: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
-        from engine.layers.quantized import check_quantization
         self.quantization = check_quantization(self.quantization)
         if self.block_size <= 0 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a positive power of two, got {self.block_size}")
@@ -300,3 +300,11 @@ class EngineConfig:
         if self.quantization is not None and self.tensor_parallel_size > 1:  # the shards load float weights
             raise ValueError(f"quantization={self.quantization!r} with tensor_parallel_size="
                              f"{self.tensor_parallel_size} is not built: use one or the other")
+
+
+def check_quantization(kind: str | None) -> str | None:
+    if kind in (None, "", "none"):
+        return None
+    if kind not in QUANTIZATIONS:
+        raise ValueError(f"unsupported quantization {kind!r}; choose one of {', '.join(QUANTIZATIONS)} (or none)")
+    return kind

@@ -25,7 +25,9 @@ from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.config import DTYPES, ProgressFn
 from engine.checkpoint.resolve import load_config, resolve_model_path
+from engine.info import EngineInfo, EngineLoad, describe
 from engine.model_runner import ModelRunner
+from engine.parallel.runner import ParallelRunner
 from engine.outputs import RequestOutput, TokenOutput, Usage
 from engine.sampler import explain, sample
 from engine.sampling_params import SamplingParams
@@ -34,9 +36,24 @@ from engine.speculative import NGRAM, NgramProposer, Proposer, Speculator, Verdi
 from engine.sequence import Sequence
 from engine.tokenizer import IncrementalDetokenizer, Tokenizer
 from engine.trace import TRACE_LEVELS, CaptureConfig, Tracer
+from engine.trace.kv_pool import KVPoolTracker
 
 DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "assets" / "models" / "target"
 _ids = itertools.count()
+# add_request(context_fit=...): a max_tokens the context cannot hold runs until the context is
+# full, is lowered to what fits, or is refused (ContextLengthError, as vLLM's server does)
+CONTEXT_FITS = ("run", "lower", "refuse")
+
+
+class ContextLengthError(ValueError):
+    """prompt + max_tokens passes the model's context (add_request with context_fit="refuse")."""
+
+    def __init__(self, prompt_tokens: int, max_tokens: int, max_model_len: int) -> None:
+        n, want, ctx = prompt_tokens, max_tokens, max_model_len
+        super().__init__(f"max_tokens is too large: {want:,}. This model's maximum context length is {ctx:,} "
+                         f"tokens and the prompt has {n:,} tokens ({want:,} > {ctx:,} - {n:,}): ask for at "
+                         f"most {ctx - n:,}")
+        self.prompt_tokens, self.max_tokens, self.max_model_len = n, want, ctx
 
 
 _heap_frozen = False
@@ -81,15 +98,23 @@ def resolve_dtype(dtype: str | torch.dtype, checkpoint_dtype: str | None, device
 
 
 class LLMEngine:
+    """What a server may use: add_request, abort, step, has_unfinished_requests, get_output,
+    release, live_requests, stop_captures, describe (engine/info.py), load, shutdown; the
+    attributes tokenizer, tracer, model_path, max_model_len, num_speculative_tokens and
+    step_count (read only); and the tracer's events. The rest are its parts, free to change."""
+
     def __init__(self, model: str | Path | None = None, *, device: str = "auto",
                  dtype: str | torch.dtype = "auto", config: EngineConfig | None = None,
                  tracer: Tracer | None = None, trace_level: str = "basic",
                  capture: CaptureConfig | None = None, progress: ProgressFn | None = None,
                  draft: str | Path | None = None, num_speculative_tokens: int = 4,
-                 prompt_lookup_max: int = 4, prompt_lookup_min: int = 2) -> None:
+                 prompt_lookup_max: int = 4, prompt_lookup_min: int = 2, kv_pool_events: str = "traced") -> None:
         """draft: a draft model's path or hub id, or "ngram" for prompt lookup (proposals
         copied from the request's own tokens: the last n tokens, n from prompt_lookup_max
-        down to prompt_lookup_min, are looked up earlier in the prompt and output)."""
+        down to prompt_lookup_min, are looked up earlier in the prompt and output).
+        kv_pool_events: when the tracer gets `kv.pool` (engine/trace/kv_pool.py): "traced"
+        (while a traced request is live) or "always" (whenever the pool changes: a server
+        that draws the pool for untraced requests too)."""
         self.config = config or EngineConfig()
         self.model_path = resolve_model_path(model if model is not None else DEFAULT_MODEL)
         self.model_config = cfg = load_config(self.model_path)
@@ -106,7 +131,7 @@ class LLMEngine:
             self.max_model_len = min(self.max_model_len, draft_cfg.max_position_embeddings)
         runner_cls = ModelRunner
         if self.config.tensor_parallel_size > 1 or self.config.expert_parallel:  # sharded over ranks
-            from engine.parallel.worker import ParallelRunner as runner_cls
+            runner_cls = ParallelRunner
         self.runner = runner_cls(self.model_path, cfg, self.config, self.max_model_len,
                                  self.dtype, self.device, progress)
         self.tracer = tracer
@@ -146,6 +171,11 @@ class LLMEngine:
         self.num_aborted = 0
         self.stats = EngineStats()
         self.lock = threading.RLock()  # add/abort may come from other threads than step()
+        self._info: EngineInfo | None = None  # describe(), built on first use
+        if kv_pool_events not in ("traced", "always"):
+            raise ValueError("kv_pool_events must be 'traced' or 'always'")
+        self._pool_trace = KVPoolTracker(always=kv_pool_events == "always")  # what the last kv.pool said
+        self._capture_stops: set[str] = set()  # stop_captures(): applied before the next step
         if self.config.freeze_startup_heap:
             freeze_startup_heap()
 
@@ -153,10 +183,13 @@ class LLMEngine:
     def add_request(self, prompt: str | list[int] | None = None, params: SamplingParams | None = None, *,
                     messages: list[dict] | None = None, request_id: str | None = None,
                     trace_level: str | None = None, speculative: bool = True,
-                    num_speculative_tokens: int | None = None) -> str:
+                    num_speculative_tokens: int | None = None, context_fit: str = "run") -> str:
         """Queue a request; returns its id. With speculation on, `speculative=False` turns
         speculative decoding off for this request and `num_speculative_tokens` sets its k
-        (at most the engine's)."""
+        (at most the engine's). context_fit: what a max_tokens past the context does: "run"
+        (generate until the context is full, finish reason length), "lower" (max_tokens
+        lowered to the room left, as the trace's params then say) or "refuse"
+        (ContextLengthError). The prompt is tokenized and checked here, once."""
         arrival = time.perf_counter()
         params = params or SamplingParams()
         level = trace_level or self.default_trace_level
@@ -167,8 +200,10 @@ class LLMEngine:
         request_id = request_id or f"req-{next(_ids)}"
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
+        if context_fit not in CONTEXT_FITS:
+            raise ValueError(f"context_fit must be one of {CONTEXT_FITS}")
         text, ids = self._tokenize(prompt, messages)
-        self._validate(ids)
+        params = self._validate(ids, params, context_fit)
         seq = Sequence(request_id, ids, params, IncrementalDetokenizer.start(self.tokenizer, ids),
                        trace_level=level, prompt=text, arrival_time=arrival)
         seq.tokenized_time = time.perf_counter()
@@ -202,7 +237,8 @@ class LLMEngine:
             return None, list(prompt)
         raise ValueError("a prompt is a string or a list of token ids (or pass messages=...)")
 
-    def _validate(self, ids: list[int]) -> None:
+    def _validate(self, ids: list[int], params: SamplingParams, context_fit: str) -> SamplingParams:
+        """The prompt's checks, and max_tokens against the context: -> the params to run with."""
         if not ids:
             raise ValueError("the prompt is empty")
         vocab = self.model_config.vocab_size
@@ -211,9 +247,15 @@ class LLMEngine:
         if len(ids) >= self.max_model_len:
             raise ValueError(f"the prompt has {len(ids)} tokens but this model's context is {self.max_model_len} "
                              "tokens, and at least one must be generated")
+        room = self.max_model_len - len(ids)
+        if params.max_tokens > room and context_fit == "refuse":
+            raise ContextLengthError(len(ids), params.max_tokens, self.max_model_len)
+        if params.max_tokens > room and context_fit == "lower":
+            params = replace(params, max_tokens=room)
         if self.block_manager.blocks_for(len(ids) + 1) > self.block_manager.num_blocks:
             raise ValueError(f"the prompt has {len(ids)} tokens but the KV cache holds only "
                              f"{self.block_manager.num_blocks * self.config.block_size}")
+        return params
 
     def _lookahead(self, seq: Sequence) -> int:
         """Draft tokens to verify for this decoding sequence: k, less near its end, or
@@ -254,10 +296,63 @@ class LLMEngine:
             if seq is not None and seq.is_finished:
                 del self.requests[request_id]
 
+    def live_requests(self) -> list[str]:
+        """The ids of the requests not finished yet (waiting or running)."""
+        with self.lock:
+            return [rid for rid, seq in self.requests.items() if not seq.is_finished]
+
+    def stop_captures(self, request_id: str, limit_bytes: int) -> bool:
+        """A traced request's trace passed its reader's byte cap (limit_bytes): its tensor
+        captures (attention, embeddings, MoE routing, logit lens) stop from the next step on,
+        and a `trace.truncated` event says so now. False if unknown, finished or untraced.
+        Called from a tracer sink inside a step too: the step in progress reads its captures."""
+        with self.lock:
+            seq = self.requests.get(request_id)
+            if seq is None or seq.is_finished or not seq.traced or self.tracer is None:
+                return False
+            self._capture_stops.add(request_id)
+            self._emit_plain("trace.truncated", request_id, limit_bytes=limit_bytes)
+            return True
+
+    # --- what the engine is, and what it is doing (engine/info.py) -------------------
+    def describe(self) -> EngineInfo:
+        """The model's shape, the KV pool, speculation, the parallel layout, quantization and
+        CUDA graphs: fixed once the engine is built, so built once."""
+        if self._info is None:
+            self._info = describe(self.runner, self.speculator, self.num_speculative_tokens, self.max_model_len)
+        return self._info
+
+    def load(self) -> EngineLoad:
+        bm, st = self.block_manager, self.stats
+        with self.lock:
+            cached = bm.num_free_cached_blocks
+            return EngineLoad(len(self.scheduler.running), len(self.scheduler.waiting),
+                              bm.num_blocks - bm.num_free_blocks, cached, bm.num_free_blocks - cached,
+                              self.step_count, st.target_passes, st.generated_tokens, self.num_aborted,
+                              st.prefix_queried_tokens, st.prefix_hit_tokens, st.spec_proposed, st.spec_accepted)
+
     # --- the loop ----------------------------------------------------------------
     def step(self) -> list[TokenOutput]:
         with self.lock:
-            return self._step()
+            self._apply_capture_stops()
+            outputs = self._step()
+            self._trace_pool()
+            return outputs
+
+    def _apply_capture_stops(self) -> None:
+        for rid in self._capture_stops:
+            seq = self.requests.get(rid)
+            if seq is not None:
+                seq.capture = None
+        self._capture_stops.clear()
+
+    def _trace_pool(self) -> None:
+        """kv.pool: the block pool after the step, what changed (engine/trace/kv_pool.py)."""
+        if self.tracer is not None:
+            live = self.scheduler.running + list(self.scheduler.waiting)
+            data = self._pool_trace.after_step(self.block_manager, live, self.step_count)
+            if data is not None:
+                self.tracer.emit_plain("kv.pool", None, self.step_count, data)
 
     @torch.inference_mode()  # sampling and the trace's tensor work too: less dispatch per op
     def _step(self) -> list[TokenOutput]:

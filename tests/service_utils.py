@@ -68,13 +68,13 @@ def served(service: EngineService | ServedModels, tmp_path_factory, host: str = 
 
 def run_to_end(svc, body: dict, timeout_s: float = 60) -> tuple[str, list[dict]]:
     """Submit `body`; -> (request id, every item its subscription delivered, to the finish
-    and the step's KV snapshot after it)."""
+    and a little after)."""
     watch = svc.submit(parse_body(body))
     items, end = [], time.monotonic() + timeout_s
     while not any(i["type"] == "output" and i["finished"] for i in items):
         assert time.monotonic() < end, "the request did not finish"
         items += watch.drain(0.05)
-    time.sleep(0.1)  # the step's snapshot lands after its outputs
+    time.sleep(0.1)  # anything the finishing step still sends (kv.pool comes before its outputs)
     items += watch.drain(0.05)
     svc.unsubscribe(watch)
     return watch.request_id, items
@@ -98,7 +98,7 @@ def record_run(svc, user: str, system: str = WALK_SYSTEM, max_tokens: int = 24, 
 def walk(rec: Recording) -> dict[str, str]:
     """The walkthrough's text per stage key, with the KV pool at its peak."""
     cursor = ReplayCursor(rec)
-    peak = cursor.goto(cursor.peak_kv_frame()).snapshot
+    peak = cursor.goto(cursor.peak_kv_frame()).pool
     return {s.key: s.text for s in stages(rec.model, rec.request_id, rec.body, rec.events, rec.outputs, peak,
                                            rec.truncated)}
 

@@ -5,7 +5,7 @@ from visualizers._html import not_recorded
 from visualizers.answer import answer_html
 from visualizers.attention import attention_html, attention_matrix, layers_and_heads
 from visualizers.embedding import embedding_html, embedding_matrix
-from visualizers.kv_cache import kv_formula_html, kv_grid_html
+from visualizers.kv_cache import apply_kv_pool, copy_pool, empty_pool, kv_formula_html, kv_grid_html, pool_at
 from visualizers.kv_calculator import DTYPE_BYTES, REFERENCE_MODELS, calculator_html, kv_cache_bytes
 from visualizers.logit_lens import logit_lens_html
 from visualizers.moe import moe_html, moe_layers
@@ -21,4 +21,4 @@ __all__ = ["answer_html", "attention_html", "attention_matrix", "layers_and_head
            "embedding_matrix", "kv_formula_html", "kv_grid_html", "DTYPE_BYTES", "REFERENCE_MODELS",
            "calculator_html", "kv_cache_bytes", "logit_lens_html", "moe_html", "moe_layers", "parallel_html", "prefix_cache_html", "request_html",
            "sampling_html", "spec_html", "timeline_html", "timeline_steps", "tokens_html", "not_recorded",
-           "queue_seconds", "untraced_timeline_html"]
+           "queue_seconds", "untraced_timeline_html", "apply_kv_pool", "copy_pool", "empty_pool", "pool_at"]

@@ -1,6 +1,11 @@
 """Stage 7: the paged KV cache: the block pool as a grid, this request's blocks filling
 token by token, prefix-shared blocks, other requests' blocks, freed blocks; and the
-cache-size formula with the served model's numbers."""
+cache-size formula with the served model's numbers.
+
+The pool is drawn from the engine's `kv.pool` events (each says what changed in the pool
+after a step; see engine/trace/kv_pool.py), folded in order by apply_kv_pool into one
+dict: {"step", "num_blocks", "block_size", "ref": [..], "cached": [..],
+"owners": {block: [request ids]}, "fill": {block: tokens}} (owners and fill: held blocks only)."""
 from __future__ import annotations
 
 from typing import Sequence
@@ -8,6 +13,43 @@ from typing import Sequence
 import numpy as np
 
 from visualizers._html import empty, esc, fmt_bytes, hover_attr, hover_img, panel
+
+
+def empty_pool(num_blocks: int, block_size: int, step: int = 0) -> dict:
+    return {"step": step, "num_blocks": num_blocks, "block_size": block_size, "ref": [0] * num_blocks,
+            "cached": [False] * num_blocks, "owners": {}, "fill": {}}
+
+
+def copy_pool(pool: dict) -> dict:
+    return {**pool, "ref": list(pool["ref"]), "cached": list(pool["cached"]), "owners": dict(pool["owners"]),
+            "fill": dict(pool["fill"])}
+
+
+def apply_kv_pool(pool: dict | None, event: dict) -> dict:
+    """The pool after one kv.pool event, folded into `pool` in place (a full event, or a pool
+    of another shape, starts from an empty one: a full event lists every block in use)."""
+    n = event["num_blocks"]
+    if pool is None or event["full"] or pool["num_blocks"] != n:
+        pool = empty_pool(n, event["block_size"])
+    ref, cached, owners, fill = pool["ref"], pool["cached"], pool["owners"], pool["fill"]
+    for b, own, r, f, c in zip(event["blocks"], event["owners"], event["ref"], event["fill"], event["cached"]):
+        ref[b], cached[b] = r, c
+        if own:
+            owners[b], fill[b] = own, f
+        else:
+            owners.pop(b, None)
+            fill.pop(b, None)
+    pool["step"] = event["step"]
+    return pool
+
+
+def pool_at(events: Sequence[dict], step: int | None = None) -> dict | None:
+    """The pool after `step` (None: the last) from a trace's kv.pool events; None before the first."""
+    pool = None
+    for e in events:
+        if e["type"] == "kv.pool" and (step is None or e["step"] <= step):
+            pool = apply_kv_pool(pool, e)
+    return pool
 
 
 def _block_events(events: Sequence[dict]) -> tuple[set[int], set[int], list[int]]:
@@ -31,20 +73,20 @@ STATE_RGB = {  # (cell, filled part)
 FREED_EDGE = (70, 110, 200)
 
 
-def block_states(snapshot: dict, request_id: str | None, events: Sequence[dict] = ()) -> list[str]:
+def block_states(pool: dict, request_id: str | None, events: Sequence[dict] = ()) -> list[str]:
     """The state of every block of the pool, as the viewer of request_id sees it."""
-    owners = {int(k): v for k, v in snapshot["owners"].items()}
+    owners = {int(k): v for k, v in pool["owners"].items()}
     shared, freed, _ = _block_events(events)
     states = []
-    for b in range(snapshot["num_blocks"]):
+    for b in range(pool["num_blocks"]):
         own = owners.get(b, [])
         if request_id in own:
-            states.append("shared" if snapshot["ref"][b] > 1 or b in shared else "mine")
+            states.append("shared" if pool["ref"][b] > 1 or b in shared else "mine")
         elif own:
             states.append("other")
         elif b in freed:
             states.append("freed")
-        elif snapshot["cached"][b]:
+        elif pool["cached"][b]:
             states.append("cached")
         else:
             states.append("free")
@@ -74,19 +116,18 @@ def grid_image(states: list[str], fill: dict[int, int], block_size: int) -> tupl
     return img, cols
 
 
-def kv_grid_html(snapshot: dict | None, request_id: str | None, events: Sequence[dict] = (),
+def kv_grid_html(pool: dict | None, request_id: str | None, events: Sequence[dict] = (),
                  model: dict | None = None, final_tokens: int | None = None) -> str:
-    """snapshot: {"num_blocks", "block_size", "step", "ref": [..], "cached": [..],
-    "owners": {block: [request ids]}, "fill": {block: tokens}} read from the engine;
+    """pool: the block pool (apply_kv_pool's form) after the step shown;
     events: this request's kv.* events; model: numbers for the size formula;
     final_tokens: K/V the request held when it finished (its blocks are gone from the pool)."""
-    if snapshot is None:
+    if pool is None:
         return panel("KV cache", empty("no KV-cache state yet"))
-    n, bs = snapshot["num_blocks"], snapshot["block_size"]
-    owners = {int(k): v for k, v in snapshot["owners"].items()}
-    fill = {int(k): v for k, v in snapshot["fill"].items()}
+    n, bs = pool["num_blocks"], pool["block_size"]
+    owners = {int(k): v for k, v in pool["owners"].items()}
+    fill = {int(k): v for k, v in pool["fill"].items()}
     _, _, table = _block_events(events)
-    states = block_states(snapshot, request_id, events)
+    states = block_states(pool, request_id, events)
     counts = {s: 0 for s in STATE_RGB}
     for s in states:
         counts[s] += 1
@@ -100,7 +141,7 @@ def kv_grid_html(snapshot: dict | None, request_id: str | None, events: Sequence
     img, cols = grid_image(states, fill, bs)
     words = {"mine": "this request's", "shared": "shared via the prefix cache", "other": "another request's",
              "cached": "free, cached prefix", "freed": "freed by this request"}
-    blocks = {b: f"block {b} · {words[st]}" + (f" · owners {', '.join(owners[b])} · ref {snapshot['ref'][b]}"
+    blocks = {b: f"block {b} · {words[st]}" + (f" · owners {', '.join(owners[b])} · ref {pool['ref'][b]}"
                                                 if owners.get(b) else "") + f" · {fill.get(b, 0)}/{bs} tokens"
               for b, st in enumerate(states) if st != "free"}
     hover = hover_attr({"kind": "blocks", "w": cols, "h": -(-n // cols), "n": n, "blocks": blocks})
@@ -112,7 +153,7 @@ def kv_grid_html(snapshot: dict | None, request_id: str | None, events: Sequence
                                       ("other", "other requests"), ("cached", "free, cached prefix"),
                                       ("freed", "freed by this request"), ("free", "free")))
     who = " · ".join(f"{esc(rid)}: {c} blocks" for rid, c in sorted(others.items()))
-    info = (f"<div class='tt-lines'><div>pool: <b>{n:,}</b> blocks × {bs} tokens · engine step {snapshot['step']}"
+    info = (f"<div class='tt-lines'><div>pool: <b>{n:,}</b> blocks × {bs} tokens · engine step {pool['step']}"
             f" · block table: {esc(', '.join(map(str, table[:32])))}{'…' if len(table) > 32 else ''}"
             f" · this request holds {mine_tokens:,} tokens in {len(mine)} blocks</div>"
             f"<div>other requests: {who or 'none'}</div>"

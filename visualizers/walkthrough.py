@@ -1,4 +1,4 @@
-"""Classroom mode's script: the stages of DESIGN.md, each explained in a few sentences
+"""Classroom mode's script: the stages of ARCHITECTURE.md's journey, each explained in a few sentences
 that quote this request's own numbers (read from its trace events), plus which panel
 to show beside the words. Pure: events in, escaped HTML out."""
 from __future__ import annotations

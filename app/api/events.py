@@ -27,6 +27,7 @@ from app.serving.limits import RequestRefused, client_of
 from app.api.openai_routes import error, prepare, read_json, refusal
 from app.serving.recording import record_request
 from app.serving.served_models import ServedModels
+from engine.trace import SCHEMA_VERSION
 from visualizers.perfetto import perfetto_trace
 
 WS_QUEUE = 2000  # events a socket may fall behind before it starts losing them
@@ -112,7 +113,7 @@ def add_event_routes(api: FastAPI, served) -> None:
                 service, sub = prepare(models, read_json(text))
                 own = await run_in_threadpool(service.submit, sub, rid, client_of(websocket))
             except ValueError as e:
-                await websocket.send_json({"schema": 1, "type": "error", "request_id": None,
+                await websocket.send_json({"schema": SCHEMA_VERSION, "type": "error", "request_id": None,
                                            **json.loads(refusal(e, models).body)})
                 return
             owned.add(rid)
@@ -122,7 +123,7 @@ def add_event_routes(api: FastAPI, served) -> None:
                 watch = own
             else:  # the firehose carries it already
                 service.unsubscribe(own)
-            await websocket.send_json({"schema": 1, "type": "request.submitted", "request_id": rid})
+            await websocket.send_json({"schema": SCHEMA_VERSION, "type": "request.submitted", "request_id": rid})
 
         async def watch_close() -> None:  # the client may close (or send a request) at any time
             try:
@@ -139,7 +140,7 @@ def add_event_routes(api: FastAPI, served) -> None:
             while not closed.is_set():
                 items = await run_in_threadpool(watch.drain, 0.25)
                 if watch.dropped > reported:
-                    await websocket.send_json({"schema": 1, "type": "dropped", "request_id": request_id,
+                    await websocket.send_json({"schema": SCHEMA_VERSION, "type": "dropped", "request_id": request_id,
                                                "count": watch.dropped - reported})
                     reported = watch.dropped
                 for item in items:

@@ -61,29 +61,23 @@ class Metrics:
     def series(self, service: EngineService) -> tuple[list[tuple[str, str, str, float]], dict[str, list[str]]]:
         """-> ([(kind, name, help, value)], histogram lines) of one engine, labelled with its model."""
         label = f'model="{_label(service.model_name)}"'
-        e = service.engine
-        with e.lock:
-            bm, stats = e.block_manager, e.stats
-            used = sum(1 for b in bm.blocks if b.ref_count > 0)
-            cached = sum(1 for bid in bm.free if bm.blocks[bid].hash is not None
-                         and bm.cached.get(bm.blocks[bid].hash) == bid)
-            running, waiting = len(e.scheduler.running), len(e.scheduler.waiting)
-            hit = stats.prefix_hit_tokens / stats.prefix_queried_tokens if stats.prefix_queried_tokens else 0.0
-            acc = stats.spec_accepted / stats.spec_proposed if stats.spec_proposed else 0.0
-            gauges = [
-                ("tokentrace_requests_running", "requests being computed", running),
-                ("tokentrace_requests_waiting", "requests queued for KV blocks or a batch slot", waiting),
-                ("tokentrace_kv_blocks_used", "KV blocks referenced by live requests", used),
-                ("tokentrace_kv_blocks_free", "KV blocks holding nothing", bm.num_blocks - used - cached),
-                ("tokentrace_kv_blocks_cached", "unreferenced KV blocks kept for the prefix cache", cached),
-                ("tokentrace_prefix_cache_hit_rate", "prompt tokens found in the prefix cache / looked up", hit),
-                ("tokentrace_spec_acceptance_rate", "draft tokens accepted / proposed", acc),
-            ]
-            counters = [
-                ("tokentrace_requests_aborted_total", "requests aborted (stop, disconnect)", e.num_aborted),
-                ("tokentrace_generated_tokens_total", "tokens generated", stats.generated_tokens),
-                ("tokentrace_engine_steps_total", "engine steps (target forward passes)", stats.target_passes),
-            ]
+        load = service.engine.load()
+        hit = load.prefix_hit_tokens / load.prefix_queried_tokens if load.prefix_queried_tokens else 0.0
+        acc = load.spec_accepted / load.spec_proposed if load.spec_proposed else 0.0
+        gauges = [
+            ("tokentrace_requests_running", "requests being computed", load.running),
+            ("tokentrace_requests_waiting", "requests queued for KV blocks or a batch slot", load.waiting),
+            ("tokentrace_kv_blocks_used", "KV blocks referenced by live requests", load.blocks_used),
+            ("tokentrace_kv_blocks_free", "KV blocks holding nothing", load.blocks_free),
+            ("tokentrace_kv_blocks_cached", "unreferenced KV blocks kept for the prefix cache", load.blocks_cached),
+            ("tokentrace_prefix_cache_hit_rate", "prompt tokens found in the prefix cache / looked up", hit),
+            ("tokentrace_spec_acceptance_rate", "draft tokens accepted / proposed", acc),
+        ]
+        counters = [
+            ("tokentrace_requests_aborted_total", "requests aborted (stop, disconnect)", load.aborted),
+            ("tokentrace_generated_tokens_total", "tokens generated", load.generated_tokens),
+            ("tokentrace_engine_steps_total", "engine steps (target forward passes)", load.target_passes),
+        ]
         values = [("gauge", n, h, v) for n, h, v in gauges] + [("counter", n, h, v) for n, h, v in counters]
         with self._lock:
             hist = {name: h.lines(name, label) for name, h in zip(HISTOGRAMS, (self.ttft, self.per_token))}

@@ -88,7 +88,7 @@ async def read_body(request: Request, limit: int) -> bytes:
 
 def model_card(service: EngineService) -> dict:
     return {"id": service.model_name, "object": "model", "created": 0, "owned_by": "tokentrace",
-            "max_model_len": service.engine.max_model_len}
+            "max_model_len": service.engine.describe().model.max_model_len}
 
 
 def add_openai_routes(api: FastAPI, served) -> None:

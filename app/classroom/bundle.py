@@ -10,6 +10,8 @@ from __future__ import annotations
 import io
 import zipfile
 
+from app.classroom.page import page_html
+
 README = """TokenTrace classroom {room}: request {request_id}
 
 Serve this folder from any static web server, e.g.
@@ -23,7 +25,6 @@ trace.json is the request's trace: `python -m app --replay trace.json` replays i
 
 def bundle_zip(room, server: str, css: str) -> bytes:
     """room: a finished Room (app.classroom.rooms); server: the origin the page follows."""
-    from app.classroom.rooms import page_html  # the same page, reading its own files
     room.prerender()
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:

@@ -301,7 +301,7 @@ def build_page(served: ServedModels | EngineService | None, replay: Recording | 
         view = new_view(service)
         view.body = body_of(info, {**opening, "speculative": info["has_draft"],
                                    "k": info["num_speculative_tokens"], **(controls or {})})
-        view.set_snapshot(service.snapshot.as_dict if service.snapshot is not None else None)
+        view.set_pool(service.pool())
         return view
 
     if live:
@@ -493,7 +493,7 @@ def build_page(served: ServedModels | EngineService | None, replay: Recording | 
                 if view.request_id else None
             if rec is None and view.request_id and view.outputs and view.level == "off":
                 ids = set(view.generated_ids())
-                rec = Recording(view.request_id, info, view.body or None, [], list(view.outputs), [],
+                rec = Recording(view.request_id, info, view.body or None, [], list(view.outputs),
                                 {i: svc.piece(i) for i in ids}, {i for i in ids if svc.is_special(i)})
             if rec is None:
                 return {export: gr.update(value=None, interactive=False), step: gr.update(**NO_STEPS),
@@ -509,13 +509,11 @@ def build_page(served: ServedModels | EngineService | None, replay: Recording | 
             (`first`: more updates for the first yield, e.g. another model's controls; `final`:
             more for the last one)."""
             view, rid, service = tab.view, tab.view.request_id, tab.service
-            view.set_snapshot(service.snapshot.as_dict if service.snapshot else None)
+            view.set_pool(service.pool())  # as it is now; the kv.pool events its queue brings follow
             yield merged(full(view, f"{rid}: queued"), first or {})
             last = time.perf_counter()
             while not view.finished:
                 view.add(next_items(YIELD_EVERY / 2))
-                if service.snapshot is not None:
-                    view.set_snapshot(service.snapshot.as_dict)
                 now = time.perf_counter()
                 if now - last >= YIELD_EVERY and not view.finished:
                     names = view.due(now)
@@ -524,8 +522,6 @@ def build_page(served: ServedModels | EngineService | None, replay: Recording | 
                                status: f"{rid}: streaming, {len(view.generated_ids())} tokens"}
                         last = now
             view.add(next_items(0))
-            if service.snapshot is not None:
-                view.set_snapshot(service.snapshot.as_dict)
             fin = view.first("finish")
             reason = fin["reason"] if fin else next((o["finish_reason"] for o in view.outputs if o["finished"]), "?")
             now = time.perf_counter()  # the last tokens first, then every panel's final state
@@ -801,7 +797,7 @@ def build_page(served: ServedModels | EngineService | None, replay: Recording | 
             service = models.by_name.get(model_value) or models.first
             view = blank_view(service, dict(zip(CONTROL_NAMES, controls)))
             if tab is not None:
-                view.layer, view.head, view.snapshot = tab.view.layer, tab.view.head, tab.view.snapshot or view.snapshot
+                view.layer, view.head, view.pool = tab.view.layer, tab.view.head, tab.view.pool or view.pool
             sessions.put(key, Tab(view, service=service))
             return view.render("request")
 

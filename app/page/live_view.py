@@ -37,7 +37,7 @@ class LiveView:
     events: list[dict] = field(default_factory=list)
     by_type: dict[str, list[dict]] = field(default_factory=dict)
     outputs: list[dict] = field(default_factory=list)
-    snapshot: dict | None = None
+    pool: dict | None = None  # the KV block pool, every request's blocks: its kv.pool events folded
     error: str | None = None
     finished: bool = False
     dirty: set[str] = field(default_factory=lambda: set(PANELS))
@@ -63,6 +63,10 @@ class LiveView:
                 self.error = it["message"]
                 self.dirty.add("answer")
                 continue
+            if t == "kv.pool":  # the pool drawn, not an event of the request's own to list
+                self.pool = viz.apply_kv_pool(self.pool, it)
+                self.dirty.add("kv")
+                continue
             if t == "trace.truncated" and self.validation and self.validation.get("ok") and \
                     not any(c[0] == "trace" for c in self.validation["checks"]):  # (a replay says so already)
                 note = truncation_note(it)
@@ -74,10 +78,10 @@ class LiveView:
                 self.dirty.add("kv")
             self.dirty.update(FEEDS.get(t, ()))
 
-    def set_snapshot(self, snapshot: dict | None) -> None:
-        if snapshot is not None and (self.snapshot is None or snapshot["step"] != self.snapshot["step"]):
-            self.snapshot = snapshot
-            self.dirty.add("kv")
+    def set_pool(self, pool: dict) -> None:
+        """Start from this pool (the view's own copy: kv.pool events are folded into it)."""
+        self.pool = pool
+        self.dirty.add("kv")
 
     def first(self, t: str) -> dict | None:
         evs = self.by_type.get(t)
@@ -203,7 +207,7 @@ class LiveView:
             kv = [e for e in self.events if e["type"].startswith("kv.")]
             usage = (self.finish_info() or {}).get("usage")  # the last token drawn is never fed back: no K/V
             held = usage["prompt_tokens"] + usage["completion_tokens"] - 1 if usage else None
-            return viz.kv_grid_html(self.snapshot, self.request_id, kv, m, held)
+            return viz.kv_grid_html(self.pool, self.request_id, kv, m, held)
         if name == "moe":
             return viz.moe_html(self.by_type.get("moe", []), self.layer, self.labels(), m["is_moe"])
         if name == "sampling":
@@ -250,7 +254,7 @@ class LiveView:
         if name in self.NEEDS and name != "tokens":
             return False
         if name == "kv":
-            return self.snapshot is not None
+            return self.pool is not None
         if name == "answer":
             return bool(self.outputs) or self.error is not None
         if name == "timeline":

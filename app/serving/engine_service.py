@@ -2,9 +2,9 @@
 every event into the trace store and into the queues of whoever watches that request.
 
 Web handlers never call step() and never wait on the engine's lock in the event loop:
-they submit, then read their queue from a worker thread. The KV block pool is read
-(under the engine's lock, on the engine thread) after every step, so each page can
-draw the other requests' blocks too.
+they submit, then read their queue from a worker thread. The service knows the engine
+only through its public methods and its events: the KV block pool, other requests' blocks
+included, is what the engine's `kv.pool` events say (engine/trace/kv_pool.py).
 """
 from __future__ import annotations
 
@@ -14,15 +14,15 @@ import queue
 import secrets
 import threading
 import time
-from dataclasses import dataclass, field, replace
-from functools import cached_property
+from dataclasses import dataclass, field
 
 from jinja2 import TemplateError
 
 from app.serving.limits import ClientSlots, RequestRefused, ServeLimits
 from app.serving.requests import Submission
 from app.serving.trace_store import TraceStore
-from engine import LLMEngine, TraceEvent
+from engine import ContextLengthError, LLMEngine, TraceEvent
+from visualizers.kv_cache import apply_kv_pool, copy_pool, empty_pool
 
 log = logging.getLogger("tokentrace")
 _ids = itertools.count(1)
@@ -55,23 +55,6 @@ class Subscription:
         return items
 
 
-@dataclass(frozen=True)
-class KVSnapshot:
-    """The block pool after one engine step (all requests, not only traced ones)."""
-    step: int
-    num_blocks: int
-    block_size: int
-    ref: tuple[int, ...]
-    cached: tuple[bool, ...]
-    owners: dict[int, list[str]]
-    fill: dict[int, int]
-
-    @cached_property
-    def as_dict(self) -> dict:  # built once per step, however many pages read it
-        return {"step": self.step, "num_blocks": self.num_blocks, "block_size": self.block_size,
-                "ref": list(self.ref), "cached": list(self.cached), "owners": self.owners, "fill": self.fill}
-
-
 class EngineService:
     def __init__(self, engine: LLMEngine, store: TraceStore | None = None, model_name: str | None = None,
                  limits: ServeLimits | None = None, slots: ClientSlots | None = None,
@@ -86,59 +69,55 @@ class EngineService:
         self.model_name = model_name or engine.model_path.name
         self.draft_name = draft_name
         self._subs: dict[str, list[Subscription]] = {}
+        self._running: set[str] = set()  # submitted, not finished: their pages draw the pool live
         self._firehose: list[Subscription] = []
         self._subs_lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.snapshot: KVSnapshot | None = None
+        kv = engine.describe().kv_pool
+        self._pool = empty_pool(kv.num_blocks, kv.block_size)  # folded from the kv.pool events
+        self._pool_lock = threading.Lock()
         self.output_listeners: list = []  # called on the engine thread with every output item (metrics)
         self.error: str | None = None
         self.limits = limits or ServeLimits()
         self.slots = slots or ClientSlots(self.limits.max_concurrent_per_client)
         self.output_listeners.append(self._release_slot)
-        self._uncapture: set[str] = set()  # requests whose trace passed its cap: stop their tensor captures
         engine.tracer.add_sink(self._on_event)
-        with engine.lock:
-            self._take_snapshot()
 
     # --- model facts the page shows (all read from the engine) -------------------
     def model_info(self) -> dict:
-        e, cfg = self.engine, self.engine.model_config
-        return {"name": self.model_name, "num_layers": cfg.num_layers, "num_heads": cfg.num_heads,
-                "num_kv_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim, "hidden_size": cfg.hidden_size,
-                "vocab_size": cfg.vocab_size, "num_experts": cfg.num_experts, "top_k": cfg.num_experts_per_tok,
-                "is_moe": cfg.is_moe, "moe_layers": [i for i, m in enumerate(cfg.moe_layers) if m],
-                "sliding_windows": list(cfg.sliding_windows), "dtype": str(e.dtype).replace("torch.", ""),
-                "query_pre_attn_scalar": cfg.query_pre_attn_scalar, "mlp_activation": cfg.hidden_act,
-                "dtype_bytes": e.runner.kv_cache.element_size(), "num_blocks": e.block_manager.num_blocks,
-                "block_size": e.config.block_size, "kv_cache_bytes": e.runner.kv_cache_bytes,
-                "max_model_len": e.max_model_len, "has_draft": e.speculator is not None,
-                "num_speculative_tokens": e.num_speculative_tokens, "device": str(e.device),
-                "architecture": cfg.architecture, "chat_template": e.tokenizer.has_chat_template,
-                "draft": self.draft_kind(), "weights_bytes": self.weights_bytes,
-                "tensor_parallel_size": e.config.tensor_parallel_size, "expert_parallel": e.config.expert_parallel,
-                "split_sizes": split_sizes(cfg),
-                "quantization": q.summary() if (q := getattr(e.runner.model, "quantization", None)) else None}
+        """The page's and the trace file's numbers for this model, from LLMEngine.describe()."""
+        info = self.engine.describe()
+        m, kv, spec, par = info.model, info.kv_pool, info.speculation, info.parallel
+        return {"name": self.model_name, "num_layers": m.num_layers, "num_heads": m.num_heads,
+                "num_kv_heads": m.num_kv_heads, "head_dim": m.head_dim, "hidden_size": m.hidden_size,
+                "vocab_size": m.vocab_size, "num_experts": m.num_experts, "top_k": m.experts_per_token,
+                "is_moe": bool(m.moe_layers), "moe_layers": list(m.moe_layers),
+                "sliding_windows": list(m.sliding_windows), "dtype": m.dtype,
+                "query_pre_attn_scalar": m.query_pre_attn_scalar, "mlp_activation": m.mlp_activation,
+                "dtype_bytes": kv.bytes_per_value, "num_blocks": kv.num_blocks,
+                "block_size": kv.block_size, "kv_cache_bytes": kv.bytes,
+                "max_model_len": m.max_model_len, "has_draft": spec is not None,
+                "num_speculative_tokens": self.engine.num_speculative_tokens, "device": m.device,
+                "architecture": m.architecture, "chat_template": self.engine.tokenizer.has_chat_template,
+                "draft": self.draft_kind(), "weights_bytes": m.weights_bytes,
+                "tensor_parallel_size": par.tensor_parallel_size, "expert_parallel": par.expert_parallel,
+                "split_sizes": list(par.split_sizes),
+                "quantization": info.quantization.summary if info.quantization else None}
 
     def draft_kind(self) -> str | None:
         """None (no speculation), "ngram" (prompt lookup) or the draft model's name."""
-        spec = self.engine.speculator
+        spec = self.engine.describe().speculation
         if spec is None:
             return None
-        if getattr(self.engine, "speculative_method", None) == "ngram" or "gram" in type(spec).__name__.lower():
-            return "ngram"
-        return self.draft_name or "draft model"
+        return "ngram" if spec.method == "ngram" else self.draft_name or "draft model"
 
-    @cached_property
-    def weights_bytes(self) -> int:
-        """The target's parameters and buffers in memory (the draft's not included)."""
-        return _tensor_bytes(self.engine.runner.model)
-
-    @cached_property
-    def draft_weights_bytes(self) -> int:
-        runner = getattr(self.engine.speculator, "runner", None)
-        return _tensor_bytes(runner.model) if runner is not None else 0
+    def pool(self) -> dict:
+        """The KV block pool as the engine's last kv.pool events left it (a copy: it is what
+        visualizers.kv_grid_html draws), every request's blocks included."""
+        with self._pool_lock:
+            return copy_pool(self._pool)
 
     def piece(self, token_id: int) -> str:
         """A token's text as the user would read it (special tokens kept)."""
@@ -180,45 +159,35 @@ class EngineService:
         if cap is not None and sub.params.max_tokens > cap:
             raise RequestRefused(f"max_tokens {sub.params.max_tokens} is above this server's cap of {cap}",
                                  param="max_tokens")
-        sub = self._fit_context(sub)
         self.slots.acquire(client, rid)
         watch = Subscription(rid)
         with self._subs_lock:
             self._subs.setdefault(rid, []).append(watch)  # before add_request: see its first events
+            self._running.add(rid)
         if sub.trace_level != "off":
             self.store.set_body(rid, sub.body, self.model_name)
+        # vLLM's server rule, checked by the engine as it tokenizes: prompt + max_tokens must fit the
+        # context (400 otherwise); a body without max_tokens gets the default, lowered to fit
+        fit = "lower" if sub.body is not None and sub.body.get("max_tokens") is None else "refuse"
         try:
             self.engine.add_request(prompt=sub.prompt, messages=None if sub.prompt is not None else sub.messages,
                                     params=sub.params, request_id=rid,
                                     trace_level=sub.trace_level, speculative=sub.speculative,
-                                    num_speculative_tokens=sub.num_speculative_tokens)
+                                    num_speculative_tokens=sub.num_speculative_tokens, context_fit=fit)
         except Exception as e:
             self.unsubscribe(watch)
+            with self._subs_lock:
+                self._running.discard(rid)
             self.slots.release(rid)
+            self.store.discard(rid)  # a refused request keeps no trace (its body was kept for it)
             if isinstance(e, TemplateError):  # e.g. a template that wants user/assistant turns to alternate
                 raise RequestRefused(f"the model's chat template refused these messages: {e}",
                                      param="messages") from e
+            if isinstance(e, ContextLengthError):
+                raise RequestRefused(str(e), param="max_tokens", code="context_length_exceeded") from e
             raise
         self._wake.set()
         return watch
-
-    def _fit_context(self, sub: Submission) -> Submission:
-        """Refuse (400, as vLLM's server does) a max_tokens that cannot fit: prompt + max_tokens
-        must not pass the context. A body without max_tokens gets the default, lowered to fit.
-        (A prompt that fills the context alone is left to the engine's own message.)"""
-        tok = self.engine.tokenizer
-        try:
-            n = len(tok.encode(sub.prompt) if sub.prompt is not None else tok.encode_chat(sub.messages))
-        except TemplateError as e:
-            raise RequestRefused(f"the model's chat template refused these messages: {e}", param="messages") from e
-        ctx, want = self.engine.max_model_len, sub.params.max_tokens
-        if n >= ctx or n + want <= ctx:
-            return sub
-        if sub.body is not None and sub.body.get("max_tokens") is None:
-            return replace(sub, params=replace(sub.params, max_tokens=ctx - n))
-        raise RequestRefused(f"max_tokens is too large: {want:,}. This model's maximum context length is {ctx:,} "
-                             f"tokens and the prompt has {n:,} tokens ({want:,} > {ctx:,} - {n:,}): ask for at "
-                             f"most {ctx - n:,}", param="max_tokens", code="context_length_exceeded")
 
     def abort(self, request_id: str) -> bool:
         """Stop a request; the engine's next step reports its end to the watchers."""
@@ -270,13 +239,6 @@ class EngineService:
                               else f"engine step failed: {e!r}")
                 self._fail_all(self.error)
                 continue
-            with self.engine.lock:
-                self._take_snapshot()
-                for rid in self._uncapture:  # between steps: the engine reads seq.capture inside one
-                    seq = self.engine.requests.get(rid)
-                    if seq is not None:
-                        seq.capture = None
-                self._uncapture.clear()
             for out in outputs:
                 item = {"type": "output", "request_id": out.request_id, "token_id": out.token_id, "text": out.text,
                         "index": out.index, "t": out.time, "finished": out.finished,
@@ -293,11 +255,12 @@ class EngineService:
     def _usage(self, request_id: str) -> dict | None:
         """A finished request's token counts (the prefix-cache hit included), from the engine's
         own record of it: the request's outputs carry them at every capture level."""
-        seq = self.engine.requests.get(request_id)
-        if seq is None:
+        try:
+            u = self.engine.get_output(request_id).usage
+        except KeyError:
             return None
-        return {"prompt_tokens": seq.num_prompt_tokens, "completion_tokens": seq.num_output_tokens,
-                "cached_tokens": seq.num_cached_tokens}
+        return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+                "cached_tokens": u.cached_tokens}
 
     def _release_slot(self, item: dict) -> None:
         if item["finished"]:
@@ -305,36 +268,13 @@ class EngineService:
 
     def _finished(self, request_id: str) -> None:
         self.engine.release(request_id)  # its events live on in the trace store
+        with self._subs_lock:
+            self._running.discard(request_id)
 
     def _fail_all(self, message: str) -> None:
-        with self.engine.lock:
-            live = [rid for rid, seq in self.engine.requests.items() if not seq.is_finished]
-        for rid in live:
+        for rid in self.engine.live_requests():
             self.abort(rid)  # first: a client told of the error may send its next request at once
             self._deliver(rid, {"type": "error", "request_id": rid, "message": message})
-
-    def _take_snapshot(self) -> None:
-        e = self.engine
-        bm = e.block_manager
-        bs = e.config.block_size
-        owners: dict[int, list[str]] = {}
-        fill: dict[int, int] = {}
-        for rid, seq in e.requests.items():
-            if seq.is_finished:
-                continue
-            for i, b in enumerate(seq.block_table):
-                owners.setdefault(b, []).append(rid)
-                fill[b] = max(fill.get(b, 0), max(0, min(bs, seq.num_computed_tokens - i * bs)))
-        ref = tuple(b.ref_count for b in bm.blocks)
-        cached = tuple(b.hash is not None and bm.cached.get(b.hash) == b.block_id for b in bm.blocks)
-        prev = self.snapshot
-        if prev is not None:  # most steps change neither: share the tuples (the store keeps many snapshots)
-            ref = prev.ref if prev.ref == ref else ref
-            cached = prev.cached if prev.cached == cached else cached
-        snap = self.snapshot = KVSnapshot(e.step_count, bm.num_blocks, bs, ref, cached, owners, fill)
-        for rid, seq in e.requests.items():  # a replay draws the pool as it was at each of its steps
-            if seq.traced:
-                self.store.add_snapshot(rid, snap)
 
     # --- the tracer sink (runs inside engine.step(): keep it cheap) ------------------------
     def _on_event(self, event: TraceEvent) -> None:
@@ -342,18 +282,24 @@ class EngineService:
         d["model"] = self.model_name  # one server may serve several models: say whose event it is
         rid = d["request_id"]
         if rid is not None:
-            if self.store.add(rid, d):  # its trace passed the per-request cap: no more tensor captures
-                self._uncapture.add(rid)
-                cut = {"schema": 1, "type": "trace.truncated", "request_id": rid, "step": d.get("step", 0),
-                       "ts": d.get("ts"), "model": self.model_name,
-                       "limit_bytes": self.store.max_bytes}  # watchers say so now, not only in the file
-                self.store.add(rid, cut)
-                self._deliver(rid, cut)
+            if self.store.add(rid, d):  # its trace passed the per-request cap: no more tensor captures,
+                # and the engine's trace.truncated event (through this sink) tells the watchers now
+                self.engine.stop_captures(rid, self.store.max_bytes)
             self._deliver(rid, d)
         elif d["type"] in ("schedule.step", "schedule.collective"):  # a step's: kept with each request in it
             for b in d["batch"]:
                 self.store.add(b["request_id"], d)
                 self._deliver(b["request_id"], d, firehose=False)
+            self._deliver(None, d)
+        elif d["type"] == "kv.pool":  # kept with the traced requests it names; every watcher draws it
+            with self._pool_lock:
+                self._pool = apply_kv_pool(self._pool, d)
+            for r in d["request_ids"]:
+                self.store.add(r, d)
+            with self._subs_lock:  # untraced requests' pages too: their KV panel is live
+                to = [r for r in dict.fromkeys([*d["request_ids"], *self._running]) if r in self._subs]
+            for r in to:
+                self._deliver(r, d, firehose=False)
             self._deliver(None, d)
         else:
             self._deliver(None, d)
@@ -367,15 +313,6 @@ class EngineService:
             watch.offer(item)
 
 
-def _tensor_bytes(module) -> int:
-    seen, total = set(), 0
-    for t in list(module.parameters()) + list(module.buffers()):
-        if t.data_ptr() not in seen:
-            seen.add(t.data_ptr())
-            total += t.numel() * t.element_size()
-    return total
-
-
 def wait_idle(service, timeout: float = 30.0) -> bool:
     """True once the engine (every engine of a ServedModels) has no unfinished request."""
     engines = [s.engine for s in getattr(service, "services", [service])]  # one engine or a ServedModels
@@ -385,16 +322,3 @@ def wait_idle(service, timeout: float = 30.0) -> bool:
             return True
         time.sleep(0.02)
     return False
-
-
-def split_sizes(cfg) -> list[int]:
-    """The tensor-parallel sizes (2 up to the KV heads) the engine accepts for this model."""
-    from engine.parallel.shard import check_shardable
-    ok = []
-    for n in range(2, cfg.num_kv_heads + 1):
-        try:
-            check_shardable(cfg, n, False)
-            ok.append(n)
-        except ValueError:
-            pass
-    return ok

@@ -2,24 +2,28 @@
 no model loaded. It is the trace file the page exports and loads, what
 GET /v1/traces/{id} returns, and what `python -m app --replay FILE` serves.
 
-File format (JSON, "schema": 1): id, model (the served model's numbers), body (the
-request as sent), events (trace events), outputs (streamed tokens, with the engine step
-that made them), snapshots (the KV block pool after each step, sparse), pieces (token id ->
-text for every id the panels name), special (special token ids), dropped (events not kept),
-truncated (null, or {"limit_bytes", "step", "captures_dropped"}: the trace reached the
-server's per-request cap at that step, and the tensor captures stop there).
+File format (JSON, "schema": engine.trace.SCHEMA_VERSION): id, model (the served model's
+numbers), body (the request as sent), events (trace events, the engine's kv.pool events
+for the block pool among them), outputs (streamed tokens, with the engine step that made
+them), pieces (token id -> text for every id the panels name), special (special token
+ids), dropped (events not kept), truncated (null, or {"limit_bytes", "step",
+"captures_dropped"}: the trace reached the server's per-request cap at that step, and the
+tensor captures stop there). Files written before the pool was an engine event hold it as
+"snapshots" (sparse pools by step): they load as kv.pool events.
 """
 from __future__ import annotations
 
+import bisect
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from app.page.live_view import LiveView, truncation_note
 from app.serving.requests import parse_body
-from app.serving.trace_store import sparse_snapshot  # noqa: F401 (the file's form of a pool; kept here too)
+from engine.trace import SCHEMA_VERSION
+from visualizers.kv_cache import apply_kv_pool
 
-SCHEMA = 1
 MODEL_KEYS = ("name", "num_layers", "num_heads", "num_kv_heads", "head_dim", "hidden_size", "vocab_size",
               "is_moe", "num_blocks", "block_size", "dtype", "dtype_bytes", "kv_cache_bytes")
 MAX_FILE_BYTES = 64 * 2**20
@@ -29,16 +33,22 @@ class TraceFileError(ValueError):
     """The file is not a TokenTrace trace (the message says what is wrong)."""
 
 
-def dense_snapshot(s: dict) -> dict:
-    """The sparse form -> what visualizers.kv_grid_html draws."""
-    n = int(s["num_blocks"])
-    ref, cached = [0] * n, [False] * n
-    for b, r in s["ref"].items():
-        ref[int(b)] = int(r)
-    for b in s["cached"]:
-        cached[int(b)] = True
-    return {"step": s["step"], "num_blocks": n, "block_size": s["block_size"], "ref": ref, "cached": cached,
-            "owners": {int(b): o for b, o in s["owners"].items()}, "fill": {int(b): f for b, f in s["fill"].items()}}
+def pool_events(snapshots: list[dict], request_id: str, events: list[dict]) -> list[dict]:
+    """An older file's "snapshots" (the sparse pool after each step) as full kv.pool events,
+    each timed like the last event at or before its step."""
+    times = sorted((e["step"], float(e.get("ts", 0.0))) for e in events)
+    out = []
+    for s in snapshots:
+        at = bisect.bisect_right(times, (s["step"], math.inf))
+        owners, ref, fill, cached = s["owners"], s["ref"], s["fill"], {int(b) for b in s["cached"]}
+        blocks = sorted({int(b) for b in owners} | {int(b) for b in ref} | cached)
+        out.append({"schema": SCHEMA_VERSION, "type": "kv.pool", "request_id": None, "step": s["step"],
+                    "ts": times[at - 1][1] if at else 0.0, "num_blocks": s["num_blocks"],
+                    "block_size": s["block_size"], "full": True, "blocks": blocks,
+                    "owners": [list(owners.get(str(b), [])) for b in blocks],
+                    "ref": [int(ref.get(str(b), 0)) for b in blocks], "fill": [int(fill.get(str(b), 0)) for b in blocks],
+                    "cached": [b in cached for b in blocks], "request_ids": [request_id]})
+    return out
 
 
 def token_ids(events: list[dict], outputs: list[dict]) -> set[int]:
@@ -65,7 +75,6 @@ class Recording:
     body: dict | None
     events: list[dict]
     outputs: list[dict]
-    snapshots: list[dict] = field(default_factory=list)  # sparse, by step
     pieces: dict[int, str] = field(default_factory=dict)
     special: set[int] = field(default_factory=set)
     dropped: int = 0
@@ -73,8 +82,8 @@ class Recording:
 
     # --- files ---------------------------------------------------------------------
     def to_json(self) -> dict:
-        return {"schema": SCHEMA, "id": self.request_id, "model": self.model, "body": self.body,
-                "events": self.events, "outputs": self.outputs, "snapshots": self.snapshots,
+        return {"schema": SCHEMA_VERSION, "id": self.request_id, "model": self.model, "body": self.body,
+                "events": self.events, "outputs": self.outputs,
                 "pieces": {str(i): p for i, p in sorted(self.pieces.items())}, "special": sorted(self.special),
                 "dropped": self.dropped, "truncated": self.truncated}
 
@@ -84,7 +93,7 @@ class Recording:
         (a client polling GET /v1/traces/{id} made a long answer fall seconds behind)."""
         parts = []
         for key, value in self.to_json().items():
-            if key in ("events", "outputs", "snapshots"):
+            if key in ("events", "outputs"):
                 value_text = "[" + ",".join(json.dumps(v, separators=(",", ":")) for v in value) + "]"
             else:
                 value_text = json.dumps(value, separators=(",", ":"))
@@ -98,14 +107,14 @@ class Recording:
                 raise TraceFileError(f"not a TokenTrace trace file: {what}")
 
         need(isinstance(data, dict), "the top level must be a JSON object")
-        need(data.get("schema") == SCHEMA, f"schema must be {SCHEMA} (found {data.get('schema')!r})")
+        need(data.get("schema") == SCHEMA_VERSION, f"schema must be {SCHEMA_VERSION} (found {data.get('schema')!r})")
         need(isinstance(data.get("id"), str), "'id' must be the request id (a string)")
         model = data.get("model")
         need(isinstance(model, dict), "'model' must be an object")
         missing = [k for k in MODEL_KEYS if k not in model]
         need(not missing, f"'model' lacks {', '.join(missing)}")
-        for key in ("events", "outputs", "snapshots"):
-            items = data.get(key)
+        for key in ("events", "outputs", "snapshots"):  # snapshots: an older file's pool (optional)
+            items = data.get(key, [] if key == "snapshots" else None)
             need(isinstance(items, list) and all(isinstance(i, dict) for i in items), f"'{key}' must be a list "
                  "of objects")
             need(all(isinstance(i.get("step"), int) for i in items), f"every item of '{key}' needs an int 'step'")
@@ -119,11 +128,13 @@ class Recording:
         need(cut is None or (isinstance(cut, dict) and isinstance(cut.get("step"), int)),
              "'truncated' must be null or an object with an int 'step'")
         try:
+            events = data["events"]
+            if data.get("snapshots"):  # stable: a step's own events before its pool
+                events = sorted(events + pool_events(data["snapshots"], data["id"], events), key=lambda e: e["step"])
             return cls(data["id"], model, data.get("body") if isinstance(data.get("body"), dict) else None,
-                       data["events"], data["outputs"], data["snapshots"],
-                       {int(i): p for i, p in pieces.items()}, {int(i) for i in data.get("special", [])},
-                       int(data.get("dropped", 0)), cut)
-        except (TypeError, ValueError) as e:
+                       events, data["outputs"], {int(i): p for i, p in pieces.items()},
+                       {int(i) for i in data.get("special", [])}, int(data.get("dropped", 0)), cut)
+        except (TypeError, ValueError, KeyError, AttributeError) as e:
             raise TraceFileError(f"not a TokenTrace trace file: {e}") from None
 
     @classmethod
@@ -138,22 +149,14 @@ class Recording:
 
     # --- steps ---------------------------------------------------------------------
     def steps(self) -> list[int]:
-        """The engine steps at which something happened to this request, in order."""
-        return sorted({e["step"] for e in self.events} | {o["step"] for o in self.outputs})
+        """The engine steps at which something happened to this request, in order (a kv.pool
+        event alone makes no frame: the pool changes at steps that did not compute it too)."""
+        return sorted({e["step"] for e in self.events if e["type"] != "kv.pool"} | {o["step"] for o in self.outputs})
 
     def items(self) -> list[dict]:
         """Events and outputs merged in the order a live watcher got them (a step's
         outputs after its events)."""
         return sorted(self.events + self.outputs, key=lambda i: i["step"])
-
-    def snapshot_at(self, step: int) -> dict | None:
-        best = None
-        for s in self.snapshots:
-            if s["step"] <= step:
-                best = s
-            else:
-                break
-        return dense_snapshot(best) if best is not None else None
 
     def new_view(self) -> LiveView:
         view = LiveView(model=self.model, piece=lambda i: self.pieces.get(i, f"<{i}>"),
@@ -208,9 +211,8 @@ class ReplayCursor:
         end = self._pos
         while end < len(self._items) and self._items[end]["step"] <= step:
             end += 1
-        self.view.add(self._items[self._pos:end])
+        self.view.add(self._items[self._pos:end])  # its kv.pool events too: the pool after that step
         self._pos, self.frame = end, frame
-        self.view.set_snapshot(self.rec.snapshot_at(step))
         return self.view
 
     def adopt(self, view: LiveView) -> None:
@@ -221,9 +223,12 @@ class ReplayCursor:
         """The last frame at which the request's blocks held the most tokens (its very last
         frame has freed them)."""
         best, best_n, rid = self.last_frame, -1, self.rec.request_id
+        pools = [e for e in self.rec.events if e["type"] == "kv.pool"]
+        pool, i = None, 0
         for f, step in enumerate(self.steps):
-            snap = next((s for s in reversed(self.rec.snapshots) if s["step"] <= step), None) or {}
-            n = sum(snap["fill"].get(b, 0) for b, owners in snap.get("owners", {}).items() if rid in owners)
+            while i < len(pools) and pools[i]["step"] <= step:
+                pool, i = apply_kv_pool(pool, pools[i]), i + 1
+            n = sum(pool["fill"].get(b, 0) for b, owners in pool["owners"].items() if rid in owners) if pool else 0
             if n >= best_n:
                 best, best_n = f, n
         return best
@@ -246,10 +251,5 @@ def record_request(store, request_id: str, model: dict, piece: Callable[[int], s
     for e in tr.events:
         if e["type"] == "tokenize":
             ids.update(t["id"] for t in e["tokens"])
-    snaps, seen = [], set()
-    for s in tr.snapshots:  # already sparse (the store keeps them so)
-        if s["step"] not in seen:
-            seen.add(s["step"])
-            snaps.append(s)
-    return Recording(request_id, model, tr.body, tr.events, tr.outputs, snaps, {i: piece(i) for i in ids},
+    return Recording(request_id, model, tr.body, tr.events, tr.outputs, {i: piece(i) for i in ids},
                      {i for i in ids if is_special(i)}, tr.dropped, tr.truncated)

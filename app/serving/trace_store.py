@@ -1,9 +1,9 @@
 """A bounded store of recent requests' traces, so a page can redraw a panel after the
 fact and a trace can be exported, replayed or walked through in classroom mode.
 
-Per request it keeps the trace events (plain dicts), the streamed outputs, the JSON body
-it came with, and the KV block pool after each engine step it took part in (the pool is
-not in the request's own events: other requests' blocks are drawn too).
+Per request it keeps the trace events (plain dicts: its own, and the step-wide ones that
+concern it: schedule.step for the batches it was in, kv.pool for the pool while it was
+live), the streamed outputs and the JSON body it came with.
 
 A finished request's events and outputs are packed into JSON strings, one per item:
 millions of small dicts and lists kept for 32 requests would make each full garbage
@@ -19,7 +19,9 @@ estimate from the payloads' shapes before):
   embedding rows, MoE routing) are no longer kept, and add() says so once, so the engine
   can stop computing them; the trace is marked `truncated`. The light events (tokens,
   sampling, KV, timing: a few KB per token) go on up to twice the cap; past that only the
-  finish is kept and the rest is counted in `dropped`.
+  finish is kept and the rest is counted in `dropped` (kv.pool events stop at the first
+  one dropped: each says what changed since the one before, so the pool a replay draws
+  stays right, as of that step).
 - in all (max_total_bytes, plus max_requests): the oldest traces are dropped first, so
   the store never holds more. One store may serve every model of a server."""
 from __future__ import annotations
@@ -28,7 +30,6 @@ import json
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
 
 MAX_BYTES_PER_REQUEST = 8 * 2**20
 MAX_TOTAL_BYTES = 128 * 2**20
@@ -56,33 +57,10 @@ def _values(x) -> int:
     return sum(_values(v) for v in x)
 
 
-def sparse_snapshot(s: Any, prev: dict | None = None) -> dict:
-    """KVSnapshot -> the pool with only its non-empty blocks listed (the trace file's form).
-    prev: the previous step's sparse form, whose lists are reused when unchanged."""
-    sp = {"step": s.step, "num_blocks": s.num_blocks, "block_size": s.block_size,
-          "ref": {str(b): r for b, r in enumerate(s.ref) if r}, "cached": [b for b, c in enumerate(s.cached) if c],
-          "owners": {str(b): list(o) for b, o in s.owners.items()}, "fill": {str(b): f for b, f in s.fill.items()}}
-    if prev is not None:
-        for key in ("ref", "cached", "owners", "fill"):
-            if sp[key] == prev[key]:
-                sp[key] = prev[key]
-    return sp
-
-
-def _part_bytes(sp: dict) -> dict[str, int]:
-    return {key: len(json.dumps(sp[key], separators=_SEP)) + 12 for key in ("ref", "cached", "owners", "fill")}
-
-
-def snapshot_bytes(sp: dict, prev: dict | None, parts: dict[str, int]) -> int:
-    """What one sparse snapshot adds to a trace: the parts it does not share with the one before."""
-    return 80 + sum(n for key, n in parts.items() if prev is None or sp[key] is not prev[key])
-
-
 @dataclass
 class StoredTrace:
     events: list[dict] = field(default_factory=list)
     outputs: list[dict] = field(default_factory=list)
-    snapshots: list[dict] = field(default_factory=list)  # sparse pools by step (sparse_snapshot), shared
     body: dict | None = None
     dropped: int = 0  # events (and outputs) not kept: past a bound
     finished: bool = False
@@ -90,11 +68,11 @@ class StoredTrace:
     model: str | None = None  # the served model that ran it (one store may serve several)
     truncated: dict | None = None  # {"limit_bytes", "step", "captures_dropped"} once a bound cut it
     nbytes: int = 0  # events + outputs + body as JSON (exact once packed)
-    snapshot_bytes: int = 0
+    pool_cut: bool = False  # a kv.pool event was dropped: the later ones are too
 
     @property
     def size(self) -> int:
-        return self.nbytes + self.snapshot_bytes
+        return self.nbytes
 
     def pack(self) -> None:
         if self.packed is None:
@@ -118,20 +96,18 @@ def _unpacked(packed: tuple[list[str], list[str]]) -> tuple[list[dict], list[dic
 
 class TraceStore:
     def __init__(self, max_requests: int = 32, max_events_per_request: int = 50_000,
-                 max_snapshots_per_request: int = 1024, max_bytes_per_request: int = MAX_BYTES_PER_REQUEST,
+                 max_bytes_per_request: int = MAX_BYTES_PER_REQUEST,
                  max_total_bytes: int = MAX_TOTAL_BYTES) -> None:
         if max_total_bytes < 2 * max_bytes_per_request:
             raise ValueError(f"the trace store's budget ({max_total_bytes:,} bytes) must hold at least one whole "
                              f"trace: twice the per-request cap of {max_bytes_per_request:,} bytes")
         self.max_requests = max_requests
         self.max_events = max_events_per_request
-        self.max_snapshots = max_snapshots_per_request
         self.max_bytes = max_bytes_per_request
         self.max_total_bytes = max_total_bytes
         self.total_bytes = 0  # sum of every kept trace's size
         self._traces: OrderedDict[str, StoredTrace] = OrderedDict()
         self._gone: OrderedDict[str, None] = OrderedDict()  # dropped: keep out their later events
-        self._sparse: tuple[Any, dict, dict] | None = None  # this step's snapshot, its sparse form and sizes
         self._lock = threading.Lock()
 
     # --- bounds (call with the lock held) -----------------------------------------------
@@ -182,7 +158,11 @@ class TraceStore:
                 self._cut(tr, int(event.get("step", 0)))
                 tr.truncated["captures_dropped"] += 1
                 return first
+            if event.get("type") == "kv.pool" and tr.pool_cut:
+                tr.dropped += 1
+                return False
             if not self._admit(tr, event, size):
+                tr.pool_cut = tr.pool_cut or event.get("type") == "kv.pool"
                 return False
             if tr.packed is not None:  # an event after the end (rare): one more packed item
                 text = json.dumps(event, separators=_SEP)
@@ -216,31 +196,6 @@ class TraceStore:
                 self.total_bytes += tr.nbytes
             self._fit()
 
-    def add_snapshot(self, request_id: str, snapshot: Any) -> None:
-        """The pool after a step this request took part in. Kept sparse (only the blocks in use),
-        made once per step for every request that shares it: a dense copy would cost 16 bytes
-        per block of the pool per step."""
-        with self._lock:
-            tr = self._traces.get(request_id)
-            if tr is None:
-                return
-            if self._sparse is None or self._sparse[0] is not snapshot:
-                prev = self._sparse[1] if self._sparse is not None else None
-                sp = sparse_snapshot(snapshot, prev)
-                self._sparse = (snapshot, sp, _part_bytes(sp))
-            _, sp, parts = self._sparse
-            size = snapshot_bytes(sp, tr.snapshots[-1] if tr.snapshots else None, parts)
-            tr.snapshots.append(sp)
-            tr.snapshot_bytes += size
-            self.total_bytes += size
-            if len(tr.snapshots) > self.max_snapshots:  # a long request: keep every other step's pool
-                tr.snapshots[:] = tr.snapshots[::2]
-                self.total_bytes -= tr.snapshot_bytes
-                tr.snapshot_bytes = sum(snapshot_bytes(a, b, _part_bytes(a))
-                                        for a, b in zip(tr.snapshots, [None] + tr.snapshots))
-                self.total_bytes += tr.snapshot_bytes
-            self._fit()
-
     def set_body(self, request_id: str, body: dict | None, model: str | None = None) -> None:
         with self._lock:
             tr = self._trace(request_id, model)
@@ -252,6 +207,14 @@ class TraceStore:
             if model is not None:
                 tr.model = model
             self._fit()
+
+    def discard(self, request_id: str) -> None:
+        """Forget a trace that holds only its body (a request the engine refused)."""
+        with self._lock:
+            tr = self._traces.get(request_id)
+            if tr is not None and not tr.events and not tr.outputs and tr.packed is None:
+                del self._traces[request_id]
+                self.total_bytes -= tr.size
 
     # --- reading ---------------------------------------------------------------------
     def get(self, request_id: str) -> list[dict]:
@@ -273,9 +236,8 @@ class TraceStore:
             packed = (list(tr.packed[0]), list(tr.packed[1])) if tr.packed is not None else None  # (an item
             # may still be appended after the end: decode what the copy's sizes count)
             events, outputs = (list(tr.events), list(tr.outputs)) if packed is None else ([], [])
-            copy = StoredTrace(events, outputs, list(tr.snapshots), tr.body, tr.dropped, tr.finished,
-                               model=tr.model, truncated=dict(tr.truncated) if tr.truncated else None,
-                               nbytes=tr.nbytes, snapshot_bytes=tr.snapshot_bytes)
+            copy = StoredTrace(events, outputs, tr.body, tr.dropped, tr.finished, model=tr.model,
+                               truncated=dict(tr.truncated) if tr.truncated else None, nbytes=tr.nbytes)
         if packed is not None:  # decoded outside the lock, item by item
             copy.events, copy.outputs = _unpacked(packed)
         return copy
@@ -285,7 +247,7 @@ class TraceStore:
         reader reuse what it made from an earlier read."""
         with self._lock:
             tr = self._traces.get(request_id)
-            return None if tr is None else (tr.finished, tr.nbytes, tr.snapshot_bytes, len(tr.snapshots), tr.dropped)
+            return None if tr is None else (tr.finished, tr.nbytes, tr.dropped)
 
     def dropped(self, request_id: str) -> int:
         with self._lock:

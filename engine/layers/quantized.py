@@ -26,7 +26,6 @@ import torch
 
 from engine.kernels import cpu_quant
 
-QUANTIZATIONS = ("int8", "int4")
 GROUP = 32  # inputs per scale: GGUF's block size
 _TORCH_DTYPE = torch.bfloat16  # PyTorch's kernels: activations and scales
 
@@ -61,14 +60,6 @@ class QuantizedWeight:
     @property
     def nbytes(self) -> int:
         return self.data.numel() * self.data.element_size() + self.scales.numel() * self.scales.element_size()
-
-
-def check_quantization(kind: str | None) -> str | None:
-    if kind in (None, "", "none"):
-        return None
-    if kind not in QUANTIZATIONS:
-        raise ValueError(f"unsupported quantization {kind!r}; choose one of {', '.join(QUANTIZATIONS)} (or none)")
-    return kind
 
 
 def can_quantize(kind: str, shape: tuple[int, ...], device: torch.device) -> bool:

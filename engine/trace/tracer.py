@@ -3,7 +3,7 @@
 One small interface: the engine calls `tracer.emit(type, request_id, step, **data)`
 (or `emit_plain` with data already converted to JSON values);
 a `Tracer` turns that into a `TraceEvent` and hands it to its sinks. Event types
-begin with a stage name (see STAGES and DESIGN.md), e.g. `kv.alloc`. With no tracer
+begin with a stage name (see STAGES and ARCHITECTURE.md's journey), e.g. `kv.alloc`. With no tracer
 the engine builds no payloads at all.
 """
 from __future__ import annotations
@@ -17,7 +17,8 @@ import torch
 
 SCHEMA_VERSION = 1
 STAGES = ("request", "prefix_cache", "tokenize", "embed", "attention", "moe", "kv",
-          "schedule", "logit_lens", "sample", "spec", "token", "finish")
+          "schedule", "logit_lens", "sample", "spec", "token", "finish",
+          "trace")  # trace.truncated: a reader's byte cap stopped the request's tensor captures
 TRACE_LEVELS = ("off", "basic", "full")  # full adds tensors: embeddings, attention, MoE routing
 
 

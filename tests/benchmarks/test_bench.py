@@ -5,7 +5,11 @@ import math
 import pytest
 import torch
 
-from benchmarks import bench
+from benchmarks.bench.bandwidth import bandwidth_bound, decode_bytes_per_token, measured_bandwidth
+from benchmarks.bench.cli import main
+from benchmarks.bench.context import QUICK, Bench
+from benchmarks.bench.gpu import kernels
+from benchmarks.bench.timing import repeat_spread
 from engine.layers.linear import Linear
 from tests.engine_utils import DEVICE
 from tests.real_models import cached_gguf
@@ -14,9 +18,9 @@ from tests.tiny import make_checkpoint
 
 def test_bench_quick_runs_every_section(checkpoint, tmp_path, capsys):
     draft = make_checkpoint("llama", tmp_path / "draft", seed=3, num_layers=1)
-    rows = bench.main(["--quick", "--model", str(checkpoint("mixtral")), "--draft", str(draft),
-                       "--device", "cpu", "--out", str(tmp_path / "results"),
-                       "--sections", "transformers,tracing,bandwidth,batching,speculative,prefix,gpu,memory"])
+    rows = main(["--quick", "--model", str(checkpoint("mixtral")), "--draft", str(draft),
+                 "--device", "cpu", "--out", str(tmp_path / "results"),
+                 "--sections", "transformers,tracing,bandwidth,batching,speculative,prefix,gpu,memory"])
     sections = {r.section for r in rows}
     assert sections == {"decode vs transformers", "tracing cost", "bandwidth", "batching", "speculative (k=4)",
                         "prefix caching", "memory"}
@@ -42,31 +46,31 @@ def test_decode_bytes_per_token_counts_what_one_step_reads(checkpoint):
     layer = attn + h * 4 + experts + 2 * h  # router, two norms
     kv = 2 * 3 * 2 * 16 * ctx  # K and V, 3 layers, 2 kv heads x 16, ctx tokens
     expected = 4 * (3 * layer + h + h + v * h + kv)  # + final norm, one embedding row, LM head
-    assert bench.decode_bytes_per_token(moe.runner.model, moe.model_config, ctx) == expected
+    assert decode_bytes_per_token(moe.runner.model, moe.model_config, ctx) == expected
     dense = LLMEngine(checkpoint("llama"), device=DEVICE, dtype="float32")
     layer = attn + 3 * h * i + 2 * h
     assert dense.model_config.tie_word_embeddings
-    assert bench.decode_bytes_per_token(dense.runner.model, dense.model_config, ctx) == 4 * (3 * layer + h + v * h + kv)
+    assert decode_bytes_per_token(dense.runner.model, dense.model_config, ctx) == 4 * (3 * layer + h + v * h + kv)
 
 
 def test_bandwidth_row_arithmetic(checkpoint):
     """The bandwidth row on the CPU (tiny sizes): achieved GB/s is tok/s times the bytes one
     step reads, the baseline the measured copy bandwidth, the bound their quotient."""
-    b = bench.Bench(checkpoint("mixtral"), None, "cpu", bench.QUICK)
-    b.bandwidth_bound(copy_bytes=1 << 20)
+    b = Bench(checkpoint("mixtral"), None, "cpu", QUICK)
+    bandwidth_bound(b, copy_bytes=1 << 20)
     row, *linears = b.rows
     engine = b.engine()
     # the C kernel's rows (where it builds): the model's linears alone at 1 and batch rows
     layers = [m for m in engine.runner.model.modules() if isinstance(m, Linear) and m.blocked is not None]
     assert [r.name for r in linears] == ([] if not layers else [
         "linear layers alone, 1 row: C kernel vs oneDNN, GB/s",
-        f"linear layers alone, {bench.QUICK.batch} rows: C kernel vs oneDNN, GB/s"])
+        f"linear layers alone, {QUICK.batch} rows: C kernel vs oneDNN, GB/s"])
     nbytes = sum(m.weight.numel() * 4 for m in layers)
     for r in linears:
         assert r.value > 0 and r.baseline > 0 and f"{len(layers)} layers, {nbytes / 2**20:.0f} MiB" in r.note
-    context = bench.QUICK.prompt_tokens + bench.QUICK.new_tokens // 2
-    read = bench.decode_bytes_per_token(engine.runner.model, engine.model_config, context)
-    kv = read - bench.decode_bytes_per_token(engine.runner.model, engine.model_config, 0)
+    context = QUICK.prompt_tokens + QUICK.new_tokens // 2
+    read = decode_bytes_per_token(engine.runner.model, engine.model_config, context)
+    kv = read - decode_bytes_per_token(engine.runner.model, engine.model_config, 0)
     assert kv == engine.model_config.kv_bytes_per_token * 4 * context  # float32
     rate = row.value * 1e9 / read
     assert row.unit == "GB/s" and row.value > 0 and row.baseline > 0
@@ -85,7 +89,7 @@ def test_measured_bandwidth_on_cpu():
     machine (above 0.1 GB/s, below 10 TB/s), and the thread setting is restored."""
     threads = torch.get_num_threads()
     for n in (None, 1):
-        bw = bench.measured_bandwidth("cpu", 1 << 22, threads=n)
+        bw = measured_bandwidth("cpu", 1 << 22, threads=n)
         assert 1e8 < bw < 1e13
     assert torch.get_num_threads() == threads
 
@@ -94,8 +98,8 @@ def test_gpu_rows_compute_on_cpu(checkpoint, tmp_path):
     """The CUDA-only rows, run on the CPU with tiny sizes (Triton interpreted): whatever the
     speed (nothing here is a measurement claim), each is a rate against its baseline."""
     pytest.importorskip("triton")
-    b = bench.Bench(checkpoint("mixtral"), None, "cpu", bench.QUICK)
-    b.kernels(torch.float32, (2, 4, 2, 16, 4, 16), repeats=1)
+    b = Bench(checkpoint("mixtral"), None, "cpu", QUICK)
+    kernels(b, torch.float32, (2, 4, 2, 16, 4, 16), repeats=1)
     attention, store = b.rows
     assert all(r.value > 0 and r.baseline > 0 and r.unit == "calls/s" for r in (attention, store))
 
@@ -104,7 +108,7 @@ def test_gpu_rows_compute_on_cpu(checkpoint, tmp_path):
 def test_bench_real_section_runs_on_smollm2(tmp_path):
     """The real-checkpoint rows: SmolLM2 from its GGUF against transformers on the same file."""
     cached_gguf("smollm2")
-    rows = bench.main(["--quick", "--device", "cpu", "--out", "", "--sections", "real"])
+    rows = main(["--quick", "--device", "cpu", "--out", "", "--sections", "real"])
     assert {r.section for r in rows} == {"SmolLM2-135M-Instruct: decode vs transformers",
                                          "SmolLM2-135M-Instruct: tracing cost", "SmolLM2-135M-Instruct: bandwidth"}
     assert all(r.note.startswith("greedy tokens identical; ratio over 2 interleaved repeats")
@@ -113,5 +117,5 @@ def test_bench_real_section_runs_on_smollm2(tmp_path):
 
 def test_repeat_spread_is_per_repeat_decode_ratios():
     # repeat 1: baseline decodes in 9 s, ours in 4.5 s (2x); repeat 2: 10 s vs 2.5 s (4x)
-    assert bench.repeat_spread([10, 12], [1, 2], [5, 3.5], [0.5, 1]) == "ratio over 2 interleaved repeats: 2.00-4.00"
-    assert bench.repeat_spread([1], [1], [1], [1]) == ""  # no decode time to divide by
+    assert repeat_spread([10, 12], [1, 2], [5, 3.5], [0.5, 1]) == "ratio over 2 interleaved repeats: 2.00-4.00"
+    assert repeat_spread([1], [1], [1], [1]) == ""  # no decode time to divide by

@@ -309,11 +309,12 @@ def test_bench_cuda_rows_computed_on_the_cpu(checkpoint, monkeypatch):
     """The bandwidth section's CUDA rows (HBM roofline at batch 1 with and without graphs, and
     graphs against eager), computed on the CPU: the 'graphs' engine runs the padded path
     eagerly, and the copy bandwidth is a stand-in. Nothing here is a speed claim."""
-    from benchmarks import bench
+    from benchmarks.bench import bandwidth
+    from benchmarks.bench.context import QUICK, Bench
     from engine.llm_engine import LLMEngine
 
     path = checkpoint("llama")
-    b = bench.Bench(path, None, "cpu", bench.QUICK)
+    b = Bench(path, None, "cpu", QUICK)
 
     def engine(cuda_graphs=None, **config):
         e = LLMEngine(path, device="cpu", config=EngineConfig(use_triton=True, **config))
@@ -321,21 +322,20 @@ def test_bench_cuda_rows_computed_on_the_cpu(checkpoint, monkeypatch):
             e.runner.decode_graphs = DecodeGraphs.for_runner(e.runner, [1, 2], capture=False)
         return e
     monkeypatch.setattr(b, "engine", engine)
-    monkeypatch.setattr(bench, "measured_bandwidth", lambda device, nbytes, threads=None: 3e12)
+    monkeypatch.setattr(bandwidth, "measured_bandwidth", lambda device, nbytes, threads=None: 3e12)
     b.device = "cuda"
-    b.bandwidth_bound()
+    bandwidth.bandwidth_bound(b)
     graphed, eager, speed = b.rows
     assert graphed.name == "batch-1 decode, CUDA graphs: weights + KV read, GB/s"
     assert eager.name == "batch-1 decode, eager: weights + KV read, GB/s"
     assert graphed.baseline == eager.baseline == 3000 and "measured copy (HBM)" in graphed.note
     e = engine()
-    read = bench.decode_bytes_per_token(e.runner.model, e.model_config,
-                                        bench.QUICK.prompt_tokens + bench.QUICK.new_tokens // 2)
+    read = bandwidth.decode_bytes_per_token(e.runner.model, e.model_config, QUICK.prompt_tokens + QUICK.new_tokens // 2)
     assert speed.name == "batch-1 decode tok/s, CUDA graphs vs eager" and speed.unit == "tok/s"
     assert speed.value == pytest.approx(graphed.value * 1e9 / read) and speed.baseline == pytest.approx(
         eager.value * 1e9 / read)
     replayed = int(speed.note.split(" steps replayed")[0].rsplit(", ", 1)[1])
-    assert replayed >= bench.QUICK.new_tokens - 1  # the graphs engine's decode steps took the padded path
+    assert replayed >= QUICK.new_tokens - 1  # the graphs engine's decode steps took the padded path
 
 
 def test_cli_flag_turns_graphs_off():

@@ -3,7 +3,7 @@ the layer's own modules: the same logits for a decode batch of sequences at diff
 lengths (past a sliding window, with q/k/v biases, MoE layers whose attention half alone
 is fused), the same attention and routing in a `full` trace, and the modules kept
 wherever the fused calls do not apply.
-(tests/test_parity.py holds both paths against transformers' logits and greedy tokens.)"""
+(tests/engine/test_parity.py holds both paths against transformers' logits and greedy tokens.)"""
 from __future__ import annotations
 
 import pytest

@@ -1,7 +1,7 @@
 """Gemma 3 text models against transformers' own Gemma3ForCausalLM (eager attention, float32):
 local (sliding-window) layers with their own RoPE base between global ones, QK-norm, (1 + w)
 RMSNorms before and after attention and MLP, scaled embeddings, query_pre_attn_scalar, GeGLU.
-Logit parity in every chunking is in tests/test_parity.py (the "gemma3" entry of tests/tiny.py);
+Logit parity in every chunking is in tests/engine/test_parity.py (the "gemma3" entry of tests/tiny.py);
 here: config spellings, longer prompts in batches and chunks, the Triton decode path, captured
 attention of local and global layers, and the page's words about them."""
 from __future__ import annotations

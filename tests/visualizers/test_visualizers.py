@@ -174,6 +174,45 @@ def test_kv_grid_marks_each_block_state():
     assert "<b>other</b>" not in html
 
 
+def test_kv_pool_events_fold_into_the_pool_drawn():
+    full = {"type": "kv.pool", "step": 3, "num_blocks": 6, "block_size": 4, "full": True, "blocks": [0, 1, 4],
+            "owners": [["a"], ["a", "b"], []], "ref": [1, 2, 0], "fill": [4, 2, 0], "cached": [True, False, True],
+            "request_ids": ["a"]}
+    pool = viz.apply_kv_pool(None, full)
+    assert pool == {"step": 3, "num_blocks": 6, "block_size": 4, "ref": [1, 2, 0, 0, 0, 0],
+                    "cached": [True, False, False, False, True, False], "owners": {0: ["a"], 1: ["a", "b"]},
+                    "fill": {0: 4, 1: 2}}
+    delta = {**full, "step": 5, "full": False, "blocks": [1, 2], "owners": [[], ["b"]], "ref": [0, 1],
+             "fill": [0, 1], "cached": [False, False]}
+    assert viz.apply_kv_pool(pool, delta) is pool  # in place
+    assert pool["owners"] == {0: ["a"], 2: ["b"]} and pool["fill"] == {0: 4, 2: 1} and pool["ref"][:3] == [1, 0, 1]
+    assert pool["step"] == 5 and pool["cached"][4]  # untouched blocks keep their state
+    again = viz.apply_kv_pool(pool, {**full, "step": 9, "blocks": [3], "owners": [["c"]], "ref": [1], "fill": [3],
+                                     "cached": [False]})
+    assert again["owners"] == {3: ["c"]} and sum(again["ref"]) == 1 and not any(again["cached"])  # full: afresh
+    assert viz.pool_at([full, delta], 4)["owners"] == {0: ["a"], 1: ["a", "b"]} and viz.pool_at([delta], 2) is None
+    copy = viz.copy_pool(pool)
+    copy["ref"][0] = 7
+    assert pool["ref"][0] == 1
+
+
+def test_a_stream_trace_draws_the_kv_pool(trace):
+    """LLM.stream's events alone (no server) draw the KV panel: its kv.pool events."""
+    events, rid = trace["events"], trace["rid"]
+    pools = [e for e in events if e["type"] == "kv.pool"]
+    assert pools and pools[0]["full"] and all(rid in e["request_ids"] for e in pools)
+    kv = [e for e in events if e["type"].startswith("kv.")]
+    fin = trace["by_type"]["finish"][0]
+    model = {"num_layers": 4, "num_kv_heads": 2, "head_dim": 16, "dtype": "float32", "dtype_bytes": 4,
+             "num_blocks": pools[0]["num_blocks"], "block_size": pools[0]["block_size"], "kv_cache_bytes": 1}
+    during = viz.kv_grid_html(viz.pool_at(events, fin["step"] - 1), rid, kv, model)
+    held = int(re.search(r"this request holds ([\d,]+) tokens", during)[1].replace(",", ""))
+    assert 0 < held < fin["usage"]["prompt_tokens"] + fin["usage"]["completion_tokens"]
+    after = viz.pool_at(events)
+    assert after["owners"] == {} and after["step"] == fin["step"]
+    assert 'data-mine="0"' in viz.kv_grid_html(after, rid, kv, model) and "data-freed" in during
+
+
 def test_kv_calculator_uses_published_configs():
     m = viz.REFERENCE_MODELS
     assert viz.kv_cache_bytes(m["Llama-3-8B"], 2000, "float16") == 262_144_000  # ≈ 250 MiB

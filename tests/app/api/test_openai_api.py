@@ -120,7 +120,7 @@ def test_websocket_carries_every_stage_of_a_request(server):
             if event["request_id"] == rid or (event["type"] == "schedule.step" and
                                               any(b["request_id"] == rid for b in event["batch"])):
                 seen.add(event["type"].split(".")[0])
-    assert seen == set(STAGES) - {"spec"}
+    assert seen == set(STAGES) - {"spec", "trace"}  # (trace.truncated: only past a byte cap)
 
 
 def test_websocket_for_one_request(server):
@@ -138,8 +138,9 @@ def test_websocket_for_one_request(server):
                 events.append(json.loads(one.recv(timeout=30)))
         worker.join()
     assert result["id"] == rid and len(events) > 3
-    for e in events:
-        assert e["request_id"] == rid or any(b["request_id"] == rid for b in e["batch"])
+    for e in events:  # its own, the batches it was in, the pool while it runs
+        assert e["request_id"] == rid or any(b["request_id"] == rid for b in e.get("batch", ())) or \
+            rid in e.get("request_ids", ())
 
 
 def test_slow_reader_loses_events_not_the_engine(server):

@@ -1,5 +1,5 @@
 """app/: the engine service (background engine thread, per-request queues, trace store,
-KV snapshots), request parsing and the live view, without a web server."""
+the KV pool from the engine's kv.pool events), request parsing and the live view, without a web server."""
 from __future__ import annotations
 
 import threading
@@ -68,8 +68,10 @@ def test_a_request_streams_every_stage_to_its_own_queue(service):
     for t in ("request.arrive", "tokenize", "prefix_cache.lookup", "kv.alloc", "schedule.step", "kv.fill", "embed",
               "attention", "moe", "sample", "spec", "token", "finish", "kv.free", "output"):
         assert t in types, t
-    assert all(i["request_id"] == rid for i in items if i["type"] != "schedule.step")
+    assert all(i["request_id"] == rid for i in items if i["type"] not in ("schedule.step", "kv.pool"))
     assert all(rid in [b["request_id"] for b in i["batch"]] for i in items if i["type"] == "schedule.step")
+    pools = [i for i in items if i["type"] == "kv.pool" and rid in i["request_ids"]]  # the pool, every block
+    assert pools and pools[0]["full"] and not any(p["full"] for p in pools[1:])
     assert max(i["k"] for i in items if i["type"] == "spec") <= 2  # the per-request k holds
     outputs = [i for i in items if i["type"] == "output"]
     assert len(outputs) == 8 and outputs[-1]["finish_reason"] == "length"
@@ -80,14 +82,14 @@ def test_a_request_streams_every_stage_to_its_own_queue(service):
     service.unsubscribe(watch)
 
 
-def test_kv_snapshot_shows_every_live_requests_blocks(service):
+def test_kv_pool_shows_every_live_requests_blocks(service):
     seen_two = threading.Event()
     # ignore_eos: a random checkpoint may sample EOS at once, and then the two never overlap
     a = service.submit(parse_body(body(user="first request " * 6, max_tokens=40, trace_level="basic") | {"ignore_eos": True}))
     b = service.submit(parse_body(body(user="second request " * 6, max_tokens=40, trace_level="off") | {"ignore_eos": True}))
     end = time.monotonic() + 60
     while time.monotonic() < end and not seen_two.is_set():
-        snap = service.snapshot.as_dict
+        snap = service.pool()
         owners = {r for rids in snap["owners"].values() for r in rids}
         if {a.request_id, b.request_id} <= owners:
             seen_two.set()
@@ -97,11 +99,14 @@ def test_kv_snapshot_shows_every_live_requests_blocks(service):
         time.sleep(0.005)
     collect(a), collect(b)
     service.unsubscribe(a), service.unsubscribe(b)
-    assert seen_two.is_set(), "never saw both requests' blocks in one snapshot"
-    # an untraced request records only the batches it was part of
+    assert seen_two.is_set(), "never saw both requests' blocks in one pool"
+    # an untraced request records only the batches it was part of (its blocks are in a's kv.pool events)
     assert {e["type"] for e in service.store.get(b.request_id)} == {"schedule.step"}
+    assert any(b.request_id in rids for e in service.store.get(a.request_id) if e["type"] == "kv.pool"
+               for rids in e["owners"])
     assert wait_idle(service)
-    snap = service.snapshot.as_dict
+    time.sleep(0.1)  # the last step's kv.pool, from the engine thread
+    snap = service.pool()
     assert snap["owners"] == {} and sum(snap["ref"]) == 0
 
 
@@ -116,10 +121,13 @@ def test_abort_and_engine_refusals(service):
     assert [i["finish_reason"] for i in items if i["type"] == "output" and i["finished"]] == ["abort"]
     assert any(e["type"] == "finish" and e["reason"] == "abort" for e in service.store.get(watch.request_id))
     service.unsubscribe(watch)
-    before = dict(service._subs)
+    before, kept = dict(service._subs), service.store.request_ids()
     with pytest.raises(ValueError, match="context|KV cache"):
         service.submit(parse_body(body(user="long " * 2000)))
-    assert service._subs == before  # a refused request leaves no queue behind
+    with pytest.raises(ValueError, match="max_tokens is too large") as err:  # the engine's one context check
+        service.submit(parse_body(body(max_tokens=10**6)))
+    assert err.value.param == "max_tokens" and err.value.code == "context_length_exceeded"
+    assert service._subs == before and service.store.request_ids() == kept  # a refused request leaves nothing
 
 
 def test_live_view_renders_every_panel_and_redraws_only_what_changed(service):
@@ -130,8 +138,7 @@ def test_live_view_renders_every_panel_and_redraws_only_what_changed(service):
     view.request_id, view.validation = watch.request_id, {"ok": True, "request_id": watch.request_id}
     view.draw(list(PANELS), 0.0)
     assert not view.dirty
-    view.add(collect(watch))
-    view.set_snapshot(service.snapshot.as_dict)
+    view.add(collect(watch))  # the kv.pool events among them draw the pool
     assert view.finished and set(view.dirty) == set(PANELS)
     html = view.draw(view.due(time.perf_counter(), force=True), time.perf_counter())
     assert set(html) == set(PANELS)

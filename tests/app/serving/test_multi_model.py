@@ -97,7 +97,7 @@ def test_start_up_loads_each_model_and_says_its_memory(server):
         e = s.engine
         line = next(line for line in lines if line.strip().startswith(f"{s.model_name}: weights "))
         assert f"({e.block_manager.num_blocks * e.config.block_size:,} tokens)" in line
-        assert s.weights_bytes == sum(p.numel() * p.element_size() for p in e.runner.model.parameters()) + \
+        assert s.model_info()["weights_bytes"] == sum(p.numel() * p.element_size() for p in e.runner.model.parameters()) + \
             sum(b.numel() * b.element_size() for b in e.runner.model.buffers())
     assert "n-gram drafts" in next(line for line in lines if line.strip().startswith("draft: "))
     # each model runs on its own engine (own thread, own KV pool)

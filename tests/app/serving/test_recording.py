@@ -29,7 +29,9 @@ def test_export_then_import_gives_the_same_trace(service, recording):
     assert loaded.events == json.loads(json.dumps(service.store.get(recording.request_id)))
     assert [o["token_id"] for o in loaded.outputs] == [e["token_id"] for e in loaded.events if e["type"] == "token"]
     assert loaded.body["messages"][1]["content"].startswith("Tell me about <script>")
-    assert loaded.snapshots and all(a["step"] < b["step"] for a, b in zip(loaded.snapshots, loaded.snapshots[1:]))
+    pools = [e for e in loaded.events if e["type"] == "kv.pool"]
+    assert pools and pools[0]["full"] and all(a["step"] < b["step"] for a, b in zip(pools, pools[1:]))
+    assert all(recording.request_id in e["request_ids"] for e in pools)
     assert all(0 <= i < service.model_info()["vocab_size"] for i in loaded.pieces)
 
 
@@ -41,7 +43,6 @@ def test_replay_draws_every_panel_at_every_step(recording):
     # the same as one view fed the whole recording at once
     whole = recording.new_view()
     whole.add(recording.items())
-    whole.set_snapshot(recording.snapshot_at(recording.steps()[-1]))
     assert {n: whole.render(n) for n in PANELS} == final
     counts = []
     for frame in range(cursor.last_frame + 1):
@@ -52,9 +53,27 @@ def test_replay_draws_every_panel_at_every_step(recording):
     back = cursor.goto(2)  # backwards rebuilds: equal to going there from the start
     assert len(back.generated_ids()) == counts[2]
     peak = cursor.goto(cursor.peak_kv_frame())
-    owned = [b for b, rids in peak.snapshot["owners"].items() if recording.request_id in rids]
+    owned = [b for b, rids in peak.pool["owners"].items() if recording.request_id in rids]
     assert owned and "this request holds" in peak.render("kv")
     assert "&lt;script&gt;" in final["request"] and "<script>" not in "".join(final.values())
+
+
+def test_a_file_from_before_kv_pool_events_replays_the_same(recording):
+    """Older files hold the pool as "snapshots" (sparse, one per step) instead of kv.pool events."""
+    from visualizers.kv_cache import apply_kv_pool
+    old, pool = recording.to_json(), None
+    old["events"], old["snapshots"] = [e for e in old["events"] if e["type"] != "kv.pool"], []
+    for e in (e for e in recording.events if e["type"] == "kv.pool"):
+        pool = apply_kv_pool(pool, e)
+        old["snapshots"].append({"step": pool["step"], "num_blocks": pool["num_blocks"],
+                                 "block_size": pool["block_size"], "cached": [b for b, c in enumerate(pool["cached"]) if c],
+                                 "ref": {str(b): r for b, r in enumerate(pool["ref"]) if r},
+                                 "owners": {str(b): o for b, o in pool["owners"].items()},
+                                 "fill": {str(b): f for b, f in pool["fill"].items()}})
+    loaded, now = ReplayCursor(Recording.loads(json.dumps(old))), ReplayCursor(recording)
+    assert loaded.steps == now.steps and loaded.peak_kv_frame() == now.peak_kv_frame()
+    for frame in (0, now.peak_kv_frame(), now.last_frame):
+        assert loaded.goto(frame).render("kv") == now.goto(frame).render("kv")
 
 
 def test_bad_trace_files_are_refused_with_a_reason(recording):
@@ -73,10 +92,10 @@ def test_the_walkthrough_quotes_this_requests_numbers(recording):
     m = recording.model
     cursor = ReplayCursor(recording)
     peak = cursor.goto(cursor.peak_kv_frame())
-    st = stages(m, recording.request_id, recording.body, recording.events, recording.outputs, peak.snapshot)
+    st = stages(m, recording.request_id, recording.body, recording.events, recording.outputs, peak.pool)
     keys = [s.key for s in st]
     assert keys == ["request", "prefix", "tokens", "embedding", "layers", "timeline", "kv", "logit_lens", "sampling",
-                    "answer", "finish", "batching", "spec", "parallel"]  # DESIGN.md's order, the logit lens added
+                    "answer", "finish", "batching", "spec", "parallel"]  # ARCHITECTURE.md's order, the logit lens added
     assert [s.title for s in st] == [f"{i} · {s.title.split(' · ', 1)[1]}" for i, s in enumerate(st, 1)]
     text = {s.key: s.text for s in st}
     # a request still on its way has the same stages, so the presenter's stage numbers never shift

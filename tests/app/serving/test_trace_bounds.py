@@ -148,7 +148,7 @@ def test_a_truncated_trace_stops_the_captures_says_so_and_still_replays(capped):
     assert request_panel.count(f"truncated: at engine step {cut['step']}") == 1  # once, not twice
     peak = ReplayCursor(loaded)
     text = {s.key: s.text for s in stages(loaded.model, rid, loaded.body, loaded.events, loaded.outputs,
-                                          peak.goto(peak.peak_kv_frame()).snapshot, loaded.truncated)}
+                                          peak.goto(peak.peak_kv_frame()).pool, loaded.truncated)}
     assert f"size cap at engine step <b>{cut['step']}</b>" in text["embedding"]
     assert "size cap" in text["layers"]
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from benchmarks.bench import agreement, prompt_logits
+from benchmarks.bench.agreement import agreement, prompt_logits
 from engine.config import EngineConfig
 from engine.kernels import cpu, cpu_quant
 from engine.layers import quantized
@@ -267,7 +267,7 @@ def test_app_option_reaches_the_engine_and_the_page(capsys):
 
 def test_bandwidth_view_counts_the_packed_bytes():
     """The bench's bytes-per-step (bandwidth section) reads the codes and scales, not the float weights."""
-    from benchmarks.bench import decode_bytes_per_token
+    from benchmarks.bench.bandwidth import decode_bytes_per_token
     f32, int8 = LLM().engine, LLM(quantization="int8").engine
     report = int8.runner.model.quantization
     drop = decode_bytes_per_token(f32.runner.model, f32.model_config, 0) - \

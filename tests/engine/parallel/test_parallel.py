@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from engine.parallel.worker import RankFailedError
+from engine.parallel.runner import RankFailedError
 from tests.engine_utils import chunked_logits
 from visualizers.parallel import measured_stage_html, parallel_panel_html, step_summary
 from tests.paths import ROOT
@@ -209,7 +209,7 @@ def test_one_device_panel_says_what_is_not_built(tmp_path):
     page = parallel_html([], {"tensor_parallel_size": 1, "num_layers": 4})
     assert "Parallelism" in page and "one device" in page
     # the size it suggests is one the engine accepts (SmolLM2's 3 KV heads: 3, not 2; Gemma 3 270M's 1: none)
-    from app.serving.engine_service import split_sizes
+    from engine.info import split_sizes
     from engine.checkpoint.resolve import load_config
     from tests.tiny import make_checkpoint
     kv3 = load_config(make_checkpoint("llama", tmp_path / "kv3", num_heads=9, num_kv_heads=3, hidden_size=72))
@@ -317,10 +317,10 @@ def test_a_stopped_engine_process_leaves_no_workers(checkpoint, tmp_path, sig):
 def test_bench_parallel_section(checkpoint):
     """`python -m benchmarks.bench --sections parallel`: TP=2 against TP=1, tokens checked equal,
     and each rank's share of the decode forward spent in collectives."""
-    from benchmarks import bench
+    from benchmarks.bench.cli import main
 
-    rows = bench.main(["--quick", "--device", "cpu", "--out", "", "--model", str(checkpoint("llama")),
-                       "--sections", "parallel"])
+    rows = main(["--quick", "--device", "cpu", "--out", "", "--model", str(checkpoint("llama")),
+                 "--sections", "parallel"])
     rates = [r for r in rows if r.unit == "tok/s"]
     shares = [r for r in rows if r.unit == "%"]
     # the rates themselves are timings of 8-token runs on a shared CPU: only their checks are asserted

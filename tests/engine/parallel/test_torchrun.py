@@ -1,4 +1,4 @@
-"""The torchrun entry point (engine/parallel/launch.py): 2 processes on this CPU over gloo.
+"""The torchrun entry point (engine/parallel/torchrun.py): 2 processes on this CPU over gloo.
 
 torchrun starts both ranks; rank 0 builds the sharded engine without spawning, rank 1
 serves it. The greedy completion must equal the single-device engine's (itself checked
@@ -21,36 +21,23 @@ from pathlib import Path
 import pytest
 
 from engine import LLM, SamplingParams
-from engine.parallel.launch import TorchrunEnv, check_world
+from engine.parallel.rendezvous import TorchrunEnv, check_world
 from tests.paths import ROOT
+from tests.processes import group_members
 
 EMBEDDED = ROOT / "assets" / "models" / "target"
 TIMEOUT_S = 150
 
 
-def _group_members(pgid: int) -> list[int]:
-    """Live (not zombie) processes of a process group."""
-    out = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                fields = d.joinpath("stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[2]) == pgid and fields[0] != "Z":
-                out.append(int(d.name))
-    return out
-
-
 def _start(*args: str) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "engine.parallel.launch", *args]
+           "-m", "engine.parallel.torchrun", *args]
     return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True, env={**os.environ, "TQDM_DISABLE": "1"})
 
 
 def _torchrun(*args: str) -> subprocess.CompletedProcess:
-    """`python -m torch.distributed.run --standalone --nproc-per-node 2 -m engine.parallel.launch ARGS`,
+    """`python -m torch.distributed.run --standalone --nproc-per-node 2 -m engine.parallel.torchrun ARGS`,
     in its own process group; afterwards no process of that group may be left."""
     p = _start(*args)
     try:
@@ -59,7 +46,7 @@ def _torchrun(*args: str) -> subprocess.CompletedProcess:
         os.killpg(p.pid, 9)
         out, err = p.communicate()
         pytest.fail(f"torchrun did not finish in {TIMEOUT_S} s:\n{err[-3000:]}")
-    assert _group_members(p.pid) == [], "processes left behind by torchrun"
+    assert group_members(p.pid) == [], "processes left behind by torchrun"
     return subprocess.CompletedProcess(p.args, p.returncode, out, err)
 
 
@@ -147,21 +134,21 @@ def _app(tmp_path: Path, *args: str) -> tuple[subprocess.Popen, int, Path]:
     port, log = _free_port(), tmp_path / "torchrun.log"
     with open(log, "w") as f:
         p = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                              "-m", "engine.parallel.launch", "app", *args, "--port", str(port), "--dtype", "float32",
+                              "-m", "engine.parallel.torchrun", "app", *args, "--port", str(port), "--dtype", "float32",
                               "--device", "cpu"], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, text=True,
                              start_new_session=True, env={**os.environ, "TQDM_DISABLE": "1"})
     return p, port, log
 
 
 def _stop(p: subprocess.Popen) -> None:
-    if p.poll() is None or _group_members(p.pid):
+    if p.poll() is None or group_members(p.pid):
         os.killpg(p.pid, 9)
         p.wait()
 
 
 @pytest.mark.slow  # torchrun: 2 processes
 def test_app_on_two_torchrun_ranks_answers_and_stops_on_ctrl_c(tmp_path):
-    """`torchrun ... -m engine.parallel.launch app` with two models (two sharded engines, each
+    """`torchrun ... -m engine.parallel.torchrun app` with two models (two sharded engines, each
     served by rank 1 on its own thread): the OpenAI API answers what one device answers, for
     both; Ctrl-C (SIGINT to torchrun, which passes it on) stops every process."""
     p, port, log = _app(tmp_path, "--model", str(EMBEDDED), "--served-model-name", "a",
@@ -175,7 +162,7 @@ def test_app_on_two_torchrun_ranks_answers_and_stops_on_ctrl_c(tmp_path):
         p.send_signal(signal.SIGINT)
         p.wait(timeout=60)
         time.sleep(0.5)
-        assert _group_members(p.pid) == [], "processes left behind by torchrun"
+        assert group_members(p.pid) == [], "processes left behind by torchrun"
         out = log.read_text()
         assert "tokentrace rank 1/2: serving target (engine 0, " in out
         assert "tokentrace rank 1/2: serving target (engine 1, " in out
@@ -207,7 +194,7 @@ def test_a_killed_rank_stops_every_process(tmp_path):
         os.kill(_rank_pid(p.pid, 1), signal.SIGKILL)
         assert p.wait(timeout=60) != 0
         time.sleep(0.5)
-        assert _group_members(p.pid) == [], "processes left behind by torchrun"
+        assert group_members(p.pid) == [], "processes left behind by torchrun"
         assert "local_rank: 1" in log.read_text() and "exitcode: -9" in log.read_text()
     finally:
         _stop(p)

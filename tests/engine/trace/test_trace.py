@@ -29,7 +29,7 @@ def events(items, prefix=""):
 def test_every_stage_is_reported(run):
     _, items = run
     types = {e.type.split(".")[0] for e in events(items)}
-    assert types == set(STAGES) - {"spec"}
+    assert types == set(STAGES) - {"spec", "trace"}  # (trace.truncated: only when a reader caps the trace)
 
 
 def test_schema_fields_and_json(run):

@@ -1,0 +1,183 @@
+// The classroom's page: the presenter moves the class, every screen follows (server-sent
+// events), and the live question is asked, answered and revealed here. Its settings come from
+// the page (app/classroom/page.py) as CONFIG; token text is untrusted: DOM built with textContent.
+const ROOM = CONFIG.room, KEY = CONFIG.key, COUNT = CONFIG.count;
+const SAMPLE = CONFIG.sample, SERVER = CONFIG.server, STATIC = CONFIG.static;
+const api = path => `${SERVER}/classroom/${ROOM}/${path}`;
+let shown = -1, version = -1, target = 0, pending = 0;  // target: where the presenter's keys have sent the class
+let room = null;  // the room's newest state (pushed)
+const $ = id => document.getElementById(id);
+function el(tag, attrs, ...kids) {  // DOM built with textContent: token text is untrusted
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) { if (k === 'text') e.textContent = v; else e.setAttribute(k, v); }
+  for (const k of kids) e.append(k);
+  return e;
+}
+const visible = t => t.replace(/ /g, '␣').replace(/\n/g, '↵').replace(/\t/g, '⇥')
+  .replace(/[\x00-\x1f\x7f]/g, c => '\\x' + c.charCodeAt(0).toString(16).padStart(2, '0'));
+const label = c => c.text === '' ? `#${c.token_id}` : c.text;  // a token that is part of a character
+let voter = null;
+try { voter = localStorage.getItem('tt-voter') || (crypto.randomUUID ? crypto.randomUUID() :
+         String(Math.random()).slice(2) + Date.now()); localStorage.setItem('tt-voter', voter); } catch (e) {}
+async function show(i, v) {
+  if (i === shown && v === version) return;
+  let d = null;
+  try {
+    // immutable per trace version: the browser's cache serves a revisit (a bundle: its own file)
+    const r = await fetch(STATIC ? `stages/${i}.json` : api(`stage/${i}?v=${v}`));
+    if (r.ok) d = await r.json();
+  } catch (e) {}
+  if (!d) { setTimeout(() => { if (room) enqueue(room); }, 1000); return; }  // offline: try the newest state again
+  $('tt-class-stage').innerHTML = d.html;
+  $('tt-class-pos').textContent = i + 1;
+  document.querySelectorAll('.tt-class-dot').forEach(b => b.classList.toggle('tt-on', +b.dataset.i === i));
+  document.body.dataset.stage = i;
+  shown = i; version = v;
+  if (KEY) presenterButtons();
+}
+function myVote(q) { try { return localStorage.getItem(`tt-vote-${ROOM}-${q.id}`); } catch (e) { return null; } }
+async function vote(q, payload, label) {
+  const err = $('tt-q-err');
+  try {
+    // text/plain: a bundle on another origin votes without a CORS preflight (the server reads JSON either way)
+    const r = await fetch(api('vote'), {method: 'POST', headers: {'Content-Type': 'text/plain'},
+      body: JSON.stringify({...payload, voter})});
+    const d = await r.json();
+    if (!r.ok) { err.textContent = d.error ? d.error.message : 'the vote was refused'; return; }
+    try { localStorage.setItem(`tt-vote-${ROOM}-${q.id}`, label); } catch (e) {}
+    err.textContent = '';
+    renderQuestion({...q, votes: Math.max(q.votes, d.votes)});
+  } catch (e) { err.textContent = 'no connection: the vote was not sent'; }
+}
+function bar(cls, share) { return el('span', {class: 'tt-q-bar ' + cls, style: `width:${Math.round(share * 160)}px`}); }
+let drawn = '';  // which question (and whether revealed) the box shows: a new count only updates it
+function countText(q, mine) {
+  return `${q.votes} vote${q.votes === 1 ? '' : 's'} so far` + (mine ? ` · your vote: ${visible(mine)} (you may change it)` : '');
+}
+function renderQuestion(q) {
+  const box = $('tt-class-q');
+  document.body.dataset.question = q ? (q.revealed ? 'revealed' : 'open') : 'none';
+  if (!q) { drawn = ''; box.hidden = true; box.replaceChildren(); if (KEY) presenterButtons(); return; }
+  box.hidden = false;
+  const mine = myVote(q);
+  if (!q.revealed && drawn === `${q.id}` && $('tt-q-count')) {  // keep what a student is typing
+    $('tt-q-count').textContent = countText(q, mine);
+    box.querySelectorAll('.tt-q-choice').forEach(b => b.classList.toggle('tt-mine', b.dataset.text === mine));
+    return;
+  }
+  drawn = q.revealed ? `${q.id}r` : `${q.id}`;
+  const kids = [el('h3', {text: q.revealed ? 'Predict the next token: the answer' : 'Predict the next token'}),
+    el('div', {}, 'What does the model write next after ', el('span', {class: 'tt-q-context'}, '…' + q.context,
+       el('span', {class: 'tt-q-blank', text: '?'})))];
+  if (!q.revealed) {
+    const choices = el('div', {class: 'tt-q-choices'});
+    for (const c of q.candidates) {
+      const b = el('button', {class: 'tt-q-choice' + (mine === label(c) ? ' tt-mine' : ''), 'data-id': c.token_id,
+                              text: visible(label(c))});
+      b.dataset.text = label(c);
+      if (KEY) b.disabled = true; else b.onclick = () => vote(q, {choice: c.token_id}, label(c));
+      choices.append(b);
+    }
+    kids.push(choices);
+    if (!KEY) {
+      const input = el('input', {id: 'tt-q-text', maxlength: 40, placeholder: 'or type your guess'});
+      const send = el('button', {id: 'tt-q-send', text: 'Guess'});
+      send.onclick = () => { const g = input.value.trim(); if (g) vote(q, {guess: g}, g); };
+      input.onkeydown = e => { if (e.key === 'Enter') send.onclick(); };
+      kids.push(el('div', {class: 'tt-q-guess'}, input, ' ', send));
+    }
+    kids.push(el('div', {class: 'tt-q-note', id: 'tt-q-count', text: countText(q, mine)}));
+  } else {
+    const rows = q.candidates.map(c => el('tr', {class: c.token_id === q.drawn.token_id ? 'tt-q-drawn' : ''},
+      el('td', {text: (c.token_id === q.drawn.token_id ? '▶ ' : '') + visible(label(c))}),
+      el('td', {}, bar('tt-q-model', c.final_prob), (c.final_prob * 100).toFixed(1) + '%'),
+      el('td', {}, bar('', c.share), `${c.votes} (${(c.share * 100).toFixed(0)}%)`)));
+    kids.push(el('table', {class: 'tt-q-results'}, el('tr', {}, el('th', {text: 'token'}),
+      el('th', {text: "the model's probability (as sampled)"}), el('th', {text: "the class's votes"})), ...rows));
+    const drawnIn = q.candidates.some(c => c.token_id === q.drawn.token_id);
+    kids.push(el('div', {id: 'tt-q-answer', text: `The model drew ${visible(label(q.drawn))} (p=${q.drawn.prob.toFixed(3)} where it was drawn` +
+      (drawnIn ? ')' : '; not among its top candidates)') + ` · ${q.correct} of ${q.votes} predicted it` +
+      (mine ? ` · you said ${visible(mine)}` : '')}));
+    if (q.guesses.length) kids.push(el('div', {class: 'tt-q-note', text: 'typed guesses: ' +
+      q.guesses.map(g => `${visible(g.text)} ×${g.votes}`).join(', ')}));
+  }
+  kids.push(el('div', {class: 'tt-q-error', id: 'tt-q-err'}));
+  if (KEY) {
+    const bs = el('div', {class: 'tt-q-presenter'});
+    if (!q.revealed) { const r = el('button', {id: 'tt-q-reveal', text: 'Reveal the answer'});
+      r.onclick = () => ask('reveal'); bs.append(r); }
+    const c = el('button', {id: 'tt-q-close', text: 'Close the question'}); c.onclick = () => ask('close');
+    bs.append(c); kids.push(bs);
+  }
+  box.replaceChildren(...kids);
+  if (KEY) presenterButtons();
+}
+function presenterButtons() {
+  const b = $('tt-q-open');
+  if (b) b.hidden = !(SAMPLE >= 0 && target === SAMPLE && !(room && room.question));
+}
+async function ask(action) {
+  const r = await fetch(api('question'), {method: 'POST', headers: {'Content-Type': 'application/json'},
+    body: JSON.stringify({key: KEY, action})});
+  const e = $('tt-q-err') || $('tt-q-ask-err');  // no question box yet: beside the button
+  if (!r.ok) { const d = await r.json(); if (e) e.textContent = d.error.message; } else $('tt-q-ask-err').textContent = '';
+}
+async function apply(s) {
+  room = s;
+  // viewers adopt the room's stage; the presenter only at first (a late event must not undo its keys)
+  if (!KEY || shown < 0) { target = s.stage; await show(s.stage, s.trace_version); }
+  else if (!pending && s.stage === target) await show(s.stage, s.trace_version);  // a live trace grew
+  if (room === s) renderQuestion(s.question);
+}
+let queue = Promise.resolve();  // states applied in order, the newest last
+function enqueue(s) { queue = queue.then(() => apply(s)).catch(() => {}); }
+let src = null, heard = 0;
+function follow() {  // EventSource reconnects by itself after a lost connection; this also covers it giving up
+  if (!window.EventSource) { poll(); return; }
+  if (src) src.close();
+  src = new EventSource(api('events'));
+  heard = Date.now();
+  src.addEventListener('state', e => { heard = Date.now(); enqueue(JSON.parse(e.data)); });
+  src.addEventListener('ping', () => { heard = Date.now(); });
+  src.onopen = () => { heard = Date.now(); $('tt-class-link').textContent = 'live'; document.body.dataset.link = 'live'; };
+  src.onerror = () => {
+    $('tt-class-link').textContent = 'reconnecting…'; document.body.dataset.link = 'lost';
+    if (src.readyState === EventSource.CLOSED) setTimeout(follow, 1000);
+  };
+}
+window.addEventListener('online', follow);  // back on the network: the room's state now, not at the next retry
+setInterval(() => { if (Date.now() - heard > CONFIG.staleMs) follow(); }, 5000);  // a silent, dead stream
+async function poll() {  // without EventSource only
+  try { const r = await fetch(api('state')); if (r.ok) await apply(await r.json()); } catch (e) {}
+  setTimeout(poll, 1000);
+}
+async function go(i) {
+  if (!KEY) return;
+  target = Math.max(0, Math.min(COUNT - 1, i));
+  presenterButtons();
+  if (pending) return;  // the loop below sends the latest target: one request at a time, in order
+  pending = 1;
+  try {
+    while (true) {
+      const want = target;
+      const r = await fetch(api('goto'), {method: 'POST',
+        headers: {'Content-Type': 'application/json'}, body: JSON.stringify({key: KEY, stage: want})});
+      if (!r.ok) break;
+      const s = await r.json();
+      if (want === target) { await show(s.stage, room ? room.trace_version : 0); break; }
+    }
+  } finally { pending = 0; }
+}
+if (KEY) {
+  document.addEventListener('keydown', e => {
+    if (e.target.tagName === 'INPUT') return;
+    if (['ArrowRight', 'PageDown', ' ', 'Enter'].includes(e.key)) { e.preventDefault(); go(target + 1); }
+    else if (['ArrowLeft', 'PageUp', 'Backspace'].includes(e.key)) { e.preventDefault(); go(target - 1); }
+    else if (e.key === 'Home') go(0); else if (e.key === 'End') go(COUNT - 1);
+  });
+  $('tt-class-next').onclick = () => go(target + 1);
+  $('tt-class-prev').onclick = () => go(target - 1);
+  $('tt-q-open').onclick = () => ask('open');
+  document.querySelectorAll('.tt-class-dot').forEach(b => b.onclick = () => go(+b.dataset.i));
+}
+follow();

@@ -1,0 +1,75 @@
+"""The KV block pool as a trace event, `kv.pool`, emitted at the end of a step: for each
+block, who holds it (request ids), its reference count, how many of its token slots its
+holders have written, and whether the prefix cache can serve it.
+
+Only the blocks that changed since the last kv.pool are sent, and only on steps where one
+did. The first event is full (every block in use), and so is the first after a traced
+request joins or after a step that was not looked at: the events of any one traced
+request, from its arrival on, rebuild the whole pool, other requests' blocks included,
+whatever ran before it (`LLM.stream` hands them over like that). Emitted while a traced
+request is live (and on the step it finishes), so with tracing off there are none; or,
+with `always` (a server whose pages draw the pool for untraced requests too), after every
+step that changed it.
+
+Fields: num_blocks, block_size; full (True: `blocks` lists every block in use and all
+others are empty); blocks (ids, ascending) and, index for index, owners (request ids, a
+list per block), ref, fill (tokens), cached; request_ids: the traced requests whose trace
+the event belongs to (the live ones, and any that finished since the last event).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from engine.block_manager import BlockManager
+from engine.sequence import Sequence
+
+BlockState = tuple[tuple[str, ...], int, int, bool]  # owners, ref, fill, cached
+EMPTY: BlockState = ((), 0, 0, False)
+
+
+def pool_state(bm: BlockManager, live: Iterable[Sequence]) -> dict[int, BlockState]:
+    """Every block in use (held or cached) -> its state. A block nobody holds has no
+    references (BlockManager.check_invariants), so the live tables and the cache are all
+    there is to read: the walk costs the blocks in use, not the pool's size."""
+    bs = bm.block_size
+    owners: dict[int, list[str]] = {}
+    fill: dict[int, int] = {}
+    for seq in live:
+        n = seq.num_computed_tokens
+        for i, b in enumerate(seq.block_table):
+            owners.setdefault(b, []).append(seq.request_id)
+            fill[b] = max(fill.get(b, 0), min(bs, max(0, n - i * bs)))
+    cached = bm.cached_block_ids()
+    return {b: (tuple(owners.get(b, ())), bm.blocks[b].ref_count, fill.get(b, 0), b in cached)
+            for b in owners.keys() | cached}
+
+
+@dataclass
+class KVPoolTracker:
+    """What the last kv.pool said, so the next says only what changed."""
+    last: dict[int, BlockState] = field(default_factory=dict)  # the blocks in use, as last reported
+    traced: tuple[str, ...] = ()  # the live traced requests the last look saw
+    looked_at: int | None = None  # the step of the last look
+    always: bool = False  # look after every step, traced requests or not
+
+    def after_step(self, bm: BlockManager, live: list[Sequence], step: int) -> dict | None:
+        """The kv.pool event's data for the pool after `step` (live: the unfinished
+        requests), or None: nothing to say (nothing changed, or nobody traced to say it to)."""
+        traced = tuple(s.request_id for s in live if s.traced)
+        if not traced and not self.traced and not self.always:  # untraced work only: no one to tell
+            return None
+        now = pool_state(bm, live)
+        full = self.looked_at is None or step != self.looked_at + 1 or any(r not in self.traced for r in traced)
+        prev, to = self.last, list(dict.fromkeys(traced + self.traced))  # the live, then those just finished
+        self.last, self.traced, self.looked_at = now, traced, step
+        if full:
+            blocks = sorted(now)
+        else:
+            blocks = sorted(b for b in now.keys() | prev.keys() if now.get(b, EMPTY) != prev.get(b, EMPTY))
+            if not blocks:
+                return None
+        states = [now.get(b, EMPTY) for b in blocks]
+        return {"num_blocks": bm.num_blocks, "block_size": bm.block_size, "full": full, "blocks": blocks,
+                "owners": [list(s[0]) for s in states], "ref": [s[1] for s in states],
+                "fill": [s[2] for s in states], "cached": [s[3] for s in states], "request_ids": to}
