@@ -16,6 +16,7 @@ from tests.real_models import cached_gguf
 from tests.tiny import make_checkpoint
 
 
+@pytest.mark.slow  # every section of the bench, each against its baseline (~20 s)
 def test_bench_quick_runs_every_section(checkpoint, tmp_path, capsys):
     draft = make_checkpoint("llama", tmp_path / "draft", seed=3, num_layers=1)
     rows = main(["--quick", "--model", str(checkpoint("mixtral")), "--draft", str(draft),

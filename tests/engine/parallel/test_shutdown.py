@@ -18,6 +18,8 @@ import pytest
 from tests.paths import ROOT
 from tests.processes import group_members
 
+pytestmark = pytest.mark.slow  # a process per case, each with 2 worker ranks
+
 SCRIPT = textwrap.dedent("""
     import json, multiprocessing, os, signal, sys
     sys.path.insert(0, {root!r})
