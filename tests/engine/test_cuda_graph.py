@@ -2,6 +2,7 @@
 forward runs eagerly (capture=False) with the Triton kernels under the interpreter: the
 same kernels and shapes a CUDA graph records; the capture itself is checked on CUDA only."""
 import os
+from dataclasses import replace
 
 import pytest
 import torch
@@ -339,14 +340,13 @@ def test_bench_cuda_rows_computed_on_the_cpu(checkpoint, monkeypatch):
 
 
 def test_cli_flag_turns_graphs_off():
-    from types import SimpleNamespace
-
     from app.__main__ import build_service, memory_line, parse_args
     assert not parse_args([]).no_cuda_graphs
     service = build_service(parse_args(["--device", "cpu", "--no-cuda-graphs", "--draft", "none"]))
     assert service.engine.config.cuda_graphs is False and service.engine.runner.decode_graphs is None
     assert "CUDA graphs" not in memory_line(service)
-    service.engine.runner.decode_graphs = SimpleNamespace(sizes=[1, 2, 4])  # what a CUDA start-up holds
+    info = replace(service.engine.describe(), cuda_graphs=[1, 2, 4])  # what a CUDA start-up describes
+    service.engine.describe = lambda: info
     assert memory_line(service).endswith("; decode steps replayed from CUDA graphs (batch sizes 1, 2, 4)")
 
 
