@@ -1,23 +1,13 @@
-"""What one forward pass needs: the flattened tokens of every scheduled sequence,
-where their K/V go in the paged cache, and what to capture for the trace."""
+"""What one forward pass needs: the flattened tokens of every scheduled sequence and
+where their K/V go in the paged cache (like nano-vllm's Context). What a traced pass
+records is an object of its own, handed to the model beside the batch
+(engine/trace/capture.py's PassCapture)."""
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
 
 import torch
-
-
-@dataclass
-class CaptureSpec:
-    """What to record for one sequence during a forward pass (bounded on purpose:
-    a long prompt must not turn the trace into gigabytes)."""
-    attention_layers: list[int]  # empty: no attention capture
-    heads: list[int] | None  # None: all query heads
-    max_keys: int  # keep at most the last `max_keys` query rows and key columns
-    moe: bool
-    embed_dims: int  # 0: no embedding rows
-    logit_lens: int = 0  # candidates per layer in the logit lens; 0: no lens
 
 
 @dataclass
@@ -29,30 +19,12 @@ class ForwardBatch:
     context_lens: list[int]  # keys visible to sequence b after this pass (cached + new)
     block_tables: torch.Tensor  # [B, max_blocks] int64, padded with 0
     context_lens_t: torch.Tensor  # [B] int32, same as context_lens
-    captures: list[CaptureSpec | None]  # per sequence
     use_triton: bool = False
     # a padded decode batch that a CUDA graph replays (engine/cuda_graph.py): no layer may
     # read a tensor's values on the host (the graph would keep the values seen at capture)
     static_shapes: bool = False
     # set by the model: RoPE table ("global", or Gemma's "local") -> cos, sin at `positions`
     rope: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None
-    # Kept during the pass for a `full` trace (references only, see engine/trace/capture.py):
-    layer_q: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> queries [T, H, D]
-    moe_routing: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)  # experts, weights
-    embed_rows: dict[int, torch.Tensor] = field(default_factory=dict)  # seq -> [n, embed_dims]
-    # Logit lens (engine/trace/logit_lens.py): the flat rows whose residual stream is kept after the
-    # embedding and after every layer but the last (set by the engine: the sampled rows of
-    # lens-traced sequences), and where each of them is among the rows the pass returns logits for
-    lens_rows: torch.Tensor | None = None
-    lens_out_rows: list[int] = field(default_factory=list)
-    lens_hidden: list[torch.Tensor] = field(default_factory=list)  # L tensors [len(lens_rows), hidden]
-    lens_logits: torch.Tensor | None = None  # after the pass: [L * len(lens_rows) + returned rows, vocab]
-    lens_returned: int = 0  # rows the pass returned logits for
-    # Filled after the pass by capture.collect, as plain lists: per layer, per captured sequence.
-    captured_attention: dict[int, dict[int, dict]] = field(default_factory=dict)
-    captured_moe: dict[int, dict[int, dict]] = field(default_factory=dict)
-    captured_embed: dict[int, list] = field(default_factory=dict)  # seq -> rows
-    expert_load: dict[int, list[int]] = field(default_factory=dict)  # layer -> tokens per expert
 
     @property
     def num_seqs(self) -> int:
@@ -61,15 +33,6 @@ class ForwardBatch:
     @property
     def decode_only(self) -> bool:
         return self.query_starts[-1] == self.num_seqs
-
-    @functools.cached_property
-    def any_capture(self) -> bool:
-        return any(c is not None for c in self.captures)
-
-    @functools.cached_property
-    def attention_capture_layers(self) -> frozenset[int]:
-        """Layers whose attention some sequence of this pass captures."""
-        return frozenset(layer for c in self.captures if c is not None for layer in c.attention_layers)
 
     def seq_slice(self, b: int) -> slice:
         return slice(self.query_starts[b], self.query_starts[b + 1])

@@ -13,8 +13,10 @@ from dataclasses import dataclass
 from typing import Callable
 
 from engine.sequence import Sequence
+from engine.trace import events
+from engine.trace.events import Event
 
-Emit = Callable[..., None]  # emit(type, request_id, **data)
+Emit = Callable[[Event], None]  # the engine's: emit(events.kv_alloc(...))
 
 
 @dataclass
@@ -97,11 +99,9 @@ class BlockManager:
         seq.block_table = list(hits)
         seq.num_computed_tokens = seq.num_cached_tokens = len(hits) * self.block_size
         if self.emit and seq.traced:
-            self.emit("prefix_cache.lookup", seq.request_id, hit=bool(hits), cached_blocks=hits,
-                      cached_tokens=seq.num_cached_tokens, prompt_tokens=len(seq),
-                      full_blocks=(len(seq) - 1) // self.block_size, readmission=seq.num_preemptions > 0)
+            self.emit(events.prefix_cache_lookup(seq, hits, self.block_size))
             if hits:
-                self.emit("kv.share", seq.request_id, blocks=hits, tokens=seq.num_cached_tokens)
+                self.emit(events.kv_share(seq, hits))
 
     def allocate(self, seq: Sequence, num_new_tokens: int) -> None:
         new = [self._take(seq) for _ in range(self.blocks_needed(seq, num_new_tokens))]
@@ -109,7 +109,7 @@ class BlockManager:
             self.blocks[bid].ref_count = 1
         seq.block_table.extend(new)
         if self.emit and seq.traced and new:
-            self.emit("kv.alloc", seq.request_id, blocks=new, table=list(seq.block_table))
+            self.emit(events.kv_alloc(seq, new))
 
     def commit_full_blocks(self, seq: Sequence, old_computed: int, token_ids: list[int] | None = None) -> list[int]:
         """After a forward pass: register blocks that just became full in the prefix cache.
@@ -131,13 +131,13 @@ class BlockManager:
 
     def free_seq(self, seq: Sequence) -> None:
         """Drop all of seq's references."""
-        self._release(seq, 0, "kv.free")
+        self._release(seq, 0, events.kv_free)
 
     def truncate(self, seq: Sequence, num_tokens: int) -> None:
         """Keep only the blocks that num_tokens need (rejected speculative tokens)."""
-        self._release(seq, self.blocks_for(num_tokens), "kv.rollback")
+        self._release(seq, self.blocks_for(num_tokens), events.kv_rollback)
 
-    def _release(self, seq: Sequence, keep: int, event: str) -> None:
+    def _release(self, seq: Sequence, keep: int, event: Callable[..., Event]) -> None:
         """Drop seq's references to its blocks past the first `keep`. Tail blocks go back
         first, so under pressure a shared prefix outlives the suffixes that follow it."""
         dropped = seq.block_table[keep:]
@@ -157,7 +157,7 @@ class BlockManager:
                     self.free.move_to_end(bid, last=False)  # reuse plain blocks first
                 freed.append(bid)
         if self.emit and seq.traced:
-            self.emit(event, seq.request_id, blocks=freed, cached=kept, released=len(dropped) - len(freed))
+            self.emit(event(seq, freed, kept, len(dropped) - len(freed)))
         del seq.block_table[keep:]
 
     def _take(self, seq: Sequence) -> int:
@@ -168,7 +168,7 @@ class BlockManager:
             if self.cached.get(block.hash) == bid:
                 del self.cached[block.hash]
                 if self.emit and seq.traced:
-                    self.emit("kv.evict", seq.request_id, block=bid)
+                    self.emit(events.kv_evict(seq, bid))
             self._reset(block)
         return bid
 

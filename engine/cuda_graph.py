@@ -33,6 +33,7 @@ from tqdm.auto import tqdm
 from engine.batch import ForwardBatch
 from engine.config import EngineConfig
 from engine.config import ProgressFn
+from engine.trace.capture import PassCapture
 
 DEFAULT_MAX_CAPTURE = 32  # start-up stays quick: at most 1, 2, 4, 8, 16, 32 captured by default
 
@@ -105,8 +106,7 @@ class StaticInputs:
             input_ids=self.input_ids[:size], positions=self.positions[:size],
             slot_mapping=self.slot_mapping[:size], query_starts=list(range(size + 1)),
             context_lens=DeviceOnly([0] * size), block_tables=self.block_tables[:size],
-            context_lens_t=self.context_lens[:size], captures=[None] * size, use_triton=True,
-            static_shapes=True)
+            context_lens_t=self.context_lens[:size], use_triton=True, static_shapes=True)
 
 
 class DecodeGraphs:
@@ -134,11 +134,11 @@ class DecodeGraphs:
         max_blocks = -(-runner.max_model_len // runner.block_size)
         return cls(runner.model, sizes, max_blocks, runner.cfg.hidden_size, runner.dtype, runner.device, capture)
 
-    def eager_reason(self, batch: ForwardBatch) -> str | None:
+    def eager_reason(self, batch: ForwardBatch, capture: PassCapture | None = None) -> str | None:
         """Why this step must run the ordinary eager pass (None: it can be replayed)."""
         if not batch.decode_only:
             return "prefill or mixed step"
-        if batch.any_capture or batch.lens_rows is not None:
+        if capture is not None:
             return "full trace: tensors read during the pass"
         if batch.num_seqs > self.sizes[-1]:
             return f"batch {batch.num_seqs} above the largest captured size {self.sizes[-1]}"

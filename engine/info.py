@@ -117,8 +117,8 @@ def describe(runner: ModelRunner, spec: Proposer | None, num_speculative_tokens:
                                       model_shape(draft, max_model_len) if draft else None,
                                       draft.kv_cache_bytes if draft else 0)
     q = getattr(runner.model, "quantization", None)  # set by engine/checkpoint/weights.py, None for float
-    placement = getattr(runner, "placement", None)  # only the sharded runner has one (engine/parallel)
-    graphs = getattr(runner, "decode_graphs", None)  # ... and it captures no graphs
+    placement = runner.placement  # None on one device (engine/parallel's runner has one)
+    graphs = runner.decode_graphs  # None unless captured (never on a sharded runner)
     itemsize = runner.kv_cache.element_size()
     return EngineInfo(
         model=model_shape(runner, max_model_len),

@@ -1,9 +1,12 @@
 """LLMEngine: the loop that serves requests. add_request -> step() ... -> finished.
 
-Each step: the scheduler picks a batch, the model runner computes it over the paged
-KV cache, the sampler draws one token for every sequence whose prompt is fully
-computed, and the results are checked against the stop conditions. Every stage is
-reported to the tracer for requests whose trace level asks for it.
+Each step, in phases (one method each): the scheduler picks a batch, the proposer (with
+speculative decoding) proposes draft tokens, the model runner computes the batch over
+the paged KV cache, the sampler draws one token for every sequence whose prompt is fully
+computed (or the target verifies the proposals), the pass is traced, and the step is
+committed: caches advanced, tokens appended and checked against the stop conditions.
+Every stage is reported to the tracer (events built in engine/trace/events.py) for
+requests whose trace level asks for it.
 """
 from __future__ import annotations
 
@@ -12,19 +15,17 @@ import gc
 import itertools
 import secrets
 import threading
-from collections import deque
 import time
-from dataclasses import dataclass, replace
+from collections import deque
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
 
-from engine.trace import logit_lens
-from engine.batch import CaptureSpec
+from engine.batch import ForwardBatch
 from engine.block_manager import BlockManager
-from engine.config import EngineConfig
-from engine.config import DTYPES, ProgressFn
 from engine.checkpoint.resolve import load_config, resolve_model_path
+from engine.config import DTYPES, EngineConfig, ProgressFn
 from engine.info import EngineInfo, EngineLoad, describe
 from engine.model_runner import ModelRunner
 from engine.parallel.runner import ParallelRunner
@@ -32,10 +33,12 @@ from engine.outputs import RequestOutput, TokenOutput, Usage
 from engine.sampler import explain, sample
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledSeq, Scheduler
-from engine.speculative import NGRAM, NgramProposer, Proposer, Speculator, Verdict, verify
 from engine.sequence import Sequence
+from engine.speculative import Proposer, SpeculativeConfig, Verdict, verify
 from engine.tokenizer import IncrementalDetokenizer, Tokenizer
-from engine.trace import TRACE_LEVELS, CaptureConfig, Tracer
+from engine.trace import TRACE_LEVELS, CaptureConfig, Tracer, events, logit_lens
+from engine.trace.capture import CaptureSpec, PassCapture
+from engine.trace.events import Event
 from engine.trace.kv_pool import KVPoolTracker
 
 DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "assets" / "models" / "target"
@@ -123,12 +126,11 @@ class LLMEngine:
         self.dtype = resolve_dtype(dtype, cfg.torch_dtype, self.device)
         self.max_model_len = min(self.config.max_model_len or cfg.max_position_embeddings,
                                  cfg.max_position_embeddings)
-        draft_path = draft_cfg = None
-        if draft is not None and draft != NGRAM:  # check the draft before spending time on the target's weights
-            draft_path = resolve_model_path(draft)
-            draft_cfg = load_config(draft_path)
-            _check_same_vocabulary(self.tokenizer, cfg, Tokenizer(draft_path), draft_cfg, draft_path)
-            self.max_model_len = min(self.max_model_len, draft_cfg.max_position_embeddings)
+        # a draft that cannot serve fails before any weights load
+        spec = SpeculativeConfig.resolve(draft, num_speculative_tokens, prompt_lookup_max, prompt_lookup_min,
+                                         self.tokenizer, cfg)
+        if spec is not None and spec.max_positions is not None:
+            self.max_model_len = min(self.max_model_len, spec.max_positions)
         runner_cls = ModelRunner
         if self.config.tensor_parallel_size > 1 or self.config.expert_parallel:  # sharded over ranks
             runner_cls = ParallelRunner
@@ -142,22 +144,10 @@ class LLMEngine:
         self.block_manager = BlockManager(self.runner.num_blocks, self.config.block_size,
                                           self.config.enable_prefix_caching,
                                           emit=self._emit if tracer is not None else None)
-        self.speculator: Proposer | None = None  # proposes the tokens each round verifies
         self.num_speculative_tokens = num_speculative_tokens
-        if draft is not None and num_speculative_tokens < 1:
-            raise ValueError("num_speculative_tokens must be >= 1")
-        if draft == NGRAM:
-            self.speculator = NgramProposer(prompt_lookup_max, prompt_lookup_min, cfg.vocab_size, self.device)
-        elif draft_path is not None:
-            # The draft mirrors the target's blocks, plus room for each sequence's proposals.
-            extra = self.config.max_num_seqs * (num_speculative_tokens // self.config.block_size + 2)
-            draft_config = replace(self.config, num_kv_blocks=self.runner.num_blocks + extra,
-                                   kv_cache_memory_fraction=None)
-            draft_runner = ModelRunner(draft_path, draft_cfg, draft_config, self.max_model_len,
-                                       self.dtype, self.device, progress)
-            self.speculator = Speculator(draft_runner, BlockManager(
-                draft_runner.num_blocks, self.config.block_size, self.config.enable_prefix_caching),
-                self.config.max_num_batched_tokens)
+        # proposes the tokens each round verifies (engine/speculative): a draft model beside the target, or n-grams
+        self.speculator: Proposer | None = None if spec is None else spec.build(
+            self.config, self.runner.num_blocks, self.max_model_len, cfg.vocab_size, self.dtype, self.device, progress)
         self.speculative_method = self.speculator.method if self.speculator is not None else None
         self.scheduler = Scheduler(self.config, self.block_manager,
                                    self._lookahead if self.speculator is not None else None)
@@ -311,7 +301,7 @@ class LLMEngine:
             if seq is None or seq.is_finished or not seq.traced or self.tracer is None:
                 return False
             self._capture_stops.add(request_id)
-            self._emit_plain("trace.truncated", request_id, limit_bytes=limit_bytes)
+            self._emit(events.trace_truncated(request_id, limit_bytes))
             return True
 
     # --- what the engine is, and what it is doing (engine/info.py) -------------------
@@ -350,87 +340,140 @@ class LLMEngine:
         """kv.pool: the block pool after the step, what changed (engine/trace/kv_pool.py)."""
         if self.tracer is not None:
             live = self.scheduler.running + list(self.scheduler.waiting)
-            data = self._pool_trace.after_step(self.block_manager, live, self.step_count)
-            if data is not None:
-                self.tracer.emit_plain("kv.pool", None, self.step_count, data)
+            event = self._pool_trace.after_step(self.block_manager, live, self.step_count)
+            if event is not None:
+                self._emit(event)
 
     @torch.inference_mode()  # sampling and the trace's tensor work too: less dispatch per op
     def _step(self) -> list[TokenOutput]:
         self.step_count += 1
         t_begin = time.perf_counter()  # the step's phases for the timeline: schedule, forward, sample, trace
         outputs, self._pending = self._pending, []
+        scheduled = self._schedule(outputs)
+        if not scheduled:
+            return outputs
+        t_start = time.perf_counter()
+        self._propose(scheduled)
+        step = self._run(scheduled)
+        t_forward = time.perf_counter()
+        self._sample(step)
+        t_sample = time.perf_counter()
+        if self.tracer is not None and any(s.seq.traced for s in scheduled):
+            self._trace(step, t_forward - t_start, {"start": t_begin, "schedule_seconds": t_start - t_begin,
+                                                    "sample_seconds": t_sample - t_forward})
+        outputs.extend(self._commit(step, t_forward, t_sample))
+        return outputs
+
+    def _schedule(self, outputs: list[TokenOutput]) -> list[ScheduledSeq]:
+        """The scheduler's batch. A sequence that cannot grow even alone finishes here (its
+        output joins `outputs`); a preempted one loses its proposer state."""
         sched = self.scheduler.schedule()
         for seq in sched.out_of_memory:
-            self._emit_if(seq, "kv.exhausted", blocks=self.block_manager.num_blocks, tokens=len(seq))
+            if seq.traced:
+                self._emit(events.kv_exhausted(seq, self.block_manager.num_blocks))
             outputs.append(self._finish(seq, "length"))
         for seq in sched.preempted:
             if self.speculator is not None:
                 self.speculator.free(seq)
-            self._emit_if(seq, "schedule.preempt", tokens=len(seq))
+            if seq.traced:
+                self._emit(events.schedule_preempt(seq))
         now = time.perf_counter()
         for seq in sched.admitted:
             seq.first_scheduled_time = seq.first_scheduled_time or now
             self.stats.prefix_queried_tokens += len(seq)
             self.stats.prefix_hit_tokens += seq.num_cached_tokens
-        if not sched.scheduled:
-            return outputs
-        scheduled = sched.scheduled
-        t_start = time.perf_counter()
+        return sched.scheduled
+
+    def _propose(self, scheduled: list[ScheduledSeq]) -> None:
+        """Draft tokens for the sequences that verify a round this step."""
         if self.speculator is not None and any(s.num_draft for s in scheduled):
             self.speculator.propose([s for s in scheduled if s.num_draft])
-        batch = self.runner.prepare(scheduled, [s.seq.capture for s in scheduled])
-        # Logit rows: the last token of each sampling sequence, or all k+1 verified positions.
-        spans: dict[int, tuple[int, int]] = {}
-        rows: list[int] = []
+
+    def _run(self, scheduled: list[ScheduledSeq]) -> StepPass:
+        """The forward pass, with logits at the rows that are sampled: the last token of each
+        sequence that samples, or all k+1 positions a round verifies."""
+        batch = self.runner.prepare(scheduled)
+        capture = PassCapture.of([s.seq.capture for s in scheduled])  # None unless a `full` trace
+        seqs, rows = [], []
         for b, s in enumerate(scheduled):
+            part = SeqStep(s)
             if s.samples:
                 first = batch.query_starts[b + 1] - 1 - s.num_draft
-                spans[b] = (len(rows), len(rows) + s.num_draft + 1)
+                part.rows = (len(rows), len(rows) + s.num_draft + 1)
                 rows.extend(range(first, first + s.num_draft + 1))
-        lens_at = self._lens_rows(scheduled, batch, spans, rows)
-        logits = self.runner.run(batch, rows)
+            seqs.append(part)
+        if capture is not None:
+            _mark_lens(seqs, rows, capture, batch.input_ids.device)
+        logits = self.runner.run(batch, rows, capture)
         self.stats.target_passes += 1
-        t_forward = time.perf_counter()
-        plain = [b for b in spans if not scheduled[b].num_draft]
-        seqs = [scheduled[b].seq for b in plain]
-        plain_rows = [spans[b][0] for b in plain]
-        # every row a plain draw (no speculation this step): the logits as they are, not a copy
-        knobs: dict[int, dict] = {}  # a traced draw's filtered logits, which its `sample` event shows
-        picks = sample(logits if plain_rows == list(range(len(logits))) else logits[plain_rows],
-                       [s.params for s in seqs], [s.generator for s in seqs],
-                       knobs if any(s.traced for s in seqs) else None) if plain else []
-        new_tokens = {b: [t] for b, t in zip(plain, picks)}
-        draw_row = {b: i for i, b in enumerate(plain)}
-        verdicts = {}
-        for b in spans:
-            s = scheduled[b]
-            if s.num_draft:
-                lo, hi = spans[b]
-                verdicts[b] = verify(logits[lo:hi], s.draft_tokens, s.draft_probs, s.seq.params, s.seq.generator)
-                new_tokens[b] = verdicts[b].tokens
-        t_sample = time.perf_counter()
-        if self.tracer is not None and any(s.seq.traced for s in scheduled):
-            self._trace_step(scheduled, batch, t_forward - t_start, {
-                "start": t_begin, "schedule_seconds": t_start - t_begin, "sample_seconds": t_sample - t_forward})
+        return StepPass(seqs, batch, capture, logits)
+
+    def _sample(self, step: StepPass) -> None:
+        """The new tokens: one plain draw for every sampling sequence without proposals, all
+        drawn together; a verification for each speculative round."""
+        logits = step.logits
+        draws = [p for p in step.seqs if p.rows is not None and not p.s.num_draft]
+        rounds = [p for p in step.seqs if p.rows is not None and p.s.num_draft]
+        if draws:
+            rows = [p.rows[0] for p in draws]
+            seqs = [p.s.seq for p in draws]
+            # every row a plain draw (no speculation this step): the logits as they are, not a copy
+            picks = sample(logits if rows == list(range(len(logits))) else logits[rows],
+                           [s.params for s in seqs], [s.generator for s in seqs],
+                           step.knobs if any(s.traced for s in seqs) else None)
+            for i, (p, token) in enumerate(zip(draws, picks)):
+                p.draw, p.tokens = i, [token]
+        for p in rounds:
+            s = p.s
+            lo, hi = p.rows
+            p.verdict = verify(logits[lo:hi], s.draft_tokens, s.draft_probs, s.seq.params, s.seq.generator)
+            p.tokens = p.verdict.tokens
+        step.sampled = draws + rounds
+
+    def _trace(self, step: StepPass, forward_seconds: float, phases: dict) -> None:
+        """The pass, for the trace: the step's schedule (and a sharded step's collectives), where
+        each traced sequence's K/V went, and a `full` trace's captures. Before the commit: it
+        rolls rejected proposals' blocks back, and kv.fill shows them written."""
+        scheduled = [p.s for p in step.seqs]
+        bm, runner = self.block_manager, self.runner
+        if runner.placement is not None:  # sharded: what crossed between the ranks (engine/parallel)
+            self._emit(events.schedule_collective(scheduled, runner.placement.as_dict(), runner.trace_events(),
+                                                  forward_seconds))
+        self._emit(events.schedule_step(scheduled, phases, forward_seconds, step.batch.query_starts[-1],
+                                        len(self.scheduler.running), len(self.scheduler.waiting),
+                                        bm.num_free_blocks, bm.num_cached_blocks))
         for b, s in enumerate(scheduled):
-            self._commit(s, verdicts.get(b))
-        for b, tokens in new_tokens.items():
-            seq = scheduled[b].seq
+            if s.seq.traced:
+                self._emit(events.kv_fill(s, self.config.block_size))
+                if step.capture is not None and s.seq.capture is not None:
+                    self._trace_captures(step.capture, b, s)
+
+    def _trace_captures(self, capture: PassCapture, b: int, s: ScheduledSeq) -> None:
+        """Sequence b's embedding rows, attention and MoE routing (plain lists already)."""
+        cfg = self.model_config
+        if b in capture.embed:
+            self._emit(events.embed(s, capture.embed[b], cfg.hidden_size))
+        heads = s.seq.capture.heads if s.seq.capture.heads is not None else list(range(cfg.num_heads))
+        for layer, per_seq in capture.attention.items():
+            if b in per_seq:
+                self._emit(events.attention(s, layer, per_seq[b], heads, cfg))
+        for layer, per_seq in capture.moe.items():
+            if b in per_seq:
+                self._emit(events.moe(s, layer, per_seq[b], capture.expert_load[layer], cfg))
+
+    def _commit(self, step: StepPass, t_forward: float, t_sample: float) -> list[TokenOutput]:
+        """After the pass: every sequence's caches advanced, then each new token appended (the
+        plain draws' first, then the rounds'), until its sequence stops."""
+        for p in step.seqs:
+            self._advance(p.s, p.verdict)
+        outputs = []
+        for p in step.sampled:
+            seq = p.s.seq
             if not seq.first_token_time:
                 seq.prefill_done_time, seq.first_token_time = t_forward, t_sample
-            for j, token in enumerate(tokens):
-                if seq.traced:  # the target's distribution at each new token's position
-                    info = explain(logits[spans[b][0] + j], seq.params, token, self.capture.top_candidates,
-                                   knobs.get(draw_row.get(b)))
-                    source = _token_source(verdicts.get(b), j)
-                    method = self.speculative_method if source != "target" else None
-                    self._emit_plain("sample", seq.request_id, position=len(seq), source=source, method=method,
-                                     candidate_texts=[self._piece(t) for t in info["candidates"]],
-                                     token_text=self._piece(token), **info)
-                    if b in lens_at:
-                        self._emit_plain("logit_lens", seq.request_id, position=len(seq), source=source,
-                                         **logit_lens.event(logit_lens.rows(batch, lens_at[b] + j), token,
-                                                            seq.capture.logit_lens, self._piece))
+            for j, token in enumerate(p.tokens):
+                if seq.traced:
+                    self._trace_token(step, p, j, token)
                 out = self._append_token(seq, token, t_sample)
                 outputs.append(out)
                 self.stats.generated_tokens += 1
@@ -438,25 +481,21 @@ class LLMEngine:
                     break
         return outputs
 
-    @staticmethod
-    def _lens_rows(scheduled: list[ScheduledSeq], batch, spans: dict[int, tuple[int, int]],
-                   rows: list[int]) -> dict[int, int]:
-        """Mark the sampled rows of sequences with a logit lens on the batch; -> sequence -> its
-        first lens row (its j-th new token reads row + j: logit_lens.rows)."""
-        at, flat = {}, []
-        for b, (lo, hi) in spans.items():
-            c = scheduled[b].seq.capture
-            if c is not None and c.logit_lens:
-                at[b] = len(flat)
-                flat.extend(rows[lo:hi])
-                batch.lens_out_rows.extend(range(lo, hi))  # where the pass returns their logits
-        if flat:
-            batch.lens_rows = torch.tensor(flat, dtype=torch.long, device=batch.input_ids.device)
-        return at
+    def _trace_token(self, step: StepPass, p: SeqStep, j: int, token: int) -> None:
+        """The target's distribution at p's j-th new token's position, and its logit lens."""
+        seq = p.s.seq
+        info = explain(step.logits[p.rows[0] + j], seq.params, token, self.capture.top_candidates,
+                       step.knobs.get(p.draw))
+        source = _token_source(p.verdict, j)
+        method = self.speculative_method if source != "target" else None
+        self._emit(events.sample(seq, source, method, token, info, self._piece))
+        if p.lens_row is not None:
+            self._emit(events.logit_lens(seq, source, logit_lens.rows(step.capture, p.lens_row + j), token,
+                                         seq.capture.logit_lens, self._piece))
 
-    def _commit(self, s: ScheduledSeq, verdict: Verdict | None) -> None:
-        """After the forward pass: advance what is computed, roll back rejected
-        speculative positions in both caches, and offer full blocks to the prefix cache."""
+    def _advance(self, s: ScheduledSeq, verdict: Verdict | None) -> None:
+        """Advance what is computed, roll back rejected speculative positions in both
+        caches, and offer full blocks to the prefix cache."""
         seq = s.seq
         old = seq.num_computed_tokens
         if verdict is None:
@@ -475,15 +514,7 @@ class LLMEngine:
         self.stats.spec_proposed += len(s.draft_tokens)
         self.stats.spec_accepted += verdict.accepted
         if seq.traced:
-            k = len(s.draft_tokens)
-            self._emit("spec", seq.request_id, k=k, proposed=s.draft_tokens,
-                       proposed_text=[self._piece(t) for t in s.draft_tokens],
-                       draft_probs=verdict.draft_probs, target_probs=verdict.target_probs,
-                       accepted=verdict.accepted, rejected_position=verdict.accepted if verdict.accepted < k else None,
-                       token=verdict.tokens[-1], token_text=self._piece(verdict.tokens[-1]),
-                       token_kind="corrected" if verdict.accepted < k else "bonus",
-                       acceptance_rate=seq.spec_accepted / seq.spec_proposed, greedy=seq.params.greedy,
-                       **self.speculator.describe(seq, self._piece))
+            self._emit(events.spec(s, verdict, self._piece, self.speculator.describe(seq, self._piece)))
 
     def _append_token(self, seq: Sequence, token: int, now: float) -> TokenOutput:
         seq.token_ids.append(token)
@@ -520,9 +551,7 @@ class LLMEngine:
         out = TokenOutput(seq.request_id, token, delta, seq.num_output_tokens - 1,
                           seq.token_times[-1] - seq.arrival_time, seq.finish_reason is not None, seq.finish_reason)
         if seq.traced:
-            prev = seq.token_times[-2] if len(seq.token_times) > 1 else seq.arrival_time
-            self._emit_plain("token", seq.request_id, token_id=token, text=delta, index=out.index,
-                             t=out.time, latency=seq.token_times[-1] - prev)
+            self._emit(events.token(seq, out))
         return out
 
     def _finish(self, seq: Sequence, reason: str, token: int | None = None) -> TokenOutput:
@@ -538,10 +567,7 @@ class LLMEngine:
         while len(self._finished) > self.max_finished:
             self.requests.pop(self._finished.popleft(), None)
         if seq.traced:
-            self._emit("finish", seq.request_id, reason=reason, text=seq.text,
-                       usage={"prompt_tokens": seq.num_prompt_tokens, "completion_tokens": seq.num_output_tokens,
-                              "cached_tokens": seq.num_cached_tokens},
-                       **self._metrics(seq))
+            self._emit(events.finish(seq, reason, self._metrics(seq)))
         return out
 
     def _metrics(self, seq: Sequence) -> dict:
@@ -563,85 +589,58 @@ class LLMEngine:
         """A token's text for the trace, special tokens included (a replay has no tokenizer)."""
         return self.tokenizer.token_text(token_id)
 
-    def _emit(self, type: str, request_id: str | None, **data) -> None:
-        self.tracer.emit(type, request_id, self.step_count, **data)
-
-    def _emit_plain(self, type: str, request_id: str | None, **data) -> None:
-        """For data made of plain Python values only (no tensors): no conversion walk."""
-        self.tracer.emit_plain(type, request_id, self.step_count, data)
-
-    def _emit_if(self, seq: Sequence, type: str, **data) -> None:
-        if seq.traced and self.tracer is not None:
-            self._emit(type, seq.request_id, **data)
+    def _emit(self, event: Event) -> None:
+        """An event from engine/trace/events.py (plain JSON values already), stamped with the step."""
+        name, request_id, data = event
+        self.tracer.emit_plain(name, request_id, self.step_count, data)
 
     def _trace_arrival(self, seq: Sequence, messages: list[dict] | None) -> None:
-        p = seq.params
-        self._emit("request.arrive", seq.request_id, prompt=seq.prompt, messages=messages,
-                   params={"temperature": p.temperature, "top_k": p.top_k, "top_p": p.top_p, "min_p": p.min_p,
-                           "seed": p.seed, "max_tokens": p.max_tokens, "stop": p.stop, "ignore_eos": p.ignore_eos},
-                   trace_level=seq.trace_level)
-        ids = seq.prompt_token_ids
-        self._emit("tokenize", seq.request_id, tokens=self.tokenizer.pieces(ids), count=len(ids),
-                   vocab_size=self.model_config.vocab_size,
-                   tokenizer_size=self.tokenizer.vocab_size, chat_template=messages is not None,
-                   seconds=seq.tokenized_time - seq.arrival_time)
+        self._emit(events.request_arrive(seq, messages))
+        self._emit(events.tokenize(seq, self.tokenizer.pieces(seq.prompt_token_ids), self.model_config.vocab_size,
+                                   self.tokenizer.vocab_size, messages is not None))
 
     def shutdown(self) -> None:
         """Stop a sharded engine's worker ranks (nothing to do for one device)."""
-        if hasattr(self.runner, "shutdown"):
-            self.runner.shutdown()
+        self.runner.shutdown()
 
-    def _trace_step(self, scheduled: list[ScheduledSeq], batch, forward_seconds: float, phases: dict) -> None:
-        """phases: the step's start (perf_counter) and its schedule and sample seconds (the forward
-        pass is forward_seconds; what follows this event is the trace's own work)."""
-        bm = self.block_manager
-        if hasattr(self.runner, "trace_events"):  # sharded: what crossed between the ranks (engine/parallel)
-            self._emit_plain("schedule.collective", None, placement=self.runner.placement.as_dict(),
-                             collectives=self.runner.trace_events(), forward_seconds=forward_seconds,
-                             batch=[{"request_id": s.seq.request_id} for s in scheduled])
-        self._emit_plain("schedule.step", None, **phases, forward_seconds=forward_seconds,
-                         num_tokens=batch.query_starts[-1],
-                         batch=[{"request_id": s.seq.request_id, "kind": s.kind, "start": s.start,
-                                 "num_tokens": s.num_tokens} for s in scheduled],
-                         running=len(self.scheduler.running), waiting=len(self.scheduler.waiting),
-                         free_blocks=bm.num_free_blocks, cached_blocks=bm.num_cached_blocks)
-        bs = self.config.block_size
-        for b, s in enumerate(scheduled):
-            seq = s.seq
-            if not seq.traced:
-                continue
-            fills, pos, end = [], s.start, s.start + s.num_tokens
-            while pos < end:
-                n = min(end, (pos // bs + 1) * bs) - pos
-                fills.append({"block": seq.block_table[pos // bs], "offset": pos % bs, "count": n})
-                pos += n
-            self._emit_plain("kv.fill", seq.request_id, fills=fills, tokens=end, blocks=len(seq.block_table),
-                             kind=s.kind)
-            if seq.capture is None:
-                continue
-            # captures are plain lists already (engine/trace/capture.py): emitted without a walk
-            rid, step, emit = seq.request_id, self.step_count, self.tracer.emit_plain
-            cfg = self.model_config
-            if b in batch.captured_embed:
-                rows = batch.captured_embed[b]
-                emit("embed", rid, step, {"start": s.start, "token_ids": s.token_ids(),
-                                          "shape": [s.num_tokens, cfg.hidden_size], "dims": len(rows[0]),
-                                          "rows": rows})
-            heads = seq.capture.heads if seq.capture.heads is not None else list(range(cfg.num_heads))
-            group = cfg.num_heads // cfg.num_kv_heads
-            for layer, per_seq in batch.captured_attention.items():
-                if b in per_seq:
-                    a = per_seq[b]
-                    emit("attention", rid, step, {
-                        "layer": layer, "kind": s.kind, "heads": list(heads), "kv_heads": [h // group for h in heads],
-                        "num_heads": cfg.num_heads, "num_kv_heads": cfg.num_kv_heads, "q_start": a["q_start"],
-                        "k_start": a["k_start"], "window": a["window"], "probs": a["probs"]})
-            for layer, per_seq in batch.captured_moe.items():
-                if b in per_seq:
-                    m = per_seq[b]
-                    emit("moe", rid, step, {"layer": layer, "start": s.start, "experts": m["experts"],
-                                            "weights": m["weights"], "num_experts": cfg.num_experts,
-                                            "top_k": cfg.num_experts_per_tok, "batch_load": batch.expert_load[layer]})
+
+@dataclass(slots=True)
+class SeqStep:
+    """One scheduled sequence's part of a step: where its logits are among those the pass
+    returns, how its new tokens came (a plain draw or a verified round) and what they are."""
+    s: ScheduledSeq
+    rows: tuple[int, int] | None = None  # its logit rows [lo, hi); None: samples nothing (a prefill chunk)
+    lens_row: int | None = None  # a logit lens: its first lens row (its j-th token reads lens_row + j)
+    draw: int | None = None  # a plain draw: its index among the step's draws (its filtered logits in knobs)
+    verdict: Verdict | None = None  # a speculative round: what verification kept
+    tokens: list[int] = field(default_factory=list)  # the new tokens, in order
+
+
+@dataclass
+class StepPass:
+    """One step's forward pass: its inputs and captures, the logits, each sequence's part."""
+    seqs: list[SeqStep]  # one per scheduled sequence, in batch order
+    batch: ForwardBatch
+    capture: PassCapture | None
+    logits: torch.Tensor
+    sampled: list[SeqStep] = field(default_factory=list)  # those with new tokens, in the order appended
+    knobs: dict[int, dict] = field(default_factory=dict)  # a traced draw's filtered logits, shown by `sample`
+
+
+def _mark_lens(seqs: list[SeqStep], rows: list[int], capture: PassCapture, device: torch.device) -> None:
+    """Mark the sampled rows of sequences with a logit lens: the flat rows the model keeps
+    (capture.lens_rows), where they are among the returned rows (lens_out_rows), and each
+    sequence's first lens row (logit_lens.rows reads them)."""
+    flat = []
+    for p in seqs:
+        c = p.s.seq.capture
+        if p.rows is not None and c is not None and c.logit_lens:
+            lo, hi = p.rows
+            p.lens_row = len(flat)
+            flat.extend(rows[lo:hi])
+            capture.lens_out_rows.extend(range(lo, hi))  # where the pass returns their logits
+    if flat:
+        capture.lens_rows = torch.tensor(flat, dtype=torch.long, device=device)
 
 
 @dataclass
@@ -662,14 +661,6 @@ def _token_source(verdict: Verdict | None, j: int) -> str:
     if j < verdict.accepted:
         return "draft"
     return "bonus" if verdict.accepted == len(verdict.target_probs) else "corrected"
-
-
-def _check_same_vocabulary(tok: Tokenizer, cfg, draft_tok: Tokenizer, draft_cfg, draft_path: Path) -> None:
-    if draft_cfg.vocab_size != cfg.vocab_size or draft_tok.hf.get_vocab() != tok.hf.get_vocab():
-        raise ValueError(
-            f"the draft model in {draft_path} does not share the target's vocabulary "
-            f"(draft: {draft_cfg.vocab_size} logits, {draft_tok.vocab_size} tokens; "
-            f"target: {cfg.vocab_size} logits, {tok.vocab_size} tokens); speculative decoding needs the same tokenizer")
 
 
 def _check_messages(messages: list[dict]) -> None:

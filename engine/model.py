@@ -24,6 +24,7 @@ from engine.layers.linear import Linear
 from engine.layers.mlp import MLP, SparseMoE
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding
+from engine.trace.capture import PassCapture
 
 
 class DecoderLayer(nn.Module):
@@ -51,18 +52,19 @@ class DecoderLayer(nn.Module):
             self.fused = fused.plan(self)  # None where the weights are not the C kernels'
         return self.fused
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, batch: ForwardBatch,
+                capture: PassCapture | None = None) -> torch.Tensor:
         plan = self._fused_plan(x, batch)
         if plan is None:
-            h = self.self_attn(positions, self.input_layernorm(x), batch)
+            h = self.self_attn(positions, self.input_layernorm(x), batch, capture)
             x = x + (self.post_attention_layernorm(h) if self.sandwich else h)
         else:
-            x = fused.forward(plan, self, x, batch)
+            x = fused.forward(plan, self, x, batch, capture)
             if plan.mlp:
                 return x
         if self.sandwich:  # Gemma: a norm before the MLP and one on its output
-            return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x), batch))
-        return x + self.mlp(self.post_attention_layernorm(x), batch)  # a MoE's experts run here either way
+            return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x), batch, capture))
+        return x + self.mlp(self.post_attention_layernorm(x), batch, capture)  # a MoE's experts run here either way
 
 
 class DecoderModel(nn.Module):
@@ -78,7 +80,7 @@ class DecoderModel(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_offset)
 
-    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+    def forward(self, batch: ForwardBatch, capture: PassCapture | None = None) -> torch.Tensor:
         x = self.embed_tokens(batch.input_ids)
         if self.embed_scale is not None:  # Gemma: sqrt(hidden), rounded to the model's dtype first
             x = x * torch.tensor(self.embed_scale).to(x.dtype).item()
@@ -86,19 +88,21 @@ class DecoderModel(nn.Module):
         batch.rope = {"global": self.rotary.lookup(batch.positions, x.dtype)}
         if self.rotary_local is not None:
             batch.rope["local"] = self.rotary_local.lookup(batch.positions, x.dtype)
-        for b, spec in enumerate(batch.captures):
-            if spec is not None and spec.embed_dims:
-                batch.embed_rows[b] = x[batch.seq_slice(b), : spec.embed_dims]
-        # logit lens: the residual stream at the sampled rows before each layer (after the last
-        # one it is the model's own output: engine/trace/logit_lens.py)
-        lens = batch.lens_rows
+        lens = None
+        if capture is not None:
+            for b, spec in enumerate(capture.specs):
+                if spec is not None and spec.embed_dims:
+                    capture.embed_rows[b] = x[batch.seq_slice(b), : spec.embed_dims]
+            # logit lens: the residual stream at the sampled rows before each layer (after the last
+            # one it is the model's own output: engine/trace/logit_lens.py)
+            lens = capture.lens_rows
         # every row a lens row (a traced decode step of one sequence, its verify pass): x itself,
         # which no layer writes to (each returns a new tensor); the engine marks rows in order
         whole = lens is not None and lens.shape[0] == x.shape[0]
         for layer in self.layers:
             if lens is not None:
-                batch.lens_hidden.append(x if whole else x.index_select(0, lens))
-            x = layer(batch.positions, x, batch)
+                capture.lens_hidden.append(x if whole else x.index_select(0, lens))
+            x = layer(batch.positions, x, batch, capture)
         return self.norm(x)
 
 
@@ -111,9 +115,10 @@ class CausalLM(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
-    def forward(self, batch: ForwardBatch) -> torch.Tensor:
-        """Final hidden states for every token in the batch: [T, hidden]."""
-        return self.model(batch)
+    def forward(self, batch: ForwardBatch, capture: PassCapture | None = None) -> torch.Tensor:
+        """Final hidden states for every token in the batch: [T, hidden]. A traced pass
+        keeps what `capture` asks for in it (engine/trace/capture.py)."""
+        return self.model(batch, capture)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.lm_head(hidden)

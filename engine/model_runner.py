@@ -7,14 +7,14 @@ from pathlib import Path
 
 import torch
 
-from engine.trace import capture, logit_lens
-from engine.batch import CaptureSpec, ForwardBatch
-from engine.config import EngineConfig, ModelConfig
+from engine.batch import ForwardBatch
+from engine.checkpoint.weights import load_model
+from engine.config import EngineConfig, ModelConfig, ProgressFn
 from engine.cuda_graph import DecodeGraphs, capture_sizes, graphs_wanted
 from engine.kernels import cpu as cpu_kernels
-from engine.config import ProgressFn
-from engine.checkpoint.weights import load_model
 from engine.scheduler import ScheduledSeq
+from engine.trace import logit_lens
+from engine.trace.capture import PassCapture, collect
 
 
 def kv_pool_blocks(cfg: ModelConfig, ecfg: EngineConfig, max_model_len: int, dtype: torch.dtype,
@@ -58,6 +58,11 @@ def _every_row(rows: list[int], n: int) -> bool:
 
 
 class ModelRunner:
+    """One device's runner. A sharded one (engine/parallel) has the same interface: its
+    `placement` of layers and heads on ranks, and the collectives of its last traced step."""
+    placement = None  # one device: nothing is placed on other ranks
+    decode_graphs: DecodeGraphs | None = None  # CUDA graphs of the decode step, where captured
+
     def __init__(self, path: Path, cfg: ModelConfig, ecfg: EngineConfig, max_model_len: int,
                  dtype: torch.dtype, device: torch.device, progress: ProgressFn | None = None) -> None:
         self.cfg, self.ecfg = cfg, ecfg
@@ -82,7 +87,6 @@ class ModelRunner:
         self.use_triton = use_triton
         self.max_model_len = max_model_len
         # CUDA graphs of the decode step (engine/cuda_graph.py), captured now: part of start-up
-        self.decode_graphs: DecodeGraphs | None = None
         if graphs_wanted(ecfg, device, use_triton):
             sizes = capture_sizes(ecfg.max_num_seqs, ecfg.cuda_graph_sizes)
             self.decode_graphs = DecodeGraphs.for_runner(self, sizes, capture=True)
@@ -92,7 +96,7 @@ class ModelRunner:
     def kv_cache_bytes(self) -> int:
         return self.kv_cache.numel() * self.kv_cache.element_size()
 
-    def prepare(self, scheduled: list[ScheduledSeq], captures: list[CaptureSpec | None]) -> ForwardBatch:
+    def prepare(self, scheduled: list[ScheduledSeq]) -> ForwardBatch:
         ids, positions, slots, starts, ctx = [], [], [], [0], []
         bs = self.block_size
         for s in scheduled:
@@ -115,22 +119,29 @@ class ModelRunner:
             context_lens=ctx,
             block_tables=torch.tensor(tables, dtype=torch.long, device=dev),
             context_lens_t=torch.tensor(ctx, dtype=torch.int32, device=dev),
-            captures=captures,
             use_triton=self.use_triton,
         )
 
     @torch.inference_mode()
-    def run(self, batch: ForwardBatch, token_rows: list[int] | None = None) -> torch.Tensor:
+    def run(self, batch: ForwardBatch, token_rows: list[int] | None = None,
+            capture: PassCapture | None = None) -> torch.Tensor:
         """Write the batch's K/V into the cache and return the logits [len(token_rows), V]
         at those tokens of the flattened batch (every token if None). Only rows that
-        are sampled or verified need the LM head."""
+        are sampled or verified need the LM head. A traced pass fills `capture`."""
         graphs = self.decode_graphs
-        if graphs is not None and graphs.eager_reason(batch) is None:  # a replay: plain decode steps only
+        if graphs is not None and graphs.eager_reason(batch, capture) is None:  # a replay: plain decode steps only
             hidden = graphs.forward(batch)
         else:
-            hidden = self.model(batch)
-        if batch.any_capture:
-            capture.collect(batch, self.cfg, self.kv_cache)
+            hidden = self.model(batch, capture)
+        if capture is not None:
+            collect(capture, batch, self.cfg, self.kv_cache)
         if token_rows is not None and not _every_row(token_rows, hidden.shape[0]):
             hidden = hidden[token_rows]
-        return logit_lens.logits_with_lens(self.model, hidden, batch)  # the lens's rows too, if any
+        return logit_lens.logits_with_lens(self.model, hidden, capture)  # the lens's rows too, if any
+
+    def trace_events(self) -> list[dict]:
+        """What crossed between ranks in the last traced step: nothing on one device."""
+        return []
+
+    def shutdown(self) -> None:
+        """Nothing to stop on one device (a sharded runner stops its worker ranks)."""

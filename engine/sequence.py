@@ -7,9 +7,9 @@ from enum import Enum, auto
 
 import torch
 
-from engine.batch import CaptureSpec
 from engine.sampling_params import SamplingParams
 from engine.tokenizer import IncrementalDetokenizer
+from engine.trace.capture import CaptureSpec
 
 
 class Status(Enum):

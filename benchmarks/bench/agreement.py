@@ -1,29 +1,12 @@
 """How far an engine's answers move from a reference engine's, on a fixed text fed in
-(teacher forcing). The quantized section and tests/engine/checkpoint/test_quantization.py use these."""
+(teacher forcing: engine/forward.py's prompt_logits). The quantized section and
+tests/engine/checkpoint/test_quantization.py use these."""
 from __future__ import annotations
 
 import torch
 
 from benchmarks.bench.context import TEXT
 from engine.llm_engine import LLMEngine
-from engine.sampling_params import SamplingParams
-from engine.scheduler import ScheduledSeq
-from engine.sequence import Sequence
-from engine.tokenizer import IncrementalDetokenizer
-
-
-def prompt_logits(engine: LLMEngine, ids: list[int]) -> torch.Tensor:
-    """Logits [len(ids), V] at every position of `ids`, fed in as one prefill chunk (teacher
-    forcing); the chunk's KV pages are freed again."""
-    bm = engine.block_manager
-    seq = Sequence("teacher-forced", list(ids), SamplingParams(), IncrementalDetokenizer.start(engine.tokenizer, ids))
-    bm.admit(seq, [])
-    try:
-        bm.allocate(seq, len(ids))
-        with torch.inference_mode():
-            return engine.runner.run(engine.runner.prepare([ScheduledSeq(seq, 0, len(ids))], [None])).float().cpu()
-    finally:
-        bm.free_seq(seq)
 
 
 def agreement(ref: torch.Tensor, logits: torch.Tensor) -> tuple[float, float]:

@@ -7,11 +7,12 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.bench.agreement import agreement, prompt_logits, text_ids
+from benchmarks.bench.agreement import agreement, text_ids
 from benchmarks.bench.context import Bench
 from benchmarks.bench.real_model import label
 from benchmarks.bench.timing import decode_rate, decode_times, greedy, repeat_spread, run_engine
 from benchmarks.bench.vs_transformers import hf_reference
+from engine.forward import prompt_logits
 from engine.llm_engine import LLMEngine
 
 

@@ -16,6 +16,7 @@ from engine.kernels import cpu as cpu_kernels
 from engine.layers.linear import Linear
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import apply_rotary, rotate
+from engine.trace.capture import PassCapture
 
 
 class Attention(nn.Module):
@@ -43,7 +44,8 @@ class Attention(nn.Module):
         self.k_cache = torch.empty(0)
         self.v_cache = torch.empty(0)
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, batch: ForwardBatch,
+                capture: PassCapture | None = None) -> torch.Tensor:
         T = x.shape[0]
         qkv = self.qkv_proj(x)
         cos, sin = batch.rope[self.rope]
@@ -65,14 +67,14 @@ class Attention(nn.Module):
                 q, k = self.q_norm(q), self.k_norm(k)
             q, k = apply_rotary(q, k, cos, sin)
         store_kv(k, v, self.k_cache, self.v_cache, batch)
-        o = self.attend(q, batch)
+        o = self.attend(q, batch, capture)
         return self.o_proj(o.reshape(T, self.q_size))
 
-    def attend(self, q: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        if self.layer_idx in batch.attention_capture_layers:
+    def attend(self, q: torch.Tensor, batch: ForwardBatch, capture: PassCapture | None = None) -> torch.Tensor:
+        if capture is not None and self.layer_idx in capture.attention_layers:
             # a full trace: its probabilities are computed after the pass (engine/trace/capture.py),
             # so the output below takes the same fused path as when nobody watches
-            batch.layer_q[self.layer_idx] = q
+            capture.layer_q[self.layer_idx] = q
         if batch.use_triton and batch.decode_only:
             from engine.kernels import paged_decode_attention
             return paged_decode_attention(q, self.k_cache, self.v_cache, batch.block_tables,

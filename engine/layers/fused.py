@@ -14,7 +14,7 @@ sequence's pages). The MLP half too where it is a dense SwiGLU or GeGLU on such
 weights, while a MoE block runs its own modules after the fused attention. Everything
 else (longer prefill chunks, OLMoE's whole-projection norms and clipping, sharded
 layers, PyTorch's quantized kernels) takes the modules. A `full` trace still gets what it reads from a
-layer: the rotated queries (layer_q) and the MoE routing.
+layer: the rotated queries and the MoE routing, kept in its PassCapture.
 """
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ from engine.kernels import cpu as cpu_kernels
 from engine.kernels import cpu_quant
 from engine.layers.linear import Linear
 from engine.layers.mlp import ACTIVATIONS, MLP
+from engine.trace.capture import PassCapture
 
 _P, _L, _F = ctypes.c_void_p, ctypes.c_long, ctypes.c_float
 
@@ -141,7 +142,8 @@ def applies(x: torch.Tensor, batch: ForwardBatch) -> bool:
             and not batch.static_shapes and x.shape[0] <= cpu_kernels.MAX_ROWS)
 
 
-def forward(fused: FusedLayer, layer: nn.Module, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+def forward(fused: FusedLayer, layer: nn.Module, x: torch.Tensor, batch: ForwardBatch,
+            capture: PassCapture | None = None) -> torch.Tensor:
     """The pass's rows x [T, hidden] after the layer's attention half, and after its MLP half
     too where `fused.mlp` (else the layer runs its own MLP or MoE on the result; see applies)."""
     attn = layer.self_attn
@@ -151,9 +153,9 @@ def forward(fused: FusedLayer, layer: nn.Module, x: torch.Tensor, batch: Forward
     tables, keys = batch.row_keys  # every row a query of its own over its sequence's pages
     out = torch.empty_like(x)
     q = None
-    if attn.layer_idx in batch.attention_capture_layers:  # a full trace reads the queries after the pass
+    if capture is not None and attn.layer_idx in capture.attention_layers:  # read after the pass
         q = torch.empty(T, attn.num_heads, attn.head_dim)
-        batch.layer_q[attn.layer_idx] = q
+        capture.layer_q[attn.layer_idx] = q
     lib, threads = cpu_kernels.library(), torch.get_num_threads()
     rc = lib.tt_decode_attention_block(
         ctypes.byref(fused.args), x.data_ptr(), T, cos.data_ptr(), sin.data_ptr(), batch.slot_mapping.data_ptr(),

@@ -12,6 +12,7 @@ from engine.config import ModelConfig
 from engine.kernels import cpu as cpu_kernels
 from engine.kernels.cpu import BlockedWeight
 from engine.layers.linear import Linear, pack_weight, packed_linear
+from engine.trace.capture import PassCapture
 
 
 def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
@@ -31,7 +32,8 @@ class MLP(nn.Module):
         self.down_proj = Linear(intermediate, hidden, bias=bias)
         self.act = ACTIVATIONS[activation]
 
-    def forward(self, x: torch.Tensor, batch: ForwardBatch | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, batch: ForwardBatch | None = None,
+                capture: PassCapture | None = None) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         return self.down_proj(self.act(gate) * up)
 
@@ -84,7 +86,8 @@ class SparseMoE(nn.Module):
         data = self.blocked_gate_up.data[e * two_i // rb:(e + 1) * two_i // rb]
         return cpu_kernels.BlockedWeight(data, two_i, hidden)
 
-    def forward(self, x: torch.Tensor, batch: ForwardBatch | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, batch: ForwardBatch | None = None,
+                capture: PassCapture | None = None) -> torch.Tensor:
         router_logits = self.gate(x)
         probs = F.softmax(router_logits, dim=-1, dtype=torch.float32)
         weights, experts = torch.topk(probs, self.top_k, dim=-1)
@@ -106,8 +109,8 @@ class SparseMoE(nn.Module):
                 out.index_add_(0, token_idx, y * weights[token_idx, slot, None])
         if self.shared_expert is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
-        if batch is not None and batch.any_capture:  # a full trace: converted after the pass (engine/trace/capture.py)
-            batch.moe_routing[self.layer_idx] = (experts, weights)
+        if capture is not None:  # a full trace: converted after the pass (engine/trace/capture.py)
+            capture.moe_routing[self.layer_idx] = (experts, weights)
         return out
 
     def _one_token(self, x: torch.Tensor, experts: list[int], weights: list[float]) -> torch.Tensor:

@@ -18,6 +18,7 @@ import torch
 
 from engine.batch import ForwardBatch
 from engine.config import ModelConfig
+from engine.trace.capture import PassCapture
 
 STARTUP_TIMEOUT_S = 600.0  # loading a shard: the whole checkpoint is read on every rank
 READY = "ready"  # a rank's answer once its shard is loaded (anything else is its error)
@@ -65,21 +66,21 @@ def group_prefix(gen: int) -> str:
 
 
 # --- the step message --------------------------------------------------------------------------
-def encode_batch(batch: ForwardBatch, want_timings: bool) -> dict:
+def encode_batch(batch: ForwardBatch, capture: PassCapture | None, want_timings: bool) -> dict:
     # captures: only the attention part travels (each rank scores its own heads' attention)
-    caps = [c if c is not None and c.attention_layers else None for c in batch.captures]
+    caps = [] if capture is None else [c if c is not None and c.attention_layers else None for c in capture.specs]
     return {"ids": batch.input_ids.tolist(), "pos": batch.positions.tolist(), "slots": batch.slot_mapping.tolist(),
             "starts": batch.query_starts, "ctx": batch.context_lens, "tables": batch.block_tables.tolist(),
             "triton": batch.use_triton, "timings": want_timings,
             "captures": [None if c is None else replace(c, heads=None, moe=False, embed_dims=0) for c in caps]}
 
 
-def decode_batch(m: dict, device: torch.device) -> ForwardBatch:
+def decode_batch(m: dict, device: torch.device) -> tuple[ForwardBatch, PassCapture | None]:
     t = lambda v, dt=torch.long: torch.tensor(v, dtype=dt, device=device)  # noqa: E731
-    return ForwardBatch(input_ids=t(m["ids"]), positions=t(m["pos"]), slot_mapping=t(m["slots"]),
-                        query_starts=m["starts"], context_lens=m["ctx"], block_tables=t(m["tables"]),
-                        context_lens_t=t(m["ctx"], torch.int32), captures=m["captures"],
-                        use_triton=m["triton"])
+    batch = ForwardBatch(input_ids=t(m["ids"]), positions=t(m["pos"]), slot_mapping=t(m["slots"]),
+                         query_starts=m["starts"], context_lens=m["ctx"], block_tables=t(m["tables"]),
+                         context_lens_t=t(m["ctx"], torch.int32), use_triton=m["triton"])
+    return batch, PassCapture.of(m["captures"])
 
 
 def wants_timings(m: dict) -> bool:

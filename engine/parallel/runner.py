@@ -23,8 +23,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from engine.trace import capture, logit_lens
-from engine.batch import CaptureSpec, ForwardBatch
+from engine.trace import logit_lens
+from engine.batch import ForwardBatch
 from engine.config import EngineConfig, ModelConfig, ProgressFn
 from engine.model_runner import ModelRunner, kv_pool_blocks, _triton_available
 from engine.parallel.comm import Comm
@@ -33,6 +33,7 @@ from engine.parallel.rendezvous import check_world, publish, torchrun_env, wait_
 from engine.parallel.shard import check_shardable, local_config, placement
 from engine.parallel.worker import gather_attention, load_shard, worker_main
 from engine.scheduler import ScheduledSeq
+from engine.trace.capture import DECIMALS, CaptureSpec, PassCapture, collect
 
 
 class RankFailedError(RuntimeError):
@@ -133,12 +134,13 @@ class ParallelRunner(ModelRunner):
             if status != READY:
                 raise RankFailedError(f"tensor-parallel rank {rank} failed to load its shard: {err}")
 
-    def prepare(self, scheduled: list[ScheduledSeq], captures: list[CaptureSpec | None]) -> ForwardBatch:
+    def prepare(self, scheduled: list[ScheduledSeq]) -> ForwardBatch:
         self._want_timings = any(s.seq.traced for s in scheduled)
-        return super().prepare(scheduled, captures)
+        return super().prepare(scheduled)
 
     @torch.inference_mode()
-    def run(self, batch: ForwardBatch, token_rows: list[int] | None = None) -> torch.Tensor:
+    def run(self, batch: ForwardBatch, token_rows: list[int] | None = None,
+            capture: PassCapture | None = None) -> torch.Tensor:
         if self.failed:
             raise RankFailedError(self.failed)
         if self._state["in_step"]:  # the last step was cut short (Ctrl-C caught): the ranks are out of step
@@ -150,8 +152,8 @@ class ParallelRunner(ModelRunner):
         self._want_timings = False
         self._state["in_step"] = True
         try:
-            self.comm.broadcast_object(encode_batch(batch, want))
-            hidden = self.model(batch)
+            self.comm.broadcast_object(encode_batch(batch, capture, want))
+            hidden = self.model(batch, capture)
             log = self.comm.take_log()
             if want:
                 per_rank, at = self.comm.gather_timings(log)
@@ -161,20 +163,21 @@ class ParallelRunner(ModelRunner):
                                           "start": [origin + at[r][i] / 1e3 for r in range(self.world_size)]}
                                          for i, c in enumerate(log)]
             # attention from every rank's heads (embeddings and MoE routing are here already)
-            probs = gather_attention(batch, self.local_cfg, self.kv_cache, self.comm) if batch.any_capture else {}
+            probs = {} if capture is None else gather_attention(batch, capture, self.local_cfg, self.kv_cache,
+                                                                self.comm)
         except Exception as e:
             self._fail(e)
         self._state["in_step"] = False
-        if batch.any_capture:
-            specs = batch.captures
-            batch.captures = _without_attention(specs)
-            capture.collect(batch, self.local_cfg, self.kv_cache)
-            batch.captures = specs
-            _fill_attention(batch, probs, self.cfg)
+        if capture is not None:
+            specs = capture.specs
+            capture.specs = _without_attention(specs)
+            collect(capture, batch, self.local_cfg, self.kv_cache)
+            capture.specs = specs
+            _fill_attention(batch, capture, probs, self.cfg)
         if token_rows is not None:
             hidden = hidden[token_rows]
         # the logit lens's rows too: rank 0 holds the whole residual stream after each all-reduce
-        return logit_lens.logits_with_lens(self.model, hidden, batch)
+        return logit_lens.logits_with_lens(self.model, hidden, capture)
 
     def _check_workers(self) -> None:
         for rank, p in enumerate(self.procs, start=1):
@@ -237,16 +240,17 @@ def _without_attention(captures: list[CaptureSpec | None]) -> list[CaptureSpec |
     return [None if c is None else replace(c, attention_layers=[]) for c in captures]
 
 
-def _fill_attention(batch: ForwardBatch, probs: dict[int, torch.Tensor], cfg: ModelConfig) -> None:
-    """batch.captured_attention as engine/trace/capture.py writes it, from the gathered probabilities."""
+def _fill_attention(batch: ForwardBatch, capture: PassCapture, probs: dict[int, torch.Tensor],
+                    cfg: ModelConfig) -> None:
+    """capture.attention as engine/trace/capture.py writes it, from the gathered probabilities."""
     for b, p in probs.items():
-        spec = batch.captures[b]
-        layers = [layer for layer in spec.attention_layers if layer in batch.layer_q]
+        spec = capture.specs[b]
+        layers = [layer for layer in spec.attention_layers if layer in capture.layer_q]
         end, ctx = batch.query_starts[b + 1], batch.context_lens[b]
         rows = min(end - batch.query_starts[b], spec.max_keys)
         if spec.heads is not None:
             p = p[:, spec.heads]
-        for layer, lp in zip(layers, torch.round(p.double(), decimals=capture.DECIMALS).tolist()):
-            batch.captured_attention.setdefault(layer, {})[b] = {
+        for layer, lp in zip(layers, torch.round(p.double(), decimals=DECIMALS).tolist()):
+            capture.attention.setdefault(layer, {})[b] = {
                 "q_start": ctx - rows, "k_start": max(0, ctx - spec.max_keys), "window": cfg.sliding_windows[layer],
                 "probs": lp}

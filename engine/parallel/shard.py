@@ -28,6 +28,7 @@ from engine.config import ModelConfig
 from engine.layers.mlp import SparseMoE
 from engine.model import CausalLM
 from engine.parallel.comm import Comm
+from engine.trace.capture import PassCapture
 
 
 @dataclass
@@ -136,8 +137,9 @@ class ReduceMoE(nn.Module):
         super().__init__()
         self.inner, self.comm, self.layer = inner, comm, layer
 
-    def forward(self, x: torch.Tensor, batch: ForwardBatch | None = None) -> torch.Tensor:
-        return self.comm.all_reduce(self.inner(x, batch), self.layer, "moe")
+    def forward(self, x: torch.Tensor, batch: ForwardBatch | None = None,
+                capture: PassCapture | None = None) -> torch.Tensor:
+        return self.comm.all_reduce(self.inner(x, batch, capture), self.layer, "moe")
 
 
 class ExpertParallelMoE(SparseMoE):
@@ -152,7 +154,8 @@ class ExpertParallelMoE(SparseMoE):
     def pack(self, on: bool = True) -> None:
         pass  # the per-expert path below reads the plain weights
 
-    def forward(self, x: torch.Tensor, batch: ForwardBatch | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, batch: ForwardBatch | None = None,
+                capture: PassCapture | None = None) -> torch.Tensor:
         probs = F.softmax(self.gate(x), dim=-1, dtype=torch.float32)  # routing exactly as SparseMoE
         weights, experts = torch.topk(probs, self.top_k, dim=-1)
         if self.norm_topk_prob:
@@ -166,8 +169,8 @@ class ExpertParallelMoE(SparseMoE):
             out.index_add_(0, token_idx, self._expert(x[token_idx], e) * weights[token_idx, slot, None])
         if self.shared_expert is not None:  # split by columns like a dense MLP: a partial sum too
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
-        if batch is not None and batch.any_capture:
-            batch.moe_routing[self.layer_idx] = (experts, weights)
+        if capture is not None:
+            capture.moe_routing[self.layer_idx] = (experts, weights)
         return out
 
 

@@ -30,7 +30,7 @@ from tqdm.std import tqdm
 from engine.checkpoint.weights import build_model, load_weights
 from engine.config import ModelConfig, ProgressFn
 from engine.layers.linear import pack_weights
-from engine.trace import capture
+from engine.trace.capture import PassCapture, attention_probs
 from engine.batch import ForwardBatch
 from engine.parallel.comm import Comm
 from engine.parallel.protocol import (EXIT, READY, SHUTDOWN, STARTUP_TIMEOUT_S, ShardSpec, bye_key, decode_batch,
@@ -58,28 +58,30 @@ def load_shard(spec: ShardSpec, comm: Comm, progress: ProgressFn | None = None):
     return model, lcfg, kv
 
 
-def local_attention_probs(batch: ForwardBatch, cfg: ModelConfig, kv: torch.Tensor, b: int) -> torch.Tensor:
+def local_attention_probs(batch: ForwardBatch, capture: PassCapture, cfg: ModelConfig, kv: torch.Tensor,
+                          b: int) -> torch.Tensor:
     """Sequence b's attention probabilities for this rank's heads, every captured layer:
     [L, local heads, rows, keys] (engine/trace/capture.py's computation, on this rank's shard)."""
-    spec = batch.captures[b]
-    layers = [layer for layer in spec.attention_layers if layer in batch.layer_q]
+    spec = capture.specs[b]
+    layers = [layer for layer in spec.attention_layers if layer in capture.layer_q]
     end, ctx = batch.query_starts[b + 1], batch.context_lens[b]
     rows = min(end - batch.query_starts[b], spec.max_keys)
-    q = torch.stack([batch.layer_q[layer][end - rows:end] for layer in layers])
+    q = torch.stack([capture.layer_q[layer][end - rows:end] for layer in layers])
     k = kv[0].index_select(1, batch.block_tables[b, : -(-ctx // kv.shape[3])])
     k = k.index_select(0, torch.tensor(layers, device=k.device)).flatten(1, 2)
-    probs = capture.attention_probs(q, k, ctx, cfg.attention_scale, [cfg.sliding_windows[i] for i in layers])
+    probs = attention_probs(q, k, ctx, cfg.attention_scale, [cfg.sliding_windows[i] for i in layers])
     return probs[..., max(0, ctx - spec.max_keys):].contiguous()
 
 
-def gather_attention(batch: ForwardBatch, cfg: ModelConfig, kv: torch.Tensor, comm: Comm) -> dict[int, torch.Tensor]:
+def gather_attention(batch: ForwardBatch, capture: PassCapture, cfg: ModelConfig, kv: torch.Tensor,
+                     comm: Comm) -> dict[int, torch.Tensor]:
     """Every rank's probabilities of every sequence that captures attention, side by side
     by head on every rank: {b: [L, heads, rows, keys]}. Same order of calls on every rank."""
     out = {}
-    for b, spec in enumerate(batch.captures):
+    for b, spec in enumerate(capture.specs):
         if spec is None or not spec.attention_layers:
             continue
-        mine = local_attention_probs(batch, cfg, kv, b)
+        mine = local_attention_probs(batch, capture, cfg, kv, b)
         parts = [torch.empty_like(mine) for _ in range(comm.world_size)]
         comm.group.allgather([parts], [mine]).wait()
         out[b] = torch.cat(parts, dim=1)
@@ -132,13 +134,13 @@ def serve_steps(comm: Comm, model, lcfg: ModelConfig, kv: torch.Tensor, device: 
             if msg is SHUTDOWN:
                 return
             try:
-                batch = decode_batch(msg, device)
-                model(batch)
+                batch, capture = decode_batch(msg, device)
+                model(batch, capture)
                 log = comm.take_log()
                 if wants_timings(msg):  # the same collectives in the same order as rank 0's run()
                     comm.gather_timings(log)
-                if batch.any_capture:
-                    gather_attention(batch, lcfg, kv, comm)
+                if capture is not None:
+                    gather_attention(batch, capture, lcfg, kv, comm)
             except Exception:
                 traceback.print_exc()
                 os._exit(1)

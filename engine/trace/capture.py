@@ -1,8 +1,11 @@
-"""What a `full` trace records from one forward pass, gathered after the pass.
+"""What a `full` trace records from one forward pass: what to record for each sequence
+(CaptureSpec), what the pass kept and what became of it (PassCapture), gathered after
+the pass (collect).
 
-During the pass the layers only keep references: each captured attention layer its
-queries, each MoE layer its routing, the model its embedding rows. So the pass runs the
-same fused kernels (SDPA, Triton) as an untraced one. Afterwards, in a few batched ops:
+During the pass the layers only keep references in the PassCapture they are handed:
+each captured attention layer its queries, each MoE layer its routing, the model its
+embedding rows. So the pass runs the same fused kernels (SDPA, Triton) as an untraced
+one. Afterwards, in a few batched ops:
 
 - attention probabilities are recomputed for every captured layer at once from the
   kept queries and the keys already in the paged cache, for the captured heads and the
@@ -13,8 +16,14 @@ same fused kernels (SDPA, Triton) as an untraced one. Afterwards, in a few batch
   `trace.jsonable`, so the trace events need no further conversion.
 On this project's 2-core CPU these captures add about 1.6 ms to a SmolLM2 token and 0.5-0.7
 ms to the embedded model's (README, Trace events), most of it the Python lists themselves.
+
+The captures are an object apart from the pass's inputs (engine/batch.py's ForwardBatch):
+a pass nobody traces gets none (`capture=None`), and a CUDA graph's static batch never
+carries one.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -25,19 +34,65 @@ from engine.config import ModelConfig
 DECIMALS = 4  # as trace.jsonable rounds floats
 
 
-def collect(batch: ForwardBatch, cfg: ModelConfig, kv_cache: torch.Tensor) -> None:
-    """Fill batch.captured_attention / captured_moe / captured_embed / expert_load with
-    plain Python values. kv_cache: the runner's pool [K/V, layer, block, slot, kv head, dim]."""
-    for b, spec in enumerate(batch.captures):
+@dataclass
+class CaptureSpec:
+    """What to record for one sequence during a forward pass (bounded on purpose:
+    a long prompt must not turn the trace into gigabytes)."""
+    attention_layers: list[int]  # empty: no attention capture
+    heads: list[int] | None  # None: all query heads
+    max_keys: int  # keep at most the last `max_keys` query rows and key columns
+    moe: bool
+    embed_dims: int  # 0: no embedding rows
+    logit_lens: int = 0  # candidates per layer in the logit lens; 0: no lens
+
+
+@dataclass
+class PassCapture:
+    """One pass's captures: written by the model during the pass (references only), filled
+    with plain lists after it by collect(), read by the engine's trace events."""
+    specs: list[CaptureSpec | None]  # per sequence of the batch
+    # Logit lens (engine/trace/logit_lens.py): the flat rows whose residual stream is kept after the
+    # embedding and after every layer but the last (set by the engine: the sampled rows of
+    # lens-traced sequences), and where each of them is among the rows the pass returns logits for
+    lens_rows: torch.Tensor | None = None
+    lens_out_rows: list[int] = field(default_factory=list)
+    # Kept during the pass:
+    layer_q: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> queries [T, H, D]
+    moe_routing: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)  # experts, weights
+    embed_rows: dict[int, torch.Tensor] = field(default_factory=dict)  # seq -> [n, embed_dims]
+    lens_hidden: list[torch.Tensor] = field(default_factory=list)  # L tensors [len(lens_rows), hidden]
+    # After the LM head: [L * len(lens_rows) + returned rows, vocab], and the rows it returned
+    lens_logits: torch.Tensor | None = None
+    lens_returned: int = 0
+    # Filled after the pass by collect, as plain lists: per layer, per captured sequence.
+    attention: dict[int, dict[int, dict]] = field(default_factory=dict)
+    moe: dict[int, dict[int, dict]] = field(default_factory=dict)
+    embed: dict[int, list] = field(default_factory=dict)  # seq -> rows
+    expert_load: dict[int, list[int]] = field(default_factory=dict)  # layer -> tokens per expert
+    attention_layers: frozenset[int] = field(init=False)  # layers whose attention some sequence captures
+
+    def __post_init__(self) -> None:
+        self.attention_layers = frozenset(layer for c in self.specs if c is not None for layer in c.attention_layers)
+
+    @classmethod
+    def of(cls, specs: list[CaptureSpec | None]) -> "PassCapture | None":
+        """The pass's captures; None where no sequence records anything (most passes)."""
+        return cls(specs) if any(c is not None for c in specs) else None
+
+
+def collect(capture: PassCapture, batch: ForwardBatch, cfg: ModelConfig, kv_cache: torch.Tensor) -> None:
+    """Fill capture.attention / moe / embed / expert_load with plain Python values.
+    kv_cache: the runner's pool [K/V, layer, block, slot, kv head, dim]."""
+    for b, spec in enumerate(capture.specs):
         if spec is None:
             continue
-        if b in batch.embed_rows:
-            batch.captured_embed[b] = _rounded(batch.embed_rows[b])
-        layers = [layer for layer in spec.attention_layers if layer in batch.layer_q]
+        if b in capture.embed_rows:
+            capture.embed[b] = _rounded(capture.embed_rows[b])
+        layers = [layer for layer in spec.attention_layers if layer in capture.layer_q]
         if layers:
-            _attention(batch, cfg, kv_cache, b, layers)
-    if batch.moe_routing:
-        _moe(batch, cfg)
+            _attention(capture, batch, cfg, kv_cache, b, layers)
+    if capture.moe_routing:
+        _moe(capture, batch, cfg)
 
 
 def attention_probs(q: torch.Tensor, k: torch.Tensor, ctx: int, scale: float,
@@ -67,13 +122,14 @@ def attention_probs(q: torch.Tensor, k: torch.Tensor, ctx: int, scale: float,
     return F.softmax(scores, dim=-1)
 
 
-def _attention(batch: ForwardBatch, cfg: ModelConfig, kv_cache: torch.Tensor, b: int, layers: list[int]) -> None:
-    spec = batch.captures[b]
+def _attention(capture: PassCapture, batch: ForwardBatch, cfg: ModelConfig, kv_cache: torch.Tensor, b: int,
+               layers: list[int]) -> None:
+    spec = capture.specs[b]
     end, ctx = batch.query_starts[b + 1], batch.context_lens[b]
     rows = min(end - batch.query_starts[b], spec.max_keys)
     k_start = max(0, ctx - spec.max_keys)
     whole = rows == batch.input_ids.shape[0]  # the batch is these rows (batch-1 decode): no slicing
-    q = torch.stack([batch.layer_q[layer] if whole else batch.layer_q[layer][end - rows:end]
+    q = torch.stack([capture.layer_q[layer] if whole else capture.layer_q[layer][end - rows:end]
                      for layer in layers])  # [L, rows, H, D]
     # the sequence's keys in every layer: [layer, block, slot, KVH, D] -> its blocks
     k = kv_cache[0].index_select(1, batch.block_tables[b, : -(-ctx // kv_cache.shape[3])])
@@ -86,25 +142,25 @@ def _attention(batch: ForwardBatch, cfg: ModelConfig, kv_cache: torch.Tensor, b:
     if spec.heads is not None:
         probs = probs[:, spec.heads]
     for layer, p in zip(layers, _rounded(probs)):
-        batch.captured_attention.setdefault(layer, {})[b] = {
+        capture.attention.setdefault(layer, {})[b] = {
             "q_start": ctx - rows, "k_start": k_start, "window": cfg.sliding_windows[layer], "probs": p}
 
 
-def _moe(batch: ForwardBatch, cfg: ModelConfig) -> None:
-    layers = sorted(batch.moe_routing)
-    experts = torch.stack([batch.moe_routing[layer][0] for layer in layers])  # [L, T, top_k]
-    weights = torch.stack([batch.moe_routing[layer][1] for layer in layers])
+def _moe(capture: PassCapture, batch: ForwardBatch, cfg: ModelConfig) -> None:
+    layers = sorted(capture.moe_routing)
+    experts = torch.stack([capture.moe_routing[layer][0] for layer in layers])  # [L, T, top_k]
+    weights = torch.stack([capture.moe_routing[layer][1] for layer in layers])
     experts_l, weights_l = experts.tolist(), _rounded(weights)
     for i, layer in enumerate(layers):
         load = [0] * cfg.num_experts  # tokens per expert, counted here: fewer ops than on the device
         for picks in experts_l[i]:
             for e in picks:
                 load[e] += 1
-        batch.expert_load[layer] = load
-        for b, spec in enumerate(batch.captures):
+        capture.expert_load[layer] = load
+        for b, spec in enumerate(capture.specs):
             if spec is not None and spec.moe:
                 sl = batch.seq_slice(b)
-                batch.captured_moe.setdefault(layer, {})[b] = {"experts": experts_l[i][sl],
+                capture.moe.setdefault(layer, {})[b] = {"experts": experts_l[i][sl],
                                                                "weights": weights_l[i][sl]}
 
 

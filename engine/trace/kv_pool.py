@@ -23,6 +23,8 @@ from typing import Iterable
 
 from engine.block_manager import BlockManager
 from engine.sequence import Sequence
+from engine.trace import events
+from engine.trace.events import Event
 
 BlockState = tuple[tuple[str, ...], int, int, bool]  # owners, ref, fill, cached
 EMPTY: BlockState = ((), 0, 0, False)
@@ -53,9 +55,9 @@ class KVPoolTracker:
     looked_at: int | None = None  # the step of the last look
     always: bool = False  # look after every step, traced requests or not
 
-    def after_step(self, bm: BlockManager, live: list[Sequence], step: int) -> dict | None:
-        """The kv.pool event's data for the pool after `step` (live: the unfinished
-        requests), or None: nothing to say (nothing changed, or nobody traced to say it to)."""
+    def after_step(self, bm: BlockManager, live: list[Sequence], step: int) -> Event | None:
+        """The kv.pool event for the pool after `step` (live: the unfinished requests), or
+        None: nothing to say (nothing changed, or nobody traced to say it to)."""
         traced = tuple(s.request_id for s in live if s.traced)
         if not traced and not self.traced and not self.always:  # untraced work only: no one to tell
             return None
@@ -69,7 +71,4 @@ class KVPoolTracker:
             blocks = sorted(b for b in now.keys() | prev.keys() if now.get(b, EMPTY) != prev.get(b, EMPTY))
             if not blocks:
                 return None
-        states = [now.get(b, EMPTY) for b in blocks]
-        return {"num_blocks": bm.num_blocks, "block_size": bm.block_size, "full": full, "blocks": blocks,
-                "owners": [list(s[0]) for s in states], "ref": [s[1] for s in states],
-                "fill": [s[2] for s in states], "cached": [s[3] for s in states], "request_ids": to}
+        return events.kv_pool(bm.num_blocks, bm.block_size, full, blocks, [now.get(b, EMPTY) for b in blocks], to)

@@ -1,10 +1,10 @@
 """Trace events: what the engine tells the outside world about each stage.
 
-One small interface: the engine calls `tracer.emit(type, request_id, step, **data)`
-(or `emit_plain` with data already converted to JSON values);
-a `Tracer` turns that into a `TraceEvent` and hands it to its sinks. Event types
-begin with a stage name (see STAGES and ARCHITECTURE.md's journey), e.g. `kv.alloc`. With no tracer
-the engine builds no payloads at all.
+One small interface: `tracer.emit(type, request_id, step, **data)`, or `emit_plain` with
+data already converted to JSON values (the engine's events, each built by its function in
+engine/trace/events.py); a `Tracer` turns that into a `TraceEvent` and hands it to its
+sinks. Event types begin with a stage name (see STAGES and ARCHITECTURE.md's journey),
+e.g. `kv.alloc`. With no tracer the engine builds no payloads at all.
 """
 from __future__ import annotations
 

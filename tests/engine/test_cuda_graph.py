@@ -8,13 +8,12 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from engine import LLM, EngineConfig, SamplingParams
-from engine.batch import CaptureSpec, ForwardBatch
+from engine import LLM, EngineConfig, SamplingParams, forward
+from engine.batch import ForwardBatch
 from engine.cuda_graph import DecodeGraphs, capture_sizes, graphs_wanted, padded_size
-from engine.scheduler import ScheduledSeq
 from engine.sequence import Sequence
-from engine.tokenizer import IncrementalDetokenizer
 from engine.trace import EventList
+from engine.trace.capture import CaptureSpec, PassCapture
 
 CUDA = torch.cuda.is_available() and os.environ.get("TOKENTRACE_TEST_DEVICE") == "cuda"
 DEVICE = "cuda" if CUDA else "cpu"
@@ -86,7 +85,7 @@ def test_cpu_engine_has_no_graphs(llama, checkpoint):
     assert LLM(checkpoint("llama"), device="cpu", num_kv_blocks=8).engine.runner.decode_graphs is None
 
 
-def _batch(lens: list[int], captures=None, width: int = 2) -> ForwardBatch:
+def _batch(lens: list[int], width: int = 2) -> ForwardBatch:
     starts = [0]
     for n in lens:
         starts.append(starts[-1] + n)
@@ -94,8 +93,7 @@ def _batch(lens: list[int], captures=None, width: int = 2) -> ForwardBatch:
     return ForwardBatch(input_ids=torch.zeros(T, dtype=torch.long), positions=torch.zeros(T, dtype=torch.long),
                         slot_mapping=torch.zeros(T, dtype=torch.long), query_starts=starts, context_lens=[1] * B,
                         block_tables=torch.zeros(B, width, dtype=torch.long),
-                        context_lens_t=torch.ones(B, dtype=torch.int32), captures=captures or [None] * B,
-                        use_triton=True)
+                        context_lens_t=torch.ones(B, dtype=torch.int32), use_triton=True)
 
 
 def test_which_steps_fall_back_to_eager(padded):
@@ -105,10 +103,9 @@ def test_which_steps_fall_back_to_eager(padded):
     assert "prefill" in padded.eager_reason(_batch([1, 3, 1]))  # mixed: a chunk of prefill with decodes
     assert "above the largest" in padded.eager_reason(_batch([1] * 9))
     full = CaptureSpec([0], None, 64, False, 0)
-    assert "full trace" in padded.eager_reason(_batch([1, 1], captures=[None, full]))
-    lens = _batch([1, 1])
-    lens.lens_rows = torch.tensor([0])
-    assert "full trace" in padded.eager_reason(lens)
+    assert "full trace" in padded.eager_reason(_batch([1, 1]), PassCapture([None, full]))
+    lens = PassCapture([None, CaptureSpec([], None, 64, False, 0, logit_lens=5)], lens_rows=torch.tensor([1]))
+    assert "full trace" in padded.eager_reason(_batch([1, 1]), lens)
     assert "wider" in padded.eager_reason(_batch([1], width=padded.static.block_tables.shape[1] + 1))
     static = padded.batches[4]  # what a graph records: counted, its lengths never read on the host
     assert static.num_seqs == 4 and static.decode_only and static.static_shapes and static.use_triton
@@ -121,17 +118,13 @@ def test_which_steps_fall_back_to_eager(padded):
 # --- the padded path against the ordinary one ------------------------------------------------
 
 def _decoding(engine, n: int) -> list[Sequence]:
-    """n sequences with their prompts in the cache and one decode token allocated."""
-    bm, runner = engine.block_manager, engine.runner
+    """n sequences with their prompts in the cache (the quick torch kernels) and a next token
+    to decode (forward.run's next pass, or forward.prepare's)."""
     seqs = []
     for i, ids in enumerate(prompts(n, seed=n)):
-        seq = Sequence(f"pad{i}", ids, SamplingParams(), IncrementalDetokenizer.start(engine.tokenizer, ids))
-        bm.admit(seq, [])
-        bm.allocate(seq, len(ids))
-        runner.run(_torch_path(runner.prepare([ScheduledSeq(seq, 0, len(ids))], [None])), [len(ids) - 1])
-        seq.num_computed_tokens = len(ids)
+        seq = forward.admit(engine, ids, f"pad{i}")
+        forward.run(engine, [seq], rows=[len(ids) - 1], use_triton=False)
         seq.token_ids.append(7 + i)  # its next token, to be decoded
-        bm.allocate(seq, 1)
         seqs.append(seq)
     return seqs
 
@@ -142,8 +135,7 @@ def test_padded_decode_matches_the_eager_pass(llama, padded, n):
     runner, bm = engine.runner, engine.block_manager
     seqs = _decoding(engine, n)
     try:
-        steps = [ScheduledSeq(s, s.num_computed_tokens, 1) for s in seqs]
-        batch = runner.prepare(steps, [None] * n)
+        batch = forward.prepare(engine, seqs)
         real = set(batch.slot_mapping.tolist())
         before = runner.kv_cache.clone()
         got = runner.run(batch)  # padded to padded_size(SIZES, n), static buffers
@@ -152,8 +144,8 @@ def test_padded_decode_matches_the_eager_pass(llama, padded, n):
         per_slot = (runner.kv_cache != before).flatten(4).any(-1).any(0).any(0).flatten()
         assert set(per_slot.nonzero().flatten().tolist()) == real
         runner.decode_graphs = None
-        want = runner.run(runner.prepare(steps, [None] * n))  # the ordinary eager pass, Triton kernels
-        ref = runner.run(_torch_path(runner.prepare(steps, [None] * n)))  # and the torch kernels
+        want = forward.run(engine, seqs, advance=False)  # the ordinary eager pass, Triton kernels
+        ref = forward.run(engine, seqs, advance=False, use_triton=False)  # and the torch kernels
         runner.decode_graphs = padded
     finally:
         for s in seqs:
@@ -162,11 +154,6 @@ def test_padded_decode_matches_the_eager_pass(llama, padded, n):
     torch.testing.assert_close(got, want, **TOL)
     torch.testing.assert_close(got, ref, **TOL)
     assert got.argmax(-1).tolist() == want.argmax(-1).tolist() == ref.argmax(-1).tolist()
-
-
-def _torch_path(batch: ForwardBatch) -> ForwardBatch:
-    batch.use_triton = False
-    return batch
 
 
 @pytest.mark.slow  # two engines, padded and eager, token for token
@@ -257,7 +244,7 @@ def test_padded_pass_reads_nothing_on_the_host(request, no_host_reads, model, n)
     graphs = DecodeGraphs.for_runner(runner, SIZES, capture=False)
     seqs = _decoding(engine, n)
     try:
-        batch = runner.prepare([ScheduledSeq(s, s.num_computed_tokens, 1) for s in seqs], [None] * n)
+        batch = forward.prepare(engine, seqs)
         with torch.inference_mode():
             with no_host_reads:
                 hidden = graphs.forward(batch)
@@ -292,10 +279,9 @@ def test_captured_graphs_match_eager(checkpoint, arch):
     engine, runner = graphed.engine, graphed.engine.runner
     seqs = _decoding(engine, 3)
     try:
-        steps = [ScheduledSeq(s, s.num_computed_tokens, 1) for s in seqs]
-        replayed = runner.run(runner.prepare(steps, [None] * 3))
+        replayed = forward.run(engine, seqs, advance=False)
         runner.decode_graphs = None
-        direct = runner.run(runner.prepare(steps, [None] * 3))
+        direct = forward.run(engine, seqs, advance=False)
         runner.decode_graphs = graphs
     finally:
         for s in seqs:
@@ -370,7 +356,7 @@ def test_capture_control_flow_with_a_stand_in_graph(llama, monkeypatch):
 
         def replay(self):
             self.replayed += 1
-            forward(self.size)
+            padded_forward(self.size)
 
     class Capture:
         def __init__(self, graph, pool=None):
@@ -383,12 +369,12 @@ def test_capture_control_flow_with_a_stand_in_graph(llama, monkeypatch):
         def __exit__(self, *exc):
             capturing.pop()
 
-    forward = graphs._forward
+    padded_forward = graphs._forward
 
     def record(size):
         if capturing:
             capturing[-1].size = size
-        forward(size)
+        padded_forward(size)
     monkeypatch.setattr(graphs, "_forward", record)
     monkeypatch.setattr(torch.cuda, "CUDAGraph", StandIn)
     monkeypatch.setattr(torch.cuda, "graph", Capture)
@@ -404,11 +390,10 @@ def test_capture_control_flow_with_a_stand_in_graph(llama, monkeypatch):
     engine = llama.engine
     seqs = _decoding(engine, 3)
     try:
-        steps = [ScheduledSeq(s, s.num_computed_tokens, 1) for s in seqs]
         runner.decode_graphs = graphs
-        got = runner.run(runner.prepare(steps, [None] * 3))
+        got = forward.run(engine, seqs, advance=False)
         runner.decode_graphs = None
-        want = runner.run(runner.prepare(steps, [None] * 3))
+        want = forward.run(engine, seqs, advance=False)
     finally:
         runner.decode_graphs = None
         for s in seqs:
@@ -425,16 +410,12 @@ def test_padded_decode_in_other_families(checkpoint, arch):
     engine, runner = llm.engine, llm.engine.runner
     seqs = _decoding(engine, 3)
     for _ in range(6):  # past Mistral's window of 8 and Gemma's of 6
-        steps = [ScheduledSeq(s, s.num_computed_tokens, 1) for s in seqs]
-        runner.run(_torch_path(runner.prepare(steps, [None] * 3)))  # only fills the cache: the quick kernels
+        forward.run(engine, seqs, use_triton=False)  # only fills the cache: the quick kernels
         for s in seqs:
-            s.num_computed_tokens += 1
             s.token_ids.append(9)
-            engine.block_manager.allocate(s, 1)
-    steps = [ScheduledSeq(s, s.num_computed_tokens, 1) for s in seqs]
-    want = runner.run(runner.prepare(steps, [None] * 3))
+    want = forward.run(engine, seqs, advance=False)
     runner.decode_graphs = DecodeGraphs.for_runner(runner, SIZES, capture=False)
-    got = runner.run(runner.prepare(steps, [None] * 3))
+    got = forward.run(engine, seqs, advance=False)
     assert runner.decode_graphs.replays == 1
     assert min(s.num_computed_tokens for s in seqs) + 1 > 8
     torch.testing.assert_close(got, want, **TOL)

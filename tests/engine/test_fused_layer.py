@@ -9,13 +9,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine import LLM
-from engine.batch import CaptureSpec
+from engine import LLM, forward
 from engine.layers import fused
 from engine.sampling_params import SamplingParams
-from engine.scheduler import ScheduledSeq
-from engine.sequence import Sequence
-from engine.tokenizer import IncrementalDetokenizer
+from engine.trace.capture import CaptureSpec, PassCapture
 
 
 @pytest.fixture(autouse=True)
@@ -28,29 +25,31 @@ def _decode_pass(llm: LLM, prompts: list[list[int]], capture: CaptureSpec | None
     twice: fused, then through the modules (the same K/V rewritten to the same slots).
     -> (logits, captured attention, captured MoE routing) of each."""
     engine = llm.engine
-    bm, runner = engine.block_manager, engine.runner
-    seqs = []
-    for i, ids in enumerate(prompts):
-        seq = Sequence(f"s{i}", list(ids), SamplingParams(), IncrementalDetokenizer.start(engine.tokenizer, ids))
-        bm.admit(seq, [])
-        bm.allocate(seq, len(ids))
-        runner.run(runner.prepare([ScheduledSeq(seq, 0, len(ids) - 1)], [None]))
-        seqs.append(seq)
-    layers = runner.model.model.layers
+    seqs = [forward.admit(engine, ids, f"s{i}") for i, ids in enumerate(prompts)]
+    for seq in seqs:
+        forward.run(engine, [seq], len(seq) - 1)
+    layers = engine.runner.model.model.layers
     results = []
     try:
         for fuse in (True, False):
             for layer in layers:
                 layer.fusable = fuse and layer.fusable
-            batch = runner.prepare([ScheduledSeq(s, len(s) - 1, 1) for s in seqs], [capture] * len(seqs))
+            batch = forward.prepare(engine, seqs)
             assert batch.decode_group is not None and batch.decode_group.rows is None
-            results.append((runner.run(batch), batch.captured_attention, batch.captured_moe))
+            results.append(_run(engine, batch, [capture] * len(seqs)))
             if fuse:
                 assert all(layer.fused is not None for layer in layers)
     finally:
         for seq in seqs:
-            bm.free_seq(seq)
+            engine.block_manager.free_seq(seq)
     return results
+
+
+def _run(engine, batch, specs: list[CaptureSpec | None]):
+    """The pass -> (logits, captured attention, captured MoE routing)."""
+    capture = PassCapture.of(specs)
+    logits = engine.runner.run(batch, None, capture)
+    return (logits, {}, {}) if capture is None else (logits, capture.attention, capture.moe)
 
 
 # plain; a sliding window; biases and a window; MoE (the attention half fused); MoE and dense layers;
@@ -121,32 +120,26 @@ def test_verify_and_prefill_rows_attend_causally_in_the_fused_layer(checkpoint):
     the chunk's rows seeing each other causally. The same logits as the modules."""
     llm = LLM(checkpoint("mistral"), device="cpu", dtype="float32", block_size=4)
     engine = llm.engine
-    bm, runner = engine.block_manager, engine.runner
     g = torch.Generator().manual_seed(5)
     prompts = [torch.randint(4, 300, (n,), generator=g).tolist() for n in (17, 5, 11)]
-    seqs = []
-    for i, ids in enumerate(prompts):
-        seq = Sequence(f"m{i}", list(ids), SamplingParams(), IncrementalDetokenizer.start(engine.tokenizer, ids))
-        bm.admit(seq, [])
-        bm.allocate(seq, len(ids))
-        seqs.append(seq)
-    runner.run(runner.prepare([ScheduledSeq(seqs[0], 0, 11)], [None]))  # the first 11 of 17, then a chunk of 6
+    seqs = [forward.admit(engine, ids, f"m{i}") for i, ids in enumerate(prompts)]
+    forward.run(engine, [seqs[0]], 11)  # the first 11 of 17, then a chunk of 6
     for s in seqs[1:]:
-        runner.run(runner.prepare([ScheduledSeq(s, 0, len(s) - 1)], [None]))
-    layers = runner.model.model.layers
-    chunk = [ScheduledSeq(seqs[0], 11, 6)] + [ScheduledSeq(s, len(s) - 1, 1) for s in seqs[1:]]
+        forward.run(engine, [s], len(s) - 1)
+    layers = engine.runner.model.model.layers
     spec = CaptureSpec(attention_layers=[0], heads=None, max_keys=64, moe=False, embed_dims=0)
     out = []
     try:
         for fuse in (True, False):
             for layer in layers:
                 layer.fusable = fuse
-            batch = runner.prepare(chunk, [spec] * 3)
+            batch = forward.prepare(engine, seqs)  # the chunk of 6 and the others' last tokens
             assert not batch.decode_only and batch.input_ids.shape[0] == 8
-            out.append((runner.run(batch), batch.captured_attention[0]))
+            logits, attention, _ = _run(engine, batch, [spec] * 3)
+            out.append((logits, attention[0]))
     finally:
         for seq in seqs:
-            bm.free_seq(seq)
+            engine.block_manager.free_seq(seq)
     (fused_logits, fused_attn), (module_logits, module_attn) = out
     torch.testing.assert_close(fused_logits, module_logits, atol=2e-5, rtol=1e-5)
     for b in range(3):

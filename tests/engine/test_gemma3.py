@@ -11,8 +11,9 @@ import torch
 
 from engine import LLM, CaptureConfig, EventList, SamplingParams, Tracer
 from engine.config import EngineConfig, ModelConfig, UnsupportedModelError
+from engine.forward import prompt_logits
 from engine.llm_engine import LLMEngine
-from tests.engine_utils import DEVICE, chunked_logits
+from tests.engine_utils import DEVICE
 from tests.tiny import load_reference, make_checkpoint, save_tokenizer, scale_weights
 
 GEN = torch.Generator().manual_seed(5)
@@ -85,16 +86,16 @@ def test_window_and_local_rope_matter(gemma):
     global RoPE, changes the logits past the window."""
     llm = LLM(gemma, device=DEVICE, dtype="float32", block_size=4)
     attn = llm.engine.runner.model.model.layers[0].self_attn
-    base = chunked_logits(llm.engine, PROMPTS[0], len(PROMPTS[0]))
+    base = prompt_logits(llm.engine, PROMPTS[0], len(PROMPTS[0]))
     for field, changed in (("window", None), ("rope", "global")):
         kept = getattr(attn, field)
         setattr(attn, field, changed)
         try:
-            other = chunked_logits(llm.engine, PROMPTS[0], len(PROMPTS[0]))
+            other = prompt_logits(llm.engine, PROMPTS[0], len(PROMPTS[0]))
         finally:
             setattr(attn, field, kept)
         assert not torch.allclose(base[WINDOW:], other[WINDOW:], atol=1e-3), field
-    assert torch.allclose(base[:WINDOW], chunked_logits(llm.engine, PROMPTS[0], 1)[:WINDOW], atol=1e-4)
+    assert torch.allclose(base[:WINDOW], prompt_logits(llm.engine, PROMPTS[0], 1)[:WINDOW], atol=1e-4)
 
 
 @pytest.mark.parametrize("use_triton", [False, pytest.param(True, marks=pytest.mark.slow)],  # slow: Triton interpreted
@@ -128,7 +129,7 @@ def test_final_logit_softcapping_and_a_plain_rope_config(tmp_path):
     assert llm.engine.model_config.sliding_windows == [4, 4, 4]  # fewer layers than the pattern of 6
     with torch.no_grad():
         expected = load_reference(tmp_path)(torch.tensor([PROMPTS[1]])).logits[0]
-    got = chunked_logits(llm.engine, PROMPTS[1], 3)
+    got = prompt_logits(llm.engine, PROMPTS[1], 3)
     assert expected.abs().max() < 2.0
     torch.testing.assert_close(got, expected, atol=2e-4, rtol=1e-4)
 
@@ -152,7 +153,7 @@ def test_multimodal_checkpoint_runs_its_language_model(tmp_path):
     llm = LLM(tmp_path, device=DEVICE, dtype="float32", block_size=4)
     with torch.no_grad():
         expected = model.eval()(input_ids=torch.tensor([PROMPTS[0]])).logits[0]
-    torch.testing.assert_close(chunked_logits(llm.engine, PROMPTS[0], 5), expected, atol=2e-4, rtol=1e-4)
+    torch.testing.assert_close(prompt_logits(llm.engine, PROMPTS[0], 5), expected, atol=2e-4, rtol=1e-4)
 
 
 # --- captured attention ---------------------------------------------------------------------

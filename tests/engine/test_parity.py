@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from tests.engine_utils import DEVICE, chunked_logits
+from engine.forward import prompt_logits
+from tests.engine_utils import DEVICE
 from tests.tiny import ARCH_CONFIGS, load_reference
 
 ARCHS = list(ARCH_CONFIGS)
@@ -29,7 +30,7 @@ def test_logits_match_transformers(pair, arch, chunk):
     llm, ref = pair(arch)
     with torch.no_grad():
         expected = ref(torch.tensor([PROMPT])).logits[0]
-    got = chunked_logits(llm.engine, PROMPT, chunk)
+    got = prompt_logits(llm.engine, PROMPT, chunk)
     assert got.shape == expected.shape
     torch.testing.assert_close(got, expected, atol=2e-4, rtol=1e-4)
 
@@ -55,10 +56,10 @@ def test_sliding_window_matters(pair):
     attn = llm.engine.runner.model.model.layers[0].self_attn
     attn.window = None
     try:
-        full = chunked_logits(llm.engine, PROMPT, len(PROMPT))
+        full = prompt_logits(llm.engine, PROMPT, len(PROMPT))
     finally:
         attn.window = 8
-    windowed = chunked_logits(llm.engine, PROMPT, len(PROMPT))
+    windowed = prompt_logits(llm.engine, PROMPT, len(PROMPT))
     assert torch.allclose(full[:8], windowed[:8], atol=1e-5)
     assert not torch.allclose(full[8:], windowed[8:], atol=1e-3)
 
@@ -119,7 +120,7 @@ def test_cpu_linears_match_transformers(checkpoint, monkeypatch, cpu_kernels_swi
     with torch.no_grad():
         expected = ref(torch.tensor([PROMPT])).logits[0]
     for chunk in (len(PROMPT), 1):
-        torch.testing.assert_close(chunked_logits(llm.engine, PROMPT, chunk), expected, atol=2e-4, rtol=1e-4)
+        torch.testing.assert_close(prompt_logits(llm.engine, PROMPT, chunk), expected, atol=2e-4, rtol=1e-4)
     prompts = [PROMPT, PROMPT[3:], PROMPT[:9]]
     greedy = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     outs = llm.generate(prompts, greedy)

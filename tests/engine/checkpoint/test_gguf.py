@@ -10,7 +10,8 @@ import torch
 
 from engine import LLM, ModelLoadError, SamplingParams
 from engine.checkpoint.resolve import resolve_model_path
-from tests.engine_utils import DEVICE, chunked_logits
+from engine.forward import prompt_logits
+from tests.engine_utils import DEVICE
 from tests.gguf_writer import Q, tiny_model, write_gguf  # skips these tests without the gguf package
 from tests.tiny import VOCAB, save_tokenizer
 
@@ -49,8 +50,8 @@ def hf_greedy(ref, n: int) -> list[int]:
 def assert_matches(llm: LLM, ref, n_new: int = 16) -> None:
     with torch.no_grad():
         expected = ref(torch.tensor([PROMPT])).logits[0]
-    torch.testing.assert_close(chunked_logits(llm.engine, PROMPT, len(PROMPT)), expected, atol=2e-4, rtol=1e-4)
-    torch.testing.assert_close(chunked_logits(llm.engine, PROMPT, 5), expected, atol=2e-4, rtol=1e-4)
+    torch.testing.assert_close(prompt_logits(llm.engine, PROMPT, len(PROMPT)), expected, atol=2e-4, rtol=1e-4)
+    torch.testing.assert_close(prompt_logits(llm.engine, PROMPT, 5), expected, atol=2e-4, rtol=1e-4)
     out = llm.generate(PROMPT, SamplingParams(temperature=0, max_tokens=n_new, ignore_eos=True))[0]
     assert out.token_ids == hf_greedy(ref, n_new)
 

@@ -7,7 +7,8 @@ import torch
 
 from engine import LLM, ModelLoadError, SamplingParams, UnsupportedModelError
 from engine.checkpoint.resolve import resolve_model_path
-from tests.engine_utils import DEVICE, chunked_logits
+from engine.forward import prompt_logits
+from tests.engine_utils import DEVICE
 from tests.tiny import make_checkpoint
 
 PROMPT = list(range(5, 30))
@@ -28,15 +29,15 @@ def test_sharded_checkpoint_with_index(tmp_path, checkpoint):
     assert len(list(sharded.glob("*.safetensors"))) > 1
     whole = LLM(checkpoint("qwen2_moe"), device=DEVICE)
     split = LLM(sharded, device=DEVICE)
-    torch.testing.assert_close(chunked_logits(split.engine, PROMPT, 25), chunked_logits(whole.engine, PROMPT, 25))
+    torch.testing.assert_close(prompt_logits(split.engine, PROMPT, 25), prompt_logits(whole.engine, PROMPT, 25))
 
 
 @pytest.mark.parametrize("dtype,tol", [("bfloat16", 0.15), ("float16", 0.02)])
 def test_half_precision_dtypes(checkpoint, dtype, tol):
-    ref = chunked_logits(LLM(checkpoint("qwen3"), device=DEVICE, dtype="float32").engine, PROMPT, 25)
+    ref = prompt_logits(LLM(checkpoint("qwen3"), device=DEVICE, dtype="float32").engine, PROMPT, 25)
     llm = LLM(checkpoint("qwen3"), device=DEVICE, dtype=dtype)
     assert llm.engine.runner.kv_cache.dtype == getattr(torch, dtype)
-    got = chunked_logits(llm.engine, PROMPT, 25)
+    got = prompt_logits(llm.engine, PROMPT, 25)
     assert (got - ref).abs().max() < tol * ref.abs().max()
     assert len(llm.generate(PROMPT, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))[0].token_ids) == 8
 
@@ -151,7 +152,7 @@ def test_config_with_only_model_type(copy_of, arch):
     llm = LLM(path, device=DEVICE, dtype="float32")
     with torch.no_grad():
         expected = load_reference(path)(torch.tensor([PROMPT])).logits[0]
-    torch.testing.assert_close(chunked_logits(llm.engine, PROMPT, 25), expected, atol=2e-4, rtol=1e-4)
+    torch.testing.assert_close(prompt_logits(llm.engine, PROMPT, 25), expected, atol=2e-4, rtol=1e-4)
 
 
 def test_tied_checkpoint_with_only_lm_head(copy_of):
@@ -169,4 +170,4 @@ def test_tied_checkpoint_with_only_lm_head(copy_of):
     torch.testing.assert_close(ref.model.embed_tokens.weight, tensors["lm_head.weight"])
     with torch.no_grad():
         expected = ref(torch.tensor([PROMPT])).logits[0]
-    torch.testing.assert_close(chunked_logits(llm.engine, PROMPT, 25), expected, atol=2e-4, rtol=1e-4)
+    torch.testing.assert_close(prompt_logits(llm.engine, PROMPT, 25), expected, atol=2e-4, rtol=1e-4)

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from benchmarks.bench.agreement import agreement, prompt_logits
+from benchmarks.bench.agreement import agreement
 from engine.config import EngineConfig
+from engine.forward import prompt_logits
 from engine.kernels import cpu, cpu_quant
 from engine.layers import quantized
 from engine.layers.quantized import dequantize_codes, int4_from_codes, quantize_int4, quantize_int8

@@ -20,8 +20,8 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
+from engine.forward import prompt_logits
 from engine.parallel.runner import RankFailedError
-from tests.engine_utils import chunked_logits
 from visualizers.parallel import measured_stage_html, parallel_panel_html, step_summary
 from tests.paths import ROOT
 
@@ -72,7 +72,7 @@ def test_two_ranks_match_one_device(checkpoint, arch, parallel):
         # logits of a whole prefill and of token-by-token decoding through each rank's KV pages
         ids = one.tokenizer.encode("Once upon a time, the little fox") if arch == "embedded" else PROMPTS[0]
         for chunk in (len(ids), 1):
-            torch.testing.assert_close(chunked_logits(two.engine, ids, chunk), chunked_logits(one.engine, ids, chunk),
+            torch.testing.assert_close(prompt_logits(two.engine, ids, chunk), prompt_logits(one.engine, ids, chunk),
                                        atol=1e-4, rtol=1e-4)
         # greedy tokens of a batch of two prompts (prefill, then batched decode)
         prompts = [ids, PROMPTS[1]]

@@ -1,0 +1,210 @@
+"""Every trace event the engine emits, built here: one function per event type, each
+returning the event as (type, request_id, data), which the engine hands to
+`Tracer.emit_plain` with its step count. The schema version is tracer.SCHEMA_VERSION.
+
+The data is made of JSON values already: built from plain Python values (the captures
+are plain lists, engine/trace/capture.py), or walked once by `jsonable` where a field may
+hold a caller's list or a tuple (those events are few per request). A builder runs only
+for a traced request: an untraced one pays for none of this.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+import torch
+
+from engine.trace.softmax_stats import softmax_stats
+from engine.trace.tracer import jsonable
+
+if TYPE_CHECKING:  # for the annotations only: the block manager, which the scheduler imports, builds its events here
+    from engine.config import ModelConfig
+    from engine.outputs import TokenOutput
+    from engine.scheduler import ScheduledSeq
+    from engine.sequence import Sequence
+    from engine.speculative import Verdict
+
+Event = tuple[str, str | None, dict]  # type, request id (None: the whole step), data
+Piece = Callable[[int], str]  # a token's text, special tokens included (a replay has no tokenizer)
+LENS_DIGITS = 4  # significant digits: a lens row's chosen token may have p = 1e-9, which 4 decimals zero
+
+
+# --- request -------------------------------------------------------------------------
+
+def request_arrive(seq: Sequence, messages: list[dict] | None) -> Event:
+    p = seq.params
+    return "request.arrive", seq.request_id, jsonable({
+        "prompt": seq.prompt, "messages": messages,
+        "params": {"temperature": p.temperature, "top_k": p.top_k, "top_p": p.top_p, "min_p": p.min_p,
+                   "seed": p.seed, "max_tokens": p.max_tokens, "stop": p.stop, "ignore_eos": p.ignore_eos},
+        "trace_level": seq.trace_level})
+
+
+def tokenize(seq: Sequence, pieces: list[str], vocab_size: int, tokenizer_size: int, chat_template: bool) -> Event:
+    """pieces: the prompt's tokens as text; vocab_size: the model's logits, tokenizer_size: the tokenizer's."""
+    return "tokenize", seq.request_id, jsonable({
+        "tokens": pieces, "count": seq.num_prompt_tokens, "vocab_size": vocab_size,
+        "tokenizer_size": tokenizer_size, "chat_template": chat_template,
+        "seconds": seq.tokenized_time - seq.arrival_time})
+
+
+def trace_truncated(request_id: str, limit_bytes: int) -> Event:
+    """A reader's byte cap stopped the request's tensor captures (LLMEngine.stop_captures)."""
+    return "trace.truncated", request_id, {"limit_bytes": limit_bytes}
+
+
+def finish(seq: Sequence, reason: str, metrics: dict) -> Event:
+    return "finish", seq.request_id, jsonable({
+        "reason": reason, "text": seq.text,
+        "usage": {"prompt_tokens": seq.num_prompt_tokens, "completion_tokens": seq.num_output_tokens,
+                  "cached_tokens": seq.num_cached_tokens},
+        **metrics})
+
+
+# --- prefix cache and KV pool (engine/block_manager.py) ---------------------------------
+
+def prefix_cache_lookup(seq: Sequence, hits: list[int], block_size: int) -> Event:
+    return "prefix_cache.lookup", seq.request_id, jsonable({
+        "hit": bool(hits), "cached_blocks": hits, "cached_tokens": seq.num_cached_tokens, "prompt_tokens": len(seq),
+        "full_blocks": (len(seq) - 1) // block_size, "readmission": seq.num_preemptions > 0})
+
+
+def kv_share(seq: Sequence, hits: list[int]) -> Event:
+    return "kv.share", seq.request_id, jsonable({"blocks": hits, "tokens": seq.num_cached_tokens})
+
+
+def kv_alloc(seq: Sequence, new: list[int]) -> Event:
+    return "kv.alloc", seq.request_id, jsonable({"blocks": new, "table": list(seq.block_table)})
+
+
+def kv_free(seq: Sequence, freed: list[int], cached: list[int], released: int) -> Event:
+    """freed: blocks nobody references now (cached: those of them the prefix cache keeps);
+    released: references dropped on blocks still shared."""
+    return "kv.free", seq.request_id, jsonable({"blocks": freed, "cached": cached, "released": released})
+
+
+def kv_rollback(seq: Sequence, freed: list[int], cached: list[int], released: int) -> Event:
+    """Blocks of rejected speculative positions, as kv_free counts them."""
+    return "kv.rollback", seq.request_id, jsonable({"blocks": freed, "cached": cached, "released": released})
+
+
+def kv_evict(seq: Sequence, block: int) -> Event:
+    return "kv.evict", seq.request_id, jsonable({"block": block})
+
+
+def kv_exhausted(seq: Sequence, num_blocks: int) -> Event:
+    return "kv.exhausted", seq.request_id, jsonable({"blocks": num_blocks, "tokens": len(seq)})
+
+
+def kv_pool(num_blocks: int, block_size: int, full: bool, blocks: list[int],
+            states: list[tuple[tuple[str, ...], int, int, bool]], request_ids: list[str]) -> Event:
+    """The pool after a step (engine/trace/kv_pool.py): each listed block's owners, ref, fill,
+    cached (states: index for index with blocks); request_ids: whose trace it belongs to."""
+    return "kv.pool", None, {"num_blocks": num_blocks, "block_size": block_size, "full": full, "blocks": blocks,
+                             "owners": [list(s[0]) for s in states], "ref": [s[1] for s in states],
+                             "fill": [s[2] for s in states], "cached": [s[3] for s in states],
+                             "request_ids": request_ids}
+
+
+def kv_fill(s: ScheduledSeq, block_size: int) -> Event:
+    """Where this step's tokens of s went: each block's slots written, in order."""
+    seq, bs = s.seq, block_size
+    fills, pos, end = [], s.start, s.start + s.num_tokens
+    while pos < end:
+        n = min(end, (pos // bs + 1) * bs) - pos
+        fills.append({"block": seq.block_table[pos // bs], "offset": pos % bs, "count": n})
+        pos += n
+    return "kv.fill", seq.request_id, {"fills": fills, "tokens": end, "blocks": len(seq.block_table),
+                                       "kind": s.kind}
+
+
+# --- the step -----------------------------------------------------------------------
+
+def schedule_preempt(seq: Sequence) -> Event:
+    return "schedule.preempt", seq.request_id, jsonable({"tokens": len(seq)})
+
+
+def schedule_step(scheduled: list[ScheduledSeq], phases: dict, forward_seconds: float, num_tokens: int,
+                  running: int, waiting: int, free_blocks: int, cached_blocks: int) -> Event:
+    """phases: the step's start (perf_counter) and its schedule and sample seconds (the forward
+    pass is forward_seconds; what follows this event is the trace's own work)."""
+    return "schedule.step", None, {
+        **phases, "forward_seconds": forward_seconds, "num_tokens": num_tokens,
+        "batch": [{"request_id": s.seq.request_id, "kind": s.kind, "start": s.start, "num_tokens": s.num_tokens}
+                  for s in scheduled],
+        "running": running, "waiting": waiting, "free_blocks": free_blocks, "cached_blocks": cached_blocks}
+
+
+def schedule_collective(scheduled: list[ScheduledSeq], placement: dict, collectives: list[dict],
+                        forward_seconds: float) -> Event:
+    """A sharded step: what crossed between the ranks (engine/parallel)."""
+    return "schedule.collective", None, {
+        "placement": placement, "collectives": collectives, "forward_seconds": forward_seconds,
+        "batch": [{"request_id": s.seq.request_id} for s in scheduled]}
+
+
+# --- a `full` trace's captures (engine/trace/capture.py: plain lists already) -------------
+
+def embed(s: ScheduledSeq, rows: list, hidden_size: int) -> Event:
+    return "embed", s.seq.request_id, {"start": s.start, "token_ids": s.token_ids(),
+                                       "shape": [s.num_tokens, hidden_size], "dims": len(rows[0]), "rows": rows}
+
+
+def attention(s: ScheduledSeq, layer: int, captured: dict, heads: list[int], cfg: ModelConfig) -> Event:
+    """captured: the layer's capture for s (q_start, k_start, window, probs); heads: the query heads kept."""
+    group = cfg.num_heads // cfg.num_kv_heads
+    return "attention", s.seq.request_id, {
+        "layer": layer, "kind": s.kind, "heads": list(heads), "kv_heads": [h // group for h in heads],
+        "num_heads": cfg.num_heads, "num_kv_heads": cfg.num_kv_heads, "q_start": captured["q_start"],
+        "k_start": captured["k_start"], "window": captured["window"], "probs": captured["probs"]}
+
+
+def moe(s: ScheduledSeq, layer: int, captured: dict, batch_load: list[int], cfg: ModelConfig) -> Event:
+    """captured: the layer's routing of s's tokens (experts, weights); batch_load: tokens per expert."""
+    return "moe", s.seq.request_id, {"layer": layer, "start": s.start, "experts": captured["experts"],
+                                     "weights": captured["weights"], "num_experts": cfg.num_experts,
+                                     "top_k": cfg.num_experts_per_tok, "batch_load": batch_load}
+
+
+# --- each new token ------------------------------------------------------------------
+
+def sample(seq: Sequence, source: str, method: str | None, token: int, info: dict, piece: Piece) -> Event:
+    """The target's distribution at the new token's position; info: sampler.explain's stages.
+    source: target, draft, corrected or bonus (method: the proposer's, None for the target)."""
+    return "sample", seq.request_id, {"position": len(seq), "source": source, "method": method,
+                                      "candidate_texts": [piece(t) for t in info["candidates"]],
+                                      "token_text": piece(token), **info}
+
+
+def logit_lens(seq: Sequence, source: str, logits: torch.Tensor, chosen: int, top: int, piece: Piece) -> Event:
+    """logits: [L + 1, vocab] at the new token's position (engine/trace/logit_lens.py rows());
+    chosen: the token finally drawn there. `layers`: one per residual-stream point, each with
+    its `top` candidates, and the chosen token's rank (1 = the top candidate) and probability."""
+    s = softmax_stats(logits, top, [chosen] * logits.shape[0])
+    layers = [{"top_ids": ids, "top_probs": [_lens_rounded(p) for p in ps], "top_texts": [piece(t) for t in ids],
+               "chosen_rank": rank, "chosen_prob": _lens_rounded(cp)}
+              for ids, ps, rank, cp in zip(s.top_ids, s.top_probs, s.rank, s.chosen_probs)]
+    return "logit_lens", seq.request_id, {"position": len(seq), "source": source, "token_id": chosen,
+                                          "token_text": piece(chosen), "layers": layers}
+
+
+def spec(s: ScheduledSeq, verdict: Verdict, piece: Piece, details: dict) -> Event:
+    """One speculative round of s: its proposals, their p and q, what was kept, and the token
+    the target added; details: the proposer's own (Proposer.describe)."""
+    seq, k, accepted = s.seq, len(s.draft_tokens), verdict.accepted
+    return "spec", seq.request_id, jsonable({
+        "k": k, "proposed": s.draft_tokens, "proposed_text": [piece(t) for t in s.draft_tokens],
+        "draft_probs": verdict.draft_probs, "target_probs": verdict.target_probs, "accepted": accepted,
+        "rejected_position": accepted if accepted < k else None, "token": verdict.tokens[-1],
+        "token_text": piece(verdict.tokens[-1]), "token_kind": "corrected" if accepted < k else "bonus",
+        "acceptance_rate": seq.spec_accepted / seq.spec_proposed, "greedy": seq.params.greedy, **details})
+
+
+def token(seq: Sequence, out: TokenOutput) -> Event:
+    """A streamed token; latency: since the previous token (the first: since arrival)."""
+    prev = seq.token_times[-2] if len(seq.token_times) > 1 else seq.arrival_time
+    return "token", seq.request_id, {"token_id": out.token_id, "text": out.text, "index": out.index, "t": out.time,
+                                     "latency": seq.token_times[-1] - prev}
+
+
+def _lens_rounded(v: float) -> float:
+    return float(f"{v:.{LENS_DIGITS}g}")
