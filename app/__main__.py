@@ -20,6 +20,9 @@ from pathlib import Path
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+# Only these light modules at the top: the engine (torch, ~3 s) and the server (gradio, ~7 s)
+# are imported lazily inside the functions that need them, so --help and a bad argument
+# answer at once.
 from app.serving.limits import API_TRACE_LEVEL, MAX_BODY_BYTES, PUBLIC_MAX_CONCURRENT, PUBLIC_MAX_TOKENS, \
     ServeLimits  # noqa: E402
 from app.serving.trace_store import MAX_BYTES_PER_REQUEST, MAX_TOTAL_BYTES  # noqa: E402

@@ -12,6 +12,7 @@ from engine.checkpoint.weights import load_model
 from engine.config import EngineConfig, ModelConfig, ProgressFn
 from engine.cuda_graph import DecodeGraphs, capture_sizes, graphs_wanted
 from engine.kernels import cpu as cpu_kernels
+from engine.kernels import triton_available
 from engine.scheduler import ScheduledSeq
 from engine.trace import logit_lens
 from engine.trace.capture import PassCapture, collect
@@ -31,14 +32,6 @@ def kv_pool_blocks(cfg: ModelConfig, ecfg: EngineConfig, max_model_len: int, dty
         return max(1, int(free * ecfg.kv_cache_memory_fraction) // bytes_per_block)
     wanted = ecfg.max_num_seqs * -(-max_model_len // ecfg.block_size)
     return max(1, min(wanted, ecfg.kv_cache_max_bytes // bytes_per_block))
-
-
-def _triton_available() -> bool:
-    try:
-        from engine.kernels import triton_available
-    except ImportError:
-        return False
-    return triton_available()
 
 
 def _available_host_memory() -> int:
@@ -83,7 +76,7 @@ class ModelRunner:
             attn.k_cache, attn.v_cache = self.kv_cache[0, i], self.kv_cache[1, i]
         use_triton = ecfg.use_triton
         if use_triton is None:
-            use_triton = device.type == "cuda" and _triton_available()
+            use_triton = device.type == "cuda" and triton_available()
         self.use_triton = use_triton
         self.max_model_len = max_model_len
         # CUDA graphs of the decode step (engine/cuda_graph.py), captured now: part of start-up

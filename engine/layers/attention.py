@@ -13,6 +13,8 @@ from torch import nn
 from engine.batch import DecodeGroup, ForwardBatch, key_mask
 from engine.config import ModelConfig
 from engine.kernels import cpu as cpu_kernels
+from engine.kernels import paged_decode_attention
+from engine.kernels import store_kv as store_kv_kernel
 from engine.layers.linear import Linear
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import apply_rotary, rotate
@@ -76,7 +78,6 @@ class Attention(nn.Module):
             # so the output below takes the same fused path as when nobody watches
             capture.layer_q[self.layer_idx] = q
         if batch.use_triton and batch.decode_only:
-            from engine.kernels import paged_decode_attention
             return paged_decode_attention(q, self.k_cache, self.v_cache, batch.block_tables,
                                           batch.context_lens_t, self.scale, self.window, use_triton=True)
         group = batch.decode_group
@@ -99,7 +100,6 @@ class Attention(nn.Module):
 def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              batch: ForwardBatch) -> None:
     if batch.use_triton:
-        from engine.kernels import store_kv as store_kv_kernel
         store_kv_kernel(k, v, k_cache, v_cache, batch.slot_mapping, use_triton=True)
         return
     k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, batch.slot_mapping, k)

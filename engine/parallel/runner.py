@@ -26,7 +26,8 @@ import torch.multiprocessing as mp
 from engine.trace import logit_lens
 from engine.batch import ForwardBatch
 from engine.config import EngineConfig, ModelConfig, ProgressFn
-from engine.model_runner import ModelRunner, kv_pool_blocks, _triton_available
+from engine.kernels import triton_available
+from engine.model_runner import ModelRunner, kv_pool_blocks
 from engine.parallel.comm import Comm
 from engine.parallel.protocol import READY, SHUTDOWN, STARTUP_TIMEOUT_S, ShardSpec, encode_batch, group_prefix
 from engine.parallel.rendezvous import check_world, publish, torchrun_env, wait_ready
@@ -59,7 +60,7 @@ class ParallelRunner(ModelRunner):
         self.block_size = ecfg.block_size
         self.num_blocks = kv_pool_blocks(self.local_cfg, ecfg, max_model_len, dtype, device)
         self.use_triton = ecfg.use_triton if ecfg.use_triton is not None else \
-            device.type == "cuda" and _triton_available()
+            device.type == "cuda" and triton_available()
         self.procs: list = []
         self.conns: list = []
         self.failed: str | None = None
