@@ -18,8 +18,7 @@ import torch
 from engine.batch import ForwardBatch
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
-from engine.scheduler import ScheduledSeq
-from engine.sequence import Sequence
+from engine.sequence import ScheduledSeq, Sequence
 from engine.tokenizer import IncrementalDetokenizer
 from engine.trace.capture import PassCapture
 

@@ -13,7 +13,8 @@ from engine.config import ModelConfig
 from engine.kernels.cpu import blocked_bytes
 from engine.model_runner import ModelRunner
 from engine.parallel.shard import check_shardable
-from engine.speculative import Proposer, Speculator
+from engine.speculative.draft import Speculator
+from engine.speculative.proposer import Proposer
 
 
 @dataclass(frozen=True)

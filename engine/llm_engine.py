@@ -32,9 +32,10 @@ from engine.parallel.runner import ParallelRunner
 from engine.outputs import RequestOutput, TokenOutput, Usage
 from engine.sampler import explain, sample
 from engine.sampling_params import SamplingParams
-from engine.scheduler import ScheduledSeq, Scheduler
-from engine.sequence import Sequence
-from engine.speculative import Proposer, SpeculativeConfig, Verdict, verify
+from engine.scheduler import Scheduler
+from engine.sequence import ScheduledSeq, Sequence
+from engine.speculative.proposer import Proposer, SpeculativeConfig
+from engine.speculative.verify import Verdict, verify
 from engine.tokenizer import IncrementalDetokenizer, Tokenizer
 from engine.trace import TRACE_LEVELS, CaptureConfig, Tracer, events, logit_lens
 from engine.trace.capture import CaptureSpec, PassCapture

@@ -13,7 +13,7 @@ from engine.config import EngineConfig, ModelConfig, ProgressFn
 from engine.cuda_graph import DecodeGraphs, capture_sizes, graphs_wanted
 from engine.kernels import cpu as cpu_kernels
 from engine.kernels import triton_available
-from engine.scheduler import ScheduledSeq
+from engine.sequence import ScheduledSeq
 from engine.trace import logit_lens
 from engine.trace.capture import PassCapture, collect
 

@@ -13,36 +13,7 @@ from typing import Callable
 
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
-from engine.sequence import Sequence, Status
-
-
-@dataclass
-class ScheduledSeq:
-    seq: Sequence
-    start: int  # first position computed this step
-    num_tokens: int  # tokens computed this step, draft proposals included
-    num_draft: int = 0  # speculative decoding: proposals verified in this pass
-    draft_tokens: list[int] = field(default_factory=list)  # the proposals (not yet in seq.token_ids)
-    draft_probs: list = field(default_factory=list)  # the draft's distribution at each proposal
-
-    @property
-    def samples(self) -> bool:
-        """Does this chunk reach the end of the sequence, so a token is drawn?"""
-        return self.start + self.num_tokens - self.num_draft == len(self.seq)
-
-    @property
-    def kind(self) -> str:
-        if self.num_draft:
-            return "verify"
-        return "decode" if self.start >= self.seq.num_prompt_tokens and self.num_tokens == 1 else "prefill"
-
-    def token_ids(self) -> list[int]:
-        """This step's input ids; positions past the real tokens read the proposals."""
-        start, end, ids = self.start, self.start + self.num_tokens, self.seq.token_ids
-        n = len(ids)
-        if end <= n:
-            return ids[start:end]
-        return ids[start:] + self.draft_tokens[max(0, start - n):end - n]
+from engine.sequence import ScheduledSeq, Sequence, Status
 
 
 @dataclass

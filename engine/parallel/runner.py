@@ -33,7 +33,7 @@ from engine.parallel.protocol import READY, SHUTDOWN, STARTUP_TIMEOUT_S, ShardSp
 from engine.parallel.rendezvous import check_world, publish, torchrun_env, wait_ready
 from engine.parallel.shard import check_shardable, local_config, placement
 from engine.parallel.worker import gather_attention, load_shard, worker_main
-from engine.scheduler import ScheduledSeq
+from engine.sequence import ScheduledSeq
 from engine.trace.capture import DECIMALS, CaptureSpec, PassCapture, collect
 
 

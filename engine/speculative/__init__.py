@@ -10,10 +10,3 @@ The output follows exactly the target's distribution (the rejection rule: verify
 proposer.py: the Proposer interface and SpeculativeConfig (which one, built how);
 draft.py: the draft model (Speculator); ngram.py: prompt lookup; verify.py: the rule.
 """
-from engine.speculative.draft import DraftView, Speculator
-from engine.speculative.ngram import NgramMatch, NgramProposer, find_ngram
-from engine.speculative.proposer import NGRAM, Proposer, SpeculativeConfig
-from engine.speculative.verify import Verdict, distribution, verify
-
-__all__ = ["NGRAM", "DraftView", "NgramMatch", "NgramProposer", "Proposer", "SpeculativeConfig", "Speculator",
-           "Verdict", "distribution", "find_ngram", "verify"]

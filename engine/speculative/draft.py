@@ -13,8 +13,7 @@ from engine.block_manager import BlockManager
 from engine.config import EngineConfig, ModelConfig, ProgressFn
 from engine.model_runner import ModelRunner
 from engine.sampler import draw
-from engine.scheduler import ScheduledSeq
-from engine.sequence import Sequence
+from engine.sequence import ScheduledSeq, Sequence
 from engine.speculative.verify import distribution
 from engine.tokenizer import Tokenizer
 

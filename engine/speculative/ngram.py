@@ -8,8 +8,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from engine.scheduler import ScheduledSeq
-from engine.sequence import Sequence
+from engine.sequence import ScheduledSeq, Sequence
 
 
 @dataclass(frozen=True)

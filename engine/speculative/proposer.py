@@ -11,8 +11,7 @@ import torch
 
 from engine.checkpoint.resolve import load_config, resolve_model_path
 from engine.config import EngineConfig, ModelConfig, ProgressFn
-from engine.scheduler import ScheduledSeq
-from engine.sequence import Sequence
+from engine.sequence import ScheduledSeq, Sequence
 from engine.speculative.draft import Speculator, check_same_vocabulary
 from engine.speculative.ngram import NgramProposer
 from engine.tokenizer import Tokenizer

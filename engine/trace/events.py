@@ -9,19 +9,16 @@ for a traced request: an untraced one pays for none of this.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import torch
 
+from engine.config import ModelConfig
+from engine.outputs import TokenOutput
+from engine.sequence import ScheduledSeq, Sequence
+from engine.speculative.verify import Verdict
 from engine.trace.softmax_stats import softmax_stats
 from engine.trace.tracer import jsonable
-
-if TYPE_CHECKING:  # for the annotations only: the block manager, which the scheduler imports, builds its events here
-    from engine.config import ModelConfig
-    from engine.outputs import TokenOutput
-    from engine.scheduler import ScheduledSeq
-    from engine.sequence import Sequence
-    from engine.speculative import Verdict
 
 Event = tuple[str, str | None, dict]  # type, request id (None: the whole step), data
 Piece = Callable[[int], str]  # a token's text, special tokens included (a replay has no tokenizer)

@@ -12,7 +12,8 @@ from scipy.stats import chi2
 import engine.llm_engine
 import visualizers as viz
 from engine import LLM, SamplingParams, TraceEvent
-from engine.speculative import NgramProposer, find_ngram, verify
+from engine.speculative.ngram import NgramProposer, find_ngram
+from engine.speculative.verify import verify
 from engine.sequence import Sequence
 from tests.engine_utils import DEVICE
 from tests.sampling_reference import KNOBS, WORDS, chi_square, first_three, joint_distribution
@@ -58,7 +59,7 @@ def test_never_more_than_k_nor_past_the_context():
 
 
 def test_proposer_fills_one_hot_proposals_of_the_scheduled_size():
-    from engine.scheduler import ScheduledSeq
+    from engine.sequence import ScheduledSeq
     prop = NgramProposer(3, 2, vocab_size=16, device=torch.device("cpu"))
     seq = Sequence("r", [1, 2, 3, 4, 5, 1, 2], SamplingParams(), None)
     assert prop.lookahead(seq, 9) == 5 and prop.lookahead(seq, 2) == 2
