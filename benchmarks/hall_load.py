@@ -177,8 +177,9 @@ class Hall:
         c.close()
         self.room, self.key, self.count = room["id"], room["presenter_url"].split("key=")[1], room["stages"]
         page = await Conn(self.host, self.port).request("GET", f"/classroom/{self.room}")
-        found = re.search(rb"SAMPLE = (-?\d+)", page[2])
-        self.sample_stage = int(found.group(1)) if found else -1
+        # the room's page names its sampling stage in its settings (app/classroom/page.py)
+        found = re.search(rb"const CONFIG = (\{.*?\});", page[2])
+        self.sample_stage = json.loads(found.group(1))["sample"] if found else -1
 
     async def questions(self) -> list[dict]:
         """Every question the room asked, with its counted votes (the presenter's export)."""
