@@ -12,6 +12,7 @@ from typing import Sequence
 
 import numpy as np
 
+from visualizers.compact import per_layer
 from visualizers._html import (MASKED, OUTSIDE_WINDOW, colormap, empty, esc, hover_attr, hover_img, panel,
                                show_piece)
 
@@ -26,6 +27,7 @@ PICKED_RGB = np.array([220, 20, 60], dtype=np.uint8)  # the gutter of the row pi
 
 
 def layers_and_heads(events: Sequence[dict]) -> tuple[list[int], list[int]]:
+    events = per_layer(events)
     layers = sorted({e["layer"] for e in events})
     heads = list(events[0]["heads"]) if events else []
     return layers, heads
@@ -35,7 +37,7 @@ def attention_matrix(events: Sequence[dict], layer: int, head: int, max_position
                      ) -> tuple[np.ndarray, np.ndarray, list[str | None], int, int | None]:
     """-> (probs [R, C] with NaN where not captured, mask codes [R, C] (0 visible, 1 causal,
     2 outside the window), kind of each row, first position, window)."""
-    evs = [e for e in events if e["layer"] == layer]
+    evs = [e for e in per_layer(events) if e["layer"] == layer]
     if not evs:
         return np.zeros((0, 0)), np.zeros((0, 0), dtype=int), [], 0, None
     hi = max(e["q_start"] + len(e["probs"][0]) for e in evs)
@@ -127,6 +129,7 @@ def attention_html(events: Sequence[dict], layer: int | None = None, head: int |
     query row picked in the Tokens panel (marked in the gutter and put in words; default: the newest)."""
     if not events:
         return panel("Attention", empty("no attention captured yet (capture level 'full' records it)"))
+    events = per_layer(events)  # one event per layer (the engine's hold every layer of a pass)
     layers, heads = layers_and_heads(events)
     layer = layer if layer in layers else layers[0]
     head = head if head in heads else heads[0]

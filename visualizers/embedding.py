@@ -5,6 +5,7 @@ from typing import Sequence
 
 import numpy as np
 
+from visualizers.compact import array
 from visualizers._html import colormap, empty, esc, fixed, hover_attr, hover_img, panel
 
 
@@ -13,7 +14,7 @@ def embedding_matrix(embeds: Sequence[dict]) -> tuple[np.ndarray, list[int]]:
     by_pos: dict[int, list[float]] = {}
     ids: dict[int, int] = {}
     for ev in embeds:
-        for i, (row, tid) in enumerate(zip(ev["rows"], ev["token_ids"])):
+        for i, (row, tid) in enumerate(zip(array(ev["rows"]), ev["token_ids"])):
             by_pos[ev["start"] + i] = row
             ids[ev["start"] + i] = tid
     order = sorted(by_pos)
@@ -41,7 +42,7 @@ def embedding_html(embeds: Sequence[dict], vocab_size: int | None = None, d_mode
             f" · values in [{fixed(mat.min(), 3)}, {fixed(mat.max(), 3)}] · colour: blue − / red + "
             f"(±{scale:.3f})</div><div>first ids: {esc(', '.join(map(str, ids[:16])))}"
             f"{'…' if len(ids) > 16 else ''}</div></div>")
-    positions = sorted({ev["start"] + i for ev in embeds for i in range(len(ev["rows"]))})
+    positions = sorted({ev["start"] + i for ev in embeds for i in range(len(ev["token_ids"]))})
     hover = hover_attr({"w": dims, "h": n, "rows": [f"{p} (id {t})" for p, t in zip(positions, ids)],
                         "fmt": "token {r} · dim {c} · value {v}", "ctx": f"embedding row (of d_model {d_model:,})"},
                        mat, signed=True)
