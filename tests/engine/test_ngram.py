@@ -400,6 +400,9 @@ def test_the_classroom_explains_ngram_lookup_with_this_requests_numbers(repeat_t
     plain = [s for s in (ev for ev in events if ev["type"] == "schedule.step")
              for x in s["batch"] if x["request_id"] == final.request_id and x["kind"] == "decode"]
     assert f"<b>{len(plain)}</b> other steps found no match" in text
+    one = [ev for ev in events if ev["type"] != "spec"] + spec[:1]  # one round: "1 round found", not "1 rounds"
+    text = {s.key: s.text for s in journey(model, final.request_id, None, one, outputs)}["spec"]
+    assert "<b>1</b> round found a match" in text and "1</b> rounds" not in text
     # token text is escaped
     hostile = [dict(ev, proposed_text=XSS[:1] * ev["k"], ngram=dict(ev["ngram"], text=XSS[1:] * 2))
                if ev["type"] == "spec" else ev for ev in events]
