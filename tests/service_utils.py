@@ -16,7 +16,7 @@ from app.serving.recording import Recording, ReplayCursor, record_request
 from app.serving.requests import build_body, parse_body
 from app.serving.served_models import ServedModels
 from benchmarks.local_server import LocalServer
-from visualizers.walkthrough import stages
+from visualizers.journey import journey
 
 WALK_SYSTEM = ("You are a patient teacher. You explain every step of how a language model answers, from the tokens "
                "to the sampling, and you always give a short example.")
@@ -99,7 +99,7 @@ def walk(rec: Recording) -> dict[str, str]:
     """The walkthrough's text per stage key, with the KV pool at its peak."""
     cursor = ReplayCursor(rec)
     peak = cursor.goto(cursor.peak_kv_frame()).pool
-    return {s.key: s.text for s in stages(rec.model, rec.request_id, rec.body, rec.events, rec.outputs, peak,
+    return {s.key: s.text for s in journey(rec.model, rec.request_id, rec.body, rec.events, rec.outputs, peak,
                                            rec.truncated)}
 
 

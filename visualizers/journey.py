@@ -5,17 +5,23 @@ come from `journey`, so the page and the classroom never disagree.
 Each Stage carries the words for its section (a few sentences with this request's own
 numbers), the key number its chip in the map shows, whether this request skips the stage
 (no MoE, no draft, one device: one line in the map, no half-empty panel), and the page's
-panels drawn under it."""
+panels drawn under it. The words come from one function per stage (visualizers/stages/)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Callable, Sequence
 
-# (key, title) in the order a request travels; the keys name the page's sections
-JOURNEY = (("request", "Request"), ("tokens", "Tokenize"), ("prefix", "Prefix cache"), ("embedding", "Embed"),
-           ("layers", "Layers"), ("timeline", "Prefill, then decode"), ("kv", "KV pages"),
-           ("logit_lens", "LM head and logit lens"), ("sampling", "Sample"), ("answer", "Stream"),
-           ("batching", "Batching"), ("spec", "Speculation"), ("parallel", "Beyond one device"))
+from visualizers import stages as st
+
+# (key, title, the stage's function) in the order a request travels; the keys name the page's sections
+STAGES: tuple[tuple[str, str, Callable[[st.Facts], st.Part]], ...] = (
+    ("request", "Request", st.request), ("tokens", "Tokenize", st.tokenize), ("prefix", "Prefix cache", st.prefix),
+    ("embedding", "Embed", st.embed), ("layers", "Layers", st.layers),
+    ("timeline", "Prefill, then decode", st.prefill_decode), ("kv", "KV pages", st.kv),
+    ("logit_lens", "LM head and logit lens", st.lens), ("sampling", "Sample", st.sampling),
+    ("answer", "Stream", st.stream), ("batching", "Batching", st.batching), ("spec", "Speculation", st.speculation),
+    ("parallel", "Beyond one device", st.beyond))
+JOURNEY = tuple((k, t) for k, t, _ in STAGES)
 KEYS = tuple(k for k, _ in JOURNEY)
 
 
@@ -31,15 +37,20 @@ class Stage:
 
 
 def journey(model: dict, request_id: str, body: dict | None, events: Sequence[dict], outputs: Sequence[dict],
-            kv_peak: dict | None = None, truncated: dict | None = None) -> list[Stage]:
-    """Every stage of KEYS, in that order, for this request (live or recorded)."""
-    from visualizers.walkthrough import stages  # the classroom's stages, until each has its own function
-    old = {s.key: s for s in stages(model, request_id, body, events, outputs, kv_peak, truncated)}
+            kv_peak: dict | None = None, truncated: dict | None = None, *, position: int | None = None,
+            hidden_from: int | None = None) -> list[Stage]:
+    """Every stage of KEYS, in that order, for this request (live or recorded).
+    kv_peak: the block pool when this request held the most tokens (the KV stage quotes it, so
+    its words and its grid agree); truncated: the trace's {"step", "limit_bytes"} when the
+    per-request cap stopped its captures; position: the selected token (the words speak of the
+    pass that read it and predicted the next, as the panels do; None: the newest pass);
+    hidden_from: a classroom question's position, whose token and every later one the events
+    given no longer hold (the words say they are hidden, not that the request is running)."""
+    facts = st.Facts.read(model, request_id, body, events, outputs, kv_peak=kv_peak, truncated=truncated,
+                          position=position, hidden_from=hidden_from)
     out = []
-    for key, title in JOURNEY:
-        s = old.get(key)
-        text = s.text if s else ""
-        if key == "answer" and "finish" in old:
-            text += old["finish"].text
-        out.append(Stage(key, title, text, s.panels if s else ()))
-    return [replace(st, title=f"{i} · {st.title}") for i, st in enumerate(out, 1)]
+    for i, (key, title, words) in enumerate(STAGES, 1):
+        part = words(facts)
+        out.append(Stage(key, f"{i} · {title}", part.text, part.panels, part.chip if part.reached else "",
+                         part.skipped, part.reached))
+    return out

@@ -2,7 +2,7 @@
 // events), and the live question is asked, answered and revealed here. Its settings come from
 // the page (app/classroom/page.py) as CONFIG; token text is untrusted: DOM built with textContent.
 const ROOM = CONFIG.room, KEY = CONFIG.key, COUNT = CONFIG.count;
-const SAMPLE = CONFIG.sample, SERVER = CONFIG.server, STATIC = CONFIG.static;
+const SERVER = CONFIG.server, STATIC = CONFIG.static;
 const api = path => `${SERVER}/classroom/${ROOM}/${path}`;
 let shown = -1, version = -1, target = 0, pending = 0;  // target: where the presenter's keys have sent the class
 let room = null;  // the room's newest state (pushed)
@@ -112,13 +112,31 @@ function renderQuestion(q) {
   box.replaceChildren(...kids);
   if (KEY) presenterButtons();
 }
-function presenterButtons() {
+function presenterButtons() {  // a question can be asked at any stage, one at a time
   const b = $('tt-q-open');
-  if (b) b.hidden = !(SAMPLE >= 0 && target === SAMPLE && !(room && room.question));
+  if (b) b.parentElement.hidden = !!(room && room.question);
+  if ($('tt-q-show')) $('tt-q-show').hidden = !(room && room.hidden_from !== null && room.hidden_from !== undefined);
+}
+function renderPick(s) {  // every screen says which pass, layer and head its panels show
+  const p = s.pick || {}, box = $('tt-class-pick');
+  const pass = p.shown === null || p.shown === undefined ? 'the newest pass' :
+    `the pass that read ${p.text === null ? 'token' : '«' + visible(p.text) + '»'} (position ${p.shown})`;
+  const hidden = s.hidden_from === null || s.hidden_from === undefined ? '' :
+    ` · the answer from position ${s.hidden_from} on is hidden until the class has predicted it`;
+  box.textContent = `Panels show ${pass} · attention layer ${p.layer}, head ${p.head}${hidden}`;
+  document.body.dataset.hidden = hidden ? s.hidden_from : '';
+  if (KEY && document.activeElement && document.activeElement.closest('#tt-pick-form') === null) {
+    $('tt-pick-pos').value = p.position === null ? '' : p.position;
+    $('tt-pick-layer').value = p.layer; $('tt-pick-head').value = p.head;
+    if (s.answer_at !== undefined && document.activeElement !== $('tt-q-at'))
+      $('tt-q-at').value = Math.max(1, s.ask_at - s.answer_at + 1);
+  }
 }
 async function ask(action) {
+  const body = {key: KEY, action};
+  if (action === 'open') body.position = room.answer_at + Math.max(1, +$('tt-q-at').value || 1) - 1;
   const r = await fetch(api('question'), {method: 'POST', headers: {'Content-Type': 'application/json'},
-    body: JSON.stringify({key: KEY, action})});
+    body: JSON.stringify(body)});
   const e = $('tt-q-err') || $('tt-q-ask-err');  // no question box yet: beside the button
   if (!r.ok) { const d = await r.json(); if (e) e.textContent = d.error.message; } else $('tt-q-ask-err').textContent = '';
 }
@@ -127,7 +145,7 @@ async function apply(s) {
   // viewers adopt the room's stage; the presenter only at first (a late event must not undo its keys)
   if (!KEY || shown < 0) { target = s.stage; await show(s.stage, s.trace_version); }
   else if (!pending && s.stage === target) await show(s.stage, s.trace_version);  // a live trace grew
-  if (room === s) renderQuestion(s.question);
+  if (room === s) { renderPick(s); renderQuestion(s.question); }
 }
 let queue = Promise.resolve();  // states applied in order, the newest last
 function enqueue(s) { queue = queue.then(() => apply(s)).catch(() => {}); }
@@ -178,6 +196,15 @@ if (KEY) {
   $('tt-class-next').onclick = () => go(target + 1);
   $('tt-class-prev').onclick = () => go(target - 1);
   $('tt-q-open').onclick = () => ask('open');
+  $('tt-q-show').onclick = () => ask('show');
+  $('tt-pick-form').onsubmit = async e => {
+    e.preventDefault();
+    const num = id => $(id).value === '' ? null : Math.max(0, Math.floor(+$(id).value));
+    const r = await fetch(api('select'), {method: 'POST', headers: {'Content-Type': 'application/json'},
+      body: JSON.stringify({key: KEY, position: num('tt-pick-pos'), layer: num('tt-pick-layer') || 0,
+                            head: num('tt-pick-head') || 0})});
+    $('tt-pick-err').textContent = r.ok ? '' : ((await r.json()).error || {}).message || 'refused';
+  };
   document.querySelectorAll('.tt-class-dot').forEach(b => b.onclick = () => go(+b.dataset.i));
 }
 follow();

@@ -5,8 +5,12 @@ streaming, re-read while it runs). The presenter's link carries a secret key and
 moves the stage (buttons or keyboard); every other viewer of the room's link follows by
 server-sent events (app/classroom/push.py): a lecture hall costs one encoded state per
 change, each stage's HTML rendered once per trace version and served from a cache, and
-nothing on the engine's thread. At the sampling stage the presenter may ask "predict the
-next token" (app/classroom/question.py). The page is plain HTML + a little JS (not Gradio).
+nothing on the engine's thread. The stages are the page's journey (visualizers/journey.py), in
+its order and with its words. The presenter may ask "predict the next token" at any answer
+position (app/classroom/question.py); until its reveal every stage is drawn from the trace as it
+stood before that token was drawn (app/classroom/mask.py), so nothing shows it early. The
+presenter also picks the position, layer and head that every screen's panels show. The page is
+plain HTML + a little JS (not Gradio).
 """
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingRes
 from starlette.concurrency import run_in_threadpool
 
 from app.classroom.bundle import bundle_zip
+from app.classroom.mask import first_answer_position, generated, hide_from, prompt_tokens
 from app.classroom.page import page_html
 from app.classroom.push import CachedStages, Feed
 from app.classroom.question import Question, VoteRefused
@@ -32,7 +37,7 @@ from app.serving.limits import RequestRefused
 from app.api.openai_routes import read_body, read_json
 from app.serving.recording import Recording, ReplayCursor, TraceFileError
 from visualizers._html import esc
-from visualizers.walkthrough import Stage, stages
+from visualizers.journey import Stage, journey
 
 REFRESH_EVERY = 0.5  # seconds between re-reads of a request that is still running
 MAX_UPLOAD = 16 * 2**20  # a trace posted to make a room (a long fully traced request is a few MB)
@@ -53,11 +58,16 @@ class Room:
     refresh: Callable[[], Recording | None] | None = None  # re-reads a live request's trace
     stage: int = 0
     version: int = 0  # bumps when anything a follower sees changes (stage, trace, question)
-    trace_version: int = 0  # bumps when the trace grows: the stages' HTML depends on this only
+    trace_version: int = 0  # bumps when the stages' HTML changes: the trace grew, the mask or the pick moved
     question: Question | None = None
+    ask_at: int | None = None  # the position the class predicts (None: the first answer token)
+    revealed: bool = False  # the token at ask_at has been revealed: nothing is hidden any more
+    pick: dict = field(default_factory=lambda: {"position": None, "layer": 0, "head": 0})  # what the panels show
     questions: list[Question] = field(default_factory=list)  # every question asked, for the export
     feed: Feed = field(default_factory=Feed)
     _stages: list[Stage] = field(default_factory=list)
+    _shown: Recording | None = None  # rec as the class may see it (cut before a hidden token)
+    _hidden: int | None = None  # the position _shown hides from (None: nothing hidden)
     _html: dict[int, bytes] = field(default_factory=dict)  # stage -> its JSON body, rendered once per trace_version
     _read_at: float = 0.0
     _ticker: asyncio.Task | None = None
@@ -88,12 +98,41 @@ class Room:
                     self.rec, self._stages, self._html = rec, [], {}
                     self.version, self.trace_version, grew = self.version + 1, self.trace_version + 1, True
             if not self._stages:
-                cursor = ReplayCursor(self.rec)
-                kv_peak = cursor.goto(cursor.peak_kv_frame()).pool
-                self._stages = stages(self.rec.model, self.rec.request_id, self.rec.body, self.rec.events,
-                                      self.rec.outputs, kv_peak, self.rec.truncated)
-                self.stage = min(self.stage, len(self._stages) - 1)
+                self._build()
         return grew
+
+    def _build(self) -> None:
+        """The stages as the class may see them: from the recording cut before the question's
+        token until its reveal, with the presenter's pick (under the lock)."""
+        at = self.question_position()
+        self._shown = self.rec if self.revealed else hide_from(self.rec, at)
+        self._hidden = None if self._shown is self.rec else at
+        cursor = ReplayCursor(self._shown)
+        kv_peak = cursor.goto(cursor.peak_kv_frame()).pool
+        shown = self._shown
+        self._stages = journey(shown.model, shown.request_id, shown.body, shown.events, shown.outputs, kv_peak,
+                               shown.truncated, position=self.shown_position(), hidden_from=self._hidden)
+        self.stage = min(self.stage, len(self._stages) - 1)
+
+    def question_position(self) -> int:
+        return self.ask_at if self.ask_at is not None else first_answer_position(self.rec)
+
+    def shown_position(self) -> int | None:
+        """The token the panels select: the presenter's pick; else, once revealed, the question's
+        pass (the one that read the token before it); else the newest pass. Never one whose
+        pass predicted a hidden token."""
+        pos = self.pick["position"]
+        if pos is None and self.revealed:
+            pos = self.question_position() - 1
+        if pos is not None and self._hidden is not None:
+            pos = min(pos, self._hidden - 2)
+        return pos if pos is None or pos >= 0 else None
+
+    def _restage(self) -> None:
+        """The mask or the pick moved: every stage is rendered again (under the lock)."""
+        self._stages, self._html = [], {}
+        self.version, self.trace_version = self.version + 1, self.trace_version + 1
+        self._build()
 
     def stage_list(self) -> list[Stage]:
         if not self._stages:
@@ -110,17 +149,28 @@ class Room:
         with self.lock:
             if i not in self._html:
                 s = all_stages[i]
-                cursor = ReplayCursor(self.rec)
+                cursor = ReplayCursor(self._shown or self.rec)
                 # the pool while the request still held its blocks; every other panel at the end
-                views = {p: (cursor.goto(cursor.peak_kv_frame()) if p == "kv" else None) for p in s.panels}
+                views = {p: (self._point(cursor.goto(cursor.peak_kv_frame())) if p == "kv" else None)
+                         for p in s.panels}
                 html = {p: v.render(p) for p, v in views.items() if v is not None}
-                view = cursor.goto(cursor.last_frame)
+                view = self._point(cursor.goto(cursor.last_frame))
                 body = "".join(f"<div class='tt-class-panel'>{html.get(p) or view.render(p)}</div>" for p in s.panels)
                 page = (f"<h2 id='tt-class-title'>{esc(s.title)}</h2><div class='tt-class-text'>{s.text}"
                         f"</div><div class='tt-class-panels'>{body}</div>")
                 self._html[i] = json.dumps({"index": i, "count": len(all_stages), "key": s.key, "html": page,
                                             "version": self.trace_version}).encode()
             return self._html[i]
+
+    def _point(self, view):
+        """The presenter's pick on a panel's view: its position, layer and head."""
+        pos, layer, head = self.shown_position(), int(self.pick["layer"]), int(self.pick["head"])
+        if hasattr(view, "select"):  # the page's selection API (one meaning of a pick for every panel)
+            view.select(pos)
+            view.select_head(layer, head)
+        else:
+            view.position, view.layer, view.head = pos, layer, head
+        return view
 
     def cached_stage(self, i: int) -> bytes | None:
         return self._html.get(i)
@@ -142,29 +192,67 @@ class Room:
         self.publish()
 
     # --- the live question --------------------------------------------------------
-    def sample_for_question(self) -> dict | None:
-        return next((e for e in self.rec.events if e["type"] == "sample" and e.get("candidates")), None)
+    def sample_for_question(self, position: int) -> dict | None:
+        """The draw of the token at `position` (a verify step's kept tokens have one each)."""
+        return next((e for e in reversed(self.rec.events) if e["type"] == "sample" and e.get("candidates")
+                     and e["position"] == position), None)
 
-    def ask(self, action: str) -> None:
-        """The presenter's "open", "reveal" or "close" of "predict the next token"."""
+    def ask(self, action: str, position: object = None) -> None:
+        """The presenter's "open" (at `position`, an answer token's; default the question's
+        position, at first the first answer token), "reveal" or "close" of "predict the next token";
+        "show": no question, the hidden answer shown on every stage."""
         with self.lock:
             if action == "open":
-                sample = self.sample_for_question()
+                at = self.question_position() if position is None else position
+                if isinstance(at, bool) or not isinstance(at, int):
+                    raise VoteRefused("position must be an int: an answer token's position", param="position")
+                sample = self.sample_for_question(at)
                 if sample is None:
-                    raise VoteRefused("this request has no sampled token with its candidates to ask about", 409)
+                    first, n = first_answer_position(self.rec), len(generated(self.rec))
+                    where = (f"answer tokens are at positions {first} to {first + n - 1}" if n else "no answer yet")
+                    raise VoteRefused(f"no sampled token with its candidates at position {at} to ask about ({where})",
+                                      409, "position")
                 qid = self.questions[-1].qid + 1 if self.questions else 1
-                self.question = Question.from_sample(qid, sample, self.rec.pieces, prompt_tail(self.rec))
+                self.question = Question.from_sample(qid, sample, self.rec.pieces, context_before(self.rec, at))
                 self.questions = self.questions[-(MAX_QUESTIONS - 1):] + [self.question]
+                if (at, False) != (self.question_position(), self.revealed):  # the mask moves to it
+                    self.ask_at, self.revealed = at, False
+                    self._restage()
+            elif action == "show":  # no question: the whole answer, on every stage
+                if self.question is not None and not self.question.revealed:
+                    raise VoteRefused("a question is open: reveal or close it first", 409)
+                if not self.revealed:
+                    self.revealed = True
+                    self._restage()
             elif action in ("reveal", "close"):
                 if self.question is None:
                     raise VoteRefused("no question is open", 409)
                 if action == "reveal":
                     self.question.revealed = True
+                    if not self.revealed:  # every stage now shows the answer, at the pass that drew it
+                        self.revealed = True
+                        self._restage()
                 else:
                     self.question = None
             else:
-                raise VoteRefused("action must be \"open\", \"reveal\" or \"close\"", param="action")
+                raise VoteRefused("action must be \"open\", \"reveal\", \"close\" or \"show\"", param="action")
             self.version += 1
+        self.publish()
+
+    def select(self, position: object, layer: object, head: object) -> None:
+        """The presenter's pick, shown on every screen: a token position (None: the default
+        pass), a layer and a head (clamped to the model's)."""
+        m = self.rec.model
+        for name, value in (("position", position), ("layer", layer), ("head", head)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise VoteRefused(f"{name} must be a non-negative int" + (" or null" if name == "position" else ""),
+                                  param=name)
+        pick = {"position": position, "layer": min(int(layer or 0), m["num_layers"] - 1),
+                "head": min(int(head or 0), m["num_heads"] - 1)}
+        with self.lock:
+            if pick != self.pick:
+                self.pick = pick
+                self._restage()
         self.publish()
 
     def vote(self, voter: str, choice: object, guess: object) -> None:
@@ -188,7 +276,21 @@ class Room:
         q = self.question
         return {"stage": self.stage, "count": len(self.stage_list()), "version": self.version,
                 "trace_version": self.trace_version, "finished": self.finished,
-                "question": q.public() if q is not None else None}
+                "question": q.public() if q is not None else None, "pick": self.pick_state(),
+                "ask_at": self.question_position(), "answer_at": first_answer_position(self.rec),
+                "hidden_from": self._hidden}
+
+    def pick_state(self) -> dict:
+        """What every screen says it shows: the pass (the token it read) and the layer and head."""
+        pos = self.shown_position()
+        label = None
+        if pos is not None:
+            n = prompt_tokens(self.rec)
+            tok = next((e for e in self.rec.events if e["type"] == "tokenize"), None)
+            gen = generated(self.rec)
+            label = (tok["tokens"][pos].get("text") if tok and pos < n and pos < len(tok["tokens"]) else
+                     gen[pos - n]["text"] if 0 <= pos - n < len(gen) else None)
+        return {**self.pick, "shown": pos, "text": label}
 
     def publish(self) -> None:
         self.feed.publish(self.state())
@@ -214,17 +316,23 @@ class Room:
             self.publish()  # finished: say so
 
 
-def prompt_tail(rec: Recording, chars: int = 60) -> str:
-    """The prompt's last tokens, about `chars` characters of them (the question's context)."""
+def context_before(rec: Recording, position: int, chars: int = 60) -> str:
+    """The last tokens before `position` (prompt, then answer), about `chars` characters of them
+    (the question's context)."""
     tok = next((e for e in rec.events if e["type"] == "tokenize"), None)
-    if tok is None:
-        return ""
+    texts = [t.get("text", "") for t in tok["tokens"]] if tok else []
+    texts += [o.get("text", "") for o in generated(rec)]
     out = ""
-    for t in reversed(tok["tokens"]):
+    for t in reversed(texts[:max(0, position)]):
         if len(out) >= chars:
             break
-        out = t.get("text", "") + out
+        out = t + out
     return out
+
+
+def prompt_tail(rec: Recording, chars: int = 60) -> str:
+    """The prompt's last tokens (the context of a question on the first answer token)."""
+    return context_before(rec, prompt_tokens(rec), chars)
 
 
 class Classrooms:
@@ -399,7 +507,9 @@ def add_classroom_routes(api: FastAPI, classrooms: Classrooms, css: str,
 
     @api.post("/classroom/{room_id}/question")
     async def question(room_id: str, request: Request):
-        """The presenter: {"key", "action": "open" | "reveal" | "close"} "predict the next token"."""
+        """The presenter: {"key", "action": "open" | "reveal" | "close" | "show"[, "position": int]}
+        "predict the next token" (open: at that answer position; default the first answer token;
+        show: no question, every stage shows the whole answer)."""
         room = classrooms.get(room_id)
         if room is None:
             return _missing(room_id)
@@ -408,10 +518,29 @@ def add_classroom_routes(api: FastAPI, classrooms: Classrooms, css: str,
             if not _is_presenter(room, body.get("key")):
                 return _forbidden()
             await _ready(room)
-            room.ask(body.get("action"))
+            # a moved mask renders the stages again: off the loop
+            await run_in_threadpool(room.ask, body.get("action"), body.get("position"))
         except VoteRefused as e:
             return _refused(e)
         return room.state()["question"] or {"id": None}
+
+    @api.post("/classroom/{room_id}/select")
+    async def select(room_id: str, request: Request):
+        """The presenter: {"key", "position": int | null, "layer": int, "head": int}: what every
+        screen's panels show (the pass that read that token; that layer's and head's attention)."""
+        room = classrooms.get(room_id)
+        if room is None:
+            return _missing(room_id)
+        try:
+            body = await _json_object(request)
+            if not _is_presenter(room, body.get("key")):
+                return _forbidden()
+            await _ready(room)
+            await run_in_threadpool(room.select, body.get("position"), body.get("layer"), body.get("head"))
+            await run_in_threadpool(room.prerender)
+        except VoteRefused as e:
+            return _refused(e)
+        return room.state()
 
     @api.post("/classroom/{room_id}/vote")
     async def vote(room_id: str, request: Request):

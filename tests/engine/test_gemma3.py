@@ -185,7 +185,7 @@ def test_captured_attention_of_local_and_global_layers_equals_transformers(gemma
 # --- the page's words -----------------------------------------------------------------------
 def test_attention_panel_and_classroom_say_which_layers_are_local():
     import visualizers as viz
-    from visualizers.walkthrough import stages
+    from visualizers.journey import journey
     windows = [512] * 5 + [None] + [512] * 5 + [None]
     ev = {"layer": 5, "kind": "prefill", "heads": [0], "q_start": 0, "k_start": 0, "window": None,
           "num_heads": 4, "num_kv_heads": 1, "probs": [[[1.0, 0.0], [0.5, 0.5]]]}
@@ -198,8 +198,8 @@ def test_attention_panel_and_classroom_say_which_layers_are_local():
     model = {"num_layers": 12, "num_heads": 4, "num_kv_heads": 1, "head_dim": 256, "hidden_size": 640,
              "dtype_bytes": 2, "vocab_size": 1000, "block_size": 16, "num_blocks": 8, "dtype": "bfloat16",
              "sliding_windows": windows, "query_pre_attn_scalar": 256, "mlp_activation": "gelu_pytorch_tanh"}
-    text = {s.key: s.text for s in stages(model, "r1", None, [], [])}["layers"]
+    text = {s.key: s.text for s in journey(model, "r1", None, [], [])}["layers"]
     assert "<b>10</b> of the 12 layers are local" in text and "last <b>512</b> tokens" in text
     assert "layers 0–4, 6–10" in text and "layers 5, 11" in text and "GeGLU" in text and "√256" in text
-    plain = {s.key: s.text for s in stages({**model, "sliding_windows": [None] * 12}, "r1", None, [], [])}["layers"]
+    plain = {s.key: s.text for s in journey({**model, "sliding_windows": [None] * 12}, "r1", None, [], [])}["layers"]
     assert "local" not in plain

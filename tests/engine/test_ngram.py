@@ -18,7 +18,7 @@ from engine.sequence import Sequence
 from tests.engine_utils import DEVICE
 from tests.sampling_reference import KNOBS, WORDS, chi_square, first_three, joint_distribution
 from tests.tiny import VOCAB, load_reference, make_checkpoint, save_tokenizer
-from visualizers.walkthrough import stages
+from visualizers.journey import journey
 
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 # repetitive prompts, so that matches are found (and, on random models, mostly rejected)
@@ -388,7 +388,7 @@ def test_the_classroom_explains_ngram_lookup_with_this_requests_numbers(repeat_t
              "num_experts": cfg.num_experts, "top_k": cfg.num_experts_per_tok, "is_moe": cfg.is_moe,
              "dtype": "float32", "dtype_bytes": 4, "num_blocks": e.block_manager.num_blocks,
              "block_size": e.config.block_size}
-    text = {s.key: s.text for s in stages(model, final.request_id, None, events, outputs)}["spec"]
+    text = {s.key: s.text for s in journey(model, final.request_id, None, events, outputs)}["spec"]
     spec = [ev for ev in events if ev["type"] == "spec"]
     accepted = sum(ev["accepted"] for ev in spec)
     assert "n-gram lookup" in text and "draft model proposed" not in text
@@ -400,10 +400,13 @@ def test_the_classroom_explains_ngram_lookup_with_this_requests_numbers(repeat_t
     plain = [s for s in (ev for ev in events if ev["type"] == "schedule.step")
              for x in s["batch"] if x["request_id"] == final.request_id and x["kind"] == "decode"]
     assert f"<b>{len(plain)}</b> other steps found no match" in text
+    one = [ev for ev in events if ev["type"] != "spec"] + spec[:1]  # one round: "1 round found", not "1 rounds"
+    text = {s.key: s.text for s in journey(model, final.request_id, None, one, outputs)}["spec"]
+    assert "<b>1</b> round found a match" in text and "1</b> rounds" not in text
     # token text is escaped
     hostile = [dict(ev, proposed_text=XSS[:1] * ev["k"], ngram=dict(ev["ngram"], text=XSS[1:] * 2))
                if ev["type"] == "spec" else ev for ev in events]
-    text = {s.key: s.text for s in stages(model, final.request_id, None, hostile, outputs)}["spec"]
+    text = {s.key: s.text for s in journey(model, final.request_id, None, hostile, outputs)}["spec"]
     assert "&lt;img src=x" in text and not re.search(r"<(img|svg|/script|b>x)", text)
 
 

@@ -1,9 +1,10 @@
-"""Issue 15 in a real Chromium: a presenter and two students (three browser contexts) go
-through "predict the next token": the students follow to the sampling stage by push, vote
-(one changes its mind, one types a guess with markup in it), a reload keeps the question
-and the vote, the reveal shows the class's votes beside the model's probabilities, and a
-student who lost the network resumes at the current stage. The room as a static bundle on
-another origin follows the presenter from the app server."""
+"""Issues 15 and 25 in a real Chromium: a presenter and two students (three browser contexts)
+go through "predict the next token": no stage shows the answer before the reveal, the
+students follow to the sampling stage by push, vote (one changes its mind, one types a guess
+with markup in it), a reload keeps the question and the vote, the reveal shows the class's
+votes beside the model's probabilities (inside the box at 420 px), the presenter's position,
+layer and head reach every screen, and a student who lost the network resumes at the current
+stage. The room as a static bundle on another origin follows the presenter from the app server."""
 from __future__ import annotations
 
 import io
@@ -64,7 +65,12 @@ def test_presenter_and_two_students_through_a_question(server, browser, room, tm
     for s in (s1, s2):
         s.goto(base + room["audience_url"])
         stage_is(s, 0)
-    assert teacher.locator("#tt-q-open").is_hidden()  # asked at the sampling stage only
+    assert teacher.locator("#tt-q-open").is_visible()  # a question can be asked at any stage
+    tokens = stage_index(server, room, "tokens")
+    teacher.click(f".tt-class-dot[data-i='{tokens}']")
+    stage_is(s1, tokens)  # before any question the answer is hidden: no generated token is listed
+    assert "generated: 0 ·" in s1.inner_text("#tt-class-stage") and "hidden until the class" in \
+        s1.inner_text("#tt-class-pick")
     sample = stage_index(server, room, "sampling")
     teacher.click(f".tt-class-dot[data-i='{sample}']")
     for p in (teacher, s1, s2):
@@ -76,7 +82,9 @@ def test_presenter_and_two_students_through_a_question(server, browser, room, tm
     choices = s1.locator(".tt-q-choice")
     assert choices.count() >= 2
     assert s1.locator("#tt-class-q table").count() == 0  # no probabilities before the reveal
-    assert s1.locator(".tt-class-panels").is_hidden() and s1.locator(".tt-class-text").is_hidden()  # nor the panel
+    at = httpx.get(server.url + f"classroom/{room['id']}/state").json()["ask_at"]
+    assert f"(position {at - 1}) and predicted" not in s1.inner_text("#tt-class-stage")  # nor the words' draw of it
+    assert f"position {at} ·" not in s1.inner_html("#tt-class-stage")  # nor the panel's
     choices.nth(0).click()
     s1.wait_for_function("document.querySelector('#tt-q-count').textContent.includes('your vote')")
     choices.nth(1).click()  # changes its mind: still one vote
@@ -97,7 +105,9 @@ def test_presenter_and_two_students_through_a_question(server, browser, room, tm
     teacher.click("#tt-q-reveal")
     for s in (s1, s2):
         question_is(s, "revealed")
-    assert s1.locator(".tt-class-panels").is_visible()  # the sampling panel is back
+    # the stage's words now speak of the pass that drew it
+    s1.wait_for_function("document.querySelector('#tt-class-stage').innerText"
+                         f".includes('(position {at - 1}) and predicted')")
     answer = s1.inner_text("#tt-q-answer")
     assert "The model drew" in answer and "of 2 predicted it" in answer
     ex = httpx.get(server.url + f"classroom/{room['id']}/export", params={"key": room["key"]}, timeout=30).json()
@@ -117,6 +127,9 @@ def test_presenter_and_two_students_through_a_question(server, browser, room, tm
         f"…{tail}?"
     assert s1.locator("#tt-class-q i").count() == 0
     s1.screenshot(path=f"{shots}/classroom-question-revealed.png")
+    s1.set_viewport_size({"width": 420, "height": 900})  # a phone: the results stay inside their box
+    assert s1.evaluate("document.documentElement.scrollWidth") <= 420
+    s1.set_viewport_size({"width": 1400, "height": 900})
     # a student loses the network; the presenter closes the question and moves on; it comes back there
     ctxs[1].set_offline(True)
     teacher.click("#tt-q-close")
@@ -127,6 +140,17 @@ def test_presenter_and_two_students_through_a_question(server, browser, room, tm
     ctxs[1].set_offline(False)
     stage_is(s1, sample + 1, timeout_s=30)
     question_is(s1, "none")
+    # the presenter picks a position, a layer and a head: every screen's panels show them
+    layers = stage_index(server, room, "layers")
+    teacher.click(f".tt-class-dot[data-i='{layers}']")
+    teacher.fill("#tt-pick-pos", str(at))
+    teacher.fill("#tt-pick-layer", "1")
+    teacher.fill("#tt-pick-head", "2")
+    teacher.click("#tt-pick-apply")
+    for p in (s1, s2):
+        stage_is(p, layers)
+        p.wait_for_function("document.querySelector('#tt-class-stage').innerHTML.includes('layer 1 · head 2')")
+        assert f"(position {at})" in p.inner_text("#tt-class-pick")
     assert not dialogs
     for c in ctxs:
         c.close()

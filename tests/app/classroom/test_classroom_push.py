@@ -221,7 +221,8 @@ def test_a_live_rooms_growing_trace_is_pushed_and_its_renders_change(recording):
     assert not any(e["type"] == "finish" for e in partial.events)
     reads = []
     room = Room("live", "k", partial, lambda: reads.append(1) or recording)
-    stop = next(i for i, st in enumerate(room.stage_list()) if st.key == "finish")
+    room.revealed = True  # nothing hidden from the class (a question's mask: test_classroom_question.py)
+    stop = next(i for i, st in enumerate(room.stage_list()) if st.key == "answer")
     before, etag = room.stage_body(stop), room.etag(stop)
     assert b"Still running" in before
 

@@ -1,15 +1,19 @@
-"""Classroom mode's words on recordings of real engine runs: the prefix-cache stage says
-what happened (a hit or a miss), the embedding stage names one size for each thing it counts
-and agrees with the panel, the stream stage explains speculative bursts, and the
-beyond-one-GPU stage never splits a head."""
+"""The stages' words (visualizers/stages/, shared by the page and the classroom) on recordings
+of real engine runs: the prefix-cache stage says what happened (a hit or a miss), the
+embedding stage names one size for each thing it counts and agrees with the panel, the stream
+stage explains speculative bursts, the beyond-one-GPU stage never splits a head nor suggests a
+split it rules out, and the sampling and lens words speak of the pass their panels show."""
 from __future__ import annotations
 
 import re
 
 import pytest
 
+from app.serving.recording import ReplayCursor
 from tests.service_utils import app_service, record_run, started, walk
+from visualizers._html import show_piece
 from visualizers.embedding import embedding_matrix
+from visualizers.journey import journey
 
 
 def first(rec, kind: str) -> dict:
@@ -96,7 +100,48 @@ def test_the_parallel_stage_never_splits_a_head(nine_heads, miss_then_hit):
     assert "N devices must therefore divide the 3 KV heads: N = 3 for this model" in text
     assert "each device holds 3 of the 9 query heads and 1 of the 3 KV heads" in text
     assert "N = 2 does not work: 3 KV heads do not split in two" in text
+    assert "--tensor-parallel-size 2" not in text and "<code>--tensor-parallel-size 3</code> splits it" in text
     assert "the 3 query heads of each KV head must sit on the device that holds it" in text
     for words in (text, walk(miss_then_hit[0])["parallel"]):  # 8 query heads on 2 KV heads: N = 2
         assert not re.search(r"\d+\.\d+ of", words)  # never 4.5 of 9 heads, 1.5 of 3 layers...
     assert "N = 2 for this model" in walk(miss_then_hit[0])["parallel"]
+
+
+def test_the_sampling_and_lens_words_speak_of_the_pass_their_panels_show(miss_then_hit):
+    rec = miss_then_hit[0]
+    view = ReplayCursor(rec).goto(10**9)  # the end, as the page and the classroom draw it
+    last = [e for e in rec.events if e["type"] == "sample"][-1]  # the panels' default: the newest pass
+    assert f"position {last['position']} ·" in view.render("sampling")
+    text = walk(rec)
+    read = show_piece(view.labels()[last["position"] - 1])
+    for key in ("sampling", "logit_lens"):
+        assert f"the pass that read «{read}» (position {last['position'] - 1:,}) and predicted" in text[key], key
+        assert "first answer token" not in text[key]
+    assert f"drew «{show_piece(last['token_text'])}» with probability" in text["sampling"]
+
+
+def test_the_prefill_batching_and_head_words_fit_this_request(miss_then_hit):
+    miss, hit = miss_then_hit
+    look = first(hit, "prefix_cache.lookup")
+    text = walk(hit)["timeline"]
+    assert "the whole prompt" not in text  # part of it came from the cache
+    assert (f"<b>{look['prompt_tokens'] - look['cached_tokens']}</b> prompt tokens not found in the prefix cache "
+            f"(<b>{look['cached_tokens']}</b> of the <b>{look['prompt_tokens']}</b> came from it)") in text
+    assert "the whole prompt (<b>" in walk(miss)["timeline"]
+    batching = walk(miss)["batching"]  # one request at a time on this service
+    assert "were shared with <b>0</b>" not in batching and "This request ran alone" in batching
+    one_kv = {**miss.model, "num_heads": 4, "num_kv_heads": 1}
+    words = " ".join(s.text for s in journey(one_kv, miss.request_id, miss.body, miss.events, miss.outputs))
+    assert "1 KV heads" not in words and "1</b> key/value heads" not in words
+    assert "a single key/value head" in words and "× 1 KV head ×" in words
+
+
+def test_every_page_panel_sits_under_exactly_one_stage(miss_then_hit):
+    from app.page.live_view import PANELS
+    rec = miss_then_hit[0]
+    st = journey(rec.model, rec.request_id, rec.body, rec.events, rec.outputs)
+    placed = [p for s in st for p in s.panels]
+    assert sorted(placed) == sorted(set(placed)) and set(placed) <= set(PANELS)
+    assert set(PANELS) - set(placed) == set()  # the embedded model is an MoE: its routing is shown too
+    dense = journey({**rec.model, "is_moe": False}, rec.request_id, rec.body, rec.events, rec.outputs)
+    assert "moe" not in [p for s in dense for p in s.panels]  # a dense model has no half-empty MoE panel

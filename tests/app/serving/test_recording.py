@@ -18,7 +18,7 @@ from app.page.live_view import PANELS
 from app.serving.recording import Recording, ReplayCursor, TraceFileError
 from app.serving.requests import build_body, parse_body
 from tests.paths import ROOT
-from visualizers.walkthrough import stages
+from visualizers.journey import journey
 
 
 def test_export_then_import_gives_the_same_trace(service, recording):
@@ -92,15 +92,15 @@ def test_the_walkthrough_quotes_this_requests_numbers(recording):
     m = recording.model
     cursor = ReplayCursor(recording)
     peak = cursor.goto(cursor.peak_kv_frame())
-    st = stages(m, recording.request_id, recording.body, recording.events, recording.outputs, peak.pool)
+    st = journey(m, recording.request_id, recording.body, recording.events, recording.outputs, peak.pool)
     keys = [s.key for s in st]
-    assert keys == ["request", "prefix", "tokens", "embedding", "layers", "timeline", "kv", "logit_lens", "sampling",
-                    "answer", "finish", "batching", "spec", "parallel"]  # ARCHITECTURE.md's order, the logit lens added
+    assert keys == ["request", "tokens", "prefix", "embedding", "layers", "timeline", "kv", "logit_lens", "sampling",
+                    "answer", "batching", "spec", "parallel"]  # the order a request travels: tokenize, then the cache
     assert [s.title for s in st] == [f"{i} · {s.title.split(' · ', 1)[1]}" for i, s in enumerate(st, 1)]
     text = {s.key: s.text for s in st}
     # a request still on its way has the same stages, so the presenter's stage numbers never shift
     arrival = [e for e in recording.events if e["type"] in ("request.arrive", "tokenize")]
-    assert [s.key for s in stages(m, recording.request_id, recording.body, arrival, [])] == keys
+    assert [s.key for s in journey(m, recording.request_id, recording.body, arrival, [])] == keys
     tok = next(e for e in recording.events if e["type"] == "tokenize")
     assert f"<b>{tok['count']}</b> tokens" in text["tokens"]
     per_token = 2 * m["num_layers"] * m["num_kv_heads"] * m["head_dim"] * m["dtype_bytes"]
@@ -112,7 +112,7 @@ def test_the_walkthrough_quotes_this_requests_numbers(recording):
     accepted = sum(e["accepted"] for e in spec)
     assert f"Over <b>{len(spec)}</b> rounds" in text["spec"] and f"kept <b>{accepted}</b>" in text["spec"]
     fin = next(e for e in recording.events if e["type"] == "finish")
-    assert f"<b>{fin['usage']['completion_tokens']}</b> completion tokens" in text["finish"]
+    assert f"<b>{fin['usage']['completion_tokens']}</b> completion tokens" in text["answer"]
     assert f"{m['num_heads']}</b> query heads" in text["layers"]
 
 
@@ -122,7 +122,7 @@ def test_classroom_presenter_moves_the_room_and_viewers_follow(service, recordin
     from app.server import create_app
     with TestClient(create_app(service)) as client:
         room = client.post("/classroom", json={"request_id": recording.request_id}).json()
-        n = len(stages(recording.model, recording.request_id, recording.body, recording.events, recording.outputs))
+        n = len(journey(recording.model, recording.request_id, recording.body, recording.events, recording.outputs))
         assert room["stages"] == n and room["request_id"] == recording.request_id
         rid = room["id"]
         follower = client.get(room["audience_url"]).text
@@ -135,7 +135,7 @@ def test_classroom_presenter_moves_the_room_and_viewers_follow(service, recordin
         assert client.post(f"/classroom/{rid}/goto", json={"key": key, "stage": 6}).json()["stage"] == 6
         assert client.get(f"/classroom/{rid}/state").json()["stage"] == 6
         kv = client.get(f"/classroom/{rid}/stage/6").json()["html"]
-        assert "The KV cache" in kv and "KV bytes = 2 × layers" in kv
+        assert "KV pages" in kv and "KV bytes = 2 × layers" in kv
         assert client.post(f"/classroom/{rid}/goto", json={"key": key, "stage": 99}).json()["stage"] == n - 1
         assert client.get(f"/classroom/{rid}/stage/{n}").status_code == 404
         assert client.get("/classroom/nope/state").status_code == 404
@@ -188,7 +188,7 @@ def test_replay_cli_serves_a_file_with_no_model(recording, tmp_path):
             assert r.status_code == 404 and set(err) == {"message", "type", "param", "code"}
             assert "no model is loaded" in err["message"] and recording.request_id in err["message"]
         room = httpx.post(url + "classroom", json={"request_id": recording.request_id}, timeout=10).json()
-        assert room["stages"] == len(stages(recording.model, recording.request_id, recording.body, recording.events,
+        assert room["stages"] == len(journey(recording.model, recording.request_id, recording.body, recording.events,
                                             recording.outputs))
     finally:
         proc.terminate()
@@ -213,9 +213,11 @@ def test_a_classroom_on_a_running_request_follows_it_to_the_end(service, monkeyp
                 e["type"] == "token" for e in service.store.trace(watch.request_id).events):
             time.sleep(0.01)
         room = client.post("/classroom", json={"request_id": watch.request_id}).json()
-        keys = [s.key for s in stages(service.model_info(), watch.request_id, None, [], [])]
+        keys = [s.key for s in journey(service.model_info(), watch.request_id, None, [], [])]
         assert room["stages"] == len(keys)
-        fin = keys.index("finish")
+        key = room["presenter_url"].split("key=")[1]
+        assert client.post(f"/classroom/{room['id']}/question", json={"key": key, "action": "show"}).status_code == 200
+        fin = keys.index("answer")  # its words end with why it stopped
         first = client.get(f"/classroom/{room['id']}/stage/{fin}").json()
         assert "Still running" in first["html"]
         end = time.monotonic() + 60

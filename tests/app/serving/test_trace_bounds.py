@@ -113,7 +113,7 @@ def _run(svc, level: str, max_tokens: int = 40):
 def test_a_truncated_trace_stops_the_captures_says_so_and_still_replays(capped):
     from app.page.live_view import PANELS, LiveView
     from app.serving.recording import Recording, ReplayCursor, record_request, show_accepted
-    from visualizers.walkthrough import stages
+    from visualizers.journey import journey
     # 32 tokens: their events (sampling, speculative rounds, KV) fit in twice the cap with room; at 40
     # some draws' runs (more rejected proposals, so more steps) came within a few kB of it
     rid, seen = _run(capped, "full", 32)
@@ -147,7 +147,7 @@ def test_a_truncated_trace_stops_the_captures_says_so_and_still_replays(capped):
     request_panel = cursor.goto(cursor.last_frame).render("request")
     assert request_panel.count(f"truncated: at engine step {cut['step']}") == 1  # once, not twice
     peak = ReplayCursor(loaded)
-    text = {s.key: s.text for s in stages(loaded.model, rid, loaded.body, loaded.events, loaded.outputs,
+    text = {s.key: s.text for s in journey(loaded.model, rid, loaded.body, loaded.events, loaded.outputs,
                                           peak.goto(peak.peak_kv_frame()).pool, loaded.truncated)}
     assert f"size cap at engine step <b>{cut['step']}</b>" in text["embedding"]
     assert "size cap" in text["layers"]

@@ -180,23 +180,28 @@ def test_the_panel_draws_every_row_escapes_token_text_and_marks_the_chosen_token
 
 
 def test_the_classroom_stage_sits_between_the_layers_and_sampling_and_quotes_the_lens(checkpoint):
-    from visualizers.walkthrough import stages
+    from visualizers.journey import journey
     engine, rid, sink = run(checkpoint("llama"), PROMPT, max_tokens=4)
     cfg = engine.model_config
     model = {"num_layers": cfg.num_layers, "num_heads": cfg.num_heads, "num_kv_heads": cfg.num_kv_heads,
              "head_dim": cfg.head_dim, "hidden_size": cfg.hidden_size, "dtype_bytes": 4, "vocab_size": cfg.vocab_size,
              "dtype": "float32", "block_size": 16, "num_blocks": 64, "is_moe": False}
     events = [e.to_dict() for e in sink.events]
-    st = stages(model, rid, None, events, [])
+    st = journey(model, rid, None, events, [])
     keys = [s.key for s in st]
     assert keys.index("layers") < keys.index("logit_lens") < keys.index("sampling")
     lens = st[keys.index("logit_lens")]
-    assert lens.title == f"{keys.index('logit_lens') + 1} · The logit lens"
-    assert "token 1 of" in lens.text and "tt-lens" in lens.text  # its own grid: the first answer token's
-    first = next(e for e in events if e["type"] == "logit_lens")
-    assert f"ranked it <b>{first['layers'][0]['chosen_rank']:,}</b>" in lens.text
+    assert lens.title == f"{keys.index('logit_lens') + 1} · LM head and logit lens" and lens.panels == ("logit_lens",)
+    newest = [e for e in events if e["type"] == "logit_lens"][-1]  # the panel's default: the newest pass
+    from visualizers._html import show_piece
+    assert f"predicted «{show_piece(newest['token_text'])}»" in lens.text
+    assert f"ranked it <b>{newest['layers'][0]['chosen_rank']:,}</b>" in lens.text
     assert f"Over the <b>{len(sink.of(rid, 'logit_lens'))}</b> traced tokens" in lens.text
-    basic = stages(model, rid, None, [e for e in events if e["type"] != "logit_lens"], [])
+    first = next(e for e in events if e["type"] == "logit_lens")  # a selected token: the pass that read it
+    picked = journey(model, rid, None, events, [], position=first["position"] - 1)[keys.index("logit_lens")]
+    assert f"ranked it <b>{first['layers'][0]['chosen_rank']:,}</b>" in picked.text
+    assert f"(position {first['position'] - 1:,}) and predicted" in picked.text
+    basic = journey(model, rid, None, [e for e in events if e["type"] != "logit_lens"], [])
     assert "capture level full records one" in basic[keys.index("logit_lens")].text
 
 

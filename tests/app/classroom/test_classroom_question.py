@@ -1,0 +1,88 @@
+"""Issue 25 item 8: the classroom in the page's order; "predict the next token" at any answer
+position, with that token (and everything after it) hidden from every stage until the reveal;
+the presenter's position, layer and head shown on every screen. A real engine's trace
+(tests/app/conftest.py's recording: 12 answer tokens), rooms driven without a server."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from app.classroom.rooms import Room, context_before
+from app.classroom.question import VoteRefused
+from visualizers._html import show_piece
+from visualizers.journey import KEYS
+
+
+def bodies(room: Room) -> dict[str, str]:
+    return {s.key: json.loads(room.stage_body(i))["html"] for i, s in enumerate(room.stage_list())}
+
+
+def answer(rec) -> list[dict]:
+    return [o for o in rec.outputs if o.get("token_id", -1) >= 0]
+
+
+def prompt_len(rec) -> int:
+    return next(e for e in rec.events if e["type"] == "tokenize")["count"]
+
+
+def test_the_classroom_walks_the_page_journey_in_its_order(recording):
+    room = Room("r", "k", recording)
+    assert tuple(s.key for s in room.stage_list()) == KEYS
+    assert KEYS.index("tokens") < KEYS.index("prefix")  # the cache hashes token blocks: tokenize first
+
+
+def test_nothing_shows_the_asked_token_before_the_reveal(recording):
+    n, gen = prompt_len(recording), answer(recording)
+    at = n + 4  # the fifth answer token
+    room = Room("r", "k", recording)
+    assert room.state()["hidden_from"] == n  # before any question: the first answer token is hidden
+    room.ask("open", at)
+    state = room.state()
+    assert state["hidden_from"] == at and state["question"]["position"] == at
+    assert state["question"]["context"] == context_before(recording, at)
+    html = bodies(room)
+    # the tokens and the answer end before the asked token's step; no pass that predicted it is shown
+    shown_gen = [o for o in room._shown.outputs if o.get("token_id", -1) >= 0]
+    assert len(shown_gen) <= at - n and all(o["index"] < at - n for o in shown_gen)
+    assert not any(e.get("position", -1) >= at for e in room._shown.events if e["type"] in ("sample", "logit_lens"))
+    assert f"generated: <b>{len(shown_gen)}</b>" in html["tokens"]
+    assert "hidden until the class has predicted" in html["answer"]
+    for key in ("sampling", "logit_lens"):  # neither the sampling panel's nor the lens's draw of it
+        assert f"position {at} ·" not in html[key], key
+    for key, text in html.items():
+        assert f"(position {at - 1:,}) and predicted" not in text, key
+    with pytest.raises(VoteRefused):
+        room.ask("open", n - 1)  # a prompt token was never sampled
+    room.ask("reveal")
+    state = room.state()
+    assert state["hidden_from"] is None and state["pick"]["shown"] == at - 1  # the pass that drew it
+    html = bodies(room)
+    drawn = show_piece(gen[at - n]["text"])
+    for key in ("logit_lens", "sampling"):
+        assert f"(position {at - 1:,}) and predicted «{drawn}»" in html[key], key
+    assert f"position {at} ·" in html["sampling"]  # its panel shows that draw too
+
+
+def test_the_presenters_pick_is_what_every_screen_shows(recording):
+    n = prompt_len(recording)
+    room = Room("r", "k", recording)
+    room.ask("open", n)
+    room.ask("reveal")
+    room.select(n + 2, 1, 3)
+    state = room.state()
+    assert state["pick"]["shown"] == n + 2 and (state["pick"]["layer"], state["pick"]["head"]) == (1, 3)
+    assert state["pick"]["text"] == answer(recording)[2]["text"]
+    html = bodies(room)
+    assert "layer 1 · head 3" in html["layers"]
+    assert f"(position {n + 2:,}) and predicted" in html["sampling"]
+    room.select(None, 99, 99)  # clamped to the model
+    assert (room.pick["layer"], room.pick["head"]) == (recording.model["num_layers"] - 1,
+                                                        recording.model["num_heads"] - 1)
+    with pytest.raises(VoteRefused):
+        room.select("3", 0, 0)
+    # under a question's mask, a pick past the hidden token falls back before it
+    room.ask("close")
+    room.ask("open", n + 3)
+    room.select(n + 8, 0, 0)
+    assert room.state()["pick"]["shown"] == n + 1

@@ -1,0 +1,150 @@
+"""What the stage functions read of one request, gathered in one pass over its events.
+
+journey() runs several times a second while a request streams, over traces of thousands of
+events (a 500-token answer at capture level full): the events are walked once here, and
+every stage function reads these lists and counts instead of walking them again."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from visualizers._html import esc, show_piece
+
+FIRST = ("request.arrive", "tokenize", "prefix_cache.lookup", "finish", "trace.truncated")
+KEPT = ("sample", "logit_lens", "spec", "embed", "token")  # every event of these types, in order
+
+
+@dataclass(frozen=True)
+class Part:
+    """What one stage function returns: journey() adds the key and title."""
+    text: str  # HTML, escaped
+    panels: tuple[str, ...]
+    chip: str = ""  # the map's key number, escaped ("" not reached)
+    skipped: bool = False
+    reached: bool = True
+
+
+@dataclass
+class Facts:
+    model: dict
+    request_id: str
+    body: dict | None
+    outputs: Sequence[dict]
+    kv_peak: dict | None = None  # the block pool when this request held the most tokens
+    truncated: dict | None = None  # the trace's {"step", "limit_bytes"[, "token"]} when its cap stopped captures
+    position: int | None = None  # the selected token (None: the newest pass); see pass_of
+    hidden_from: int | None = None  # the classroom hides tokens from this position on (until the reveal)
+    first: dict[str, dict] = field(default_factory=dict)
+    kept: dict[str, list[dict]] = field(default_factory=dict)
+    steps: list[dict] = field(default_factory=list)  # schedule.step events whose batch holds this request
+    kinds: list[str] = field(default_factory=list)  # this request's part of each of those steps
+    collectives: list[dict] = field(default_factory=list)  # schedule.collective events with this request
+    moe_first_layer: list[dict] = field(default_factory=list)  # the first MoE layer's events (its load)
+
+    @classmethod
+    def read(cls, model: dict, request_id: str, body: dict | None, events: Sequence[dict],
+             outputs: Sequence[dict], **kw) -> "Facts":
+        f = cls(model, request_id, body, outputs, **kw)
+        f.kept = {t: [] for t in KEPT}
+        moe_layer = None
+        for e in events:  # the one pass
+            t = e["type"]
+            if t in f.kept:
+                f.kept[t].append(e)
+            elif t == "schedule.step":
+                mine = [x["kind"] for x in e["batch"] if x["request_id"] == request_id]
+                if mine:
+                    f.steps.append(e)
+                    f.kinds += mine
+            elif t == "moe":
+                moe_layer = e["layer"] if moe_layer is None else moe_layer
+                if e["layer"] == moe_layer:
+                    f.moe_first_layer.append(e)
+            elif t == "schedule.collective":
+                if any(x.get("request_id") == request_id for x in e.get("batch", [])):
+                    f.collectives.append(e)
+            elif t in FIRST and t not in f.first:
+                f.first[t] = e
+        if f.truncated is None and "trace.truncated" in f.first:
+            f.truncated = f.first["trace.truncated"]
+        return f
+
+    # --- counts the stages share -----------------------------------------------------
+    @property
+    def generated(self) -> list[dict]:
+        return [o for o in self.outputs if o.get("token_id", -1) >= 0]
+
+    @property
+    def n_prompt(self) -> int:
+        tok, look = self.first.get("tokenize"), self.first.get("prefix_cache.lookup")
+        if tok:
+            return int(tok["count"])
+        if look:
+            return int(look.get("prompt_tokens", 0))
+        usage = (self.finish or {}).get("usage") or {}
+        return int(usage.get("prompt_tokens") or 0)
+
+    @property
+    def n_gen(self) -> int:
+        return len(self.generated) or int(((self.finish or {}).get("usage") or {}).get("completion_tokens", 0))
+
+    @property
+    def cached_tokens(self) -> int:
+        return int((self.first.get("prefix_cache.lookup") or {}).get("cached_tokens", 0))
+
+    @property
+    def finish(self) -> dict | None:
+        """The finish event, or (capture level off) what the last output says."""
+        fin = self.first.get("finish")
+        if fin is None and self.outputs and self.outputs[-1].get("finished") and self.hidden_from is None:
+            last = self.outputs[-1]
+            return {"reason": last.get("finish_reason"), "usage": last.get("usage") or {}}
+        return fin
+
+    def pass_of(self, kind: str) -> dict | None:
+        """The `sample` or `logit_lens` event of the selected pass: selecting the token at
+        position p means the pass that read it and predicted p + 1 (whose events carry
+        position p + 1); no selection, or one without that event: the newest pass."""
+        evs = self.kept[kind]
+        if not evs:
+            return None
+        if self.position is not None:
+            want = self.position + 1
+            for e in evs:
+                if e["position"] == want:
+                    return e
+        return evs[-1]
+
+    def label(self, position: int) -> str | None:
+        """The text of the token at a position (prompt or answer), None when not known."""
+        tok = self.first.get("tokenize")
+        n = self.n_prompt
+        if position < n:
+            if tok and position < len(tok["tokens"]):
+                t = tok["tokens"][position]
+                return t.get("text") or t.get("piece") or ""
+            return None
+        gen = self.generated
+        i = position - n
+        return gen[i].get("text", "") if 0 <= i < len(gen) else None
+
+
+# --- words ---------------------------------------------------------------------------
+def n(x: float) -> str:
+    """A number in bold (ints with thousands separators, floats with two decimals)."""
+    return f"<b>{x:,}</b>" if isinstance(x, int) else f"<b>{x:,.2f}</b>"
+
+
+def p(*sentences: str) -> str:
+    """Paragraphs of the sentences that are not empty."""
+    return "".join(f"<p>{s}</p>" for s in sentences if s)
+
+
+def plural(count: int, noun: str, many: str | None = None) -> str:
+    """'1 KV head', '3 KV heads' (the number in bold)."""
+    return f"{n(count)} {noun if count == 1 else many or noun + 's'}"
+
+
+def quote(text: str) -> str:
+    """A token's text as every panel shows it (␣ for a space, ↵ for a newline), escaped."""
+    return f"«{show_piece(text)}»"

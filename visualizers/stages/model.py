@@ -1,0 +1,159 @@
+"""Inside the model: the layers, prefill then decode, the KV pages, the LM head and its lens."""
+from __future__ import annotations
+
+import statistics
+from typing import Sequence
+
+from visualizers._html import esc, fmt_bytes, fmt_ms
+from visualizers.attention import layer_spans
+from visualizers.logit_lens import first_top
+from visualizers.stages.facts import Facts, Part, n, p, plural, quote
+from visualizers.stages.way_in import NOT_YET, cut_sentence
+
+
+def layers(f: Facts) -> Part:
+    m = f.model
+    L, H, KVH, D = m["num_layers"], m["num_heads"], m["num_kv_heads"], m["head_dim"]
+    group = H // max(1, KVH)
+    scale_d = m.get("query_pre_attn_scalar") or D  # Gemma scales by 1/√query_pre_attn_scalar
+    if KVH == 1:
+        heads = (f"{plural(H, 'query head')} that share a single key/value head (multi-query attention: the cache "
+                 f"stores one head's K/V, {H}× less)")
+    elif group == 1:
+        heads = f"{plural(H, 'head')}, each with its own keys and values (plain multi-head attention)"
+    else:
+        heads = (f"{plural(H, 'query head')} that share {plural(KVH, 'key/value head')} ({group} query heads per "
+                 f"KV head: grouped-query attention, so the cache stores {group}× less)")
+    text = p(f"The matrix now passes through {plural(L, 'layer')}. In each, attention lets every token look back at "
+             f"the tokens before it: softmax(QKᵀ/√{scale_d:g})·V with {heads}.",
+             _windows(m.get("sliding_windows") or []), _ffn(f), cut_sentence(f))
+    # a dense model's section shows no MoE panel: there is nothing to route
+    return Part(text, ("attention", "moe") if m.get("is_moe") else ("attention",), f"{L:,} layers",
+                reached=bool(f.steps or f.generated))
+
+
+def _ffn(f: Facts) -> str:
+    m, moe = f.model, f.moe_first_layer
+    if m.get("is_moe") and moe:
+        counts = [0] * int(m.get("num_experts") or moe[0]["num_experts"])
+        for ev in moe:
+            for picks in ev["experts"]:
+                for x in picks:
+                    counts[int(x)] += 1
+        total = sum(counts) or 1
+        top = max(range(len(counts)), key=counts.__getitem__)
+        return (f"In layer {moe[0]['layer']} the router sent each of this request's tokens to "
+                f"{n(int(moe[0]['top_k']))} of {n(len(counts))} experts; expert {top} took the most, "
+                f"{n(counts[top])} of {n(total)} picks ({counts[top] / total:.0%}).")
+    if m.get("is_moe"):
+        return f"Its feed-forward layers are mixtures of {n(int(m.get('num_experts') or 0))} experts."
+    glu = "GeGLU" if str(m.get("mlp_activation", "silu")).startswith("gelu") else "SwiGLU"
+    return f"Its feed-forward block is one dense {glu} MLP per layer (no mixture of experts: nothing to route)."
+
+
+def _windows(windows: Sequence[int | None]) -> str:
+    """Which layers attend through a sliding window (local) and which see everything (global)."""
+    local = [i for i, w in enumerate(windows) if w]
+    if not local:
+        return ""
+    size = " or ".join(f"{w:,}" for w in sorted({windows[i] for i in local}))
+    if len(local) == len(windows):
+        return (f"Every layer is local: a token sees only the last <b>{size}</b> tokens (a sliding window), so "
+                "information from further back reaches it only through earlier tokens, layer by layer.")
+    glob = [i for i, w in enumerate(windows) if not w]
+    return (f"{n(len(local))} of the {len(windows)} layers are local: a token sees only the last <b>{size}</b> "
+            f"tokens (a sliding window; layer{'s' if len(local) > 1 else ''} {esc(layer_spans(local))}). The other "
+            f"{n(len(glob))} {'is' if len(glob) == 1 else 'are'} global (layer{'s' if len(glob) > 1 else ''} "
+            f"{esc(layer_spans(glob))}) and attend to the whole context, so long-range information still flows.")
+
+
+def prefill_decode(f: Facts) -> Part:
+    if not f.steps:
+        return Part(p(NOT_YET, "Prefill runs the prompt through the model; then each decode step produces a token."),
+                    ("timeline",), reached=bool(f.generated))
+    n_prefill = sum(1 for k in f.kinds if k == "prefill")
+    n_decode = len(f.kinds) - n_prefill
+    total, cached = f.n_prompt, f.cached_tokens
+    what = (f"the {plural(total - cached, 'prompt token')} not found in the prefix cache ({n(cached)} of the "
+            f"{n(total)} came from it)" if cached else f"the whole prompt ({plural(total, 'token')})")
+    passes = "forward pass" if n_prefill == 1 else "forward passes"
+    fin = f.finish or {}
+    ttft = fin.get("ttft")
+    step_ms = [s["forward_seconds"] for s in f.steps if s.get("forward_seconds") is not None]
+    text = p(f"Prefill ran {what} through the model in {n(n_prefill)} {passes} (long prompts are cut into chunks "
+             f"that share steps with other requests); then {n(n_decode)} decode or verify "
+             f"step{'s' if n_decode != 1 else ''} produced the answer.",
+             (f"Time to first token: <b>{esc(fmt_ms(ttft))}</b>. " if ttft is not None else "")
+             + (f"A forward pass took {esc(fmt_ms(statistics.median(step_ms)))} at the median." if step_ms else ""))
+    chip = f"TTFT {fmt_ms(ttft)}" if ttft is not None else f"{len(f.steps):,} steps"
+    return Part(text, ("timeline",), esc(chip))
+
+
+def kv(f: Facts) -> Part:
+    m = f.model
+    L, KVH, D, b, bs = m["num_layers"], m["num_kv_heads"], m["head_dim"], m["dtype_bytes"], m["block_size"]
+    per_token = 2 * L * KVH * D * b
+    peak = f.kv_peak
+    if peak is not None:
+        held = [blk for blk, rids in peak["owners"].items() if f.request_id in rids]
+        tokens, blocks = sum(peak["fill"].get(blk, 0) for blk in held), len(held)
+        when = f"After engine step {peak['step']}, the last before it finished, "
+    else:  # the last token drawn is never fed back, so it has no K/V
+        tokens = max(0, f.n_prompt + f.n_gen - 1)
+        blocks, when = -(-tokens // bs), ("At its end " if f.finish else "So far ")
+    text = p(f"So that no step recomputes the past, each layer's keys and values are kept: 2 × {L} "
+             f"layer{'s' if L != 1 else ''} × {KVH} KV head{'s' if KVH != 1 else ''} × {D} dims × {b} bytes = "
+             f"{n(per_token)} bytes per token.",
+             f"{when}this request held K/V for {plural(tokens, 'token')}: {esc(fmt_bytes(per_token * tokens))} in "
+             f"{plural(blocks, 'block')} of {bs} tokens, taken from a shared pool of {n(int(m['num_blocks']))} "
+             "blocks and handed back the moment it finished.")
+    return Part(text, ("kv",), esc(fmt_bytes(per_token * tokens)), reached=bool(f.steps or f.generated))
+
+
+def which_pass(f: Facts, e: dict) -> str:
+    """'the pass that read «␣is» (position 30) and predicted «␣Paris»': the one meaning of a
+    selection that every panel and sentence uses."""
+    pos = int(e["position"])
+    read = f.label(pos - 1)
+    return (f"the pass that read {quote(read) if read is not None else 'the token'} (position {pos - 1:,}) and "
+            f"predicted {quote(e.get('token_text', ''))}")
+
+
+def _after(row: int) -> str:
+    """A logit-lens row as words: row 0 is the embedding, row i the output of layer i - 1."""
+    return "right after the embedding" if row == 0 else f"after layer <b>{row - 1}</b>"
+
+
+def lens(f: Facts) -> Part:
+    """At which layer does the model already know its answer? Read from the selected pass (the
+    panel shows the same one), then over every traced token."""
+    L = f.model["num_layers"]
+    what = ("The last layer's output times the LM head gives one score per vocabulary entry. Put the residual stream "
+            "after the embedding and after every layer through the model's final norm and LM head (the logit lens), "
+            "and it says what the model would answer if it stopped there.")
+    evs = f.kept["logit_lens"]
+    e = f.pass_of("logit_lens")
+    if e is None:
+        return Part(p(what, "This request has no logit lens: capture level full records one per generated token."),
+                    ("logit_lens",), "not captured" if f.finish else "", reached=bool(f.finish))
+    rows = e["layers"]
+    top, last = first_top(rows), len(rows) - 1
+    tok = quote(e.get("token_text", ""))
+    if top is None:
+        when = f"the drawn token {tok} was never the top candidate (sampling picked a less likely one)"
+    elif top == last:
+        when = f"{tok} became the top candidate only at the output, after the last layer"
+    else:
+        when = f"{tok} was already the top candidate {_after(top)}, and stayed there"
+    near = next((i for i, r in enumerate(rows) if r["chosen_rank"] <= 10), None)
+    near_text = (f" It entered the top 10 {_after(near)} (the embedding alone ranked it "
+                 f"{n(int(rows[0]['chosen_rank']))})." if near not in (None, last) else
+                 f" The embedding alone ranked it {n(int(rows[0]['chosen_rank']))}.")
+    early = [t for t, x in ((first_top(x["layers"]), x) for x in evs) if t is not None and t < len(x["layers"]) - 1]
+    summary = (f"Over the {plural(len(evs), 'traced token')}, {n(len(early))} "
+               f"{'was' if len(early) == 1 else 'were'} settled before the last layer"
+               + (f" (at the median, {_after(int(statistics.median(early)))})" if early else "") + ".")
+    text = p(what, f"In {which_pass(f, e)}, {when}.{near_text}", summary,
+             f"The whole lens is one [{L + 1} × hidden] · [hidden × vocab] product per traced token.")
+    chip = "top at the output" if top in (None, last) else f"top after L{top - 1}" if top else "top at once"
+    return Part(text, ("logit_lens",), chip)

@@ -1,0 +1,69 @@
+"""Speculative decoding: a draft (a small model, or n-gram lookup) proposes, the target verifies."""
+from __future__ import annotations
+
+from visualizers._html import esc
+from visualizers.speculative import span_text
+from visualizers.stages.facts import Facts, Part, n, p, plural
+
+
+def speculation(f: Facts) -> Part:
+    spec = f.kept["spec"]
+    if not spec:
+        off = ("This request ran without speculative decoding: one target forward pass per token. With speculation "
+               "on, a draft (a small model, or n-gram lookup in the context) proposes k tokens and the target "
+               "verifies them all in one pass.")
+        return Part(p(off), ("spec",), "off", skipped=bool(f.finish), reached=bool(f.finish))
+    proposed, accepted = sum(s["k"] for s in spec), sum(s["accepted"] for s in spec)
+    rounds = len(spec)
+    per_pass = _kept_per_pass(f)
+    share = accepted / max(1, proposed)
+    if spec[0].get("method") == "ngram":
+        text = _ngram(f, proposed, accepted, per_pass)
+    else:
+        text = p(f"A small draft model proposed up to {n(int(spec[0]['k']))} tokens per round; the target checked "
+                 f"them all in one forward pass. Over {plural(rounds, 'round')} it proposed {n(proposed)} and the "
+                 f"target kept {n(accepted)} ({share:.0%}), plus one token of its own each round (none after an "
+                 f"end of sequence): {per_pass:.2f} tokens per target pass instead of 1.")
+    return Part(text, ("spec",), f"{share:.0%} kept")
+
+
+def _kept_per_pass(f: Facts) -> float:
+    """Tokens the answer kept per verify pass: the streamed tokens of the verify steps (a round
+    that overshoots an end of sequence keeps none past it), else accepted + one a round."""
+    spec = f.kept["spec"]
+    steps = {s["step"] for s in spec}
+    kept = sum(1 for t in f.kept["token"] if t["step"] in steps)
+    if not kept:
+        kept = sum(s["accepted"] for s in spec) + len(spec)
+    return kept / len(spec)
+
+
+def _ngram(f: Facts, proposed: int, accepted: int, per_pass: float) -> str:
+    """When the proposals came from n-gram lookup, with one round as the example."""
+    spec = f.kept["spec"]
+    plain = f.kinds.count("decode")
+    look = spec[0].get("lookup", {})
+    best = max(spec, key=lambda s: s["accepted"])
+    gram, src, pt = best["ngram"], best["copied_from"], best["prompt_tokens"]
+
+    def quote(texts: list[str]) -> str:
+        return f"«{esc(''.join(texts))}»"
+    rounds = len(spec)
+    return p(
+        "No draft model here: <b>n-gram lookup</b> (prompt lookup). Before each step the engine took the last n tokens "
+        f"of prompt + answer, n from {n(int(look.get('max_n', gram['n'])))} down to "
+        f"{n(int(look.get('min_n', gram['n'])))}, found their latest earlier occurrence, and proposed the tokens that "
+        "followed it there. An answer that repeats its prompt (or itself) gets many tokens per pass for the price "
+        "of a search.",
+        f"{plural(rounds, 'round')} found a match and proposed {n(proposed)} tokens; the target kept {n(accepted)} "
+        f"({accepted / max(1, proposed):.0%}), plus one token of its own each round: "
+        f"{per_pass:.2f} tokens per target pass instead of 1. "
+        f"{plural(plain, 'other step')} found no match (or {'was' if plain == 1 else 'were'} at the end) and decoded "
+        "one token plainly.",
+        f"For example, the {gram['n']} tokens {quote(gram['text'])} had occurred before at "
+        f"{esc(span_text(gram['start'], gram['start'] + gram['n'] - 1, pt))}, so the engine copied "
+        f"{quote(best['proposed_text'])} from {esc(span_text(src[0], src[-1], pt))}; the target kept "
+        f"{n(int(best['accepted']))} of those {n(int(best['k']))}.",
+        "A copy is certain (its q is 1): greedy keeps it when it is the target's top token; sampling keeps it with "
+        "probability p, the target's, and after a rejection draws from p without that token, so the answer still "
+        "follows the target's distribution.")

@@ -1,0 +1,120 @@
+"""The way in: the request arrives, is tokenized, looked up in the prefix cache, embedded."""
+from __future__ import annotations
+
+from visualizers._html import esc, fmt_bytes
+from visualizers.stages.facts import Facts, Part, n, p, plural
+
+NOT_YET = "Not reached yet: this request is still on its way (the page re-reads it while it runs)."
+
+
+def request(f: Facts) -> Part:
+    arrive = f.first.get("request.arrive") or {}
+    msgs = arrive.get("messages") or (f.body or {}).get("messages") or []
+    params = arrive.get("params") or {}
+    if not params and f.body:
+        params = {"max_tokens": f.body.get("max_tokens") or f.body.get("max_completion_tokens") or 0,
+                  "temperature": f.body.get("temperature", 1.0)}
+    chars = sum(len(m.get("content", "")) for m in msgs if isinstance(m, dict) and isinstance(m.get("content"), str))
+    text = p(f"A client sent a JSON body like any OpenAI client would: {plural(len(msgs), 'message')}, "
+             f"{plural(chars, 'character')} of text, asking for at most {n(int(params.get('max_tokens') or 0))} new "
+             f"tokens at temperature {n(float(params.get('temperature', 0) or 0))}.",
+             f"The server checked every field before the engine saw it, and gave the request its id "
+             f"<b>{esc(f.request_id)}</b>: every event below carries that id.")
+    return Part(text, ("request",), f"{chars:,} chars", reached=bool(arrive or f.body))
+
+
+def tokenize(f: Facts) -> Part:
+    tok = f.first.get("tokenize")
+    if not tok:
+        if f.n_prompt:  # capture level off: the usage still counts the prompt's tokens
+            return Part(p(f"The chat template and byte-level BPE cut the prompt into {plural(f.n_prompt, 'token')};"
+                          " this request's capture level records no more of them."), ("tokens",),
+                        f"{f.n_prompt:,} tokens")
+        return Part(p(NOT_YET, "The chat template wraps the messages in role markers; byte-level BPE cuts the text "
+                      "into integer ids."), ("tokens",), reached=False)
+    special = sum(1 for t in tok["tokens"] if t.get("special"))
+    vocab = tok.get("tokenizer_size") or f.model["vocab_size"]
+    text = p(f"The chat template wrapped the messages in role markers, then byte-level BPE cut the text into "
+             f"{plural(int(tok['count']), 'token')}, each an integer id in a vocabulary of {n(int(vocab))}. "
+             f"{n(special)} of them {'is a special token' if special == 1 else 'are special tokens'} that mark "
+             "whose turn it is (highlighted).", "The model never sees letters: only these ids.")
+    return Part(text, ("tokens",), f"{int(tok['count']):,} tokens")
+
+
+def prefix(f: Facts) -> Part:
+    look = f.first.get("prefix_cache.lookup")
+    bs = f.model["block_size"]
+    if not look:
+        return Part(p(NOT_YET, "When the scheduler admits it, the engine looks its prompt's blocks up in the prefix "
+                      "cache."), ("prefix",), reached=False)
+    total, cached, full = look["prompt_tokens"], look.get("cached_tokens", 0), look.get("full_blocks", 0)
+    if look["hit"]:
+        rest, hits = total - cached, len(look["cached_blocks"])
+        text = p(f"A <b>HIT</b>. The engine hashed the prompt in blocks of {n(bs)} tokens and found "
+                 f"{n(hits)} of them already in the cache, left by an earlier request that "
+                 f"began the same way (a shared system prompt, or the same conversation so far): {n(cached)} of the "
+                 f"{n(total)} prompt tokens reuse those K/V blocks and skip prefill; only the other {n(rest)} "
+                 f"{'is' if rest == 1 else 'are'} computed now.",
+                 "The blocks are shared, not copied: each one's reference count went up by one, and it stays in "
+                 "the pool for as long as any request holds it.")
+        return Part(text, ("prefix",), f"{hits:,} block{'s' if hits != 1 else ''} hit")
+    if not full:
+        text = p(f"A <b>MISS</b>, with nothing to look up: only full blocks of {n(bs)} tokens are cached (and "
+                 f"never a prompt's last token), and this prompt's {n(total)} tokens do not fill one, so every one is "
+                 "computed now.")
+    else:
+        text = p(f"A <b>MISS</b>. The engine hashed the prompt's {plural(full, 'full block')} of "
+                 f"{n(bs)} tokens and looked each hash up: none was in the cache (no earlier request began the same "
+                 f"way, or its blocks have been evicted since), so all {n(total)} prompt tokens are computed now.",
+                 f"Those blocks stay in the cache after this request ends: a later request that begins with the same "
+                 f"{n(full * bs)} tokens (the same system prompt) will find them, a HIT that skips their prefill.")
+    return Part(text, ("prefix",), "miss")
+
+
+def cut_sentence(f: Facts) -> str:
+    """Where the trace's byte cap stopped the tensor captures (the token, when the event says it)."""
+    t = f.truncated
+    if not t:
+        return ""
+    at = f" (token {n(int(t['token']))})" if isinstance(t.get("token"), int) else ""
+    return (f"The trace reached the server's size cap at engine step {n(int(t['step']))}{at}: the tensor captures "
+            "(embedding rows, attention, MoE routing, the lens) stop there, so those panels show the steps before it.")
+
+
+def embed(f: Facts) -> Part:
+    d, b = f.model["hidden_size"], f.model["dtype_bytes"]
+    np_ = f.n_prompt
+    text = p(f"Each id picks one row of the embedding matrix ({n(int(f.model['vocab_size']))} rows × {n(d)} numbers). "
+             f"This request's prompt is {n(np_)} tokens: a [{np_:,} × {d:,}] matrix, "
+             f"{n(np_ * d)} numbers, {esc(fmt_bytes(np_ * d * b))} in {esc(f.model['dtype'])}.",
+             *_lookups(f), cut_sentence(f))
+    return Part(text, ("embedding",), f"{np_:,} × {d:,}", reached=bool(f.steps or f.kept["embed"] or f.generated))
+
+
+def _lookups(f: Facts) -> list[str]:
+    """Which rows the panel shows (one per position looked up) and how many went in."""
+    embeds, d, cached = f.kept["embed"], f.model["hidden_size"], f.cached_tokens
+    if not embeds:
+        return ["This request was traced without tensors, so the rows themselves were not kept."]
+    seen: dict[int, int] = {}
+    for e in embeds:
+        for i in range(len(e["token_ids"])):
+            seen[e["start"] + i] = seen.get(e["start"] + i, 0) + 1
+    shown, total = len(seen), sum(seen.values())
+    in_prompt = sum(1 for pos in seen if pos < f.n_prompt)
+    spec = bool(f.kept["spec"])
+    skipped = (f" (the first {n(cached)} came from the prefix cache: their rows were not looked up again)"
+               if cached else "")
+    fed = ("each generated token is looked up when it goes back in as the next step's input, and a verify pass "
+           "also looks up the draft's proposals" if spec else
+           "each generated token is looked up when it goes back in as the next step's input")
+    words = [f"The panel shows the rows this request looked up, one per position: [{shown:,} × {d:,}], that "
+             f"is {n(in_prompt)} of the {n(f.n_prompt)} prompt positions{skipped} and {n(shown - in_prompt)} "
+             f"after the prompt ({fed})."]
+    if total > shown:
+        why = [w for w, on in (("a rejected proposal's position is looked up again with the token the target "
+                                "chose", spec), ("a preempted request recomputes its tokens",
+                                                 bool((f.finish or {}).get("preemptions")))) if on]
+        words.append(f"Counting every forward pass, {n(total)} rows went in: {n(total - shown)} lookups were of a "
+                     f"position already looked up{' (' + '; '.join(why) + ')' if why else ''}.")
+    return words

@@ -1,0 +1,102 @@
+"""The way out: a token is sampled, streamed, and the request shares the engine with others."""
+from __future__ import annotations
+
+import statistics
+from typing import Sequence
+
+from visualizers._html import esc, fmt_ms
+from visualizers.stages.facts import Facts, Part, n, p, plural, quote
+from visualizers.stages.model import which_pass
+from visualizers.stages.way_in import NOT_YET
+
+
+def sampling(f: Facts) -> Part:
+    s = f.pass_of("sample")
+    if s is None:
+        if f.generated:  # capture level off: tokens were drawn, their distributions not recorded
+            return Part(p("Each step ended with logits over the vocabulary, cut by temperature, top-k and top-p, and "
+                          "one token drawn; this request's capture level records no distributions."), ("sampling",),
+                        "not captured")
+        return Part(p(NOT_YET, "Each step ends with logits over the vocabulary, cut by temperature, top-k and "
+                      "top-p, and one token drawn."), ("sampling",), reached=False)
+    prm = s.get("params", {})
+    knobs = ("greedy: always the most likely token, the same answer every time" if prm.get("greedy") else
+             f"temperature {prm.get('temperature', 1):g}, top-k {prm.get('top_k') or 'off'}, top-p "
+             f"{prm.get('top_p', 1):g}")
+    draws = len(f.kept["sample"])
+    text = p(f"Softmax turns the {n(int(f.model['vocab_size']))} scores into probabilities; then the knobs cut the "
+             f"list ({esc(knobs)}) and one token is drawn.",
+             f"In {which_pass(f, s)}, the engine drew {quote(s.get('token_text', ''))} with probability "
+             f"{n(float(s.get('token_prob', 0)))}; the distribution's entropy was {n(float(s.get('entropy', 0)))} "
+             f"nats. {plural(draws, 'draw')} {'was' if draws == 1 else 'were'} traced.")
+    return Part(text, ("sampling",), f"p {float(s.get('token_prob', 0)):.2f}")
+
+
+REASONS = {"stop": "the model produced an end-of-turn token (or a stop string)", "length": "it reached max_tokens",
+           "abort": "it was stopped (a click or a closed connection)"}
+
+
+def stream(f: Facts) -> Part:
+    """The tokens leaving as server-sent events, and why the request stopped."""
+    gen = f.n_gen
+    words = [f"Each token left as a server-sent event the moment it existed: {plural(gen, 'token')}"
+             + (" so far." if f.hidden_from is not None or not f.finish else "."),
+             _timing(f.kept["token"])]
+    fin = f.finish
+    if f.hidden_from is not None:
+        words.append(f"The answer from position {n(f.hidden_from)} on is hidden until the class has predicted "
+                     "its next token.")
+    elif fin:
+        u = fin.get("usage") or {}
+        reason = str(fin.get("reason"))
+        words += [f"It ended because {esc(REASONS.get(reason, reason))} (finish_reason <b>{esc(reason)}</b>).",
+                  f"Usage: {n(int(u.get('prompt_tokens', 0)))} prompt tokens ({n(int(u.get('cached_tokens', 0)))} "
+                  f"from the prefix cache) and {n(int(u.get('completion_tokens', 0)))} completion tokens.",
+                  f"It was preempted {plural(int(fin['preemptions']), 'time')}." if fin.get("preemptions") else ""]
+    else:
+        words.append("Still running. It will end at an end-of-turn token, a stop string or max_tokens.")
+    return Part(p(*words), ("answer",), f"{gen:,} tokens", reached=bool(f.generated or fin))
+
+
+def _timing(tokens: Sequence[dict]) -> str:
+    """The gaps between tokens, or, when a step releases several (speculative rounds), between
+    those bursts (the tokens inside one leave together, microseconds apart)."""
+    bursts: list[list[dict]] = []
+    for t in tokens:
+        if bursts and bursts[-1][0]["step"] == t["step"]:
+            bursts[-1].append(t)
+        else:
+            bursts.append([t])
+    if len(bursts) == len(tokens):
+        lat = [t["latency"] for t in tokens[1:] if t.get("latency") is not None]
+        return (f"Between tokens: {esc(fmt_ms(statistics.median(lat)))} at the median, {esc(fmt_ms(max(lat)))} at "
+                "most." if lat else "")
+    gaps = [b[0]["latency"] for b in bursts[1:] if b[0].get("latency") is not None]
+    sizes = [len(b) for b in bursts]
+    return (f"They left in bursts: a verify step releases every token it kept at once, so the {n(len(tokens))} "
+            f"tokens came in {n(len(bursts))} bursts, {len(tokens) / len(bursts):.1f} tokens per burst on average "
+            f"(at most {max(sizes)}). Inside a burst the tokens are microseconds apart; between bursts: "
+            + (f"{esc(fmt_ms(statistics.median(gaps)))} at the median, {esc(fmt_ms(max(gaps)))} at most."
+               if gaps else "none yet."))
+
+
+def batching(f: Facts) -> Part:
+    mine = f.steps
+    if not mine:
+        return Part(p(NOT_YET, "The engine never waits for a batch to fill: a new request joins the next step."),
+                    (), reached=bool(f.generated))
+    shared = [s for s in mine if len(s["batch"]) > 1]
+    others = {x["request_id"] for s in mine for x in s["batch"]} - {f.request_id}
+    most = max(len(s["batch"]) for s in mine)
+    if shared:
+        what = (f"Of this request's {plural(len(mine), 'engine step')}, {n(len(shared))} "
+                f"{'was' if len(shared) == 1 else 'were'} shared with {plural(len(others), 'other request')} "
+                f"(at most {n(most)} sequences in one step).")
+        chip = f"shared {len(shared):,} of {len(mine):,}"
+    else:
+        what = (f"This request ran alone: in all {plural(len(mine), 'engine step')} no other request was in the "
+                "batch (send two at once, or watch an API request while the page streams, to see them share).")
+        chip = "alone"
+    return Part(p("The engine never waits for a batch to fill. " + what,
+                  "A finishing request frees its slot and blocks at once; a new prefill joins while others decode."),
+                (), chip)
