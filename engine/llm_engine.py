@@ -29,6 +29,7 @@ from engine.config import DTYPES, EngineConfig, ProgressFn
 from engine.info import EngineInfo, EngineLoad, describe
 from engine.model_runner import ModelRunner
 from engine.parallel.runner import ParallelRunner
+from engine.logprobs import token_logprobs
 from engine.outputs import RequestOutput, TokenOutput, Usage
 from engine.sampler import explain, sample
 from engine.sampling_params import SamplingParams
@@ -403,6 +404,7 @@ class LLMEngine:
                 part.rows = (len(rows), len(rows) + s.num_draft + 1)
                 rows.extend(range(first, first + s.num_draft + 1))
             seqs.append(part)
+        _mark_prompt_rows(seqs, rows, batch.query_starts)
         if capture is not None:
             _mark_lens(seqs, rows, capture, batch.input_ids.device)
         logits = self.runner.run(batch, rows, capture)
@@ -467,15 +469,22 @@ class LLMEngine:
         plain draws' first, then the rounds'), until its sequence stops."""
         for p in step.seqs:
             self._advance(p.s, p.verdict)
+            if p.prompt_rows is not None:
+                _keep_prompt_logprobs(p, step.logits)
         outputs = []
         for p in step.sampled:
             seq = p.s.seq
             if not seq.first_token_time:
                 seq.prefill_done_time, seq.first_token_time = t_forward, t_sample
+            lps = None if seq.params.logprobs is None else token_logprobs(
+                step.logits[p.rows[0]:p.rows[0] + len(p.tokens)], p.tokens, seq.params.logprobs)
             for j, token in enumerate(p.tokens):
                 if seq.traced:
                     self._trace_token(step, p, j, token)
                 out = self._append_token(seq, token, t_sample)
+                out.logprobs = lps[j] if lps is not None else None
+                if seq.params.prompt_logprobs is not None and seq.num_output_tokens == 1:
+                    out.prompt_logprobs = [None] + [seq.prompt_logprobs.get(i) for i in range(1, seq.num_prompt_tokens)]
                 outputs.append(out)
                 self.stats.generated_tokens += 1
                 if out.finished:
@@ -614,6 +623,9 @@ class SeqStep:
     lens_row: int | None = None  # a logit lens: its first lens row (its j-th token reads lens_row + j)
     draw: int | None = None  # a plain draw: its index among the step's draws (its filtered logits in knobs)
     verdict: Verdict | None = None  # a speculative round: what verification kept
+    # params.prompt_logprobs: (first logit row, first position, count) of the prompt positions this
+    # chunk computes whose next token is a prompt token; their rows follow every sampled row
+    prompt_rows: tuple[int, int, int] | None = None
     tokens: list[int] = field(default_factory=list)  # the new tokens, in order
 
 
@@ -626,6 +638,29 @@ class StepPass:
     logits: torch.Tensor
     sampled: list[SeqStep] = field(default_factory=list)  # those with new tokens, in the order appended
     knobs: dict[int, dict] = field(default_factory=dict)  # a traced draw's filtered logits, shown by `sample`
+
+
+def _mark_prompt_rows(seqs: list[SeqStep], rows: list[int], query_starts: list[int]) -> None:
+    """The flat rows of the prompt positions whose logits score the next prompt token, for
+    sequences that ask for prompt logprobs, appended to `rows` (after every sampled row)."""
+    for b, p in enumerate(seqs):
+        s = p.s
+        if s.seq.params.prompt_logprobs is None:
+            continue
+        end = min(s.start + s.num_tokens, s.seq.num_prompt_tokens - 1)  # position P-1 predicts the first output
+        if end > s.start:
+            p.prompt_rows = (len(rows), s.start, end - s.start)
+            rows.extend(range(query_starts[b], query_starts[b] + end - s.start))
+
+
+def _keep_prompt_logprobs(p: SeqStep, logits: torch.Tensor) -> None:
+    """Each computed prompt position's log-probabilities of the prompt's next token, kept on
+    the sequence by position (a preempted sequence recomputes them: the same values again)."""
+    lo, pos, n = p.prompt_rows
+    seq = p.s.seq
+    targets = seq.prompt_token_ids[pos + 1:pos + 1 + n]
+    for j, lp in enumerate(token_logprobs(logits[lo:lo + n], targets, seq.params.prompt_logprobs)):
+        seq.prompt_logprobs[pos + 1 + j] = lp
 
 
 def _mark_lens(seqs: list[SeqStep], rows: list[int], capture: PassCapture, device: torch.device) -> None:

@@ -243,6 +243,11 @@ class EngineService:
                 item = {"type": "output", "request_id": out.request_id, "token_id": out.token_id, "text": out.text,
                         "index": out.index, "t": out.time, "finished": out.finished,
                         "finish_reason": out.finish_reason, "step": self.engine.step_count}
+                if out.logprobs is not None:  # asked for (params.logprobs): plain values, as the API sends them
+                    item["logprobs"] = out.logprobs.as_dict()
+                if out.prompt_logprobs is not None:
+                    item["prompt_logprobs"] = [None if lp is None else lp.as_dict() for lp in out.prompt_logprobs]
+                    item["prompt_token_ids"] = self.engine.get_output(out.request_id).prompt_token_ids
                 if out.finished:  # what any level records: an untraced request has no finish event
                     item["usage"] = self._usage(out.request_id)
                 self.store.add_output(out.request_id, item)

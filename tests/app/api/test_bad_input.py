@@ -93,6 +93,7 @@ CASES = [
     (body(stop={"a": 1}), 400, "stop", "stop"),
     (body(stop=[""]), 400, "stop", "stop"),
     (body(n=3), 400, "n = 1", "n"),
+    (body(tools=[]), 400, "tools", "tools"),  # a field this server does not implement: refused, named
     (body(stream="yes"), 400, "stream", "stream"),
     (body(stream_options=[1]), 400, "stream_options", "stream_options"),
     (body(ignore_eos="no"), 400, "ignore_eos", "ignore_eos"),
