@@ -31,6 +31,7 @@ from engine.model_runner import ModelRunner
 from engine.parallel.runner import ParallelRunner
 from engine.logprobs import token_logprobs
 from engine.outputs import RequestOutput, TokenOutput, Usage
+from engine.penalties import History
 from engine.sampler import explain, sample
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
@@ -199,7 +200,9 @@ class LLMEngine:
         seq = Sequence(request_id, ids, params, IncrementalDetokenizer.start(self.tokenizer, ids),
                        trace_level=level, prompt=text, arrival_time=arrival)
         seq.tokenized_time = time.perf_counter()
-        seq.speculative = speculative and self.speculator is not None
+        # penalties and biases read the tokens before each draw: a verified round's positions
+        # would need them per position, so such a request decodes one token a step
+        seq.speculative = speculative and self.speculator is not None and not params.adjusts_logits
         if num_speculative_tokens is not None:
             if num_speculative_tokens < 0:
                 raise ValueError("num_speculative_tokens must be >= 0")
@@ -239,6 +242,8 @@ class LLMEngine:
         if len(ids) >= self.max_model_len:
             raise ValueError(f"the prompt has {len(ids)} tokens but this model's context is {self.max_model_len} "
                              "tokens, and at least one must be generated")
+        if any(not 0 <= t < vocab for t in params.logit_bias):
+            raise ValueError(f"logit_bias token ids must be in [0, {vocab})")
         room = self.max_model_len - len(ids)
         if params.max_tokens > room and context_fit == "refuse":
             raise ContextLengthError(len(ids), params.max_tokens, self.max_model_len)
@@ -423,7 +428,8 @@ class LLMEngine:
             # every row a plain draw (no speculation this step): the logits as they are, not a copy
             picks = sample(logits if rows == list(range(len(logits))) else logits[rows],
                            [s.params for s in seqs], [s.generator for s in seqs],
-                           step.knobs if any(s.traced for s in seqs) else None)
+                           step.knobs if any(s.traced for s in seqs) else None,
+                           [self._history(s) if s.params.adjusts_logits else None for s in seqs])
             for i, (p, token) in enumerate(zip(draws, picks)):
                 p.draw, p.tokens = i, [token]
         for p in rounds:
@@ -432,6 +438,12 @@ class LLMEngine:
             p.verdict = verify(logits[lo:hi], s.draft_tokens, s.draft_probs, s.seq.params, s.seq.generator)
             p.tokens = p.verdict.tokens
         step.sampled = draws + rounds
+
+    def _history(self, seq: Sequence) -> History:
+        """What penalties, biases and min_tokens read of seq (engine/penalties.py)."""
+        p = seq.params
+        stops = list(p.stop_token_ids) + ([] if p.ignore_eos else list(self.model_config.eos_token_ids))
+        return History(seq.prompt_token_ids, seq.output_token_ids, stops)
 
     def _trace(self, step: StepPass, forward_seconds: float, phases: dict) -> None:
         """The pass, for the trace: the step's schedule (and a sharded step's collectives), where

@@ -40,7 +40,8 @@ def refusal(e: ValueError, served) -> JSONResponse:
         return error(e.status, served.limits.shown(str(e)), e.type, e.param, e.code)
     if isinstance(e, BodyError):
         return error(400, served.limits.shown(str(e)), param=e.param, code=e.code)
-    return error(400, served.limits.shown(str(e)), param="messages")  # the engine's: context, KV pool
+    param = "logit_bias" if str(e).startswith("logit_bias") else "messages"  # the engine's: context, KV pool
+    return error(400, served.limits.shown(str(e)), param=param)
 
 
 def _reject_constant(name: str):

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 # OpenAI's, read by the server (README: the fields table says what each does)
 OPENAI = ("model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "seed", "stop", "n",
-          "logprobs")
+          "logprobs", "presence_penalty", "frequency_penalty", "logit_bias")
 # OpenAI accepts these and so does this server, without using them: who the end user is, tags, storage
 ACCEPTED_UNUSED = ("user", "metadata", "store")
 # vLLM's extra sampling parameters, and this server's own (speculation, the trace's capture level)
-EXTRAS = ("top_k", "min_p", "ignore_eos", "speculative", "trace_level")
+EXTRAS = ("top_k", "min_p", "min_tokens", "repetition_penalty", "ignore_eos", "speculative", "trace_level")
 FIELDS = {
     "chat": frozenset(OPENAI + ACCEPTED_UNUSED + EXTRAS + ("messages", "max_completion_tokens", "top_logprobs")),
     "completion": frozenset(OPENAI + ACCEPTED_UNUSED + EXTRAS + ("prompt", "echo")),

@@ -51,6 +51,7 @@ class BodyError(ValueError):
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 SEED_RANGE = (-(2 ** 63), 2 ** 64 - 1)  # what torch.Generator.manual_seed takes
+MAX_LOGIT_BIAS = 300  # token ids one request may bias
 MIN_TEMPERATURE = 1e-5  # below this, sampling is greedy (as in vLLM): 1/T would overflow the logits
 
 
@@ -143,16 +144,23 @@ def parse_body(body: dict, max_tokens_cap: int | None = None, endpoint: str | No
     min_p = number("min_p", 0.0, 0.0, 1.0)
     seed = number("seed", None, *SEED_RANGE, integer=True, bounds="a 64-bit integer")
     logprobs, prompt_logprobs = _logprobs(body, endpoint, echo, number, fail)
+    penalties = {"presence_penalty": number("presence_penalty", 0.0, -2.0, 2.0),
+                 "frequency_penalty": number("frequency_penalty", 0.0, -2.0, 2.0),
+                 "repetition_penalty": number("repetition_penalty", 1.0, 0.0, 2 ** 31),
+                 "min_tokens": number("min_tokens", 0, 0, 2 ** 31, integer=True),
+                 "logit_bias": _logit_bias(body.get("logit_bias"), fail)}
     try:
         params = SamplingParams(temperature=0.0 if temperature < MIN_TEMPERATURE else temperature, top_k=top_k,
                                 top_p=top_p, min_p=min_p, max_tokens=max_tokens, seed=seed, stop=stop,
                                 ignore_eos=body.get("ignore_eos", False),  # ignore_eos: vLLM's extra parameter
-                                logprobs=logprobs, prompt_logprobs=prompt_logprobs)
+                                logprobs=logprobs, prompt_logprobs=prompt_logprobs, **penalties)
     except ValueError as e:  # the remaining rules (top_p > 0): the message names the field
         fail("sampling", str(e), str(e).split(" ")[0])
     checks.append(("sampling", True, f"temperature {params.temperature:g}, top-k {params.top_k or 'off'}, "
                    f"top-p {params.top_p:g}, max {params.max_tokens} tokens, "
-                   + (f"seed {params.seed}" if params.seed is not None else "no seed (a random draw)")))
+                   + (f"seed {params.seed}" if params.seed is not None else "no seed (a random draw)")
+                   + "".join(f", {name.replace('_', ' ')} {value}" for name, value in penalties.items()
+                             if value and (name != "repetition_penalty" or value != 1.0))))
     spec = body.get("speculative") or {}
     if not isinstance(spec, dict) or not isinstance(spec.get("enabled", True), bool):
         fail("speculative", "speculative must be an object {enabled: bool, num_tokens: int}", "speculative")
@@ -166,6 +174,22 @@ def parse_body(body: dict, max_tokens_cap: int | None = None, endpoint: str | No
         if body.get(name) is not None and not isinstance(body[name], dict if name == "stream_options" else bool):
             fail("body", f"{name} must be {'an object' if name == 'stream_options' else 'true or false'}", name)
     return Submission(messages, params, spec.get("enabled", True), k, level, checks, sent, prompt, echo, score_only)
+
+
+def _logit_bias(value, fail) -> dict[int, float]:
+    """OpenAI's logit_bias: {"token id": bias in [-100, 100]} (JSON keys are strings)."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or len(value) > MAX_LOGIT_BIAS:
+        fail("sampling", f"logit_bias must be an object of at most {MAX_LOGIT_BIAS} token ids -> bias", "logit_bias")
+    bias = {}
+    for key, b in value.items():
+        if not (isinstance(key, str) and key.isdigit() and len(key) < 10):
+            fail("sampling", f"logit_bias keys are token ids (integers as strings), got {key[:20]!r}", "logit_bias")
+        if isinstance(b, bool) or not isinstance(b, (int, float)) or not -100 <= b <= 100:
+            fail("sampling", f"logit_bias values must be numbers in [-100, 100], got {b!r}"[:200], "logit_bias")
+        bias[int(key)] = float(b)
+    return bias
 
 
 def _length_field(body: dict, fail) -> str:
