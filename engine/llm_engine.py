@@ -215,12 +215,46 @@ class LLMEngine:
             layers = c.attention_layers if c.attention_layers is not None else list(range(self.model_config.num_layers))
             seq.capture = CaptureSpec(layers, c.heads, c.max_keys, self.model_config.is_moe, c.embed_dims,
                                       c.logit_lens_top)
+        seq.forks = [self._choice(seq, i) for i in range(1, params.n)]
         with self.lock:
+            for s in [seq] + seq.forks:
+                if s.request_id in self.requests:
+                    raise ValueError(f"request id {s.request_id!r} is already in use")
             self.requests[request_id] = seq
             if seq.traced:
                 self._trace_arrival(seq, messages)
+                for s in seq.forks:  # each choice has a trace of its own from its arrival on
+                    self._trace_arrival(s, messages)
             self.scheduler.add(seq)
         return request_id
+
+    @staticmethod
+    def choice_ids(request_id: str, n: int) -> list[str]:
+        """The request ids of a request's n choices: its own first, then "<id>.1" ... "<id>.<n-1>"."""
+        return [request_id] + [f"{request_id}.{i}" for i in range(1, n)]
+
+    def _choice(self, seq: Sequence, i: int) -> Sequence:
+        """Choice i of seq's n: the same prompt and knobs with its own random draws (seed + i,
+        as vLLM seeds the n choices), no prompt logprobs (choice 0 has them). Queued by _fork."""
+        params = replace(seq.params, n=1, prompt_logprobs=None,
+                         seed=None if seq.params.seed is None else (seq.params.seed + i) % 2 ** 64)
+        child = Sequence(self.choice_ids(seq.request_id, i + 1)[-1], list(seq.prompt_token_ids), params,
+                         IncrementalDetokenizer.start(self.tokenizer, seq.prompt_token_ids),
+                         trace_level=seq.trace_level, prompt=seq.prompt, arrival_time=seq.arrival_time)
+        child.tokenized_time, child.speculative, child.spec_k = seq.tokenized_time, seq.speculative, seq.spec_k
+        child.capture = replace(seq.capture) if seq.capture is not None else None
+        if not params.greedy:
+            child.generator = torch.Generator(self.device)
+            child.generator.manual_seed(params.seed if params.seed is not None else secrets.randbits(63))
+        return child
+
+    def _fork(self, seq: Sequence) -> None:
+        """seq's prompt is computed (its full pages are in the prefix cache): its other choices
+        join the queue, take those pages from the cache, and compute only the partial last page."""
+        for child in seq.forks:
+            self.requests[child.request_id] = child
+            self.scheduler.add(child)
+        seq.forks = []
 
     def _tokenize(self, prompt, messages) -> tuple[str | None, list[int]]:
         if messages is not None:
@@ -488,6 +522,8 @@ class LLMEngine:
             seq = p.s.seq
             if not seq.first_token_time:
                 seq.prefill_done_time, seq.first_token_time = t_forward, t_sample
+                if seq.forks:
+                    self._fork(seq)
             lps = None if seq.params.logprobs is None else token_logprobs(
                 step.logits[p.rows[0]:p.rows[0] + len(p.tokens)], p.tokens, seq.params.logprobs)
             for j, token in enumerate(p.tokens):
@@ -577,6 +613,12 @@ class LLMEngine:
         return out
 
     def _finish(self, seq: Sequence, reason: str, token: int | None = None) -> TokenOutput:
+        if seq.forks and token is None:  # ended before its prompt was computed (abort, no room): its choices too
+            forks, seq.forks = seq.forks, []
+            for child in forks:
+                self.requests[child.request_id] = child
+                self.scheduler.add(child)
+                self._pending.append(self._finish(child, reason))  # told with the next step
         if not seq.stopped_by_string:
             seq.text += seq.detokenizer.flush()
         seq.finish_reason = reason

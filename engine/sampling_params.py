@@ -37,6 +37,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    n: int = 1  # choices from one prompt: the prompt is prefilled once, each choice draws its own tokens
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -51,6 +52,8 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if not 0 <= self.min_p <= 1:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if self.n < 1:
+            raise ValueError(f"n must be >= 1, got {self.n}")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if any(not s for s in self.stop):

@@ -45,6 +45,8 @@ class Sequence:
     spec_accepted: int = 0
     # params.prompt_logprobs: each prompt position's (1..) log-probabilities, filled as prefill chunks run
     prompt_logprobs: dict[int, "TokenLogprob"] = field(default_factory=dict)
+    # params.n > 1: the other choices, forked once this one's prompt is computed (LLMEngine._fork)
+    forks: list["Sequence"] = field(default_factory=list)
     # timing (time.perf_counter): arrival, tokenize done, first scheduled, each token
     arrival_time: float = field(default_factory=time.perf_counter)
     tokenized_time: float = 0.0

@@ -76,6 +76,7 @@ class ChunkWriter:
     def __init__(self, endpoint: str, sub: Submission, text: TokenText) -> None:
         self.endpoint, self.sub, self.text = endpoint, sub, text
         self.offsets: dict[int, int] = {}
+        self.prompt: tuple[list[int], list] = ([], [])  # echo: the prompt's ids and logprobs (choice 0 has them)
 
     def first(self, index: int) -> dict | None:
         """The choice's opening chunk: chat's role; completions' echoed prompt (filled by output())."""
@@ -88,8 +89,10 @@ class ChunkWriter:
         """The chunks' choices for one output item (none: nothing to send)."""
         sub, lp_wanted = self.sub, self.sub.params.logprobs is not None
         out = []
+        if "prompt_logprobs" in item:
+            self.prompt = item["prompt_token_ids"], item["prompt_logprobs"]
         if self.endpoint == "completion" and sub.echo and index not in self.offsets:
-            ids, entries = item.get("prompt_token_ids") or [], item.get("prompt_logprobs") or []
+            ids, entries = self.prompt
             lp = completion_logprobs(entries, ids, self.text) if lp_wanted and ids else None
             out.append({"index": index, "text": sub.prompt, "logprobs": lp, "finish_reason": None})
             self.offsets[index] = lp["text_offset"][-1] + len(lp["tokens"][-1]) if lp else len(sub.prompt)

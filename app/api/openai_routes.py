@@ -27,6 +27,7 @@ from app.serving.engine_service import EngineService, Subscription
 from app.serving.limits import RequestRefused, client_of
 from app.serving.requests import BodyError, Submission, parse_body
 from app.serving.served_models import ServedModels
+from engine import LLMEngine
 
 def error(status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
           code: str | None = None) -> JSONResponse:
@@ -152,7 +153,7 @@ async def _complete(request: Request, models: ServedModels, endpoint: str):
     except ValueError as e:  # the body, the server's limits, or the engine's checks (context, KV pool)
         return refusal(e, models)
     created = int(time.time())
-    choices = {rid: Choice(0)}
+    choices = {cid: Choice(i) for i, cid in enumerate(LLMEngine.choice_ids(rid, sub.params.n))}
     text = TokenText(service.engine.tokenizer)
     head = {"id": rid, "object": "chat.completion" if endpoint == "chat" else "text_completion",
             "created": created, "model": service.model_name}
@@ -170,17 +171,24 @@ async def _complete(request: Request, models: ServedModels, endpoint: str):
         return error(499, "the client closed the request")
     shape = chat_choice if endpoint == "chat" else completion_choice
     ordered = sorted(choices.values(), key=lambda c: c.index)
+    for c in ordered[1:]:  # the prompt's logprobs (echo) come with the first choice: the same for every one
+        c.prompt_ids, c.prompt_logprobs = ordered[0].prompt_ids, ordered[0].prompt_logprobs
     return {**head, "choices": [shape(c, sub, text) for c in ordered], "usage": usage(ordered, sub)}
 
 
 async def _items(request: Request, service: EngineService, watch: Subscription) -> AsyncIterator[dict]:
-    """The request's queue, read off the event loop; aborts it if the client leaves."""
+    """The request's queue, read off the event loop; aborts it (every choice) if the client leaves."""
     while True:
         for item in await run_in_threadpool(watch.drain, 0.25):
             yield item
         if await request.is_disconnected():
-            await run_in_threadpool(service.abort, watch.request_id)
+            await run_in_threadpool(_abort_all, service, [watch.request_id] + [s.request_id for s in watch.siblings])
             return
+
+
+def _abort_all(service: EngineService, request_ids: list[str]) -> None:
+    for rid in request_ids:
+        service.abort(rid)
 
 
 async def _until_done(request: Request, service: EngineService, watch: Subscription,
@@ -256,4 +264,4 @@ async def _stream(request: Request, service: EngineService, watch: Subscription,
     finally:
         service.unsubscribe(watch)
         if not done:  # the client left (the server cancels this generator): stop the work
-            threading.Thread(target=service.abort, args=(head["id"],), daemon=True).start()
+            threading.Thread(target=_abort_all, args=(service, list(choices)), daemon=True).start()

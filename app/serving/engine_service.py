@@ -36,6 +36,7 @@ class Subscription:
     queue: "queue.SimpleQueue[dict]" = field(default_factory=queue.SimpleQueue)
     max_items: int | None = None  # bounded: a slow reader loses items (counted), never stalls the engine
     dropped: int = 0
+    siblings: list["Subscription"] = field(default_factory=list)  # n > 1: the other choices, into this queue
 
     def offer(self, item: dict) -> None:
         if self.max_items is not None and self.queue.qsize() >= self.max_items:
@@ -163,6 +164,9 @@ class EngineService:
         watch = Subscription(rid)
         with self._subs_lock:
             self._subs.setdefault(rid, []).append(watch)  # before add_request: see its first events
+            for cid in LLMEngine.choice_ids(rid, sub.params.n)[1:]:  # n choices: one queue for all
+                watch.siblings.append(Subscription(cid, watch.queue))
+                self._subs.setdefault(cid, []).append(watch.siblings[-1])
             self._running.add(rid)
         if sub.trace_level != "off":
             self.store.set_body(rid, sub.body, self.model_name)
@@ -213,6 +217,8 @@ class EngineService:
         return watch
 
     def unsubscribe(self, watch: Subscription) -> None:
+        for sibling in watch.siblings:
+            self.unsubscribe(sibling)
         with self._subs_lock:
             if watch.request_id is None:
                 if watch in self._firehose:

@@ -51,6 +51,7 @@ class BodyError(ValueError):
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 SEED_RANGE = (-(2 ** 63), 2 ** 64 - 1)  # what torch.Generator.manual_seed takes
+MAX_CHOICES = 8  # n: choices from one prompt
 MAX_LOGIT_BIAS = 300  # token ids one request may bias
 MIN_TEMPERATURE = 1e-5  # below this, sampling is greedy (as in vLLM): 1/T would overflow the logits
 
@@ -122,8 +123,6 @@ def parse_body(body: dict, max_tokens_cap: int | None = None, endpoint: str | No
         messages = []
     else:
         messages = _messages(body, checks, fail)
-    if body.get("n") not in (None, 1):
-        fail("sampling", "only n = 1 is supported", "n")
     stop = body.get("stop")
     stop = [stop] if isinstance(stop, str) else stop or []
     if not isinstance(stop, list) or len(stop) > 8 or not all(isinstance(s, str) and s for s in stop):
@@ -144,6 +143,7 @@ def parse_body(body: dict, max_tokens_cap: int | None = None, endpoint: str | No
     min_p = number("min_p", 0.0, 0.0, 1.0)
     seed = number("seed", None, *SEED_RANGE, integer=True, bounds="a 64-bit integer")
     logprobs, prompt_logprobs = _logprobs(body, endpoint, echo, number, fail)
+    n = number("n", 1, 1, MAX_CHOICES, integer=True)
     penalties = {"presence_penalty": number("presence_penalty", 0.0, -2.0, 2.0),
                  "frequency_penalty": number("frequency_penalty", 0.0, -2.0, 2.0),
                  "repetition_penalty": number("repetition_penalty", 1.0, 0.0, 2 ** 31),
@@ -153,12 +153,13 @@ def parse_body(body: dict, max_tokens_cap: int | None = None, endpoint: str | No
         params = SamplingParams(temperature=0.0 if temperature < MIN_TEMPERATURE else temperature, top_k=top_k,
                                 top_p=top_p, min_p=min_p, max_tokens=max_tokens, seed=seed, stop=stop,
                                 ignore_eos=body.get("ignore_eos", False),  # ignore_eos: vLLM's extra parameter
-                                logprobs=logprobs, prompt_logprobs=prompt_logprobs, **penalties)
+                                logprobs=logprobs, prompt_logprobs=prompt_logprobs, n=n, **penalties)
     except ValueError as e:  # the remaining rules (top_p > 0): the message names the field
         fail("sampling", str(e), str(e).split(" ")[0])
     checks.append(("sampling", True, f"temperature {params.temperature:g}, top-k {params.top_k or 'off'}, "
                    f"top-p {params.top_p:g}, max {params.max_tokens} tokens, "
                    + (f"seed {params.seed}" if params.seed is not None else "no seed (a random draw)")
+                   + (f", {n} choices (the prompt prefilled once)" if n > 1 else "")
                    + "".join(f", {name.replace('_', ' ')} {value}" for name, value in penalties.items()
                              if value and (name != "repetition_penalty" or value != 1.0))))
     spec = body.get("speculative") or {}

@@ -77,3 +77,47 @@ def test_bad_values_are_refused_naming_the_field(server, fields, param):
     r = httpx.post(server.url + "v1/chat/completions", json={"model": NAME, "messages": USER, **fields}, timeout=60)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param, r.json()
+
+
+def test_n_choices_with_the_sdk(server, client):
+    kwargs = dict(model=NAME, messages=USER, max_tokens=4, temperature=1.0, seed=11, n=3, logprobs=True,
+                  extra_body={"ignore_eos": True})
+    r = client.chat.completions.create(**kwargs)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    assert all(len(c.logprobs.content) == 4 for c in r.choices)
+    assert r.usage.completion_tokens == 12 and r.usage.total_tokens == r.usage.prompt_tokens + 12
+    again = client.chat.completions.create(**kwargs)
+    assert [c.message.content for c in again.choices] == [c.message.content for c in r.choices]  # seed: the same set
+    # the other choices took the prompt's full pages from the prefix cache (their traces say so): prefilled once
+    lookups = [next(e for e in server.service.store.get(rid) if e["type"] == "prefix_cache.lookup")
+               for rid in (r.id, f"{r.id}.1", f"{r.id}.2")]
+    full = (r.usage.prompt_tokens - 1) // 4
+    assert [len(e["cached_blocks"]) for e in lookups[1:]] == [full, full]
+    assert lookups[1]["cached_blocks"] == lookups[2]["cached_blocks"]
+
+
+def test_n_choices_stream_with_their_index(client):
+    kwargs = dict(model=NAME, messages=USER, max_tokens=3, temperature=1.0, seed=5, n=2,
+                  extra_body={"ignore_eos": True})
+    whole = client.chat.completions.create(**kwargs)
+    chunks = list(client.chat.completions.create(stream=True, **kwargs))
+    text = {0: "", 1: ""}
+    for c in chunks:
+        for ch in c.choices:
+            text[ch.index] += ch.delta.content or ""
+    assert [text[0], text[1]] == [c.message.content for c in whole.choices]
+    assert sorted(ch.index for c in chunks for ch in c.choices if ch.finish_reason) == [0, 1]
+
+
+def test_completions_n_with_echo(client):
+    r = client.completions.create(model=NAME, prompt="Hello there", max_tokens=2, n=2, echo=True, logprobs=1,
+                                  temperature=1.0, seed=3)
+    assert [c.index for c in r.choices] == [0, 1]
+    for c in r.choices:
+        assert c.text.startswith("Hello there") and c.logprobs.token_logprobs[0] is None
+
+
+@pytest.mark.parametrize("n", [0, 9, 1.5, "2"])
+def test_n_out_of_range_is_refused(server, n):
+    r = httpx.post(server.url + "v1/chat/completions", json={"model": NAME, "messages": USER, "n": n}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "n"
