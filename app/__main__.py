@@ -141,6 +141,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                      help=f"requests in flight per client address (public default {PUBLIC_MAX_CONCURRENT}, "
                      "local: none)")
     pub.add_argument("--max-body-bytes", type=int, default=MAX_BODY_BYTES, help="largest request body")
+    pub.add_argument("--ignore-unknown-fields", action="store_true",
+                     help="drop request body fields this server does not implement (default: a 400 naming the field)")
     args = p.parse_args(argv)
     try:
         args.models = model_specs(getattr(args, "_per_model", None) or [])
@@ -280,7 +282,8 @@ def serve_limits(args: argparse.Namespace) -> ServeLimits:
     return ServeLimits.for_server(args.host, args.share or args.public, args.max_tokens_cap,
                                   args.max_concurrent_per_client,
                                   args.max_body_bytes, args.api_key, tuple(pairs),
-                                  getattr(args, "api_trace_level", API_TRACE_LEVEL))
+                                  getattr(args, "api_trace_level", API_TRACE_LEVEL),
+                                  getattr(args, "ignore_unknown_fields", False))
 
 
 def serve_replay(args: argparse.Namespace) -> None:

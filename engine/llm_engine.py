@@ -29,7 +29,9 @@ from engine.config import DTYPES, EngineConfig, ProgressFn
 from engine.info import EngineInfo, EngineLoad, describe
 from engine.model_runner import ModelRunner
 from engine.parallel.runner import ParallelRunner
+from engine.logprobs import token_logprobs
 from engine.outputs import RequestOutput, TokenOutput, Usage
+from engine.penalties import History
 from engine.sampler import explain, sample
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
@@ -199,7 +201,9 @@ class LLMEngine:
         seq = Sequence(request_id, ids, params, IncrementalDetokenizer.start(self.tokenizer, ids),
                        trace_level=level, prompt=text, arrival_time=arrival)
         seq.tokenized_time = time.perf_counter()
-        seq.speculative = speculative and self.speculator is not None
+        # penalties and biases read the tokens before each draw: a verified round's positions
+        # would need them per position, so such a request decodes one token a step
+        seq.speculative = speculative and self.speculator is not None and not params.adjusts_logits
         if num_speculative_tokens is not None:
             if num_speculative_tokens < 0:
                 raise ValueError("num_speculative_tokens must be >= 0")
@@ -212,12 +216,46 @@ class LLMEngine:
             layers = c.attention_layers if c.attention_layers is not None else list(range(self.model_config.num_layers))
             seq.capture = CaptureSpec(layers, c.heads, c.max_keys, self.model_config.is_moe, c.embed_dims,
                                       c.logit_lens_top, c.compact)
+        seq.forks = [self._choice(seq, i) for i in range(1, params.n)]
         with self.lock:
+            for s in [seq] + seq.forks:
+                if s.request_id in self.requests:
+                    raise ValueError(f"request id {s.request_id!r} is already in use")
             self.requests[request_id] = seq
             if seq.traced:
                 self._trace_arrival(seq, messages)
+                for s in seq.forks:  # each choice has a trace of its own from its arrival on
+                    self._trace_arrival(s, messages)
             self.scheduler.add(seq)
         return request_id
+
+    @staticmethod
+    def choice_ids(request_id: str, n: int) -> list[str]:
+        """The request ids of a request's n choices: its own first, then "<id>.1" ... "<id>.<n-1>"."""
+        return [request_id] + [f"{request_id}.{i}" for i in range(1, n)]
+
+    def _choice(self, seq: Sequence, i: int) -> Sequence:
+        """Choice i of seq's n: the same prompt and knobs with its own random draws (seed + i,
+        as vLLM seeds the n choices), no prompt logprobs (choice 0 has them). Queued by _fork."""
+        params = replace(seq.params, n=1, prompt_logprobs=None,
+                         seed=None if seq.params.seed is None else (seq.params.seed + i) % 2 ** 64)
+        child = Sequence(self.choice_ids(seq.request_id, i + 1)[-1], list(seq.prompt_token_ids), params,
+                         IncrementalDetokenizer.start(self.tokenizer, seq.prompt_token_ids),
+                         trace_level=seq.trace_level, prompt=seq.prompt, arrival_time=seq.arrival_time)
+        child.tokenized_time, child.speculative, child.spec_k = seq.tokenized_time, seq.speculative, seq.spec_k
+        child.capture = replace(seq.capture) if seq.capture is not None else None
+        if not params.greedy:
+            child.generator = torch.Generator(self.device)
+            child.generator.manual_seed(params.seed if params.seed is not None else secrets.randbits(63))
+        return child
+
+    def _fork(self, seq: Sequence) -> None:
+        """seq's prompt is computed (its full pages are in the prefix cache): its other choices
+        join the queue, take those pages from the cache, and compute only the partial last page."""
+        for child in seq.forks:
+            self.requests[child.request_id] = child
+            self.scheduler.add(child)
+        seq.forks = []
 
     def _tokenize(self, prompt, messages) -> tuple[str | None, list[int]]:
         if messages is not None:
@@ -239,6 +277,8 @@ class LLMEngine:
         if len(ids) >= self.max_model_len:
             raise ValueError(f"the prompt has {len(ids)} tokens but this model's context is {self.max_model_len} "
                              "tokens, and at least one must be generated")
+        if any(not 0 <= t < vocab for t in params.logit_bias):
+            raise ValueError(f"logit_bias token ids must be in [0, {vocab})")
         room = self.max_model_len - len(ids)
         if params.max_tokens > room and context_fit == "refuse":
             raise ContextLengthError(len(ids), params.max_tokens, self.max_model_len)
@@ -409,6 +449,7 @@ class LLMEngine:
                 part.rows = (len(rows), len(rows) + s.num_draft + 1)
                 rows.extend(range(first, first + s.num_draft + 1))
             seqs.append(part)
+        _mark_prompt_rows(seqs, rows, batch.query_starts)
         if capture is not None:
             _mark_lens(seqs, rows, capture, batch.input_ids.device)
         logits = self.runner.run(batch, rows, capture)
@@ -427,7 +468,8 @@ class LLMEngine:
             # every row a plain draw (no speculation this step): the logits as they are, not a copy
             picks = sample(logits if rows == list(range(len(logits))) else logits[rows],
                            [s.params for s in seqs], [s.generator for s in seqs],
-                           step.knobs if any(s.traced for s in seqs) else None)
+                           step.knobs if any(s.traced for s in seqs) else None,
+                           [self._history(s) if s.params.adjusts_logits else None for s in seqs])
             for i, (p, token) in enumerate(zip(draws, picks)):
                 p.draw, p.tokens = i, [token]
         for p in rounds:
@@ -436,6 +478,12 @@ class LLMEngine:
             p.verdict = verify(logits[lo:hi], s.draft_tokens, s.draft_probs, s.seq.params, s.seq.generator)
             p.tokens = p.verdict.tokens
         step.sampled = draws + rounds
+
+    def _history(self, seq: Sequence) -> History:
+        """What penalties, biases and min_tokens read of seq (engine/penalties.py)."""
+        p = seq.params
+        stops = list(p.stop_token_ids) + ([] if p.ignore_eos else list(self.model_config.eos_token_ids))
+        return History(seq.prompt_token_ids, seq.output_token_ids, stops)
 
     def _trace(self, step: StepPass, forward_seconds: float, phases: dict) -> None:
         """The pass, for the trace: the step's schedule (and a sharded step's collectives), where
@@ -505,15 +553,24 @@ class LLMEngine:
         plain draws' first, then the rounds'), until its sequence stops."""
         for p in step.seqs:
             self._advance(p.s, p.verdict)
+            if p.prompt_rows is not None:
+                _keep_prompt_logprobs(p, step.logits)
         outputs = []
         for p in step.sampled:
             seq = p.s.seq
             if not seq.first_token_time:
                 seq.prefill_done_time, seq.first_token_time = t_forward, t_sample
+                if seq.forks:
+                    self._fork(seq)
+            lps = None if seq.params.logprobs is None else token_logprobs(
+                step.logits[p.rows[0]:p.rows[0] + len(p.tokens)], p.tokens, seq.params.logprobs)
             for j, token in enumerate(p.tokens):
                 if seq.traced:
                     self._trace_token(step, p, j, token)
                 out = self._append_token(seq, token, t_sample)
+                out.logprobs = lps[j] if lps is not None else None
+                if seq.params.prompt_logprobs is not None and seq.num_output_tokens == 1:
+                    out.prompt_logprobs = [None] + [seq.prompt_logprobs.get(i) for i in range(1, seq.num_prompt_tokens)]
                 outputs.append(out)
                 self.stats.generated_tokens += 1
                 if out.finished:
@@ -588,6 +645,12 @@ class LLMEngine:
         return out
 
     def _finish(self, seq: Sequence, reason: str, token: int | None = None) -> TokenOutput:
+        if seq.forks and token is None:  # ended before its prompt was computed (abort, no room): its choices too
+            forks, seq.forks = seq.forks, []
+            for child in forks:
+                self.requests[child.request_id] = child
+                self.scheduler.add(child)
+                self._pending.append(self._finish(child, reason))  # told with the next step
         if not seq.stopped_by_string:
             seq.text += seq.detokenizer.flush()
         seq.finish_reason = reason
@@ -647,6 +710,9 @@ class SeqStep:
     draw: int | None = None  # a plain draw: its index among the step's draws (its filtered logits in knobs)
     verdict: Verdict | None = None  # a speculative round: what verification kept
     spec_details: dict | None = None  # a traced round: the proposer's description of it (Proposer.describe)
+    # params.prompt_logprobs: (first logit row, first position, count) of the prompt positions this
+    # chunk computes whose next token is a prompt token; their rows follow every sampled row
+    prompt_rows: tuple[int, int, int] | None = None
     tokens: list[int] = field(default_factory=list)  # the new tokens, in order
 
 
@@ -659,6 +725,29 @@ class StepPass:
     logits: torch.Tensor
     sampled: list[SeqStep] = field(default_factory=list)  # those with new tokens, in the order appended
     knobs: dict[int, dict] = field(default_factory=dict)  # a traced draw's filtered logits, shown by `sample`
+
+
+def _mark_prompt_rows(seqs: list[SeqStep], rows: list[int], query_starts: list[int]) -> None:
+    """The flat rows of the prompt positions whose logits score the next prompt token, for
+    sequences that ask for prompt logprobs, appended to `rows` (after every sampled row)."""
+    for b, p in enumerate(seqs):
+        s = p.s
+        if s.seq.params.prompt_logprobs is None:
+            continue
+        end = min(s.start + s.num_tokens, s.seq.num_prompt_tokens - 1)  # position P-1 predicts the first output
+        if end > s.start:
+            p.prompt_rows = (len(rows), s.start, end - s.start)
+            rows.extend(range(query_starts[b], query_starts[b] + end - s.start))
+
+
+def _keep_prompt_logprobs(p: SeqStep, logits: torch.Tensor) -> None:
+    """Each computed prompt position's log-probabilities of the prompt's next token, kept on
+    the sequence by position (a preempted sequence recomputes them: the same values again)."""
+    lo, pos, n = p.prompt_rows
+    seq = p.s.seq
+    targets = seq.prompt_token_ids[pos + 1:pos + 1 + n]
+    for j, lp in enumerate(token_logprobs(logits[lo:lo + n], targets, seq.params.prompt_logprobs)):
+        seq.prompt_logprobs[pos + 1 + j] = lp
 
 
 def _mark_lens(seqs: list[SeqStep], rows: list[int], capture: PassCapture, device: torch.device) -> None:

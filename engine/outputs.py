@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engine.logprobs import TokenLogprob
+
 
 @dataclass
 class TokenOutput:
@@ -14,6 +16,9 @@ class TokenOutput:
     time: float  # seconds since the request arrived
     finished: bool = False
     finish_reason: str | None = None
+    logprobs: TokenLogprob | None = None  # params.logprobs: this token's (raw logits' log-softmax)
+    # params.prompt_logprobs, on a request's first output: one per prompt token (the first: None)
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 @dataclass

@@ -1,4 +1,6 @@
-"""Logits -> next token, per sequence: temperature -> top-k -> top-p -> min-p -> draw.
+"""Logits -> next token, per sequence: [min_tokens -> logit_bias -> repetition, frequency and
+presence penalties (engine/penalties.py), the knobs that are on] -> temperature -> top-k ->
+top-p -> min-p -> draw.
 
 Each sequence brings its own parameters and its own random generator, so a seeded
 request draws the same tokens whatever else shares its batch.
@@ -9,6 +11,7 @@ import math
 
 import torch
 
+from engine.penalties import ADJUSTMENTS, History, adjust_stages, changes
 from engine.sampling_params import SamplingParams
 from engine.trace.softmax_stats import probability, softmax_stats
 
@@ -87,10 +90,14 @@ def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
 
 
 def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None],
-           stages: dict[int, dict[str, torch.Tensor]] | None = None) -> list[int]:
+           stages: dict[int, dict[str, torch.Tensor]] | None = None,
+           histories: list[History | None] | None = None) -> list[int]:
     """logits: [N, V], one row per sequence that draws a token this step. stages: where
-    to keep each drawing row's filter_stages (by row), for explain to reuse."""
-    greedy_rows = [i for i, p in enumerate(params) if p.greedy]
+    to keep each row's stages (by row; a plain greedy row has none), for explain to reuse.
+    histories: each row's tokens, for the rows whose params adjust the logits (penalties...)."""
+    adjusted = {i: adjust_stages(logits[i], p, histories[i]) for i, p in enumerate(params) if p.adjusts_logits}
+    adjusted = {i: a for i, a in adjusted.items() if a}  # min_tokens alone, once reached, changes nothing
+    greedy_rows = [i for i, p in enumerate(params) if p.greedy and i not in adjusted]
     tokens = [0] * len(params)
     if greedy_rows:
         greedy_logits = logits if len(greedy_rows) == len(logits) else logits[greedy_rows]  # all greedy: no copy
@@ -98,11 +105,17 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[
         for i, t in zip(greedy_rows, picks):
             tokens[i] = t
     for i, p in enumerate(params):
-        if not p.greedy:
-            knobs = filter_stages(logits[i], p)
+        if p.greedy and i not in adjusted:
+            continue
+        knobs = dict(adjusted.get(i, {}))
+        x = list(knobs.values())[-1] if knobs else logits[i]
+        if p.greedy:
+            tokens[i] = int(torch.argmax(x))
+        else:
+            knobs.update(filter_stages(x, p))
             tokens[i] = draw(torch.softmax(knobs["min_p"], dim=-1), generators[i])
-            if stages is not None:
-                stages[i] = knobs
+        if stages is not None:
+            stages[i] = knobs
     return tokens
 
 
@@ -114,23 +127,50 @@ def explain(logits: torch.Tensor, params: SamplingParams, token_id: int, top: in
     for every traced token. knobs: filter_stages of these logits, if the draw kept them."""
     raw = logits.float()
     stages = {"logits": raw}
-    if not params.greedy:
-        stages.update(knobs if knobs is not None else filter_stages(raw, params))
+    if knobs is not None:
+        stages.update(knobs)
+    elif not params.greedy:
+        stages.update(filter_stages(raw, params))
     distinct = list({id(x): x for x in stages.values()}.values())  # a knob that is off repeats its input
     row = {id(x): i for i, x in enumerate(distinct)}
     z = torch.stack(distinct) if len(distinct) > 1 else raw[None]  # [S, V]
     s = softmax_stats(z, top)
-    ids = s.top_ids[0]  # the candidates: the most likely before any knob, and the token drawn
-    if token_id not in ids:
-        ids.append(token_id)
+    ids = s.top_ids[0]  # the candidates: the most likely before any knob, the token drawn, and what moved most
+    moves = _moves(stages)
+    for t in [token_id] + [c[0] for _, changed in moves.values() for c in changed]:
+        if t not in ids:
+            ids.append(t)
     probs = [[probability(v - lse) for v in r] for r, lse in zip(z[:, ids].tolist(), s.lse)]
     final = row[id(list(stages.values())[-1])]  # the distribution drawn from: after the last knob
+    shown = {name: {"probs": probs[row[id(x)]], "kept": s.kept[row[id(x)]]} for name, x in stages.items()}
+    for name, (moved, changed) in moves.items():
+        shown[name].update(moved=moved, changes=changed)
     return {
         "candidates": ids,
-        "stages": {name: {"probs": probs[row[id(x)]], "kept": s.kept[row[id(x)]]} for name, x in stages.items()},
+        "stages": shown,
         "params": {"temperature": params.temperature, "top_k": params.top_k, "top_p": params.top_p,
-                   "min_p": params.min_p, "greedy": params.greedy},
+                   "min_p": params.min_p, "greedy": params.greedy, **_adjustment_params(params)},
         "token_id": token_id,
         "token_prob": probs[final][ids.index(token_id)],
         "entropy": s.entropy[final],
     }
+
+
+MOVES_SHOWN = 5  # per adjusting stage: the tokens whose logit moved most
+
+
+def _moves(stages: dict[str, torch.Tensor]) -> dict[str, tuple[int, list[list]]]:
+    """For each stage before temperature that is on: how many logits it moved, the largest moves."""
+    names = list(stages)
+    return {name: changes(stages[names[i - 1]], stages[name], MOVES_SHOWN)
+            for i, name in enumerate(names) if name in ADJUSTMENTS}
+
+
+def _adjustment_params(params: SamplingParams) -> dict:
+    """The knobs before temperature that are on (the trace's params name only those)."""
+    on = {"min_tokens": params.min_tokens, "repetition_penalty": params.repetition_penalty != 1.0,
+          "frequency_penalty": params.frequency_penalty, "presence_penalty": params.presence_penalty}
+    out = {name: getattr(params, name) for name, active in on.items() if active}
+    if params.logit_bias:
+        out["logit_bias"] = {str(k): v for k, v in params.logit_bias.items()}
+    return out

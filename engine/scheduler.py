@@ -67,7 +67,8 @@ class Scheduler:
         # Admit new work only when nothing had to give way this step.
         while self.waiting and budget > 0 and not out.preempted and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
-            hits = self.bm.match_prefix(seq)
+            # prompt logprobs need every prompt position's logits: no cached prefix (as vLLM)
+            hits = self.bm.match_prefix(seq) if seq.params.prompt_logprobs is None else []
             plan = self._plan(seq, len(seq) - len(hits) * self.bm.block_size, budget)
             if plan is None or self.bm.blocks_needed(seq, sum(plan), hits) > self.bm.num_free_blocks:
                 break

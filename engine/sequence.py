@@ -7,6 +7,7 @@ from enum import Enum, auto
 
 import torch
 
+from engine.logprobs import TokenLogprob
 from engine.sampling_params import SamplingParams
 from engine.tokenizer import IncrementalDetokenizer
 from engine.trace.capture import CaptureSpec
@@ -42,6 +43,10 @@ class Sequence:
     spec_k: int | None = None  # proposals per round (None: the engine's k)
     spec_proposed: int = 0
     spec_accepted: int = 0
+    # params.prompt_logprobs: each prompt position's (1..) log-probabilities, filled as prefill chunks run
+    prompt_logprobs: dict[int, "TokenLogprob"] = field(default_factory=dict)
+    # params.n > 1: the other choices, forked once this one's prompt is computed (LLMEngine._fork)
+    forks: list["Sequence"] = field(default_factory=list)
     # timing (time.perf_counter): arrival, tokenize done, first scheduled, each token
     arrival_time: float = field(default_factory=time.perf_counter)
     tokenized_time: float = 0.0

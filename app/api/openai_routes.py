@@ -21,13 +21,13 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.routing import APIRoute
 from starlette.concurrency import run_in_threadpool
 
+from app.api.choices import ChunkWriter, Choice, chat_choice, completion_choice, usage
+from app.api.logprobs import TokenText
 from app.serving.engine_service import EngineService, Subscription
 from app.serving.limits import RequestRefused, client_of
 from app.serving.requests import BodyError, Submission, parse_body
 from app.serving.served_models import ServedModels
-
-FINISH = {"stop": "stop", "length": "length", "abort": "stop"}
-
+from engine import LLMEngine
 
 def error(status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
           code: str | None = None) -> JSONResponse:
@@ -39,7 +39,9 @@ def refusal(e: ValueError, served) -> JSONResponse:
     served: anything with the server's .limits (an EngineService, ServedModels)."""
     if isinstance(e, RequestRefused):
         return error(e.status, served.limits.shown(str(e)), e.type, e.param, e.code)
-    param = e.param if isinstance(e, BodyError) else "messages"  # the engine's: context, KV pool
+    if isinstance(e, BodyError):
+        return error(400, served.limits.shown(str(e)), param=e.param, code=e.code)
+    param = "logit_bias" if str(e).startswith("logit_bias") else "messages"  # the engine's: context, KV pool
     return error(400, served.limits.shown(str(e)), param=param)
 
 
@@ -69,7 +71,7 @@ def prepare(models, body: dict, endpoint: str | None = None) -> tuple[EngineServ
     service = models.pick(body.get("model"))
     if body.get("trace_level") is None:  # the server's default for API requests (the page sends its own)
         body = {**body, "trace_level": models.limits.api_trace_level}
-    return service, parse_body(body, models.limits.max_tokens_cap, endpoint)
+    return service, parse_body(body, models.limits.max_tokens_cap, endpoint, models.limits.ignore_unknown_fields)
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -151,108 +153,115 @@ async def _complete(request: Request, models: ServedModels, endpoint: str):
     except ValueError as e:  # the body, the server's limits, or the engine's checks (context, KV pool)
         return refusal(e, models)
     created = int(time.time())
-    stream_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+    choices = {cid: Choice(i) for i, cid in enumerate(LLMEngine.choice_ids(rid, sub.params.n))}
+    text = TokenText(service.engine.tokenizer)
+    head = {"id": rid, "object": "chat.completion" if endpoint == "chat" else "text_completion",
+            "created": created, "model": service.model_name}
     if body.get("stream"):
-        return StreamingResponse(_stream(request, service, watch, rid, created, stream_usage, endpoint),
+        stream_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        head["object"] = "chat.completion.chunk" if endpoint == "chat" else "text_completion"
+        writer = ChunkWriter(endpoint, sub, text)
+        return StreamingResponse(_stream(request, service, watch, head, choices, writer, stream_usage),
                                  media_type="text/event-stream")
     try:
-        text, reason, usage = await _collect(request, service, watch)
+        done = await _collect(request, service, watch, choices)
     finally:
         service.unsubscribe(watch)
-    if reason is None:  # the client went away
+    if not done:  # the client went away
         return error(499, "the client closed the request")
-    finish = FINISH.get(reason, reason)
-    if endpoint == "chat":
-        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
-    else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
-    return {"id": rid, "object": "chat.completion" if endpoint == "chat" else "text_completion",
-            "created": created, "model": service.model_name, "choices": [choice], "usage": usage}
-
-
-def _usage(event: dict) -> dict:
-    u = event["usage"]
-    return {"prompt_tokens": u["prompt_tokens"], "completion_tokens": u["completion_tokens"],
-            "total_tokens": u["prompt_tokens"] + u["completion_tokens"],
-            "prompt_tokens_details": {"cached_tokens": u["cached_tokens"]}}
+    shape = chat_choice if endpoint == "chat" else completion_choice
+    ordered = sorted(choices.values(), key=lambda c: c.index)
+    for c in ordered[1:]:  # the prompt's logprobs (echo) come with the first choice: the same for every one
+        c.prompt_ids, c.prompt_logprobs = ordered[0].prompt_ids, ordered[0].prompt_logprobs
+    return {**head, "choices": [shape(c, sub, text) for c in ordered], "usage": usage(ordered, sub)}
 
 
 async def _items(request: Request, service: EngineService, watch: Subscription) -> AsyncIterator[dict]:
-    """The request's queue, read off the event loop; aborts it if the client leaves."""
+    """The request's queue, read off the event loop; aborts it (every choice) if the client leaves."""
     while True:
         for item in await run_in_threadpool(watch.drain, 0.25):
             yield item
         if await request.is_disconnected():
-            await run_in_threadpool(service.abort, watch.request_id)
+            await run_in_threadpool(_abort_all, service, [watch.request_id] + [s.request_id for s in watch.siblings])
             return
 
 
-async def _until_done(request: Request, service: EngineService, watch: Subscription) -> AsyncIterator[dict]:
-    """Text outputs, then one {"type": "done", reason, usage} once the last output (the final
-    text) has arrived with its usage, or with the engine's finish event (in either order).
-    A request traced at level "off" has no finish event: its last output carries the usage."""
-    finish, last = None, None
+def _abort_all(service: EngineService, request_ids: list[str]) -> None:
+    for rid in request_ids:
+        service.abort(rid)
+
+
+async def _until_done(request: Request, service: EngineService, watch: Subscription,
+                      choices: dict[str, Choice]) -> AsyncIterator[dict]:
+    """Text outputs, then one {"type": "done", request_id, reason, usage} per choice once its
+    last output (the final text) has arrived with its usage, or with the engine's finish event
+    (in either order); it ends when every choice is done. A request traced at level "off" has
+    no finish event: its last output carries the usage."""
+    finish: dict[str, dict] = {}
+    last: dict[str, dict] = {}
     async for item in _items(request, service, watch):
+        rid = item.get("request_id")
+        if rid not in choices or choices[rid].reason is not None:
+            continue
         if item["type"] == "output":
             yield item
-            last = item if item["finished"] else last
+            if item["finished"]:
+                last[rid] = item
         elif item["type"] == "finish":
-            finish = item
+            finish[rid] = item
         elif item["type"] == "error":
             yield item
             return
-        if last is not None and (finish is not None or last.get("usage") is not None):
-            usage = _usage(finish if finish is not None else last)
-            yield {"type": "done", "reason": finish["reason"] if finish else last["finish_reason"], "usage": usage}
-            return
+        if rid in last and (rid in finish or last[rid].get("usage") is not None):
+            end = finish.get(rid) or last[rid]
+            c = choices[rid]
+            c.reason, c.usage = end["reason"] if rid in finish else end["finish_reason"], end["usage"]
+            yield {"type": "done", "request_id": rid, "reason": c.reason}
+            if all(c.reason is not None for c in choices.values()):
+                return
 
 
-async def _collect(request: Request, service: EngineService, watch: Subscription):
-    parts = []
-    async for item in _until_done(request, service, watch):
+async def _collect(request: Request, service: EngineService, watch: Subscription,
+                   choices: dict[str, Choice]) -> bool:
+    """Fill the choices; False if the client went away first."""
+    async for item in _until_done(request, service, watch, choices):
         if item["type"] == "output":
-            parts.append(item["text"])
+            choices[item["request_id"]].add(item)
         elif item["type"] == "error":
-            return "".join(parts), "abort", None
-        else:
-            return "".join(parts), item["reason"], item["usage"]
-    return "".join(parts), None, None
+            for c in choices.values():
+                c.reason = c.reason or "abort"
+            return True
+    return all(c.reason is not None for c in choices.values())
 
 
-async def _stream(request: Request, service: EngineService, watch: Subscription, rid: str, created: int,
-                  include_usage: bool, endpoint: str = "chat") -> AsyncIterator[str]:
-    kind = "chat.completion.chunk" if endpoint == "chat" else "text_completion"
+def _sse(payload: dict) -> str:
+    return "data: " + json.dumps(payload) + "\n\n"
 
-    def chunk(text: str | None, finish: str | None = None) -> str:
-        if endpoint == "chat":
-            delta = {"role": "assistant", "content": ""} if text is None else {"content": text} if text else {}
-            choice = {"index": 0, "delta": delta, "finish_reason": finish}
-        else:
-            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
-        return "data: " + json.dumps({"id": rid, "object": kind, "created": created, "model": service.model_name,
-                                      "choices": [choice]}) + "\n\n"
+
+async def _stream(request: Request, service: EngineService, watch: Subscription, head: dict,
+                  choices: dict[str, Choice], writer: ChunkWriter, include_usage: bool) -> AsyncIterator[str]:
     done = False
     try:
-        if endpoint == "chat":
-            yield chunk(None)  # the assistant's role first, as OpenAI's stream does
-        async for item in _until_done(request, service, watch):
+        for c in choices.values():  # the assistant's role first, as OpenAI's stream does
+            opening = writer.first(c.index)
+            if opening is not None:
+                yield _sse({**head, "choices": [opening]})
+        async for item in _until_done(request, service, watch, choices):
             if item["type"] == "output":
-                if item["text"]:
-                    yield chunk(item["text"])
+                for choice in writer.output(choices[item["request_id"]].index, item):
+                    yield _sse({**head, "choices": [choice]})
             elif item["type"] == "done":
-                yield chunk("", FINISH.get(item["reason"], item["reason"]))
-                if include_usage:
-                    yield "data: " + json.dumps({"id": rid, "object": kind, "created": created,
-                                                 "model": service.model_name, "choices": [],
-                                                 "usage": item["usage"]}) + "\n\n"
-                done = True
-                break
+                yield _sse({**head, "choices": [writer.done(choices[item["request_id"]].index, item["reason"])]})
             elif item["type"] == "error":
-                yield "data: " + json.dumps({"error": {"message": item["message"], "type": "server_error",
-                                                       "param": None, "code": None}}) + "\n\n"
+                yield _sse({"error": {"message": item["message"], "type": "server_error", "param": None,
+                                      "code": None}})
                 break
+        else:
+            done = all(c.reason is not None for c in choices.values())
+            if done and include_usage:
+                yield _sse({**head, "choices": [], "usage": usage(list(choices.values()), writer.sub)})
         yield "data: [DONE]\n\n"
     finally:
         service.unsubscribe(watch)
         if not done:  # the client left (the server cancels this generator): stop the work
-            threading.Thread(target=service.abort, args=(rid,), daemon=True).start()
+            threading.Thread(target=_abort_all, args=(service, list(choices)), daemon=True).start()

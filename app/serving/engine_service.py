@@ -36,6 +36,7 @@ class Subscription:
     queue: "queue.SimpleQueue[dict]" = field(default_factory=queue.SimpleQueue)
     max_items: int | None = None  # bounded: a slow reader loses items (counted), never stalls the engine
     dropped: int = 0
+    siblings: list["Subscription"] = field(default_factory=list)  # n > 1: the other choices, into this queue
 
     def offer(self, item: dict) -> None:
         if self.max_items is not None and self.queue.qsize() >= self.max_items:
@@ -163,6 +164,9 @@ class EngineService:
         watch = Subscription(rid)
         with self._subs_lock:
             self._subs.setdefault(rid, []).append(watch)  # before add_request: see its first events
+            for cid in LLMEngine.choice_ids(rid, sub.params.n)[1:]:  # n choices: one queue for all
+                watch.siblings.append(Subscription(cid, watch.queue))
+                self._subs.setdefault(cid, []).append(watch.siblings[-1])
             self._running.add(rid)
         if sub.trace_level != "off":
             self.store.set_body(rid, sub.body, self.model_name)
@@ -213,6 +217,8 @@ class EngineService:
         return watch
 
     def unsubscribe(self, watch: Subscription) -> None:
+        for sibling in watch.siblings:
+            self.unsubscribe(sibling)
         with self._subs_lock:
             if watch.request_id is None:
                 if watch in self._firehose:
@@ -243,6 +249,11 @@ class EngineService:
                 item = {"type": "output", "request_id": out.request_id, "token_id": out.token_id, "text": out.text,
                         "index": out.index, "t": out.time, "finished": out.finished,
                         "finish_reason": out.finish_reason, "step": self.engine.step_count}
+                if out.logprobs is not None:  # asked for (params.logprobs): plain values, as the API sends them
+                    item["logprobs"] = out.logprobs.as_dict()
+                if out.prompt_logprobs is not None:
+                    item["prompt_logprobs"] = [None if lp is None else lp.as_dict() for lp in out.prompt_logprobs]
+                    item["prompt_token_ids"] = self.engine.get_output(out.request_id).prompt_token_ids
                 if out.finished:  # what any level records: an untraced request has no finish event
                     item["usage"] = self._usage(out.request_id)
                 self.store.add_output(out.request_id, item)

@@ -35,12 +35,13 @@ class ServeLimits:
     api_key: str | None = None  # Bearer token required on /v1, /ws and /metrics
     page_auth: tuple[tuple[str, str], ...] = ()  # (user, password) pairs for the page's login
     api_trace_level: str = API_TRACE_LEVEL  # for API and /ws requests whose body has no trace_level
+    ignore_unknown_fields: bool = False  # drop body fields the server does not implement, instead of a 400
 
     @classmethod
     def for_server(cls, host: str, exposed: bool, max_tokens_cap: int | None = None,
                    max_concurrent_per_client: int | None = None, max_body_bytes: int | None = None,
                    api_key: str | None = None, page_auth: tuple[tuple[str, str], ...] = (),
-                   api_trace_level: str = API_TRACE_LEVEL) -> "ServeLimits":
+                   api_trace_level: str = API_TRACE_LEVEL, ignore_unknown_fields: bool = False) -> "ServeLimits":
         """exposed: reachable from elsewhere though bound to loopback (--share, --public behind a proxy)."""
         public = exposed or not is_loopback(host)
         return cls(public=public,
@@ -49,7 +50,8 @@ class ServeLimits:
                    max_concurrent_per_client=max_concurrent_per_client if max_concurrent_per_client is not None
                    else (PUBLIC_MAX_CONCURRENT if public else None),
                    max_body_bytes=max_body_bytes or MAX_BODY_BYTES, api_key=api_key or None,
-                   page_auth=page_auth, api_trace_level=api_trace_level)
+                   page_auth=page_auth, api_trace_level=api_trace_level,
+                   ignore_unknown_fields=ignore_unknown_fields)
 
     def shown(self, message: str) -> str:
         """An error message as a client may see it: in public mode without file paths."""

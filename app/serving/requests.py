@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from app.serving.fields import unknown_fields, unknown_message, unused_problem
 from engine import SamplingParams
+from engine.sampling_params import MAX_LOGPROBS
 
 TRACE_LEVELS = ("full", "basic", "off")
 
@@ -19,6 +21,8 @@ class Submission:
     checks: list[tuple[str, bool, str]] = field(default_factory=list)
     body: dict | None = None  # as sent, kept with the trace
     prompt: str | None = None  # a plain prompt (completions; base models): sent as is, no chat template
+    echo: bool = False  # completions: the prompt comes back before the completion (its logprobs too, if asked)
+    score_only: bool = False  # completions with echo and max_tokens 0: the prompt alone (one token is drawn, unsent)
 
 
 def build_body(model: str, system: str, user: str, temperature: float, top_k: int, top_p: float,
@@ -37,14 +41,18 @@ class BodyError(ValueError):
     """An invalid body: the message says what to fix; `param` names the field (OpenAI's
     error shape) and `checks` the checks so far (the page shows them)."""
 
-    def __init__(self, message: str, param: str | None, checks: list[tuple[str, bool, str]]) -> None:
+    def __init__(self, message: str, param: str | None, checks: list[tuple[str, bool, str]],
+                 code: str | None = None) -> None:
         super().__init__(message)
         self.param = param
         self.checks = checks
+        self.code = code
 
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 SEED_RANGE = (-(2 ** 63), 2 ** 64 - 1)  # what torch.Generator.manual_seed takes
+MAX_CHOICES = 8  # n: choices from one prompt
+MAX_LOGIT_BIAS = 300  # token ids one request may bias
 MIN_TEMPERATURE = 1e-5  # below this, sampling is greedy (as in vLLM): 1/T would overflow the logits
 
 
@@ -62,15 +70,19 @@ def _text(value) -> str | None:
     return value
 
 
-def parse_body(body: dict, max_tokens_cap: int | None = None, endpoint: str | None = None) -> Submission:
+def parse_body(body: dict, max_tokens_cap: int | None = None, endpoint: str | None = None,
+               ignore_unknown: bool = False) -> Submission:
     """Raises BodyError (a ValueError, with the checks so far in .checks) when the body is
     invalid. Types are checked strictly, so nothing malformed reaches the engine thread.
-    endpoint: "chat" (messages), "completion" (a plain prompt), None: whichever the body has."""
+    endpoint: "chat" (messages), "completion" (a plain prompt), None: whichever the body has.
+    A field the endpoint does not implement is refused (app/serving/fields.py), or dropped
+    with ignore_unknown (the server's --ignore-unknown-fields)."""
     checks: list[tuple[str, bool, str]] = []
+    sent = body  # kept with the trace as sent, unknown fields included
 
-    def fail(name: str, msg: str, param: str | None = None):
+    def fail(name: str, msg: str, param: str | None = None, code: str | None = None):
         checks.append((name, False, msg))
-        raise BodyError(msg, param, checks)
+        raise BodyError(msg, param, checks, code)
 
     def number(name: str, default, lo: float, hi: float, integer: bool = False, bounds: str | None = None):
         value = body.get(name)
@@ -89,6 +101,15 @@ def parse_body(body: dict, max_tokens_cap: int | None = None, endpoint: str | No
         fail("body", "the body must be a JSON object")
     if endpoint is None:
         endpoint = "completion" if "prompt" in body and "messages" not in body else "chat"
+    unknown = unknown_fields(body, endpoint)
+    if unknown and not ignore_unknown:
+        fail("body", unknown_message(unknown[0], endpoint), unknown[0][:80], "unknown_parameter")
+    if unknown:
+        checks.append(("body", True, f"ignored (--ignore-unknown-fields): {', '.join(unknown)}"[:200]))
+        body = {k: v for k, v in body.items() if k not in unknown}
+    problem = unused_problem(body)
+    if problem is not None:
+        fail("body", problem[1], problem[0])
     prompt = None
     if endpoint == "completion":
         prompt = body.get("prompt")
@@ -102,29 +123,45 @@ def parse_body(body: dict, max_tokens_cap: int | None = None, endpoint: str | No
         messages = []
     else:
         messages = _messages(body, checks, fail)
-    if body.get("n") not in (None, 1):
-        fail("sampling", "only n = 1 is supported", "n")
     stop = body.get("stop")
     stop = [stop] if isinstance(stop, str) else stop or []
     if not isinstance(stop, list) or len(stop) > 8 or not all(isinstance(s, str) and s for s in stop):
         fail("sampling", "stop must be a non-empty string or a list of at most 8 of them", "stop")
     if not isinstance(body.get("ignore_eos", False), bool):
         fail("sampling", "ignore_eos must be true or false", "ignore_eos")
-    max_tokens = number("max_tokens", min(64, max_tokens_cap or 64), 1, 2 ** 31, integer=True)
+    echo = body.get("echo", False)
+    if not isinstance(echo, bool):
+        fail("sampling", "echo must be true or false", "echo")
+    length = _length_field(body, fail)
+    # echo with max_tokens 0 scores the prompt alone (evaluation harnesses): one token is drawn, not sent
+    score_only = echo and type(body.get(length)) is int and body.get(length) == 0
+    max_tokens = 1 if score_only else number(length, min(64, max_tokens_cap or 64), 1, 2 ** 31, integer=True)
     if max_tokens_cap is not None and max_tokens > max_tokens_cap:
-        fail("sampling", f"max_tokens {max_tokens} is above this server's cap of {max_tokens_cap}", "max_tokens")
+        fail("sampling", f"{length} {max_tokens} is above this server's cap of {max_tokens_cap}", length)
     temperature = number("temperature", 1.0, 0.0, 2.0)
     top_k, top_p = number("top_k", 0, -1, 2 ** 31, integer=True), number("top_p", 1.0, 0.0, 1.0)
+    min_p = number("min_p", 0.0, 0.0, 1.0)
     seed = number("seed", None, *SEED_RANGE, integer=True, bounds="a 64-bit integer")
+    logprobs, prompt_logprobs = _logprobs(body, endpoint, echo, number, fail)
+    n = number("n", 1, 1, MAX_CHOICES, integer=True)
+    penalties = {"presence_penalty": number("presence_penalty", 0.0, -2.0, 2.0),
+                 "frequency_penalty": number("frequency_penalty", 0.0, -2.0, 2.0),
+                 "repetition_penalty": number("repetition_penalty", 1.0, 0.0, 2 ** 31),
+                 "min_tokens": number("min_tokens", 0, 0, 2 ** 31, integer=True),
+                 "logit_bias": _logit_bias(body.get("logit_bias"), fail)}
     try:
         params = SamplingParams(temperature=0.0 if temperature < MIN_TEMPERATURE else temperature, top_k=top_k,
-                                top_p=top_p, max_tokens=max_tokens, seed=seed, stop=stop,
-                                ignore_eos=body.get("ignore_eos", False))  # ignore_eos: vLLM's extra parameter
+                                top_p=top_p, min_p=min_p, max_tokens=max_tokens, seed=seed, stop=stop,
+                                ignore_eos=body.get("ignore_eos", False),  # ignore_eos: vLLM's extra parameter
+                                logprobs=logprobs, prompt_logprobs=prompt_logprobs, n=n, **penalties)
     except ValueError as e:  # the remaining rules (top_p > 0): the message names the field
         fail("sampling", str(e), str(e).split(" ")[0])
     checks.append(("sampling", True, f"temperature {params.temperature:g}, top-k {params.top_k or 'off'}, "
                    f"top-p {params.top_p:g}, max {params.max_tokens} tokens, "
-                   + (f"seed {params.seed}" if params.seed is not None else "no seed (a random draw)")))
+                   + (f"seed {params.seed}" if params.seed is not None else "no seed (a random draw)")
+                   + (f", {n} choices (the prompt prefilled once)" if n > 1 else "")
+                   + "".join(f", {name.replace('_', ' ')} {value}" for name, value in penalties.items()
+                             if value and (name != "repetition_penalty" or value != 1.0))))
     spec = body.get("speculative") or {}
     if not isinstance(spec, dict) or not isinstance(spec.get("enabled", True), bool):
         fail("speculative", "speculative must be an object {enabled: bool, num_tokens: int}", "speculative")
@@ -137,7 +174,49 @@ def parse_body(body: dict, max_tokens_cap: int | None = None, endpoint: str | No
     for name in ("stream", "stream_options"):
         if body.get(name) is not None and not isinstance(body[name], dict if name == "stream_options" else bool):
             fail("body", f"{name} must be {'an object' if name == 'stream_options' else 'true or false'}", name)
-    return Submission(messages, params, spec.get("enabled", True), k, level, checks, body, prompt)
+    return Submission(messages, params, spec.get("enabled", True), k, level, checks, sent, prompt, echo, score_only)
+
+
+def _logit_bias(value, fail) -> dict[int, float]:
+    """OpenAI's logit_bias: {"token id": bias in [-100, 100]} (JSON keys are strings)."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or len(value) > MAX_LOGIT_BIAS:
+        fail("sampling", f"logit_bias must be an object of at most {MAX_LOGIT_BIAS} token ids -> bias", "logit_bias")
+    bias = {}
+    for key, b in value.items():
+        if not (isinstance(key, str) and key.isdigit() and len(key) < 10):
+            fail("sampling", f"logit_bias keys are token ids (integers as strings), got {key[:20]!r}", "logit_bias")
+        if isinstance(b, bool) or not isinstance(b, (int, float)) or not -100 <= b <= 100:
+            fail("sampling", f"logit_bias values must be numbers in [-100, 100], got {b!r}"[:200], "logit_bias")
+        bias[int(key)] = float(b)
+    return bias
+
+
+def _length_field(body: dict, fail) -> str:
+    """Which field sets the completion's length: max_completion_tokens (OpenAI's newer name,
+    chat) or max_tokens; both only when they agree."""
+    new, old = body.get("max_completion_tokens"), body.get("max_tokens")
+    if new is not None and old is not None and new != old:
+        fail("sampling", f"max_completion_tokens ({new!r}) and max_tokens ({old!r}) disagree: send one of them"[:200],
+             "max_completion_tokens")
+    return "max_completion_tokens" if new is not None else "max_tokens"
+
+
+def _logprobs(body: dict, endpoint: str, echo: bool, number, fail) -> tuple[int | None, int | None]:
+    """(logprobs per new token, logprobs per prompt token) as SamplingParams takes them.
+    Chat: logprobs true/false and top_logprobs 0..20 (which needs logprobs true). Completions:
+    logprobs an integer 0..20 (the top count), with echo the prompt's tokens' too."""
+    if endpoint == "completion":
+        top = number("logprobs", None, 0, MAX_LOGPROBS, integer=True)
+        return top, top if echo and top is not None else None
+    wanted = body.get("logprobs")
+    if wanted is not None and not isinstance(wanted, bool):
+        fail("sampling", "logprobs must be true or false (top_logprobs says how many alternatives)", "logprobs")
+    top = number("top_logprobs", None, 0, MAX_LOGPROBS, integer=True)
+    if top is not None and not wanted:
+        fail("sampling", "top_logprobs needs logprobs set to true", "top_logprobs")
+    return (top or 0) if wanted else None, None
 
 
 def _messages(body: dict, checks: list, fail) -> list[dict]:

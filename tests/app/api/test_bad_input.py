@@ -92,7 +92,8 @@ CASES = [
     (body(stop=[1, 2]), 400, "stop", "stop"),
     (body(stop={"a": 1}), 400, "stop", "stop"),
     (body(stop=[""]), 400, "stop", "stop"),
-    (body(n=3), 400, "n = 1", "n"),
+    (body(n=9), 400, "n must be in [1, 8]", "n"),
+    (body(tools=[]), 400, "tools", "tools"),  # a field this server does not implement: refused, named
     (body(stream="yes"), 400, "stream", "stream"),
     (body(stream_options=[1]), 400, "stream_options", "stream_options"),
     (body(ignore_eos="no"), 400, "ignore_eos", "ignore_eos"),

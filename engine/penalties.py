@@ -1,0 +1,76 @@
+"""The stages before temperature that change the logits from what came before, in vLLM's
+order: min_tokens, logit_bias, then the penalties (repetition, frequency, presence).
+
+  min_tokens          until that many tokens exist, the stop tokens (end of sequence unless
+                      ignore_eos, and stop_token_ids) are masked to -inf
+  logit_bias          OpenAI's: a token id -> a number added to its logit
+  repetition_penalty  vLLM's and transformers' (CTRL's): each token of the prompt or output has
+                      its logit divided by the penalty if positive, multiplied if not
+  frequency_penalty   OpenAI's, over the output only: minus the penalty times the token's count
+  presence_penalty    OpenAI's, over the output only: minus the penalty once for a token present
+
+Each stage that is on is kept (a knob that is off adds no stage), so the trace shows what
+each one changed: the tokens whose logit moved, and by how much.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.sampling_params import SamplingParams
+
+ADJUSTMENTS = ("min_tokens", "logit_bias", "repetition_penalty", "frequency_penalty", "presence_penalty")
+
+
+@dataclass
+class History:
+    """What the stages read of one sequence: its tokens so far and what min_tokens masks."""
+    prompt_ids: list[int]
+    output_ids: list[int]
+    stop_ids: list[int]  # end-of-sequence (unless ignore_eos) and stop_token_ids
+
+
+def adjust_stages(logits: torch.Tensor, params: SamplingParams, history: History) -> dict[str, torch.Tensor]:
+    """The logits [V] (float32) after each stage that is on, in order; {} when none is."""
+    x = logits.float()
+    stages: dict[str, torch.Tensor] = {}
+    V = x.shape[-1]
+    if params.min_tokens and len(history.output_ids) < params.min_tokens and history.stop_ids:
+        x = x.clone()
+        x[torch.tensor(history.stop_ids, device=x.device)] = float("-inf")
+        stages["min_tokens"] = x
+    if params.logit_bias:
+        ids = torch.tensor(list(params.logit_bias), device=x.device)
+        x = x.index_add(0, ids, torch.tensor(list(params.logit_bias.values()), device=x.device, dtype=x.dtype))
+        stages["logit_bias"] = x
+    if params.repetition_penalty != 1.0:
+        seen = torch.zeros(V, dtype=torch.bool, device=x.device)
+        seen[torch.tensor(history.prompt_ids + history.output_ids, device=x.device)] = True
+        penalized = torch.where(x > 0, x / params.repetition_penalty, x * params.repetition_penalty)
+        x = torch.where(seen, penalized, x)
+        stages["repetition_penalty"] = x
+    if (params.frequency_penalty or params.presence_penalty) and history.output_ids:
+        counts = torch.bincount(torch.tensor(history.output_ids, device=x.device), minlength=V)[:V].to(x.dtype)
+        if params.frequency_penalty:
+            x = x - params.frequency_penalty * counts
+            stages["frequency_penalty"] = x
+        if params.presence_penalty:
+            x = x - params.presence_penalty * (counts > 0).to(x.dtype)
+            stages["presence_penalty"] = x
+    return stages
+
+
+def changes(before: torch.Tensor, after: torch.Tensor, top: int) -> tuple[int, list[list]]:
+    """What a stage changed: (how many tokens' logits moved, the `top` largest moves as
+    [token id, logit change], the change None for a token masked to -inf), largest first."""
+    moved = before != after
+    n = int(moved.sum())
+    if not n:
+        return 0, []
+    ids = moved.nonzero().flatten()
+    delta = after[ids] - before[ids]
+    delta = torch.where(torch.isnan(delta), torch.zeros_like(delta), delta)  # -inf - -inf: already masked
+    size = torch.where(torch.isinf(delta), torch.full_like(delta, float("inf")), delta.abs())
+    order = torch.topk(size, min(top, n)).indices
+    return n, [[int(ids[i]), None if torch.isinf(delta[i]) else round(float(delta[i]), 6)] for i in order]
