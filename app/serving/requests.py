@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from app.serving.fields import unknown_fields, unknown_message, unused_problem
-from engine import SamplingParams
-from engine.sampling_params import MAX_LOGPROBS
+from app.serving.fields import constraint, unknown_fields, unknown_message, unused_problem
+from engine import MAX_LOGPROBS, SamplingParams
 
 TRACE_LEVELS = ("full", "basic", "off")
 
@@ -144,6 +143,9 @@ def parse_body(body: dict, max_tokens_cap: int | None = None, endpoint: str | No
     seed = number("seed", None, *SEED_RANGE, integer=True, bounds="a 64-bit integer")
     logprobs, prompt_logprobs = _logprobs(body, endpoint, echo, number, fail)
     n = number("n", 1, 1, MAX_CHOICES, integer=True)
+    structured, problem, message = constraint(body)
+    if problem is not None:
+        fail("sampling", message, problem)
     penalties = {"presence_penalty": number("presence_penalty", 0.0, -2.0, 2.0),
                  "frequency_penalty": number("frequency_penalty", 0.0, -2.0, 2.0),
                  "repetition_penalty": number("repetition_penalty", 1.0, 0.0, 2 ** 31),
@@ -153,13 +155,15 @@ def parse_body(body: dict, max_tokens_cap: int | None = None, endpoint: str | No
         params = SamplingParams(temperature=0.0 if temperature < MIN_TEMPERATURE else temperature, top_k=top_k,
                                 top_p=top_p, min_p=min_p, max_tokens=max_tokens, seed=seed, stop=stop,
                                 ignore_eos=body.get("ignore_eos", False),  # ignore_eos: vLLM's extra parameter
-                                logprobs=logprobs, prompt_logprobs=prompt_logprobs, n=n, **penalties)
+                                logprobs=logprobs, prompt_logprobs=prompt_logprobs, n=n, structured=structured,
+                                **penalties)
     except ValueError as e:  # the remaining rules (top_p > 0): the message names the field
         fail("sampling", str(e), str(e).split(" ")[0])
     checks.append(("sampling", True, f"temperature {params.temperature:g}, top-k {params.top_k or 'off'}, "
                    f"top-p {params.top_p:g}, max {params.max_tokens} tokens, "
                    + (f"seed {params.seed}" if params.seed is not None else "no seed (a random draw)")
                    + (f", {n} choices (the prompt prefilled once)" if n > 1 else "")
+                   + (f", constrained: {structured.kind.replace('_', ' ')}" if structured else "")
                    + "".join(f", {name.replace('_', ' ')} {value}" for name, value in penalties.items()
                              if value and (name != "repetition_penalty" or value != 1.0))))
     spec = body.get("speculative") or {}
