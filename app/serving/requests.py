@@ -18,7 +18,7 @@ class Submission:
     num_speculative_tokens: int | None = None
     trace_level: str = "full"
     checks: list[tuple[str, bool, str]] = field(default_factory=list)
-    body: dict | None = None  # as sent, kept with the trace
+    body: dict | None = None  # as sent (less any unknown fields dropped by --ignore-unknown-fields), kept with the trace
     prompt: str | None = None  # a plain prompt (completions; base models): sent as is, no chat template
     echo: bool = False  # completions: the prompt comes back before the completion (its logprobs too, if asked)
     score_only: bool = False  # completions with echo and max_tokens 0: the prompt alone (one token is drawn, unsent)
@@ -77,7 +77,6 @@ def parse_body(body: dict, max_tokens_cap: int | None = None, endpoint: str | No
     A field the endpoint does not implement is refused (app/serving/fields.py), or dropped
     with ignore_unknown (the server's --ignore-unknown-fields)."""
     checks: list[tuple[str, bool, str]] = []
-    sent = body  # kept with the trace as sent, unknown fields included
 
     def fail(name: str, msg: str, param: str | None = None, code: str | None = None):
         checks.append((name, False, msg))
@@ -105,6 +104,7 @@ def parse_body(body: dict, max_tokens_cap: int | None = None, endpoint: str | No
         fail("body", unknown_message(unknown[0], endpoint), unknown[0][:80], "unknown_parameter")
     if unknown:
         checks.append(("body", True, f"ignored (--ignore-unknown-fields): {', '.join(unknown)}"[:200]))
+        # the trace keeps the body the engine read: a replay or the page parses it again without the flag
         body = {k: v for k, v in body.items() if k not in unknown}
     problem = unused_problem(body)
     if problem is not None:
@@ -178,7 +178,7 @@ def parse_body(body: dict, max_tokens_cap: int | None = None, endpoint: str | No
     for name in ("stream", "stream_options"):
         if body.get(name) is not None and not isinstance(body[name], dict if name == "stream_options" else bool):
             fail("body", f"{name} must be {'an object' if name == 'stream_options' else 'true or false'}", name)
-    return Submission(messages, params, spec.get("enabled", True), k, level, checks, sent, prompt, echo, score_only)
+    return Submission(messages, params, spec.get("enabled", True), k, level, checks, body, prompt, echo, score_only)
 
 
 def _logit_bias(value, fail) -> dict[int, float]:
