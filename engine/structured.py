@@ -73,7 +73,8 @@ class Grammars:
         if c.kind == "regex":
             return self.compiler.compile_regex(c.value)
         choices = json.loads(c.value)  # one of these strings exactly: an EBNF alternation of literals
-        return self.compiler.compile_grammar("root ::= " + " | ".join(json.dumps(s, ensure_ascii=False) for s in choices))
+        literals = (json.dumps(s, ensure_ascii=False) for s in choices)
+        return self.compiler.compile_grammar("root ::= " + " | ".join(literals))
 
 
 class Matcher:

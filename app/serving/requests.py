@@ -18,7 +18,7 @@ class Submission:
     num_speculative_tokens: int | None = None
     trace_level: str = "full"
     checks: list[tuple[str, bool, str]] = field(default_factory=list)
-    body: dict | None = None  # as sent (less any unknown fields dropped by --ignore-unknown-fields), kept with the trace
+    body: dict | None = None  # as sent (less unknown fields dropped by --ignore-unknown-fields), kept with the trace
     prompt: str | None = None  # a plain prompt (completions; base models): sent as is, no chat template
     echo: bool = False  # completions: the prompt comes back before the completion (its logprobs too, if asked)
     score_only: bool = False  # completions with echo and max_tokens 0: the prompt alone (one token is drawn, unsent)
