@@ -6,9 +6,11 @@ from engine.info import EngineInfo, EngineLoad
 from engine.llm_engine import ContextLengthError, LLMEngine
 from engine.checkpoint.errors import ModelLoadError
 from engine.outputs import RequestOutput, TokenOutput, Usage
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import MAX_LOGPROBS, SamplingParams
+from engine.structured import Constraint
 from engine.trace import CaptureConfig, EventList, TraceEvent, Tracer
 
 __all__ = ["LLM", "LLMEngine", "SamplingParams", "EngineConfig", "ModelConfig", "CaptureConfig",
            "RequestOutput", "TokenOutput", "Usage", "TraceEvent", "Tracer", "EventList",
-           "ModelLoadError", "UnsupportedModelError", "ContextLengthError", "EngineInfo", "EngineLoad"]
+           "ModelLoadError", "UnsupportedModelError", "ContextLengthError", "EngineInfo", "EngineLoad",
+           "Constraint", "MAX_LOGPROBS"]

@@ -170,6 +170,7 @@ class LLMEngine:
         self._pool_trace = KVPoolTracker(always=kv_pool_events == "always")  # what the last kv.pool said
         self._capture_stops: set[str] = set()  # stop_captures(): applied before the next step
         self._in_step = False  # stop_captures() from a sink inside a step: that step's captures are cut
+        self._grammar_compiler = None  # structured outputs' (engine/structured.py), built on first use
         if self.config.freeze_startup_heap:
             freeze_startup_heap()
 
@@ -216,6 +217,8 @@ class LLMEngine:
             layers = c.attention_layers if c.attention_layers is not None else list(range(self.model_config.num_layers))
             seq.capture = CaptureSpec(layers, c.heads, c.max_keys, self.model_config.is_moe, c.embed_dims,
                                       c.logit_lens_top, c.compact)
+        if params.structured is not None:
+            seq.grammar = self._grammars().matcher(params.structured)  # ValueError: it does not compile
         seq.forks = [self._choice(seq, i) for i in range(1, params.n)]
         with self.lock:
             for s in [seq] + seq.forks:
@@ -244,10 +247,19 @@ class LLMEngine:
                          trace_level=seq.trace_level, prompt=seq.prompt, arrival_time=seq.arrival_time)
         child.tokenized_time, child.speculative, child.spec_k = seq.tokenized_time, seq.speculative, seq.spec_k
         child.capture = replace(seq.capture) if seq.capture is not None else None
+        child.grammar = seq.grammar.fork() if seq.grammar is not None else None
         if not params.greedy:
             child.generator = torch.Generator(self.device)
             child.generator.manual_seed(params.seed if params.seed is not None else secrets.randbits(63))
         return child
+
+    def _grammars(self):
+        """The structured-output compiler (engine/structured.py), built on first use."""
+        if self._grammar_compiler is None:
+            from engine.structured import Grammars
+            self._grammar_compiler = Grammars(self.tokenizer.hf, self.model_config.vocab_size,
+                                              self.model_config.eos_token_ids)
+        return self._grammar_compiler
 
     def _fork(self, seq: Sequence) -> None:
         """seq's prompt is computed (its full pages are in the prefix cache): its other choices
@@ -483,7 +495,7 @@ class LLMEngine:
         """What penalties, biases and min_tokens read of seq (engine/penalties.py)."""
         p = seq.params
         stops = list(p.stop_token_ids) + ([] if p.ignore_eos else list(self.model_config.eos_token_ids))
-        return History(seq.prompt_token_ids, seq.output_token_ids, stops)
+        return History(seq.prompt_token_ids, seq.output_token_ids, stops, seq.grammar)
 
     def _trace(self, step: StepPass, forward_seconds: float, phases: dict) -> None:
         """The pass, for the trace: the step's schedule (and a sharded step's collectives), where
@@ -608,6 +620,8 @@ class LLMEngine:
 
     def _append_token(self, seq: Sequence, token: int, now: float) -> TokenOutput:
         seq.token_ids.append(token)
+        if seq.grammar is not None:
+            seq.grammar.accept(token)
         seq.token_times.append(now)
         seq.text += seq.detokenizer.push(token)
         reason = self._stop_reason(seq, token)
@@ -626,6 +640,8 @@ class LLMEngine:
                 seq.text = seq.text[: idx + (len(stop) if p.include_stop_str_in_output else 0)]
                 seq.stopped_by_string = True
                 return "stop"
+        if seq.grammar is not None and seq.grammar.finished:  # the grammar took its end (ignore_eos included)
+            return "stop"
         if seq.num_output_tokens >= p.max_tokens or len(seq) >= self.max_model_len:
             return "length"
         return None

@@ -1,5 +1,8 @@
 """The stages before temperature that change the logits from what came before, in vLLM's
-order: min_tokens, logit_bias, then the penalties (repetition, frequency, presence).
+order: a structured output's grammar mask, min_tokens, logit_bias, then the penalties
+(repetition, frequency, presence).
+
+  grammar             engine/structured.py: the tokens that cannot continue a valid answer -> -inf
 
   min_tokens          until that many tokens exist, the stop tokens (end of sequence unless
                       ignore_eos, and stop_token_ids) are masked to -inf
@@ -19,8 +22,9 @@ from dataclasses import dataclass
 import torch
 
 from engine.sampling_params import SamplingParams
+from engine.structured import Matcher
 
-ADJUSTMENTS = ("min_tokens", "logit_bias", "repetition_penalty", "frequency_penalty", "presence_penalty")
+ADJUSTMENTS = ("grammar", "min_tokens", "logit_bias", "repetition_penalty", "frequency_penalty", "presence_penalty")
 
 
 @dataclass
@@ -29,6 +33,7 @@ class History:
     prompt_ids: list[int]
     output_ids: list[int]
     stop_ids: list[int]  # end-of-sequence (unless ignore_eos) and stop_token_ids
+    grammar: Matcher | None = None  # a structured output's place in its grammar
 
 
 def adjust_stages(logits: torch.Tensor, params: SamplingParams, history: History) -> dict[str, torch.Tensor]:
@@ -36,10 +41,14 @@ def adjust_stages(logits: torch.Tensor, params: SamplingParams, history: History
     x = logits.float()
     stages: dict[str, torch.Tensor] = {}
     V = x.shape[-1]
+    if history.grammar is not None:
+        x = history.grammar.mask(x)
+        stages["grammar"] = x
     if params.min_tokens and len(history.output_ids) < params.min_tokens and history.stop_ids:
-        x = x.clone()
-        x[torch.tensor(history.stop_ids, device=x.device)] = float("-inf")
-        stages["min_tokens"] = x
+        masked = x.clone()
+        masked[torch.tensor(history.stop_ids, device=x.device)] = float("-inf")
+        if torch.isfinite(masked).any():  # a grammar that allows only the end wins: something must be drawn
+            x = stages["min_tokens"] = masked
     if params.logit_bias:
         ids = torch.tensor(list(params.logit_bias), device=x.device)
         x = x.index_add(0, ids, torch.tensor(list(params.logit_bias.values()), device=x.device, dtype=x.dtype))
@@ -63,14 +72,22 @@ def adjust_stages(logits: torch.Tensor, params: SamplingParams, history: History
 
 def changes(before: torch.Tensor, after: torch.Tensor, top: int) -> tuple[int, list[list]]:
     """What a stage changed: (how many tokens' logits moved, the `top` largest moves as
-    [token id, logit change], the change None for a token masked to -inf), largest first."""
+    [token id, logit change]). Masked tokens (-inf now) come first, the most likely before
+    first (the candidates a grammar removed), their change None; then the largest moves."""
     moved = before != after
     n = int(moved.sum())
     if not n:
         return 0, []
-    ids = moved.nonzero().flatten()
-    delta = after[ids] - before[ids]
-    delta = torch.where(torch.isnan(delta), torch.zeros_like(delta), delta)  # -inf - -inf: already masked
-    size = torch.where(torch.isinf(delta), torch.full_like(delta, float("inf")), delta.abs())
-    order = torch.topk(size, min(top, n)).indices
-    return n, [[int(ids[i]), None if torch.isinf(delta[i]) else round(float(delta[i]), 6)] for i in order]
+    masked = moved & torch.isneginf(after)
+    out = []
+    if masked.any():
+        ids = masked.nonzero().flatten()
+        order = torch.topk(before[ids], min(top, len(ids))).indices
+        out = [[int(ids[i]), None] for i in order]
+    rest = moved & ~masked
+    if rest.any() and len(out) < top:
+        ids = rest.nonzero().flatten()
+        delta = after[ids] - before[ids]
+        order = torch.topk(delta.abs(), min(top - len(out), len(ids))).indices
+        out += [[int(ids[i]), round(float(delta[i]), 6)] for i in order]
+    return n, out

@@ -171,6 +171,8 @@ def _adjustment_params(params: SamplingParams) -> dict:
     on = {"min_tokens": params.min_tokens, "repetition_penalty": params.repetition_penalty != 1.0,
           "frequency_penalty": params.frequency_penalty, "presence_penalty": params.presence_penalty}
     out = {name: getattr(params, name) for name, active in on.items() if active}
+    if params.structured is not None:
+        out["structured"] = params.structured.kind
     if params.logit_bias:
         out["logit_bias"] = {str(k): v for k, v in params.logit_bias.items()}
     return out

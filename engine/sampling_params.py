@@ -2,6 +2,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engine.structured import Constraint
+
 MAX_LOGPROBS = 20  # top log-probabilities per token (OpenAI's top_logprobs bound; vLLM's default max_logprobs)
 
 
@@ -37,6 +39,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    structured: Constraint | None = None  # structured output: a grammar masks each step (engine/structured.py)
     n: int = 1  # choices from one prompt: the prompt is prefilled once, each choice draws its own tokens
 
     def __post_init__(self) -> None:
@@ -79,4 +82,4 @@ class SamplingParams:
     def adjusts_logits(self) -> bool:
         """Whether any stage before temperature changes the logits (engine/penalties.py)."""
         return bool(self.min_tokens or self.logit_bias or self.repetition_penalty != 1.0
-                    or self.frequency_penalty or self.presence_penalty)
+                    or self.frequency_penalty or self.presence_penalty or self.structured)

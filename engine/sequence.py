@@ -47,6 +47,7 @@ class Sequence:
     prompt_logprobs: dict[int, "TokenLogprob"] = field(default_factory=dict)
     # params.n > 1: the other choices, forked once this one's prompt is computed (LLMEngine._fork)
     forks: list["Sequence"] = field(default_factory=list)
+    grammar: object | None = None  # params.structured: its engine/structured.py Matcher
     # timing (time.perf_counter): arrival, tokenize done, first scheduled, each token
     arrival_time: float = field(default_factory=time.perf_counter)
     tokenized_time: float = 0.0

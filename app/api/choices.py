@@ -55,7 +55,8 @@ def completion_choice(c: Choice, sub: Submission, text: TokenText) -> dict:
         if c.prompt_ids is not None:
             ids, entries = c.prompt_ids + ids, c.prompt_logprobs + entries
     lp = completion_logprobs(entries, ids, text) if sub.params.logprobs is not None else None
-    return {"index": c.index, "text": body, "logprobs": lp, "finish_reason": c.finish}
+    finish = "length" if sub.score_only else c.finish  # max_tokens 0: stopped by its length, whatever was drawn
+    return {"index": c.index, "text": body, "logprobs": lp, "finish_reason": finish}
 
 
 def usage(choices: list[Choice], sub: Submission) -> dict | None:
@@ -111,7 +112,7 @@ class ChunkWriter:
         return out
 
     def done(self, index: int, reason: str) -> dict:
-        finish = FINISH.get(reason, reason)
+        finish = "length" if self.sub.score_only else FINISH.get(reason, reason)
         if self.endpoint == "chat":
             return {"index": index, "delta": {}, "logprobs": None, "finish_reason": finish}
         return {"index": index, "text": "", "logprobs": None, "finish_reason": finish}

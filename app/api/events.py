@@ -27,6 +27,7 @@ from app.serving.limits import RequestRefused, client_of
 from app.api.openai_routes import error, prepare, read_json, refusal
 from app.serving.recording import record_request
 from app.serving.served_models import ServedModels
+from engine import LLMEngine
 from engine.trace import SCHEMA_VERSION
 from visualizers.perfetto import perfetto_trace
 
@@ -116,7 +117,7 @@ def add_event_routes(api: FastAPI, served) -> None:
                 await websocket.send_json({"schema": SCHEMA_VERSION, "type": "error", "request_id": None,
                                            **json.loads(refusal(e, models).body)})
                 return
-            owned.add(rid)
+            owned.update(LLMEngine.choice_ids(rid, sub.params.n))  # n > 1: every choice's outputs are its own
             if request_id:  # a socket that watches one request follows the one it sent
                 own.max_items = WS_QUEUE
                 models.unsubscribe(watch)

@@ -24,6 +24,7 @@ from starlette.concurrency import run_in_threadpool
 from app.api.choices import ChunkWriter, Choice, chat_choice, completion_choice, usage
 from app.api.logprobs import TokenText
 from app.serving.engine_service import EngineService, Subscription
+from app.serving.fields import STRUCTURED_FIELDS
 from app.serving.limits import RequestRefused, client_of
 from app.serving.requests import BodyError, Submission, parse_body
 from app.serving.served_models import ServedModels
@@ -41,7 +42,8 @@ def refusal(e: ValueError, served) -> JSONResponse:
         return error(e.status, served.limits.shown(str(e)), e.type, e.param, e.code)
     if isinstance(e, BodyError):
         return error(400, served.limits.shown(str(e)), param=e.param, code=e.code)
-    param = "logit_bias" if str(e).startswith("logit_bias") else "messages"  # the engine's: context, KV pool
+    first = str(e).split(" ")[0].rstrip(":")  # the engine's checks of a field name it first
+    param = first if first in ("logit_bias", *STRUCTURED_FIELDS) else "messages"  # else: context, KV pool
     return error(400, served.limits.shown(str(e)), param=param)
 
 

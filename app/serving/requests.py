@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from app.serving.fields import unknown_fields, unknown_message, unused_problem
-from engine import SamplingParams
-from engine.sampling_params import MAX_LOGPROBS
+from app.serving.fields import constraint, unknown_fields, unknown_message, unused_problem
+from engine import MAX_LOGPROBS, SamplingParams
 
 TRACE_LEVELS = ("full", "basic", "off")
 
@@ -19,7 +18,7 @@ class Submission:
     num_speculative_tokens: int | None = None
     trace_level: str = "full"
     checks: list[tuple[str, bool, str]] = field(default_factory=list)
-    body: dict | None = None  # as sent, kept with the trace
+    body: dict | None = None  # as sent (less unknown fields dropped by --ignore-unknown-fields), kept with the trace
     prompt: str | None = None  # a plain prompt (completions; base models): sent as is, no chat template
     echo: bool = False  # completions: the prompt comes back before the completion (its logprobs too, if asked)
     score_only: bool = False  # completions with echo and max_tokens 0: the prompt alone (one token is drawn, unsent)
@@ -78,7 +77,6 @@ def parse_body(body: dict, max_tokens_cap: int | None = None, endpoint: str | No
     A field the endpoint does not implement is refused (app/serving/fields.py), or dropped
     with ignore_unknown (the server's --ignore-unknown-fields)."""
     checks: list[tuple[str, bool, str]] = []
-    sent = body  # kept with the trace as sent, unknown fields included
 
     def fail(name: str, msg: str, param: str | None = None, code: str | None = None):
         checks.append((name, False, msg))
@@ -106,6 +104,7 @@ def parse_body(body: dict, max_tokens_cap: int | None = None, endpoint: str | No
         fail("body", unknown_message(unknown[0], endpoint), unknown[0][:80], "unknown_parameter")
     if unknown:
         checks.append(("body", True, f"ignored (--ignore-unknown-fields): {', '.join(unknown)}"[:200]))
+        # the trace keeps the body the engine read: a replay or the page parses it again without the flag
         body = {k: v for k, v in body.items() if k not in unknown}
     problem = unused_problem(body)
     if problem is not None:
@@ -144,6 +143,9 @@ def parse_body(body: dict, max_tokens_cap: int | None = None, endpoint: str | No
     seed = number("seed", None, *SEED_RANGE, integer=True, bounds="a 64-bit integer")
     logprobs, prompt_logprobs = _logprobs(body, endpoint, echo, number, fail)
     n = number("n", 1, 1, MAX_CHOICES, integer=True)
+    structured, problem, message = constraint(body)
+    if problem is not None:
+        fail("sampling", message, problem)
     penalties = {"presence_penalty": number("presence_penalty", 0.0, -2.0, 2.0),
                  "frequency_penalty": number("frequency_penalty", 0.0, -2.0, 2.0),
                  "repetition_penalty": number("repetition_penalty", 1.0, 0.0, 2 ** 31),
@@ -153,13 +155,15 @@ def parse_body(body: dict, max_tokens_cap: int | None = None, endpoint: str | No
         params = SamplingParams(temperature=0.0 if temperature < MIN_TEMPERATURE else temperature, top_k=top_k,
                                 top_p=top_p, min_p=min_p, max_tokens=max_tokens, seed=seed, stop=stop,
                                 ignore_eos=body.get("ignore_eos", False),  # ignore_eos: vLLM's extra parameter
-                                logprobs=logprobs, prompt_logprobs=prompt_logprobs, n=n, **penalties)
+                                logprobs=logprobs, prompt_logprobs=prompt_logprobs, n=n, structured=structured,
+                                **penalties)
     except ValueError as e:  # the remaining rules (top_p > 0): the message names the field
         fail("sampling", str(e), str(e).split(" ")[0])
     checks.append(("sampling", True, f"temperature {params.temperature:g}, top-k {params.top_k or 'off'}, "
                    f"top-p {params.top_p:g}, max {params.max_tokens} tokens, "
                    + (f"seed {params.seed}" if params.seed is not None else "no seed (a random draw)")
                    + (f", {n} choices (the prompt prefilled once)" if n > 1 else "")
+                   + (f", constrained: {structured.kind.replace('_', ' ')}" if structured else "")
                    + "".join(f", {name.replace('_', ' ')} {value}" for name, value in penalties.items()
                              if value and (name != "repetition_penalty" or value != 1.0))))
     spec = body.get("speculative") or {}
@@ -174,7 +178,7 @@ def parse_body(body: dict, max_tokens_cap: int | None = None, endpoint: str | No
     for name in ("stream", "stream_options"):
         if body.get(name) is not None and not isinstance(body[name], dict if name == "stream_options" else bool):
             fail("body", f"{name} must be {'an object' if name == 'stream_options' else 'true or false'}", name)
-    return Submission(messages, params, spec.get("enabled", True), k, level, checks, sent, prompt, echo, score_only)
+    return Submission(messages, params, spec.get("enabled", True), k, level, checks, body, prompt, echo, score_only)
 
 
 def _logit_bias(value, fail) -> dict[int, float]:

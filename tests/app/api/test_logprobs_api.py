@@ -103,6 +103,16 @@ def test_completions_echo_scores_the_prompt(server, client, reference, max_token
     assert lp.text_offset[0] == 0 and all(b - a == len(t) for a, b, t in zip(lp.text_offset, lp.text_offset[1:],
                                                                            lp.tokens))
     assert r.usage.completion_tokens == max_tokens
+    assert choice.finish_reason == "length" or max_tokens == 1
+
+
+def test_streamed_echo_of_the_prompt_alone(client):
+    kwargs = dict(model=NAME, prompt="Two plus two", max_tokens=0, echo=True, logprobs=0, temperature=0)
+    whole = client.completions.create(**kwargs).choices[0]
+    chunks = [c.choices[0] for c in client.completions.create(stream=True, **kwargs) if c.choices]
+    assert "".join(c.text for c in chunks) == whole.text == "Two plus two"
+    assert [t for c in chunks if c.logprobs for t in c.logprobs.tokens] == whole.logprobs.tokens
+    assert [c.finish_reason for c in chunks if c.finish_reason] == ["length"] == [whole.finish_reason]
 
 
 def test_streamed_completion_logprobs(client):
@@ -162,6 +172,7 @@ def test_the_server_flag_drops_unknown_fields(checkpoint):
     assert limits.ignore_unknown_fields and not serve_limits(parse_args([])).ignore_unknown_fields
     body = {"messages": USER, "tools": [], "frobnicate": 1, "max_tokens": 2}
     sub = parse_body(body, endpoint="chat", ignore_unknown=limits.ignore_unknown_fields)
-    assert sub.params.max_tokens == 2 and sub.body == body  # the trace keeps the body as sent
+    assert sub.params.max_tokens == 2 and sub.body == {"messages": USER, "max_tokens": 2}  # what was read
+    assert parse_body(sub.body, endpoint="chat").params.max_tokens == 2  # a replay parses it again
     assert any("tools, frobnicate" in text for _, ok, text in sub.checks if ok)
     assert json.dumps(sub.body)

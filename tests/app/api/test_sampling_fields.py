@@ -121,3 +121,20 @@ def test_completions_n_with_echo(client):
 def test_n_out_of_range_is_refused(server, n):
     r = httpx.post(server.url + "v1/chat/completions", json={"model": NAME, "messages": USER, "n": n}, timeout=60)
     assert r.status_code == 400 and r.json()["error"]["param"] == "n"
+
+
+def test_the_websocket_sends_every_choices_outputs(server):
+    import json
+
+    from websockets.sync.client import connect
+    with connect(server.url.replace("http://", "ws://") + "ws", max_queue=None) as ws:
+        ws.send(json.dumps({"model": NAME, "messages": USER, "max_tokens": 3, "n": 2, "temperature": 1.0,
+                            "ignore_eos": True}))
+        rid, done = None, set()
+        while rid is None or len(done) < 2:
+            msg = json.loads(ws.recv(timeout=30))
+            if msg["type"] == "request.submitted":
+                rid = msg["request_id"]
+            elif msg["type"] == "output" and msg["finished"]:
+                done.add(msg["request_id"])
+    assert done == {rid, f"{rid}.1"}
