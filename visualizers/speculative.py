@@ -57,13 +57,18 @@ def spec_html(rounds: Sequence[dict], enabled: bool = True, pieces: Mapping[int,
             chips.append(f'<span class="tt-chip {cls}" title="{esc(what)} · {esc(origin)} · target p={p:.3f}">'
                          f'{show_piece(text)}<sub>{esc(r["proposed"][j])}</sub></span>')
         kind = r["token_kind"]
-        text = r["token_text"] or (pieces or {}).get(r["token"], "")  # special tokens decode to ""
-        chips.append(f'<span class="tt-chip tt-{esc(kind)}" title="{esc(kind)} token from the target">'
-                     f'{show_piece(text)}<sub>{esc(r["token"])}</sub></span>')
+        if r.get("token") is not None:  # None: the answer ended on an accepted proposal, no token added
+            text = r["token_text"] or (pieces or {}).get(r["token"], "")  # special tokens decode to ""
+            chips.append(f'<span class="tt-chip tt-{esc(kind)}" title="{esc(kind)} token from the target">'
+                         f'{show_piece(text)}<sub>{esc(r["token"])}</sub></span>')
+        if r.get("cut_after_end"):
+            chips.append(f"<span class='tt-note'>the answer ended here: {esc(r['cut_after_end'])} later "
+                         f"proposal{'s' if r['cut_after_end'] > 1 else ''} not counted</span>")
         source = copy_source(r) if copied else ""
         rows.append(f"<tr><td>{i + 1}</td><td>{r['accepted']}/{r['k']}</td><td>{''.join(chips)}{source}</td>"
                     f"<td>{r['acceptance_rate']:.0%}</td></tr>")
-    per_pass = (accepted + len(rounds)) / len(rounds)
+    kept = accepted + sum(1 for r in rounds if r.get("token", 0) is not None)  # an older trace: a token each round
+    per_pass = kept / len(rounds)
     greedy = rounds[-1].get("greedy")
     if ngram:
         look = rounds[-1].get("lookup", {})

@@ -10,6 +10,7 @@ from typing import Sequence
 from visualizers.parallel import measured_stage_html, parallel_panel_html
 from visualizers._html import esc, fmt_bytes, fmt_ms
 from visualizers.attention import layer_spans
+from visualizers.compact import lens_layers
 from visualizers.logit_lens import first_top, logit_lens_html
 from visualizers.speculative import span_text
 
@@ -249,7 +250,7 @@ def _lens_text(lens: Sequence[dict], num_layers: int) -> str:
     if not lens:
         return _p(what, "This request has no logit lens: capture level full records one per generated token.")
     e = lens[0]
-    rows = e["layers"]
+    rows = lens_layers(e)
     top = first_top(rows)
     n = len(rows)
     tok = esc(repr(e["token_text"]))
@@ -263,8 +264,8 @@ def _lens_text(lens: Sequence[dict], num_layers: int) -> str:
     near_text = (f" It entered the top 10 {_after(near)} (the embedding alone ranked it "
                  f"{_n(rows[0]['chosen_rank'])})." if near not in (None, n - 1) else
                  f" The embedding alone ranked it {_n(rows[0]['chosen_rank'])}.")
-    tops = [first_top(x["layers"]) for x in lens]
-    early = [t for t, x in zip(tops, lens) if t is not None and t < len(x["layers"]) - 1]
+    tops = [first_top(lens_layers(x)) for x in lens]
+    early = [t for t, x in zip(tops, lens) if t is not None and t < len(lens_layers(x)) - 1]
     summary = (f"Over the {_n(len(lens))} traced tokens, {_n(len(early))} were settled before the last layer"
                + (f" (at the median, {_after(int(statistics.median(early)))})" if early else "") + ".")
     return _p(what, f"For the first answer token, {when}.{near_text}", summary,
