@@ -9,7 +9,7 @@ import pytest
 from engine import EventList, SamplingParams, Tracer
 from engine.llm_engine import DEFAULT_MODEL, LLMEngine
 from visualizers.compact import per_layer
-from visualizers.speculative import spec_html
+from visualizers.speculative import count, spec_html, totals
 
 QUESTION = [{"role": "user", "content": "Once upon a time"}]
 DRAFT = DEFAULT_MODEL.parent / "draft"
@@ -98,3 +98,14 @@ def test_trace_truncated_says_where_the_captures_stopped():
     note = sink.of(rid, "trace.truncated")[0].data
     assert note == {"limit_bytes": 99, "first_step": engine.step_count + 1,
                     "position": prompt + seq_tokens - 1, "token_index": seq_tokens}
+
+
+def test_totals_and_counts_say_one_round_and_the_tokens_kept(run):
+    _, out, rounds, _ = run
+    t = totals(rounds)
+    assert t.kept == len(out.token_ids) - 1 and t.own == len(rounds) - 1  # the last round added none
+    assert t.per_pass == pytest.approx(t.kept / len(rounds))
+    assert count(1, "round") == "1 round" and count(2, "round") == "2 rounds"
+    one = spec_html(rounds[-1:])
+    assert "rounds: <b>1</b>" in one and f"{rounds[-1]['accepted']:.2f} tokens per target pass" in one
+    assert "the answer ended here" in one and "not counted" in one
