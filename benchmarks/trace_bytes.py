@@ -54,8 +54,11 @@ def run(model: str, tokens: int, capture: CaptureConfig | None = None) -> dict:
                 store.add(rid, d)
     engine.tracer.add_sink(feed)
     t0 = time.perf_counter()
-    rid = engine.add_request(messages=PROMPT, params=SamplingParams(temperature=0.8, seed=1, max_tokens=tokens,
-                                                                      ignore_eos=True))
+    params = SamplingParams(temperature=0.8, seed=1, max_tokens=tokens, ignore_eos=True)
+    try:
+        rid = engine.add_request(messages=PROMPT, params=params)
+    except ValueError:  # a base model without a chat template (Gemma 3 270M): the same words as a plain prompt
+        rid = engine.add_request(PROMPT[0]["content"], params)
     while engine.has_unfinished_requests():
         engine.step()
     seconds = time.perf_counter() - t0
@@ -84,11 +87,11 @@ def report(r: dict, tokens: int, cap_tokens: int) -> None:
           f"then {decode:,.0f} bytes a token")
     for t, b in size.most_common():
         print(f"  {t:20s} {count[t]:5d} events {b:12,d} bytes {b / tokens:10,.0f} per token")
+    measured = "" if tokens >= cap_tokens else " (projected from this run's decode steps)"
     print(f"  captures under the {MAX_BYTES_PER_REQUEST / 2**20:.0f} MiB cap: "
           + (f"stopped at answer token {made} (engine step {cut['step']})" if cut else
-             f"all {tokens} tokens kept") + f"; an answer of {fit:,} tokens fits "
-          + ("(measured)" if tokens >= cap_tokens else "(projected from this run's decode steps)")
-          + f": {cap_tokens} tokens {'fit' if fit >= cap_tokens else 'do NOT fit'}")
+             f"all {tokens} tokens kept") + f"; about {fit:,} tokens would fit{measured}: "
+          + f"{cap_tokens} tokens {'fit' if fit >= cap_tokens else 'do NOT fit'}")
 
 
 def encodings(tokens: int) -> None:
