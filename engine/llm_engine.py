@@ -169,6 +169,7 @@ class LLMEngine:
         self._capture_stops: set[str] = set()  # stop_captures(): applied before the next step
         self._in_step = False  # stop_captures() from a sink inside a step: that step's captures are cut
         self._traced_now: dict[str, ScheduledSeq] = {}  # the step in progress: its traced sequences' parts
+        self._finishes: list[Event] = []  # the step's `finish` events, emitted last
         if self.config.freeze_startup_heap:
             freeze_startup_heap()
 
@@ -301,7 +302,9 @@ class LLMEngine:
         Called from a tracer sink inside a step too: the step in progress reads its captures."""
         with self.lock:
             seq = self.requests.get(request_id)
-            if seq is None or seq.is_finished or not seq.traced or self.tracer is None:
+            # (a request that finished in the step in progress still has that step's captures to cut)
+            if seq is None or not seq.traced or self.tracer is None or \
+                    (seq.is_finished and not (self._in_step and request_id in self._traced_now)):
                 return False
             self._capture_stops.add(request_id)
             s = self._traced_now.get(request_id) if self._in_step else None
@@ -340,6 +343,7 @@ class LLMEngine:
             finally:
                 self._in_step = False
                 self._traced_now = {}
+                self._emit_finishes()
             self._trace_pool()
             return outputs
 
@@ -379,6 +383,11 @@ class LLMEngine:
         outputs.extend(self._commit(step, t_forward, t_sample))
         self._kept(step)
         return outputs
+
+    def _emit_finishes(self) -> None:
+        finishes, self._finishes = self._finishes, []
+        for event in finishes:
+            self._emit(event)
 
     def _schedule(self, outputs: list[TokenOutput]) -> list[ScheduledSeq]:
         """The scheduler's batch. A sequence that cannot grow even alone finishes here (its
@@ -608,8 +617,12 @@ class LLMEngine:
         self._finished.append(seq.request_id)
         while len(self._finished) > self.max_finished:
             self.requests.pop(self._finished.popleft(), None)
-        if seq.traced:
-            self._emit(events.finish(seq, reason, self._metrics(seq)))
+        if seq.traced:  # in a step, after what the step kept (_kept): a trace's captures come before its end
+            event = events.finish(seq, reason, self._metrics(seq))
+            if self._in_step:
+                self._finishes.append(event)
+            else:
+                self._emit(event)
         return out
 
     def _metrics(self, seq: Sequence) -> dict:

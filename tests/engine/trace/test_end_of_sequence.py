@@ -109,3 +109,14 @@ def test_totals_and_counts_say_one_round_and_the_tokens_kept(run):
     one = spec_html(rounds[-1:])
     assert "rounds: <b>1</b>" in one and f"{rounds[-1]['accepted']:.2f} tokens per target pass" in one
     assert "the answer ended here" in one and "not counted" in one
+
+
+def test_the_finish_comes_after_the_last_steps_captures(run):
+    """A reader (the app's stream, the trace store) takes `finish` as the end: the last step's
+    embedding, attention and MoE rows and its spec event come before it."""
+    _, _, _, events = run
+    types = [e.type for e in events]
+    assert types.count("finish") == 1
+    end = types.index("finish")
+    last = max(e.step for e in events if e.type in ("attention", "embed", "moe", "spec"))
+    assert last == events[end].step and all(e.type in ("kv.free", "kv.pool") for e in events[end + 1:])
