@@ -4,6 +4,7 @@ from __future__ import annotations
 import statistics
 from typing import Sequence
 
+from visualizers.compact import lens_layers
 from visualizers._html import esc, fmt_bytes, fmt_ms
 from visualizers.attention import layer_spans
 from visualizers.logit_lens import first_top
@@ -136,7 +137,7 @@ def lens(f: Facts) -> Part:
     if e is None:
         return Part(p(what, "This request has no logit lens: capture level full records one per generated token."),
                     ("logit_lens",), "not captured" if f.finish else "", reached=bool(f.finish))
-    rows = e["layers"]
+    rows = lens_layers(e)
     top, last = first_top(rows), len(rows) - 1
     tok = quote(e.get("token_text", ""))
     if top is None:
@@ -149,7 +150,7 @@ def lens(f: Facts) -> Part:
     near_text = (f" It entered the top 10 {_after(near)} (the embedding alone ranked it "
                  f"{n(int(rows[0]['chosen_rank']))})." if near not in (None, last) else
                  f" The embedding alone ranked it {n(int(rows[0]['chosen_rank']))}.")
-    early = [t for t, x in ((first_top(x["layers"]), x) for x in evs) if t is not None and t < len(x["layers"]) - 1]
+    early = [t for t, rows_x in ((first_top(r), r) for r in map(lens_layers, evs)) if t is not None and t < len(rows_x) - 1]
     summary = (f"Over the {plural(len(evs), 'traced token')}, {n(len(early))} "
                f"{'was' if len(early) == 1 else 'were'} settled before the last layer"
                + (f" (at the median, {_after(int(statistics.median(early)))})" if early else "") + ".")

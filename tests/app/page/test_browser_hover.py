@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from tests.browser_utils import chromium, open_page, paced_server, set_controls, wait_finished
+from visualizers.compact import array, lens_layers, per_layer
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.filterwarnings("ignore:.*no_silent_downcasting", "ignore:The copy keyword")]
@@ -54,7 +55,7 @@ def test_every_matrix_answers_hover_and_a_token_click_selects_it(server, tmp_pat
         lo = int(spec["rows"][0].split()[0])
         pos = lo + n - 1
         # the last event that computed that row (a verify step recomputes rows after a rejected draft)
-        ev = [e for e in events if e["type"] == "attention" and e["layer"] == 0
+        ev = [e for e in per_layer(e for e in events if e["type"] == "attention") if e["layer"] == 0
               and e["q_start"] <= pos < e["q_start"] + len(e["probs"][0])][-1]
         want = ev["probs"][ev["heads"].index(0)][pos - ev["q_start"]][pos - ev["k_start"]]
         tip = hover_cell(page, big, n - 1, spec["x0"] + n - 1)
@@ -69,7 +70,7 @@ def test_every_matrix_answers_hover_and_a_token_click_selects_it(server, tmp_pat
         # embedding rows: position 0, dim 0 .. the value the trace holds
         emb = next(e for e in events if e["type"] == "embed" and e["start"] == 0)
         tip = hover_cell(page, "#tt-embedding img.tt-embed", 0, 3)
-        assert tip.startswith(f"token 0 (id {emb['token_ids'][0]}) · dim 3 · value {emb['rows'][0][3]:.4f}"), tip
+        assert tip.startswith(f"token 0 (id {emb['token_ids'][0]}) · dim 3 · value {array(emb['rows'])[0][3]:.4f}"), tip
 
         # the KV pool: block, state, tokens
         assert re.match(r"block 0 · ", hover_cell(page, "#tt-kv img.tt-kv-img", 0, 0))
@@ -78,7 +79,7 @@ def test_every_matrix_answers_hover_and_a_token_click_selects_it(server, tmp_pat
         moe = page.get_attribute("#tt-moe td.tt-pick", "title")
         assert re.search(r"position \d+ .* → expert \d+ · router weight 0\.\d{4} · layer \d+", moe), moe
         lens = [e for e in events if e["type"] == "logit_lens"]
-        newest = lens[-1]["layers"][0]  # the panel shows the newest token until one is picked
+        newest = lens_layers(lens[-1])[0]  # the panel shows the newest token until one is picked
         cell = page.get_attribute("#tt-logit-lens td.tt-lens-cell", "title")
         assert cell == (f"embedding · candidate #1: {newest['top_texts'][0]!r} (id {newest['top_ids'][0]}) · "
                         f"p={newest['top_probs'][0]:.4f}"), cell
