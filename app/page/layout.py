@@ -37,7 +37,7 @@ from app.serving.requests import TRACE_LEVELS, BodyError, build_body, parse_body
 from app.serving.served_models import ServedModels
 from visualizers.perfetto import perfetto_trace
 
-CSS = (Path(__file__).with_name("page.css")).read_text()
+CSS = "\n".join(Path(__file__).with_name(f).read_text() for f in ("page.css", "panels.css"))  # panels.css: B's
 HEAD = f"<script>{Path(__file__).with_name('hover.js').read_text()}</script>"  # hover tips, token picks
 YIELD_EVERY = 0.1  # seconds between updates sent to the browser while streaming
 MAX_SESSIONS = 64
