@@ -167,6 +167,7 @@ class LLMEngine:
             raise ValueError("kv_pool_events must be 'traced' or 'always'")
         self._pool_trace = KVPoolTracker(always=kv_pool_events == "always")  # what the last kv.pool said
         self._capture_stops: set[str] = set()  # stop_captures(): applied before the next step
+        self._in_step = False  # stop_captures() from a sink inside a step: that step's captures are cut
         if self.config.freeze_startup_heap:
             freeze_startup_heap()
 
@@ -210,7 +211,7 @@ class LLMEngine:
             c = self.capture
             layers = c.attention_layers if c.attention_layers is not None else list(range(self.model_config.num_layers))
             seq.capture = CaptureSpec(layers, c.heads, c.max_keys, self.model_config.is_moe, c.embed_dims,
-                                      c.logit_lens_top)
+                                      c.logit_lens_top, c.compact)
         with self.lock:
             self.requests[request_id] = seq
             if seq.traced:
@@ -302,7 +303,7 @@ class LLMEngine:
             if seq is None or seq.is_finished or not seq.traced or self.tracer is None:
                 return False
             self._capture_stops.add(request_id)
-            self._emit(events.trace_truncated(request_id, limit_bytes))
+            self._emit(events.trace_truncated(seq, limit_bytes, self.step_count + (not self._in_step)))
             return True
 
     # --- what the engine is, and what it is doing (engine/info.py) -------------------
@@ -326,7 +327,11 @@ class LLMEngine:
     def step(self) -> list[TokenOutput]:
         with self.lock:
             self._apply_capture_stops()
-            outputs = self._step()
+            self._in_step = True
+            try:
+                outputs = self._step()
+            finally:
+                self._in_step = False
             self._trace_pool()
             return outputs
 
@@ -363,6 +368,7 @@ class LLMEngine:
             self._trace(step, t_forward - t_start, {"start": t_begin, "schedule_seconds": t_start - t_begin,
                                                     "sample_seconds": t_sample - t_forward})
         outputs.extend(self._commit(step, t_forward, t_sample))
+        self._kept(step)
         return outputs
 
     def _schedule(self, outputs: list[TokenOutput]) -> list[ScheduledSeq]:
@@ -446,21 +452,53 @@ class LLMEngine:
         for b, s in enumerate(scheduled):
             if s.seq.traced:
                 self._emit(events.kv_fill(s, self.config.block_size))
-                if step.capture is not None and s.seq.capture is not None:
-                    self._trace_captures(step.capture, b, s)
+        for p in step.seqs:  # what the proposer says of a round, read before the commit moves the sequence on
+            if p.verdict is not None and p.s.seq.traced:
+                p.spec_details = self.speculator.describe(p.s.seq, self._piece)
 
-    def _trace_captures(self, capture: PassCapture, b: int, s: ScheduledSeq) -> None:
-        """Sequence b's embedding rows, attention and MoE routing (plain lists already)."""
-        cfg = self.model_config
+    def _kept(self, step: StepPass) -> None:
+        """After the commit, what the step kept: each speculative round counted (and traced) by
+        the tokens its sequence kept, and a `full` trace's captures of the pass's rows, but
+        none past an end of sequence: a round that drew its last token early read positions
+        the sequence never has (its last token itself is never read: it is not an input)."""
+        for b, p in enumerate(step.seqs):
+            s = p.s
+            seq = s.seq
+            if p.verdict is not None:
+                self._count_round(p)
+            if seq.traced and step.capture is not None and s.seq.capture is not None:
+                end = s.start + s.num_tokens
+                self._trace_captures(step.capture, b, s, min(end, len(seq) - 1) if seq.is_finished else end)
+
+    def _count_round(self, p: SeqStep) -> None:
+        """A round's proposals and accepted drafts, counted up to the last token kept."""
+        s, v = p.s, p.verdict
+        seq = s.seq
+        kept = min(len(seq) - s.start - 1, len(v.tokens))  # the round began at position s.start + 1
+        proposed = min(kept, len(s.draft_tokens)) if seq.is_finished else len(s.draft_tokens)
+        accepted = min(v.accepted, kept)
+        seq.spec_proposed += proposed
+        seq.spec_accepted += accepted
+        self.stats.spec_proposed += proposed
+        self.stats.spec_accepted += accepted
+        if seq.traced:
+            self._emit(events.spec(s, v, self._piece, p.spec_details or {}, kept, proposed))
+
+    def _trace_captures(self, capture: PassCapture, b: int, s: ScheduledSeq, end: int) -> None:
+        """Sequence b's embedding rows, attention and MoE routing, of positions before `end`."""
+        cfg, spec = self.model_config, s.seq.capture
+        out = []
         if b in capture.embed:
-            self._emit(events.embed(s, capture.embed[b], cfg.hidden_size))
-        heads = s.seq.capture.heads if s.seq.capture.heads is not None else list(range(cfg.num_heads))
-        for layer, per_seq in capture.attention.items():
-            if b in per_seq:
-                self._emit(events.attention(s, layer, per_seq[b], heads, cfg))
+            out.append(events.embed(s, capture.embed[b], cfg.hidden_size, end, spec.compact))
+        heads = spec.heads if spec.heads is not None else list(range(cfg.num_heads))
+        if b in capture.attention:
+            out.append(events.attention(s, capture.attention[b], heads, cfg, end, spec.compact))
         for layer, per_seq in capture.moe.items():
             if b in per_seq:
-                self._emit(events.moe(s, layer, per_seq[b], capture.expert_load[layer], cfg))
+                out.append(events.moe(s, layer, per_seq[b], capture.expert_load[layer], cfg, end))
+        for event in out:
+            if event is not None:
+                self._emit(event)
 
     def _commit(self, step: StepPass, t_forward: float, t_sample: float) -> list[TokenOutput]:
         """After the pass: every sequence's caches advanced, then each new token appended (the
@@ -509,13 +547,7 @@ class LLMEngine:
         self.block_manager.truncate(seq, seq.num_computed_tokens)
         kept = seq.token_ids + s.draft_tokens[:verdict.accepted]
         self.block_manager.commit_full_blocks(seq, old, kept)
-        self.speculator.accept(seq, real_len, verdict.accepted, kept)
-        seq.spec_proposed += len(s.draft_tokens)
-        seq.spec_accepted += verdict.accepted
-        self.stats.spec_proposed += len(s.draft_tokens)
-        self.stats.spec_accepted += verdict.accepted
-        if seq.traced:
-            self._emit(events.spec(s, verdict, self._piece, self.speculator.describe(seq, self._piece)))
+        self.speculator.accept(seq, real_len, verdict.accepted, kept)  # counted and traced by _kept
 
     def _append_token(self, seq: Sequence, token: int, now: float) -> TokenOutput:
         seq.token_ids.append(token)
@@ -614,6 +646,7 @@ class SeqStep:
     lens_row: int | None = None  # a logit lens: its first lens row (its j-th token reads lens_row + j)
     draw: int | None = None  # a plain draw: its index among the step's draws (its filtered logits in knobs)
     verdict: Verdict | None = None  # a speculative round: what verification kept
+    spec_details: dict | None = None  # a traced round: the proposer's description of it (Proposer.describe)
     tokens: list[int] = field(default_factory=list)  # the new tokens, in order
 
 

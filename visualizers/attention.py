@@ -19,7 +19,8 @@ import numpy as np
 
 from visualizers._html import MASKED, OUTSIDE_WINDOW, colormap, empty, esc, hover_attr, hover_img, show_piece
 from visualizers.attention_overview import overview_html
-from visualizers.attention_rows import LayerIndex, per_layer
+from visualizers.attention_rows import LayerIndex
+from visualizers.compact import per_layer
 from visualizers.selection import Selection, header_html, plural
 
 MAX_POSITIONS = 64  # the map's rows and columns: the capture's default key budget (--capture-max-keys)

@@ -1,8 +1,8 @@
 """Attention captures read back as rows: which query positions a layer's events hold, and one
 query's weights over its keys, whatever form the capture was stored in (visualizers.compact).
 
-An `attention` event holds one layer's probabilities for one pass of one sequence:
-probs [heads, rows, keys] for the queries q_start .. q_start + rows - 1 over the keys
+The engine's `attention` event holds every captured layer of one pass of one sequence;
+visualizers.compact.per_layer splits it into one per layer: probs [heads, rows, keys] for the queries q_start .. q_start + rows - 1 over the keys
 k_start .. k_start + keys - 1 (the capture keeps the last `max_keys` of each; older keys were
 never captured). A later pass may recompute a row (a speculative verify after a rejection):
 the newest event holding a row is the one that counts."""
@@ -13,27 +13,16 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from visualizers.compact import dense
+from visualizers.compact import array, is_compact, per_layer
 
 
 def _shape(probs) -> list[int]:
     """[heads, rows, keys] without decoding a compact capture."""
     if isinstance(probs, dict) and "shape" in probs:
         return list(probs["shape"])[-3:]
-    return [len(probs), len(probs[0]) if probs else 0, len(probs[0][0]) if probs and probs[0] else 0]
-
-
-def per_layer(events: Iterable[dict]) -> list[dict]:
-    """One dict per (pass, layer): an event that carries several layers ("layers" and probs
-    [layers, heads, rows, keys]) is split; a one-layer event is kept as it is."""
-    out = []
-    for e in events:
-        if "layer" in e:
-            out.append(e)
-            continue
-        probs = dense(e["probs"])
-        out.extend({**e, "layer": layer, "probs": probs[i]} for i, layer in enumerate(e["layers"]))
-    return out
+    if isinstance(probs, np.ndarray):
+        return list(probs.shape)
+    return [len(probs), len(probs[0]) if len(probs) else 0, len(probs[0][0]) if len(probs) and len(probs[0]) else 0]
 
 
 @dataclass
@@ -54,17 +43,19 @@ class LayerIndex:
         self.by_layer: dict[int, list[dict]] = {}
         for e in per_layer(events):
             self.by_layer.setdefault(e["layer"], []).append(e)
-        self._dense: dict[int, list] = {}
+        self._arrays: dict[int, np.ndarray] = {}
 
     @property
     def layers(self) -> list[int]:
         return sorted(self.by_layer)
 
-    def probs(self, e: dict) -> list:
+    def probs(self, e: dict) -> np.ndarray:
+        """[heads, rows, keys] of one per-layer event (a view of a compact capture's array)."""
         key = id(e)
-        if key not in self._dense:
-            self._dense[key] = dense(e["probs"])
-        return self._dense[key]
+        if key not in self._arrays:
+            p = e["probs"]  # a list form keeps its exact (rounded) values; a compact one is float32
+            self._arrays[key] = array(p) if is_compact(p) or isinstance(p, np.ndarray) else np.asarray(p, dtype=float)
+        return self._arrays[key]
 
     def span(self, layer: int) -> tuple[int, int]:
         """(first, last + 1) query positions captured at this layer."""

@@ -6,7 +6,7 @@ from typing import Sequence
 import numpy as np
 
 from visualizers._html import colormap, empty, esc, fixed, hover_attr, hover_img
-from visualizers.compact import dense
+from visualizers.compact import array
 from visualizers.selection import Selection, header_html
 
 PICKED_RGB = np.array([220, 20, 60], dtype=np.uint8)  # the gutter of the selected pass's row
@@ -15,10 +15,10 @@ GUTTER_RGB = np.array([236, 237, 242], dtype=np.uint8)
 
 def embedding_matrix(embeds: Sequence[dict]) -> tuple[np.ndarray, list[int]]:
     """Rows of every `embed` event (prefill chunks, then one per decode step), by position."""
-    by_pos: dict[int, list[float]] = {}
+    by_pos: dict[int, np.ndarray] = {}
     ids: dict[int, int] = {}
     for ev in embeds:
-        for i, (row, tid) in enumerate(zip(dense(ev["rows"]), ev["token_ids"])):
+        for i, (row, tid) in enumerate(zip(array(ev["rows"]), ev["token_ids"])):
             by_pos[ev["start"] + i] = row
             ids[ev["start"] + i] = tid
     order = sorted(by_pos)

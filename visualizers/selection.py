@@ -101,7 +101,7 @@ def frozen_html(truncated: dict | None, last_position: int | None, labels: Seque
     else:
         tok = (f" <code>{show_piece(labels[last_position])}</code>" if 0 <= last_position < len(labels) else "")
         where = f"after token{tok} at position {last_position}"
-    step = truncated.get("step")
+    step = truncated.get("first_step", truncated.get("step"))  # the first pass missing its captures
     return (f'<div class="tt-frozen" role="alert">⚠ frozen: its {esc(what)} stopped {where}'
             f'{f" (engine step {esc(step)})" if step is not None else ""}: the trace reached the per-request cap'
             f"{esc(cap_text)}; later tokens are not drawn here</div>")

@@ -40,10 +40,12 @@ _SEP = (",", ":")
 
 
 def event_bytes(item: dict) -> int:
-    """An event's size as JSON: exact for the small ones; for tensor captures, from the
-    number of values (4 decimals: about 7 bytes each; MoE adds an expert id per weight)."""
+    """An event's size as JSON: exact for the small ones and for captures in the compact form
+    (engine/trace/compact.py: a dict holding one base64 string, cheap to measure); for
+    captures as nested lists, from the number of values (4 decimals: about 7 bytes each;
+    MoE adds an expert id per weight)."""
     key = HEAVY.get(item.get("type"))
-    if key is None:
+    if key is None or isinstance(item.get(key), dict):
         return len(json.dumps(item, separators=_SEP))
     return 400 + (10 if key == "weights" else 7) * _values(item.get(key))
 

@@ -34,7 +34,7 @@ from engine.parallel.rendezvous import check_world, publish, torchrun_env, wait_
 from engine.parallel.shard import check_shardable, local_config, placement
 from engine.parallel.worker import gather_attention, load_shard, worker_main
 from engine.sequence import ScheduledSeq
-from engine.trace.capture import DECIMALS, CaptureSpec, PassCapture, collect
+from engine.trace.capture import AttentionCapture, CaptureSpec, PassCapture, collect
 
 
 class RankFailedError(RuntimeError):
@@ -243,7 +243,8 @@ def _without_attention(captures: list[CaptureSpec | None]) -> list[CaptureSpec |
 
 def _fill_attention(batch: ForwardBatch, capture: PassCapture, probs: dict[int, torch.Tensor],
                     cfg: ModelConfig) -> None:
-    """capture.attention as engine/trace/capture.py writes it, from the gathered probabilities."""
+    """capture.attention as engine/trace/capture.py writes it, from the gathered probabilities
+    (the trace events encode it the same way as one device's)."""
     for b, p in probs.items():
         spec = capture.specs[b]
         layers = [layer for layer in spec.attention_layers if layer in capture.layer_q]
@@ -251,7 +252,5 @@ def _fill_attention(batch: ForwardBatch, capture: PassCapture, probs: dict[int, 
         rows = min(end - batch.query_starts[b], spec.max_keys)
         if spec.heads is not None:
             p = p[:, spec.heads]
-        for layer, lp in zip(layers, torch.round(p.double(), decimals=DECIMALS).tolist()):
-            capture.attention.setdefault(layer, {})[b] = {
-                "q_start": ctx - rows, "k_start": max(0, ctx - spec.max_keys), "window": cfg.sliding_windows[layer],
-                "probs": lp}
+        capture.attention[b] = AttentionCapture(layers, [cfg.sliding_windows[layer] for layer in layers],
+                                                ctx - rows, max(0, ctx - spec.max_keys), p.float())

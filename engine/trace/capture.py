@@ -11,11 +11,11 @@ one. Afterwards, in a few batched ops:
   kept queries and the keys already in the paged cache, for the captured heads and the
   last `max_keys` query rows only (softmax over all keys, then the last `max_keys`
   columns kept), so a long prompt costs rows x context, not its whole square;
-- MoE routing is stacked across layers (the batch's expert load counted from it);
-- every tensor becomes Python lists in one `tolist` per kind, rounded like
-  `trace.jsonable`, so the trace events need no further conversion.
-On this project's 2-core CPU these captures add about 1.6 ms to a SmolLM2 token and 0.5-0.7
-ms to the embedded model's (README, Trace events), most of it the Python lists themselves.
+- MoE routing is stacked across layers (the batch's expert load counted from it) and
+  becomes Python lists, rounded like `trace.jsonable`;
+- attention (all of a sequence's captured layers in one tensor) and embedding rows stay
+  tensors: the trace events encode them (engine/trace/compact.py), after the step knows which
+  of the pass's rows it kept (none past an end of sequence inside a speculative round).
 
 The captures are an object apart from the pass's inputs (engine/batch.py's ForwardBatch):
 a pass nobody traces gets none (`capture=None`), and a CUDA graph's static batch never
@@ -44,6 +44,7 @@ class CaptureSpec:
     moe: bool
     embed_dims: int  # 0: no embedding rows
     logit_lens: int = 0  # candidates per layer in the logit lens; 0: no lens
+    compact: bool = True  # attention and embedding rows in engine/trace/compact.py's form (else lists)
 
 
 @dataclass
@@ -64,10 +65,11 @@ class PassCapture:
     # After the LM head: [L * len(lens_rows) + returned rows, vocab], and the rows it returned
     lens_logits: torch.Tensor | None = None
     lens_returned: int = 0
-    # Filled after the pass by collect, as plain lists: per layer, per captured sequence.
-    attention: dict[int, dict[int, dict]] = field(default_factory=dict)
+    # Filled after the pass by collect: per captured sequence, its attention in every captured layer
+    # (AttentionCapture); per layer, per sequence, its MoE routing as plain lists; its embedding rows
+    attention: dict[int, "AttentionCapture"] = field(default_factory=dict)
     moe: dict[int, dict[int, dict]] = field(default_factory=dict)
-    embed: dict[int, list] = field(default_factory=dict)  # seq -> rows
+    embed: dict[int, torch.Tensor] = field(default_factory=dict)  # seq -> rows [n, embed_dims]
     expert_load: dict[int, list[int]] = field(default_factory=dict)  # layer -> tokens per expert
     attention_layers: frozenset[int] = field(init=False)  # layers whose attention some sequence captures
 
@@ -80,14 +82,24 @@ class PassCapture:
         return cls(specs) if any(c is not None for c in specs) else None
 
 
+@dataclass
+class AttentionCapture:
+    """One sequence's attention in one pass, every captured layer at once."""
+    layers: list[int]
+    windows: list[int | None]  # each layer's sliding window (None: global)
+    q_start: int  # the position of the first captured query row
+    k_start: int  # ... and of the first captured key column
+    probs: torch.Tensor  # float32 [layers, heads kept, rows, keys]
+
+
 def collect(capture: PassCapture, batch: ForwardBatch, cfg: ModelConfig, kv_cache: torch.Tensor) -> None:
-    """Fill capture.attention / moe / embed / expert_load with plain Python values.
+    """Fill capture.attention / moe / embed / expert_load.
     kv_cache: the runner's pool [K/V, layer, block, slot, kv head, dim]."""
     for b, spec in enumerate(capture.specs):
         if spec is None:
             continue
         if b in capture.embed_rows:
-            capture.embed[b] = _rounded(capture.embed_rows[b])
+            capture.embed[b] = capture.embed_rows[b].float()
         layers = [layer for layer in spec.attention_layers if layer in capture.layer_q]
         if layers:
             _attention(capture, batch, cfg, kv_cache, b, layers)
@@ -141,16 +153,14 @@ def _attention(capture: PassCapture, batch: ForwardBatch, cfg: ModelConfig, kv_c
     probs = attention_probs(q, k, ctx, cfg.attention_scale, windows)[..., k_start:]
     if spec.heads is not None:
         probs = probs[:, spec.heads]
-    for layer, p in zip(layers, _rounded(probs)):
-        capture.attention.setdefault(layer, {})[b] = {
-            "q_start": ctx - rows, "k_start": k_start, "window": cfg.sliding_windows[layer], "probs": p}
+    capture.attention[b] = AttentionCapture(layers, windows, ctx - rows, k_start, probs)
 
 
 def _moe(capture: PassCapture, batch: ForwardBatch, cfg: ModelConfig) -> None:
     layers = sorted(capture.moe_routing)
     experts = torch.stack([capture.moe_routing[layer][0] for layer in layers])  # [L, T, top_k]
     weights = torch.stack([capture.moe_routing[layer][1] for layer in layers])
-    experts_l, weights_l = experts.tolist(), _rounded(weights)
+    experts_l, weights_l = experts.tolist(), rounded(weights)
     for i, layer in enumerate(layers):
         load = [0] * cfg.num_experts  # tokens per expert, counted here: fewer ops than on the device
         for picks in experts_l[i]:
@@ -164,7 +174,7 @@ def _moe(capture: PassCapture, batch: ForwardBatch, cfg: ModelConfig) -> None:
                                                                "weights": weights_l[i][sl]}
 
 
-def _rounded(x: torch.Tensor) -> list:
+def rounded(x: torch.Tensor) -> list:
     # rounded in float64: a float32 0.0123 becomes 0.012299999594688416 as a Python float,
     # 18 bytes of JSON instead of 6 (most of a `full` trace is these numbers)
     return torch.round(x.double(), decimals=DECIMALS).tolist()

@@ -17,6 +17,8 @@ from engine.config import ModelConfig
 from engine.outputs import TokenOutput
 from engine.sequence import ScheduledSeq, Sequence
 from engine.speculative.verify import Verdict
+from engine.trace import compact as compact_form
+from engine.trace.capture import AttentionCapture, rounded
 from engine.trace.softmax_stats import softmax_stats
 from engine.trace.tracer import jsonable
 
@@ -44,9 +46,13 @@ def tokenize(seq: Sequence, pieces: list[str], vocab_size: int, tokenizer_size: 
         "seconds": seq.tokenized_time - seq.arrival_time})
 
 
-def trace_truncated(request_id: str, limit_bytes: int) -> Event:
-    """A reader's byte cap stopped the request's tensor captures (LLMEngine.stop_captures)."""
-    return "trace.truncated", request_id, {"limit_bytes": limit_bytes}
+def trace_truncated(seq: Sequence, limit_bytes: int, first_step: int) -> Event:
+    """A reader's byte cap stopped the request's tensor captures (LLMEngine.stop_captures):
+    the first pass whose captures are missing (in part or in full) ran in engine step
+    `first_step`, read position `position` and predicted answer token `token_index` (0: the
+    first; a decode pass reads the newest token and predicts the next)."""
+    return "trace.truncated", seq.request_id, {"limit_bytes": limit_bytes, "first_step": first_step,
+                                              "position": len(seq) - 1, "token_index": seq.num_output_tokens}
 
 
 def finish(seq: Sequence, reason: str, metrics: dict) -> Event:
@@ -139,26 +145,47 @@ def schedule_collective(scheduled: list[ScheduledSeq], placement: dict, collecti
         "batch": [{"request_id": s.seq.request_id} for s in scheduled]}
 
 
-# --- a `full` trace's captures (engine/trace/capture.py: plain lists already) -------------
+# --- a `full` trace's captures (engine/trace/capture.py) ---------------------------------
+# Each is cut at `end`: the first position of the pass that no kept token came from (a
+# speculative round that drew an end of sequence keeps nothing after it, so nothing after
+# it is captured); the big tensors are stored compactly (engine/trace/compact.py) unless
+# the spec asks for lists.
 
-def embed(s: ScheduledSeq, rows: list, hidden_size: int) -> Event:
-    return "embed", s.seq.request_id, {"start": s.start, "token_ids": s.token_ids(),
-                                       "shape": [s.num_tokens, hidden_size], "dims": len(rows[0]), "rows": rows}
+def embed(s: ScheduledSeq, rows: torch.Tensor, hidden_size: int, end: int, compact: bool = True) -> Event | None:
+    n = min(rows.shape[0], end - s.start)
+    if n <= 0:
+        return None
+    rows = rows[:n]
+    return "embed", s.seq.request_id, {"start": s.start, "token_ids": s.token_ids()[:n], "shape": [n, hidden_size],
+                                       "dims": rows.shape[1],
+                                       "rows": compact_form.encode_rows(rows) if compact else rounded(rows)}
 
 
-def attention(s: ScheduledSeq, layer: int, captured: dict, heads: list[int], cfg: ModelConfig) -> Event:
-    """captured: the layer's capture for s (q_start, k_start, window, probs); heads: the query heads kept."""
+def attention(s: ScheduledSeq, captured: AttentionCapture, heads: list[int], cfg: ModelConfig, end: int,
+              compact: bool = True) -> Event | None:
+    """One pass of s, every captured layer: probs [layers, heads kept, rows, keys], the query
+    rows from q_start and the key columns from k_start (both cut at `end`)."""
+    rows = min(captured.probs.shape[2], end - captured.q_start)
+    if rows <= 0:
+        return None
+    keys = end - captured.k_start
+    probs = captured.probs[:, :, :rows, :keys]
     group = cfg.num_heads // cfg.num_kv_heads
     return "attention", s.seq.request_id, {
-        "layer": layer, "kind": s.kind, "heads": list(heads), "kv_heads": [h // group for h in heads],
-        "num_heads": cfg.num_heads, "num_kv_heads": cfg.num_kv_heads, "q_start": captured["q_start"],
-        "k_start": captured["k_start"], "window": captured["window"], "probs": captured["probs"]}
+        "layers": list(captured.layers), "windows": list(captured.windows), "kind": s.kind, "heads": list(heads),
+        "kv_heads": [h // group for h in heads], "num_heads": cfg.num_heads, "num_kv_heads": cfg.num_kv_heads,
+        "q_start": captured.q_start, "k_start": captured.k_start,
+        "probs": compact_form.encode_probs(probs) if compact else rounded(probs)}
 
 
-def moe(s: ScheduledSeq, layer: int, captured: dict, batch_load: list[int], cfg: ModelConfig) -> Event:
+def moe(s: ScheduledSeq, layer: int, captured: dict, batch_load: list[int], cfg: ModelConfig,
+        end: int) -> Event | None:
     """captured: the layer's routing of s's tokens (experts, weights); batch_load: tokens per expert."""
-    return "moe", s.seq.request_id, {"layer": layer, "start": s.start, "experts": captured["experts"],
-                                     "weights": captured["weights"], "num_experts": cfg.num_experts,
+    n = end - s.start
+    if n <= 0:
+        return None
+    return "moe", s.seq.request_id, {"layer": layer, "start": s.start, "experts": captured["experts"][:n],
+                                     "weights": captured["weights"][:n], "num_experts": cfg.num_experts,
                                      "top_k": cfg.num_experts_per_tok, "batch_load": batch_load}
 
 
@@ -184,16 +211,26 @@ def logit_lens(seq: Sequence, source: str, logits: torch.Tensor, chosen: int, to
                                           "token_text": piece(chosen), "layers": layers}
 
 
-def spec(s: ScheduledSeq, verdict: Verdict, piece: Piece, details: dict) -> Event:
+def spec(s: ScheduledSeq, verdict: Verdict, piece: Piece, details: dict, kept: int, proposed: int) -> Event:
     """One speculative round of s: its proposals, their p and q, what was kept, and the token
-    the target added; details: the proposer's own (Proposer.describe)."""
-    seq, k, accepted = s.seq, len(s.draft_tokens), verdict.accepted
+    the target added; details: the proposer's own (Proposer.describe). kept: the round's tokens
+    the sequence kept; proposed: its proposals at positions up to the last kept one (fewer
+    than k where the sequence ended inside the round: nothing after its end is reported, and
+    then no corrected or bonus token either when the end was an accepted proposal)."""
+    seq, accepted = s.seq, min(verdict.accepted, kept)
+    extra = kept > verdict.accepted  # the target's corrected or bonus token was kept
+    drafts = s.draft_tokens[:proposed]
+    token = verdict.tokens[-1] if extra else None
+    kind = None if token is None else "corrected" if verdict.accepted < len(s.draft_tokens) else "bonus"
+    if "copied_from" in details:  # n-gram lookup: where each proposal came from
+        details = {**details, "copied_from": details["copied_from"][:proposed]}
     return "spec", seq.request_id, jsonable({
-        "k": k, "proposed": s.draft_tokens, "proposed_text": [piece(t) for t in s.draft_tokens],
-        "draft_probs": verdict.draft_probs, "target_probs": verdict.target_probs, "accepted": accepted,
-        "rejected_position": accepted if accepted < k else None, "token": verdict.tokens[-1],
-        "token_text": piece(verdict.tokens[-1]), "token_kind": "corrected" if accepted < k else "bonus",
-        "acceptance_rate": seq.spec_accepted / seq.spec_proposed, "greedy": seq.params.greedy, **details})
+        "k": len(drafts), "proposed": drafts, "proposed_text": [piece(t) for t in drafts],
+        "draft_probs": verdict.draft_probs[:proposed], "target_probs": verdict.target_probs[:proposed],
+        "accepted": accepted, "rejected_position": accepted if kind == "corrected" and accepted < len(drafts) else None,
+        "token": token, "token_text": None if token is None else piece(token), "token_kind": kind,
+        "cut_after_end": len(s.draft_tokens) - len(drafts),
+        "acceptance_rate": seq.spec_accepted / max(seq.spec_proposed, 1), "greedy": seq.params.greedy, **details})
 
 
 def token(seq: Sequence, out: TokenOutput) -> Event:

@@ -31,6 +31,7 @@ class CaptureConfig:
     embed_dims: int = 64  # leading columns of each embedding row
     top_candidates: int = 8  # sampler candidates shown per stage
     logit_lens_top: int = 5  # candidates per layer in the logit lens (engine/trace/logit_lens.py); 0: no lens
+    compact: bool = True  # attention and embedding rows stored compactly (engine/trace/compact.py), else as lists
 
 
 @dataclass

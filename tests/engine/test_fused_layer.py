@@ -75,13 +75,11 @@ def test_a_full_trace_reads_the_fused_queries_and_routing(checkpoint, arch):
     spec = CaptureSpec(attention_layers=[0, 1], heads=None, max_keys=64, moe=arch == "mixtral", embed_dims=0)
     prompts = [list(range(5, 16)), list(range(40, 46))]
     (_, fused_attn, fused_moe), (_, module_attn, module_moe) = _decode_pass(llm, prompts, spec)
-    assert set(fused_attn) == {0, 1} and fused_attn.keys() == module_attn.keys()
-    for layer in fused_attn:
-        for b in fused_attn[layer]:
-            got, want = fused_attn[layer][b], module_attn[layer][b]
-            assert got.keys() == want.keys()
-            torch.testing.assert_close(torch.tensor(got["probs"]), torch.tensor(want["probs"]), atol=2e-4,
-                                       rtol=0)
+    assert set(fused_attn) == {0, 1} and fused_attn.keys() == module_attn.keys()  # both sequences
+    for b in fused_attn:
+        got, want = fused_attn[b], module_attn[b]
+        assert got.layers == want.layers == [0, 1] and (got.q_start, got.k_start) == (want.q_start, want.k_start)
+        torch.testing.assert_close(got.probs, want.probs, atol=2e-4, rtol=0)
     assert bool(fused_moe) == (arch == "mixtral") and fused_moe.keys() == module_moe.keys()
     for layer in fused_moe:
         for b in fused_moe[layer]:
@@ -136,15 +134,15 @@ def test_verify_and_prefill_rows_attend_causally_in_the_fused_layer(checkpoint):
             batch = forward.prepare(engine, seqs)  # the chunk of 6 and the others' last tokens
             assert not batch.decode_only and batch.input_ids.shape[0] == 8
             logits, attention, _ = _run(engine, batch, [spec] * 3)
-            out.append((logits, attention[0]))
+            out.append((logits, attention))
     finally:
         for seq in seqs:
             engine.block_manager.free_seq(seq)
     (fused_logits, fused_attn), (module_logits, module_attn) = out
     torch.testing.assert_close(fused_logits, module_logits, atol=2e-5, rtol=1e-5)
     for b in range(3):
-        torch.testing.assert_close(torch.tensor(fused_attn[b]["probs"]), torch.tensor(module_attn[b]["probs"]),
-                                   atol=2e-4, rtol=0)
+        assert fused_attn[b].layers == module_attn[b].layers == [0]
+        torch.testing.assert_close(fused_attn[b].probs, module_attn[b].probs, atol=2e-4, rtol=0)
 
 
 def test_long_prefill_and_unpacked_layers_keep_their_modules(checkpoint, monkeypatch):

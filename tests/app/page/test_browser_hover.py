@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from tests.browser_utils import chromium, open_page, paced_server, set_controls, wait_finished
+from visualizers.compact import array, per_layer
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.filterwarnings("ignore:.*no_silent_downcasting", "ignore:The copy keyword")]
@@ -55,7 +56,7 @@ def test_every_matrix_answers_hover_and_a_token_click_selects_it(server, tmp_pat
         lo = int(spec["rows"][0].split()[0])
         pos = lo + n - 1
         # the last event that computed that row (a verify step recomputes rows after a rejected draft)
-        ev = [e for e in events if e["type"] == "attention" and e["layer"] == 0
+        ev = [e for e in per_layer(x for x in events if x["type"] == "attention") if e["layer"] == 0
               and e["q_start"] <= pos < e["q_start"] + len(e["probs"][0])][-1]
         want = ev["probs"][ev["heads"].index(0)][pos - ev["q_start"]][pos - ev["k_start"]]
         tip = hover_cell(page, big, n - 1, n - 1)
@@ -84,7 +85,7 @@ def test_every_matrix_answers_hover_and_a_token_click_selects_it(server, tmp_pat
         # embedding rows: position 0, dim 3 .. the value the trace holds (column 0 is the selection's gutter)
         emb = next(e for e in events if e["type"] == "embed" and e["start"] == 0)
         tip = hover_cell(page, "#tt-embedding img.tt-embed", 0, 1 + 3)
-        assert tip.startswith(f"token 0 (id {emb['token_ids'][0]}) · dim 3 · value {emb['rows'][0][3]:.4f}"), tip
+        assert tip.startswith(f"token 0 (id {emb['token_ids'][0]}) · dim 3 · value {array(emb['rows'])[0][3]:.4f}"), tip
 
         # the KV pool: block, state, tokens
         assert re.match(r"block 0 · ", hover_cell(page, "#tt-kv img.tt-kv-img", 0, 0))

@@ -24,6 +24,7 @@ from engine.forward import prompt_logits
 from engine.parallel.runner import RankFailedError
 from visualizers.parallel import measured_stage_html, parallel_panel_html, step_summary
 from tests.paths import ROOT
+from visualizers.compact import array, per_layer
 
 EMBEDDED = ROOT / "assets" / "models" / "target"
 PROMPTS = [torch.randint(4, 300, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (21, 9)]
@@ -118,7 +119,8 @@ def _check_attention_capture(one: LLM, two: LLM) -> None:
         return [e for e in llm.stream(PROMPTS[1], SamplingParams(temperature=0, max_tokens=3), trace="full")
                 if getattr(e, "type", None) in ("attention", "logit_lens")]
     ea, eb = events(one), events(two)
-    a, b = [e.data for e in ea if e.type == "attention"], [e.data for e in eb if e.type == "attention"]
+    a = per_layer(e.data for e in ea if e.type == "attention")
+    b = per_layer(e.data for e in eb if e.type == "attention")
     # the logit lens too: rank 0 reads the whole residual stream after each all-reduce
     la, lb = [e.data for e in ea if e.type == "logit_lens"], [e.data for e in eb if e.type == "logit_lens"]
     assert len(la) == len(lb) == 3 and all(len(x["layers"]) == one.engine.model_config.num_layers + 1 for x in lb)
@@ -131,7 +133,10 @@ def _check_attention_capture(one: LLM, two: LLM) -> None:
     for x, y in zip(a, b):
         assert (x["layer"], x["heads"], x["q_start"], x["k_start"]) == (y["layer"], y["heads"], y["q_start"], y["k_start"])
         assert len(y["probs"]) == cfg.num_heads
-        torch.testing.assert_close(torch.tensor(y["probs"]), torch.tensor(x["probs"]), atol=2e-4, rtol=0)
+        # the same compact form from one device and from the gathered ranks: the same codes, but for a
+        # weight on the edge of two levels (one level apart: at most 0.004)
+        torch.testing.assert_close(torch.from_numpy(array(y["probs"]).copy()),
+                                   torch.from_numpy(array(x["probs"]).copy()), atol=4.1e-3, rtol=0)
 
 
 def _check_trace(llm: LLM) -> None:

@@ -6,6 +6,7 @@ import torch
 
 from engine import CaptureConfig, EventList, SamplingParams, Tracer
 from engine.trace.capture import attention_probs
+from visualizers.compact import array, per_layer
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from tests.engine_utils import DEVICE
@@ -20,7 +21,7 @@ def test_captured_attention_equals_transformers(checkpoint, arch):
     # a 7-token budget chunks the prompt; an untraced request shares every batch, first
     engine = LLMEngine(checkpoint(arch), device=DEVICE, tracer=Tracer(sink), trace_level="off",
                        config=EngineConfig(block_size=4, max_num_batched_tokens=7),
-                       capture=CaptureConfig(heads=[0, 3], max_keys=6, embed_dims=8))
+                       capture=CaptureConfig(heads=[0, 3], max_keys=6, embed_dims=8, compact=False))
     greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     engine.add_request(PROMPT[:5], greedy)
     rid = engine.add_request(PROMPT, greedy, trace_level="full")
@@ -29,9 +30,11 @@ def test_captured_attention_equals_transformers(checkpoint, arch):
     tokens = PROMPT + engine.get_output(rid).token_ids[:-1]  # every token the model was fed
     with torch.no_grad():
         expected = load_reference(checkpoint(arch))(torch.tensor([tokens]), output_attentions=True).attentions
-    events = [e.data for e in sink.of(rid, "attention")]
-    assert {e["kind"] for e in events} == {"prefill", "decode"}
-    assert len([e for e in events if e["kind"] == "prefill"]) > 3  # 3 layers, in several chunks
+    passes = [e.data for e in sink.of(rid, "attention")]
+    assert {e["kind"] for e in passes} == {"prefill", "decode"}
+    assert len([e for e in passes if e["kind"] == "prefill"]) > 1  # the prompt in several chunks
+    assert all(e["layers"] == [0, 1, 2] for e in passes)  # one event a pass, every layer in it
+    events = per_layer(passes)
     for e in events:
         probs = torch.tensor(e["probs"])
         rows, keys = probs.shape[1:]
@@ -60,9 +63,10 @@ def test_attention_probs_masks_per_layer_windows():
 
 
 def test_captured_verify_rows_equal_transformers(checkpoint):
-    """Speculative verification passes (k+1 query rows) are captured like prefill chunks.
-    The draft is the target itself, so every greedy proposal is accepted and the tokens
-    each pass saw are the output's."""
+    """Speculative verification passes (k+1 query rows) are captured like prefill chunks, in
+    the compact form (engine/trace/compact.py: within 0.002 of the exact weights). The draft
+    is the target itself, so every greedy proposal is accepted and the tokens each pass saw
+    are the output's."""
     sink = EventList()
     target = checkpoint("mixtral")
     engine = LLMEngine(target, device=DEVICE, draft=target, num_speculative_tokens=3, tracer=Tracer(sink),
@@ -75,9 +79,9 @@ def test_captured_verify_rows_equal_transformers(checkpoint):
     with torch.no_grad():
         expected = load_reference(target)(torch.tensor([tokens]), output_attentions=True).attentions
     verify = [e.data for e in sink.of(rid, "attention") if e.data["kind"] == "verify"]
-    assert verify and all(len(e["probs"][0]) == 4 for e in verify)  # k + 1 rows
-    for e in verify:
-        probs = torch.tensor(e["probs"])
+    assert verify and all(e["probs"]["enc"] == "p8" and e["probs"]["shape"][2] == 4 for e in verify)  # k + 1 rows
+    for e in per_layer(verify):
+        probs = torch.from_numpy(array(e["probs"]).copy())
         rows, keys = probs.shape[1:]
         want = expected[e["layer"]][0, [1, 2], e["q_start"]:e["q_start"] + rows, e["k_start"]:e["k_start"] + keys]
-        torch.testing.assert_close(probs, want, atol=2e-4, rtol=0)
+        torch.testing.assert_close(probs, want, atol=2.1e-3, rtol=0)
