@@ -20,7 +20,6 @@ import numpy as np
 from visualizers._html import MASKED, OUTSIDE_WINDOW, colormap, empty, esc, hover_attr, hover_img, show_piece
 from visualizers.attention_overview import overview_html
 from visualizers.attention_rows import LayerIndex
-from visualizers.compact import per_layer
 from visualizers.selection import Selection, header_html, plural
 
 MAX_POSITIONS = 64  # the map's rows and columns: the capture's default key budget (--capture-max-keys)
@@ -32,11 +31,9 @@ WINDOW_RGB = np.array([120, 40, 50], dtype=np.uint8)
 UNSEEN_RGB = np.array([200, 200, 205], dtype=np.uint8)
 
 
-def layers_and_heads(events: Sequence[dict]) -> tuple[list[int], list[int]]:
-    evs = per_layer(events)
-    layers = sorted({e["layer"] for e in evs})
-    heads = list(evs[0]["heads"]) if evs else []
-    return layers, heads
+def layers_and_heads(events: Sequence[dict], index: LayerIndex | None = None) -> tuple[list[int], list[int]]:
+    index = index or LayerIndex(events)
+    return index.layers, index.heads
 
 
 def attention_matrix(events: Sequence[dict], layer: int, head: int, max_positions: int = MAX_POSITIONS,
@@ -54,18 +51,18 @@ def attention_matrix(events: Sequence[dict], layer: int, head: int, max_position
     n = hi - lo
     probs = np.full((n, n), np.nan)
     kinds: list[str | None] = [None] * n
-    evs = index.events_between(layer, lo, hi)
-    window = evs[-1].get("window") if evs else index.by_layer[layer][-1].get("window")
-    for e in evs:  # oldest first: a recomputed row (a verify after a rejection) overwrites
-        if head not in e["heads"]:
+    lps = index.passes_between(layer, lo, hi)
+    window = (lps[-1] if lps else index.of(layer)[-1]).window
+    for lp in lps:  # oldest first: a recomputed row (a verify after a rejection) overwrites
+        if head not in lp.heads:
             continue
-        rows = index.probs(e)[e["heads"].index(head)]
+        rows = index.probs(lp)[lp.heads.index(head)]
         for r, row in enumerate(rows):
-            q = e["q_start"] + r
+            q = lp.q_start + r
             if not lo <= q < hi:
                 continue
-            kinds[q - lo] = e["kind"]
-            cols = np.arange(e["k_start"], e["k_start"] + len(row))
+            kinds[q - lo] = lp.kind
+            cols = np.arange(lp.k_start, lp.k_start + len(row))
             keep = (cols >= lo) & (cols < hi)
             probs[q - lo] = np.nan
             probs[q - lo, cols[keep] - lo] = np.asarray(row, dtype=float)[keep]
@@ -197,11 +194,11 @@ def attention_html(events: Sequence[dict], layer: int | None = None, head: int |
         return ('<div class="tt-panel">' + header_html("Attention", None, frozen)
                 + empty("no attention captured yet (capture level 'full' records it)") + "</div>")
     index = LayerIndex(events)
-    layers, heads = layers_and_heads(events)
+    layers, heads = layers_and_heads(events, index)
     layer = layer if layer in layers else layers[0]
     head = head if head in heads else heads[0]
-    last = index.by_layer[layer][-1]
-    num_heads, num_kv = last["num_heads"], last["num_kv_heads"]
+    last = index.of(layer)[-1]
+    num_heads, num_kv = last.num_heads, last.num_kv_heads
     group = max(1, num_heads // num_kv)
     if position is None and selection is not None:
         position = selection.read
@@ -209,7 +206,7 @@ def attention_html(events: Sequence[dict], layer: int | None = None, head: int |
     end = position if position is not None and position < newest else None
     grid, drawn = map_html(index, layer, head, group, labels, end)
     row, lo, hi = drawn["row"], drawn["lo"], drawn["hi"]
-    window = sliding_windows[layer] if sliding_windows and layer < len(sliding_windows) else last.get("window")
+    window = sliding_windows[layer] if sliding_windows and layer < len(sliding_windows) else last.window
     if row is not None:
         said = (f"<div>query row: position {hi - 1} ({esc(row.kind)}, token <code>{show_piece(label_of(labels, hi - 1))}"
                 f"</code>) attends most to {_top_keys(row, labels)}</div>")

@@ -84,7 +84,7 @@ def overview_html(index: LayerIndex, layers: Sequence[int], heads: Sequence[int]
     k_lo = min(starts)
     n_keys = q - k_lo + 1
     kx = max(1, min(3, 48 // n_keys))
-    num_heads = index.by_layer[layers[0]][-1]["num_heads"]
+    num_heads = index.of(layers[0])[-1].num_heads
     group = max(1, num_heads // max(1, num_kv))
     w, words = strips(index, layers, heads, q, k_lo, labels)
     py = CELL_H + GAP
@@ -92,8 +92,7 @@ def overview_html(index: LayerIndex, layers: Sequence[int], heads: Sequence[int]
     def local(layer: int) -> int | None:
         if sliding_windows and layer < len(sliding_windows):
             return sliding_windows[layer]
-        e = index.by_layer[layer][-1]
-        return e.get("window")
+        return index.of(layer)[-1].window
 
     names = "".join(f'<span class="{"tt-ov-local" if local(l) else ""}" title="layer {l}'
                     + (f': local, sliding window {local(l)} tokens' if local(l) else ": global, full attention")
