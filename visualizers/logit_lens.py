@@ -66,7 +66,7 @@ def logit_lens_html(events: Sequence[dict], position: int | None = None, labels:
     lens: the one of the token it predicted; it wins over position); labels: token text by
     position (for the context line); frozen: the byte cap's warning for the header."""
     if selection is not None and events:
-        at, why = drawn_by(events, selection)
+        at, why = drawn_by(events, selection, "lens")
         if at is None:
             return _panel(f"<div class='tt-empty'>{why or 'no lens for this pass'}</div>", selection, frozen)
         position = events[at]["position"]

@@ -47,7 +47,7 @@ def _knob(stage: str, params: dict) -> str:
     return ""
 
 
-def drawn_by(events: Sequence[dict], selection: Selection | None) -> tuple[int | None, str]:
+def drawn_by(events: Sequence[dict], selection: Selection | None, what: str = "draw") -> tuple[int | None, str]:
     """The index of the event the selected pass drew (sample and lens events are keyed by the
     position of the token they produced: the pass that read p drew p + 1), or None and why not
     (HTML). No selection: the newest."""
@@ -60,7 +60,7 @@ def drawn_by(events: Sequence[dict], selection: Selection | None) -> tuple[int |
     if not selection.drew:
         return None, (f"the selected pass read {selection.token(selection.read)} inside the prompt: its next token "
                       f"{selection.token(want)} was the prompt's own, so nothing was drawn there (click a later token)")
-    return None, f"no draw of position {want} was recorded"
+    return None, f"no {what} of position {want} was recorded (the newest recorded: position {events[-1]['position']})"
 
 
 def sampling_html(samples: Sequence[dict], pieces: Mapping[int, str] | None = None, step: int | None = None,

@@ -123,3 +123,22 @@ def test_every_matrix_answers_hover_and_a_token_click_selects_it(server, tmp_pat
                             ".filter(c => c.scrollWidth > c.clientWidth + 1).map(c => c.innerText)")
         assert cut == [], cut
         context.close()
+
+
+def test_a_trace_cut_by_its_byte_cap_freezes_each_capture_panel_with_a_warning_in_its_header(checkpoint,
+                                                                                            tmp_path_factory):
+    """Issue 25 item 1: the only sign was a green line in the Request panel."""
+    with paced_server(checkpoint, tmp_path_factory, "--trace-max-bytes-per-request", "60000", delay=0.01) as srv, \
+            chromium() as browser:
+        page = open_page(browser.new_context(viewport={"width": 1400, "height": 1000}), srv.url)
+        set_controls(page, "Tell me a long story about foxes", 40)
+        page.click("#tt-send")
+        wait_finished(page)
+        for panel in ("attention", "embedding", "moe", "logit-lens"):
+            head = page.inner_text(f"#tt-{panel} .tt-frozen")
+            assert re.match(r"⚠ frozen: its .+ stopped after token .+ at position \d+ \(engine step \d+\): the trace "
+                            r"reached the per-request cap of 0\.0572 MiB", head), (panel, head)
+            above = page.evaluate(f"document.querySelector('#tt-{panel} .tt-frozen').getBoundingClientRect().top"
+                                  f" - document.querySelector('#tt-{panel} .tt-title').getBoundingClientRect().top")
+            assert 0 < above < 40, (panel, above)  # in the panel's own header, under its title
+        assert page.locator("#tt-sampling .tt-frozen").count() == 0  # the light events went on
