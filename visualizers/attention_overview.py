@@ -23,19 +23,20 @@ def _label(labels: Sequence[str], pos: int) -> str:
     return labels[pos] if 0 <= pos < len(labels) else f"#{pos}"
 
 
-def strips(index: LayerIndex, layers: Sequence[int], heads: Sequence[int], q: int, k_lo: int,
-           labels: Sequence[str]) -> tuple[np.ndarray, list[list[str]]]:
+def strips(index: LayerIndex, layers: Sequence[int], heads: Sequence[int], q: int, k_lo: int
+           ) -> tuple[np.ndarray, list[list[list | None]]]:
     """-> weights [layers, heads, keys k_lo .. q] (NaN: not captured; -1: outside a sliding
-    window), and each cell's words (its top keys)."""
+    window), and each cell's top keys as [position, weight, position, weight, ...] (None: not
+    captured): hover.js words them, so a 30 x 9 grid sends numbers, not 270 sentences."""
     n_keys = q - k_lo + 1
     out = np.full((len(layers), len(heads), n_keys), np.nan)
-    words: list[list[str]] = []
+    tops: list[list[list | None]] = []
     for li, layer in enumerate(layers):
-        line = []
+        line: list[list | None] = []
         for hi, head in enumerate(heads):
             row = index.row(layer, head, q)
             if row is None:
-                line.append("not captured")
+                line.append(None)
                 continue
             cols = np.arange(row.k_start, row.k_start + len(row.weights)) - k_lo
             keep = (cols >= 0) & (cols < n_keys)
@@ -43,10 +44,9 @@ def strips(index: LayerIndex, layers: Sequence[int], heads: Sequence[int], q: in
             if row.window:
                 out[li, hi, np.arange(k_lo, q + 1) <= q - row.window] = -1
             top = [int(c) for c in np.argsort(row.weights)[::-1][:3] if row.weights[c] > 0]
-            line.append("attends most to " + ", ".join(
-                f"{_label(labels, row.k_start + c)!r}@{row.k_start + c} {row.weights[c]:.2f}" for c in top))
-        words.append(line)
-    return out, words
+            line.append([x for c in top for x in (row.k_start + c, round(float(row.weights[c]), 2))])
+        tops.append(line)
+    return out, tops
 
 
 def _group_image(w: np.ndarray, kx: int, frame: tuple[int, int] | None) -> np.ndarray:
@@ -86,7 +86,8 @@ def overview_html(index: LayerIndex, layers: Sequence[int], heads: Sequence[int]
     kx = max(1, min(3, 48 // n_keys))
     num_heads = index.of(layers[0])[-1].num_heads
     group = max(1, num_heads // max(1, num_kv))
-    w, words = strips(index, layers, heads, q, k_lo, labels)
+    w, tops = strips(index, layers, heads, q, k_lo)
+    names = {str(p): repr(_label(labels, p)) for line in tops for cell in line if cell for p in cell[::2]}
     py = CELL_H + GAP
 
     def local(layer: int) -> int | None:
@@ -94,10 +95,10 @@ def overview_html(index: LayerIndex, layers: Sequence[int], heads: Sequence[int]
             return sliding_windows[layer]
         return index.of(layer)[-1].window
 
-    names = "".join(f'<span class="{"tt-ov-local" if local(l) else ""}" title="layer {l}'
+    marks = "".join(f'<span class="{"tt-ov-local" if local(l) else ""}" title="layer {l}'
                     + (f': local, sliding window {local(l)} tokens' if local(l) else ": global, full attention")
                     + f'">L{l}{" local" if local(l) else ""}</span>' for l in layers)
-    blocks = [f'<div class="tt-ov-layers" style="--py:{py}px"><div class="tt-ov-top"></div>{names}</div>']
+    blocks = [f'<div class="tt-ov-layers" style="--py:{py}px"><div class="tt-ov-top"></div>{marks}</div>']
     for kv in range(num_kv):
         cols = [i for i, h in enumerate(heads) if h // group == kv]
         if not cols:
@@ -107,11 +108,10 @@ def overview_html(index: LayerIndex, layers: Sequence[int], heads: Sequence[int]
         if picked[0] in layers and picked[1] in [heads[i] for i in cols]:
             frame = (layers.index(picked[0]), [heads[i] for i in cols].index(picked[1]))
         img = _group_image(sub, kx, frame)
-        tips = [[f"layer {l}{f' (local, window {local(l)})' if local(l) else ''} · query head {heads[i]} "
-                 f"(KV head {kv}) · query {q} {_label(labels, q)!r} {words[li][i]} · click: open this head"
-                 for i in cols] for li, l in enumerate(layers)]
-        spec = {"kind": "cells", "w": len(cols), "h": len(layers), "tips": tips, "layers": list(layers),
-                "heads": [heads[i] for i in cols]}
+        spec = {"kind": "cells", "w": len(cols), "h": len(layers), "layers": list(layers),
+                "heads": [heads[i] for i in cols], "kv": kv, "q": q, "qname": repr(_label(labels, q)),
+                "local": [local(l) or 0 for l in layers], "top": [[tops[li][i] for i in cols] for li in range(len(layers))],
+                "names": names, "ctx": "click: open this head"}
         px = n_keys * kx + GAP
         head_names = "".join(f'<span style="width:{px}px">Q{heads[i]}</span>' for i in cols)
         lo_h, hi_h = heads[cols[0]], heads[cols[-1]]

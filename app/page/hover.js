@@ -21,8 +21,17 @@
     if (s.enc === "u16" && CODES[x]) return CODES[x];
     return (x / s.scale).toFixed(4);
   }
+  function cellWords(s, row, col) {  // the attention overview: one layer and head, its top keys
+    const w = s.local[row], t = s.top[row] ? s.top[row][col] : null;
+    const head = `layer ${s.layers[row]}${w ? ` (local, window ${w})` : ""} · query head ${s.heads[col]} ` +
+      `(KV head ${s.kv}) · query ${s.q} ${s.qname}`;
+    if (!t) return `${head} · not captured`;
+    const keys = [];
+    for (let i = 0; i < t.length; i += 2) keys.push(`${s.names[t[i]]}@${t[i]} ${t[i + 1].toFixed(2)}`);
+    return `${head} attends most to ${keys.join(", ")} · ${s.ctx}`;
+  }
   function describe(s, row, col) {
-    if (s.kind === "cells") return s.tips[row] ? s.tips[row][col] || "" : "";  // the attention overview
+    if (s.kind === "cells") return cellWords(s, row, col);
     if (s.kind === "blocks") {
       const b = row * s.w + col;
       if (b >= s.n) return "";

@@ -142,8 +142,8 @@ def test_attention_labels_both_axes_marks_local_layers_and_shows_uncaptured_keys
     specs = [json.loads(html_lib.unescape(a)) for a in re.findall(r'data-tt-hover="([^"]*)"', html)]
     cells = next(sp for sp in specs if sp.get("kind") == "cells")
     assert (cells["layers"], cells["heads"]) == ([0, 1], [0, 1])
-    assert cells["tips"][0][1].startswith("layer 0 · query head 1 (KV head 0) · query 5 '.' attends most to '.'@5 0.60")
-    assert cells["tips"][1][0].startswith("layer 1 (local, window 2)")
+    assert (cells["q"], cells["qname"], cells["kv"], cells["local"]) == (5, "'.'", 0, [0, 2])
+    assert cells["top"][0][1][:2] == [5, 0.6] and cells["names"]["5"] == "'.'"  # head 1 holds 0.6 on its own key
 
 
 def test_a_click_on_an_overview_cell_picks_that_layer_and_head():
