@@ -98,7 +98,8 @@ def overview_html(index: LayerIndex, layers: Sequence[int], heads: Sequence[int]
     marks = "".join(f'<span class="{"tt-ov-local" if local(l) else ""}" title="layer {l}'
                     + (f': local, sliding window {local(l)} tokens' if local(l) else ": global, full attention")
                     + f'">L{l}{" local" if local(l) else ""}</span>' for l in layers)
-    blocks = [f'<div class="tt-ov-layers" style="--py:{py}px"><div class="tt-ov-top"></div>{marks}</div>']
+    layer_col = f'<div class="tt-ov-layers" style="--py:{py}px">{marks}</div>'  # in every group: groups wrap
+    blocks = []
     for kv in range(num_kv):
         cols = [i for i, h in enumerate(heads) if h // group == kv]
         if not cols:
@@ -115,10 +116,11 @@ def overview_html(index: LayerIndex, layers: Sequence[int], heads: Sequence[int]
         px = n_keys * kx + GAP
         head_names = "".join(f'<span style="width:{px}px">Q{heads[i]}</span>' for i in cols)
         lo_h, hi_h = heads[cols[0]], heads[cols[-1]]
-        blocks.append(f'<div class="tt-group"><div class="tt-ov-top"><div class="tt-group-title">KV head {kv} ← '
-                      f'query head{f"s {lo_h}–{hi_h}" if hi_h != lo_h else f" {lo_h}"}</div><div class="tt-ov-heads">{head_names}</div>'
-                      "</div>" + hover_img(img, "tt-heat tt-ov-img", f"KV head {kv}: layers × query heads",
-                                           hover_attr(spec), img.shape[1], img.shape[0]) + "</div>")
+        title = f"KV head {kv} ← query head" + (f"s {lo_h}–{hi_h}" if hi_h != lo_h else f" {lo_h}")
+        picture = hover_img(img, "tt-heat tt-ov-img", f"KV head {kv}: layers × query heads", hover_attr(spec),
+                            img.shape[1], img.shape[0])
+        blocks.append(f'<div class="tt-group"><div class="tt-group-title">{title}</div><div class="tt-ov-body">'
+                      f'{layer_col}<div><div class="tt-ov-heads">{head_names}</div>{picture}</div></div></div>')
     return (f"<div class='tt-ov'><div class='tt-subtitle'>every layer and head for query {q} "
             f"(<code>{show_piece(_label(labels, q))}</code>): each cell is one head's weights over keys {k_lo}–{q}, "
             "oldest left, scaled to its own largest; click a cell to open it</div>"
