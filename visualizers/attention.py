@@ -224,7 +224,8 @@ def attention_html(events: Sequence[dict], layer: int | None = None, head: int |
             f"<div>rows drawn: {n_rows['prefill']} prefill, {n_rows['decode']} decode, {n_rows['verify']} verify · "
             f"positions {lo}–{hi - 1} · row edge: <span class='tt-k-prefill'>prefill</span> "
             f"<span class='tt-k-decode'>decode</span> <span class='tt-k-verify'>verify</span> · "
-            f"black: causal mask · grey: not captured</div>{said}</div>")
+            f"black: causal mask · grey: not captured (a prompt row the prefix cache served was computed by an "
+            f"earlier request; a long prompt keeps its last rows)</div>{said}</div>")
     over = overview_html(index, layers, heads, num_kv, hi - 1, labels, sliding_windows, (layer, head))
     return ('<div class="tt-panel">' + header_html("Attention", selection, frozen) + info
             + f'<div class="tt-attn"><div class="tt-attn-big">{grid}</div>{over}</div></div>')
