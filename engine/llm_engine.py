@@ -168,6 +168,7 @@ class LLMEngine:
         self._pool_trace = KVPoolTracker(always=kv_pool_events == "always")  # what the last kv.pool said
         self._capture_stops: set[str] = set()  # stop_captures(): applied before the next step
         self._in_step = False  # stop_captures() from a sink inside a step: that step's captures are cut
+        self._traced_now: dict[str, ScheduledSeq] = {}  # the step in progress: its traced sequences' parts
         if self.config.freeze_startup_heap:
             freeze_startup_heap()
 
@@ -303,7 +304,13 @@ class LLMEngine:
             if seq is None or seq.is_finished or not seq.traced or self.tracer is None:
                 return False
             self._capture_stops.add(request_id)
-            self._emit(events.trace_truncated(seq, limit_bytes, self.step_count + (not self._in_step)))
+            s = self._traced_now.get(request_id) if self._in_step else None
+            if s is None:  # between steps: the next pass is the first without captures
+                position, step = len(seq) - 1, self.step_count + 1
+            else:  # the pass in progress (its captures are cut from here on): where its rows begin
+                position, step = s.start, self.step_count
+            made = max(0, s.start + s.num_tokens - s.num_draft - seq.num_prompt_tokens) if s else seq.num_output_tokens
+            self._emit(events.trace_truncated(request_id, limit_bytes, step, position, made))
             return True
 
     # --- what the engine is, and what it is doing (engine/info.py) -------------------
@@ -332,6 +339,7 @@ class LLMEngine:
                 outputs = self._step()
             finally:
                 self._in_step = False
+                self._traced_now = {}
             self._trace_pool()
             return outputs
 
@@ -365,6 +373,7 @@ class LLMEngine:
         self._sample(step)
         t_sample = time.perf_counter()
         if self.tracer is not None and any(s.seq.traced for s in scheduled):
+            self._traced_now = {s.seq.request_id: s for s in scheduled if s.seq.traced}
             self._trace(step, t_forward - t_start, {"start": t_begin, "schedule_seconds": t_start - t_begin,
                                                     "sample_seconds": t_sample - t_forward})
         outputs.extend(self._commit(step, t_forward, t_sample))
@@ -458,17 +467,17 @@ class LLMEngine:
 
     def _kept(self, step: StepPass) -> None:
         """After the commit, what the step kept: each speculative round counted (and traced) by
-        the tokens its sequence kept, and a `full` trace's captures of the pass's rows, but
-        none past an end of sequence: a round that drew its last token early read positions
-        the sequence never has (its last token itself is never read: it is not an input)."""
+        the tokens its sequence kept, and a `full` trace's captures of the rows that read a
+        token the sequence kept. None of a rejected proposal (that row read a token the position
+        does not hold), none past an end of sequence (a round that ended early read positions
+        the sequence never has); the newest token is never read: no pass has it as an input."""
         for b, p in enumerate(step.seqs):
             s = p.s
             seq = s.seq
             if p.verdict is not None:
                 self._count_round(p)
             if seq.traced and step.capture is not None and s.seq.capture is not None:
-                end = s.start + s.num_tokens
-                self._trace_captures(step.capture, b, s, min(end, len(seq) - 1) if seq.is_finished else end)
+                self._trace_captures(step.capture, b, s, min(s.start + s.num_tokens, len(seq) - 1))
 
     def _count_round(self, p: SeqStep) -> None:
         """A round's proposals and accepted drafts, counted up to the last token kept."""

@@ -91,3 +91,15 @@ def per_layer(events: Iterable[dict]) -> list[dict]:
         for i, (layer, window) in enumerate(zip(e["layers"], e["windows"])):
             out.append({**rest, "layer": layer, "window": window, "probs": probs[i]})
     return out
+
+
+def lens_layers(ev: dict) -> list[dict]:
+    """A `logit_lens` event's rows, one per residual-stream point (row 0: the embedding), each
+    {"top_ids", "top_probs", "top_texts", "chosen_rank", "chosen_prob"}: from the engine's
+    columns ("top_ids" ... and one "texts" table), or an older trace's "layers" as stored."""
+    if "layers" in ev:
+        return ev["layers"]
+    texts = ev.get("texts", {})
+    return [{"top_ids": ids, "top_probs": ps, "top_texts": [texts.get(str(t), "") for t in ids],
+             "chosen_rank": rank, "chosen_prob": cp}
+            for ids, ps, rank, cp in zip(ev["top_ids"], ev["top_probs"], ev["chosen_rank"], ev["chosen_prob"])]

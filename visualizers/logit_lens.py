@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from visualizers._html import empty, esc, show_piece
+from visualizers.compact import lens_layers
 from visualizers.sampling import drawn_by, prob
 from visualizers.selection import Selection, header_html
 
@@ -73,7 +74,7 @@ def logit_lens_html(events: Sequence[dict], position: int | None = None, labels:
     ev = select(events, position)
     if ev is None:
         return _panel(empty("no token generated yet (capture level 'full' records the logit lens)"), None, frozen)
-    rows = ev["layers"]
+    rows = lens_layers(ev)  # the event holds columns (visualizers/compact.py)
     n = len(rows)
     chosen = ev["token_id"]
     k = max(len(r["top_ids"]) for r in rows)

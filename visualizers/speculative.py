@@ -3,11 +3,43 @@ tokens, the bonus (or corrected) token from the target, and the acceptance rate.
 n-gram lookup (no draft model) each round also says where its proposals were copied from."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from visualizers._html import empty, esc, panel, show_piece
 
 MAX_ROUNDS = 12
+
+
+@dataclass(frozen=True)
+class Totals:
+    """A request's speculative rounds summed, counting only the tokens its answer kept (a round
+    that ended the answer on an accepted proposal adds no token of the target's)."""
+    rounds: int
+    proposed: int
+    accepted: int  # proposals kept
+    own: int  # corrected or bonus tokens from the target
+    kept: int  # accepted + own: the answer's tokens that came from rounds
+
+    @property
+    def per_pass(self) -> float:
+        return self.kept / max(self.rounds, 1)
+
+    @property
+    def rate(self) -> float:
+        return self.accepted / max(self.proposed, 1)
+
+
+def totals(rounds: Sequence[dict]) -> Totals:
+    """rounds: `spec` events (an older trace's always add a token: "token" set)."""
+    accepted = sum(r["accepted"] for r in rounds)
+    own = sum(1 for r in rounds if r.get("token", 0) is not None)
+    return Totals(len(rounds), sum(r["k"] for r in rounds), accepted, own, accepted + own)
+
+
+def count(n: int, word: str) -> str:
+    """'1 round', '3 rounds' (plain text)."""
+    return f"{n:,} {word}{'' if n == 1 else 's'}"
 
 
 def span_text(first: int, last: int, prompt_tokens: int) -> str:
@@ -37,8 +69,8 @@ def spec_html(rounds: Sequence[dict], enabled: bool = True, pieces: Mapping[int,
         msg = ("no speculative round yet (rounds start after the first token)" if enabled
                else "speculative decoding is off for this request (or the engine has no draft model)")
         return panel("Speculative decoding", empty(msg))
-    proposed = sum(r["k"] for r in rounds)
-    accepted = sum(r["accepted"] for r in rounds)
+    t = totals(rounds)
+    proposed, accepted = t.proposed, t.accepted
     ngram = rounds[-1].get("method") == "ngram"
     rows = []
     for i, r in enumerate(rounds[-MAX_ROUNDS:], start=max(0, len(rounds) - MAX_ROUNDS)):
@@ -57,13 +89,17 @@ def spec_html(rounds: Sequence[dict], enabled: bool = True, pieces: Mapping[int,
             chips.append(f'<span class="tt-chip {cls}" title="{esc(what)} · {esc(origin)} · target p={p:.3f}">'
                          f'{show_piece(text)}<sub>{esc(r["proposed"][j])}</sub></span>')
         kind = r["token_kind"]
-        text = r["token_text"] or (pieces or {}).get(r["token"], "")  # special tokens decode to ""
-        chips.append(f'<span class="tt-chip tt-{esc(kind)}" title="{esc(kind)} token from the target">'
-                     f'{show_piece(text)}<sub>{esc(r["token"])}</sub></span>')
+        if r.get("token") is not None:  # None: the answer ended on an accepted proposal, no token added
+            text = r["token_text"] or (pieces or {}).get(r["token"], "")  # special tokens decode to ""
+            chips.append(f'<span class="tt-chip tt-{esc(kind)}" title="{esc(kind)} token from the target">'
+                         f'{show_piece(text)}<sub>{esc(r["token"])}</sub></span>')
+        if r.get("cut_after_end"):
+            chips.append(f"<span class='tt-note'>the answer ended here: {esc(r['cut_after_end'])} later "
+                         f"proposal{'s' if r['cut_after_end'] > 1 else ''} not counted</span>")
         source = copy_source(r) if copied else ""
         rows.append(f"<tr><td>{i + 1}</td><td>{r['accepted']}/{r['k']}</td><td>{''.join(chips)}{source}</td>"
                     f"<td>{r['acceptance_rate']:.0%}</td></tr>")
-    per_pass = (accepted + len(rounds)) / len(rounds)
+    per_pass = t.per_pass
     greedy = rounds[-1].get("greedy")
     if ngram:
         look = rounds[-1].get("lookup", {})

@@ -10,8 +10,9 @@ from typing import Sequence
 from visualizers.parallel import measured_stage_html, parallel_panel_html
 from visualizers._html import esc, fmt_bytes, fmt_ms
 from visualizers.attention import layer_spans
+from visualizers.compact import lens_layers
 from visualizers.logit_lens import first_top, logit_lens_html
-from visualizers.speculative import span_text
+from visualizers.speculative import span_text, totals
 
 
 @dataclass(frozen=True)
@@ -216,12 +217,14 @@ def stages(model: dict, request_id: str, body: dict | None, events: Sequence[dic
     if spec and spec[0].get("method") == "ngram":
         t12 = _ngram_text(spec, kinds.count("decode"))
     elif spec:
-        proposed = sum(s["k"] for s in spec)
-        accepted = sum(s["accepted"] for s in spec)
-        t12 = (f"A small draft model proposed up to {_n(spec[0]['k'])} tokens per round; the target checked them all "
-               f"in one forward pass. Over {_n(len(spec))} rounds it proposed {_n(proposed)} and the target kept "
-               f"{_n(accepted)} ({accepted / max(1, proposed):.0%}), plus one token of its own each round: "
-               f"{(accepted + len(spec)) / len(spec):.2f} tokens per target pass instead of 1.")
+        t = totals(spec)  # only the tokens the answer kept
+        proposed, accepted = t.proposed, t.accepted
+        own = ("one token of its own each round" if t.own == len(spec) else
+               f"{_n(t.own)} of its own (none in the round that ended the answer)")
+        t12 = (f"A small draft model proposed up to {_n(max(s['k'] for s in spec))} tokens per round; the target "
+               f"checked them all in one forward pass. Over {_n(len(spec))} {'round' if len(spec) == 1 else 'rounds'} "
+               f"it proposed {_n(proposed)} and the target kept {_n(accepted)} ({accepted / max(1, proposed):.0%}), "
+               f"plus {own}: {t.per_pass:.2f} tokens per target pass instead of 1.")
     else:
         t12 = ("This request ran without a draft model: one target forward pass per token. With speculation on, a "
                "small draft proposes k tokens and the target verifies them in one pass.")
@@ -249,7 +252,7 @@ def _lens_text(lens: Sequence[dict], num_layers: int) -> str:
     if not lens:
         return _p(what, "This request has no logit lens: capture level full records one per generated token.")
     e = lens[0]
-    rows = e["layers"]
+    rows = lens_layers(e)
     top = first_top(rows)
     n = len(rows)
     tok = esc(repr(e["token_text"]))
@@ -263,8 +266,8 @@ def _lens_text(lens: Sequence[dict], num_layers: int) -> str:
     near_text = (f" It entered the top 10 {_after(near)} (the embedding alone ranked it "
                  f"{_n(rows[0]['chosen_rank'])})." if near not in (None, n - 1) else
                  f" The embedding alone ranked it {_n(rows[0]['chosen_rank'])}.")
-    tops = [first_top(x["layers"]) for x in lens]
-    early = [t for t, x in zip(tops, lens) if t is not None and t < len(x["layers"]) - 1]
+    tops = [first_top(lens_layers(x)) for x in lens]
+    early = [t for t, x in zip(tops, lens) if t is not None and t < len(lens_layers(x)) - 1]
     summary = (f"Over the {_n(len(lens))} traced tokens, {_n(len(early))} were settled before the last layer"
                + (f" (at the median, {_after(int(statistics.median(early)))})" if early else "") + ".")
     return _p(what, f"For the first answer token, {when}.{near_text}", summary,
@@ -345,7 +348,8 @@ def _stream_timing(tokens: Sequence[dict]) -> str:
 
 def _ngram_text(spec: list[dict], plain_steps: int) -> str:
     """Stage 12 when the proposals came from n-gram lookup, with one round as the example."""
-    proposed, accepted = sum(s["k"] for s in spec), sum(s["accepted"] for s in spec)
+    t = totals(spec)  # only the tokens the answer kept
+    proposed, accepted = t.proposed, t.accepted
     look = spec[0].get("lookup", {})
     best = max(spec, key=lambda s: s["accepted"])
     gram, src, p = best["ngram"], best["copied_from"], best["prompt_tokens"]
@@ -355,9 +359,11 @@ def _ngram_text(spec: list[dict], plain_steps: int) -> str:
         f"of prompt + answer, n from {_n(look.get('max_n', gram['n']))} down to {_n(look.get('min_n', gram['n']))}, "
         "found their latest earlier occurrence, and proposed the tokens that followed it there. An answer that "
         "repeats its prompt (or itself) gets many tokens per pass for the price of a search.",
-        f"{_n(len(spec))} rounds found a match and proposed {_n(proposed)} tokens; the target kept {_n(accepted)} "
-        f"({accepted / max(1, proposed):.0%}), plus one token of its own each round: "
-        f"{(accepted + len(spec)) / len(spec):.2f} tokens per target pass instead of 1. "
+        f"{_n(len(spec))} {'round' if len(spec) == 1 else 'rounds'} found a match and proposed {_n(proposed)} "
+        f"tokens; the target kept {_n(accepted)} ({accepted / max(1, proposed):.0%}), plus "
+        + ("one token of its own each round" if t.own == len(spec) else
+           f"{_n(t.own)} of its own (none in the round that ended the answer)")
+        + f": {t.per_pass:.2f} tokens per target pass instead of 1. "
         f"{_n(plain_steps)} other steps found no match (or were at the end) and decoded one token plainly.",
         f"For example, the {gram['n']} tokens {quote(gram['text'])} had occurred before at "
         f"{esc(span_text(gram['start'], gram['start'] + gram['n'] - 1, p))}, so the engine copied "

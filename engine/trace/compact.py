@@ -30,7 +30,7 @@ import torch
 ATTENTION = "p8"  # the attention probabilities' encoding
 ROWS = "f16"  # the embedding rows'
 SQRT_STEP, P_STEP = 1 / 63, 0.004
-ZLIB_LEVEL = 6  # level 9 saves under 1% here, at twice the time
+ZLIB_LEVEL = 6
 
 
 def probability_levels() -> np.ndarray:
@@ -45,18 +45,24 @@ def probability_levels() -> np.ndarray:
 
 LEVELS = probability_levels()
 assert len(LEVELS) <= 256
-_MIDPOINTS = torch.tensor((LEVELS[1:] + LEVELS[:-1]) / 2, dtype=torch.float32)
+# p -> its nearest level's code, looked up at 2^20 points of [0, 1] (0.5e-6 apart): a table
+# lookup in numpy is ~100x faster than torch.bucketize or torch indexing on a busy 2-core CPU
+_GRID = (1 << 20) - 1
+_CODES = np.searchsorted((LEVELS[1:] + LEVELS[:-1]) / 2, np.arange(_GRID + 1) / _GRID).astype(np.uint8)
 
 
-def _pack(enc: str, shape: list[int], raw: bytes) -> dict:
-    return {"enc": enc, "shape": shape, "data": base64.b64encode(zlib.compress(raw, ZLIB_LEVEL)).decode("ascii")}
+def _pack(enc: str, shape: list[int], raw: bytes, huffman_only: bool = False) -> dict:
+    """huffman_only: the codes of "p8" have no repeats worth LZ77's matches (they cost more in
+    the symbol alphabet than they save): Huffman coding alone is 5% smaller, 7x faster."""
+    z = zlib.compressobj(ZLIB_LEVEL, zlib.DEFLATED, 15, 9, zlib.Z_HUFFMAN_ONLY if huffman_only else zlib.Z_DEFAULT_STRATEGY)
+    return {"enc": enc, "shape": shape, "data": base64.b64encode(z.compress(raw) + z.flush()).decode("ascii")}
 
 
 def encode_probs(probs: torch.Tensor) -> dict:
     """Probabilities (any shape, values in [0, 1]) -> the compact "p8" form."""
-    p = probs.detach().float().contiguous()
-    codes = torch.bucketize(p, _MIDPOINTS.to(p.device)).to(torch.uint8)  # the nearest level
-    return _pack(ATTENTION, list(p.shape), codes.cpu().numpy().tobytes())
+    p = probs.detach().float().cpu().numpy()
+    codes = _CODES[np.clip(p * _GRID + 0.5, 0, _GRID).astype(np.intp)]  # the nearest level
+    return _pack(ATTENTION, list(p.shape), codes.tobytes(), huffman_only=True)
 
 
 def encode_rows(rows: torch.Tensor) -> dict:

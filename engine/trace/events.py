@@ -25,6 +25,7 @@ from engine.trace.tracer import jsonable
 Event = tuple[str, str | None, dict]  # type, request id (None: the whole step), data
 Piece = Callable[[int], str]  # a token's text, special tokens included (a replay has no tokenizer)
 LENS_DIGITS = 4  # significant digits: a lens row's chosen token may have p = 1e-9, which 4 decimals zero
+SAMPLE_DIGITS = 6  # significant digits of a sample event's probabilities (the page prints 3 decimals)
 
 
 # --- request -------------------------------------------------------------------------
@@ -46,13 +47,13 @@ def tokenize(seq: Sequence, pieces: list[str], vocab_size: int, tokenizer_size: 
         "seconds": seq.tokenized_time - seq.arrival_time})
 
 
-def trace_truncated(seq: Sequence, limit_bytes: int, first_step: int) -> Event:
+def trace_truncated(request_id: str, limit_bytes: int, first_step: int, position: int, token_index: int) -> Event:
     """A reader's byte cap stopped the request's tensor captures (LLMEngine.stop_captures):
     the first pass whose captures are missing (in part or in full) ran in engine step
-    `first_step`, read position `position` and predicted answer token `token_index` (0: the
-    first; a decode pass reads the newest token and predicts the next)."""
-    return "trace.truncated", seq.request_id, {"limit_bytes": limit_bytes, "first_step": first_step,
-                                              "position": len(seq) - 1, "token_index": seq.num_output_tokens}
+    `first_step`, its rows began at position `position` (a decode pass reads the newest
+    token there), and it predicted answer token `token_index` (0: the first)."""
+    return "trace.truncated", request_id, {"limit_bytes": limit_bytes, "first_step": first_step,
+                                          "position": position, "token_index": token_index}
 
 
 def finish(seq: Sequence, reason: str, metrics: dict) -> Event:
@@ -193,22 +194,27 @@ def moe(s: ScheduledSeq, layer: int, captured: dict, batch_load: list[int], cfg:
 
 def sample(seq: Sequence, source: str, method: str | None, token: int, info: dict, piece: Piece) -> Event:
     """The target's distribution at the new token's position; info: sampler.explain's stages.
-    source: target, draft, corrected or bonus (method: the proposer's, None for the target)."""
+    source: target, draft, corrected or bonus (method: the proposer's, None for the target).
+    Its floats keep SAMPLE_DIGITS significant digits: more than the page prints, a third
+    fewer bytes than a float's repr."""
     return "sample", seq.request_id, {"position": len(seq), "source": source, "method": method,
                                       "candidate_texts": [piece(t) for t in info["candidates"]],
-                                      "token_text": piece(token), **info}
+                                      "token_text": piece(token), **_significant(info)}
 
 
 def logit_lens(seq: Sequence, source: str, logits: torch.Tensor, chosen: int, top: int, piece: Piece) -> Event:
     """logits: [L + 1, vocab] at the new token's position (engine/trace/logit_lens.py rows());
-    chosen: the token finally drawn there. `layers`: one per residual-stream point, each with
-    its `top` candidates, and the chosen token's rank (1 = the top candidate) and probability."""
+    chosen: the token finally drawn there. One entry per residual-stream point in each of
+    `top_ids`, `top_probs` (its `top` candidates), `chosen_rank` (1 = the top candidate) and
+    `chosen_prob`; `texts`: each listed id's text, once (columns, not a dict per row: half the
+    bytes; visualizers.compact.lens_layers gives the rows back)."""
     s = softmax_stats(logits, top, [chosen] * logits.shape[0])
-    layers = [{"top_ids": ids, "top_probs": [_lens_rounded(p) for p in ps], "top_texts": [piece(t) for t in ids],
-               "chosen_rank": rank, "chosen_prob": _lens_rounded(cp)}
-              for ids, ps, rank, cp in zip(s.top_ids, s.top_probs, s.rank, s.chosen_probs)]
+    texts = {str(t): piece(t) for t in dict.fromkeys(t for ids in s.top_ids for t in ids)}
     return "logit_lens", seq.request_id, {"position": len(seq), "source": source, "token_id": chosen,
-                                          "token_text": piece(chosen), "layers": layers}
+                                          "token_text": piece(chosen), "top_ids": s.top_ids,
+                                          "top_probs": [[_lens_rounded(p) for p in ps] for ps in s.top_probs],
+                                          "chosen_rank": list(s.rank),
+                                          "chosen_prob": [_lens_rounded(p) for p in s.chosen_probs], "texts": texts}
 
 
 def spec(s: ScheduledSeq, verdict: Verdict, piece: Piece, details: dict, kept: int, proposed: int) -> Event:
@@ -242,3 +248,14 @@ def token(seq: Sequence, out: TokenOutput) -> Event:
 
 def _lens_rounded(v: float) -> float:
     return float(f"{v:.{LENS_DIGITS}g}")
+
+
+def _significant(x):
+    """Floats anywhere in x to SAMPLE_DIGITS significant digits (ints, strings kept)."""
+    if isinstance(x, float):
+        return float(f"{x:.{SAMPLE_DIGITS}g}")
+    if isinstance(x, dict):
+        return {k: _significant(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_significant(v) for v in x]
+    return x

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from tests.browser_utils import chromium, open_page, paced_server, set_controls, wait_finished
-from visualizers.compact import array, per_layer
+from visualizers.compact import array, lens_layers, per_layer
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.filterwarnings("ignore:.*no_silent_downcasting", "ignore:The copy keyword")]
@@ -94,7 +94,7 @@ def test_every_matrix_answers_hover_and_a_token_click_selects_it(server, tmp_pat
         moe = page.get_attribute("#tt-moe td.tt-pick", "title")
         assert re.search(r"position \d+ .* → expert \d+ · router weight 0\.\d{4} · layer \d+", moe), moe
         lens = [e for e in events if e["type"] == "logit_lens"]
-        newest = lens[-1]["layers"][0]  # the panel shows the newest pass until a token is picked
+        newest = lens_layers(lens[-1])[0]  # the panel shows the newest pass until a token is picked
         cell = page.get_attribute("#tt-logit-lens td.tt-lens-cell", "title")
         assert cell == (f"embedding · candidate #1: {newest['top_texts'][0]!r} (id {newest['top_ids'][0]}) · "
                         f"p={newest['top_probs'][0]:.4f}"), cell

@@ -127,6 +127,9 @@ def test_a_truncated_trace_stops_the_captures_says_so_and_still_replays(capped):
     # ... and said so when it happened: a page watching it live shows the note before the end
     note = next(i for i in seen if i["type"] == "trace.truncated")
     assert note["step"] == cut["step"] and note["limit_bytes"] == 100_000
+    # ... and where: the pass of that step (the one whose capture passed the cap), the answer token it predicted
+    made = len([i for i in seen if i["type"] == "token" and i["step"] < cut["step"]])
+    assert note["first_step"] == cut["step"] and note["token_index"] == made
     live = LiveView(model=capped.model_info(), piece=capped.piece, is_special=capped.is_special)
     show_accepted(live, rid, rec.body, "accepted")
     live.add([i for i in seen if i["step"] <= cut["step"]])
@@ -159,3 +162,24 @@ def test_a_trace_under_its_cap_is_whole(capped):
     rec = record_request(capped.store, rid, capped.model_info(), capped.piece, capped.is_special)
     assert rec.truncated is None and rec.dropped == 0 and rec.to_json()["truncated"] is None
     assert capped.store.total_bytes <= capped.store.max_total_bytes
+
+
+def test_compact_captures_are_counted_at_their_real_size():
+    """A capture in the compact form (engine/trace/compact.py) is a dict holding one base64
+    string: the store counts its JSON exactly while the request runs, not as 400 bytes."""
+    import torch
+    from engine.trace.compact import encode_probs, encode_rows
+    store = TraceStore(max_bytes_per_request=400_000, max_total_bytes=1_000_000)
+    g = torch.Generator().manual_seed(1)
+    for step in range(20):
+        probs = torch.softmax(torch.randn(30, 9, 1, 64, generator=g) * 3, dim=-1)
+        store.add("a", {"type": "attention", "request_id": "a", "step": step, "probs": encode_probs(probs)})
+        store.add("a", {"type": "embed", "request_id": "a", "step": step,
+                        "rows": encode_rows(torch.randn(1, 64, generator=g))})
+    tr = store.trace("a")
+    assert tr.truncated is None and tr.nbytes > 20 * 5_000
+    assert tr.nbytes == sum(len(json.dumps(e, separators=SEP)) for e in tr.events)  # (the list's commas: once packed)
+    for step in range(20, 60):  # and the cap applies to that real size
+        store.add("a", {"type": "attention", "request_id": "a", "step": step,
+                        "probs": encode_probs(torch.softmax(torch.randn(30, 9, 1, 64, generator=g) * 3, dim=-1))})
+    assert store.trace("a").truncated is not None and store.trace("a").nbytes <= 400_000

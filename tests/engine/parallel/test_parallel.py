@@ -24,7 +24,7 @@ from engine.forward import prompt_logits
 from engine.parallel.runner import RankFailedError
 from visualizers.parallel import measured_stage_html, parallel_panel_html, step_summary
 from tests.paths import ROOT
-from visualizers.compact import array, per_layer
+from visualizers.compact import array, lens_layers, per_layer
 
 EMBEDDED = ROOT / "assets" / "models" / "target"
 PROMPTS = [torch.randint(4, 300, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (21, 9)]
@@ -123,11 +123,11 @@ def _check_attention_capture(one: LLM, two: LLM) -> None:
     b = per_layer(e.data for e in eb if e.type == "attention")
     # the logit lens too: rank 0 reads the whole residual stream after each all-reduce
     la, lb = [e.data for e in ea if e.type == "logit_lens"], [e.data for e in eb if e.type == "logit_lens"]
-    assert len(la) == len(lb) == 3 and all(len(x["layers"]) == one.engine.model_config.num_layers + 1 for x in lb)
+    assert len(la) == len(lb) == 3 and all(len(lens_layers(x)) == one.engine.model_config.num_layers + 1 for x in lb)
     for x, y in zip(la, lb):
-        assert [r["top_ids"][0] for r in x["layers"]] == [r["top_ids"][0] for r in y["layers"]]
-        torch.testing.assert_close(torch.tensor([r["top_probs"] for r in y["layers"]]),
-                                   torch.tensor([r["top_probs"] for r in x["layers"]]), atol=2e-3, rtol=0)
+        assert [r["top_ids"][0] for r in lens_layers(x)] == [r["top_ids"][0] for r in lens_layers(y)]
+        torch.testing.assert_close(torch.tensor([r["top_probs"] for r in lens_layers(y)]),
+                                   torch.tensor([r["top_probs"] for r in lens_layers(x)]), atol=2e-3, rtol=0)
     cfg = one.engine.model_config
     assert len(a) == len(b) == 3 * cfg.num_layers  # every layer, at the prefill and two decodes
     for x, y in zip(a, b):

@@ -15,6 +15,7 @@ from engine.llm_engine import LLMEngine
 from tests.engine_utils import DEVICE
 from tests.real_models import cached_gguf
 from tests.tiny import load_reference
+from visualizers.compact import lens_layers
 
 PROMPT = torch.randint(4, 300, (9,), generator=torch.Generator().manual_seed(5)).tolist()
 TOP = 4
@@ -57,9 +58,9 @@ def test_every_row_equals_transformers_hidden_states_through_norm_and_head(check
     want = hf_lens(checkpoint(arch), tokens)
     for e in lens:
         pos, chosen = e["position"], e["token_id"]
-        assert chosen == tokens[pos] and len(e["layers"]) == L + 1
+        assert chosen == tokens[pos] and len(lens_layers(e)) == L + 1
         ref = want[:, pos - 1]  # the distribution at a position is read from the token before it
-        for row, r in zip(e["layers"], ref):
+        for row, r in zip(lens_layers(e), ref):
             assert len(row["top_ids"]) == len(row["top_probs"]) == len(row["top_texts"]) == TOP
             torch.testing.assert_close(torch.tensor(row["top_probs"], dtype=torch.float64),
                                        r[row["top_ids"]].double(), atol=2e-4, rtol=0)
@@ -69,7 +70,7 @@ def test_every_row_equals_transformers_hidden_states_through_norm_and_head(check
             assert 1 + int((r > c * 1.001).sum()) <= row["chosen_rank"] <= int((r >= c * 0.999).sum())
             assert row["top_texts"] == [engine.tokenizer.token_text(t) for t in row["top_ids"]]
         # the last row is the model's own output: greedy picked its top token, as the sampler saw it
-        last, s = e["layers"][-1], samples[pos]
+        last, s = lens_layers(e)[-1], samples[pos]
         assert last["top_ids"][0] == chosen and last["chosen_rank"] == 1
         assert last["chosen_prob"] == pytest.approx(s["token_prob"], abs=1e-4)
         probs = dict(zip(s["candidates"], s["stages"]["logits"]["probs"]))
@@ -89,7 +90,7 @@ def test_speculative_verify_rows_map_to_their_tokens(checkpoint):
     assert [e["position"] for e in lens] == list(range(len(prompt), len(tokens)))
     want = hf_lens(path, tokens)
     for e in lens:
-        for row, r in zip(e["layers"], want[:, e["position"] - 1]):
+        for row, r in zip(lens_layers(e), want[:, e["position"] - 1]):
             assert row["chosen_prob"] == pytest.approx(r[e["token_id"]].item(), abs=2e-4)
 
 
@@ -111,7 +112,7 @@ def test_a_lens_beside_a_request_without_one_reads_its_own_rows(checkpoint):
     assert not sink.of(other, "logit_lens") and len(together) == len(alone) == 6
     for a, b in zip(alone, together):
         assert a["position"] == b["position"] and a["token_id"] == b["token_id"]
-        for ra, rb in zip(a["layers"], b["layers"]):
+        for ra, rb in zip(lens_layers(a), lens_layers(b)):
             assert ra["top_ids"] == rb["top_ids"] and ra["chosen_rank"] == rb["chosen_rank"]
             assert ra["top_probs"] == pytest.approx(rb["top_probs"], abs=2e-4)
 
@@ -139,7 +140,7 @@ def test_paris_rises_through_smollm2s_layers():
         engine.step()
     e = sink.of(rid, "logit_lens")[0].data
     assert e["token_text"] == " Paris"
-    rows = e["layers"]
+    rows = lens_layers(e)
     assert len(rows) == engine.model_config.num_layers + 1
     ranks, probs = [r["chosen_rank"] for r in rows], [r["chosen_prob"] for r in rows]
     assert ranks[-1] == 1 and rows[-1]["top_texts"][0] == " Paris" and probs[-1] > 0.5
@@ -161,7 +162,7 @@ def test_the_panel_draws_every_row_escapes_token_text_and_marks_the_chosen_token
     engine, rid, sink = run(checkpoint("llama"), PROMPT, max_tokens=3)
     events = [e.to_dict() for e in sink.of(rid, "logit_lens")]
     hostile = {**events[-1], "token_text": "<b>&"}
-    hostile["layers"] = [{**r, "top_texts": ["<script>x</script>"] + r["top_texts"][1:]} for r in events[-1]["layers"]]
+    hostile["layers"] = [{**r, "top_texts": ["<script>x</script>"] + r["top_texts"][1:]} for r in lens_layers(events[-1])]
     html = logit_lens_html(events[:-1] + [hostile])
     assert "<script>" not in html and "<b>&" not in html and "&lt;script&gt;" in html
     L = engine.model_config.num_layers
@@ -172,7 +173,7 @@ def test_the_panel_draws_every_row_escapes_token_text_and_marks_the_chosen_token
     assert html.count("tt-lens-chosen") == chosen and chosen >= 1
     assert [int(x) for x in re.findall(r">#([\d,]+) · ", html)] == [r["chosen_rank"] for r in hostile["layers"]]
     # hover: the exact probability and what the row and column are
-    r0 = events[0]["layers"][0]
+    r0 = lens_layers(events[0])[0]
     first = logit_lens_html(events, position=events[0]["position"])
     assert f"token 1 of {len(events)}" in first
     assert f"embedding · candidate #1: {r0['top_texts'][0]!r}".replace("'", "&#x27;") in first
@@ -194,7 +195,7 @@ def test_the_classroom_stage_sits_between_the_layers_and_sampling_and_quotes_the
     assert lens.title == f"{keys.index('logit_lens') + 1} · The logit lens"
     assert "token 1 of" in lens.text and "tt-lens" in lens.text  # its own grid: the first answer token's
     first = next(e for e in events if e["type"] == "logit_lens")
-    assert f"ranked it <b>{first['layers'][0]['chosen_rank']:,}</b>" in lens.text
+    assert f"ranked it <b>{lens_layers(first)[0]['chosen_rank']:,}</b>" in lens.text
     assert f"Over the <b>{len(sink.of(rid, 'logit_lens'))}</b> traced tokens" in lens.text
     basic = stages(model, rid, None, [e for e in events if e["type"] != "logit_lens"], [])
     assert "capture level full records one" in basic[keys.index("logit_lens")].text
