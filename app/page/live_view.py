@@ -79,7 +79,8 @@ class LiveView:
             if t == "trace.truncated" and self.validation and self.validation.get("ok") and \
                     not any(c[0] == "trace" for c in self.validation["checks"]):  # (a replay says so already)
                 note = truncation_note(it)
-                self.validation = {**self.validation, "checks": list(self.validation["checks"]) + [("trace", True, note)]}
+                self.validation = {**self.validation,  # a warning: the captures froze
+                                   "checks": list(self.validation["checks"]) + [("trace", None, note)]}
                 self.dirty.add("request")
             self.events.append(it)
             self.by_type.setdefault(t, []).append(it)

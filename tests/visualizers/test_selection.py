@@ -209,3 +209,12 @@ def test_a_greedy_request_is_not_said_to_draw_at_random():
     assert "no seed (a random draw)" not in checks["sampling"] and "greedy" in checks["sampling"]
     hot = dict((name, detail) for name, _, detail in parse_body({**body, "temperature": 0.8}).checks)
     assert "no seed (a random draw)" in hot["sampling"]
+
+
+def test_a_truncated_trace_is_a_warning_in_the_request_panel_not_a_green_tick():
+    v = view()
+    v.validation = {"ok": True, "request_id": "r1", "checks": [("messages", True, "1 message")]}
+    v.add([{"type": "trace.truncated", "step": 3, "limit_bytes": 8 << 20}])
+    html = v.render("request")
+    assert '<li class="tt-warn">⚠ trace: truncated: at engine step 3' in html
+    assert '<li class="tt-ok">✓ trace' not in html

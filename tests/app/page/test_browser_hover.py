@@ -142,3 +142,4 @@ def test_a_trace_cut_by_its_byte_cap_freezes_each_capture_panel_with_a_warning_i
                                   f" - document.querySelector('#tt-{panel} .tt-title').getBoundingClientRect().top")
             assert 0 < above < 40, (panel, above)  # in the panel's own header, under its title
         assert page.locator("#tt-sampling .tt-frozen").count() == 0  # the light events went on
+        assert page.locator("#tt-request .tt-checks .tt-warn").inner_text().startswith("⚠ trace: truncated")
