@@ -28,7 +28,8 @@ def esc(value: object) -> str:
 
 
 def show_piece(text: str) -> str:
-    """Make whitespace and control characters visible in a token chip (then escape)."""
+    """Make whitespace and control characters visible in a token chip (then escape): ␣ a
+    space, ↵ a newline, ⇥ a tab, ⍽ a no-break space, \\xNN or \\uNNNN any other invisible one."""
     out = []
     for ch in text:
         if ch == " ":
@@ -37,8 +38,12 @@ def show_piece(text: str) -> str:
             out.append("\u21b5")
         elif ch == "\t":
             out.append("\u21e5")
+        elif ch == "\xa0":
+            out.append("\u237d")  # ⍽, the usual mark of a no-break space
         elif ord(ch) < 32 or ord(ch) == 127:
             out.append(f"\\x{ord(ch):02x}")
+        elif ch.isspace() or not ch.isprintable():  # other spaces, zero-width and format characters
+            out.append(f"\\u{ord(ch):04x}")
         else:
             out.append(ch)
     return esc("".join(out))

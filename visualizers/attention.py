@@ -1,10 +1,15 @@
-"""Stage 5a: attention probabilities per layer and head.
+"""Stage 5a: attention probabilities per layer and head, for the selected pass.
 
-Rows are query positions, columns key positions. The prefill matrix comes first;
-each decode (or speculative verify) step adds its new row(s) underneath. Cells above
-the diagonal are the causal mask; cells older than a sliding window are that mask
-(Gemma 3 mixes local, sliding-window layers with global ones: the panel says which).
-Query heads are drawn grouped by the KV head they share (grouped-query attention).
+The map: rows are query positions, columns key positions, both labelled with their tokens
+(shortened; the full text on hover). It ends at the selected pass's query (its row at the
+bottom, outlined) and starts at the first key that pass's capture kept: older keys are one
+visible band ("… 412 earlier keys not captured"), never cut silently. Cells above the
+diagonal are the causal mask; cells older than a sliding window are that mask (Gemma 3 mixes
+local, sliding-window layers with global ones: the panel says which).
+
+Beside it, the overview (BertViz's model view): the selected query's row in every captured
+layer and head, query heads grouped by the KV head they share (grouped-query attention);
+a click on a cell opens that layer and head (visualizers/attention_overview.py).
 """
 from __future__ import annotations
 
@@ -12,54 +17,55 @@ from typing import Sequence
 
 import numpy as np
 
-from visualizers.compact import per_layer
-from visualizers._html import (MASKED, OUTSIDE_WINDOW, colormap, empty, esc, hover_attr, hover_img, panel,
-                               show_piece)
+from visualizers._html import MASKED, OUTSIDE_WINDOW, colormap, empty, esc, hover_attr, hover_img, show_piece
+from visualizers.attention_overview import overview_html
+from visualizers.attention_rows import LayerIndex
+from visualizers.selection import Selection, header_html, plural
 
-MAX_POSITIONS = 96  # the newest positions shown
-THUMB_POSITIONS = 32
-THUMB_PX = 96  # the widest a thumbnail may be (2 px a position for 32 positions)
+MAX_POSITIONS = 64  # the map's rows and columns: the capture's default key budget (--capture-max-keys)
+MAP_PX = 480  # the map's width on a wide screen (cells of 7 to 16 px)
+LABEL_CHARS = 6  # a label's characters before it is shortened with "…"
 KIND_RGB = {"prefill": (70, 110, 200), "decode": (240, 140, 30), "verify": (160, 80, 200)}
 CAUSAL_RGB = np.array([30, 30, 36], dtype=np.uint8)
 WINDOW_RGB = np.array([120, 40, 50], dtype=np.uint8)
 UNSEEN_RGB = np.array([200, 200, 205], dtype=np.uint8)
-PICKED_RGB = np.array([220, 20, 60], dtype=np.uint8)  # the gutter of the row picked in the Tokens panel
 
 
-def layers_and_heads(events: Sequence[dict]) -> tuple[list[int], list[int]]:
-    events = per_layer(events)
-    layers = sorted({e["layer"] for e in events})
-    heads = list(events[0]["heads"]) if events else []
-    return layers, heads
+def layers_and_heads(events: Sequence[dict], index: LayerIndex | None = None) -> tuple[list[int], list[int]]:
+    index = index or LayerIndex(events)
+    return index.layers, index.heads
 
 
-def attention_matrix(events: Sequence[dict], layer: int, head: int, max_positions: int = MAX_POSITIONS
+def attention_matrix(events: Sequence[dict], layer: int, head: int, max_positions: int = MAX_POSITIONS,
+                     end: int | None = None, index: LayerIndex | None = None
                      ) -> tuple[np.ndarray, np.ndarray, list[str | None], int, int | None]:
-    """-> (probs [R, C] with NaN where not captured, mask codes [R, C] (0 visible, 1 causal,
-    2 outside the window), kind of each row, first position, window)."""
-    evs = [e for e in per_layer(events) if e["layer"] == layer]
-    if not evs:
+    """The positions lo .. end (default: the newest captured query) of one layer and head ->
+    (probs [R, C] with NaN where not captured, mask codes [R, C] (0 visible, 1 causal, 2
+    outside the window), kind of each row, lo, window)."""
+    index = index or LayerIndex(events)
+    first, last = index.span(layer)
+    if last == 0:
         return np.zeros((0, 0)), np.zeros((0, 0), dtype=int), [], 0, None
-    hi = max(e["q_start"] + len(e["probs"][0]) for e in evs)
+    hi = last if end is None else end + 1
     lo = max(0, hi - max_positions)
     n = hi - lo
     probs = np.full((n, n), np.nan)
     kinds: list[str | None] = [None] * n
-    window = evs[-1].get("window")
-    for e in evs:
-        h = e["heads"].index(head) if head in e["heads"] else None
-        if h is None:
+    lps = index.passes_between(layer, lo, hi)
+    window = (lps[-1] if lps else index.of(layer)[-1]).window
+    for lp in lps:  # oldest first: a recomputed row (a verify after a rejection) overwrites
+        if head not in lp.heads:
             continue
-        rows = np.asarray(e["probs"][h], dtype=float)
+        rows = index.probs(lp)[lp.heads.index(head)]
         for r, row in enumerate(rows):
-            q = e["q_start"] + r
-            if q < lo:
+            q = lp.q_start + r
+            if not lo <= q < hi:
                 continue
-            kinds[q - lo] = e["kind"]
-            k0 = e["k_start"]
-            cols = np.arange(k0, k0 + len(row))
-            keep = cols >= lo
-            probs[q - lo, cols[keep] - lo] = row[keep]
+            kinds[q - lo] = lp.kind
+            cols = np.arange(lp.k_start, lp.k_start + len(row))
+            keep = (cols >= lo) & (cols < hi)
+            probs[q - lo] = np.nan
+            probs[q - lo, cols[keep] - lo] = np.asarray(row, dtype=float)[keep]
     q = np.arange(lo, hi)[:, None]
     k = np.arange(lo, hi)[None, :]
     mask = np.where(k > q, 1, 0)
@@ -93,107 +99,133 @@ def layer_kinds(sliding_windows: Sequence[int | None]) -> str:
     return esc(" · ".join(parts))
 
 
-def _image(probs: np.ndarray, mask: np.ndarray, kinds: list[str | None]) -> np.ndarray:
+def image(probs: np.ndarray, mask: np.ndarray) -> np.ndarray:
     # sqrt stretches small probabilities so structure beyond the top key shows
     rgb = colormap(np.sqrt(np.nan_to_num(probs, nan=0.0)))
     rgb[np.isnan(probs)] = UNSEEN_RGB
     rgb[mask == 1] = CAUSAL_RGB
     rgb[mask == 2] = WINDOW_RGB
-    gutter = np.zeros((len(kinds), 2, 3), dtype=np.uint8) + 255
-    for i, kind in enumerate(kinds):
-        if kind:
-            gutter[i, :] = KIND_RGB.get(kind, (0, 0, 0))
-    return np.concatenate([gutter, rgb], axis=1)
+    return rgb
 
 
-def _hover(probs: np.ndarray, mask: np.ndarray, kinds: list[str | None], lo: int, labels: Sequence[str],
-           ctx: str) -> str:
-    """Each cell under the pointer: query token -> key token, its weight, the layer and head."""
-    names = [f"{lo + i} {labels[lo + i]!r}" if lo + i < len(labels) else str(lo + i) for i in range(len(kinds))]
-    spec = {"w": len(kinds) + 2, "h": len(kinds), "x0": 2, "rows": names, "same": True, "row_name": "query",
-            "gutter": [k or "" for k in kinds], "fmt": "query {r} → key {c} · weight {v}", "ctx": ctx,
+def short(text: str) -> str:
+    """A label as a chip shows it (show_piece), cut to LABEL_CHARS characters (escaped)."""
+    return show_piece(text if len(text) <= LABEL_CHARS else text[:LABEL_CHARS - 1] + "…")  # cut, then escape
+
+
+def label_of(labels: Sequence[str], pos: int) -> str:
+    return labels[pos] if 0 <= pos < len(labels) else f"#{pos}"
+
+
+def _axis(labels: Sequence[str], lo: int, n: int, kinds: list[str | None], picked: int | None) -> tuple[str, str]:
+    """The map's row labels (query: position and token, the row's kind as its left edge) and
+    column labels (keys); each names its full token on hover."""
+    rows, cols = [], []
+    for i in range(n):
+        pos = lo + i
+        text = label_of(labels, pos)
+        title = esc(f"position {pos}: {text!r}")
+        kind = kinds[i] or "none"
+        sel = " tt-amap-picked" if pos == picked else ""
+        rows.append(f'<span class="tt-amap-r tt-k-{kind}{sel}" data-pos="{pos}" title="query {title} ({esc(kinds[i] or "not captured")})">'
+                    f"{short(text)}<i>{pos}</i></span>")
+        cols.append(f'<span class="tt-amap-c" data-pos="{pos}" title="key {title}">{short(text)}</span>')
+    return "".join(rows), "".join(cols)
+
+
+def map_html(index: LayerIndex, layer: int, head: int, group: int, labels: Sequence[str],
+             end: int | None) -> tuple[str, dict]:
+    """The labelled map ending at query `end` (None: the newest) -> (HTML, what it drew:
+    lo, hi, the end row's Row, the band's count)."""
+    first, last = index.span(layer)
+    hi = last if end is None else end + 1
+    end_row = index.row(layer, head, hi - 1)
+    k0 = end_row.k_start if end_row is not None else max(0, hi - MAX_POSITIONS)
+    span = max(1, min(MAX_POSITIONS, hi - k0))
+    probs, mask, kinds, lo, _ = attention_matrix([], layer, head, span, hi - 1, index)
+    n = len(kinds)
+    rgb = image(probs, mask)
+    cell = max(7, min(16, MAP_PX // max(n, 1)))
+    ctx = f"layer {layer} · head {head} (KV head {head // group})"
+    names = [f"{lo + i} {label_of(labels, lo + i)!r}" for i in range(n)]
+    spec = {"w": n, "h": n, "x0": 0, "rows": names, "same": True, "row_name": "query",
+            "fmt": "query {r} → key {c} · weight {v}", "ctx": ctx,
             "codes": [(MASKED, mask == 1), (OUTSIDE_WINDOW, mask == 2)]}
-    return hover_attr(spec, probs)
+    img = hover_img(rgb, "tt-heat tt-amap-img", f"{ctx}: queries {lo}–{hi - 1} × keys {lo}–{hi - 1}",
+                    hover_attr(spec, probs), n * cell, n * cell)
+    row_labels, col_labels = _axis(labels, lo, n, kinds, hi - 1 if end_row is not None else None)
+    band = ""
+    if lo > 0:
+        words = (f"… {lo:,} earlier keys not captured" if lo <= k0 else
+                 f"… {lo:,} earlier keys: {lo - k0:,} captured, not drawn; {k0:,} not captured")
+        band = (f'<div class="tt-amap-band" title="keys 0–{lo - 1}: {esc(words[2:])} (the capture keeps the last '
+                f'keys of every row: --capture-max-keys)"><span>{esc(words)}</span></div>')
+    grid = (f'<div class="tt-amap{" tt-amap-banded" if band else ""}" style="--n:{n};--cell-w:{cell}px">'
+            f'<div class="tt-amap-corner">query ↓<br>key →</div>{"<div></div>" if band else ""}'
+            f'<div class="tt-amap-cols">{col_labels}</div><div class="tt-amap-rows">{row_labels}</div>{band}'
+            f'<div class="tt-amap-body">{img}</div></div>')
+    return grid, {"lo": lo, "hi": hi, "row": end_row, "band": lo, "kinds": kinds}
 
 
-def _scaled(rgb: np.ndarray, width: int) -> tuple[int, int]:
-    h, w, _ = rgb.shape
-    cell = max(1, width // max(w, 1))
-    return w * cell, h * cell
+def _top_keys(row, labels: Sequence[str]) -> str:
+    """The keys one query attended to most, in words (HTML)."""
+    top = np.argsort(row.weights)[::-1][:5]
+    return ", ".join(f"<code>{show_piece(label_of(labels, row.k_start + int(c)))}</code>@{row.k_start + int(c)} "
+                     f"{row.weights[c]:.2f}" for c in top if row.weights[c] > 0)
+
+
+def _window_words(window: int | None, sliding_windows: Sequence[int | None] | None) -> str:
+    mixed = bool(sliding_windows) and any(sliding_windows) and not all(sliding_windows)
+    if window:
+        text = (f"{'local layer: ' if mixed else ''}sliding window {window} tokens, each query sees only the "
+                f"last {window} (dark red: masked as too old)")
+    else:
+        text = "global layer: full causal attention, every earlier token" if mixed else "full causal attention"
+    return text + (" · " + layer_kinds(sliding_windows) if sliding_windows else "")
 
 
 def attention_html(events: Sequence[dict], layer: int | None = None, head: int | None = None,
                    labels: Sequence[str] = (), sliding_windows: Sequence[int | None] | None = None,
-                   position: int | None = None) -> str:
-    """events: this request's `attention` events. labels: token text by position. position: the
-    query row picked in the Tokens panel (marked in the gutter and put in words; default: the newest)."""
+                   position: int | None = None, selection: Selection | None = None, frozen: str = "") -> str:
+    """events: this request's `attention` events. labels: token text by position. position:
+    the query row to show (default: the selection's pass, else the newest captured row).
+    frozen: the header's warning when the trace's byte cap stopped these captures."""
     if not events:
-        return panel("Attention", empty("no attention captured yet (capture level 'full' records it)"))
-    events = per_layer(events)  # one event per layer (the engine's hold every layer of a pass)
-    layers, heads = layers_and_heads(events)
+        return ('<div class="tt-panel">' + header_html("Attention", None, frozen)
+                + empty("no attention captured yet (capture level 'full' records it)") + "</div>")
+    index = LayerIndex(events)
+    layers, heads = layers_and_heads(events, index)
     layer = layer if layer in layers else layers[0]
     head = head if head in heads else heads[0]
-    last = next(e for e in reversed(events) if e["layer"] == layer)
-    num_heads, num_kv = last["num_heads"], last["num_kv_heads"]
-    group = num_heads // num_kv
-    probs, mask, kinds, lo, window = attention_matrix(events, layer, head)
-    rgb = _image(probs, mask, kinds)
-    rows_seen = np.where(~np.all(np.isnan(probs), axis=1))[0]
-    picked = position is not None and position - lo in set(rows_seen.tolist())
-    if picked:
-        rgb[position - lo, :2] = PICKED_RGB
-    w, h = _scaled(rgb, 480)
-    ctx = f"layer {layer} · head {head} (KV head {head // group})"
-    big = hover_img(rgb, "tt-heat", f"{ctx}: rows are queries from position {lo}",
-                    _hover(probs, mask, kinds, lo, labels, ctx), w, h)
-
-    # Grouped-query structure: query heads boxed by the KV head they read.
-    groups = []
-    for kv in range(num_kv):
-        thumbs = []
-        for qh in range(kv * group, (kv + 1) * group):
-            if qh not in heads:
-                continue
-            p, m, k, lo_t, _ = attention_matrix(events, layer, qh, THUMB_POSITIONS)
-            img = _image(p, m, k)
-            tw, th = _scaled(img, THUMB_PX)
-            sel = " tt-sel" if qh == head else ""
-            thumbs.append(f'<figure class="tt-thumb{sel}">'
-                          + hover_img(img, "tt-heat", f"query head {qh} (KV head {kv})",
-                                      _hover(p, m, k, lo_t, labels, f"layer {layer} · head {qh} (KV head {kv})"),
-                                      tw, th)
-                          + f"<figcaption>Q{qh}</figcaption></figure>")
-        groups.append(f'<div class="tt-group"><div class="tt-group-title">KV head {kv} ← query heads '
-                      f'{kv * group}–{(kv + 1) * group - 1}</div>{"".join(thumbs)}</div>')
-
-    # The newest row in words: which keys it attended to most.
-    newest = ""
-    if len(rows_seen):
-        r = position - lo if picked else rows_seen[-1]
-        row = np.nan_to_num(probs[r], nan=0.0)
-        top = np.argsort(row)[::-1][:5]
-        def lab(pos: int) -> str:
-            return show_piece(labels[pos]) if pos < len(labels) else f"#{pos}"
-        newest = (f"<div>{'picked' if picked else 'newest'} row: position {lo + r} ({esc(kinds[r] or '')}, token "
-                  f"<code>{lab(lo + r)}</code>) attends most to "
-                  + ", ".join(f"<code>{lab(lo + int(c))}</code>@{lo + int(c)} {row[c]:.2f}" for c in top if row[c] > 0)
-                  + "</div>")
-    if sliding_windows and layer < len(sliding_windows):
-        window = sliding_windows[layer]
-    mixed = bool(sliding_windows) and any(sliding_windows) and not all(sliding_windows)
-    if window:
-        win_text = (f"{'local layer: ' if mixed else ''}sliding window {window} tokens, each query sees only the "
-                    f"last {window} (dark red: masked as too old)")
+    last = index.of(layer)[-1]
+    num_heads, num_kv = last.num_heads, last.num_kv_heads
+    group = max(1, num_heads // num_kv)
+    if position is None and selection is not None:
+        position = selection.read
+    first, newest = index.span(layer)
+    end = position if position is not None and position < newest else None
+    grid, drawn = map_html(index, layer, head, group, labels, end)
+    row, lo, hi = drawn["row"], drawn["lo"], drawn["hi"]
+    window = sliding_windows[layer] if sliding_windows and layer < len(sliding_windows) else last.window
+    if row is not None:
+        said = (f"<div>query row: position {hi - 1} ({esc(row.kind)}, token <code>{show_piece(label_of(labels, hi - 1))}"
+                f"</code>) attends most to {_top_keys(row, labels)}</div>")
     else:
-        win_text = "global layer: full causal attention, every earlier token" if mixed else "full causal attention"
-    if sliding_windows:
-        win_text += " · " + layer_kinds(sliding_windows)
+        said = (f"<div class='tt-note'>position {hi - 1} has no captured row at layer {layer} (the capture keeps the "
+                f"last rows of a long prompt; this layer holds queries {first}–{newest - 1})</div>")
+    if selection is not None and selection.read is not None and selection.read != hi - 1:
+        said += (f"<div class='tt-note'>the selected pass read position {selection.read}: no attention was captured "
+                 f"for it, so the map shows the newest captured row</div>")
+    kinds = drawn["kinds"]
     n_rows = {k: sum(1 for x in kinds if x == k) for k in ("prefill", "decode", "verify")}
     info = (f"<div class='tt-lines'><div>layer <b>{layer}</b> of {len(layers)} captured · query head <b>{head}</b> · "
-            f"{num_heads} query heads share {num_kv} KV heads ({group} per KV head) · {win_text}</div>"
-            f"<div>rows: {n_rows['prefill']} prefill, {n_rows['decode']} decode, {n_rows['verify']} verify · "
-            f"positions {lo}–{lo + len(kinds) - 1} · left gutter: <span class='tt-k-prefill'>prefill</span> "
+            f"{plural(num_heads, 'query head')} share {plural(num_kv, 'KV head')} ({group} per KV head) · "
+            f"{_window_words(window, sliding_windows)}</div>"
+            f"<div>rows drawn: {n_rows['prefill']} prefill, {n_rows['decode']} decode, {n_rows['verify']} verify · "
+            f"positions {lo}–{hi - 1} · row edge: <span class='tt-k-prefill'>prefill</span> "
             f"<span class='tt-k-decode'>decode</span> <span class='tt-k-verify'>verify</span> · "
-            f"black: causal mask · grey: not captured</div>{newest}</div>")
-    return panel("Attention", info + f'<div class="tt-attn"><div class="tt-attn-big">{big}</div>'
-                 f'<div class="tt-groups">{"".join(groups)}</div></div>')
+            f"black: causal mask · grey: not captured (a prompt row the prefix cache served was computed by an "
+            f"earlier request; a long prompt keeps its last rows)</div>{said}</div>")
+    over = overview_html(index, layers, heads, num_kv, hi - 1, labels, sliding_windows, (layer, head))
+    return ('<div class="tt-panel">' + header_html("Attention", selection, frozen) + info
+            + f'<div class="tt-attn"><div class="tt-attn-big">{grid}</div>{over}</div></div>')

@@ -13,6 +13,7 @@ from typing import Sequence
 import numpy as np
 
 from visualizers._html import empty, esc, fmt_bytes, hover_attr, hover_img, panel
+from visualizers.selection import Selection, header_html
 
 
 def empty_pool(num_blocks: int, block_size: int, step: int = 0) -> dict:
@@ -71,6 +72,7 @@ STATE_RGB = {  # (cell, filled part)
     "other": ((251, 217, 181), (240, 140, 30)), "cached": ((205, 235, 211), None),
     "freed": ((255, 255, 255), None), "free": ((228, 231, 238), None)}
 FREED_EDGE = (70, 110, 200)
+MARK_RGB = (220, 20, 60)  # the frame of the block holding the selected pass's K and V
 
 
 def block_states(pool: dict, request_id: str | None, events: Sequence[dict] = ()) -> list[str]:
@@ -93,9 +95,11 @@ def block_states(pool: dict, request_id: str | None, events: Sequence[dict] = ()
     return states
 
 
-def grid_image(states: list[str], fill: dict[int, int], block_size: int) -> tuple[np.ndarray, int]:
+def grid_image(states: list[str], fill: dict[int, int], block_size: int, mark: int | None = None
+               ) -> tuple[np.ndarray, int]:
     """One cell per block (a thousand-block pool is one <img>, not a thousand nodes):
-    owned cells fill from the bottom as their tokens are written. -> (RGB, columns)."""
+    owned cells fill from the bottom as their tokens are written; mark: a block framed in
+    red (the selected pass's). -> (RGB, columns)."""
     n = len(states)
     cols = 32 if n <= 256 else 64
     cell, gap = (12, 2) if n <= 512 else (8, 1)
@@ -113,14 +117,46 @@ def grid_image(states: list[str], fill: dict[int, int], block_size: int) -> tupl
         if fg is not None:
             h = round(cell * min(fill.get(b, 0), block_size) / block_size)
             img[y + cell - h:y + cell, x:x + cell] = fg
+    if mark is not None and 0 <= mark < n:
+        y, x = (mark // cols) * pitch, (mark % cols) * pitch
+        for t in range(2):  # two pixels wide: it must show on a 12 px cell
+            img[y + t, x:x + cell] = img[y + cell - 1 - t, x:x + cell] = MARK_RGB
+            img[y:y + cell, x + t] = img[y:y + cell, x + cell - 1 - t] = MARK_RGB
     return img, cols
 
 
+def slot_of(position: int, table: Sequence[int], block_size: int) -> tuple[int, int] | None:
+    """(block, slot) where the K and V of `position` live: the block table's entry
+    position // block_size, slot position % block_size. None past the table."""
+    i = position // block_size
+    return (table[i], position % block_size) if 0 <= i < len(table) else None
+
+
+def selected_slot_html(selection: Selection | None, table: Sequence[int], block_size: int,
+                       states: list[str]) -> tuple[str, int | None]:
+    """The selected pass's K/V slot in words, and the block to frame ("", None: no selection)."""
+    if selection is None or selection.read is None:
+        return "", None
+    p = selection.read
+    at = slot_of(p, table, block_size)
+    if at is None:
+        return (f"<div class='tt-note'>position {p}'s block is not in this request's block table "
+                f"({len(table)} blocks)</div>", None)
+    b, slot = at
+    now = states[b] if b < len(states) else "free"
+    gone = "" if now in ("mine", "shared") else " (freed since: the request no longer holds it)"
+    return (f"<div>the selected pass wrote the keys and values of {selection.token(p)} (position {p}, every layer) "
+            f"into block <b>{b}</b>, slot {slot} of {block_size} (framed red){gone}: entry {p // block_size} of the "
+            f"block table</div>", b)
+
+
 def kv_grid_html(pool: dict | None, request_id: str | None, events: Sequence[dict] = (),
-                 model: dict | None = None, final_tokens: int | None = None) -> str:
+                 model: dict | None = None, final_tokens: int | None = None,
+                 selection: Selection | None = None) -> str:
     """pool: the block pool (apply_kv_pool's form) after the step shown;
     events: this request's kv.* events; model: numbers for the size formula;
-    final_tokens: K/V the request held when it finished (its blocks are gone from the pool)."""
+    final_tokens: K/V the request held when it finished (its blocks are gone from the pool);
+    selection: the pass whose K/V slot is named and framed."""
     if pool is None:
         return panel("KV cache", empty("no KV-cache state yet"))
     n, bs = pool["num_blocks"], pool["block_size"]
@@ -138,7 +174,8 @@ def kv_grid_html(pool: dict | None, request_id: str | None, events: Sequence[dic
                 others[rid] = others.get(rid, 0) + 1
     mine = [b for b, s in enumerate(states) if s in ("mine", "shared")]
     mine_tokens = sum(fill.get(b, 0) for b in mine)
-    img, cols = grid_image(states, fill, bs)
+    picked, mark = selected_slot_html(selection, table, bs, states)
+    img, cols = grid_image(states, fill, bs, mark)
     words = {"mine": "this request's", "shared": "shared via the prefix cache", "other": "another request's",
              "cached": "free, cached prefix", "freed": "freed by this request"}
     blocks = {b: f"block {b} · {words[st]}" + (f" · owners {', '.join(owners[b])} · ref {pool['ref'][b]}"
@@ -157,16 +194,17 @@ def kv_grid_html(pool: dict | None, request_id: str | None, events: Sequence[dic
             f" · block table: {esc(', '.join(map(str, table[:32])))}{'…' if len(table) > 32 else ''}"
             f" · this request holds {mine_tokens:,} tokens in {len(mine)} blocks</div>"
             f"<div>other requests: {who or 'none'}</div>"
-            f"<div class='tt-legend'>{legend}</div></div>")
+            f"<div class='tt-legend'>{legend}</div>{picked}</div>")
     body = f'<div class="tt-kv-grid" {data}>{grid}</div><div class="tt-note">block 0 top left, {cols} per row; ' \
            f'a cell fills from the bottom as its {bs} token slots are written</div>'
+    head = header_html("KV cache", selection)
     if model is None:
-        return panel("KV cache", info + body)
+        return f'<div class="tt-panel">{head}{info}{body}</div>'
     if not mine and final_tokens:
         formula = kv_formula_html(model, final_tokens, "this request, when it finished")
     else:
         formula = kv_formula_html(model, mine_tokens)
-    return panel("KV cache", info + body + formula)
+    return f'<div class="tt-panel">{head}{info}{body}{formula}</div>'
 
 
 def kv_formula_html(model: dict, tokens: int, who: str = "this request") -> str:

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from visualizers._html import empty, esc, panel, show_piece
+from visualizers._html import empty, esc, show_piece
 from visualizers.compact import lens_layers
-from visualizers.sampling import prob
+from visualizers.sampling import drawn_by, prob
+from visualizers.selection import Selection, header_html
 
 
 def row_label(i: int, n_rows: int) -> str:
@@ -28,11 +29,9 @@ def _shade(p: float) -> str:
 
 
 def _visible(text: str, tid: int) -> str:
-    """A candidate's text as the cell shows it: spaces and newlines as marks (show_piece); a
-    token that would draw nothing (empty, a no-break or zero-width space) as its repr."""
-    if not text or all(c.isspace() or not c.isprintable() for c in text) and not set(text) & set(" \n\t"):
-        return esc(repr(text)) if text else f"#{tid}"
-    return show_piece(text)
+    """A candidate's text as the cell shows it: whitespace as the marks every panel uses
+    (show_piece: ␣ ↵ ⍽ …); an empty one as its id."""
+    return show_piece(text) if text else f"#{tid}"
 
 
 def select(events: Sequence[dict], position: int | None = None) -> dict | None:
@@ -57,12 +56,24 @@ def first_top(layers: Sequence[dict]) -> int | None:
     return at
 
 
-def logit_lens_html(events: Sequence[dict], position: int | None = None, labels: Sequence[str] = ()) -> str:
-    """events: this request's `logit_lens` events; position: the token to show (default: the
-    newest); labels: token text by position (for the context line)."""
+def _panel(body: str, selection: Selection | None = None, frozen: str = "") -> str:
+    return '<div class="tt-panel">' + header_html("Logit lens", selection, frozen) + body + "</div>"
+
+
+def logit_lens_html(events: Sequence[dict], position: int | None = None, labels: Sequence[str] = (),
+                    selection: Selection | None = None, frozen: str = "") -> str:
+    """events: this request's `logit_lens` events; position: the predicted token whose lens to
+    show (an event's own position; default: the newest); selection: the selected pass (its
+    lens: the one of the token it predicted; it wins over position); labels: token text by
+    position (for the context line); frozen: the byte cap's warning for the header."""
+    if selection is not None and events:
+        at, why = drawn_by(events, selection, "lens")
+        if at is None:
+            return _panel(f"<div class='tt-empty'>{why or 'no lens for this pass'}</div>", selection, frozen)
+        position = events[at]["position"]
     ev = select(events, position)
     if ev is None:
-        return panel("Logit lens", empty("no token generated yet (capture level 'full' records the logit lens)"))
+        return _panel(empty("no token generated yet (capture level 'full' records the logit lens)"), None, frozen)
     rows = lens_layers(ev)  # the event holds columns (visualizers/compact.py)
     n = len(rows)
     chosen = ev["token_id"]
@@ -100,4 +111,4 @@ def logit_lens_html(events: Sequence[dict], position: int | None = None, labels:
                f"not the prompt's): showing the newest</div>" if position is not None and pos != position else "")
             + f"<div>each row: the residual stream after that layer through the final norm and the LM head "
             f"(top {k}; shading: probability; outlined: the chosen token)</div></div>")
-    return panel("Logit lens", info + table)
+    return _panel(info + f"<div class='tt-lens-wrap'>{table}</div>", selection, frozen)

@@ -8,7 +8,8 @@ from visualizers._html import esc, panel
 
 def request_html(body: dict, validation: dict | None, preview: bool = False) -> str:
     """body: the OpenAI-style request body. validation: {"ok", "request_id", "error", "checks"}
-    where checks is a list of (name, passed, detail). preview: nothing is sent yet; the body
+    where checks is a list of (name, passed, detail); passed None: passed with a warning (a
+    trace its byte cap cut). preview: nothing is sent yet; the body
     is what Send would post with the controls as they are."""
     pretty = esc(json.dumps(body, indent=2, ensure_ascii=False))
     if preview:
@@ -21,8 +22,8 @@ def request_html(body: dict, validation: dict | None, preview: bool = False) -> 
                    '</div>')
     else:
         verdict = f'<div class="tt-err">✗ rejected: {esc(validation.get("error", ""))}</div>'
+    marks = {True: ("tt-ok", "✓"), False: ("tt-err", "✗"), None: ("tt-warn", "⚠")}  # None: passed, with a warning
     checks = "".join(
-        f'<li class="{"tt-ok" if ok else "tt-err"}">{"✓" if ok else "✗"} {esc(name)}'
-        f'{": " + esc(detail) if detail else ""}</li>'
+        f'<li class="{marks[ok][0]}">{marks[ok][1]} {esc(name)}{": " + esc(detail) if detail else ""}</li>'
         for name, ok, detail in (validation or {}).get("checks", []))
     return panel("Request", f'<pre class="tt-json">{pretty}</pre>{verdict}<ul class="tt-checks">{checks}</ul>')

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Mapping, Sequence
 
 from visualizers._html import bar, empty, esc, panel, piece_text, show_piece
+from visualizers.selection import Selection, header_html
 
 STAGE_LABELS = {"logits": "softmax(logits)", "temperature": "÷ temperature", "top_k": "top-k",
                 "top_p": "top-p", "min_p": "min-p"}
@@ -46,14 +47,36 @@ def _knob(stage: str, params: dict) -> str:
     return ""
 
 
+def drawn_by(events: Sequence[dict], selection: Selection | None, what: str = "draw") -> tuple[int | None, str]:
+    """The index of the event the selected pass drew (sample and lens events are keyed by the
+    position of the token they produced: the pass that read p drew p + 1), or None and why not
+    (HTML). No selection: the newest."""
+    if selection is None or selection.read is None:
+        return len(events) - 1, ""
+    want = selection.read + 1
+    for i in range(len(events) - 1, -1, -1):
+        if events[i]["position"] == want:
+            return i, ""
+    if not selection.drew:
+        return None, (f"the selected pass read {selection.token(selection.read)} inside the prompt: its next token "
+                      f"{selection.token(want)} was the prompt's own, so nothing was drawn there (click a later token)")
+    return None, f"no {what} of position {want} was recorded (the newest recorded: position {events[-1]['position']})"
+
+
 def sampling_html(samples: Sequence[dict], pieces: Mapping[int, str] | None = None, step: int | None = None,
-                  vocab_size: int | None = None) -> str:
-    """samples: this request's `sample` events; step: which one to detail (default: newest);
-    vocab_size: the model's (the LM head scores every one of them)."""
+                  vocab_size: int | None = None, selection: Selection | None = None) -> str:
+    """samples: this request's `sample` events; step: which one to detail (default: the
+    selected pass's draw, else the newest); vocab_size: the model's (the LM head scores every
+    one of them)."""
     over = f" over {vocab_size:,} vocabulary entries" if vocab_size else ""
     if not samples:
         return panel("Sampling", empty(f"no token sampled yet (the LM head will score{over or ' the vocabulary'})"))
-    ev = samples[step if step is not None and -len(samples) <= step < len(samples) else -1]
+    if step is None:
+        step, why = drawn_by(samples, selection)
+        if step is None:
+            return ('<div class="tt-panel">' + header_html("Sampling", selection)
+                    + f"<div class='tt-empty'>{why}</div></div>")
+    ev = samples[step if -len(samples) <= step < len(samples) else -1]
     stages = list(ev["stages"])
     params = ev["params"]
     head = ["token", "id"] + [f"{STAGE_LABELS.get(s, s)} {_knob(s, params)}".strip() for s in stages]
@@ -81,7 +104,7 @@ def sampling_html(samples: Sequence[dict], pieces: Mapping[int, str] | None = No
         mode = f"greedy: {proposer} the target's argmax" if source == "draft" else "greedy (argmax)"
     else:
         mode = (NGRAM_SOURCES if ngram else SOURCES).get(source, SOURCES["target"])
-    info = (f"<div class='tt-lines'><div>token {len(samples) if step is None else step % len(samples) + 1} of "
+    info = (f"<div class='tt-lines'><div>token {step % len(samples) + 1} of "
             f"{len(samples)} · position {ev['position']} · {esc(mode)} · drawn: "
             f"<code>{show_piece(piece_text(ev['token_id'], pieces))}</code> (id {ev['token_id']}, "
             f"p={prob(ev['token_prob'])}) · entropy {max(0.0, ev['entropy']):.2f} nats</div>"
@@ -95,6 +118,6 @@ def sampling_html(samples: Sequence[dict], pieces: Mapping[int, str] | None = No
               else " (underlined: proposed by the draft, kept by the target)") if any(
         e.get("source") == "draft" for e in samples) else ""
     # the table and the history side by side where the panel is wide (a dense model's full row), else stacked
-    return panel("Sampling", info + f"<div class='tt-sample-wrap'><div class='tt-sample-main'>{table}</div>"
+    return ('<div class="tt-panel">' + header_html("Sampling", selection) + info + f"<div class='tt-sample-wrap'><div class='tt-sample-main'>{table}</div>"
                  f"<div class='tt-sample-history'><div class='tt-subtitle'>every token (p under the target){legend}"
-                 f"</div><div class='tt-chips'>{history}</div></div></div>")
+                 f"</div><div class='tt-chips'>{history}</div></div></div></div>")

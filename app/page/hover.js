@@ -1,6 +1,8 @@
-// Hover on the page's matrices (attention, embedding rows, KV pool): an <img data-tt-hover>
-// carries its cells' values and labels (visualizers/_html.hover_attr); the pointer's cell is
-// named in one floating tip. Clicking a token chip (data-pos) selects that position.
+// Hover on the page's matrices (attention, embedding rows, KV pool, the attention overview): an
+// <img data-tt-hover> carries its cells' values and labels (visualizers/_html.hover_attr); the
+// pointer's cell is named in one floating tip. Clicking a token (any panel's data-pos: a chip, a
+// map label, a table row) selects the pass that read it: "POS:NONCE" into the hidden #tt-pick box.
+// Clicking an overview cell opens that layer and head: "LAYER:HEAD:NONCE" into #tt-pick-head.
 (() => {
   const CODES = {65535: "not captured", 65534: "masked (causal: a later key)", 65533: "masked (outside the sliding window)"};
   function spec(el) {
@@ -19,7 +21,17 @@
     if (s.enc === "u16" && CODES[x]) return CODES[x];
     return (x / s.scale).toFixed(4);
   }
+  function cellWords(s, row, col) {  // the attention overview: one layer and head, its top keys
+    const w = s.local[row], t = s.top[row] ? s.top[row][col] : null;
+    const head = `layer ${s.layers[row]}${w ? ` (local, window ${w})` : ""} · query head ${s.heads[col]} ` +
+      `(KV head ${s.kv}) · query ${s.q} ${s.qname}`;
+    if (!t) return `${head} · not captured`;
+    const keys = [];
+    for (let i = 0; i < t.length; i += 2) keys.push(`${s.names[t[i]]}@${t[i]} ${t[i + 1].toFixed(2)}`);
+    return `${head} attends most to ${keys.join(", ")} · ${s.ctx}`;
+  }
   function describe(s, row, col) {
+    if (s.kind === "cells") return cellWords(s, row, col);
     if (s.kind === "blocks") {
       const b = row * s.w + col;
       if (b >= s.n) return "";
@@ -48,14 +60,29 @@
     tip.style.left = Math.min(ev.clientX + 14, window.innerWidth - tip.offsetWidth - 4) + "px";
     tip.style.top = (ev.clientY + 16) + "px";
   }, {passive: true});
-  document.addEventListener("click", (ev) => {
-    const chip = ev.target.closest ? ev.target.closest("#tt-tokens [data-pos]") : null;
-    if (!chip) return;
-    const box = document.querySelector("#tt-pick textarea, #tt-pick input");
-    if (!box) return;
-    box.value = `${chip.dataset.pos}:${Date.now()}`;  // a new value every click: Gradio fires "change"
+  function cellAt(el, ev) {  // the (row, col) of a hover map under a pointer event
+    const s = spec(el), box = el.getBoundingClientRect();
+    return [Math.min(s.h - 1, Math.floor((ev.clientY - box.top) / box.height * s.h)),
+            Math.min(s.w - 1, Math.floor((ev.clientX - box.left) / box.width * s.w)), s];
+  }
+  function send(id, value) {  // a new value every click: Gradio fires "change"
+    const box = document.querySelector(`#${id} textarea, #${id} input`);
+    if (!box) return false;
+    box.value = value;
     box.dispatchEvent(new Event("input", {bubbles: true}));
+    return true;
+  }
+  document.addEventListener("click", (ev) => {
+    if (!ev.target.closest) return;
+    const cells = ev.target.closest("img.tt-ov-img[data-tt-hover]");
+    if (cells) {
+      const [row, col, s] = cellAt(cells, ev);
+      send("tt-pick-head", `${s.layers[row]}:${s.heads[col]}:${Date.now()}`);
+      return;
+    }
+    const chip = ev.target.closest(".tt-panel [data-pos]");
+    if (!chip || !send("tt-pick", `${chip.dataset.pos}:${Date.now()}`)) return;
     document.querySelectorAll("#tt-tokens .tt-picked").forEach((c) => c.classList.remove("tt-picked"));
-    chip.classList.add("tt-picked");
+    document.querySelectorAll(`#tt-tokens [data-pos="${chip.dataset.pos}"]`).forEach((c) => c.classList.add("tt-picked"));
   });
 })();

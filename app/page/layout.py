@@ -31,13 +31,13 @@ import visualizers as viz
 from app.classroom.rooms import Classrooms
 from app.serving.engine_service import EngineService
 from app.serving.limits import RequestRefused, client_of
-from app.page.live_view import PANELS, LiveView
+from app.page.live_view import PANELS, SELECTED, LiveView
 from app.serving.recording import Recording, ReplayCursor, TraceFileError, record_request, show_accepted
 from app.serving.requests import TRACE_LEVELS, BodyError, build_body, parse_body
 from app.serving.served_models import ServedModels
 from visualizers.perfetto import perfetto_trace
 
-CSS = (Path(__file__).with_name("page.css")).read_text()
+CSS = "\n".join(Path(__file__).with_name(f).read_text() for f in ("page.css", "panels.css"))  # panels.css: B's
 HEAD = f"<script>{Path(__file__).with_name('hover.js').read_text()}</script>"  # hover tips, token picks
 YIELD_EVERY = 0.1  # seconds between updates sent to the browser while streaming
 MAX_SESSIONS = 64
@@ -709,14 +709,14 @@ def build_page(served: ServedModels | EngineService | None, replay: Recording | 
             """A token chip was clicked ("POSITION:NONCE"): that position in attention and the logit lens."""
             tab = tab_of(request)
             if tab is None:  # nothing shown yet (the blank view is every tab's: not to be changed)
-                return gr.update(), gr.update()
+                return (gr.update(),) * len(SELECTED)
             view = tab.view
             try:
-                view.position = int(str(value).split(":")[0])
+                view.select(int(str(value).split(":")[0]))
             except ValueError:
-                view.position = None
+                view.select(None)
             view.layer, view.head = int(layer_value or 0), int(head_value or 0)
-            return view.render("attention"), view.render("logit_lens")
+            return tuple(view.render(n) for n in SELECTED)  # every panel of the selected pass
 
         def show_frame(tab: Tab, frame: int, note: str = "") -> dict:
             """Every panel at one frame (0-based) of the tab's recording; Status and the slider
@@ -842,7 +842,9 @@ def build_page(served: ServedModels | EngineService | None, replay: Recording | 
             for control in controls:  # before any request, the body preview follows every edit (typed or pasted)
                 control.change(preview, controls + [model_pick], out_request, api_visibility="private",
                               concurrency_limit=None, show_progress="hidden", trigger_mode="always_last")
-        pick.change(pick_token, [pick, layer, head], [out_attention, out_lens], api_visibility="private",
+        selected = {"embedding": out_embedding, "attention": out_attention, "kv": out_kv, "moe": out_moe,
+                    "logit_lens": out_lens, "sampling": out_sampling}
+        pick.change(pick_token, [pick, layer, head], [selected[n] for n in SELECTED], api_visibility="private",
                    concurrency_limit=None, show_progress="hidden")
         for picker in (layer, head):
             picker.change(redraw, [layer, head], [out_attention, out_moe], api_visibility="private",

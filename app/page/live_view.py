@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import visualizers as viz
+from visualizers.selection import Selection, frozen_html, select_pass
 
 PANELS = ("request", "prefix", "tokens", "embedding", "attention", "kv", "moe", "sampling", "spec", "answer",
           "timeline", "logit_lens", "parallel")
@@ -20,6 +21,10 @@ FEEDS = {"request.arrive": ("timeline",), "tokenize": ("tokens", "timeline"), "p
          "schedule.step": ("timeline",), "embed": ("embedding",), "attention": ("attention",), "moe": ("moe",),
          "sample": ("sampling",), "logit_lens": ("logit_lens",), "schedule.collective": ("parallel",), "spec": ("spec",), "token": ("answer", "tokens", "timeline"),
          "finish": ("answer", "timeline", "kv")}
+# the panels that show the selected pass (visualizers/selection.py), and those a byte cap can freeze
+SELECTED = ("embedding", "attention", "kv", "moe", "logit_lens", "sampling")
+CAPTURED = {"embedding": ("embed", "embedding rows"), "attention": ("attention", "attention captures"),
+            "moe": ("moe", "MoE routing captures"), "logit_lens": ("logit_lens", "logit-lens captures")}
 
 
 @dataclass
@@ -33,7 +38,8 @@ class LiveView:
     speculative: bool = True
     layer: int = 0
     head: int = 0
-    position: int | None = None  # the token picked in the Tokens panel (None: the newest)
+    position: int | None = None  # the token clicked: its pass is selected (None: the newest pass)
+    truncated: dict | None = None  # the trace.truncated event: the byte cap stopped the tensor captures
     events: list[dict] = field(default_factory=list)
     by_type: dict[str, list[dict]] = field(default_factory=dict)
     outputs: list[dict] = field(default_factory=list)
@@ -67,10 +73,14 @@ class LiveView:
                 self.pool = viz.apply_kv_pool(self.pool, it)
                 self.dirty.add("kv")
                 continue
+            if t == "trace.truncated":
+                self.truncated = it
+                self.dirty.update(CAPTURED)
             if t == "trace.truncated" and self.validation and self.validation.get("ok") and \
                     not any(c[0] == "trace" for c in self.validation["checks"]):  # (a replay says so already)
                 note = truncation_note(it)
-                self.validation = {**self.validation, "checks": list(self.validation["checks"]) + [("trace", True, note)]}
+                self.validation = {**self.validation,  # a warning: the captures froze
+                                   "checks": list(self.validation["checks"]) + [("trace", None, note)]}
                 self.dirty.add("request")
             self.events.append(it)
             self.by_type.setdefault(t, []).append(it)
@@ -82,6 +92,29 @@ class LiveView:
         """Start from this pool (the view's own copy: kv.pool events are folded into it)."""
         self.pool = pool
         self.dirty.add("kv")
+
+    def select(self, position: int | None) -> None:
+        """Select the pass that read the token at `position` (None: the newest pass); every
+        panel of SELECTED shows it at its next draw."""
+        self.position = None if position is None or position < 0 else int(position)
+        self.dirty.update(SELECTED)
+
+    def select_head(self, layer: int, head: int) -> None:
+        """The layer and head the attention map (and the MoE table's layer) show."""
+        self.layer, self.head = int(layer), int(head)
+        self.dirty.update(("attention", "moe"))
+
+    def selection(self) -> Selection:
+        tok = self.first("tokenize")
+        return select_pass(self.labels(), self.position, tok["count"] if tok else 0)
+
+    def frozen(self, name: str) -> str:
+        """The warning in a panel's header when the trace's byte cap stopped its captures."""
+        if self.truncated is None or name not in CAPTURED:
+            return ""
+        t, what = CAPTURED[name]
+        ends = [last_position(e) for e in self.by_type.get(t, ())]
+        return frozen_html(self.truncated, max(ends) if ends else None, self.labels(), what)
 
     def first(self, t: str) -> dict | None:
         evs = self.by_type.get(t)
@@ -146,17 +179,17 @@ class LiveView:
     # what each capture level leaves out, for the panels that show it
     NOT_RECORDED = {"off": "capture level off records only the streamed tokens, their timing and the usage",
                     "basic": "capture level basic records no tensors (embeddings, attention, MoE routing)"}
-    NEEDS_FULL = {"embedding": "embedding rows", "attention": "attention probabilities", "moe": "the router's picks",
-                  "logit_lens": "the logit lens"}
-    NEEDS_BASIC = {"sampling": "the sampling distributions", "spec": "the speculative rounds"}
+    NEEDS_FULL = {"embedding": "embedding rows need", "attention": "attention probabilities need",
+                  "moe": "the router's picks need", "logit_lens": "the logit lens needs"}  # (with their verbs)
+    NEEDS_BASIC = {"sampling": "the sampling distributions need", "spec": "the speculative rounds need"}
 
     def missing(self, name: str) -> str | None:
         """Why a panel has nothing to draw when its request does not record that stage."""
         level = self.level
         if name in self.NEEDS_FULL and level != "full":
-            return f"not recorded: {self.NEEDS_FULL[name]} need capture level full (this request: {level})"
+            return f"not recorded: {self.NEEDS_FULL[name]} capture level full (this request: {level})"
         if name in self.NEEDS_BASIC and level == "off":
-            return f"not recorded: {self.NEEDS_BASIC[name]} need capture level basic or full (this request: off)"
+            return f"not recorded: {self.NEEDS_BASIC[name]} capture level basic or full (this request: off)"
         return None
 
     # before any request, the panels that would otherwise say they wait for one
@@ -183,7 +216,7 @@ class LiveView:
         missing = None if idle else self.missing(name)
         if missing and not self.has_input(name):
             if name == "moe" and not m["is_moe"]:
-                missing = "this model has no MoE layers"
+                return viz.moe_html([], is_moe=False)  # nothing to record at any level
             return viz.not_recorded(self.TITLES[name], missing)
         if name == "prefix":
             fin = self.finish_info()
@@ -199,19 +232,23 @@ class LiveView:
                                        "and template): the generated ones are the streamed outputs")
             return viz.tokens_html(self.first("tokenize"), gen)
         if name == "embedding":
-            return viz.embedding_html(self.by_type.get("embed", []), m.get("vocab_size"), m.get("hidden_size"))
+            return viz.embedding_html(self.by_type.get("embed", []), m.get("vocab_size"), m.get("hidden_size"),
+                                      selection=self.selection(), frozen=self.frozen(name))
         if name == "attention":
             return viz.attention_html(self.by_type.get("attention", []), self.layer, self.head, self.labels(),
-                                      m["sliding_windows"] if any(m["sliding_windows"]) else None, self.position)
+                                      m["sliding_windows"] if any(m["sliding_windows"]) else None,
+                                      selection=self.selection(), frozen=self.frozen(name))
         if name == "kv":
             kv = [e for e in self.events if e["type"].startswith("kv.")]
             usage = (self.finish_info() or {}).get("usage")  # the last token drawn is never fed back: no K/V
             held = usage["prompt_tokens"] + usage["completion_tokens"] - 1 if usage else None
-            return viz.kv_grid_html(self.pool, self.request_id, kv, m, held)
+            return viz.kv_grid_html(self.pool, self.request_id, kv, m, held, selection=self.selection())
         if name == "moe":
-            return viz.moe_html(self.by_type.get("moe", []), self.layer, self.labels(), m["is_moe"])
+            return viz.moe_html(self.by_type.get("moe", []), self.layer, self.labels(), m["is_moe"],
+                                selection=self.selection(), frozen=self.frozen(name))
         if name == "sampling":
-            return viz.sampling_html(self.by_type.get("sample", []), self.pieces(), vocab_size=m.get("vocab_size"))
+            return viz.sampling_html(self.by_type.get("sample", []), self.pieces(), vocab_size=m.get("vocab_size"),
+                                     selection=self.selection())
         if name == "spec":
             if not self.by_type.get("spec") and not m["has_draft"]:
                 return viz.not_recorded("Speculative decoding", "this model is served without a draft, so no "
@@ -222,7 +259,8 @@ class LiveView:
         if name == "parallel":
             return viz.parallel_html(self.by_type.get("schedule.collective", []), m, self.level, idle)
         if name == "logit_lens":
-            return viz.logit_lens_html(self.by_type.get("logit_lens", []), self.position, self.labels())
+            return viz.logit_lens_html(self.by_type.get("logit_lens", []), labels=self.labels(),
+                                       selection=self.selection(), frozen=self.frozen(name))
         if name == "timeline":
             if self.level == "off":
                 return viz.untraced_timeline_html(self.stream_tokens(), self.finished)
@@ -262,6 +300,17 @@ class LiveView:
         if name == "tokens":
             return bool(self.outputs)
         return True
+
+
+def last_position(e: dict) -> int:
+    """The newest position a capture event holds (a lens event: the token it predicted)."""
+    if "position" in e:
+        return e["position"]
+    if "q_start" in e:
+        probs = e["probs"]
+        rows = probs["shape"][-2] if isinstance(probs, dict) else len(probs[0])
+        return e["q_start"] + rows - 1
+    return e["start"] + len(e.get("token_ids") or e.get("experts") or [None]) - 1
 
 
 def truncation_note(truncated: dict | None, dropped: int = 0) -> str:

@@ -161,7 +161,8 @@ def parse_body(body: dict, max_tokens_cap: int | None = None, endpoint: str | No
         fail("sampling", str(e), str(e).split(" ")[0])
     checks.append(("sampling", True, f"temperature {params.temperature:g}, top-k {params.top_k or 'off'}, "
                    f"top-p {params.top_p:g}, max {params.max_tokens} tokens, "
-                   + (f"seed {params.seed}" if params.seed is not None else "no seed (a random draw)")
+                   + ("greedy: the argmax, the same every run (no seed needed)" if params.temperature == 0
+                      else f"seed {params.seed}" if params.seed is not None else "no seed (a random draw)")
                    + (f", {n} choices (the prompt prefilled once)" if n > 1 else "")
                    + (f", constrained: {structured.kind.replace('_', ' ')}" if structured else "")
                    + "".join(f", {name.replace('_', ' ')} {value}" for name, value in penalties.items()

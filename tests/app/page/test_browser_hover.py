@@ -1,7 +1,8 @@
 """Hover and click in a real Chromium: the attention map, the embedding rows and the KV pool
 name the cell under the pointer with the trace's exact value (read back from GET
 /v1/traces/{id}) and what its row and column are; MoE and logit-lens cells carry the same in
-their titles; clicking a token chip selects it in attention and the logit lens.
+their titles; the attention overview names each layer and head and a click on it asks for that
+head; clicking a token chip selects the pass that read it in every panel, named the same way.
 
 Without Chromium or Playwright these tests skip, unless TOKENTRACE_REQUIRE_BROWSER=1."""
 from __future__ import annotations
@@ -48,28 +49,42 @@ def test_every_matrix_answers_hover_and_a_token_click_selects_it(server, tmp_pat
         trace = httpx.get(server.url + f"v1/traces/{rid}", timeout=30).json()
         events = trace["events"]
 
-        # attention: the newest captured row, its own key (the diagonal), and a masked cell above it
-        big = "#tt-attention .tt-attn-big img"
+        # attention: the selected (newest) pass's row, its own key (the diagonal), a masked cell above it
+        big = "#tt-attention img.tt-amap-img"
         spec = json.loads(page.get_attribute(big, "data-tt-hover"))
         n = spec["h"]
         lo = int(spec["rows"][0].split()[0])
         pos = lo + n - 1
         # the last event that computed that row (a verify step recomputes rows after a rejected draft)
-        ev = [e for e in per_layer(e for e in events if e["type"] == "attention") if e["layer"] == 0
+        ev = [e for e in per_layer(x for x in events if x["type"] == "attention") if e["layer"] == 0
               and e["q_start"] <= pos < e["q_start"] + len(e["probs"][0])][-1]
         want = ev["probs"][ev["heads"].index(0)][pos - ev["q_start"]][pos - ev["k_start"]]
-        tip = hover_cell(page, big, n - 1, spec["x0"] + n - 1)
+        tip = hover_cell(page, big, n - 1, n - 1)
         assert tip.startswith(f"query {pos} ") and f"→ key {pos} " in tip, tip
         assert f"weight {want:.4f}" in tip and "layer 0 · head 0 (KV head 0)" in tip, tip
         key = lo + 1 if n > 2 else lo
         want = ev["probs"][ev["heads"].index(0)][pos - ev["q_start"]][key - ev["k_start"]]
-        assert f"weight {want:.4f}" in hover_cell(page, big, n - 1, spec["x0"] + key - lo)
-        assert "masked (causal" in hover_cell(page, big, 0, spec["x0"] + 1)
+        assert f"weight {want:.4f}" in hover_cell(page, big, n - 1, key - lo)
+        assert "masked (causal" in hover_cell(page, big, 0, 1)
+        # both axes carry the tokens: a row label and a column label per position drawn
+        assert page.locator("#tt-attention .tt-amap-r").count() == n == page.locator("#tt-attention .tt-amap-c").count()
         page.locator("#tt-attention").screenshot(path=str(tmp_path / "attention_hover.png"))
 
-        # embedding rows: position 0, dim 0 .. the value the trace holds
+        # the overview: every layer x head for that query; a click on a cell asks for that layer and head
+        cells = "#tt-attention img.tt-ov-img >> nth=0"
+        ov = json.loads(page.get_attribute(cells, "data-tt-hover"))
+        tip = hover_cell(page, cells, 0, 1)
+        assert tip.startswith(f"layer {ov['layers'][0]}") and "attends most to" in tip, tip
+        assert f"query head {ov['heads'][1]} (KV head 0) · query {pos} " in tip, tip
+        page.evaluate("() => { const d = document.createElement('div'); d.id = 'tt-pick-head';"
+                      "d.appendChild(document.createElement('textarea')); document.body.appendChild(d); }")
+        page.mouse.down()
+        page.mouse.up()
+        assert page.input_value("#tt-pick-head textarea").startswith(f"{ov['layers'][0]}:{ov['heads'][1]}:")
+
+        # embedding rows: position 0, dim 3 .. the value the trace holds (column 0 is the selection's gutter)
         emb = next(e for e in events if e["type"] == "embed" and e["start"] == 0)
-        tip = hover_cell(page, "#tt-embedding img.tt-embed", 0, 3)
+        tip = hover_cell(page, "#tt-embedding img.tt-embed", 0, 1 + 3)
         assert tip.startswith(f"token 0 (id {emb['token_ids'][0]}) · dim 3 · value {array(emb['rows'])[0][3]:.4f}"), tip
 
         # the KV pool: block, state, tokens
@@ -79,18 +94,52 @@ def test_every_matrix_answers_hover_and_a_token_click_selects_it(server, tmp_pat
         moe = page.get_attribute("#tt-moe td.tt-pick", "title")
         assert re.search(r"position \d+ .* → expert \d+ · router weight 0\.\d{4} · layer \d+", moe), moe
         lens = [e for e in events if e["type"] == "logit_lens"]
-        newest = lens_layers(lens[-1])[0]  # the panel shows the newest token until one is picked
+        newest = lens_layers(lens[-1])[0]  # the panel shows the newest pass until a token is picked
         cell = page.get_attribute("#tt-logit-lens td.tt-lens-cell", "title")
         assert cell == (f"embedding · candidate #1: {newest['top_texts'][0]!r} (id {newest['top_ids'][0]}) · "
                         f"p={newest['top_probs'][0]:.4f}"), cell
 
-        # a click on the first generated token: attention's words and the lens follow it
+        # a click on the first generated token selects the pass that read it: every panel shows that one
+        # pass and names it the same way (the lens and the draw: the token it predicted, the next one)
         p0 = lens[0]["position"]
         assert "token 8 of 8" in page.inner_text("#tt-logit-lens")  # the newest, before any click
         page.click(f"#tt-tokens [data-pos='{p0}']")
-        page.wait_for_function(f"document.querySelector('#tt-logit-lens').innerText.includes('position {p0}')")
-        assert "token 1 of 8" in page.inner_text("#tt-logit-lens")
+        page.wait_for_function(f"document.querySelector('#tt-logit-lens').innerText.includes('position {p0 + 1}')")
+        assert "token 2 of 8" in page.inner_text("#tt-logit-lens")
         page.wait_for_function("document.querySelector('#tt-attention').innerText.includes("
-                               f"'picked row: position {p0} ')")
+                               f"'query row: position {p0} ')")
+        said = {p: page.inner_text(f"#tt-{p} .tt-sel-pass") for p in
+                ("embedding", "attention", "kv", "moe", "logit-lens", "sampling")}
+        assert len(set(said.values())) == 1, said
+        words = said["attention"]
+        assert words.startswith("selected: the pass that read ") and f"(position {p0})" in words, said
+        assert f"(position {p0 + 1})" in words and f"position {p0 + 1} · " in page.inner_text("#tt-sampling")
         page.locator("#tt-logit-lens").screenshot(path=str(tmp_path / "lens_picked.png"))
+
+        # a phone: the lens's "chosen" column wraps inside its box instead of being cut
+        page.set_viewport_size({"width": 420, "height": 900})
+        page.wait_for_timeout(400)
+        cut = page.evaluate("[...document.querySelectorAll('#tt-logit-lens td.tt-lens-rank, #tt-logit-lens th')]"
+                            ".filter(c => c.scrollWidth > c.clientWidth + 1).map(c => c.innerText)")
+        assert cut == [], cut
         context.close()
+
+
+def test_a_trace_cut_by_its_byte_cap_freezes_each_capture_panel_with_a_warning_in_its_header(checkpoint,
+                                                                                            tmp_path_factory):
+    """Issue 25 item 1: the only sign was a green line in the Request panel."""
+    with paced_server(checkpoint, tmp_path_factory, "--trace-max-bytes-per-request", "60000", delay=0.01) as srv, \
+            chromium() as browser:
+        page = open_page(browser.new_context(viewport={"width": 1400, "height": 1000}), srv.url)
+        set_controls(page, "Tell me a long story about foxes", 40)
+        page.click("#tt-send")
+        wait_finished(page)
+        for panel in ("attention", "embedding", "moe", "logit-lens"):
+            head = page.inner_text(f"#tt-{panel} .tt-frozen")
+            assert re.match(r"⚠ frozen: its .+ stopped after token .+ at position \d+ \(engine step \d+\): the trace "
+                            r"reached the per-request cap of 0\.0572 MiB", head), (panel, head)
+            above = page.evaluate(f"document.querySelector('#tt-{panel} .tt-frozen').getBoundingClientRect().top"
+                                  f" - document.querySelector('#tt-{panel} .tt-title').getBoundingClientRect().top")
+            assert 0 < above < 40, (panel, above)  # in the panel's own header, under its title
+        assert page.locator("#tt-sampling .tt-frozen").count() == 0  # the light events went on
+        assert page.locator("#tt-request .tt-checks .tt-warn").inner_text().startswith("⚠ trace: truncated")

@@ -68,7 +68,7 @@ def test_a_request_streams_through_every_panel(server, browser, shots):
     assert XSS_USER in q("#tt-request").inner_text()  # shown as text, character for character
     assert "MISS" in q("#tt-prefix").inner_text() or "HIT" in q("#tt-prefix").inner_text()
     assert page.evaluate("document.querySelector('#tt-embedding img.tt-heat').naturalWidth") > 0
-    assert q("#tt-attention img.tt-heat").count() == 1 + 4  # selected head + one thumbnail per query head
+    assert q("#tt-attention img.tt-heat").count() == 1 + 2  # the map + the overview's picture per KV head
     assert q("#tt-attention .tt-group").count() == 2  # grouped by KV head
     counts = page.evaluate("({...document.querySelector('#tt-kv .tt-kv-grid').dataset})")
     assert sum(int(v) for v in counts.values()) == 96 and int(counts["freed"]) >= 1  # freed at the end

@@ -231,5 +231,5 @@ def test_a_replay_shows_the_newest_token_of_each_step_and_a_picked_one(checkpoin
         else:
             assert "no token generated yet" in html
     assert seen[-1] == 5 and seen == sorted(seen)
-    view.position = lens[1]["position"]
+    view.select(lens[1]["position"] - 1)  # the pass that read the token before lens[1]'s drew it
     assert f"token 2 of 5 · position {lens[1]['position']} " in view.render("logit_lens")

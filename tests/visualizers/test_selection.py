@@ -1,0 +1,220 @@
+"""One selection (issue 25, "What must hold" 2): a click on the token at position p selects the
+pass that read p and predicted p + 1, and every panel shows that one pass and says which it is.
+Also the frozen headers of a truncated trace ("What must hold" 4) and the panels' wording (item 9).
+
+Hand-made events whose right answer is known: a 4-token prompt (positions 0-3), then three
+drawn tokens (4, 5, 6): the prefill pass read 0-3 and drew 4; decode passes read 4 and 5."""
+from __future__ import annotations
+
+import html as html_lib
+import json
+import re
+
+import pytest
+
+from app.page.live_view import LiveView
+from visualizers.kv_cache import empty_pool
+
+LABELS = ["<s>", "The", " capital", " is", " Paris", ".", "<eos>"]
+PROMPT = 4
+MODEL = {"name": "m", "block_size": 2, "num_blocks": 8, "num_layers": 2, "num_heads": 2, "num_kv_heads": 1,
+         "head_dim": 4, "dtype": "float32", "dtype_bytes": 4, "kv_cache_bytes": 1024, "is_moe": True,
+         "has_draft": False, "sliding_windows": [None, 2], "vocab_size": 50, "hidden_size": 8}
+
+
+def _probs(rows: range, keys: range, heads: int = 2) -> list:
+    """Each query's weights: its own key holds 0.5 + 0.1 * head, the rest share what is left."""
+    out = []
+    for h in range(heads):
+        mat = []
+        for q in rows:
+            n = q - keys.start + 1
+            own = 0.5 + 0.1 * h
+            mat.append([own if k == q else ((1 - own) / (n - 1) if k < q else 0.0) for k in keys][:len(keys)])
+        out.append(mat)
+    return out
+
+
+def events(k_start: int = 0) -> list[dict]:
+    evs = [{"type": "tokenize", "step": 1, "count": PROMPT,
+            "tokens": [{"id": i, "piece": t, "text": t, "special": i == 0} for i, t in enumerate(LABELS[:PROMPT])]},
+           {"type": "kv.alloc", "step": 1, "blocks": [3, 5, 6, 7], "table": [3, 5, 6, 7]}]
+    passes = [(0, PROMPT, "prefill", 1), (4, 1, "decode", 2), (5, 1, "decode", 3)]
+    for q0, n, kind, step in passes:
+        for layer in (0, 1):
+            evs.append({"type": "attention", "step": step, "layer": layer, "kind": kind, "heads": [0, 1],
+                        "num_heads": 2, "num_kv_heads": 1, "q_start": q0, "k_start": max(k_start if q0 else 0, 0),
+                        "window": MODEL["sliding_windows"][layer],
+                        "probs": _probs(range(q0, q0 + n), range(k_start if q0 else 0, q0 + n))})
+            evs.append({"type": "moe", "step": step, "layer": layer, "start": q0, "num_experts": 4, "top_k": 2,
+                        "experts": [[(q + layer) % 4, (q + 1) % 4] for q in range(q0, q0 + n)],
+                        "weights": [[0.75, 0.25]] * n, "batch_load": [1, 1, 1, 1]})
+        evs.append({"type": "embed", "step": step, "start": q0, "token_ids": list(range(q0, q0 + n)),
+                    "shape": [n, 8], "dims": 3, "rows": [[q / 10, -q / 10, 0.5] for q in range(q0, q0 + n)]})
+        drawn = q0 + n
+        evs.append({"type": "sample", "step": step, "position": drawn, "source": "target", "method": None,
+                    "candidates": [drawn, 40], "token_id": drawn, "token_prob": 0.9, "entropy": 0.3,
+                    "params": {"temperature": 0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "greedy": True},
+                    "stages": {"logits": {"probs": [0.9, 0.1], "kept": 50}}})
+        evs.append({"type": "logit_lens", "step": step, "position": drawn, "source": "target", "token_id": drawn,
+                    "token_text": LABELS[drawn],
+                    "layers": [{"top_ids": [drawn], "top_texts": [LABELS[drawn]], "top_probs": [0.9],
+                                "chosen_rank": 1, "chosen_prob": 0.9}] * 3})
+    return evs
+
+
+def view(evs: list[dict] | None = None) -> LiveView:
+    v = LiveView(model=MODEL, piece=lambda i: LABELS[i] if i < len(LABELS) else f"<{i}>", is_special=lambda i: i == 6)
+    v.request_id = "r1"
+    pool = empty_pool(8, 2)
+    pool["owners"], pool["fill"] = {b: ["r1"] for b in (3, 5, 6, 7)}, {3: 2, 5: 2, 6: 2, 7: 0}
+    v.set_pool(pool)
+    v.add(evs if evs is not None else events())
+    v.add([{"type": "output", "token_id": i, "text": LABELS[i], "finished": False, "index": i - PROMPT, "t": 0.0}
+           for i in range(PROMPT, len(LABELS))])
+    return v
+
+
+def _said(html: str) -> str:
+    m = re.search(r'<div class="tt-sel-pass">selected: (.*?)</div>', html)
+    return m.group(1) if m else ""
+
+
+def test_a_click_selects_one_pass_and_every_panel_shows_and_names_it():
+    v = view()
+    v.select(4)  # " Paris": the pass that read it and predicted "."
+    want = "the pass that read <code>␣Paris</code> (position 4) and predicted <code>.</code> (position 5)"
+    htmls = {n: v.render(n) for n in ("embedding", "attention", "kv", "moe", "logit_lens", "sampling")}
+    for name, html in htmls.items():
+        assert _said(html).startswith(want), (name, _said(html))
+    assert "query row: position 4 (decode" in htmls["attention"]
+    assert 'tt-amap-picked" data-pos="4"' in htmls["attention"]  # the map's outlined row is position 4
+    assert "row 4 (marked red at the left): token <code>␣Paris</code>, id 4" in htmls["embedding"]
+    assert "into block <b>6</b>, slot 0 of 2" in htmls["kv"]  # position 4: block table entry 2, slot 0
+    assert "<tr class='tt-sel-row'><th>▶ 4</th>" in htmls["moe"]
+    assert "position 5" in htmls["logit_lens"] and "chosen <code>.</code>" in htmls["logit_lens"]
+    assert "position 5 · greedy" in htmls["sampling"] and "drawn: <code>.</code>" in htmls["sampling"]
+
+
+def test_the_default_is_the_newest_pass_and_the_newest_token_was_never_read():
+    v = view()
+    sel = v.selection()
+    assert (sel.read, sel.predicted) == (5, 6)  # read ".", predicted the newest token
+    assert "position 6 · greedy" in v.render("sampling") and "query row: position 5 " in v.render("attention")
+    v.select(6)  # the newest: no pass has read it
+    html = v.render("attention")
+    assert "is the newest token: it was drawn but never read by any pass" in html
+    assert _said(html).startswith("the pass that read <code>.</code> (position 5)")
+    v.select(None)
+    assert "never read" not in v.render("attention")
+
+
+def test_a_prompt_position_selects_a_prefill_row_that_drew_nothing():
+    v = view()
+    v.select(1)  # "The": read by the prefill pass, whose next token " capital" the prompt gave
+    assert "nothing was drawn" in _said(v.render("embedding"))
+    assert "its next token <code>␣capital</code> was the prompt's own" in v.render("sampling")
+    assert "was the prompt's own" in v.render("logit_lens")
+    assert "query row: position 1 (prefill" in v.render("attention")
+    v.select(3)  # the prompt's last token: the prefill pass drew " Paris" from it
+    assert "drawn: <code>␣Paris</code>" in v.render("sampling")
+
+
+def test_select_pass_clamps_and_waits_for_the_first_token():
+    from visualizers.selection import select_pass
+    assert select_pass(LABELS[:PROMPT], None, PROMPT).read is None  # prefilling: no pass has drawn yet
+    assert select_pass(LABELS, 99, PROMPT).read == 5 and select_pass(LABELS, -1, PROMPT).read == 5
+
+
+def test_attention_labels_both_axes_marks_local_layers_and_shows_uncaptured_keys_as_a_band():
+    v = view(events(k_start=2))  # decode rows kept keys 2.. only (a capture budget)
+    v.select(5)
+    html = v.render("attention")
+    rows = re.findall(r'class="tt-amap-r[^"]*" data-pos="(\d+)" title="query position \d+: ([^"]*)"', html)
+    cols = re.findall(r'class="tt-amap-c" data-pos="(\d+)" title="key position \d+: ([^"]*)"', html)
+    assert [int(p) for p, _ in rows] == [2, 3, 4, 5] == [int(p) for p, _ in cols]  # from the first kept key
+    assert rows[2][1].startswith("&#x27; Paris&#x27;")  # the full token on hover
+    assert "… 2 earlier keys not captured" in html  # keys 0-1: a visible band, not a silent cut
+    # the overview: every layer x head for query 5, grouped by KV head, the local layer marked
+    assert html.count('class="tt-heat tt-ov-img"') == 1 and "KV head 0 ← query heads 0–1" in html
+    assert re.search(r'title="layer 1: local, sliding window 2 tokens">L1 local<', html)
+    assert "1 KV head " in html and "1 KV heads" not in html and "2 query heads share 1 KV head (2 per KV head)" in html
+    specs = [json.loads(html_lib.unescape(a)) for a in re.findall(r'data-tt-hover="([^"]*)"', html)]
+    cells = next(sp for sp in specs if sp.get("kind") == "cells")
+    assert (cells["layers"], cells["heads"]) == ([0, 1], [0, 1])
+    assert (cells["q"], cells["qname"], cells["kv"], cells["local"]) == (5, "'.'", 0, [0, 2])
+    assert cells["top"][0][1][:2] == [5, 0.6] and cells["names"]["5"] == "'.'"  # head 1 holds 0.6 on its own key
+
+
+def test_a_click_on_an_overview_cell_picks_that_layer_and_head():
+    v = view()
+    v.select_head(1, 1)
+    html = v.render("attention")
+    assert "layer <b>1</b> of 2 captured · query head <b>1</b>" in html
+    assert "local layer: sliding window 2 tokens" in html
+
+
+def test_a_truncated_trace_freezes_each_capture_panel_with_a_warning_in_its_header():
+    evs = events()
+    cut = [e for e in evs if not (e["step"] == 3 and e["type"] in ("attention", "moe", "embed", "logit_lens"))]
+    cut.append({"type": "trace.truncated", "step": 3, "limit_bytes": 8 << 20})
+    v = view(cut)
+    for name, stop in (("attention", "after token <code>␣Paris</code> at position 4"),
+                       ("embedding", "after token <code>␣Paris</code> at position 4"),
+                       ("moe", "after token <code>␣Paris</code> at position 4"),
+                       ("logit_lens", "after token <code>.</code> at position 5")):
+        html = v.render(name)
+        head = html.split('<div class="tt-sel-pass">')[0]  # the warning sits in the header
+        assert "⚠ frozen" in head and stop in head and "(engine step 3)" in head and "8 MiB" in head, (name, head)
+    assert "⚠ frozen" not in v.render("sampling")  # light events go on past the cap
+    assert "⚠ frozen" not in view().render("attention")
+    # the newest pass read position 5, whose attention was never captured: said, not hidden
+    assert "no attention was captured for it" in v.render("attention")
+
+
+@pytest.mark.parametrize("level, name, words", [("basic", "logit_lens", "the logit lens needs capture level full"),
+                                                ("basic", "embedding", "embedding rows need capture level full"),
+                                                ("off", "sampling", "the sampling distributions need capture")])
+def test_what_a_level_leaves_out_is_said_in_grammatical_words(level, name, words):
+    v = LiveView(model=MODEL, piece=str, is_special=lambda i: False, body={"trace_level": level})
+    v.request_id = "r1"
+    v.add([{"type": "output", "token_id": 4, "text": "x", "finished": False, "index": 0, "t": 0.0}])
+    assert words in v.render(name)
+
+
+def test_a_dense_model_says_it_has_no_moe_without_waiting_for_routing():
+    v = view([e for e in events() if e["type"] != "moe"])
+    v.model = {**MODEL, "is_moe": False}
+    html = v.render("moe")
+    assert "this model has no MoE layers" in html and "yet" not in html
+    v.body = {"trace_level": "basic"}
+    assert "this model has no MoE layers" in v.render("moe") and "not recorded" not in v.render("moe")
+
+
+def test_the_lens_shows_a_no_break_space_as_a_mark_like_every_panel_not_a_python_repr():
+    from visualizers.logit_lens import logit_lens_html
+    ev = {"position": 5, "token_id": 7, "token_text": "\xa0", "source": "target",
+          "layers": [{"top_ids": [7, 8, 9], "top_texts": ["\xa0", " ", "\u200b"], "top_probs": [0.5, 0.3, 0.2],
+                      "chosen_rank": 1, "chosen_prob": 0.5}]}
+    html = logit_lens_html([ev])
+    cells = re.findall(r"<td class=\"tt-lens-cell[^>]*><code>(.*?)</code>", html)
+    assert cells == ["⍽", "␣", "\\u200b"], cells
+    assert "&#x27;\\xa0&#x27;</code>" not in html and "chosen <code>⍽</code>" in html
+
+
+def test_a_greedy_request_is_not_said_to_draw_at_random():
+    from app.serving.requests import parse_body
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": 0}
+    checks = dict((name, detail) for name, _, detail in parse_body(body).checks)
+    assert "no seed (a random draw)" not in checks["sampling"] and "greedy" in checks["sampling"]
+    hot = dict((name, detail) for name, _, detail in parse_body({**body, "temperature": 0.8}).checks)
+    assert "no seed (a random draw)" in hot["sampling"]
+
+
+def test_a_truncated_trace_is_a_warning_in_the_request_panel_not_a_green_tick():
+    v = view()
+    v.validation = {"ok": True, "request_id": "r1", "checks": [("messages", True, "1 message")]}
+    v.add([{"type": "trace.truncated", "step": 3, "limit_bytes": 8 << 20}])
+    html = v.render("request")
+    assert '<li class="tt-warn">⚠ trace: truncated: at engine step 3' in html
+    assert '<li class="tt-ok">✓ trace' not in html

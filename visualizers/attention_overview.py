@@ -1,0 +1,127 @@
+"""The attention overview (BertViz's model view): one query's row in every captured layer and
+head at once. Rows are layers, columns query heads, grouped by the KV head they share; each
+cell is that head's weights over the query's captured keys (oldest key left), so a learner sees
+at a glance where every head looks. Sliding-window layers are marked "local". A cell answers
+the pointer with its top keys; a click opens that layer and head in the map (app/page/hover.js
+writes "LAYER:HEAD:NONCE" into the page's hidden #tt-pick-head box)."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from visualizers._html import colormap, hover_attr, hover_img, show_piece
+from visualizers.attention_rows import LayerIndex
+
+CELL_H, GAP = 7, 3  # a layer's strip height; the gap around a cell (room for the selection frame)
+FRAME_RGB = np.array([220, 20, 60], dtype=np.uint8)
+UNSEEN_RGB = np.array([200, 200, 205], dtype=np.uint8)
+WINDOW_RGB = np.array([120, 40, 50], dtype=np.uint8)
+
+
+def _label(labels: Sequence[str], pos: int) -> str:
+    return labels[pos] if 0 <= pos < len(labels) else f"#{pos}"
+
+
+def strips(index: LayerIndex, layers: Sequence[int], heads: Sequence[int], q: int, k_lo: int
+           ) -> tuple[np.ndarray, list[list[list | None]]]:
+    """-> weights [layers, heads, keys k_lo .. q] (NaN: not captured; -1: outside a sliding
+    window), and each cell's top keys as [position, weight, position, weight, ...] (None: not
+    captured): hover.js words them, so a 30 x 9 grid sends numbers, not 270 sentences."""
+    n_keys = q - k_lo + 1
+    out = np.full((len(layers), len(heads), n_keys), np.nan)
+    tops: list[list[list | None]] = []
+    for li, layer in enumerate(layers):
+        line: list[list | None] = []
+        for hi, head in enumerate(heads):
+            row = index.row(layer, head, q)
+            if row is None:
+                line.append(None)
+                continue
+            cols = np.arange(row.k_start, row.k_start + len(row.weights)) - k_lo
+            keep = (cols >= 0) & (cols < n_keys)
+            out[li, hi, cols[keep]] = row.weights[keep]
+            if row.window:
+                out[li, hi, np.arange(k_lo, q + 1) <= q - row.window] = -1
+            top = [int(c) for c in np.argsort(row.weights)[::-1][:3] if row.weights[c] > 0]
+            line.append([x for c in top for x in (row.k_start + c, round(float(row.weights[c]), 2))])
+        tops.append(line)
+    return out, tops
+
+
+def _group_image(w: np.ndarray, kx: int, frame: tuple[int, int] | None) -> np.ndarray:
+    """weights [layers, heads, keys] -> one RGB picture, a cell per (layer, head) on a pitch of
+    (keys * kx + GAP) x (CELL_H + GAP); frame: the (layer row, head column) outlined."""
+    n_l, n_h, n_k = w.shape
+    px, py = n_k * kx + GAP, CELL_H + GAP
+    img = np.full((n_l * py, n_h * px, 3), 255, dtype=np.uint8)
+    v = np.clip(np.nan_to_num(w, nan=0.0), 0, 1)
+    top = v.max(axis=2, keepdims=True)
+    rgb = colormap(np.sqrt(v / np.where(top > 0, top, 1)))  # each cell against its own largest weight
+    rgb[np.isnan(w)] = UNSEEN_RGB
+    rgb[w < 0] = WINDOW_RGB
+    for li in range(n_l):
+        for hi in range(n_h):
+            y, x = li * py + 2, hi * px + 2
+            img[y:y + CELL_H, x:x + n_k * kx] = np.repeat(rgb[li, hi][None, :, :], kx, axis=1)
+    if frame is not None:
+        li, hi = frame
+        y0, x0, y1, x1 = li * py + 1, hi * px + 1, li * py + 2 + CELL_H, hi * px + 2 + n_k * kx
+        img[y0, x0:x1 + 1] = img[y1, x0:x1 + 1] = FRAME_RGB
+        img[y0:y1 + 1, x0] = img[y0:y1 + 1, x1] = FRAME_RGB
+    return img
+
+
+def overview_html(index: LayerIndex, layers: Sequence[int], heads: Sequence[int], num_kv: int, q: int,
+                  labels: Sequence[str], sliding_windows: Sequence[int | None] | None,
+                  picked: tuple[int, int]) -> str:
+    """Query q's row in every layer and head; picked: the (layer, head) the map shows."""
+    rows = [index.row(layer, head, q) for layer in layers for head in heads]
+    starts = [r.k_start for r in rows if r is not None]
+    if not starts:
+        return (f"<div class='tt-ov'><div class='tt-note'>no layer captured query {q}: the overview shows one "
+                "captured query row in every layer and head</div></div>")
+    k_lo = min(starts)
+    n_keys = q - k_lo + 1
+    kx = max(1, min(3, 48 // n_keys))
+    num_heads = index.of(layers[0])[-1].num_heads
+    group = max(1, num_heads // max(1, num_kv))
+    w, tops = strips(index, layers, heads, q, k_lo)
+    names = {str(p): repr(_label(labels, p)) for line in tops for cell in line if cell for p in cell[::2]}
+    py = CELL_H + GAP
+
+    def local(layer: int) -> int | None:
+        if sliding_windows and layer < len(sliding_windows):
+            return sliding_windows[layer]
+        return index.of(layer)[-1].window
+
+    marks = "".join(f'<span class="{"tt-ov-local" if local(l) else ""}" title="layer {l}'
+                    + (f': local, sliding window {local(l)} tokens' if local(l) else ": global, full attention")
+                    + f'">L{l}{" local" if local(l) else ""}</span>' for l in layers)
+    layer_col = f'<div class="tt-ov-layers" style="--py:{py}px">{marks}</div>'  # in every group: groups wrap
+    blocks = []
+    for kv in range(num_kv):
+        cols = [i for i, h in enumerate(heads) if h // group == kv]
+        if not cols:
+            continue
+        sub = w[:, cols]
+        frame = None
+        if picked[0] in layers and picked[1] in [heads[i] for i in cols]:
+            frame = (layers.index(picked[0]), [heads[i] for i in cols].index(picked[1]))
+        img = _group_image(sub, kx, frame)
+        spec = {"kind": "cells", "w": len(cols), "h": len(layers), "layers": list(layers),
+                "heads": [heads[i] for i in cols], "kv": kv, "q": q, "qname": repr(_label(labels, q)),
+                "local": [local(l) or 0 for l in layers], "top": [[tops[li][i] for i in cols] for li in range(len(layers))],
+                "names": names, "ctx": "click: open this head"}
+        px = n_keys * kx + GAP
+        head_names = "".join(f'<span style="width:{px}px">Q{heads[i]}</span>' for i in cols)
+        lo_h, hi_h = heads[cols[0]], heads[cols[-1]]
+        title = f"KV head {kv} ← query head" + (f"s {lo_h}–{hi_h}" if hi_h != lo_h else f" {lo_h}")
+        picture = hover_img(img, "tt-heat tt-ov-img", f"KV head {kv}: layers × query heads", hover_attr(spec),
+                            img.shape[1], img.shape[0])
+        blocks.append(f'<div class="tt-group"><div class="tt-group-title">{title}</div><div class="tt-ov-body">'
+                      f'{layer_col}<div><div class="tt-ov-heads">{head_names}</div>{picture}</div></div></div>')
+    return (f"<div class='tt-ov'><div class='tt-subtitle'>every layer and head for query {q} "
+            f"(<code>{show_piece(_label(labels, q))}</code>): each cell is one head's weights over keys {k_lo}–{q}, "
+            "oldest left, scaled to its own largest; click a cell to open it</div>"
+            f"<div class='tt-ov-grid'>{''.join(blocks)}</div></div>")
