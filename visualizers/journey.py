@@ -38,16 +38,17 @@ class Stage:
 
 def journey(model: dict, request_id: str, body: dict | None, events: Sequence[dict], outputs: Sequence[dict],
             kv_peak: dict | None = None, truncated: dict | None = None, *, position: int | None = None,
-            hidden_from: int | None = None) -> list[Stage]:
+            hidden_from: int | None = None, layer: int | None = None) -> list[Stage]:
     """Every stage of KEYS, in that order, for this request (live or recorded).
     kv_peak: the block pool when this request held the most tokens (the KV stage quotes it, so
     its words and its grid agree); truncated: the trace's {"step", "limit_bytes"} when the
     per-request cap stopped its captures; position: the selected token (the words speak of the
     pass that read it and predicted the next, as the panels do; None: the newest pass);
     hidden_from: a classroom question's position, whose token and every later one the events
-    given no longer hold (the words say they are hidden, not that the request is running)."""
+    given no longer hold (the words say they are hidden, not that the request is running);
+    layer: the selected layer (the layers stage quotes its MoE routing, as the MoE panel shows it)."""
     facts = st.Facts.read(model, request_id, body, events, outputs, kv_peak=kv_peak, truncated=truncated,
-                          position=position, hidden_from=hidden_from)
+                          position=position, hidden_from=hidden_from, layer=layer)
     out = []
     for i, (key, title, words) in enumerate(STAGES, 1):
         part = words(facts)

@@ -34,19 +34,20 @@ class Facts:
     truncated: dict | None = None  # the trace's {"step", "limit_bytes"[, "token"]} when its cap stopped captures
     position: int | None = None  # the selected token (None: the newest pass); see pass_of
     hidden_from: int | None = None  # the classroom hides tokens from this position on (until the reveal)
+    layer: int | None = None  # the selected layer (its MoE routing is quoted; None: the first MoE layer)
     first: dict[str, dict] = field(default_factory=dict)
     kept: dict[str, list[dict]] = field(default_factory=dict)
     steps: list[dict] = field(default_factory=list)  # schedule.step events whose batch holds this request
     kinds: list[str] = field(default_factory=list)  # this request's part of each of those steps
     collectives: list[dict] = field(default_factory=list)  # schedule.collective events with this request
-    moe_first_layer: list[dict] = field(default_factory=list)  # the first MoE layer's events (its load)
+    moe_first_layer: list[dict] = field(default_factory=list)  # the quoted MoE layer's events (its load)
 
     @classmethod
     def read(cls, model: dict, request_id: str, body: dict | None, events: Sequence[dict],
              outputs: Sequence[dict], **kw) -> "Facts":
         f = cls(model, request_id, body, outputs, **kw)
         f.kept = {t: [] for t in KEPT}
-        moe_layer = None
+        moe_layer = f.layer if f.layer in (f.model.get("moe_layers") or ()) else None
         for e in events:  # the one pass
             t = e["type"]
             if t in f.kept:
@@ -127,6 +128,12 @@ class Facts:
         gen = self.generated
         i = position - n
         return gen[i].get("text", "") if 0 <= i < len(gen) else None
+
+
+def hidden_sentence(f: "Facts") -> str:
+    """What a classroom says where the hidden token's draw would be."""
+    return (f"The draw at position {n(f.hidden_from)} is hidden until the class has predicted it: the presenter "
+            "asks \u201cpredict the next token\u201d, then reveals the model's answer here.")
 
 
 # --- words ---------------------------------------------------------------------------

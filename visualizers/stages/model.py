@@ -7,7 +7,7 @@ from typing import Sequence
 from visualizers._html import esc, fmt_bytes, fmt_ms
 from visualizers.attention import layer_spans
 from visualizers.logit_lens import first_top
-from visualizers.stages.facts import Facts, Part, n, p, plural, quote
+from visualizers.stages.facts import Facts, Part, hidden_sentence, n, p, plural, quote
 from visualizers.stages.way_in import NOT_YET, cut_sentence
 
 
@@ -133,6 +133,8 @@ def lens(f: Facts) -> Part:
             "and it says what the model would answer if it stopped there.")
     evs = f.kept["logit_lens"]
     e = f.pass_of("logit_lens")
+    if e is None and f.hidden_from is not None:
+        return Part(p(what, hidden_sentence(f)), ("logit_lens",), "hidden")
     if e is None:
         return Part(p(what, "This request has no logit lens: capture level full records one per generated token."),
                     ("logit_lens",), "not captured" if f.finish else "", reached=bool(f.finish))

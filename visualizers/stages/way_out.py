@@ -5,7 +5,7 @@ import statistics
 from typing import Sequence
 
 from visualizers._html import esc, fmt_ms
-from visualizers.stages.facts import Facts, Part, n, p, plural, quote
+from visualizers.stages.facts import Facts, Part, hidden_sentence, n, p, plural, quote
 from visualizers.stages.model import which_pass
 from visualizers.stages.way_in import NOT_YET
 
@@ -13,6 +13,9 @@ from visualizers.stages.way_in import NOT_YET
 def sampling(f: Facts) -> Part:
     s = f.pass_of("sample")
     if s is None:
+        if f.hidden_from is not None:
+            return Part(p("Softmax turns the LM head's scores into probabilities; then temperature, top-k and top-p "
+                          "cut the list and one token is drawn.", hidden_sentence(f)), ("sampling",), "hidden")
         if f.generated:  # capture level off: tokens were drawn, their distributions not recorded
             return Part(p("Each step ended with logits over the vocabulary, cut by temperature, top-k and top-p, and "
                           "one token drawn; this request's capture level records no distributions."), ("sampling",),

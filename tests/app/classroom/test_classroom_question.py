@@ -75,6 +75,8 @@ def test_the_presenters_pick_is_what_every_screen_shows(recording):
     assert state["pick"]["text"] == answer(recording)[2]["text"]
     html = bodies(room)
     assert "layer 1 · head 3" in html["layers"]
+    if 1 in recording.model["moe_layers"]:  # the words quote the routing of the layer the MoE panel shows
+        assert "In layer 1 the router" in html["layers"]
     assert f"(position {n + 2:,}) and predicted" in html["sampling"]
     room.select(None, 99, 99)  # clamped to the model
     assert (room.pick["layer"], room.pick["head"]) == (recording.model["num_layers"] - 1,
