@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from visualizers._html import esc, show_piece
+from visualizers._html import show_piece
 
 FIRST = ("request.arrive", "tokenize", "prefix_cache.lookup", "finish", "trace.truncated")
 KEPT = ("sample", "logit_lens", "spec", "embed", "token")  # every event of these types, in order
