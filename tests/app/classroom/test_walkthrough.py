@@ -145,3 +145,18 @@ def test_every_page_panel_sits_under_exactly_one_stage(miss_then_hit):
     assert set(PANELS) - set(placed) == set()  # the embedded model is an MoE: its routing is shown too
     dense = journey({**rec.model, "is_moe": False}, rec.request_id, rec.body, rec.events, rec.outputs)
     assert "moe" not in [p for s in dense for p in s.panels]  # a dense model has no half-empty MoE panel
+
+
+def test_a_plain_prompt_is_told_as_one(embedded):
+    """POST /v1/completions: no messages and no chat template, said so (not "0 messages")."""
+    from app.serving.recording import record_request
+    from tests.service_utils import run_to_end
+    body = {"model": "m", "prompt": "Once upon a time", "max_tokens": 4, "trace_level": "full", "temperature": 0}
+    rid, _ = run_to_end(embedded, body)
+    rec = record_request(embedded.store, rid, embedded.model_info(), embedded.piece, embedded.is_special)
+    text = walk(rec)
+    assert "0</b> messages" not in text["request"]
+    assert f"a plain prompt (POST /v1/completions, no chat messages) of <b>{len(body['prompt'])}</b> characters" \
+        in text["request"]
+    tok = first(rec, "tokenize")
+    assert not tok["chat_template"] and "role markers" not in text["tokens"] and "no chat template" in text["tokens"]
