@@ -151,7 +151,7 @@ def lens(f: Facts) -> Part:
     near_text = (f" It entered the top 10 {_after(near)} (the embedding alone ranked it "
                  f"{n(int(rows[0]['chosen_rank']))})." if near not in (None, last) else
                  f" The embedding alone ranked it {n(int(rows[0]['chosen_rank']))}.")
-    early = [t for t, x in ((first_top(x["layers"]), x) for x in evs) if t is not None and t < len(x["layers"]) - 1]
+    early = [t for t, x in zip(f.trail.lens_tops, evs) if t is not None and t < len(x["layers"]) - 1]
     summary = (f"Over the {plural(len(evs), 'traced token')}, {n(len(early))} "
                f"{'was' if len(early) == 1 else 'were'} settled before the last layer"
                + (f" (at the median, {_after(int(statistics.median(early)))})" if early else "") + ".")

@@ -160,3 +160,23 @@ def test_a_plain_prompt_is_told_as_one(embedded):
         in text["request"]
     tok = first(rec, "tokenize")
     assert not tok["chat_template"] and "role markers" not in text["tokens"] and "no chat template" in text["tokens"]
+
+
+def test_a_trail_reads_a_growing_trace_once_and_says_the_same(miss_then_hit):
+    """The page calls journey() several times a second while a request streams: with a Trail
+    each call reads only the new events, and the words are those of a call that read them all."""
+    from visualizers.stages import Trail
+    rec = miss_then_hit[1]
+    whole = [(s.text, s.chip, s.skipped, s.reached) for s in journey(rec.model, rec.request_id, rec.body,
+                                                                     rec.events, rec.outputs)]
+    trail, live = Trail(rec.request_id), []
+    for i in range(0, len(rec.events), 7):
+        live.extend(rec.events[i:i + 7])
+        out = journey(rec.model, rec.request_id, rec.body, live, rec.outputs, trail=trail)
+        assert trail.read == len(live)
+    assert [(s.text, s.chip, s.skipped, s.reached) for s in out] == whole
+    # a rebuilt list (a replay moved back) is read again from its start, not appended to
+    back = list(rec.events[:len(rec.events) // 2])
+    again = journey(rec.model, rec.request_id, rec.body, back, rec.outputs, trail=trail)
+    fresh = journey(rec.model, rec.request_id, rec.body, back, rec.outputs)
+    assert [s.text for s in again] == [s.text for s in fresh] and trail.read == len(back)
