@@ -82,7 +82,7 @@ def prefill_decode(f: Facts) -> Part:
     step_ms = [s["forward_seconds"] for s in f.steps if s.get("forward_seconds") is not None]
     text = p(f"Prefill ran {what} through the model in {n(n_prefill)} {passes} (long prompts are cut into chunks "
              f"that share steps with other requests); then {n(n_decode)} decode or verify "
-             f"step{'s' if n_decode != 1 else ''} produced the answer.",
+             f"step{'s' if n_decode != 1 else ''} produced the answer{'' if f.finish else ' so far'}.",
              (f"Time to first token: <b>{esc(fmt_ms(ttft))}</b>. " if ttft is not None else "")
              + (f"A forward pass took {esc(fmt_ms(statistics.median(step_ms)))} at the median." if step_ms else ""))
     chip = f"TTFT {fmt_ms(ttft)}" if ttft is not None else f"{len(f.steps):,} steps"
@@ -97,7 +97,10 @@ def kv(f: Facts) -> Part:
     if peak is not None:
         held = [blk for blk, rids in peak["owners"].items() if f.request_id in rids]
         tokens, blocks = sum(peak["fill"].get(blk, 0) for blk in held), len(held)
-        when = f"After engine step {peak['step']}, the last before it finished, "
+        when = (f"After engine step {peak['step']}, the last before the hidden token was drawn, "
+                if f.hidden_from is not None else
+                f"After engine step {peak['step']}, the last before it finished, " if f.finish else
+                f"After engine step {peak['step']}, ")
     else:  # the last token drawn is never fed back, so it has no K/V
         tokens = max(0, f.n_prompt + f.n_gen - 1)
         blocks, when = -(-tokens // bs), ("At its end " if f.finish else "So far ")

@@ -48,7 +48,7 @@ def stream(f: Facts) -> Part:
     fin = f.finish
     if f.hidden_from is not None:
         words.append(f"The answer from position {n(f.hidden_from)} on is hidden until the class has predicted "
-                     "its next token.")
+                     "that token.")
     elif fin:
         u = fin.get("usage") or {}
         reason = str(fin.get("reason"))
