@@ -8,7 +8,7 @@ numbers), the key number its chip in the map shows, whether this request skips t
 panels drawn under it. The words come from one function per stage (visualizers/stages/)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 from visualizers import stages as st
@@ -51,9 +51,11 @@ def journey(model: dict, request_id: str, body: dict | None, events: Sequence[di
     per live view and pass it each time, and a call reads only the events added since."""
     facts = st.Facts.read(model, request_id, body, events, outputs, kv_peak=kv_peak, truncated=truncated,
                           position=position, hidden_from=hidden_from, layer=layer, trail=trail)
-    out = []
-    for i, (key, title, words) in enumerate(STAGES, 1):
-        part = words(facts)
-        out.append(Stage(key, f"{i} · {title}", part.text, part.panels, part.chip if part.reached else "",
-                         part.skipped, part.reached))
-    return out
+    parts = [words(facts) for _, _, words in STAGES]
+    # a request that streams has passed every stage before the stream, recorded or not (capture level off)
+    passed = False
+    for i in range(KEYS.index("answer"), -1, -1):
+        passed = passed or parts[i].reached
+        parts[i] = replace(parts[i], reached=passed)
+    return [Stage(key, f"{i} · {title}", part.text, part.panels, part.chip if part.reached else "", part.skipped,
+                  part.reached) for i, ((key, title, _), part) in enumerate(zip(STAGES, parts), 1)]

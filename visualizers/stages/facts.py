@@ -113,6 +113,11 @@ class Facts:
         return [o for o in self.outputs if o.get("token_id", -1) >= 0]
 
     @property
+    def untraced(self) -> bool:
+        """Tokens came out but no engine step was recorded (capture level off)."""
+        return bool(self.generated) and not self.steps
+
+    @property
     def n_prompt(self) -> int:
         tok, look = self.first.get("tokenize"), self.first.get("prefix_cache.lookup")
         if tok:
@@ -187,6 +192,11 @@ def p(*sentences: str) -> str:
 def plural(count: int, noun: str, many: str | None = None) -> str:
     """'1 KV head', '3 KV heads' (the number in bold)."""
     return f"{n(count)} {noun if count == 1 else many or noun + 's'}"
+
+
+def count(k: int, noun: str) -> str:
+    """'1 token', '25 tokens' (plain text, for a chip)."""
+    return f"{k:,} {noun}{'' if k == 1 else 's'}"
 
 
 def quote(text: str) -> str:

@@ -8,7 +8,7 @@ from visualizers._html import esc, fmt_bytes, fmt_ms
 from visualizers.attention import layer_spans
 from visualizers.logit_lens import first_top
 from visualizers.stages.facts import Facts, Part, hidden_sentence, n, p, plural, quote
-from visualizers.stages.way_in import NOT_YET, cut_sentence
+from visualizers.stages.way_in import NOT_YET, UNTRACED, cut_sentence
 
 
 def layers(f: Facts) -> Part:
@@ -68,6 +68,9 @@ def _windows(windows: Sequence[int | None]) -> str:
 
 
 def prefill_decode(f: Facts) -> Part:
+    if f.untraced:
+        return Part(p(UNTRACED, "Prefill ran the prompt through the model; then each decode step produced a token "
+                      "(the stream's timing shows them)."), ("timeline",))
     if not f.steps:
         return Part(p(NOT_YET, "Prefill runs the prompt through the model; then each decode step produces a token."),
                     ("timeline",), reached=bool(f.generated))

@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 from visualizers._html import esc, fmt_bytes
-from visualizers.stages.facts import Facts, Part, n, p, plural
+from visualizers.stages.facts import Facts, Part, count, n, p, plural
 
 NOT_YET = "Not reached yet: this request is still on its way (the page re-reads it while it runs)."
+UNTRACED = "This request's capture level (off) records no engine events for this stage."
 
 
 def request(f: Facts) -> Part:
@@ -35,28 +36,34 @@ def tokenize(f: Facts) -> Part:
     tok = f.first.get("tokenize")
     if not tok:
         if f.n_prompt:  # capture level off: the usage still counts the prompt's tokens
-            return Part(p(f"The chat template and byte-level BPE cut the prompt into {plural(f.n_prompt, 'token')};"
-                          " this request's capture level records no more of them."), ("tokens",),
-                        f"{f.n_prompt:,} tokens")
+            return Part(p(f"The tokenizer cut the prompt into {plural(f.n_prompt, 'token')}; this request's capture "
+                          "level (off) records no more of them."), ("tokens",),
+                        count(f.n_prompt, "token"))
         return Part(p(NOT_YET, "The chat template wraps the messages in role markers; byte-level BPE cuts the text "
                       "into integer ids."), ("tokens",), reached=False)
     special = sum(1 for t in tok["tokens"] if t.get("special"))
     vocab = tok.get("tokenizer_size") or f.model["vocab_size"]
-    count = int(tok["count"])
+    total_tokens = int(tok["count"])
     templated = tok.get("chat_template", True)
     how = ("The chat template wrapped the messages in role markers, then the tokenizer (byte-pair encoding) cut "
            "the text" if templated else "A plain prompt gets no chat template: the tokenizer (byte-pair encoding) "
            "cut its text")
     marks = "mark whose turn it is" if templated else "mark where the text begins"
-    text = p(f"{how} into {plural(count, 'token')}, each an integer id in a vocabulary of {n(int(vocab))}. "
+    text = p(f"{how} into {plural(total_tokens, 'token')}, each an integer id in a vocabulary of {n(int(vocab))}. "
              f"{n(special)} of them {'is a special token' if special == 1 else 'are special tokens'} that {marks} "
              "(highlighted).", "The model never sees letters: only these ids.")
-    return Part(text, ("tokens",), f"{count:,} tokens")
+    return Part(text, ("tokens",), count(total_tokens, "token"))
 
 
 def prefix(f: Facts) -> Part:
     look = f.first.get("prefix_cache.lookup")
     bs = f.model["block_size"]
+    if not look and f.untraced:
+        usage = (f.finish or {}).get("usage") or {}
+        cached = int(usage.get("cached_tokens") or (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+                     or 0)
+        return Part(p(UNTRACED, f"Its usage says {n(cached)} of its {n(f.n_prompt)} prompt tokens came from the "
+                      "prefix cache." if usage else ""), ("prefix",), f"{cached:,} cached" if usage else "")
     if not look:
         return Part(p(NOT_YET, "When the scheduler admits it, the engine looks its prompt's blocks up in the prefix "
                       "cache."), ("prefix",), reached=False)

@@ -5,9 +5,9 @@ import statistics
 from typing import Sequence
 
 from visualizers._html import esc, fmt_ms
-from visualizers.stages.facts import Facts, Part, hidden_sentence, n, p, plural, quote
+from visualizers.stages.facts import Facts, Part, count, hidden_sentence, n, p, plural, quote
 from visualizers.stages.model import which_pass
-from visualizers.stages.way_in import NOT_YET
+from visualizers.stages.way_in import NOT_YET, UNTRACED
 
 
 def sampling(f: Facts) -> Part:
@@ -52,13 +52,13 @@ def stream(f: Facts) -> Part:
     elif fin:
         u = fin.get("usage") or {}
         reason = str(fin.get("reason"))
-        words += [f"It ended because {esc(REASONS.get(reason, reason))} (finish_reason <b>{esc(reason)}</b>).",
+        words += [f"It ended because {esc(REASONS.get(reason, reason))}: finish_reason <b>{esc(reason)}</b>.",
                   f"Usage: {n(int(u.get('prompt_tokens', 0)))} prompt tokens ({n(int(u.get('cached_tokens', 0)))} "
                   f"from the prefix cache) and {n(int(u.get('completion_tokens', 0)))} completion tokens.",
                   f"It was preempted {plural(int(fin['preemptions']), 'time')}." if fin.get("preemptions") else ""]
     else:
         words.append("Still running. It will end at an end-of-turn token, a stop string or max_tokens.")
-    return Part(p(*words), ("answer",), f"{gen:,} tokens", reached=bool(f.generated or fin))
+    return Part(p(*words), ("answer",), count(gen, "token"), reached=bool(f.generated or fin))
 
 
 def _timing(tokens: Sequence[dict]) -> str:
@@ -85,6 +85,8 @@ def _timing(tokens: Sequence[dict]) -> str:
 
 def batching(f: Facts) -> Part:
     mine = f.steps
+    if f.untraced:
+        return Part(p(UNTRACED, "The engine never waits for a batch to fill: a new request joins the next step."), ())
     if not mine:
         return Part(p(NOT_YET, "The engine never waits for a batch to fill: a new request joins the next step."),
                     (), reached=bool(f.generated))

@@ -180,3 +180,22 @@ def test_a_trail_reads_a_growing_trace_once_and_says_the_same(miss_then_hit):
     again = journey(rec.model, rec.request_id, rec.body, back, rec.outputs, trail=trail)
     fresh = journey(rec.model, rec.request_id, rec.body, back, rec.outputs)
     assert [s.text for s in again] == [s.text for s in fresh] and trail.read == len(back)
+
+
+def test_a_request_traced_at_level_off_passes_every_stage_of_its_path(embedded):
+    """Capture level off keeps only the streamed outputs: the map still lights the whole path
+    up to the stream, and the words say what was not recorded instead of "not reached yet"."""
+    from app.serving.recording import Recording
+    from tests.service_utils import run_to_end
+    body = {"model": "m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "trace_level": "off"}
+    rid, items = run_to_end(embedded, body)
+    outputs = [i for i in items if i["type"] == "output"]
+    rec = Recording(rid, embedded.model_info(), body, [], outputs)
+    st = journey(rec.model, rid, body, [], outputs)
+    path = [s for s in st if s.key in ("request", "tokens", "prefix", "embedding", "layers", "timeline", "kv",
+                                       "logit_lens", "sampling", "answer")]
+    assert all(s.reached for s in path), [s.key for s in path if not s.reached]
+    assert not any("Not reached yet" in s.text for s in st)
+    gen = sum(1 for o in outputs if o.get("token_id", -1) >= 0)
+    assert next(s for s in st if s.key == "answer").chip == (f"{gen} token" if gen == 1 else f"{gen} tokens")
+    assert "capture level (off)" in next(s for s in st if s.key == "prefix").text
