@@ -8,7 +8,7 @@ numbers), the key number its chip in the map shows, whether this request skips t
 panels drawn under it. The words come from one function per stage (visualizers/stages/)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 from visualizers import stages as st
@@ -38,19 +38,24 @@ class Stage:
 
 def journey(model: dict, request_id: str, body: dict | None, events: Sequence[dict], outputs: Sequence[dict],
             kv_peak: dict | None = None, truncated: dict | None = None, *, position: int | None = None,
-            hidden_from: int | None = None) -> list[Stage]:
+            hidden_from: int | None = None, layer: int | None = None, trail: st.Trail | None = None) -> list[Stage]:
     """Every stage of KEYS, in that order, for this request (live or recorded).
     kv_peak: the block pool when this request held the most tokens (the KV stage quotes it, so
     its words and its grid agree); truncated: the trace's {"step", "limit_bytes"} when the
     per-request cap stopped its captures; position: the selected token (the words speak of the
     pass that read it and predicted the next, as the panels do; None: the newest pass);
     hidden_from: a classroom question's position, whose token and every later one the events
-    given no longer hold (the words say they are hidden, not that the request is running)."""
+    given no longer hold (the words say they are hidden, not that the request is running);
+    layer: the selected layer (the layers stage quotes its MoE routing, as the MoE panel shows it);
+    trail: what an earlier call read of this same growing list of events (stages.Trail): keep one
+    per live view and pass it each time, and a call reads only the events added since."""
     facts = st.Facts.read(model, request_id, body, events, outputs, kv_peak=kv_peak, truncated=truncated,
-                          position=position, hidden_from=hidden_from)
-    out = []
-    for i, (key, title, words) in enumerate(STAGES, 1):
-        part = words(facts)
-        out.append(Stage(key, f"{i} · {title}", part.text, part.panels, part.chip if part.reached else "",
-                         part.skipped, part.reached))
-    return out
+                          position=position, hidden_from=hidden_from, layer=layer, trail=trail)
+    parts = [words(facts) for _, _, words in STAGES]
+    # a request that streams has passed every stage before the stream, recorded or not (capture level off)
+    passed = False
+    for i in range(KEYS.index("answer"), -1, -1):
+        passed = passed or parts[i].reached
+        parts[i] = replace(parts[i], reached=passed)
+    return [Stage(key, f"{i} · {title}", part.text, part.panels, part.chip if part.reached else "", part.skipped,
+                  part.reached) for i, ((key, title, _), part) in enumerate(zip(STAGES, parts), 1)]

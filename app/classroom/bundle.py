@@ -1,7 +1,9 @@
 """A classroom as a static bundle, for a hall larger than one small server holds.
 
 The zip holds the audience page (index.html), every stage's rendered HTML (stages/N.json,
-the same bytes the server serves) and the trace (trace.json). Any static host serves it
+the same bytes the server serves, with the question's token hidden as it is now; and
+stages/revealed/N.json, with it shown: the page takes those once the server says it is revealed)
+and the trace (trace.json). Any static host serves it
 (a CDN, `python -m http.server`); the page takes only the presenter's position (and the
 question) from this server's event stream, which is a few hundred bytes per move.
 """
@@ -9,6 +11,7 @@ from __future__ import annotations
 
 import io
 import zipfile
+from dataclasses import replace
 
 from app.classroom.page import page_html
 
@@ -29,8 +32,10 @@ def bundle_zip(room, server: str, css: str) -> bytes:
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
         z.writestr("index.html", page_html(room, False, css, server=server, static=True))
+        shown = replace(room, revealed=True, _stages=[], _html={})  # the same room, nothing hidden
         for i in range(len(room.stage_list())):
             z.writestr(f"stages/{i}.json", room.stage_body(i))
+            z.writestr(f"stages/revealed/{i}.json", shown.stage_body(i))
         z.writestr("trace.json", room.rec.dumps())
         z.writestr("README.txt", README.format(room=room.room_id, request_id=room.rec.request_id, server=server))
     return buf.getvalue()

@@ -24,7 +24,8 @@ async function show(i, v) {
   let d = null;
   try {
     // immutable per trace version: the browser's cache serves a revisit (a bundle: its own file)
-    const r = await fetch(STATIC ? `stages/${i}.json` : api(`stage/${i}?v=${v}`));
+    const revealed = room && (room.hidden_from === null || room.hidden_from === undefined) ? 'revealed/' : '';
+    const r = await fetch(STATIC ? `stages/${revealed}${i}.json` : api(`stage/${i}?v=${v}`));
     if (r.ok) d = await r.json();
   } catch (e) {}
   if (!d) { setTimeout(() => { if (room) enqueue(room); }, 1000); return; }  // offline: try the newest state again

@@ -48,7 +48,9 @@ def page_html(room: Room, presenter: bool, css: str, server: str = "", static: b
     m = room.rec.model
     controls = (Template(asset("presenter.html")).substitute(max_layer=int(m["num_layers"]) - 1,
                                                              max_head=int(m["num_heads"]) - 1) if presenter else "")
+    sample = next((i for i, s in enumerate(room.stage_list()) if s.key == "sampling"), -1)
     config = {"room": room.room_id, "key": room.key if presenter else "", "count": len(titles),
+              "sample": sample,  # where a question fits best (benchmarks/hall_load.py asks there)
               "server": server.rstrip("/"), "static": static,
               "staleMs": int(3 * KEEPALIVE * 1000)}  # a stream silent this long is dead: reconnect
     return Template(asset("page.html")).substitute(

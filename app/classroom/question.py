@@ -1,8 +1,9 @@
 """The live question of a classroom: "predict the next token".
 
-At the sampling stage the presenter opens it on the request's first generated token: every
-student picks one of the model's top candidates (or types a guess), then the presenter
-reveals what the model drew, with the class's votes beside the model's probabilities.
+The presenter opens it at any stage, on any answer token (the first by default): every
+student picks one of the model's top candidates there (or types a guess), then the presenter
+reveals what the model drew, with the class's votes beside the model's probabilities. Until
+the reveal no stage shows that token (app/classroom/mask.py).
 One vote per browser (the server keys votes by the browser's id; a second vote replaces the
 first), and the probabilities stay hidden until the reveal so they cannot steer the class.
 """

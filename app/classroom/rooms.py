@@ -111,7 +111,8 @@ class Room:
         kv_peak = cursor.goto(cursor.peak_kv_frame()).pool
         shown = self._shown
         self._stages = journey(shown.model, shown.request_id, shown.body, shown.events, shown.outputs, kv_peak,
-                               shown.truncated, position=self.shown_position(), hidden_from=self._hidden)
+                               shown.truncated, position=self.shown_position(), hidden_from=self._hidden,
+                               layer=int(self.pick["layer"]))
         self.stage = min(self.stage, len(self._stages) - 1)
 
     def question_position(self) -> int:

@@ -8,7 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from visualizers._html import esc, show_piece
+from visualizers.compact import lens_layers
+from visualizers._html import show_piece
+from visualizers.logit_lens import first_top
 
 FIRST = ("request.arrive", "tokenize", "prefix_cache.lookup", "finish", "trace.truncated")
 KEPT = ("sample", "logit_lens", "spec", "embed", "token")  # every event of these types, in order
@@ -25,54 +27,96 @@ class Part:
 
 
 @dataclass
+class Trail:
+    """The fold of one request's events so far. journey() is called several times a second over
+    a list that only grows while the request streams; given the same Trail each time, it reads
+    only the events added since the last call (a list rebuilt, e.g. a replay moved back, is
+    noticed by its first event and read again from the start)."""
+    request_id: str
+    read: int = 0  # how many events of the list are folded in
+    head: dict | None = None  # the list's first event: another list starts the fold again
+    first: dict[str, dict] = field(default_factory=dict)
+    kept: dict[str, list[dict]] = field(default_factory=lambda: {t: [] for t in KEPT})
+    lens_tops: list[int | None] = field(default_factory=list)  # first_top of each logit_lens event
+    steps: list[dict] = field(default_factory=list)  # schedule.step events whose batch holds this request
+    kinds: list[str] = field(default_factory=list)  # this request's part of each of those steps
+    collectives: list[dict] = field(default_factory=list)  # schedule.collective events with this request
+    moe: dict[int, list[dict]] = field(default_factory=dict)  # layer -> its routing events, in order
+
+    def fold(self, events: Sequence[dict]) -> "Trail":
+        """events[self.read:] folded in (all of them again when the list is another), in place."""
+        if len(events) < self.read or (events and self.head is not None and events[0] is not self.head):
+            self.__init__(self.request_id)  # type: ignore[misc]  # the same object, emptied
+        rid = self.request_id
+        for e in events[self.read:]:  # each event once, ever
+            t = e["type"]
+            if t in self.kept:
+                self.kept[t].append(e)
+                if t == "logit_lens":
+                    self.lens_tops.append(first_top(lens_layers(e)))
+            elif t == "schedule.step":
+                mine = [x["kind"] for x in e["batch"] if x["request_id"] == rid]
+                if mine:
+                    self.steps.append(e)
+                    self.kinds += mine
+            elif t == "moe":
+                self.moe.setdefault(e["layer"], []).append(e)
+            elif t == "schedule.collective":
+                if any(x.get("request_id") == rid for x in e.get("batch", [])):
+                    self.collectives.append(e)
+            elif t in FIRST and t not in self.first:
+                self.first[t] = e
+        self.read, self.head = len(events), events[0] if events else None
+        return self
+
+
+@dataclass
 class Facts:
     model: dict
     request_id: str
     body: dict | None
     outputs: Sequence[dict]
+    trail: Trail
     kv_peak: dict | None = None  # the block pool when this request held the most tokens
     truncated: dict | None = None  # the trace's {"step", "limit_bytes"[, "token"]} when its cap stopped captures
     position: int | None = None  # the selected token (None: the newest pass); see pass_of
     hidden_from: int | None = None  # the classroom hides tokens from this position on (until the reveal)
-    first: dict[str, dict] = field(default_factory=dict)
-    kept: dict[str, list[dict]] = field(default_factory=dict)
-    steps: list[dict] = field(default_factory=list)  # schedule.step events whose batch holds this request
-    kinds: list[str] = field(default_factory=list)  # this request's part of each of those steps
-    collectives: list[dict] = field(default_factory=list)  # schedule.collective events with this request
-    moe_first_layer: list[dict] = field(default_factory=list)  # the first MoE layer's events (its load)
+    layer: int | None = None  # the selected layer (its MoE routing is quoted; None: the first MoE layer)
 
     @classmethod
     def read(cls, model: dict, request_id: str, body: dict | None, events: Sequence[dict],
-             outputs: Sequence[dict], **kw) -> "Facts":
-        f = cls(model, request_id, body, outputs, **kw)
-        f.kept = {t: [] for t in KEPT}
-        moe_layer = None
-        for e in events:  # the one pass
-            t = e["type"]
-            if t in f.kept:
-                f.kept[t].append(e)
-            elif t == "schedule.step":
-                mine = [x["kind"] for x in e["batch"] if x["request_id"] == request_id]
-                if mine:
-                    f.steps.append(e)
-                    f.kinds += mine
-            elif t == "moe":
-                moe_layer = e["layer"] if moe_layer is None else moe_layer
-                if e["layer"] == moe_layer:
-                    f.moe_first_layer.append(e)
-            elif t == "schedule.collective":
-                if any(x.get("request_id") == request_id for x in e.get("batch", [])):
-                    f.collectives.append(e)
-            elif t in FIRST and t not in f.first:
-                f.first[t] = e
+             outputs: Sequence[dict], trail: Trail | None = None, **kw) -> "Facts":
+        if trail is None or trail.request_id != request_id:
+            trail = Trail(request_id)
+        f = cls(model, request_id, body, outputs, trail.fold(events), **kw)
         if f.truncated is None and "trace.truncated" in f.first:
             f.truncated = f.first["trace.truncated"]
         return f
+
+    # the trail's lists, read as the request's
+    first = property(lambda self: self.trail.first)
+    kept = property(lambda self: self.trail.kept)
+    steps = property(lambda self: self.trail.steps)
+    kinds = property(lambda self: self.trail.kinds)
+    collectives = property(lambda self: self.trail.collectives)
+
+    @property
+    def moe_first_layer(self) -> list[dict]:
+        """The routing events of the quoted MoE layer: the selected one, else the first routed."""
+        moe = self.trail.moe
+        if self.layer in moe:
+            return moe[self.layer]
+        return next(iter(moe.values()), [])
 
     # --- counts the stages share -----------------------------------------------------
     @property
     def generated(self) -> list[dict]:
         return [o for o in self.outputs if o.get("token_id", -1) >= 0]
+
+    @property
+    def untraced(self) -> bool:
+        """Tokens came out but no engine step was recorded (capture level off)."""
+        return bool(self.generated) and not self.steps
 
     @property
     def n_prompt(self) -> int:
@@ -129,6 +173,12 @@ class Facts:
         return gen[i].get("text", "") if 0 <= i < len(gen) else None
 
 
+def hidden_sentence(f: "Facts") -> str:
+    """What a classroom says where the hidden token's draw would be."""
+    return (f"The draw at position {n(f.hidden_from)} is hidden until the class has predicted it: the presenter "
+            "asks \u201cpredict the next token\u201d, then reveals the model's answer here.")
+
+
 # --- words ---------------------------------------------------------------------------
 def n(x: float) -> str:
     """A number in bold (ints with thousands separators, floats with two decimals)."""
@@ -143,6 +193,11 @@ def p(*sentences: str) -> str:
 def plural(count: int, noun: str, many: str | None = None) -> str:
     """'1 KV head', '3 KV heads' (the number in bold)."""
     return f"{n(count)} {noun if count == 1 else many or noun + 's'}"
+
+
+def count(k: int, noun: str) -> str:
+    """'1 token', '25 tokens' (plain text, for a chip)."""
+    return f"{k:,} {noun}{'' if k == 1 else 's'}"
 
 
 def quote(text: str) -> str:

@@ -8,8 +8,8 @@ from visualizers.compact import lens_layers
 from visualizers._html import esc, fmt_bytes, fmt_ms
 from visualizers.attention import layer_spans
 from visualizers.logit_lens import first_top
-from visualizers.stages.facts import Facts, Part, n, p, plural, quote
-from visualizers.stages.way_in import NOT_YET, cut_sentence
+from visualizers.stages.facts import Facts, Part, hidden_sentence, n, p, plural, quote
+from visualizers.stages.way_in import NOT_YET, UNTRACED, cut_sentence
 
 
 def layers(f: Facts) -> Part:
@@ -69,6 +69,9 @@ def _windows(windows: Sequence[int | None]) -> str:
 
 
 def prefill_decode(f: Facts) -> Part:
+    if f.untraced:
+        return Part(p(UNTRACED, "Prefill ran the prompt through the model; then each decode step produced a token "
+                      "(the stream's timing shows them)."), ("timeline",))
     if not f.steps:
         return Part(p(NOT_YET, "Prefill runs the prompt through the model; then each decode step produces a token."),
                     ("timeline",), reached=bool(f.generated))
@@ -83,7 +86,7 @@ def prefill_decode(f: Facts) -> Part:
     step_ms = [s["forward_seconds"] for s in f.steps if s.get("forward_seconds") is not None]
     text = p(f"Prefill ran {what} through the model in {n(n_prefill)} {passes} (long prompts are cut into chunks "
              f"that share steps with other requests); then {n(n_decode)} decode or verify "
-             f"step{'s' if n_decode != 1 else ''} produced the answer.",
+             f"step{'s' if n_decode != 1 else ''} produced the answer{'' if f.finish else ' so far'}.",
              (f"Time to first token: <b>{esc(fmt_ms(ttft))}</b>. " if ttft is not None else "")
              + (f"A forward pass took {esc(fmt_ms(statistics.median(step_ms)))} at the median." if step_ms else ""))
     chip = f"TTFT {fmt_ms(ttft)}" if ttft is not None else f"{len(f.steps):,} steps"
@@ -98,7 +101,10 @@ def kv(f: Facts) -> Part:
     if peak is not None:
         held = [blk for blk, rids in peak["owners"].items() if f.request_id in rids]
         tokens, blocks = sum(peak["fill"].get(blk, 0) for blk in held), len(held)
-        when = f"After engine step {peak['step']}, the last before it finished, "
+        when = (f"After engine step {peak['step']}, the last before the hidden token was drawn, "
+                if f.hidden_from is not None else
+                f"After engine step {peak['step']}, the last before it finished, " if f.finish else
+                f"After engine step {peak['step']}, ")
     else:  # the last token drawn is never fed back, so it has no K/V
         tokens = max(0, f.n_prompt + f.n_gen - 1)
         blocks, when = -(-tokens // bs), ("At its end " if f.finish else "So far ")
@@ -134,6 +140,8 @@ def lens(f: Facts) -> Part:
             "and it says what the model would answer if it stopped there.")
     evs = f.kept["logit_lens"]
     e = f.pass_of("logit_lens")
+    if e is None and f.hidden_from is not None:
+        return Part(p(what, hidden_sentence(f)), ("logit_lens",), "hidden")
     if e is None:
         return Part(p(what, "This request has no logit lens: capture level full records one per generated token."),
                     ("logit_lens",), "not captured" if f.finish else "", reached=bool(f.finish))
@@ -150,7 +158,7 @@ def lens(f: Facts) -> Part:
     near_text = (f" It entered the top 10 {_after(near)} (the embedding alone ranked it "
                  f"{n(int(rows[0]['chosen_rank']))})." if near not in (None, last) else
                  f" The embedding alone ranked it {n(int(rows[0]['chosen_rank']))}.")
-    early = [t for t, rows_x in ((first_top(r), r) for r in map(lens_layers, evs)) if t is not None and t < len(rows_x) - 1]
+    early = [t for t, x in zip(f.trail.lens_tops, evs) if t is not None and t < len(lens_layers(x)) - 1]
     summary = (f"Over the {plural(len(evs), 'traced token')}, {n(len(early))} "
                f"{'was' if len(early) == 1 else 'were'} settled before the last layer"
                + (f" (at the median, {_after(int(statistics.median(early)))})" if early else "") + ".")

@@ -8,6 +8,8 @@ from visualizers.stages.facts import Facts, Part, n, p, plural
 
 def speculation(f: Facts) -> Part:
     spec = f.kept["spec"]
+    if not spec and f.untraced:
+        return Part(p("This request's capture level (off) records no speculative rounds."), ("spec",), "")
     if not spec:
         off = ("This request ran without speculative decoding: one target forward pass per token. With speculation "
                "on, a draft (a small model, or n-gram lookup in the context) proposes k tokens and the target "

@@ -2,23 +2,32 @@
 from __future__ import annotations
 
 from visualizers._html import esc, fmt_bytes
-from visualizers.stages.facts import Facts, Part, n, p, plural
+from visualizers.stages.facts import Facts, Part, count, n, p, plural
 
 NOT_YET = "Not reached yet: this request is still on its way (the page re-reads it while it runs)."
+UNTRACED = "This request's capture level (off) records no engine events for this stage."
 
 
 def request(f: Facts) -> Part:
     arrive = f.first.get("request.arrive") or {}
-    msgs = arrive.get("messages") or (f.body or {}).get("messages") or []
+    body = f.body or {}
+    msgs = arrive.get("messages") or body.get("messages") or []
     params = arrive.get("params") or {}
-    if not params and f.body:
-        params = {"max_tokens": f.body.get("max_tokens") or f.body.get("max_completion_tokens") or 0,
-                  "temperature": f.body.get("temperature", 1.0)}
-    chars = sum(len(m.get("content", "")) for m in msgs if isinstance(m, dict) and isinstance(m.get("content"), str))
-    text = p(f"A client sent a JSON body like any OpenAI client would: {plural(len(msgs), 'message')}, "
-             f"{plural(chars, 'character')} of text, asking for at most {n(int(params.get('max_tokens') or 0))} new "
-             f"tokens at temperature {n(float(params.get('temperature', 0) or 0))}.",
-             f"The server checked every field before the engine saw it, and gave the request its id "
+    if not params and body:
+        params = {"max_tokens": body.get("max_tokens") or body.get("max_completion_tokens") or 0,
+                  "temperature": body.get("temperature", 1.0)}
+    ask = (f"at most {n(int(params.get('max_tokens') or 0))} new tokens at temperature "
+           f"{n(float(params.get('temperature', 0) or 0))}")
+    if msgs:
+        chars = sum(len(m["content"]) for m in msgs if isinstance(m, dict) and isinstance(m.get("content"), str))
+        what = (f"A client sent a JSON body like any OpenAI client would: {plural(len(msgs), 'message')}, "
+                f"{plural(chars, 'character')} of text, asking for {ask}.")
+    else:  # POST /v1/completions: a plain prompt, no chat messages
+        prompt = body.get("prompt") if isinstance(body.get("prompt"), str) else arrive.get("prompt")
+        chars = len(prompt) if isinstance(prompt, str) else 0
+        what = (f"A client sent a plain prompt (POST /v1/completions, no chat messages) of "
+                f"{plural(chars, 'character')}, asking for {ask}.")
+    text = p(what, f"The server checked every field before the engine saw it, and gave the request its id "
              f"<b>{esc(f.request_id)}</b>: every event below carries that id.")
     return Part(text, ("request",), f"{chars:,} chars", reached=bool(arrive or f.body))
 
@@ -27,23 +36,34 @@ def tokenize(f: Facts) -> Part:
     tok = f.first.get("tokenize")
     if not tok:
         if f.n_prompt:  # capture level off: the usage still counts the prompt's tokens
-            return Part(p(f"The chat template and byte-level BPE cut the prompt into {plural(f.n_prompt, 'token')};"
-                          " this request's capture level records no more of them."), ("tokens",),
-                        f"{f.n_prompt:,} tokens")
+            return Part(p(f"The tokenizer cut the prompt into {plural(f.n_prompt, 'token')}; this request's capture "
+                          "level (off) records no more of them."), ("tokens",),
+                        count(f.n_prompt, "token"))
         return Part(p(NOT_YET, "The chat template wraps the messages in role markers; byte-level BPE cuts the text "
                       "into integer ids."), ("tokens",), reached=False)
     special = sum(1 for t in tok["tokens"] if t.get("special"))
     vocab = tok.get("tokenizer_size") or f.model["vocab_size"]
-    text = p(f"The chat template wrapped the messages in role markers, then byte-level BPE cut the text into "
-             f"{plural(int(tok['count']), 'token')}, each an integer id in a vocabulary of {n(int(vocab))}. "
-             f"{n(special)} of them {'is a special token' if special == 1 else 'are special tokens'} that mark "
-             "whose turn it is (highlighted).", "The model never sees letters: only these ids.")
-    return Part(text, ("tokens",), f"{int(tok['count']):,} tokens")
+    total_tokens = int(tok["count"])
+    templated = tok.get("chat_template", True)
+    how = ("The chat template wrapped the messages in role markers, then the tokenizer (byte-pair encoding) cut "
+           "the text" if templated else "A plain prompt gets no chat template: the tokenizer (byte-pair encoding) "
+           "cut its text")
+    marks = "mark whose turn it is" if templated else "mark where the text begins"
+    text = p(f"{how} into {plural(total_tokens, 'token')}, each an integer id in a vocabulary of {n(int(vocab))}. "
+             f"{n(special)} of them {'is a special token' if special == 1 else 'are special tokens'} that {marks} "
+             "(highlighted).", "The model never sees letters: only these ids.")
+    return Part(text, ("tokens",), count(total_tokens, "token"))
 
 
 def prefix(f: Facts) -> Part:
     look = f.first.get("prefix_cache.lookup")
     bs = f.model["block_size"]
+    if not look and f.untraced:
+        usage = (f.finish or {}).get("usage") or {}
+        cached = int(usage.get("cached_tokens") or (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+                     or 0)
+        return Part(p(UNTRACED, f"Its usage says {n(cached)} of its {n(f.n_prompt)} prompt tokens came from the "
+                      "prefix cache." if usage else ""), ("prefix",), f"{cached:,} cached" if usage else "")
     if not look:
         return Part(p(NOT_YET, "When the scheduler admits it, the engine looks its prompt's blocks up in the prefix "
                       "cache."), ("prefix",), reached=False)

@@ -5,14 +5,17 @@ import statistics
 from typing import Sequence
 
 from visualizers._html import esc, fmt_ms
-from visualizers.stages.facts import Facts, Part, n, p, plural, quote
+from visualizers.stages.facts import Facts, Part, count, hidden_sentence, n, p, plural, quote
 from visualizers.stages.model import which_pass
-from visualizers.stages.way_in import NOT_YET
+from visualizers.stages.way_in import NOT_YET, UNTRACED
 
 
 def sampling(f: Facts) -> Part:
     s = f.pass_of("sample")
     if s is None:
+        if f.hidden_from is not None:
+            return Part(p("Softmax turns the LM head's scores into probabilities; then temperature, top-k and top-p "
+                          "cut the list and one token is drawn.", hidden_sentence(f)), ("sampling",), "hidden")
         if f.generated:  # capture level off: tokens were drawn, their distributions not recorded
             return Part(p("Each step ended with logits over the vocabulary, cut by temperature, top-k and top-p, and "
                           "one token drawn; this request's capture level records no distributions."), ("sampling",),
@@ -45,17 +48,17 @@ def stream(f: Facts) -> Part:
     fin = f.finish
     if f.hidden_from is not None:
         words.append(f"The answer from position {n(f.hidden_from)} on is hidden until the class has predicted "
-                     "its next token.")
+                     "that token.")
     elif fin:
         u = fin.get("usage") or {}
         reason = str(fin.get("reason"))
-        words += [f"It ended because {esc(REASONS.get(reason, reason))} (finish_reason <b>{esc(reason)}</b>).",
+        words += [f"It ended because {esc(REASONS.get(reason, reason))}: finish_reason <b>{esc(reason)}</b>.",
                   f"Usage: {n(int(u.get('prompt_tokens', 0)))} prompt tokens ({n(int(u.get('cached_tokens', 0)))} "
                   f"from the prefix cache) and {n(int(u.get('completion_tokens', 0)))} completion tokens.",
                   f"It was preempted {plural(int(fin['preemptions']), 'time')}." if fin.get("preemptions") else ""]
     else:
         words.append("Still running. It will end at an end-of-turn token, a stop string or max_tokens.")
-    return Part(p(*words), ("answer",), f"{gen:,} tokens", reached=bool(f.generated or fin))
+    return Part(p(*words), ("answer",), count(gen, "token"), reached=bool(f.generated or fin))
 
 
 def _timing(tokens: Sequence[dict]) -> str:
@@ -82,6 +85,8 @@ def _timing(tokens: Sequence[dict]) -> str:
 
 def batching(f: Facts) -> Part:
     mine = f.steps
+    if f.untraced:
+        return Part(p(UNTRACED, "The engine never waits for a batch to fill: a new request joins the next step."), ())
     if not mine:
         return Part(p(NOT_YET, "The engine never waits for a batch to fill: a new request joins the next step."),
                     (), reached=bool(f.generated))

@@ -165,7 +165,9 @@ def test_a_static_bundle_shows_its_own_files_and_follows_the_server(server, brow
     assert r.status_code == 200 and r.headers["content-type"] == "application/zip"
     with zipfile.ZipFile(io.BytesIO(r.content)) as z:
         z.extractall(tmp_path)
-    assert sorted(p.name for p in (tmp_path / "stages").iterdir()) == sorted(f"{i}.json" for i in range(room["stages"]))
+    for folder in ("stages", "stages/revealed"):  # as the class sees them now, and once the answer is revealed
+        assert sorted(p.name for p in (tmp_path / folder).glob("*.json")) == \
+            sorted(f"{i}.json" for i in range(room["stages"]))
     assert json.loads((tmp_path / "stages" / "4.json").read_text()) == \
         httpx.get(server.url + f"classroom/{room['id']}/stage/4").json()
     assert json.loads((tmp_path / "trace.json").read_text())["id"] == room["request_id"]
@@ -185,7 +187,8 @@ def test_a_static_bundle_shows_its_own_files_and_follows_the_server(server, brow
         app_origin = server.url.rstrip("/")
         assert not [u for u in asked if u.startswith(app_origin) and "/stage/" in u]  # no stage from the server
         assert any(u.startswith(app_origin) and u.endswith("/events") for u in asked)
-        assert any(u.endswith("stages/6.json") for u in asked)
+        revealed = httpx.get(server.url + f"classroom/{room['id']}/state").json()["hidden_from"] is None
+        assert any(u.endswith("stages/revealed/6.json" if revealed else "stages/6.json") for u in asked)
     finally:
         ctx.close()
         host.shutdown()

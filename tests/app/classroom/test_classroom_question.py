@@ -75,6 +75,8 @@ def test_the_presenters_pick_is_what_every_screen_shows(recording):
     assert state["pick"]["text"] == answer(recording)[2]["text"]
     html = bodies(room)
     assert "layer 1 · head 3" in html["layers"]
+    if 1 in recording.model["moe_layers"]:  # the words quote the routing of the layer the MoE panel shows
+        assert "In layer 1 the router" in html["layers"]
     assert f"(position {n + 2:,}) and predicted" in html["sampling"]
     room.select(None, 99, 99)  # clamped to the model
     assert (room.pick["layer"], room.pick["head"]) == (recording.model["num_layers"] - 1,
@@ -86,3 +88,21 @@ def test_the_presenters_pick_is_what_every_screen_shows(recording):
     room.ask("open", n + 3)
     room.select(n + 8, 0, 0)
     assert room.state()["pick"]["shown"] == n + 1
+
+
+def test_a_bundle_holds_the_stages_hidden_and_revealed(recording):
+    """A static bundle follows the server's question: its page takes stages/revealed/N.json once
+    the server says the token is revealed."""
+    import io
+    import zipfile
+
+    from app.classroom.bundle import bundle_zip
+    room = Room("r", "k", recording)
+    with zipfile.ZipFile(io.BytesIO(bundle_zip(room, "http://server", ""))) as z:
+        answer = KEYS.index("answer")
+        hidden = json.loads(z.read(f"stages/{answer}.json"))["html"]
+        shown = json.loads(z.read(f"stages/revealed/{answer}.json"))["html"]
+        assert len([n for n in z.namelist() if n.startswith("stages/revealed/")]) == len(KEYS)
+    assert "hidden until the class" in hidden and "hidden until the class" not in shown
+    assert "It ended because" in shown
+    assert room.state()["hidden_from"] is not None  # the room itself still hides it

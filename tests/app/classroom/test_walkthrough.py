@@ -145,3 +145,57 @@ def test_every_page_panel_sits_under_exactly_one_stage(miss_then_hit):
     assert set(PANELS) - set(placed) == set()  # the embedded model is an MoE: its routing is shown too
     dense = journey({**rec.model, "is_moe": False}, rec.request_id, rec.body, rec.events, rec.outputs)
     assert "moe" not in [p for s in dense for p in s.panels]  # a dense model has no half-empty MoE panel
+
+
+def test_a_plain_prompt_is_told_as_one(embedded):
+    """POST /v1/completions: no messages and no chat template, said so (not "0 messages")."""
+    from app.serving.recording import record_request
+    from tests.service_utils import run_to_end
+    body = {"model": "m", "prompt": "Once upon a time", "max_tokens": 4, "trace_level": "full", "temperature": 0}
+    rid, _ = run_to_end(embedded, body)
+    rec = record_request(embedded.store, rid, embedded.model_info(), embedded.piece, embedded.is_special)
+    text = walk(rec)
+    assert "0</b> messages" not in text["request"]
+    assert f"a plain prompt (POST /v1/completions, no chat messages) of <b>{len(body['prompt'])}</b> characters" \
+        in text["request"]
+    tok = first(rec, "tokenize")
+    assert not tok["chat_template"] and "role markers" not in text["tokens"] and "no chat template" in text["tokens"]
+
+
+def test_a_trail_reads_a_growing_trace_once_and_says_the_same(miss_then_hit):
+    """The page calls journey() several times a second while a request streams: with a Trail
+    each call reads only the new events, and the words are those of a call that read them all."""
+    from visualizers.stages import Trail
+    rec = miss_then_hit[1]
+    whole = [(s.text, s.chip, s.skipped, s.reached) for s in journey(rec.model, rec.request_id, rec.body,
+                                                                     rec.events, rec.outputs)]
+    trail, live = Trail(rec.request_id), []
+    for i in range(0, len(rec.events), 7):
+        live.extend(rec.events[i:i + 7])
+        out = journey(rec.model, rec.request_id, rec.body, live, rec.outputs, trail=trail)
+        assert trail.read == len(live)
+    assert [(s.text, s.chip, s.skipped, s.reached) for s in out] == whole
+    # a rebuilt list (a replay moved back) is read again from its start, not appended to
+    back = list(rec.events[:len(rec.events) // 2])
+    again = journey(rec.model, rec.request_id, rec.body, back, rec.outputs, trail=trail)
+    fresh = journey(rec.model, rec.request_id, rec.body, back, rec.outputs)
+    assert [s.text for s in again] == [s.text for s in fresh] and trail.read == len(back)
+
+
+def test_a_request_traced_at_level_off_passes_every_stage_of_its_path(embedded):
+    """Capture level off keeps only the streamed outputs: the map still lights the whole path
+    up to the stream, and the words say what was not recorded instead of "not reached yet"."""
+    from app.serving.recording import Recording
+    from tests.service_utils import run_to_end
+    body = {"model": "m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "trace_level": "off"}
+    rid, items = run_to_end(embedded, body)
+    outputs = [i for i in items if i["type"] == "output"]
+    rec = Recording(rid, embedded.model_info(), body, [], outputs)
+    st = journey(rec.model, rid, body, [], outputs)
+    path = [s for s in st if s.key in ("request", "tokens", "prefix", "embedding", "layers", "timeline", "kv",
+                                       "logit_lens", "sampling", "answer")]
+    assert all(s.reached for s in path), [s.key for s in path if not s.reached]
+    assert not any("Not reached yet" in s.text for s in st)
+    gen = sum(1 for o in outputs if o.get("token_id", -1) >= 0)
+    assert next(s for s in st if s.key == "answer").chip == (f"{gen} token" if gen == 1 else f"{gen} tokens")
+    assert "capture level (off)" in next(s for s in st if s.key == "prefix").text

@@ -13,12 +13,11 @@ import httpx
 import pytest
 
 from tests.browser_utils import LIVE_STATE, open_page, paced_server, status, wait_status
+from visualizers.journey import JOURNEY
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.filterwarnings("ignore:.*no_silent_downcasting", "ignore:The copy keyword")]
-STAGE_TITLES = ["The request arrives", "Prefix cache", "Tokenize", "Embed", "Through the layers",
-                "Prefill, then decode", "The KV cache", "The logit lens", "Sample", "Stream", "Stop", "Continuous batching",
-                "Speculative decoding", "Beyond one GPU"]
+STAGE_TITLES = [title for _, title in JOURNEY]  # the classroom walks the page's journey
 
 
 @pytest.fixture(scope="module")
@@ -140,7 +139,7 @@ def test_classroom_walks_every_stage_and_a_second_browser_follows(server, watche
         for p in (teacher, student):
             assert title in p.inner_text("#tt-class-title")
             assert len(p.inner_text(".tt-class-text")) > 60
-        if i == 2:  # the words quote this request's numbers
+        if title == "Tokenize":  # the words quote this request's numbers
             words = student.inner_text(".tt-class-text")
             n = len(json.loads(httpx.get(server.url + f"v1/traces/{rid}", timeout=30).text)["events"][1]["tokens"])
             assert f"{n} tokens" in words

@@ -182,8 +182,11 @@ def test_the_app_serves_a_sharded_model_and_stage_13_quotes_it():
     sharded = [e for e in rec.events if e["type"] == "schedule.collective"]
     assert len(sharded) >= 6 and all(len(e["collectives"]) == 1 + 2 * rec.model["num_layers"] for e in sharded)
     text = walk(rec)["parallel"]
-    assert "ran sharded" in text and "<table class='tt-par-grid'" in text and "experts 4–7" in text
-    assert "Pipeline parallelism is not built" in text and "Llama-3-70B" in text
+    assert "ran sharded" in text and "experts 4–7" in text and "Pipeline parallelism is not built" in text
+    from app.serving.recording import ReplayCursor
+    cursor = ReplayCursor(rec)  # the stage's panel, under its words: the measured grid
+    panel = cursor.goto(cursor.last_frame).render("parallel")
+    assert "<table class='tt-par-grid'" in panel and "Llama-3-70B" in panel
     # Perfetto: a track per rank with every collective; rank 0's lie inside its forward passes
     from visualizers.perfetto import RANK_TID, perfetto_trace, step_phases
     slices = [e for e in perfetto_trace(rec.events, rec.request_id)["traceEvents"] if e.get("cat") == "collective"]
