@@ -602,6 +602,7 @@ def add_classroom_routes(api: FastAPI, classrooms: Classrooms, css: str,
             with room.lock:
                 qs = [q.export() for q in room.questions]
                 out = {"schema": 1, "room": room.room_id, "request_id": room.rec.request_id, "stage": room.stage,
+                       "ask_at": room.question_position(), "revealed": room.revealed, "pick": dict(room.pick),
                        "stages": [s.title for s in room._stages], "questions": qs, "trace": room.rec.to_json()}
             return json.dumps(out).encode()
         return Response(await run_in_threadpool(build), media_type="application/json", headers={
