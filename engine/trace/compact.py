@@ -15,8 +15,8 @@ matches, which only cost here). Measured on SmolLM2 decode steps (30 layers x 9 
 64 keys; `python -m benchmarks.trace_bytes --encodings`): 9.6 KB a step, against 110 KB
 as 4-decimal JSON, 13.8 KB as 8-bit sqrt(p) and 12.0 KB as 7-bit sqrt(p) (the nearest
 picture-equal ones), 9.5 KB as 6-bit sqrt(p) (dE 2.7, weights off by up to 0.016) and
-6.2 KB as 8-bit p, whose picture loses the small weights (dE 4.9). Coding a step against the one before gains under 0.3 bits a value: not worth a
-reader that needs the step before.
+6.2 KB as 8-bit p, whose picture loses the small weights (dE 4.9). Coding a step against
+the one before gains under 0.3 bits a value: not worth a reader that needs the step before.
 
 Embedding rows ("f16"): half floats (3 significant digits; the page prints 3 decimals).
 """
