@@ -103,7 +103,7 @@ def encodings(tokens: int) -> None:
             steps[e["step"]] = np.asarray(e["probs"], dtype=np.float64)  # [layers, heads, 1, keys]
     full = [a for a in steps.values() if a.shape[-1] == max(x.shape[-1] for x in steps.values())]
     print(f"\nattention encodings, SmolLM2 decode steps of {full[0].shape} (layers, heads, rows, keys), "
-          f"{len(full)} steps; base64 of zlib unless named")
+          f"{len(full)} steps; one-byte codes as base64 of Huffman-coded deflate")
     grid = np.linspace(0, 1, 20001) ** 2  # every p the colouring can tell apart, for the picture's error
     levels = lambda bits: (lambda a: (np.round(np.sqrt(a) * (2 ** bits - 1)) / (2 ** bits - 1)) ** 2)  # noqa: E731
     p8 = lambda a: compact.decode(compact.encode_probs(torch.from_numpy(a)))  # noqa: E731

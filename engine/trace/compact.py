@@ -9,13 +9,14 @@ never stored this way.
 Attention ("p8"): a probability p becomes the index of its nearest level in LEVELS (255
 levels in [0, 1]). The page colours sqrt(p) (visualizers/attention.py), so the levels step
 1/63 in sqrt(p) where p is small, and at most 0.004 in p where it is large: the picture
-differs from the exact one by at most 1.6 CIE76 dE (below the 2.3 a viewer can tell) and
-a printed weight by at most 0.002. Measured on SmolLM2 decode steps (30 layers x 9 heads x
-64 keys, `python -m benchmarks.trace_bytes --encodings`): 10.5 KB a step, against 107 KB
-as 4-decimal JSON, 14.6 KB as 8-bit sqrt(p) (the next smaller picture-equal one, 7-bit
-sqrt, is 12.9 KB) and 6.9 KB as 8-bit p, whose picture loses the small weights (dE 14).
-Delta coding against the previous step gains under 0.3 bits a value (not worth a reader
-that needs the step before).
+differs from the exact one by at most 1.6 CIE76 dE (below the ~2.3 a viewer can tell) and
+a printed weight by at most 0.002. The codes are Huffman-coded (deflate without LZ77
+matches, which only cost here). Measured on SmolLM2 decode steps (30 layers x 9 heads x
+64 keys; `python -m benchmarks.trace_bytes --encodings`): 9.6 KB a step, against 110 KB
+as 4-decimal JSON, 13.8 KB as 8-bit sqrt(p) and 12.0 KB as 7-bit sqrt(p) (the nearest
+picture-equal ones), 9.5 KB as 6-bit sqrt(p) (dE 2.7, weights off by up to 0.016) and
+6.2 KB as 8-bit p, whose picture loses the small weights (dE 4.9). Coding a step against
+the one before gains under 0.3 bits a value: not worth a reader that needs the step before.
 
 Embedding rows ("f16"): half floats (3 significant digits; the page prints 3 decimals).
 """

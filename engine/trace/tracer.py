@@ -59,7 +59,7 @@ def jsonable(x: Any) -> Any:
     if isinstance(x, torch.Tensor):
         x = x.detach().cpu()
         if x.is_floating_point():
-            x = torch.round(x.double(), decimals=4)  # float64: short JSON (see capture._rounded)
+            x = torch.round(x.double(), decimals=4)  # float64: short JSON (see capture.rounded)
         return x.tolist()
     if isinstance(x, dict):
         return {k: v if isinstance(v, _PLAIN) else jsonable(v) for k, v in x.items()}
