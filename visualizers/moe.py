@@ -68,7 +68,8 @@ def moe_html(events: Sequence[dict], layer: int | None = None, labels: Sequence[
             f'{chosen[x]:.4f} · layer {layer}">{chosen[x]:.2f}</td>' if x in chosen
             else f'<td title="{who} · expert {x} not picked · layer {layer}"></td>' for x in range(num_experts))
         sel = " class='tt-sel-row'" if p == picked else ""
-        rows.append(f"<tr{sel}><th>{'▶ ' if p == picked else ''}{p}</th><th class='tt-tok'>{label}</th>{cells}</tr>")
+        rows.append(f"<tr{sel}><th data-pos='{p}'>{'▶ ' if p == picked else ''}{p}</th>"  # a click selects its pass
+                    f"<th class='tt-tok' data-pos='{p}'>{label}</th>{cells}</tr>")
     grid = (f'<table class="tt-moe"><thead><tr><th>pos</th><th>token</th>{head}</tr></thead>'
             f'<tbody>{"".join(rows)}</tbody></table>')
     total = sum(load) or 1
