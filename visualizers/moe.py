@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from visualizers._html import bar, empty, esc, rgb_css, show_piece
-from visualizers.selection import Selection, header_html
+from visualizers.selection import Selection, header_html, plural
 
 MAX_ROWS = 40  # newest token positions shown
 
@@ -75,11 +75,11 @@ def moe_html(events: Sequence[dict], layer: int | None = None, labels: Sequence[
     total = sum(load) or 1
     batch = last.get("batch_load") or []
     load_rows = "".join(
-        f"<div class='tt-load'><span>E{x}</span>{bar(c / max(max(load), 1))}<span>{c} picks "
+        f"<div class='tt-load'><span>E{x}</span>{bar(c / max(max(load), 1))}<span>{plural(c, 'pick')} "
         f"({c / total:.0%}){f' · batch step: {batch[x]}' if x < len(batch) else ''}</span></div>"
         for x, c in enumerate(load))
     info = (f"<div class='tt-lines'><div>layer <b>{layer}</b> ({len(layers)} MoE layers captured) · "
-            f"{num_experts} experts, top-{top_k} per token · {len(positions)} tokens routed · "
+            f"{num_experts} experts, top-{top_k} per token · {plural(len(positions), 'token')} routed · "
             f"cells: router weight of each chosen expert</div></div>")
     hidden = (f"<div class='tt-note'>showing positions {shown[0]}–{shown[-1]} of {len(positions)} tokens routed"
               "</div>" if len(positions) > len(shown) else "")
