@@ -13,7 +13,7 @@ from typing import Sequence
 import numpy as np
 
 from visualizers._html import empty, esc, fmt_bytes, hover_attr, hover_img, panel
-from visualizers.selection import Selection, header_html
+from visualizers.selection import Selection, header_html, plural
 
 
 def empty_pool(num_blocks: int, block_size: int, step: int = 0) -> dict:
@@ -189,10 +189,10 @@ def kv_grid_html(pool: dict | None, request_id: str | None, events: Sequence[dic
                      for s, label in (("mine", "this request"), ("shared", "shared via prefix cache"),
                                       ("other", "other requests"), ("cached", "free, cached prefix"),
                                       ("freed", "freed by this request"), ("free", "free")))
-    who = " · ".join(f"{esc(rid)}: {c} blocks" for rid, c in sorted(others.items()))
+    who = " · ".join(f"{esc(rid)}: {plural(c, 'block')}" for rid, c in sorted(others.items()))
     info = (f"<div class='tt-lines'><div>pool: <b>{n:,}</b> blocks × {bs} tokens · engine step {pool['step']}"
             f" · block table: {esc(', '.join(map(str, table[:32])))}{'…' if len(table) > 32 else ''}"
-            f" · this request holds {mine_tokens:,} tokens in {len(mine)} blocks</div>"
+            f" · this request holds {plural(mine_tokens, 'token')} in {plural(len(mine), 'block')}</div>"
             f"<div>other requests: {who or 'none'}</div>"
             f"<div class='tt-legend'>{legend}</div>{picked}</div>")
     body = f'<div class="tt-kv-grid" {data}>{grid}</div><div class="tt-note">block 0 top left, {cols} per row; ' \

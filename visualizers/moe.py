@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from visualizers._html import bar, empty, esc, rgb_css, show_piece
-from visualizers.selection import Selection, header_html
+from visualizers.selection import Selection, header_html, plural
 
 MAX_ROWS = 40  # newest token positions shown
 
@@ -68,17 +68,18 @@ def moe_html(events: Sequence[dict], layer: int | None = None, labels: Sequence[
             f'{chosen[x]:.4f} · layer {layer}">{chosen[x]:.2f}</td>' if x in chosen
             else f'<td title="{who} · expert {x} not picked · layer {layer}"></td>' for x in range(num_experts))
         sel = " class='tt-sel-row'" if p == picked else ""
-        rows.append(f"<tr{sel}><th>{'▶ ' if p == picked else ''}{p}</th><th class='tt-tok'>{label}</th>{cells}</tr>")
+        rows.append(f"<tr{sel}><th data-pos='{p}'>{'▶ ' if p == picked else ''}{p}</th>"  # a click selects its pass
+                    f"<th class='tt-tok' data-pos='{p}'>{label}</th>{cells}</tr>")
     grid = (f'<table class="tt-moe"><thead><tr><th>pos</th><th>token</th>{head}</tr></thead>'
             f'<tbody>{"".join(rows)}</tbody></table>')
     total = sum(load) or 1
     batch = last.get("batch_load") or []
     load_rows = "".join(
-        f"<div class='tt-load'><span>E{x}</span>{bar(c / max(max(load), 1))}<span>{c} picks "
+        f"<div class='tt-load'><span>E{x}</span>{bar(c / max(max(load), 1))}<span>{plural(c, 'pick')} "
         f"({c / total:.0%}){f' · batch step: {batch[x]}' if x < len(batch) else ''}</span></div>"
         for x, c in enumerate(load))
     info = (f"<div class='tt-lines'><div>layer <b>{layer}</b> ({len(layers)} MoE layers captured) · "
-            f"{num_experts} experts, top-{top_k} per token · {len(positions)} tokens routed · "
+            f"{num_experts} experts, top-{top_k} per token · {plural(len(positions), 'token')} routed · "
             f"cells: router weight of each chosen expert</div></div>")
     hidden = (f"<div class='tt-note'>showing positions {shown[0]}–{shown[-1]} of {len(positions)} tokens routed"
               "</div>" if len(positions) > len(shown) else "")

@@ -91,7 +91,7 @@ def test_a_click_selects_one_pass_and_every_panel_shows_and_names_it():
     assert 'tt-amap-picked" data-pos="4"' in htmls["attention"]  # the map's outlined row is position 4
     assert "row 4 (marked red at the left): token <code>␣Paris</code>, id 4" in htmls["embedding"]
     assert "into block <b>6</b>, slot 0 of 2" in htmls["kv"]  # position 4: block table entry 2, slot 0
-    assert "<tr class='tt-sel-row'><th>▶ 4</th>" in htmls["moe"]
+    assert "<tr class='tt-sel-row'><th data-pos='4'>▶ 4</th>" in htmls["moe"]
     assert "position 5" in htmls["logit_lens"] and "chosen <code>.</code>" in htmls["logit_lens"]
     assert "position 5 · greedy" in htmls["sampling"] and "drawn: <code>.</code>" in htmls["sampling"]
 
