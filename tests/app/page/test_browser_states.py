@@ -152,13 +152,25 @@ def test_replay_counts_steps_from_one_in_the_slider_and_the_status(page):
     slider = "document.querySelector('#tt-step input[type=range]')"
     lo, hi, value = page.evaluate(f"[{slider}.min, {slider}.max, {slider}.value].map(Number)")
     assert lo == 1 and value == hi
+    assert f"{hi} engine steps" in page.inner_text("#tt-timeline .tt-lines")  # the slider's N is the timeline's
     page.locator("#tt-step input[type=range]").focus()
     page.keyboard.press("Home")
     assert wait_status(page, f"{rid}: step 1 of {hi} ") and page.evaluate(f"+{slider}.value") == 1
     page.keyboard.press("ArrowRight")
     assert wait_status(page, f"step 2 of {hi} ") and page.evaluate(f"+{slider}.value") == 2
-    assert page.input_value("#tt-step input[type=number]") == "2"
-    assert "1 = its first engine step" in page.inner_text("#tt-step")
+    assert page.input_value("#tt-step-box input") == "2"
+    # issue 25, item 5: one numbering ("step k of N engine steps", the timeline's N); no "(0: nothing
+    # to replay yet)" after a finish; a step typed past the end is clamped with a word, no red toast
+    label = page.inner_text("#tt-step")
+    assert f"{hi} engine steps" in label and "nothing to replay" not in label
+    box = page.locator("#tt-step-box input")
+    box.fill(str(hi + 2))
+    box.press("Enter")
+    said = wait_status(page, f"no step {hi + 2}")
+    assert f"step {hi} of {hi} engine steps" in said
+    page.wait_for_timeout(500)
+    assert page.locator(".toast-body, .toast-wrap .error").count() == 0
+    assert "Error" not in page.inner_text("#tt-answer") and "Error" not in page.inner_text("#tt-timeline")
 
 
 def test_the_timeline_quotes_one_queue_time(page):
