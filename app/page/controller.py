@@ -30,7 +30,7 @@ import gradio as gr
 import visualizers as viz
 from app.classroom.rooms import Classrooms
 from app.page import texts
-from app.page.live_view import PANELS, LiveView
+from app.page.live_view import HEAVY, PANELS, LiveView
 from app.page.stages import JourneyClock
 from app.serving.engine_service import EngineService
 from app.serving.limits import RequestRefused, client_of
@@ -46,11 +46,13 @@ MAX_SESSIONS = 64
 SPEEDS = {"1 step/s": 1.0, "2 steps/s": 0.5, "5 steps/s": 0.2, "10 steps/s": 0.1, "recorded pace": None}
 MIN_FRAME = 0.1  # seconds a replay frame stays up at least (each is a full redraw)
 MAX_FRAME = 2.0
+RENDER_BUDGET = 0.08  # seconds of heavy-panel drawing per streaming update; the rest waits for the next one
 TOO_FAST = 2.0  # an answer streamed in less than this (seconds) was too fast to watch: offer Play
 HINTS = ("hint_prompt", "hint_send", "hint_max", "hint_sampling")
 HINT_OF = {"messages": "hint_prompt", "prompt": "hint_prompt", "max_tokens": "hint_max",
            "temperature": "hint_sampling", "top_k": "hint_sampling", "top_p": "hint_sampling", "seed": "hint_sampling"}
 LOCKED = ("system", "user", "temperature", "top_k", "top_p", "max_tokens", "seed", "speculative", "k", "level")
+SLIDERS = ("temperature", "top_k", "top_p", "max_tokens", "k")
 NO_STEPS = {"minimum": 0, "maximum": 1, "value": 0, "interactive": False}  # the step slider, nothing to replay
 
 
@@ -206,6 +208,21 @@ def merged(*parts: dict) -> dict:
                 old = out[name] if isinstance(out[name], dict) else gr.update(value=out[name])
                 val = {**old, **(val if isinstance(val, dict) else {"value": val})}
             out[name] = val
+    return out
+
+
+def draw_within(view: LiveView, names: list[str], now: float, budget: float = RENDER_BUDGET) -> dict[str, str]:
+    """Draw the due panels, the light ones first and then the heavy ones stalest first, until
+    the budget is spent (those left stay dirty: the next update draws them), so one update of a
+    long trace never holds the stream back behind every heavy panel at once."""
+    light = [n for n in names if n not in HEAVY]
+    heavy = sorted((n for n in names if n in HEAVY), key=lambda n: view.drawn_at.get(n, 0.0) - now + HEAVY[n])
+    out = view.draw(light, now)
+    start = time.perf_counter()
+    for n in heavy:
+        if out and time.perf_counter() - start > budget:
+            break
+        out.update(view.draw([n], now))
     return out
 
 
@@ -393,7 +410,7 @@ class Controller:
             view.add(next_items(YIELD_EVERY / 2))
             now = time.perf_counter()
             if now - last >= YIELD_EVERY and not view.finished:
-                out = view.draw(view.due(now), now)
+                out = draw_within(view, view.due(now), now)
                 if tab.clock.due(now):
                     out.update(self.journey_updates(tab, view, now))
                 if out:
@@ -446,6 +463,8 @@ class Controller:
         view.layer, view.head = int(c.layer or 0), int(c.head or 0)
         view.speculative = bool(c.speculative)
         view.body = self.body_of(info, c)
+        before = self.sessions.get(key)
+        was_locked = before is not None and before.locked  # Send cancelled a watch: the controls are theirs again
         tab = Tab(view, service=service)
         self.sessions.put(key, tab)
         submission = None
@@ -466,7 +485,7 @@ class Controller:
         self.sessions.refused.discard(key)
         try:
             # the last request's complaints are gone; its recording is no longer the one shown
-            yield {**{h: "" for h in HINTS}, **self.no_recording(), **self.lock(tab, False)}
+            yield {**{h: "" for h in HINTS}, **self.no_recording(), **(self.lock(tab, False) if was_locked else {})}
 
             def refused_meanwhile() -> dict:  # a Send was refused while this one streamed: it can go now
                 if key not in self.sessions.refused:
@@ -539,8 +558,11 @@ class Controller:
 
             info = self.infos[service.model_name]
             own = self.settings_of(texts.trace_settings(Recording(rid, info, tr.body, backfill, []), info), info)
-            first = merged(self.controls_for(info) if other else {}, own, self.lock(tab, True))
-            yield from self.stream(tab, next_items, first)
+            # the sliders' values cost the browser about half a second to apply: they follow at the end,
+            # so the stream is not held up (the Request panel shows the body meanwhile)
+            sliders = {n: own.pop(n) for n in SLIDERS if n in own}
+            first = merged(self.controls_for(info) if other else {}, own)  # locked already: follow's first yield
+            yield from self.stream(tab, next_items, first, final=lambda: sliders)
         finally:
             service.unsubscribe(sub)
 

@@ -272,8 +272,10 @@ def _wire(page: gr.Blocks, ui: dict, ctl: Controller) -> None:
         ui["stop"].click(w.fn(ctl.stop), None, [ui[n] for n in ("status",) + SETTINGS + ("send", "unlock", "stop")],
                          concurrency_limit=None, cancels=[watching], api_name="stop")
         ui["unlock"].click(w.fn(ctl.unlock, settings), w.inputs(settings), outputs, concurrency_limit=None, **quiet)
-        for name in SETTINGS:  # before any request, the body preview follows every edit (typed or pasted)
-            ui[name].change(w.fn(ctl.preview, settings, keep="request"), w.inputs(settings), ui["request"], concurrency_limit=None,
+        # before any request, the body preview follows every edit of the user's (typed or pasted): input,
+        # not change, so the values Watch and Load write fire nothing (each would be a round trip)
+        for name in SETTINGS:
+            ui[name].input(w.fn(ctl.preview, settings, keep="request"), w.inputs(settings), ui["request"], concurrency_limit=None,
                             trigger_mode="always_last", **quiet)
     selected = [ui[n] for n in Controller.SELECTED]
     ui["pick"].change(w.fn(ctl.pick_token, ("layer", "head"), extra=1, keep="attention"), [ui["pick"], ui["layer"], ui["head"]],

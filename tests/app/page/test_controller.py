@@ -91,15 +91,15 @@ def test_watch_fills_the_controls_with_the_watched_request(ctl, service):
     from app.serving.requests import build_body, parse_body
     gen = ctl.follow("watcher", Controls(model=ctl.model["name"]))
     first = next(gen)
-    assert "watching" in first["status"] and first["send"]["interactive"] is False
+    assert "watching" in first["status"] and first["send"]["interactive"] is False  # read-only while watching
+    assert first["user"]["interactive"] is False and first["temperature"]["interactive"] is False
     body = build_body("m", "Be brief.", "Watched <b>prompt</b>", 0.0, 0, 1.0, 6, 7, False, 1, "basic")
     service.submit(parse_body(body))
     end, seen = time.monotonic() + 60, {}
     for u in gen:
         seen.update(u)
-        if "finished" in str(u.get("status", "")) or time.monotonic() > end:
+        if "waiting for the next request" in str(u.get("status", "")) or time.monotonic() > end:
             break
     gen.close()
     assert value(seen["user"]) == "Watched <b>prompt</b>" and value(seen["temperature"]) == 0.0
     assert value(seen["level"]) == "basic" and value(seen["seed"]) == "7"
-    assert seen["user"]["interactive"] is False
