@@ -516,7 +516,8 @@ class Controller:
         self.sessions.watching.add(key)
         try:
             waiting = "watching: waiting for a request from curl, the SDK or another tab"
-            yield {"status": waiting, **self.lock(self.sessions.get(key), True)}
+            # read-only while watching; Stop (not "New request") ends it
+            yield {"status": waiting, **self.lock(self.sessions.get(key), True), "unlock": gr.update(visible=False)}
             while True:
                 idle_since = time.monotonic()
                 while not arrivals:
