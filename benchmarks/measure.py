@@ -211,7 +211,9 @@ def main(argv: list[str] | None = None) -> None:
         page.wait_for_timeout(1000)
         page.evaluate("window.gc()")
         mem1 = chromium_memory_mb()
-        watched = watch_request(page, server.url, service.model_name, ours.watch_tokens) if ours.watch_tokens > 0 else None
+        watched = None
+        if ours.watch_tokens > 0:
+            watched = watch_request(page, server.url, service.model_name, ours.watch_tokens)
         if ours.long_tokens > 0:
             set_max_tokens(page, ours.long_tokens)
             page.wait_for_timeout(300)

@@ -17,7 +17,6 @@ import io
 import json
 import re
 import threading
-import time
 from pathlib import Path
 
 import httpx

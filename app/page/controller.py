@@ -33,7 +33,7 @@ from app.page import texts
 from app.page.live_view import HEAVY, PANELS, LiveView
 from app.page.stages import JourneyClock
 from app.serving.engine_service import EngineService
-from app.serving.limits import RequestRefused, client_of
+from app.serving.limits import RequestRefused
 from app.serving.recording import Recording, ReplayCursor, TraceFileError, record_request, show_accepted
 from app.serving.requests import BodyError, build_body, parse_body
 from app.serving.served_models import ServedModels
@@ -320,9 +320,8 @@ class Controller:
             tab.locked = locked
         interactive = self.live and not locked
         out = {n: gr.update(interactive=interactive) for n in LOCKED if n not in ("system", "speculative", "k")}
-        plain = not self.infos.get(self.shown_model(tab), self.model)["chat_template"]
         info = self.infos.get(self.shown_model(tab), self.model)
-        out["system"] = gr.update(interactive=interactive and not plain)
+        out["system"] = gr.update(interactive=interactive and info["chat_template"])  # a base model has none
         out["speculative"] = gr.update(interactive=interactive and info["has_draft"])
         out["k"] = gr.update(interactive=interactive and info["has_draft"])
         out["send"] = gr.update(interactive=interactive)
@@ -673,7 +672,15 @@ class Controller:
         tab.cursor.view.layer, tab.cursor.view.head = int(c.layer or 0), int(c.head or 0)
         n = len(tab.cursor.steps)
         wanted, note = texts.clamp_step(number, n)
-        return self.show_frame(tab, wanted - 1, note)
+        return merged(self.replaying(tab), self.show_frame(tab, wanted - 1, note))
+
+    def replaying(self, tab: Tab) -> dict:
+        """A recording replayed: the controls show its own request, read-only ("New request"
+        makes them editable again, keeping those settings)."""
+        if tab.locked or tab.cursor is None:
+            return {}
+        info = texts.with_defaults(tab.cursor.rec.model)
+        return merged(self.settings_updates(tab.cursor.rec, info), self.lock(tab, True))
 
     def play(self, key: str, number, speed_name: str, c: Controls) -> Iterator[dict]:
         tab = self.tab_of(key)
@@ -685,7 +692,7 @@ class Controller:
         wanted, _ = texts.clamp_step(number, len(cur.steps))
         frame = wanted - 1
         first = 0 if frame >= cur.last_frame else max(0, frame)
-        yield merged(self.show_frame(tab, first, " · playing"), {"replay_note": ""})
+        yield merged(self.replaying(tab), self.show_frame(tab, first, " · playing"), {"replay_note": ""})
         while cur.frame < cur.last_frame:
             pace = SPEEDS.get(speed_name, 0.5)
             time.sleep(min(MAX_FRAME, max(MIN_FRAME, cur.seconds_to_next() if pace is None else pace)))

@@ -12,7 +12,6 @@ order. With no engine (`--replay FILE`) the page only replays.
 """
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Callable
 
@@ -21,7 +20,7 @@ import gradio as gr
 import visualizers as viz
 from app.classroom.rooms import Classrooms
 from app.page import texts
-from app.page.controller import NAMES, SPEEDS, Controller, Controls, key_of, step_range, write_timeline, \
+from app.page.controller import SPEEDS, Controller, Controls, key_of, stages_of, step_range, write_timeline, \
     write_trace
 from app.page.live_view import PANELS
 from app.page.stages import empty_stages, map_html, section_panels, stage_html
@@ -200,7 +199,7 @@ def _stages(ui: dict, ctl: Controller) -> None:
 
 
 def _shown_stages(ctl: Controller) -> list:
-    from app.page.controller import stages_of
+    """The journey of what a tab shows when the page opens (a replay server: its file)."""
     try:
         return stages_of(ctl.blank)
     except Exception:  # noqa: BLE001 - the page still builds; the first update fills the stages
@@ -275,11 +274,11 @@ def _wire(page: gr.Blocks, ui: dict, ctl: Controller) -> None:
         # before any request, the body preview follows every edit of the user's (typed or pasted): input,
         # not change, so the values Watch and Load write fire nothing (each would be a round trip)
         for name in SETTINGS:
-            ui[name].input(w.fn(ctl.preview, settings, keep="request"), w.inputs(settings), ui["request"], concurrency_limit=None,
-                            trigger_mode="always_last", **quiet)
+            ui[name].input(w.fn(ctl.preview, settings, keep="request"), w.inputs(settings), ui["request"],
+                           concurrency_limit=None, trigger_mode="always_last", **quiet)
     selected = [ui[n] for n in Controller.SELECTED]
-    ui["pick"].change(w.fn(ctl.pick_token, ("layer", "head"), extra=1, keep="attention"), [ui["pick"], ui["layer"], ui["head"]],
-                      selected, concurrency_limit=None, **quiet)
+    ui["pick"].change(w.fn(ctl.pick_token, ("layer", "head"), extra=1, keep="attention"),
+                      [ui["pick"], ui["layer"], ui["head"]], selected, concurrency_limit=None, **quiet)
     ui["pick_head"].change(w.fn(ctl.pick_head, extra=1, keep="attention"), [ui["pick_head"]],
                            [ui["layer"], ui["head"], ui["attention"], ui["moe"]], concurrency_limit=None, **quiet)
     for picker in ("layer", "head"):
@@ -295,7 +294,8 @@ def _wire(page: gr.Blocks, ui: dict, ctl: Controller) -> None:
     ui["pause"].click(w.fn(ctl.paused), None, ui["status"], cancels=[playing], concurrency_limit=None, **quiet)
     ui["load"].upload(w.fn(lambda key, file: ctl.load_trace(key, getattr(file, "name", file)), extra=1),
                       [ui["load"]], outputs, concurrency_limit=None, **quiet)
-    ui["class_btn"].click(w.fn(ctl.start_classroom, keep="class_links"), None, ui["class_links"], concurrency_limit=None, **quiet)
+    ui["class_btn"].click(w.fn(ctl.start_classroom, keep="class_links"), None, ui["class_links"],
+                          concurrency_limit=None, **quiet)
 
     def calculator(tokens, dtype):
         return viz.calculator_html(int(tokens or 0), dtype)

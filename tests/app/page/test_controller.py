@@ -58,6 +58,11 @@ def test_a_stream_redraws_the_map_and_stages_while_it_runs(ctl, monkeypatch):
     assert all(value(updates[-1][n]) for n in PANELS)  # the last update carries every panel
     assert updates[-1]["step"]["label"].startswith("Replay: engine step 1..")
     assert "nothing to replay" not in updates[-1]["step"]["label"]
+    # scrubbing the finished request replays it: the controls show its own settings, read-only
+    ctl.preview("streamer", Controls(user="edited since"))  # a request is shown: the preview leaves it alone
+    back = ctl.goto("streamer", 1, Controls())
+    assert "step 1 of" in back["status"] and back["send"]["interactive"] is False
+    assert value(back["user"]) == "Tell me about foxes." and back["unlock"]["visible"] is True
 
 
 def test_replay_numbers_steps_and_clamps_a_step_past_the_end(ctl, recording, trace_file):
