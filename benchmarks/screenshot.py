@@ -144,7 +144,13 @@ def watch(browser, url: str, model: str, width: int, shots: Shots, tag: str) -> 
     name = model or page.input_value("#tt-model input").split(" — ")[0]
     body = {"model": name, "stream": True, "max_tokens": 40, "trace_level": "full",
             "messages": [{"role": "user", "content": "Why is the sky blue?"}]}
-    sender = threading.Thread(target=lambda: httpx.post(url + "v1/chat/completions", json=body, timeout=300))
+    def post() -> None:  # a base model has no chat template: its API is /v1/completions
+        r = httpx.post(url + "v1/chat/completions", json=body, timeout=300)
+        if r.status_code >= 400:
+            plain = {k: v for k, v in body.items() if k != "messages"} | {"prompt": "The sky is blue because"}
+            httpx.post(url + "v1/completions", json=plain, timeout=300)
+
+    sender = threading.Thread(target=post)
     sender.start()
     try:
         page.wait_for_function(f"{STATUS}.includes('streaming')", timeout=120_000)
@@ -211,6 +217,7 @@ def main(argv: list[str] | None = None) -> None:
                                   formatter_class=argparse.RawDescriptionHelpFormatter)
     own.add_argument("--out", type=Path, default=DEFAULT_OUT)
     own.add_argument("--states", type=Path, default=None, metavar="DIR", help="every state, every model, into DIR")
+    own.add_argument("--widths", default=",".join(map(str, WIDTHS)), help="with --states: the widths, e.g. 420")
     own.add_argument("--prompt", default="What is the capital of France?")
     own.add_argument("--max-tokens", type=int, default=24)
     own.add_argument("--temperature", type=float, default=None, help="the page's temperature (0: greedy)")
@@ -229,7 +236,7 @@ def main(argv: list[str] | None = None) -> None:
         if ours.states is not None:
             shots = Shots(ours.states)
             for name in names:
-                for width in WIDTHS:
+                for width in (int(w) for w in ours.widths.split(",")):
                     tag = f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', name)}-{width}"
                     model_states(browser, server.url, name if len(names) > 1 else "", width, shots, tag)
             browser.close()
