@@ -12,9 +12,11 @@ from visualizers.selection import Selection, frozen_html, select_pass
 
 PANELS = ("request", "prefix", "tokens", "embedding", "attention", "kv", "moe", "sampling", "spec", "answer",
           "timeline", "logit_lens", "parallel")
-HEAVY = {"embedding": 1.5, "attention": 1.5, "moe": 1.5, "timeline": 1.5, "kv": 0.5, "tokens": 1.0,
-         "sampling": 1.0, "spec": 1.0, "logit_lens": 1.0, "parallel": 1.5}  # panel -> least seconds between redraws while streaming (the
-# browser's cost grows with the DOM it patches; tokens must not queue behind it)
+HEAVY = {"embedding": 1.5, "attention": 1.5, "moe": 1.5, "timeline": 0.3, "kv": 0.5, "tokens": 0.5,
+         "sampling": 0.5, "spec": 0.5, "logit_lens": 1.0, "parallel": 1.5}  # panel -> least seconds between
+# redraws while streaming: the timeline and the stages follow the engine within 0.5 s (issue 25); the
+# browser's cost grows with the DOM it patches, so each yield also draws only what its time budget allows
+# (app/page/controller.RENDER_BUDGET) and tokens never queue behind a redraw
 
 # which panels an event type feeds
 FEEDS = {"request.arrive": ("timeline",), "tokenize": ("tokens", "timeline"), "prefix_cache.lookup": ("prefix",),

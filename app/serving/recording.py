@@ -27,6 +27,7 @@ from visualizers.kv_cache import apply_kv_pool
 MODEL_KEYS = ("name", "num_layers", "num_heads", "num_kv_heads", "head_dim", "hidden_size", "vocab_size",
               "is_moe", "num_blocks", "block_size", "dtype", "dtype_bytes", "kv_cache_bytes")
 MAX_FILE_BYTES = 64 * 2**20
+BEFORE_STEPS = ("request.arrive", "tokenize")  # emitted when a request is added, before any step runs it
 
 
 class TraceFileError(ValueError):
@@ -149,9 +150,16 @@ class Recording:
 
     # --- steps ---------------------------------------------------------------------
     def steps(self) -> list[int]:
-        """The engine steps at which something happened to this request, in order (a kv.pool
-        event alone makes no frame: the pool changes at steps that did not compute it too)."""
-        return sorted({e["step"] for e in self.events if e["type"] != "kv.pool"} | {o["step"] for o in self.outputs})
+        """The engine steps this request ran in, in order: one replay frame each, so "step k of
+        N engine steps" counts what the timeline counts. What happened before its first step (its
+        arrival and tokenization, numbered with the engine's last step before it) belongs to
+        frame 1; a kv.pool event alone makes no frame (the pool changes at steps that did not
+        compute this request too)."""
+        ran = {o["step"] for o in self.outputs} | {e["step"] for e in self.events if e["type"] not in BEFORE_STEPS
+                                                   and e["type"] != "kv.pool"}
+        first = min(ran, default=None)
+        before = {e["step"] for e in self.events if e["type"] in BEFORE_STEPS}
+        return sorted(ran | {s for s in before if first is None or s > first})
 
     def items(self) -> list[dict]:
         """Events and outputs merged in the order a live watcher got them (a step's

@@ -152,13 +152,25 @@ def test_replay_counts_steps_from_one_in_the_slider_and_the_status(page):
     slider = "document.querySelector('#tt-step input[type=range]')"
     lo, hi, value = page.evaluate(f"[{slider}.min, {slider}.max, {slider}.value].map(Number)")
     assert lo == 1 and value == hi
+    assert f"{hi} engine steps" in page.inner_text("#tt-timeline .tt-lines")  # the slider's N is the timeline's
     page.locator("#tt-step input[type=range]").focus()
     page.keyboard.press("Home")
     assert wait_status(page, f"{rid}: step 1 of {hi} ") and page.evaluate(f"+{slider}.value") == 1
     page.keyboard.press("ArrowRight")
     assert wait_status(page, f"step 2 of {hi} ") and page.evaluate(f"+{slider}.value") == 2
-    assert page.input_value("#tt-step input[type=number]") == "2"
-    assert "1 = its first engine step" in page.inner_text("#tt-step")
+    assert page.input_value("#tt-step-box input") == "2"
+    # issue 25, item 5: one numbering ("step k of N engine steps", the timeline's N); no "(0: nothing
+    # to replay yet)" after a finish; a step typed past the end is clamped with a word, no red toast
+    label = page.inner_text("#tt-step")
+    assert f"{hi} engine steps" in label and "nothing to replay" not in label
+    box = page.locator("#tt-step-box input")
+    box.fill(str(hi + 2))
+    box.press("Enter")
+    said = wait_status(page, f"no step {hi + 2}")
+    assert f"step {hi} of {hi} engine steps" in said
+    page.wait_for_timeout(500)
+    assert page.locator(".toast-body, .toast-wrap .error").count() == 0
+    assert "Error" not in page.inner_text("#tt-answer") and "Error" not in page.inner_text("#tt-timeline")
 
 
 def test_the_timeline_quotes_one_queue_time(page):
@@ -241,3 +253,27 @@ def test_a_loaded_trace_sets_the_controls_to_its_settings(page, browser, server,
     assert got == {"max_tokens": "40", "temperature": "0.7", "top_p": "0.9", "top_k": "20", "seed": "11",
                    "speculative": False, "level": "basic", "user": "Remember my settings."}
     context.close()
+
+
+def test_the_controls_read_right_at_rest_and_on_a_phone(page):
+    """Issue 25, items 6, 9 and 10: Stop is not bright red when nothing runs; the speed dropdown
+    has a name of its own (it was "Dropdown"); the model picker's text stops before its caret;
+    the pipeline map opens the page with the stages below it in the request's order; and at
+    420 px the replay slider is above Send's controls (it was about 1,500 px down, under them)."""
+    assert "stop" not in page.get_attribute("#tt-stop", "class").split()
+    speed = page.locator("#tt-speed input")
+    assert speed.get_attribute("aria-label") == "Replay speed"
+    overlap = page.evaluate("""() => { const i = document.querySelector('#tt-model input');
+      const caret = document.querySelector('#tt-model .icon-wrap, #tt-model svg');
+      const pad = parseFloat(getComputedStyle(i).paddingRight);
+      return {pad, caret: caret ? caret.getBoundingClientRect().width : 0}; }""")
+    assert overlap["pad"] >= overlap["caret"], overlap
+    sections = page.evaluate("[...document.querySelectorAll('.tt-stage')].map(s => s.id)")
+    order = [s.removeprefix("tt-stage-") for s in sections]
+    assert order.index("tokens") < order.index("prefix") < order.index("embedding") < order.index("sampling")
+    top = page.locator("#tt-map").bounding_box()["y"]
+    assert top < page.locator("#tt-stage-request").bounding_box()["y"]
+    page.set_viewport_size({"width": 420, "height": 900})
+    page.wait_for_timeout(400)
+    slider, prompt = page.locator("#tt-step").bounding_box(), page.locator("#tt-user").bounding_box()
+    assert slider["y"] < prompt["y"] and slider["y"] < 900, (slider, prompt)  # on the first screen

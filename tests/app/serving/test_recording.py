@@ -49,13 +49,28 @@ def test_replay_draws_every_panel_at_every_step(recording):
         view = cursor.goto(frame)
         counts.append(len(view.generated_ids()))
         assert all(view.render(n) for n in PANELS)
-    assert counts[0] == 0 and counts == sorted(counts) and counts[-1] == 12
+    # frame 1 is the first engine step (the prefill, which draws the first token): nothing comes before it
+    assert counts[0] == 1 and counts == sorted(counts) and counts[-1] == 12
     back = cursor.goto(2)  # backwards rebuilds: equal to going there from the start
     assert len(back.generated_ids()) == counts[2]
     peak = cursor.goto(cursor.peak_kv_frame())
     owned = [b for b, rids in peak.pool["owners"].items() if recording.request_id in rids]
     assert owned and "this request holds" in peak.render("kv")
     assert "&lt;script&gt;" in final["request"] and "<script>" not in "".join(final.values())
+
+
+def test_replay_counts_the_engine_steps_the_timeline_counts(recording):
+    """Issue 25, item 5: one frame per engine step the request ran in (its arrival and
+    tokenization, numbered with the engine's step before it, belong to frame 1), so "step k of
+    N engine steps" is the timeline's N, and step 1 already shows one engine step."""
+    ran = sorted({e["step"] for e in recording.events if e["type"] == "schedule.step"
+                  and any(b["request_id"] == recording.request_id for b in e["batch"])})
+    assert recording.steps() == ran
+    cursor = ReplayCursor(recording)
+    first = cursor.goto(0)
+    assert first.first("tokenize") is not None and re.search(r"\b1 engine step", first.render("timeline"))
+    last = cursor.goto(cursor.last_frame)
+    assert f"{len(ran)} engine steps" in last.render("timeline") and cursor.last_frame + 1 == len(ran)
 
 
 def test_a_file_from_before_kv_pool_events_replays_the_same(recording):
