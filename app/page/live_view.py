@@ -136,7 +136,8 @@ class LiveView:
         ids = set(self.generated_ids())
         for s in self.by_type.get("sample", ()):
             ids.update(s["candidates"])
-        ids.update(s["token"] for s in self.by_type.get("spec", ()))
+        # a round's own token is None where the answer ended on an accepted proposal
+        ids.update(s["token"] for s in self.by_type.get("spec", ()) if s["token"] is not None)
         return {i: self.piece(i) for i in ids}
 
     def stream_tokens(self) -> list[dict]:
