@@ -154,7 +154,7 @@ def timeline_html(events: Sequence[dict], request_id: str) -> str:
     table = ("<table class='tt-table'><thead><tr><th>step</th><th>kind</th><th>tokens</th><th>forward</th>"
              "<th>batch shared with</th></tr></thead><tbody>" + rows + "</tbody></table>")
     n_pre = sum(1 for s in steps if s["kind"] == "prefill")
-    summary = [f"{len(steps)} engine steps: {n_pre} prefill chunk{'s' if n_pre != 1 else ''}, "
+    summary = [f"{len(steps)} engine step{'s' if len(steps) != 1 else ''}: {n_pre} prefill chunk{'s' if n_pre != 1 else ''}, "
                f"{len(steps) - n_pre} decode/verify"]
     split = (finish or {}).get("ttft_split") or {}
     if finish and "ttft" in finish:  # the engine's own split: tokenize and queue are quoted there, once
