@@ -102,7 +102,10 @@ def test_stop_captures_says_so_and_the_captures_stop_from_the_next_step(checkpoi
     cut_at = engine.step_count
     assert engine.stop_captures(rid, 1234)
     note = sink.of(rid, "trace.truncated")
-    assert len(note) == 1 and note[0].data == {"limit_bytes": 1234} and note[0].step == cut_at
+    assert len(note) == 1 and note[0].step == cut_at and note[0].data["limit_bytes"] == 1234
+    # where the captures stop: the first pass without them, its first position, the token it predicts
+    assert note[0].data["first_step"] == cut_at + 1
+    assert note[0].data["position"] == 10 + 2 - 1 and note[0].data["token_index"] == 2
     while engine.has_unfinished_requests():
         engine.step()
     heavy = [e for e in sink.events if e.request_id == rid and e.type in ("attention", "embed", "moe", "logit_lens")]
