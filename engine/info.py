@@ -45,9 +45,21 @@ class KVPoolInfo:
     block_size: int  # tokens per block
     tokens: int  # num_blocks * block_size
     bytes_per_value: int
-    bytes_per_token: int  # 2 x layers x KV heads x head_dim x bytes_per_value (all ranks together)
+    bytes_per_token: int  # 2 x layers x KV heads x head_dim x bytes_per_value (all ranks together); MLA: layers x latent
     bytes: int  # the pool as allocated in this process (rank 0's share when sharded)
     prefix_caching: bool
+    stores: str = "K and V"  # what a slot holds: "K and V", or "latent" (MLA)
+    values_per_token_layer: int = 0  # numbers a slot holds per layer: 2 x KV heads x head_dim, or the latent's
+    # MLA: what K and V of every head would take a token (layers x heads x (qk + v head dims) x bytes): the
+    # ratio the latent saves. 0 where the pool keeps K and V themselves
+    full_kv_bytes_per_token: int = 0
+
+    def summary(self) -> str:
+        """One line, e.g. "latent: 576 numbers a token a layer (1/71 of full K and V)"."""
+        what = f"{self.stores}: {self.values_per_token_layer:,} numbers a token a layer"
+        if self.full_kv_bytes_per_token:
+            what += f" (1/{self.full_kv_bytes_per_token / self.bytes_per_token:.0f} of full K and V)"
+        return what
 
 
 @dataclass(frozen=True)
@@ -121,10 +133,14 @@ def describe(runner: ModelRunner, spec: Proposer | None, num_speculative_tokens:
     placement = runner.placement  # None on one device (engine/parallel's runner has one)
     graphs = runner.decode_graphs  # None unless captured (never on a sharded runner)
     itemsize = runner.kv_cache.element_size()
+    kinds, heads, dims = cfg.kv_layout
+    full = 0 if cfg.mla is None else \
+        cfg.num_layers * cfg.num_heads * (cfg.mla.qk_head_dim + cfg.mla.v_head_dim) * itemsize
     return EngineInfo(
         model=model_shape(runner, max_model_len),
         kv_pool=KVPoolInfo(runner.num_blocks, ecfg.block_size, runner.num_blocks * ecfg.block_size, itemsize,
-                           cfg.kv_bytes_per_token * itemsize, runner.kv_cache_bytes, ecfg.enable_prefix_caching),
+                           cfg.kv_bytes_per_token * itemsize, runner.kv_cache_bytes, ecfg.enable_prefix_caching,
+                           "latent" if cfg.mla is not None else "K and V", kinds * heads * dims, full),
         speculation=speculation,
         parallel=ParallelInfo(ecfg.tensor_parallel_size, ecfg.expert_parallel,
                               placement.as_dict() if placement is not None else None, split_sizes(cfg)),

@@ -220,3 +220,20 @@ def test_unsupported_configs_are_refused(bad):
 def test_triton_is_refused_clearly(v3):
     with pytest.raises(ValueError, match="MLA"):
         LLM(v3, device=DEVICE, dtype="float32", use_triton=True)
+
+
+def test_describe_says_the_pool_keeps_the_latent(v3):
+    llm = LLM(v3, device=DEVICE, dtype="float32", block_size=4, num_kv_blocks=10)
+    kv = llm.engine.describe().kv_pool
+    assert (kv.stores, kv.values_per_token_layer, kv.bytes_per_token) == ("latent", 20, 3 * 20 * 4)
+    assert kv.bytes == llm.engine.runner.kv_cache_bytes == 10 * 4 * kv.bytes_per_token
+    # full K and V: 3 layers x 4 heads x (12 + 12) dims x 4 bytes = 1152 a token, 4.8x the latent's 240
+    assert kv.full_kv_bytes_per_token == 3 * 4 * 24 * 4
+    assert kv.summary() == "latent: 20 numbers a token a layer (1/5 of full K and V)"
+
+
+def test_tensor_parallel_is_refused_clearly(v3):
+    from engine.parallel.shard import check_shardable
+    cfg = LLM(v3, device=DEVICE, dtype="float32").engine.model_config
+    with pytest.raises(ValueError, match="multi-head latent attention"):
+        check_shardable(cfg, 2, False)
