@@ -23,13 +23,22 @@ from engine.trace.capture import PassCapture
 
 
 class Router(nn.Module):
-    """The gate: its weight, and V3's e_score_correction_bias (checkpoint names)."""
+    """The gate: its weight, and V3's e_score_correction_bias (checkpoint names). Both stay
+    float32 in a bfloat16 model, as transformers keeps them (_keep_in_fp32_modules_strict):
+    the routing is chosen from small differences between scores."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(cfg.num_experts, cfg.hidden_size))
         if cfg.deepseek_moe.correction_bias:
             self.e_score_correction_bias = nn.Parameter(torch.empty(cfg.num_experts))
+
+    def _apply(self, fn, recurse: bool = True):  # .to(dtype) / to_empty: moved, never narrowed
+        super()._apply(fn, recurse)
+        for p in self.parameters(recurse=False):
+            if p.dtype != torch.float32:
+                p.data = p.data.float()
+        return self
 
 
 def group_mask(choice: torch.Tensor, n_group: int, topk_group: int, per_group_top: int) -> torch.Tensor:
@@ -68,7 +77,8 @@ class DeepseekMoE(SparseMoE):
             weights, experts = scores.masked_fill(~allowed, 0.0).topk(self.top_k, dim=-1, sorted=False)
         else:
             weights, experts = scores.topk(self.top_k, dim=-1, sorted=False)
-        if self.norm_topk_prob and m.topk_method == "noaux_tc" or self.norm_topk_prob and self.top_k > 1:
+        # V3 renormalises when norm_topk_prob says so; DeepSeek-V2's own code only for top_k > 1
+        if self.norm_topk_prob and (m.topk_method == "noaux_tc" or self.top_k > 1):
             weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
         return experts, weights * m.routed_scaling_factor
 

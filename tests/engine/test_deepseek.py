@@ -237,3 +237,17 @@ def test_tensor_parallel_is_refused_clearly(v3):
     cfg = LLM(v3, device=DEVICE, dtype="float32").engine.model_config
     with pytest.raises(ValueError, match="multi-head latent attention"):
         check_shardable(cfg, 2, False)
+
+
+def test_bfloat16_keeps_the_router_in_float32_and_ngram_speculation_keeps_the_tokens(v3):
+    bf16 = LLM(v3, device=DEVICE, dtype="bfloat16", block_size=4)
+    gate = bf16.engine.runner.model.model.layers[1].mlp.gate
+    assert gate.weight.dtype == gate.e_score_correction_bias.dtype == torch.float32
+    assert bf16.engine.runner.model.model.layers[1].self_attn.kv_b_proj.weight.dtype == torch.bfloat16
+    assert len(bf16.generate(PROMPTS[1], GREEDY)[0].token_ids) == GREEDY.max_tokens
+    # the model as its own draft: verify passes of 4 rows a sequence take the rebuild path
+    spec = LLM(v3, device=DEVICE, dtype="float32", block_size=4, draft=str(v3), num_speculative_tokens=3)
+    outs = spec.generate(PROMPTS[:2], GREEDY)
+    assert [o.token_ids for o in outs] == [hf_greedy(v3, p, GREEDY.max_tokens) for p in PROMPTS[:2]]
+    load = spec.engine.load()
+    assert load.spec_proposed > 0 and load.spec_accepted == load.spec_proposed
