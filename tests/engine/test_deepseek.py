@@ -230,6 +230,10 @@ def test_describe_says_the_pool_keeps_the_latent(v3):
     # full K and V: 3 layers x 4 heads x (12 + 12) dims x 4 bytes = 1152 a token, 4.8x the latent's 240
     assert kv.full_kv_bytes_per_token == 3 * 4 * 24 * 4
     assert kv.summary() == "latent: 20 numbers a token a layer (1/5 of full K and V)"
+    shape = llm.engine.describe().model
+    assert shape.mla["kv_lora_rank"] == 16 and shape.mla["qk_rope_head_dim"] == 4
+    assert (shape.deepseek_moe["n_group"], shape.deepseek_moe["topk_group"]) == (4, 2)
+    assert shape.moe_layers == [1, 2] and shape.num_kv_heads == 1
 
 
 def test_tensor_parallel_is_refused_clearly(v3):
