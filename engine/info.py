@@ -50,7 +50,8 @@ class KVPoolInfo:
     block_size: int  # tokens per block
     tokens: int  # num_blocks * block_size
     bytes_per_value: int
-    bytes_per_token: int  # 2 x layers x KV heads x head_dim x bytes_per_value (all ranks together); MLA: layers x latent
+    # 2 x layers x KV heads x head_dim x bytes_per_value (all ranks together); MLA: layers x latent x bytes
+    bytes_per_token: int
     bytes: int  # the pool as allocated in this process (rank 0's share when sharded)
     prefix_caching: bool
     stores: str = "K and V"  # what a slot holds: "K and V", or "latent" (MLA)
