@@ -255,3 +255,9 @@ def test_bfloat16_keeps_the_router_in_float32_and_ngram_speculation_keeps_the_to
     assert [o.token_ids for o in outs] == [hf_greedy(v3, p, GREEDY.max_tokens) for p in PROMPTS[:2]]
     load = spec.engine.load()
     assert load.spec_proposed > 0 and load.spec_accepted == load.spec_proposed
+
+
+def test_start_up_line_says_the_pool_keeps_the_latent(v3):
+    from app.__main__ import build_service, memory_line, parse_args
+    service = build_service(parse_args(["--device", "cpu", "--model", str(v3), "--draft", "none"]))
+    assert "tokens) of latent: 20 numbers a token a layer (1/5 of full K and V)" in memory_line(service)
