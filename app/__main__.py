@@ -193,6 +193,8 @@ def memory_line(service) -> str:
     info = service.engine.describe()
     line = (f"{service.model_name}: weights {_mb(info.model.weights_bytes)}, KV pool {_mb(info.kv_pool.bytes)} "
             f"({info.kv_pool.tokens:,} tokens)")
+    if info.kv_pool.stores != "K and V":  # MLA: say what the pool keeps instead
+        line += f" of {info.kv_pool.summary()}"
     kind, spec = service.draft_kind(), info.speculation
     if kind == "ngram":
         line += "; n-gram drafts (prompt lookup, no draft weights)"

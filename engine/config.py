@@ -7,9 +7,12 @@ that the model code reads. `EngineConfig` holds the serving knobs.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
+
+if TYPE_CHECKING:
+    from engine.config_deepseek import DeepseekMoEConfig, MLAConfig
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 QUANTIZATIONS = ("int8", "int4")  # weight-only kinds (engine/layers/quantized.py)
@@ -28,6 +31,8 @@ ARCHITECTURES = {
     "OlmoeForCausalLM": "olmoe",
     "Gemma3ForCausalLM": "gemma3",
     "Gemma3ForConditionalGeneration": "gemma3",  # its language model only (the vision tower is skipped)
+    "DeepseekV2ForCausalLM": "deepseek_v2",  # MLA + DeepSeek MoE (engine/config_deepseek.py)
+    "DeepseekV3ForCausalLM": "deepseek_v3",
 }
 # model_type -> architecture, for a config.json without `architectures` (transformers'
 # AutoModelForCausalLM picks the class from model_type too).
@@ -35,6 +40,7 @@ MODEL_TYPES = {
     "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM", "mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM", "olmoe": "OlmoeForCausalLM",
+    "deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM",
 }
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 SUPPORTED_ACTIVATIONS = ("silu", "swish", "gelu_pytorch_tanh")  # SwiGLU, or GeGLU (tanh GELU)
@@ -94,6 +100,22 @@ class ModelConfig:
     sandwich_norms: bool = False  # norms before and after both attention and MLP
     embed_scale: float | None = None  # embeddings multiplied by this (sqrt(hidden_size))
     final_logit_softcapping: float | None = None  # logits -> c * tanh(logits / c)
+    # DeepSeek V2/V3: multi-head latent attention and DeepSeek MoE (engine/config_deepseek.py)
+    mla: "MLAConfig | None" = None
+    deepseek_moe: "DeepseekMoEConfig | None" = None
+
+    @property
+    def rotary_dim(self) -> int:
+        """The dims RoPE turns: every head dim, or MLA's decoupled qk_rope_head_dim."""
+        return self.mla.qk_rope_head_dim if self.mla is not None else self.head_dim
+
+    @property
+    def kv_layout(self) -> tuple[int, int, int]:
+        """What the pool keeps per token per layer: (tensors, heads, dims). K and V for every
+        KV head, or MLA's one latent (kv_lora_rank + qk_rope_head_dim numbers)."""
+        if self.mla is not None:
+            return 1, 1, self.mla.latent_dim
+        return 2, self.num_kv_heads, self.head_dim
 
     @property
     def is_moe(self) -> bool:
@@ -103,12 +125,16 @@ class ModelConfig:
     def attention_scale(self) -> float:
         """What QKᵀ is multiplied by before the softmax: 1/sqrt(head_dim), or Gemma's
         1/sqrt(query_pre_attn_scalar)."""
+        if self.mla is not None:
+            return self.mla.scale
         return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
 
     @property
     def kv_bytes_per_token(self) -> int:
-        """K and V for one token across all layers, in elements (multiply by dtype size)."""
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim
+        """What the pool keeps for one token across all layers, in elements (multiply by
+        dtype size): K and V, or MLA's latent."""
+        kinds, heads, dims = self.kv_layout
+        return kinds * self.num_layers * heads * dims
 
     @classmethod
     def from_hf(cls, cfg: dict[str, Any]) -> "ModelConfig":
@@ -123,6 +149,8 @@ class ModelConfig:
         family = ARCHITECTURES[arch]
         if family == "gemma3":
             cfg = _gemma3_text_config(cfg)
+        if family.startswith("deepseek"):
+            return deepseek_config(cls, arch, family, cfg)
         act = cfg.get("hidden_activation" if family == "gemma3" else "hidden_act") or "silu"
         if act not in SUPPORTED_ACTIVATIONS:
             raise UnsupportedModelError(
@@ -193,6 +221,11 @@ class ModelConfig:
         )
 
 
+def deepseek_config(cls: type, arch: str, family: str, cfg: dict) -> ModelConfig:
+    from engine.config_deepseek import from_hf  # its own module: MLA's and DeepSeek MoE's fields
+    return from_hf(cls, arch, family, cfg)
+
+
 def _gemma3_text_config(cfg: dict) -> dict:
     """A Gemma 3 config with Gemma3TextConfig's defaults filled in; for the multimodal
     Gemma3ForConditionalGeneration, its text_config (the vision tower is not run)."""
@@ -223,7 +256,7 @@ def _local_rope(cfg: dict) -> tuple[float | None, dict | None]:
     return None, None
 
 
-def _rope(cfg: dict) -> tuple[float, dict | None]:
+def _rope(cfg: dict, allowed: tuple[str, ...] = SUPPORTED_ROPE_TYPES) -> tuple[float, dict | None]:
     # transformers >= 5 writes `rope_parameters` (theta inside); older files
     # write `rope_theta` + `rope_scaling`. Keyed by layer type: the global layers' entry.
     by_type = _by_layer_type(cfg)
@@ -231,9 +264,9 @@ def _rope(cfg: dict) -> tuple[float, dict | None]:
                   else cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
     theta = float(params.pop("rope_theta", None) or cfg.get("rope_theta") or 10000.0)
     rope_type = params.get("rope_type") or params.get("type") or "default"
-    if rope_type not in SUPPORTED_ROPE_TYPES:
+    if rope_type not in allowed:
         raise UnsupportedModelError(
-            f"unsupported RoPE scaling {rope_type!r}; supported: {', '.join(SUPPORTED_ROPE_TYPES)}")
+            f"unsupported RoPE scaling {rope_type!r}; supported: {', '.join(allowed)}")
     if cfg.get("partial_rotary_factor", 1.0) != 1.0:
         raise UnsupportedModelError("partial rotary embeddings are not supported")
     return theta, ({**params, "rope_type": rope_type} if rope_type != "default" else None)

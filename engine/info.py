@@ -37,6 +37,11 @@ class ModelShape:
     max_model_len: int  # the context: prompt + output tokens
     weights_bytes: int  # parameters and buffers in memory (on rank 0 when sharded)
     kernel_weight_bytes: int  # the CPU kernel's own blocked copies of float32 weights (engine/kernels/cpu.py)
+    # DeepSeek: MLA's ranks and head dims (engine/config_deepseek.MLAConfig: q_lora_rank, kv_lora_rank,
+    # qk_nope_head_dim, qk_rope_head_dim, v_head_dim, rope_interleave, scale), and its MoE's routing
+    # (n_shared_experts, scoring, topk_method, n_group, topk_group, routed_scaling_factor, correction_bias)
+    mla: dict | None = None
+    deepseek_moe: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -45,9 +50,22 @@ class KVPoolInfo:
     block_size: int  # tokens per block
     tokens: int  # num_blocks * block_size
     bytes_per_value: int
-    bytes_per_token: int  # 2 x layers x KV heads x head_dim x bytes_per_value (all ranks together)
+    # 2 x layers x KV heads x head_dim x bytes_per_value (all ranks together); MLA: layers x latent x bytes
+    bytes_per_token: int
     bytes: int  # the pool as allocated in this process (rank 0's share when sharded)
     prefix_caching: bool
+    stores: str = "K and V"  # what a slot holds: "K and V", or "latent" (MLA)
+    values_per_token_layer: int = 0  # numbers a slot holds per layer: 2 x KV heads x head_dim, or the latent's
+    # MLA: what K and V of every head would take a token (layers x heads x (qk + v head dims) x bytes): the
+    # ratio the latent saves. 0 where the pool keeps K and V themselves
+    full_kv_bytes_per_token: int = 0
+
+    def summary(self) -> str:
+        """One line, e.g. "latent: 576 numbers a token a layer (1/71 of full K and V)"."""
+        what = f"{self.stores}: {self.values_per_token_layer:,} numbers a token a layer"
+        if self.full_kv_bytes_per_token:
+            what += f" (1/{self.full_kv_bytes_per_token / self.bytes_per_token:.0f} of full K and V)"
+        return what
 
 
 @dataclass(frozen=True)
@@ -121,10 +139,14 @@ def describe(runner: ModelRunner, spec: Proposer | None, num_speculative_tokens:
     placement = runner.placement  # None on one device (engine/parallel's runner has one)
     graphs = runner.decode_graphs  # None unless captured (never on a sharded runner)
     itemsize = runner.kv_cache.element_size()
+    kinds, heads, dims = cfg.kv_layout
+    full = 0 if cfg.mla is None else \
+        cfg.num_layers * cfg.num_heads * (cfg.mla.qk_head_dim + cfg.mla.v_head_dim) * itemsize
     return EngineInfo(
         model=model_shape(runner, max_model_len),
         kv_pool=KVPoolInfo(runner.num_blocks, ecfg.block_size, runner.num_blocks * ecfg.block_size, itemsize,
-                           cfg.kv_bytes_per_token * itemsize, runner.kv_cache_bytes, ecfg.enable_prefix_caching),
+                           cfg.kv_bytes_per_token * itemsize, runner.kv_cache_bytes, ecfg.enable_prefix_caching,
+                           "latent" if cfg.mla is not None else "K and V", kinds * heads * dims, full),
         speculation=speculation,
         parallel=ParallelInfo(ecfg.tensor_parallel_size, ecfg.expert_parallel,
                               placement.as_dict() if placement is not None else None, split_sizes(cfg)),
@@ -139,7 +161,9 @@ def model_shape(runner: ModelRunner, max_model_len: int) -> ModelShape:
         cfg.vocab_size, cfg.num_experts, cfg.num_experts_per_tok, [i for i, m in enumerate(cfg.moe_layers) if m],
         list(cfg.sliding_windows), cfg.query_pre_attn_scalar, cfg.hidden_act,
         str(runner.dtype).replace("torch.", ""), str(runner.device), max_model_len,
-        tensor_bytes(model), blocked_bytes(model))
+        tensor_bytes(model), blocked_bytes(model),
+        asdict(cfg.mla) if cfg.mla is not None else None,
+        asdict(cfg.deepseek_moe) if cfg.deepseek_moe is not None else None)
 
 
 def tensor_bytes(module: torch.nn.Module) -> int:

@@ -20,7 +20,9 @@ from engine.batch import ForwardBatch
 from engine.config import ModelConfig
 from engine.layers import fused
 from engine.layers.attention import Attention
+from engine.layers.deepseek_moe import DeepseekMoE
 from engine.layers.linear import Linear
+from engine.layers.mla import MLAttention
 from engine.layers.mlp import MLP, SparseMoE
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding
@@ -30,8 +32,9 @@ from engine.trace.capture import PassCapture
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
         super().__init__()
-        self.self_attn = Attention(cfg, layer_idx)
-        self.mlp = SparseMoE(cfg, layer_idx) if cfg.moe_layers[layer_idx] \
+        self.self_attn = MLAttention(cfg, layer_idx) if cfg.mla is not None else Attention(cfg, layer_idx)
+        moe = DeepseekMoE if cfg.deepseek_moe is not None else SparseMoE
+        self.mlp = moe(cfg, layer_idx) if cfg.moe_layers[layer_idx] \
             else MLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias, cfg.hidden_act)
         norm = lambda: RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_offset)  # noqa: E731
         self.input_layernorm = norm()
@@ -41,7 +44,7 @@ class DecoderLayer(nn.Module):
             self.pre_feedforward_layernorm = norm()
             self.post_feedforward_layernorm = norm()
         # a CPU pass of a few rows through C calls (engine/layers/fused.py): the attention is of that kind
-        self.fusable = cfg.qk_norm in ("none", "head") and cfg.clip_qkv is None
+        self.fusable = cfg.qk_norm in ("none", "head") and cfg.clip_qkv is None and cfg.mla is None
         self.fused: fused.FusedLayer | None = None
 
     def _fused_plan(self, x: torch.Tensor, batch: ForwardBatch) -> fused.FusedLayer | None:
@@ -70,7 +73,7 @@ class DecoderLayer(nn.Module):
 class DecoderModel(nn.Module):
     def __init__(self, cfg: ModelConfig, max_positions: int) -> None:
         super().__init__()
-        self.rotary = RotaryEmbedding(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling)
+        self.rotary = RotaryEmbedding(cfg.rotary_dim, max_positions, cfg.rope_theta, cfg.rope_scaling)
         self.rotary_local = None  # Gemma 3: the sliding-window layers' own RoPE base
         if cfg.local_rope_theta is not None:
             self.rotary_local = RotaryEmbedding(cfg.head_dim, max_positions, cfg.local_rope_theta,
@@ -126,7 +129,7 @@ class CausalLM(nn.Module):
             logits = torch.tanh(logits / cap) * cap
         return logits
 
-    def attention_layers(self) -> list[Attention]:
+    def attention_layers(self) -> list[Attention | MLAttention]:
         return [layer.self_attn for layer in self.model.layers]
 
 
@@ -146,10 +149,11 @@ _LANGUAGE_MODEL_RE = re.compile(r"^(?:model\.language_model|language_model\.mode
 IGNORED = re.compile(r"rotary_emb\.inv_freq$|^(?:model\.)?(?:vision_tower|multi_modal_projector)\.")
 
 
-def checkpoint_target(name: str) -> tuple[str, int | None, int | None]:
+def checkpoint_target(name: str, fused_qkv: bool = True) -> tuple[str, int | None, int | None]:
     """Map a checkpoint tensor name to (parameter name, expert index, shard index).
 
     shard: which part of a fused parameter (q/k/v or gate/up) the tensor fills.
+    fused_qkv=False: an MLA model, whose q_proj stays its own.
     """
     name = _LANGUAGE_MODEL_RE.sub("model.", name)
     if name.startswith("language_model.lm_head."):
@@ -160,7 +164,7 @@ def checkpoint_target(name: str) -> tuple[str, int | None, int | None]:
         return f"{m.group(1)}.mlp.{param}", int(m.group(2)), shard
     if m := _FUSED_EXPERTS_RE.match(name):  # transformers >= 5 in-memory layout
         return f"{m.group(1)}.mlp.experts_{m.group(2).replace('_proj', '')}", None, None
-    if m := _PROJ_RE.match(name):
+    if (m := _PROJ_RE.match(name)) and (fused_qkv or m.group(2) not in ("q_proj", "k_proj", "v_proj")):
         param, shard = _FUSED[m.group(2)]
         return f"{m.group(1)}.{param}.{m.group(3)}", None, shard
     return name, None, None
@@ -170,6 +174,8 @@ def shard_sizes(cfg: ModelConfig, param: str) -> list[int]:
     """Row sizes of the parts of a fused parameter, in shard order."""
     if param.endswith("qkv_proj.weight") or param.endswith("qkv_proj.bias"):
         return [cfg.num_heads * cfg.head_dim] + [cfg.num_kv_heads * cfg.head_dim] * 2
+    if "shared_experts." in param:  # DeepSeek: n_shared_experts experts as one MLP
+        return [cfg.moe_intermediate_size * cfg.deepseek_moe.n_shared_experts] * 2
     if "shared_expert." in param:
         return [cfg.shared_expert_intermediate_size] * 2
     if param.endswith("experts_gate_up"):

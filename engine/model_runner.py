@@ -66,17 +66,22 @@ class ModelRunner:
         self.model = load_model(path, cfg, max_model_len, dtype, device, progress, ecfg.quantization)
         self.num_blocks = kv_pool_blocks(cfg, ecfg, max_model_len, dtype, device)
         self.block_size = ecfg.block_size
-        # One preallocated pool: [K/V, layer, block, slot, kv head, head dim].
-        shape = (2, cfg.num_layers, self.num_blocks, ecfg.block_size, cfg.num_kv_heads, cfg.head_dim)
+        # One preallocated pool: [K/V, layer, block, slot, kv head, head dim]; MLA keeps one
+        # latent instead: [1, layer, block, slot, 1, kv_lora_rank + qk_rope_head_dim]
+        kinds, heads, dims = cfg.kv_layout
+        shape = (kinds, cfg.num_layers, self.num_blocks, ecfg.block_size, heads, dims)
         if device.type == "cpu":  # on 2 MB pages: a decode step reads pages scattered over the pool
             self.kv_cache = cpu_kernels.huge_page_empty(shape, dtype).zero_()
         else:
             self.kv_cache = torch.zeros(shape, dtype=dtype, device=device)
         for i, attn in enumerate(self.model.attention_layers()):
-            attn.k_cache, attn.v_cache = self.kv_cache[0, i], self.kv_cache[1, i]
+            attn.k_cache, attn.v_cache = self.kv_cache[0, i], self.kv_cache[-1, i]  # MLA: both the latent
         use_triton = ecfg.use_triton
-        if use_triton is None:
-            use_triton = device.type == "cuda" and triton_available()
+        if use_triton is None:  # MLA runs its plain-torch path (no Triton kernel of its own yet)
+            use_triton = device.type == "cuda" and triton_available() and cfg.mla is None
+        if use_triton and cfg.mla is not None:
+            raise ValueError("use_triton=True on an MLA model (DeepSeek): its Triton kernel is not built; "
+                             "leave use_triton unset (the plain-torch path runs)")
         self.use_triton = use_triton
         self.max_model_len = max_model_len
         # CUDA graphs of the decode step (engine/cuda_graph.py), captured now: part of start-up

@@ -55,7 +55,7 @@ def quantize_model(model: nn.Module, kind: str, codes: Codes | None = None) -> Q
     report = QuantizationReport(kind, c_kernels=c_kernels())
     by_param: dict[str, dict[int | None, tuple]] = defaultdict(dict)
     for key, value in (codes or {}).items():
-        name, expert, shard = checkpoint_target(key)
+        name, expert, shard = checkpoint_target(key, fused_qkv=model.config.mla is None)
         if expert is None:
             by_param[name][shard] = value
     names = defaultdict(list)  # a weight shared by two modules (a tied LM head) keeps its float copy

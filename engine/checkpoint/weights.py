@@ -41,7 +41,7 @@ def build_model(cfg: ModelConfig, max_positions: int, dtype: torch.dtype, device
     if cfg.tie_word_embeddings:  # to_empty allocates each module's tensors anew: tie again
         model.lm_head.weight = model.model.embed_tokens.weight
     rotary = model.model.rotary  # its tables are computed, not loaded: compute them again
-    fresh = type(rotary)(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling)
+    fresh = type(rotary)(cfg.rotary_dim, max_positions, cfg.rope_theta, cfg.rope_scaling)
     rotary.cos, rotary.sin = fresh.cos.to(device), fresh.sin.to(device)
     return model.eval()
 
@@ -111,7 +111,7 @@ def _fill(params: dict[str, torch.nn.Parameter], filled: dict[str, int], cfg: Mo
           tensor: torch.Tensor, path: Path) -> None:
     """Copy one checkpoint tensor into its place: a parameter, one expert of a stacked
     parameter, or one part (q/k/v, gate/up) of a fused one."""
-    name, expert, shard = checkpoint_target(key)
+    name, expert, shard = checkpoint_target(key, fused_qkv=cfg.mla is None)
     if name not in params:
         raise ModelLoadError(f"unexpected tensor {key!r} in {path} for {cfg.architecture}")
     dest = params[name].data

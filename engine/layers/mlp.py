@@ -88,12 +88,26 @@ class SparseMoE(nn.Module):
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch | None = None,
                 capture: PassCapture | None = None) -> torch.Tensor:
-        router_logits = self.gate(x)
-        probs = F.softmax(router_logits, dim=-1, dtype=torch.float32)
+        experts, weights = self.route(x)
+        weights = weights.to(x.dtype)
+        out = self.routed(x, experts, weights, batch)
+        if self.shared_expert is not None:
+            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        if capture is not None:  # a full trace: converted after the pass (engine/trace/capture.py)
+            capture.moe_routing[self.layer_idx] = (experts, weights)
+        return out
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(experts [T, k], weights [T, k] float32) of each token."""
+        probs = F.softmax(self.gate(x), dim=-1, dtype=torch.float32)
         weights, experts = torch.topk(probs, self.top_k, dim=-1)
         if self.norm_topk_prob:
             weights = weights / weights.sum(dim=-1, keepdim=True)
-        weights = weights.to(x.dtype)
+        return experts, weights
+
+    def routed(self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor,
+               batch: ForwardBatch | None) -> torch.Tensor:
+        """The chosen experts' outputs, weighted and summed per token."""
         T = x.shape[0]
         static = batch is not None and batch.static_shapes  # a CUDA graph: no expert ids read on the host
         if T == 1 and not static:  # one decoding sequence: just its k experts, no bookkeeping
@@ -107,10 +121,6 @@ class SparseMoE(nn.Module):
                 token_idx, slot = torch.where(experts == e)
                 y = self._expert(x[token_idx], e)
                 out.index_add_(0, token_idx, y * weights[token_idx, slot, None])
-        if self.shared_expert is not None:
-            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
-        if capture is not None:  # a full trace: converted after the pass (engine/trace/capture.py)
-            capture.moe_routing[self.layer_idx] = (experts, weights)
         return out
 
     def _one_token(self, x: torch.Tensor, experts: list[int], weights: list[float]) -> torch.Tensor:

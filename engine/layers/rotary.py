@@ -1,4 +1,4 @@
-"""Rotary position embeddings (RoPE), with the `linear` and `llama3` scalings."""
+"""Rotary position embeddings (RoPE), with the `linear`, `llama3` and `yarn` scalings."""
 import math
 
 import torch
@@ -11,6 +11,8 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: dict | None) -> to
         return inv_freq
     if scaling["rope_type"] == "linear":
         return inv_freq / scaling["factor"]
+    if scaling["rope_type"] == "yarn":
+        return yarn_frequencies(head_dim, theta, scaling)
     # llama3: leave high frequencies alone, divide low ones by `factor`,
     # interpolate smoothly in between.
     factor = scaling["factor"]
@@ -23,6 +25,40 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: dict | None) -> to
     smoothed = (1 - smooth) * scaled / factor + smooth * scaled
     medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
     return torch.where(medium, smoothed, scaled)
+
+
+def yarn_frequencies(dim: int, theta: float, scaling: dict) -> torch.Tensor:
+    """YaRN (DeepSeek V2/V3): fast-turning dims kept (extrapolated), slow ones divided by
+    `factor` (interpolated), a linear ramp between the dims that turn beta_fast and
+    beta_slow times over the pre-training length."""
+    factor, old_len = scaling["factor"], scaling["original_max_position_embeddings"]
+    beta_fast, beta_slow = scaling.get("beta_fast") or 32, scaling.get("beta_slow") or 1
+
+    def dim_at(rotations: float) -> float:  # the dim that turns `rotations` times over old_len
+        return dim * math.log(old_len / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+    low, high = dim_at(beta_fast), dim_at(beta_slow)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    pos_freqs = theta ** (torch.arange(0, dim, 2).float() / dim)
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    keep = 1 - ramp  # 1: extrapolate (unchanged), 0: interpolate
+    return (1.0 / (factor * pos_freqs)) * (1 - keep) + (1.0 / pos_freqs) * keep
+
+
+def attention_factor(scaling: dict | None) -> float:
+    """What YaRN multiplies cos and sin by (1 for the other scalings)."""
+    if scaling is None or scaling["rope_type"] != "yarn":
+        return 1.0
+    if scaling.get("attention_factor") is not None:
+        return float(scaling["attention_factor"])
+    from engine.config_deepseek import yarn_mscale
+    factor, mscale, mscale_all = scaling["factor"], scaling.get("mscale"), scaling.get("mscale_all_dim")
+    if mscale and mscale_all:
+        return float(yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all))
+    return yarn_mscale(factor)
 
 
 class RotaryEmbedding(nn.Module):
@@ -41,6 +77,8 @@ class RotaryEmbedding(nn.Module):
             freqs = torch.arange(max_positions, dtype=torch.float32)[:, None] * inv_freq[None, :]
             self.cos = torch.cat([freqs, freqs], dim=-1).cos()
             self.sin = torch.cat([-freqs.sin(), freqs.sin()], dim=-1)
+            if (m := attention_factor(scaling)) != 1.0:  # YaRN: cos and sin scaled, as the reference does
+                self.cos, self.sin = self.cos * m, self.sin * m
 
     def lookup(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin for these positions: [T, 1, D], shared by every layer that uses this table."""

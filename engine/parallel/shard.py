@@ -56,6 +56,10 @@ def check_shardable(cfg: ModelConfig, n: int, expert_parallel: bool) -> None:
         raise ValueError(f"expert parallelism needs a mixture-of-experts model; {cfg.architecture} is dense")
     if n == 1:
         return
+    if cfg.mla is not None:  # DeepSeek's latent attention: its heads' split is not built yet
+        raise ValueError(f"tensor_parallel_size={n} on {cfg.architecture} (multi-head latent attention) is not "
+                         "built yet: each rank would keep the whole latent and its share of the heads; "
+                         "run it on one device")
     if cfg.num_kv_heads % n:
         raise ValueError(f"tensor_parallel_size={n} does not divide the model's {cfg.num_kv_heads} KV heads: "
                          f"attention is split by KV-head groups (query heads stay with their KV head), so "

@@ -1,0 +1,93 @@
+"""DeepSeek's mixture of experts (V2 and V3), as transformers' DeepseekV2Moe / DeepseekV3MoE.
+
+Beside the routed experts, shared experts that every token passes through (one MLP of
+n_shared_experts x moe_intermediate_size). Routing:
+- V2: softmax scores; "greedy" top-k, or "group_limited_greedy": the experts fall into
+  n_group groups, a group's score is its best expert's, and only the topk_group best groups
+  may be chosen from.
+- V3 ("noaux_tc"): sigmoid scores; a learned correction bias is added to the scores to
+  choose (groups: the sum of each group's two best biased scores; then the experts), while
+  the weights are the unbiased scores of the chosen ones, renormalised (norm_topk_prob).
+Both multiply the weights by routed_scaling_factor. The expert math is SparseMoE's.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.batch import ForwardBatch
+from engine.config import ModelConfig
+from engine.layers.mlp import MLP, SparseMoE
+from engine.trace.capture import PassCapture
+
+
+class Router(nn.Module):
+    """The gate: its weight, and V3's e_score_correction_bias (checkpoint names). Both stay
+    float32 in a bfloat16 model, as transformers keeps them (_keep_in_fp32_modules_strict):
+    the routing is chosen from small differences between scores."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(cfg.num_experts, cfg.hidden_size))
+        if cfg.deepseek_moe.correction_bias:
+            self.e_score_correction_bias = nn.Parameter(torch.empty(cfg.num_experts))
+
+    def _apply(self, fn, recurse: bool = True):  # .to(dtype) / to_empty: moved, never narrowed
+        super()._apply(fn, recurse)
+        for p in self.parameters(recurse=False):
+            if p.dtype != torch.float32:
+                p.data = p.data.float()
+        return self
+
+
+def group_mask(choice: torch.Tensor, n_group: int, topk_group: int, per_group_top: int) -> torch.Tensor:
+    """[T, E] bool: the experts in each token's topk_group best groups. A group's score is the
+    sum of its `per_group_top` best choice scores (V2: its best one, V3: its best two)."""
+    T, E = choice.shape
+    groups = choice.view(T, n_group, E // n_group)
+    score = groups.topk(per_group_top, dim=-1)[0].sum(dim=-1)  # [T, n_group]
+    keep = torch.zeros_like(score, dtype=torch.bool).scatter_(1, score.topk(topk_group, dim=-1, sorted=False)[1], True)
+    return keep[:, :, None].expand_as(groups).reshape(T, E)
+
+
+class DeepseekMoE(SparseMoE):
+    def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
+        super().__init__(cfg, layer_idx)
+        m = cfg.deepseek_moe
+        self.spec = m
+        self.gate = Router(cfg)
+        self.shared_experts = MLP(cfg.hidden_size, cfg.moe_intermediate_size * m.n_shared_experts) \
+            if m.n_shared_experts else None
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        m = self.spec
+        logits = F.linear(x.float(), self.gate.weight.float())
+        if m.scoring == "sigmoid":
+            scores = logits.sigmoid()
+        else:
+            scores = logits.softmax(dim=-1, dtype=torch.float32)
+        if m.topk_method == "noaux_tc":
+            choice = scores + self.gate.e_score_correction_bias.float()
+            allowed = group_mask(choice, m.n_group, m.topk_group, 2)
+            experts = choice.masked_fill(~allowed, float("-inf")).topk(self.top_k, dim=-1, sorted=False)[1]
+            weights = scores.gather(1, experts)
+        elif m.topk_method == "group_limited_greedy":
+            allowed = group_mask(scores, m.n_group, m.topk_group, 1)
+            weights, experts = scores.masked_fill(~allowed, 0.0).topk(self.top_k, dim=-1, sorted=False)
+        else:
+            weights, experts = scores.topk(self.top_k, dim=-1, sorted=False)
+        # V3 renormalises when norm_topk_prob says so; DeepSeek-V2's own code only for top_k > 1
+        if self.norm_topk_prob and (m.topk_method == "noaux_tc" or self.top_k > 1):
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        return experts, weights * m.routed_scaling_factor
+
+    def forward(self, x: torch.Tensor, batch: ForwardBatch | None = None,
+                capture: PassCapture | None = None) -> torch.Tensor:
+        experts, weights = self.route(x)
+        out = self.routed(x, experts, weights.to(x.dtype), batch)
+        if self.shared_experts is not None:  # every token, beside its routed experts
+            out = out + self.shared_experts(x)
+        if capture is not None:  # a full trace: converted after the pass (engine/trace/capture.py)
+            capture.moe_routing[self.layer_idx] = (experts, weights.to(x.dtype))
+        return out
