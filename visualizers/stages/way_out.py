@@ -32,7 +32,13 @@ def sampling(f: Facts) -> Part:
              f"In {which_pass(f, s)}, the engine drew {quote(s.get('token_text', ''))} with probability "
              f"{n(float(s.get('token_prob', 0)))}; the distribution's entropy was {n(float(s.get('entropy', 0)))} "
              f"nats. {plural(draws, 'draw')} {'was' if draws == 1 else 'were'} traced.")
-    return Part(text, ("sampling",), f"p {float(s.get('token_prob', 0)):.2f}")
+    return Part(text, ("sampling",), prob_chip(float(s.get("token_prob", 0))))
+
+
+def prob_chip(prob: float) -> str:
+    """The map's number for a draw: two decimals, or two significant digits for an unlikely one
+    (a draw at temperature 1 may take a token of p 0.004: never "p 0.00")."""
+    return f"p {prob:.2f}" if prob >= 0.095 or prob == 0 else f"p {prob:.2g}"
 
 
 REASONS = {"stop": "the model produced an end-of-turn token (or a stop string)", "length": "it reached max_tokens",

@@ -199,3 +199,8 @@ def test_a_request_traced_at_level_off_passes_every_stage_of_its_path(embedded):
     gen = sum(1 for o in outputs if o.get("token_id", -1) >= 0)
     assert next(s for s in st if s.key == "answer").chip == (f"{gen} token" if gen == 1 else f"{gen} tokens")
     assert "capture level (off)" in next(s for s in st if s.key == "prefix").text
+
+
+def test_the_map_never_rounds_a_drawn_tokens_probability_to_zero():
+    from visualizers.stages.way_out import prob_chip
+    assert prob_chip(0.721) == "p 0.72" and prob_chip(0.0041) == "p 0.0041" and prob_chip(0.05) == "p 0.05"
