@@ -22,7 +22,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Awaitable, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
@@ -401,6 +401,22 @@ async def _ready(room: Room) -> None:
     room.start()
 
 
+async def _as_presenter(room: Room | None, room_id: str, request: Request,
+                        act: Callable[[Room, dict], Awaitable[dict]]) -> dict | JSONResponse:
+    """A presenter's POST: the room, a JSON object body with the presenter's key, the stages
+    ready; then act(room, body). Each refusal in OpenAI's error shape."""
+    if room is None:
+        return _missing(room_id)
+    try:
+        body = await _json_object(request)
+        if not _is_presenter(room, body.get("key")):
+            return _forbidden()
+        await _ready(room)
+        return await act(room, body)
+    except VoteRefused as e:
+        return _refused(e)
+
+
 def add_classroom_routes(api: FastAPI, classrooms: Classrooms, css: str,
                          recorder: Callable[[str], Recording | None]) -> None:
     """recorder(request_id): the kept trace of a request (None when there is none)."""
@@ -511,37 +527,21 @@ def add_classroom_routes(api: FastAPI, classrooms: Classrooms, css: str,
         """The presenter: {"key", "action": "open" | "reveal" | "close" | "show"[, "position": int]}
         "predict the next token" (open: at that answer position; default the first answer token;
         show: no question, every stage shows the whole answer)."""
-        room = classrooms.get(room_id)
-        if room is None:
-            return _missing(room_id)
-        try:
-            body = await _json_object(request)
-            if not _is_presenter(room, body.get("key")):
-                return _forbidden()
-            await _ready(room)
+        async def ask(room: Room, body: dict) -> dict:
             # a moved mask renders the stages again: off the loop
             await run_in_threadpool(room.ask, body.get("action"), body.get("position"))
-        except VoteRefused as e:
-            return _refused(e)
-        return room.state()["question"] or {"id": None}
+            return room.state()["question"] or {"id": None}
+        return await _as_presenter(classrooms.get(room_id), room_id, request, ask)
 
     @api.post("/classroom/{room_id}/select")
     async def select(room_id: str, request: Request):
         """The presenter: {"key", "position": int | null, "layer": int, "head": int}: what every
         screen's panels show (the pass that read that token; that layer's and head's attention)."""
-        room = classrooms.get(room_id)
-        if room is None:
-            return _missing(room_id)
-        try:
-            body = await _json_object(request)
-            if not _is_presenter(room, body.get("key")):
-                return _forbidden()
-            await _ready(room)
+        async def pick(room: Room, body: dict) -> dict:
             await run_in_threadpool(room.select, body.get("position"), body.get("layer"), body.get("head"))
             await run_in_threadpool(room.prerender)
-        except VoteRefused as e:
-            return _refused(e)
-        return room.state()
+            return room.state()
+        return await _as_presenter(classrooms.get(room_id), room_id, request, pick)
 
     @api.post("/classroom/{room_id}/vote")
     async def vote(room_id: str, request: Request):
