@@ -12,12 +12,25 @@ from pydantic import BaseModel
 
 from tests.service_utils import app_service, served
 
-NAME = "tiny-moe"  # conftest.py serves the tiny MoE under this name
+NAME = "tiny-moe"
 USER = [{"role": "user", "content": "Tell me about a person"}]
 PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 6},
                                            "age": {"type": "integer", "minimum": 0, "maximum": 120},
                                            "likes": {"enum": ["tea", "coffee"]}},
           "required": ["name", "age", "likes"], "additionalProperties": False}
+
+
+@pytest.fixture(scope="module")
+def server(checkpoint, tmp_path_factory):
+    svc = app_service(checkpoint, "--served-model-name", NAME, "--block-size", "4")
+    with served(svc, tmp_path_factory) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    from openai import OpenAI
+    return OpenAI(base_url=server.url + "v1", api_key="unused", max_retries=0)
 
 
 def samples_of(server, rid):
