@@ -99,8 +99,10 @@ def frozen_html(truncated: dict | None, last_position: int | None, labels: Seque
     if last_position is None:
         where = "before any was recorded"
     else:
-        tok = (f" <code>{show_piece(labels[last_position])}</code>" if 0 <= last_position < len(labels) else "")
-        where = f"after token{tok} at position {last_position}"
+        # a verify pass also captures draft positions that were rejected: name the answer's last one
+        last = min(last_position, len(labels) - 1) if labels else last_position
+        tok = f" <code>{show_piece(labels[last])}</code>" if 0 <= last < len(labels) else ""
+        where = f"after token{tok} at position {last}"
     step = truncated.get("first_step", truncated.get("step"))  # the first pass missing its captures
     return (f'<div class="tt-frozen" role="alert">⚠ frozen: its {esc(what)} stopped {where}'
             f'{f" (engine step {esc(step)})" if step is not None else ""}: the trace reached the per-request cap'

@@ -218,3 +218,12 @@ def test_a_truncated_trace_is_a_warning_in_the_request_panel_not_a_green_tick():
     html = v.render("request")
     assert '<li class="tt-warn">⚠ trace: truncated: at engine step 3' in html
     assert '<li class="tt-ok">✓ trace' not in html
+
+
+def test_a_frozen_header_names_the_answers_last_token_when_a_rejected_draft_was_captured_past_it():
+    """A verify pass captures draft positions the answer never kept: the header named no token
+    ("after token at position 75") when the newest capture was one of them."""
+    from visualizers.selection import frozen_html
+    head = frozen_html({"step": 4, "limit_bytes": 60000}, 9, LABELS, "attention captures")
+    assert "after token <code>&lt;eos&gt;</code> at position 6" in head
+    assert "after token <code>␣Paris</code> at position 4" in frozen_html({"step": 2}, 4, LABELS)
