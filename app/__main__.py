@@ -107,6 +107,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     kv.add_argument("--max-num-batched-tokens", type=int, default=512)
     kv.add_argument("--max-model-len", type=int, default=None)
     kv.add_argument("--no-prefix-caching", action="store_true")
+    rep = p.add_argument_group("replicas (app/serving/replicas.py)")
+    rep.add_argument("--replicas", type=int, default=1, metavar="N",
+                     help="serve each model from N engines (2 to 4), each its own KV pool and engine thread, "
+                          "behind one name and a router")
+    rep.add_argument("--router", choices=("round-robin", "least-loaded", "prefix-aware"), default=None,
+                     help="which replica gets a request (default prefix-aware: the one holding the longest "
+                          "cached prefix of its prompt, else the least loaded)")
     par = p.add_argument_group("parallelism (engine/parallel)")
     par.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
                      help="split each model over N ranks (processes; one GPU each on CUDA): attention by "
@@ -148,6 +155,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.models = model_specs(getattr(args, "_per_model", None) or [])
     except ValueError as e:
         p.error(str(e))
+    if not 1 <= args.replicas <= 4:
+        p.error(f"--replicas takes 1 to 4, not {args.replicas}")
+    if args.router is not None and args.replicas == 1:
+        p.error("--router chooses among replicas: give --replicas 2 or more")
+    if args.replicas > 1 and args.tensor_parallel_size > 1:
+        p.error("--replicas and --tensor-parallel-size cannot be combined yet")
     first = args.models[0]  # the one-model view older callers read
     args.model, args.draft, args.served_model_name = first.model, first.draft, first.served_model_name
     return args
@@ -238,20 +251,32 @@ def build_services(args: argparse.Namespace, say=None):
             say(f"  captured {what}: {total} batch sizes" if what == "CUDA graphs" else f"  loaded {what}: {total} tensors")
 
     services = []
+    replicas = getattr(args, "replicas", 1)
     for i, spec in enumerate(specs, 1):
         draft = default_draft(spec)
-        if len(specs) > 1:
-            say(f"[{i}/{len(specs)}] loading {spec.model or 'the embedded model'}"
-                f"{f' (draft: {draft_label(draft)})' if draft else ''}")
-        engine = LLMEngine(spec.model, device=args.device, dtype=args.dtype, config=config, tracer=Tracer(),
-                           trace_level="basic", capture=capture, progress=progress, draft=draft,
-                           num_speculative_tokens=args.num_speculative_tokens,
-                           kv_pool_events="always")  # the page draws the pool for untraced requests too
-        service = EngineService(engine, store, model_name=served_name(spec, engine), limits=limits, slots=slots,
-                                draft_name=draft_label(draft))
-        say("  " + memory_line(service))
-        services.append(service)
+        copies = []
+        for j in range(replicas):
+            if len(specs) > 1 or replicas > 1:
+                say(f"[{i}/{len(specs)}] loading {spec.model or 'the embedded model'}"
+                    f"{f' (draft: {draft_label(draft)})' if draft else ''}"
+                    f"{f', replica {j + 1} of {replicas}' if replicas > 1 else ''}")
+            engine = LLMEngine(spec.model, device=args.device, dtype=args.dtype, config=config, tracer=Tracer(),
+                               trace_level="basic", capture=capture, progress=progress, draft=draft,
+                               num_speculative_tokens=args.num_speculative_tokens,
+                               kv_pool_events="always")  # the page draws the pool for untraced requests too
+            service = EngineService(engine, store, model_name=served_name(spec, engine), limits=limits,
+                                    slots=slots, draft_name=draft_label(draft))
+            say("  " + memory_line(service))
+            copies.append(service)
+        services.append(copies[0] if replicas == 1 else replicated(copies, args))
     return ServedModels(services)
+
+
+def replicated(copies: list, args: argparse.Namespace):
+    """One model's replicas behind its router."""
+    from app.serving.replicas import ReplicaSet
+    from app.serving.router import Router
+    return ReplicaSet(copies, Router(args.router or "prefix-aware"))
 
 
 def build_service(args: argparse.Namespace):
@@ -331,7 +356,8 @@ def main(argv: list[str] | None = None) -> None:
     for service in models:
         info = service.model_info()
         draft = {None: "", "ngram": ", n-gram draft"}.get(info["draft"], ", draft on")
-        shown.append(f"{info['name']} ({info['num_layers']} layers{draft})")
+        reps = f", {info['replicas']} replicas, {info['router']} routing" if info.get("replicas") else ""
+        shown.append(f"{info['name']} ({info['num_layers']} layers{draft}{reps})")
     print(f"TokenTrace: {', '.join(shown)} ready in {time.perf_counter() - t0:.1f} s "
           f"on http://{args.host}:{args.port}", flush=True)
     limits = models.limits
