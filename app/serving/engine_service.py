@@ -185,10 +185,10 @@ class EngineService:
                                     trace_level=sub.trace_level, speculative=sub.speculative,
                                     num_speculative_tokens=sub.num_speculative_tokens, context_fit=fit)
         except Exception as e:
+            self._routes.pop(rid, None)
             self.unsubscribe(watch)
             with self._subs_lock:
                 self._running.discard(rid)
-                self._routes.pop(rid, None)
             self.slots.release(rid)
             self.store.discard(rid)  # a refused request keeps no trace (its body was kept for it)
             if isinstance(e, TemplateError):  # e.g. a template that wants user/assistant turns to alternate
