@@ -14,7 +14,7 @@ import logging
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
@@ -148,6 +148,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                      help=f"requests in flight per client address (public default {PUBLIC_MAX_CONCURRENT}, "
                      "local: none)")
     pub.add_argument("--max-body-bytes", type=int, default=MAX_BODY_BYTES, help="largest request body")
+    pub.add_argument("--lab", action="store_true",
+                     help="public mode: let the page's Experiments tab run experiments (each builds engines of "
+                          "its own; one at a time). A local server runs them without it")
     pub.add_argument("--ignore-unknown-fields", action="store_true",
                      help="drop request body fields this server does not implement (default: a 400 naming the field)")
     args = p.parse_args(argv)
@@ -306,11 +309,12 @@ def serve_limits(args: argparse.Namespace) -> ServeLimits:
     for name in ("max_tokens_cap", "max_concurrent_per_client", "max_body_bytes"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
-    return ServeLimits.for_server(args.host, args.share or args.public, args.max_tokens_cap,
-                                  args.max_concurrent_per_client,
-                                  args.max_body_bytes, args.api_key, tuple(pairs),
-                                  getattr(args, "api_trace_level", API_TRACE_LEVEL),
-                                  getattr(args, "ignore_unknown_fields", False))
+    limits = ServeLimits.for_server(args.host, args.share or args.public, args.max_tokens_cap,
+                                    args.max_concurrent_per_client,
+                                    args.max_body_bytes, args.api_key, tuple(pairs),
+                                    getattr(args, "api_trace_level", API_TRACE_LEVEL),
+                                    getattr(args, "ignore_unknown_fields", False))
+    return replace(limits, lab=getattr(args, "lab", False))
 
 
 def serve_replay(args: argparse.Namespace) -> None:
