@@ -64,7 +64,7 @@ def run_setting(lab: Lab, setting: Setting) -> SettingResult:
     with ExitStack() as stack:
         built = []
         for i in range(o["replicas"]):
-            lab.report(i, o["replicas"], f"building replica {i + 1} of {o['replicas']}")
+            lab.report(0, 1, f"building replica {i + 1} of {o['replicas']}")  # the bar moves with the requests
             built.append(stack.enter_context(lab.engine(num_kv_blocks=o["num_kv_blocks"])))
         engines, logs = [e for e, _ in built], [ev for _, ev in built]
         ran = drive(lab, engines, Router(o["router"]), workload(o), o)

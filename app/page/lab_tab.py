@@ -50,19 +50,24 @@ class LabDesk:
     """Runs one experiment at a time off the request's thread, and keeps each tab's last result."""
 
     def __init__(self, enabled: bool, off_reason: str = "", model_facts: dict | None = None, classrooms=None,
-                 public: bool = False) -> None:
+                 public: bool = False, models: dict[str, str | None] | None = None) -> None:
+        """models: what the model picker offers, by name -> the checkpoint an experiment loads
+        (None: the embedded model); a name not offered is refused (no path comes from a browser)."""
         self.enabled, self.off_reason, self.public = enabled, off_reason, public
         self.model_facts, self.classrooms = model_facts, classrooms
+        self.models = models if models is not None else {EMBEDDED: None}
         self.current: LabRun | None = None
         self.last: dict[str, dict] = {}  # tab -> its last result
 
-    def start(self, owner: str, name: str, model: str | None, size: str) -> LabRun | str:
-        """The run, or why not (off, another running, an unknown experiment)."""
+    def start(self, owner: str, name: str, model: str, size: str) -> LabRun | str:
+        """The run, or why not (off, another running, an unknown experiment or model)."""
         if not self.enabled:
             return self.off_reason
         known = {e.name: e for e in experiments()}
         if name not in known:
-            return f"No experiment {name!r}: pick one of the list."
+            return f"No experiment {str(name)[:40]!r}: pick one of the list."
+        if model not in self.models:
+            return f"No model {str(model)[:40]!r} here: pick one of the list."
         if size not in ("ci", "full"):
             return "Pick a size: ci (seconds) or full (minutes)."
         if not _ONE_AT_A_TIME.acquire(blocking=False):
@@ -72,7 +77,8 @@ class LabDesk:
                     "runs one at a time. Wait for it to end, or cancel it from the tab that started it.")
         job = LabRun(owner, name, known[name].title)
         self.current = job
-        threading.Thread(target=self._run, args=(job, model, size), name=f"lab-{name}", daemon=True).start()
+        threading.Thread(target=self._run, args=(job, self.models[model], size), name=f"lab-{name}",
+                         daemon=True).start()
         return job
 
     def _run(self, job: LabRun, model: str | None, size: str) -> None:
@@ -133,7 +139,7 @@ def exports(result: dict) -> tuple[str, str]:
     return str(folder / f"{stem}.json"), str(folder / f"{stem}.html")
 
 
-def watch(desk: LabDesk, key: str, name: str, model: str | None, size: str) -> Iterator[tuple]:
+def watch(desk: LabDesk, key: str, name: str, model: str, size: str) -> Iterator[tuple]:
     """Run's handler: (progress, result, json file, html file) as the run goes."""
     job = desk.start(key, name, model, size)
     if isinstance(job, str):
@@ -159,7 +165,7 @@ def build_lab_tab(ctl) -> LabDesk:
     """The tab's components and handlers, inside the page's gr.Tabs (layout.py)."""
     desk = lab_desk(ctl)
     choices = [(e.title, e.name) for e in experiments()]
-    models = lab_models(ctl)
+    models = list(desk.models)
     with gr.Tab("Experiments", id="experiments", elem_id="tt-tab-lab"):
         gr.HTML("<div class='tt-lab-intro'>Each experiment runs a fixed, seeded workload on the real engine under "
                 "two or more settings, one after another, and shows what the engine's own trace measured: "
@@ -168,7 +174,7 @@ def build_lab_tab(ctl) -> LabDesk:
         with gr.Row():
             pick = gr.Dropdown(choices, value=choices[0][1] if choices else None, label="Experiment",
                                elem_id="tt-lab-exp", interactive=desk.enabled)
-            model = gr.Dropdown(models, value=models[0][1], label="Model (engines built for the experiment)",
+            model = gr.Dropdown(models, value=models[0], label="Model (engines built for the experiment)",
                                 elem_id="tt-lab-model", interactive=desk.enabled)
             size = gr.Radio([("ci: seconds", "ci"), ("full: minutes", "full")], value="ci", label="Size",
                             elem_id="tt-lab-size", interactive=desk.enabled)
@@ -185,7 +191,7 @@ def build_lab_tab(ctl) -> LabDesk:
             as_html = gr.File(label="Result as a self-contained HTML page", elem_id="tt-lab-html", interactive=False)
 
     def on_run(request: gr.Request, name, model_value, size_value):
-        yield from watch(desk, key_of(request), name, model_value or None, size_value)
+        yield from watch(desk, key_of(request), name, model_value, size_value)
 
     quiet = {"api_visibility": "private", "show_progress": "hidden"}
     go.click(on_run, [pick, model, size], [progress, result, as_json, as_html], concurrency_limit=4, **quiet)
@@ -208,18 +214,17 @@ def lab_desk(ctl) -> LabDesk:
     limits = ctl.models.limits
     on = not limits.public or getattr(limits, "lab", False)
     return LabDesk(on, "Experiments are off on this public server: each builds engines of its own. The operator "
-                       "turns them on with --lab.", ctl.model, ctl.classrooms, limits.public)
+                       "turns them on with --lab.", ctl.model, ctl.classrooms, limits.public, lab_models(ctl))
 
 
-def lab_models(ctl) -> list[tuple[str, str]]:
-    """The embedded model, and each served model by its checkpoint (value "": the embedded one)."""
+def lab_models(ctl) -> dict[str, str | None]:
+    """The embedded model, and each served model by its served name -> its checkpoint."""
     from app.__main__ import ASSETS  # a light module: the embedded checkpoints' folder
-    out = [(EMBEDDED, "")]
-    if ctl.live:
-        for s in ctl.models:
-            path = Path(s.engine.model_path)
-            if path.resolve() != (ASSETS / "target").resolve() and (s.model_name, str(path)) not in out:
-                out.append((s.model_name, str(path)))
+    out: dict[str, str | None] = {EMBEDDED: None}
+    for s in ctl.models:
+        path = Path(s.engine.model_path)
+        if path.resolve() != (ASSETS / "target").resolve():
+            out.setdefault(s.model_name, str(path))
     return out
 
 
