@@ -193,3 +193,14 @@ def test_the_request_stage_names_the_replica_and_why(server):
     plain = [e for e in trace["events"] if e["type"] != "request.arrive"] + \
         [{k: v for k, v in next(e for e in trace["events"] if e["type"] == "request.arrive").items() if k != "replica"}]
     assert "replica" not in request(Facts.read(trace["model"], reply["id"], trace["body"], plain, [])).text
+
+
+def test_the_page_sends_to_a_replica_and_its_request_stage_says_which(server):
+    from app.page.controller import Controller, Controls
+    server.models.first.router = Router("least-loaded")
+    ctl = Controller(server.models)
+    c = Controls(system=SYSTEM, user="Where did I go?", max_tokens=4, seed="3", level="basic", model="target")
+    updates = list(ctl.run("replica-tab", c))
+    assert "finished" in [u["status"] for u in updates if "status" in u][-1]
+    text = next(u["stage:request"] for u in reversed(updates) if "stage:request" in u)
+    assert "least-loaded router sent this request to replica <b>" in text
