@@ -87,12 +87,12 @@ def sentences(result: dict) -> list[str]:
     out.append(f"Round-robin computed each system prompt on {spread(rr):.1f} replicas on average, prefix-aware on "
                f"{spread(pa):.1f}: the cache only pays where the requests sharing a prompt land"
                + (f" (least-loaded: {spread(ll):.1f})." if ll else "."))
-    if m_pa.get("mean_ttft_steps") is not None and m_rr.get("mean_ttft_steps") is not None:
-        out.append(f"Mean time to first token: {m_pa['mean_ttft_steps']:.1f} engine steps and "
-                   f"{_ms(m_pa['mean_ttft_s'])} with prefix-aware, {m_rr['mean_ttft_steps']:.1f} steps and "
-                   f"{_ms(m_rr['mean_ttft_s'])} with round-robin; the busiest replica took "
-                   f"{m_pa['max_requests_on_a_replica']} of {m_pa['requests']} requests against "
-                   f"{m_rr['max_requests_on_a_replica']}.")
+    if m_pa.get("mean_ttft_s") is not None and m_rr.get("mean_ttft_s") is not None:
+        out.append(f"Mean time to first token was {_ms(m_pa['mean_ttft_s'])} with prefix-aware against "
+                   f"{_ms(m_rr['mean_ttft_s'])} with round-robin"
+                   + (f" and {_ms(ll['metrics']['mean_ttft_s'])} with least-loaded" if ll else "")
+                   + f"; the busiest replica took {m_pa['max_requests_on_a_replica']} of {m_pa['requests']} "
+                   f"requests under prefix-aware, {m_rr['max_requests_on_a_replica']} under round-robin.")
     return out
 
 

@@ -39,9 +39,9 @@ SYSTEMS = (
 QUESTIONS = ("Hello! I have a question.", "Can you help me with something quick?", "What should I do first?",
              "Is it possible today?", "How long will it take?", "What do you recommend?", "Thanks, and one more?",
              "Could you explain that again?")
-SIZES = {  # replicas, system prompts, users per prompt, tokens per answer, ticks between arrivals
-    "ci": dict(replicas=2, systems=3, users=4, max_tokens=6, stagger=1),
-    "full": dict(replicas=3, systems=4, users=8, max_tokens=24, stagger=1),
+SIZES = {  # replicas, system prompts, users per prompt, answer lengths (in turn), ticks between arrivals
+    "ci": dict(replicas=2, systems=3, users=4, max_tokens=[16, 2, 2, 3, 12, 1], stagger=1),
+    "full": dict(replicas=3, systems=4, users=8, max_tokens=[48, 4, 6, 8, 32, 2], stagger=1),
 }
 NUM_KV_BLOCKS = 256  # per replica: every system prompt fits, so nothing is evicted and the router alone decides
 
@@ -50,13 +50,15 @@ def settings(size: str) -> list[Setting]:
     return [Setting(p, p, {"router": p, "num_kv_blocks": NUM_KV_BLOCKS, **SIZES[size]}) for p in POLICIES]
 
 
-def workload(o: dict) -> list[tuple[int, list[dict]]]:
-    """(system prompt index, messages) in arrival order: every user of every prompt, shuffled
-    with a fixed seed (the same order for every router)."""
+def workload(o: dict) -> list[tuple[int, list[dict], int]]:
+    """(system prompt index, messages, answer length) in arrival order: every user of every
+    prompt, shuffled with a fixed seed (the same order for every router). The answers' lengths
+    differ, so the replicas' loads do and least-loaded is not round-robin."""
     users = [(k, u) for k in range(o["systems"]) for u in range(o["users"])]
     return [(k, [{"role": "system", "content": SYSTEMS[k]},
-                 {"role": "user", "content": QUESTIONS[(u + k) % len(QUESTIONS)]}])
-            for k, u in shuffled(users, seed=27)]
+                 {"role": "user", "content": QUESTIONS[(u + k) % len(QUESTIONS)]}],
+             o["max_tokens"][n % len(o["max_tokens"])])
+            for n, (k, u) in enumerate(shuffled(users, seed=27))]
 
 
 def run_setting(lab: Lab, setting: Setting) -> SettingResult:
@@ -79,11 +81,11 @@ def run_setting(lab: Lab, setting: Setting) -> SettingResult:
     return result
 
 
-def drive(lab: Lab, engines: list[LLMEngine], router: Router, jobs: list[tuple[int, list[dict]]], o: dict) -> dict:
+def drive(lab: Lab, engines: list[LLMEngine], router: Router, jobs: list[tuple[int, list[dict], int]],
+          o: dict) -> dict:
     """Arrivals every `stagger` ticks, routed as they arrive; each tick steps every busy
     replica once. What each step prefilled is kept per replica (step numbers are per engine)."""
     probes = [EngineProbe(e) for e in engines]
-    params = SamplingParams(temperature=0, max_tokens=o["max_tokens"], ignore_eos=True)
     out = {"roles": {}, "arrival_steps": {}, "replica_of": {}, "system_of": {}, "routes": [],
            "t0": time.perf_counter()}
     pending, tick, done = list(enumerate(jobs)), 0, 0
@@ -91,9 +93,10 @@ def drive(lab: Lab, engines: list[LLMEngine], router: Router, jobs: list[tuple[i
         while pending or any(e.has_unfinished_requests() for e in engines):
             lab.check()
             while pending and pending[0][0] * o["stagger"] <= tick:
-                n, (k, messages) = pending.pop(0)
+                n, (k, messages, length) = pending.pop(0)
                 route = router.choose(engines[0].tokenizer.encode_chat(messages), probes)
                 engine = engines[route.replica]
+                params = SamplingParams(temperature=0, max_tokens=length, ignore_eos=True)
                 rid = engine.add_request(messages=messages, params=params, request_id=f"{router.policy}-{n}")
                 out["roles"][rid], out["arrival_steps"][rid] = f"prompt {k + 1}", engine.step_count
                 out["replica_of"][rid], out["system_of"][rid] = route.replica, k
@@ -132,5 +135,5 @@ EXPERIMENT = Experiment(
          "routing: cache hit rate, prefill tokens computed, TTFT.",
     settings=settings, run_setting=run_setting, figures=lab_routing.figures, sentences=lab_routing.sentences,
     headline=[("hit_rate", "prefix hit rate"), ("prefill_tokens", "prefill tokens computed"),
-              ("mean_ttft_steps", "mean TTFT (steps)"), ("mean_ttft_s", "mean TTFT (s)"),
+              ("mean_ttft_s", "mean TTFT (s)"),
               ("p99_ttft_s", "p99 TTFT (s)"), ("max_requests_on_a_replica", "most requests on one replica")])

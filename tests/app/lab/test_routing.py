@@ -8,7 +8,7 @@ import pytest
 
 from app.lab import run
 from app.lab.export import to_html
-from app.lab.routing import SIZES, workload
+from app.lab.routing import workload
 from visualizers.lab_routing import figures, sentences, spread
 
 
@@ -30,8 +30,12 @@ def test_prefix_aware_computes_fewer_prefill_tokens_than_round_robin(result):
     for m in (rr, ll, pa):
         assert m["prompt_tokens"] == rr["prompt_tokens"] and m["requests"] == 12
         assert m["prefill_tokens"] + m["cached_tokens"] == m["prompt_tokens"]  # prefill is what the cache did not hold
+    lengths = [n for _, _, n in workload(s["round-robin"]["setting"]["options"])]
+    assert len(set(lengths)) > 1
     for st in s.values():
-        assert all(r["output_tokens"] == SIZES["ci"]["max_tokens"] for r in st["per_request"])
+        assert [r["output_tokens"] for r in st["per_request"]] == lengths
+    # least-loaded reads the loads, which the answers' lengths make uneven: it is not round-robin
+    assert [r["replica"] for r in s["least-loaded"]["extra"]["routes"]] != [i % 2 for i in range(12)]
     # why: round-robin computes every system prompt on both replicas, prefix-aware on one
     assert spread(s["round-robin"]) == 2.0 and spread(s["prefix-aware"]) == 1.0
 
