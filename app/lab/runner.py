@@ -4,12 +4,13 @@ events, free the engine; progress after every step, cancel checked before every 
 from __future__ import annotations
 
 import gc
+import inspect
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
-from engine import EngineConfig, LLMEngine, SamplingParams, TraceEvent, Tracer
+from engine import EngineConfig, LLMEngine, SamplingParams, TokenOutput, TraceEvent, Tracer
 
 from app.lab.experiment import Cancelled, Progress, Result, Setting, SettingResult, SIZES, machine, started_now
 from app.lab.measure import KEPT_EVENTS, request_records, step_records
@@ -91,8 +92,10 @@ class Lab:
             free(engine)
             del engine
 
-    def drive(self, engine: LLMEngine, events: list[dict], jobs: list[Job], max_steps: int = 100_000) -> Drive:
-        """Run jobs to the end; abort what is left if cancelled (the engine's pages go back)."""
+    def drive(self, engine: LLMEngine, events: list[dict], jobs: list[Job], max_steps: int = 100_000,
+              on_output: Callable[[str, TokenOutput], None] | None = None, one_at_a_time: bool = False) -> Drive:
+        """Run jobs to the end; abort what is left if cancelled (the engine's pages go back).
+        one_at_a_time: each job waits for the one before to end (its arrive_step is ignored)."""
         pending = sorted(jobs, key=lambda j: j.arrive_step)
         roles: dict[str, str] = {}
         arrivals: dict[str, int] = {}
@@ -102,7 +105,8 @@ class Lab:
         try:
             while pending or engine.has_unfinished_requests():
                 self.check()
-                while pending and pending[0].arrive_step <= steps:
+                while pending and (not engine.has_unfinished_requests() if one_at_a_time
+                                   else pending[0].arrive_step <= steps):
                     job = pending.pop(0)
                     rid = engine.add_request(job.prompt, job.params, **job.options)
                     roles[rid], arrivals[rid] = job.role, engine.step_count
@@ -111,6 +115,8 @@ class Lab:
                     continue
                 for out in engine.step():
                     finished += out.finished
+                    if on_output is not None and out.request_id in roles:
+                        on_output(roles[out.request_id], out)
                 steps += 1
                 if steps > max_steps:
                     raise RuntimeError(f"the workload did not finish in {max_steps} steps")
@@ -154,7 +160,9 @@ def run(name: str, model: str | None = None, size: str = "ci", progress: Progres
         raise ValueError(f"size must be one of {', '.join(SIZES)}, got {size!r}")
     exp = get(name)
     lab = Lab(name, model, size, device, progress, cancelled)
-    settings = exp.settings(size)
+    # settings(size), or settings(size, model) where what runs depends on the model (a served draft)
+    takes_model = len(inspect.signature(exp.settings).parameters) > 1
+    settings = exp.settings(size, model) if takes_model else exp.settings(size)
     lab.num_settings = len(settings)
     result = Result(exp.name, exp.title, model or "embedded", size, [], started=started_now(), machine=machine())
     t = time.perf_counter()
@@ -166,6 +174,8 @@ def run(name: str, model: str | None = None, size: str = "ci", progress: Progres
     except Cancelled:
         result.cancelled = True
     result.seconds = time.perf_counter() - t
+    if not result.cancelled and exp.compare is not None:
+        exp.compare(result.settings)
     if not result.cancelled:
         result.sentences = exp.sentences(result.to_json())
     return result
