@@ -65,8 +65,10 @@ def test_figures_draw_the_trace():
     sr = asdict(res)
     trace = lab.last_events
     steps = [e for e in trace if e["type"] == "schedule.step"]
-    occ = occupancy([sr], SLOTS)["data"][0]
+    occ, waste = occupancy([sr], SLOTS)["data"]
     assert occ["y"] == [len(e["batch"]) for e in steps]
+    idle = [min(SLOTS - len(e["batch"]), e["waiting"]) for e in steps]
+    assert waste["customdata"] == idle and sum(idle) == sr["metrics"]["idle_slot_steps_while_waiting"] > 0
     tokens = Counter(e["request_id"] for e in trace if e["type"] == "token")
     fig = gantt(sr)
     decode = next(t for t in fig["data"] if t["name"] == "decode")
