@@ -143,6 +143,12 @@ def warm_up(engine: LLMEngine) -> None:
 def free(engine: LLMEngine) -> None:
     """Stop the engine's workers and give its memory back before the next setting's engine."""
     engine.shutdown()
+    release_memory()
+
+
+def release_memory() -> None:
+    """Collect the engines no one holds (an engine's parts refer to each other: only the
+    collector frees them) and hand CUDA's cached blocks back."""
     gc.collect()
     try:
         import torch
@@ -172,10 +178,13 @@ def run(name: str, model: str | None = None, size: str = "ci", progress: Progres
             lab.setting, lab.setting_index = setting, i
             lab.report(0, 1, "building the engine")
             result.settings.append(exp.run_setting(lab, setting))
+            release_memory()  # the setting's engine, now unreferenced, goes before the next one is built
     except Cancelled:
         result.cancelled = True
     except (ValueError, RuntimeError, OSError) as e:  # a model that does not load, a setting it cannot run
         result.error = f"{type(e).__name__}: {e}"
+    finally:
+        release_memory()
     result.seconds = time.perf_counter() - t
     result.machine["load_average_end"] = machine().get("load_average")  # the timings' noise: was the machine busy
     if not result.cancelled and not result.error and exp.compare is not None:

@@ -95,6 +95,9 @@ def test_cancel_stops_between_steps_and_frees_the_engine(monkeypatch):
     assert out.cancelled and len(out.settings) == 0 and out.sentences == []
     assert len(freed) == 1 and freed[0].running == 0 and freed[0].waiting == 0
     assert len(calls) == 6  # stopped at the first check after the sixth report
+    import gc
+    from engine import LLMEngine
+    assert not [o for o in gc.get_objects() if isinstance(o, LLMEngine)]  # no engine left alive
 
 
 def test_html_export_is_self_contained_and_escaped(result):
