@@ -19,8 +19,8 @@ def esc(value: object) -> str:
 
 def layout(title: str, **extra: Any) -> dict:
     base = {"title": {"text": esc(title), "font": {"size": 14}}, "font": FONT, "paper_bgcolor": "#fff",
-            "plot_bgcolor": "#fbfbfd", "margin": {"l": 70, "r": 20, "t": 48, "b": 48},
-            "hoverlabel": {"bgcolor": "#fff", "font": {"family": FONT["family"]}}, "legend": {"orientation": "h"}}
+            "plot_bgcolor": "#fbfbfd", "margin": {"l": 70, "r": 20, "t": 48, "b": 90},
+            "hoverlabel": {"bgcolor": "#fff", "font": {"family": FONT["family"]}}, "legend": {"orientation": "h", "yanchor": "top", "y": -0.18}}
     base.update(extra)
     return base
 
@@ -118,7 +118,7 @@ def bars(settings: Sequence[dict], metrics: Sequence[tuple[str, str, str]], titl
         vals = [s["metrics"].get(k) for k, _, _ in metrics]
         data.append({"type": "bar", "name": esc(s["setting"]["label"]), "marker": {"color": _color(i)},
                      "x": [esc(label) for _, label, _ in metrics], "y": vals,
-                     "customdata": [unit for _, _, unit in metrics], "texttemplate": "%{y:~.4g}",
+                     "customdata": [unit for _, _, unit in metrics], "texttemplate": "%{y:.4~g}",
                      "textposition": "outside",
                      "hovertemplate": "%{x}: %{y:.6g} %{customdata}<extra>%{fullData.name}</extra>"})
     return {"data": data, "layout": layout(title, barmode="group")}
