@@ -121,7 +121,8 @@ class Cancelled(Exception):
 
 @dataclass
 class Experiment:
-    """name: the CLI's and registry's key. settings(size) → the settings run one after another.
+    """name: the CLI's and registry's key. settings(size) (or settings(size, model)) → the settings
+    run one after another.
     run_setting(lab, setting) → a SettingResult (app/lab/runner.py's Lab builds and frees the
     engines and drives the workload). figures(result dict) → plotly figure dicts and
     sentences(result dict) → two or three sentences from the numbers (visualizers/lab*.py)."""
@@ -133,6 +134,8 @@ class Experiment:
     figures: Callable[[dict], list[dict]]
     sentences: Callable[[dict], list[str]]
     headline: list[tuple[str, str]] = field(default_factory=list)  # (metric key, label) for tables
+    # after every setting ran (not when cancelled): metrics that compare settings (precision's agreement)
+    compare: Callable[[list[SettingResult]], None] | None = None
 
 
 def machine() -> dict[str, Any]:

@@ -4,12 +4,13 @@ events, free the engine; progress after every step, cancel checked before every 
 from __future__ import annotations
 
 import gc
+import inspect
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
-from engine import EngineConfig, LLMEngine, SamplingParams, TraceEvent, Tracer
+from engine import EngineConfig, LLMEngine, SamplingParams, TokenOutput, TraceEvent, Tracer
 
 from app.lab.experiment import Cancelled, Progress, Result, Setting, SettingResult, SIZES, machine, started_now
 from app.lab.measure import KEPT_EVENTS, request_records, step_records
@@ -68,7 +69,7 @@ class Lab:
 
     @contextmanager
     def engine(self, model: str | None = None, *, trace: bool = True, dtype: str = "auto",
-               **options: Any) -> Iterator[tuple[LLMEngine, list[dict]]]:
+               device: str | None = None, **options: Any) -> Iterator[tuple[LLMEngine, list[dict]]]:
         """An engine for one setting and the list its kept trace events go to. options: the
         EngineConfig fields, and draft / num_speculative_tokens / prompt_lookup_*."""
         keys = ("draft", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min")
@@ -80,7 +81,7 @@ class Lab:
                 events.append(event.to_dict())
 
         self.check()
-        engine = LLMEngine(model if model is not None else self.model, device=self.device, dtype=dtype,
+        engine = LLMEngine(model if model is not None else self.model, device=device or self.device, dtype=dtype,
                            config=EngineConfig(**options), tracer=Tracer(keep) if trace else None,
                            trace_level="basic" if trace else "off", **engine_kw)
         try:
@@ -91,8 +92,10 @@ class Lab:
             free(engine)
             del engine
 
-    def drive(self, engine: LLMEngine, events: list[dict], jobs: list[Job], max_steps: int = 100_000) -> Drive:
-        """Run jobs to the end; abort what is left if cancelled (the engine's pages go back)."""
+    def drive(self, engine: LLMEngine, events: list[dict], jobs: list[Job], max_steps: int = 100_000,
+              on_output: Callable[[str, TokenOutput], None] | None = None, one_at_a_time: bool = False) -> Drive:
+        """Run jobs to the end; abort what is left if cancelled (the engine's pages go back).
+        one_at_a_time: each job waits for the one before to end (its arrive_step is ignored)."""
         pending = sorted(jobs, key=lambda j: j.arrive_step)
         roles: dict[str, str] = {}
         arrivals: dict[str, int] = {}
@@ -102,7 +105,8 @@ class Lab:
         try:
             while pending or engine.has_unfinished_requests():
                 self.check()
-                while pending and pending[0].arrive_step <= steps:
+                while pending and (not engine.has_unfinished_requests() if one_at_a_time
+                                   else pending[0].arrive_step <= steps):
                     job = pending.pop(0)
                     rid = engine.add_request(job.prompt, job.params, **job.options)
                     roles[rid], arrivals[rid] = job.role, engine.step_count
@@ -111,6 +115,8 @@ class Lab:
                     continue
                 for out in engine.step():
                     finished += out.finished
+                    if on_output is not None and out.request_id in roles:
+                        on_output(roles[out.request_id], out)
                 steps += 1
                 if steps > max_steps:
                     raise RuntimeError(f"the workload did not finish in {max_steps} steps")
@@ -137,6 +143,12 @@ def warm_up(engine: LLMEngine) -> None:
 def free(engine: LLMEngine) -> None:
     """Stop the engine's workers and give its memory back before the next setting's engine."""
     engine.shutdown()
+    release_memory()
+
+
+def release_memory() -> None:
+    """Collect the engines no one holds (an engine's parts refer to each other: only the
+    collector frees them) and hand CUDA's cached blocks back."""
     gc.collect()
     try:
         import torch
@@ -149,12 +161,15 @@ def free(engine: LLMEngine) -> None:
 def run(name: str, model: str | None = None, size: str = "ci", progress: ProgressFn | None = None,
         cancelled: Callable[[], bool] | None = None, device: str = "auto") -> Result:
     """Run one experiment's settings one after another. Cancelled: the settings done so far,
-    cancelled=True. The sentences are generated from the measured numbers."""
+    cancelled=True; a setting that failed (a model that does not load): those done so far and
+    `error` saying why. The sentences are generated from the measured numbers."""
     if size not in SIZES:
         raise ValueError(f"size must be one of {', '.join(SIZES)}, got {size!r}")
     exp = get(name)
     lab = Lab(name, model, size, device, progress, cancelled)
-    settings = exp.settings(size)
+    # settings(size), or settings(size, model) where what runs depends on the model (a served draft)
+    takes_model = len(inspect.signature(exp.settings).parameters) > 1
+    settings = exp.settings(size, model) if takes_model else exp.settings(size)
     lab.num_settings = len(settings)
     result = Result(exp.name, exp.title, model or "embedded", size, [], started=started_now(), machine=machine())
     t = time.perf_counter()
@@ -163,9 +178,17 @@ def run(name: str, model: str | None = None, size: str = "ci", progress: Progres
             lab.setting, lab.setting_index = setting, i
             lab.report(0, 1, "building the engine")
             result.settings.append(exp.run_setting(lab, setting))
+            release_memory()  # the setting's engine, now unreferenced, goes before the next one is built
     except Cancelled:
         result.cancelled = True
+    except (ValueError, RuntimeError, OSError) as e:  # a model that does not load, a setting it cannot run
+        result.error = f"{type(e).__name__}: {e}"
+    finally:
+        release_memory()
     result.seconds = time.perf_counter() - t
-    if not result.cancelled:
+    result.machine["load_average_end"] = machine().get("load_average")  # the timings' noise: was the machine busy
+    if not result.cancelled and not result.error and exp.compare is not None:
+        exp.compare(result.settings)
+    if not result.cancelled and not result.error:
         result.sentences = exp.sentences(result.to_json())
     return result
