@@ -14,6 +14,7 @@ import json
 import tempfile
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -30,6 +31,7 @@ from app.page.controller import key_of
 
 EMBEDDED = "the embedded model"
 POLL_S = 0.3  # how often the progress is redrawn
+KEEP_RESULTS = 16  # tabs whose last result is kept (for the classroom button)
 _ONE_AT_A_TIME = threading.Lock()  # one experiment in this process: each loads engines of its own
 
 
@@ -57,7 +59,7 @@ class LabDesk:
         self.model_facts, self.classrooms = model_facts, classrooms
         self.models = models if models is not None else {EMBEDDED: None}
         self.current: LabRun | None = None
-        self.last: dict[str, dict] = {}  # tab -> its last result
+        self.last: OrderedDict[str, dict] = OrderedDict()  # tab -> its last result (the newest KEEP_RESULTS)
 
     def start(self, owner: str, name: str, model: str, size: str) -> LabRun | str:
         """The run, or why not (off, another running, an unknown experiment or model)."""
@@ -86,6 +88,9 @@ class LabDesk:
             job.result = run(job.experiment, model=model, size=size, progress=lambda p: setattr(job, "progress", p),
                              cancelled=job.cancel.is_set).to_json()
             self.last[job.owner] = job.result
+            self.last.move_to_end(job.owner)
+            while len(self.last) > KEEP_RESULTS:
+                self.last.popitem(last=False)
         except Exception as e:  # noqa: BLE001 - a bad model path or an engine error: said on the tab, not a crash
             job.error = ("the experiment failed; the server log has the details" if self.public
                          else f"the experiment failed: {e}")
