@@ -29,7 +29,8 @@ def figures_frame(result: dict, elem_id: str = "tt-lab-figures") -> str:
            "<style>body{margin:0;font-family:system-ui,sans-serif}.fig{margin:0 0 16px}</style></head><body>"
            + "".join(f"<div class='fig' id='fig{i}'></div>" for i in range(len(figs)))
            + f"<script>const FIGS = {data};"
-           "FIGS.forEach((f, i) => Plotly.newPlot('fig' + i, f.data, f.layout, {responsive: true, displaylogo: false}));"
+           "FIGS.forEach((f, i) => Plotly.newPlot('fig' + i, f.data, f.layout,"
+           " {responsive: true, displaylogo: false}));"
            "document.body.dataset.drawn = String(FIGS.length);</script></body></html>")
     return (f"<iframe id='{elem_id}' class='tt-lab-frame' title='the experiment&#x27;s figures' "
             f"style='width:100%;height:{height}px;border:0' srcdoc=\"{html.escape(doc, quote=True)}\"></iframe>")
