@@ -345,9 +345,10 @@ class LLMEngine:
     def cached_prefix_tokens(self, token_ids: list[int]) -> int:
         """How many leading tokens of these ids the prefix cache holds now (whole blocks, at
         least one token left to compute): the prefill a request with this prompt would skip
-        here. A router's question (app/serving/router.py); it changes nothing, not even LRU order."""
-        with self.lock:
-            return len(self.block_manager.match_tokens(list(token_ids))) * self.config.block_size
+        here. A router's question (app/serving/router.py); it changes nothing, not even LRU order.
+        Read without the engine's lock, so a router never waits for a step (a long prefill) of
+        every replica: a hint that may be one step old (admission matches the prefix again)."""
+        return len(self.block_manager.match_tokens(list(token_ids))) * self.config.block_size
 
     def live_requests(self) -> list[str]:
         """The ids of the requests not finished yet (waiting or running)."""

@@ -8,15 +8,35 @@ read from the first. Each request's route is in its trace: request.arrive's `rep
 """
 from __future__ import annotations
 
+import itertools
+import secrets
 from collections import OrderedDict
+from dataclasses import dataclass
 from threading import Lock
 
 from app.serving.engine_service import EngineService, Subscription
 from app.serving.requests import Submission
-from app.serving.router import EngineProbe, Route, Router
+from app.serving.router import Route, Router
+from engine import LLMEngine
 
 MAX_REPLICAS = 4
 KEEP_ROUTES = 4096  # request id -> replica, for watchers and aborts (the oldest forgotten first)
+_ids = itertools.count(1)
+
+
+@dataclass(frozen=True)
+class Counted:
+    """A replica as the router sees it here: the requests this set sent it that have not ended
+    (counted as they go and end, never waiting for its engine's lock: a step can last seconds),
+    and its engine's prefix cache."""
+    live: set[str]
+    engine: LLMEngine
+
+    def in_flight(self) -> int:
+        return len(self.live)
+
+    def cached_prefix_tokens(self, token_ids: list[int]) -> int:
+        return self.engine.cached_prefix_tokens(token_ids)
 
 
 class ReplicaSet:
@@ -29,7 +49,10 @@ class ReplicaSet:
         for i, r in enumerate(replicas):
             r.replica = i
         self.router = router or Router()
-        self._probes = [EngineProbe(r.engine) for r in replicas]
+        self._live: list[set[str]] = [set() for _ in replicas]  # each replica's running choices
+        self._probes = [Counted(live, r.engine) for live, r in zip(self._live, replicas)]
+        for live, r in zip(self._live, replicas):
+            r.output_listeners.append(_ender(live))
         self._routes: OrderedDict[str, int] = OrderedDict()
         self._lock = Lock()  # one decision at a time: the rotation and the loads it read stay consistent
         first = replicas[0]
@@ -84,12 +107,21 @@ class ReplicaSet:
 
     def submit(self, sub: Submission, request_id: str | None = None, client: str | None = None) -> Subscription:
         route = self.route(sub)
-        watch = self.replicas[route.replica].submit(sub, request_id, client, route=route.as_dict())
+        rid = request_id or f"req-{next(_ids)}-{secrets.token_hex(4)}"  # before it runs: it may end at once
+        choices = LLMEngine.choice_ids(rid, sub.params.n)
+        live = self._live[route.replica]
+        live.update(choices)
         with self._lock:
-            self._routes[watch.request_id] = route.replica
+            self._routes[rid] = route.replica
             while len(self._routes) > KEEP_ROUTES:
                 self._routes.popitem(last=False)
-        return watch
+        try:
+            return self.replicas[route.replica].submit(sub, rid, client, route=route.as_dict())
+        except Exception:
+            live.difference_update(choices)
+            with self._lock:
+                self._routes.pop(rid, None)
+            raise
 
     def abort(self, request_id: str) -> bool:
         owner = self.replica_of(request_id)
@@ -123,3 +155,11 @@ class ReplicaSet:
     def stop(self) -> None:
         for r in self.replicas:
             r.stop()
+
+
+def _ender(live: set[str]):
+    """An output listener (on the replica's engine thread): a finished choice leaves `live`."""
+    def ended(item: dict) -> None:
+        if item["finished"]:
+            live.discard(item["request_id"])
+    return ended

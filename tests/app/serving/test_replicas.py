@@ -4,6 +4,8 @@ replicas answering the API, with each request's replica in its trace."""
 from __future__ import annotations
 
 import json
+import threading
+import time
 from dataclasses import dataclass
 
 import httpx
@@ -12,7 +14,7 @@ import pytest
 from app.__main__ import build_services, parse_args
 from app.serving.router import Router
 from tests.paths import ROOT
-from tests.service_utils import served
+from tests.service_utils import pace, served
 
 TARGET = str(ROOT / "assets" / "models" / "target")
 pytestmark = pytest.mark.filterwarnings("ignore:.*no_silent_downcasting", "ignore:The copy keyword")
@@ -177,6 +179,44 @@ def test_streaming_watching_and_metrics_reach_the_right_replica(server):
     assert metrics.count("# TYPE tokentrace_requests_running gauge") == 1
     served_steps = [r.engine.load().target_passes for r in group.replicas]
     assert all(s > 0 for s in served_steps)  # both engines did work
+
+
+def test_the_router_counts_what_is_in_flight_without_waiting_for_an_engine(server):
+    from app.serving.engine_service import wait_idle
+    from app.serving.requests import parse_body
+    group = server.models.first
+    group.router = Router("least-loaded")
+    assert wait_idle(server.models) and group._live == [set(), set()]  # everything sent so far has ended
+    body = {"model": "target", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "n": 2}
+    steps = [r.engine.step for r in group.replicas]
+    for r in group.replicas:
+        pace(r.engine, 0.3)  # slow enough to be seen in flight
+    held, release = threading.Event(), threading.Event()
+    try:
+        watch = group.submit(parse_body(body))
+        c = next(i for i, live in enumerate(group._live) if live)
+        assert group._live[c] == {watch.request_id, watch.request_id + ".1"} and group._live[1 - c] == set()
+
+        def long_step():  # the other replica's engine busy (its lock held), as in a long prefill
+            with group.replicas[1 - c].engine.lock:
+                held.set()
+                release.wait(10)
+        threading.Thread(target=long_step, daemon=True).start()
+        assert held.wait(5)
+        t0 = time.monotonic()
+        route = group.route(parse_body(body))  # its two choices count as two
+        assert time.monotonic() - t0 < 0.25  # no wait for the busy engine
+        assert route.loads[c] == 2 and route.loads[1 - c] == 0 and route.replica == 1 - c
+    finally:
+        release.set()
+        for r, step in zip(group.replicas, steps):
+            r.engine.step = step
+    assert wait_idle(server.models) and group._live == [set(), set()]
+    group.unsubscribe(watch)
+    with pytest.raises(ValueError):  # refused by the engine: nothing left counted or routed
+        group.submit(parse_body({"model": "target", "messages": [{"role": "user", "content": "x" * 9000}],
+                                 "max_tokens": 2}))
+    assert group._live == [set(), set()]
 
 
 def test_the_request_stage_names_the_replica_and_why(server):
