@@ -175,7 +175,8 @@ def build_lab_tab(ctl) -> LabDesk:
         gr.HTML("<div class='tt-lab-intro'>Each experiment runs a fixed, seeded workload on the real engine under "
                 "two or more settings, one after another, and shows what the engine's own trace measured: "
                 "side by side, with sentences generated from the numbers.</div>" +
-                ("" if desk.enabled else f"<div class='tt-err' id='tt-lab-off'>{html.escape(desk.off_reason)}</div>"))
+                ("" if desk.enabled else f"<div class='tt-err' id='tt-lab-off'>{html.escape(desk.off_reason)}</div>"),
+                elem_id="tt-lab-intro-box")
         with gr.Row():
             pick = gr.Dropdown(choices, value=choices[0][1] if choices else None, label="Experiment",
                                elem_id="tt-lab-exp", interactive=desk.enabled)

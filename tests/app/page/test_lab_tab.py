@@ -143,3 +143,16 @@ def test_a_result_is_a_classroom_stage_of_its_own(shown):
     # the room opens without a served model's facts too
     alone = open_room(Classrooms(), result)
     assert alone.stage_list()[0].key == "experiment"
+
+
+def test_a_public_page_says_experiments_are_off_and_its_buttons_do_nothing():
+    from app.__main__ import build_services
+    from app.page.layout import build_page
+    for argv, off in ((["--public"], True), (["--public", "--lab"], False)):
+        models = build_services(parse_args(["--draft", "none", "--num-kv-blocks", "16", *argv]), say=lambda _: None)
+        page = build_page(models)
+        comps = {c.get("props", {}).get("elem_id"): c["props"] for c in page.config["components"]}
+        intro = comps["tt-lab-intro-box"]["value"]
+        assert ("id='tt-lab-off'" in intro and "--lab" in intro) == off, argv
+        assert comps["tt-lab-run"]["interactive"] is (not off) and comps["tt-lab-exp"]["interactive"] is (not off)
+        assert [c[0] for c in comps["tt-lab-model"]["choices"]] == [EMBEDDED]  # names only: no path
