@@ -22,7 +22,6 @@ from app.classroom.rooms import Classrooms
 from app.page import texts
 from app.page.controller import SPEEDS, Controller, Controls, key_of, stages_of, step_range, write_timeline, \
     write_trace
-from app.page.lab_tab import build_lab_tab
 from app.page.live_view import PANELS
 from app.page.stages import empty_stages, map_html, section_panels, stage_html
 from app.page.texts import model_summary  # noqa: F401 - the page's model line, read by tests
@@ -227,6 +226,7 @@ def build_page(served: ServedModels | EngineService | None, replay: Recording | 
                         _controls(ui, ctl)
                     with gr.Column(scale=3, min_width=320, elem_id="tt-journey"):
                         _stages(ui, ctl)
+            from app.page.lab_tab import build_lab_tab
             build_lab_tab(ctl)  # app/page/lab_tab.py
         _wire(page, ui, ctl)
     return page
