@@ -248,38 +248,40 @@ def build_services(args: argparse.Namespace, say=None):
     names = [s.served_model_name for s in specs if s.served_model_name]
     if len(set(names)) < len(names):
         raise ValueError("two models have the same --served-model-name")
+    replicas = getattr(args, "replicas", 1)
+    specs = [spec for spec in specs for _ in range(replicas)]  # --replicas N: each model N times, grouped below
 
     def progress(done: int, total: int, what: str) -> None:
         if done == total:
             say(f"  captured {what}: {total} batch sizes" if what == "CUDA graphs" else f"  loaded {what}: {total} tensors")
 
     services = []
-    replicas = getattr(args, "replicas", 1)
     for i, spec in enumerate(specs, 1):
         draft = default_draft(spec)
-        copies = []
-        for j in range(replicas):
-            if len(specs) > 1 or replicas > 1:
-                say(f"[{i}/{len(specs)}] loading {spec.model or 'the embedded model'}"
-                    f"{f' (draft: {draft_label(draft)})' if draft else ''}"
-                    f"{f', replica {j + 1} of {replicas}' if replicas > 1 else ''}")
-            engine = LLMEngine(spec.model, device=args.device, dtype=args.dtype, config=config, tracer=Tracer(),
-                               trace_level="basic", capture=capture, progress=progress, draft=draft,
-                               num_speculative_tokens=args.num_speculative_tokens,
-                               kv_pool_events="always")  # the page draws the pool for untraced requests too
-            service = EngineService(engine, store, model_name=served_name(spec, engine), limits=limits,
-                                    slots=slots, draft_name=draft_label(draft))
-            say("  " + memory_line(service))
-            copies.append(service)
-        services.append(copies[0] if replicas == 1 else replicated(copies, args))
-    return ServedModels(services)
+        if len(specs) > 1:
+            say(f"[{i}/{len(specs)}] loading {spec.model or 'the embedded model'}"
+                f"{f' (draft: {draft_label(draft)})' if draft else ''}")
+        engine = LLMEngine(spec.model, device=args.device, dtype=args.dtype, config=config, tracer=Tracer(),
+                           trace_level="basic", capture=capture, progress=progress, draft=draft,
+                           num_speculative_tokens=args.num_speculative_tokens,
+                           kv_pool_events="always")  # the page draws the pool for untraced requests too
+        service = EngineService(engine, store, model_name=served_name(spec, engine), limits=limits, slots=slots,
+                                draft_name=draft_label(draft))
+        say("  " + memory_line(service))
+        services.append(service)
+    return ServedModels(services if replicas == 1 else replicated(services, replicas, args, say))
 
 
-def replicated(copies: list, args: argparse.Namespace):
-    """One model's replicas behind its router."""
+def replicated(services: list, replicas: int, args: argparse.Namespace, say) -> list:
+    """Each model's `replicas` engines (built one after another) behind one router."""
     from app.serving.replicas import ReplicaSet
     from app.serving.router import Router
-    return ReplicaSet(copies, Router(args.router or "prefix-aware"))
+    groups = [ReplicaSet(services[i:i + replicas], Router(args.router or "prefix-aware"))
+              for i in range(0, len(services), replicas)]
+    for g in groups:
+        say(f"{g.model_name}: {replicas} replicas, each its own engine, KV pool and thread; "
+            f"{g.router.policy} routing")
+    return groups
 
 
 def build_service(args: argparse.Namespace):
