@@ -105,7 +105,11 @@ class EngineService:
                 "draft": self.draft_kind(), "weights_bytes": m.weights_bytes,
                 "tensor_parallel_size": par.tensor_parallel_size, "expert_parallel": par.expert_parallel,
                 "split_sizes": list(par.split_sizes),
-                "quantization": info.quantization.summary if info.quantization else None}
+                "quantization": info.quantization.summary if info.quantization else None,
+                # what a KV slot holds (MLA: the latent) and DeepSeek's attention / routing settings
+                "kv_stores": kv.stores, "kv_values_per_token_layer": kv.values_per_token_layer,
+                "kv_bytes_per_token": kv.bytes_per_token, "kv_full_bytes_per_token": kv.full_kv_bytes_per_token,
+                "mla": m.mla, "deepseek_moe": m.deepseek_moe}
 
     def draft_kind(self) -> str | None:
         """None (no speculation), "ngram" (prompt lookup) or the draft model's name."""
