@@ -177,9 +177,9 @@ def tensor_bytes(module: torch.nn.Module) -> int:
 
 
 def split_sizes(cfg: ModelConfig) -> list[int]:
-    """The tensor-parallel sizes (2 up to the KV heads) the engine accepts for this model."""
+    """The tensor-parallel sizes (2 up to the KV heads; MLA: the query heads) the engine accepts."""
     ok = []
-    for n in range(2, cfg.num_kv_heads + 1):
+    for n in range(2, (cfg.num_heads if cfg.mla is not None else cfg.num_kv_heads) + 1):
         try:
             check_shardable(cfg, n, False)
             ok.append(n)

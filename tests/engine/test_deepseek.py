@@ -195,13 +195,6 @@ def test_describe_says_the_pool_keeps_the_latent(v3):
     assert shape.moe_layers == [1, 2] and shape.num_kv_heads == 1
 
 
-def test_tensor_parallel_is_refused_clearly(v3):
-    from engine.parallel.shard import check_shardable
-    cfg = LLM(v3, device=DEVICE, dtype="float32").engine.model_config
-    with pytest.raises(ValueError, match="multi-head latent attention"):
-        check_shardable(cfg, 2, False)
-
-
 def test_bfloat16_keeps_the_router_in_float32_and_ngram_speculation_keeps_the_tokens(v3):
     bf16 = LLM(v3, device=DEVICE, dtype="bfloat16", block_size=4)
     gate = bf16.engine.runner.model.model.layers[1].mlp.gate
