@@ -42,9 +42,10 @@ class Placement:
     kv_heads: list[list[int]]
     experts: list[list[int]]  # empty lists for a dense model
     intermediate: list[tuple[int, int]]  # dense MLP columns [lo, hi) per rank
+    latent: bool = False  # MLA: no KV heads to split, every rank keeps the whole latent (kv_heads [0])
 
     def as_dict(self) -> dict:
-        return {"world_size": self.world_size, "expert_parallel": self.expert_parallel,
+        return {"world_size": self.world_size, "expert_parallel": self.expert_parallel, "latent": self.latent,
                 "ranks": [{"rank": r, "heads": self.heads[r], "kv_heads": self.kv_heads[r],
                            "experts": self.experts[r], "intermediate": list(self.intermediate[r])}
                           for r in range(self.world_size)]}
@@ -88,7 +89,7 @@ def placement(cfg: ModelConfig, n: int, expert_parallel: bool) -> Placement:
                      [list(range(r * k, (r + 1) * k)) for r in range(n)],
                      [list(range(r * e, (r + 1) * e)) if expert_parallel else list(range(cfg.num_experts))
                       for r in range(n)] if cfg.is_moe else [[] for _ in range(n)],
-                     [(r * i, (r + 1) * i) for r in range(n)])
+                     [(r * i, (r + 1) * i) for r in range(n)], cfg.mla is not None)
 
 
 def local_config(cfg: ModelConfig, n: int, expert_parallel: bool) -> ModelConfig:

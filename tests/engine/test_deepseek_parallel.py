@@ -88,6 +88,14 @@ def _check_attention_and_routing(one: LLM, two: LLM) -> None:
         assert (x["layer"], x["heads"], x["q_start"]) == (y["layer"], y["heads"], y["q_start"])
         torch.testing.assert_close(torch.from_numpy(array(y["probs"]).copy()),
                                    torch.from_numpy(array(x["probs"]).copy()), atol=4.1e-3, rtol=0)
+    # the parallelism panel and classroom stage 13 say the heads are split and the latent is whole on each rank
+    from visualizers.parallel import measured_stage_html, parallel_panel_html
+    cols = [e.to_dict() for e in two.stream(PROMPTS[0], SamplingParams(temperature=0, max_tokens=2), trace="basic")
+            if getattr(e, "type", None) == "schedule.collective"]
+    assert cols and cols[0]["placement"]["latent"] is True
+    panel = parallel_panel_html(cols, one.engine.model_config.num_layers)
+    assert "attention split by query heads" in panel and "keeps the whole latent" in panel
+    assert "rank 1: query heads 2–3, the whole latent" in measured_stage_html(cols)
     ma, mb = events(one, "moe"), events(two, "moe")
     assert [(e["layer"], e["experts"], e["groups"], e["without_bias"]) for e in ma] == \
         [(e["layer"], e["experts"], e["groups"], e["without_bias"]) for e in mb]
