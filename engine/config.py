@@ -292,6 +292,9 @@ def _sliding_windows(cfg: dict, family: str, n_layers: int) -> list[int | None]:
     return [window] * n_layers  # mistral, mixtral, qwen3_moe
 
 
+BATCHING_POLICIES = ("continuous", "static")
+
+
 @dataclass
 class EngineConfig:
     """Serving knobs. KV pool size: `num_kv_blocks`, else `kv_cache_memory_fraction`
@@ -315,9 +318,14 @@ class EngineConfig:
     # up to max_num_seqs
     cuda_graphs: bool | None = None
     cuda_graph_sizes: tuple[int, ...] | None = None
+    # "continuous" (requests join and leave every step) or "static" (engine/static_batching.py:
+    # a batch runs until its longest request ends; kept to measure against, app/lab)
+    batching: str = "continuous"
 
     def __post_init__(self) -> None:
         self.quantization = check_quantization(self.quantization)
+        if self.batching not in BATCHING_POLICIES:
+            raise ValueError(f"batching must be one of {', '.join(BATCHING_POLICIES)}, got {self.batching!r}")
         if self.block_size <= 0 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a positive power of two, got {self.block_size}")
         if self.max_num_seqs <= 0 or self.max_num_batched_tokens <= 0:

@@ -14,6 +14,7 @@ from typing import Callable
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.sequence import ScheduledSeq, Sequence, Status
+from engine.static_batching import StaticBatch
 
 
 @dataclass
@@ -33,6 +34,8 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_steps = 0
+        # batching="static": only the members of the batch now running may be admitted
+        self.static = StaticBatch(config.max_num_seqs) if config.batching == "static" else None
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -67,6 +70,8 @@ class Scheduler:
         # Admit new work only when nothing had to give way this step.
         while self.waiting and budget > 0 and not out.preempted and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
+            if self.static is not None and not self.static.may_admit(seq, self.running, self.waiting):
+                break
             # prompt logprobs need every prompt position's logits: no cached prefix (as vLLM)
             hits = self.bm.match_prefix(seq) if seq.params.prompt_logprobs is None else []
             plan = self._plan(seq, len(seq) - len(hits) * self.bm.block_size, budget)

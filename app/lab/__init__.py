@@ -1,0 +1,9 @@
+"""The lab: serving trade-offs measured on the real engine, setting against setting
+(python -m app.lab NAME; the page's Experiments tab). See app/lab/experiment.py."""
+from app.lab.experiment import (Cancelled, Experiment, Progress, RequestRecord, Result, Setting, SettingResult,
+                                StepRecord)
+from app.lab.registry import experiments, get, register
+from app.lab.runner import Job, Lab, run
+
+__all__ = ["Cancelled", "Experiment", "Job", "Lab", "Progress", "RequestRecord", "Result", "Setting",
+           "SettingResult", "StepRecord", "experiments", "get", "register", "run"]

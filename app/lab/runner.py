@@ -1,0 +1,181 @@
+"""Running an experiment: build an engine for a setting, drive its workload step by step
+(arrivals at fixed steps, so the workload is the same on any machine), keep the trace
+events, free the engine; progress after every step, cancel checked before every step."""
+from __future__ import annotations
+
+import gc
+import inspect
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+from engine import EngineConfig, LLMEngine, SamplingParams, TokenOutput, TraceEvent, Tracer
+
+from app.lab.experiment import Cancelled, Progress, Result, Setting, SettingResult, SIZES, machine, started_now
+from app.lab.measure import KEPT_EVENTS, request_records, step_records
+from app.lab.registry import get
+
+ProgressFn = Callable[[Progress], None]
+
+
+@dataclass
+class Job:
+    """One request of a workload: added once the driver has run `arrive_step` steps."""
+    role: str
+    prompt: str | list[int]
+    params: SamplingParams
+    arrive_step: int = 0
+    options: dict[str, Any] = field(default_factory=dict)  # add_request's speculative= etc.
+
+
+@dataclass
+class Drive:
+    """What one workload's run left: the kept events (dicts), its requests' ids by role order."""
+    events: list[dict]
+    roles: dict[str, str]  # request id → role
+    arrival_steps: dict[str, int]
+    t0: float
+    steps_run: int
+
+    def setting_result(self, setting: Setting, metrics: dict | None = None) -> SettingResult:
+        steps = step_records(self.events, self.t0)
+        requests = request_records(self.events, self.t0, self.roles, self.arrival_steps)
+        return SettingResult(setting, requests, steps, metrics or {})
+
+
+class Lab:
+    """One experiment's run: the model, the size, the callbacks. Experiments build their
+    engines with `engine()` (freed when the block ends) and run workloads with `drive()`."""
+
+    def __init__(self, experiment: str, model: str | None, size: str, device: str,
+                 progress: ProgressFn | None, cancelled: Callable[[], bool] | None) -> None:
+        self.experiment, self.model, self.size, self.device = experiment, model, size, device
+        self._progress = progress
+        self._cancelled = cancelled
+        self.setting: Setting | None = None
+        self.setting_index = 0
+        self.num_settings = 1
+        self.last_events: list[dict] = []  # the last drive's kept events (tests check figures against them)
+
+    def check(self) -> None:
+        if self._cancelled is not None and self._cancelled():
+            raise Cancelled(self.experiment)
+
+    def report(self, done: int, total: int, what: str) -> None:
+        if self._progress is not None and self.setting is not None:
+            self._progress(Progress(self.experiment, self.setting.label, self.setting_index, self.num_settings,
+                                    done, total, what))
+
+    @contextmanager
+    def engine(self, model: str | None = None, *, trace: bool = True, dtype: str = "auto",
+               **options: Any) -> Iterator[tuple[LLMEngine, list[dict]]]:
+        """An engine for one setting and the list its kept trace events go to. options: the
+        EngineConfig fields, and draft / num_speculative_tokens / prompt_lookup_*."""
+        keys = ("draft", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min")
+        engine_kw = {k: options.pop(k) for k in keys if k in options}
+        events: list[dict] = []
+
+        def keep(event: TraceEvent) -> None:
+            if event.type in KEPT_EVENTS:
+                events.append(event.to_dict())
+
+        self.check()
+        engine = LLMEngine(model if model is not None else self.model, device=self.device, dtype=dtype,
+                           config=EngineConfig(**options), tracer=Tracer(keep) if trace else None,
+                           trace_level="basic" if trace else "off", **engine_kw)
+        try:
+            warm_up(engine)
+            events.clear()
+            yield engine, events
+        finally:
+            free(engine)
+            del engine
+
+    def drive(self, engine: LLMEngine, events: list[dict], jobs: list[Job], max_steps: int = 100_000,
+              on_output: Callable[[str, TokenOutput], None] | None = None, one_at_a_time: bool = False) -> Drive:
+        """Run jobs to the end; abort what is left if cancelled (the engine's pages go back).
+        one_at_a_time: each job waits for the one before to end (its arrive_step is ignored)."""
+        pending = sorted(jobs, key=lambda j: j.arrive_step)
+        roles: dict[str, str] = {}
+        arrivals: dict[str, int] = {}
+        start = len(events)
+        t0 = time.perf_counter()
+        steps = finished = 0
+        try:
+            while pending or engine.has_unfinished_requests():
+                self.check()
+                while pending and (not engine.has_unfinished_requests() if one_at_a_time
+                                   else pending[0].arrive_step <= steps):
+                    job = pending.pop(0)
+                    rid = engine.add_request(job.prompt, job.params, **job.options)
+                    roles[rid], arrivals[rid] = job.role, engine.step_count
+                if not engine.has_unfinished_requests():  # idle until the next arrival: no step to run
+                    steps = pending[0].arrive_step
+                    continue
+                for out in engine.step():
+                    finished += out.finished
+                    if on_output is not None and out.request_id in roles:
+                        on_output(roles[out.request_id], out)
+                steps += 1
+                if steps > max_steps:
+                    raise RuntimeError(f"the workload did not finish in {max_steps} steps")
+                self.report(finished, len(jobs), f"step {steps}, {finished} of {len(jobs)} requests done")
+        finally:
+            for rid in roles:
+                engine.abort(rid)
+                engine.release(rid)
+        self.last_events = events[start:]
+        return Drive(self.last_events, roles, arrivals, t0, steps)
+
+
+def warm_up(engine: LLMEngine) -> None:
+    """One short request first, so the setting's first step does not pay for torch's lazy set-up."""
+    rid = engine.add_request("Hello", SamplingParams(temperature=0, max_tokens=2, ignore_eos=True), trace_level="off")
+    try:
+        while engine.get_output(rid).finish_reason is None:
+            engine.step()
+    finally:
+        engine.abort(rid)
+        engine.release(rid)
+
+
+def free(engine: LLMEngine) -> None:
+    """Stop the engine's workers and give its memory back before the next setting's engine."""
+    engine.shutdown()
+    gc.collect()
+    try:
+        import torch
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    except ImportError:  # pragma: no cover - the engine needs torch anyway
+        pass
+
+
+def run(name: str, model: str | None = None, size: str = "ci", progress: ProgressFn | None = None,
+        cancelled: Callable[[], bool] | None = None, device: str = "auto") -> Result:
+    """Run one experiment's settings one after another. Cancelled: the settings done so far,
+    cancelled=True. The sentences are generated from the measured numbers."""
+    if size not in SIZES:
+        raise ValueError(f"size must be one of {', '.join(SIZES)}, got {size!r}")
+    exp = get(name)
+    lab = Lab(name, model, size, device, progress, cancelled)
+    # settings(size), or settings(size, model) where what runs depends on the model (a served draft)
+    takes_model = len(inspect.signature(exp.settings).parameters) > 1
+    settings = exp.settings(size, model) if takes_model else exp.settings(size)
+    lab.num_settings = len(settings)
+    result = Result(exp.name, exp.title, model or "embedded", size, [], started=started_now(), machine=machine())
+    t = time.perf_counter()
+    try:
+        for i, setting in enumerate(settings):
+            lab.setting, lab.setting_index = setting, i
+            lab.report(0, 1, "building the engine")
+            result.settings.append(exp.run_setting(lab, setting))
+    except Cancelled:
+        result.cancelled = True
+    result.seconds = time.perf_counter() - t
+    if not result.cancelled and exp.compare is not None:
+        exp.compare(result.settings)
+    if not result.cancelled:
+        result.sentences = exp.sentences(result.to_json())
+    return result

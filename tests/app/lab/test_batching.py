@@ -1,0 +1,104 @@
+"""The batching experiment on the embedded model at size ci: static batching needs more
+engine steps than continuous for the same work, no request joins a running static batch,
+and the figures draw what the trace says."""
+from collections import Counter
+
+import pytest
+
+from app.lab import Lab, get, run
+from app.lab.batching import LENGTHS, SLOTS, settings
+from app.lab.export import to_html
+from engine import EngineConfig
+from visualizers.lab import gantt, occupancy
+
+
+@pytest.fixture(scope="module")
+def result():
+    return run("batching", size="ci").to_json()
+
+
+def by_name(result):
+    return {s["setting"]["name"]: s for s in result["settings"]}
+
+
+def test_static_needs_more_steps_than_continuous_for_the_same_work(result):
+    s = by_name(result)
+    for arrival in ("together", "staggered"):
+        st, co = s[f"static-{arrival}"], s[f"continuous-{arrival}"]
+        assert st["metrics"]["steps"] > co["metrics"]["steps"], arrival
+        # the same work: every request ran to its own length in both
+        assert [r["output_tokens"] for r in st["per_request"]] == LENGTHS["ci"]
+        assert [r["output_tokens"] for r in co["per_request"]] == LENGTHS["ci"]
+    # together: 8 requests in 4 slots, each static batch as long as its longest request
+    assert s["continuous-together"]["metrics"]["idle_slot_steps_while_waiting"] == 0
+    assert s["static-together"]["metrics"]["idle_slot_steps_while_waiting"] > 0
+
+
+def test_no_request_joins_a_running_static_batch(result):
+    st = by_name(result)["static-together"]
+    first = {r["request_id"] for r in st["per_request"][:SLOTS]}
+    second = {r["request_id"] for r in st["per_request"][SLOTS:]}
+    for step in st["steps"]:
+        ids = {b["request_id"] for b in step["batch"]}
+        assert not (ids & first and ids & second), step["step"]
+    # and continuous batching lets the second group's requests in while the first group runs
+    co = by_name(result)["continuous-together"]
+    ids_co = [{b["request_id"] for b in step["batch"]} for step in co["steps"]]
+    f_co = {r["request_id"] for r in co["per_request"][:SLOTS]}
+    s_co = {r["request_id"] for r in co["per_request"][SLOTS:]}
+    assert any(ids & f_co and ids & s_co for ids in ids_co)
+
+
+def test_the_engine_refuses_an_unknown_batching_policy():
+    with pytest.raises(ValueError, match="batching must be one of"):
+        EngineConfig(batching="sometimes")
+
+
+def test_figures_draw_the_trace():
+    """Gantt bars and occupancy against the setting's own schedule.step and token events."""
+    exp = get("batching")
+    setting = settings("ci")[0]
+    lab = Lab("batching", None, "ci", "cpu", None, None)
+    lab.setting = setting
+    res = exp.run_setting(lab, setting)
+    from dataclasses import asdict
+    sr = asdict(res)
+    trace = lab.last_events
+    steps = [e for e in trace if e["type"] == "schedule.step"]
+    occ = occupancy([sr], SLOTS)["data"][0]
+    assert occ["y"] == [len(e["batch"]) for e in steps]
+    tokens = Counter(e["request_id"] for e in trace if e["type"] == "token")
+    fig = gantt(sr)
+    decode = next(t for t in fig["data"] if t["name"] == "decode")
+    per_row = Counter()
+    for row, (where, end, n) in zip(decode["y"], decode["customdata"]):
+        per_row[row.split(" · ")[1]] += int(n.split()[0])
+    for r in sr["per_request"]:  # one token from the prefill, one per decode step after it
+        assert per_row[r["request_id"]] == tokens[r["request_id"]] - 1
+        assert r["output_tokens"] == tokens[r["request_id"]]
+
+
+def test_cancel_stops_between_steps_and_frees_the_engine(monkeypatch):
+    import app.lab.runner as runner
+    freed = []
+    real_free = runner.free
+
+    def spy(engine):
+        freed.append(engine.load())
+        real_free(engine)
+
+    monkeypatch.setattr(runner, "free", spy)
+    calls = []
+    out = run("batching", size="ci", progress=calls.append, cancelled=lambda: len(calls) > 5)
+    assert out.cancelled and len(out.settings) == 0 and out.sentences == []
+    assert len(freed) == 1 and freed[0].running == 0 and freed[0].waiting == 0
+    assert len(calls) == 6  # stopped at the first check after the sixth report
+
+
+def test_html_export_is_self_contained_and_escaped(result):
+    page = to_html(result)
+    assert "cdn" not in page.lower().split("<script>", 2)[1][:200]
+    assert "Plotly.newPlot" in page and "<script src" not in page
+    assert "plotly.js v" in page or "plotly" in page[:5000000]
+    for sentence in result["sentences"]:
+        assert sentence.replace("&", "&amp;").replace("'", "&#x27;") in page

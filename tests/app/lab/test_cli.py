@@ -1,0 +1,28 @@
+"""python -m app.lab: a run writes its JSON and HTML; a wrong name is a clear error."""
+import json
+
+from app.lab.__main__ import main
+
+
+def test_list_names_every_experiment(capsys):
+    assert main(["--list"]) == 0
+    out = capsys.readouterr().out
+    for name in ("batching", "chunked_prefill", "speculation", "precision", "kv_capacity"):
+        assert name in out
+
+
+def test_an_unknown_experiment_is_a_clear_error(capsys):
+    assert main(["nope"]) == 2
+    assert "no experiment 'nope'" in capsys.readouterr().err
+
+
+def test_a_run_writes_json_and_a_self_contained_page(tmp_path, capsys):
+    j, h = tmp_path / "r.json", tmp_path / "r.html"
+    assert main(["kv_capacity", "--size", "ci", "--json", str(j), "--html", str(h)]) == 0
+    out, err = capsys.readouterr()
+    assert "pool too small" in out and "%" in err  # the table, and the progress bar on stderr
+    result = json.loads(j.read_text())
+    assert result["experiment"] == "kv_capacity" and len(result["settings"]) == 2
+    page = h.read_text()
+    assert "<script src" not in page and "Plotly.newPlot" in page and len(page) > 1_000_000
+    assert json.dumps(result["sentences"][0])[1:-1].split(":")[0] in page
