@@ -14,7 +14,7 @@ import logging
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
@@ -107,6 +107,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     kv.add_argument("--max-num-batched-tokens", type=int, default=512)
     kv.add_argument("--max-model-len", type=int, default=None)
     kv.add_argument("--no-prefix-caching", action="store_true")
+    rep = p.add_argument_group("replicas (app/serving/replicas.py)")
+    rep.add_argument("--replicas", type=int, default=1, metavar="N",
+                     help="serve each model from N engines (2 to 4), each its own KV pool and engine thread, "
+                          "behind one name and a router")
+    rep.add_argument("--router", choices=("round-robin", "least-loaded", "prefix-aware"), default=None,
+                     help="which replica gets a request (default prefix-aware: the one holding the longest "
+                          "cached prefix of its prompt, else the least loaded)")
     par = p.add_argument_group("parallelism (engine/parallel)")
     par.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
                      help="split each model over N ranks (processes; one GPU each on CUDA): attention by "
@@ -141,6 +148,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                      help=f"requests in flight per client address (public default {PUBLIC_MAX_CONCURRENT}, "
                      "local: none)")
     pub.add_argument("--max-body-bytes", type=int, default=MAX_BODY_BYTES, help="largest request body")
+    pub.add_argument("--lab", action="store_true",
+                     help="public mode: let the page's Experiments tab run experiments (each builds engines of "
+                          "its own; one at a time). A local server runs them without it")
     pub.add_argument("--ignore-unknown-fields", action="store_true",
                      help="drop request body fields this server does not implement (default: a 400 naming the field)")
     args = p.parse_args(argv)
@@ -148,6 +158,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.models = model_specs(getattr(args, "_per_model", None) or [])
     except ValueError as e:
         p.error(str(e))
+    if not 1 <= args.replicas <= 4:
+        p.error(f"--replicas takes 1 to 4, not {args.replicas}")
+    if args.router is not None and args.replicas == 1:
+        p.error("--router chooses among replicas: give --replicas 2 or more")
+    if args.replicas > 1 and args.tensor_parallel_size > 1:
+        p.error("--replicas and --tensor-parallel-size cannot be combined yet")
     first = args.models[0]  # the one-model view older callers read
     args.model, args.draft, args.served_model_name = first.model, first.draft, first.served_model_name
     return args
@@ -238,20 +254,32 @@ def build_services(args: argparse.Namespace, say=None):
             say(f"  captured {what}: {total} batch sizes" if what == "CUDA graphs" else f"  loaded {what}: {total} tensors")
 
     services = []
+    replicas = getattr(args, "replicas", 1)
     for i, spec in enumerate(specs, 1):
         draft = default_draft(spec)
-        if len(specs) > 1:
-            say(f"[{i}/{len(specs)}] loading {spec.model or 'the embedded model'}"
-                f"{f' (draft: {draft_label(draft)})' if draft else ''}")
-        engine = LLMEngine(spec.model, device=args.device, dtype=args.dtype, config=config, tracer=Tracer(),
-                           trace_level="basic", capture=capture, progress=progress, draft=draft,
-                           num_speculative_tokens=args.num_speculative_tokens,
-                           kv_pool_events="always")  # the page draws the pool for untraced requests too
-        service = EngineService(engine, store, model_name=served_name(spec, engine), limits=limits, slots=slots,
-                                draft_name=draft_label(draft))
-        say("  " + memory_line(service))
-        services.append(service)
+        copies = []
+        for j in range(replicas):
+            if len(specs) > 1 or replicas > 1:
+                say(f"[{i}/{len(specs)}] loading {spec.model or 'the embedded model'}"
+                    f"{f' (draft: {draft_label(draft)})' if draft else ''}"
+                    f"{f', replica {j + 1} of {replicas}' if replicas > 1 else ''}")
+            engine = LLMEngine(spec.model, device=args.device, dtype=args.dtype, config=config, tracer=Tracer(),
+                               trace_level="basic", capture=capture, progress=progress, draft=draft,
+                               num_speculative_tokens=args.num_speculative_tokens,
+                               kv_pool_events="always")  # the page draws the pool for untraced requests too
+            service = EngineService(engine, store, model_name=served_name(spec, engine), limits=limits,
+                                    slots=slots, draft_name=draft_label(draft))
+            say("  " + memory_line(service))
+            copies.append(service)
+        services.append(copies[0] if replicas == 1 else replicated(copies, args))
     return ServedModels(services)
+
+
+def replicated(copies: list, args: argparse.Namespace):
+    """One model's replicas behind its router."""
+    from app.serving.replicas import ReplicaSet
+    from app.serving.router import Router
+    return ReplicaSet(copies, Router(args.router or "prefix-aware"))
 
 
 def build_service(args: argparse.Namespace):
@@ -281,11 +309,12 @@ def serve_limits(args: argparse.Namespace) -> ServeLimits:
     for name in ("max_tokens_cap", "max_concurrent_per_client", "max_body_bytes"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
-    return ServeLimits.for_server(args.host, args.share or args.public, args.max_tokens_cap,
-                                  args.max_concurrent_per_client,
-                                  args.max_body_bytes, args.api_key, tuple(pairs),
-                                  getattr(args, "api_trace_level", API_TRACE_LEVEL),
-                                  getattr(args, "ignore_unknown_fields", False))
+    limits = ServeLimits.for_server(args.host, args.share or args.public, args.max_tokens_cap,
+                                    args.max_concurrent_per_client,
+                                    args.max_body_bytes, args.api_key, tuple(pairs),
+                                    getattr(args, "api_trace_level", API_TRACE_LEVEL),
+                                    getattr(args, "ignore_unknown_fields", False))
+    return replace(limits, lab=getattr(args, "lab", False))
 
 
 def serve_replay(args: argparse.Namespace) -> None:
@@ -331,7 +360,8 @@ def main(argv: list[str] | None = None) -> None:
     for service in models:
         info = service.model_info()
         draft = {None: "", "ngram": ", n-gram draft"}.get(info["draft"], ", draft on")
-        shown.append(f"{info['name']} ({info['num_layers']} layers{draft})")
+        reps = f", {info['replicas']} replicas, {info['router']} routing" if info.get("replicas") else ""
+        shown.append(f"{info['name']} ({info['num_layers']} layers{draft}{reps})")
     print(f"TokenTrace: {', '.join(shown)} ready in {time.perf_counter() - t0:.1f} s "
           f"on http://{args.host}:{args.port}", flush=True)
     limits = models.limits

@@ -16,6 +16,7 @@ from app.api.events import add_event_routes  # noqa: E402
 from app.serving.limits import ServeLimits  # noqa: E402
 from app.api.metrics import add_metrics_route  # noqa: E402
 from app.api.openai_routes import add_fallback_routes, add_openai_routes  # noqa: E402
+from app.page.lab_tab import add_lab_routes  # noqa: E402
 from app.page.layout import CSS, HEAD, build_page  # noqa: E402
 from app.serving.recording import Recording, record_request  # noqa: E402
 from app.serving.served_models import ServedModels  # noqa: E402
@@ -52,6 +53,7 @@ def create_app(served: EngineService | ServedModels | None, replay: Recording | 
         def recorder(rid: str) -> Recording | None:
             return replay if rid == replay.request_id else None
     add_classroom_routes(api, classrooms, CSS, recorder)
+    add_lab_routes(api)  # plotly.js for the Experiments tab's and the classroom's figures
     page = build_page(models, replay, classrooms)
     # A built-in theme with system fonts: GoogleFont would fetch from the internet.
     theme = gr.themes.Default(font=["ui-sans-serif", "system-ui", "sans-serif"],

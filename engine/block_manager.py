@@ -67,12 +67,16 @@ class BlockManager:
     def match_prefix(self, seq: Sequence) -> list[int]:
         """Cached blocks holding the longest full-block prefix of seq (at least one token
         is always left to compute, since its logits are needed)."""
+        return self.match_tokens(seq.token_ids)
+
+    def match_tokens(self, token_ids: list[int]) -> list[int]:
+        """match_prefix for bare token ids (a router asks before any sequence exists)."""
         if not self.prefix_caching:
             return []
         hits, parent = [], None
         bs = self.block_size
-        for i in range((len(seq) - 1) // bs):
-            ids = tuple(seq.token_ids[i * bs:(i + 1) * bs])
+        for i in range((len(token_ids) - 1) // bs):
+            ids = tuple(token_ids[i * bs:(i + 1) * bs])
             h = chain_hash(parent, ids)
             bid = self.cached.get(h)
             if bid is None or self.blocks[bid].token_ids != ids or self.blocks[bid].parent != parent:

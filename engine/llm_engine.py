@@ -342,6 +342,13 @@ class LLMEngine:
             if seq is not None and seq.is_finished:
                 del self.requests[request_id]
 
+    def cached_prefix_tokens(self, token_ids: list[int]) -> int:
+        """How many leading tokens of these ids the prefix cache holds now (whole blocks, at
+        least one token left to compute): the prefill a request with this prompt would skip
+        here. A router's question (app/serving/router.py); it changes nothing, not even LRU order."""
+        with self.lock:
+            return len(self.block_manager.match_tokens(list(token_ids))) * self.config.block_size
+
     def live_requests(self) -> list[str]:
         """The ids of the requests not finished yet (waiting or running)."""
         with self.lock:

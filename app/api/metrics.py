@@ -59,8 +59,11 @@ class Metrics:
                 self._last.pop(rid, None)
 
     def series(self, service: EngineService) -> tuple[list[tuple[str, str, str, float]], dict[str, list[str]]]:
-        """-> ([(kind, name, help, value)], histogram lines) of one engine, labelled with its model."""
+        """-> ([(kind, name, help, value)], histogram lines) of one engine, labelled with its model
+        (and its replica, one of several: --replicas)."""
         label = f'model="{_label(service.model_name)}"'
+        if getattr(service, "replica", None) is not None:
+            label += f',replica="{service.replica}"'
         load = service.engine.load()
         hit = load.prefix_hit_tokens / load.prefix_queried_tokens if load.prefix_queried_tokens else 0.0
         acc = load.spec_accepted / load.spec_proposed if load.spec_proposed else 0.0
@@ -113,7 +116,7 @@ def render(per_model: list[tuple[EngineService, Metrics]]) -> str:
 
 def add_metrics_route(api: FastAPI, served) -> list[Metrics]:
     per_model = []
-    for service in ServedModels.of(served):
+    for service in (r for s in ServedModels.of(served) for r in getattr(s, "replicas", [s])):
         metrics = Metrics()
         service.output_listeners.append(metrics.on_output)
         per_model.append((service, metrics))

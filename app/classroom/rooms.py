@@ -64,6 +64,8 @@ class Room:
     revealed: bool = False  # the token at ask_at has been revealed: nothing is hidden any more
     pick: dict = field(default_factory=lambda: {"position": None, "layer": 0, "head": 0})  # what the panels show
     questions: list[Question] = field(default_factory=list)  # every question asked, for the export
+    extra: list[Stage] = field(default_factory=list)  # stages after the journey (an experiment's result)
+    with_journey: bool = True  # False: the extra stages alone (app/classroom/lab_stage.py)
     feed: Feed = field(default_factory=Feed)
     _stages: list[Stage] = field(default_factory=list)
     _shown: Recording | None = None  # rec as the class may see it (cut before a hidden token)
@@ -112,7 +114,8 @@ class Room:
         shown = self._shown
         self._stages = journey(shown.model, shown.request_id, shown.body, shown.events, shown.outputs, kv_peak,
                                shown.truncated, position=self.shown_position(), hidden_from=self._hidden,
-                               layer=int(self.pick["layer"]))
+                               layer=int(self.pick["layer"])) if self.with_journey else []
+        self._stages += self.extra
         self.stage = min(self.stage, len(self._stages) - 1)
 
     def question_position(self) -> int:
@@ -342,8 +345,9 @@ class Classrooms:
         self._lock = threading.Lock()
         self.max_rooms = max_rooms
 
-    def create(self, rec: Recording, refresh: Callable[[], Recording | None] | None = None) -> Room:
-        room = Room(secrets.token_urlsafe(6), secrets.token_urlsafe(16), rec, refresh)
+    def create(self, rec: Recording, refresh: Callable[[], Recording | None] | None = None, **fields) -> Room:
+        """fields: Room's own (extra stages, with_journey)."""
+        room = Room(secrets.token_urlsafe(6), secrets.token_urlsafe(16), rec, refresh, **fields)
         # every stage rendered now, off any loop and off the engine's thread: followers only read the cache
         threading.Thread(target=room.prerender, name=f"classroom-{room.room_id}", daemon=True).start()
         with self._lock:

@@ -22,6 +22,7 @@ from app.classroom.rooms import Classrooms
 from app.page import texts
 from app.page.controller import SPEEDS, Controller, Controls, key_of, stages_of, step_range, write_timeline, \
     write_trace
+from app.page.lab_tab import build_lab_tab
 from app.page.live_view import PANELS
 from app.page.stages import empty_stages, map_html, section_panels, stage_html
 from app.page.texts import model_summary  # noqa: F401 - the page's model line, read by tests
@@ -216,14 +217,17 @@ def build_page(served: ServedModels | EngineService | None, replay: Recording | 
         mode = "" if ctl.live else " <span class='tt-badge tt-miss'>REPLAY: no model loaded</span>"
         gr.HTML(f"<div class='tt-header'><h1>TokenTrace{mode}</h1><p>One request, every stage, drawn as it "
                 f"happens.</p></div>")
-        ui["summary"] = gr.HTML(texts.model_summary(ctl.model), elem_id="tt-model-summary")
-        ui["map"] = gr.HTML(map_html(_shown_stages(ctl), live=not ctl.live), elem_id="tt-map")
-        _replay_bar(ui, ctl)
-        with gr.Row(equal_height=False, elem_id="tt-body"):
-            with gr.Column(scale=1, min_width=300, elem_id="tt-controls"):
-                _controls(ui, ctl)
-            with gr.Column(scale=3, min_width=320, elem_id="tt-journey"):
-                _stages(ui, ctl)
+        with gr.Tabs(elem_id="tt-tabs"):
+            with gr.Tab("Journey", id="journey", elem_id="tt-tab-journey"):
+                ui["summary"] = gr.HTML(texts.model_summary(ctl.model), elem_id="tt-model-summary")
+                ui["map"] = gr.HTML(map_html(_shown_stages(ctl), live=not ctl.live), elem_id="tt-map")
+                _replay_bar(ui, ctl)
+                with gr.Row(equal_height=False, elem_id="tt-body"):
+                    with gr.Column(scale=1, min_width=300, elem_id="tt-controls"):
+                        _controls(ui, ctl)
+                    with gr.Column(scale=3, min_width=320, elem_id="tt-journey"):
+                        _stages(ui, ctl)
+            build_lab_tab(ctl)  # app/page/lab_tab.py
         _wire(page, ui, ctl)
     return page
 

@@ -69,8 +69,10 @@ class EngineService:
         self.store = store or TraceStore()
         self.model_name = model_name or engine.model_path.name
         self.draft_name = draft_name
+        self.replica: int | None = None  # its index among a model's replicas (set by ReplicaSet)
         self._subs: dict[str, list[Subscription]] = {}
         self._running: set[str] = set()  # submitted, not finished: their pages draw the pool live
+        self._routes: dict[str, dict] = {}  # a replica's live requests: how the router chose it
         self._firehose: list[Subscription] = []
         self._subs_lock = threading.Lock()
         self._wake = threading.Event()
@@ -151,11 +153,13 @@ class EngineService:
         self.engine.shutdown()  # a sharded engine's worker ranks (nothing for one device)
 
     # --- requests -------------------------------------------------------------------
-    def submit(self, sub: Submission, request_id: str | None = None, client: str | None = None) -> Subscription:
+    def submit(self, sub: Submission, request_id: str | None = None, client: str | None = None,
+               route: dict | None = None) -> Subscription:
         """Queue a request and return its subscription. ValueError: the server's limits
         (RequestRefused: max_tokens cap, this client's requests in flight) or the engine
         refused it (the subscription is dropped again). `client`: who counts against the
-        per-client cap (None: not counted)."""
+        per-client cap (None: not counted); `route`: the router's decision when this engine is
+        one replica of several (app/serving/replicas.py), kept in request.arrive's `replica`."""
         rid = request_id or f"req-{next(_ids)}-{secrets.token_hex(4)}"  # unguessable: ids open traces and rooms
         if sub.prompt is None and not self.engine.tokenizer.has_chat_template:
             raise RequestRefused(f"the model {self.model_name!r} has no chat template (a base model): send a plain "
@@ -172,6 +176,8 @@ class EngineService:
                 watch.siblings.append(Subscription(cid, watch.queue))
                 self._subs.setdefault(cid, []).append(watch.siblings[-1])
             self._running.add(rid)
+            if route is not None:
+                self._routes[rid] = route
         if sub.trace_level != "off":
             self.store.set_body(rid, sub.body, self.model_name)
         # vLLM's server rule, checked by the engine as it tokenizes: prompt + max_tokens must fit the
@@ -183,6 +189,7 @@ class EngineService:
                                     trace_level=sub.trace_level, speculative=sub.speculative,
                                     num_speculative_tokens=sub.num_speculative_tokens, context_fit=fit)
         except Exception as e:
+            self._routes.pop(rid, None)
             self.unsubscribe(watch)
             with self._subs_lock:
                 self._running.discard(rid)
@@ -285,6 +292,7 @@ class EngineService:
         self.engine.release(request_id)  # its events live on in the trace store
         with self._subs_lock:
             self._running.discard(request_id)
+            self._routes.pop(request_id, None)
 
     def _fail_all(self, message: str) -> None:
         for rid in self.engine.live_requests():
@@ -296,6 +304,10 @@ class EngineService:
         d = event.to_dict()
         d["model"] = self.model_name  # one server may serve several models: say whose event it is
         rid = d["request_id"]
+        if self._routes and d["type"] == "request.arrive":  # a replica's: which one, and why (the router's)
+            route = self._routes.get(rid) or self._routes.get(rid.split(".")[0])
+            if route is not None:
+                d["replica"] = route
         if rid is not None:
             if self.store.add(rid, d):  # its trace passed the per-request cap: no more tensor captures,
                 # and the engine's trace.truncated event (through this sink) tells the watchers now
@@ -330,7 +342,8 @@ class EngineService:
 
 def wait_idle(service, timeout: float = 30.0) -> bool:
     """True once the engine (every engine of a ServedModels) has no unfinished request."""
-    engines = [s.engine for s in getattr(service, "services", [service])]  # one engine or a ServedModels
+    engines = [r.engine for s in getattr(service, "services", [service])  # one engine or a ServedModels,
+               for r in getattr(s, "replicas", [s])]  # a replicated model's every replica
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         if not any(e.has_unfinished_requests() for e in engines):

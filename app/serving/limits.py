@@ -36,6 +36,7 @@ class ServeLimits:
     page_auth: tuple[tuple[str, str], ...] = ()  # (user, password) pairs for the page's login
     api_trace_level: str = API_TRACE_LEVEL  # for API and /ws requests whose body has no trace_level
     ignore_unknown_fields: bool = False  # drop body fields the server does not implement, instead of a 400
+    lab: bool = False  # --lab: the page's Experiments tab runs on a public server too (they build engines)
 
     @classmethod
     def for_server(cls, host: str, exposed: bool, max_tokens_cap: int | None = None,

@@ -28,8 +28,17 @@ def request(f: Facts) -> Part:
         what = (f"A client sent a plain prompt (POST /v1/completions, no chat messages) of "
                 f"{plural(chars, 'character')}, asking for {ask}.")
     text = p(what, f"The server checked every field before the engine saw it, and gave the request its id "
-             f"<b>{esc(f.request_id)}</b>: every event below carries that id.")
+             f"<b>{esc(f.request_id)}</b>: every event below carries that id.", routed(arrive.get("replica")))
     return Part(text, ("request",), f"{chars:,} chars", reached=bool(arrive or f.body))
+
+
+def routed(route: dict | None) -> str:
+    """One replica of several (--replicas) ran it: which one, and why the router chose it."""
+    if not route:
+        return ""
+    return (f"The model runs on {n(int(route['of']))} replicas, each its own engine and KV pool: the "
+            f"{esc(route['policy'])} router sent this request to replica <b>{int(route['replica']) + 1}</b> "
+            f"({esc(route.get('reason') or '')}).")
 
 
 def tokenize(f: Facts) -> Part:

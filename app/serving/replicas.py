@@ -1,0 +1,125 @@
+"""N replicas of one served model (`--replicas N`): N EngineServices, each its own engine,
+KV pool and engine thread, behind one served name and a router (app/serving/router.py).
+
+A ReplicaSet stands where one EngineService would (ServedModels, the API, the page): a
+request is routed at submit, then everything about it (watching, abort) goes to the replica
+that runs it. The model's facts (tokenizer, describe()) are the same on every replica and
+read from the first. Each request's route is in its trace: request.arrive's `replica`.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from threading import Lock
+
+from app.serving.engine_service import EngineService, Subscription
+from app.serving.requests import Submission
+from app.serving.router import EngineProbe, Route, Router
+
+MAX_REPLICAS = 4
+KEEP_ROUTES = 4096  # request id -> replica, for watchers and aborts (the oldest forgotten first)
+
+
+class ReplicaSet:
+    def __init__(self, replicas: list[EngineService], router: Router | None = None) -> None:
+        if not 2 <= len(replicas) <= MAX_REPLICAS:
+            raise ValueError(f"--replicas takes 2 to {MAX_REPLICAS} replicas, not {len(replicas)}")
+        if len({r.model_name for r in replicas}) != 1:
+            raise ValueError("the replicas of one model share its served name")
+        self.replicas = list(replicas)
+        for i, r in enumerate(replicas):
+            r.replica = i
+        self.router = router or Router()
+        self._probes = [EngineProbe(r.engine) for r in replicas]
+        self._routes: OrderedDict[str, int] = OrderedDict()
+        self._lock = Lock()  # one decision at a time: the rotation and the loads it read stay consistent
+        first = replicas[0]
+        self.model_name, self.store, self.limits, self.slots = first.model_name, first.store, first.limits, first.slots
+        self.draft_name = first.draft_name
+        self.engine = first.engine  # the model's facts; each replica's load is its own engine's
+
+    # --- the model's facts (every replica's are the same) ---------------------------------
+    def model_info(self) -> dict:
+        return {**self.replicas[0].model_info(), "replicas": len(self.replicas), "router": self.router.policy}
+
+    def draft_kind(self) -> str | None:
+        return self.replicas[0].draft_kind()
+
+    def pool(self) -> dict:
+        return self.replicas[0].pool()  # before any request: the first replica's (all start empty)
+
+    def piece(self, token_id: int) -> str:
+        return self.replicas[0].piece(token_id)
+
+    def is_special(self, token_id: int) -> bool:
+        return self.replicas[0].is_special(token_id)
+
+    def owns(self, request_id: str) -> bool:
+        return any(r.owns(request_id) for r in self.replicas)
+
+    @property
+    def error(self) -> str | None:
+        return next((r.error for r in self.replicas if r.error is not None), None)
+
+    # --- routing --------------------------------------------------------------------------
+    def prompt_ids(self, sub: Submission) -> list[int] | None:
+        """The ids the engine will see (None if they cannot be made: the replica's engine then
+        refuses the request with its own message)."""
+        tok = self.engine.tokenizer
+        try:
+            if sub.prompt is not None:
+                return tok.encode(sub.prompt)
+            return tok.encode_chat(sub.messages)
+        except Exception:  # a template that refuses these messages: submit says why
+            return None
+
+    def route(self, sub: Submission) -> Route:
+        ids = self.prompt_ids(sub)
+        with self._lock:
+            return self.router.choose(ids, self._probes)
+
+    def replica_of(self, request_id: str) -> EngineService | None:
+        with self._lock:
+            i = self._routes.get(request_id.split(".")[0])  # a choice "<id>.<i>" runs with its request
+        return None if i is None else self.replicas[i]
+
+    def submit(self, sub: Submission, request_id: str | None = None, client: str | None = None) -> Subscription:
+        route = self.route(sub)
+        watch = self.replicas[route.replica].submit(sub, request_id, client, route=route.as_dict())
+        with self._lock:
+            self._routes[watch.request_id] = route.replica
+            while len(self._routes) > KEEP_ROUTES:
+                self._routes.popitem(last=False)
+        return watch
+
+    def abort(self, request_id: str) -> bool:
+        owner = self.replica_of(request_id)
+        return any([r.abort(request_id) for r in ([owner] if owner else self.replicas)])
+
+    # --- watching -------------------------------------------------------------------------
+    def subscribe_all(self, max_items: int | None = None) -> Subscription:
+        return self.attach(Subscription(None, max_items=max_items))
+
+    def subscribe(self, request_id: str, max_items: int | None = None) -> Subscription:
+        return self.attach(Subscription(request_id, max_items=max_items))
+
+    def attach(self, watch: Subscription) -> Subscription:
+        """The replica that runs the request (every replica when it is not known yet: only the
+        one that gets it sends its events)."""
+        owner = self.replica_of(watch.request_id) if watch.request_id is not None else None
+        for r in [owner] if owner else self.replicas:
+            r.attach(watch)
+        return watch
+
+    def unsubscribe(self, watch: Subscription) -> None:
+        for r in self.replicas:
+            r.unsubscribe(watch)
+
+    # --- lifecycle --------------------------------------------------------------------------
+    def start(self) -> "ReplicaSet":
+        for r in self.replicas:
+            r.start()
+        return self
+
+    def stop(self) -> None:
+        for r in self.replicas:
+            r.stop()

@@ -1,0 +1,100 @@
+"""The routing experiment's figures and sentences (from app/lab/routing.py's result dict):
+prefill computed and cached per router, the hit rates, TTFT, and a map of where every
+request went (its replica, its system prompt, hit or miss)."""
+from __future__ import annotations
+
+from visualizers.lab import SETTING_COLORS, bars, distribution, esc, layout
+
+PROMPT_COLORS = ("#466ec8", "#f08c1e", "#17803d", "#a050c8")
+
+
+def figures(result: dict) -> list[dict]:
+    settings = result["settings"]
+    if not settings:
+        return []
+    return [bars(settings, (("prefill_tokens", "prefill tokens computed", "tokens"),
+                            ("cached_tokens", "prompt tokens from the cache", "tokens")),
+                 "Prefill computed vs served from the replicas' prefix caches (counted from the trace)"),
+            hit_rates(settings),
+            distribution([(s["setting"]["label"], [r["ttft_s"] for r in s["per_request"] if r["ttft_s"] is not None])
+                          for s in settings], "Time to first token per request (measured)"),
+            routing_map(settings)]
+
+
+def hit_rates(settings: list[dict]) -> dict:
+    data = [{"type": "bar", "x": [esc(s["setting"]["label"]) for s in settings],
+             "y": [100 * s["metrics"]["hit_rate"] for s in settings],
+             "marker": {"color": [SETTING_COLORS[i % len(SETTING_COLORS)] for i in range(len(settings))]},
+             "customdata": [[s["metrics"]["cached_tokens"], s["metrics"]["prompt_tokens"]] for s in settings],
+             "hovertemplate": "%{x}: %{y:.1f}% of prompt tokens cached<br>%{customdata[0]} of %{customdata[1]}"
+                              "<extra></extra>"}]
+    return {"data": data, "layout": layout("Prefix-cache hit rate", showlegend=False,
+                                           yaxis={"title": {"text": "% of prompt tokens"}, "range": [0, 100]})}
+
+
+def routing_map(settings: list[dict]) -> dict:
+    """A row per (router, replica), a mark per request in arrival order: its system prompt's
+    colour, filled when the replica had its prefix cached (a hit), hollow for a miss."""
+    data, rows = [], []
+    for s in settings:
+        label = s["setting"]["label"]
+        n = s["metrics"]["replicas"]
+        rows += [f"{esc(label)} · replica {i + 1}" for i in range(n)]
+        by_id = {r["request_id"]: r for r in s["per_request"]}
+        order = {rt["request_id"]: j for j, rt in enumerate(s["extra"]["routes"])}
+        reason = {rt["request_id"]: rt["reason"] for rt in s["extra"]["routes"]}
+        for k in sorted(set(s["extra"]["system_of"].values())):
+            mine = [rid for rid, p in s["extra"]["system_of"].items() if p == k and rid in by_id]
+            data.append({
+                "type": "scatter", "mode": "markers", "name": f"system prompt {k + 1}", "legendgroup": str(k),
+                "showlegend": s is settings[0],
+                "x": [order[rid] + 1 for rid in mine],
+                "y": [f"{esc(label)} · replica {s['extra']['replica_of'][rid] + 1}" for rid in mine],
+                "marker": {"color": PROMPT_COLORS[k % len(PROMPT_COLORS)], "size": 11,
+                           "symbol": ["circle" if by_id[rid]["cached_tokens"] else "circle-open" for rid in mine],
+                           "line": {"width": 2, "color": PROMPT_COLORS[k % len(PROMPT_COLORS)]}},
+                "customdata": [[esc(rid), by_id[rid]["cached_tokens"], by_id[rid]["prompt_tokens"], esc(reason[rid])]
+                               for rid in mine],
+                "hovertemplate": "%{customdata[0]}<br>%{y}<br>%{customdata[1]} of %{customdata[2]} prompt tokens "
+                                 "cached<br>%{customdata[3]}<extra>%{fullData.name}</extra>"})
+    return {"data": data, "layout": layout("Where each request went (filled: its prefix was cached there)",
+                                           height=140 + 34 * len(rows),
+                                           xaxis={"title": {"text": "request, in arrival order"}},
+                                           yaxis={"categoryorder": "array", "categoryarray": rows,
+                                                  "autorange": "reversed", "automargin": True})}
+
+
+def spread(setting: dict) -> float:
+    """Replicas each system prompt was computed on, on average (1: every prompt stayed on one)."""
+    ex = setting["extra"]
+    prompts = set(ex["system_of"].values())
+    if not prompts:
+        return 0.0
+    return sum(len({ex["replica_of"][r] for r, p in ex["system_of"].items() if p == k}) for k in prompts) / len(prompts)
+
+
+def sentences(result: dict) -> list[str]:
+    by = {s["setting"]["name"]: s for s in result["settings"]}
+    rr, ll, pa = by.get("round-robin"), by.get("least-loaded"), by.get("prefix-aware")
+    if not rr or not pa:
+        return []
+    m_rr, m_pa = rr["metrics"], pa["metrics"]
+    fewer = 1 - m_pa["prefill_tokens"] / m_rr["prefill_tokens"] if m_rr["prefill_tokens"] else 0.0
+    out = [f"On {m_pa['replicas']} replicas, prefix-aware routing computed {m_pa['prefill_tokens']:,} prefill tokens "
+           f"against {m_rr['prefill_tokens']:,} for round-robin ({fewer:.0%} {'fewer' if fewer >= 0 else 'more'})"
+           + (f" and {ll['metrics']['prefill_tokens']:,} for least-loaded" if ll else "")
+           + f"; its prefix-cache hit rate was {m_pa['hit_rate']:.0%} against {m_rr['hit_rate']:.0%}."]
+    out.append(f"Round-robin computed each system prompt on {spread(rr):.1f} replicas on average, prefix-aware on "
+               f"{spread(pa):.1f}: the cache only pays where the requests sharing a prompt land"
+               + (f" (least-loaded: {spread(ll):.1f})." if ll else "."))
+    if m_pa.get("mean_ttft_steps") is not None and m_rr.get("mean_ttft_steps") is not None:
+        out.append(f"Mean time to first token: {m_pa['mean_ttft_steps']:.1f} engine steps and "
+                   f"{_ms(m_pa['mean_ttft_s'])} with prefix-aware, {m_rr['mean_ttft_steps']:.1f} steps and "
+                   f"{_ms(m_rr['mean_ttft_s'])} with round-robin; the busiest replica took "
+                   f"{m_pa['max_requests_on_a_replica']} of {m_pa['requests']} requests against "
+                   f"{m_rr['max_requests_on_a_replica']}.")
+    return out
+
+
+def _ms(seconds: float | None) -> str:
+    return "–" if seconds is None else f"{seconds * 1000:.0f} ms"
