@@ -64,7 +64,11 @@ def stream(f: Facts) -> Part:
                   f"It was preempted {plural(int(fin['preemptions']), 'time')}." if fin.get("preemptions") else ""]
     else:
         words.append("Still running. It will end at an end-of-turn token, a stop string or max_tokens.")
-    return Part(p(*words), ("answer",), count(gen, "token"), reached=bool(f.generated or fin))
+    choices = (f.body or {}).get("n")
+    if isinstance(choices, int) and not isinstance(choices, bool) and choices > 1:
+        words.append(f"It asked for {n(choices)} choices (n): the prompt was prefilled once and its KV blocks are "
+                     f"shared; each choice draws its own tokens, side by side below. These stages trace choice 0.")
+    return Part(p(*words), ("answer", "choices"), count(gen, "token"), reached=bool(f.generated or fin))
 
 
 def _timing(tokens: Sequence[dict]) -> str:
