@@ -46,3 +46,20 @@ def test_the_kv_sentence_says_handed_back_only_once_the_request_has_finished():
     assert "go back to the pool the moment it finishes" in before.text
     after = stage("kv", MODEL, None, events() + STEPS + [FINISH], OUTPUTS)
     assert "handed back the moment it finished" in after.text
+
+
+def test_the_sample_stage_names_the_stages_before_temperature_with_their_numbers():
+    evs = events()
+    sample = next(e for e in reversed(evs) if e["type"] == "sample")
+    sample["stages"] = {"logits": {"probs": [0.9, 0.1], "kept": 50},
+                        "grammar": {"probs": [1.0, 0.0], "kept": 3, "moved": 47, "changes": [[40, None]]},
+                        "presence_penalty": {"probs": [1.0, 0.0], "kept": 3, "moved": 2, "changes": [[4, -1.0]]}}
+    sample["params"] = {**sample["params"], "structured": "json_object", "presence_penalty": 1.0}
+    st = stage("sampling", MODEL, None, evs + STEPS, OUTPUTS)
+    assert "the grammar mask allowed <b>3</b> of the <b>50</b> tokens" in st.text
+    assert "the presence penalty moved <b>2</b> logits" in st.text
+    from visualizers.sampling import sampling_html
+    html = sampling_html([sample], {i: t for i, t in enumerate(LABELS)} | {40: "<x>"}, vocab_size=50)
+    assert "grammar mask json object" in html and "presence penalty 1" in html  # the columns' labels
+    assert "allowed 3 of 50 tokens next; removed <code>&lt;x&gt;</code>" in html  # token text escaped
+    assert "<code>␣Paris</code> -1.00" in html and "data-bias-id='40'" in html
