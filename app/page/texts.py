@@ -35,7 +35,21 @@ def trace_settings(rec: Recording, info: dict) -> dict:
             "k": (sub.num_speculative_tokens if sub is not None and sub.num_speculative_tokens else None)
             or int(info.get("num_speculative_tokens") or 1),
             "level": arrive.get("trace_level") or (sub.trace_level if sub is not None and "trace_level" in body
-                                                   else None) or ("off" if not rec.events else "full")}
+                                                   else None) or ("off" if not rec.events else "full"),
+            **(more_settings(sub) if sub is not None else {})}
+
+
+def more_settings(sub) -> dict:
+    """The extra controls (penalties, min_p / min_tokens, a logit bias, JSON mode, n) as a parsed
+    body set them (the page's logit bias holds one token: the body's first)."""
+    prm = sub.params
+    bias = next(iter(prm.logit_bias.items()), None)
+    kind = prm.structured.kind if prm.structured is not None else None
+    return {"presence_penalty": prm.presence_penalty, "frequency_penalty": prm.frequency_penalty,
+            "repetition_penalty": prm.repetition_penalty, "min_p": prm.min_p, "min_tokens": prm.min_tokens,
+            "bias_token": str(bias[0]) if bias else "", "bias": bias[1] if bias else 0.0,
+            "json_mode": {"json_object": "JSON object", "json_schema": "JSON schema"}.get(kind, "off"),
+            **({"schema": prm.structured.value} if kind == "json_schema" else {}), "n": min(4, prm.n)}
 
 
 REAL_MODELS_HINT = ("Real models: <code>python -m app --model smollm2</code> (SmolLM2-135M-Instruct, fetched "
