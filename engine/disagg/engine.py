@@ -225,8 +225,8 @@ class DisaggEngine(LLMEngine):
         kind = msg[0]
         if kind == EVENTS:
             if self.tracer is not None:
-                for type_, rid, step, data in msg[1]:
-                    self.tracer.emit_plain(type_, rid, step, data)
+                for type_, rid, step, data, ts in msg[1]:
+                    self.tracer.emit_plain(type_, rid, step, data, ts)
         elif kind == READY:
             _, rid, h = msg
             seq = self.remote.get(rid)
@@ -289,7 +289,7 @@ class DisaggEngine(LLMEngine):
         seq.status = Status.RUNNING
         self.scheduler.running.append(seq)
         if seq.traced:
-            self._emit(kv_transfer_event(seq, h, wire, f, self.model_config.num_layers))
+            self._emit(kv_transfer_event(seq, h, wire, f, self.model_config.num_layers, self.block_manager))
         self._first_token(seq, h)
 
     def _first_token(self, seq: Sequence, h: Handover) -> None:
@@ -324,6 +324,14 @@ class DisaggEngine(LLMEngine):
             super().release(request_id)
             if request_id not in self.requests:
                 self._drawn.pop(request_id, None)
+
+    def _trace_pool(self) -> None:
+        """kv.pool with the requests whose pages are on the way among the live ones."""
+        if self.tracer is not None:
+            live = self.scheduler.running + list(self.scheduler.waiting) + [f.seq for f in self.inflight.values()]
+            event = self._pool_trace.after_step(self.block_manager, live, self.step_count)
+            if event is not None:
+                self._emit(event)
 
     def _emit(self, event) -> None:
         event[2]["engine"] = "decode"  # the timeline's track (the prefill side's say "prefill")
@@ -367,8 +375,9 @@ class DisaggEngine(LLMEngine):
             return self._stats
 
 
-def kv_transfer_event(seq: Sequence, h: Handover, wire: Wire, f: _InFlight, num_layers: int):
-    """kv.transfer: one request's pages, prefill pool -> decode pool."""
+def kv_transfer_event(seq: Sequence, h: Handover, wire: Wire, f: _InFlight, num_layers: int, bm):
+    """kv.transfer: one request's pages, prefill pool -> decode pool, and both pools then
+    (the page draws them from this event alone)."""
     now = time.perf_counter()
     return "kv.transfer", seq.request_id, {
         "src": "prefill", "dst": "decode", "backend": wire.backend, "tokens": h.num_tokens,
@@ -376,4 +385,7 @@ def kv_transfer_event(seq: Sequence, h: Handover, wire: Wire, f: _InFlight, num_
         "bytes": wire.bytes, "bytes_per_token": f.pages[:, :, 0, 0].numel() * f.pages.element_size(),
         "layers": list(range(num_layers)), "queue_ms": wire.queue_ms, "wire_ms": wire.wire_ms,
         "start": wire.start, "handover_ms": (now - h.first_token_time) * 1e3,
-        "prefill_ms": (h.prefill_done_time - h.first_scheduled_time) * 1e3, "cached_tokens": h.num_cached_tokens}
+        "prefill_ms": (h.prefill_done_time - h.first_scheduled_time) * 1e3, "cached_tokens": h.num_cached_tokens,
+        "src_pool": {"num_blocks": wire.pool_blocks, "free": wire.pool_free, "cached": wire.pool_cached},
+        "dst_pool": {"num_blocks": bm.num_blocks, "free": bm.num_free_blocks, "cached": bm.num_cached_blocks},
+        "block_size": bm.block_size}

@@ -67,7 +67,9 @@ class PrefillEngine(LLMEngine):
         kv = self.runner.kv_cache
         nbytes, start, ms = transfer.send(comm, kv, seq.block_table, DECODE_RANK, tag)
         self._forget(seq)
-        return Wire(nbytes, (start - seq.first_token_time) * 1e3, ms, start, transfer.backend(kv))
+        bm = self.block_manager
+        return Wire(nbytes, (start - seq.first_token_time) * 1e3, ms, start, transfer.backend(kv),
+                    bm.num_blocks, bm.num_free_blocks, bm.num_cached_blocks)
 
     def drop(self, request_id: str) -> None:
         """The decode side ended the request (abort, disconnect): free what it holds here."""
@@ -76,6 +78,14 @@ class PrefillEngine(LLMEngine):
             self._forget(seq)
         elif self.abort(request_id):  # still prefilling: the next step reports it, then it is released
             pass
+
+    def _trace_pool(self) -> None:
+        """kv.pool with the held requests among the live ones (their blocks are still theirs)."""
+        if self.tracer is not None:
+            live = self.scheduler.running + list(self.scheduler.waiting) + list(self.held.values())
+            event = self._pool_trace.after_step(self.block_manager, live, self.step_count)
+            if event is not None:
+                self._emit(event)
 
     def _forget(self, seq: Sequence) -> None:
         self.block_manager.free_seq(seq)
@@ -189,6 +199,6 @@ def _flush(sink: EventList, conn) -> None:
             continue
         data = dict(e.data)
         data["engine"] = "prefill"
-        out.append((PREFILL_POOL_EVENT if e.type == "kv.pool" else e.type, e.request_id, e.step, data))
+        out.append((PREFILL_POOL_EVENT if e.type == "kv.pool" else e.type, e.request_id, e.step, data, e.ts))
     if out:
         conn.send((EVENTS, out))

@@ -77,3 +77,6 @@ class Wire:
     wire_ms: float  # the send itself
     start: float  # perf_counter when the send began
     backend: str  # "gloo" | "nccl"
+    pool_blocks: int = 0  # the prefill pool after the send freed the request's blocks there
+    pool_free: int = 0
+    pool_cached: int = 0
