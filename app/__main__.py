@@ -120,6 +120,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                           "KV-head groups, MLP by columns")
     par.add_argument("--expert-parallel", action="store_true",
                      help="MoE models: whole experts on ranks instead of every expert split")
+    par.add_argument("--disaggregate", action="store_true",
+                     help="prefill and decode on separate engines, each in its own process with its own KV pool, "
+                          "the pages handed over on torch.distributed (engine/disagg; no speculation)")
+    par.add_argument("--prefill-ranks", type=int, default=1, metavar="P", help="with --disaggregate: 1 (built)")
+    par.add_argument("--decode-ranks", type=int, default=1, metavar="D", help="with --disaggregate: 1 (built)")
     cap = p.add_argument_group("capture (level 'full')")
     cap.add_argument("--capture-max-keys", type=int, default=64, help="attention rows/keys kept per matrix")
     cap.add_argument("--capture-heads", default=None, help="comma-separated query heads to capture (default all)")
@@ -164,6 +169,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--router chooses among replicas: give --replicas 2 or more")
     if args.replicas > 1 and args.tensor_parallel_size > 1:
         p.error("--replicas and --tensor-parallel-size cannot be combined yet")
+    if args.replicas > 1 and args.disaggregate:
+        p.error("--replicas and --disaggregate cannot be combined yet")
     first = args.models[0]  # the one-model view older callers read
     args.model, args.draft, args.served_model_name = first.model, first.draft, first.served_model_name
     return args
@@ -230,7 +237,7 @@ def build_services(args: argparse.Namespace, say=None):
     from app.serving.engine_service import EngineService
     from app.serving.limits import ClientSlots
     from app.serving.served_models import ServedModels
-    from engine import CaptureConfig, EngineConfig, LLMEngine, Tracer
+    from engine import CaptureConfig, DisaggEngine, EngineConfig, LLMEngine, Tracer
 
     say = say or (lambda line: print(line, flush=True))
     limits = serve_limits(args)  # before the model loads: a bad --auth fails at once
@@ -253,20 +260,28 @@ def build_services(args: argparse.Namespace, say=None):
         if done == total:
             say(f"  captured {what}: {total} batch sizes" if what == "CUDA graphs" else f"  loaded {what}: {total} tensors")
 
+    if not args.disaggregate and (args.prefill_ranks, args.decode_ranks) != (1, 1):
+        raise ValueError("--prefill-ranks and --decode-ranks go with --disaggregate")
     services = []
     replicas = getattr(args, "replicas", 1)
     for i, spec in enumerate(specs, 1):
-        draft = default_draft(spec)
+        # disaggregated: no speculation (the embedded model's default draft is left out; one asked for is refused)
+        draft = spec.draft if args.disaggregate else default_draft(spec)
+        options = dict(device=args.device, dtype=args.dtype, config=config, trace_level="basic",
+                       capture=capture, progress=progress, draft=draft,
+                       kv_pool_events="always")  # the page draws the pool for untraced requests too
         copies = []
         for j in range(replicas):
             if len(specs) > 1 or replicas > 1:
                 say(f"[{i}/{len(specs)}] loading {spec.model or 'the embedded model'}"
                     f"{f' (draft: {draft_label(draft)})' if draft else ''}"
                     f"{f', replica {j + 1} of {replicas}' if replicas > 1 else ''}")
-            engine = LLMEngine(spec.model, device=args.device, dtype=args.dtype, config=config, tracer=Tracer(),
-                               trace_level="basic", capture=capture, progress=progress, draft=draft,
-                               num_speculative_tokens=args.num_speculative_tokens,
-                               kv_pool_events="always")  # the page draws the pool for untraced requests too
+            if args.disaggregate:
+                engine = DisaggEngine(spec.model, **options, tracer=Tracer(), prefill_ranks=args.prefill_ranks,
+                                      decode_ranks=args.decode_ranks)
+            else:
+                engine = LLMEngine(spec.model, **options, tracer=Tracer(),
+                                   num_speculative_tokens=args.num_speculative_tokens)
             service = EngineService(engine, store, model_name=served_name(spec, engine), limits=limits,
                                     slots=slots, draft_name=draft_label(draft))
             say("  " + memory_line(service))

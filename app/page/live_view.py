@@ -23,7 +23,7 @@ HEAVY = {"embedding": 0.45, "attention": 0.45, "moe": 0.45, "timeline": 0.3, "kv
 # which panels an event type feeds
 FEEDS = {"request.arrive": ("timeline",), "tokenize": ("tokens", "timeline"), "prefix_cache.lookup": ("prefix",),
          "schedule.step": ("timeline",), "embed": ("embedding",), "attention": ("attention",), "moe": ("moe",),
-         "sample": ("sampling",), "logit_lens": ("logit_lens",), "schedule.collective": ("parallel",), "spec": ("spec",), "token": ("answer", "tokens", "timeline"),
+         "sample": ("sampling",), "logit_lens": ("logit_lens",), "schedule.collective": ("parallel",), "kv.transfer": ("parallel",), "spec": ("spec",), "token": ("answer", "tokens", "timeline"),
          "finish": ("answer", "timeline", "kv")}
 # the panels that show the selected pass (visualizers/selection.py), and those a byte cap can freeze
 SELECTED = ("embedding", "attention", "kv", "moe", "logit_lens", "sampling")
@@ -275,7 +275,7 @@ class LiveView:
                                       m["sliding_windows"] if any(m["sliding_windows"]) else None,
                                       selection=self.selection(), frozen=self.frozen(name))
         if name == "kv":
-            kv = [e for e in self.events if e["type"].startswith("kv.")]
+            kv = [e for e in self.events if e["type"].startswith("kv.") and e.get("engine") != "prefill"]  # disagg: the decode pool
             usage = (self.finish_info() or {}).get("usage")  # the last token drawn is never fed back: no K/V
             held = usage["prompt_tokens"] + usage["completion_tokens"] - 1 if usage else None
             return viz.kv_grid_html(self.pool, self.request_id, kv, m, held, selection=self.selection())
@@ -293,7 +293,9 @@ class LiveView:
                 return viz.not_recorded("Speculative decoding", "speculative decoding is off for this request")
             return viz.spec_html(self.by_type.get("spec", []), self.speculative and m["has_draft"], self.pieces())
         if name == "parallel":
-            return viz.parallel_html(self.by_type.get("schedule.collective", []), m, self.level, idle)
+            apart = self.by_type.get("kv.transfer")  # disaggregated (engine/disagg): the handover beside it
+            return viz.parallel_html(self.by_type.get("schedule.collective", []), m, self.level, idle) + \
+                (viz.disagg_html(apart + self.by_type.get("finish", [])) if apart else "")
         if name == "logit_lens":
             return viz.logit_lens_html(self.by_type.get("logit_lens", []), labels=self.labels(),
                                        selection=self.selection(), frozen=self.frozen(name))
