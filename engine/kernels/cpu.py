@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 SOURCES = [Path(__file__).with_name(name) for name in ("cpu_linear.c", "cpu_linear16.c", "cpu_attention.c",
-                                                        "cpu_norm.c", "cpu_layer.c", "cpu_stats.c")]
+                                                        "cpu_norm.c", "cpu_layer.c", "cpu_stats.c", "cpu_moe.c")]
 HEADERS = [Path(__file__).with_name("cpu_vec.h")]  # part of every build's hash
 ROWS_PER_BLOCK, COLS_PER_BLOCK = 8, 16  # the blocked layout of cpu_linear.c
 MAX_ROWS = 32  # above this many rows (a prefill chunk) PyTorch's GEMM, built for it, takes over
@@ -131,6 +131,8 @@ def load(arch: str) -> ctypes.CDLL:
         getattr(lib, name).argtypes = [ptr, c_long, c_long, ptr, c_long, c_long, ptr, ptr, c_long, ctypes.c_int]
         getattr(lib, name).restype = ctypes.c_int
     lib.tt_block_16.argtypes, lib.tt_block_16.restype = [ptr, c_long, c_long, ptr, ctypes.c_int], None
+    lib.tt_moe_forward.argtypes = [ptr, ptr, c_long, ptr, ptr, ctypes.c_int, ptr, ctypes.c_int]
+    lib.tt_moe_forward.restype = ctypes.c_int
     lib.tt_linear16_path.argtypes, lib.tt_linear16_path.restype = [], ctypes.c_int
     return lib
 
@@ -210,6 +212,16 @@ class BlockedWeight:
             .contiguous()
 
 
+def blocked_stack(w: torch.Tensor, dtype: torch.dtype) -> list[BlockedWeight]:
+    """Each of w's matrices [E, out, in] (a MoE's experts) in the kernels' layout, one after
+    another in one tensor [E, *blocked_shape] (cpu_moe.c reads them at a fixed stride)."""
+    E, n, k = w.shape
+    data = huge_page_empty((E, *blocked_shape(n, k, dtype)), dtype)
+    for e in range(E):
+        data[e].copy_(BlockedWeight.of(w[e], dtype).data)
+    return [BlockedWeight(data[e], n, k) for e in range(E)]
+
+
 def blocked_shape(n: int, k: int, dtype: torch.dtype) -> tuple[int, int, int, int]:
     cb = COLS_PER_BLOCK if dtype == torch.float32 else COLS_PER_BLOCK_16
     return -(-n // ROWS_PER_BLOCK), -(-k // cb), ROWS_PER_BLOCK, cb
@@ -235,6 +247,15 @@ def blocked_weight(w: torch.Tensor, dtype: torch.dtype | None = None) -> Blocked
     return BlockedWeight.of(w, dtype)
 
 
+def compute_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """The dtype a pass computes in when its weights are `dtype`: float32 where the C kernels
+    run 16-bit weights (a CPU with the kernels built: the weights stay 16-bit in their
+    layout, the activations, KV pool and sums float32), else `dtype` itself."""
+    if device.type == "cpu" and dtype in (torch.bfloat16, torch.float16) and library() is not None:
+        return torch.float32
+    return dtype
+
+
 def operands(x2: torch.Tensor, bias: torch.Tensor | None, out_features: int):
     """A linear kernel's operands: x's rows [T, in] as it reads them (float32, unit stride
     along a row; the row stride is passed), the bias float32 and contiguous, and the
@@ -247,18 +268,19 @@ def operands(x2: torch.Tensor, bias: torch.Tensor | None, out_features: int):
 
 
 def blocked_bytes(model: torch.nn.Module) -> int:
-    """Memory held by the kernel's weight copies in a model: every BlockedWeight a module
-    keeps (a Linear's, a MoE block's side-by-side and per-expert ones), a storage shared
-    by two of them (an expert's view into the side-by-side copy) counted once, by its
-    largest user (a storage's own size also counts the unused lead-in that puts a
-    huge_page_empty tensor on a 2 MB boundary: address space, never written)."""
+    """Memory held by the kernels' blocked weights in a model: every BlockedWeight a module
+    keeps (a Linear's; a MoE block's experts, through their `blocked_weights()`), a storage
+    shared by two of them counted once, by its largest user (a storage's own size also
+    counts the unused lead-in that puts a huge_page_empty tensor on a 2 MB boundary: address
+    space, never written). Where the kernels run, these are the weights' only copies."""
     storages: dict[int, int] = {}
     for m in model.modules():
         for value in vars(m).values():
-            items = value if isinstance(value, (list, tuple)) else [value]
-            for w in (w for item in items for w in (item if isinstance(item, tuple) else (item,))):
+            items = value.blocked_weights() if hasattr(value, "blocked_weights") else \
+                value if isinstance(value, (list, tuple)) else [value]
+            for w in items:
                 if isinstance(w, BlockedWeight):
-                    ptr = w.data.untyped_storage().data_ptr()
+                    ptr = w.data.data_ptr()
                     storages[ptr] = max(storages.get(ptr, 0), w.nbytes)
     return sum(storages.values())
 
