@@ -225,8 +225,8 @@ def memory_line(service) -> str:
         line += f"; draft model {kind}: weights {_mb(spec.draft.weights_bytes)}, KV pool {_mb(spec.draft_kv_bytes)}"
     if info.quantization is not None:
         line += f"; {info.quantization.summary}"
-    if copies := info.model.kernel_weight_bytes:  # engine/kernels/cpu_linear.c: its own copy of the float32 weights
-        line += f"; decode linears through the C kernel (its weight copy {_mb(copies)})"
+    if blocked := info.model.kernel_weight_bytes:  # engine/kernels/cpu_linear*.c: the weights' only copy
+        line += f"; decode linears through the C kernels ({_mb(blocked)} of the weights in their layout, {info.model.dtype})"
     if info.cuda_graphs is not None:
         line += f"; decode steps replayed from CUDA graphs (batch sizes {', '.join(map(str, info.cuda_graphs))})"
     return line

@@ -59,11 +59,14 @@ class ModelRunner:
     def __init__(self, path: Path, cfg: ModelConfig, ecfg: EngineConfig, max_model_len: int,
                  dtype: torch.dtype, device: torch.device, progress: ProgressFn | None = None) -> None:
         self.cfg, self.ecfg = cfg, ecfg
+        # CPU bfloat16 / float16: weights kept in 16 bits by the C kernels, the pass in float32
+        self.weight_dtype, dtype = dtype, cpu_kernels.compute_dtype(dtype, device)
         self.device, self.dtype = device, dtype
         if ecfg.quantization is not None and device.type != "cpu":
             raise ValueError(f"quantization={ecfg.quantization!r} runs on the CPU only (PyTorch's CPU "
                              f"weight-only kernels); device is {device.type}")
-        self.model = load_model(path, cfg, max_model_len, dtype, device, progress, ecfg.quantization)
+        self.model = load_model(path, cfg, max_model_len, dtype, device, progress, ecfg.quantization,
+                                weight_dtype=self.weight_dtype if self.weight_dtype != dtype else None)
         self.num_blocks = kv_pool_blocks(cfg, ecfg, max_model_len, dtype, device)
         self.block_size = ecfg.block_size
         # One preallocated pool: [K/V, layer, block, slot, kv head, head dim]; MLA keeps one

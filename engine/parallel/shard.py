@@ -160,7 +160,7 @@ class ExpertParallelMoE(SparseMoE):
         self.gate = type(self.gate)(cfg.hidden_size, cfg.num_experts, bias=False)
         self.first, self.num_local = first, num_local
 
-    def pack(self, on: bool = True) -> None:
+    def pack(self, on: bool = True, dtype: torch.dtype | None = None) -> None:
         pass  # the per-expert path below reads the plain weights
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch | None = None,
