@@ -4,6 +4,7 @@ request's numbers, the KV stage of the latent the pool keeps (measured from the 
 what full K and V would take) instead of 2 x KV heads x head_dim."""
 from __future__ import annotations
 
+import html
 import re
 
 import pytest
@@ -19,8 +20,8 @@ def rec(tmp_path_factory):
         yield record_run(svc, "What is a latent?", max_tokens=6, speculative=False)
 
 
-def text(html: str) -> str:
-    return re.sub(r"<[^>]+>", "", html)
+def text(markup: str) -> str:
+    return html.unescape(re.sub(r"<[^>]+>", "", markup))
 
 
 def test_layers_stage_names_mla_and_deepseek_routing(rec):
@@ -46,3 +47,15 @@ def test_kv_stage_quotes_the_latent_from_the_pool(rec):
     assert "full keys and values for its 4 heads would take 1,152 bytes (5× more)" in words
     assert re.search(r"this request held latents for \d+ tokens: .* \(K and V would have taken .*\)", words)
     assert "2 × 3 layers × 1 KV head" not in words
+
+
+def test_kv_panel_formula_is_the_latent_measured_from_the_pool(rec):
+    from visualizers.kv_cache import kv_formula_html
+    words = text(kv_formula_html(rec.model, 10))
+    assert "KV bytes = layers × (kv_lora_rank + qk_rope_head_dim) × tokens × bytes_per_value" in words
+    assert "this model: 3 × (16 + 4) × tokens × 4 B (float32) = 240 B per token, the pool's own count " \
+           "(the calculator's formula gives the same)" in words
+    assert "latent: 20 numbers a token a layer (1/5 of full K and V: 1,152 B a token for 4 heads × (12 + 12) dims)" \
+        in words
+    assert "this request: 240 B × 10 tokens = 2.3 KiB" in words
+    assert "2 × 3 × 1" not in words
