@@ -147,6 +147,7 @@ def files(tmp_path_factory):
     return get
 
 
+@pytest.mark.slow  # writes and loads a GGUF, and transformers on the source model, per case
 @pytest.mark.parametrize("variant,split_kv_b", [("v3_moe", True), ("v3_moe", False), ("v2_lite", True),
                                                 ("v2_groups_yarn", True)])
 def test_deepseek2_gguf_matches_transformers(files, variant, split_kv_b):

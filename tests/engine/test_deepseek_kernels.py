@@ -66,6 +66,7 @@ def test_triton_kernel_equals_the_dense_oracle(lens, heads, rank, rope):
     torch.testing.assert_close(out, dense_oracle(q, dense, rank, 0.2), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow  # a whole model through the Triton interpreter
 @needs_triton
 def test_a_model_decoding_through_triton_keeps_the_greedy_tokens(tmp_path):
     path = make_deepseek("v3_moe", tmp_path)

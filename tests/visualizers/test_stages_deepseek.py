@@ -12,6 +12,8 @@ import pytest
 from tests.deepseek_tiny import make_deepseek
 from tests.service_utils import app_service, record_run, started, walk
 
+pytestmark = pytest.mark.slow  # the app's service on a tiny DeepSeek model
+
 
 @pytest.fixture(scope="module")
 def rec(tmp_path_factory):
