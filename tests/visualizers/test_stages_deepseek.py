@@ -61,3 +61,9 @@ def test_kv_panel_formula_is_the_latent_measured_from_the_pool(rec):
         in words
     assert "this request: 240 B × 10 tokens = 2.3 KiB" in words
     assert "2 × 3 × 1" not in words
+
+
+def test_the_model_line_says_the_heads_read_one_latent(rec):
+    from app.page.texts import model_summary
+    line = text(model_summary(rec.model))
+    assert "4 query heads over one 20-number latent (MLA)" in line and "1 KV heads" not in line
