@@ -80,15 +80,15 @@ class ModelRunner:
         for i, attn in enumerate(self.model.attention_layers()):
             attn.k_cache, attn.v_cache = self.kv_cache[0, i], self.kv_cache[-1, i]  # MLA: both the latent
         use_triton = ecfg.use_triton
-        if use_triton is None:  # MLA runs its plain-torch path (no Triton kernel of its own yet)
-            use_triton = device.type == "cuda" and triton_available() and cfg.mla is None
-        if use_triton and cfg.mla is not None:
-            raise ValueError("use_triton=True on an MLA model (DeepSeek): its Triton kernel is not built; "
-                             "leave use_triton unset (the plain-torch path runs)")
+        if use_triton is None:
+            use_triton = device.type == "cuda" and triton_available()
+        if cfg.mla is not None and ecfg.cuda_graphs:  # MLA's decode (engine/layers/mla.py) is not captured yet
+            raise ValueError("cuda_graphs=True on an MLA model (DeepSeek): its decode step is not captured in "
+                             "CUDA graphs yet; leave cuda_graphs unset")
         self.use_triton = use_triton
         self.max_model_len = max_model_len
         # CUDA graphs of the decode step (engine/cuda_graph.py), captured now: part of start-up
-        if graphs_wanted(ecfg, device, use_triton):
+        if graphs_wanted(ecfg, device, use_triton) and cfg.mla is None:
             sizes = capture_sizes(ecfg.max_num_seqs, ecfg.cuda_graph_sizes)
             self.decode_graphs = DecodeGraphs.for_runner(self, sizes, capture=True)
             self.decode_graphs.capture_all(progress)

@@ -90,8 +90,10 @@ def model_summary(m: dict) -> str:
     moe = f"MoE: {m['num_experts']} experts, top-{m['top_k']}, {len(m['moe_layers'])} MoE layers · " if m["is_moe"] \
         else "dense FFN · "
     arch = f" ({esc(m['architecture'])})" if m["architecture"] else ""
+    heads = f"{m['num_heads']} query heads / {m['num_kv_heads']} KV heads × {m['head_dim']}" if not m.get("mla") else \
+        f"{m['num_heads']} query heads over one {m['kv_values_per_token_layer']}-number latent (MLA)"  # DeepSeek
     return (f"<div class='tt-model'><b>{esc(m['name'])}</b>{arch} · {m['num_layers']} layers · d_model "
-            f"{m['hidden_size']:,} · {m['num_heads']} query heads / {m['num_kv_heads']} KV heads × {m['head_dim']} · "
+            f"{m['hidden_size']:,} · {heads} · "
             f"vocab {m['vocab_size']:,} · {moe}{esc(_draft_text(m))} · {esc(m['dtype'])}{_quant_text(m)} "
             f"on {esc(m['device'])} · "
             f"KV pool {m['num_blocks']:,} blocks × {m['block_size']} tokens "

@@ -181,7 +181,10 @@ def attention(s: ScheduledSeq, captured: AttentionCapture, heads: list[int], cfg
 
 def moe(s: ScheduledSeq, layer: int, captured: dict, batch_load: list[int], cfg: ModelConfig,
         end: int) -> Event | None:
-    """captured: the layer's routing of s's tokens (experts, weights); batch_load: tokens per expert."""
+    """captured: the layer's routing of s's tokens (experts, weights); batch_load: tokens per expert.
+    DeepSeek MoE adds, per token: scores (the picks' sigmoid / softmax scores, before the bias),
+    biased and without_bias (V3: with the balance bias; the picks it would make without),
+    groups (the expert groups kept); and "deepseek": the routing's rules."""
     n = end - s.start
     if n <= 0:
         return None

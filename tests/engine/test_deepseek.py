@@ -176,11 +176,6 @@ def test_unsupported_configs_are_refused(bad):
         ModelConfig.from_hf({**base, **bad})
 
 
-def test_triton_is_refused_clearly(v3):
-    with pytest.raises(ValueError, match="MLA"):
-        LLM(v3, device=DEVICE, dtype="float32", use_triton=True)
-
-
 def test_describe_says_the_pool_keeps_the_latent(v3):
     llm = LLM(v3, device=DEVICE, dtype="float32", block_size=4, num_kv_blocks=10)
     kv = llm.engine.describe().kv_pool

@@ -147,6 +147,7 @@ def files(tmp_path_factory):
     return get
 
 
+@pytest.mark.slow  # writes and loads a GGUF, and transformers on the source model, per case
 @pytest.mark.parametrize("variant,split_kv_b", [("v3_moe", True), ("v3_moe", False), ("v2_lite", True),
                                                 ("v2_groups_yarn", True)])
 def test_deepseek2_gguf_matches_transformers(files, variant, split_kv_b):
@@ -161,6 +162,27 @@ def test_deepseek2_gguf_matches_transformers(files, variant, split_kv_b):
         want = ref.generate(torch.tensor([PROMPTS[1]]), max_new_tokens=GREEDY.max_tokens, do_sample=False,
                             eos_token_id=None, pad_token_id=0)[0, len(PROMPTS[1]):].tolist()
     assert llm.generate(PROMPTS[1], GREEDY)[0].token_ids == want
+
+
+@pytest.mark.slow  # writes and loads a GGUF, and transformers on the source model
+def test_q8_0_deepseek2_file_matches_its_rounded_source(tmp_path):
+    """A quantized file (Q8_0 matrices, as llama.cpp's files are) gives the logits of the source
+    model with each of those matrices rounded the same way: only the rounding differs."""
+    folder = make_deepseek("v3_moe", tmp_path / "src")
+    source = load_reference(folder)
+    path = write_deepseek2(source, folder, tmp_path / "q8.gguf", qtype=Q.Q8_0)
+    with torch.no_grad():  # what encode() quantized: >= 2-D rows of whole blocks, not the routers
+        for name, p in source.named_parameters():
+            if p.dim() >= 2 and p.shape[-1] % 32 == 0 and not name.endswith("mlp.gate.weight") \
+                    and "kv_b_proj" not in name:  # kv_b is written cut into k_b / v_b, rows too short: F32
+                q = gguf.quants.quantize(p.detach().numpy(), Q.Q8_0)
+                p.copy_(torch.from_numpy(gguf.quants.dequantize(q, Q.Q8_0)).reshape(p.shape))
+        expected = source(torch.tensor([PROMPTS[0]])).logits[0]
+        unrounded = load_reference(folder)(torch.tensor([PROMPTS[0]])).logits[0]
+    assert not torch.allclose(expected, unrounded, atol=1e-3)  # the rounding shows: the test can fail
+    llm = LLM(path, device=DEVICE, dtype="float32", block_size=4)
+    for chunk in (None, 1):
+        torch.testing.assert_close(prompt_logits(llm.engine, PROMPTS[0], chunk), expected, atol=1e-4, rtol=1e-4)
 
 
 def test_deepseek2_gguf_config_equals_the_safetensors_one(files):
