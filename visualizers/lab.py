@@ -19,8 +19,8 @@ def esc(value: object) -> str:
 
 def layout(title: str, **extra: Any) -> dict:
     base = {"title": {"text": esc(title), "font": {"size": 14}}, "font": FONT, "paper_bgcolor": "#fff",
-            "plot_bgcolor": "#fbfbfd", "margin": {"l": 70, "r": 20, "t": 48, "b": 48},
-            "hoverlabel": {"bgcolor": "#fff", "font": {"family": FONT["family"]}}, "legend": {"orientation": "h"}}
+            "plot_bgcolor": "#fbfbfd", "margin": {"l": 70, "r": 20, "t": 48, "b": 90},
+            "hoverlabel": {"bgcolor": "#fff", "font": {"family": FONT["family"]}}, "legend": {"orientation": "h", "yanchor": "top", "y": -0.18}}
     base.update(extra)
     return base
 
@@ -30,31 +30,39 @@ def ms(seconds: float | None) -> str:
 
 
 def segments(request: dict, steps_by_number: dict[int, dict]) -> list[dict]:
-    """A request's life as bars: waiting (arrival to its first step), then runs of consecutive
+    """A request's life as bars: waiting (arrival to its first step, and any stretch of engine
+    steps it sat out: preempted, or a static batch's late member), then runs of consecutive
     steps of one kind (prefill / decode / verify) merged into one bar each."""
     out: list[dict] = []
     mine = [steps_by_number[n] for n in request["steps"] if n in steps_by_number]
     if mine and mine[0]["start_s"] > request["arrival_s"]:
-        out.append({"kind": "waiting", "start": request["arrival_s"], "end": mine[0]["start_s"],
-                    "first": None, "last": None, "tokens": 0})
+        out.append(_bar("waiting", request["arrival_s"], mine[0]["start_s"], None, None, 0))
     for st in mine:
         part = next(b for b in st["batch"] if b["request_id"] == request["request_id"])
         last = out[-1] if out else None
+        end = st["start_s"] + st["seconds"]
+        if last is not None and last["last"] is not None and last["last"] < st["step"] - 1 and \
+                any(last["last"] < n < st["step"] for n in steps_by_number):  # steps ran without it
+            out.append(_bar("waiting", last["end"], st["start_s"], last["last"] + 1, st["step"] - 1, 0))
+            last = None
         if last is not None and last["kind"] == part["kind"] and last["last"] == st["step"] - 1:
-            last["end"], last["last"] = st["start_s"] + st["seconds"], st["step"]
+            last["end"], last["last"] = end, st["step"]
             last["tokens"] += part["num_tokens"]
         else:
-            out.append({"kind": part["kind"], "start": st["start_s"], "end": st["start_s"] + st["seconds"],
-                        "first": st["step"], "last": st["step"], "tokens": part["num_tokens"]})
+            out.append(_bar(part["kind"], st["start_s"], end, st["step"], st["step"], part["num_tokens"]))
     return out
+
+
+def _bar(kind: str, start: float, end: float, first: int | None, last: int | None, tokens: int) -> dict:
+    return {"kind": kind, "start": start, "end": end, "first": first, "last": last, "tokens": tokens}
 
 
 def gantt(setting: dict, title: str | None = None) -> dict:
     """Per-request Gantt of one setting: a row per request, bars for waiting and for its steps."""
     steps = {s["step"]: s for s in setting["steps"]}
     traces: dict[str, dict] = {}
-    for r in setting["per_request"]:
-        row = f"{esc(r['role'])} · {esc(r['request_id'])}"
+    rows = [f"{esc(r['role'])} · {esc(r['request_id'])}" for r in setting["per_request"]]
+    for r, row in zip(setting["per_request"], rows):
         for seg in segments(r, steps):
             t = traces.setdefault(seg["kind"], {
                 "type": "bar", "orientation": "h", "name": seg["kind"], "x": [], "base": [], "y": [],
@@ -64,28 +72,37 @@ def gantt(setting: dict, title: str | None = None) -> dict:
             t["x"].append(seg["end"] - seg["start"])
             t["base"].append(seg["start"])
             t["y"].append(row)
-            where = "queued" if seg["first"] is None else (
+            where = "queued" if seg["first"] is None else f"sat out steps {seg['first']}–{seg['last']}" \
+                if seg["kind"] == "waiting" else (
                 f"step {seg['first']}" if seg["first"] == seg["last"] else f"steps {seg['first']}–{seg['last']}")
             t["customdata"].append([where, seg["end"], f"{seg['tokens']} tokens"])
     fig_title = title or f"{setting['setting']['label']}: each request's steps"
-    rows = len(setting["per_request"])
     return {"data": list(traces.values()),
-            "layout": layout(fig_title, barmode="overlay", height=120 + 26 * rows,
+            "layout": layout(fig_title, barmode="overlay", height=120 + 26 * len(rows),
                              xaxis={"title": {"text": "seconds since the first arrival"}},
-                             yaxis={"autorange": "reversed", "automargin": True})}
+                             yaxis={"autorange": "reversed", "automargin": True, "categoryorder": "array",
+                                    "categoryarray": rows})}
 
 
 def occupancy(settings: Sequence[dict], slots: int, title: str = "Slot occupancy over time") -> dict:
-    """Requests in each step's batch against the slots there are, one line per setting (x: seconds)."""
+    """Requests in each step's batch against the slots there are, one line per setting (x: seconds),
+    and above it, shaded, the slots that stayed idle while requests waited: the waste."""
     data = []
     for i, s in enumerate(settings):
+        label = esc(s["setting"]["label"])
         xs = [st["start_s"] for st in s["steps"]]
         ys = [len(st["batch"]) for st in s["steps"]]
         data.append({"type": "scatter", "mode": "lines", "line": {"shape": "hv", "color": _color(i)},
-                     "name": esc(s["setting"]["label"]), "x": xs, "y": ys,
+                     "name": label, "x": xs, "y": ys, "legendgroup": label,
                      "customdata": [[st["step"], st["waiting"]] for st in s["steps"]],
                      "hovertemplate": "step %{customdata[0]}: %{y} busy, %{customdata[1]} waiting"
                                       f" of {slots} slots<br>%{{x:.4f}} s<extra>%{{fullData.name}}</extra>"})
+        waste = [min(slots, len(st["batch"]) + st["waiting"]) for st in s["steps"]]
+        data.append({"type": "scatter", "mode": "lines", "line": {"shape": "hv", "width": 0}, "x": xs, "y": waste,
+                     "fill": "tonexty", "fillcolor": "rgba(214, 40, 40, 0.18)", "legendgroup": label,
+                     "name": f"{label}: idle while others waited",
+                     "customdata": [w - y for w, y in zip(waste, ys)],
+                     "hovertemplate": "%{customdata} idle slots while requests waited<extra>%{fullData.name}</extra>"})
     return {"data": data, "layout": layout(title, xaxis={"title": {"text": "seconds since the first arrival"}},
                                            yaxis={"title": {"text": "requests in the batch"},
                                                   "range": [0, slots + 0.5]},
@@ -101,7 +118,8 @@ def bars(settings: Sequence[dict], metrics: Sequence[tuple[str, str, str]], titl
         vals = [s["metrics"].get(k) for k, _, _ in metrics]
         data.append({"type": "bar", "name": esc(s["setting"]["label"]), "marker": {"color": _color(i)},
                      "x": [esc(label) for _, label, _ in metrics], "y": vals,
-                     "customdata": [unit for _, _, unit in metrics],
+                     "customdata": [unit for _, _, unit in metrics], "texttemplate": "%{y:.4~g}",
+                     "textposition": "outside",
                      "hovertemplate": "%{x}: %{y:.6g} %{customdata}<extra>%{fullData.name}</extra>"})
     return {"data": data, "layout": layout(title, barmode="group")}
 

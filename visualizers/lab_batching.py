@@ -34,8 +34,8 @@ def sentences(result: dict) -> list[str]:
         out.append(
             f"Arriving {arrival}, static batching took {st['steps']} engine steps and {st['makespan_s']:.2f} s "
             f"for what continuous batching did in {co['steps']} steps and {co['makespan_s']:.2f} s "
-            f"({_change(st['makespan_s'], co['makespan_s'])}); p99 latency {st['p99_latency_s']:.2f} s "
-            f"against {co['p99_latency_s']:.2f} s.")
+            f"(continuous took {_share(co['makespan_s'], st['makespan_s'])} of static's time); p99 latency "
+            f"{st['p99_latency_s']:.2f} s against {co['p99_latency_s']:.2f} s.")
     st = by.get("static-together")
     co = by.get("continuous-together")
     if st and co:
@@ -46,7 +46,5 @@ def sentences(result: dict) -> list[str]:
     return out
 
 
-def _change(a: float, b: float) -> str:
-    if not b:
-        return "no change"
-    return f"{a / b:.2f}× the time" if a >= b else f"{b / a:.2f}× faster"
+def _share(a: float, b: float) -> str:
+    return f"{a / b:.0%}" if b else "–"

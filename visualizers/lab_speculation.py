@@ -46,7 +46,9 @@ def sentences(result: dict) -> list[str]:
         best = max((s for s in result["settings"] if s["setting"]["name"] != "none"),
                    key=lambda s: s["metrics"].get("copy_tokens_per_s") or 0)
         b = best["metrics"]
-        out.append(f"On the copy prompts {best['setting']['label']} decoded {b['copy_tokens_per_s']:.0f} tokens/s "
+        who = {"draft": "the draft model", "ngram": "n-gram lookup"}.get(best["setting"]["name"],
+                                                                        best["setting"]["label"])
+        out.append(f"On the copy prompts {who} decoded {b['copy_tokens_per_s']:.0f} tokens/s "
                    f"against {none['copy_tokens_per_s']:.0f} without speculation "
                    f"(prose: {b['prose_tokens_per_s']:.0f} against {none['prose_tokens_per_s']:.0f}).")
     return out

@@ -61,6 +61,9 @@ def main(argv: list[str] | None = None) -> int:
         print("cancelled", file=sys.stderr)
         return 130
     bar.close()
+    if result["error"]:
+        print(f"error: {result['error']}", file=sys.stderr)
+        return 1
     header, rows = headline_rows(result)
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
     for row in [header] + rows:

@@ -58,6 +58,10 @@ def metrics(r: SettingResult, budget: int) -> dict:
             "longest_stall_s": max(gaps) if gaps else None,
             "gap_p50_during_prefill_s": percentile(window, 50),
             "max_prefill_tokens_per_step": max((s.prefill_tokens for s in r.steps), default=0),
+            # the biggest step a stream's next token waited on, in tokens: deterministic, unlike the stall
+            "max_step_tokens_with_streams": max((s.num_tokens for s in r.steps
+                                                 if any(b["request_id"] in {q.request_id for q in streams}
+                                                        for b in s.batch)), default=0),
             "long_prefill_steps": len(prefill_steps), "step_budget": budget, "steps": len(r.steps)}
 
 
@@ -67,5 +71,6 @@ EXPERIMENT = Experiment(
          "gaps between tokens against the long prompt's time to first token.",
     settings=settings, run_setting=run_setting, figures=lab_chunked.figures, sentences=lab_chunked.sentences,
     headline=[("long_prompt_tokens", "long prompt (tokens)"), ("max_prefill_tokens_per_step", "most prefilled in a step"),
+              ("max_step_tokens_with_streams", "biggest step a stream waited on (tokens)"),
               ("gap_p50_s", "gap p50 (s)"), ("gap_p99_s", "gap p99 (s)"), ("longest_stall_s", "longest stall (s)"),
               ("long_ttft_s", "long prompt TTFT (s)")])

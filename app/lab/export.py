@@ -38,6 +38,14 @@ def fmt(v: Any) -> str:
     return "–" if v is None else str(v)
 
 
+def loaded(m: dict) -> str:
+    """' · load average 7.9 → 8.3 on 2 CPUs: the timings are noisy' where the machine was busy."""
+    a, b, cpus = m.get("load_average"), m.get("load_average_end"), m.get("cpus") or 1
+    if a is None or max(a, b or 0) <= cpus:
+        return ""
+    return f" · load average {a:.1f} → {b if b is None else round(b, 1)} on {cpus} CPUs: the timings are noisy"
+
+
 def to_html(result: dict) -> str:
     e = html.escape
     header, rows = headline_rows(result)
@@ -49,6 +57,7 @@ def to_html(result: dict) -> str:
     m = result.get("machine", {})
     about = (f"{result['title']} · model {result['model']} · size {result['size']} · {result['started']} · "
              f"{result['seconds']:.1f} s · {m.get('platform', '')} · {m.get('threads', '?')} threads"
+             f"{loaded(m)}"
              f"{' · cancelled' if result.get('cancelled') else ''}")
     sentences = "".join(f"<p>{e(s)}</p>" for s in result.get("sentences", []))
     return f"""<!doctype html>

@@ -18,7 +18,7 @@ from visualizers import lab_kv
 REQUESTS = 4
 BLOCK = 16
 PROMPT_TOKENS = {"full": 64, "ci": 32}
-OUTPUT_TOKENS = {"full": 192, "ci": 48}
+OUTPUT_TOKENS = {"full": 128, "ci": 48}
 
 
 def settings(size: str) -> list[Setting]:

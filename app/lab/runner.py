@@ -69,7 +69,7 @@ class Lab:
 
     @contextmanager
     def engine(self, model: str | None = None, *, trace: bool = True, dtype: str = "auto",
-               **options: Any) -> Iterator[tuple[LLMEngine, list[dict]]]:
+               device: str | None = None, **options: Any) -> Iterator[tuple[LLMEngine, list[dict]]]:
         """An engine for one setting and the list its kept trace events go to. options: the
         EngineConfig fields, and draft / num_speculative_tokens / prompt_lookup_*."""
         keys = ("draft", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min")
@@ -81,7 +81,7 @@ class Lab:
                 events.append(event.to_dict())
 
         self.check()
-        engine = LLMEngine(model if model is not None else self.model, device=self.device, dtype=dtype,
+        engine = LLMEngine(model if model is not None else self.model, device=device or self.device, dtype=dtype,
                            config=EngineConfig(**options), tracer=Tracer(keep) if trace else None,
                            trace_level="basic" if trace else "off", **engine_kw)
         try:
@@ -143,6 +143,12 @@ def warm_up(engine: LLMEngine) -> None:
 def free(engine: LLMEngine) -> None:
     """Stop the engine's workers and give its memory back before the next setting's engine."""
     engine.shutdown()
+    release_memory()
+
+
+def release_memory() -> None:
+    """Collect the engines no one holds (an engine's parts refer to each other: only the
+    collector frees them) and hand CUDA's cached blocks back."""
     gc.collect()
     try:
         import torch
@@ -155,7 +161,8 @@ def free(engine: LLMEngine) -> None:
 def run(name: str, model: str | None = None, size: str = "ci", progress: ProgressFn | None = None,
         cancelled: Callable[[], bool] | None = None, device: str = "auto") -> Result:
     """Run one experiment's settings one after another. Cancelled: the settings done so far,
-    cancelled=True. The sentences are generated from the measured numbers."""
+    cancelled=True; a setting that failed (a model that does not load): those done so far and
+    `error` saying why. The sentences are generated from the measured numbers."""
     if size not in SIZES:
         raise ValueError(f"size must be one of {', '.join(SIZES)}, got {size!r}")
     exp = get(name)
@@ -171,11 +178,17 @@ def run(name: str, model: str | None = None, size: str = "ci", progress: Progres
             lab.setting, lab.setting_index = setting, i
             lab.report(0, 1, "building the engine")
             result.settings.append(exp.run_setting(lab, setting))
+            release_memory()  # the setting's engine, now unreferenced, goes before the next one is built
     except Cancelled:
         result.cancelled = True
+    except (ValueError, RuntimeError, OSError) as e:  # a model that does not load, a setting it cannot run
+        result.error = f"{type(e).__name__}: {e}"
+    finally:
+        release_memory()
     result.seconds = time.perf_counter() - t
-    if not result.cancelled and exp.compare is not None:
+    result.machine["load_average_end"] = machine().get("load_average")  # the timings' noise: was the machine busy
+    if not result.cancelled and not result.error and exp.compare is not None:
         exp.compare(result.settings)
-    if not result.cancelled:
+    if not result.cancelled and not result.error:
         result.sentences = exp.sentences(result.to_json())
     return result

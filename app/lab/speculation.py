@@ -16,7 +16,7 @@ from visualizers import lab_speculation
 
 EMBEDDED_DRAFT = Path(__file__).resolve().parents[2] / "assets" / "models" / "draft"
 K = 4  # proposals per round
-TOKENS = {"full": 128, "ci": 32}
+TOKENS = {"full": 96, "ci": 32}
 
 
 def settings(size: str, model: str | None = None) -> list[Setting]:

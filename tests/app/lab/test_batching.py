@@ -65,8 +65,10 @@ def test_figures_draw_the_trace():
     sr = asdict(res)
     trace = lab.last_events
     steps = [e for e in trace if e["type"] == "schedule.step"]
-    occ = occupancy([sr], SLOTS)["data"][0]
+    occ, waste = occupancy([sr], SLOTS)["data"]
     assert occ["y"] == [len(e["batch"]) for e in steps]
+    idle = [min(SLOTS - len(e["batch"]), e["waiting"]) for e in steps]
+    assert waste["customdata"] == idle and sum(idle) == sr["metrics"]["idle_slot_steps_while_waiting"] > 0
     tokens = Counter(e["request_id"] for e in trace if e["type"] == "token")
     fig = gantt(sr)
     decode = next(t for t in fig["data"] if t["name"] == "decode")
@@ -93,6 +95,9 @@ def test_cancel_stops_between_steps_and_frees_the_engine(monkeypatch):
     assert out.cancelled and len(out.settings) == 0 and out.sentences == []
     assert len(freed) == 1 and freed[0].running == 0 and freed[0].waiting == 0
     assert len(calls) == 6  # stopped at the first check after the sixth report
+    import gc
+    from engine import LLMEngine
+    assert not [o for o in gc.get_objects() if isinstance(o, LLMEngine)]  # no engine left alive
 
 
 def test_html_export_is_self_contained_and_escaped(result):

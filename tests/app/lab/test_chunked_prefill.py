@@ -23,6 +23,7 @@ def test_chunking_bounds_the_tokens_any_step_prefills(result):
         m = by[str(chunk)]
         assert m["long_prompt_tokens"] == n
         assert m["max_prefill_tokens_per_step"] <= chunk
+        assert m["max_step_tokens_with_streams"] <= chunk < by["off"]["max_step_tokens_with_streams"]
         assert m["long_prefill_steps"] >= math.ceil(n / chunk)
 
 

@@ -26,3 +26,9 @@ def test_a_run_writes_json_and_a_self_contained_page(tmp_path, capsys):
     page = h.read_text()
     assert "<script src" not in page and "Plotly.newPlot" in page and len(page) > 1_000_000
     assert json.dumps(result["sentences"][0])[1:-1].split(":")[0] in page
+
+
+def test_a_model_that_does_not_load_is_a_clear_error(tmp_path, capsys):
+    assert main(["batching", "--size", "ci", "--model", str(tmp_path / "missing")]) == 1
+    err = capsys.readouterr().err
+    assert "error:" in err and "missing" in err
