@@ -120,6 +120,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                           "KV-head groups, MLP by columns")
     par.add_argument("--expert-parallel", action="store_true",
                      help="MoE models: whole experts on ranks instead of every expert split")
+    par.add_argument("--disaggregate", action="store_true",
+                     help="prefill and decode on separate engines, each in its own process with its own KV pool, "
+                          "the pages handed over on torch.distributed (engine/disagg; no speculation)")
+    par.add_argument("--prefill-ranks", type=int, default=1, metavar="P", help="with --disaggregate: 1 (built)")
+    par.add_argument("--decode-ranks", type=int, default=1, metavar="D", help="with --disaggregate: 1 (built)")
     cap = p.add_argument_group("capture (level 'full')")
     cap.add_argument("--capture-max-keys", type=int, default=64, help="attention rows/keys kept per matrix")
     cap.add_argument("--capture-heads", default=None, help="comma-separated query heads to capture (default all)")
@@ -164,6 +169,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--router chooses among replicas: give --replicas 2 or more")
     if args.replicas > 1 and args.tensor_parallel_size > 1:
         p.error("--replicas and --tensor-parallel-size cannot be combined yet")
+    if args.replicas > 1 and args.disaggregate:
+        p.error("--replicas and --disaggregate cannot be combined yet")
     first = args.models[0]  # the one-model view older callers read
     args.model, args.draft, args.served_model_name = first.model, first.draft, first.served_model_name
     return args
@@ -218,8 +225,8 @@ def memory_line(service) -> str:
         line += f"; draft model {kind}: weights {_mb(spec.draft.weights_bytes)}, KV pool {_mb(spec.draft_kv_bytes)}"
     if info.quantization is not None:
         line += f"; {info.quantization.summary}"
-    if copies := info.model.kernel_weight_bytes:  # engine/kernels/cpu_linear.c: its own copy of the float32 weights
-        line += f"; decode linears through the C kernel (its weight copy {_mb(copies)})"
+    if blocked := info.model.kernel_weight_bytes:  # engine/kernels/cpu_linear*.c: the weights' only copy
+        line += f"; decode linears through the C kernels ({_mb(blocked)} of the weights in their layout, {info.model.dtype})"
     if info.cuda_graphs is not None:
         line += f"; decode steps replayed from CUDA graphs (batch sizes {', '.join(map(str, info.cuda_graphs))})"
     return line
@@ -230,7 +237,7 @@ def build_services(args: argparse.Namespace, say=None):
     from app.serving.engine_service import EngineService
     from app.serving.limits import ClientSlots
     from app.serving.served_models import ServedModels
-    from engine import CaptureConfig, EngineConfig, LLMEngine, Tracer
+    from engine import CaptureConfig, DisaggEngine, EngineConfig, LLMEngine, Tracer
 
     say = say or (lambda line: print(line, flush=True))
     limits = serve_limits(args)  # before the model loads: a bad --auth fails at once
@@ -248,40 +255,46 @@ def build_services(args: argparse.Namespace, say=None):
     names = [s.served_model_name for s in specs if s.served_model_name]
     if len(set(names)) < len(names):
         raise ValueError("two models have the same --served-model-name")
-    replicas = getattr(args, "replicas", 1)
-    specs = [spec for spec in specs for _ in range(replicas)]  # --replicas N: each model N times, grouped below
 
     def progress(done: int, total: int, what: str) -> None:
         if done == total:
             say(f"  captured {what}: {total} batch sizes" if what == "CUDA graphs" else f"  loaded {what}: {total} tensors")
 
+    if not args.disaggregate and (args.prefill_ranks, args.decode_ranks) != (1, 1):
+        raise ValueError("--prefill-ranks and --decode-ranks go with --disaggregate")
     services = []
+    replicas = getattr(args, "replicas", 1)
     for i, spec in enumerate(specs, 1):
-        draft = default_draft(spec)
-        if len(specs) > 1:
-            say(f"[{i}/{len(specs)}] loading {spec.model or 'the embedded model'}"
-                f"{f' (draft: {draft_label(draft)})' if draft else ''}")
-        engine = LLMEngine(spec.model, device=args.device, dtype=args.dtype, config=config, tracer=Tracer(),
-                           trace_level="basic", capture=capture, progress=progress, draft=draft,
-                           num_speculative_tokens=args.num_speculative_tokens,
-                           kv_pool_events="always")  # the page draws the pool for untraced requests too
-        service = EngineService(engine, store, model_name=served_name(spec, engine), limits=limits, slots=slots,
-                                draft_name=draft_label(draft))
-        say("  " + memory_line(service))
-        services.append(service)
-    return ServedModels(services if replicas == 1 else replicated(services, replicas, args, say))
+        # disaggregated: no speculation (the embedded model's default draft is left out; one asked for is refused)
+        draft = spec.draft if args.disaggregate else default_draft(spec)
+        options = dict(device=args.device, dtype=args.dtype, config=config, trace_level="basic",
+                       capture=capture, progress=progress, draft=draft,
+                       kv_pool_events="always")  # the page draws the pool for untraced requests too
+        copies = []
+        for j in range(replicas):
+            if len(specs) > 1 or replicas > 1:
+                say(f"[{i}/{len(specs)}] loading {spec.model or 'the embedded model'}"
+                    f"{f' (draft: {draft_label(draft)})' if draft else ''}"
+                    f"{f', replica {j + 1} of {replicas}' if replicas > 1 else ''}")
+            if args.disaggregate:
+                engine = DisaggEngine(spec.model, **options, tracer=Tracer(), prefill_ranks=args.prefill_ranks,
+                                      decode_ranks=args.decode_ranks)
+            else:
+                engine = LLMEngine(spec.model, **options, tracer=Tracer(),
+                                   num_speculative_tokens=args.num_speculative_tokens)
+            service = EngineService(engine, store, model_name=served_name(spec, engine), limits=limits,
+                                    slots=slots, draft_name=draft_label(draft))
+            say("  " + memory_line(service))
+            copies.append(service)
+        services.append(copies[0] if replicas == 1 else replicated(copies, args))
+    return ServedModels(services)
 
 
-def replicated(services: list, replicas: int, args: argparse.Namespace, say) -> list:
-    """Each model's `replicas` engines (built one after another) behind one router."""
+def replicated(copies: list, args: argparse.Namespace):
+    """One model's replicas behind its router."""
     from app.serving.replicas import ReplicaSet
     from app.serving.router import Router
-    groups = [ReplicaSet(services[i:i + replicas], Router(args.router or "prefix-aware"))
-              for i in range(0, len(services), replicas)]
-    for g in groups:
-        say(f"{g.model_name}: {replicas} replicas, each its own engine, KV pool and thread; "
-            f"{g.router.policy} routing")
-    return groups
+    return ReplicaSet(copies, Router(args.router or "prefix-aware"))
 
 
 def build_service(args: argparse.Namespace):

@@ -32,11 +32,11 @@ class ModelShape:
     sliding_windows: list[int | None]  # per layer; None: full attention
     query_pre_attn_scalar: float | None  # attention scale = its -1/2 power (None: head_dim's)
     mlp_activation: str
-    dtype: str  # of the weights and activations, e.g. "float32"
+    dtype: str  # of the weights, e.g. "float32" (CPU bfloat16 / float16: the pass computes in float32)
     device: str
     max_model_len: int  # the context: prompt + output tokens
-    weights_bytes: int  # parameters and buffers in memory (on rank 0 when sharded)
-    kernel_weight_bytes: int  # the CPU kernel's own blocked copies of float32 weights (engine/kernels/cpu.py)
+    weights_bytes: int  # parameters, buffers and the CPU kernels' blocked weights in memory (on rank 0 when sharded)
+    kernel_weight_bytes: int  # of those, the CPU kernels' blocked weights, each the only copy (engine/kernels/cpu.py)
     # DeepSeek: MLA's ranks and head dims (engine/config_deepseek.MLAConfig: q_lora_rank, kv_lora_rank,
     # qk_nope_head_dim, qk_rope_head_dim, v_head_dim, rope_interleave, scale), and its MoE's routing
     # (n_shared_experts, scoring, topk_method, n_group, topk_group, routed_scaling_factor, correction_bias)
@@ -160,8 +160,8 @@ def model_shape(runner: ModelRunner, max_model_len: int) -> ModelShape:
         cfg.architecture, cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
         cfg.vocab_size, cfg.num_experts, cfg.num_experts_per_tok, [i for i, m in enumerate(cfg.moe_layers) if m],
         list(cfg.sliding_windows), cfg.query_pre_attn_scalar, cfg.hidden_act,
-        str(runner.dtype).replace("torch.", ""), str(runner.device), max_model_len,
-        tensor_bytes(model), blocked_bytes(model),
+        str(getattr(runner, "weight_dtype", runner.dtype)).replace("torch.", ""), str(runner.device), max_model_len,
+        tensor_bytes(model) + blocked_bytes(model), blocked_bytes(model),
         asdict(cfg.mla) if cfg.mla is not None else None,
         asdict(cfg.deepseek_moe) if cfg.deepseek_moe is not None else None)
 
@@ -177,9 +177,9 @@ def tensor_bytes(module: torch.nn.Module) -> int:
 
 
 def split_sizes(cfg: ModelConfig) -> list[int]:
-    """The tensor-parallel sizes (2 up to the KV heads) the engine accepts for this model."""
+    """The tensor-parallel sizes (2 up to the KV heads; MLA: the query heads) the engine accepts."""
     ok = []
-    for n in range(2, cfg.num_kv_heads + 1):
+    for n in range(2, (cfg.num_heads if cfg.mla is not None else cfg.num_kv_heads) + 1):
         try:
             check_shardable(cfg, n, False)
             ok.append(n)

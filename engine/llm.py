@@ -29,6 +29,7 @@ class LLM:
                  dtype: str | torch.dtype = "auto", capture: CaptureConfig | None = None,
                  progress: ProgressFn | None = None, draft: str | Path | None = None,
                  num_speculative_tokens: int = 4, prompt_lookup_max: int = 4, prompt_lookup_min: int = 2,
+                 disaggregate: bool = False, prefill_ranks: int = 1, decode_ranks: int = 1,
                  **engine_options) -> None:
         """`draft`: a small model with the same vocabulary for speculative decoding, or
         "ngram" for prompt lookup: proposals copied from what followed the last n tokens
@@ -36,8 +37,18 @@ class LLM:
         `engine_options` are EngineConfig fields: block_size, num_kv_blocks,
         kv_cache_memory_fraction, max_num_seqs, max_num_batched_tokens, max_model_len,
         enable_prefix_caching, use_triton, tensor_parallel_size, expert_parallel, quantization,
-        cuda_graphs, cuda_graph_sizes."""
+        cuda_graphs, cuda_graph_sizes.
+        `disaggregate`: prefill and decode on separate engines, each in its own process with its
+        own KV pool, the pages handed over on torch.distributed (engine/disagg; prefill_ranks and
+        decode_ranks: 1 and 1 are built)."""
         self.tracer = Tracer()
+        if disaggregate:
+            from engine.disagg import DisaggEngine
+            self.engine = DisaggEngine(model, device=device, dtype=dtype, config=EngineConfig(**engine_options),
+                                       tracer=self.tracer, trace_level="off", capture=capture, progress=progress,
+                                       draft=draft, prefill_ranks=prefill_ranks, decode_ranks=decode_ranks)
+            self.tokenizer = self.engine.tokenizer
+            return
         self.engine = LLMEngine(model, device=device, dtype=dtype, config=EngineConfig(**engine_options),
                                 tracer=self.tracer, trace_level="off", capture=capture, progress=progress,
                                 draft=draft, num_speculative_tokens=num_speculative_tokens,

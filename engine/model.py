@@ -21,7 +21,7 @@ from engine.config import ModelConfig
 from engine.layers import fused
 from engine.layers.attention import Attention
 from engine.layers.deepseek_moe import DeepseekMoE
-from engine.layers.linear import Linear
+from engine.layers.linear import Embedding, Linear
 from engine.layers.mla import MLAttention
 from engine.layers.mlp import MLP, SparseMoE
 from engine.layers.norm import RMSNorm
@@ -78,7 +78,7 @@ class DecoderModel(nn.Module):
         if cfg.local_rope_theta is not None:
             self.rotary_local = RotaryEmbedding(cfg.head_dim, max_positions, cfg.local_rope_theta,
                                                 cfg.local_rope_scaling)
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size)
         self.embed_scale = cfg.embed_scale
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_offset)

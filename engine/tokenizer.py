@@ -86,6 +86,8 @@ def _converted_tokenizer(path: Path, key: tuple[str, int, int]):
     The result is also saved on disk (tokenizer.json, a fraction of a second to load), so the
     next start-up on the same file skips the conversion."""
     from transformers import AutoTokenizer
+
+    from engine.checkpoint.gguf_deepseek2 import load_tokenizer as load_deepseek2_tokenizer
     saved = _tokenizer_cache_dir(path, key)
     if (saved / "tokenizer.json").is_file():
         try:
@@ -93,7 +95,8 @@ def _converted_tokenizer(path: Path, key: tuple[str, int, int]):
         except Exception:  # a damaged or foreign cache entry: convert again
             pass
     try:
-        hf = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, trust_remote_code=False)
+        hf = load_deepseek2_tokenizer(path) or \
+            AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, trust_remote_code=False)
     except Exception as e:
         raise ModelLoadError(f"cannot load the tokenizer in {path}: {_line(e)}") from e
     try:  # written to a side folder, then renamed: a half-written entry is never read

@@ -101,6 +101,9 @@ def parallel_panel_html(events: Sequence[dict], num_layers: int | None = None, n
     ep = bool(last.get("placement", {}).get("expert_parallel"))
     what = ("whole experts per rank (expert parallel), attention and dense MLPs split by tensor parallelism" if ep
             else "attention split by KV-head groups, MLP by columns (tensor parallel)")
+    if last.get("placement", {}).get("latent"):  # DeepSeek's MLA: heads split, the latent kept whole by each rank
+        what = what.replace("attention split by KV-head groups", "attention split by query heads") + \
+            "; every rank computes and keeps the whole latent (multi-head latent attention)"
     tail = reference_html() + (f"<p class='tt-note'>{esc(NOT_BUILT)}</p>" if notes else "")
     return (f"<div class='tt-parallel'><p>{len(ranks)} ranks, {what}. The last of {len(events)} "
             f"step{'s' if len(events) != 1 else ''} (step {esc(last.get('step', '?'))}): {summary['count']} "
@@ -131,7 +134,9 @@ def measured_stage_html(events: Sequence[dict]) -> str:
     fwd = sum(s["forward_ms"] for s in sums)
     moved = sum(s["bytes"] for s in sums)
     count = sum(s["count"] for s in sums)
-    where = "; ".join(f"rank {r}: query heads {_span(p.get('heads', []))}, KV heads {_span(p.get('kv_heads', []))}"
+    latent = events[0].get("placement", {}).get("latent")
+    where = "; ".join(f"rank {r}: query heads {_span(p.get('heads', []))}, "
+                      + ("the whole latent" if latent else f"KV heads {_span(p.get('kv_heads', []))}")
                       + (f", experts {_span(p['experts'])}" if p.get("experts") and
                          events[0]["placement"].get("expert_parallel") else "") for r, p in enumerate(ranks))
     share = ", ".join(f"rank {r} {ms:.1f} ms ({ms / fwd:.0%})" if fwd > 0 else f"rank {r} {ms:.1f} ms"

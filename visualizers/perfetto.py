@@ -11,7 +11,9 @@ Chrome trace-event JSON, complete ("X") slices on a few tracks:
   tokens each brought;
 - on a sharded engine, one track per rank: each collective of those steps (the batch
   broadcast, the all-reduces after each layer's attention and MLP), when that rank entered
-  it and how long it stayed, on rank 0's clock.
+  it and how long it stayed, on rank 0's clock;
+- disaggregated (engine/disagg: steps carry `engine`): one steps track per engine, prefill
+  and decode, and a "KV transfer" track: the wait before the send, then the send.
 Pure: events in (a recording's, as plain dicts), a JSON-serializable dict out. Times are
 microseconds from the request's arrival.
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 from typing import Sequence
 
 ENGINE_TID, REQUEST_TID = 1, 2
+PREFILL_TID, TRANSFER_TID = 900, 901  # a disaggregated engine's prefill steps, and its KV handover
 RANK_TID = 1000  # + rank: the collectives' tracks, after the neighbours'
 
 
@@ -60,7 +63,8 @@ def perfetto_trace(events: Sequence[dict], request_id: str, model: str | None = 
     last_ts: dict[int, float] = {}  # each step's last event of this request: the end of its trace phase
     for e in events:
         if e["type"] == "schedule.step" or e.get("request_id") == request_id:
-            last_ts[e["step"]] = max(last_ts.get(e["step"], e["ts"]), e["ts"])
+            key = (e.get("engine"), e["step"])  # disaggregated: each engine counts its own steps
+            last_ts[key] = max(last_ts.get(key, e["ts"]), e["ts"])
 
     out: list[dict] = []
 
@@ -74,19 +78,24 @@ def perfetto_trace(events: Sequence[dict], request_id: str, model: str | None = 
 
     out.append({"ph": "M", "name": "process_name", "pid": 1,
                 "args": {"name": f"TokenTrace · {model}" if model else "TokenTrace"}})
-    meta(ENGINE_TID, "engine steps", 0)
+    apart = any(s.get("engine") for s in steps)
+    meta(ENGINE_TID, "decode engine steps" if apart else "engine steps", 0)
+    if apart:
+        meta(PREFILL_TID, "prefill engine steps", 0)
     meta(REQUEST_TID, f"request {request_id}", 1)
     neighbours: dict[str, int] = {}
     spans = []
     for s in steps:
-        phases = step_phases(s, last_ts.get(s["step"], s["ts"]))
+        phases = step_phases(s, last_ts.get((s.get("engine"), s["step"]), s["ts"]))
         start, end = phases[0][1], phases[-1][2]
         spans.append((start, end))
         batch = [f"{b['request_id']}: {b['kind']} {b['num_tokens']} tokens" for b in s["batch"]]
-        slice_(ENGINE_TID, f"step {s['step']}", start, end, "engine", step=s["step"], num_tokens=s["num_tokens"],
-               batch=batch, running=s.get("running"), waiting=s.get("waiting"), free_blocks=s.get("free_blocks"))
+        tid = PREFILL_TID if s.get("engine") == "prefill" else ENGINE_TID
+        slice_(tid, f"step {s['step']}", start, end, "engine", step=s["step"], num_tokens=s["num_tokens"],
+               batch=batch, running=s.get("running"), waiting=s.get("waiting"), free_blocks=s.get("free_blocks"),
+               **({"engine": s["engine"]} if apart else {}))
         for name, a, b in phases:
-            slice_(ENGINE_TID, name, a, b, "phase", step=s["step"])
+            slice_(tid, name, a, b, "phase", step=s["step"])
         me = next(b for b in s["batch"] if b["request_id"] == request_id)
         others = [b["request_id"] for b in s["batch"] if b["request_id"] != request_id]
         slice_(REQUEST_TID, me["kind"], start, end, "request", step=s["step"], start_position=me["start"],
@@ -111,6 +120,14 @@ def perfetto_trace(events: Sequence[dict], request_id: str, model: str | None = 
                 where = f" layer {col['layer']}" if col.get("layer") is not None else ""
                 slice_(RANK_TID + r, f"{col['kind']} {col['what']}{where}", t, t + ms / 1e3, "collective",
                        step=c["step"], layer=col.get("layer"), bytes=col["bytes"], ms=ms)
+    for x in by_type.get("kv.transfer", []):  # disaggregated: the handover, prefill pool -> decode pool
+        if not any(e["ph"] == "M" and e.get("tid") == TRANSFER_TID for e in out):
+            meta(TRANSFER_TID, "KV transfer (prefill -> decode)", 0)
+        t0 = x["start"]
+        slice_(TRANSFER_TID, "waiting for decode blocks", t0 - x["queue_ms"] / 1e3, t0, "transfer", ms=x["queue_ms"])
+        slice_(TRANSFER_TID, f"send {x['num_blocks']} blocks ({x['bytes']:,} bytes, {x['backend']})", t0,
+               t0 + x["wire_ms"] / 1e3, "transfer", bytes=x["bytes"], layers=len(x["layers"]), ms=x["wire_ms"],
+               src_blocks=x["src_blocks"], dst_blocks=x["dst_blocks"])
     t_end = max([fin["ts"] if fin else t_arrival] + [e for _, e in spans] + [e["ts"] for e in mine])
     slice_(REQUEST_TID, f"request {request_id}", t_arrival, t_end, "request",
            finish_reason=(fin or {}).get("reason"), usage=(fin or {}).get("usage"), ttft_s=(fin or {}).get("ttft"))

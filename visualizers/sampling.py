@@ -1,5 +1,9 @@
-"""Stage 8: sampling: the top candidates before and after temperature, top-k, top-p
-and min-p, how many tokens survive each cut, and the token drawn."""
+"""Stage 8: sampling: the top candidates before and after each stage of the chain (a
+structured output's grammar mask, min_tokens, the logit bias, the repetition, frequency and
+presence penalties, then temperature, top-k, top-p and min-p), how many tokens survive each
+cut, what each stage before temperature changed (which tokens' logits moved, by how much),
+and the token drawn. A click on a candidate's token biases it in the next request (the page's
+logit-bias control)."""
 from __future__ import annotations
 
 from typing import Mapping, Sequence
@@ -7,8 +11,18 @@ from typing import Mapping, Sequence
 from visualizers._html import bar, empty, esc, panel, piece_text, show_piece
 from visualizers.selection import Selection, header_html
 
-STAGE_LABELS = {"logits": "softmax(logits)", "temperature": "÷ temperature", "top_k": "top-k",
-                "top_p": "top-p", "min_p": "min-p"}
+STAGE_LABELS = {"logits": "softmax(logits)", "grammar": "grammar mask", "min_tokens": "min_tokens",
+                "logit_bias": "logit bias", "repetition_penalty": "repetition penalty",
+                "frequency_penalty": "frequency penalty", "presence_penalty": "presence penalty",
+                "temperature": "÷ temperature", "top_k": "top-k", "top_p": "top-p", "min_p": "min-p"}
+# what each stage before temperature does to the logits (engine/penalties.py), for its row of changes
+DOES = {"grammar": "sets every token the grammar forbids next to −∞",
+        "min_tokens": "masks the stop tokens until the answer has its minimum length",
+        "logit_bias": "adds the request's bias to those tokens' logits",
+        "repetition_penalty": "divides a positive logit (multiplies a negative one) of every token already in the "
+                              "prompt or the answer",
+        "frequency_penalty": "subtracts the penalty × how often the token is already in the answer",
+        "presence_penalty": "subtracts the penalty once from every token already in the answer"}
 
 
 # Where a token came from (speculative decoding gives every kept token a source).
@@ -44,7 +58,48 @@ def _knob(stage: str, params: dict) -> str:
         return f"p={params['top_p']:g}" if params["top_p"] < 1 else "off"
     if stage == "min_p":
         return f"min_p={params['min_p']:g}" if params["min_p"] else "off"
+    if stage == "grammar":
+        return str(params.get("structured", "")).replace("_", " ")
+    if stage == "min_tokens":
+        return f"≥{params.get('min_tokens', 0)}"
+    if stage == "logit_bias":
+        bias = params.get("logit_bias") or {}
+        if len(bias) <= 3:
+            return ", ".join(f"id {t} {float(b):+g}" for t, b in bias.items())
+        return f"{len(bias)} tokens"
+    if stage in ("repetition_penalty", "frequency_penalty", "presence_penalty"):
+        return f"{'×' if stage == 'repetition_penalty' else ''}{params.get(stage, 0):g}"
     return ""
+
+
+def changes_html(ev: dict, pieces: Mapping[int, str] | None, vocab_size: int | None) -> str:
+    """One line per stage before temperature: what it does, how many tokens' logits it moved,
+    and the largest moves (a grammar's: how many tokens it allowed, the top candidates it removed)."""
+    rows = []
+    for name, st in ev["stages"].items():
+        if name not in DOES:
+            continue
+        moved, changed = int(st.get("moved", 0)), st.get("changes") or []
+        removed = [c[0] for c in changed if c[1] is None]
+        shifted = [c for c in changed if c[1] is not None]
+        parts = []
+        if name == "grammar":
+            allowed = f"allowed {st['kept']:,}" + (f" of {vocab_size:,}" if vocab_size else "")
+            parts.append(f"{allowed} tokens next")
+        if removed:
+            parts.append("removed " + ", ".join(f"<code>{show_piece(piece_text(t, pieces))}</code>" for t in removed)
+                         + (" (the most likely first)" if len(removed) > 1 else ""))
+        if shifted:
+            parts.append(", ".join(f"<code>{show_piece(piece_text(t, pieces))}</code> {d:+.2f}" for t, d in shifted))
+        what = (f"moved {moved:,} {'token' + chr(39) + 's logit' if moved == 1 else 'tokens' + chr(39) + ' logits'}"
+                if moved else "moved no logit at this step")
+        rows.append(f"<div class='tt-sample-change' data-stage='{esc(name)}'><b>{esc(STAGE_LABELS[name])}</b> "
+                    f"({esc(_knob(name, ev['params']))}) {esc(DOES[name])}: {what}"
+                    + (": " + "; ".join(parts) if parts else "") + "</div>")
+    if not rows:
+        return ""
+    return ("<div class='tt-sample-changes'><div class='tt-subtitle'>before temperature: what each stage changed "
+            "(logit change; removed: set to −∞)</div>" + "".join(rows) + "</div>")
 
 
 def drawn_by(events: Sequence[dict], selection: Selection | None, what: str = "draw") -> tuple[int | None, str]:
@@ -90,7 +145,10 @@ def sampling_html(samples: Sequence[dict], pieces: Mapping[int, str] | None = No
             # struck through: the number only (a struck space before it would read as a minus sign)
             cells.append(f'{bar(p)} <span class="{"tt-cut" if cut else ""}">{prob(p)}</span>')
         cls = " class='tt-drawn'" if drawn else ""
-        rows.append(f"<tr{cls}><td>{'▶ ' if drawn else ''}<code>{show_piece(piece_text(cid, pieces))}</code>"
+        # data-bias-id: a click puts this token in the page's logit-bias control (app/page/hover.js)
+        rows.append(f"<tr{cls}><td data-bias-id='{esc(cid)}' class='tt-biasable' title='click: bias this token "
+                    f"in the next request (Logit bias)'>{'▶ ' if drawn else ''}"
+                    f"<code>{show_piece(piece_text(cid, pieces))}</code>"
                     f"<sub class='tt-id-sub'>{esc(cid)}</sub></td><td class='tt-id'>{esc(cid)}</td>"
                     + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     kept = " → ".join(f"{STAGE_LABELS.get(s, s)}: {ev['stages'][s]['kept']:,}" for s in stages)
@@ -118,6 +176,7 @@ def sampling_html(samples: Sequence[dict], pieces: Mapping[int, str] | None = No
               else " (underlined: proposed by the draft, kept by the target)") if any(
         e.get("source") == "draft" for e in samples) else ""
     # the table and the history side by side where the panel is wide (a dense model's full row), else stacked
-    return ('<div class="tt-panel">' + header_html("Sampling", selection) + info + f"<div class='tt-sample-wrap'><div class='tt-sample-main'>{table}</div>"
+    return ('<div class="tt-panel">' + header_html("Sampling", selection) + info
+            + changes_html(ev, pieces, vocab_size) + f"<div class='tt-sample-wrap'><div class='tt-sample-main'>{table}</div>"
                  f"<div class='tt-sample-history'><div class='tt-subtitle'>every token (p under the target){legend}"
                  f"</div><div class='tt-chips'>{history}</div></div></div></div>")

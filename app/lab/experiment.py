@@ -121,15 +121,15 @@ class Cancelled(Exception):
 
 @dataclass
 class Experiment:
-    """name: the CLI's and registry's key. settings(size) (or settings(size, model)) → the settings
-    run one after another.
-    run_setting(lab, setting) → a SettingResult (app/lab/runner.py's Lab builds and frees the
-    engines and drives the workload). figures(result dict) → plotly figure dicts and
-    sentences(result dict) → two or three sentences from the numbers (visualizers/lab*.py)."""
+    """name: the CLI's and registry's key. settings(size), or settings(size, model) where what runs
+    depends on the model → the settings, run one after another. run_setting(lab, setting) → a
+    SettingResult (app/lab/runner.py's Lab builds and frees the engines and drives the workload).
+    figures(result dict) → plotly figure dicts; sentences(result dict) → two or three sentences
+    from the numbers (both pure, in visualizers/lab*.py)."""
     name: str
     title: str
     what: str  # one line: what it shows
-    settings: Callable[[str], list[Setting]]
+    settings: Callable[..., list[Setting]]
     run_setting: Callable[..., SettingResult]
     figures: Callable[[dict], list[dict]]
     sentences: Callable[[dict], list[str]]

@@ -37,6 +37,7 @@ from app.serving.limits import RequestRefused
 from app.serving.recording import Recording, ReplayCursor, TraceFileError, record_request, show_accepted
 from app.serving.requests import BodyError, build_body, parse_body
 from app.serving.served_models import ServedModels
+from engine import LLMEngine
 from visualizers.journey import journey
 from visualizers.perfetto import perfetto_trace
 
@@ -48,11 +49,18 @@ MIN_FRAME = 0.1  # seconds a replay frame stays up at least (each is a full redr
 MAX_FRAME = 2.0
 RENDER_BUDGET = 0.08  # seconds of heavy-panel drawing per streaming update; the rest waits for the next one
 TOO_FAST = 2.0  # an answer streamed in less than this (seconds) was too fast to watch: offer Play
-HINTS = ("hint_prompt", "hint_send", "hint_max", "hint_sampling")
+HINTS = ("hint_prompt", "hint_send", "hint_max", "hint_sampling", "hint_more")
 HINT_OF = {"messages": "hint_prompt", "prompt": "hint_prompt", "max_tokens": "hint_max",
-           "temperature": "hint_sampling", "top_k": "hint_sampling", "top_p": "hint_sampling", "seed": "hint_sampling"}
-LOCKED = ("system", "user", "temperature", "top_k", "top_p", "max_tokens", "seed", "speculative", "k", "level")
-SLIDERS = ("temperature", "top_k", "top_p", "max_tokens", "k")
+           "temperature": "hint_sampling", "top_k": "hint_sampling", "top_p": "hint_sampling", "seed": "hint_sampling",
+           **{name: "hint_more" for name in ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_p",
+                                             "min_tokens", "logit_bias", "response_format", "n")}}
+# the penalties, min_p / min_tokens, the logit bias, JSON mode and n (issue 26: what a learner would try)
+MORE = ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_p", "min_tokens", "bias_token", "bias",
+        "json_mode", "schema", "n")
+LOCKED = ("system", "user", "temperature", "top_k", "top_p", "max_tokens", "seed", "speculative", "k", "level") + MORE
+JSON_MODES = ("off", "JSON object", "JSON schema")
+SCHEMA = '{"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}'
+MAX_PAGE_CHOICES = 4  # n on the page: side by side, up to 4
 NO_STEPS = {"minimum": 0, "maximum": 1, "value": 0, "interactive": False}  # the step slider, nothing to replay
 
 
@@ -72,6 +80,16 @@ class Controls:
     model: str | None = None  # the picker: which served model Send goes to
     layer: int = 0
     head: int = 0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_p: float = 0.0
+    min_tokens: int = 0
+    bias_token: str = ""  # a token id (a click on a sampling candidate fills it); empty: no logit bias
+    bias: float = 0.0
+    json_mode: str = "off"  # one of JSON_MODES
+    schema: str = SCHEMA  # JSON mode "JSON schema": the schema, as JSON text
+    n: int = 1
 
     @classmethod
     def of(cls, values: dict) -> "Controls":
@@ -180,6 +198,48 @@ def parse_seed(value) -> int | None:
                         "seed", [("sampling", False, "seed is not an integer")]) from None
 
 
+def more_fields(c: Controls) -> dict:
+    """The body fields of the extra controls that are on (a knob at its neutral value sends
+    nothing, as a client would not). A token id or schema that is not valid stays as typed:
+    parse_body refuses it, and the page says why under the controls."""
+    out: dict = {}
+    for name, neutral in (("presence_penalty", 0.0), ("frequency_penalty", 0.0), ("repetition_penalty", 1.0),
+                          ("min_p", 0.0)):
+        value = float(getattr(c, name) if getattr(c, name) is not None else neutral)
+        if value != neutral:
+            out[name] = value
+    if int(c.min_tokens or 0):
+        out["min_tokens"] = int(c.min_tokens)
+    token = str(c.bias_token or "").strip()
+    if token and float(c.bias or 0):
+        out["logit_bias"] = {token: float(c.bias)}
+    if c.json_mode == "JSON object":
+        out["response_format"] = {"type": "json_object"}
+    elif c.json_mode == "JSON schema":
+        try:
+            schema = json.loads(c.schema or "")
+        except ValueError:
+            schema = c.schema  # refused by parse_schema before Send
+        out["response_format"] = {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
+    if int(c.n or 1) > 1:
+        out["n"] = int(c.n)
+    return out
+
+
+def parse_schema(c: Controls) -> None:
+    """JSON mode's schema box: a JSON object (BodyError otherwise, said under the box)."""
+    if c.json_mode != "JSON schema":
+        return
+    try:
+        schema = json.loads(c.schema or "")
+    except ValueError as e:
+        raise BodyError(f"the JSON schema is not valid JSON: {e}", "response_format",
+                        [("sampling", False, "the schema is not JSON")]) from None
+    if not isinstance(schema, dict):
+        raise BodyError("the JSON schema must be a JSON object, e.g. " + SCHEMA, "response_format",
+                        [("sampling", False, "the schema is not an object")])
+
+
 def step_range(frames: int, frame: int) -> dict:
     """The step slider over `frames` engine steps at 0-based `frame`: the values are 1..frames,
     as Status counts them (a Gradio slider needs minimum < maximum: one step is 0..1, at 1)."""
@@ -226,6 +286,12 @@ def draw_within(view: LiveView, names: list[str], now: float, budget: float = RE
     return out
 
 
+def abort_all(service, request_id: str, n: int) -> None:
+    """Stop a request and its other choices (n > 1: each is a request of its own in the engine)."""
+    for rid in LLMEngine.choice_ids(request_id, n):
+        service.abort(rid)
+
+
 def stages_of(view: LiveView) -> list:
     """The journey of the request a view shows (the pipeline map and the stages' sentences)."""
     return journey(view.model, view.request_id or "", view.body or None, view.events, view.outputs,
@@ -269,9 +335,10 @@ class Controller:
             seed_value = parse_seed(c.seed)
         except BodyError:
             seed_value = c.seed
-        return build_body(info["name"], c.system or "", c.user or "", float(c.temperature), int(c.top_k or 0),
+        body = build_body(info["name"], c.system or "", c.user or "", float(c.temperature), int(c.top_k or 0),
                           float(c.top_p), int(c.max_tokens or 1), seed_value, bool(c.speculative) and info["has_draft"],
                           int(c.k or 1), c.level, plain=not info["chat_template"])  # a base model: a plain prompt
+        return {**body, **more_fields(c)}
 
     def blank_view(self, service: EngineService, controls: Controls | None = None) -> LiveView:
         """Before any request: the model's empty panels, its KV pool as it is now, and the body
@@ -361,7 +428,8 @@ class Controller:
         return self.settings_of(got, info)
 
     def settings_of(self, got: dict, info: dict) -> dict:
-        out = {n: got[n] for n in ("system", "user", "temperature", "top_k", "top_p", "seed", "level")}
+        out = {n: got[n] for n in ("system", "user", "temperature", "top_k", "top_p", "seed", "level") + MORE
+               if n in got}
         out["max_tokens"] = gr.update(value=min(got["max_tokens"], self.cap))
         if info["name"] in self.infos:  # a served model: its draft decides whether speculation can be on
             out["speculative"] = gr.update(value=got["speculative"] and info["has_draft"])
@@ -462,6 +530,7 @@ class Controller:
         view.layer, view.head = int(c.layer or 0), int(c.head or 0)
         view.speculative = bool(c.speculative)
         view.body = self.body_of(info, c)
+        view.n = max(1, min(MAX_PAGE_CHOICES, int(c.n or 1)))
         before = self.sessions.get(key)
         was_locked = before is not None and before.locked  # Send cancelled a watch: the controls are theirs again
         tab = Tab(view, service=service)
@@ -469,6 +538,7 @@ class Controller:
         submission = None
         try:
             parse_seed(c.seed)
+            parse_schema(c)
             submission = parse_body(view.body, self.models.limits.max_tokens_cap)
             # the server's per-client cap, then the engine's own checks: context, KV pool, vocabulary
             watch = service.submit(submission, client=client)
@@ -496,8 +566,8 @@ class Controller:
             yield from self.stream(tab, watch.drain, final=refused_meanwhile)
         finally:
             service.unsubscribe(watch)
-            if not view.finished:  # tab closed or event cancelled: free the engine's work
-                threading.Thread(target=service.abort, args=(watch.request_id,), daemon=True).start()
+            if not view.finished:  # tab closed or event cancelled: free the engine's work (every choice's)
+                threading.Thread(target=abort_all, args=(service, watch.request_id, view.n), daemon=True).start()
 
     def follow(self, key: str, c: Controls) -> Iterator[dict]:
         """Watch: show every request sent by someone else (curl, SDK, another tab) to any of the
@@ -558,11 +628,12 @@ class Controller:
 
             info = self.infos[service.model_name]
             own = self.settings_of(texts.trace_settings(Recording(rid, info, tr.body, backfill, []), info), info)
-            # the sliders' values cost the browser about half a second to apply: they follow at the end,
-            # so the stream is not held up (the Request panel shows the body meanwhile)
-            sliders = {n: own.pop(n) for n in SLIDERS if n in own}
+            # the controls show the request's own settings from its start, set once in the stream's first
+            # update (measured, benchmarks.measure --watch-tokens 80, interleaved runs on a loaded machine:
+            # token lag as with the sliders at the end; an update of their own before it lost early tokens
+            # on screen; set mid-stream they stalled the browser 0.5-3 s, as the last session found)
             first = merged(self.controls_for(info) if other else {}, own)  # locked already: follow's first yield
-            yield from self.stream(tab, next_items, first, final=lambda: sliders)
+            yield from self.stream(tab, next_items, first)
         finally:
             service.unsubscribe(sub)
 
@@ -578,7 +649,7 @@ class Controller:
                                               "goes on; the panels show it as it was when you pressed Stop"}
             return {**unlocked, "status": "watching stopped: press Watch API requests to follow requests again"}
         if tab is not None and not tab.watched and tab.view.request_id and not tab.view.finished:
-            (tab.service or self.models).abort(tab.view.request_id)  # its stream reports "finished (abort)"
+            abort_all(tab.service or self.models, tab.view.request_id, tab.view.n)  # "finished (abort)"
         return {}
 
     # --- the model picker, the pickers, a token click ----------------------------------------------
@@ -630,6 +701,22 @@ class Controller:
             view.position = position
         view.layer, view.head = int(c.layer or 0), int(c.head or 0)
         return {n: view.render(n) for n in self.SELECTED}
+
+    def pick_bias(self, key: str, value: str, c: Controls) -> dict:
+        """A sampling candidate was clicked ("TOKEN_ID:NONCE"): the logit-bias control takes that
+        token (a bias of 0 becomes -100, a ban; the user may move it), for the next request."""
+        try:
+            token = int(str(value).split(":")[0])
+        except ValueError:
+            return {}
+        tab = self.sessions.get(key)
+        view = tab.view if tab is not None else self.blank
+        bias = float(c.bias or 0) or -100.0
+        piece = viz._html.show_piece(view.piece(token)) if 0 <= token < int(view.model.get("vocab_size") or 0) else "?"
+        return {"bias_token": gr.update(value=str(token)), "bias": gr.update(value=bias),
+                "more_box": gr.update(open=True),
+                "hint_more": f"<div class='tt-note' id='tt-bias-note'>logit bias {bias:+g} on <code>{piece}</code> "
+                             f"(id {token}) for the next request: Send to see its row in the sampling stage</div>"}
 
     def pick_head(self, key: str, value: str) -> dict:
         """A cell of the attention overview was clicked ("LAYER:HEAD:NONCE"): that layer and head,

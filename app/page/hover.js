@@ -3,6 +3,7 @@
 // pointer's cell is named in one floating tip. Clicking a token (any panel's data-pos: a chip, a
 // map label, a table row) selects the pass that read it: "POS:NONCE" into the hidden #tt-pick box.
 // Clicking an overview cell opens that layer and head: "LAYER:HEAD:NONCE" into #tt-pick-head.
+// Clicking a sampling candidate's token puts it in the logit-bias control: "ID:NONCE" into #tt-pick-bias.
 (() => {
   const CODES = {65535: "not captured", 65534: "masked (causal: a later key)", 65533: "masked (outside the sliding window)"};
   function spec(el) {
@@ -80,6 +81,8 @@
       send("tt-pick-head", `${s.layers[row]}:${s.heads[col]}:${Date.now()}`);
       return;
     }
+    const biased = ev.target.closest("#tt-sampling [data-bias-id]");  // a candidate: bias it next request
+    if (biased) { send("tt-pick-bias", `${biased.dataset.biasId}:${Date.now()}`); return; }
     const chip = ev.target.closest(".tt-panel [data-pos]");
     if (!chip || !send("tt-pick", `${chip.dataset.pos}:${Date.now()}`)) return;
     document.querySelectorAll("#tt-tokens .tt-picked").forEach((c) => c.classList.remove("tt-picked"));

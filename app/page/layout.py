@@ -20,8 +20,9 @@ import gradio as gr
 import visualizers as viz
 from app.classroom.rooms import Classrooms
 from app.page import texts
-from app.page.controller import SPEEDS, Controller, Controls, key_of, stages_of, step_range, write_timeline, \
-    write_trace
+from app.page.controller import JSON_MODES, MAX_PAGE_CHOICES, MORE, SPEEDS, Controller, Controls, key_of, \
+    stages_of, step_range, write_timeline, write_trace
+from app.page.lab_tab import build_lab_tab
 from app.page.live_view import PANELS
 from app.page.stages import empty_stages, map_html, section_panels, stage_html
 from app.page.texts import model_summary  # noqa: F401 - the page's model line, read by tests
@@ -37,8 +38,9 @@ CSS = (Path(__file__).with_name("page.css")).read_text() + "\n" + (
 HEAD = f"<script>{Path(__file__).with_name('hover.js').read_text()}</script>"  # hover tips, token picks
 LATER_PANELS = ("logit_lens", "parallel")  # panels added after the page's API was published: last in its outputs
 SEND_INPUTS = ("system", "user", "temperature", "top_k", "top_p", "max_tokens", "seed", "speculative", "k", "level",
-               "layer", "head", "model")  # /send's positional inputs, in the published order
-SETTINGS = ("system", "user", "temperature", "top_k", "top_p", "max_tokens", "seed", "speculative", "k", "level")
+               "layer", "head", "model") + MORE  # /send's positional inputs, in the published order (new ones last)
+SETTINGS = ("system", "user", "temperature", "top_k", "top_p", "max_tokens", "seed", "speculative", "k",
+            "level") + MORE
 
 
 class Wiring:
@@ -119,6 +121,42 @@ def _controls(ui: dict, ctl: Controller) -> None:
                            interactive=live,
                            info="full: tensors (embeddings, attention, MoE); basic: no tensors; off: only the "
                                 "streamed tokens, their timing and the usage")
+    _more_controls(ui, ctl)
+
+
+def _more_controls(ui: dict, ctl: Controller) -> None:
+    """What a learner would try of the API's sampling fields (issue 26): each is a stage of the
+    sampling chain the Sample stage shows (penalties, min_tokens, the logit bias, the grammar
+    mask), and n choices side by side under the Stream stage."""
+    live, o = ctl.live, ctl.opening
+    with gr.Accordion("Penalties, logit bias, JSON mode, n choices", open=False, elem_id="tt-more") as box:
+        ui["more_box"] = box
+        with gr.Row():
+            ui["presence_penalty"] = gr.Slider(-2, 2, value=o.presence_penalty, step=0.1, label="Presence penalty",
+                                               elem_id="tt-presence", interactive=live)
+            ui["frequency_penalty"] = gr.Slider(-2, 2, value=o.frequency_penalty, step=0.1,
+                                                label="Frequency penalty", elem_id="tt-frequency", interactive=live)
+        with gr.Row():
+            ui["repetition_penalty"] = gr.Slider(0.5, 2, value=o.repetition_penalty, step=0.05,
+                                                 label="Repetition penalty (1 = off)", elem_id="tt-repetition",
+                                                 interactive=live)
+            ui["min_p"] = gr.Slider(0, 1, value=o.min_p, step=0.01, label="Min-p (0 = off)", elem_id="tt-min-p",
+                                    interactive=live)
+        ui["min_tokens"] = gr.Slider(0, ctl.cap, value=o.min_tokens, step=1, label="Min tokens (no end before)",
+                                     elem_id="tt-min-tokens", interactive=live)
+        with gr.Row():
+            ui["bias_token"] = gr.Textbox(value=o.bias_token, label="Logit bias: token id", max_lines=1,
+                                          placeholder="click a token in the Sampling table", elem_id="tt-bias-token",
+                                          interactive=live)
+            ui["bias"] = gr.Slider(-100, 100, value=o.bias, step=1, label="bias (−100 bans it)", elem_id="tt-bias",
+                                   interactive=live)
+        ui["json_mode"] = gr.Radio(list(JSON_MODES), value=o.json_mode, label="JSON mode (a grammar masks the "
+                                   "tokens that cannot continue valid JSON)", elem_id="tt-json-mode", interactive=live)
+        ui["schema"] = gr.Textbox(value=o.schema, label="JSON schema (JSON mode: JSON schema)", lines=2,
+                                  elem_id="tt-schema", interactive=live)
+        ui["n"] = gr.Slider(1, MAX_PAGE_CHOICES, value=o.n, step=1, label="Choices n (side by side)", elem_id="tt-n",
+                            interactive=live)
+        ui["hint_more"] = gr.HTML("", elem_id="tt-hint-more", padding=False, elem_classes=["tt-hint-box"])
 
 
 def _replay_bar(ui: dict, ctl: Controller) -> None:
@@ -173,6 +211,9 @@ def _panel(ui: dict, name: str, blank) -> None:
             ui["calc"] = gr.HTML(viz.calculator_html(2000, "float16"), elem_id="tt-calc")
     else:
         ui[name] = gr.HTML(blank.render(name), elem_id=elem)
+    if name == "sampling":  # a click on a candidate's token writes "TOKEN_ID:NONCE" here (hover.js)
+        ui["pick_bias"] = gr.Textbox(elem_id="tt-pick-bias", elem_classes=["tt-hidden"], show_label=False,
+                                     container=False)
     if name == "tokens":  # a click on a token chip writes "POS:NONCE" here (hover.js); a cell "LAYER:HEAD:NONCE"
         ui["pick"] = gr.Textbox(elem_id="tt-pick", elem_classes=["tt-hidden"], show_label=False, container=False)
         ui["pick_head"] = gr.Textbox(elem_id="tt-pick-head", elem_classes=["tt-hidden"], show_label=False,
@@ -226,7 +267,6 @@ def build_page(served: ServedModels | EngineService | None, replay: Recording | 
                         _controls(ui, ctl)
                     with gr.Column(scale=3, min_width=320, elem_id="tt-journey"):
                         _stages(ui, ctl)
-            from app.page.lab_tab import build_lab_tab
             build_lab_tab(ctl)  # app/page/lab_tab.py
         _wire(page, ui, ctl)
     return page
@@ -242,7 +282,7 @@ def api_outputs(ui: dict) -> list:
                                                             "head", "moe_col", "temperature", "top_k", "top_p",
                                                             "max_tokens", "seed", "level"] \
         + later + ["export_timeline", "map"] + [f"stage:{k}" for k in KEYS] + [f"section:{k}" for k in KEYS] \
-        + ["stop", "send", "unlock", "replay_note", "step_box"]
+        + ["stop", "send", "unlock", "replay_note", "step_box"] + list(MORE) + ["hint_more", "choices"]
     return [ui[n] for n in names if n in ui]
 
 
@@ -283,6 +323,9 @@ def _wire(page: gr.Blocks, ui: dict, ctl: Controller) -> None:
     selected = [ui[n] for n in Controller.SELECTED]
     ui["pick"].change(w.fn(ctl.pick_token, ("layer", "head"), extra=1, keep="attention"),
                       [ui["pick"], ui["layer"], ui["head"]], selected, concurrency_limit=None, **quiet)
+    ui["pick_bias"].change(w.fn(ctl.pick_bias, ("bias",), extra=1, keep="bias"), [ui["pick_bias"], ui["bias"]],
+                           [ui[n] for n in ("bias_token", "bias", "more_box", "hint_more")], concurrency_limit=None,
+                           **quiet)
     ui["pick_head"].change(w.fn(ctl.pick_head, extra=1, keep="attention"), [ui["pick_head"]],
                            [ui["layer"], ui["head"], ui["attention"], ui["moe"]], concurrency_limit=None, **quiet)
     for picker in ("layer", "head"):

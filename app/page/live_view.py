@@ -8,10 +8,11 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import visualizers as viz
+from visualizers.choices import choices_html
 from visualizers.selection import Selection, frozen_html, select_pass
 
 PANELS = ("request", "prefix", "tokens", "embedding", "attention", "kv", "moe", "sampling", "spec", "answer",
-          "timeline", "logit_lens", "parallel")
+          "timeline", "logit_lens", "parallel", "choices")
 HEAVY = {"embedding": 0.45, "attention": 0.45, "moe": 0.45, "timeline": 0.3, "kv": 0.5, "tokens": 0.5,
          "sampling": 0.5, "spec": 0.5, "logit_lens": 0.45, "parallel": 0.45}  # panel -> least seconds between
 # redraws while streaming: every stage follows the engine within 0.5 s (the attention index made the
@@ -22,7 +23,7 @@ HEAVY = {"embedding": 0.45, "attention": 0.45, "moe": 0.45, "timeline": 0.3, "kv
 # which panels an event type feeds
 FEEDS = {"request.arrive": ("timeline",), "tokenize": ("tokens", "timeline"), "prefix_cache.lookup": ("prefix",),
          "schedule.step": ("timeline",), "embed": ("embedding",), "attention": ("attention",), "moe": ("moe",),
-         "sample": ("sampling",), "logit_lens": ("logit_lens",), "schedule.collective": ("parallel",), "spec": ("spec",), "token": ("answer", "tokens", "timeline"),
+         "sample": ("sampling",), "logit_lens": ("logit_lens",), "schedule.collective": ("parallel",), "kv.transfer": ("parallel",), "spec": ("spec",), "token": ("answer", "tokens", "timeline"),
          "finish": ("answer", "timeline", "kv")}
 # the panels that show the selected pass (visualizers/selection.py), and those a byte cap can freeze
 SELECTED = ("embedding", "attention", "kv", "moe", "logit_lens", "sampling")
@@ -54,19 +55,36 @@ class LiveView:
     token_seen_at: list[float] = field(default_factory=list)  # when each streamed token reached this view
     replaying: bool = False  # a recording shown at one of its steps (not a live request)
     drawn: dict[str, str] = field(default_factory=dict)  # each panel's last drawn HTML
+    n: int = 1  # choices asked for (n > 1: the others' outputs arrive in this view's queue too)
+    others: dict[str, list[dict]] = field(default_factory=dict)  # choice id ("<id>.i") -> its outputs
+    own_done: bool = False  # choice 0 has finished (the view is finished once every choice has)
 
     # --- input -----------------------------------------------------------------------
+    def other_choice(self, it: dict) -> str | None:
+        """The id of another choice of this view's request that an item belongs to (None: its own)."""
+        rid = it.get("request_id")
+        if rid is None or self.request_id is None or rid == self.request_id:
+            return None
+        return rid if rid.startswith(self.request_id + ".") else None
+
     def add(self, items: list[dict]) -> None:
         for it in items:
             t = it["type"]
+            other = self.other_choice(it)
+            if other is not None:  # choice i > 0: its text goes to the Choices panel; its trace is not drawn
+                if t == "output":
+                    self.others.setdefault(other, []).append(it)
+                    self.dirty.add("choices")
+                    self._maybe_finished()
+                continue
             if t == "output":
                 self.outputs.append(it)
                 if it.get("token_id", -1) >= 0:
                     self.token_seen_at.append(time.perf_counter())
-                self.dirty.update(("answer", "tokens"))
+                self.dirty.update(("answer", "tokens", "choices"))
                 if it["finished"]:
-                    self.finished = True
-                    self.dirty.update(PANELS)
+                    self.own_done = True
+                    self._maybe_finished()
                 continue
             if t == "error":
                 self.error = it["message"]
@@ -90,6 +108,18 @@ class LiveView:
             if t.startswith("kv."):
                 self.dirty.add("kv")
             self.dirty.update(FEEDS.get(t, ()))
+
+    def _maybe_finished(self) -> None:
+        """Finished once choice 0 and every other choice asked for have ended."""
+        ended = sum(1 for outs in self.others.values() if outs and outs[-1].get("finished"))
+        if self.own_done and ended >= self.n - 1 and not self.finished:
+            self.finished = True
+            self.dirty.update(PANELS)
+
+    def choice_outputs(self) -> list[list[dict]]:
+        """Each choice's outputs, choice 0 first (by the index in "<id>.i")."""
+        rest = sorted(self.others.items(), key=lambda kv: int(kv[0].rsplit(".", 1)[-1]))
+        return [self.outputs] + [outs for _, outs in rest]
 
     def set_pool(self, pool: dict) -> None:
         """Start from this pool (the view's own copy: kv.pool events are folded into it)."""
@@ -208,6 +238,8 @@ class LiveView:
         idle = self.state() == "idle"
         if name == "request":
             return viz.request_html(self.body, self.validation, preview=idle)
+        if name == "choices":
+            return choices_html(self.choice_outputs(), self.n)
         if name == "answer":
             note = ""
             if self.level == "off" and not idle:
@@ -243,7 +275,7 @@ class LiveView:
                                       m["sliding_windows"] if any(m["sliding_windows"]) else None,
                                       selection=self.selection(), frozen=self.frozen(name))
         if name == "kv":
-            kv = [e for e in self.events if e["type"].startswith("kv.")]
+            kv = [e for e in self.events if e["type"].startswith("kv.") and e.get("engine") != "prefill"]  # disagg: the decode pool
             usage = (self.finish_info() or {}).get("usage")  # the last token drawn is never fed back: no K/V
             held = usage["prompt_tokens"] + usage["completion_tokens"] - 1 if usage else None
             return viz.kv_grid_html(self.pool, self.request_id, kv, m, held, selection=self.selection())
@@ -261,7 +293,9 @@ class LiveView:
                 return viz.not_recorded("Speculative decoding", "speculative decoding is off for this request")
             return viz.spec_html(self.by_type.get("spec", []), self.speculative and m["has_draft"], self.pieces())
         if name == "parallel":
-            return viz.parallel_html(self.by_type.get("schedule.collective", []), m, self.level, idle)
+            apart = self.by_type.get("kv.transfer")  # disaggregated (engine/disagg): the handover beside it
+            return viz.parallel_html(self.by_type.get("schedule.collective", []), m, self.level, idle) + \
+                (viz.disagg_html(apart + self.by_type.get("finish", [])) if apart else "")
         if name == "logit_lens":
             return viz.logit_lens_html(self.by_type.get("logit_lens", []), labels=self.labels(),
                                        selection=self.selection(), frozen=self.frozen(name))
@@ -301,6 +335,8 @@ class LiveView:
             return bool(self.outputs) or self.error is not None
         if name == "timeline":
             return bool(self.events) or bool(self.outputs)  # level off: the streamed tokens' times
+        if name == "choices":
+            return self.n > 1 and bool(self.outputs or self.others)
         if name == "tokens":
             return bool(self.outputs)
         return True

@@ -15,7 +15,7 @@ from visualizers.journey import JOURNEY, KEYS, Stage, journey
 JOURNEY_EVERY = 0.3  # seconds between journey() calls while a request streams (the 0.5 s live target holds)
 
 # where a panel goes when no stage lists it (journey's stage may draw it in the classroom only)
-HOME = {"logit_lens": "logit_lens", "parallel": "parallel", "moe": "layers", "attention": "layers",
+HOME = {"logit_lens": "logit_lens", "parallel": "parallel", "choices": "answer", "moe": "layers", "attention": "layers",
         "answer": "answer", "timeline": "timeline", "kv": "kv", "spec": "spec", "request": "request",
         "tokens": "tokens", "prefix": "prefix", "embedding": "embedding", "sampling": "sampling"}
 

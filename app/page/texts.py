@@ -35,7 +35,21 @@ def trace_settings(rec: Recording, info: dict) -> dict:
             "k": (sub.num_speculative_tokens if sub is not None and sub.num_speculative_tokens else None)
             or int(info.get("num_speculative_tokens") or 1),
             "level": arrive.get("trace_level") or (sub.trace_level if sub is not None and "trace_level" in body
-                                                   else None) or ("off" if not rec.events else "full")}
+                                                   else None) or ("off" if not rec.events else "full"),
+            **(more_settings(sub) if sub is not None else {})}
+
+
+def more_settings(sub) -> dict:
+    """The extra controls (penalties, min_p / min_tokens, a logit bias, JSON mode, n) as a parsed
+    body set them (the page's logit bias holds one token: the body's first)."""
+    prm = sub.params
+    bias = next(iter(prm.logit_bias.items()), None)
+    kind = prm.structured.kind if prm.structured is not None else None
+    return {"presence_penalty": prm.presence_penalty, "frequency_penalty": prm.frequency_penalty,
+            "repetition_penalty": prm.repetition_penalty, "min_p": prm.min_p, "min_tokens": prm.min_tokens,
+            "bias_token": str(bias[0]) if bias else "", "bias": bias[1] if bias else 0.0,
+            "json_mode": {"json_object": "JSON object", "json_schema": "JSON schema"}.get(kind, "off"),
+            **({"schema": prm.structured.value} if kind == "json_schema" else {}), "n": min(4, prm.n)}
 
 
 REAL_MODELS_HINT = ("Real models: <code>python -m app --model smollm2</code> (SmolLM2-135M-Instruct, fetched "
@@ -76,8 +90,10 @@ def model_summary(m: dict) -> str:
     moe = f"MoE: {m['num_experts']} experts, top-{m['top_k']}, {len(m['moe_layers'])} MoE layers · " if m["is_moe"] \
         else "dense FFN · "
     arch = f" ({esc(m['architecture'])})" if m["architecture"] else ""
+    heads = f"{m['num_heads']} query heads / {m['num_kv_heads']} KV heads × {m['head_dim']}" if not m.get("mla") else \
+        f"{m['num_heads']} query heads over one {m['kv_values_per_token_layer']}-number latent (MLA)"  # DeepSeek
     return (f"<div class='tt-model'><b>{esc(m['name'])}</b>{arch} · {m['num_layers']} layers · d_model "
-            f"{m['hidden_size']:,} · {m['num_heads']} query heads / {m['num_kv_heads']} KV heads × {m['head_dim']} · "
+            f"{m['hidden_size']:,} · {heads} · "
             f"vocab {m['vocab_size']:,} · {moe}{esc(_draft_text(m))} · {esc(m['dtype'])}{_quant_text(m)} "
             f"on {esc(m['device'])} · "
             f"KV pool {m['num_blocks']:,} blocks × {m['block_size']} tokens "

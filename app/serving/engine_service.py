@@ -85,6 +85,10 @@ class EngineService:
         self.error: str | None = None
         self.limits = limits or ServeLimits()
         self.slots = slots or ClientSlots(self.limits.max_concurrent_per_client)
+        # n > 1: choice id -> its request's id, and each request's choices still running: the client's
+        # slot is the request's, freed when its last choice ends (not when choice 0 does)
+        self._parent: dict[str, str] = {}
+        self._open_choices: dict[str, set[str]] = {}
         self.output_listeners.append(self._release_slot)
         engine.tracer.add_sink(self._on_event)
 
@@ -107,7 +111,11 @@ class EngineService:
                 "draft": self.draft_kind(), "weights_bytes": m.weights_bytes,
                 "tensor_parallel_size": par.tensor_parallel_size, "expert_parallel": par.expert_parallel,
                 "split_sizes": list(par.split_sizes),
-                "quantization": info.quantization.summary if info.quantization else None}
+                "quantization": info.quantization.summary if info.quantization else None,
+                # what a KV slot holds (MLA: the latent) and DeepSeek's attention / routing settings
+                "kv_stores": kv.stores, "kv_values_per_token_layer": kv.values_per_token_layer,
+                "kv_bytes_per_token": kv.bytes_per_token, "kv_full_bytes_per_token": kv.full_kv_bytes_per_token,
+                "mla": m.mla, "deepseek_moe": m.deepseek_moe}
 
     def draft_kind(self) -> str | None:
         """None (no speculation), "ngram" (prompt lookup) or the draft model's name."""
@@ -171,6 +179,9 @@ class EngineService:
             for cid in LLMEngine.choice_ids(rid, sub.params.n)[1:]:  # n choices: one queue for all
                 watch.siblings.append(Subscription(cid, watch.queue))
                 self._subs.setdefault(cid, []).append(watch.siblings[-1])
+                self._parent[cid] = rid
+            if sub.params.n > 1:
+                self._open_choices[rid] = set(LLMEngine.choice_ids(rid, sub.params.n))
             self._running.add(rid)
             if route is not None:
                 self._routes[rid] = route
@@ -189,6 +200,9 @@ class EngineService:
             self.unsubscribe(watch)
             with self._subs_lock:
                 self._running.discard(rid)
+                self._open_choices.pop(rid, None)
+                for cid in LLMEngine.choice_ids(rid, sub.params.n)[1:]:
+                    self._parent.pop(cid, None)
             self.slots.release(rid)
             self.store.discard(rid)  # a refused request keeps no trace (its body was kept for it)
             if isinstance(e, TemplateError):  # e.g. a template that wants user/assistant turns to alternate
@@ -203,7 +217,7 @@ class EngineService:
     def abort(self, request_id: str) -> bool:
         """Stop a request; the engine's next step reports its end to the watchers."""
         done = self.engine.abort(request_id)  # takes the engine lock: call from a worker thread
-        self.slots.release(request_id)  # its blocks are free already; its client may send another now
+        self._choice_ended(request_id)  # its blocks are free already; its client may send another now
         self._wake.set()
         return done
 
@@ -282,7 +296,22 @@ class EngineService:
 
     def _release_slot(self, item: dict) -> None:
         if item["finished"]:
-            self.slots.release(item["request_id"])
+            self._choice_ended(item["request_id"])
+
+    def _choice_ended(self, request_id: str) -> None:
+        """A request (or one of its n choices) ended: its client's slot is free once every choice has
+        (idempotent: an abort and its finish both come here)."""
+        with self._subs_lock:
+            rid = self._parent.get(request_id, request_id)
+            left = self._open_choices.get(rid)
+            if left is not None:
+                left.discard(request_id)
+                if left:
+                    return
+                del self._open_choices[rid]
+                for cid in [c for c, r in self._parent.items() if r == rid]:
+                    del self._parent[cid]
+        self.slots.release(rid)
 
     def _finished(self, request_id: str) -> None:
         self.engine.release(request_id)  # its events live on in the trace store

@@ -14,8 +14,14 @@ from engine.llm_engine import LLMEngine
 def decode_bytes_per_token(model: torch.nn.Module, cfg, context_tokens: int) -> int:
     """Bytes a batch-1 decode step must read from memory: every weight it uses (MoE:
     only the routed top-k of each layer's experts; the embedding table: one row, unless
-    the LM head shares it) plus the K/V of `context_tokens` earlier tokens."""
+    the LM head shares it) plus the K/V of `context_tokens` earlier tokens. Where the CPU's C
+    kernels run, a weight's only copy is its blocked one (padding included: it is read too)."""
     weights = 0
+    for m in model.modules():
+        if isinstance(m, Linear) and m.blocked is not None:
+            weights += m.blocked.nbytes
+        elif getattr(m, "c_experts", None) is not None:  # a MoE block's experts (engine/layers/moe_cpu.py)
+            weights += sum(w.nbytes for w in m.c_experts.blocked_weights()) * cfg.num_experts_per_tok // cfg.num_experts
     for name, p in model.named_parameters():  # a tied LM head is listed once, as the embedding
         size = p.numel() * p.element_size()
         if "experts_" in name:
@@ -26,7 +32,8 @@ def decode_bytes_per_token(model: torch.nn.Module, cfg, context_tokens: int) -> 
     for name, b in model.named_buffers():  # int8 / int4 layers: their codes and scales (engine/checkpoint/quantize.py)
         if name.endswith((".qdata", ".qscales")):
             weights += b.numel() * b.element_size()
-    kv = cfg.kv_bytes_per_token * next(model.parameters()).element_size() * context_tokens
+    attn = next(layer.self_attn for layer in model.model.layers)
+    kv = cfg.kv_bytes_per_token * attn.k_cache.element_size() * context_tokens
     return weights + kv
 
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 import numpy as np
 import torch
 
+from engine.checkpoint import gguf_deepseek2
 from engine.checkpoint.errors import ModelLoadError
 from engine.layers.rotary import inverse_frequencies
 
@@ -29,6 +30,7 @@ ARCHITECTURES = {
     "qwen2moe": ("Qwen2MoeForCausalLM", "qwen2_moe"),
     "qwen3moe": ("Qwen3MoeForCausalLM", "qwen3_moe"),
     "gemma3": ("Gemma3ForCausalLM", "gemma3_text"),
+    "deepseek2": ("DeepseekV2ForCausalLM", "deepseek_v2"),  # V3 too: see gguf_deepseek2.config
 }
 
 # GGUF tensor names -> HF names. Per block: blk.N.<kind>.weight|bias -> model.layers.N.<module>.
@@ -148,7 +150,11 @@ def read_config(path: Path) -> dict[str, Any]:
     if "rope_freqs.weight" in tensors:
         cfg["rope_scaling"] = _llama3_scaling(tensors["rope_freqs.weight"], head_dim, cfg["rope_theta"], path)
 
-    if key("expert_count"):
+    if arch == "deepseek2":
+        del cfg["head_dim"]  # the file's key_length is the latent's (MQA over it), not a head's
+        cfg.pop("partial_rotary_factor", None)
+        cfg.update(gguf_deepseek2.config(key, tensors, cfg, n_heads))
+    elif key("expert_count"):
         cfg.update(_moe_config(arch, key, tensors, n_layers))
         if arch == "llama":
             cfg["architectures"], cfg["model_type"] = ["MixtralForCausalLM"], "mixtral"
@@ -275,6 +281,7 @@ def read_tensors(path: Path, codes: dict | None = None) -> tuple[int, Iterator[t
     they are."""
     reader = open_gguf(path)
     count = sum(_num_experts(t) or 1 for t in reader.tensors if t.name not in _NOT_WEIGHTS)
+    count -= sum(t.name.endswith(".attn_k_b.weight") for t in reader.tensors)  # joined with attn_v_b
     return count, _tensors(reader, path, codes)
 
 
@@ -288,6 +295,7 @@ def _tensors(reader: "GGUFReader", path: Path, codes: dict | None = None) -> Ite
     n_heads = _meta(reader, f"{arch}.attention.head_count")
     n_kv_heads = _meta(reader, f"{arch}.attention.head_count_kv") or n_heads
     names = _GEMMA_BLOCK if arch == "gemma3" else _BLOCK
+    kv_b = gguf_deepseek2.KVBJoiner()
     for t in reader.tensors:
         if t.name in _NOT_WEIGHTS:
             continue
@@ -315,12 +323,23 @@ def _tensors(reader: "GGUFReader", path: Path, codes: dict | None = None) -> Ite
             if q is not None:  # a permutation of rows: codes and their scales move with them
                 q = tuple(a if a is None else _unpermute(a, n_heads if kind == "attn_q" else n_kv_heads)
                           for a in q[:3]) + q[3:]
+        if arch == "deepseek2":
+            if kind in gguf_deepseek2.SPLIT_KV_B:
+                if (joined := kv_b.add(layer, kind, w)) is not None:
+                    yield f"{prefix}self_attn.kv_b_proj.weight", joined
+                continue
+            name = gguf_deepseek2.block_name(prefix, kind, suffix) or t.name
+            if q is not None:
+                codes[name] = q
+            yield name, w
+            continue
         if kind == "ffn_gate_inp_shexp":
             w = w.reshape(1, -1)  # [hidden] in the file, a Linear(hidden, 1) in the model
         name = f"{prefix}{names[kind]}.{suffix}" if kind in names else t.name
         if q is not None:
             codes[name] = q
         yield name, w
+    kv_b.check_done()
 
 
 def _dequantize(t: "ReaderTensor", path: Path) -> torch.Tensor:

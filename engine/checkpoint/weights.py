@@ -128,9 +128,11 @@ def _fill(params: dict[str, torch.nn.Parameter], filled: dict[str, int], cfg: Mo
 
 def load_model(path: Path, cfg: ModelConfig, max_positions: int, dtype: torch.dtype,
                device: torch.device, progress: ProgressFn | None = None,
-               quantization: str | None = None) -> CausalLM:
+               quantization: str | None = None, weight_dtype: torch.dtype | None = None) -> CausalLM:
     """quantization: "int8" / "int4" weight-only linear layers (engine/checkpoint/quantize.py); the
-    model's `quantization` attribute then holds what was done (None without)."""
+    model's `quantization` attribute then holds what was done (None without). weight_dtype: the
+    dtype the C kernels store the float weights in, where it is not `dtype` (the one the pass
+    computes in): 16-bit weights on the CPU, float32 arithmetic (engine/kernels/cpu.py)."""
     model = build_model(cfg, max_positions, dtype, device)
     codes: dict | None = {} if quantization is not None else None  # GGUF Q8_0 / Q4 blocks, used as they are
     load_weights(model, path, progress, codes)
@@ -138,5 +140,6 @@ def load_model(path: Path, cfg: ModelConfig, max_positions: int, dtype: torch.dt
     if quantization is not None:
         model.quantization = quantize_model(model, quantization, codes)
         del codes
-    pack_weights(model)  # CPU float32: large weights reordered for oneDNN (engine/layers/linear.py)
+    # CPU: the weights into the C kernels' layout, their only copy (or large ones reordered for oneDNN)
+    pack_weights(model, dtype=weight_dtype)
     return model

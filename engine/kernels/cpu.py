@@ -27,12 +27,22 @@ from pathlib import Path
 
 import torch
 
-SOURCES = [Path(__file__).with_name(name) for name in ("cpu_linear.c", "cpu_attention.c", "cpu_norm.c",
-                                                        "cpu_layer.c", "cpu_stats.c")]
+SOURCES = [Path(__file__).with_name(name) for name in ("cpu_linear.c", "cpu_linear16.c", "cpu_attention.c",
+                                                        "cpu_norm.c", "cpu_layer.c", "cpu_stats.c", "cpu_moe.c")]
 HEADERS = [Path(__file__).with_name("cpu_vec.h")]  # part of every build's hash
 ROWS_PER_BLOCK, COLS_PER_BLOCK = 8, 16  # the blocked layout of cpu_linear.c
 MAX_ROWS = 32  # above this many rows (a prefill chunk) PyTorch's GEMM, built for it, takes over
-CFLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC"]
+CFLAGS = ["-O3", "-fopenmp", "-shared", "-fPIC"]
+# 16-bit weights: their layout (cpu_linear16.c) has 32 columns to a block row, one cache line
+COLS_PER_BLOCK_16 = 32
+WEIGHT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def march() -> str:
+    """The -march the kernels are built for: this CPU's own ("native"), or another where
+    TOKENTRACE_CPU_MARCH says so (x86-64-v3: AVX2 and F16C, no AVX-512; x86-64-v2: neither),
+    so that a machine with AVX-512 also runs, and tests, the paths of one without it."""
+    return os.environ.get("TOKENTRACE_CPU_MARCH", "native")
 
 
 def build_dir() -> Path:
@@ -56,7 +66,7 @@ class BuildError(RuntimeError):
     pass
 
 
-def build(out_dir: Path | None = None, source: Path | None = None) -> Path:
+def build(out_dir: Path | None = None, source: Path | None = None, arch: str | None = None) -> Path:
     """Compile the float kernels (SOURCES, one library), or another C file of this folder
     (cpu_quant.c), for this CPU, once: named by a hash of the sources, the compiler, its
     flags and the CPU's feature flags, and written atomically, so processes building at
@@ -65,9 +75,10 @@ def build(out_dir: Path | None = None, source: Path | None = None) -> Path:
     if cc is None:
         raise BuildError("no C compiler (gcc or cc) on PATH")
     files = SOURCES if source is None else [source]
+    flags = [*CFLAGS, f"-march={arch or march()}"]
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
     key = hashlib.sha256(b"\0".join([*(p.read_bytes() for p in files + HEADERS), version.encode(),
-                                     " ".join(CFLAGS).encode(), _cpu_flags().encode()])).hexdigest()[:16]
+                                     " ".join(flags).encode(), _cpu_flags().encode()])).hexdigest()[:16]
     out_dir = out_dir or build_dir()
     lib = out_dir / f"{'tokentrace_cpu' if source is None else source.stem}-{key}.so"
     if lib.exists():
@@ -75,7 +86,7 @@ def build(out_dir: Path | None = None, source: Path | None = None) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
         tmp_lib = Path(tmp) / lib.name
-        done = subprocess.run([cc, *CFLAGS, *map(str, files), "-o", str(tmp_lib), "-lm"],
+        done = subprocess.run([cc, *flags, *map(str, files), "-o", str(tmp_lib), "-lm"],
                               capture_output=True, text=True)
         if done.returncode != 0:
             raise BuildError(f"{cc} failed on {', '.join(p.name for p in files)}:\n{done.stderr.strip()}")
@@ -90,9 +101,15 @@ def library() -> ctypes.CDLL | None:
     if os.environ.get("TOKENTRACE_CPU_KERNELS", "1") == "0":
         return None
     try:
-        lib = ctypes.CDLL(str(build()))
+        return load(march())
     except (BuildError, OSError):
         return None
+
+
+@functools.cache
+def load(arch: str) -> ctypes.CDLL:
+    """The float kernels built for `arch` (see march()) and loaded, their signatures declared."""
+    lib = ctypes.CDLL(str(build(arch=arch)))
     c_long, ptr = ctypes.c_long, ctypes.c_void_p
     lib.tt_linear_f32.argtypes = [ptr, c_long, c_long, ptr, c_long, c_long, ptr, ptr, c_long, ctypes.c_int]
     lib.tt_linear_f32.restype = None
@@ -110,6 +127,13 @@ def library() -> ctypes.CDLL | None:
     lib.tt_decode_mlp_block.restype = ctypes.c_int
     lib.tt_dist_stats.argtypes = [ptr, c_long, c_long, c_long, ctypes.c_int, ptr, ptr, ctypes.c_int]
     lib.tt_dist_stats.restype = None
+    for name in ("tt_linear_bf16", "tt_linear_f16"):
+        getattr(lib, name).argtypes = [ptr, c_long, c_long, ptr, c_long, c_long, ptr, ptr, c_long, ctypes.c_int]
+        getattr(lib, name).restype = ctypes.c_int
+    lib.tt_block_16.argtypes, lib.tt_block_16.restype = [ptr, c_long, c_long, ptr, ctypes.c_int], None
+    lib.tt_moe_forward.argtypes = [ptr, ptr, c_long, ptr, ptr, ctypes.c_int, ptr, ctypes.c_int]
+    lib.tt_moe_forward.restype = ctypes.c_int
+    lib.tt_linear16_path.argtypes, lib.tt_linear16_path.restype = [], ctypes.c_int
     return lib
 
 
@@ -144,44 +168,92 @@ def huge_page_empty(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) 
 
 @dataclass
 class BlockedWeight:
-    """A float32 weight [out, in] in cpu_linear.c's layout: [out/8, in/16, 8, 16], padded
-    with zeros to whole blocks."""
+    """A weight [out, in] in the C kernels' blocked layout, padded with zeros to whole
+    blocks: float32 [out/8, in/16, 8, 16] (cpu_linear.c), or bfloat16 / float16
+    [out/8, in/32, 8, 32] (cpu_linear16.c). Where it is a layer's only copy of its weight,
+    `rows` and `unblocked` read it back."""
     data: torch.Tensor
     out_features: int
     in_features: int
 
     @classmethod
-    def of(cls, w: torch.Tensor) -> "BlockedWeight":
+    def of(cls, w: torch.Tensor, dtype: torch.dtype = torch.float32) -> "BlockedWeight":
+        """w [out, in] of any float dtype, stored as `dtype` (rounded to nearest even)."""
         n, k = w.shape
-        rb, cb = ROWS_PER_BLOCK, COLS_PER_BLOCK
-        w = w.detach().float().contiguous()
+        w = w.detach().to(dtype).contiguous()
         lib = library()
         if lib is None:
             return cls(block_reference(w), n, k)
-        data = huge_page_empty((-(-n // rb), -(-k // cb), rb, cb))
-        lib.tt_block_f32(w.data_ptr(), n, k, data.data_ptr(), torch.get_num_threads())  # ~3x the torch copy
+        data = huge_page_empty(blocked_shape(n, k, dtype), dtype)
+        block = lib.tt_block_f32 if dtype == torch.float32 else lib.tt_block_16
+        block(w.data_ptr(), n, k, data.data_ptr(), torch.get_num_threads())  # ~3x the torch copy
         return cls(data, n, k)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.data.dtype
 
     @property
     def nbytes(self) -> int:
         return self.data.numel() * self.data.element_size()
 
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows `ids` of the weight as float32 [*ids.shape, in]: an embedding's lookup where a
+        tied LM head's blocked copy is the only one."""
+        flat = ids.reshape(-1).to(torch.long)
+        rb = ROWS_PER_BLOCK
+        picked = self.data[flat // rb, :, flat % rb, :]  # [n, in/cols, cols]
+        return picked.reshape(flat.shape[0], -1)[:, :self.in_features].float().view(*ids.shape, self.in_features)
+
+    def unblocked(self) -> torch.Tensor:
+        """The weight [out, in] in its stored dtype, row-major: a fresh copy."""
+        d = self.data
+        return d.permute(0, 2, 1, 3).reshape(d.shape[0] * d.shape[2], -1)[:self.out_features, :self.in_features] \
+            .contiguous()
+
+
+def blocked_stack(w: torch.Tensor, dtype: torch.dtype) -> list[BlockedWeight]:
+    """Each of w's matrices [E, out, in] (a MoE's experts) in the kernels' layout, one after
+    another in one tensor [E, *blocked_shape] (cpu_moe.c reads them at a fixed stride)."""
+    E, n, k = w.shape
+    data = huge_page_empty((E, *blocked_shape(n, k, dtype)), dtype)
+    for e in range(E):
+        data[e].copy_(BlockedWeight.of(w[e], dtype).data)
+    return [BlockedWeight(data[e], n, k) for e in range(E)]
+
+
+def blocked_shape(n: int, k: int, dtype: torch.dtype) -> tuple[int, int, int, int]:
+    cb = COLS_PER_BLOCK if dtype == torch.float32 else COLS_PER_BLOCK_16
+    return -(-n // ROWS_PER_BLOCK), -(-k // cb), ROWS_PER_BLOCK, cb
+
 
 def block_reference(w: torch.Tensor) -> torch.Tensor:
-    """The blocked layout by plain torch ops (the test oracle for tt_block_f32)."""
+    """The blocked layout by plain torch ops, in w's dtype (the test oracle for tt_block_f32
+    and tt_block_16)."""
     n, k = w.shape
-    rb, cb = ROWS_PER_BLOCK, COLS_PER_BLOCK
-    padded = torch.zeros(-(-n // rb) * rb, -(-k // cb) * cb, dtype=torch.float32)
+    nb, kc, rb, cb = blocked_shape(n, k, w.dtype)
+    padded = torch.zeros(nb * rb, kc * cb, dtype=w.dtype)
     padded[:n, :k] = w
-    return padded.view(padded.shape[0] // rb, rb, padded.shape[1] // cb, cb).permute(0, 2, 1, 3).contiguous()
+    return padded.view(nb, rb, kc, cb).permute(0, 2, 1, 3).contiguous()
 
 
-def blocked_weight(w: torch.Tensor) -> BlockedWeight | None:
-    """w in the kernel's layout, or None where the kernel does not apply (not a float32
-    CPU tensor, or no kernels on this machine)."""
-    if w.device.type != "cpu" or w.dtype != torch.float32 or w.dim() != 2 or library() is None:
+def blocked_weight(w: torch.Tensor, dtype: torch.dtype | None = None) -> BlockedWeight | None:
+    """w in the kernels' layout, stored as `dtype` (default: w's own), or None where the
+    kernels do not apply (not a float CPU matrix, or no kernels on this machine)."""
+    dtype = dtype or w.dtype
+    if w.device.type != "cpu" or not w.is_floating_point() or dtype not in WEIGHT_DTYPES or w.dim() != 2 \
+            or library() is None:
         return None
-    return BlockedWeight.of(w)
+    return BlockedWeight.of(w, dtype)
+
+
+def compute_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """The dtype a pass computes in when its weights are `dtype`: float32 where the C kernels
+    run 16-bit weights (a CPU with the kernels built: the weights stay 16-bit in their
+    layout, the activations, KV pool and sums float32), else `dtype` itself."""
+    if device.type == "cpu" and dtype in (torch.bfloat16, torch.float16) and library() is not None:
+        return torch.float32
+    return dtype
 
 
 def operands(x2: torch.Tensor, bias: torch.Tensor | None, out_features: int):
@@ -196,34 +268,41 @@ def operands(x2: torch.Tensor, bias: torch.Tensor | None, out_features: int):
 
 
 def blocked_bytes(model: torch.nn.Module) -> int:
-    """Memory held by the kernel's weight copies in a model: every BlockedWeight a module
-    keeps (a Linear's, a MoE block's side-by-side and per-expert ones), a storage shared
-    by two of them (an expert's view into the side-by-side copy) counted once, by its
-    largest user (a storage's own size also counts the unused lead-in that puts a
-    huge_page_empty tensor on a 2 MB boundary: address space, never written)."""
+    """Memory held by the kernels' blocked weights in a model: every BlockedWeight a module
+    keeps (a Linear's; a MoE block's experts, through their `blocked_weights()`), a storage
+    shared by two of them counted once, by its largest user (a storage's own size also
+    counts the unused lead-in that puts a huge_page_empty tensor on a 2 MB boundary: address
+    space, never written). Where the kernels run, these are the weights' only copies."""
     storages: dict[int, int] = {}
     for m in model.modules():
         for value in vars(m).values():
-            items = value if isinstance(value, (list, tuple)) else [value]
-            for w in (w for item in items for w in (item if isinstance(item, tuple) else (item,))):
+            items = value.blocked_weights() if hasattr(value, "blocked_weights") else \
+                value if isinstance(value, (list, tuple)) else [value]
+            for w in items:
                 if isinstance(w, BlockedWeight):
-                    ptr = w.data.untyped_storage().data_ptr()
+                    ptr = w.data.data_ptr()
                     storages[ptr] = max(storages.get(ptr, 0), w.nbytes)
     return sum(storages.values())
 
 
-def linear(x: torch.Tensor, w: BlockedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [..., in] float32 @ W.T (+ bias) -> [..., out], any number of rows (fastest at
-    a few: see MAX_ROWS)."""
-    lib = library()
+LINEAR_FNS = {torch.float32: "tt_linear_f32", torch.bfloat16: "tt_linear_bf16", torch.float16: "tt_linear_f16"}
+
+
+def linear(x: torch.Tensor, w: BlockedWeight, bias: torch.Tensor | None = None,
+           lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """x [..., in] @ W.T (+ bias) -> [..., out] float32, any number of rows (fastest at a
+    few: see MAX_ROWS), W float32 or 16-bit. lib: another build (see load) than library()."""
+    lib = lib or library()
     assert lib is not None, "linear() needs the CPU kernels (see available())"
     lead = x.shape[:-1]
     x2, bias, y = operands(x.reshape(-1, w.in_features), bias, w.out_features)
     T = x2.shape[0]
     if T:
-        lib.tt_linear_f32(x2.data_ptr(), T, x2.stride(0), w.data.data_ptr(), w.out_features, w.in_features,
-                          None if bias is None else bias.data_ptr(), y.data_ptr(), w.out_features,
-                          torch.get_num_threads())
+        rc = getattr(lib, LINEAR_FNS[w.dtype])(
+            x2.data_ptr(), T, x2.stride(0), w.data.data_ptr(), w.out_features, w.in_features,
+            None if bias is None else bias.data_ptr(), y.data_ptr(), w.out_features, torch.get_num_threads())
+        if rc:  # the 16-bit kernels' padded copy of x could not be allocated
+            raise MemoryError(f"cpu_linear16: no memory for {T} padded rows of {w.in_features}")
     return y.view(*lead, w.out_features)
 
 

@@ -18,13 +18,18 @@
 void tt_rms_norm(const float *x, long T, long H, long ldx, const float *w, float offset, float eps, float *y);
 void tt_linear_f32(const float *x, long T, long ldx, const float *Wb, long N, long K, const float *bias,
                    float *y, long ldy, int nthreads);
+int tt_linear_bf16(const float *x, long T, long ldx, const void *Wb, long N, long K, const float *bias,
+                   float *y, long ldy, int nthreads);
+int tt_linear_f16(const float *x, long T, long ldx, const void *Wb, long N, long K, const float *bias,
+                  float *y, long ldy, int nthreads);
 void tt_decode_attention(const float *q, const float *k_cache, const float *v_cache, const long *tables,
                          long W, const int *ctx, long B, long H, long KVH, long D, long BS, float scale,
                          long window, float *out, int nthreads);
 
 /* A projection's weight as one of the kernels reads it: kind 0 float32 blocked
    (cpu_linear.c), 1 int8 or 2 int4 records (cpu_quant.c, a library of its own: its
-   functions arrive as pointers in tt_layer). */
+   functions arrive as pointers in tt_layer), 3 bfloat16 or 4 float16 blocked
+   (cpu_linear16.c). */
 typedef struct {
     const void *w;
     const float *bias;  /* or NULL */
@@ -53,7 +58,7 @@ typedef struct {
 } tt_layer;
 
 /* y [T, N] = x [T, K] (row stride ldx) @ W.T + bias, through the kernel for p's kind.
-   Returns 0, or non-zero when the int4 kernel could not allocate its group sums. */
+   Returns 0, or non-zero when the int4 or 16-bit kernel could not allocate its scratch. */
 static int project(const tt_layer *L, const tt_proj *p, const float *x, long T, long ldx, long N, long K,
                    float *y, int nthreads) {
     if (p->kind == 1) {
@@ -61,6 +66,8 @@ static int project(const tt_layer *L, const tt_proj *p, const float *x, long T, 
         return 0;
     }
     if (p->kind == 2) return L->linear_q4(x, T, ldx, p->w, N, K, p->bias, y, N, nthreads);
+    if (p->kind == 3) return tt_linear_bf16(x, T, ldx, p->w, N, K, p->bias, y, N, nthreads);
+    if (p->kind == 4) return tt_linear_f16(x, T, ldx, p->w, N, K, p->bias, y, N, nthreads);
     tt_linear_f32(x, T, ldx, p->w, N, K, p->bias, y, N, nthreads);
     return 0;
 }

@@ -7,7 +7,7 @@ layer around the matmuls, each a few microseconds of dispatch and Python: 4-5 ms
 
 The attention half applies to a Llama-style layer (RMSNorm, attention with RoPE, no
 clipping; Qwen3's and Gemma 3's per-head q/k norms and Gemma's sandwich norms too) whose
-q/k/v and o projections run in the C kernels (float32 blocked weights, or int8 / int4
+q/k/v and o projections run in the C kernels (blocked float32 / bfloat16 / float16 weights, or int8 / int4
 records), on up to 32 float32 CPU rows of a pass: a decode step, a speculative verify
 pass, a short prefill chunk (every row attends as a query of its own, over its
 sequence's pages). The MLP half too where it is a dense SwiGLU or GeGLU on such
@@ -35,7 +35,8 @@ _P, _L, _F = ctypes.c_void_p, ctypes.c_long, ctypes.c_float
 
 
 class Proj(ctypes.Structure):
-    """cpu_layer.c's tt_proj: a projection's weight, bias and kind (0 float32, 1 int8, 2 int4)."""
+    """cpu_layer.c's tt_proj: a projection's weight, bias and kind (0 float32, 1 int8, 2 int4,
+    3 bfloat16, 4 float16)."""
     _fields_ = [("w", _P), ("bias", _P), ("kind", _L)]
 
 
@@ -49,10 +50,11 @@ class LayerArgs(ctypes.Structure):
 
 
 KINDS = {"int8": 1, "int4": 2}
+FLOAT_KINDS = {torch.float32: 0, torch.bfloat16: 3, torch.float16: 4}
 
 
 def _weight(m: nn.Module):
-    """What the C code multiplies by for this projection: its blocked float32 copy or its
+    """What the C code multiplies by for this projection: its blocked float32 / 16-bit copy or its
     int8 / int4 records (None where it has neither: PyTorch runs it)."""
     if type(m) is not Linear:
         return None
@@ -85,7 +87,7 @@ def _proj(m: Linear, bias: torch.Tensor | None) -> Proj:
     w = _weight(m)
     if m.qweight is not None:
         return Proj(w.blocked.data.data_ptr(), None if bias is None else bias.data_ptr(), KINDS[w.kind])
-    return Proj(w.data.data_ptr(), None if bias is None else bias.data_ptr(), 0)
+    return Proj(w.data.data_ptr(), None if bias is None else bias.data_ptr(), FLOAT_KINDS[w.dtype])
 
 
 def plan(layer: nn.Module) -> FusedLayer | None:

@@ -15,8 +15,13 @@ once into a blocked layout:
   small matrices, which sit in the cache anyway, so only weights of at least
   PACK_MIN_BYTES are reordered.
 
-The plain weight stays the parameter: loading, tying and reading it are unchanged; the
-reordered copy costs its size again in memory (SmolLM2: +0.5 GB).
+Loading fills the plain parameter; `pack` then moves it into the C kernel's layout, which
+is from then on the layer's only copy of it (the parameter freed; an embedding tied to the
+LM head reads its rows from the same copy, see Embedding). The copy may be stored in
+16 bits (`--dtype bfloat16` / `float16` on the CPU: half the bytes to stream, the sums
+still float32). Over MAX_ROWS rows (a prefill chunk) the layer widens the copy back for
+PyTorch's GEMM, a cost small beside the GEMM's own. oneDNN's copy, where the C kernel
+does not build, still sits beside the parameter.
 """
 from __future__ import annotations
 
@@ -55,10 +60,24 @@ class Linear(nn.Linear):
     packed: torch.Tensor | None = None  # the weight in oneDNN's layout, once `pack`ed (no C kernel)
     qweight: "QuantizedWeight | None" = None  # int8/int4 codes, once `quantize`d (engine/checkpoint/quantize.py)
 
-    def pack(self, on: bool = True) -> None:
-        on = on and self.qweight is None and self.weight is not None
-        self.blocked = cpu_kernels.blocked_weight(self.weight) if on else None
-        self.packed = pack_weight(self.weight) if on and self.blocked is None else None
+    def pack(self, on: bool = True, dtype: torch.dtype | None = None) -> None:
+        """on: the weight into the C kernel's layout (stored as `dtype`, default its own), then
+        its only copy; or, without the kernel, a oneDNN copy beside it. off: the parameter back."""
+        if not on:
+            self.unpack()
+            return
+        if self.qweight is not None or self.weight is None:
+            return
+        self.blocked = cpu_kernels.blocked_weight(self.weight, dtype)
+        if self.blocked is not None:
+            self.weight = None  # freed, unless another module holds it (a tied embedding: see pack_weights)
+        self.packed = pack_weight(self.weight) if self.blocked is None else None
+
+    def unpack(self) -> None:
+        """The plain float32 parameter again, read back from the blocked copy (PyTorch's matmul)."""
+        if self.blocked is not None:
+            self.weight = nn.Parameter(self.blocked.unblocked().float(), requires_grad=False)
+        self.blocked = self.packed = None
 
     def quantize(self, qw: "QuantizedWeight", drop_float: bool) -> None:
         """Run on the packed codes from now on. drop_float: free the float weight (not when
@@ -73,18 +92,58 @@ class Linear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.qweight is not None:
             return self.qweight.linear(x, self.bias)
-        if self.blocked is not None and x.numel() <= cpu_kernels.MAX_ROWS * x.shape[-1]:
-            return cpu_kernels.linear(x, self.blocked, self.bias)
+        if self.blocked is not None:
+            if x.numel() <= cpu_kernels.MAX_ROWS * x.shape[-1]:
+                return cpu_kernels.linear(x, self.blocked, self.bias)
+            return F.linear(x.float(), self.blocked.unblocked().float(), None if self.bias is None else self.bias.float())
         if self.packed is not None:
             return packed_linear(x, self.packed, self.bias)
         return F.linear(x, self.weight, self.bias)
 
 
-def pack_weights(model: nn.Module, on: bool = True) -> None:
-    """Reorder the float32 CPU weights for the C kernel (or, without it, the large ones for
-    oneDNN), in every module that can (after the weights are loaded: the copies do not
-    follow later changes to the parameters). on=False: back to PyTorch's default matmul
-    on the parameters, the copies freed."""
+class Embedding(nn.Embedding):
+    """nn.Embedding that can read its rows from a tied LM head's blocked copy (`tied`), where
+    that copy is the only one, and widen 16-bit rows to the float32 the pass computes in."""
+    tied: Linear | None = None  # set through __dict__: not a submodule of its own (the head is the model's)
+    widen = False  # a 16-bit table of its own: rows widened to float32 on lookup
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.tied is not None:
+            return self.tied.blocked.rows(ids)
+        out = super().forward(ids)
+        return out.float() if self.widen else out
+
+    def pack(self, on: bool = True, dtype: torch.dtype | None = None) -> None:
+        """Untied: its table stored as `dtype` (the 16-bit weights' memory), rows widened on
+        lookup. Tied: see pack_weights."""
+        if not on:
+            if self.tied is not None:
+                self.weight = self.tied.weight
+            self.__dict__["tied"] = None
+            return
+        if self.tied is None and self.weight is not None and self.weight.device.type == "cpu" \
+                and dtype in (torch.bfloat16, torch.float16):
+            self.weight = nn.Parameter(self.weight.detach().to(dtype), requires_grad=False)
+            self.widen = True
+
+
+def pack_weights(model: nn.Module, on: bool = True, dtype: torch.dtype | None = None) -> None:
+    """Reorder the float CPU weights for the C kernel, stored as `dtype` (default their own),
+    which then is each weight's only copy (or, without the kernel, the large ones for oneDNN,
+    beside the parameters), in every module that can (after the weights are loaded: the copies
+    do not follow later changes to the parameters). An embedding tied to a blocked LM head
+    then reads its rows from the head's copy. on=False: back to PyTorch's default matmul on
+    float32 parameters read back from the copies."""
+    embeddings = [m for m in model.modules() if isinstance(m, Embedding)]
+    owners = {id(e.weight): e for e in embeddings if e.weight is not None}
+    linears = [m for m in model.modules() if isinstance(m, Linear)]
+    tied = {id(m): owners.get(id(m.weight)) for m in linears if m.weight is not None}
     for m in model.modules():
-        if m is not model and hasattr(m, "pack"):
-            m.pack(on)
+        if hasattr(m, "pack") and not isinstance(m, Embedding):
+            m.pack(on, dtype)
+    for m in linears:
+        e = tied.get(id(m))
+        if on and e is not None and m.blocked is not None:
+            e.__dict__["tied"], e.weight = m, None  # the head's blocked copy is the only one
+    for e in embeddings:
+        e.pack(on, dtype)

@@ -10,7 +10,8 @@ k_nope_h = W_UK[h] c and the value v_h = W_UV[h] c. Two ways to attend:
 - absorbed (decode): q_nope . (W_UK[h] c) = (W_UK[h]^T q_nope) . c, so the query is moved
   into latent space once and scores are read against the latent rows as they lie in the
   pool: multi-query attention with one "KV head" of latent_dim numbers, values = c; the
-  output is lifted back by W_UV[h]. Nothing per head is rebuilt for the context.
+  output is lifted back by W_UV[h]. Nothing per head is rebuilt for the context. The paged
+  decode kernels of other models run it as it is (latent_decode: Triton, the C kernel).
 
 A trace captures the absorbed query of every row, so engine/trace/capture.py scores it
 against the pool as for a one-KV-head model, with this layer's scale: the same probabilities.
@@ -23,6 +24,8 @@ from torch import nn
 
 from engine.batch import ForwardBatch
 from engine.config import ModelConfig
+from engine.kernels import cpu as cpu_kernels
+from engine.kernels import paged_decode_attention
 from engine.layers.linear import Linear
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import rotate
@@ -94,7 +97,7 @@ class MLAttention(nn.Module):
         group = batch.decode_group
         if group is not None:
             rows = slice(None) if group.rows is None else group.rows
-            lat_out = latent_decode(q_lat[rows], self.k_cache, group.block_tables, group, self.rank, self.scale)
+            lat_out = latent_decode(q_lat[rows], self.k_cache, group, self.rank, self.scale, batch.use_triton)
             out[rows] = lift_values(lat_out, w_uv)
         for b in range(batch.num_seqs):
             sl = batch.seq_slice(b)
@@ -129,14 +132,30 @@ def lift_values(lat_out: torch.Tensor, w_uv: torch.Tensor) -> torch.Tensor:
     return torch.bmm(lat_out.transpose(0, 1), w_uv.transpose(1, 2)).transpose(0, 1)
 
 
-def latent_decode(q_lat: torch.Tensor, cache: torch.Tensor, block_tables: torch.Tensor, group, rank: int,
-                  scale: float) -> torch.Tensor:
-    """One absorbed query per sequence, q_lat [B, H, latent], against the latent rows of
-    its context as the pool holds them (cache [blocks, slots, 1, latent]): the heads are
-    the rows of one multi-query attention, values the first `rank` numbers of each row.
-    -> [B, H, rank]. The plain-torch reference; padded to the longest context."""
+def latent_decode(q_lat: torch.Tensor, cache: torch.Tensor, group, rank: int, scale: float,
+                  use_triton: bool = False) -> torch.Tensor:
+    """One absorbed query per sequence, q_lat [B, H, latent], against the latent rows of its
+    context as the pool holds them (cache [blocks, slots, 1, latent]) -> [B, H, rank].
+    The latent is one KV head that every query head reads (keys: whole rows, values: their
+    first `rank` numbers), so the paged decode kernels of other models run it as they are,
+    reading the pages in place: Triton (on CUDA, or the interpreter), the C kernel for float32
+    on the CPU; each returns the rows' full width, of which the first `rank` are the values
+    (the RoPE key's 64 of DeepSeek-V3's 576 are computed and dropped: 11% more than needed)."""
+    if use_triton:
+        return paged_decode_attention(q_lat, cache, cache, group.block_tables, group.context_lens, scale,
+                                      use_triton=True)[..., :rank]
+    if cpu_kernels.attention_applies(q_lat, cache):
+        return cpu_kernels.decode_attention(q_lat, cache, cache, group.block_tables, group.context_lens, scale,
+                                            None)[..., :rank]
+    return latent_decode_reference(q_lat, cache, group, rank, scale)
+
+
+def latent_decode_reference(q_lat: torch.Tensor, cache: torch.Tensor, group, rank: int,
+                            scale: float) -> torch.Tensor:
+    """latent_decode in plain torch: the context's latent rows gathered, padded to the
+    longest context, one multi-query SDPA. -> [B, H, rank]"""
     B, H, D = q_lat.shape
-    lat = cache.index_select(0, block_tables.flatten()).view(B, -1, D)  # [B, S, latent]
+    lat = cache.index_select(0, group.block_tables.flatten()).view(B, -1, D)  # [B, S, latent]
     allowed = group.key_mask(None, lat.shape[1], q_lat.dtype)
     if allowed is None:  # one sequence: its keys cut to its context
         lat = lat[:, :group.lens[0]]

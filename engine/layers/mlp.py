@@ -10,8 +10,8 @@ from torch import nn
 from engine.batch import ForwardBatch
 from engine.config import ModelConfig
 from engine.kernels import cpu as cpu_kernels
-from engine.kernels.cpu import BlockedWeight
 from engine.layers.linear import Linear, pack_weight, packed_linear
+from engine.layers.moe_cpu import CpuExperts
 from engine.trace.capture import PassCapture
 
 
@@ -56,41 +56,45 @@ class SparseMoE(nn.Module):
         if cfg.shared_expert_intermediate_size:
             self.shared_expert = MLP(cfg.hidden_size, cfg.shared_expert_intermediate_size)
             self.shared_expert_gate = Linear(cfg.hidden_size, 1, bias=False)
-        self.packed_gate_up = self.packed_down = None  # oneDNN copies of every expert (see pack)
-        self.blocked_gate_up = self.blocked_down = None  # the same for the C kernel, where it builds
-        self.blocked_experts: list[tuple[BlockedWeight, BlockedWeight]] | None = None
+        self.packed_gate_up = self.packed_down = None  # oneDNN copies of every expert (no C kernel: see pack)
+        self.c_experts: CpuExperts | None = None  # the experts in the C kernels, their only copy (see pack)
 
-    def pack(self, on: bool = True) -> None:
-        """For _all_experts on the CPU: every expert side by side, gate/up as one [E x 2I, H]
-        matrix and down as one [H, E x I], in the C kernel's layout (engine/kernels/cpu.py),
-        and each expert on its own for a lone token; without the kernel, reordered for oneDNN."""
+    def pack(self, on: bool = True, dtype: torch.dtype | None = None) -> None:
+        """On the CPU with the C kernels: every expert blocked (stored as `dtype`, default its
+        own), then the only copy of them, run by cpu_moe.c (engine/layers/moe_cpu.py); without
+        them, all experts side by side reordered for oneDNN (for _all_experts). off: the plain
+        float32 parameters back."""
+        if not on:
+            if self.c_experts is not None:
+                gate_up, down = self.c_experts.unblocked()
+                self.experts_gate_up = nn.Parameter(gate_up, requires_grad=False)
+                self.experts_down = nn.Parameter(down, requires_grad=False)
+            self.c_experts = self.packed_gate_up = self.packed_down = None
+            return
+        if self.experts_gate_up is None:
+            return
         gate_up, down = self.experts_gate_up.detach(), self.experts_down.detach()
+        dtype = dtype or gate_up.dtype
+        if gate_up.device.type == "cpu" and dtype in cpu_kernels.WEIGHT_DTYPES and cpu_kernels.available():
+            self.c_experts = CpuExperts.of(gate_up, down, self.top_k, self.norm_topk_prob, dtype)
+            self.experts_gate_up = self.experts_down = None
+            return
         E, two_i, H = gate_up.shape
-        self.blocked_gate_up = cpu_kernels.blocked_weight(gate_up.view(E * two_i, H)) if on else None
-        self.blocked_down = self.blocked_experts = None
-        if self.blocked_gate_up is not None:
-            self.blocked_down = cpu_kernels.BlockedWeight.of(down.permute(1, 0, 2).reshape(H, -1))
-            self.blocked_experts = [(self._expert_rows(e, two_i, H), cpu_kernels.BlockedWeight.of(down[e]))
-                                    for e in range(E)]
-        self.packed_gate_up = pack_weight(gate_up.view(E * two_i, H)) if on and self.blocked_gate_up is None else None
+        self.packed_gate_up = pack_weight(gate_up.view(E * two_i, H))
         self.packed_down = None
         if self.packed_gate_up is not None:  # down is half gate/up's size: packed along with it
             self.packed_down = pack_weight(down.permute(1, 0, 2).reshape(H, -1), min_bytes=0)
 
-    def _expert_rows(self, e: int, two_i: int, hidden: int) -> BlockedWeight:
-        """Expert e's gate/up in the kernel's layout: a view of the side-by-side copy where its
-        rows fill whole blocks, else a copy of its own."""
-        rb = cpu_kernels.ROWS_PER_BLOCK
-        if two_i % rb:
-            return cpu_kernels.BlockedWeight.of(self.experts_gate_up[e].detach())
-        data = self.blocked_gate_up.data[e * two_i // rb:(e + 1) * two_i // rb]
-        return cpu_kernels.BlockedWeight(data, two_i, hidden)
-
     def forward(self, x: torch.Tensor, batch: ForwardBatch | None = None,
                 capture: PassCapture | None = None) -> torch.Tensor:
-        experts, weights = self.route(x)
-        weights = weights.to(x.dtype)
-        out = self.routed(x, experts, weights, batch)
+        if self.c_experts is not None and x.device.type == "cpu" and self.gate.blocked is not None \
+                and type(self).route is SparseMoE.route:  # routing and experts in one C call
+            out, experts, weights = self.c_experts.forward(x, router=self.gate.blocked)
+            out, weights = out.to(x.dtype), weights.to(x.dtype)
+        else:
+            experts, weights = self.route(x)
+            weights = weights.to(x.dtype)
+            out = self.routed(x, experts, weights, batch)
         if self.shared_expert is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         if capture is not None:  # a full trace: converted after the pass (engine/trace/capture.py)
@@ -108,6 +112,8 @@ class SparseMoE(nn.Module):
     def routed(self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor,
                batch: ForwardBatch | None) -> torch.Tensor:
         """The chosen experts' outputs, weighted and summed per token."""
+        if self.c_experts is not None and x.device.type == "cpu":
+            return self.c_experts.forward(x, experts=experts, weights=weights)[0].to(x.dtype)
         T = x.shape[0]
         static = batch is not None and batch.static_shapes  # a CUDA graph: no expert ids read on the host
         if T == 1 and not static:  # one decoding sequence: just its k experts, no bookkeeping
@@ -128,13 +134,8 @@ class SparseMoE(nn.Module):
         (each expert's output times its weight, then summed, as transformers does)."""
         out = None
         for e, w in zip(experts, weights):
-            if self.blocked_experts is not None:
-                gate_up, down = self.blocked_experts[e]
-                gate, up = cpu_kernels.linear(x, gate_up).chunk(2, dim=-1)
-                y = cpu_kernels.linear(F.silu(gate).mul_(up), down).mul_(w)
-            else:
-                gate, up = F.linear(x, self.experts_gate_up[e]).chunk(2, dim=-1)
-                y = F.linear(F.silu(gate).mul_(up), self.experts_down[e]).mul_(w)
+            gate, up = F.linear(x, self.experts_gate_up[e]).chunk(2, dim=-1)
+            y = F.linear(F.silu(gate).mul_(up), self.experts_down[e]).mul_(w)
             out = y if out is None else out.add_(y)
         return out
 
@@ -150,15 +151,11 @@ class SparseMoE(nn.Module):
         T = x.shape[0]
         route = torch.zeros(T, self.num_experts, dtype=x.dtype, device=x.device)
         route.scatter_(1, experts, weights)  # [T, E]: routing weight, 0 where not chosen
-        if self.blocked_gate_up is not None or self.packed_gate_up is not None:
-            # all experts side by side: [T, H] -> [T, E x 2I] -> [T, E x I] -> [T, H]; each expert's
-            # activations scaled by its routing weight, so the second matmul sums them
-            if self.blocked_gate_up is not None:  # the C kernel
-                first, second = partial(cpu_kernels.linear, w=self.blocked_gate_up), \
-                    partial(cpu_kernels.linear, w=self.blocked_down)
-            else:  # oneDNN
-                first, second = partial(packed_linear, packed=self.packed_gate_up), \
-                    partial(packed_linear, packed=self.packed_down)
+        if self.packed_gate_up is not None:
+            # all experts side by side (oneDNN): [T, H] -> [T, E x 2I] -> [T, E x I] -> [T, H]; each
+            # expert's activations scaled by its routing weight, so the second matmul sums them
+            first, second = partial(packed_linear, packed=self.packed_gate_up), \
+                partial(packed_linear, packed=self.packed_down)
             gate, up = first(x).view(T, self.num_experts, -1).chunk(2, dim=-1)
             return second((F.silu(gate) * up * route[:, :, None]).view(T, -1))
         gate, up = torch.matmul(x, self.experts_gate_up.transpose(1, 2)).chunk(2, dim=-1)  # [E, T, I]

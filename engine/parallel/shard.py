@@ -14,6 +14,7 @@ Expert parallel: MoE blocks instead keep whole experts, experts [r*E/N, (r+1)*E/
 r; every rank routes every token (the router is replicated, so routing is unchanged), runs
 the tokens sent to its own experts, and the all-reduce after the block brings every
 token's weighted sum back to every rank.
+DeepSeek (multi-head latent attention, DeepSeek MoE): engine/parallel/shard_deepseek.py.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from engine.config import ModelConfig
 from engine.layers.mlp import SparseMoE
 from engine.model import CausalLM
 from engine.parallel.comm import Comm
+from engine.parallel.shard_deepseek import DeepseekExpertParallelMoE, check_mla, shard_mla_tensor
 from engine.trace.capture import PassCapture
 
 
@@ -40,9 +42,10 @@ class Placement:
     kv_heads: list[list[int]]
     experts: list[list[int]]  # empty lists for a dense model
     intermediate: list[tuple[int, int]]  # dense MLP columns [lo, hi) per rank
+    latent: bool = False  # MLA: no KV heads to split, every rank keeps the whole latent (kv_heads [0])
 
     def as_dict(self) -> dict:
-        return {"world_size": self.world_size, "expert_parallel": self.expert_parallel,
+        return {"world_size": self.world_size, "expert_parallel": self.expert_parallel, "latent": self.latent,
                 "ranks": [{"rank": r, "heads": self.heads[r], "kv_heads": self.kv_heads[r],
                            "experts": self.experts[r], "intermediate": list(self.intermediate[r])}
                           for r in range(self.world_size)]}
@@ -56,10 +59,8 @@ def check_shardable(cfg: ModelConfig, n: int, expert_parallel: bool) -> None:
         raise ValueError(f"expert parallelism needs a mixture-of-experts model; {cfg.architecture} is dense")
     if n == 1:
         return
-    if cfg.mla is not None:  # DeepSeek's latent attention: its heads' split is not built yet
-        raise ValueError(f"tensor_parallel_size={n} on {cfg.architecture} (multi-head latent attention) is not "
-                         "built yet: each rank would keep the whole latent and its share of the heads; "
-                         "run it on one device")
+    if cfg.mla is not None:  # DeepSeek: split by query heads, the latent whole on every rank
+        return check_mla(cfg, n, expert_parallel)
     if cfg.num_kv_heads % n:
         raise ValueError(f"tensor_parallel_size={n} does not divide the model's {cfg.num_kv_heads} KV heads: "
                          f"attention is split by KV-head groups (query heads stay with their KV head), so "
@@ -84,15 +85,17 @@ def placement(cfg: ModelConfig, n: int, expert_parallel: bool) -> Placement:
     e = cfg.num_experts // n if expert_parallel else cfg.num_experts
     return Placement(n, expert_parallel,
                      [list(range(r * h, (r + 1) * h)) for r in range(n)],
+                     [[0] for r in range(n)] if cfg.mla is not None else  # MLA: the one latent, on every rank
                      [list(range(r * k, (r + 1) * k)) for r in range(n)],
                      [list(range(r * e, (r + 1) * e)) if expert_parallel else list(range(cfg.num_experts))
                       for r in range(n)] if cfg.is_moe else [[] for _ in range(n)],
-                     [(r * i, (r + 1) * i) for r in range(n)])
+                     [(r * i, (r + 1) * i) for r in range(n)], cfg.mla is not None)
 
 
 def local_config(cfg: ModelConfig, n: int, expert_parallel: bool) -> ModelConfig:
     """The shapes one rank builds: its share of heads and intermediate columns."""
-    return replace(cfg, num_heads=cfg.num_heads // n, num_kv_heads=cfg.num_kv_heads // n,
+    return replace(cfg, num_heads=cfg.num_heads // n,
+                   num_kv_heads=cfg.num_kv_heads if cfg.mla is not None else cfg.num_kv_heads // n,
                    intermediate_size=cfg.intermediate_size // n,
                    moe_intermediate_size=cfg.moe_intermediate_size // (1 if expert_parallel else n),
                    shared_expert_intermediate_size=cfg.shared_expert_intermediate_size // n)
@@ -106,6 +109,8 @@ def _halves(w: torch.Tensor, dim: int, r: int, n: int) -> torch.Tensor:
 
 def shard_tensor(name: str, w: torch.Tensor, cfg: ModelConfig, r: int, n: int, expert_parallel: bool) -> torch.Tensor:
     """Rank r's part of the full model's parameter `name`."""
+    if cfg.mla is not None and (part := shard_mla_tensor(name, w, r, n)) is not None:
+        return part
     if name.endswith(("qkv_proj.weight", "qkv_proj.bias")):
         q, k, v = w.split([cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim,
                            cfg.num_kv_heads * cfg.head_dim], dim=0)
@@ -155,7 +160,7 @@ class ExpertParallelMoE(SparseMoE):
         self.gate = type(self.gate)(cfg.hidden_size, cfg.num_experts, bias=False)
         self.first, self.num_local = first, num_local
 
-    def pack(self, on: bool = True) -> None:
+    def pack(self, on: bool = True, dtype: torch.dtype | None = None) -> None:
         pass  # the per-expert path below reads the plain weights
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch | None = None,
@@ -187,7 +192,9 @@ def shard_model(full: CausalLM, local: CausalLM, cfg: ModelConfig, comm: Comm, e
         lcfg = local.config
         for i, layer in enumerate(local.model.layers):
             if cfg.moe_layers[i]:
-                layer.mlp = ExpertParallelMoE(lcfg, i, r * per, per).to(
+                moe = DeepseekExpertParallelMoE(lcfg, i, r * per, per, n) if cfg.deepseek_moe is not None else \
+                    ExpertParallelMoE(lcfg, i, r * per, per)
+                layer.mlp = moe.to(
                     device=layer.input_layernorm.weight.device, dtype=layer.input_layernorm.weight.dtype)
     src = dict(full.named_parameters())
     with torch.no_grad():

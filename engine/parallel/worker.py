@@ -51,10 +51,11 @@ def load_shard(spec: ShardSpec, comm: Comm, progress: ProgressFn | None = None):
     model = shard_model(full, local, cfg, comm, spec.expert_parallel)
     del full
     pack_weights(model)
-    kv = torch.zeros(2, cfg.num_layers, spec.num_blocks, spec.block_size, lcfg.num_kv_heads, cfg.head_dim,
+    kinds, heads, dims = lcfg.kv_layout  # K and V of this rank's KV heads, or MLA's whole latent
+    kv = torch.zeros(kinds, cfg.num_layers, spec.num_blocks, spec.block_size, heads, dims,
                      dtype=spec.dtype, device=device)
     for i, attn in enumerate(model.attention_layers()):
-        attn.k_cache, attn.v_cache = kv[0, i], kv[1, i]
+        attn.k_cache, attn.v_cache = kv[0, i], kv[-1, i]
     return model, lcfg, kv
 
 

@@ -60,6 +60,8 @@ class PassCapture:
     # Kept during the pass:
     layer_q: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> queries [T, H, D]
     moe_routing: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)  # experts, weights
+    # DeepSeek MoE: layer -> what the router's choice shows (engine/layers/deepseek_moe.py route), [T, ...] each
+    moe_detail: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)
     embed_rows: dict[int, torch.Tensor] = field(default_factory=dict)  # seq -> [n, embed_dims]
     lens_hidden: list[torch.Tensor] = field(default_factory=list)  # L tensors [len(lens_rows), hidden]
     # After the LM head: [L * len(lens_rows) + returned rows, vocab], and the rows it returned
@@ -172,6 +174,12 @@ def _moe(capture: PassCapture, batch: ForwardBatch, cfg: ModelConfig) -> None:
                 sl = batch.seq_slice(b)
                 capture.moe.setdefault(layer, {})[b] = {"experts": experts_l[i][sl],
                                                                "weights": weights_l[i][sl]}
+        if detail := capture.moe_detail.get(layer):  # the same rows, as lists
+            lists = {k: v.tolist() if not v.is_floating_point() else rounded(v) for k, v in detail.items()}
+            for b, spec in enumerate(capture.specs):
+                if spec is not None and spec.moe:
+                    sl = batch.seq_slice(b)
+                    capture.moe[layer][b].update({k: v[sl] for k, v in lists.items()})
 
 
 def rounded(x: torch.Tensor) -> list:

@@ -181,13 +181,22 @@ def attention(s: ScheduledSeq, captured: AttentionCapture, heads: list[int], cfg
 
 def moe(s: ScheduledSeq, layer: int, captured: dict, batch_load: list[int], cfg: ModelConfig,
         end: int) -> Event | None:
-    """captured: the layer's routing of s's tokens (experts, weights); batch_load: tokens per expert."""
+    """captured: the layer's routing of s's tokens (experts, weights); batch_load: tokens per expert.
+    DeepSeek MoE adds, per token: scores (the picks' sigmoid / softmax scores, before the bias),
+    biased and without_bias (V3: with the balance bias; the picks it would make without),
+    groups (the expert groups kept); and "deepseek": the routing's rules."""
     n = end - s.start
     if n <= 0:
         return None
-    return "moe", s.seq.request_id, {"layer": layer, "start": s.start, "experts": captured["experts"][:n],
-                                     "weights": captured["weights"][:n], "num_experts": cfg.num_experts,
-                                     "top_k": cfg.num_experts_per_tok, "batch_load": batch_load}
+    data = {"layer": layer, "start": s.start, "experts": captured["experts"][:n],
+            "weights": captured["weights"][:n], "num_experts": cfg.num_experts,
+            "top_k": cfg.num_experts_per_tok, "batch_load": batch_load}
+    if (m := cfg.deepseek_moe) is not None:  # DeepSeek MoE: per token scores / groups, and the routing's rules
+        data.update({k: v[:n] for k, v in captured.items() if k not in ("experts", "weights")})
+        data["deepseek"] = {"shared_experts": m.n_shared_experts, "scoring": m.scoring, "n_group": m.n_group,
+                            "topk_group": m.topk_group, "correction_bias": m.correction_bias,
+                            "routed_scaling_factor": m.routed_scaling_factor}
+    return "moe", s.seq.request_id, data
 
 
 # --- each new token ------------------------------------------------------------------

@@ -93,12 +93,14 @@ class Tracer:
     def emit(self, type: str, request_id: str | None, step: int, **data: Any) -> TraceEvent:
         return self.emit_plain(type, request_id, step, jsonable(data))
 
-    def emit_plain(self, type: str, request_id: str | None, step: int, data: dict[str, Any]) -> TraceEvent:
+    def emit_plain(self, type: str, request_id: str | None, step: int, data: dict[str, Any],
+                   ts: float | None = None) -> TraceEvent:
         """`emit` for data already made of JSON values (e.g. from `Tensor.tolist()`): no
-        walk over it, which for captured tensors would cost as much as capturing them."""
+        walk over it, which for captured tensors would cost as much as capturing them.
+        ts: when it happened, if not now (another process's event, forwarded: engine/disagg)."""
         if type.split(".", 1)[0] not in STAGES:
             raise ValueError(f"unknown trace stage in event type {type!r}")
-        event = TraceEvent(type, request_id, step, time.perf_counter(), data)
+        event = TraceEvent(type, request_id, step, time.perf_counter() if ts is None else ts, data)
         for sink in self._sinks:
             sink(event)
         return event

@@ -10,6 +10,7 @@ import pytest
 from engine import ContextLengthError, EngineInfo, EventList, SamplingParams, Tracer
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
+from engine.kernels.cpu import blocked_bytes
 from tests.engine_utils import DEVICE
 
 
@@ -29,7 +30,7 @@ def test_describe_tells_the_model_pool_drafts_and_layout(engine):
     assert m.moe_layers == [i for i, x in enumerate(cfg.moe_layers) if x] and m.max_model_len == 64
     assert m.dtype == "float32" and m.device == DEVICE
     assert m.weights_bytes == sum(p.numel() * p.element_size() for p in engine.runner.model.parameters()) + \
-        sum(b.numel() * b.element_size() for b in engine.runner.model.buffers())
+        sum(b.numel() * b.element_size() for b in engine.runner.model.buffers()) + blocked_bytes(engine.runner.model)  # the C kernels' blocked weights: their only copy
     assert (kv.num_blocks, kv.block_size, kv.tokens) == (40, 4, 160)
     assert kv.bytes == engine.runner.kv_cache_bytes == kv.tokens * kv.bytes_per_token
     assert kv.bytes_per_token == 2 * m.num_layers * m.num_kv_heads * m.head_dim * kv.bytes_per_value

@@ -110,9 +110,9 @@ def test_cpu_linears_match_transformers(checkpoint, monkeypatch, cpu_kernels_swi
     else:
         assert layers and all(m.packed is not None and m.blocked is None for m in layers)
     moe = [m for m in model.modules() if hasattr(m, "packed_down")]
-    if kernel == "c":  # all experts side by side for a decode batch, each alone for one token
-        assert all(m.blocked_gate_up is not None and m.blocked_down is not None and m.packed_gate_up is None
-                   and len(m.blocked_experts) == m.num_experts for m in moe)
+    if kernel == "c":  # every expert blocked, one after another: the only copy, run by cpu_moe.c
+        assert all(m.c_experts is not None and m.experts_gate_up is None and m.packed_gate_up is None
+                   and len(m.c_experts.gate_up) == m.num_experts for m in moe)
     else:
         assert all(m.packed_gate_up is not None and m.packed_down is not None for m in moe)
     assert bool(moe) == (arch in ("mixtral", "qwen2_moe"))

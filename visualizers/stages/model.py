@@ -8,6 +8,7 @@ from visualizers.compact import lens_layers
 from visualizers._html import esc, fmt_bytes, fmt_ms
 from visualizers.attention import layer_spans
 from visualizers.logit_lens import first_top
+from visualizers.stages.deepseek import deepseek_ffn, mla_heads, mla_kv
 from visualizers.stages.facts import Facts, Part, hidden_sentence, n, p, plural, quote
 from visualizers.stages.way_in import NOT_YET, UNTRACED, cut_sentence
 
@@ -17,7 +18,9 @@ def layers(f: Facts) -> Part:
     L, H, KVH, D = m["num_layers"], m["num_heads"], m["num_kv_heads"], m["head_dim"]
     group = H // max(1, KVH)
     scale_d = m.get("query_pre_attn_scalar") or D  # Gemma scales by 1/√query_pre_attn_scalar
-    if KVH == 1:
+    if (mla := mla_heads(m)) is not None:  # DeepSeek: visualizers/stages/deepseek.py
+        heads = mla
+    elif KVH == 1:
         heads = (f"{plural(H, 'query head')} that share a single key/value head (multi-query attention: the cache "
                  f"stores one head's K/V, {H}× less)")
     elif group == 1:
@@ -27,7 +30,8 @@ def layers(f: Facts) -> Part:
                  f"KV head: grouped-query attention, so the cache stores {group}× less)")
     text = p(f"The matrix now passes through {plural(L, 'layer')}. In each, attention lets every token look back at "
              f"the tokens before it: softmax(QKᵀ/√{scale_d:g})·V with {heads}.",
-             _windows(m.get("sliding_windows") or []), _ffn(f), cut_sentence(f))
+             _windows(m.get("sliding_windows") or []), _ffn(f), deepseek_ffn(m, f.moe_first_layer) or "",
+             cut_sentence(f))
     # a dense model's section shows no MoE panel: there is nothing to route
     return Part(text, ("attention", "moe") if m.get("is_moe") else ("attention",), f"{L:,} layers",
                 reached=bool(f.steps or f.generated))
@@ -108,12 +112,16 @@ def kv(f: Facts) -> Part:
     else:  # the last token drawn is never fed back, so it has no K/V
         tokens = max(0, f.n_prompt + f.n_gen - 1)
         blocks, when = -(-tokens // bs), ("At its end " if f.finish else "So far ")
+    if (mla := mla_kv(m, tokens, blocks, when)) is not None:  # DeepSeek: the latent, not K and V
+        return Part(p(mla[0], mla[1]), ("kv",), esc(fmt_bytes(mla[2] * tokens)), reached=bool(f.steps or f.generated))
     text = p(f"So that no step recomputes the past, each layer's keys and values are kept: 2 × {L} "
              f"layer{'s' if L != 1 else ''} × {KVH} KV head{'s' if KVH != 1 else ''} × {D} dims × {b} bytes = "
              f"{n(per_token)} bytes per token.",
              f"{when}this request held K/V for {plural(tokens, 'token')}: {esc(fmt_bytes(per_token * tokens))} in "
              f"{plural(blocks, 'block')} of {bs} tokens, taken from a shared pool of {n(int(m['num_blocks']))} "
-             "blocks and handed back the moment it finished.")
+             # the replay's cursor (or the live request) may stand before the finish: say what has happened
+             + ("blocks and handed back the moment it finished." if f.finish else
+                "blocks; they go back to the pool the moment it finishes."))
     return Part(text, ("kv",), esc(fmt_bytes(per_token * tokens)), reached=bool(f.steps or f.generated))
 
 

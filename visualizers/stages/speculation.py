@@ -11,10 +11,13 @@ def speculation(f: Facts) -> Part:
     if not spec and f.untraced:
         return Part(p("This request's capture level (off) records no speculative rounds."), ("spec",), "")
     if not spec:
-        off = ("This request ran without speculative decoding: one target forward pass per token. With speculation "
-               "on, a draft (a small model, or n-gram lookup in the context) proposes k tokens and the target "
-               "verifies them all in one pass.")
-        return Part(p(off), ("spec",), "off", skipped=bool(f.finish), reached=bool(f.finish))
+        why = without(f.model, f.body)
+        off = (f"This request {'ran' if f.finish else 'runs'} without speculative decoding{': ' + why if why else ''}. One target forward pass "
+               "per token. With speculation on, a draft (a small model, or n-gram lookup in the context) proposes k "
+               "tokens and the target verifies them all in one pass.")
+        # known from the start when the request cannot speculate: skipped at once, not unlit until the end
+        done = bool(f.finish) or why is not None
+        return Part(p(off), ("spec",), "off", skipped=done, reached=done)
     proposed, accepted = sum(s["k"] for s in spec), sum(s["accepted"] for s in spec)
     rounds = len(spec)
     per_pass = _kept_per_pass(f)
@@ -27,6 +30,30 @@ def speculation(f: Facts) -> Part:
                  f"target kept {n(accepted)} ({share:.0%}), plus one token of its own each round (none after an "
                  f"end of sequence): {per_pass:.2f} tokens per target pass instead of 1.")
     return Part(text, ("spec",), f"{share:.0%} kept")
+
+
+# body fields whose stage reads the tokens before each draw (engine/penalties.py): with any of them
+# on, the engine decodes one token a step (a verified round would need them per position)
+ADJUSTING = ("presence_penalty", "frequency_penalty", "min_tokens", "logit_bias", "guided_json", "guided_regex",
+             "guided_choice")
+
+
+def without(model: dict, body: dict | None) -> str | None:
+    """Why this request runs without speculative decoding, known before its first step (None:
+    it may speculate, or nothing says it cannot)."""
+    if not model.get("has_draft"):
+        return "this model is served without a draft (start it with --draft MODEL or --draft ngram)"
+    body = body or {}
+    spec = body.get("speculative")
+    if isinstance(spec, dict) and spec.get("enabled") is False:
+        return "it was turned off for this request"
+    fmt = body.get("response_format")
+    rep = body.get("repetition_penalty")
+    if any(body.get(k) for k in ADJUSTING) or (isinstance(fmt, dict) and fmt.get("type") not in (None, "text")) \
+            or (isinstance(rep, (int, float)) and not isinstance(rep, bool) and rep != 1):
+        return ("its penalties, logit bias, min_tokens or grammar change each draw's logits from the tokens before "
+                "it, so the engine decodes such a request one token a step")
+    return None
 
 
 def _kept_per_pass(f: Facts) -> float:

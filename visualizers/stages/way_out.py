@@ -5,6 +5,7 @@ import statistics
 from typing import Sequence
 
 from visualizers._html import esc, fmt_ms
+from visualizers.sampling import DOES, STAGE_LABELS
 from visualizers.stages.facts import Facts, Part, count, hidden_sentence, n, p, plural, quote
 from visualizers.stages.model import which_pass
 from visualizers.stages.way_in import NOT_YET, UNTRACED
@@ -28,11 +29,29 @@ def sampling(f: Facts) -> Part:
              f"{prm.get('top_p', 1):g}")
     draws = len(f.kept["sample"])
     text = p(f"Softmax turns the {n(int(f.model['vocab_size']))} scores into probabilities; then the knobs cut the "
-             f"list ({esc(knobs)}) and one token is drawn.",
+             f"list ({esc(knobs)}) and one token is drawn.", _adjusted(s, int(f.model['vocab_size'])),
              f"In {which_pass(f, s)}, the engine drew {quote(s.get('token_text', ''))} with probability "
              f"{n(float(s.get('token_prob', 0)))}; the distribution's entropy was {n(float(s.get('entropy', 0)))} "
              f"nats. {plural(draws, 'draw')} {'was' if draws == 1 else 'were'} traced.")
     return Part(text, ("sampling",), prob_chip(float(s.get("token_prob", 0))))
+
+
+def _adjusted(s: dict, vocab: int) -> str:
+    """What the stages before temperature (grammar mask, min_tokens, logit bias, penalties) did
+    to this draw's logits, with their numbers ("" when none is on)."""
+    parts = []
+    for name, st in s.get("stages", {}).items():
+        if name not in DOES:
+            continue
+        moved = int(st.get("moved", 0))
+        if name == "grammar":
+            parts.append(f"the grammar mask allowed {n(int(st.get('kept', 0)))} of the {n(vocab)} tokens")
+        else:
+            parts.append(f"the {esc(STAGE_LABELS[name])} moved {plural(moved, 'logit')}")
+    if not parts:
+        return ""
+    return ("Before that, the request's own stages changed the logits (vLLM's order, as the table's columns show): "
+            + "; ".join(parts) + ".")
 
 
 def prob_chip(prob: float) -> str:
@@ -64,7 +83,11 @@ def stream(f: Facts) -> Part:
                   f"It was preempted {plural(int(fin['preemptions']), 'time')}." if fin.get("preemptions") else ""]
     else:
         words.append("Still running. It will end at an end-of-turn token, a stop string or max_tokens.")
-    return Part(p(*words), ("answer",), count(gen, "token"), reached=bool(f.generated or fin))
+    choices = (f.body or {}).get("n")
+    if isinstance(choices, int) and not isinstance(choices, bool) and choices > 1:
+        words.append(f"It asked for {n(choices)} choices (n): the prompt was prefilled once and its KV blocks are "
+                     f"shared; each choice draws its own tokens, side by side below. These stages trace choice 0.")
+    return Part(p(*words), ("answer", "choices"), count(gen, "token"), reached=bool(f.generated or fin))
 
 
 def _timing(tokens: Sequence[dict]) -> str:
@@ -100,9 +123,11 @@ def batching(f: Facts) -> Part:
     others = {x["request_id"] for s in mine for x in s["batch"]} - {f.request_id}
     most = max(len(s["batch"]) for s in mine)
     if shared:
+        own = sum(1 for o in others if o.startswith(f"{f.request_id}."))  # its n choices run as requests too
         what = (f"Of this request's {plural(len(mine), 'engine step')}, {n(len(shared))} "
                 f"{'was' if len(shared) == 1 else 'were'} shared with {plural(len(others), 'other request')} "
-                f"(at most {n(most)} sequences in one step).")
+                + (f"({n(own)} of them its own other choices) " if own else "")
+                + f"(at most {n(most)} sequences in one step).")
         chip = f"shared {len(shared):,} of {len(mine):,}"
     else:
         what = (f"This request ran alone: in all {plural(len(mine), 'engine step')} no other request was in the "

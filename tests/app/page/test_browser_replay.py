@@ -47,6 +47,8 @@ def watched(server, browser, tmp_path_factory):
     sender.start()
     wait_status(page, "streaming")
     mid = page.evaluate(LIVE_STATE)
+    # the controls show the watched request's own knobs while it streams (not only at its end)
+    mid["controls"] = {n: page.input_value(f"#tt-{n} input[type=number]") for n in ("temperature", "max-tokens")}
     sender.join()
     final = wait_status(page, "waiting for the next request")
     chunks = [json.loads(line[6:]) for line in got["out"].splitlines() if line.startswith("data: {")]
@@ -61,6 +63,7 @@ def watched(server, browser, tmp_path_factory):
 def test_a_curl_request_appears_live_in_a_watching_page(watched):
     page, rid, text = watched
     assert 0 <= page.mid["tokens"] < 24 and rid in page.final
+    assert page.mid["controls"] == {"temperature": "0.7", "max-tokens": "24"}, page.mid  # the page's are 0.8, 48
     q = page.locator
     assert rid in q("#tt-request").inner_text() and "Why is the <sky> blue?" in q("#tt-request").inner_text()
     assert q("#tt-answer .tt-timed").count() == 24

@@ -8,6 +8,8 @@ import torch
 from engine import LLM, ModelLoadError, SamplingParams, UnsupportedModelError
 from engine.checkpoint.resolve import resolve_model_path
 from engine.forward import prompt_logits
+from engine.kernels import cpu as cpu_kernels
+from engine.layers.linear import Linear
 from tests.engine_utils import DEVICE
 from tests.tiny import make_checkpoint
 
@@ -36,7 +38,12 @@ def test_sharded_checkpoint_with_index(tmp_path, checkpoint):
 def test_half_precision_dtypes(checkpoint, dtype, tol):
     ref = prompt_logits(LLM(checkpoint("qwen3"), device=DEVICE, dtype="float32").engine, PROMPT, 25)
     llm = LLM(checkpoint("qwen3"), device=DEVICE, dtype=dtype)
-    assert llm.engine.runner.kv_cache.dtype == getattr(torch, dtype)
+    runner = llm.engine.runner
+    # the CPU's C kernels keep the weights in 16 bits and compute (and keep the KV pool) in float32
+    kernels = runner.device.type == "cpu" and cpu_kernels.available()
+    assert runner.kv_cache.dtype == (torch.float32 if kernels else getattr(torch, dtype))
+    if kernels:
+        assert all(m.blocked.dtype == getattr(torch, dtype) for m in runner.model.modules() if isinstance(m, Linear))
     got = prompt_logits(llm.engine, PROMPT, 25)
     assert (got - ref).abs().max() < tol * ref.abs().max()
     assert len(llm.generate(PROMPT, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))[0].token_ids) == 8

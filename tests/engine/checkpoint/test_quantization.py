@@ -275,6 +275,6 @@ def test_bandwidth_view_counts_the_packed_bytes():
         decode_bytes_per_token(int8.runner.model, int8.model_config, 0)
     # every quantized Linear's float weight gone, its codes and scales added; the tied LM head
     # keeps the embedding's float matrix, so only its int8 copy (in report.bytes) is added
-    quantized_float = sum(p.numel() * 4 for n, p in f32.runner.model.named_parameters()
-                          if n.endswith(("proj.weight", "mlp.gate.weight")))
+    quantized_float = sum(m.blocked.nbytes for n, m in f32.runner.model.named_modules()  # float32, blocked: the only copy
+                          if n.endswith(("proj", "mlp.gate")))
     assert drop == quantized_float - report.bytes

@@ -75,17 +75,23 @@ def test_blocking_in_c_equals_torch(n, k):
     assert torch.equal(cpu.BlockedWeight.of(w).data, cpu.block_reference(w))
 
 
-def test_linear_layer_takes_the_kernel_for_few_rows_only():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_linear_layer_takes_the_kernel_for_few_rows_only(dtype):
+    """The blocked copy is the layer's only one (the oracle keeps its own): few rows through
+    the kernel, a prefill-sized batch through PyTorch's GEMM on the copy read back; and
+    pack(on=False) restores the parameter from it."""
     torch.manual_seed(0)
     layer = Linear(96, 200, bias=True)
+    w = layer.weight.detach().to(dtype).float()  # what the layer stores, widened
     few, many = torch.randn(1, 96), torch.randn(cpu.MAX_ROWS + 1, 96)
-    layer.pack()
-    assert layer.blocked is not None and layer.packed is None
-    close(layer(few), F.linear(few, layer.weight, layer.bias), 96)
-    # a prefill-sized batch goes to PyTorch's GEMM: bit for bit F.linear
-    assert torch.equal(layer(many), F.linear(many, layer.weight, layer.bias))
+    layer.pack(dtype=dtype)
+    assert layer.blocked is not None and layer.packed is None and layer.weight is None
+    assert layer.blocked.dtype == dtype
+    close(layer(few), F.linear(few, w, layer.bias), 96 if dtype == torch.float32 else 96 * 2 ** 10)
+    # a prefill-sized batch goes to PyTorch's GEMM: bit for bit F.linear on the stored weight
+    assert torch.equal(layer(many), F.linear(many, w, layer.bias))
     layer.pack(on=False)
-    assert layer.blocked is None
+    assert layer.blocked is None and torch.equal(layer.weight, w)
 
 
 def test_build_is_cached_by_content(tmp_path):
@@ -113,27 +119,33 @@ def test_engine_runs_its_linears_through_the_kernel():
     assert layers and all(m.blocked is not None for m in layers)
 
 
-def test_start_up_line_names_the_kernels_weight_copy():
+def test_start_up_line_names_the_kernels_weights_their_only_copy():
     from app.__main__ import _mb, build_service, memory_line, parse_args
+    from engine.info import tensor_bytes
     service = build_service(parse_args(["--device", "cpu", "--draft", "none"]))
     model = service.engine.runner.model
-    linears = sum(m.blocked.nbytes for m in model.modules() if getattr(m, "blocked", None))
-    moe = [m for m in model.modules() if getattr(m, "blocked_experts", None)]
-    assert linears > 0 and moe  # the embedded model: a MoE, whose experts have copies of their own
-    # the side-by-side copies, and each expert's down copy (its gate/up is a view into the side-by-side one)
-    experts = sum(m.blocked_gate_up.nbytes + m.blocked_down.nbytes + sum(d.nbytes for _, d in m.blocked_experts)
-                  for m in moe)
-    assert all(g.data.untyped_storage().data_ptr() == m.blocked_gate_up.data.untyped_storage().data_ptr()
-               for m in moe for g, _ in m.blocked_experts)
-    copies = cpu.blocked_bytes(model)
-    assert copies == linears + experts
-    assert f"; decode linears through the C kernel (its weight copy {_mb(copies)})" in memory_line(service)
+    linears = [m for m in model.modules() if isinstance(m, Linear)]
+    moe = [m for m in model.modules() if getattr(m, "c_experts", None) is not None]
+    assert linears and moe  # the embedded model: a MoE, whose experts are blocked one after another
+    # one copy of each weight: the blocked one; the tied embedding reads the LM head's
+    assert all(m.blocked is not None and m.weight is None for m in linears)
+    assert all(m.experts_gate_up is None and m.experts_down is None for m in moe)
+    assert model.model.embed_tokens.weight is None and model.model.embed_tokens.tied is model.lm_head
+    blocked = sum(m.blocked.nbytes for m in linears) + sum(w.nbytes for m in moe for w in m.c_experts.blocked_weights())
+    assert cpu.blocked_bytes(model) == blocked
+    info = service.engine.describe().model
+    assert info.weights_bytes == tensor_bytes(model) + blocked and info.kernel_weight_bytes == blocked
+    assert f"weights {_mb(info.weights_bytes)}" in memory_line(service)
+    assert f"; decode linears through the C kernels ({_mb(blocked)} of the weights in their layout, float32)" \
+        in memory_line(service)
 
 
-@pytest.mark.parametrize("inter", [3, 4])  # 2 x 3 rows do not fill a block of 8: each expert its own copy
-def test_moe_experts_through_the_kernel(inter):
-    """SparseMoE on the C kernel, for a lone token (each expert alone) and a decode batch (all
-    experts side by side), against the same block on PyTorch's matmuls."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("inter", [3, 4])  # 2 x 3 rows do not fill a block of 8
+def test_moe_experts_through_the_kernel(inter, dtype):
+    """SparseMoE in one C call (routing and experts, cpu_moe.c), for a lone token and a decode
+    batch, against the same block on PyTorch's matmuls with the weights rounded as stored;
+    and read back (pack(on=False)) to the parameters."""
     from engine.config import ModelConfig
     from engine.layers.mlp import SparseMoE
     cfg = ModelConfig.from_hf({"model_type": "mixtral", "architectures": ["MixtralForCausalLM"], "hidden_size": 40,
@@ -142,14 +154,25 @@ def test_moe_experts_through_the_kernel(inter):
                                "vocab_size": 10})
     torch.manual_seed(inter)
     moe = SparseMoE(cfg, 0)
-    for p in moe.parameters():
-        torch.nn.init.normal_(p)
+    with torch.no_grad():
+        for p in moe.parameters():
+            p.copy_(torch.randn_like(p).to(dtype).float())  # exact in dtype: the reference sees what is stored
+    params = [p.detach().clone() for p in (moe.experts_gate_up, moe.experts_down)]
     one, batch = torch.randn(1, 40), torch.randn(3, 40)
     expected = {1: moe(one), 3: moe(batch)}
-    moe.pack()
-    assert moe.blocked_gate_up is not None and len(moe.blocked_experts) == 4
-    assert (moe.blocked_experts[1][0].data.data_ptr() == moe.blocked_gate_up.data[1].data_ptr()) == (inter == 4)
-    close(moe(one), expected[1], 40)
+    routes = {n: moe.route(x) for n, x in ((1, one), (3, batch))}
+    from engine.layers.linear import pack_weights
+    pack_weights(moe, dtype=dtype)
+    assert moe.c_experts is not None and moe.experts_gate_up is None and moe.gate.blocked.dtype == dtype
+    for n, x in ((1, one), (3, batch)):
+        out, experts, weights = moe.c_experts.forward(x, router=moe.gate.blocked)
+        assert torch.equal(experts, routes[n][0])
+        torch.testing.assert_close(weights, routes[n][1], rtol=1e-4, atol=1e-5)  # the router on the kernel
+        close(out, expected[n], 40)
+        close(moe(x), expected[n], 40)
+        close(moe.routed(x, *routes[n], None), expected[n], 40)  # routing given (DeepSeek's router)
+    pack_weights(moe, on=False)
+    assert moe.c_experts is None and torch.equal(moe.experts_gate_up, params[0]) and torch.equal(moe.experts_down, params[1])
     close(moe(batch), expected[3], 40)
 
 

@@ -1,0 +1,204 @@
+"""The prefill side: an engine that computes prompts and draws each request's first token,
+then holds the request's KV blocks until the decode side pulls them (engine/disagg/transfer.py).
+
+PrefillEngine is an LLMEngine whose requests all end after their first token: with the
+finish reason HANDOVER when nothing else ended them (its blocks are held, not freed), or
+their own (a stop token, max_tokens 1: nothing to hand over but the token). Its prefix
+cache works as on any engine: a held request's full blocks are in it, and stay cached
+after they are sent and freed.
+
+prefill_main is the spawned process: it builds the engine, answers the start-up, joins the
+process group as rank 1 and serves the decode side's messages (engine/disagg/protocol.py)
+between its steps. Like a parallel engine's worker it watches its parent and ends with
+os._exit: a decode side that vanished leaves nothing behind.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import traceback
+
+import torch
+from tqdm.std import tqdm
+
+from engine.llm_engine import LLMEngine
+from engine.parallel.comm import Comm
+from engine.parallel.protocol import READY as STARTED, error_text
+from engine.parallel.worker import _watch_parent
+from engine.sequence import Sequence, Status
+from engine.trace import EventList, Tracer
+from engine.disagg import transfer
+from engine.disagg.protocol import (ADD, DECODE_RANK, DROP, DROPPED_EVENTS, EVENTS, FAILED, HANDOVER, PREFILL_POOL_EVENT,
+                                    PREFILL_RANK, PULL, READY, SENT, SHUTDOWN, STATS, STOP_CAPTURES, Handover,
+                                    PrefillSpec, Wire)
+
+
+class PrefillEngine(LLMEngine):
+    """An LLMEngine whose requests stop after their first token; those that go on are held."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.held: dict[str, Sequence] = {}  # handed over, blocks kept until the decode side pulls them
+
+    def _stop_reason(self, seq: Sequence, token: int) -> str | None:
+        reason = super()._stop_reason(seq, token)
+        return HANDOVER if reason is None else reason
+
+    def _finish(self, seq: Sequence, reason: str, token: int | None = None):
+        if reason != HANDOVER:
+            return super()._finish(seq, reason, token)
+        self.scheduler.running.remove(seq)  # out of the batch; its blocks stay referenced
+        seq.status, seq.finish_reason = Status.FINISHED, reason
+        self.held[seq.request_id] = seq
+        return self._token_output(seq, token, len(seq.text))
+
+    def handover(self, seq: Sequence, logprobs) -> Handover:
+        return Handover(token=seq.token_ids[-1], num_tokens=seq.num_prompt_tokens, blocks=list(seq.block_table),
+                        finished=seq.finish_reason != HANDOVER,
+                        generator_state=None if seq.generator is None else seq.generator.get_state(),
+                        logprobs=logprobs, prompt_logprobs=dict(seq.prompt_logprobs),
+                        num_cached_tokens=seq.num_cached_tokens, first_scheduled_time=seq.first_scheduled_time,
+                        prefill_done_time=seq.prefill_done_time, first_token_time=seq.first_token_time)
+
+    def send_pages(self, comm: Comm, request_id: str, tag: int) -> Wire:
+        """The held request's pages to the decode side; then its blocks are freed here."""
+        seq = self.held.pop(request_id)
+        kv = self.runner.kv_cache
+        nbytes, start, ms = transfer.send(comm, kv, seq.block_table, DECODE_RANK, tag)
+        self._forget(seq)
+        bm = self.block_manager
+        return Wire(nbytes, (start - seq.first_token_time) * 1e3, ms, start, transfer.backend(kv),
+                    bm.num_blocks, bm.num_free_blocks, bm.num_cached_blocks)
+
+    def drop(self, request_id: str) -> None:
+        """The decode side ended the request (abort, disconnect): free what it holds here."""
+        seq = self.held.pop(request_id, None)
+        if seq is not None:
+            self._forget(seq)
+        elif self.abort(request_id):  # still prefilling: the next step reports it, then it is released
+            pass
+
+    def _trace_pool(self) -> None:
+        """kv.pool with the held requests among the live ones (their blocks are still theirs)."""
+        if self.tracer is not None:
+            live = self.scheduler.running + list(self.scheduler.waiting) + list(self.held.values())
+            event = self._pool_trace.after_step(self.block_manager, live, self.step_count)
+            if event is not None:
+                self._emit(event)
+
+    def _forget(self, seq: Sequence) -> None:
+        self.block_manager.free_seq(seq)
+        self.requests.pop(seq.request_id, None)
+        self._trace_pool()
+
+    def pool_stats(self) -> dict:
+        bm = self.block_manager
+        live = [s for s in self.requests.values() if not s.is_finished] + list(self.held.values())
+        bm.check_invariants(live)
+        return {"num_blocks": bm.num_blocks, "free_blocks": bm.num_free_blocks, "held": sorted(self.held),
+                "live": self.live_requests(), "cached_blocks": bm.num_cached_blocks}
+
+
+def prefill_main(spec: PrefillSpec, parent: int, conn) -> None:
+    """The prefill process (torch.multiprocessing, spawn). Every end is os._exit, as a
+    parallel worker's (engine/parallel/worker.py says why)."""
+    threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the process group: the decode side decides
+    tqdm.set_lock(threading.RLock())  # no named semaphore left behind by os._exit
+    torch.set_num_threads(spec.threads)
+    sink = EventList()
+    try:
+        engine = PrefillEngine(spec.model, device=spec.device, dtype=spec.dtype, config=spec.config,
+                               tracer=Tracer(sink) if spec.trace else None, capture=spec.capture,
+                               kv_pool_events=spec.kv_pool_events, progress=lambda *_: None)  # the decode side shows it
+        conn.send((STARTED, {"num_blocks": engine.block_manager.num_blocks}))
+        comm = Comm.connect("127.0.0.1", spec.port, PREFILL_RANK, 2, torch.device(spec.device))
+    except BaseException as e:  # noqa: BLE001 - reported to the decode side, which raises it
+        try:
+            conn.send(("error", error_text(e)))
+        finally:
+            os._exit(1)
+    try:
+        _serve(engine, comm, conn, sink)
+    except (EOFError, OSError):  # the decode side is gone
+        os._exit(2)
+    except Exception:
+        traceback.print_exc()
+        os._exit(1)
+    conn.close()
+    os._exit(0)
+
+
+def _serve(engine: PrefillEngine, comm: Comm, conn, sink: EventList) -> None:
+    """Messages first (all that are waiting), then one step; idle, wait for a message."""
+    with torch.inference_mode():
+        while True:
+            busy = engine.has_unfinished_requests()
+            if conn.poll(0 if busy else 0.05):
+                msg = conn.recv()
+                if msg is SHUTDOWN:
+                    return
+                reply = _handle(engine, comm, msg)
+                _flush(sink, conn)
+                if reply is not None:
+                    conn.send(reply)
+                continue
+            if busy:
+                replies = _after_step(engine, engine.step())
+                _flush(sink, conn)
+                for reply in replies:
+                    conn.send(reply)
+
+
+def _handle(engine: PrefillEngine, comm: Comm, msg: tuple):
+    kind = msg[0]
+    if kind == ADD:
+        _, rid, ids, params, level = msg
+        try:
+            engine.add_request(ids, params, request_id=rid, trace_level=level)
+        except ValueError as e:
+            return FAILED, rid, str(e)
+    elif kind == PULL:
+        _, rid, tag = msg
+        return SENT, rid, tag, engine.send_pages(comm, rid, tag)
+    elif kind == DROP:
+        engine.drop(msg[1])
+    elif kind == STOP_CAPTURES:
+        engine.stop_captures(msg[1], msg[2])
+    elif kind == STATS:
+        return STATS, engine.pool_stats()
+    else:
+        raise ValueError(f"unknown message {kind!r}")
+    return None
+
+
+def _after_step(engine: PrefillEngine, outputs) -> list[tuple]:
+    """The step's finished requests: a handover (or a first token that ended it) for each that
+    drew its token; a failure for one that ended without (no room in the pool); aborts released."""
+    replies = []
+    for out in outputs:
+        seq = engine.requests.get(out.request_id)
+        if not out.finished or seq is None:
+            continue
+        if out.token_id >= 0 and seq.num_output_tokens == 1:
+            replies.append((READY, out.request_id, engine.handover(seq, out.logprobs)))
+        elif out.finish_reason != "abort":
+            replies.append((FAILED, out.request_id, out.finish_reason))
+        if seq.finish_reason != HANDOVER:
+            engine.release(out.request_id)
+    return replies
+
+
+def _flush(sink: EventList, conn) -> None:
+    """The engine's events since the last flush, for the decode side's tracer."""
+    events, sink.events = sink.events, []
+    out = []
+    for e in events:
+        if e.type in DROPPED_EVENTS:
+            continue
+        data = dict(e.data)
+        data["engine"] = "prefill"
+        out.append((PREFILL_POOL_EVENT if e.type == "kv.pool" else e.type, e.request_id, e.step, data, e.ts))
+    if out:
+        conn.send((EVENTS, out))

@@ -1,0 +1,82 @@
+"""What the decode side (the serving process, rank 0) and the prefill side (rank 1) say.
+
+Decode -> prefill, over the pipe:
+  ADD (request_id, prompt ids, params, trace level)   prefill this request
+  PULL (request_id, tag)      blocks are ready here and a recv is posted: send its KV now
+  DROP (request_id)           the request ended here (abort, disconnect): free its blocks
+  STOP_CAPTURES (request_id)  its trace passed its reader's byte cap
+  STATS                       the prefill pool's numbers (tests check nothing leaked)
+  SHUTDOWN (None)             finish
+Prefill -> decode, over the pipe:
+  EVENTS ([(type, request_id, step, data)])   the prefill engine's trace events
+  READY (request_id, Handover)   the prompt is computed and its first token drawn
+  SENT (request_id, tag, Wire)   the KV pages went out on torch.distributed
+  FAILED (request_id, text)      the prefill engine refused the request
+  STATS (dict)
+The KV pages themselves go over torch.distributed send/recv with the PULL's tag.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from engine.config import EngineConfig
+from engine.trace import CaptureConfig
+
+ADD, PULL, DROP, STOP_CAPTURES, STATS = "add", "pull", "drop", "stop_captures", "stats"
+EVENTS, READY, SENT, FAILED = "events", "ready", "sent", "failed"
+SHUTDOWN = None
+DECODE_RANK, PREFILL_RANK = 0, 1
+HANDOVER = "handover"  # the prefill side's finish reason for a request it passes on
+
+# The prefill side's events that the decode side forwards (with engine="prefill"): its steps,
+# its pool and blocks, its captures and the first token's draw. Not its arrival, tokens or
+# finish: the decode side emits those once, for the whole request.
+DROPPED_EVENTS = ("request.arrive", "tokenize", "token", "finish", "trace.truncated")
+PREFILL_POOL_EVENT = "kv.prefill_pool"  # the prefill engine's kv.pool, renamed: another pool
+
+
+@dataclass
+class PrefillSpec:
+    """What the prefill process builds: the engine's own arguments, and where rank 0 is."""
+    model: Path
+    device: str
+    dtype: torch.dtype
+    config: EngineConfig
+    capture: CaptureConfig
+    trace: bool  # a tracer on the prefill side (the decode side has one)
+    kv_pool_events: str
+    port: int  # rank 0's TCPStore
+    threads: int
+
+
+@dataclass
+class Handover:
+    """A request whose prompt the prefill side computed: its first token and what the decode
+    side needs to go on from there (the generator's state: seeded draws continue)."""
+    token: int
+    num_tokens: int  # the prompt's tokens, all in the KV pages
+    blocks: list[int]  # the prefill side's block ids
+    finished: bool  # the first token ended it (a stop, max_tokens 1): no pages to send
+    generator_state: torch.Tensor | None
+    logprobs: object | None  # the first token's TokenLogprob, when asked for
+    prompt_logprobs: dict = field(default_factory=dict)
+    num_cached_tokens: int = 0  # prefix-cache hits on the prefill side
+    first_scheduled_time: float = 0.0  # perf_counter (one clock for both processes on a machine)
+    prefill_done_time: float = 0.0
+    first_token_time: float = 0.0  # when the prefill side drew it
+
+
+@dataclass
+class Wire:
+    """One transfer as the prefill side timed it."""
+    bytes: int
+    queue_ms: float  # first token drawn -> the send began (waiting for the decode side's blocks)
+    wire_ms: float  # the send itself
+    start: float  # perf_counter when the send began
+    backend: str  # "gloo" | "nccl"
+    pool_blocks: int = 0  # the prefill pool after the send freed the request's blocks there
+    pool_free: int = 0
+    pool_cached: int = 0

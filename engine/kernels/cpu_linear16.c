@@ -1,0 +1,280 @@
+/* Linear layers with 16-bit weights (bfloat16 or float16) and float32 activations and sums:
+   y[t, n] = sum_k x[t, k] * W[n, k] (+ bias[n]), W read as stored and widened to float32.
+
+   A decode step is bound by how fast the weights stream from memory, so half the bytes is
+   up to twice the speed. The layout is cpu_linear.c's with 32 columns to a block row, so
+   that one row of a block is one 64-byte cache line: Wb[N/8][K/32][8][32] (uint16 bits,
+   zero padded). Which path runs is chosen at build time by what the compiler is told the
+   CPU has (-march, see cpu.py):
+
+   - AVX-512 BF16 (__AVX512BF16__), bfloat16 weights: VDPBF16PS, 32 products a
+     instruction summed in pairs into float32. It multiplies bfloat16 by bfloat16, so x is
+     split once per call into two bfloat16 parts, x = hi + lo (+ under 2^-16 of x), and
+     each weight meets both: x keeps 16 of its 24 mantissa bits, a rounding far below the
+     weight's own (8 bits), where one part alone would round x as coarsely as the weight.
+   - elsewhere bfloat16 is widened by a shift (its bits are a float32's upper half) and
+     float16 by F16C's VCVTPH2PS where the CPU has it, else by the bit arithmetic in
+     f16_to_f32; then float32 multiply-adds as in cpu_linear.c.
+   Built and loaded by engine/kernels/cpu.py with the other float kernels. */
+#include <stdlib.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+#include "cpu_vec.h"
+#define RB 8    /* output rows per block */
+#define CB 32   /* columns per block row: 64 bytes */
+#define LINES_PER_STEP (RB * CB * 2 / 64)  /* cache lines of one block per 32 columns */
+
+typedef unsigned short u16;
+typedef u16 v16h __attribute__((vector_size(32), aligned(2)));
+typedef unsigned int v16u __attribute__((vector_size(64)));
+
+static inline v16 bf16_to_f32(v16h h) { return (v16)(__builtin_convertvector(h, v16u) << 16); }
+
+#if defined(__F16C__) || defined(__AVX512F__)
+typedef u16 v8h __attribute__((vector_size(16)));
+static inline v16 f16_to_f32(v16h h) {  /* VCVTPH2PS: one AVX-512 instruction, or two of F16C's */
+#ifdef __AVX512F__
+    return (v16)_mm512_cvtph_ps((__m256i)h);
+#else
+    v8 a = (v8)_mm256_cvtph_ps((__m128i)__builtin_shufflevector(h, h, 0, 1, 2, 3, 4, 5, 6, 7));
+    v8 b = (v8)_mm256_cvtph_ps((__m128i)__builtin_shufflevector(h, h, 8, 9, 10, 11, 12, 13, 14, 15));
+    return __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+#endif
+}
+#else
+/* float16 bits -> float32 without F16C: the exponent and mantissa moved into float32's
+   places and scaled by 2^(127 - 15), which also gets subnormals right (they arrive as
+   float32 subnormals and the product normalises them); infinities and NaNs (exponent 31)
+   get float32's all-ones exponent. */
+static inline v16 f16_to_f32(v16h h) {
+    v16u u = __builtin_convertvector(h, v16u);
+    v16u sign = (u & 0x8000u) << 16, em = (u & 0x7fffu) << 13;
+    v16u scaled = (v16u)((v16)em * 0x1p112f);
+    v16u special = (v16u)((u & 0x7c00u) == 0x7c00u);  /* all ones where exponent 31 */
+    return (v16)(sign | (scaled & ~special) | ((em | 0x7f800000u) & special));
+}
+#endif
+
+/* cpu_linear.c's sum8: the lane sums of 8 vectors, [sum(a), ..., sum(h)] */
+static inline v16 fold(v16 a, v16 b, int half) {
+    if (half == 8) return __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23)
+                        + __builtin_shufflevector(a, b, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+    if (half == 4) return __builtin_shufflevector(a, b, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27)
+                        + __builtin_shufflevector(a, b, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+    return __builtin_shufflevector(a, b, 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29)
+         + __builtin_shufflevector(a, b, 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
+}
+static inline v8 sum8(v16 a, v16 b, v16 c, v16 d, v16 e, v16 f, v16 g, v16 h) {
+    v16 abcd = fold(fold(a, b, 8), fold(c, d, 8), 4), efgh = fold(fold(e, f, 8), fold(g, h, 8), 4);
+    v16 pairs = fold(abcd, efgh, 2);
+    return __builtin_shufflevector(pairs, pairs, 0, 2, 4, 6, 8, 10, 12, 14)
+         + __builtin_shufflevector(pairs, pairs, 1, 3, 5, 7, 9, 11, 13, 15);
+}
+
+static inline void store(const v16 acc[RB], float *y, long n0, long nvalid, const float *bias) {
+    v8 s = sum8(acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6], acc[7]);
+    for (int r = 0; r < nvalid; r++) y[n0 + r] = bias ? s[r] + bias[n0 + r] : s[r];
+}
+
+/* x's rows padded with zeros to whole blocks of 32 columns (so no tile reads a tail),
+   [T][KC * 32] float32: NULL when out of memory. */
+static float *padded_rows(const float *x, long T, long ldx, long K, long KC) {
+    float *xp = malloc(sizeof(float) * T * KC * CB);
+    if (!xp) return 0;
+    for (long t = 0; t < T; t++)
+        for (long k = 0; k < KC * CB; k++) xp[t * KC * CB + k] = k < K ? x[t * ldx + k] : 0.f;
+    return xp;
+}
+
+/* One block of RB output rows for TB rows of x (padded, row stride ldx), widening each
+   weight vector with CONVERT; prefetching as tt_linear_f32 does. */
+#define TILE(NAME, CONVERT, TB)                                                               \
+static void NAME##_##TB(const float *x, long ldx, const u16 *wb, long KC, float *y, long ldy, \
+                        const float *bias, long n0, long nvalid, long t0,                     \
+                        const u16 *next, int pf_first, int pf_lines) {                        \
+    v16 acc[TB][RB];                                                                          \
+    _Pragma("GCC unroll 8") for (int t = 0; t < TB; t++)                                      \
+        _Pragma("GCC unroll 8") for (int r = 0; r < RB; r++) acc[t][r] = (v16){0};            \
+    for (long kc = 0; kc < KC; kc++) {                                                        \
+        const u16 *wk = wb + kc * RB * CB;                                                    \
+        if (next) {                                                                           \
+            const char *nk = (const char *)(next + kc * RB * CB) + pf_first * 64;             \
+            for (int l = 0; l < pf_lines; l++) __builtin_prefetch(nk + l * 64, 0, 1);          \
+        }                                                                                     \
+        v16 lo[TB], hi[TB];                                                                   \
+        _Pragma("GCC unroll 8") for (int t = 0; t < TB; t++) {                                \
+            lo[t] = *(const v16 *)(x + (t0 + t) * ldx + kc * CB);                             \
+            hi[t] = *(const v16 *)(x + (t0 + t) * ldx + kc * CB + VL);                        \
+        }                                                                                     \
+        _Pragma("GCC unroll 8") for (int r = 0; r < RB; r++) {                                \
+            v16 wl = CONVERT(*(const v16h *)(wk + r * CB));                                   \
+            v16 wh = CONVERT(*(const v16h *)(wk + r * CB + VL));                              \
+            _Pragma("GCC unroll 8") for (int t = 0; t < TB; t++)                              \
+                acc[t][r] += wl * lo[t] + wh * hi[t];                                         \
+        }                                                                                     \
+    }                                                                                         \
+    _Pragma("GCC unroll 8") for (int t = 0; t < TB; t++)                                      \
+        store(acc[t], y + (t0 + t) * ldy, n0, nvalid, bias);                                  \
+}
+#ifndef __AVX512BF16__
+TILE(tile_bf16, bf16_to_f32, 1)
+TILE(tile_bf16, bf16_to_f32, 2)
+#endif
+TILE(tile_f16, f16_to_f32, 1)
+TILE(tile_f16, f16_to_f32, 2)
+
+typedef void (*tile_fn)(const float *, long, const u16 *, long, float *, long, const float *, long, long, long,
+                        const u16 *, int, int);
+
+/* The loop of tt_linear_f32 over blocks and pairs of rows, with the tiles given. */
+static void run(tile_fn one, tile_fn two, const float *x, long T, long ldx, const u16 *Wb, long N, long KC,
+                const float *bias, float *y, long ldy, int nthreads, long work) {
+    long nblocks = (N + RB - 1) / RB;
+    #pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1 && work >= 32768)
+    for (long b = 0; b < nblocks; b++) {
+        const u16 *wb = Wb + b * KC * RB * CB;
+        long n0 = b * RB, nvalid = N - n0 < RB ? N - n0 : RB;
+        long passes = (T + 1) / 2;
+        const u16 *next = passes > 1 && b + 1 < nblocks ? wb + KC * RB * CB : 0;
+        int share = (int)((LINES_PER_STEP + passes - 1) / passes);
+        for (long t = 0, p = 0; t < T; t += 2, p++) {
+            int first = (int)(p * share), lines = first >= LINES_PER_STEP ? 0
+                : (first + share > LINES_PER_STEP ? LINES_PER_STEP - first : share);
+            const u16 *pf = lines ? next : 0;
+            if (t + 2 <= T) two(x, ldx, wb, KC, y, ldy, bias, n0, nvalid, t, pf, first, lines);
+            else one(x, ldx, wb, KC, y, ldy, bias, n0, nvalid, t, pf, first, lines);
+        }
+    }
+}
+
+#ifdef __AVX512BF16__
+/* x's rows as bfloat16 pairs, hi and lo parts interleaved per 32 columns:
+   [T][KC][2][32] (round to nearest even, as VCVTNE2PS2BF16 does). */
+static __m512bh *split_rows(const float *xp, long T, long KC) {
+    __m512bh *xs = aligned_alloc(64, sizeof(__m512bh) * T * KC * 2);
+    if (!xs) return 0;
+    for (long i = 0; i < T * KC; i++) {
+        __m512 a = _mm512_loadu_ps(xp + i * CB), b = _mm512_loadu_ps(xp + i * CB + VL);
+        __m512bh hi = _mm512_cvtne2ps_pbh(b, a);  /* lanes 0-15 from a, 16-31 from b */
+        /* the parts' float32 values: a bfloat16 is a float32's upper 16 bits */
+        __m512i bits = (__m512i)hi;
+        __m512 ha = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(bits)), 16));
+        __m512 hb = _mm512_castsi512_ps(_mm512_slli_epi32(
+            _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(bits, 1)), 16));
+        xs[2 * i] = hi;
+        xs[2 * i + 1] = _mm512_cvtne2ps_pbh(_mm512_sub_ps(b, hb), _mm512_sub_ps(a, ha));
+    }
+    return xs;
+}
+
+/* A weight row's 32 bfloat16 against x's 32 columns in the same order: lane i of the
+   float32 sum gets columns 2i and 2i + 1; the lane sums at the end are the dot product. */
+#define DP_TILE(TB)                                                                           \
+static void dp_##TB(const __m512bh *xs, const u16 *wb, long KC, float *y, long ldy,          \
+                    const float *bias, long n0, long nvalid, long t0,                         \
+                    const u16 *next, int pf_first, int pf_lines) {                            \
+    __m512 acc[TB][RB];                                                                       \
+    _Pragma("GCC unroll 8") for (int t = 0; t < TB; t++)                                      \
+        _Pragma("GCC unroll 8") for (int r = 0; r < RB; r++) acc[t][r] = _mm512_setzero_ps(); \
+    for (long kc = 0; kc < KC; kc++) {                                                        \
+        const u16 *wk = wb + kc * RB * CB;                                                    \
+        if (next) {                                                                           \
+            const char *nk = (const char *)(next + kc * RB * CB) + pf_first * 64;             \
+            for (int l = 0; l < pf_lines; l++) __builtin_prefetch(nk + l * 64, 0, 1);          \
+        }                                                                                     \
+        __m512bh hi[TB], lo[TB];                                                              \
+        _Pragma("GCC unroll 8") for (int t = 0; t < TB; t++) {                                \
+            hi[t] = xs[((t0 + t) * KC + kc) * 2];                                             \
+            lo[t] = xs[((t0 + t) * KC + kc) * 2 + 1];                                         \
+        }                                                                                     \
+        _Pragma("GCC unroll 8") for (int r = 0; r < RB; r++) {                                \
+            __m512bh w = (__m512bh)_mm512_loadu_si512(wk + r * CB);                           \
+            _Pragma("GCC unroll 8") for (int t = 0; t < TB; t++)                              \
+                acc[t][r] = _mm512_dpbf16_ps(_mm512_dpbf16_ps(acc[t][r], w, lo[t]), w, hi[t]); \
+        }                                                                                     \
+    }                                                                                         \
+    _Pragma("GCC unroll 8") for (int t = 0; t < TB; t++) {                                    \
+        v16 a[RB];                                                                            \
+        for (int r = 0; r < RB; r++) a[r] = (v16)acc[t][r];                                   \
+        store(a, y + (t0 + t) * ldy, n0, nvalid, bias);                                       \
+    }                                                                                         \
+}
+DP_TILE(1)
+DP_TILE(2)
+
+static void run_dp(const __m512bh *xs, long T, const u16 *Wb, long N, long KC, const float *bias, float *y,
+                   long ldy, int nthreads, long work) {
+    long nblocks = (N + RB - 1) / RB;
+    #pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1 && work >= 32768)
+    for (long b = 0; b < nblocks; b++) {
+        const u16 *wb = Wb + b * KC * RB * CB;
+        long n0 = b * RB, nvalid = N - n0 < RB ? N - n0 : RB;
+        long passes = (T + 1) / 2;
+        const u16 *next = passes > 1 && b + 1 < nblocks ? wb + KC * RB * CB : 0;
+        int share = (int)((LINES_PER_STEP + passes - 1) / passes);
+        for (long t = 0, p = 0; t < T; t += 2, p++) {
+            int first = (int)(p * share), lines = first >= LINES_PER_STEP ? 0
+                : (first + share > LINES_PER_STEP ? LINES_PER_STEP - first : share);
+            const u16 *pf = lines ? next : 0;
+            if (t + 2 <= T) dp_2(xs, wb, KC, y, ldy, bias, n0, nvalid, t, pf, first, lines);
+            else dp_1(xs, wb, KC, y, ldy, bias, n0, nvalid, t, pf, first, lines);
+        }
+    }
+}
+#endif
+
+/* Which path tt_linear_bf16 takes in this build: 1 VDPBF16PS, 0 widening by shifts. */
+int tt_linear16_path(void) {
+#ifdef __AVX512BF16__
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+/* x: [T, K] float32, row stride ldx; Wb: the blocked bfloat16 weight; y: [T, N], row
+   stride ldy. Returns 0, or -1 when the padded rows could not be allocated. */
+int tt_linear_bf16(const float *x, long T, long ldx, const u16 *Wb, long N, long K, const float *bias,
+                   float *y, long ldy, int nthreads) {
+    long KC = (K + CB - 1) / CB;
+    float *xp = padded_rows(x, T, ldx, K, KC);
+    if (!xp) return -1;
+#ifdef __AVX512BF16__
+    __m512bh *xs = split_rows(xp, T, KC);
+    free(xp);
+    if (!xs) return -1;
+    run_dp(xs, T, Wb, N, KC, bias, y, ldy, nthreads, N * K);
+    free(xs);
+#else
+    run(tile_bf16_1, tile_bf16_2, xp, T, KC * CB, Wb, N, KC, bias, y, ldy, nthreads, N * K);
+    free(xp);
+#endif
+    return 0;
+}
+
+int tt_linear_f16(const float *x, long T, long ldx, const u16 *Wb, long N, long K, const float *bias,
+                  float *y, long ldy, int nthreads) {
+    long KC = (K + CB - 1) / CB;
+    float *xp = padded_rows(x, T, ldx, K, KC);
+    if (!xp) return -1;
+    run(tile_f16_1, tile_f16_2, xp, T, KC * CB, Wb, N, KC, bias, y, ldy, nthreads, N * K);
+    free(xp);
+    return 0;
+}
+
+/* W [N, K] 16-bit row-major -> Wb (see the top of this file), zero padding included. */
+void tt_block_16(const u16 *W, long N, long K, u16 *Wb, int nthreads) {
+    long KC = (K + CB - 1) / CB, nblocks = (N + RB - 1) / RB;
+    #pragma omp parallel for schedule(static) num_threads(nthreads)
+    for (long b = 0; b < nblocks; b++)
+        for (long kc = 0; kc < KC; kc++)
+            for (long r = 0; r < RB; r++) {
+                u16 *dst = Wb + ((b * KC + kc) * RB + r) * CB;
+                long n = b * RB + r, k = kc * CB, len = n < N ? (K - k < CB ? K - k : CB) : 0;
+                for (long i = 0; i < len; i++) dst[i] = W[n * K + k + i];
+                for (long i = len; i < CB; i++) dst[i] = 0;
+            }
+}

@@ -1,0 +1,82 @@
+"""The page's extra sampling controls in a real Chromium (issue 26, part 6): one request with a
+penalty and JSON mode sent from the page parses as JSON, and its sampling stage shows the
+grammar's mask and the penalty's row; a click on a sampling candidate puts it in the logit-bias
+control; n = 3 draws three choices side by side."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.app.page.test_more_controls import ONLY
+from tests.browser_utils import open_page, paced_server, set_controls, wait_finished
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.filterwarnings("ignore:.*no_silent_downcasting", "ignore:The copy keyword")]
+ANSWER = "() => document.querySelector('#tt-answer .tt-answer').childNodes[0].textContent"
+
+
+@pytest.fixture(scope="module")
+def server(checkpoint, tmp_path_factory):
+    with paced_server(checkpoint, tmp_path_factory, delay=0.03) as srv:
+        yield srv
+
+
+def number(page, elem: str, value) -> None:
+    box = page.locator(f"#{elem} input[type=number]")
+    box.fill(str(value))
+    box.press("Enter")
+
+
+def test_json_mode_and_a_penalty_from_the_page(server, browser, shots):
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = open_page(context, server.url)
+    set_controls(page, "Give me JSON.", 24)
+    number(page, "tt-temperature", 0)
+    page.click("#tt-more > button")  # the accordion opens
+    page.check("#tt-json-mode input[value='JSON schema']")
+    page.fill("#tt-schema textarea", ONLY)
+    number(page, "tt-repetition", 1.3)
+    number(page, "tt-presence", 1)
+    page.click("#tt-send")
+    status = wait_finished(page)
+    assert "finished (stop)" in status, status
+    assert json.loads(page.evaluate(ANSWER)) == {"a": "x"}
+    sampling = page.inner_text("#tt-sampling")
+    assert "grammar mask" in sampling and "allowed 1 of" in sampling and "removed" in sampling
+    assert "repetition penalty" in sampling and "presence penalty" in sampling
+    assert page.locator("#tt-sampling [data-stage='repetition_penalty']").count() == 1
+    assert "Speculation" in page.inner_text("#tt-map .tt-map-skipped")  # a grammar: no speculation, said at once
+    page.locator("#tt-sampling").scroll_into_view_if_needed()
+    page.screenshot(path=str(shots / "page_json_mode.png"), full_page=True)
+    page.locator("#tt-stage-sampling").screenshot(path=str(shots / "page_json_mode_sampling.png"))
+    page.locator("#tt-more").screenshot(path=str(shots / "page_more_controls.png"))
+    # a click on a candidate biases it in the next request
+    cell = page.locator("#tt-sampling td[data-bias-id]").nth(1)
+    token = cell.get_attribute("data-bias-id")
+    cell.click()
+    page.wait_for_function(f"document.querySelector('#tt-bias-token input').value === '{token}'", timeout=10_000)
+    assert page.input_value("#tt-bias input[type=number]") == "-100"
+    assert f"id {token}" in page.inner_text("#tt-hint-more")
+    context.close()
+
+
+def test_n_choices_side_by_side(server, browser, shots):
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = open_page(context, server.url)
+    set_controls(page, "Tell me about foxes.", 8)
+    page.fill("#tt-seed input", "2")
+    page.click("#tt-more > button")
+    number(page, "tt-n", 3)
+    page.click("#tt-send")
+    status = wait_finished(page)
+    assert "finished" in status
+    page.wait_for_function("document.querySelectorAll('#tt-choices .tt-choice').length === 3", timeout=20_000)
+    texts = page.locator("#tt-choices .tt-choice-text").all_inner_texts()
+    assert len(texts) == 3 and all(t and t != "…" for t in texts)
+    assert page.locator("#tt-choices .tt-choice").nth(0).inner_text().count("finished") == 1
+    boxes = [page.locator("#tt-choices .tt-choice").nth(i).bounding_box() for i in range(3)]
+    assert boxes[0]["y"] == boxes[1]["y"] == boxes[2]["y"] and boxes[0]["x"] < boxes[1]["x"] < boxes[2]["x"]
+    page.locator("#tt-choices").scroll_into_view_if_needed()
+    page.screenshot(path=str(shots / "page_three_choices.png"), full_page=False)
+    context.close()

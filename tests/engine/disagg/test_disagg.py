@@ -1,0 +1,198 @@
+"""Disaggregated prefill and decode (engine/disagg) on the CPU: two processes over gloo.
+
+The disaggregated engine must produce what one colocated engine produces: the same greedy
+tokens and the same seeded draws (the first token drawn on the prefill side, the
+generator's state handed over with the pages), on the embedded model and tiny Llama, Qwen3
+and Mixtral checkpoints; its prefix cache works on the prefill side; no block is left
+behind on either side after aborts, a disconnect, or a killed prefill process.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+from engine import LLM, DisaggFailedError, SamplingParams
+from tests.paths import ROOT
+
+EMBEDDED = ROOT / "assets" / "models" / "target"
+_base = torch.randint(4, 300, (37,), generator=torch.Generator().manual_seed(37)).tolist()
+# the third shares its first 5 blocks (block_size 4) with the first: a prefix-cache hit on the prefill side
+PROMPTS = [_base, _base[:9], _base[:20] + [7, 8, 9, 10, 11]]
+GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+SEEDED = [SamplingParams(temperature=0.9, top_p=0.9, seed=s, max_tokens=10, ignore_eos=True)
+          for s in (3, 4, 5)]
+
+
+def _pools_empty(llm: LLM) -> None:
+    """Both pools hold nothing: every block free on the decode side, none held or live on the prefill side."""
+    e = llm.engine
+    e.block_manager.check_invariants([])
+    assert e.block_manager.num_free_blocks == e.block_manager.num_blocks
+    stats = e.prefill_stats()
+    assert stats["free_blocks"] == stats["num_blocks"] and stats["held"] == [] and stats["live"] == []
+    assert not e.remote and not e.ready and not e.inflight
+
+
+def _one(model) -> LLM:
+    return LLM(model, device="cpu", dtype="float32", block_size=4)
+
+
+@pytest.mark.slow  # a prefill process per model
+@pytest.mark.parametrize("arch", ["embedded", "llama", "qwen3", "mixtral"])
+def test_disaggregated_tokens_equal_one_engine(checkpoint, arch):
+    model = EMBEDDED if arch == "embedded" else checkpoint(arch)
+    one = _one(model)
+    want_greedy = [o.token_ids for o in one.generate(PROMPTS, GREEDY)]
+    want_seeded = one.generate(PROMPTS, SEEDED)
+    with LLM(model, device="cpu", dtype="float32", block_size=4, disaggregate=True) as two:
+        assert [o.token_ids for o in two.generate(PROMPTS, GREEDY)] == want_greedy
+        seeded = two.generate(PROMPTS, SEEDED)
+        assert [o.token_ids for o in seeded] == [o.token_ids for o in want_seeded]
+        # the prefill side's prefix cache kept the greedy run's full blocks, as one engine's does
+        assert [o.usage.cached_tokens for o in seeded] == [o.usage.cached_tokens for o in want_seeded] == [36, 8, 24]
+        for a, b in zip(seeded, want_seeded):
+            assert a.metrics["ttft_split"]["kv_transfer"] >= 0
+        _pools_empty(two)
+    assert not two.engine.proc.is_alive()
+
+
+def _drain(llm: LLM, limit: int = 500) -> None:
+    for _ in range(limit):
+        if not llm.engine.has_unfinished_requests():
+            return
+        llm.engine.step()
+    raise AssertionError("the engine did not settle")
+
+
+@pytest.mark.slow  # a prefill process
+def test_aborts_and_a_disconnect_leave_no_block_on_either_side(checkpoint):
+    # 16 blocks of 4 a side: a 40-token request running leaves too few decode blocks for a 30-token one
+    with LLM(checkpoint("llama"), device="cpu", dtype="float32", block_size=4, num_kv_blocks=16,
+             disaggregate=True) as llm:
+        e = llm.engine
+        long = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+        with pytest.raises(ValueError, match="n > 1 with disaggregate=True is not built"):
+            e.add_request(PROMPTS[1], SamplingParams(n=2))
+        # 1. aborted at once: on the prefill side still
+        rid = e.add_request(PROMPTS[1], long)
+        assert e.abort(rid) and rid not in e.remote
+        _drain(llm)
+        _pools_empty(llm)
+        # 2. a client that disconnects after its first token (the stream closed: LLM.stream aborts)
+        stream = llm.stream(PROMPTS[0], long, trace="basic")
+        first = next(x for x in stream if type(x).__name__ == "TokenOutput")
+        assert first.index == 0
+        stream.close()
+        _drain(llm)
+        _pools_empty(llm)
+        # 3. prefilled, waiting for decode blocks (the pool is held by a running request), then aborted
+        a = e.add_request(_base[:36] + [5, 6, 7, 8], long)  # 10 blocks on the decode side
+        b = e.add_request(_base[:30], long)  # 8 blocks: does not fit beside a
+        for _ in range(300):
+            e.step()
+            if any(seq.request_id == b for seq, _ in e.ready) and e.requests[a].num_output_tokens > 1:
+                break  # a decodes, b waits for its blocks
+        else:
+            raise AssertionError("b never waited for decode blocks")
+        assert e.abort(b)
+        e.step()
+        assert e.prefill_stats()["held"] == []  # dropped there
+        assert e.abort(a)
+        _drain(llm)
+        _pools_empty(llm)
+        # 4. aborted while its pages are on the wire (the receive posted, the send not yet seen)
+        c = e.add_request(PROMPTS[0], long)
+        for _ in range(300):
+            e.step()
+            if e.inflight:
+                break
+        else:
+            raise AssertionError("the transfer was never seen in flight")
+        assert e.abort(c)
+        _drain(llm)
+        _pools_empty(llm)
+        # and the engine still serves
+        assert len(llm.generate(PROMPTS[1], GREEDY)[0].token_ids) == 12
+        _pools_empty(llm)
+
+
+@pytest.mark.slow  # a prefill process
+def test_a_killed_prefill_process_stops_the_engine_with_one_error(checkpoint):
+    llm = LLM(checkpoint("llama"), device="cpu", dtype="float32", block_size=4, disaggregate=True)
+    e = llm.engine
+    assert len(llm.generate(PROMPTS[1], GREEDY)[0].token_ids) == 12
+    running = e.add_request(PROMPTS[0], SamplingParams(temperature=0, max_tokens=200, ignore_eos=True))
+    while not e.requests[running].num_output_tokens:  # decoding here
+        e.step()
+    waiting = e.add_request(PROMPTS[2], GREEDY)  # and one sent to the prefill side
+    os.kill(e.proc.pid, signal.SIGKILL)
+    t = time.monotonic()
+    with pytest.raises(DisaggFailedError, match=r"prefill engine's process \(rank 1\) died \(exit code -9\)"):
+        for _ in range(1000):
+            e.step()
+    assert time.monotonic() - t < 30
+    assert e.requests[running].finish_reason == e.requests[waiting].finish_reason == "abort"
+    assert e.block_manager.num_free_blocks == e.block_manager.num_blocks  # no page leaked here
+    assert not e.proc.is_alive() and not e.has_unfinished_requests()
+    with pytest.raises(DisaggFailedError, match="died"):  # and stays stopped, saying why
+        llm.generate(PROMPTS[1], GREEDY)
+    llm.shutdown()
+
+
+def test_refusals_are_clear_and_start_nothing(checkpoint):
+    import multiprocessing as mp
+
+    with pytest.raises(ValueError, match=r"--prefill-ranks 2 --decode-ranks 1: only 1 and 1 are built"):
+        LLM(checkpoint("llama"), device="cpu", disaggregate=True, prefill_ranks=2)
+    with pytest.raises(ValueError, match="speculative decoding"):
+        LLM(checkpoint("llama"), device="cpu", disaggregate=True, draft="ngram")
+    with pytest.raises(ValueError, match="tensor or expert parallelism"):
+        LLM(checkpoint("llama"), device="cpu", disaggregate=True, tensor_parallel_size=2)
+    assert not mp.active_children()
+
+
+def test_the_server_flags_refuse_what_is_not_built():
+    from app.__main__ import main
+
+    with pytest.raises(SystemExit, match="--prefill-ranks and --decode-ranks go with --disaggregate"):
+        main(["--prefill-ranks", "2"])
+    with pytest.raises(SystemExit, match=r"cannot start: --prefill-ranks 1 --decode-ranks 3: only 1 and 1"):
+        main(["--disaggregate", "--decode-ranks", "3"])
+
+
+KILLED = """
+import os, signal, sys
+sys.path.insert(0, {root!r})
+from engine import LLM, SamplingParams
+if __name__ == "__main__":
+    llm = LLM({path!r}, device="cpu", dtype="float32", disaggregate=True)
+    print(llm.engine.proc.pid, flush=True)
+    llm.generate([1, 2, 3], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.slow  # a serving process and its prefill process
+def test_a_killed_serving_process_leaves_no_prefill_process(checkpoint, tmp_path):
+    import subprocess
+    import sys
+
+    from tests.engine.parallel.test_parallel import _alive
+
+    script = tmp_path / "serve.py"
+    script.write_text(KILLED.format(root=str(ROOT), path=str(checkpoint("llama"))))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            text=True, start_new_session=True)
+    try:
+        pid = int(proc.stdout.readline())
+        assert proc.wait(120) == -signal.SIGKILL
+        deadline = time.monotonic() + 15
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _alive(pid), "the prefill process outlived the serving process"
+    finally:
+        proc.kill()

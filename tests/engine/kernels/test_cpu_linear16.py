@@ -1,0 +1,108 @@
+"""The 16-bit weight kernels (engine/kernels/cpu_linear16.c) against plain torch: float32
+activations times the bfloat16 / float16 weight widened, in float64 as the oracle.
+
+Every path is built here: this CPU's own (-march=native: AVX-512 BF16's dot products where
+it has them) and the forced fallbacks x86-64-v3 (AVX2 + F16C, no AVX-512: widening by shifts
+and VCVTPH2PS) and x86-64-v2 (neither: float16 by bit arithmetic), each where this CPU can
+run it."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.kernels import cpu
+
+if not cpu.available():
+    if os.environ.get("TOKENTRACE_REQUIRE_CPU_KERNELS") == "1":
+        cpu.build()
+        raise AssertionError("the CPU kernels built but did not load")
+    pytest.skip("no C compiler for the CPU kernels", allow_module_level=True)
+
+FLAGS = cpu._cpu_flags().split()
+ARCHES = ["native"] + [a for a, needs in (("x86-64-v3", {"avx2", "fma", "f16c"}), ("x86-64-v2", {"sse4_2"}))
+                       if needs <= set(FLAGS)]
+DTYPES = [torch.bfloat16, torch.float16]
+
+
+def check(y: torch.Tensor, x: torch.Tensor, w16: torch.Tensor, bias: torch.Tensor | None, lib) -> None:
+    """y against x @ w16.T in float64. The bound: float32 sums of K terms, and on the BF16
+    dot-product path x split into two bfloat16 parts (a relative error under 2^-16 of each
+    x), both far below the weight's own rounding (2^-9 for bfloat16)."""
+    ref = F.linear(x.double(), w16.double(), None if bias is None else bias.double())
+    k = x.shape[-1]
+    scale = (x.double().abs() @ w16.double().abs().T).max().item() + 1e-30
+    split = 2.0 ** -16 if lib.tt_linear16_path() == 1 and w16.dtype == torch.bfloat16 else 0.0
+    bound = scale * (split + 4e-7 * k ** 0.5)
+    assert (y.double() - ref).abs().max().item() <= bound
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n,k", [(8, 32), (576, 576), (577, 576), (10, 37), (3, 5), (130, 1536)])
+@pytest.mark.parametrize("rows", [1, 2, 3, 8, 33])
+def test_linear16_matches_torch(arch, dtype, n, k, rows):
+    lib = cpu.load(arch)
+    g = torch.Generator().manual_seed(n * 1000 + k + rows)
+    w, x, bias = torch.randn(n, k, generator=g), torch.randn(rows, k, generator=g), torch.randn(n, generator=g)
+    bw = cpu.BlockedWeight.of(w, dtype)
+    assert bw.dtype == dtype and bw.nbytes == bw.data.numel() * 2
+    w16 = w.to(dtype)
+    check(cpu.linear(x, bw, lib=lib), x, w16, None, lib)
+    check(cpu.linear(x, bw, bias, lib=lib), x, w16, bias, lib)
+
+
+def test_each_arch_takes_its_path():
+    """The native build on a CPU with AVX-512 BF16 takes the dot products; a build without
+    it widens by shifts (so both are tested on such a CPU)."""
+    assert cpu.load("native").tt_linear16_path() == int("avx512_bf16" in FLAGS)
+    for arch in ARCHES[1:]:
+        assert cpu.load(arch).tt_linear16_path() == 0
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_float16_special_values_widen_exactly(arch):
+    """Subnormals, the largest value, infinities and signed zeros: a one-column weight times 1
+    is the weight itself, widened."""
+    lib = cpu.load(arch)
+    values = torch.tensor([0.0, -0.0, 6.0e-8, -6.0e-8, 3.0e-5, 1.0, -2.5, 65504.0, float("inf"), float("-inf")],
+                          dtype=torch.float16)
+    bw = cpu.BlockedWeight.of(values.view(-1, 1), torch.float16)
+    y = cpu.linear(torch.ones(1, 1), bw, lib=lib)[0]
+    assert torch.equal(y, values.float())
+    nan = cpu.linear(torch.ones(1, 1), cpu.BlockedWeight.of(torch.tensor([[float("nan")]]), torch.float16), lib=lib)
+    assert nan.isnan().all()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n,k", [(10, 20), (8, 32), (1, 1), (33, 577)])
+def test_blocking_reads_back(dtype, n, k):
+    """The 16-bit layout (32 columns to a block row) in C equals torch's, and reads back:
+    whole (unblocked) and by rows (an embedding's lookup of a tied head)."""
+    w = torch.randn(n, k)
+    bw = cpu.BlockedWeight.of(w, dtype)
+    assert bw.data.shape == (-(-n // 8), -(-k // 32), 8, 32)
+    assert torch.equal(bw.data, cpu.block_reference(w.to(dtype)))
+    assert torch.equal(bw.unblocked(), w.to(dtype))
+    ids = torch.tensor([[0, n - 1], [n // 2, 0]])
+    assert torch.equal(bw.rows(ids), w.to(dtype).float()[ids])
+
+
+def test_float32_blocked_reads_back():
+    w = torch.randn(19, 37)
+    bw = cpu.BlockedWeight.of(w)
+    assert torch.equal(bw.unblocked(), w) and torch.equal(bw.rows(torch.tensor([18, 3])), w[[18, 3]])
+
+
+def test_large_matrix_split_between_threads():
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        w, x = torch.randn(4099, 300), torch.randn(5, 300)
+        for dtype in DTYPES:
+            lib = cpu.library()
+            check(cpu.linear(x, cpu.BlockedWeight.of(w, dtype)), x, w.to(dtype), None, lib)
+    finally:
+        torch.set_num_threads(before)

@@ -1,0 +1,65 @@
+"""The journey's words follow what is known at that moment (issue 25's gaps): a request that
+cannot speculate skips the Speculation stage from its start, and the KV stage's sentence
+matches the replay position (before the finish: the blocks are still held)."""
+from __future__ import annotations
+
+from tests.visualizers.test_selection import LABELS, MODEL, PROMPT, events
+from visualizers.journey import journey
+from visualizers.stages.speculation import without
+
+OUTPUTS = [{"type": "output", "token_id": i, "text": LABELS[i], "finished": False, "index": i - PROMPT, "t": 0.0}
+           for i in range(PROMPT, len(LABELS))]
+STEPS = [{"type": "schedule.step", "step": s, "batch": [{"request_id": "r1", "kind": k}]}
+         for s, k in ((1, "prefill"), (2, "decode"), (3, "decode"))]
+FINISH = {"type": "finish", "step": 3, "reason": "stop", "usage": {"prompt_tokens": 4, "completion_tokens": 3}}
+
+
+def stage(key: str, model: dict, body: dict | None, evs: list[dict], outputs: list[dict] = ()):
+    return next(s for s in journey(model, "r1", body, evs, list(outputs)) if s.key == key)
+
+
+def test_a_model_without_a_draft_skips_speculation_from_the_first_update():
+    st = stage("spec", MODEL, {"messages": []}, [])  # nothing ran yet
+    assert st.skipped and "served without a draft" in st.text and "runs without" in st.text
+    mid = stage("spec", MODEL, None, events()[:3] + STEPS[:1])  # mid-stream, before any finish
+    assert mid.skipped
+
+
+def test_a_request_that_turned_speculation_off_or_adjusts_its_logits_skips_it_from_the_start():
+    drafted = {**MODEL, "has_draft": True}
+    off = stage("spec", drafted, {"speculative": {"enabled": False, "num_tokens": 2}}, [])
+    assert off.skipped and "turned off for this request" in off.text
+    for body in ({"presence_penalty": 0.5}, {"repetition_penalty": 1.3}, {"response_format": {"type": "json_object"}},
+                 {"logit_bias": {"5": 3}}, {"min_tokens": 4}):
+        assert stage("spec", drafted, body, []).skipped, body
+        assert "one token a step" in without(drafted, body)
+    # a drafted model with nothing against it may still speculate: not skipped before the end
+    may = stage("spec", drafted, {"speculative": {"enabled": True}, "repetition_penalty": 1.0}, STEPS[:1])
+    assert not may.skipped and without(drafted, {"repetition_penalty": 1.0}) is None
+    done = stage("spec", drafted, {}, events() + STEPS + [FINISH], OUTPUTS)
+    assert done.skipped and "ran without" in done.text  # it ended with no round: skipped then
+
+
+def test_the_kv_sentence_says_handed_back_only_once_the_request_has_finished():
+    before = stage("kv", MODEL, None, events() + STEPS, OUTPUTS)  # a replay cursor before the finish
+    assert "handed back the moment it finished" not in before.text
+    assert "go back to the pool the moment it finishes" in before.text
+    after = stage("kv", MODEL, None, events() + STEPS + [FINISH], OUTPUTS)
+    assert "handed back the moment it finished" in after.text
+
+
+def test_the_sample_stage_names_the_stages_before_temperature_with_their_numbers():
+    evs = events()
+    sample = next(e for e in reversed(evs) if e["type"] == "sample")
+    sample["stages"] = {"logits": {"probs": [0.9, 0.1], "kept": 50},
+                        "grammar": {"probs": [1.0, 0.0], "kept": 3, "moved": 47, "changes": [[40, None]]},
+                        "presence_penalty": {"probs": [1.0, 0.0], "kept": 3, "moved": 2, "changes": [[4, -1.0]]}}
+    sample["params"] = {**sample["params"], "structured": "json_object", "presence_penalty": 1.0}
+    st = stage("sampling", MODEL, None, evs + STEPS, OUTPUTS)
+    assert "the grammar mask allowed <b>3</b> of the <b>50</b> tokens" in st.text
+    assert "the presence penalty moved <b>2</b> logits" in st.text
+    from visualizers.sampling import sampling_html
+    html = sampling_html([sample], {i: t for i, t in enumerate(LABELS)} | {40: "<x>"}, vocab_size=50)
+    assert "grammar mask json object" in html and "presence penalty 1" in html  # the columns' labels
+    assert "allowed 3 of 50 tokens next; removed <code>&lt;x&gt;</code>" in html  # token text escaped
+    assert "<code>␣Paris</code> -1.00" in html and "data-bias-id='40'" in html

@@ -1,0 +1,105 @@
+"""Prefill and decode apart (engine/disagg): this request's KV pages moving from the prefill
+engine's pool to the decode engine's, and what the handover cost beside the prefill.
+
+Pure: a request's events in (its `kv.transfer` and, once it ended, its `finish`), escaped
+HTML out. Both pools are drawn from the transfer event alone: each block a cell (a cell
+stands for several blocks in a big pool), this request's blocks marked in each.
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+from visualizers._html import empty, esc, fmt_bytes, panel
+
+MAX_CELLS, COLS, CELL = 128, 16, 11  # cells drawn per pool, per row; a cell's size in px
+MINE, USED, FREE = "#466ec8", "#b8bccb", "#eceef4"
+
+
+def transfer_summary(x: dict, ttft_s: float | None = None) -> dict:
+    """The numbers the panel and the classroom quote, from a kv.transfer event."""
+    handover = x.get("handover_ms", x["queue_ms"] + x["wire_ms"])
+    ttft_ms = ttft_s * 1e3 if ttft_s else None
+    return {"blocks": x["num_blocks"], "tokens": x["tokens"], "bytes": x["bytes"], "layers": len(x["layers"]),
+            "backend": x["backend"], "wire_ms": x["wire_ms"], "queue_ms": x["queue_ms"], "prefill_ms": x["prefill_ms"],
+            "handover_ms": handover, "ttft_ms": ttft_ms,
+            "share_of_ttft": handover / ttft_ms if ttft_ms else None,
+            "gbit_per_s": x["bytes"] * 8 / (x["wire_ms"] / 1e3) / 1e9 if x["wire_ms"] > 0 else None}
+
+
+def _pool_svg(x0: float, title: str, pool: dict, mine: Sequence[int], note: str) -> str:
+    n = max(1, int(pool.get("num_blocks") or 1))
+    cells = min(n, MAX_CELLS)
+    per = math.ceil(n / cells)
+    marked = {b // per for b in mine}
+    used = n - int(pool.get("free", n))
+    out = [f'<text x="{x0}" y="12" font-size="11" font-weight="600">{esc(title)}</text>']
+    for c in range(math.ceil(n / per)):
+        r, k = divmod(c, COLS)
+        fill = MINE if c in marked else FREE
+        out.append(f'<rect x="{x0 + k * CELL:.0f}" y="{18 + r * CELL}" width="{CELL - 2}" height="{CELL - 2}" '
+                   f'rx="1.5" fill="{fill}" stroke="{USED if fill == FREE else MINE}" stroke-width="0.6"/>')
+    rows = math.ceil(math.ceil(n / per) / COLS)
+    y = 18 + rows * CELL + 12
+    scale = f" (a cell: {per} blocks)" if per > 1 else ""
+    cached = int(pool.get("cached", 0))
+    counts = f"{len(mine)} blocks of this request · {used:,} in use, {cached:,} cached · {n:,} blocks{scale}"
+    out.append(f'<text x="{x0}" y="{y}" font-size="10">{esc(counts)}</text>')
+    out.append(f'<text x="{x0}" y="{y + 13}" font-size="10" fill="#666">{esc(note)}</text>')
+    return "".join(out), y + 13
+
+
+def _bars(s: dict) -> str:
+    """The prefill, the wait for decode blocks and the send, to one scale."""
+    parts = [("prefill (on the prefill engine)", s["prefill_ms"], "#466ec8"),
+             ("waiting for decode blocks / the pull", s["queue_ms"], "#f0b41e"),
+             (f"on the wire ({s['backend']})", s["wire_ms"], "#d2504a")]
+    top = max(1e-6, max(ms for _, ms, _ in parts))
+    rows = []
+    for label, ms, color in parts:
+        w = max(1.0, 260 * ms / top)
+        rows.append(f'<div style="display:flex;align-items:center;gap:6px;font-size:12px">'
+                    f'<span style="width:230px">{esc(label)}</span>'
+                    f'<span style="display:inline-block;width:{w:.0f}px;height:9px;background:{color};border-radius:2px">'
+                    f'</span><span>{esc(f"{ms:,.2f} ms")}</span></div>')
+    return "".join(rows)
+
+
+def disagg_panel_html(events: Sequence[dict]) -> str:
+    """The panel's body for a request served disaggregated; a note when it was not."""
+    xs = [e for e in events if e["type"] == "kv.transfer"]
+    if not xs:
+        return empty("this request ran on one engine: prefill and decode shared its device and its KV pool "
+                     "(start the server with --disaggregate to give each its own)")
+    x = xs[-1]
+    fin = next((e for e in events if e["type"] == "finish"), None)
+    s = transfer_summary(x, (fin or {}).get("ttft"))
+    left, h1 = _pool_svg(0, "prefill engine's pool", x.get("src_pool", {}), x["src_blocks"],
+                         "after the send: its blocks freed, the full ones kept in the prefix cache")
+    right, h2 = _pool_svg(330, "decode engine's pool", x.get("dst_pool", {}), x["dst_blocks"],
+                          "its own blocks, allocated before the pages came")
+    mid_y = 40
+    above = f"{s['blocks']} blocks · {fmt_bytes(s['bytes'])}"
+    below = f"{s['layers']} layers · {s['wire_ms']:,.2f} ms"
+    arrow = (f'<line x1="186" y1="{mid_y}" x2="318" y2="{mid_y}" stroke="#d2504a" stroke-width="2" '
+             f'marker-end="url(#tt-disagg-arrow)"/>'
+             f'<text x="252" y="{mid_y - 8}" font-size="10" text-anchor="middle">{esc(above)}</text>'
+             f'<text x="252" y="{mid_y + 14}" font-size="10" text-anchor="middle">{esc(below)}</text>')
+    defs = ('<defs><marker id="tt-disagg-arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="6" '
+            'markerHeight="6" orient="auto"><path d="M0,0L10,5L0,10z" fill="#d2504a"/></marker></defs>')
+    height = max(h1, h2) + 8
+    svg = f'<svg viewBox="0 0 520 {height}" width="100%" style="max-width:620px">{defs}{left}{arrow}{right}</svg>'
+    share = (f"; the handover was <b>{s['share_of_ttft']:.0%}</b> of its time to first token "
+             f"({s['ttft_ms']:,.1f} ms)") if s["share_of_ttft"] is not None else ""
+    rate = f" ({s['gbit_per_s']:,.2f} Gbit/s)" if s["gbit_per_s"] else ""
+    text = (f"<p>This request's prompt ({s['tokens']:,} tokens) was computed on the <b>prefill engine</b>, which "
+            f"also drew the first token (as vLLM's disaggregated prefill does); its KV pages, every layer, "
+            f"<b>{s['blocks']} blocks, {esc(fmt_bytes(s['bytes']))}</b>, then went to the <b>decode engine</b> "
+            f"over torch.distributed ({esc(s['backend'])}) in <b>{s['wire_ms']:,.2f} ms</b>{esc(rate)}, after "
+            f"waiting {s['queue_ms']:,.2f} ms for blocks there{share}. The decode engine appended the token and "
+            f"decoded the rest from its own pool.</p>")
+    return svg + _bars(s) + text
+
+
+def disagg_html(events: Sequence[dict]) -> str:
+    return panel("Prefill and decode apart", disagg_panel_html(events), "engine/disagg")

@@ -1,0 +1,89 @@
+"""The stage sentences a DeepSeek model (V2 / V3) needs beside the others': multi-head
+latent attention and its latent KV cache, and DeepSeek's MoE (shared experts, group-limited
+routing, the balance bias), with this request's numbers. The page and the classroom read the
+same model facts (app/serving/engine_service.py model_info: "mla", "deepseek_moe", "kv_*").
+Each function returns None for a model without that part, so the caller keeps its own words."""
+from __future__ import annotations
+
+from typing import Sequence
+
+from visualizers._html import esc, fmt_bytes
+from visualizers.stages.facts import n, plural
+
+
+def latent_dim(m: dict) -> int:
+    mla = m.get("mla") or {}
+    return int(mla.get("kv_lora_rank", 0)) + int(mla.get("qk_rope_head_dim", 0))
+
+
+def mla_heads(m: dict) -> str | None:
+    """How the heads attend, for layers(): no K/V per head, one latent they all read."""
+    mla = m.get("mla")
+    if not mla:
+        return None
+    rank, rope = int(mla["kv_lora_rank"]), int(mla["qk_rope_head_dim"])
+    return (f"{plural(int(m['num_heads']), 'query head')} over multi-head latent attention (MLA): no head keeps "
+            f"keys and values of its own; each token leaves one latent of {n(rank)} numbers plus a {n(rope)}-number "
+            f"RoPE key that every head shares, and each head's keys and values are rebuilt from it (a decode step "
+            f"folds that rebuilding into the query and the output, so it reads the latent as it lies in the cache)")
+
+
+def mla_kv(m: dict, tokens: int, blocks: int, when: str) -> tuple[str, str, int] | None:
+    """kv()'s sentences for an MLA model: what a token keeps, what full K and V would take, and
+    this request's share. -> (first sentence, second sentence, bytes per token), or None."""
+    if not m.get("mla"):
+        return None
+    L, b, bs = int(m["num_layers"]), int(m["dtype_bytes"]), int(m["block_size"])
+    latent = int(m.get("kv_values_per_token_layer") or latent_dim(m))
+    per_token = int(m.get("kv_bytes_per_token") or L * latent * b)
+    full = int(m.get("kv_full_bytes_per_token") or 0)
+    mla = m["mla"]
+    first = (f"So that no step recomputes the past, each layer keeps what attention needs of every token. "
+             f"This model keeps the latent, not K and V: {L} layer{'s' if L != 1 else ''} × {n(latent)} numbers "
+             f"({n(int(mla['kv_lora_rank']))} latent + {n(int(mla['qk_rope_head_dim']))} RoPE key) × {b} bytes = "
+             f"{n(per_token)} bytes per token")
+    if full:
+        first += (f"; full keys and values for its {n(int(m['num_heads']))} heads would take {n(full)} bytes "
+                  f"({full / max(per_token, 1):.0f}× more)")
+    second = (f"{when}this request held latents for {plural(tokens, 'token')}: {esc(fmt_bytes(per_token * tokens))} "
+              f"in {plural(blocks, 'block')} of {bs} tokens" + (
+                  f" (K and V would have taken {esc(fmt_bytes(full * tokens))})" if full else "")
+              + f", taken from a shared pool of {n(int(m['num_blocks']))} blocks and handed back the moment it "
+              "finished.")
+    return first + ".", second, per_token
+
+
+def deepseek_ffn(m: dict, moe: Sequence[dict]) -> str | None:
+    """_ffn()'s extra sentence for DeepSeek's MoE: shared experts, the group limit, the bias,
+    with what the router did at the quoted layer (moe: that layer's routing events)."""
+    ds = m.get("deepseek_moe")
+    if not ds:
+        return None
+    E, k = int(m.get("num_experts") or 0), int(m.get("top_k") or 0)
+    parts = []
+    if ds.get("n_shared_experts"):
+        parts.append(f"Beside the {n(E)} routed experts, every token also passes through "
+                     f"{plural(int(ds['n_shared_experts']), 'shared expert')}, with no router")
+    if int(ds.get("n_group") or 1) > 1:
+        groups = [g for e in moe for g in e.get("groups", [])]
+        kept = f"; here the tokens kept groups {_most(groups)} most often" if groups else ""
+        parts.append(f"The router may pick its {n(k)} only from the {n(int(ds['topk_group']))} best of "
+                     f"{n(int(ds['n_group']))} expert groups{kept}")
+    if ds.get("correction_bias"):
+        pairs = [(sorted(x), w) for e in moe for x, w in zip(e["experts"], e.get("without_bias", []))]
+        changed = sum(x != w for x, w in pairs)
+        scoring = esc(str(ds["scoring"]).capitalize())
+        parts.append(f"{scoring} scores plus a learned balance bias choose the experts, the scores without it "
+                     "weigh them" + (f"; the bias changed the picks of {n(changed)} of {plural(len(pairs), 'token')}"
+                                     if pairs else ""))
+    return ". ".join(parts) + "." if parts else None
+
+
+def _most(groups: Sequence[Sequence[int]]) -> str:
+    """The most frequent kept groups, e.g. "1 and 3"."""
+    counts: dict[int, int] = {}
+    for kept in groups:
+        for g in kept:
+            counts[g] = counts.get(g, 0) + 1
+    best = sorted(counts, key=lambda g: (-counts[g], g))[:max(1, len(groups[0]))]
+    return " and ".join(str(g) for g in sorted(best))
