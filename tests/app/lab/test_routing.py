@@ -11,6 +11,8 @@ from app.lab.export import to_html
 from app.lab.routing import workload
 from visualizers.lab_routing import figures, sentences, spread
 
+pytestmark = pytest.mark.slow  # three settings of two engines each
+
 
 @pytest.fixture(scope="module")
 def result():

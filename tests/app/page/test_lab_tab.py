@@ -31,6 +31,7 @@ def shown():
     return updates, desk
 
 
+@pytest.mark.slow  # a real experiment run, or engines built
 def test_run_shows_progress_then_the_result_and_its_exports(shown):
     updates, desk = shown
     progress = [u[0] for u in updates[:-1]]
@@ -117,6 +118,7 @@ def test_plotly_js_is_served_from_the_installed_package():
     assert r.status_code == 200 and r.content == own and r.headers["content-type"].startswith("application/javascript")
 
 
+@pytest.mark.slow  # a real experiment run, or engines built
 def test_the_figures_frame_escapes_what_it_draws(shown):
     _, desk = shown
     result = json.loads(json.dumps(desk.last["tab-a"]))
@@ -129,6 +131,7 @@ def test_the_figures_frame_escapes_what_it_draws(shown):
     assert "</script><img" not in doc and "src='/lab/plotly.min.js'" in doc
 
 
+@pytest.mark.slow  # a real experiment run, or engines built
 def test_a_result_is_a_classroom_stage_of_its_own(shown):
     _, desk = shown
     result = desk.last["tab-a"]
@@ -145,6 +148,7 @@ def test_a_result_is_a_classroom_stage_of_its_own(shown):
     assert alone.stage_list()[0].key == "experiment"
 
 
+@pytest.mark.slow  # a real experiment run, or engines built
 def test_a_public_page_says_experiments_are_off_and_its_buttons_do_nothing():
     from app.__main__ import build_services
     from app.page.layout import build_page

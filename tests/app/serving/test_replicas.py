@@ -75,6 +75,7 @@ def test_an_unknown_policy_and_bad_replica_counts_are_refused():
     assert (args.replicas, args.router) == (3, "least-loaded")
 
 
+@pytest.mark.slow  # real engines
 def test_the_engine_says_how_much_of_a_prompt_its_cache_holds():
     from engine import EngineConfig, LLMEngine, SamplingParams
     engine = LLMEngine(TARGET, config=EngineConfig(num_kv_blocks=64, block_size=4))
@@ -115,6 +116,7 @@ def route_of(server, request_id: str) -> dict:
     return next(e for e in trace["events"] if e["type"] == "request.arrive")["replica"]
 
 
+@pytest.mark.slow  # real engines
 def test_two_replicas_are_one_model_on_two_engines(server):
     models = server.models
     assert models.names == ["target"] and len(models) == 1
@@ -130,6 +132,7 @@ def test_two_replicas_are_one_model_on_two_engines(server):
     assert [m["id"] for m in models_list["data"]] == ["target"]
 
 
+@pytest.mark.slow  # real engines
 def test_the_api_answers_as_one_engine_and_shared_prompts_meet_their_cache(server):
     from engine import LLM, SamplingParams
     group = server.models.first
@@ -153,6 +156,7 @@ def test_the_api_answers_as_one_engine_and_shared_prompts_meet_their_cache(serve
     assert turns in ([0, 1, 0, 1], [1, 0, 1, 0])
 
 
+@pytest.mark.slow  # real engines
 def test_streaming_watching_and_metrics_reach_the_right_replica(server):
     from websockets.sync.client import connect
     group = server.models.first
@@ -181,6 +185,7 @@ def test_streaming_watching_and_metrics_reach_the_right_replica(server):
     assert all(s > 0 for s in served_steps)  # both engines did work
 
 
+@pytest.mark.slow  # real engines
 def test_the_router_counts_what_is_in_flight_without_waiting_for_an_engine(server):
     from app.serving.engine_service import wait_idle
     from app.serving.requests import parse_body
@@ -219,6 +224,7 @@ def test_the_router_counts_what_is_in_flight_without_waiting_for_an_engine(serve
     assert group._live == [set(), set()]
 
 
+@pytest.mark.slow  # real engines
 def test_the_request_stage_names_the_replica_and_why(server):
     from visualizers.stages import Facts, request
     server.models.first.router = Router("prefix-aware")
@@ -236,6 +242,7 @@ def test_the_request_stage_names_the_replica_and_why(server):
     assert "replica" not in request(Facts.read(trace["model"], reply["id"], trace["body"], plain, [])).text
 
 
+@pytest.mark.slow  # real engines
 def test_the_page_sends_to_a_replica_and_its_request_stage_says_which(server):
     from app.page.controller import Controller, Controls
     server.models.first.router = Router("least-loaded")
