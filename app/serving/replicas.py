@@ -28,15 +28,24 @@ _ids = itertools.count(1)
 class Counted:
     """A replica as the router sees it here: the requests this set sent it that have not ended
     (counted as they go and end, never waiting for its engine's lock: a step can last seconds),
-    and its engine's prefix cache."""
+    and the prefix it holds of a prompt: in its engine's cache, or on its way there (a request
+    sent to it, not ended, with the same beginning: its full blocks are cached once its prefill
+    runs). The second part is what SGLang's router keeps too (a tree of what it routed): without
+    it, a burst of requests sharing a new system prompt would be spread before the first's
+    prefill has run, and every replica would compute that prompt."""
     live: set[str]
+    prompts: dict[str, list[int]]  # request id -> its prompt's ids, while it runs
     engine: LLMEngine
+    block_size: int
 
     def in_flight(self) -> int:
         return len(self.live)
 
     def cached_prefix_tokens(self, token_ids: list[int]) -> int:
-        return self.engine.cached_prefix_tokens(token_ids)
+        cached = self.engine.cached_prefix_tokens(token_ids)
+        coming = max((_common(token_ids, p) for p in list(self.prompts.values())), default=0)
+        coming = min(coming, len(token_ids) - 1) // self.block_size * self.block_size  # whole blocks, one left
+        return max(cached, coming)
 
 
 class ReplicaSet:
@@ -50,9 +59,11 @@ class ReplicaSet:
             r.replica = i
         self.router = router or Router()
         self._live: list[set[str]] = [set() for _ in replicas]  # each replica's running choices
-        self._probes = [Counted(live, r.engine) for live, r in zip(self._live, replicas)]
-        for live, r in zip(self._live, replicas):
-            r.output_listeners.append(_ender(live))
+        self._prompts: list[dict[str, list[int]]] = [{} for _ in replicas]  # and their prompts' ids
+        self._probes = [Counted(live, prompts, r.engine, r.engine.describe().kv_pool.block_size)
+                        for live, prompts, r in zip(self._live, self._prompts, replicas)]
+        for live, prompts, r in zip(self._live, self._prompts, replicas):
+            r.output_listeners.append(_ender(live, prompts))
         self._routes: OrderedDict[str, int] = OrderedDict()
         self._lock = Lock()  # one decision at a time: the rotation and the loads it read stay consistent
         first = replicas[0]
@@ -96,9 +107,12 @@ class ReplicaSet:
             return None
 
     def route(self, sub: Submission) -> Route:
+        return self._route(sub)[0]
+
+    def _route(self, sub: Submission) -> tuple[Route, list[int] | None]:
         ids = self.prompt_ids(sub)
         with self._lock:
-            return self.router.choose(ids, self._probes)
+            return self.router.choose(ids, self._probes), ids
 
     def replica_of(self, request_id: str) -> EngineService | None:
         with self._lock:
@@ -106,11 +120,13 @@ class ReplicaSet:
         return None if i is None else self.replicas[i]
 
     def submit(self, sub: Submission, request_id: str | None = None, client: str | None = None) -> Subscription:
-        route = self.route(sub)
+        route, ids = self._route(sub)
         rid = request_id or f"req-{next(_ids)}-{secrets.token_hex(4)}"  # before it runs: it may end at once
         choices = LLMEngine.choice_ids(rid, sub.params.n)
-        live = self._live[route.replica]
+        live, prompts = self._live[route.replica], self._prompts[route.replica]
         live.update(choices)
+        if ids:
+            prompts[rid] = ids
         with self._lock:
             self._routes[rid] = route.replica
             while len(self._routes) > KEEP_ROUTES:
@@ -119,6 +135,7 @@ class ReplicaSet:
             return self.replicas[route.replica].submit(sub, rid, client, route=route.as_dict())
         except Exception:
             live.difference_update(choices)
+            prompts.pop(rid, None)
             with self._lock:
                 self._routes.pop(rid, None)
             raise
@@ -157,9 +174,26 @@ class ReplicaSet:
             r.stop()
 
 
-def _ender(live: set[str]):
-    """An output listener (on the replica's engine thread): a finished choice leaves `live`."""
+def _ender(live: set[str], prompts: dict[str, list[int]]):
+    """An output listener (on the replica's engine thread): a finished choice leaves `live`
+    (and a finished request's prompt `prompts`: its blocks are in the engine's cache now)."""
     def ended(item: dict) -> None:
         if item["finished"]:
             live.discard(item["request_id"])
+            prompts.pop(item["request_id"], None)
     return ended
+
+
+def _common(a: list[int], b: list[int]) -> int:
+    """The length of a and b's common beginning."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]: halve (list slices compare in C)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo

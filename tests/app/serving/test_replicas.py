@@ -252,3 +252,39 @@ def test_the_page_sends_to_a_replica_and_its_request_stage_says_which(server):
     assert "finished" in [u["status"] for u in updates if "status" in u][-1]
     text = next(u["stage:request"] for u in reversed(updates) if "stage:request" in u)
     assert "least-loaded router sent this request to replica <b>" in text
+
+
+@pytest.mark.slow  # real engines
+def test_a_burst_sharing_a_new_system_prompt_stays_on_one_replica(server):
+    """Before the first request's prefill has run nothing is cached anywhere: prefix-aware
+    routing counts the prompts it sent and that have not ended (as SGLang's router does), so
+    the burst is not spread over the replicas (one step's batch still prefills each of its
+    requests: the cache is filled after the pass)."""
+    from app.serving.engine_service import wait_idle
+    from app.serving.requests import parse_body
+    group = server.models.first
+    group.router = Router("prefix-aware")
+    fresh = "You are a lighthouse keeper who answers in the voice of the sea, with one short line each time."
+    bodies = [parse_body({"model": "target", "messages": [{"role": "system", "content": fresh},
+                                                         {"role": "user", "content": f"Question {i}?"}],
+                          "max_tokens": 2}) for i in range(3)]
+    assert wait_idle(server.models)
+    steps = [r.engine.step for r in group.replicas]
+    for r in group.replicas:
+        pace(r.engine, 0.5)  # the first prefill has not run when the others arrive
+    try:
+        assert all(group.route(b).cached == [0, 0] for b in bodies[:1])  # nothing of it anywhere yet
+        watches = [group.submit(b) for b in bodies]
+        first = group.replica_of(watches[0].request_id)
+        assert all(group.replica_of(w.request_id) is first for w in watches)
+        assert wait_idle(server.models)
+    finally:
+        for r, step in zip(group.replicas, steps):
+            r.engine.step = step
+    for w in watches:
+        group.unsubscribe(w)
+    # the prompt is in one replica's cache only: the other computed none of it
+    ids = group.prompt_ids(bodies[0])
+    held = [r.engine.cached_prefix_tokens(ids) for r in group.replicas]
+    assert held[group.replicas.index(first)] > 0 and held[1 - group.replicas.index(first)] == 0
+    assert group._prompts == [{}, {}] and group._live == [set(), set()]
