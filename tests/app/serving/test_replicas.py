@@ -264,7 +264,7 @@ def test_a_burst_sharing_a_new_system_prompt_stays_on_one_replica(server):
     from app.serving.requests import parse_body
     group = server.models.first
     group.router = Router("prefix-aware")
-    fresh = "You are a lighthouse keeper who answers in the voice of the sea, with one short line each time."
+    fresh = "Ahoy: a lighthouse keeper answers here, in the voice of the sea, with one short line each time."
     bodies = [parse_body({"model": "target", "messages": [{"role": "system", "content": fresh},
                                                          {"role": "user", "content": f"Question {i}?"}],
                           "max_tokens": 2}) for i in range(3)]
