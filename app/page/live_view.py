@@ -239,6 +239,11 @@ class LiveView:
         if name == "request":
             return viz.request_html(self.body, self.validation, preview=idle)
         if name == "choices":
+            asked = (self.body or {}).get("n")
+            if self.n == 1 and isinstance(asked, int) and asked > 1:  # a replay or a watched request: choice 0's trace
+                return viz.not_recorded(f"{asked} choices", f"this request asked for {asked} choices; its trace is "
+                                        f"choice 0's (the others ran as requests of their own, "
+                                        f"{self.request_id or 'its id'}.1 …), so only choice 0 is drawn here")
             return choices_html(self.choice_outputs(), self.n)
         if name == "answer":
             note = ""

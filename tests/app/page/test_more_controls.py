@@ -99,6 +99,10 @@ def test_n_choices_stream_side_by_side_and_the_slot_is_held_until_the_last_ends(
         assert html.count("class='tt-choice'") == 3 and html.count("finished:") == 3
         assert service.slots.in_flight("10.0.0.9") == 0
         assert all(h == 1 for h in held_after_choice0)  # choice 0 ended, the others ran: still held
+        # scrubbed back, the recording is choice 0's trace: the panel says so, not "n = 1"
+        back = ctl.goto("choices", 1, Controls())
+        assert "asked for 3 choices" in back["choices"] and "n = 1" not in back["choices"]
+        assert value(back["n"]) == 3 and back["n"]["interactive"] is False  # the controls show its own n
     finally:
         service.slots.limit = None
 
