@@ -273,11 +273,10 @@ def api_outputs(ui: dict) -> list:
     """Every output of Send, Watch, Load and the replay, in the order the page's API published
     (new outputs go last: the API's outputs keep their positions)."""
     later = [n for n in PANELS if n in LATER_PANELS]
-    names = [n for n in PANELS if n not in LATER_PANELS + NEWEST] + ["status", "export", "step", "hint_prompt", "hint_send",
-                                                            "hint_max", "hint_sampling", "model_pick", "summary",
-                                                            "note", "system", "user", "speculative", "k", "layer",
-                                                            "head", "moe_col", "temperature", "top_k", "top_p",
-                                                            "max_tokens", "seed", "level"] \
+    early = [n for n in PANELS if n not in LATER_PANELS + NEWEST]
+    names = early + ["status", "export", "step", "hint_prompt", "hint_send", "hint_max", "hint_sampling", "model_pick",
+                     "summary", "note", "system", "user", "speculative", "k", "layer", "head", "moe_col",
+                     "temperature", "top_k", "top_p", "max_tokens", "seed", "level"] \
         + later + ["export_timeline", "map"] + [f"stage:{k}" for k in KEYS] + [f"section:{k}" for k in KEYS] \
         + ["stop", "send", "unlock", "replay_note", "step_box"] + list(MORE) + ["hint_more", "choices"]
     return [ui[n] for n in names if n in ui]
