@@ -81,7 +81,7 @@ class LiveView:
                 self.outputs.append(it)
                 if it.get("token_id", -1) >= 0:
                     self.token_seen_at.append(time.perf_counter())
-                self.dirty.update(("answer", "tokens", "choices"))
+                self.dirty.update(("answer", "tokens", "choices") if self.n > 1 else ("answer", "tokens"))
                 if it["finished"]:
                     self.own_done = True
                     self._maybe_finished()
