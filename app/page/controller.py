@@ -519,7 +519,9 @@ class Controller:
         view.error = f"not sent: {e}"
         param = getattr(e, "param", None)
         if param is None and submission is not None and not isinstance(e, RequestRefused):
-            param = "messages"  # parsed fine, refused by the engine: empty, too long for context or pool
+            # parsed fine, refused by the engine: a field its message names (a logit_bias id past the
+            # vocabulary), else the prompt (empty, too long for the context or the pool)
+            param = next((f for f in HINT_OF if str(e).startswith(f)), "messages")
         return {**{h: "" for h in HINTS}, HINT_OF.get(param, "hint_send"):
                 f"<div class='tt-hint'>⚠ {viz._html.esc(e)}</div>", **self.no_recording()}
 

@@ -51,6 +51,8 @@ def test_a_bad_schema_or_token_id_is_refused_under_the_controls(ctl):
     assert "not valid JSON" in out["hint_more"] and "rejected" in out["status"]
     out = run(ctl, "bad-token", Controls(bias_token="fox", bias=5, model=ctl.model["name"]))
     assert "logit_bias" in out["hint_more"]
+    out = run(ctl, "far-token", Controls(bias_token="999999", bias=5, model=ctl.model["name"]))
+    assert "logit_bias token ids must be in" in out["hint_more"] and not out["hint_prompt"]  # the engine's check
 
 
 def test_a_clicked_candidate_becomes_the_biased_token(ctl):
