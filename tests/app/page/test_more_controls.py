@@ -126,3 +126,22 @@ def test_the_slot_of_n_choices_is_freed_only_when_the_last_ends(service):
         assert slots.in_flight("c") == 0 and rid not in service._open_choices
     finally:
         service.slots = old
+
+
+def test_watch_follows_every_choice_of_an_n_request(ctl, service):
+    import time
+
+    from app.serving.requests import build_body
+    gen = ctl.follow("watch-n", Controls(model=ctl.model["name"]))
+    assert "watching" in next(gen)["status"]
+    body = {**build_body("m", "", "Watched foxes", 1.0, 0, 1.0, 6, 3, False, 1, "basic"), "n": 2}
+    service.submit(parse_body(body))
+    end, seen = time.monotonic() + 60, {}
+    for u in gen:
+        seen.update(u)
+        if "waiting for the next request" in str(u.get("status", "")) or time.monotonic() > end:
+            break
+    gen.close()
+    html = value(seen["choices"])
+    assert html.count("class='tt-choice'") == 2 and html.count("finished:") == 2, html
+    assert value(seen["n"]) == 2
