@@ -428,8 +428,9 @@ class Controller:
         return self.settings_of(got, info)
 
     def settings_of(self, got: dict, info: dict) -> dict:
-        out = {n: got[n] for n in ("system", "user", "temperature", "top_k", "top_p", "seed", "level") + MORE
-               if n in got}
+        out = {n: got[n] for n in ("system", "user", "temperature", "top_k", "top_p", "seed", "level")}
+        neutral = Controls()  # a body that cannot be read says nothing of them: the neutral knobs, not the last ones
+        out.update({n: got.get(n, getattr(neutral, n)) for n in MORE})
         out["max_tokens"] = gr.update(value=min(got["max_tokens"], self.cap))
         if info["name"] in self.infos:  # a served model: its draft decides whether speculation can be on
             out["speculative"] = gr.update(value=got["speculative"] and info["has_draft"])
