@@ -159,7 +159,9 @@ class Room:
                          for p in s.panels}
                 html = {p: v.render(p) for p, v in views.items() if v is not None}
                 view = self._point(cursor.goto(cursor.last_frame))
-                body = "".join(f"<div class='tt-class-panel'>{html.get(p) or view.render(p)}</div>" for p in s.panels)
+                shown = [p for p in s.panels if p != "choices" or int((self.rec.body or {}).get("n") or 1) > 1]
+                # (one choice: the page's line about the n control is not the class's business)
+                body = "".join(f"<div class='tt-class-panel'>{html.get(p) or view.render(p)}</div>" for p in shown)
                 page = (f"<h2 id='tt-class-title'>{esc(s.title)}</h2><div class='tt-class-text'>{s.text}"
                         f"</div><div class='tt-class-panels'>{body}</div>")
                 self._html[i] = json.dumps({"index": i, "count": len(all_stages), "key": s.key, "html": page,

@@ -32,7 +32,7 @@ from app.classroom.rooms import Classrooms
 from app.page import texts
 from app.page.live_view import HEAVY, PANELS, LiveView
 from app.page.stages import JourneyClock
-from app.serving.engine_service import EngineService
+from app.serving.engine_service import EngineService, Subscription
 from app.serving.limits import RequestRefused
 from app.serving.recording import Recording, ReplayCursor, TraceFileError, record_request, show_accepted
 from app.serving.requests import BodyError, build_body, parse_body
@@ -428,8 +428,9 @@ class Controller:
         return self.settings_of(got, info)
 
     def settings_of(self, got: dict, info: dict) -> dict:
-        out = {n: got[n] for n in ("system", "user", "temperature", "top_k", "top_p", "seed", "level") + MORE
-               if n in got}
+        out = {n: got[n] for n in ("system", "user", "temperature", "top_k", "top_p", "seed", "level")}
+        neutral = Controls()  # a body that cannot be read says nothing of them: the neutral knobs, not the last ones
+        out.update({n: got.get(n, getattr(neutral, n)) for n in MORE})
         out["max_tokens"] = gr.update(value=min(got["max_tokens"], self.cap))
         if info["name"] in self.infos:  # a served model: its draft decides whether speculation can be on
             out["speculative"] = gr.update(value=got["speculative"] and info["has_draft"])
@@ -519,7 +520,9 @@ class Controller:
         view.error = f"not sent: {e}"
         param = getattr(e, "param", None)
         if param is None and submission is not None and not isinstance(e, RequestRefused):
-            param = "messages"  # parsed fine, refused by the engine: empty, too long for context or pool
+            # parsed fine, refused by the engine: a field its message names (a logit_bias id past the
+            # vocabulary), else the prompt (empty, too long for the context or the pool)
+            param = next((f for f in HINT_OF if str(e).startswith(f)), "messages")
         return {**{h: "" for h in HINTS}, HINT_OF.get(param, "hint_send"):
                 f"<div class='tt-hint'>⚠ {viz._html.esc(e)}</div>", **self.no_recording()}
 
@@ -616,7 +619,8 @@ class Controller:
             if not other:
                 view.layer, view.head = int(c.layer or 0), int(c.head or 0)
             show_accepted(view, rid, tr.body, f"accepted by {service.model_name} (sent by another client)")
-            backfill = sorted(tr.events + tr.outputs, key=lambda i: i["step"])
+            view.n, others = self._watch_choices(service, sub, tr.body)
+            backfill = sorted(tr.events + tr.outputs + others, key=lambda i: i["step"])
             seen = {id(i) for i in backfill}
             view.add(backfill)
             tab = Tab(view, watched=True, service=service, locked=True)
@@ -636,6 +640,20 @@ class Controller:
             yield from self.stream(tab, next_items, first)
         finally:
             service.unsubscribe(sub)
+
+    @staticmethod
+    def _watch_choices(service: EngineService, sub, body: dict | None) -> tuple[int, list[dict]]:
+        """A watched request with n > 1: its other choices' outputs into the same queue (subscribed
+        before their traces are read, so nothing falls between), and what they streamed so far."""
+        n = (body or {}).get("n")
+        if not isinstance(n, int) or isinstance(n, bool) or n <= 1:
+            return 1, []
+        outputs: list[dict] = []
+        for cid in LLMEngine.choice_ids(sub.request_id, n)[1:]:
+            sub.siblings.append(service.attach(Subscription(cid, sub.queue)))
+            tr = service.store.trace(cid)
+            outputs += tr.outputs if tr is not None else []
+        return n, outputs
 
     def stop(self, key: str) -> dict:
         """Stop this tab's own request, or end its watching (a watched request is someone else's:

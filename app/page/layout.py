@@ -37,6 +37,7 @@ CSS = (Path(__file__).with_name("page.css")).read_text() + "\n" + (
     Path(__file__).with_name("panels.css").read_text() if Path(__file__).with_name("panels.css").exists() else "")
 HEAD = f"<script>{Path(__file__).with_name('hover.js').read_text()}</script>"  # hover tips, token picks
 LATER_PANELS = ("logit_lens", "parallel")  # panels added after the page's API was published: last in its outputs
+NEWEST = ("choices",)  # added later still: at the very end of the outputs (after the extra controls)
 SEND_INPUTS = ("system", "user", "temperature", "top_k", "top_p", "max_tokens", "seed", "speculative", "k", "level",
                "layer", "head", "model") + MORE  # /send's positional inputs, in the published order (new ones last)
 SETTINGS = ("system", "user", "temperature", "top_k", "top_p", "max_tokens", "seed", "speculative", "k",
@@ -276,11 +277,10 @@ def api_outputs(ui: dict) -> list:
     """Every output of Send, Watch, Load and the replay, in the order the page's API published
     (new outputs go last: the API's outputs keep their positions)."""
     later = [n for n in PANELS if n in LATER_PANELS]
-    names = [n for n in PANELS if n not in LATER_PANELS] + ["status", "export", "step", "hint_prompt", "hint_send",
-                                                            "hint_max", "hint_sampling", "model_pick", "summary",
-                                                            "note", "system", "user", "speculative", "k", "layer",
-                                                            "head", "moe_col", "temperature", "top_k", "top_p",
-                                                            "max_tokens", "seed", "level"] \
+    early = [n for n in PANELS if n not in LATER_PANELS + NEWEST]
+    names = early + ["status", "export", "step", "hint_prompt", "hint_send", "hint_max", "hint_sampling", "model_pick",
+                     "summary", "note", "system", "user", "speculative", "k", "layer", "head", "moe_col",
+                     "temperature", "top_k", "top_p", "max_tokens", "seed", "level"] \
         + later + ["export_timeline", "map"] + [f"stage:{k}" for k in KEYS] + [f"section:{k}" for k in KEYS] \
         + ["stop", "send", "unlock", "replay_note", "step_box"] + list(MORE) + ["hint_more", "choices"]
     return [ui[n] for n in names if n in ui]

@@ -81,7 +81,7 @@ class LiveView:
                 self.outputs.append(it)
                 if it.get("token_id", -1) >= 0:
                     self.token_seen_at.append(time.perf_counter())
-                self.dirty.update(("answer", "tokens", "choices"))
+                self.dirty.update(("answer", "tokens", "choices") if self.n > 1 else ("answer", "tokens"))
                 if it["finished"]:
                     self.own_done = True
                     self._maybe_finished()
@@ -239,6 +239,11 @@ class LiveView:
         if name == "request":
             return viz.request_html(self.body, self.validation, preview=idle)
         if name == "choices":
+            asked = (self.body or {}).get("n")
+            if self.n == 1 and isinstance(asked, int) and asked > 1:  # a replay or a watched request: choice 0's trace
+                return viz.not_recorded(f"{asked} choices", f"this request asked for {asked} choices; its trace is "
+                                        f"choice 0's (the others ran as requests of their own, "
+                                        f"{self.request_id or 'its id'}.1 …), so only choice 0 is drawn here")
             return choices_html(self.choice_outputs(), self.n)
         if name == "answer":
             note = ""

@@ -12,8 +12,9 @@ def speculation(f: Facts) -> Part:
         return Part(p("This request's capture level (off) records no speculative rounds."), ("spec",), "")
     if not spec:
         why = without(f.model, f.body)
-        off = (f"This request {'ran' if f.finish else 'runs'} without speculative decoding{': ' + why if why else ''}. One target forward pass "
-               "per token. With speculation on, a draft (a small model, or n-gram lookup in the context) proposes k "
+        verb = "ran" if f.finish else "runs"
+        off = (f"This request {verb} without speculative decoding{': ' + why if why else ''}. One target forward "
+               "pass per token. With speculation on, a draft (a small model, or n-gram lookup in the context) proposes k "
                "tokens and the target verifies them all in one pass.")
         # known from the start when the request cannot speculate: skipped at once, not unlit until the end
         done = bool(f.finish) or why is not None

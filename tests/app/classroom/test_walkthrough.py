@@ -204,3 +204,12 @@ def test_a_request_traced_at_level_off_passes_every_stage_of_its_path(embedded):
 def test_the_map_never_rounds_a_drawn_tokens_probability_to_zero():
     from visualizers.stages.way_out import prob_chip
     assert prob_chip(0.721) == "p 0.72" and prob_chip(0.0041) == "p 0.0041" and prob_chip(0.05) == "p 0.05"
+
+
+def test_the_stream_stage_in_a_classroom_draws_no_line_about_the_pages_n_control(miss_then_hit):
+    from app.classroom.rooms import Classrooms
+    rec = miss_then_hit[0]
+    room = Classrooms().create(rec)
+    i = next(j for j, s in enumerate(room.stage_list()) if s.key == "answer")
+    html = room.render(i)
+    assert "tt-answer" in html and "Choices n" not in html

@@ -80,3 +80,20 @@ def test_n_choices_side_by_side(server, browser, shots):
     page.locator("#tt-choices").scroll_into_view_if_needed()
     page.screenshot(path=str(shots / "page_three_choices.png"), full_page=False)
     context.close()
+
+
+def test_speculation_turned_off_is_skipped_in_the_map_while_the_request_streams(server, browser):
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = open_page(context, server.url)
+    page.uncheck("#tt-speculative input")  # the model has a draft: this request runs without it
+    set_controls(page, "Tell me about foxes.", 40)
+    page.fill("#tt-seed input", "1")
+    page.click("#tt-send")
+    page.wait_for_function("document.querySelector('#tt-status textarea').value.includes('streaming')",
+                           timeout=60_000)
+    skipped = page.inner_text("#tt-map .tt-map-skipped")
+    still = page.input_value("#tt-status textarea")
+    assert "streaming" in still and "Speculation" in skipped, (still, skipped)  # before the end, not after it
+    assert not page.locator("#tt-stage-spec").is_visible()
+    wait_finished(page)
+    context.close()

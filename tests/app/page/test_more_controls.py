@@ -51,6 +51,8 @@ def test_a_bad_schema_or_token_id_is_refused_under_the_controls(ctl):
     assert "not valid JSON" in out["hint_more"] and "rejected" in out["status"]
     out = run(ctl, "bad-token", Controls(bias_token="fox", bias=5, model=ctl.model["name"]))
     assert "logit_bias" in out["hint_more"]
+    out = run(ctl, "far-token", Controls(bias_token="999999", bias=5, model=ctl.model["name"]))
+    assert "logit_bias token ids must be in" in out["hint_more"] and not out["hint_prompt"]  # the engine's check
 
 
 def test_a_clicked_candidate_becomes_the_biased_token(ctl):
@@ -99,6 +101,10 @@ def test_n_choices_stream_side_by_side_and_the_slot_is_held_until_the_last_ends(
         assert html.count("class='tt-choice'") == 3 and html.count("finished:") == 3
         assert service.slots.in_flight("10.0.0.9") == 0
         assert all(h == 1 for h in held_after_choice0)  # choice 0 ended, the others ran: still held
+        # scrubbed back, the recording is choice 0's trace: the panel says so, not "n = 1"
+        back = ctl.goto("choices", 1, Controls())
+        assert "asked for 3 choices" in back["choices"] and "n = 1" not in back["choices"]
+        assert value(back["n"]) == 3 and back["n"]["interactive"] is False  # the controls show its own n
     finally:
         service.slots.limit = None
 
@@ -120,3 +126,22 @@ def test_the_slot_of_n_choices_is_freed_only_when_the_last_ends(service):
         assert slots.in_flight("c") == 0 and rid not in service._open_choices
     finally:
         service.slots = old
+
+
+def test_watch_follows_every_choice_of_an_n_request(ctl, service):
+    import time
+
+    from app.serving.requests import build_body
+    gen = ctl.follow("watch-n", Controls(model=ctl.model["name"]))
+    assert "watching" in next(gen)["status"]
+    body = {**build_body("m", "", "Watched foxes", 1.0, 0, 1.0, 6, 3, False, 1, "basic"), "n": 2}
+    service.submit(parse_body(body))
+    end, seen = time.monotonic() + 60, {}
+    for u in gen:
+        seen.update(u)
+        if "waiting for the next request" in str(u.get("status", "")) or time.monotonic() > end:
+            break
+    gen.close()
+    html = value(seen["choices"])
+    assert html.count("class='tt-choice'") == 2 and html.count("finished:") == 2, html
+    assert value(seen["n"]) == 2
