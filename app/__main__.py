@@ -262,6 +262,9 @@ def build_services(args: argparse.Namespace, say=None):
         service = EngineService(engine, store, model_name=served_name(spec, engine), limits=limits, slots=slots,
                                 draft_name=draft_label(draft))
         say("  " + memory_line(service))
+        if args.disaggregate:
+            say(f"  disaggregated: the prefill engine in process {engine.proc.pid} with its own KV pool "
+                f"({engine.prefill_num_blocks:,} blocks), its pages sent to this decode engine's on torch.distributed")
         services.append(service)
     return ServedModels(services)
 

@@ -35,7 +35,7 @@ from visualizers.kv_calculator import DTYPE_BYTES, REFERENCE_MODELS
 ACTIVE_PARAMS = {"Llama-3-8B": 8.0e9, "Llama-3-70B": 70.6e9, "DeepSeek-V3": 37e9}
 GPU_FLOPS = 989e12  # H100 SXM, bf16 dense
 MFU = 0.4  # a prefill's share of that peak (long prompts run compute-bound)
-LINKS = {"NVLink 4 (H100, one direction)": 450e9, "400 Gb/s RDMA": 400e9 / 8, "100 Gb/s Ethernet": 100e9 / 8}
+LINKS = {"NVLink 4 (450 GB/s a way)": 450e9, "400 Gb/s RDMA": 400e9 / 8, "100 Gb/s Ethernet": 100e9 / 8}
 BUDGET = 0.1  # the handover may take a tenth of the prefill's time
 
 
