@@ -196,3 +196,29 @@ def test_a_killed_serving_process_leaves_no_prefill_process(checkpoint, tmp_path
         assert not _alive(pid), "the prefill process outlived the serving process"
     finally:
         proc.kill()
+
+
+@pytest.mark.slow  # a prefill process
+def test_every_sampling_knob_continues_on_the_decode_side():
+    """What the first token's draw on the prefill side must hand over: a stop string's text,
+    penalties and biases, a grammar's state, prompt logprobs, a first token that ends it."""
+    from engine import TokenOutput
+    from engine.structured import Constraint
+
+    prompts = ["Once upon a time there was", "The capital of France is", "List three colors:"]
+    params = [SamplingParams(temperature=0, max_tokens=16, stop=[" the"]),
+              SamplingParams(temperature=0.8, seed=11, max_tokens=16, presence_penalty=0.8, logit_bias={264: 3.0}),
+              SamplingParams(temperature=0, max_tokens=24, structured=Constraint("choice", '["red", "green", "blue"]')),
+              SamplingParams(temperature=0, max_tokens=1)]
+    one = LLM(EMBEDDED, device="cpu")
+    with LLM(EMBEDDED, device="cpu", disaggregate=True) as two:
+        for p in params:
+            want = [(o.token_ids, o.text, o.finish_reason) for o in one.generate(prompts, p)]
+            assert [(o.token_ids, o.text, o.finish_reason) for o in two.generate(prompts, p)] == want
+        lp = SamplingParams(temperature=0, max_tokens=4, prompt_logprobs=1, logprobs=1)
+        a, b = ([x for x in llm.stream(prompts[0], lp, trace="off") if isinstance(x, TokenOutput)] for llm in (one, two))
+        assert [x.token_id for x in a] == [x.token_id for x in b]
+        assert [x.logprobs.logprob for x in b] == pytest.approx([x.logprobs.logprob for x in a], abs=1e-5)
+        assert [p and p.logprob for p in b[0].prompt_logprobs] == \
+            pytest.approx([p and p.logprob for p in a[0].prompt_logprobs], abs=1e-5)
+        _pools_empty(two)
