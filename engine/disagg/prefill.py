@@ -23,6 +23,7 @@ import torch
 from tqdm.std import tqdm
 
 from engine.llm_engine import LLMEngine
+from engine.scheduler import Scheduler, SchedulerOutput
 from engine.parallel.comm import Comm
 from engine.parallel.protocol import READY as STARTED, error_text
 from engine.parallel.worker import _watch_parent
@@ -34,12 +35,28 @@ from engine.disagg.protocol import (ADD, DECODE_RANK, DROP, DROPPED_EVENTS, EVEN
                                     PrefillSpec, Wire)
 
 
+class PrefillScheduler(Scheduler):
+    """Held requests' blocks come back once the decode side pulls them: a request that does
+    not fit beside them waits for that, rather than end as too big for the pool."""
+
+    def __init__(self, config, bm, held: dict) -> None:
+        super().__init__(config, bm)
+        self.held = held
+
+    def schedule(self) -> SchedulerOutput:
+        out = super().schedule()
+        if out.out_of_memory and self.held:
+            out.out_of_memory = []
+        return out
+
+
 class PrefillEngine(LLMEngine):
     """An LLMEngine whose requests stop after their first token; those that go on are held."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.held: dict[str, Sequence] = {}  # handed over, blocks kept until the decode side pulls them
+        self.scheduler = PrefillScheduler(self.config, self.block_manager, self.held)
 
     def _stop_reason(self, seq: Sequence, token: int) -> str | None:
         reason = super()._stop_reason(seq, token)
@@ -132,10 +149,11 @@ def prefill_main(spec: PrefillSpec, parent: int, conn) -> None:
 
 def _serve(engine: PrefillEngine, comm: Comm, conn, sink: EventList) -> None:
     """Messages first (all that are waiting), then one step; idle, wait for a message."""
+    ran = True  # the last step computed something (else it waits for held blocks: no busy loop)
     with torch.inference_mode():
         while True:
             busy = engine.has_unfinished_requests()
-            if conn.poll(0 if busy else 0.05):
+            if conn.poll((0 if ran else 0.01) if busy else 0.05):
                 msg = conn.recv()
                 if msg is SHUTDOWN:
                     return
@@ -145,7 +163,9 @@ def _serve(engine: PrefillEngine, comm: Comm, conn, sink: EventList) -> None:
                     conn.send(reply)
                 continue
             if busy:
+                passes = engine.stats.target_passes
                 replies = _after_step(engine, engine.step())
+                ran = engine.stats.target_passes > passes or bool(replies)
                 _flush(sink, conn)
                 for reply in replies:
                     conn.send(reply)

@@ -222,3 +222,19 @@ def test_every_sampling_knob_continues_on_the_decode_side():
         assert [p and p.logprob for p in b[0].prompt_logprobs] == \
             pytest.approx([p and p.logprob for p in a[0].prompt_logprobs], abs=1e-5)
         _pools_empty(two)
+
+
+@pytest.mark.slow  # a prefill process
+def test_a_request_waits_for_held_blocks_rather_than_end_as_too_big(checkpoint):
+    """The decode pool is full, so prefilled requests hold their blocks on the prefill side; a
+    new request that does not fit beside them waits for the pull (it is not 'too big')."""
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(4, 300, (n,), generator=g).tolist() for n in (40, 30, 36)]
+    p = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    want = [o.token_ids for o in _one(checkpoint("llama")).generate(prompts, p)]
+    with LLM(checkpoint("llama"), device="cpu", dtype="float32", block_size=4, num_kv_blocks=16,
+             disaggregate=True) as llm:
+        outs = llm.generate(prompts, p)
+        assert [o.finish_reason for o in outs] == ["length"] * 3
+        assert [o.token_ids for o in outs] == want
+        _pools_empty(llm)
