@@ -35,7 +35,7 @@ from engine.outputs import TokenOutput
 from engine.parallel.comm import Comm
 from engine.parallel.protocol import READY as STARTED, STARTUP_TIMEOUT_S
 from engine.parallel.runner import RankFailedError, _stop_workers
-from engine.scheduler import Scheduler
+from engine.scheduler import Scheduler, SchedulerOutput
 from engine.sequence import Sequence, Status
 from engine.trace import CaptureConfig
 from engine.disagg import transfer
@@ -74,12 +74,19 @@ class DecodeScheduler(Scheduler):
     """The decode side's scheduler: a new request goes to the prefill side (`remote`), not
     into the queue; only preempted sequences (recomputed here) ever wait in it."""
 
-    def __init__(self, config: EngineConfig, bm, remote) -> None:
+    def __init__(self, config: EngineConfig, bm, remote, receiving) -> None:
         super().__init__(config, bm)
         self.remote = remote
+        self.receiving = receiving  # () -> whether blocks are held for pages on the way
 
     def add(self, seq: Sequence) -> None:
         self.remote(seq)
+
+    def schedule(self) -> SchedulerOutput:
+        out = super().schedule()
+        if out.out_of_memory and self.receiving():  # those blocks come back (as running requests' or free)
+            out.out_of_memory = []
+        return out
 
     def finish(self, seq: Sequence, reason: str) -> None:
         if seq.status == Status.WAITING and seq not in self.waiting:  # on the prefill side or its pages on the way
@@ -126,7 +133,7 @@ class DisaggEngine(LLMEngine):
             self.shutdown()
             raise
         self.prefix_caching = config.enable_prefix_caching  # the prefill side's
-        self.scheduler = DecodeScheduler(self.config, self.block_manager, self._to_prefill)
+        self.scheduler = DecodeScheduler(self.config, self.block_manager, self._to_prefill, lambda: bool(self.inflight))
         self.remote: dict[str, Sequence] = {}  # at the prefill side: added, pages not pulled yet
         self.ready: deque[tuple[Sequence, Handover]] = deque()  # prefilled, waiting for blocks here
         self.inflight: dict[int, _InFlight] = {}  # by tag: pages on the way
