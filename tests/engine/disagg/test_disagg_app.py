@@ -14,7 +14,7 @@ from app.serving.requests import build_body, parse_body
 @pytest.mark.slow  # the app's service and a prefill process
 def test_the_app_serves_disaggregated_and_the_page_draws_the_handover(checkpoint):
     from app.serving.recording import ReplayCursor
-    from tests.service_utils import app_service, record_run, started
+    from tests.service_utils import app_service, record_run, started, walk
 
     with started(app_service(checkpoint, "--disaggregate", "--block-size", "4")) as svc:
         engine = svc.engine
@@ -44,3 +44,12 @@ def test_the_app_serves_disaggregated_and_the_page_draws_the_handover(checkpoint
     panel = cursor.goto(cursor.last_frame).render("parallel")
     assert "Prefill and decode apart" in panel and f"{x['num_blocks']} blocks" in panel
     assert "Parallelism" in panel  # the stage's own panel still first
+    # the stage's words (page and classroom) quote this request's handover, and the stage is not skipped
+    from visualizers.journey import journey
+    from visualizers.disagg import transfer_summary
+    text = walk(rec)["parallel"]
+    s = transfer_summary(x)
+    assert "Prefill and decode apart" in text and f"{s['wire_ms']:,.2f} ms</b> on the wire" in text
+    stage = next(st for st in journey(rec.model, rec.request_id, rec.body, rec.events, rec.outputs, None)
+                 if st.key == "parallel")
+    assert not stage.skipped and stage.chip == "2 engines"
