@@ -132,7 +132,7 @@ class DisaggEngine(LLMEngine):
         except BaseException:
             self.shutdown()
             raise
-        self.prefix_caching = config.enable_prefix_caching  # the prefill side's
+        self.prefix_caching = config.enable_prefix_caching  # the prefill side's (describe() says so)
         self.scheduler = DecodeScheduler(self.config, self.block_manager, self._to_prefill, lambda: bool(self.inflight))
         self.remote: dict[str, Sequence] = {}  # at the prefill side: added, pages not pulled yet
         self.ready: deque[tuple[Sequence, Handover]] = deque()  # prefilled, waiting for blocks here
@@ -317,6 +317,13 @@ class DisaggEngine(LLMEngine):
             out.prompt_logprobs = [None] + [seq.prompt_logprobs.get(i) for i in range(1, seq.num_prompt_tokens)]
         self.stats.generated_tokens += 1
         self._pending.append(out)
+
+    def describe(self):
+        """The decode engine's description; its prefix cache is the prefill side's (on there)."""
+        if self._info is None:
+            info = super().describe()
+            self._info = replace(info, kv_pool=replace(info.kv_pool, prefix_caching=self.prefix_caching))
+        return self._info
 
     def _metrics(self, seq: Sequence) -> dict:
         m = super()._metrics(seq)

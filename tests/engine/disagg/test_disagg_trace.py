@@ -29,6 +29,7 @@ def test_a_disaggregated_request_is_traced_on_both_engines(checkpoint):
     with LLM(path, device="cpu", dtype="float32", block_size=4, disaggregate=True) as llm:
         events, tokens = _run(llm)
         cfg = llm.engine.model_config
+        assert llm.engine.describe().kv_pool.prefix_caching  # the prefill side's cache (the decode side has none)
     assert [t.token_id for t in tokens] == [t.token_id for t in one_tokens]
     assert tokens[0].logprobs.logprob == pytest.approx(one_tokens[0].logprobs.logprob, abs=1e-5)  # drawn there
     rid = tokens[0].request_id
