@@ -9,11 +9,13 @@ disaggregated, they are prefilled on the prefill engine and only their KV pages 
 decode engine. Reported: the long prompts' TTFT and the handover's share of it, the decode
 streams' inter-token gaps (p50, p99), and throughput; greedy tokens checked equal.
 
-On a 2-core CPU the comparison is about hardware as much as design: the colocated engine runs
-on one core; the disaggregated one runs with both processes pinned to that same core (the same
-hardware: they compete for it, as prefill and decode compete inside the colocated engine) and
-with a core each (twice the hardware). The measured trade-off is the CPU's, not a GPU cluster's. For that, the second table computes, for reference models, the KV bytes a token
-hands over and the link speed at which the handover stays under a tenth of the prefill.
+On a 2-core CPU the comparison is about hardware as much as design: the colocated engine
+runs on one core; the disaggregated one runs with both processes pinned to that same core
+(the same hardware: they compete for it, as prefill and decode compete inside the colocated
+engine) and with a core each (twice the hardware). The measured trade-off is the CPU's, not
+a GPU cluster's. For that, the second table computes, for reference models, the KV bytes a
+token hands over and the link speed at which the handover stays under a tenth of the
+prefill.
 """
 from __future__ import annotations
 
@@ -197,10 +199,10 @@ def report(result: dict) -> str:
     lines.append("")
     lines.append(f"reference (bf16 KV, H100 at {MFU:.0%} of {GPU_FLOPS / 1e12:.0f} TFLOP/s for the prefill): "
                  f"the handover's time as a share of the prefill's")
-    lines.append(f"{'model':14}{'KV B/token':>12}{'needs Gb/s':>12}" + "".join(f"{k[:24]:>26}" for k in LINKS))
+    lines.append(f"{'model':14}{'KV B/token':>12}{'needs Gb/s':>12}" + "".join(f"{k:>26}" for k in LINKS))
     for r in result.get("reference", reference_table()):
         lines.append(f"{r['model']:14}{r['kv_bytes_per_token']:>12,.0f}{r['min_link_gbit_s']:>12,.0f}"
-                     + "".join(f"{r['share_of_prefill'][k]:>25.1%}{'✓' if r['share_of_prefill'][k] < BUDGET else '✗'}"
+                     + "".join(f"{r['share_of_prefill'][k]:>25.1%}" + ("✓" if r["share_of_prefill"][k] < BUDGET else "✗")
                                for k in LINKS))
     return "\n".join(lines)
 

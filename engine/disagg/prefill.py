@@ -32,9 +32,9 @@ from engine.parallel.worker import _watch_parent
 from engine.sequence import Sequence, Status
 from engine.trace import EventList, Tracer
 from engine.disagg import transfer
-from engine.disagg.protocol import (ADD, DECODE_RANK, DROP, DROPPED_EVENTS, EVENTS, FAILED, HANDOVER, PREFILL_POOL_EVENT,
-                                    PREFILL_RANK, PULL, READY, SENT, SHUTDOWN, STATS, STOP_CAPTURES, Handover,
-                                    PrefillSpec, Wire)
+from engine.disagg.protocol import (ADD, DECODE_RANK, DROP, DROPPED_EVENTS, EVENTS, FAILED, HANDOVER,
+                                    PREFILL_POOL_EVENT, PREFILL_RANK, PULL, READY, SENT, SHUTDOWN, STATS,
+                                    STOP_CAPTURES, Handover, PrefillSpec, Wire)
 
 
 class PrefillScheduler(Scheduler):
