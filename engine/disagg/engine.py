@@ -101,7 +101,9 @@ class DisaggEngine(LLMEngine):
     def __init__(self, model: str | Path | None = None, *, device: str = "auto", dtype="auto",
                  config: EngineConfig | None = None, tracer=None, trace_level: str = "basic",
                  capture: CaptureConfig | None = None, progress=None, draft=None, kv_pool_events: str = "traced",
-                 prefill_ranks: int = 1, decode_ranks: int = 1, **unused) -> None:
+                 prefill_ranks: int = 1, decode_ranks: int = 1, num_speculative_tokens: int = 4,
+                 prompt_lookup_max: int = 4, prompt_lookup_min: int = 2) -> None:
+        """LLMEngine's arguments; speculation's are accepted and unused (a draft is refused)."""
         config = config or EngineConfig()
         check_layout(prefill_ranks, decode_ranks, config, draft)
         dev = resolve_device(device)
@@ -123,7 +125,7 @@ class DisaggEngine(LLMEngine):
                            kv_pool_events, store.port, threads)
         self._start_prefill(spec)  # it loads while this process loads the decode side
         try:
-            torch.set_num_threads(threads)
+            torch.set_num_threads(threads)  # this process's share of the cores: the prefill process has the rest
             super().__init__(path, device=decode_dev, dtype=dtype, config=replace(config, enable_prefix_caching=False),
                              tracer=tracer, trace_level=trace_level, capture=capture, progress=progress,
                              kv_pool_events=kv_pool_events)
