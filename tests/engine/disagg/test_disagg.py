@@ -176,25 +176,32 @@ from engine import LLM, SamplingParams
 if __name__ == "__main__":
     llm = LLM({path!r}, device="cpu", dtype="float32", disaggregate=True)
     print(llm.engine.proc.pid, flush=True)
-    llm.generate([1, 2, 3], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
-    os.kill(os.getpid(), signal.SIGKILL)
+    if {sig} == signal.SIGKILL:
+        llm.generate([1, 2, 3], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+        os.kill(os.getpid(), signal.SIGKILL)
+    while True:  # serving until interrupted
+        llm.generate([1, 2, 3], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
 """
 
 
 @pytest.mark.slow  # a serving process and its prefill process
-def test_a_killed_serving_process_leaves_no_prefill_process(checkpoint, tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "kill-9"])
+def test_a_stopped_serving_process_leaves_no_prefill_process(checkpoint, tmp_path, sig):
     import subprocess
     import sys
 
     from tests.engine.parallel.test_parallel import _alive
 
     script = tmp_path / "serve.py"
-    script.write_text(KILLED.format(root=str(ROOT), path=str(checkpoint("llama"))))
+    script.write_text(KILLED.format(root=str(ROOT), path=str(checkpoint("llama")), sig=int(sig)))
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                             text=True, start_new_session=True)
     try:
         pid = int(proc.stdout.readline())
-        assert proc.wait(120) == -signal.SIGKILL
+        if sig == signal.SIGINT:
+            time.sleep(0.5)
+            os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: to the serving process and the prefill one
+        proc.wait(120)
         deadline = time.monotonic() + 15
         while _alive(pid) and time.monotonic() < deadline:
             time.sleep(0.2)
