@@ -209,11 +209,15 @@ class DisaggEngine(LLMEngine):
 
     # --- the loop --------------------------------------------------------------------
     def step(self) -> list[TokenOutput]:
+        if not self.failed and not (self.scheduler.has_unfinished() or self._pending):
+            try:  # nothing to decode: wait for the prefill side, without the lock (add and abort go on)
+                self.conn.poll(0.05)
+            except (EOFError, OSError):
+                pass  # _poll below says why
         with self.lock:
             if self.failed:
                 raise DisaggFailedError(self.failed)
-            local = self.scheduler.has_unfinished() or bool(self._pending)
-            self._poll(0 if local else 0.05)
+            self._poll(0)
             if not (self.scheduler.has_unfinished() or self._pending):
                 return []
             return super().step()
