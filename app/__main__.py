@@ -285,6 +285,10 @@ def build_services(args: argparse.Namespace, say=None):
             service = EngineService(engine, store, model_name=served_name(spec, engine), limits=limits,
                                     slots=slots, draft_name=draft_label(draft))
             say("  " + memory_line(service))
+            if args.disaggregate:
+                say(f"  disaggregated: the prefill engine in process {engine.proc.pid} with its own KV pool "
+                    f"({engine.prefill_num_blocks:,} blocks), its pages sent to this decode engine's on "
+                    "torch.distributed")
             copies.append(service)
         services.append(copies[0] if replicas == 1 else replicated(copies, args))
     return ServedModels(services)

@@ -9,11 +9,13 @@ disaggregated, they are prefilled on the prefill engine and only their KV pages 
 decode engine. Reported: the long prompts' TTFT and the handover's share of it, the decode
 streams' inter-token gaps (p50, p99), and throughput; greedy tokens checked equal.
 
-On a 2-core CPU the comparison is about hardware as much as design: the colocated engine runs
-on one core; the disaggregated one runs with both processes pinned to that same core (the same
-hardware: they compete for it, as prefill and decode compete inside the colocated engine) and
-with a core each (twice the hardware). The measured trade-off is the CPU's, not a GPU cluster's. For that, the second table computes, for reference models, the KV bytes a token
-hands over and the link speed at which the handover stays under a tenth of the prefill.
+On a 2-core CPU the comparison is about hardware as much as design: the colocated engine
+runs on one core; the disaggregated one runs with both processes pinned to that same core
+(the same hardware: they compete for it, as prefill and decode compete inside the colocated
+engine) and with a core each (twice the hardware). The measured trade-off is the CPU's, not
+a GPU cluster's. For that, the second table computes, for reference models, the KV bytes a
+token hands over and the link speed at which the handover stays under a tenth of the
+prefill.
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine import DisaggEngine, EngineConfig, LLMEngine, SamplingParams
+from engine import DisaggEngine, EngineConfig, EventList, LLMEngine, SamplingParams, Tracer
 from visualizers.kv_calculator import DTYPE_BYTES, REFERENCE_MODELS
 
 # --- the reference: bytes per token against prefill compute ---------------------------------
@@ -35,7 +37,7 @@ from visualizers.kv_calculator import DTYPE_BYTES, REFERENCE_MODELS
 ACTIVE_PARAMS = {"Llama-3-8B": 8.0e9, "Llama-3-70B": 70.6e9, "DeepSeek-V3": 37e9}
 GPU_FLOPS = 989e12  # H100 SXM, bf16 dense
 MFU = 0.4  # a prefill's share of that peak (long prompts run compute-bound)
-LINKS = {"NVLink 4 (H100, one direction)": 450e9, "400 Gb/s RDMA": 400e9 / 8, "100 Gb/s Ethernet": 100e9 / 8}
+LINKS = {"NVLink 4 (450 GB/s a way)": 450e9, "400 Gb/s RDMA": 400e9 / 8, "100 Gb/s Ethernet": 100e9 / 8}
 BUDGET = 0.1  # the handover may take a tenth of the prefill's time
 
 
@@ -97,7 +99,8 @@ def drive(engine: LLMEngine, w: Workload, round_: int) -> dict:
     tokens = 0
     while engine.has_unfinished_requests() or len(longs) < w.long:
         while len(longs) < w.long and time.perf_counter() >= arrivals[len(longs)]:
-            longs.append(engine.add_request(long[len(longs)], lp))
+            # traced at level basic (disaggregated: its kv.transfer splits the handover into wait and wire)
+            longs.append(engine.add_request(long[len(longs)], lp, trace_level="basic"))
         tokens += sum(1 for o in engine.step() if o.token_id >= 0)
     wall = time.perf_counter() - t0
     gaps = [b - a for r in streams for a, b in zip(engine.requests[r].token_times, engine.requests[r].token_times[1:])
@@ -105,7 +108,9 @@ def drive(engine: LLMEngine, w: Workload, round_: int) -> dict:
     metrics = [engine.get_output(r).metrics for r in longs]
     ttft = [m["ttft"] for m in metrics]
     transfer = [m["ttft_split"].get("kv_transfer", 0.0) for m in metrics]
-    out = {"ttft_ms": [t * 1e3 for t in ttft], "transfer_ms": [t * 1e3 for t in transfer],
+    wire = [e.data["wire_ms"] for e in getattr(engine, "sink", EventList()).events
+            if e.type == "kv.transfer" and e.request_id in longs]
+    out = {"ttft_ms": [t * 1e3 for t in ttft], "transfer_ms": [t * 1e3 for t in transfer], "wire_ms": wire,
            "transfer_share_of_ttft": sum(transfer) / sum(ttft),
            "gap_p50_ms": _pct(gaps, 50) * 1e3, "gap_p99_ms": _pct(gaps, 99) * 1e3,
            "tokens_per_s": tokens / wall, "wall_s": wall,
@@ -131,7 +136,9 @@ def measure(model: str | None, w: Workload, rounds: int = 1) -> dict:
     cores = sorted(os.sched_getaffinity(0))
     config = EngineConfig(max_num_batched_tokens=w.chunk, max_num_seqs=w.streams + w.long)
     one = LLMEngine(model, device="cpu", config=config, tracer=None)
-    two = DisaggEngine(model, device="cpu", config=config, tracer=None)
+    sink = EventList()
+    two = DisaggEngine(model, device="cpu", config=config, tracer=Tracer(sink), trace_level="off")
+    two.sink = sink  # the long prompts' kv.transfer events (drive() reads them)
     first, second = cores[0], cores[-1]
     pins = {KINDS[0]: (first, None), KINDS[1]: (first, first), KINDS[2]: (first, second)}
     kinds = KINDS if len(cores) > 1 else KINDS[:2]
@@ -177,6 +184,7 @@ def _median_run(runs: list[dict]) -> dict:
     med = lambda key: statistics.median(r[key] for r in runs)  # noqa: E731
     return {"ttft_ms_median": statistics.median(t for r in runs for t in r["ttft_ms"]),
             "transfer_ms_median": statistics.median(t for r in runs for t in r["transfer_ms"]),
+            "wire_ms_median": statistics.median([t for r in runs for t in r["wire_ms"]] or [0.0]),
             "transfer_share_of_ttft": med("transfer_share_of_ttft"), "gap_p50_ms": med("gap_p50_ms"),
             "gap_p99_ms": med("gap_p99_ms"), "tokens_per_s": med("tokens_per_s")}
 
@@ -187,20 +195,20 @@ def report(result: dict) -> str:
              f"chunked prefill {result['workload']['chunk']} tokens a step; one thread a process, pinned "
              f"({result['cores']} CPU cores, shared with whatever else runs); {result['rounds']} round(s) after a "
              f"warm-up, interleaved",
-             f"{'':34}{'TTFT ms':>10}{'handover ms':>13}{'share':>8}{'gap p50':>9}{'gap p99':>9}{'tok/s':>8}"]
+             f"{'':34}{'TTFT ms':>10}{'handover ms':>13}{'wire ms':>9}{'share':>8}{'gap p50':>9}{'gap p99':>9}{'tok/s':>8}"]
     for k in [k for k in KINDS if k in result]:
         r = result[k]
-        lines.append(f"{k:34}{r['ttft_ms_median']:>10.1f}{r['transfer_ms_median']:>13.2f}"
+        lines.append(f"{k:34}{r['ttft_ms_median']:>10.1f}{r['transfer_ms_median']:>13.2f}{r['wire_ms_median']:>9.2f}"
                      f"{r['transfer_share_of_ttft']:>8.1%}{r['gap_p50_ms']:>9.1f}{r['gap_p99_ms']:>9.1f}"
                      f"{r['tokens_per_s']:>8.1f}")
     lines.append(f"greedy tokens equal (disaggregated and colocated, same prompts): {result['tokens_equal']}")
     lines.append("")
     lines.append(f"reference (bf16 KV, H100 at {MFU:.0%} of {GPU_FLOPS / 1e12:.0f} TFLOP/s for the prefill): "
                  f"the handover's time as a share of the prefill's")
-    lines.append(f"{'model':14}{'KV B/token':>12}{'needs Gb/s':>12}" + "".join(f"{k[:24]:>26}" for k in LINKS))
+    lines.append(f"{'model':14}{'KV B/token':>12}{'needs Gb/s':>12}" + "".join(f"{k:>26}" for k in LINKS))
     for r in result.get("reference", reference_table()):
         lines.append(f"{r['model']:14}{r['kv_bytes_per_token']:>12,.0f}{r['min_link_gbit_s']:>12,.0f}"
-                     + "".join(f"{r['share_of_prefill'][k]:>25.1%}{'✓' if r['share_of_prefill'][k] < BUDGET else '✗'}"
+                     + "".join(f"{r['share_of_prefill'][k]:>25.1%}" + ("✓" if r["share_of_prefill"][k] < BUDGET else "✗")
                                for k in LINKS))
     return "\n".join(lines)
 
@@ -228,7 +236,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _empty_result() -> dict:
-    zero = {"ttft_ms_median": 0.0, "transfer_ms_median": 0.0, "transfer_share_of_ttft": 0.0, "gap_p50_ms": 0.0,
+    zero = {"ttft_ms_median": 0.0, "transfer_ms_median": 0.0, "wire_ms_median": 0.0, "transfer_share_of_ttft": 0.0, "gap_p50_ms": 0.0,
             "gap_p99_ms": 0.0, "tokens_per_s": 0.0}
     return {"workload": Workload().__dict__, "cores": os.cpu_count(), "rounds": 0, "tokens_equal": True,
             **{k: zero for k in KINDS}}

@@ -14,6 +14,7 @@ import torch
 from tqdm.auto import tqdm
 
 from engine.config import EngineConfig
+from engine.disagg import DisaggEngine
 from engine.llm_engine import LLMEngine
 from engine.config import ProgressFn
 from engine.outputs import RequestOutput, TokenOutput
@@ -43,7 +44,6 @@ class LLM:
         decode_ranks: 1 and 1 are built)."""
         self.tracer = Tracer()
         if disaggregate:
-            from engine.disagg import DisaggEngine
             self.engine = DisaggEngine(model, device=device, dtype=dtype, config=EngineConfig(**engine_options),
                                        tracer=self.tracer, trace_level="off", capture=capture, progress=progress,
                                        draft=draft, prefill_ranks=prefill_ranks, decode_ranks=decode_ranks)

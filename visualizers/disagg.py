@@ -43,10 +43,11 @@ def _pool_svg(x0: float, title: str, pool: dict, mine: Sequence[int], note: str)
     y = 18 + rows * CELL + 12
     scale = f" (a cell: {per} blocks)" if per > 1 else ""
     cached = int(pool.get("cached", 0))
-    counts = f"{len(mine)} blocks of this request · {used:,} in use, {cached:,} cached · {n:,} blocks{scale}"
-    out.append(f'<text x="{x0}" y="{y}" font-size="10">{esc(counts)}</text>')
-    out.append(f'<text x="{x0}" y="{y + 13}" font-size="10" fill="#666">{esc(note)}</text>')
-    return "".join(out), y + 13
+    lines = [(f"{len(mine)} blocks of this request (marked)", "#222"),
+             (f"{used:,} in use, {cached:,} cached, of {n:,}{scale}", "#222"), (note, "#666")]
+    for i, (line, color) in enumerate(lines):
+        out.append(f'<text x="{x0}" y="{y + 12 * i}" font-size="9.5" fill="{color}">{esc(line)}</text>')
+    return "".join(out), y + 12 * (len(lines) - 1)
 
 
 def _bars(s: dict) -> str:
@@ -75,20 +76,20 @@ def disagg_panel_html(events: Sequence[dict]) -> str:
     fin = next((e for e in events if e["type"] == "finish"), None)
     s = transfer_summary(x, (fin or {}).get("ttft"))
     left, h1 = _pool_svg(0, "prefill engine's pool", x.get("src_pool", {}), x["src_blocks"],
-                         "after the send: its blocks freed, the full ones kept in the prefix cache")
-    right, h2 = _pool_svg(330, "decode engine's pool", x.get("dst_pool", {}), x["dst_blocks"],
-                          "its own blocks, allocated before the pages came")
+                         "after the send: freed, full ones kept cached")
+    right, h2 = _pool_svg(360, "decode engine's pool", x.get("dst_pool", {}), x["dst_blocks"],
+                          "its own blocks, allocated for the pages")
     mid_y = 40
     above = f"{s['blocks']} blocks · {fmt_bytes(s['bytes'])}"
     below = f"{s['layers']} layers · {s['wire_ms']:,.2f} ms"
-    arrow = (f'<line x1="186" y1="{mid_y}" x2="318" y2="{mid_y}" stroke="#d2504a" stroke-width="2" '
+    arrow = (f'<line x1="192" y1="{mid_y}" x2="348" y2="{mid_y}" stroke="#d2504a" stroke-width="2" '
              f'marker-end="url(#tt-disagg-arrow)"/>'
-             f'<text x="252" y="{mid_y - 8}" font-size="10" text-anchor="middle">{esc(above)}</text>'
-             f'<text x="252" y="{mid_y + 14}" font-size="10" text-anchor="middle">{esc(below)}</text>')
+             f'<text x="270" y="{mid_y - 8}" font-size="10" text-anchor="middle">{esc(above)}</text>'
+             f'<text x="270" y="{mid_y + 14}" font-size="10" text-anchor="middle">{esc(below)}</text>')
     defs = ('<defs><marker id="tt-disagg-arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="6" '
             'markerHeight="6" orient="auto"><path d="M0,0L10,5L0,10z" fill="#d2504a"/></marker></defs>')
     height = max(h1, h2) + 8
-    svg = f'<svg viewBox="0 0 520 {height}" width="100%" style="max-width:620px">{defs}{left}{arrow}{right}</svg>'
+    svg = f'<svg viewBox="0 0 590 {height}" width="100%" style="max-width:660px">{defs}{left}{arrow}{right}</svg>'
     share = (f"; the handover was <b>{s['share_of_ttft']:.0%}</b> of its time to first token "
              f"({s['ttft_ms']:,.1f} ms)") if s["share_of_ttft"] is not None else ""
     rate = f" ({s['gbit_per_s']:,.2f} Gbit/s)" if s["gbit_per_s"] else ""
@@ -99,6 +100,20 @@ def disagg_panel_html(events: Sequence[dict]) -> str:
             f"waiting {s['queue_ms']:,.2f} ms for blocks there{share}. The decode engine appended the token and "
             f"decoded the rest from its own pool.</p>")
     return svg + _bars(s) + text
+
+
+def disagg_stage_html(x: dict, ttft_s: float | None = None) -> str:
+    """The stage's words (page and classroom): this request's handover, its numbers."""
+    s = transfer_summary(x, ttft_s)
+    share = (f", {s['share_of_ttft']:.0%} of its {s['ttft_ms']:,.1f} ms to the first token"
+             if s["share_of_ttft"] is not None else "")
+    return (f"<p><b>Prefill and decode apart</b>: this request was prefilled on one engine and decoded on "
+            f"another, each with its own KV pool. The prefill engine computed its {s['tokens']:,} prompt tokens "
+            f"in {s['prefill_ms']:,.1f} ms and drew the first token; then its KV cache, {s['blocks']} blocks of "
+            f"{s['layers']} layers, <b>{esc(fmt_bytes(s['bytes']))}</b>, crossed to the decode engine in "
+            f"<b>{s['wire_ms']:,.2f} ms</b> on the wire ({esc(s['backend'])}) after {s['queue_ms']:,.1f} ms of "
+            f"waiting: a handover of {s['handover_ms']:,.1f} ms{share}. The price of keeping long prefills out of "
+            f"the decoding requests' steps.</p>")
 
 
 def disagg_html(events: Sequence[dict]) -> str:

@@ -23,8 +23,9 @@ HEAVY = {"embedding": 0.45, "attention": 0.45, "moe": 0.45, "timeline": 0.3, "kv
 # which panels an event type feeds
 FEEDS = {"request.arrive": ("timeline",), "tokenize": ("tokens", "timeline"), "prefix_cache.lookup": ("prefix",),
          "schedule.step": ("timeline",), "embed": ("embedding",), "attention": ("attention",), "moe": ("moe",),
-         "sample": ("sampling",), "logit_lens": ("logit_lens",), "schedule.collective": ("parallel",), "kv.transfer": ("parallel",), "spec": ("spec",), "token": ("answer", "tokens", "timeline"),
-         "finish": ("answer", "timeline", "kv")}
+         "sample": ("sampling",), "logit_lens": ("logit_lens",), "schedule.collective": ("parallel",), "spec": ("spec",), "token": ("answer", "tokens", "timeline"),
+         "finish": ("answer", "timeline", "kv"),
+         "kv.transfer": ("parallel",)}  # disaggregated (engine/disagg): the handover
 # the panels that show the selected pass (visualizers/selection.py), and those a byte cap can freeze
 SELECTED = ("embedding", "attention", "kv", "moe", "logit_lens", "sampling")
 CAPTURED = {"embedding": ("embed", "embedding rows"), "attention": ("attention", "attention captures"),
@@ -280,7 +281,8 @@ class LiveView:
                                       m["sliding_windows"] if any(m["sliding_windows"]) else None,
                                       selection=self.selection(), frozen=self.frozen(name))
         if name == "kv":
-            kv = [e for e in self.events if e["type"].startswith("kv.") and e.get("engine") != "prefill"]  # disagg: the decode pool
+            # disaggregated (engine/disagg): the decode engine's pool, the one kv.pool draws
+            kv = [e for e in self.events if e["type"].startswith("kv.") and e.get("engine") != "prefill"]
             usage = (self.finish_info() or {}).get("usage")  # the last token drawn is never fed back: no K/V
             held = usage["prompt_tokens"] + usage["completion_tokens"] - 1 if usage else None
             return viz.kv_grid_html(self.pool, self.request_id, kv, m, held, selection=self.selection())

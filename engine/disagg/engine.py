@@ -35,7 +35,7 @@ from engine.outputs import TokenOutput
 from engine.parallel.comm import Comm
 from engine.parallel.protocol import READY as STARTED, STARTUP_TIMEOUT_S
 from engine.parallel.runner import RankFailedError, _stop_workers
-from engine.scheduler import Scheduler
+from engine.scheduler import Scheduler, SchedulerOutput
 from engine.sequence import Sequence, Status
 from engine.trace import CaptureConfig
 from engine.disagg import transfer
@@ -74,12 +74,19 @@ class DecodeScheduler(Scheduler):
     """The decode side's scheduler: a new request goes to the prefill side (`remote`), not
     into the queue; only preempted sequences (recomputed here) ever wait in it."""
 
-    def __init__(self, config: EngineConfig, bm, remote) -> None:
+    def __init__(self, config: EngineConfig, bm, remote, receiving) -> None:
         super().__init__(config, bm)
         self.remote = remote
+        self.receiving = receiving  # () -> whether blocks are held for pages on the way
 
     def add(self, seq: Sequence) -> None:
         self.remote(seq)
+
+    def schedule(self) -> SchedulerOutput:
+        out = super().schedule()
+        if out.out_of_memory and self.receiving():  # those blocks come back (as running requests' or free)
+            out.out_of_memory = []
+        return out
 
     def finish(self, seq: Sequence, reason: str) -> None:
         if seq.status == Status.WAITING and seq not in self.waiting:  # on the prefill side or its pages on the way
@@ -94,7 +101,9 @@ class DisaggEngine(LLMEngine):
     def __init__(self, model: str | Path | None = None, *, device: str = "auto", dtype="auto",
                  config: EngineConfig | None = None, tracer=None, trace_level: str = "basic",
                  capture: CaptureConfig | None = None, progress=None, draft=None, kv_pool_events: str = "traced",
-                 prefill_ranks: int = 1, decode_ranks: int = 1, **unused) -> None:
+                 prefill_ranks: int = 1, decode_ranks: int = 1, num_speculative_tokens: int = 4,
+                 prompt_lookup_max: int = 4, prompt_lookup_min: int = 2) -> None:
+        """LLMEngine's arguments; speculation's are accepted and unused (a draft is refused)."""
         config = config or EngineConfig()
         check_layout(prefill_ranks, decode_ranks, config, draft)
         dev = resolve_device(device)
@@ -116,7 +125,7 @@ class DisaggEngine(LLMEngine):
                            kv_pool_events, store.port, threads)
         self._start_prefill(spec)  # it loads while this process loads the decode side
         try:
-            torch.set_num_threads(threads)
+            torch.set_num_threads(threads)  # this process's share of the cores: the prefill process has the rest
             super().__init__(path, device=decode_dev, dtype=dtype, config=replace(config, enable_prefix_caching=False),
                              tracer=tracer, trace_level=trace_level, capture=capture, progress=progress,
                              kv_pool_events=kv_pool_events)
@@ -125,8 +134,8 @@ class DisaggEngine(LLMEngine):
         except BaseException:
             self.shutdown()
             raise
-        self.prefix_caching = config.enable_prefix_caching  # the prefill side's
-        self.scheduler = DecodeScheduler(self.config, self.block_manager, self._to_prefill)
+        self.prefix_caching = config.enable_prefix_caching  # the prefill side's (describe() says so)
+        self.scheduler = DecodeScheduler(self.config, self.block_manager, self._to_prefill, lambda: bool(self.inflight))
         self.remote: dict[str, Sequence] = {}  # at the prefill side: added, pages not pulled yet
         self.ready: deque[tuple[Sequence, Handover]] = deque()  # prefilled, waiting for blocks here
         self.inflight: dict[int, _InFlight] = {}  # by tag: pages on the way
@@ -200,11 +209,15 @@ class DisaggEngine(LLMEngine):
 
     # --- the loop --------------------------------------------------------------------
     def step(self) -> list[TokenOutput]:
+        if not self.failed and not (self.scheduler.has_unfinished() or self._pending):
+            try:  # nothing to decode: wait for the prefill side, without the lock (add and abort go on)
+                self.conn.poll(0.05)
+            except (EOFError, OSError):
+                pass  # _poll below says why
         with self.lock:
             if self.failed:
                 raise DisaggFailedError(self.failed)
-            local = self.scheduler.has_unfinished() or bool(self._pending)
-            self._poll(0 if local else 0.05)
+            self._poll(0)
             if not (self.scheduler.has_unfinished() or self._pending):
                 return []
             return super().step()
@@ -310,6 +323,13 @@ class DisaggEngine(LLMEngine):
             out.prompt_logprobs = [None] + [seq.prompt_logprobs.get(i) for i in range(1, seq.num_prompt_tokens)]
         self.stats.generated_tokens += 1
         self._pending.append(out)
+
+    def describe(self):
+        """The decode engine's description; its prefix cache is the prefill side's (on there)."""
+        if self._info is None:
+            info = super().describe()
+            self._info = replace(info, kv_pool=replace(info.kv_pool, prefix_caching=self.prefix_caching))
+        return self._info
 
     def _metrics(self, seq: Sequence) -> dict:
         m = super()._metrics(seq)

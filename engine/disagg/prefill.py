@@ -8,13 +8,15 @@ cache works as on any engine: a held request's full blocks are in it, and stay c
 after they are sent and freed.
 
 prefill_main is the spawned process: it builds the engine, answers the start-up, joins the
-process group as rank 1 and serves the decode side's messages (engine/disagg/protocol.py)
+process group as rank 1 and serves the decode side's messages (engine/disagg/protocol.py):
+a PULL at once, on the Sender's thread (the send overlaps the engine's step), the others
 between its steps. Like a parallel engine's worker it watches its parent and ends with
 os._exit: a decode side that vanished leaves nothing behind.
 """
 from __future__ import annotations
 
 import os
+import queue
 import signal
 import threading
 import traceback
@@ -23,15 +25,31 @@ import torch
 from tqdm.std import tqdm
 
 from engine.llm_engine import LLMEngine
+from engine.scheduler import Scheduler, SchedulerOutput
 from engine.parallel.comm import Comm
 from engine.parallel.protocol import READY as STARTED, error_text
 from engine.parallel.worker import _watch_parent
 from engine.sequence import Sequence, Status
 from engine.trace import EventList, Tracer
 from engine.disagg import transfer
-from engine.disagg.protocol import (ADD, DECODE_RANK, DROP, DROPPED_EVENTS, EVENTS, FAILED, HANDOVER, PREFILL_POOL_EVENT,
-                                    PREFILL_RANK, PULL, READY, SENT, SHUTDOWN, STATS, STOP_CAPTURES, Handover,
-                                    PrefillSpec, Wire)
+from engine.disagg.protocol import (ADD, DECODE_RANK, DROP, DROPPED_EVENTS, EVENTS, FAILED, HANDOVER,
+                                    PREFILL_POOL_EVENT, PREFILL_RANK, PULL, READY, SENT, SHUTDOWN, STATS,
+                                    STOP_CAPTURES, Handover, PrefillSpec, Wire)
+
+
+class PrefillScheduler(Scheduler):
+    """Held requests' blocks come back once the decode side pulls them: a request that does
+    not fit beside them waits for that, rather than end as too big for the pool."""
+
+    def __init__(self, config, bm, held: dict) -> None:
+        super().__init__(config, bm)
+        self.held = held
+
+    def schedule(self) -> SchedulerOutput:
+        out = super().schedule()
+        if out.out_of_memory and self.held:
+            out.out_of_memory = []
+        return out
 
 
 class PrefillEngine(LLMEngine):
@@ -40,6 +58,7 @@ class PrefillEngine(LLMEngine):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.held: dict[str, Sequence] = {}  # handed over, blocks kept until the decode side pulls them
+        self.scheduler = PrefillScheduler(self.config, self.block_manager, self.held)
 
     def _stop_reason(self, seq: Sequence, token: int) -> str | None:
         reason = super()._stop_reason(seq, token)
@@ -61,14 +80,12 @@ class PrefillEngine(LLMEngine):
                         num_cached_tokens=seq.num_cached_tokens, first_scheduled_time=seq.first_scheduled_time,
                         prefill_done_time=seq.prefill_done_time, first_token_time=seq.first_token_time)
 
-    def send_pages(self, comm: Comm, request_id: str, tag: int) -> Wire:
-        """The held request's pages to the decode side; then its blocks are freed here."""
+    def sent(self, request_id: str, nbytes: int, start: float, ms: float, backend: str) -> Wire:
+        """The held request's pages left (the Sender's thread sent them): free its blocks here."""
         seq = self.held.pop(request_id)
-        kv = self.runner.kv_cache
-        nbytes, start, ms = transfer.send(comm, kv, seq.block_table, DECODE_RANK, tag)
         self._forget(seq)
         bm = self.block_manager
-        return Wire(nbytes, (start - seq.first_token_time) * 1e3, ms, start, transfer.backend(kv),
+        return Wire(nbytes, (start - seq.first_token_time) * 1e3, ms, start, backend,
                     bm.num_blocks, bm.num_free_blocks, bm.num_cached_blocks)
 
     def drop(self, request_id: str) -> None:
@@ -130,28 +147,78 @@ def prefill_main(spec: PrefillSpec, parent: int, conn) -> None:
     os._exit(0)
 
 
+class Sender:
+    """The decode side's messages, read on a thread of their own: a PULL is served at once, its
+    send overlapping the engine's step (the held blocks are written by no one until they are
+    freed, after the send); every other message waits in `inbox` for the engine's loop."""
+
+    def __init__(self, conn, comm: Comm, kv: torch.Tensor) -> None:
+        self.conn, self.comm, self.kv = conn, comm, kv
+        self.inbox: queue.Queue = queue.Queue()
+        self.pages: dict[str, list[int]] = {}  # held requests' blocks, offered by the loop before READY
+        self.lock = threading.Lock()
+        threading.Thread(target=self._read, name="tokentrace-prefill-sender", daemon=True).start()
+
+    def offer(self, request_id: str, blocks: list[int]) -> None:
+        with self.lock:
+            self.pages[request_id] = list(blocks)
+
+    def forget(self, request_id: str) -> None:
+        with self.lock:
+            self.pages.pop(request_id, None)
+
+    def _read(self) -> None:
+        try:
+            while True:
+                msg = self.conn.recv()
+                if msg is not SHUTDOWN and msg[0] == PULL:
+                    _, rid, tag = msg
+                    with self.lock:
+                        blocks = self.pages.pop(rid)
+                    nbytes, start, ms = transfer.send(self.comm, self.kv, blocks, DECODE_RANK, tag)
+                    msg = (_SENT, rid, tag, nbytes, start, ms)
+                self.inbox.put(msg)
+                if msg is SHUTDOWN:
+                    return
+        except BaseException as e:  # noqa: BLE001 - the loop exits on it (EOFError: the decode side is gone)
+            self.inbox.put((_GONE, e))
+
+
+_SENT, _GONE = "_sent", "_gone"  # the Sender's own notes to the loop
+_NOTHING = ("_nothing",)
+
+
 def _serve(engine: PrefillEngine, comm: Comm, conn, sink: EventList) -> None:
     """Messages first (all that are waiting), then one step; idle, wait for a message."""
+    sender = Sender(conn, comm, engine.runner.kv_cache)
+    ran = True  # the last step computed something (else it waits for held blocks: no busy loop)
     with torch.inference_mode():
         while True:
             busy = engine.has_unfinished_requests()
-            if conn.poll(0 if busy else 0.05):
-                msg = conn.recv()
-                if msg is SHUTDOWN:
-                    return
-                reply = _handle(engine, comm, msg)
+            try:
+                msg = sender.inbox.get_nowait() if busy and ran else sender.inbox.get(timeout=0.01 if busy else 0.05)
+            except queue.Empty:
+                msg = _NOTHING
+            if msg is SHUTDOWN:
+                return
+            if msg is not _NOTHING:
+                if msg[0] == _GONE:
+                    raise msg[1]
+                reply = _handle(engine, sender, msg)
                 _flush(sink, conn)
                 if reply is not None:
                     conn.send(reply)
                 continue
             if busy:
-                replies = _after_step(engine, engine.step())
+                passes = engine.stats.target_passes
+                replies = _after_step(engine, engine.step(), sender)
+                ran = engine.stats.target_passes > passes or bool(replies)
                 _flush(sink, conn)
                 for reply in replies:
                     conn.send(reply)
 
 
-def _handle(engine: PrefillEngine, comm: Comm, msg: tuple):
+def _handle(engine: PrefillEngine, sender: Sender, msg: tuple):
     kind = msg[0]
     if kind == ADD:
         _, rid, ids, params, level = msg
@@ -159,10 +226,11 @@ def _handle(engine: PrefillEngine, comm: Comm, msg: tuple):
             engine.add_request(ids, params, request_id=rid, trace_level=level)
         except ValueError as e:
             return FAILED, rid, str(e)
-    elif kind == PULL:
-        _, rid, tag = msg
-        return SENT, rid, tag, engine.send_pages(comm, rid, tag)
+    elif kind == _SENT:
+        _, rid, tag, nbytes, start, ms = msg
+        return SENT, rid, tag, engine.sent(rid, nbytes, start, ms, transfer.backend(engine.runner.kv_cache))
     elif kind == DROP:
+        sender.forget(msg[1])
         engine.drop(msg[1])
     elif kind == STOP_CAPTURES:
         engine.stop_captures(msg[1], msg[2])
@@ -173,7 +241,7 @@ def _handle(engine: PrefillEngine, comm: Comm, msg: tuple):
     return None
 
 
-def _after_step(engine: PrefillEngine, outputs) -> list[tuple]:
+def _after_step(engine: PrefillEngine, outputs, sender: Sender) -> list[tuple]:
     """The step's finished requests: a handover (or a first token that ended it) for each that
     drew its token; a failure for one that ended without (no room in the pool); aborts released."""
     replies = []
@@ -182,6 +250,8 @@ def _after_step(engine: PrefillEngine, outputs) -> list[tuple]:
         if not out.finished or seq is None:
             continue
         if out.token_id >= 0 and seq.num_output_tokens == 1:
+            if seq.finish_reason == HANDOVER:  # its pages may be pulled from now on
+                sender.offer(out.request_id, seq.block_table)
             replies.append((READY, out.request_id, engine.handover(seq, out.logprobs)))
         elif out.finish_reason != "abort":
             replies.append((FAILED, out.request_id, out.finish_reason))

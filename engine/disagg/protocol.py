@@ -9,7 +9,7 @@ Decode -> prefill, over the pipe:
   SHUTDOWN (None)             finish
 Prefill -> decode, over the pipe:
   EVENTS ([(type, request_id, step, data)])   the prefill engine's trace events
-  READY (request_id, Handover)   the prompt is computed and its first token drawn
+  READY "prefilled" (request_id, Handover)   the prompt is computed and its first token drawn
   SENT (request_id, tag, Wire)   the KV pages went out on torch.distributed
   FAILED (request_id, text)      the prefill engine refused the request
   STATS (dict)
@@ -26,7 +26,7 @@ from engine.config import EngineConfig
 from engine.trace import CaptureConfig
 
 ADD, PULL, DROP, STOP_CAPTURES, STATS = "add", "pull", "drop", "stop_captures", "stats"
-EVENTS, READY, SENT, FAILED = "events", "ready", "sent", "failed"
+EVENTS, READY, SENT, FAILED = "events", "prefilled", "sent", "failed"
 SHUTDOWN = None
 DECODE_RANK, PREFILL_RANK = 0, 1
 HANDOVER = "handover"  # the prefill side's finish reason for a request it passes on

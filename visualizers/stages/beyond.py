@@ -4,6 +4,7 @@ head takes its query heads along."""
 from __future__ import annotations
 
 from visualizers._html import esc, fmt_bytes
+from visualizers.disagg import disagg_stage_html
 from visualizers.parallel import measured_stage_html
 from visualizers.stages.facts import Facts, Part, p
 
@@ -11,10 +12,13 @@ from visualizers.stages.facts import Facts, Part, p
 def beyond(f: Facts) -> Part:
     tp = int(f.model.get("tensor_parallel_size") or 1)
     sharded = bool(f.collectives)
-    text = measured_stage_html(f.collectives) + how_to_split(f.model, sharded)
-    chip = f"{tp} ranks" if tp > 1 else "one device"
+    apart = f.first.get("kv.transfer")  # disaggregated (engine/disagg): prefill and decode on two engines
+    text = measured_stage_html(f.collectives) + (disagg_stage_html(apart, (f.finish or {}).get("ttft")) if apart
+                                                 else "") + how_to_split(f.model, sharded)
+    chip = f"{tp} ranks" if tp > 1 else "2 engines" if apart else "one device"
     # one device: one line in the map (the section's words still say how it would split)
-    return Part(text, ("parallel",), chip, skipped=tp <= 1 and not sharded, reached=sharded or bool(f.finish))
+    return Part(text, ("parallel",), chip, skipped=tp <= 1 and not sharded and not apart,
+                reached=sharded or bool(apart) or bool(f.finish))
 
 
 def _smallest_split(count: int) -> int:

@@ -12,7 +12,7 @@ from visualizers.compact import lens_layers
 from visualizers._html import show_piece
 from visualizers.logit_lens import first_top
 
-FIRST = ("request.arrive", "tokenize", "prefix_cache.lookup", "finish", "trace.truncated")
+FIRST = ("request.arrive", "tokenize", "prefix_cache.lookup", "finish", "trace.truncated", "kv.transfer")
 KEPT = ("sample", "logit_lens", "spec", "embed", "token")  # every event of these types, in order
 
 

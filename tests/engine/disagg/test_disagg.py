@@ -42,9 +42,14 @@ def _one(model) -> LLM:
 
 
 @pytest.mark.slow  # a prefill process per model
-@pytest.mark.parametrize("arch", ["embedded", "llama", "qwen3", "mixtral"])
-def test_disaggregated_tokens_equal_one_engine(checkpoint, arch):
-    model = EMBEDDED if arch == "embedded" else checkpoint(arch)
+@pytest.mark.parametrize("arch", ["embedded", "llama", "qwen3", "mixtral", "deepseek_v3"])
+def test_disaggregated_tokens_equal_one_engine(checkpoint, arch, tmp_path):
+    """deepseek_v3: MLA's pool keeps one latent a token a layer; its pages travel the same way."""
+    if arch == "deepseek_v3":
+        from tests.engine.test_deepseek import make_deepseek
+        model = make_deepseek("v3_moe", tmp_path / "v3")
+    else:
+        model = EMBEDDED if arch == "embedded" else checkpoint(arch)
     one = _one(model)
     want_greedy = [o.token_ids for o in one.generate(PROMPTS, GREEDY)]
     want_seeded = one.generate(PROMPTS, SEEDED)
@@ -171,28 +176,77 @@ from engine import LLM, SamplingParams
 if __name__ == "__main__":
     llm = LLM({path!r}, device="cpu", dtype="float32", disaggregate=True)
     print(llm.engine.proc.pid, flush=True)
-    llm.generate([1, 2, 3], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
-    os.kill(os.getpid(), signal.SIGKILL)
+    if {sig} == signal.SIGKILL:
+        llm.generate([1, 2, 3], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+        os.kill(os.getpid(), signal.SIGKILL)
+    while True:  # serving until interrupted
+        llm.generate([1, 2, 3], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
 """
 
 
 @pytest.mark.slow  # a serving process and its prefill process
-def test_a_killed_serving_process_leaves_no_prefill_process(checkpoint, tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "kill-9"])
+def test_a_stopped_serving_process_leaves_no_prefill_process(checkpoint, tmp_path, sig):
     import subprocess
     import sys
 
     from tests.engine.parallel.test_parallel import _alive
 
     script = tmp_path / "serve.py"
-    script.write_text(KILLED.format(root=str(ROOT), path=str(checkpoint("llama"))))
+    script.write_text(KILLED.format(root=str(ROOT), path=str(checkpoint("llama")), sig=int(sig)))
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                             text=True, start_new_session=True)
     try:
         pid = int(proc.stdout.readline())
-        assert proc.wait(120) == -signal.SIGKILL
+        if sig == signal.SIGINT:
+            time.sleep(0.5)
+            os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: to the serving process and the prefill one
+        proc.wait(120)
         deadline = time.monotonic() + 15
         while _alive(pid) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert not _alive(pid), "the prefill process outlived the serving process"
     finally:
         proc.kill()
+
+
+@pytest.mark.slow  # a prefill process
+def test_every_sampling_knob_continues_on_the_decode_side():
+    """What the first token's draw on the prefill side must hand over: a stop string's text,
+    penalties and biases, a grammar's state, prompt logprobs, a first token that ends it."""
+    from engine import TokenOutput
+    from engine.structured import Constraint
+
+    prompts = ["Once upon a time there was", "The capital of France is", "List three colors:"]
+    params = [SamplingParams(temperature=0, max_tokens=16, stop=[" the"]),
+              SamplingParams(temperature=0.8, seed=11, max_tokens=16, presence_penalty=0.8, logit_bias={264: 3.0}),
+              SamplingParams(temperature=0, max_tokens=24, structured=Constraint("choice", '["red", "green", "blue"]')),
+              SamplingParams(temperature=0, max_tokens=1)]
+    one = LLM(EMBEDDED, device="cpu")
+    with LLM(EMBEDDED, device="cpu", disaggregate=True) as two:
+        for p in params:
+            want = [(o.token_ids, o.text, o.finish_reason) for o in one.generate(prompts, p)]
+            assert [(o.token_ids, o.text, o.finish_reason) for o in two.generate(prompts, p)] == want
+        lp = SamplingParams(temperature=0, max_tokens=4, prompt_logprobs=1, logprobs=1)
+        a, b = ([x for x in llm.stream(prompts[0], lp, trace="off") if isinstance(x, TokenOutput)] for llm in (one, two))
+        assert [x.token_id for x in a] == [x.token_id for x in b]
+        assert [x.logprobs.logprob for x in b] == pytest.approx([x.logprobs.logprob for x in a], abs=1e-5)
+        assert [p and p.logprob for p in b[0].prompt_logprobs] == \
+            pytest.approx([p and p.logprob for p in a[0].prompt_logprobs], abs=1e-5)
+        _pools_empty(two)
+
+
+@pytest.mark.slow  # a prefill process
+def test_a_request_waits_for_held_blocks_rather_than_end_as_too_big(checkpoint):
+    """The decode pool is full, so prefilled requests hold their blocks on the prefill side; a
+    new request that does not fit beside them waits for the pull (it is not 'too big')."""
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(4, 300, (n,), generator=g).tolist() for n in (40, 30, 36)]
+    p = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    want = [o.token_ids for o in _one(checkpoint("llama")).generate(prompts, p)]
+    with LLM(checkpoint("llama"), device="cpu", dtype="float32", block_size=4, num_kv_blocks=16,
+             disaggregate=True) as llm:
+        outs = llm.generate(prompts, p)
+        assert [o.finish_reason for o in outs] == ["length"] * 3
+        assert [o.token_ids for o in outs] == want
+        _pools_empty(llm)

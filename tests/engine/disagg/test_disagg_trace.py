@@ -29,6 +29,7 @@ def test_a_disaggregated_request_is_traced_on_both_engines(checkpoint):
     with LLM(path, device="cpu", dtype="float32", block_size=4, disaggregate=True) as llm:
         events, tokens = _run(llm)
         cfg = llm.engine.model_config
+        assert llm.engine.describe().kv_pool.prefix_caching  # the prefill side's cache (the decode side has none)
     assert [t.token_id for t in tokens] == [t.token_id for t in one_tokens]
     assert tokens[0].logprobs.logprob == pytest.approx(one_tokens[0].logprobs.logprob, abs=1e-5)  # drawn there
     rid = tokens[0].request_id
@@ -77,3 +78,17 @@ def test_a_disaggregated_request_is_traced_on_both_engines(checkpoint):
     s = transfer_summary(x, fin["ttft"])
     assert "9 blocks" in html and "prefill engine&#x27;s pool" in html and "decode engine&#x27;s pool" in html
     assert 0 < s["share_of_ttft"] < 1 and f"{s['share_of_ttft']:.0%}" in html
+
+
+def test_the_panel_escapes_what_it_prints_and_says_when_a_request_ran_on_one_engine():
+    from visualizers.disagg import disagg_panel_html
+
+    assert "ran on one engine" in disagg_panel_html([{"type": "finish", "ttft": 0.1}])
+    x = {"type": "kv.transfer", "num_blocks": 3, "tokens": 40, "bytes": 3 * 16 * 2048, "layers": [0, 1],
+         "backend": "<script>x</script>", "wire_ms": 0.5, "queue_ms": 2.0, "prefill_ms": 20.0, "handover_ms": 3.0,
+         "src_blocks": [0, 1, 2], "dst_blocks": [5, 6, 700], "src_pool": {"num_blocks": 1024, "free": 1024},
+         "dst_pool": {"num_blocks": 1024, "free": 1000, "cached": 0}}
+    html = disagg_panel_html([x, {"type": "finish", "ttft": 0.030}])
+    assert "<script>" not in html and "&lt;script&gt;" in html
+    assert "10%" in html  # 3 ms of a 30 ms TTFT
+    assert "a cell: 8 blocks" in html and html.count('fill="#466ec8"') == 1 + 2  # blocks 0-2: one cell; 5, 6 / 700
