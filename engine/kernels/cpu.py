@@ -166,6 +166,18 @@ def huge_page_empty(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) 
     return raw[start:start + nbytes].view(dtype).view(shape)
 
 
+def release_freed_memory() -> None:
+    """Give the C heap's free pages back to the system (glibc's malloc_trim), best effort.
+
+    Why: a load frees as much as it keeps (the float32 parameters once blocked, a GGUF's
+    dequantized tensors), and glibc keeps freed blocks under its growing mmap threshold in
+    the heap, resident: SmolLM2 at float32 held ~400 MB more than its weights and KV pool."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 @dataclass
 class BlockedWeight:
     """A weight [out, in] in the C kernels' blocked layout, padded with zeros to whole
