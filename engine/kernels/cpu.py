@@ -133,6 +133,8 @@ def load(arch: str) -> ctypes.CDLL:
     lib.tt_block_16.argtypes, lib.tt_block_16.restype = [ptr, c_long, c_long, ptr, ctypes.c_int], None
     lib.tt_moe_forward.argtypes = [ptr, ptr, c_long, ptr, ptr, ctypes.c_int, ptr, ctypes.c_int]
     lib.tt_moe_forward.restype = ctypes.c_int
+    lib.tt_moe_block.argtypes = [ptr, ptr, ctypes.c_float, ctypes.c_float, ptr, c_long, ptr, ptr, ctypes.c_int]
+    lib.tt_moe_block.restype = ctypes.c_int
     lib.tt_linear16_path.argtypes, lib.tt_linear16_path.restype = [], ctypes.c_int
     return lib
 

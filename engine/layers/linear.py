@@ -55,6 +55,19 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | No
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
+_generation = [0]  # bumped whenever a layer's weight copy is made, replaced or dropped
+
+
+def weights_changed() -> None:
+    """A weight copy changed (pack, unpack, quantize): plans that point into copies
+    (engine/layers/fused.py) are rebuilt."""
+    _generation[0] += 1
+
+
+def generation() -> int:
+    return _generation[0]
+
+
 class Linear(nn.Linear):
     blocked: cpu_kernels.BlockedWeight | None = None  # the weight in the C kernel's layout, once `pack`ed
     packed: torch.Tensor | None = None  # the weight in oneDNN's layout, once `pack`ed (no C kernel)
@@ -68,6 +81,7 @@ class Linear(nn.Linear):
             return
         if self.qweight is not None or self.weight is None:
             return
+        weights_changed()
         self.blocked = cpu_kernels.blocked_weight(self.weight, dtype)
         if self.blocked is not None:
             self.weight = None  # freed, unless another module holds it (a tied embedding: see pack_weights)
@@ -78,11 +92,13 @@ class Linear(nn.Linear):
         if self.blocked is not None:
             self.weight = nn.Parameter(self.blocked.unblocked().float(), requires_grad=False)
         self.blocked = self.packed = None
+        weights_changed()
 
     def quantize(self, qw: "QuantizedWeight", drop_float: bool) -> None:
         """Run on the packed codes from now on. drop_float: free the float weight (not when
         another module shares it, as a tied LM head shares the embedding)."""
         self.qweight, self.packed, self.blocked = qw, None, None
+        weights_changed()
         # buffers, so the module's byte counts (bench, page) see the codes and scales
         self.register_buffer("qdata", qw.data, persistent=False)
         self.register_buffer("qscales", qw.scales, persistent=False)
