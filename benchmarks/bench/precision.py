@@ -23,10 +23,12 @@ def precision(b: Bench, name: str = "smollm2") -> None:
         return  # the CUDA path keeps PyTorch's own 16-bit kernels: the gpu section covers it
     real = Bench(Path(name), None, b.device, b.settings)
     engines = {"float32": real.engine(dtype="float32"), **{d: real.engine(dtype=d) for d in DTYPES}}
-    path = "AVX-512 BF16 dot products" if cpu_kernels.library().tt_linear16_path() else "widened by shifts / F16C"
-    precision_speed(b, real, engines, f"{label(name)}: 16-bit weights decode", f"bfloat16: {path}")
+    bf16 = "AVX-512 BF16 dot products" if cpu_kernels.library().tt_linear16_path() else "widened by shifts"
+    precision_speed(b, real, engines, f"{label(name)}: 16-bit weights decode",
+                    {"bfloat16": f"bfloat16 {bf16}", "float16": "float16 widened by F16C (or bit arithmetic)"})
     agreement_rows(b, real, engines, DTYPES, f"{label(name)}: 16-bit weights agreement",
-                   lambda e: f"weights {e.describe().model.dtype} in the C kernels, float32 arithmetic")
+                   lambda e: f"weights {e.describe().model.dtype} in the C kernels, float32 arithmetic",
+                   (1e3, "mnats"))
     for dtype in ("float32", "bfloat16"):
         r = resident.in_subprocess(name, dtype)
         b.add(f"{label(name)}: 16-bit weights memory", f"{dtype}: resident growth of a load", r["rss_growth"] / 2**20,
@@ -36,7 +38,8 @@ def precision(b: Bench, name: str = "smollm2") -> None:
               "tokenizer built before the baseline")
 
 
-def precision_speed(b: Bench, real: Bench, engines: dict[str, LLMEngine], section: str, note: str) -> None:
+def precision_speed(b: Bench, real: Bench, engines: dict[str, LLMEngine], section: str,
+                    notes: dict[str, str]) -> None:
     """Each dtype's decode rate at batch 1 and `batch` against float32, interleaved repeats."""
     s = b.settings
     for batch in (1, s.batch):
@@ -49,4 +52,4 @@ def precision_speed(b: Bench, real: Bench, engines: dict[str, LLMEngine], sectio
         for k in DTYPES:
             spread = repeat_spread(times["float32"], times["float321"], times[k], times[k + "1"])
             b.add(section, f"{k} batch {batch} decode tok/s", decode_rate(times, k, n), "tok/s",
-                  decode_rate(times, "float32", n), f"baseline: this engine float32; {spread}; {note}")
+                  decode_rate(times, "float32", n), f"baseline: this engine float32; {spread}; {notes[k]}")

@@ -62,10 +62,10 @@ def quantized_agreement(b: Bench, real: Bench, engines: dict[str, LLMEngine], ki
 
 
 def agreement_rows(b: Bench, real: Bench, engines: dict[str, LLMEngine], kinds: tuple[str, ...], section: str,
-                   describe: Callable[[LLMEngine], str]) -> None:
+                   describe: Callable[[LLMEngine], str], kl_scale: tuple[float, str] = (1.0, "nats")) -> None:
     """Each of `kinds` against engines["float32"]: teacher-forced top-1 agreement and KL on the
     fixed text, and free-running greedy tokens equal position by position (the quant and
-    precision sections)."""
+    precision sections). kl_scale: the KL's unit (1e3, "mnats" where it is small)."""
     s = b.settings
     text = text_ids(engines["float32"])
     base_logits = prompt_logits(engines["float32"], text)
@@ -80,7 +80,8 @@ def agreement_rows(b: Bench, real: Bench, engines: dict[str, LLMEngine], kinds: 
                                   for x, y in zip(greedy_ref, outs))
         b.add(section, f"{k}: top-1 = float32's, teacher-forced", 100 * top1, "%", None,
               f"{len(text) - 1} positions of a fixed text; {describe(e)}")
-        b.add(section, f"{k}: mean KL(float32 || {k})", kl, "nats", None, "next-token distributions, same positions")
+        b.add(section, f"{k}: mean KL(float32 || {k})", kl * kl_scale[0], kl_scale[1], None,
+              "next-token distributions, same positions")
         b.add(section, f"{k}: greedy tokens = float32's", 100 * same, "%", None,
               f"{s.batch} prompts x {s.new_tokens} tokens, position by position; median first "
               f"difference at token {first}")

@@ -120,3 +120,21 @@ def test_repeat_spread_is_per_repeat_decode_ratios():
     # repeat 1: baseline decodes in 9 s, ours in 4.5 s (2x); repeat 2: 10 s vs 2.5 s (4x)
     assert repeat_spread([10, 12], [1, 2], [5, 3.5], [0.5, 1]) == "ratio over 2 interleaved repeats: 2.00-4.00"
     assert repeat_spread([1], [1], [1], [1]) == ""  # no decode time to divide by
+
+
+@pytest.mark.slow  # a real model at three dtypes, and two fresh processes for the memory rows
+def test_bench_precision_section_on_smollm2():
+    """16-bit weights on SmolLM2: speed rows against float32, agreement with float32 (as the
+    quant section measures it), resident memory within 1.15x of weights + KV pool."""
+    cached_gguf("smollm2")
+    rows = main(["--quick", "--device", "cpu", "--out", "", "--sections", "precision"])
+    by = {r.name: r for r in rows}
+    assert {r.section for r in rows} == {f"SmolLM2-135M-Instruct: 16-bit weights {s}"
+                                         for s in ("decode", "agreement", "memory")}
+    for dtype in ("bfloat16", "float16"):
+        assert by[f"{dtype} batch 1 decode tok/s"].baseline > 0
+        assert by[f"{dtype}: top-1 = float32's, teacher-forced"].value >= 95
+        assert by[f"{dtype}: mean KL(float32 || {dtype})"].value < 5  # mnats
+    for dtype in ("float32", "bfloat16"):
+        r = by[f"{dtype}: resident growth of a load"]
+        assert r.value <= 1.15 * r.baseline
