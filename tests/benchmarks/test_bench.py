@@ -44,7 +44,7 @@ def test_decode_bytes_per_token_counts_what_one_step_reads(checkpoint):
     h, i, v, ctx = 64, 96, 320, 10
     attn = h * (h + 2 * 32) + h * h  # q, k, v (2 kv heads x 16) and o
     experts = 2 * (2 * i * h + h * i)  # top 2 of 4: gate+up and down
-    layer = attn + h * 4 + experts + 2 * h  # router, two norms
+    layer = attn + h * 8 + experts + 2 * h  # router (4 rows, blocked for the C kernel: padded to 8), two norms
     kv = 2 * 3 * 2 * 16 * ctx  # K and V, 3 layers, 2 kv heads x 16, ctx tokens
     expected = 4 * (3 * layer + h + h + v * h + kv)  # + final norm, one embedding row, LM head
     assert decode_bytes_per_token(moe.runner.model, moe.model_config, ctx) == expected
