@@ -66,7 +66,7 @@ def test_bandwidth_row_arithmetic(checkpoint):
     assert [r.name for r in linears] == ([] if not layers else [
         "linear layers alone, 1 row: C kernel vs oneDNN, GB/s",
         f"linear layers alone, {QUICK.batch} rows: C kernel vs oneDNN, GB/s"])
-    nbytes = sum(m.weight.numel() * 4 for m in layers)
+    nbytes = sum(m.blocked.nbytes for m in layers)
     for r in linears:
         assert r.value > 0 and r.baseline > 0 and f"{len(layers)} layers, {nbytes / 2**20:.0f} MiB" in r.note
     context = QUICK.prompt_tokens + QUICK.new_tokens // 2
