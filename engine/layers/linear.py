@@ -79,13 +79,22 @@ class Linear(nn.Linear):
         if not on:
             self.unpack()
             return
-        if self.qweight is not None or self.weight is None:
+        if self.qweight is not None or self._parameters.get("weight") is None:
             return
         weights_changed()
         self.blocked = cpu_kernels.blocked_weight(self.weight, dtype)
         if self.blocked is not None:
             self.weight = None  # freed, unless another module holds it (a tied embedding: see pack_weights)
         self.packed = pack_weight(self.weight) if self.blocked is None else None
+
+    def __getattr__(self, name: str):
+        # `weight` where the blocked copy is the only one: read back (a fresh float32 tensor) for
+        # code that reads the matrix itself (MLA's per-head up-projections); the layer's own
+        # passes never take this path
+        value = super().__getattr__(name)
+        if value is None and name == "weight" and self.__dict__.get("blocked") is not None:
+            return self.blocked.unblocked().float()
+        return value
 
     def unpack(self) -> None:
         """The plain float32 parameter again, read back from the blocked copy (PyTorch's matmul)."""
