@@ -148,7 +148,8 @@ def table(found: list[Peer], batches: list[int], n: int) -> list[dict]:
 def main(argv: list[str] | None = None) -> list[dict]:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.peers", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="smollm2", help="this engine's model (a name of `python -m engine.checkpoint list`)")
+    ap.add_argument("--model", default="smollm2",
+                    help="this engine's model (a name of `python -m engine.checkpoint list`)")
     ap.add_argument("--dtypes", default="float32,bfloat16,float16", help="this engine's dtypes (float32 first)")
     ap.add_argument("--vllm-model", default=None, help="the same model as a Hugging Face folder, for vLLM")
     ap.add_argument("--llama-gguf", action="append", default=[], help="LABEL=FILE.gguf for llama.cpp (repeatable)")

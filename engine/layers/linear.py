@@ -120,7 +120,8 @@ class Linear(nn.Linear):
         if self.blocked is not None:
             if x.numel() <= cpu_kernels.MAX_ROWS * x.shape[-1]:
                 return cpu_kernels.linear(x, self.blocked, self.bias)
-            return F.linear(x.float(), self.blocked.unblocked().float(), None if self.bias is None else self.bias.float())
+            bias = None if self.bias is None else self.bias.float()
+            return F.linear(x.float(), self.blocked.unblocked().float(), bias)
         if self.packed is not None:
             return packed_linear(x, self.packed, self.bias)
         return F.linear(x, self.weight, self.bias)

@@ -173,7 +173,8 @@ def test_moe_experts_through_the_kernel(inter, dtype):
         close(moe(x), expected[n], 40)
         close(moe.routed(x, *routes[n], None), expected[n], 40)  # routing given (DeepSeek's router)
     pack_weights(moe, on=False)
-    assert moe.c_experts is None and torch.equal(moe.experts_gate_up, params[0]) and torch.equal(moe.experts_down, params[1])
+    assert moe.c_experts is None
+    assert torch.equal(moe.experts_gate_up, params[0]) and torch.equal(moe.experts_down, params[1])
     close(moe(batch), expected[3], 40)
 
 

@@ -120,7 +120,8 @@ def test_engine_on_the_avx2_build_gives_the_native_builds_tokens():
     from engine.llm import LLM
     from engine.sampling_params import SamplingParams
     script = ("import json, sys\nfrom engine.llm import LLM\nfrom engine.sampling_params import SamplingParams\n"
-              "from engine.kernels import cpu\nassert cpu.march() == 'x86-64-v3' and cpu.library().tt_linear16_path() == 0\n"
+              "from engine.kernels import cpu\n"
+              "assert cpu.march() == 'x86-64-v3' and cpu.library().tt_linear16_path() == 0\n"
               "out = {d: LLM(dtype=d).generate(['Once upon a time'], SamplingParams(max_tokens=12, temperature=0,"
               " ignore_eos=True))[0].token_ids for d in ('bfloat16', 'float16')}\nprint(json.dumps(out))\n")
     env = {**os.environ, "TOKENTRACE_CPU_MARCH": "x86-64-v3"}
