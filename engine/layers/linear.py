@@ -173,3 +173,7 @@ def pack_weights(model: nn.Module, on: bool = True, dtype: torch.dtype | None = 
             e.__dict__["tied"], e.weight = m, None  # the head's blocked copy is the only one
     for e in embeddings:
         e.pack(on, dtype)
+    for m in linears:  # a quantized head that kept the float table for its embedding, which now has its own
+        e = tied.get(id(m))
+        if on and e is not None and m.qweight is not None and e.widen:
+            m.weight = None
