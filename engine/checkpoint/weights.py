@@ -13,6 +13,7 @@ from engine.checkpoint.errors import ModelLoadError
 from engine.checkpoint.gguf import close_gguf, is_gguf, read_tensors
 from engine.checkpoint.quantize import quantize_model
 from engine.config import ModelConfig, ProgressFn
+from engine.kernels import cpu as cpu_kernels
 from engine.layers.linear import pack_weights
 from engine.model import IGNORED, CausalLM, checkpoint_target, shard_sizes
 
@@ -142,4 +143,6 @@ def load_model(path: Path, cfg: ModelConfig, max_positions: int, dtype: torch.dt
         del codes
     # CPU: the weights into the C kernels' layout, their only copy (or large ones reordered for oneDNN)
     pack_weights(model, dtype=weight_dtype)
+    if device.type == "cpu":
+        cpu_kernels.release_freed_memory()  # what the load freed (float parameters, dequantized tensors)
     return model

@@ -133,6 +133,8 @@ def load(arch: str) -> ctypes.CDLL:
     lib.tt_block_16.argtypes, lib.tt_block_16.restype = [ptr, c_long, c_long, ptr, ctypes.c_int], None
     lib.tt_moe_forward.argtypes = [ptr, ptr, c_long, ptr, ptr, ctypes.c_int, ptr, ctypes.c_int]
     lib.tt_moe_forward.restype = ctypes.c_int
+    lib.tt_moe_block.argtypes = [ptr, ptr, ctypes.c_float, ctypes.c_float, ptr, c_long, ptr, ptr, ctypes.c_int]
+    lib.tt_moe_block.restype = ctypes.c_int
     lib.tt_linear16_path.argtypes, lib.tt_linear16_path.restype = [], ctypes.c_int
     return lib
 
@@ -164,6 +166,18 @@ def huge_page_empty(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) 
     start = -raw.data_ptr() % HUGE_PAGE
     region.madvise(mmap.MADV_HUGEPAGE, start, nbytes)
     return raw[start:start + nbytes].view(dtype).view(shape)
+
+
+def release_freed_memory() -> None:
+    """Give the C heap's free pages back to the system (glibc's malloc_trim), best effort.
+
+    Why: a load frees as much as it keeps (the float32 parameters once blocked, a GGUF's
+    dequantized tensors), and glibc keeps freed blocks under its growing mmap threshold in
+    the heap, resident: SmolLM2 at float32 held ~400 MB more than its weights and KV pool."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 @dataclass

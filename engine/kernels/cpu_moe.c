@@ -113,3 +113,21 @@ int tt_moe_forward(const tt_moe *M, const float *x, long T, long *experts, float
     free(buf);
     return rc ? -1 : 0;
 }
+
+void tt_rms_norm(const float *x, long T, long H, long ldx, const float *w, float offset, float eps, float *y);
+
+/* A decoder layer's whole MoE half, in place: x += moe(rms_norm(x)), routed here; experts /
+   weights [T, top_k] receive the routing (for a trace). x [T, hidden]. */
+int tt_moe_block(const tt_moe *M, const float *norm, float offset, float eps, float *x, long T, long *experts,
+                 float *weights, int nthreads) {
+    long H = M->hidden;
+    float *buf = malloc(sizeof(float) * 2 * T * H);
+    if (!buf) return -1;
+    float *h = buf, *out = buf + T * H;
+    tt_rms_norm(x, T, H, H, norm, offset, eps, h);
+    int rc = tt_moe_forward(M, h, T, experts, weights, 1, out, nthreads);
+    if (!rc)
+        for (long i = 0; i < T * H; i++) x[i] += out[i];
+    free(buf);
+    return rc;
+}

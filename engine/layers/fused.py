@@ -27,8 +27,9 @@ from torch import nn
 from engine.batch import ForwardBatch
 from engine.kernels import cpu as cpu_kernels
 from engine.kernels import cpu_quant
+from engine.layers import linear
 from engine.layers.linear import Linear
-from engine.layers.mlp import ACTIVATIONS, MLP
+from engine.layers.mlp import ACTIVATIONS, MLP, SparseMoE
 from engine.trace.capture import PassCapture
 
 _P, _L, _F = ctypes.c_void_p, ctypes.c_long, ctypes.c_float
@@ -69,14 +70,16 @@ class FusedLayer:
     rebuilt when a projection's weight copy or the KV pool is replaced, or the layer's
     sliding window changes."""
     args: LayerArgs
-    mlp: bool  # the MLP half fused too (a dense SwiGLU); else the layer's own MLP or MoE runs it
+    mlp: bool  # the MLP half fused too (a dense SwiGLU, or a MoE: see moe); else the layer's own MLP runs it
     weights: list[tuple[Linear, object]]  # each fused projection and the weight it had then
     keep: tuple  # the float32 norm weights and biases, the cache views
+    generation: int  # engine/layers/linear.py's count of weight-copy changes when planned
+    moe: tuple | None = None  # a SparseMoE half in one C call: (its CpuExperts, its router, the norm's weight)
 
     def current(self, layer: nn.Module) -> bool:
         attn = layer.self_attn
-        return all(_weight(m) is w for m, w in self.weights) and \
-            self.keep[0].data_ptr() == attn.k_cache.data_ptr() and self.args.window == (attn.window or 0)
+        return self.generation == linear.generation() and self.keep[0].data_ptr() == attn.k_cache.data_ptr() \
+            and self.args.window == (attn.window or 0)
 
 
 def _f32(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -128,8 +131,19 @@ def plan(layer: nn.Module) -> FusedLayer | None:
         linear_q8=fn("tt_linear_q8"), linear_q4=fn("tt_linear_q4"),
         q_norm=_ptr(extra[0]), k_norm=_ptr(extra[1]), post_attn_norm=_ptr(extra[2]), post_mlp_norm=_ptr(extra[3]),
         gelu=int(fuse_mlp and mlp.act is ACTIVATIONS["gelu_pytorch_tanh"]))
-    return FusedLayer(args, fuse_mlp, [(m, _weight(m)) for m in linears],
-                      (cache, attn.v_cache, w1, w2, *extra, *biases))
+    moe = _moe_half(layer) if not fuse_mlp else None
+    return FusedLayer(args, fuse_mlp or moe is not None, [(m, _weight(m)) for m in linears],
+                      (cache, attn.v_cache, w1, w2, *extra, *biases), linear.generation(), moe)
+
+
+def _moe_half(layer: nn.Module) -> tuple | None:
+    """A plain SparseMoE on the C kernels (softmax router, no shared expert) after a plain
+    RMSNorm: its whole half as one C call (cpu_moe.c's tt_moe_block)."""
+    mlp, norm = layer.mlp, layer.post_attention_layernorm
+    if type(mlp) is not SparseMoE or mlp.c_experts is None or mlp.gate.blocked is None \
+            or mlp.shared_expert is not None or layer.sandwich:
+        return None
+    return mlp.c_experts, mlp.gate.blocked, _f32(norm.weight)
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:
@@ -163,8 +177,27 @@ def forward(fused: FusedLayer, layer: nn.Module, x: torch.Tensor, batch: Forward
         ctypes.byref(fused.args), x.data_ptr(), T, cos.data_ptr(), sin.data_ptr(), batch.slot_mapping.data_ptr(),
         tables.data_ptr(), tables.shape[1], keys.data_ptr(),
         out.data_ptr(), None if q is None else q.data_ptr(), threads)
-    if not rc and fused.mlp:
+    if not rc and fused.moe is not None:
+        rc = _moe_forward(fused, layer, out, capture, threads)
+    elif not rc and fused.mlp:
         rc = lib.tt_decode_mlp_block(ctypes.byref(fused.args), out.data_ptr(), T, threads)
     if rc:
         raise MemoryError(f"cpu_layer: no memory for the scratch rows of {T} tokens")
     return out
+
+
+def _moe_forward(fused: FusedLayer, layer: nn.Module, x: torch.Tensor, capture: PassCapture | None,
+                 threads: int) -> int:
+    """x += the MoE half of x (norm, routing, experts) in place; the routing kept for a trace."""
+    experts_, router, norm_w = fused.moe
+    args, norm = experts_.args, layer.post_attention_layernorm
+    args.router, args.router_kind = router.data.data_ptr(), FLOAT_KINDS[router.dtype]
+    T = x.shape[0]
+    experts = torch.empty(T, args.top_k, dtype=torch.long)
+    weights = torch.empty(T, args.top_k, dtype=torch.float32)
+    rc = cpu_kernels.library().tt_moe_block(ctypes.byref(args), norm_w.data_ptr(), 1.0 if norm.offset else 0.0,
+                                            norm.eps, x.data_ptr(), T, experts.data_ptr(), weights.data_ptr(),
+                                            threads)
+    if capture is not None:  # a full trace: converted after the pass (engine/trace/capture.py)
+        capture.moe_routing[layer.mlp.layer_idx] = (experts, weights)
+    return rc

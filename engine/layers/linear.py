@@ -55,6 +55,19 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | No
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
+_generation = [0]  # bumped whenever a layer's weight copy is made, replaced or dropped
+
+
+def weights_changed() -> None:
+    """A weight copy changed (pack, unpack, quantize): plans that point into copies
+    (engine/layers/fused.py) are rebuilt."""
+    _generation[0] += 1
+
+
+def generation() -> int:
+    return _generation[0]
+
+
 class Linear(nn.Linear):
     blocked: cpu_kernels.BlockedWeight | None = None  # the weight in the C kernel's layout, once `pack`ed
     packed: torch.Tensor | None = None  # the weight in oneDNN's layout, once `pack`ed (no C kernel)
@@ -66,23 +79,35 @@ class Linear(nn.Linear):
         if not on:
             self.unpack()
             return
-        if self.qweight is not None or self.weight is None:
+        if self.qweight is not None or self._parameters.get("weight") is None:
             return
+        weights_changed()
         self.blocked = cpu_kernels.blocked_weight(self.weight, dtype)
         if self.blocked is not None:
             self.weight = None  # freed, unless another module holds it (a tied embedding: see pack_weights)
         self.packed = pack_weight(self.weight) if self.blocked is None else None
+
+    def __getattr__(self, name: str):
+        # `weight` where the blocked copy is the only one: read back (a fresh float32 tensor) for
+        # code that reads the matrix itself (MLA's per-head up-projections); the layer's own
+        # passes never take this path
+        value = super().__getattr__(name)
+        if value is None and name == "weight" and self.__dict__.get("blocked") is not None:
+            return self.blocked.unblocked().float()
+        return value
 
     def unpack(self) -> None:
         """The plain float32 parameter again, read back from the blocked copy (PyTorch's matmul)."""
         if self.blocked is not None:
             self.weight = nn.Parameter(self.blocked.unblocked().float(), requires_grad=False)
         self.blocked = self.packed = None
+        weights_changed()
 
     def quantize(self, qw: "QuantizedWeight", drop_float: bool) -> None:
         """Run on the packed codes from now on. drop_float: free the float weight (not when
         another module shares it, as a tied LM head shares the embedding)."""
         self.qweight, self.packed, self.blocked = qw, None, None
+        weights_changed()
         # buffers, so the module's byte counts (bench, page) see the codes and scales
         self.register_buffer("qdata", qw.data, persistent=False)
         self.register_buffer("qscales", qw.scales, persistent=False)
@@ -95,7 +120,8 @@ class Linear(nn.Linear):
         if self.blocked is not None:
             if x.numel() <= cpu_kernels.MAX_ROWS * x.shape[-1]:
                 return cpu_kernels.linear(x, self.blocked, self.bias)
-            return F.linear(x.float(), self.blocked.unblocked().float(), None if self.bias is None else self.bias.float())
+            bias = None if self.bias is None else self.bias.float()
+            return F.linear(x.float(), self.blocked.unblocked().float(), bias)
         if self.packed is not None:
             return packed_linear(x, self.packed, self.bias)
         return F.linear(x, self.weight, self.bias)
@@ -147,3 +173,7 @@ def pack_weights(model: nn.Module, on: bool = True, dtype: torch.dtype | None = 
             e.__dict__["tied"], e.weight = m, None  # the head's blocked copy is the only one
     for e in embeddings:
         e.pack(on, dtype)
+    for m in linears:  # a quantized head that kept the float table for its embedding, which now has its own
+        e = tied.get(id(m))
+        if on and e is not None and m.qweight is not None and e.widen:
+            m.weight = None

@@ -10,7 +10,7 @@ from torch import nn
 from engine.batch import ForwardBatch
 from engine.config import ModelConfig
 from engine.kernels import cpu as cpu_kernels
-from engine.layers.linear import Linear, pack_weight, packed_linear
+from engine.layers.linear import Linear, pack_weight, packed_linear, weights_changed
 from engine.layers.moe_cpu import CpuExperts
 from engine.trace.capture import PassCapture
 
@@ -64,6 +64,7 @@ class SparseMoE(nn.Module):
         own), then the only copy of them, run by cpu_moe.c (engine/layers/moe_cpu.py); without
         them, all experts side by side reordered for oneDNN (for _all_experts). off: the plain
         float32 parameters back."""
+        weights_changed()
         if not on:
             if self.c_experts is not None:
                 gate_up, down = self.c_experts.unblocked()

@@ -44,7 +44,7 @@ def test_decode_bytes_per_token_counts_what_one_step_reads(checkpoint):
     h, i, v, ctx = 64, 96, 320, 10
     attn = h * (h + 2 * 32) + h * h  # q, k, v (2 kv heads x 16) and o
     experts = 2 * (2 * i * h + h * i)  # top 2 of 4: gate+up and down
-    layer = attn + h * 4 + experts + 2 * h  # router, two norms
+    layer = attn + h * 8 + experts + 2 * h  # router (4 rows, blocked for the C kernel: padded to 8), two norms
     kv = 2 * 3 * 2 * 16 * ctx  # K and V, 3 layers, 2 kv heads x 16, ctx tokens
     expected = 4 * (3 * layer + h + h + v * h + kv)  # + final norm, one embedding row, LM head
     assert decode_bytes_per_token(moe.runner.model, moe.model_config, ctx) == expected
@@ -66,7 +66,7 @@ def test_bandwidth_row_arithmetic(checkpoint):
     assert [r.name for r in linears] == ([] if not layers else [
         "linear layers alone, 1 row: C kernel vs oneDNN, GB/s",
         f"linear layers alone, {QUICK.batch} rows: C kernel vs oneDNN, GB/s"])
-    nbytes = sum(m.weight.numel() * 4 for m in layers)
+    nbytes = sum(m.blocked.nbytes for m in layers)
     for r in linears:
         assert r.value > 0 and r.baseline > 0 and f"{len(layers)} layers, {nbytes / 2**20:.0f} MiB" in r.note
     context = QUICK.prompt_tokens + QUICK.new_tokens // 2
@@ -120,3 +120,21 @@ def test_repeat_spread_is_per_repeat_decode_ratios():
     # repeat 1: baseline decodes in 9 s, ours in 4.5 s (2x); repeat 2: 10 s vs 2.5 s (4x)
     assert repeat_spread([10, 12], [1, 2], [5, 3.5], [0.5, 1]) == "ratio over 2 interleaved repeats: 2.00-4.00"
     assert repeat_spread([1], [1], [1], [1]) == ""  # no decode time to divide by
+
+
+@pytest.mark.slow  # a real model at three dtypes, and two fresh processes for the memory rows
+def test_bench_precision_section_on_smollm2():
+    """16-bit weights on SmolLM2: speed rows against float32, agreement with float32 (as the
+    quant section measures it), resident memory within 1.15x of weights + KV pool."""
+    cached_gguf("smollm2")
+    rows = main(["--quick", "--device", "cpu", "--out", "", "--sections", "precision"])
+    by = {r.name: r for r in rows}
+    assert {r.section for r in rows} == {f"SmolLM2-135M-Instruct: 16-bit weights {s}"
+                                         for s in ("decode", "agreement", "memory")}
+    for dtype in ("bfloat16", "float16"):
+        assert by[f"{dtype} batch 1 decode tok/s"].baseline > 0
+        assert by[f"{dtype}: top-1 = float32's, teacher-forced"].value >= 95
+        assert by[f"{dtype}: mean KL(float32 || {dtype})"].value < 5  # mnats
+    for dtype in ("float32", "bfloat16"):
+        r = by[f"{dtype}: resident growth of a load"]
+        assert r.value <= 1.15 * r.baseline

@@ -194,7 +194,8 @@ def test_bfloat16_keeps_the_router_in_float32_and_ngram_speculation_keeps_the_to
     bf16 = LLM(v3, device=DEVICE, dtype="bfloat16", block_size=4)
     gate = bf16.engine.runner.model.model.layers[1].mlp.gate
     assert gate.weight.dtype == gate.e_score_correction_bias.dtype == torch.float32
-    assert bf16.engine.runner.model.model.layers[1].self_attn.kv_b_proj.weight.dtype == torch.bfloat16
+    kv_b = bf16.engine.runner.model.model.layers[1].self_attn.kv_b_proj  # CPU: its blocked copy is the weight
+    assert (kv_b.blocked.dtype if kv_b.blocked is not None else kv_b.weight.dtype) == torch.bfloat16
     assert len(bf16.generate(PROMPTS[1], GREEDY)[0].token_ids) == GREEDY.max_tokens
     # the model as its own draft: verify passes of 4 rows a sequence take the rebuild path
     spec = LLM(v3, device=DEVICE, dtype="float32", block_size=4, draft=str(v3), num_speculative_tokens=3)

@@ -85,7 +85,8 @@ def test_linear_layer_takes_the_kernel_for_few_rows_only(dtype):
     w = layer.weight.detach().to(dtype).float()  # what the layer stores, widened
     few, many = torch.randn(1, 96), torch.randn(cpu.MAX_ROWS + 1, 96)
     layer.pack(dtype=dtype)
-    assert layer.blocked is not None and layer.packed is None and layer.weight is None
+    assert layer.blocked is not None and layer.packed is None and layer._parameters["weight"] is None
+    assert torch.equal(layer.weight, w)  # read back from the blocked copy, for code that reads the matrix
     assert layer.blocked.dtype == dtype
     close(layer(few), F.linear(few, w, layer.bias), 96 if dtype == torch.float32 else 96 * 2 ** 10)
     # a prefill-sized batch goes to PyTorch's GEMM: bit for bit F.linear on the stored weight
@@ -128,7 +129,7 @@ def test_start_up_line_names_the_kernels_weights_their_only_copy():
     moe = [m for m in model.modules() if getattr(m, "c_experts", None) is not None]
     assert linears and moe  # the embedded model: a MoE, whose experts are blocked one after another
     # one copy of each weight: the blocked one; the tied embedding reads the LM head's
-    assert all(m.blocked is not None and m.weight is None for m in linears)
+    assert all(m.blocked is not None and m._parameters["weight"] is None for m in linears)
     assert all(m.experts_gate_up is None and m.experts_down is None for m in moe)
     assert model.model.embed_tokens.weight is None and model.model.embed_tokens.tied is model.lm_head
     blocked = sum(m.blocked.nbytes for m in linears) + sum(w.nbytes for m in moe for w in m.c_experts.blocked_weights())
@@ -172,7 +173,8 @@ def test_moe_experts_through_the_kernel(inter, dtype):
         close(moe(x), expected[n], 40)
         close(moe.routed(x, *routes[n], None), expected[n], 40)  # routing given (DeepSeek's router)
     pack_weights(moe, on=False)
-    assert moe.c_experts is None and torch.equal(moe.experts_gate_up, params[0]) and torch.equal(moe.experts_down, params[1])
+    assert moe.c_experts is None
+    assert torch.equal(moe.experts_gate_up, params[0]) and torch.equal(moe.experts_down, params[1])
     close(moe(batch), expected[3], 40)
 
 

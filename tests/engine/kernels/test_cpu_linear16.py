@@ -106,3 +106,29 @@ def test_large_matrix_split_between_threads():
             check(cpu.linear(x, cpu.BlockedWeight.of(w, dtype)), x, w.to(dtype), None, lib)
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.skipif("x86-64-v3" not in ARCHES, reason="this CPU cannot run an AVX2 build")
+def test_engine_on_the_avx2_build_gives_the_native_builds_tokens():
+    """The whole engine at bfloat16 and float16 with every kernel built for x86-64-v3 (no
+    AVX-512: the path a CI machine with AVX2 only takes), in a fresh process: its greedy
+    tokens equal this process's native build's."""
+    import json
+    import subprocess
+    import sys
+
+    from engine.llm import LLM
+    from engine.sampling_params import SamplingParams
+    script = ("import json, sys\nfrom engine.llm import LLM\nfrom engine.sampling_params import SamplingParams\n"
+              "from engine.kernels import cpu\n"
+              "assert cpu.march() == 'x86-64-v3' and cpu.library().tt_linear16_path() == 0\n"
+              "out = {d: LLM(dtype=d).generate(['Once upon a time'], SamplingParams(max_tokens=12, temperature=0,"
+              " ignore_eos=True))[0].token_ids for d in ('bfloat16', 'float16')}\nprint(json.dumps(out))\n")
+    env = {**os.environ, "TOKENTRACE_CPU_MARCH": "x86-64-v3"}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    fallback = json.loads(done.stdout.strip().splitlines()[-1])
+    for dtype, tokens in fallback.items():
+        native = LLM(dtype=dtype).generate(["Once upon a time"], SamplingParams(max_tokens=12, temperature=0,
+                                                                                ignore_eos=True))[0].token_ids
+        assert tokens == native

@@ -1,0 +1,24 @@
+"""benchmarks/peers.py: this engine at each dtype side by side, peers skipped with a line
+where they are not installed (nothing here is a speed claim)."""
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.peers import main
+from engine.kernels import cpu
+from engine.llm_engine import DEFAULT_MODEL
+
+
+@pytest.mark.skipif(not cpu.available(), reason="16-bit weights on the CPU need the C kernels")
+def test_peers_runs_this_engine_at_each_dtype_and_names_what_it_skips(capsys):
+    rows = main(["--model", str(DEFAULT_MODEL), "--batches", "1,2", "--new-tokens", "4", "--repeats", "1",
+                 "--out", ""])
+    out = capsys.readouterr().out
+    assert [r["engine"] for r in rows[:3]] == ["this engine float32", "this engine bfloat16", "this engine float16"]
+    assert rows[0]["batch 1"]["ratio"] == 1.0 and rows[0]["batch 2"]["tokens_equal"] == "8 / 8"
+    assert all(isinstance(r[f"batch {b}"]["tok/s"], float) for r in rows for b in (1, 2))  # timings: noise here
+    for peer, module in (("vLLM", "vllm"), ("llama.cpp", "llama_cpp")):
+        try:
+            __import__(module)
+        except ImportError:
+            assert f"{peer}: skipped" in out
