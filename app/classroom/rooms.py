@@ -427,7 +427,15 @@ def add_classroom_routes(api: FastAPI, classrooms: Classrooms, css: str,
                          recorder: Callable[[str], Recording | None]) -> None:
     """recorder(request_id): the kept trace of a request (None when there is none)."""
     api.add_middleware(CachedStages, classrooms=classrooms)
+    _room_routes(api, classrooms, css, recorder)
+    _presenter_routes(api, classrooms)
+    _vote_route(api, classrooms)
+    _file_routes(api, classrooms, css)
 
+
+def _room_routes(api: FastAPI, classrooms: Classrooms, css: str,
+                recorder: Callable[[str], Recording | None]) -> None:
+    """Make a room; its page, its state (stream and poll) and its stages, for everyone."""
     @api.post("/classroom")
     async def create(request: Request):
         """{"request_id": ID} (a request this server kept) or {"trace": <trace file>} -> the room's links."""
@@ -507,6 +515,9 @@ def add_classroom_routes(api: FastAPI, classrooms: Classrooms, css: str,
         body = room.cached_stage(index) or await run_in_threadpool(room.stage_body, index)
         return Response(body, media_type="application/json", headers={"ETag": etag, "Cache-Control": cache})
 
+
+def _presenter_routes(api: FastAPI, classrooms: Classrooms) -> None:
+    """What only the presenter may do: move the class, ask and reveal, pick what every screen shows."""
     @api.post("/classroom/{room_id}/goto")
     async def goto(room_id: str, request: Request):
         room = classrooms.get(room_id)
@@ -549,6 +560,9 @@ def add_classroom_routes(api: FastAPI, classrooms: Classrooms, css: str,
             return room.state()
         return await _as_presenter(classrooms.get(room_id), room_id, request, pick)
 
+
+def _vote_route(api: FastAPI, classrooms: Classrooms) -> None:
+    """A student's vote, flushed to every screen in one push."""
     @api.post("/classroom/{room_id}/vote")
     async def vote(room_id: str, request: Request):
         """A student: {"choice": <candidate token id>} or {"guess": <text>}; one vote per browser
@@ -580,6 +594,9 @@ def add_classroom_routes(api: FastAPI, classrooms: Classrooms, css: str,
         finally:
             room._vote_flush_pending = False
 
+
+def _file_routes(api: FastAPI, classrooms: Classrooms, css: str) -> None:
+    """The presenter's take-aways: the room as a static site, and as a file."""
     @api.get("/classroom/{room_id}/bundle")
     async def bundle(room_id: str, request: Request, key: str = ""):
         """The presenter: the room as a static site (zip) whose page follows this server."""
