@@ -59,6 +59,7 @@ class KVPoolInfo:
     # MLA: what K and V of every head would take a token (layers x heads x (qk + v head dims) x bytes): the
     # ratio the latent saves. 0 where the pool keeps K and V themselves
     full_kv_bytes_per_token: int = 0
+    dtype: str = ""  # the pool's, e.g. "float32" (CPU bfloat16 weights keep a float32 pool)
 
     def summary(self) -> str:
         """One line, e.g. "latent: 576 numbers a token a layer (1/71 of full K and V)"."""
@@ -146,7 +147,8 @@ def describe(runner: ModelRunner, spec: Proposer | None, num_speculative_tokens:
         model=model_shape(runner, max_model_len),
         kv_pool=KVPoolInfo(runner.num_blocks, ecfg.block_size, runner.num_blocks * ecfg.block_size, itemsize,
                            cfg.kv_bytes_per_token * itemsize, runner.kv_cache_bytes, ecfg.enable_prefix_caching,
-                           "latent" if cfg.mla is not None else "K and V", kinds * heads * dims, full),
+                           "latent" if cfg.mla is not None else "K and V", kinds * heads * dims, full,
+                           str(runner.kv_cache.dtype).replace("torch.", "")),
         speculation=speculation,
         parallel=ParallelInfo(ecfg.tensor_parallel_size, ecfg.expert_parallel,
                               placement.as_dict() if placement is not None else None, split_sizes(cfg)),

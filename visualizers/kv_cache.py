@@ -217,7 +217,7 @@ def kv_formula_html(model: dict, tokens: int, who: str = "this request") -> str:
     per_token = 2 * L * kvh * hd * b
     capacity = model["num_blocks"] * model["block_size"]
     return (f"<div class='tt-formula'>KV bytes = 2 × layers × kv_heads × head_dim × tokens × bytes_per_value"
-            f"<br>this model: 2 × {L} × {kvh} × {hd} × tokens × {b} B ({esc(model['dtype'])}) = "
+            f"<br>this model: 2 × {L} × {kvh} × {hd} × tokens × {b} B ({esc(model.get('kv_dtype') or model['dtype'])}) = "
             f"<b>{per_token:,} B per token</b>"
             f"<br>{esc(who)}: {per_token:,} B × {tokens:,} tokens = <b>{esc(fmt_bytes(per_token * tokens))}</b>"
             f"<br>pool: {model['num_blocks']:,} blocks × {model['block_size']} tokens = {capacity:,} tokens × "

@@ -103,7 +103,7 @@ class EngineService:
                 "is_moe": bool(m.moe_layers), "moe_layers": list(m.moe_layers),
                 "sliding_windows": list(m.sliding_windows), "dtype": m.dtype,
                 "query_pre_attn_scalar": m.query_pre_attn_scalar, "mlp_activation": m.mlp_activation,
-                "dtype_bytes": kv.bytes_per_value, "num_blocks": kv.num_blocks,
+                "dtype_bytes": kv.bytes_per_value, "kv_dtype": kv.dtype, "num_blocks": kv.num_blocks,
                 "block_size": kv.block_size, "kv_cache_bytes": kv.bytes,
                 "max_model_len": m.max_model_len, "has_draft": spec is not None,
                 "num_speculative_tokens": self.engine.num_speculative_tokens, "device": m.device,

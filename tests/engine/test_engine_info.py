@@ -34,6 +34,7 @@ def test_describe_tells_the_model_pool_drafts_and_layout(engine):
     assert (kv.num_blocks, kv.block_size, kv.tokens) == (40, 4, 160)
     assert kv.bytes == engine.runner.kv_cache_bytes == kv.tokens * kv.bytes_per_token
     assert kv.bytes_per_token == 2 * m.num_layers * m.num_kv_heads * m.head_dim * kv.bytes_per_value
+    assert kv.dtype == str(engine.runner.kv_cache.dtype).replace("torch.", "") == "float32"
     spec = info.speculation
     assert spec.method == "draft" and spec.num_speculative_tokens == 3
     assert spec.draft.architecture == "MistralForCausalLM" and spec.draft_kv_bytes > 0
@@ -114,3 +115,12 @@ def test_stop_captures_says_so_and_the_captures_stop_from_the_next_step(checkpoi
     assert sum(e.type == "token" for e in sink.of(rid)) == 8  # the rest of the trace goes on
     assert not engine.stop_captures(rid, 1234)  # finished
     assert not engine.stop_captures("nobody", 1234)
+
+
+def test_bfloat16_weights_on_the_cpu_describe_their_float32_pool_apart(checkpoint):
+    """The KV formula on the page read the weights' dtype ("bfloat16") beside the pool's 4 bytes."""
+    eng = LLMEngine(checkpoint("llama"), device="cpu", dtype="bfloat16",
+                    config=EngineConfig(block_size=4, num_kv_blocks=8, max_model_len=32))
+    kv = eng.describe().kv_pool
+    assert eng.describe().model.dtype == "bfloat16"
+    assert (kv.dtype, kv.bytes_per_value) == ("float32", 4)  # the pass and its pool stay float32 on the CPU

@@ -305,3 +305,13 @@ def test_the_timeline_quotes_the_engines_queue_time_once():
     head = re.search(r"<div class='tt-lines'><div>(.*?)</div>", done).group(1)
     assert re.findall(r"queue[^+]*?([\d.]+) ms", head) == ["9.0"]  # the engine's figure, once
     assert "queue (arrival to admission by the scheduler): 9.0 ms" in done  # the bar says the same
+
+
+def test_the_kv_formula_names_the_pools_dtype_not_the_weights():
+    """bfloat16 weights on the CPU keep a float32 pool: the formula said "4 B (bfloat16)"."""
+    from visualizers.kv_cache import kv_formula_html
+    model = {"num_layers": 2, "num_kv_heads": 1, "head_dim": 4, "dtype": "bfloat16", "kv_dtype": "float32",
+             "dtype_bytes": 4, "num_blocks": 2, "block_size": 4, "kv_cache_bytes": 512}
+    html = kv_formula_html(model, 3)
+    assert "4 B (float32)" in html and "bfloat16" not in html
+    assert "4 B (bfloat16)" in kv_formula_html({**model, "kv_dtype": None}, 3)  # an older trace file: as before
