@@ -101,7 +101,8 @@ def frozen_html(truncated: dict | None, last_position: int | None, labels: Seque
     else:
         # a verify pass also captures draft positions that were rejected: name the answer's last one
         last = min(last_position, len(labels) - 1) if labels else last_position
-        tok = f" <code>{show_piece(labels[last])}</code>" if 0 <= last < len(labels) else ""
+        # a byte piece of a split character has no text of its own: say so, never an empty <code>
+        tok = f" <code>{show_piece(labels[last]) or '(no text)'}</code>" if 0 <= last < len(labels) else ""
         where = f"after token{tok} at position {last}"
     step = truncated.get("first_step", truncated.get("step"))  # the first pass missing its captures
     return (f'<div class="tt-frozen" role="alert">⚠ frozen: its {esc(what)} stopped {where}'

@@ -227,3 +227,5 @@ def test_a_frozen_header_names_the_answers_last_token_when_a_rejected_draft_was_
     head = frozen_html({"step": 4, "limit_bytes": 60000}, 9, LABELS, "attention captures")
     assert "after token <code>&lt;eos&gt;</code> at position 6" in head
     assert "after token <code>␣Paris</code> at position 4" in frozen_html({"step": 2}, 4, LABELS)
+    # a byte piece of a split character (its text "") was an empty <code>: "after token at position 74"
+    assert "after token <code>(no text)</code> at position 1" in frozen_html({"step": 2}, 1, ["a", ""])
