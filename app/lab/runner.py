@@ -148,8 +148,15 @@ def free(engine: LLMEngine) -> None:
 
 def release_memory() -> None:
     """Collect the engines no one holds (an engine's parts refer to each other: only the
-    collector frees them) and hand CUDA's cached blocks back."""
+    collector frees them) and hand CUDA's cached blocks back. The process's first engine froze
+    the heap, itself inside (LLMEngine's start-up: no collection walks it again): thawed for
+    this one collection, so the first engine an experiment builds (the CLI's) is freed too."""
+    frozen = gc.get_freeze_count() > 0
+    if frozen:
+        gc.unfreeze()
     gc.collect()
+    if frozen:
+        gc.freeze()
     try:
         import torch
         if torch.cuda.is_available():
