@@ -54,19 +54,40 @@ def kv_row(name: str, cfg: ModelConfig, dtype_bytes: int, gqa_heads: int, gqa_di
 
 
 def weight_bytes_read(engine: LLMEngine) -> int:
-    """Bytes of weights one decode step of one sequence reads: every parameter but the
-    embedding table's other rows and the routed experts the token was not sent to."""
+    """Bytes of weights one decode step of one sequence reads: every weight (a parameter, or
+    where the C kernels hold it, its blocked copy: the only one, counted at its logical
+    out x in size) but the embedding table's other rows and the routed experts the token was
+    not sent to."""
     cfg, model = engine.model_config, engine.runner.model
     total = sum(p.numel() * p.element_size() for p in model.parameters())
-    embed = model.model.embed_tokens.weight
-    if not cfg.tie_word_embeddings:  # one row of it is read; a tied table is read whole as the LM head
-        total -= embed.numel() * embed.element_size()
+    total += sum(w.out_features * w.in_features * w.data.element_size() for w in blocked_weights(model))
+    embed = model.model.embed_tokens
+    if not cfg.tie_word_embeddings and embed.weight is not None:  # one row is read; a tied table whole, as the head
+        total -= embed.weight.numel() * embed.weight.element_size()
     for layer in model.model.layers:
         mlp = layer.mlp
         if hasattr(mlp, "experts_gate_up"):
             routed = sum(p.numel() * p.element_size() for n, p in mlp.named_parameters() if n.startswith("experts_"))
+            experts = getattr(mlp, "c_experts", None)
+            if experts is not None:
+                routed += sum(w.out_features * w.in_features * w.data.element_size() for w in experts.blocked_weights())
             total -= routed * (cfg.num_experts - cfg.num_experts_per_tok) // cfg.num_experts
     return total
+
+
+def blocked_weights(model: torch.nn.Module) -> list:
+    """Every blocked weight the C kernels keep in a model (a Linear's, a MoE block's experts)."""
+    from engine.kernels.cpu import BlockedWeight
+    seen, out = set(), []
+    for m in model.modules():
+        for value in vars(m).values():
+            items = value.blocked_weights() if hasattr(value, "blocked_weights") else \
+                value if isinstance(value, (list, tuple)) else [value]
+            for w in items:
+                if isinstance(w, BlockedWeight) and id(w) not in seen:
+                    seen.add(id(w))
+                    out.append(w)
+    return out
 
 
 def tiny_checkpoint(folder: Path, seed: int = 0) -> Path:

@@ -70,7 +70,7 @@ class DeepseekExpertParallelMoE(DeepseekMoE):
         self.shared_experts = MLP(cfg.hidden_size, cfg.moe_intermediate_size * n_shared // world_size) \
             if n_shared else None
 
-    def pack(self, on: bool = True) -> None:
+    def pack(self, on: bool = True, dtype: torch.dtype | None = None) -> None:
         pass  # forward's per-expert loop reads the plain weights
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch | None = None,

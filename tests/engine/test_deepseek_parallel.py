@@ -67,11 +67,13 @@ def _check_placement(one: LLM, two: LLM, ep: bool) -> None:
     moe = runner.model.model.layers[1].mlp.inner
     E = cfg.num_experts
     assert moe.gate.weight.shape[0] == E
+    # the C kernels' blocked experts are their only copy where they were packed (engine/layers/moe_cpu.py)
+    gate_up = moe.experts_gate_up if moe.experts_gate_up is not None else moe.c_experts.unblocked()[0]
     if ep:
-        assert moe.experts_gate_up.shape[0] == E // 2
+        assert gate_up.shape[0] == E // 2
         assert [r["experts"] for r in ranks] == [list(range(E // 2)), list(range(E // 2, E))]
     else:
-        assert moe.experts_gate_up.shape == (E, cfg.moe_intermediate_size, cfg.hidden_size)  # 2 x I/2 rows
+        assert gate_up.shape == (E, cfg.moe_intermediate_size, cfg.hidden_size)  # 2 x I/2 rows
     kv = two.engine.describe().kv_pool
     assert kv.stores == "latent" and kv.values_per_token_layer == cfg.mla.latent_dim
 
