@@ -29,6 +29,7 @@ from engine.config import ModelConfig
 from engine.layers.mlp import SparseMoE
 from engine.model import CausalLM
 from engine.parallel.comm import Comm
+from engine.parallel.local_experts import local_expert_sum
 from engine.parallel.shard_deepseek import DeepseekExpertParallelMoE, check_mla, shard_mla_tensor
 from engine.trace.capture import PassCapture
 
@@ -170,12 +171,7 @@ class ExpertParallelMoE(SparseMoE):
         if self.norm_topk_prob:
             weights = weights / weights.sum(dim=-1, keepdim=True)
         weights = weights.to(x.dtype)
-        out = torch.zeros_like(x)
-        local = experts - self.first  # this rank's experts as 0..num_local-1
-        load = torch.bincount(local[(local >= 0) & (local < self.num_local)], minlength=self.num_local)
-        for e in load.nonzero().flatten().tolist():
-            token_idx, slot = torch.where(local == e)
-            out.index_add_(0, token_idx, self._expert(x[token_idx], e) * weights[token_idx, slot, None])
+        out = local_expert_sum(x, experts, weights, self.first, self.num_local, self._expert)
         if self.shared_expert is not None:  # split by columns like a dense MLP: a partial sum too
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         if capture is not None:

@@ -24,6 +24,7 @@ from engine.batch import ForwardBatch
 from engine.config import ModelConfig
 from engine.layers.deepseek_moe import DeepseekMoE
 from engine.layers.mlp import MLP
+from engine.parallel.local_experts import local_expert_sum
 from engine.trace.capture import PassCapture
 
 _HEAD_ROWS = ("self_attn.q_proj.weight", "self_attn.q_b_proj.weight", "self_attn.kv_b_proj.weight")
@@ -78,12 +79,7 @@ class DeepseekExpertParallelMoE(DeepseekMoE):
         detail = {} if capture is not None else None
         experts, weights = self.route(x, detail)
         weights = weights.to(x.dtype)
-        out = torch.zeros_like(x)
-        local = experts - self.first  # this rank's experts as 0..num_local-1
-        load = torch.bincount(local[(local >= 0) & (local < self.num_local)], minlength=self.num_local)
-        for e in load.nonzero().flatten().tolist():
-            token_idx, slot = torch.where(local == e)
-            out.index_add_(0, token_idx, self._expert(x[token_idx], e) * weights[token_idx, slot, None])
+        out = local_expert_sum(x, experts, weights, self.first, self.num_local, self._expert)
         if self.shared_experts is not None:  # its columns split: a partial sum like the experts'
             out = out + self.shared_experts(x)
         if capture is not None:
