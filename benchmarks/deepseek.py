@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from engine.config import ModelConfig
+from engine.kernels.cpu import blocked_weights
 from engine.llm_engine import LLMEngine
 
 # a tiny V3 with the real one's proportions where they matter here: latent = (kv_lora_rank + rope) << H x (qk + v)
@@ -73,21 +74,6 @@ def weight_bytes_read(engine: LLMEngine) -> int:
                 routed += sum(w.out_features * w.in_features * w.data.element_size() for w in experts.blocked_weights())
             total -= routed * (cfg.num_experts - cfg.num_experts_per_tok) // cfg.num_experts
     return total
-
-
-def blocked_weights(model: torch.nn.Module) -> list:
-    """Every blocked weight the C kernels keep in a model (a Linear's, a MoE block's experts)."""
-    from engine.kernels.cpu import BlockedWeight
-    seen, out = set(), []
-    for m in model.modules():
-        for value in vars(m).values():
-            items = value.blocked_weights() if hasattr(value, "blocked_weights") else \
-                value if isinstance(value, (list, tuple)) else [value]
-            for w in items:
-                if isinstance(w, BlockedWeight) and id(w) not in seen:
-                    seen.add(id(w))
-                    out.append(w)
-    return out
 
 
 def tiny_checkpoint(folder: Path, seed: int = 0) -> Path:

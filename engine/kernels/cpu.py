@@ -288,15 +288,26 @@ def blocked_bytes(model: torch.nn.Module) -> int:
     counts the unused lead-in that puts a huge_page_empty tensor on a 2 MB boundary: address
     space, never written). Where the kernels run, these are the weights' only copies."""
     storages: dict[int, int] = {}
+    for w in blocked_weights(model):
+        ptr = w.data.data_ptr()
+        storages[ptr] = max(storages.get(ptr, 0), w.nbytes)
+    return sum(storages.values())
+
+
+def blocked_weights(model: torch.nn.Module) -> list[BlockedWeight]:
+    """Every BlockedWeight a module of the model keeps (a Linear's; a MoE block's experts,
+    through their `blocked_weights()`), each once."""
+    seen: set[int] = set()
+    out: list[BlockedWeight] = []
     for m in model.modules():
         for value in vars(m).values():
             items = value.blocked_weights() if hasattr(value, "blocked_weights") else \
                 value if isinstance(value, (list, tuple)) else [value]
             for w in items:
-                if isinstance(w, BlockedWeight):
-                    ptr = w.data.data_ptr()
-                    storages[ptr] = max(storages.get(ptr, 0), w.nbytes)
-    return sum(storages.values())
+                if isinstance(w, BlockedWeight) and id(w) not in seen:
+                    seen.add(id(w))
+                    out.append(w)
+    return out
 
 
 LINEAR_FNS = {torch.float32: "tt_linear_f32", torch.bfloat16: "tt_linear_bf16", torch.float16: "tt_linear_f16"}
