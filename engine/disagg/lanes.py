@@ -54,16 +54,24 @@ class DecodeLane:
     scheduler: DecodeScheduler
     kv: torch.Tensor  # [K/V, layer, block, slot, kv head, head dim], as the runner's pool
     pool_trace: KVPoolTracker
+    plans: list | None = None  # its layers' fused C-call plans (engine/layers/fused.py), kept between turns
 
     def use(self, engine) -> None:
         """Point the engine (and its model's attention layers) at this decode engine's parts."""
-        engine.lane = self
+        prev, engine.lane = engine.lane, self
         engine.block_manager, engine.scheduler, engine._pool_trace = self.block_manager, self.scheduler, self.pool_trace
         runner = engine.runner
         if runner.kv_cache is not self.kv:
             runner.kv_cache = self.kv
             for i, attn in enumerate(runner.model.attention_layers()):
                 attn.k_cache, attn.v_cache = self.kv[0, i], self.kv[-1, i]
+            # a layer's plan holds its pool's addresses (checked before each use, rebuilt when they
+            # differ): each decode engine keeps its own, instead of a rebuild at every turn
+            layers = runner.model.model.layers
+            if prev is not None:
+                prev.plans = [layer.fused for layer in layers]
+            for layer, plan in zip(layers, self.plans or [None] * len(layers)):
+                layer.fused = plan
 
 
 def first_lane(engine, remote, receiving) -> DecodeLane:
