@@ -53,7 +53,7 @@ from engine.disagg.prefill import prefill_main
 from engine.disagg.protocol import (ADD, DECODE_POOL_EVENT, DECODE_RANK, DROP, EVENTS, FAILED, PULL, READY, SENT,
                                     SHUTDOWN, STATS, STOP_CAPTURES, Handover, PrefillSpec, Wire, engine_name,
                                     prefill_rank)
-from engine.disagg.routing import PrefillRouter, pick_decode
+from engine.disagg.routing import PrefillRouter, block_hashes, pick_decode
 
 MAX_ENGINES = 8  # a side: each prefill engine is a process with a model copy
 
@@ -242,6 +242,13 @@ class DisaggEngine(LLMEngine):
         j = self._lane_of.get(request_id)
         if j is not None:
             self.lanes[j].use(self)
+
+    def cached_prefix_tokens(self, token_ids: list[int]) -> int:
+        """The prefill side's prefix caches, as the router's record has them (the decode pools
+        cache nothing): the most any prefill engine would skip of these ids. A hint, as on any engine."""
+        ids = list(token_ids)
+        hashes = block_hashes(ids, self.config.block_size)
+        return max(e.cached_tokens(hashes, len(ids), self.config.block_size) for e in self.router.engines)
 
     def has_unfinished_requests(self) -> bool:
         return any(lane.scheduler.has_unfinished() for lane in self.lanes) or \

@@ -52,6 +52,9 @@ def test_several_engines_a_side_give_one_engines_tokens_and_share_the_requests(c
         llm.tracer.add_sink(sink)
         assert len(llm.engine.procs) == p and len(llm.engine.lanes) == d
         assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY, trace_level="basic")] == want_greedy
+        # what the prefill side holds now, as its router's record says (whole blocks, one token left)
+        assert [llm.engine.cached_prefix_tokens(x) for x in PROMPTS] == [(len(x) - 1) // 4 * 4 for x in PROMPTS]
+        assert llm.engine.cached_prefix_tokens(PROMPTS[0][:8] + [1, 2, 3, 4, 5]) == 8
         seeded = llm.generate(PROMPTS, SEEDED, trace_level="basic")
         assert [o.token_ids for o in seeded] == [o.token_ids for o in want_seeded]
         # the second round found each prompt's blocks again: routed to the prefill engine that holds them
