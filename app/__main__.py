@@ -123,8 +123,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     par.add_argument("--disaggregate", action="store_true",
                      help="prefill and decode on separate engines, each in its own process with its own KV pool, "
                           "the pages handed over on torch.distributed (engine/disagg; no speculation)")
-    par.add_argument("--prefill-ranks", type=int, default=1, metavar="P", help="with --disaggregate: 1 (built)")
-    par.add_argument("--decode-ranks", type=int, default=1, metavar="D", help="with --disaggregate: 1 (built)")
+    par.add_argument("--prefill-ranks", type=int, default=1, metavar="P",
+                     help="with --disaggregate: prefill engines, a process each with its own model copy, KV pool and "
+                          "prefix cache; a request goes to the one that would compute it soonest, its cached prefix "
+                          "counted (default 1)")
+    par.add_argument("--decode-ranks", type=int, default=1, metavar="D",
+                     help="with --disaggregate: decode engines, a KV pool and batch each, in the serving process, "
+                          "stepped in turn; a request's pages go to the one with the most free blocks (default 1)")
     cap = p.add_argument_group("capture (level 'full')")
     cap.add_argument("--capture-max-keys", type=int, default=64, help="attention rows/keys kept per matrix")
     cap.add_argument("--capture-heads", default=None, help="comma-separated query heads to capture (default all)")
@@ -286,9 +291,7 @@ def build_services(args: argparse.Namespace, say=None):
                                     slots=slots, draft_name=draft_label(draft))
             say("  " + memory_line(service))
             if args.disaggregate:
-                say(f"  disaggregated: the prefill engine in process {engine.proc.pid} with its own KV pool "
-                    f"({engine.prefill_num_blocks:,} blocks), its pages sent to this decode engine's on "
-                    "torch.distributed")
+                say(f"  disaggregated: {engine.layout()}")
             copies.append(service)
         services.append(copies[0] if replicas == 1 else replicated(copies, args))
     return ServedModels(services)

@@ -1,6 +1,7 @@
 """Prefill and decode apart (engine/disagg) against one colocated engine with chunked prefill.
 
-    python -m benchmarks.disagg [--model M] [--streams 4] [--long 3] [--long-tokens 384] [--json OUT]
+    python -m benchmarks.disagg [--model M] [--streams 4] [--long 3] [--long-tokens 384]
+                                [--prefill-ranks 1] [--decode-ranks 1] [--json OUT]
 
 One mixed workload: decode streams running, then long prompts arriving while they decode.
 Colocated, the long prompts' chunks share the streams' steps (chunked prefill keeps each
@@ -128,16 +129,18 @@ def _pct(xs: list[float], p: float) -> float:
 KINDS = ("colocated, 1 core", "disaggregated, both on that core", "disaggregated, 1 core each")
 
 
-def measure(model: str | None, w: Workload, rounds: int = 1) -> dict:
-    """Colocated on one core; disaggregated with both processes pinned to that same core (the
-    same hardware: they compete for it), and with one core each (twice the hardware). One
-    thread everywhere; interleaved `rounds` times (the machine's load drifts), after one
-    warm-up round each. Linux (sched_setaffinity)."""
+def measure(model: str | None, w: Workload, rounds: int = 1, prefill_ranks: int = 1, decode_ranks: int = 1) -> dict:
+    """Colocated on one core; disaggregated with every process pinned to that same core (the
+    same hardware: they compete for it), and with the prefill processes on another core (twice
+    the hardware). One thread everywhere; interleaved `rounds` times (the machine's load
+    drifts), after one warm-up round each. Linux (sched_setaffinity). prefill_ranks /
+    decode_ranks: the disaggregated layout (default one engine a side)."""
     cores = sorted(os.sched_getaffinity(0))
     config = EngineConfig(max_num_batched_tokens=w.chunk, max_num_seqs=w.streams + w.long)
     one = LLMEngine(model, device="cpu", config=config, tracer=None)
     sink = EventList()
-    two = DisaggEngine(model, device="cpu", config=config, tracer=Tracer(sink), trace_level="off")
+    two = DisaggEngine(model, device="cpu", config=config, tracer=Tracer(sink), trace_level="off",
+                       prefill_ranks=prefill_ranks, decode_ranks=decode_ranks)
     two.sink = sink  # the long prompts' kv.transfer events (drive() reads them)
     first, second = cores[0], cores[-1]
     pins = {KINDS[0]: (first, None), KINDS[1]: (first, first), KINDS[2]: (first, second)}
@@ -150,7 +153,8 @@ def measure(model: str | None, w: Workload, rounds: int = 1) -> dict:
                 here, there = pins[k]
                 os.sched_setaffinity(0, {here})
                 if there is not None:
-                    os.sched_setaffinity(two.proc.pid, {there})
+                    for proc in two.procs:  # every prefill engine's process
+                        os.sched_setaffinity(proc.pid, {there})
                 r = drive(one if k == KINDS[0] else two, w, i * len(KINDS) + KINDS.index(k))
                 if i >= 0:
                     runs[k].append(r)
@@ -159,7 +163,8 @@ def measure(model: str | None, w: Workload, rounds: int = 1) -> dict:
         os.sched_setaffinity(0, set(cores))
         two.shutdown()
     summary = {k: _median_run(v) for k, v in runs.items()}
-    return {"workload": w.__dict__, "cores": len(cores), "tokens_equal": same, "rounds": rounds, **summary}
+    return {"workload": w.__dict__, "cores": len(cores), "tokens_equal": same, "rounds": rounds,
+            "layout": {"prefill_ranks": prefill_ranks, "decode_ranks": decode_ranks}, **summary}
 
 
 def _same_tokens(one: LLMEngine, w: Workload, runs: dict) -> bool:
@@ -192,7 +197,8 @@ def _median_run(runs: list[dict]) -> dict:
 def report(result: dict) -> str:
     lines = [f"mixed workload: {result['workload']['streams']} decode streams, {result['workload']['long']} prompts "
              f"of {result['workload']['long_tokens']} tokens arriving every {result['workload']['every_s']} s; "
-             f"chunked prefill {result['workload']['chunk']} tokens a step; one thread a process, pinned "
+             f"chunked prefill {result['workload']['chunk']} tokens a step; disaggregated "
+             f"{_layout(result)}; one thread a process, pinned "
              f"({result['cores']} CPU cores, shared with whatever else runs); {result['rounds']} round(s) after a "
              f"warm-up, interleaved",
              f"{'':34}{'TTFT ms':>10}{'handover ms':>13}{'wire ms':>9}{'share':>8}{'gap p50':>9}{'gap p99':>9}{'tok/s':>8}"]
@@ -213,6 +219,11 @@ def report(result: dict) -> str:
     return "\n".join(lines)
 
 
+def _layout(result: dict) -> str:
+    lay = result.get("layout") or {"prefill_ranks": 1, "decode_ranks": 1}
+    return f"{lay['prefill_ranks']} prefill + {lay['decode_ranks']} decode engine(s)"
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m benchmarks.disagg", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None, help="checkpoint (default: the embedded model)")
@@ -220,6 +231,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--long", type=int, default=3)
     p.add_argument("--long-tokens", type=int, default=384)
     p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--prefill-ranks", type=int, default=1, help="prefill engines (processes) of the disaggregated run")
+    p.add_argument("--decode-ranks", type=int, default=1, help="decode engines (in the serving process)")
     p.add_argument("--reference-only", action="store_true", help="only the computed table (no engine runs)")
     p.add_argument("--json", default=None, metavar="OUT")
     a = p.parse_args(argv)
@@ -227,7 +240,8 @@ def main(argv: list[str] | None = None) -> None:
         result = {"reference": reference_table()}
         print(report({**_empty_result(), **result}).split("\n\n", 1)[1])
     else:
-        result = measure(a.model, Workload(streams=a.streams, long=a.long, long_tokens=a.long_tokens), a.rounds)
+        result = measure(a.model, Workload(streams=a.streams, long=a.long, long_tokens=a.long_tokens), a.rounds,
+                         a.prefill_ranks, a.decode_ranks)
         result["reference"] = reference_table()
         print(report(result))
     if a.json:

@@ -40,8 +40,9 @@ class LLM:
         enable_prefix_caching, use_triton, tensor_parallel_size, expert_parallel, quantization,
         cuda_graphs, cuda_graph_sizes.
         `disaggregate`: prefill and decode on separate engines, each in its own process with its
-        own KV pool, the pages handed over on torch.distributed (engine/disagg; prefill_ranks and
-        decode_ranks: 1 and 1 are built)."""
+        own KV pool, the pages handed over on torch.distributed (engine/disagg). prefill_ranks:
+        prefill engines, a process each (its own model copy, pool and prefix cache);
+        decode_ranks: decode engines, a pool and batch each, in this process."""
         self.tracer = Tracer()
         if disaggregate:
             self.engine = DisaggEngine(model, device=device, dtype=dtype, config=EngineConfig(**engine_options),

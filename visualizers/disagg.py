@@ -2,8 +2,10 @@
 engine's pool to the decode engine's, and what the handover cost beside the prefill.
 
 Pure: a request's events in (its `kv.transfer` and, once it ended, its `finish`), escaped
-HTML out. Both pools are drawn from the transfer event alone: each block a cell (a cell
-stands for several blocks in a big pool), this request's blocks marked in each.
+HTML out. The pools are drawn from the transfer event alone, every engine's when it lists
+them (P prefill engines on the left, D decode engines on the right), else its two: each
+block a cell (a cell stands for several blocks in a big pool), this request's blocks marked
+in the pool it left and the pool it went to.
 """
 from __future__ import annotations
 
@@ -19,35 +21,67 @@ MINE, USED, FREE = "#466ec8", "#b8bccb", "#eceef4"
 def transfer_summary(x: dict, ttft_s: float | None = None) -> dict:
     """The numbers the panel and the classroom quote, from a kv.transfer event."""
     handover = x.get("handover_ms", x["queue_ms"] + x["wire_ms"])
+    names = [_name(x.get(k), role) for k, role in (("src", "prefill"), ("dst", "decode"))]
     ttft_ms = ttft_s * 1e3 if ttft_s else None
     return {"blocks": x["num_blocks"], "tokens": x["tokens"], "bytes": x["bytes"], "layers": len(x["layers"]),
             "backend": x["backend"], "wire_ms": x["wire_ms"], "queue_ms": x["queue_ms"], "prefill_ms": x["prefill_ms"],
-            "handover_ms": handover, "ttft_ms": ttft_ms,
+            "handover_ms": handover, "ttft_ms": ttft_ms, "src_name": names[0], "dst_name": names[1],
+            "engines": len(x.get("pools") or ()) or 2, "cached_tokens": x.get("cached_tokens", 0),
             "share_of_ttft": handover / ttft_ms if ttft_ms else None,
             "gbit_per_s": x["bytes"] * 8 / (x["wire_ms"] / 1e3) / 1e9 if x["wire_ms"] > 0 else None}
 
 
-def _pool_svg(x0: float, title: str, pool: dict, mine: Sequence[int], note: str) -> str:
+def _name(engine: str | None, role: str) -> str:
+    """ "prefill 1" -> "prefill engine 1"; an older event's "prefill" -> "the prefill engine"."""
+    role_, _, index = (engine or role).partition(" ")
+    return f"{role_} engine {index}" if index else f"the {role_} engine"
+
+
+def _pool_svg(x0: float, y0: float, title: str, pool: dict, mine: Sequence[int], note: str) -> tuple[str, float]:
+    """One pool's cells from y0 down, this request's blocks marked: (svg, its last text line's y)."""
     n = max(1, int(pool.get("num_blocks") or 1))
     cells = min(n, MAX_CELLS)
     per = math.ceil(n / cells)
     marked = {b // per for b in mine}
     used = n - int(pool.get("free", n))
-    out = [f'<text x="{x0}" y="12" font-size="11" font-weight="600">{esc(title)}</text>']
+    out = [f'<text x="{x0}" y="{y0 + 12}" font-size="11" font-weight="600">{esc(title)}</text>']
     for c in range(math.ceil(n / per)):
         r, k = divmod(c, COLS)
         fill = MINE if c in marked else FREE
-        out.append(f'<rect x="{x0 + k * CELL:.0f}" y="{18 + r * CELL}" width="{CELL - 2}" height="{CELL - 2}" '
+        out.append(f'<rect x="{x0 + k * CELL:.0f}" y="{y0 + 18 + r * CELL}" width="{CELL - 2}" height="{CELL - 2}" '
                    f'rx="1.5" fill="{fill}" stroke="{USED if fill == FREE else MINE}" stroke-width="0.6"/>')
     rows = math.ceil(math.ceil(n / per) / COLS)
-    y = 18 + rows * CELL + 12
+    y = y0 + 18 + rows * CELL + 12
     scale = f" (a cell: {per} blocks)" if per > 1 else ""
     cached = int(pool.get("cached", 0))
-    lines = [(f"{len(mine)} blocks of this request (marked)", "#222"),
+    lines = [(f"{len(mine)} blocks of this request (marked)" if mine else "not this request's engine", "#222"),
              (f"{used:,} in use, {cached:,} cached, of {n:,}{scale}", "#222"), (note, "#666")]
     for i, (line, color) in enumerate(lines):
         out.append(f'<text x="{x0}" y="{y + 12 * i}" font-size="9.5" fill="{color}">{esc(line)}</text>')
     return "".join(out), y + 12 * (len(lines) - 1)
+
+
+def _pools(x: dict) -> tuple[list[tuple], list[tuple]]:
+    """(title, pool, this request's blocks, note) for each prefill engine and each decode engine:
+    every engine's pool when the event lists them (several a side), else its two."""
+    src, dst = x.get("src", "prefill"), x.get("dst", "decode")
+    after_send, allocated = "after the send: freed, full ones kept cached", "its own blocks, allocated for the pages"
+    if not x.get("pools"):
+        return ([("prefill engine's pool", x.get("src_pool", {}), x["src_blocks"], after_send)],
+                [("decode engine's pool", x.get("dst_pool", {}), x["dst_blocks"], allocated)])
+    sides: tuple[list, list] = ([], [])
+    for p in x["pools"]:
+        name = p["engine"]
+        role, _, index = name.partition(" ")
+        title = f"{role} engine {index}'s pool"
+        if name == src:
+            sides[0].append((title, p, x["src_blocks"], after_send))
+        elif name == dst:
+            sides[1].append((title, p, x["dst_blocks"], allocated))
+        else:
+            sides[role == "decode"].append((title, p, [], "as its last send left it" if role == "prefill" else
+                                            "when this request's pages arrived"))
+    return sides
 
 
 def _bars(s: dict) -> str:
@@ -75,30 +109,44 @@ def disagg_panel_html(events: Sequence[dict]) -> str:
     x = xs[-1]
     fin = next((e for e in events if e["type"] == "finish"), None)
     s = transfer_summary(x, (fin or {}).get("ttft"))
-    left, h1 = _pool_svg(0, "prefill engine's pool", x.get("src_pool", {}), x["src_blocks"],
-                         "after the send: freed, full ones kept cached")
-    right, h2 = _pool_svg(360, "decode engine's pool", x.get("dst_pool", {}), x["dst_blocks"],
-                          "its own blocks, allocated for the pages")
-    mid_y = 40
+    columns, arrow_ys, bottom = [], [], 0.0
+    for x0, side in zip((0, 360), _pools(x)):
+        y, parts = 0.0, []
+        for title, pool, mine, note in side:
+            svg_part, end = _pool_svg(x0, y, title, pool, mine, note)
+            parts.append(svg_part)
+            if mine:
+                arrow_ys.append(y + 40)
+            y = end + 16
+        columns.append("".join(parts))
+        bottom = max(bottom, y)
+    y1, y2 = (arrow_ys + [40, 40])[:2]
     above = f"{s['blocks']} blocks · {fmt_bytes(s['bytes'])}"
     below = f"{s['layers']} layers · {s['wire_ms']:,.2f} ms"
-    arrow = (f'<line x1="192" y1="{mid_y}" x2="348" y2="{mid_y}" stroke="#d2504a" stroke-width="2" '
+    mid = (y1 + y2) / 2
+    arrow = (f'<line x1="192" y1="{y1:.0f}" x2="348" y2="{y2:.0f}" stroke="#d2504a" stroke-width="2" '
              f'marker-end="url(#tt-disagg-arrow)"/>'
-             f'<text x="270" y="{mid_y - 8}" font-size="10" text-anchor="middle">{esc(above)}</text>'
-             f'<text x="270" y="{mid_y + 14}" font-size="10" text-anchor="middle">{esc(below)}</text>')
+             f'<text x="270" y="{mid - 8:.0f}" font-size="10" text-anchor="middle">{esc(above)}</text>'
+             f'<text x="270" y="{mid + 14:.0f}" font-size="10" text-anchor="middle">{esc(below)}</text>')
     defs = ('<defs><marker id="tt-disagg-arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="6" '
             'markerHeight="6" orient="auto"><path d="M0,0L10,5L0,10z" fill="#d2504a"/></marker></defs>')
-    height = max(h1, h2) + 8
-    svg = f'<svg viewBox="0 0 590 {height}" width="100%" style="max-width:660px">{defs}{left}{arrow}{right}</svg>'
+    height = bottom - 8
+    svg = (f'<svg viewBox="0 0 590 {height:.0f}" width="100%" style="max-width:660px">{defs}{columns[0]}{arrow}'
+           f'{columns[1]}</svg>')
     share = (f"; the handover was <b>{s['share_of_ttft']:.0%}</b> of its time to first token "
              f"({s['ttft_ms']:,.1f} ms)") if s["share_of_ttft"] is not None else ""
     rate = f" ({s['gbit_per_s']:,.2f} Gbit/s)" if s["gbit_per_s"] else ""
-    text = (f"<p>This request's prompt ({s['tokens']:,} tokens) was computed on the <b>prefill engine</b>, which "
+    text = (f"<p>This request's prompt ({s['tokens']:,} tokens) was computed on <b>{esc(s['src_name'])}</b>, which "
             f"also drew the first token (as vLLM's disaggregated prefill does); its KV pages, every layer, "
-            f"<b>{s['blocks']} blocks, {esc(fmt_bytes(s['bytes']))}</b>, then went to the <b>decode engine</b> "
+            f"<b>{s['blocks']} blocks, {esc(fmt_bytes(s['bytes']))}</b>, then went to <b>{esc(s['dst_name'])}</b> "
             f"over torch.distributed ({esc(s['backend'])}) in <b>{s['wire_ms']:,.2f} ms</b>{esc(rate)}, after "
             f"waiting {s['queue_ms']:,.2f} ms for blocks there{share}. The decode engine appended the token and "
             f"decoded the rest from its own pool.</p>")
+    if s["engines"] > 2:  # several engines a side: how this one was picked
+        text += (f"<p>{s['engines']} engines. A prompt goes to the prefill engine with the fewest prefill tokens "
+                 f"to compute, its own included less the prefix that engine holds cached (here "
+                 f"{s['cached_tokens']:,} of its tokens came from that cache); its pages go to the decode engine "
+                 f"with the most free blocks.</p>")
     return svg + _bars(s) + text
 
 
@@ -108,9 +156,10 @@ def disagg_stage_html(x: dict, ttft_s: float | None = None) -> str:
     share = (f", {s['share_of_ttft']:.0%} of its {s['ttft_ms']:,.1f} ms to the first token"
              if s["share_of_ttft"] is not None else "")
     return (f"<p><b>Prefill and decode apart</b>: this request was prefilled on one engine and decoded on "
-            f"another, each with its own KV pool. The prefill engine computed its {s['tokens']:,} prompt tokens "
+            f"another, each with its own KV pool. {esc(s['src_name'][:1].upper() + s['src_name'][1:])} computed its "
+            f"{s['tokens']:,} prompt tokens "
             f"in {s['prefill_ms']:,.1f} ms and drew the first token; then its KV cache, {s['blocks']} blocks of "
-            f"{s['layers']} layers, <b>{esc(fmt_bytes(s['bytes']))}</b>, crossed to the decode engine in "
+            f"{s['layers']} layers, <b>{esc(fmt_bytes(s['bytes']))}</b>, crossed to {esc(s['dst_name'])} in "
             f"<b>{s['wire_ms']:,.2f} ms</b> on the wire ({esc(s['backend'])}) after {s['queue_ms']:,.1f} ms of "
             f"waiting: a handover of {s['handover_ms']:,.1f} ms{share}. The price of keeping long prefills out of "
             f"the decoding requests' steps.</p>")

@@ -12,8 +12,9 @@ Chrome trace-event JSON, complete ("X") slices on a few tracks:
 - on a sharded engine, one track per rank: each collective of those steps (the batch
   broadcast, the all-reduces after each layer's attention and MLP), when that rank entered
   it and how long it stayed, on rank 0's clock;
-- disaggregated (engine/disagg: steps carry `engine`): one steps track per engine, prefill
-  and decode, and a "KV transfer" track: the wait before the send, then the send.
+- disaggregated (engine/disagg: steps carry `engine` and, with several engines a side,
+  `engine_index`): one steps track per engine ("prefill 1 engine steps", "decode 0 engine
+  steps"), and a "KV transfer" track naming both: the wait before the send, then the send.
 Pure: events in (a recording's, as plain dicts), a JSON-serializable dict out. Times are
 microseconds from the request's arrival.
 """
@@ -23,6 +24,7 @@ from typing import Sequence
 
 ENGINE_TID, REQUEST_TID = 1, 2
 PREFILL_TID, TRANSFER_TID = 900, 901  # a disaggregated engine's prefill steps, and its KV handover
+PREFILL_K_TID, DECODE_K_TID = 910, 950  # + k: prefill engine k's steps, decode engine k's (k > 0)
 RANK_TID = 1000  # + rank: the collectives' tracks, after the neighbours'
 
 
@@ -45,6 +47,21 @@ def step_phases(step: dict, end: float) -> list[tuple[str, float, float]]:
     return phases
 
 
+def _engine(e: dict) -> tuple:
+    """Which engine an event is of: (role, index); (None, None) on one colocated engine."""
+    return e.get("engine"), e.get("engine_index")
+
+
+def _engine_track(role: str | None, index: int | None) -> tuple[int, str]:
+    """A steps track: its tid and name. Decode 0 (or the one engine) keeps ENGINE_TID."""
+    if role is None:
+        return ENGINE_TID, "engine steps"
+    name = f"{role} engine steps" if index is None else f"{role} {index} engine steps"
+    if role == "prefill":
+        return (PREFILL_K_TID + index if index else PREFILL_TID), name
+    return (DECODE_K_TID + index if index else ENGINE_TID), name
+
+
 def perfetto_trace(events: Sequence[dict], request_id: str, model: str | None = None) -> dict:
     """events: one request's recording (its own events and the schedule.step events it was in)."""
     steps = [e for e in events if e["type"] == "schedule.step"
@@ -63,7 +80,7 @@ def perfetto_trace(events: Sequence[dict], request_id: str, model: str | None = 
     last_ts: dict[int, float] = {}  # each step's last event of this request: the end of its trace phase
     for e in events:
         if e["type"] == "schedule.step" or e.get("request_id") == request_id:
-            key = (e.get("engine"), e["step"])  # disaggregated: each engine counts its own steps
+            key = (*_engine(e), e["step"])  # disaggregated: each prefill engine counts its own steps
             last_ts[key] = max(last_ts.get(key, e["ts"]), e["ts"])
 
     out: list[dict] = []
@@ -79,18 +96,20 @@ def perfetto_trace(events: Sequence[dict], request_id: str, model: str | None = 
     out.append({"ph": "M", "name": "process_name", "pid": 1,
                 "args": {"name": f"TokenTrace · {model}" if model else "TokenTrace"}})
     apart = any(s.get("engine") for s in steps)
-    meta(ENGINE_TID, "decode engine steps" if apart else "engine steps", 0)
-    if apart:
-        meta(PREFILL_TID, "prefill engine steps", 0)
+    tracks = {}  # (role, index) -> tid: one steps track per engine that computed this request
+    for s in steps or [{}]:
+        if _engine(s) not in tracks:
+            tracks[_engine(s)], name = _engine_track(*_engine(s))
+            meta(tracks[_engine(s)], name, 0)
     meta(REQUEST_TID, f"request {request_id}", 1)
     neighbours: dict[str, int] = {}
     spans = []
     for s in steps:
-        phases = step_phases(s, last_ts.get((s.get("engine"), s["step"]), s["ts"]))
+        phases = step_phases(s, last_ts.get((*_engine(s), s["step"]), s["ts"]))
         start, end = phases[0][1], phases[-1][2]
         spans.append((start, end))
         batch = [f"{b['request_id']}: {b['kind']} {b['num_tokens']} tokens" for b in s["batch"]]
-        tid = PREFILL_TID if s.get("engine") == "prefill" else ENGINE_TID
+        tid = tracks[_engine(s)]
         slice_(tid, f"step {s['step']}", start, end, "engine", step=s["step"], num_tokens=s["num_tokens"],
                batch=batch, running=s.get("running"), waiting=s.get("waiting"), free_blocks=s.get("free_blocks"),
                **({"engine": s["engine"]} if apart else {}))
@@ -122,7 +141,7 @@ def perfetto_trace(events: Sequence[dict], request_id: str, model: str | None = 
                        step=c["step"], layer=col.get("layer"), bytes=col["bytes"], ms=ms)
     for x in by_type.get("kv.transfer", []):  # disaggregated: the handover, prefill pool -> decode pool
         if not any(e["ph"] == "M" and e.get("tid") == TRANSFER_TID for e in out):
-            meta(TRANSFER_TID, "KV transfer (prefill -> decode)", 0)
+            meta(TRANSFER_TID, f"KV transfer ({x.get('src', 'prefill')} -> {x.get('dst', 'decode')})", 0)
         t0 = x["start"]
         slice_(TRANSFER_TID, "waiting for decode blocks", t0 - x["queue_ms"] / 1e3, t0, "transfer", ms=x["queue_ms"])
         slice_(TRANSFER_TID, f"send {x['num_blocks']} blocks ({x['bytes']:,} bytes, {x['backend']})", t0,

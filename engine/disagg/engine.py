@@ -1,17 +1,25 @@
 """DisaggEngine: the decode side of a disaggregated engine, and the owner of its prefill side.
 
-An LLMEngine (the serving process's: requests, outputs, trace and the decode KV pool are
-here) whose new requests go to the prefill process instead of its own queue. Each one
-comes back as a Handover (its first token, drawn there); the decode side then allocates
-blocks in its own pool, posts a receive, asks for the pages (PULL) and, once they are in
-(SENT), appends the first token and decodes the rest as any running sequence. Its prefix
-cache is off: its blocks are the received pages, its block tables its own.
+An LLMEngine (the serving process's: requests, outputs, trace and the decode KV pools are
+here) whose new requests go to a prefill engine's process instead of its own queue. Each
+one comes back as a Handover (its first token, drawn there); the decode side then picks a
+decode engine, allocates blocks in that one's pool, posts a receive, asks for the pages
+(PULL) and, once they are in (SENT), appends the first token and decodes the rest as any
+running sequence. The decode pools' prefix caches are off: their blocks are the received
+pages, their block tables their own.
 
-A request's path: decode add_request -> ADD -> prefill steps (its prefix cache, its pool)
--> READY -> decode blocks allocated, recv posted -> PULL -> send on torch.distributed ->
-SENT -> kv.transfer event, first token, decode steps. Aborts and disconnects on the way
-free the blocks on both sides (DROP); a prefill process that dies stops the engine with one
-DisaggFailedError, its requests ended and its blocks freed.
+Layout (xPyD, as vLLM's and Dynamo's disaggregated serving name it): P prefill engines,
+each a spawned process with its own model copy, KV pool and prefix cache (prefill k is rank
+k + 1), and D decode engines, all in this process on rank 0 (engine/disagg/lanes.py: each its
+own pool, block manager and batch over this process's one copy of the weights, stepped in
+turn; their receives use distinct tags). One torch.distributed group of 1 + P processes.
+Which prefill engine and which decode engine a request gets: engine/disagg/routing.py.
+
+A request's path: decode add_request -> route -> ADD -> prefill steps (its prefix cache, its
+pool) -> READY -> a decode engine picked, blocks allocated, recv posted -> PULL -> send on
+torch.distributed -> SENT -> kv.transfer event, first token, decode steps there. Aborts and
+disconnects on the way free the blocks on both sides (DROP); a prefill process that dies
+stops the engine with one DisaggFailedError, every request ended and every block freed.
 """
 from __future__ import annotations
 
@@ -22,6 +30,7 @@ import time
 import weakref
 from collections import deque
 from dataclasses import dataclass, replace
+from multiprocessing.connection import wait as wait_any
 from pathlib import Path
 
 import torch
@@ -30,35 +39,41 @@ import torch.multiprocessing as mp
 
 from engine.checkpoint.resolve import resolve_model_path
 from engine.config import EngineConfig
+from engine.info import EngineLoad
 from engine.llm_engine import LLMEngine, resolve_device
 from engine.outputs import TokenOutput
 from engine.parallel.comm import Comm
 from engine.parallel.protocol import READY as STARTED, STARTUP_TIMEOUT_S
 from engine.parallel.runner import RankFailedError, _stop_workers
-from engine.scheduler import Scheduler, SchedulerOutput
 from engine.sequence import Sequence, Status
 from engine.trace import CaptureConfig
 from engine.disagg import transfer
+from engine.disagg.lanes import DecodeLane, another_lane, first_lane
 from engine.disagg.prefill import prefill_main
-from engine.disagg.protocol import (ADD, DECODE_RANK, DROP, EVENTS, FAILED, PREFILL_RANK, PULL, READY, SENT,
-                                    SHUTDOWN, STATS, STOP_CAPTURES, Handover, PrefillSpec, Wire)
+from engine.disagg.protocol import (ADD, DECODE_POOL_EVENT, DECODE_RANK, DROP, EVENTS, FAILED, PULL, READY, SENT,
+                                    SHUTDOWN, STATS, STOP_CAPTURES, Handover, PrefillSpec, Wire, engine_name,
+                                    prefill_rank)
+from engine.disagg.routing import PrefillRouter, block_hashes, pick_decode
+
+MAX_ENGINES = 8  # a side: each prefill engine is a process with a model copy
 
 
 class DisaggFailedError(RankFailedError):
-    """The prefill process died or failed: the disaggregated engine cannot continue."""
+    """A prefill process died or failed: the disaggregated engine cannot continue."""
 
 
 def check_layout(prefill_ranks: int, decode_ranks: int, config: EngineConfig, draft) -> None:
     """The refusals, before any process starts."""
-    if prefill_ranks != 1 or decode_ranks != 1:
-        raise ValueError(f"--prefill-ranks {prefill_ranks} --decode-ranks {decode_ranks}: only 1 and 1 are built "
-                         "(one prefill engine and one decode engine, one process and one device each); "
-                         "several ranks a side would shard each engine (engine/parallel) and split its pages by "
-                         "KV head, which the handover does not do yet")
+    if not (1 <= prefill_ranks <= MAX_ENGINES and 1 <= decode_ranks <= MAX_ENGINES):
+        raise ValueError(f"--prefill-ranks {prefill_ranks} --decode-ranks {decode_ranks}: each side takes 1 to "
+                         f"{MAX_ENGINES} engines (each prefill engine is a process with a copy of the model)")
     if config.tensor_parallel_size > 1 or config.expert_parallel:
         raise ValueError("disaggregate with tensor or expert parallelism is not built: use one or the other")
     if draft is not None:
         raise ValueError("disaggregate with speculative decoding (a draft or ngram) is not built: use one or the other")
+    if decode_ranks > 1 and config.cuda_graphs:
+        raise ValueError("cuda_graphs=True with more than one decode engine is not built (a graph holds one pool's "
+                         "addresses; the decode engines take turns on one device)")
 
 
 @dataclass
@@ -68,115 +83,129 @@ class _InFlight:
     pages: torch.Tensor  # the posted receive's staging tensor
     work: object  # its torch.distributed Work
     pulled: float  # perf_counter when the PULL went out
-
-
-class DecodeScheduler(Scheduler):
-    """The decode side's scheduler: a new request goes to the prefill side (`remote`), not
-    into the queue; only preempted sequences (recomputed here) ever wait in it."""
-
-    def __init__(self, config: EngineConfig, bm, remote, receiving) -> None:
-        super().__init__(config, bm)
-        self.remote = remote
-        self.receiving = receiving  # () -> whether blocks are held for pages on the way
-
-    def add(self, seq: Sequence) -> None:
-        self.remote(seq)
-
-    def schedule(self) -> SchedulerOutput:
-        out = super().schedule()
-        if out.out_of_memory and self.receiving():  # those blocks come back (as running requests' or free)
-            out.out_of_memory = []
-        return out
-
-    def finish(self, seq: Sequence, reason: str) -> None:
-        if seq.status == Status.WAITING and seq not in self.waiting:  # on the prefill side or its pages on the way
-            seq.status, seq.finish_reason = Status.FINISHED, reason
-            return
-        super().finish(seq, reason)
+    lane: int  # the decode engine that receives them
+    source: int  # the prefill engine that sends them
 
 
 class DisaggEngine(LLMEngine):
-    """LLMEngine's interface; prefill in a process of its own. See the module's docstring."""
+    """LLMEngine's interface; prefill in processes of their own. See the module's docstring."""
 
     def __init__(self, model: str | Path | None = None, *, device: str = "auto", dtype="auto",
                  config: EngineConfig | None = None, tracer=None, trace_level: str = "basic",
                  capture: CaptureConfig | None = None, progress=None, draft=None, kv_pool_events: str = "traced",
                  prefill_ranks: int = 1, decode_ranks: int = 1, num_speculative_tokens: int = 4,
                  prompt_lookup_max: int = 4, prompt_lookup_min: int = 2) -> None:
-        """LLMEngine's arguments; speculation's are accepted and unused (a draft is refused)."""
+        """LLMEngine's arguments; speculation's are accepted and unused (a draft is refused).
+        prefill_ranks: prefill engines (processes); decode_ranks: decode engines (in this one)."""
         config = config or EngineConfig()
         check_layout(prefill_ranks, decode_ranks, config, draft)
         dev = resolve_device(device)
-        if dev.type == "cuda" and torch.cuda.device_count() < 2:
-            raise ValueError(f"disaggregate on CUDA needs 2 GPUs (NCCL: one a rank); this machine has "
+        world = 1 + prefill_ranks
+        if dev.type == "cuda" and torch.cuda.device_count() < world:
+            raise ValueError(f"disaggregate on CUDA with {prefill_ranks} prefill engine(s) needs {world} GPUs (NCCL: "
+                             f"the decode engines on cuda:0, prefill k on cuda:k+1); this machine has "
                              f"{torch.cuda.device_count()}")
-        decode_dev, prefill_dev = ("cuda:0", "cuda:1") if dev.type == "cuda" else ("cpu", "cpu")
         path = resolve_model_path(model if model is not None else Path(__file__).resolve().parents[2]
                                   / "assets" / "models" / "target")
         self.failed: str | None = None
-        self.proc = None
+        self.lane: DecodeLane | None = None  # the decode engine in use (engine/disagg/lanes.py)
+        self._lane_of: dict[str, int] = {}  # request id -> its decode engine, once its pages were pulled
         self._state = {"in_step": False}
         self.procs, self.conns, self.comm = [], [], None
         self._finalizer = weakref.finalize(self, _stop_workers, self.procs, self.conns, None, self._state)
-        store = dist.TCPStore("127.0.0.1", 0, 2, True, timeout=datetime.timedelta(seconds=STARTUP_TIMEOUT_S),
+        store = dist.TCPStore("127.0.0.1", 0, world, True, timeout=datetime.timedelta(seconds=STARTUP_TIMEOUT_S),
                               wait_for_workers=False)
-        threads = max(1, (os.cpu_count() or 1) // 2)
-        spec = PrefillSpec(path, prefill_dev, dtype, config, capture or CaptureConfig(), tracer is not None,
-                           kv_pool_events, store.port, threads)
-        self._start_prefill(spec)  # it loads while this process loads the decode side
+        threads = max(1, (os.cpu_count() or 1) // world)  # this process's share of the cores, and each prefill's
+        for k in range(prefill_ranks):  # they load while this process loads the decode side
+            self._start_prefill(PrefillSpec(path, f"cuda:{k + 1}" if dev.type == "cuda" else "cpu", dtype, config,
+                                            capture or CaptureConfig(), tracer is not None, kv_pool_events,
+                                            store.port, threads, k, world))
         try:
-            torch.set_num_threads(threads)  # this process's share of the cores: the prefill process has the rest
-            super().__init__(path, device=decode_dev, dtype=dtype, config=replace(config, enable_prefix_caching=False),
-                             tracer=tracer, trace_level=trace_level, capture=capture, progress=progress,
-                             kv_pool_events=kv_pool_events)
-            self.prefill_num_blocks = self._wait_started()
-            self.comm = Comm.connect_with_store(store, DECODE_RANK, 2, self.device, STARTUP_TIMEOUT_S)
+            torch.set_num_threads(threads)
+            decode_config = replace(config, enable_prefix_caching=False)
+            if decode_ranks > 1:
+                decode_config = replace(decode_config, cuda_graphs=False)
+            super().__init__(path, device="cuda:0" if dev.type == "cuda" else "cpu", dtype=dtype,
+                             config=decode_config, tracer=tracer, trace_level=trace_level, capture=capture,
+                             progress=progress, kv_pool_events=kv_pool_events)
+            self.prefill_blocks = self._wait_started()
+            self.comm = Comm.connect_with_store(store, DECODE_RANK, world, self.device, STARTUP_TIMEOUT_S)
         except BaseException:
             self.shutdown()
             raise
+        self.proc, self.conn = self.procs[0], self.conns[0]  # prefill engine 0's (one prefill engine: the one)
+        self.prefill_num_blocks = self.prefill_blocks[0]
         self.prefix_caching = config.enable_prefix_caching  # the prefill side's (describe() says so)
-        self.scheduler = DecodeScheduler(self.config, self.block_manager, self._to_prefill, lambda: bool(self.inflight))
-        self.remote: dict[str, Sequence] = {}  # at the prefill side: added, pages not pulled yet
-        self.ready: deque[tuple[Sequence, Handover]] = deque()  # prefilled, waiting for blocks here
+        self.router = PrefillRouter(prefill_ranks, min(self.prefill_blocks), self.config.block_size)
+        always = kv_pool_events == "always"
+        self.lanes = [first_lane(self, self._to_prefill, self._receiving(0))] + [
+            another_lane(self, j, self._to_prefill, self._receiving(j), always) for j in range(1, decode_ranks)]
+        self.lanes[0].use(self)
+        self.remote: dict[str, Sequence] = {}  # at a prefill engine: added, pages not pulled yet
+        self._prefill_of: dict[str, int] = {}  # ... at which one
+        self.ready: deque[tuple[Sequence, Handover, int]] = deque()  # prefilled (by engine k), waiting for blocks
         self.inflight: dict[int, _InFlight] = {}  # by tag: pages on the way
-        self._tags = itertools.count(1)
+        self._tags = itertools.count(1)  # one sequence for every pair: a tag is never reused while posted
         self._drawn: dict[str, float] = {}  # when the prefill side drew the first token (the TTFT split)
-        self._stats: dict | None = None
+        self._stats: dict[int, dict] = {}
+        # each prefill engine's pool as its last send left it (the kv.transfer event draws them all)
+        self._prefill_pools = [{"num_blocks": n, "free": n, "cached": 0} for n in self.prefill_blocks]
+
+    def layout(self) -> str:
+        """The layout and the routing, in words (the server prints it at start-up)."""
+        pids = ", ".join(str(p.pid) for p in self.procs)
+        pools = ", ".join(f"{n:,}" for n in self.prefill_blocks)
+        return (f"{len(self.procs)} prefill engine(s) in process(es) {pids} (ranks 1-{len(self.procs)}), each with "
+                f"its own KV pool ({pools} blocks) and prefix cache; {len(self.lanes)} decode engine(s) in this "
+                f"process (rank 0), a pool of {self.block_manager.num_blocks:,} blocks each, stepped in turn; pages "
+                f"sent on torch.distributed ({transfer.backend(self.runner.kv_cache)}). A request goes to the "
+                f"prefill engine with the fewest prefill tokens to compute, its own included less the prefix that "
+                f"engine holds cached; its pages to the decode engine with the most free blocks")
+
+    def _receiving(self, j: int):
+        return lambda: any(f.lane == j for f in self.inflight.values())
 
     # --- start and stop --------------------------------------------------------------
     def _start_prefill(self, spec: PrefillSpec) -> None:
         ctx = mp.get_context("spawn")
         parent_conn, child_conn = ctx.Pipe()
         p = ctx.Process(target=prefill_main, args=(spec, os.getpid(), child_conn), daemon=True,
-                        name="tokentrace-prefill")
+                        name=f"tokentrace-prefill-{spec.index}")
         p.start()
         child_conn.close()
         self.procs.append(p)
         self.conns.append(parent_conn)
-        self.conn, self.proc = parent_conn, p
 
-    def _wait_started(self) -> int:
+    def _wait_started(self) -> list[int]:
+        """Every prefill engine's start-up answer: the blocks of its pool."""
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while not self.conn.poll(0.1):
-            if not self.proc.is_alive() or time.monotonic() > deadline:
-                raise DisaggFailedError(f"the prefill engine's process exited while loading (exit code "
-                                        f"{self.proc.exitcode})")
-        status, info = self.conn.recv()
-        if status != STARTED:
-            raise DisaggFailedError(f"the prefill engine failed to load: {info}")
-        return info["num_blocks"]
+        blocks = []
+        for k, (p, conn) in enumerate(zip(self.procs, self.conns)):
+            while not conn.poll(0.1):
+                if not p.is_alive() or time.monotonic() > deadline:
+                    raise DisaggFailedError(f"prefill engine {k}'s process exited while loading (exit code "
+                                            f"{p.exitcode})")
+            status, info = conn.recv()
+            if status != STARTED:
+                raise DisaggFailedError(f"prefill engine {k} failed to load: {info}")
+            blocks.append(info["num_blocks"])
+        return blocks
 
     def shutdown(self) -> None:
-        """Stop the prefill process (its shutdown message, then terminate what is left)."""
+        """Stop the prefill processes (their shutdown message, then terminate what is left)."""
         self._finalizer.detach()
-        if self.proc is not None and self.proc.is_alive() and not self._state.get("stopped"):
-            try:
-                self.conn.send(SHUTDOWN)
-                self.proc.join(timeout=10)
-            except (OSError, EOFError):
-                pass
+        if not self._state.get("stopped"):
+            for p, conn in zip(self.procs, self.conns):
+                try:
+                    if p.is_alive():
+                        conn.send(SHUTDOWN)
+                except (OSError, EOFError):
+                    pass
+            deadline = time.monotonic() + 10
+            for p in self.procs:
+                p.join(timeout=max(0.1, deadline - time.monotonic()))
         _stop_workers(self.procs, self.conns, None, self._state)
-        self.failed = self.failed or "this disaggregated engine was shut down (its prefill process is stopped)"
+        self.failed = self.failed or "this disaggregated engine was shut down (its prefill processes are stopped)"
 
     # --- requests --------------------------------------------------------------------
     def add_request(self, prompt=None, params=None, **kwargs) -> str:
@@ -187,54 +216,85 @@ class DisaggEngine(LLMEngine):
         return super().add_request(prompt, params, **kwargs)
 
     def _to_prefill(self, seq: Sequence) -> None:
-        """DecodeScheduler.add: the request goes to the prefill side (under the engine's lock)."""
-        self.remote[seq.request_id] = seq
-        self._send((ADD, seq.request_id, list(seq.prompt_token_ids), seq.params, seq.trace_level))
+        """DecodeScheduler.add: the request goes to the prefill engine the router picks (under the lock)."""
+        k = self.router.route(seq.request_id, list(seq.prompt_token_ids)).index
+        self.remote[seq.request_id], self._prefill_of[seq.request_id] = seq, k
+        self._send(k, (ADD, seq.request_id, list(seq.prompt_token_ids), seq.params, seq.trace_level))
+
+    def _unremote(self, request_id: str) -> int | None:
+        """It left the prefill side (pulled, ended): which prefill engine it was at."""
+        self.remote.pop(request_id, None)
+        return self._prefill_of.pop(request_id, None)
 
     def abort(self, request_id: str) -> bool:
         with self.lock:
+            self._use_lane_of(request_id)
             done = super().abort(request_id)
-            if done and self.remote.pop(request_id, None) is not None and not self.failed:
-                self._send((DROP, request_id))  # its pages are not on the way: free them there
+            if done and request_id in self.remote:
+                self.router.answered(request_id)
+                k = self._unremote(request_id)
+                if not self.failed:
+                    self._send(k, (DROP, request_id))  # its pages are not on the way: free them there
             return done
 
+    def _use_lane_of(self, request_id: str) -> None:
+        """Its decode engine's scheduler and pool from here on (an abort frees its blocks there)."""
+        j = self._lane_of.get(request_id)
+        if j is not None:
+            self.lanes[j].use(self)
+
+    def cached_prefix_tokens(self, token_ids: list[int]) -> int:
+        """The prefill side's prefix caches, as the router's record has them (the decode pools
+        cache nothing): the most any prefill engine would skip of these ids. A hint, as on any engine."""
+        ids = list(token_ids)
+        hashes = block_hashes(ids, self.config.block_size)
+        return max(e.cached_tokens(hashes, len(ids), self.config.block_size) for e in self.router.engines)
+
     def has_unfinished_requests(self) -> bool:
-        return super().has_unfinished_requests() or bool(self.remote or self.ready or self.inflight)
+        return any(lane.scheduler.has_unfinished() for lane in self.lanes) or \
+            bool(self._pending or self.remote or self.ready or self.inflight)
 
     def stop_captures(self, request_id: str, limit_bytes: int) -> bool:
         with self.lock:
             if request_id in self.remote and not self.failed:
-                self._send((STOP_CAPTURES, request_id, limit_bytes))
+                self._send(self._prefill_of[request_id], (STOP_CAPTURES, request_id, limit_bytes))
             return super().stop_captures(request_id, limit_bytes)
 
     # --- the loop --------------------------------------------------------------------
     def step(self) -> list[TokenOutput]:
-        if not self.failed and not (self.scheduler.has_unfinished() or self._pending):
+        """Every decode engine with work takes its step, in turn."""
+        busy = lambda: [lane for lane in self.lanes if lane.scheduler.has_unfinished()]  # noqa: E731
+        if not self.failed and not (busy() or self._pending):
             try:  # nothing to decode: wait for the prefill side, without the lock (add and abort go on)
-                self.conn.poll(0.05)
+                wait_any(self.conns, 0.05)
             except (EOFError, OSError):
                 pass  # _poll below says why
         with self.lock:
             if self.failed:
                 raise DisaggFailedError(self.failed)
-            self._poll(0)
-            if not (self.scheduler.has_unfinished() or self._pending):
-                return []
-            return super().step()
+            self._poll()
+            lanes = busy() or (self.lanes[:1] if self._pending else [])  # aborts are told by a step
+            outputs = []
+            for lane in lanes:
+                lane.use(self)
+                outputs.extend(super().step())
+            return outputs
 
-    def _poll(self, wait: float) -> None:
-        """The prefill side's messages; then blocks for what is ready, as far as they go."""
-        try:
-            while self.conn.poll(wait):
-                self._handle(self.conn.recv())
-                wait = 0
-        except (EOFError, OSError) as e:
-            self._fail(e)
-        if not self.proc.is_alive():
-            self._fail(None)
+    def _poll(self) -> None:
+        """The prefill engines' messages; then blocks for what is ready, as far as they go."""
+        for k, conn in enumerate(self.conns):
+            try:
+                while conn.poll(0):
+                    self._handle(k, conn.recv())
+            except (EOFError, OSError) as e:
+                self._fail(k, e)
+        for k, p in enumerate(self.procs):
+            if not p.is_alive():
+                self._fail(k, None)
         self._pull()
 
-    def _handle(self, msg: tuple) -> None:
+    def _handle(self, k: int, msg: tuple) -> None:
+        """A message from prefill engine k."""
         kind = msg[0]
         if kind == EVENTS:
             if self.tracer is not None:
@@ -242,68 +302,87 @@ class DisaggEngine(LLMEngine):
                     self.tracer.emit_plain(type_, rid, step, data, ts)
         elif kind == READY:
             _, rid, h = msg
+            self.router.answered(rid)
             seq = self.remote.get(rid)
             if seq is None or seq.is_finished:
-                self._send((DROP, rid))
+                self._send(k, (DROP, rid))
             elif h.finished:  # its first token ended it: no pages
-                del self.remote[rid]
+                self._unremote(rid)
                 self._first_token(seq, h)
             else:
-                self.ready.append((seq, h))
+                self.ready.append((seq, h, k))
         elif kind == SENT:
             _, rid, tag, wire = msg
+            self._prefill_pools[k] = {"num_blocks": wire.pool_blocks, "free": wire.pool_free,
+                                      "cached": wire.pool_cached}
             self._received(self.inflight.pop(tag), wire)
         elif kind == FAILED:
             _, rid, why = msg
-            seq = self.remote.pop(rid, None)
+            self.router.answered(rid)
+            seq = self.remote.get(rid)
+            self._unremote(rid)
             if seq is not None and not seq.is_finished:
                 self._pending.append(self._finish(seq, "length" if why == "length" else "abort"))
         elif kind == STATS:
-            self._stats = msg[1]
+            self._stats[k] = msg[1]
 
     def _pull(self) -> None:
-        """Blocks here for the prefilled requests, in order, while the pool has them; a receive
-        posted for each, then the PULL (the send never waits for this side's step)."""
-        bm = self.block_manager
+        """Blocks for the prefilled requests, in order, in the decode engine with the most free
+        blocks where they fit; a receive posted for each, then the PULL (the send never waits
+        for this side's step). The head fits nowhere: it waits for running requests to finish."""
         while self.ready:
-            seq, h = self.ready[0]
+            seq, h, k = self.ready[0]
             if seq.is_finished:  # aborted while waiting: free its blocks there
                 self.ready.popleft()
-                self._send((DROP, seq.request_id))
+                self._send(k, (DROP, seq.request_id))
                 continue
-            if bm.blocks_for(h.num_tokens) > bm.num_free_blocks:
-                return  # the decode pool is full: wait for running requests to finish
+            j = pick_decode([lane.block_manager.num_free_blocks for lane in self.lanes],
+                            self.block_manager.blocks_for(h.num_tokens))
+            if j is None:
+                return
             self.ready.popleft()
-            del self.remote[seq.request_id]
-            bm.allocate(seq, h.num_tokens)
+            self._unremote(seq.request_id)
+            lane = self.lanes[j]
+            lane.use(self)
+            self._lane_of[seq.request_id] = j
+            lane.block_manager.allocate(seq, h.num_tokens)
             tag = next(self._tags)
             try:
-                pages, work = transfer.post_recv(self.comm, self.runner.kv_cache, len(h.blocks), PREFILL_RANK, tag)
+                pages, work = transfer.post_recv(self.comm, lane.kv, len(h.blocks), prefill_rank(k), tag)
             except Exception as e:  # noqa: BLE001
-                bm.free_seq(seq)
-                self._fail(e)
-            self.inflight[tag] = _InFlight(seq, h, pages, work, time.perf_counter())
-            self._send((PULL, seq.request_id, tag))
+                lane.block_manager.free_seq(seq)
+                self._fail(k, e)
+            self.inflight[tag] = _InFlight(seq, h, pages, work, time.perf_counter(), j, k)
+            self._send(k, (PULL, seq.request_id, tag))
 
     def _received(self, f: _InFlight, wire: Wire) -> None:
-        """The pages are in: into this side's blocks, the first token appended, decoding on."""
-        seq, h = f.seq, f.handover
+        """The pages are in: into the decode engine's blocks, the first token appended, decoding on."""
+        seq, h, lane = f.seq, f.handover, self.lanes[f.lane]
+        lane.use(self)
         try:
             f.work.wait()
         except Exception as e:  # noqa: BLE001 - the prefill side died mid-transfer
-            self.block_manager.free_seq(seq)
-            self._fail(e)
+            lane.block_manager.free_seq(seq)
+            self._fail(f.source, e)
         if seq.is_finished:  # aborted while its pages were on the way
-            self.block_manager.free_seq(seq)
+            lane.block_manager.free_seq(seq)
             return
-        transfer.scatter(self.runner.kv_cache, seq.block_table, f.pages)
+        transfer.scatter(lane.kv, seq.block_table, f.pages)
         seq.num_computed_tokens, seq.num_cached_tokens = h.num_tokens, h.num_cached_tokens
-        self.block_manager.commit_full_blocks(seq, 0)
+        lane.block_manager.commit_full_blocks(seq, 0)
         seq.status = Status.RUNNING
-        self.scheduler.running.append(seq)
+        lane.scheduler.running.append(seq)
         if seq.traced:
-            self._emit(kv_transfer_event(seq, h, wire, f, self.model_config.num_layers, self.block_manager))
+            self._emit(kv_transfer_event(seq, h, wire, f, self.model_config.num_layers, self._pools(),
+                                          self.config.block_size))
         self._first_token(seq, h)
+
+    def _pools(self) -> list[dict]:
+        """Every engine's pool: the prefill engines' as their last send left them, the decode engines' now."""
+        pre = [{"engine": engine_name("prefill", k), **p} for k, p in enumerate(self._prefill_pools)]
+        return pre + [{"engine": engine_name("decode", lane.index), "num_blocks": lane.block_manager.num_blocks,
+                       "free": lane.block_manager.num_free_blocks, "cached": lane.block_manager.num_cached_blocks}
+                      for lane in self.lanes]
 
     def _first_token(self, seq: Sequence, h: Handover) -> None:
         """The prefill side's first token, appended here: streamed, stop-checked, timed."""
@@ -325,11 +404,24 @@ class DisaggEngine(LLMEngine):
         self._pending.append(out)
 
     def describe(self):
-        """The decode engine's description; its prefix cache is the prefill side's (on there)."""
+        """The decode engine's description (each decode engine's pool is this size); its prefix
+        cache is the prefill side's (on there)."""
         if self._info is None:
             info = super().describe()
             self._info = replace(info, kv_pool=replace(info.kv_pool, prefix_caching=self.prefix_caching))
         return self._info
+
+    def load(self) -> EngineLoad:
+        """Every decode engine's together; requests at the prefill side or on the wire count as waiting."""
+        with self.lock:
+            loads = []
+            for lane in self.lanes:
+                lane.use(self)
+                loads.append(super().load())
+            add = lambda name: sum(getattr(x, name) for x in loads)  # noqa: E731
+            return replace(loads[0], running=add("running"), waiting=add("waiting") + len(self.remote) +
+                           len(self.inflight), blocks_used=add("blocks_used"), blocks_cached=add("blocks_cached"),
+                           blocks_free=add("blocks_free"))
 
     def _metrics(self, seq: Sequence) -> dict:
         m = super()._metrics(seq)
@@ -344,68 +436,110 @@ class DisaggEngine(LLMEngine):
             super().release(request_id)
             if request_id not in self.requests:
                 self._drawn.pop(request_id, None)
+                self._lane_of.pop(request_id, None)
+            if len(self._lane_of) > len(self.requests) + 256:  # requests forgotten unreleased (max_finished)
+                self._lane_of = {r: j for r, j in self._lane_of.items() if r in self.requests}
 
     def _trace_pool(self) -> None:
-        """kv.pool with the requests whose pages are on the way among the live ones."""
+        """kv.pool of the decode engine in use, with the requests whose pages are on the way to it."""
         if self.tracer is not None:
-            live = self.scheduler.running + list(self.scheduler.waiting) + [f.seq for f in self.inflight.values()]
+            lane = self.lane
+            live = lane.scheduler.running + list(lane.scheduler.waiting) + \
+                [f.seq for f in self.inflight.values() if f.lane == lane.index]
             event = self._pool_trace.after_step(self.block_manager, live, self.step_count)
             if event is not None:
                 self._emit(event)
 
     def _emit(self, event) -> None:
-        event[2]["engine"] = "decode"  # the timeline's track (the prefill side's say "prefill")
+        """Stamped engine="decode" (the prefill side's say "prefill") and, where it is known, the
+        decode engine's index: the pool's events and steps of the one in use, a request's once
+        its pages were pulled (before that, its arrival, say, belongs to no decode engine yet)."""
+        name, rid, data = event
+        data["engine"] = "decode"
+        j = self.lane.index if rid is None and self.lane is not None else self._lane_of.get(rid)
+        if j is not None:
+            data["engine_index"] = j
+            if name == "kv.pool" and j > 0:
+                event = (DECODE_POOL_EVENT, rid, data)
         super()._emit(event)
 
     # --- failure, and what the tests read ------------------------------------------------
-    def _send(self, msg) -> None:
+    def _send(self, k: int, msg) -> None:
         try:
-            self.conn.send(msg)
+            self.conns[k].send(msg)
         except (OSError, EOFError) as e:
-            self._fail(e)
+            self._fail(k, e)
 
-    def _fail(self, err: BaseException | None):
-        """The prefill process is gone: end every live request, free every block, stop."""
+    def _fail(self, k: int, err: BaseException | None):
+        """A prefill process is gone: end every live request, free every block, stop them all."""
         time.sleep(0.2)  # let its exit code land
-        code = self.proc.exitcode
-        self.failed = (f"the prefill engine's process (rank {PREFILL_RANK}) died (exit code {code}); the "
-                       "disaggregated engine stopped: restart it") if not self.proc.is_alive() else \
-            f"the link to the prefill engine failed ({type(err).__name__}: {err}); the disaggregated engine stopped"
+        dead = [i for i, p in enumerate(self.procs) if not p.is_alive()]
+        if dead:
+            i = dead[0]
+            self.failed = (f"prefill engine {i}'s process (rank {prefill_rank(i)}) died (exit code "
+                           f"{self.procs[i].exitcode}); the disaggregated engine stopped: restart it")
+        else:
+            self.failed = (f"the link to prefill engine {k} failed ({type(err).__name__}: {err}); the disaggregated "
+                           "engine stopped")
         for f in self.inflight.values():
-            self.block_manager.free_seq(f.seq)
+            self.lanes[f.lane].block_manager.free_seq(f.seq)
         self.inflight.clear()
         self.ready.clear()
         self.remote.clear()
+        self._prefill_of.clear()
         for rid in self.live_requests():
+            self._use_lane_of(rid)
             self._finish(self.requests[rid], "abort")
         self._pending.clear()
         self.shutdown()
         raise DisaggFailedError(self.failed) from err
 
     def prefill_stats(self, timeout_s: float = 30.0) -> dict:
-        """The prefill pool's numbers, read from its process (tests: nothing leaked there)."""
+        """The prefill pools' numbers, read from their processes (tests: nothing leaked there):
+        summed, and each engine's under "engines"."""
         with self.lock:
-            self._stats = None
-            self._send((STATS,))
+            self._stats = {}
+            for k in range(len(self.conns)):
+                self._send(k, (STATS,))
             deadline = time.monotonic() + timeout_s
-            while self._stats is None and time.monotonic() < deadline:
-                self._poll(0.05)
-            if self._stats is None:
-                raise DisaggFailedError("the prefill engine did not answer")
-            return self._stats
+            while len(self._stats) < len(self.conns) and time.monotonic() < deadline:
+                wait_any(self.conns, 0.05)
+                self._poll()
+            if len(self._stats) < len(self.conns):
+                raise DisaggFailedError("a prefill engine did not answer")
+            each = [self._stats[k] for k in range(len(self.conns))]
+            total = lambda key: sum(s[key] for s in each)  # noqa: E731
+            return {"num_blocks": total("num_blocks"), "free_blocks": total("free_blocks"),
+                    "cached_blocks": total("cached_blocks"), "held": sorted(r for s in each for r in s["held"]),
+                    "live": sorted(r for s in each for r in s["live"]), "engines": each}
+
+    def decode_stats(self) -> list[dict]:
+        """Each decode engine's pool (tests: nothing leaked there)."""
+        with self.lock:
+            out = []
+            for lane in self.lanes:
+                bm = lane.block_manager
+                bm.check_invariants(lane.scheduler.running + list(lane.scheduler.waiting) +
+                                    [f.seq for f in self.inflight.values() if f.lane == lane.index])
+                out.append({"num_blocks": bm.num_blocks, "free_blocks": bm.num_free_blocks,
+                            "running": len(lane.scheduler.running), "waiting": len(lane.scheduler.waiting)})
+            return out
 
 
-def kv_transfer_event(seq: Sequence, h: Handover, wire: Wire, f: _InFlight, num_layers: int, bm):
-    """kv.transfer: one request's pages, prefill pool -> decode pool, and both pools then
-    (the page draws them from this event alone)."""
+def kv_transfer_event(seq: Sequence, h: Handover, wire: Wire, f: _InFlight, num_layers: int, pools: list[dict],
+                      block_size: int):
+    """kv.transfer: one request's pages, prefill engine f.source's pool -> decode engine f.lane's,
+    and every engine's pool then (the page draws them from this event alone)."""
     now = time.perf_counter()
+    src, dst = engine_name("prefill", f.source), engine_name("decode", f.lane)
+    by_name = {p["engine"]: {k: v for k, v in p.items() if k != "engine"} for p in pools}
     return "kv.transfer", seq.request_id, {
-        "src": "prefill", "dst": "decode", "backend": wire.backend, "tokens": h.num_tokens,
+        "src": src, "dst": dst, "src_rank": prefill_rank(f.source), "dst_rank": DECODE_RANK,
+        "backend": wire.backend, "tokens": h.num_tokens,
         "num_blocks": len(h.blocks), "src_blocks": list(h.blocks), "dst_blocks": list(seq.block_table),
         "bytes": wire.bytes, "bytes_per_token": f.pages[:, :, 0, 0].numel() * f.pages.element_size(),
         "layers": list(range(num_layers)), "queue_ms": wire.queue_ms, "wire_ms": wire.wire_ms,
         "start": wire.start, "handover_ms": (now - h.first_token_time) * 1e3,
         "prefill_ms": (h.prefill_done_time - h.first_scheduled_time) * 1e3, "cached_tokens": h.num_cached_tokens,
-        "src_pool": {"num_blocks": wire.pool_blocks, "free": wire.pool_free, "cached": wire.pool_cached},
-        "dst_pool": {"num_blocks": bm.num_blocks, "free": bm.num_free_blocks, "cached": bm.num_cached_blocks},
-        "block_size": bm.block_size}
+        "src_pool": by_name[src], "dst_pool": by_name[dst], "pools": pools,
+        "block_size": block_size}

@@ -7,8 +7,9 @@ their own (a stop token, max_tokens 1: nothing to hand over but the token). Its 
 cache works as on any engine: a held request's full blocks are in it, and stay cached
 after they are sent and freed.
 
-prefill_main is the spawned process: it builds the engine, answers the start-up, joins the
-process group as rank 1 and serves the decode side's messages (engine/disagg/protocol.py):
+prefill_main is the spawned process (one per prefill engine: prefill k is rank k + 1, with its
+own model copy, pool and prefix cache): it builds the engine, answers the start-up, joins the
+process group and serves the decode side's messages (engine/disagg/protocol.py):
 a PULL at once, on the Sender's thread (the send overlaps the engine's step), the others
 between its steps. Like a parallel engine's worker it watches its parent and ends with
 os._exit: a decode side that vanished leaves nothing behind.
@@ -33,8 +34,8 @@ from engine.sequence import Sequence, Status
 from engine.trace import EventList, Tracer
 from engine.disagg import transfer
 from engine.disagg.protocol import (ADD, DECODE_RANK, DROP, DROPPED_EVENTS, EVENTS, FAILED, HANDOVER,
-                                    PREFILL_POOL_EVENT, PREFILL_RANK, PULL, READY, SENT, SHUTDOWN, STATS,
-                                    STOP_CAPTURES, Handover, PrefillSpec, Wire)
+                                    PREFILL_POOL_EVENT, PULL, READY, SENT, SHUTDOWN, STATS,
+                                    STOP_CAPTURES, Handover, PrefillSpec, Wire, prefill_rank)
 
 
 class PrefillScheduler(Scheduler):
@@ -130,14 +131,15 @@ def prefill_main(spec: PrefillSpec, parent: int, conn) -> None:
                                tracer=Tracer(sink) if spec.trace else None, capture=spec.capture,
                                kv_pool_events=spec.kv_pool_events, progress=lambda *_: None)  # the decode side shows it
         conn.send((STARTED, {"num_blocks": engine.block_manager.num_blocks}))
-        comm = Comm.connect("127.0.0.1", spec.port, PREFILL_RANK, 2, torch.device(spec.device))
+        comm = Comm.connect("127.0.0.1", spec.port, prefill_rank(spec.index), spec.world_size,
+                            torch.device(spec.device))
     except BaseException as e:  # noqa: BLE001 - reported to the decode side, which raises it
         try:
             conn.send(("error", error_text(e)))
         finally:
             os._exit(1)
     try:
-        _serve(engine, comm, conn, sink)
+        _serve(engine, comm, conn, sink, spec.index)
     except (EOFError, OSError):  # the decode side is gone
         os._exit(2)
     except Exception:
@@ -188,7 +190,7 @@ _SENT, _GONE = "_sent", "_gone"  # the Sender's own notes to the loop
 _NOTHING = ("_nothing",)
 
 
-def _serve(engine: PrefillEngine, comm: Comm, conn, sink: EventList) -> None:
+def _serve(engine: PrefillEngine, comm: Comm, conn, sink: EventList, index: int) -> None:
     """Messages first (all that are waiting), then one step; idle, wait for a message."""
     sender = Sender(conn, comm, engine.runner.kv_cache)
     ran = True  # the last step computed something (else it waits for held blocks: no busy loop)
@@ -205,7 +207,7 @@ def _serve(engine: PrefillEngine, comm: Comm, conn, sink: EventList) -> None:
                 if msg[0] == _GONE:
                     raise msg[1]
                 reply = _handle(engine, sender, msg)
-                _flush(sink, conn)
+                _flush(sink, conn, index)
                 if reply is not None:
                     conn.send(reply)
                 continue
@@ -213,7 +215,7 @@ def _serve(engine: PrefillEngine, comm: Comm, conn, sink: EventList) -> None:
                 passes = engine.stats.target_passes
                 replies = _after_step(engine, engine.step(), sender)
                 ran = engine.stats.target_passes > passes or bool(replies)
-                _flush(sink, conn)
+                _flush(sink, conn, index)
                 for reply in replies:
                     conn.send(reply)
 
@@ -260,15 +262,15 @@ def _after_step(engine: PrefillEngine, outputs, sender: Sender) -> list[tuple]:
     return replies
 
 
-def _flush(sink: EventList, conn) -> None:
-    """The engine's events since the last flush, for the decode side's tracer."""
+def _flush(sink: EventList, conn, index: int) -> None:
+    """The engine's events since the last flush, for the decode side's tracer (named: prefill `index`)."""
     events, sink.events = sink.events, []
     out = []
     for e in events:
         if e.type in DROPPED_EVENTS:
             continue
         data = dict(e.data)
-        data["engine"] = "prefill"
+        data["engine"], data["engine_index"] = "prefill", index
         out.append((PREFILL_POOL_EVENT if e.type == "kv.pool" else e.type, e.request_id, e.step, data, e.ts))
     if out:
         conn.send((EVENTS, out))

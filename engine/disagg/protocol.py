@@ -1,4 +1,5 @@
-"""What the decode side (the serving process, rank 0) and the prefill side (rank 1) say.
+"""What the decode side (the serving process, rank 0) and each prefill engine (prefill k is
+rank k + 1 of a 1 + P process group) say; each prefill engine has a pipe of its own.
 
 Decode -> prefill, over the pipe:
   ADD (request_id, prompt ids, params, trace level)   prefill this request
@@ -28,14 +29,28 @@ from engine.trace import CaptureConfig
 ADD, PULL, DROP, STOP_CAPTURES, STATS = "add", "pull", "drop", "stop_captures", "stats"
 EVENTS, READY, SENT, FAILED = "events", "prefilled", "sent", "failed"
 SHUTDOWN = None
-DECODE_RANK, PREFILL_RANK = 0, 1
+DECODE_RANK = 0  # every decode engine lives in the serving process: they share rank 0 (distinct tags)
+
+
+def prefill_rank(index: int) -> int:
+    """Prefill engine `index`'s torch.distributed rank."""
+    return 1 + index
+
+
+def engine_name(role: str, index: int) -> str:
+    """How events, the Perfetto export and the page name an engine: "prefill 1", "decode 0"."""
+    return f"{role} {index}"
+
 HANDOVER = "handover"  # the prefill side's finish reason for a request it passes on
 
-# The prefill side's events that the decode side forwards (with engine="prefill"): its steps,
-# its pool and blocks, its captures and the first token's draw. Not its arrival, tokens or
-# finish: the decode side emits those once, for the whole request.
+# The prefill side's events that the decode side forwards (with engine="prefill" and its
+# engine_index): its steps, its pool and blocks, its captures and the first token's draw. Not
+# its arrival, tokens or finish: the decode side emits those once, for the whole request.
 DROPPED_EVENTS = ("request.arrive", "tokenize", "token", "finish", "trace.truncated")
 PREFILL_POOL_EVENT = "kv.prefill_pool"  # the prefill engine's kv.pool, renamed: another pool
+# decode engines after the first: their kv.pool renamed too (the page's KV panel folds one pool,
+# decode 0's: block ids of two pools in one grid would say nothing)
+DECODE_POOL_EVENT = "kv.decode_pool"
 
 
 @dataclass
@@ -50,6 +65,8 @@ class PrefillSpec:
     kv_pool_events: str
     port: int  # rank 0's TCPStore
     threads: int
+    index: int = 0  # prefill engine `index`: rank prefill_rank(index)
+    world_size: int = 2  # 1 + the number of prefill engines
 
 
 @dataclass

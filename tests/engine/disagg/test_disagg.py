@@ -4,7 +4,8 @@ The disaggregated engine must produce what one colocated engine produces: the sa
 tokens and the same seeded draws (the first token drawn on the prefill side, the
 generator's state handed over with the pages), on the embedded model and tiny Llama, Qwen3
 and Mixtral checkpoints; its prefix cache works on the prefill side; no block is left
-behind on either side after aborts, a disconnect, or a killed prefill process.
+behind on either side after aborts, a disconnect, or a killed prefill process (those three
+with two prefill and two decode engines too; tokens of the other layouts: test_disagg_ranks).
 """
 from __future__ import annotations
 
@@ -28,10 +29,10 @@ SEEDED = [SamplingParams(temperature=0.9, top_p=0.9, seed=s, max_tokens=10, igno
 
 
 def _pools_empty(llm: LLM) -> None:
-    """Both pools hold nothing: every block free on the decode side, none held or live on the prefill side."""
+    """Every pool holds nothing: every block free in each decode engine's, none held or live in any prefill engine's."""
     e = llm.engine
-    e.block_manager.check_invariants([])
-    assert e.block_manager.num_free_blocks == e.block_manager.num_blocks
+    for d in e.decode_stats():
+        assert d["free_blocks"] == d["num_blocks"] and d["running"] == d["waiting"] == 0
     stats = e.prefill_stats()
     assert stats["free_blocks"] == stats["num_blocks"] and stats["held"] == [] and stats["live"] == []
     assert not e.remote and not e.ready and not e.inflight
@@ -73,11 +74,12 @@ def _drain(llm: LLM, limit: int = 500) -> None:
     raise AssertionError("the engine did not settle")
 
 
-@pytest.mark.slow  # a prefill process
-def test_aborts_and_a_disconnect_leave_no_block_on_either_side(checkpoint):
-    # 16 blocks of 4 a side: a 40-token request running leaves too few decode blocks for a 30-token one
+@pytest.mark.slow  # P prefill processes
+@pytest.mark.parametrize("ranks", [1, 2], ids=["1P1D", "2P2D"])
+def test_aborts_and_a_disconnect_leave_no_block_on_either_side(checkpoint, ranks):
+    # 16 blocks of 4 a pool: a 40-token request running leaves too few decode blocks for a 30-token one
     with LLM(checkpoint("llama"), device="cpu", dtype="float32", block_size=4, num_kv_blocks=16,
-             disaggregate=True) as llm:
+             disaggregate=True, prefill_ranks=ranks, decode_ranks=ranks) as llm:
         e = llm.engine
         long = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
         with pytest.raises(ValueError, match="n > 1 with disaggregate=True is not built"):
@@ -94,19 +96,23 @@ def test_aborts_and_a_disconnect_leave_no_block_on_either_side(checkpoint):
         stream.close()
         _drain(llm)
         _pools_empty(llm)
-        # 3. prefilled, waiting for decode blocks (the pool is held by a running request), then aborted
-        a = e.add_request(_base[:36] + [5, 6, 7, 8], long)  # 10 blocks on the decode side
-        b = e.add_request(_base[:30], long)  # 8 blocks: does not fit beside a
+        # 3. prefilled, waiting for decode blocks (every decode pool is held by a running request), then aborted
+        fill = [e.add_request(_base[:36] + [5, 6, 7, j], long) for j in range(ranks)]  # 10 blocks, one a pool
         for _ in range(300):
             e.step()
-            if any(seq.request_id == b for seq, _ in e.ready) and e.requests[a].num_output_tokens > 1:
-                break  # a decodes, b waits for its blocks
+            if all(e.requests[a].num_output_tokens > 1 for a in fill):
+                break
+        b = e.add_request(_base[:30], long)  # 8 blocks: does not fit beside any of them
+        for _ in range(300):
+            e.step()
+            if any(seq.request_id == b for seq, _, _ in e.ready):
+                break  # they decode, b waits for its blocks
         else:
             raise AssertionError("b never waited for decode blocks")
         assert e.abort(b)
         e.step()
         assert e.prefill_stats()["held"] == []  # dropped there
-        assert e.abort(a)
+        assert [e.abort(a) for a in fill] == [True] * ranks
         _drain(llm)
         _pools_empty(llm)
         # 4. aborted while its pages are on the wire (the receive posted, the send not yet seen)
@@ -125,24 +131,29 @@ def test_aborts_and_a_disconnect_leave_no_block_on_either_side(checkpoint):
         _pools_empty(llm)
 
 
-@pytest.mark.slow  # a prefill process
-def test_a_killed_prefill_process_stops_the_engine_with_one_error(checkpoint):
-    llm = LLM(checkpoint("llama"), device="cpu", dtype="float32", block_size=4, disaggregate=True)
+@pytest.mark.slow  # P prefill processes
+@pytest.mark.parametrize("ranks", [1, 2], ids=["1P1D", "2P2D"])
+def test_a_killed_prefill_process_stops_the_engine_with_one_error(checkpoint, ranks):
+    llm = LLM(checkpoint("llama"), device="cpu", dtype="float32", block_size=4, disaggregate=True,
+              prefill_ranks=ranks, decode_ranks=ranks)
     e = llm.engine
     assert len(llm.generate(PROMPTS[1], GREEDY)[0].token_ids) == 12
-    running = e.add_request(PROMPTS[0], SamplingParams(temperature=0, max_tokens=200, ignore_eos=True))
+    long = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)  # none ends before the kill is seen
+    running = e.add_request(PROMPTS[0], long)
     while not e.requests[running].num_output_tokens:  # decoding here
         e.step()
-    waiting = e.add_request(PROMPTS[2], GREEDY)  # and one sent to the prefill side
-    os.kill(e.proc.pid, signal.SIGKILL)
+    # and two sent to the prefill side (two engines: one each, the first where its prefix is cached)
+    waiting = [e.add_request(PROMPTS[2], long), e.add_request(list(range(300, 309)), long)]
+    os.kill(e.procs[-1].pid, signal.SIGKILL)  # the last prefill engine
     t = time.monotonic()
-    with pytest.raises(DisaggFailedError, match=r"prefill engine's process \(rank 1\) died \(exit code -9\)"):
+    with pytest.raises(DisaggFailedError, match=rf"prefill engine {ranks - 1}'s process \(rank {ranks}\) died "
+                                                r"\(exit code -9\)"):
         for _ in range(1000):
             e.step()
     assert time.monotonic() - t < 30
-    assert e.requests[running].finish_reason == e.requests[waiting].finish_reason == "abort"
-    assert e.block_manager.num_free_blocks == e.block_manager.num_blocks  # no page leaked here
-    assert not e.proc.is_alive() and not e.has_unfinished_requests()
+    assert [e.requests[r].finish_reason for r in [running] + waiting] == ["abort"] * 3
+    assert all(d["free_blocks"] == d["num_blocks"] for d in e.decode_stats())  # no page leaked here
+    assert not any(p.is_alive() for p in e.procs) and not e.has_unfinished_requests()  # the others stopped too
     with pytest.raises(DisaggFailedError, match="died"):  # and stays stopped, saying why
         llm.generate(PROMPTS[1], GREEDY)
     llm.shutdown()
@@ -151,8 +162,12 @@ def test_a_killed_prefill_process_stops_the_engine_with_one_error(checkpoint):
 def test_refusals_are_clear_and_start_nothing(checkpoint):
     import multiprocessing as mp
 
-    with pytest.raises(ValueError, match=r"--prefill-ranks 2 --decode-ranks 1: only 1 and 1 are built"):
-        LLM(checkpoint("llama"), device="cpu", disaggregate=True, prefill_ranks=2)
+    with pytest.raises(ValueError, match=r"--prefill-ranks 0 --decode-ranks 1: each side takes 1 to 8 engines"):
+        LLM(checkpoint("llama"), device="cpu", disaggregate=True, prefill_ranks=0)
+    with pytest.raises(ValueError, match=r"--prefill-ranks 1 --decode-ranks 9: each side takes 1 to 8 engines"):
+        LLM(checkpoint("llama"), device="cpu", disaggregate=True, decode_ranks=9)
+    with pytest.raises(ValueError, match="cuda_graphs=True with more than one decode engine"):
+        LLM(checkpoint("llama"), device="cpu", disaggregate=True, decode_ranks=2, cuda_graphs=True)
     with pytest.raises(ValueError, match="speculative decoding"):
         LLM(checkpoint("llama"), device="cpu", disaggregate=True, draft="ngram")
     with pytest.raises(ValueError, match="tensor or expert parallelism"):
@@ -165,8 +180,8 @@ def test_the_server_flags_refuse_what_is_not_built():
 
     with pytest.raises(SystemExit, match="--prefill-ranks and --decode-ranks go with --disaggregate"):
         main(["--prefill-ranks", "2"])
-    with pytest.raises(SystemExit, match=r"cannot start: --prefill-ranks 1 --decode-ranks 3: only 1 and 1"):
-        main(["--disaggregate", "--decode-ranks", "3"])
+    with pytest.raises(SystemExit, match=r"cannot start: --prefill-ranks 1 --decode-ranks 0: each side takes 1 to 8"):
+        main(["--disaggregate", "--decode-ranks", "0"])
 
 
 KILLED = """
@@ -174,8 +189,8 @@ import os, signal, sys
 sys.path.insert(0, {root!r})
 from engine import LLM, SamplingParams
 if __name__ == "__main__":
-    llm = LLM({path!r}, device="cpu", dtype="float32", disaggregate=True)
-    print(llm.engine.proc.pid, flush=True)
+    llm = LLM({path!r}, device="cpu", dtype="float32", disaggregate=True, prefill_ranks={ranks})
+    print(" ".join(str(p.pid) for p in llm.engine.procs), flush=True)
     if {sig} == signal.SIGKILL:
         llm.generate([1, 2, 3], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
         os.kill(os.getpid(), signal.SIGKILL)
@@ -184,28 +199,30 @@ if __name__ == "__main__":
 """
 
 
-@pytest.mark.slow  # a serving process and its prefill process
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "kill-9"])
-def test_a_stopped_serving_process_leaves_no_prefill_process(checkpoint, tmp_path, sig):
+@pytest.mark.slow  # a serving process and its prefill processes
+@pytest.mark.parametrize("sig,ranks", [(signal.SIGINT, 1), (signal.SIGKILL, 1), (signal.SIGKILL, 2)],
+                         ids=["ctrl-c", "kill-9", "kill-9-2P"])
+def test_a_stopped_serving_process_leaves_no_prefill_process(checkpoint, tmp_path, sig, ranks):
     import subprocess
     import sys
 
     from tests.engine.parallel.test_parallel import _alive
 
     script = tmp_path / "serve.py"
-    script.write_text(KILLED.format(root=str(ROOT), path=str(checkpoint("llama")), sig=int(sig)))
+    script.write_text(KILLED.format(root=str(ROOT), path=str(checkpoint("llama")), sig=int(sig), ranks=ranks))
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                             text=True, start_new_session=True)
     try:
-        pid = int(proc.stdout.readline())
+        pids = [int(x) for x in proc.stdout.readline().split()]
+        assert len(pids) == ranks
         if sig == signal.SIGINT:
             time.sleep(0.5)
-            os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: to the serving process and the prefill one
+            os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: to the serving process and the prefill ones
         proc.wait(120)
         deadline = time.monotonic() + 15
-        while _alive(pid) and time.monotonic() < deadline:
+        while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert not _alive(pid), "the prefill process outlived the serving process"
+        assert not any(_alive(pid) for pid in pids), "a prefill process outlived the serving process"
     finally:
         proc.kill()
 

@@ -63,7 +63,7 @@ def test_a_disaggregated_request_is_traced_on_both_engines(checkpoint):
 
     trace = perfetto_trace(events, rid, "tiny")
     names = {e["args"]["name"] for e in trace["traceEvents"] if e["ph"] == "M" and e["name"] == "thread_name"}
-    assert {"prefill engine steps", "decode engine steps", "KV transfer (prefill -> decode)"} <= names
+    assert {"prefill 0 engine steps", "decode 0 engine steps", "KV transfer (prefill 0 -> decode 0)"} <= names
     tids = {e["tid"] for e in trace["traceEvents"] if e["ph"] == "X" and e["cat"] == "engine"}
     assert len(tids) == 2  # one track an engine
     sends = [e for e in trace["traceEvents"] if e["ph"] == "X" and e["cat"] == "transfer"]
@@ -76,7 +76,9 @@ def test_a_disaggregated_request_is_traced_on_both_engines(checkpoint):
 
     html = disagg_html([x, fin])
     s = transfer_summary(x, fin["ttft"])
-    assert "9 blocks" in html and "prefill engine&#x27;s pool" in html and "decode engine&#x27;s pool" in html
+    assert "9 blocks" in html and "prefill engine 0&#x27;s pool" in html and "decode engine 0&#x27;s pool" in html
+    assert x["src"] == "prefill 0" and x["dst"] == "decode 0"
+    assert "fewest prefill tokens" not in html  # one engine a side: no words on how it was picked
     assert 0 < s["share_of_ttft"] < 1 and f"{s['share_of_ttft']:.0%}" in html
 
 
