@@ -52,7 +52,7 @@ def ttft_split(settings: list[dict]) -> dict:
         moved = {e["request_id"]: e for e in s["events"] if e["type"] == "kv.transfer"}
         longs = [r for r in s["per_request"] if r["role"] == "long prompt" and r["ttft_s"] is not None]
         for i, r in enumerate(longs, 1):
-            x = f"long prompt {i} · {esc(s['setting']['label'])}"
+            x = f"long prompt {i}<br>{esc(s['setting']['name'])}"  # short: a category label under its bar
             e = moved.get(r["request_id"])
             if e is None:
                 split = {"TTFT": r["ttft_s"]}
@@ -126,7 +126,9 @@ def sentences(result: dict) -> list[str]:
             f"{_moved(co['long_ttft_median_s'], dis['long_ttft_median_s'])}")
     if dis.get("handover_share_of_ttft") is not None:
         said += (f", of which the handover took {dis['handover_share_of_ttft']:.1%} (median "
-                 f"{dis['handover_ms_median']:.1f} ms, {dis['wire_ms_median']:.2f} ms of it on the wire)")
+                 f"{dis['handover_ms_median']:.1f} ms: {dis['queue_ms_median']:.1f} ms before the send began, while "
+                 f"the decode engine took the request between its steps, and {dis['wire_ms_median']:.2f} ms on the "
+                 f"wire)")
     out.append(said + f"; throughput {_moved(co['tokens_per_s'], dis['tokens_per_s'], ' tokens/s', 1)}.")
     out.append(_hardware(result.get("machine") or {}, co, dis))
     if dis.get("same_tokens_as_colocated") is False:

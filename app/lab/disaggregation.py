@@ -125,6 +125,8 @@ def metrics(r: SettingResult, bytes_per_block: int, threads: int, processes: int
             "wire_share_of_ttft": wire / total_ttft if moved and total_ttft else None,
             "handover_ms_median": statistics.median(e["handover_ms"] for e in moved) if moved else None,
             "wire_ms_median": statistics.median(e["wire_ms"] for e in moved) if moved else None,
+            # first token drawn -> the send began: the decode side's blocks and its PULL, between its steps
+            "queue_ms_median": statistics.median(e["queue_ms"] for e in moved) if moved else None,
             "prefill_engine_steps": len(r.extra.get("prefill_steps", [])),
             "processes": processes, "threads_per_process": threads}
 
