@@ -99,10 +99,10 @@ def test_the_figures_carry_the_trace(runs):
         assert len(rows) == (2 if prefill_side else 1)
         assert len(s["extra"]["prefill_steps"]) == len(prefill_side)
     dis = by_name(result)["disaggregated"]
-    longs = {r["request_id"] for r in dis["per_request"] if r["role"] == "long prompt"}
+    longs = [r["request_id"] for r in dis["per_request"] if r["role"] == "long prompt"]
+    moved = {e["request_id"]: e for e in traces["disaggregated"] if e["type"] == "kv.transfer"}
     wire = next(t for t in ttft_split([dis])["data"] if t["name"] == "on the wire")
-    assert wire["y"] == [e["wire_ms"] / 1e3 for e in traces["disaggregated"]
-                         if e["type"] == "kv.transfer" and e["request_id"] in longs]
+    assert wire["y"] == [moved[rid]["wire_ms"] / 1e3 for rid in longs]
 
 
 def test_sentences_quote_the_counts_and_the_shared_cores(runs):
