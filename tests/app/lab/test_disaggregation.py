@@ -119,3 +119,21 @@ def test_the_prefill_process_is_stopped_and_the_threads_given_back(runs):
     _, _, threads = runs
     assert not [p for p in multiprocessing.active_children() if p.name == "tokentrace-prefill"]
     assert torch.get_num_threads() == threads
+
+
+def test_a_cancelled_disaggregated_run_stops_its_prefill_process():
+    """Cancelled mid-way through the disaggregated setting: its requests aborted, its prefill
+    process stopped, this process's threads given back."""
+    from app.lab import run
+    threads, seen = torch.get_num_threads(), []
+
+    def progress(p):
+        seen.append(p)
+
+    def cancelled():  # a few steps into the disaggregated setting (the colocated one ran whole)
+        return sum(p.setting_index == 1 and p.what.startswith("step") for p in seen) >= 3
+
+    result = run("disaggregation", size="ci", progress=progress, cancelled=cancelled, device="cpu")
+    assert result.cancelled and [s.setting.name for s in result.settings] == ["colocated"]
+    assert not [p for p in multiprocessing.active_children() if p.name == "tokentrace-prefill"]
+    assert torch.get_num_threads() == threads
