@@ -39,7 +39,8 @@ LONG_ANSWER = 4
 def settings(size: str) -> list[Setting]:
     common = {"streams": STREAMS, "stream_tokens": STREAM_TOKENS[size], "long_prompts": LONG[size],
               "long_prompt_tokens": LONG_TOKENS[size], "chunk": CHUNK[size],
-              "arrive_after_stream_tokens": [STREAMS * (FIRST_AFTER[size] + i * EVERY[size]) for i in range(LONG[size])]}
+              "arrive_after_stream_tokens": [STREAMS * (FIRST_AFTER[size] + i * EVERY[size])
+                                             for i in range(LONG[size])]}
     return [Setting("colocated", f"colocated, chunks of {CHUNK[size]}", {**common, "disaggregate": False}),
             Setting("disaggregated", "disaggregated (prefill | decode)", {**common, "disaggregate": True})]
 
