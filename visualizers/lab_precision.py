@@ -52,5 +52,21 @@ def sentences(result: dict) -> list[str]:
         out.append(f"With {name} weights the model held {m['weights_bytes'] / 2 ** 20:.1f} MiB of weights against "
                    f"{ref['weights_bytes'] / 2 ** 20:.1f} MiB, decoded at {speed:.2f}× float32's speed, and "
                    f"picked float32's most likely next token at {m['agreement']:.0%} of {m['positions']} positions "
-                   f"(mean KL {m['kl_mean']:.2g} nats).")
+                   f"(mean KL {m['kl_mean']:.2g} nats).{_coverage(m)}")
+    return out
+
+
+def _coverage(m: dict) -> str:
+    """What the quantized run left float: the MoE experts (never quantized), a float copy."""
+    share, copy = m.get("left_float_share") or 0.0, m.get("float_copy_bytes") or 0
+    out = ""
+    if m.get("num_experts") and share:
+        out += (f" Only the linear layers (attention, the router, the LM head) were quantized: the MoE experts, "
+                f"{share:.0%} of float32's weight bytes, stayed float32, since the engine quantizes linear layers "
+                f"only and has no option for the experts.")
+    elif share:
+        out += f" {share:.0%} of float32's weight bytes stayed float32 (linear layers the kernels cannot take)."
+    if copy:
+        out += (f" Beside the codes a float copy of {copy / 2 ** 20:.1f} MiB appeared: the embedding table, which "
+                f"read the LM head's float weights in float32.")
     return out

@@ -142,6 +142,8 @@ async function ask(action) {
   if (!r.ok) { const d = await r.json(); if (e) e.textContent = d.error.message; } else $('tt-q-ask-err').textContent = '';
 }
 async function apply(s) {
+  // a stage was added to the room (an experiment's result): its dots and count come with the page
+  if (!CONFIG.static && s.count !== undefined && s.count !== COUNT) { location.reload(); return; }
   room = s;
   // viewers adopt the room's stage; the presenter only at first (a late event must not undo its keys)
   if (!KEY || shown < 0) { target = s.stage; await show(s.stage, s.trace_version); }

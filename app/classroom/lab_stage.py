@@ -7,8 +7,11 @@ classroom draw the same figures offline. Every string is escaped; the figures' J
 end its script early."""
 from __future__ import annotations
 
+import hmac
 import html
 import json
+import threading
+from urllib.parse import parse_qs, urlsplit
 
 from app.lab.export import figures, headline_rows
 from app.serving.recording import Recording
@@ -63,3 +66,24 @@ def open_room(classrooms, result: dict, model: dict | None = None):
     facts = {"name": result["model"], "num_layers": 1, "num_heads": 1, **(model or {})}
     rec = Recording(f"experiment-{result['experiment']}", facts, None, [], [])
     return classrooms.create(rec, None, extra=[lab_stage(result)], with_journey=False)
+
+
+def add_to_room(classrooms, link: str, result: dict):
+    """The result as a stage appended to a room the presenter already has open (after its
+    journey's stages): link is the room's presenter link (/classroom/ID?key=KEY, or the whole
+    URL). -> (room, the stage's index); ValueError says what is wrong with the link."""
+    parts = urlsplit((link or "").strip())
+    path = [p for p in parts.path.split("/") if p]
+    room_id = path[path.index("classroom") + 1] if "classroom" in path[:-1] else (path[-1] if len(path) == 1 else "")
+    key = (parse_qs(parts.query).get("key") or [""])[0]
+    if not room_id or not key:
+        raise ValueError("paste the room's presenter link (it ends in ?key=…): only its presenter can add a stage")
+    room = classrooms.get(room_id)
+    if room is None:
+        raise ValueError(f"no open room {room_id!r} on this server (the oldest rooms close as new ones open)")
+    if not hmac.compare_digest(key, room.key):
+        raise ValueError("that key is not this room's presenter key: paste the presenter link, not the audience's")
+    index = room.add_stage(lab_stage(result))
+    # rendered now, off the engine's thread: followers only read the cache (as Classrooms.create does)
+    threading.Thread(target=room.prerender, name=f"classroom-{room.room_id}", daemon=True).start()
+    return room, index

@@ -197,6 +197,16 @@ class Room:
                 self.stage, self.version = i, self.version + 1
         self.publish()
 
+    def add_stage(self, stage: Stage) -> int:
+        """A stage after the others (an experiment's result, app/classroom/lab_stage.py): every
+        screen hears the new count and reloads its stage list. -> its index."""
+        with self.lock:
+            self.extra.append(stage)
+            self._restage()
+            index = len(self._stages) - 1
+        self.publish()
+        return index
+
     # --- the live question --------------------------------------------------------
     def sample_for_question(self, position: int) -> dict | None:
         """The draw of the token at `position` (a verify step's kept tokens have one each)."""

@@ -1,7 +1,12 @@
 """A setting's trace events (dicts, as TraceEvent.to_dict gives them) → its RequestRecords
 and StepRecords. Every number here is read from an event the engine emitted: `token`
 (each token's time since its request arrived), `finish` (TTFT, preemptions, usage),
-`schedule.step` (each step's batch, tokens and phases)."""
+`schedule.step` (each step's batch, tokens and phases), `kv.transfer` (a disaggregated
+engine's handover of a request's pages).
+
+A disaggregated engine's trace holds two engines' steps (each event's "engine": "prefill" or
+"decode", numbered each on its own): the records of a setting are the serving engine's (every
+step but the prefill side's); step_records(..., engine="prefill") reads the other."""
 from __future__ import annotations
 
 import math
@@ -11,13 +16,19 @@ from app.lab.experiment import RequestRecord, StepRecord
 
 # the events a lab run keeps (the rest, sampling candidates and pool maps, are dropped as they come)
 KEPT_EVENTS = ("request.arrive", "token", "finish", "schedule.step", "schedule.preempt", "spec",
-               "prefix_cache.lookup", "kv.exhausted")
+               "prefix_cache.lookup", "kv.exhausted", "kv.transfer")
+PREFILL_SIDE = "prefill"  # a disaggregated engine's prefill engine (engine/disagg)
 
 
-def step_records(events: list[dict], t0: float) -> list[StepRecord]:
+def on_prefill_side(e: dict) -> bool:
+    return e.get("engine") == PREFILL_SIDE
+
+
+def step_records(events: list[dict], t0: float, engine: str | None = None) -> list[StepRecord]:
+    """The serving engine's steps; engine="prefill": a disaggregated engine's prefill side's."""
     out = []
     for e in events:
-        if e["type"] != "schedule.step":
+        if e["type"] != "schedule.step" or on_prefill_side(e) != (engine == PREFILL_SIDE):
             continue
         batch = [{"request_id": b["request_id"], "kind": b["kind"], "num_tokens": b["num_tokens"]} for b in e["batch"]]
         prefill = sum(b["num_tokens"] for b in batch if b["kind"] == "prefill")
@@ -34,6 +45,8 @@ def request_records(events: list[dict], t0: float, roles: dict[str, str],
     steps_of: dict[str, list[int]] = defaultdict(list)
     for e in events:
         if e["type"] == "schedule.step":
+            if on_prefill_side(e):  # another engine's step numbers: a request's bars are the serving engine's
+                continue
             for b in e["batch"]:
                 steps_of[b["request_id"]].append(e["step"])
         elif e["request_id"] is not None:

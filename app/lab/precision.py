@@ -47,17 +47,31 @@ def run_setting(lab: Lab, setting: Setting) -> SettingResult:
     seconds = sum((r.finish_s or 0) - (r.first_token_s or 0) for r in decode)
     result.extra = {"next_token_top": tops}
     result.metrics = {"decode_tokens_per_s": tokens / seconds if seconds else None,
-                      "weights_bytes": info.model.weights_bytes + info.model.kernel_weight_bytes,
+                      "weights_bytes": info.model.weights_bytes,  # the kernels' blocked weights among them
                       "quantized_bytes": q.bytes if q is not None else 0,
+                      "kernel_weight_bytes": info.model.kernel_weight_bytes,  # float weights blocked for the C kernels
+                      "num_experts": info.model.num_experts,  # MoE experts are never quantized (see compare)
                       "positions": sum(t is not None for t in tops),  # the first prompt token has none
                       "ttft_s": decode[0].ttft_s if decode else None}
     return result
 
 
 def compare(settings: list[SettingResult]) -> None:
-    """Every setting against the first (float32): top-1 agreement and KL on the fixed text."""
+    """Every setting against the first (float32): top-1 agreement and KL on the fixed text; and
+    what the quantized run left float. The engine quantizes Linear layers only
+    (engine/checkpoint/quantize.py), and no engine option changes that: the weights still
+    blocked for the float kernels after it are the MoE experts (and any Linear the kernels
+    cannot take). A float copy can also appear: an embedding that read a tied LM head's float
+    weights keeps a table of its own once the head is codes (float tensors outside the
+    kernels, less the codes, grow by it)."""
     ref = settings[0].extra["next_token_top"]
+    f = settings[0].metrics
     for s in settings:
+        m = s.metrics
+        quantized = bool(m["quantized_bytes"]) and bool(f["weights_bytes"])
+        m["left_float_share"] = m["kernel_weight_bytes"] / f["weights_bytes"] if quantized else 0.0
+        m["float_copy_bytes"] = max(0, (m["weights_bytes"] - m["kernel_weight_bytes"] - m["quantized_bytes"])
+                                    - (f["weights_bytes"] - f["kernel_weight_bytes"])) if quantized else 0
         mine = s.extra["next_token_top"]
         pairs = [(p, q) for p, q in zip(ref, mine) if p and q]
         s.metrics["agreement"] = sum(p[0][0] == q[0][0] for p, q in pairs) / len(pairs) if pairs else None
@@ -89,4 +103,5 @@ EXPERIMENT = Experiment(
     settings=settings, run_setting=run_setting, figures=lab_precision.figures, sentences=lab_precision.sentences,
     compare=compare,
     headline=[("decode_tokens_per_s", "decode tokens/s"), ("weights_bytes", "weights (bytes)"),
-              ("agreement", "top-1 agreement"), ("kl_mean", "KL mean (nats)"), ("kl_max", "KL max (nats)")])
+              ("left_float_share", "float32's bytes left float"), ("agreement", "top-1 agreement"),
+              ("kl_mean", "KL mean (nats)"), ("kl_max", "KL max (nats)")])

@@ -8,7 +8,7 @@ from app.lab.experiment import Experiment
 
 _REGISTRY: dict[str, Experiment] = {}
 NOT_EXPERIMENTS = {"experiment", "registry", "runner", "measure", "export", "workloads", "__main__"}
-ORDER = ("batching", "chunked_prefill", "routing", "speculation", "precision", "kv_capacity")
+ORDER = ("batching", "chunked_prefill", "disaggregation", "routing", "speculation", "precision", "kv_capacity")
 
 
 def register(experiment: Experiment) -> Experiment:

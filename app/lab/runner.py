@@ -10,7 +10,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
-from engine import EngineConfig, LLMEngine, SamplingParams, TokenOutput, TraceEvent, Tracer
+import torch
+
+from engine import DisaggEngine, EngineConfig, LLMEngine, SamplingParams, TokenOutput, TraceEvent, Tracer
 
 from app.lab.experiment import Cancelled, Progress, Result, Setting, SettingResult, SIZES, machine, started_now
 from app.lab.measure import KEPT_EVENTS, request_records, step_records
@@ -21,12 +23,16 @@ ProgressFn = Callable[[Progress], None]
 
 @dataclass
 class Job:
-    """One request of a workload: added once the driver has run `arrive_step` steps."""
+    """One request of a workload: added once the driver has run `arrive_step` steps, or, with
+    `after` = (role, n), once the workload's requests of that role have emitted n tokens together
+    (an arrival tied to the work done, not to steps: a disaggregated engine's steps are not a
+    colocated one's)."""
     role: str
     prompt: str | list[int]
     params: SamplingParams
     arrive_step: int = 0
     options: dict[str, Any] = field(default_factory=dict)  # add_request's speculative= etc.
+    after: tuple[str, int] | None = None
 
 
 @dataclass
@@ -69,9 +75,11 @@ class Lab:
 
     @contextmanager
     def engine(self, model: str | None = None, *, trace: bool = True, dtype: str = "auto",
-               device: str | None = None, **options: Any) -> Iterator[tuple[LLMEngine, list[dict]]]:
+               device: str | None = None, disaggregate: bool = False,
+               **options: Any) -> Iterator[tuple[LLMEngine, list[dict]]]:
         """An engine for one setting and the list its kept trace events go to. options: the
-        EngineConfig fields, and draft / num_speculative_tokens / prompt_lookup_*."""
+        EngineConfig fields, and draft / num_speculative_tokens / prompt_lookup_*. disaggregate:
+        a DisaggEngine (its prefill engine in a process of its own, stopped when the block ends)."""
         keys = ("draft", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min")
         engine_kw = {k: options.pop(k) for k in keys if k in options}
         events: list[dict] = []
@@ -81,40 +89,58 @@ class Lab:
                 events.append(event.to_dict())
 
         self.check()
-        engine = LLMEngine(model if model is not None else self.model, device=device or self.device, dtype=dtype,
+        threads = torch.get_num_threads()  # a DisaggEngine takes half the cores for this process: given back after
+        build = DisaggEngine if disaggregate else LLMEngine
+        try:
+            engine = build(model if model is not None else self.model, device=device or self.device, dtype=dtype,
                            config=EngineConfig(**options), tracer=Tracer(keep) if trace else None,
                            trace_level="basic" if trace else "off", **engine_kw)
-        try:
-            warm_up(engine)
-            events.clear()
-            yield engine, events
+            try:
+                warm_up(engine)
+                events.clear()
+                yield engine, events
+            finally:
+                free(engine)
+                del engine
         finally:
-            free(engine)
-            del engine
+            torch.set_num_threads(threads)
 
     def drive(self, engine: LLMEngine, events: list[dict], jobs: list[Job], max_steps: int = 100_000,
               on_output: Callable[[str, TokenOutput], None] | None = None, one_at_a_time: bool = False) -> Drive:
         """Run jobs to the end; abort what is left if cancelled (the engine's pages go back).
         one_at_a_time: each job waits for the one before to end (its arrive_step is ignored)."""
-        pending = sorted(jobs, key=lambda j: j.arrive_step)
+        pending = sorted(jobs, key=lambda j: (j.arrive_step, j.after[1] if j.after else 0))
         roles: dict[str, str] = {}
         arrivals: dict[str, int] = {}
+        emitted: dict[str, int] = {}  # tokens out so far, by role (the `after` arrivals)
         start = len(events)
         t0 = time.perf_counter()
         steps = finished = 0
+        now: set[int] = set()  # `after` jobs due at once: nothing runs that could emit their tokens
+
+        def due(job: Job) -> bool:
+            if one_at_a_time:
+                return not engine.has_unfinished_requests()
+            if job.after is not None and id(job) not in now:
+                return emitted.get(job.after[0], 0) >= job.after[1]
+            return job.arrive_step <= steps
+
         try:
             while pending or engine.has_unfinished_requests():
                 self.check()
-                while pending and (not engine.has_unfinished_requests() if one_at_a_time
-                                   else pending[0].arrive_step <= steps):
+                while pending and due(pending[0]):
                     job = pending.pop(0)
                     rid = engine.add_request(job.prompt, job.params, **job.options)
                     roles[rid], arrivals[rid] = job.role, engine.step_count
                 if not engine.has_unfinished_requests():  # idle until the next arrival: no step to run
-                    steps = pending[0].arrive_step
+                    if pending[0].after is not None:
+                        now.add(id(pending[0]))
+                    steps = max(steps, pending[0].arrive_step)
                     continue
                 for out in engine.step():
                     finished += out.finished
+                    if out.request_id in roles and out.token_id >= 0:
+                        emitted[roles[out.request_id]] = emitted.get(roles[out.request_id], 0) + 1
                     if on_output is not None and out.request_id in roles:
                         on_output(roles[out.request_id], out)
                 steps += 1

@@ -2,7 +2,8 @@
 progress (which setting, what it is doing, a bar), Cancel, the generated sentences, the
 headline table and the plotly figures (plotly.js from the installed package, served by this
 server: no CDN), export as JSON or a self-contained HTML page, and open the result in the
-classroom as a stage of its own. The same `app.lab.run` as `python -m app.lab`.
+classroom as a room of its own, or add it as a stage to a room the presenter already has open
+(its presenter link). The same `app.lab.run` as `python -m app.lab`.
 
 An experiment builds engines of its own (the served ones keep serving), so: one at a time in
 this process (a second Run is told who runs), and off on a public server unless the operator
@@ -24,7 +25,7 @@ import gradio as gr
 from fastapi import FastAPI
 from fastapi.responses import Response
 
-from app.classroom.lab_stage import open_room, result_html
+from app.classroom.lab_stage import add_to_room, open_room, result_html
 from app.lab import Progress, experiments, run
 from app.lab.export import plotly_js, to_html
 from app.page.controller import key_of
@@ -118,6 +119,18 @@ class LabDesk:
                 f"view</a> (keep this link to yourself) · <a id='tt-lab-audience' href='/classroom/{room.room_id}' "
                 "target='_blank'>audience link</a></div>")
 
+    def add_to_classroom(self, owner: str, link: str) -> str:
+        """The last result as a stage appended to a room the presenter has open (its presenter link)."""
+        result = self.last.get(owner)
+        if result is None or self.classrooms is None:
+            return "<div class='tt-err'>Run an experiment first: its result is what the classroom shows.</div>"
+        try:
+            room, index = add_to_room(self.classrooms, link, result)
+        except ValueError as e:
+            return f"<div class='tt-err' id='tt-lab-room-refused'>{html.escape(str(e))}</div>"
+        return (f"<div class='tt-class-links' id='tt-lab-stage-added'><b>{html.escape(result['title'])}</b> is stage "
+                f"{index + 1} of room {html.escape(room.room_id)}: every screen of the room reloads its stages.</div>")
+
 
 def progress_html(job: LabRun) -> str:
     p = job.progress
@@ -188,6 +201,11 @@ def build_lab_tab(ctl) -> LabDesk:
             go = gr.Button("Run", variant="primary", elem_id="tt-lab-run", interactive=desk.enabled)
             stop = gr.Button("Cancel", elem_id="tt-lab-cancel", interactive=desk.enabled)
             to_class = gr.Button("Open in the classroom", elem_id="tt-lab-class", interactive=desk.enabled)
+        with gr.Row():
+            room_link = gr.Textbox(label="Or add the result as a stage to a room you present: its presenter link",
+                                   placeholder="/classroom/…?key=…", elem_id="tt-lab-room-link", scale=4,
+                                   interactive=desk.enabled)
+            to_room = gr.Button("Add to that room", elem_id="tt-lab-add-stage", scale=1, interactive=desk.enabled)
         progress = gr.HTML("", elem_id="tt-lab-progress-box", padding=False)
         said = gr.HTML("", elem_id="tt-lab-said", padding=False)
         links = gr.HTML("", elem_id="tt-lab-class-links", padding=False)
@@ -207,7 +225,11 @@ def build_lab_tab(ctl) -> LabDesk:
     def on_classroom(request: gr.Request) -> str:
         return desk.open_in_classroom(key_of(request))
 
+    def on_add_stage(request: gr.Request, link: str) -> str:
+        return desk.add_to_classroom(key_of(request), link)
+
     stop.click(on_cancel, None, said, concurrency_limit=None, **quiet)
+    to_room.click(on_add_stage, [room_link], links, concurrency_limit=None, **quiet)
     to_class.click(on_classroom, None, links, concurrency_limit=None, **quiet)
     return desk
 

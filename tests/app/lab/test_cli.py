@@ -7,7 +7,7 @@ from app.lab.__main__ import main
 def test_list_names_every_experiment(capsys):
     assert main(["--list"]) == 0
     out = capsys.readouterr().out
-    for name in ("batching", "chunked_prefill", "speculation", "precision", "kv_capacity"):
+    for name in ("batching", "chunked_prefill", "disaggregation", "speculation", "precision", "kv_capacity"):
         assert name in out
 
 

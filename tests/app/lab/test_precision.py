@@ -32,3 +32,17 @@ def test_kl_top_is_zero_for_the_same_distribution_and_grows_apart():
     q = [[2, math.log(0.6)], [1, math.log(0.3)]]
     exact = 0.6 * math.log(0.6 / 0.3) + 0.3 * math.log(0.3 / 0.6)  # the rest (0.1) is equal
     assert kl_top(p, q) == pytest.approx(exact)
+
+
+def test_the_sentences_say_the_moe_experts_stayed_float(result):
+    """The embedded model is a MoE: the engine quantizes its linear layers only, so the weights
+    left blocked for the float kernels are its experts, and the sentence says so with the share."""
+    m = {s["setting"]["name"]: s["metrics"] for s in result["settings"]}
+    f32 = m["float32"]["weights_bytes"]
+    assert m["float32"]["num_experts"] > 0 and m["float32"]["left_float_share"] == 0.0
+    for name in ("int8", "int4"):
+        share = m[name]["left_float_share"]
+        assert share == m[name]["kernel_weight_bytes"] / f32 and 0.5 < share < 1
+    for said, name in zip(result["sentences"], ("int8", "int4")):
+        assert f"the MoE experts, {m[name]['left_float_share']:.0%} of float32's weight bytes, stayed float32" in said
+        assert "no option for the experts" in said

@@ -1,0 +1,163 @@
+"""The disaggregation experiment's figures and sentences (app/lab/disaggregation.py's result):
+pure functions of the result's dict."""
+from __future__ import annotations
+
+from visualizers.lab import KIND_COLOR, bars, distribution, esc, layout
+
+SPLIT_COLORS = {"TTFT": "#466ec8", "before the handover": "#466ec8", "waiting to send": "#c9ccd8",
+                "on the wire": "#d62828", "received, scattered": "#f08c1e"}
+
+
+def figures(result: dict) -> list[dict]:
+    settings = result["settings"]
+    if not settings:
+        return []
+    gaps = [(s["setting"]["label"], [g for r in s["per_request"] if r["role"] == "stream" for g in r["gaps_s"]])
+            for s in settings]
+    return [bars(settings, (("long_ttft_median_s", "long prompts' TTFT (median)", "s"),
+                            ("gap_p99_s", "streams' gap p99", "s"), ("longest_stall_s", "longest stall", "s")),
+                 "The long prompts' wait against the streams' stalls"),
+            distribution(gaps, "The streams' gaps between tokens"),
+            prefill_beside_streams(settings), ttft_split(settings), engine_tracks(settings),
+            bars(settings, (("tokens_per_s", "tokens/s", "tokens/s"),), "Throughput: every request's tokens")]
+
+
+def stream_steps(setting: dict) -> list[dict]:
+    """The serving engine's steps that decoded a stream (the steps a stream's next token waited on)."""
+    ids = {r["request_id"] for r in setting["per_request"] if r["role"] == "stream"}
+    return [st for st in setting["steps"]
+            if any(b["request_id"] in ids and b["kind"] == "decode" for b in st["batch"])]
+
+
+def prefill_beside_streams(settings: list[dict]) -> dict:
+    """Prefill tokens each of the streams' steps carried: the chunks colocated, none disaggregated."""
+    data = []
+    for s in settings:
+        steps = stream_steps(s)
+        data.append({"type": "bar", "name": esc(s["setting"]["label"]), "x": list(range(1, len(steps) + 1)),
+                     "y": [st["prefill_tokens"] for st in steps],
+                     "customdata": [[st["step"], st["decode_tokens"], st["seconds"] * 1000] for st in steps],
+                     "hovertemplate": "step %{customdata[0]}: %{y} prefill tokens beside %{customdata[1]} decoded, "
+                                      "%{customdata[2]:.2f} ms<extra>%{fullData.name}</extra>"})
+    return {"data": data, "layout": layout("Prefill tokens in each step the streams decoded in", barmode="group",
+                                           xaxis={"title": {"text": "the streams' step"}},
+                                           yaxis={"title": {"text": "prefill tokens beside the decodes"}})}
+
+
+def ttft_split(settings: list[dict]) -> dict:
+    """Each long prompt's TTFT, and where a handover's part of it went (its kv.transfer event):
+    waiting for the send, on the wire, received into the decode pool and the first token out."""
+    parts: dict[str, dict] = {}
+    for s in settings:
+        moved = {e["request_id"]: e for e in s["events"] if e["type"] == "kv.transfer"}
+        longs = [r for r in s["per_request"] if r["role"] == "long prompt" and r["ttft_s"] is not None]
+        for i, r in enumerate(longs, 1):
+            x = f"long prompt {i}<br>{esc(s['setting']['name'])}"  # short: a category label under its bar
+            e = moved.get(r["request_id"])
+            if e is None:
+                split = {"TTFT": r["ttft_s"]}
+            else:
+                hand = e["handover_ms"] / 1e3
+                split = {"before the handover": r["ttft_s"] - hand, "waiting to send": e["queue_ms"] / 1e3,
+                         "on the wire": e["wire_ms"] / 1e3,
+                         "received, scattered": max(0.0, hand - (e["queue_ms"] + e["wire_ms"]) / 1e3)}
+            for name, v in split.items():
+                t = parts.setdefault(name, {"type": "bar", "name": name, "x": [], "y": [], "customdata": [],
+                                            "marker": {"color": SPLIT_COLORS[name]},
+                                            "hovertemplate": "%{x}<br>" + name + ": %{y:.4f} s "
+                                                             "(%{customdata:.1%} of its TTFT)<extra></extra>"})
+                t["x"].append(x)
+                t["y"].append(v)
+                t["customdata"].append(v / r["ttft_s"] if r["ttft_s"] else 0.0)
+    if "TTFT" in parts and "before the handover" in parts:  # one legend entry for the same colour
+        parts["TTFT"]["name"] = "TTFT (colocated) / before the handover"
+        parts["before the handover"]["showlegend"] = False
+    return {"data": list(parts.values()),
+            "layout": layout("The long prompts' TTFT, and the handover's part of it", barmode="stack",
+                             yaxis={"title": {"text": "seconds"}}, xaxis={"automargin": True})}
+
+
+def engine_tracks(settings: list[dict]) -> dict:
+    """Every engine's steps on a track of its own over time: colocated one track, disaggregated
+    the prefill engine's and the decode engine's side by side. Coloured by what a step did."""
+    traces: dict[str, dict] = {}
+    rows = []
+    for s in settings:
+        label = esc(s["setting"]["label"])
+        tracks = [("decode engine" if s["extra"].get("prefill_steps") else "engine", s["steps"])]
+        if s["extra"].get("prefill_steps"):
+            tracks.insert(0, ("prefill engine", s["extra"]["prefill_steps"]))
+        for name, steps in tracks:
+            row = f"{label} · {name}"
+            rows.append(row)
+            for st in steps:
+                kind = "prefill" if st["prefill_tokens"] else "decode"
+                t = traces.setdefault(kind, {"type": "bar", "orientation": "h", "name": f"a step with {kind}"
+                                             if kind == "prefill" else "decode only", "x": [], "base": [], "y": [],
+                                             "marker": {"color": KIND_COLOR[kind]}, "customdata": [],
+                                             "hovertemplate": "%{y}<br>step %{customdata[0]}: %{customdata[1]} "
+                                                              "prefill + %{customdata[2]} decode tokens<br>"
+                                                              "%{base:.4f} s, %{x:.4f} s long<extra></extra>"})
+                t["x"].append(st["seconds"])
+                t["base"].append(st["start_s"])
+                t["y"].append(row)
+                t["customdata"].append([st["step"], st["prefill_tokens"], st["decode_tokens"]])
+    return {"data": list(traces.values()),
+            "layout": layout("Each engine's steps over time", barmode="overlay", height=140 + 40 * len(rows),
+                             xaxis={"title": {"text": "seconds since the first arrival"}},
+                             yaxis={"autorange": "reversed", "automargin": True, "categoryorder": "array",
+                                    "categoryarray": rows})}
+
+
+def sentences(result: dict) -> list[str]:
+    by = {s["setting"]["name"]: s["metrics"] for s in result["settings"]}
+    co, dis = by.get("colocated"), by.get("disaggregated")
+    if co is None or dis is None:
+        return []
+    chunk = next(s["setting"]["options"]["chunk"] for s in result["settings"])
+    out = [f"Colocated with chunks of {chunk}, {co['stream_steps_with_prefill']} of the streams' "
+           f"{co['stream_steps']} steps also prefilled ({co['prefill_tokens_beside_streams']:,} tokens, up to "
+           f"{co['max_prefill_tokens_beside_streams']} in one); disaggregated, "
+           f"{dis['stream_steps_with_prefill']} of {dis['stream_steps']} did, and {dis['handovers']} requests' pages "
+           f"crossed to the decode engine: {dis['handover_blocks']} blocks × {dis['bytes_per_block']:,} B = "
+           f"{dis['handover_bytes'] / 2 ** 20:.2f} MiB."]
+    said = (f"The streams' p99 gap went from {_ms(co['gap_p99_s'])} to {_ms(dis['gap_p99_s'])} and their longest "
+            f"stall from {_ms(co['longest_stall_s'])} to {_ms(dis['longest_stall_s'])}; the long prompts' median TTFT "
+            f"{_moved(co['long_ttft_median_s'], dis['long_ttft_median_s'])}")
+    if dis.get("handover_share_of_ttft") is not None:
+        said += (f", of which the handover took {dis['handover_share_of_ttft']:.1%} (median "
+                 f"{dis['handover_ms_median']:.1f} ms: {dis['queue_ms_median']:.1f} ms before the send began, while "
+                 f"the decode engine took the request between its steps, and {dis['wire_ms_median']:.2f} ms on the "
+                 f"wire)")
+    out.append(said + f"; throughput {_moved(co['tokens_per_s'], dis['tokens_per_s'], ' tokens/s', 1)}.")
+    out.append(_hardware(result.get("machine") or {}, co, dis))
+    if dis.get("same_tokens_as_colocated") is False:
+        out.append("The disaggregated engine's tokens differed from the colocated engine's on this run.")
+    return out
+
+
+def _hardware(machine: dict, co: dict, dis: dict) -> str:
+    """The honest part: what the two processes ran on."""
+    cpus = machine.get("cpus")
+    if str(dis.get("device", "cpu")).startswith("cuda"):
+        return ("The colocated engine ran on one GPU; disaggregated, the prefill and decode engines had a GPU each "
+                "and the pages crossed between them on NCCL.")
+    load = machine.get("load_average")
+    busy = f" and with whatever else ran here (load average {load:.1f})" if isinstance(load, (int, float)) else ""
+    return (f"On this machine's {cpus} CPU cores the two processes share the same cores: the colocated engine ran "
+            f"{co['threads_per_process']} torch thread(s) in one process, the disaggregated one "
+            f"{dis['threads_per_process']} in each of its two, so it had twice the threads on the same cores, "
+            f"and its prefill still competes with its decodes for them{busy}; the handover crossed memory, not a "
+            f"network, where separate GPUs would give each side its own compute.")
+
+
+def _moved(a: float | None, b: float | None, unit: str = "", digits: int | None = None) -> str:
+    if a is None or b is None:
+        return "–"
+    fmt = (lambda v: f"{v:.{digits}f}{unit}") if digits is not None else _ms  # noqa: E731
+    change = (b / a - 1) * 100 if a else 0.0
+    return f"{'rose' if change >= 0 else 'fell'} by {abs(change):.0f}% ({fmt(a)} → {fmt(b)})"
+
+
+def _ms(s: float | None) -> str:
+    return "–" if s is None else f"{s * 1000:.0f} ms" if s >= 0.01 else f"{s * 1000:.1f} ms"
