@@ -81,3 +81,13 @@ def test_before_any_request_no_stage_speaks_of_a_request_that_does_not_exist():
     assert "bytes per token" in texts["kv"] and "rows ×" in texts["embedding"]  # the model's own numbers stay
     # once a request exists the old words come back
     assert "still on its way" in next(s for s in journey(MODEL, "r1", body, [], []) if s.key == "tokens").text
+
+
+def test_one_special_token_takes_a_verb_in_the_singular():
+    """Gemma 3's plain prompt has one special token (<bos>): "1 of them is a special token that marks"."""
+    tok = {"type": "tokenize", "step": 0, "count": 3, "chat_template": False, "tokenizer_size": 10,
+           "tokens": [{"id": 2, "text": "", "piece": "<bos>", "special": True},
+                      {"id": 5, "text": "Hi", "piece": "Hi", "special": False},
+                      {"id": 6, "text": " you", "piece": " you", "special": False}]}
+    text = stage("tokens", MODEL, {"prompt": "Hi you"}, [tok]).text
+    assert "is a special token that marks where the text begins" in text, text

@@ -67,7 +67,8 @@ def tokenize(f: Facts) -> Part:
     how = ("The chat template wrapped the messages in role markers, then the tokenizer (byte-pair encoding) cut "
            "the text" if templated else "A plain prompt gets no chat template: the tokenizer (byte-pair encoding) "
            "cut its text")
-    marks = "mark whose turn it is" if templated else "mark where the text begins"
+    verb = "marks" if special == 1 else "mark"  # "1 of them is a special token that marks ..."
+    marks = f"{verb} whose turn it is" if templated else f"{verb} where the text begins"
     text = p(f"{how} into {plural(total_tokens, 'token')}, each an integer id in a vocabulary of {n(int(vocab))}. "
              f"{n(special)} of them {'is a special token' if special == 1 else 'are special tokens'} that {marks} "
              "(highlighted).", "The model never sees letters: only these ids.")
