@@ -91,16 +91,17 @@ class Shots:
         self.folder = folder
         folder.mkdir(parents=True, exist_ok=True)
 
-    def take(self, page, name: str, what: str) -> None:
+    def take(self, page, name: str, what: str, full: bool = True) -> None:
         path = self.folder / f"{name}.png"
-        page.screenshot(path=str(path), full_page=True)
+        page.screenshot(path=str(path), full_page=full)
         print(f"{path}: {what}", flush=True)
 
 
 def streaming_shot(page, shots: Shots, tag: str) -> bool:
     """The page mid-stream, said only when Status still says streaming once the picture is taken."""
     page.wait_for_function(f"/streaming, [3-9]|streaming, [1-9][0-9]/.test({STATUS})", timeout=120_000)
-    shots.take(page, f"{tag}-streaming", "while the answer streams")
+    # the window only: a full page (7,000 px) takes seconds to shoot, and a short answer ends meanwhile
+    shots.take(page, f"{tag}-streaming", "while the answer streams (the window's first screen)", full=False)
     if "streaming" in status(page):
         return True
     print(f"{tag}-streaming: the answer finished while the picture was taken (not a streaming picture)", flush=True)
