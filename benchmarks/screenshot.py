@@ -100,7 +100,9 @@ class Shots:
 def streaming_shot(page, shots: Shots, tag: str) -> bool:
     """The page mid-stream, said only when Status still says streaming once the picture is taken."""
     page.wait_for_function(f"/streaming, [3-9]|streaming, [1-9][0-9]/.test({STATUS})", timeout=120_000)
-    # the window only: a full page (7,000 px) takes seconds to shoot, and a short answer ends meanwhile
+    # the window only, from the top (the map): a full page (7,000 px) takes seconds to shoot, and a
+    # short answer ends meanwhile
+    page.evaluate("window.scrollTo(0, 0)")
     shots.take(page, f"{tag}-streaming", "while the answer streams (the window's first screen)", full=False)
     if "streaming" in status(page):
         return True
