@@ -13,10 +13,12 @@ layout is right.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
 import re
 import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -65,18 +67,50 @@ def pick_model(page, name: str) -> None:
     wait_status(page, "Send goes to this model", 60)
 
 
+class Pacer:
+    """A sleep before each engine step of every served model while on (the embedded model answers
+    in ~0.3 s: too fast to catch streaming or to stop), off for the other states."""
+
+    def __init__(self, services, delay_s: float) -> None:
+        self.delay_s, self.on = delay_s, False
+        for svc in getattr(services, "services", [services]):
+            step = svc.engine.step
+            svc.engine.step = lambda step=step: (time.sleep(self.delay_s) if self.on else None, step())[1]
+
+    @contextlib.contextmanager
+    def paced(self):
+        self.on = True
+        try:
+            yield
+        finally:
+            self.on = False
+
+
 class Shots:
     def __init__(self, folder: Path) -> None:
         self.folder = folder
         folder.mkdir(parents=True, exist_ok=True)
 
-    def take(self, page, name: str, what: str) -> None:
+    def take(self, page, name: str, what: str, full: bool = True) -> None:
         path = self.folder / f"{name}.png"
-        page.screenshot(path=str(path), full_page=True)
+        page.screenshot(path=str(path), full_page=full)
         print(f"{path}: {what}", flush=True)
 
 
-def model_states(browser, url: str, model: str, width: int, shots: Shots, tag: str) -> None:
+def streaming_shot(page, shots: Shots, tag: str) -> bool:
+    """The page mid-stream, said only when Status still says streaming once the picture is taken."""
+    page.wait_for_function(f"/streaming, [3-9]|streaming, [1-9][0-9]/.test({STATUS})", timeout=120_000)
+    # the window only, from the top (the map): a full page (7,000 px) takes seconds to shoot, and a
+    # short answer ends meanwhile
+    page.evaluate("window.scrollTo(0, 0)")
+    shots.take(page, f"{tag}-streaming", "while the answer streams (the window's first screen)", full=False)
+    if "streaming" in status(page):
+        return True
+    print(f"{tag}-streaming: the answer finished while the picture was taken (not a streaming picture)", flush=True)
+    return False
+
+
+def model_states(browser, url: str, model: str, width: int, shots: Shots, tag: str, pacer: Pacer) -> None:
     """Every state of the page for one model at one width."""
     ctx = browser.new_context(viewport={"width": width, "height": 1000}, accept_downloads=True)
     page = ctx.new_page()
@@ -86,13 +120,14 @@ def model_states(browser, url: str, model: str, width: int, shots: Shots, tag: s
         pick_model(page, model)
     page.wait_for_timeout(800)
     shots.take(page, f"{tag}-idle", "before any request")
-    send(page, "What is the capital of France?", 48, wait=False)
+    before = send(page, "What is the capital of France?", 48, wait=False)
     try:
-        page.wait_for_function(f"/streaming, [3-9]|streaming, [1-9][0-9]/.test({STATUS})", timeout=120_000)
-        shots.take(page, f"{tag}-streaming", "while the answer streams")
-    except Exception:  # noqa: BLE001 - too fast to catch mid-stream: said, and the finish follows
+        caught = streaming_shot(page, shots, tag)
+    except Exception:  # noqa: BLE001 - too fast to catch mid-stream: the paced story below is
+        caught = False
         print(f"{tag}-streaming: the answer finished before a picture could be taken", flush=True)
-    page.wait_for_function(f"{STATUS}.includes('finished')", timeout=120_000)
+    page.wait_for_function(f"([old]) => {STATUS} !== old && {STATUS}.includes('finished')", arg=[before],
+                           timeout=120_000)
     page.wait_for_timeout(1000)
     shots.take(page, f"{tag}-finished", "after the request (Play offered if it was too fast to watch)")
     with page.expect_download() as d:
@@ -104,10 +139,18 @@ def model_states(browser, url: str, model: str, width: int, shots: Shots, tag: s
     send(page, "Name three colours.", 16, level="off")
     shots.take(page, f"{tag}-off", "capture level off")
     page.check("#tt-level input[value=full]")
-    send(page, "Tell me a very long story about a fox and an owl.", 400, wait=False)
-    wait_status(page, "streaming")
-    page.click("#tt-stop")
-    said = wait_status(page, "finished", 120)
+    with pacer.paced():  # every engine step paced: Stop lands mid-stream even on the embedded model
+        before = send(page, "Tell me a very long story about a fox and an owl.", 400, wait=False)
+        # this request's own status (the last one's "finished" is still there): streaming, or already over
+        page.wait_for_function(f"([old]) => {STATUS} !== old && /streaming|finished/.test({STATUS})", arg=[before],
+                               timeout=120_000)
+        if not caught:  # the first answer was too fast to catch: this one, paced, streams
+            try:
+                streaming_shot(page, shots, tag)
+            except Exception:  # noqa: BLE001
+                print(f"{tag}-streaming: even paced, the story ended before a picture", flush=True)
+        page.click("#tt-stop")
+        said = wait_status(page, "finished", 120)
     page.wait_for_timeout(800)
     shots.take(page, f"{tag}-stop", "a request stopped with Stop" if "abort" in said else
                 f"Stop pressed, but the answer had ended first ({said})")
@@ -218,6 +261,8 @@ def main(argv: list[str] | None = None) -> None:
     own.add_argument("--out", type=Path, default=DEFAULT_OUT)
     own.add_argument("--states", type=Path, default=None, metavar="DIR", help="every state, every model, into DIR")
     own.add_argument("--widths", default=",".join(map(str, WIDTHS)), help="with --states: the widths, e.g. 420")
+    own.add_argument("--pace", type=float, default=0.5, help="with --states: seconds slept before each engine "
+                     "step of the story that Stop stops (and the streaming picture when the first answer was too fast)")
     own.add_argument("--prompt", default="What is the capital of France?")
     own.add_argument("--max-tokens", type=int, default=24)
     own.add_argument("--temperature", type=float, default=None, help="the page's temperature (0: greedy)")
@@ -234,11 +279,11 @@ def main(argv: list[str] | None = None) -> None:
     with LocalServer(services) as server, sync_playwright() as pw:
         browser = launch(pw)
         if ours.states is not None:
-            shots = Shots(ours.states)
+            shots, pacer = Shots(ours.states), Pacer(services, ours.pace)
             for name in names:
                 for width in (int(w) for w in ours.widths.split(",")):
                     tag = f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', name)}-{width}"
-                    model_states(browser, server.url, name if len(names) > 1 else "", width, shots, tag)
+                    model_states(browser, server.url, name if len(names) > 1 else "", width, shots, tag, pacer)
             browser.close()
             return
         png = readme_picture(browser, server.url, ours)

@@ -147,11 +147,14 @@ def timeline_html(events: Sequence[dict], request_id: str) -> str:
             f'<text x="{WIDTH - 10}" y="{height - 2}" text-anchor="end" class="tt-lane">{esc(fmt_ms(span))}</text>')
     chart = (f'<svg class="tt-timeline" viewBox="0 0 {WIDTH} {height}" width="100%" '
              f'preserveAspectRatio="xMinYMin meet">{"".join(svg)}{axis}</svg>')
+    # "step" is this request's own count (as the replay's "step k of N" counts), the engine's number beside it
     rows = "".join(
-        f"<tr><td>{s['step']}</td><td><span style='color:{KIND_COLOR.get(s['kind'], '#888')}'>■</span> "
+        f"<tr><td>{k} <small class='tt-note' title='the engine&#x27;s step number'>#{s['step']}</small></td>"
+        f"<td><span style='color:{KIND_COLOR.get(s['kind'], '#888')}'>■</span> "
         f"{esc(s['kind'])}</td><td>{s['tokens']}</td><td>{esc(fmt_ms(s['end'] - s['start']))}</td>"
-        f"<td>{esc(', '.join(s['others'])) or '—'}</td></tr>" for s in steps[-8:][::-1])
-    table = ("<table class='tt-table'><thead><tr><th>step</th><th>kind</th><th>tokens</th><th>forward</th>"
+        f"<td>{esc(', '.join(s['others'])) or '—'}</td></tr>"
+        for k, s in list(enumerate(steps, 1))[-8:][::-1])
+    table = ("<table class='tt-table'><thead><tr><th>step (engine #)</th><th>kind</th><th>tokens</th><th>forward</th>"
              "<th>batch shared with</th></tr></thead><tbody>" + rows + "</tbody></table>")
     n_pre = sum(1 for s in steps if s["kind"] == "prefill")
     summary = [f"{len(steps)} engine step{'s' if len(steps) != 1 else ''}: {n_pre} prefill chunk{'s' if n_pre != 1 else ''}, "

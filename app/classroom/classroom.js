@@ -69,7 +69,8 @@ function renderQuestion(q) {
   drawn = q.revealed ? `${q.id}r` : `${q.id}`;
   const kids = [el('h3', {text: q.revealed ? 'Predict the next token: the answer' : 'Predict the next token'}),
     el('div', {}, 'What does the model write next after ', el('span', {class: 'tt-q-context'}, '…' + q.context,
-       el('span', {class: 'tt-q-blank', text: '?'})))];
+       // revealed: the blank holds the token the model drew (a "?" left there read as still open)
+       el('span', {class: 'tt-q-blank', text: q.revealed ? visible(label(q.drawn)) : '?'})))];
   if (!q.revealed) {
     const choices = el('div', {class: 'tt-q-choices'});
     for (const c of q.candidates) {

@@ -58,4 +58,9 @@ def hide_from(rec: Recording, position: int) -> Recording:
         if t in REVEALING:
             return reads_before and t in ("sample", "logit_lens") and item["position"] < position
         return reads_before
-    return replace(rec, events=[e for e in rec.events if shown(e)], outputs=[o for o in rec.outputs if shown(o)])
+    # an n > 1 request's other choices: only their tokens drawn before that step, at earlier answer
+    # indices (a greedy or same-seeded choice draws the hidden token too, at the same index)
+    choices = [[o for o in outs if o["step"] < step and (o.get("token_id", -1) < 0 or o.get("index", index) < index)]
+               for outs in rec.choices]
+    return replace(rec, events=[e for e in rec.events if shown(e)], outputs=[o for o in rec.outputs if shown(o)],
+                   choices=choices)

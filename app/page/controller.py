@@ -455,7 +455,8 @@ class Controller:
         if rec is None and view.request_id and view.outputs and view.level == "off":
             ids = set(view.generated_ids())
             rec = Recording(view.request_id, info, view.body or None, [], list(view.outputs),
-                            {i: svc.piece(i) for i in ids}, {i for i in ids if svc.is_special(i)})
+                            {i: svc.piece(i) for i in ids}, {i for i in ids if svc.is_special(i)},
+                            choices=[outs for outs in view.choice_outputs()[1:]])  # level off: what the page got
         if rec is None:
             return self.no_recording()
         tab.cursor = ReplayCursor(rec)

@@ -140,7 +140,13 @@ class LiveView:
 
     def selection(self) -> Selection:
         tok = self.first("tokenize")
-        return select_pass(self.labels(), self.position, tok["count"] if tok else 0)
+        if tok is None:  # capture level off: no prompt pieces, but the usage counts them once it ended
+            n_prompt = int(((self.finish_info() or {}).get("usage") or {}).get("prompt_tokens") or 0)
+            if not n_prompt:  # positions unknown yet: no pass named (an answer index is not a position)
+                return select_pass(())
+            return select_pass([""] * n_prompt + [self.piece(t) for t in self.generated_ids()], self.position,
+                               n_prompt)
+        return select_pass(self.labels(), self.position, tok["count"])
 
     def frozen(self, name: str) -> str:
         """The warning in a panel's header when the trace's byte cap stopped its captures."""

@@ -8,8 +8,11 @@ for the block pool among them), outputs (streamed tokens, with the engine step t
 them), pieces (token id -> text for every id the panels name), special (special token
 ids), dropped (events not kept), truncated (null, or {"limit_bytes", "step",
 "captures_dropped"}: the trace reached the server's per-request cap at that step, and the
-tensor captures stop there). Files written before the pool was an engine event hold it as
-"snapshots" (sparse pools by step): they load as kv.pool events.
+tensor captures stop there), choices (optional: an n > 1 request's other choices, each the
+list of its streamed outputs, request id "<id>.i"; the events are choice 0's, as on the live
+page, where the stages trace choice 0 and the others are drawn side by side). Files written
+before the pool was an engine event hold it as "snapshots" (sparse pools by step): they load
+as kv.pool events.
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from typing import Any, Callable
 
 from app.page.live_view import LiveView, truncation_note
 from app.serving.requests import parse_body
+from engine import LLMEngine
 from engine.trace import SCHEMA_VERSION
 from visualizers.kv_cache import apply_kv_pool
 
@@ -80,13 +84,15 @@ class Recording:
     special: set[int] = field(default_factory=set)
     dropped: int = 0
     truncated: dict | None = None  # the server's per-request cap cut the trace (see trace_store)
+    choices: list[list[dict]] = field(default_factory=list)  # n > 1: choices 1.. n-1, their outputs
 
     # --- files ---------------------------------------------------------------------
     def to_json(self) -> dict:
-        return {"schema": SCHEMA_VERSION, "id": self.request_id, "model": self.model, "body": self.body,
-                "events": self.events, "outputs": self.outputs,
-                "pieces": {str(i): p for i, p in sorted(self.pieces.items())}, "special": sorted(self.special),
-                "dropped": self.dropped, "truncated": self.truncated}
+        out = {"schema": SCHEMA_VERSION, "id": self.request_id, "model": self.model, "body": self.body,
+               "events": self.events, "outputs": self.outputs,
+               "pieces": {str(i): p for i, p in sorted(self.pieces.items())}, "special": sorted(self.special),
+               "dropped": self.dropped, "truncated": self.truncated}
+        return out | ({"choices": self.choices} if self.choices else {})
 
     def dumps(self) -> str:
         """The file's text, encoded item by item: one json.dumps of a multi-MB trace holds the
@@ -96,6 +102,9 @@ class Recording:
         for key, value in self.to_json().items():
             if key in ("events", "outputs"):
                 value_text = "[" + ",".join(json.dumps(v, separators=(",", ":")) for v in value) + "]"
+            elif key == "choices":
+                value_text = "[" + ",".join("[" + ",".join(json.dumps(v, separators=(",", ":")) for v in outs) + "]"
+                                            for outs in value) + "]"
             else:
                 value_text = json.dumps(value, separators=(",", ":"))
             parts.append(f"{json.dumps(key)}:{value_text}")
@@ -125,6 +134,9 @@ class Recording:
         pieces = data.get("pieces", {})
         need(isinstance(pieces, dict) and all(isinstance(p, str) for p in pieces.values()),
              "'pieces' must map token ids to text")
+        choices = data.get("choices", [])
+        need(isinstance(choices, list) and all(_choice_ok(data["id"], i, c) for i, c in enumerate(choices, 1)),
+             "'choices' must hold, for choice 1, 2 ..., a list of its outputs (request_id '<id>.i', an int 'step')")
         cut = data.get("truncated")
         need(cut is None or (isinstance(cut, dict) and isinstance(cut.get("step"), int)),
              "'truncated' must be null or an object with an int 'step'")
@@ -134,7 +146,7 @@ class Recording:
                 events = sorted(events + pool_events(data["snapshots"], data["id"], events), key=lambda e: e["step"])
             return cls(data["id"], model, data.get("body") if isinstance(data.get("body"), dict) else None,
                        events, data["outputs"], {int(i): p for i, p in pieces.items()},
-                       {int(i) for i in data.get("special", [])}, int(data.get("dropped", 0)), cut)
+                       {int(i) for i in data.get("special", [])}, int(data.get("dropped", 0)), cut, choices)
         except (TypeError, ValueError, KeyError, AttributeError) as e:
             raise TraceFileError(f"not a TokenTrace trace file: {e}") from None
 
@@ -157,23 +169,32 @@ class Recording:
         compute this request too)."""
         ran = {o["step"] for o in self.outputs} | {e["step"] for e in self.events if e["type"] not in BEFORE_STEPS
                                                    and e["type"] != "kv.pool"}
+        ran |= {o["step"] for outs in self.choices for o in outs}  # n > 1: until its last choice ends
         first = min(ran, default=None)
         before = {e["step"] for e in self.events if e["type"] in BEFORE_STEPS}
         return sorted(ran | {s for s in before if first is None or s > first})
 
     def items(self) -> list[dict]:
-        """Events and outputs merged in the order a live watcher got them (a step's
-        outputs after its events)."""
-        return sorted(self.events + self.outputs, key=lambda i: i["step"])
+        """Events and outputs (every choice's) merged in the order a live watcher got them (a
+        step's outputs after its events)."""
+        return sorted(self.events + self.outputs + [o for outs in self.choices for o in outs], key=lambda i: i["step"])
 
     def new_view(self) -> LiveView:
         view = LiveView(model=self.model, piece=lambda i: self.pieces.get(i, f"<{i}>"),
                         is_special=lambda i: i in self.special)
         show_accepted(view, self.request_id, self.body, "accepted (recorded)")
+        view.n = 1 + len(self.choices)  # the Choices panel draws them side by side as the live page did
         note = truncation_note(self.truncated, self.dropped)
         if note and view.validation:
             view.validation["checks"] = list(view.validation["checks"]) + [("trace", True, note)]
         return view
+
+
+def _choice_ok(request_id: str, i: int, outputs: Any) -> bool:
+    """Choice i's outputs as a file holds them: output items of request "<id>.i", each with its step."""
+    return isinstance(outputs, list) and all(
+        isinstance(o, dict) and o.get("type") == "output" and o.get("request_id") == f"{request_id}.{i}"
+        and isinstance(o.get("step"), int) for o in outputs)
 
 
 def show_accepted(view: LiveView, request_id: str, body: dict | None, note: str) -> None:
@@ -260,4 +281,21 @@ def record_request(store, request_id: str, model: dict, piece: Callable[[int], s
         if e["type"] == "tokenize":
             ids.update(t["id"] for t in e["tokens"])
     return Recording(request_id, model, tr.body, tr.events, tr.outputs, {i: piece(i) for i in ids},
-                     {i for i in ids if is_special(i)}, tr.dropped, tr.truncated)
+                     {i for i in ids if is_special(i)}, tr.dropped, tr.truncated,
+                     choice_outputs(store, request_id, tr.body))
+
+
+def choice_outputs(store, request_id: str, body: dict | None) -> list[list[dict]]:
+    """An n > 1 request's other choices, each its streamed outputs (the store keeps each choice's
+    trace under its own id; one evicted or never traced ends the list there: the kept ones
+    stay in choice order)."""
+    n = (body or {}).get("n")
+    if not isinstance(n, int) or isinstance(n, bool) or n <= 1:
+        return []
+    out = []
+    for cid in LLMEngine.choice_ids(request_id, n)[1:]:
+        tr = store.trace(cid)
+        if tr is None or not tr.outputs:
+            break
+        out.append(list(tr.outputs))
+    return out

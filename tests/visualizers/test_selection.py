@@ -202,6 +202,22 @@ def test_the_lens_shows_a_no_break_space_as_a_mark_like_every_panel_not_a_python
     assert "&#x27;\\xa0&#x27;</code>" not in html and "chosen <code>⍽</code>" in html
 
 
+def test_the_lens_rank_wraps_between_its_numbers_never_inside_one():
+    """At 420 px the chosen column is narrow: "#41,068 · 7.0e-55" wrapped anywhere read "#41,06" / "8 ·
+    7.0e-" / "55". The rank and the probability are each unbreakable; the line breaks at the " · "."""
+    from pathlib import Path as _P
+
+    from visualizers.logit_lens import logit_lens_html
+    ev = {"position": 5, "token_id": 7, "token_text": "x", "source": "target",
+          "layers": [{"top_ids": [8], "top_texts": ["y"], "top_probs": [0.9], "chosen_rank": 41068,
+                      "chosen_prob": 7.0e-55}]}
+    cell = re.search(r'<td class="tt-lens-rank"[^>]*>(.*?)</td>', logit_lens_html([ev])).group(1)
+    assert re.fullmatch(r'<span class="tt-nw">#41,068</span> · <span class="tt-nw">[^<]+e-55</span>', cell), cell
+    css = (_P(__file__).parents[2] / "app" / "page" / "panels.css").read_text()
+    assert ".tt-lens .tt-lens-rank .tt-nw { white-space: nowrap; }" in css
+    assert "tt-lens-rank, .tt-lens th:first-child { white-space: normal; overflow-wrap: anywhere; }" not in css
+
+
 def test_a_greedy_request_is_not_said_to_draw_at_random():
     from app.serving.requests import parse_body
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": 0}

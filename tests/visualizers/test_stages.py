@@ -63,3 +63,31 @@ def test_the_sample_stage_names_the_stages_before_temperature_with_their_numbers
     assert "grammar mask json object" in html and "presence penalty 1" in html  # the columns' labels
     assert "allowed 3 of 50 tokens next; removed <code>&lt;x&gt;</code>" in html  # token text escaped
     assert "<code>␣Paris</code> -1.00" in html and "data-bias-id='40'" in html
+
+
+def test_before_any_request_no_stage_speaks_of_a_request_that_does_not_exist():
+    """The page before its first Send: the Request stage previews what Send will post, the others
+    say no request has come yet (not "still on its way", "still running", "traced without tensors")."""
+    body = {"model": "m", "messages": [{"role": "user", "content": "Hi there"}], "max_tokens": 8, "temperature": 0.5}
+    stages = journey({**MODEL, "has_draft": True}, "", body, [], [])
+    texts = {s.key: s.text for s in stages}
+    assert texts["request"].startswith("<p>Send will post a JSON body") and "its id <b></b>" not in texts["request"]
+    for key, text in texts.items():
+        for wrong in ("still on its way", "Still running", "traced without tensors", "this request held",
+                      "has no logit lens", "This request runs without", "0</b> tokens: a [0"):
+            assert wrong not in text, (key, wrong)
+    for key in ("tokens", "prefix", "timeline", "sampling", "batching", "answer"):
+        assert "No request yet" in texts[key], key
+    assert "bytes per token" in texts["kv"] and "rows ×" in texts["embedding"]  # the model's own numbers stay
+    # once a request exists the old words come back
+    assert "still on its way" in next(s for s in journey(MODEL, "r1", body, [], []) if s.key == "tokens").text
+
+
+def test_one_special_token_takes_a_verb_in_the_singular():
+    """Gemma 3's plain prompt has one special token (<bos>): "1 of them is a special token that marks"."""
+    tok = {"type": "tokenize", "step": 0, "count": 3, "chat_template": False, "tokenizer_size": 10,
+           "tokens": [{"id": 2, "text": "", "piece": "<bos>", "special": True},
+                      {"id": 5, "text": "Hi", "piece": "Hi", "special": False},
+                      {"id": 6, "text": " you", "piece": " you", "special": False}]}
+    text = stage("tokens", MODEL, {"prompt": "Hi you"}, [tok]).text
+    assert "is a special token that marks where the text begins" in text, text

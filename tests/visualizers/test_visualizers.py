@@ -256,6 +256,17 @@ def test_timeline_names_the_requests_that_shared_each_batch():
     assert "TTFT 210.0 ms" in html
 
 
+def test_the_timeline_table_counts_the_requests_own_steps_as_the_replay_does():
+    """A replay says "step 24 of 48 engine steps"; the table's step column said the engine's
+    global number (146): the request's own count first, the engine's number beside it."""
+    ev = [{"type": "request.arrive", "ts": 0.5}] + [
+        {"type": "schedule.step", "step": 140 + i, "ts": 1.0 + i, "forward_seconds": 0.1, "num_tokens": 1,
+         "batch": [{"request_id": "a", "kind": "prefill" if i == 0 else "decode", "num_tokens": 1}]} for i in range(3)]
+    html = viz.timeline_html(ev, "a")
+    rows = re.findall(r"<tr><td>(\d+) <small[^>]*>#(\d+)</small>", html)
+    assert rows == [("3", "142"), ("2", "141"), ("1", "140")], rows
+
+
 def test_what_is_redrawn_while_streaming_does_not_grow_with_the_answer():
     """Issue 13, item 12: the answer is redrawn ten times a second and the timeline and tokens
     once a second or so; if their HTML grew with the answer, a 512-token answer would send the

@@ -114,6 +114,11 @@ class Facts:
         return [o for o in self.outputs if o.get("token_id", -1) >= 0]
 
     @property
+    def idle(self) -> bool:
+        """No request yet: the page before its first Send (a preview body at most)."""
+        return not self.request_id and not self.outputs and not self.steps
+
+    @property
     def untraced(self) -> bool:
         """Tokens came out but no engine step was recorded (capture level off)."""
         return bool(self.generated) and not self.steps

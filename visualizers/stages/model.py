@@ -10,7 +10,7 @@ from visualizers.attention import layer_spans
 from visualizers.logit_lens import first_top
 from visualizers.stages.deepseek import deepseek_ffn, mla_heads, mla_kv
 from visualizers.stages.facts import Facts, Part, hidden_sentence, n, p, plural, quote
-from visualizers.stages.way_in import NOT_YET, UNTRACED, cut_sentence
+from visualizers.stages.way_in import UNTRACED, cut_sentence, not_yet
 
 
 def layers(f: Facts) -> Part:
@@ -77,7 +77,7 @@ def prefill_decode(f: Facts) -> Part:
         return Part(p(UNTRACED, "Prefill ran the prompt through the model; then each decode step produced a token "
                       "(the stream's timing shows them)."), ("timeline",))
     if not f.steps:
-        return Part(p(NOT_YET, "Prefill runs the prompt through the model; then each decode step produces a token."),
+        return Part(p(not_yet(f), "Prefill runs the prompt through the model; then each decode step produces a token."),
                     ("timeline",), reached=bool(f.generated))
     n_prefill = sum(1 for k in f.kinds if k == "prefill")
     n_decode = len(f.kinds) - n_prefill
@@ -112,11 +112,14 @@ def kv(f: Facts) -> Part:
     else:  # the last token drawn is never fed back, so it has no K/V
         tokens = max(0, f.n_prompt + f.n_gen - 1)
         blocks, when = -(-tokens // bs), ("At its end " if f.finish else "So far ")
+    if f.idle:  # the model's bytes per token; nothing held yet
+        when = ""
     if (mla := mla_kv(m, tokens, blocks, when)) is not None:  # DeepSeek: the latent, not K and V
         return Part(p(mla[0], mla[1]), ("kv",), esc(fmt_bytes(mla[2] * tokens)), reached=bool(f.steps or f.generated))
     text = p(f"So that no step recomputes the past, each layer's keys and values are kept: 2 × {L} "
              f"layer{'s' if L != 1 else ''} × {KVH} KV head{'s' if KVH != 1 else ''} × {D} dims × {b} bytes = "
              f"{n(per_token)} bytes per token.",
+             "" if f.idle else
              f"{when}this request held K/V for {plural(tokens, 'token')}: {esc(fmt_bytes(per_token * tokens))} in "
              f"{plural(blocks, 'block')} of {bs} tokens, taken from a shared pool of {n(int(m['num_blocks']))} "
              # the replay's cursor (or the live request) may stand before the finish: say what has happened
@@ -151,7 +154,8 @@ def lens(f: Facts) -> Part:
     if e is None and f.hidden_from is not None:
         return Part(p(what, hidden_sentence(f)), ("logit_lens",), "hidden")
     if e is None:
-        return Part(p(what, "This request has no logit lens: capture level full records one per generated token."),
+        return Part(p(what, "" if f.idle else "This request has no logit lens: capture level full records one per "
+                      "generated token."),
                     ("logit_lens",), "not captured" if f.finish else "", reached=bool(f.finish))
     rows = lens_layers(e)
     top, last = first_top(rows), len(rows) - 1

@@ -13,6 +13,11 @@ def speculation(f: Facts) -> Part:
     if not spec:
         why = without(f.model, f.body)
         verb = "ran" if f.finish else "runs"
+        if f.idle:  # before any request: what the stage does, not what a request did
+            return Part(p("A draft (a small model, or n-gram lookup in the context) proposes k tokens and the target "
+                          "verifies them all in one forward pass; with speculation off, one target pass per token.",
+                          f"Off here: {why}." if why else ""), ("spec",), "off" if why else "",
+                        skipped=why is not None, reached=why is not None)
         off = (f"This request {verb} without speculative decoding{': ' + why if why else ''}. One target forward "
                "pass per token. With speculation on, a draft (a small model, or n-gram lookup in the context) proposes k "
                "tokens and the target verifies them all in one pass.")

@@ -5,6 +5,12 @@ from visualizers._html import esc, fmt_bytes
 from visualizers.stages.facts import Facts, Part, count, n, p, plural
 
 NOT_YET = "Not reached yet: this request is still on its way (the page re-reads it while it runs)."
+IDLE = "No request yet: press Send (or Watch API requests) and this stage shows what happens here to it."
+
+
+def not_yet(f: Facts) -> str:
+    """A stage the request has not reached, or (before any request) one no request has."""
+    return IDLE if f.idle else NOT_YET
 UNTRACED = "This request's capture level (off) records no engine events for this stage."
 
 
@@ -18,17 +24,21 @@ def request(f: Facts) -> Part:
                   "temperature": body.get("temperature", 1.0)}
     ask = (f"at most {n(int(params.get('max_tokens') or 0))} new tokens at temperature "
            f"{n(float(params.get('temperature', 0) or 0))}")
+    sent = "Send will post" if f.idle else "A client sent"  # before any request: the body the controls make
     if msgs:
         chars = sum(len(m["content"]) for m in msgs if isinstance(m, dict) and isinstance(m.get("content"), str))
-        what = (f"A client sent a JSON body like any OpenAI client would: {plural(len(msgs), 'message')}, "
+        what = (f"{sent} a JSON body like any OpenAI client would: {plural(len(msgs), 'message')}, "
                 f"{plural(chars, 'character')} of text, asking for {ask}.")
     else:  # POST /v1/completions: a plain prompt, no chat messages
         prompt = body.get("prompt") if isinstance(body.get("prompt"), str) else arrive.get("prompt")
         chars = len(prompt) if isinstance(prompt, str) else 0
-        what = (f"A client sent a plain prompt (POST /v1/completions, no chat messages) of "
+        what = (f"{sent} a plain prompt (POST /v1/completions, no chat messages) of "
                 f"{plural(chars, 'character')}, asking for {ask}.")
-    text = p(what, f"The server checked every field before the engine saw it, and gave the request its id "
-             f"<b>{esc(f.request_id)}</b>: every event below carries that id.", routed(arrive.get("replica")))
+    checked = ("The server will check every field before the engine sees it and give the request an id that "
+               "every event carries." if f.idle else
+               f"The server checked every field before the engine saw it, and gave the request its id "
+               f"<b>{esc(f.request_id)}</b>: every event below carries that id.")
+    text = p(what, checked, routed(arrive.get("replica")))
     return Part(text, ("request",), f"{chars:,} chars", reached=bool(arrive or f.body))
 
 
@@ -48,7 +58,7 @@ def tokenize(f: Facts) -> Part:
             return Part(p(f"The tokenizer cut the prompt into {plural(f.n_prompt, 'token')}; this request's capture "
                           "level (off) records no more of them."), ("tokens",),
                         count(f.n_prompt, "token"))
-        return Part(p(NOT_YET, "The chat template wraps the messages in role markers; byte-level BPE cuts the text "
+        return Part(p(not_yet(f), "The chat template wraps the messages in role markers; byte-level BPE cuts the text "
                       "into integer ids."), ("tokens",), reached=False)
     special = sum(1 for t in tok["tokens"] if t.get("special"))
     vocab = tok.get("tokenizer_size") or f.model["vocab_size"]
@@ -57,7 +67,8 @@ def tokenize(f: Facts) -> Part:
     how = ("The chat template wrapped the messages in role markers, then the tokenizer (byte-pair encoding) cut "
            "the text" if templated else "A plain prompt gets no chat template: the tokenizer (byte-pair encoding) "
            "cut its text")
-    marks = "mark whose turn it is" if templated else "mark where the text begins"
+    verb = "marks" if special == 1 else "mark"  # "1 of them is a special token that marks ..."
+    marks = f"{verb} whose turn it is" if templated else f"{verb} where the text begins"
     text = p(f"{how} into {plural(total_tokens, 'token')}, each an integer id in a vocabulary of {n(int(vocab))}. "
              f"{n(special)} of them {'is a special token' if special == 1 else 'are special tokens'} that {marks} "
              "(highlighted).", "The model never sees letters: only these ids.")
@@ -74,7 +85,7 @@ def prefix(f: Facts) -> Part:
         return Part(p(UNTRACED, f"Its usage says {n(cached)} of its {n(f.n_prompt)} prompt tokens came from the "
                       "prefix cache." if usage else ""), ("prefix",), f"{cached:,} cached" if usage else "")
     if not look:
-        return Part(p(NOT_YET, "When the scheduler admits it, the engine looks its prompt's blocks up in the prefix "
+        return Part(p(not_yet(f), "When the scheduler admits it, the engine looks its prompt's blocks up in the prefix "
                       "cache."), ("prefix",), reached=False)
     total, cached, full = look["prompt_tokens"], look.get("cached_tokens", 0), look.get("full_blocks", 0)
     if look["hit"]:
@@ -113,6 +124,9 @@ def cut_sentence(f: Facts) -> str:
 def embed(f: Facts) -> Part:
     d, b = f.model["hidden_size"], f.model["dtype_bytes"]
     np_ = f.n_prompt
+    if f.idle:  # the model's matrix; no prompt, no rows yet
+        return Part(p(f"Each id picks one row of the embedding matrix ({n(int(f.model['vocab_size']))} rows × "
+                      f"{n(d)} numbers)."), ("embedding",), reached=False)
     text = p(f"Each id picks one row of the embedding matrix ({n(int(f.model['vocab_size']))} rows × {n(d)} numbers). "
              f"This request's prompt is {n(np_)} tokens: a [{np_:,} × {d:,}] matrix, "
              f"{n(np_ * d)} numbers, {esc(fmt_bytes(np_ * d * b))} in {esc(f.model['dtype'])}.",

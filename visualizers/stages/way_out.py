@@ -8,7 +8,7 @@ from visualizers._html import esc, fmt_ms
 from visualizers.sampling import DOES, STAGE_LABELS
 from visualizers.stages.facts import Facts, Part, count, hidden_sentence, n, p, plural, quote
 from visualizers.stages.model import which_pass
-from visualizers.stages.way_in import NOT_YET, UNTRACED
+from visualizers.stages.way_in import IDLE, UNTRACED, not_yet
 
 
 def sampling(f: Facts) -> Part:
@@ -21,7 +21,7 @@ def sampling(f: Facts) -> Part:
             return Part(p("Each step ended with logits over the vocabulary, cut by temperature, top-k and top-p, and "
                           "one token drawn; this request's capture level records no distributions."), ("sampling",),
                         "not captured")
-        return Part(p(NOT_YET, "Each step ends with logits over the vocabulary, cut by temperature, top-k and "
+        return Part(p(not_yet(f), "Each step ends with logits over the vocabulary, cut by temperature, top-k and "
                       "top-p, and one token drawn."), ("sampling",), reached=False)
     prm = s.get("params", {})
     knobs = ("greedy: always the most likely token, the same answer every time" if prm.get("greedy") else
@@ -67,6 +67,9 @@ REASONS = {"stop": "the model produced an end-of-turn token (or a stop string)",
 def stream(f: Facts) -> Part:
     """The tokens leaving as server-sent events, and why the request stopped."""
     gen = f.n_gen
+    if f.idle:
+        return Part(p(IDLE, "Each token leaves as a server-sent event the moment it exists; the request ends at an "
+                      "end-of-turn token, a stop string or max_tokens."), ("answer", "choices"), reached=False)
     words = [f"Each token left as a server-sent event the moment it existed: {plural(gen, 'token')}"
              + (" so far." if f.hidden_from is not None or not f.finish else "."),
              _timing(f.kept["token"])]
@@ -117,7 +120,7 @@ def batching(f: Facts) -> Part:
     if f.untraced:
         return Part(p(UNTRACED, "The engine never waits for a batch to fill: a new request joins the next step."), ())
     if not mine:
-        return Part(p(NOT_YET, "The engine never waits for a batch to fill: a new request joins the next step."),
+        return Part(p(not_yet(f), "The engine never waits for a batch to fill: a new request joins the next step."),
                     (), reached=bool(f.generated))
     shared = [s for s in mine if len(s["batch"]) > 1]
     others = {x["request_id"] for s in mine for x in s["batch"]} - {f.request_id}

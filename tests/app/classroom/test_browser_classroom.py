@@ -110,6 +110,9 @@ def test_presenter_and_two_students_through_a_question(server, browser, room, tm
                          f".includes('(position {at - 1}) and predicted')")
     answer = s1.inner_text("#tt-q-answer")
     assert "The model drew" in answer and "of 2 predicted it" in answer
+    # the context's blank now holds the drawn token, as the answer line names it
+    blank = s1.inner_text(".tt-q-context .tt-q-blank")
+    assert blank != "?" and answer.startswith(f"The model drew {blank} "), (blank, answer)
     ex = httpx.get(server.url + f"classroom/{room['id']}/export", params={"key": room["key"]}, timeout=30).json()
     q = ex["questions"][-1]
     assert q["votes"] == 2 and q["guesses"] == [{"text": GUESS.lower(), "votes": 1}]
@@ -124,7 +127,7 @@ def test_presenter_and_two_students_through_a_question(server, browser, room, tm
     assert GUESS.lower() in s2.inner_text("#tt-class-q") and s2.locator("#tt-class-q b").count() == 0
     tail = prompt_tail(Recording.from_json(ex["trace"]))  # the prompt's last tokens, markup and all
     assert "</i> & owls." in tail and s1.evaluate("document.querySelector('.tt-q-context').textContent") == \
-        f"…{tail}?"
+        f"…{tail}{blank}"  # revealed: the drawn token in the blank
     assert s1.locator("#tt-class-q i").count() == 0
     s1.screenshot(path=f"{shots}/classroom-question-revealed.png")
     s1.set_viewport_size({"width": 420, "height": 900})  # a phone: the results stay inside their box

@@ -10,7 +10,7 @@ import pytest
 
 from app.classroom.rooms import Room, context_before
 from app.classroom.question import VoteRefused
-from visualizers._html import show_piece
+from visualizers._html import esc, show_piece
 from visualizers.journey import KEYS
 
 
@@ -106,3 +106,34 @@ def test_a_bundle_holds_the_stages_hidden_and_revealed(recording):
     assert "hidden until the class" in hidden and "hidden until the class" not in shown
     assert "It ended because" in shown
     assert room.state()["hidden_from"] is not None  # the room itself still hides it
+
+
+def test_an_n_request_s_other_choices_are_hidden_until_the_reveal_too(service):
+    """n = 2, greedy: choice 1 draws the asked token at the same answer index. The room's cut
+    recording holds choice 1's tokens only before that step and index, so its column in the
+    Choices panel cannot give the answer away; after the reveal it shows its whole text."""
+    import time
+
+    from app.serving.recording import record_request
+    from app.serving.requests import build_body
+    from tests.service_utils import run_to_end
+    body = build_body("m", "Be brief.", "Greedy foxes", 0.0, 0, 1.0, 8, None, False, 1, "full") | {
+        "ignore_eos": True, "n": 2}
+    rid, _ = run_to_end(service, body)
+    end = time.monotonic() + 60
+    while not ((tr := service.store.trace(f"{rid}.1")) and tr.outputs and tr.outputs[-1]["finished"]):
+        assert time.monotonic() < end, "choice 1 did not finish"
+        time.sleep(0.05)
+    rec = record_request(service.store, rid, service.model_info(), service.piece, service.is_special)
+    assert len(rec.choices) == 1 and len(answer(rec)) == 8
+    n, at = prompt_len(rec), prompt_len(rec) + 3
+    room = Room("r", "k", rec)
+    room.ask("open", at)
+    kept = [o for o in room._shown.choices[0] if o.get("token_id", -1) >= 0]
+    assert all(o["index"] < at - n for o in kept)
+    html = bodies(room)["answer"]
+    assert "data-choice='1'" in html  # the panel draws both choices, choice 1 cut too
+    whole = esc("".join(o["text"] for o in rec.choices[0]))
+    assert whole not in html
+    room.ask("reveal")
+    assert whole in bodies(room)["answer"]

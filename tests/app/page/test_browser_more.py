@@ -9,7 +9,7 @@ import json
 import pytest
 
 from tests.app.page.test_more_controls import ONLY
-from tests.browser_utils import open_page, paced_server, set_controls, wait_finished
+from tests.browser_utils import open_page, paced_server, set_controls, wait_finished, wait_status
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.filterwarnings("ignore:.*no_silent_downcasting", "ignore:The copy keyword")]
@@ -79,6 +79,19 @@ def test_n_choices_side_by_side(server, browser, shots):
     assert boxes[0]["y"] == boxes[1]["y"] == boxes[2]["y"] and boxes[0]["x"] < boxes[1]["x"] < boxes[2]["x"]
     page.locator("#tt-choices").scroll_into_view_if_needed()
     page.screenshot(path=str(shots / "page_three_choices.png"), full_page=False)
+    # replayed, the three choices stay side by side (not choice 0 alone): at step 1 none has finished,
+    # at the last step the three texts are those streamed live
+    page.wait_for_function("!document.querySelector('#tt-export').disabled", timeout=60_000)  # its recording
+    last = int(page.input_value("#tt-step-box input"))
+    number(page, "tt-step-box", 1)
+    wait_status(page, f"step 1 of {last} engine steps")
+    page.wait_for_function("document.querySelectorAll('#tt-choices .tt-choice').length === 3", timeout=20_000)
+    assert "finished" not in page.inner_text("#tt-choices"), page.inner_text("#tt-choices")
+    number(page, "tt-step-box", last)
+    wait_status(page, f"step {last} of {last} engine steps")
+    page.wait_for_function("document.querySelectorAll('#tt-choices .tt-choice').length === 3", timeout=20_000)
+    assert page.locator("#tt-choices .tt-choice-text").all_inner_texts() == texts
+    assert page.inner_text("#tt-choices").count("finished") == 3
     context.close()
 
 

@@ -67,6 +67,12 @@ def test_before_any_request_nothing_streams_and_the_body_matches_the_controls(pa
     assert page.locator("#tt-answer .tt-live").count() == 0  # no "● streaming" badge: nothing was sent
     assert "no request yet" in page.inner_text("#tt-answer")
     assert "waiting for the scheduler" not in page.inner_text("#tt-prefix")
+    # the stages' sentences speak of no request that does not exist: Send's preview, then "no request yet"
+    assert "Send will post a JSON body" in page.inner_text("#tt-stage-request")
+    for key in ("tokens", "answer", "spec"):
+        text = page.inner_text(f"#tt-stage-{key}")
+        assert "still on its way" not in text and "Still running" not in text and "This request" not in text, text
+    assert "No request yet" in page.inner_text("#tt-stage-tokens")
     body = body_shown(page)
     controls = {"temperature": float(page.input_value("#tt-temperature input[type=number]")),
                 "top_p": float(page.input_value("#tt-top-p input[type=number]")),
@@ -93,6 +99,11 @@ def test_capture_level_off_shows_what_it_records_and_says_what_it_leaves_out(pag
     answer = page.inner_text("#tt-answer")
     assert page.locator("#tt-answer .tt-live").count() == 0  # not "streaming" any more
     assert "finished:" in answer and re.search(r"usage: \d+ prompt \+ \d+ completion \(\d+ cached\)", answer)
+    # the KV panel names the newest pass by its position in the sequence (the prompt's tokens first,
+    # counted by the usage), not by its index in the answer
+    prompt = int(re.search(r"usage: (\d+) prompt", answer).group(1))
+    kv = page.inner_text("#tt-kv")
+    assert f"(position {prompt + n - 2}) and predicted" in kv and f"(position {prompt + n - 1})" in kv, kv
     assert "capture level off records only the streamed tokens, their timing and the usage" in answer
     assert page.locator("#tt-answer .tt-timed").count() == n  # each token with its timing
     prefix = page.inner_text("#tt-prefix")
@@ -277,3 +288,14 @@ def test_the_controls_read_right_at_rest_and_on_a_phone(page):
     page.wait_for_timeout(400)
     slider, prompt = page.locator("#tt-step").bounding_box(), page.locator("#tt-user").bounding_box()
     assert slider["y"] < prompt["y"] and slider["y"] < 900, (slider, prompt)  # on the first screen
+
+
+def test_the_moe_table_keeps_its_expert_labels_in_view(page):
+    """The MoE table's box opens scrolled to the newest rows: its header (E0, E1, ...) must stay
+    on top of the box, not scroll away with the first rows (a new user could not tell the columns apart)."""
+    send_and_finish(page, "Tell me a long story about foxes.", 40)
+    wrap = page.locator("#tt-moe .tt-moe-wrap")
+    box = wrap.bounding_box()
+    assert page.evaluate("(el) => el.scrollHeight > el.clientHeight + 50", wrap.element_handle())  # it scrolls
+    head = page.locator("#tt-moe .tt-moe thead tr:last-child th", has_text="E0").first.bounding_box()
+    assert box["y"] - 1 <= head["y"] and head["y"] + head["height"] <= box["y"] + box["height"], (box, head)

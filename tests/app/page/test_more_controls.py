@@ -7,7 +7,9 @@ import json
 
 import pytest
 
+import visualizers as viz
 from app.page.controller import Controller, Controls, more_fields
+from app.serving.recording import Recording, ReplayCursor, TraceFileError
 from app.serving.requests import parse_body
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*no_silent_downcasting", "ignore:The copy keyword")
@@ -101,10 +103,31 @@ def test_n_choices_stream_side_by_side_and_the_slot_is_held_until_the_last_ends(
         assert html.count("class='tt-choice'") == 3 and html.count("finished:") == 3
         assert service.slots.in_flight("10.0.0.9") == 0
         assert all(h == 1 for h in held_after_choice0)  # choice 0 ended, the others ran: still held
-        # scrubbed back, the recording is choice 0's trace: the panel says so, not "n = 1"
-        back = ctl.goto("choices", 1, Controls())
-        assert "asked for 3 choices" in back["choices"] and "n = 1" not in back["choices"]
-        assert value(back["n"]) == 3 and back["n"]["interactive"] is False  # the controls show its own n
+        live = tab.view.choice_outputs()
+        # replayed, every choice is drawn side by side as it was live (the recording keeps each
+        # choice's outputs, not only choice 0's trace), at the last step all three finished
+        frames = len(ctl.sessions.get("choices").cursor.steps)
+        last = ctl.goto("choices", frames, Controls())
+        assert value(last["n"]) == 3 and last["n"]["interactive"] is False  # the controls show its own n
+        assert "asked for 3 choices" not in last["choices"]
+        assert last["choices"].count("class='tt-choice'") == 3 and last["choices"].count("finished:") == 3
+        for outs in live:
+            assert viz._html.esc("".join(o["text"] for o in outs)) in last["choices"]
+        # at step 1 (choice 0's prefill) no choice had finished yet
+        first = ctl.goto("choices", 1, Controls())
+        assert first["choices"].count("class='tt-choice'") == 3 and "finished:" not in first["choices"]
+        # the exported file loads with its choices; a file of before (no "choices") says what it lacks
+        rec = ctl.sessions.get("choices").cursor.rec
+        assert len(rec.choices) == 2 and all(o["request_id"] == f"{rec.request_id}.{i}" for i, outs in
+                                             enumerate(rec.choices, 1) for o in outs)
+        again = Recording.loads(rec.dumps())
+        assert again.choices == rec.choices and ReplayCursor(again).steps == ctl.sessions.get("choices").cursor.steps
+        old = {k: v for k, v in json.loads(rec.dumps()).items() if k != "choices"}
+        view = ReplayCursor(Recording.from_json(old)).goto(10**6)
+        assert "asked for 3 choices" in view.render("choices")
+        bad = {**old, "choices": [[{**rec.choices[0][0], "request_id": rec.request_id}]]}  # choice 1 as choice 0
+        with pytest.raises(TraceFileError, match="'choices'"):
+            Recording.from_json(bad)
     finally:
         service.slots.limit = None
 
