@@ -15,6 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu_vec.h"
+
 void tt_rms_norm(const float *x, long T, long H, long ldx, const float *w, float offset, float eps, float *y);
 void tt_linear_f32(const float *x, long T, long ldx, const float *Wb, long N, long K, const float *bias,
                    float *y, long ldy, int nthreads);
@@ -141,14 +143,7 @@ int tt_decode_mlp_block(const tt_layer *L, float *x, long T, int nthreads) {
         free(buf);
         return -1;
     }
-    for (long t = 0; t < T; t++)
-        for (long i = 0; i < I; i++) {
-            float g = gu[t * 2 * I + i];
-            /* PyTorch's gelu(approximate="tanh"): 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))) */
-            float a = L->gelu ? 0.5f * g * (1.f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g)))
-                              : g / (1.f + expf(-g));
-            act[t * I + i] = a * gu[t * 2 * I + I + i];
-        }
+    for (long t = 0; t < T; t++) act_mul(gu + t * 2 * I, gu + t * 2 * I + I, act + t * I, I, (int)L->gelu);
     int rc = project(L, &L->down, act, T, I, Hd, I, tmp, nthreads);
     if (L->post_mlp_norm) tt_rms_norm(tmp, T, Hd, Hd, L->post_mlp_norm, L->norm_offset, L->eps, tmp);
     for (long i = 0; i < T * Hd; i++) x[i] += tmp[i];
