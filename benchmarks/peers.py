@@ -49,11 +49,33 @@ def engine_peer(model: str, dtype: str) -> Peer:
     return Peer(f"this engine {dtype}", generate)
 
 
-def vllm_peer(model_dir: str, dtype: str, max_len: int) -> Peer:
+def vllm_preload(spec: str) -> str:
+    """What vLLM's CPU docs have its processes preload for speed: Intel's OpenMP (its wheel
+    brings it) and tcmalloc (Debian's libtcmalloc-minimal4); "auto": those found here."""
+    if spec != "auto":
+        return spec
+    import sys
+    found = [Path(sys.prefix) / "lib" / "libiomp5.so", Path("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4")]
+    return ":".join(str(f) for f in found if f.exists())
+
+
+def vllm_peer(model_dir: str, dtype: str, max_len: int, threads: int, preload: str = "") -> Peer:
     os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")  # else its message queue binds a non-loopback address
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB: a 32 + 64 token batch of 8 needs far less
+    # its automatic binding keeps a core for its scheduler: on 2 cores that leaves the model 1 thread
+    cores = sorted(os.sched_getaffinity(0))[:threads]
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, cores)))
     from vllm import LLM, SamplingParams
-    llm = LLM(model=model_dir, dtype=dtype, max_model_len=max_len, seed=0)
+    before = os.environ.get("LD_PRELOAD")
+    if preload:  # read when its processes start: they have it, this one does not
+        os.environ["LD_PRELOAD"] = preload
+    try:
+        llm = LLM(model=model_dir, dtype=dtype, max_model_len=max_len, seed=0)
+    finally:
+        if before is None:
+            os.environ.pop("LD_PRELOAD", None)
+        else:
+            os.environ["LD_PRELOAD"] = before
 
     def generate(prompts: list[list[int]], n: int) -> list[list[int]]:
         params = SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
@@ -86,7 +108,10 @@ def peers(args: argparse.Namespace, say: Callable[[str], None]) -> list[Peer]:
     try:
         import vllm  # noqa: F401
         if args.vllm_model:
-            found += [vllm_peer(args.vllm_model, d, max_len) for d in args.vllm_dtypes.split(",")]
+            preload = vllm_preload(args.vllm_preload)
+            say(f"vLLM: its processes preload {preload or 'nothing'}")
+            found += [vllm_peer(args.vllm_model, d, max_len, args.threads, preload)
+                      for d in args.vllm_dtypes.split(",")]
         else:
             say("vLLM: skipped (installed, but it reads a Hugging Face folder: pass --vllm-model DIR)")
     except ImportError:
@@ -136,6 +161,32 @@ def measure(found: list[Peer], prompts: list[list[int]], batches: list[int], n: 
     return loads
 
 
+def idle_cores(seconds: float = 2.0) -> dict[str, float] | None:
+    """Cores this process and its children (vLLM's engine core and worker) keep busy while no
+    peer runs: one that spins when idle slows whichever peer is measured after it."""
+    try:
+        import psutil  # lazy: optional, and only for this check
+    except ImportError:
+        return None
+    me = psutil.Process()
+    procs = {"this process": [me], "child processes": me.children(recursive=True)}
+
+    def cpu() -> dict[str, float]:
+        out = {}
+        for key, ps in procs.items():
+            out[key] = 0.0
+            for p in ps:
+                try:
+                    t = p.cpu_times()
+                    out[key] += t.user + t.system
+                except psutil.Error:
+                    pass
+        return out
+    before = cpu()
+    time.sleep(seconds)
+    return {k: round((v - before[k]) / seconds, 3) for k, v in cpu().items()}
+
+
 def table(found: list[Peer], batches: list[int], n: int) -> list[dict]:
     base = found[0]  # this engine float32
     rows = []
@@ -160,6 +211,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--dtypes", default="float32,bfloat16,float16", help="this engine's dtypes (float32 first)")
     ap.add_argument("--vllm-model", default=None, help="the same model as a Hugging Face folder, for vLLM")
     ap.add_argument("--vllm-dtypes", default="float32,bfloat16", help="vLLM's dtypes")
+    ap.add_argument("--vllm-preload", default="auto",
+                    help="LD_PRELOAD for vLLM's processes ('auto': Intel OpenMP + tcmalloc where found; '' none)")
     ap.add_argument("--llama-gguf", action="append", default=[], help="LABEL=FILE.gguf for llama.cpp (repeatable)")
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--new-tokens", type=int, default=64)
@@ -177,16 +230,19 @@ def main(argv: list[str] | None = None) -> list[dict]:
     prompts = prompts_of(args.model, max(batches), args.prompt_tokens)
     load = os.getloadavg()
     loads = measure(found, prompts, batches, args.new_tokens, args.repeats, args.pause)
+    idle = idle_cores()
     rows = table(found, batches, args.new_tokens)
     for row in rows:
         print(f"{row['engine']:<28}" + "".join(
             f"  b{b}: {row[f'batch {b}']['tok/s']:>8} tok/s {row[f'batch {b}']['ratio']:>6.2f}x "
             f"(tokens = float32's {row[f'batch {b}']['tokens_equal']})" for b in batches))
     print(f"load average (1, 5, 15 min) at start {load}, after each round {loads}; "
-          f"{torch.get_num_threads()} torch threads; {args.repeats} interleaved repeats")
+          f"{torch.get_num_threads()} torch threads; {args.repeats} interleaved repeats; "
+          f"cores busy while no peer runs: {idle}")
     if args.out:
         path = Path(args.out) / f"peers-{time.strftime('%Y%m%d-%H%M%S')}.json"
         path.write_text(json.dumps({"rows": rows, "load_average_start": load, "load_average_rounds": loads,
+                                    "idle_cores": idle,
                                     "machine": machine(), "args": vars(args)}, indent=1))
         print(f"written: {path}")
     return rows

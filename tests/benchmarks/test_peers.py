@@ -27,3 +27,4 @@ def test_peers_runs_this_engine_at_each_dtype_and_names_what_it_skips(capsys, tm
     saved = json.loads(next(tmp_path.glob("peers-*.json")).read_text())
     assert saved["rows"] == rows and len(saved["load_average_rounds"]) == 2  # the load of each round, recorded
     assert "torch" in saved["machine"]["versions"] and saved["args"]["threads"] >= 1
+    assert saved["idle_cores"] is None or set(saved["idle_cores"]) == {"this process", "child processes"}
