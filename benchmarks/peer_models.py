@@ -8,9 +8,9 @@ llama.cpp from a Hugging Face folder (with llama.cpp's own convert_hf_to_gguf.py
 The converter ships in llama-cpp-python's source package (vendor/llama.cpp/convert_hf_to_gguf.py,
 with the gguf-py it imports beside it): `pip download --no-deps --no-binary :all: llama-cpp-python`.
 It names a byte-level BPE vocabulary's pre-tokenizer by a hash of known models' and refuses
-one it has not seen (the embedded model's): `--any-pre-tokenizer` writes GPT-2's then. peers.py
-feeds token ids, so the pre-tokenizer is never used there; text through such a file would
-split words as GPT-2 does.
+one it has not seen (the embedded model's): `--any-pre-tokenizer` writes llama.cpp's "default"
+then. peers.py feeds token ids, so the pre-tokenizer is never used there; text through such a
+file would be split by llama.cpp's default rule, not the model's.
 """
 from __future__ import annotations
 
@@ -65,7 +65,8 @@ def plain_config(config_path: Path) -> None:
     config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
-# Run inside the converter's process: its module, with the pre-tokenizer lookup falling back to GPT-2's.
+# Run inside the converter's process: its module, with the pre-tokenizer lookup falling back to
+# "default" (llama.cpp's name for its plain byte-level rule; it knows no "gpt2").
 _ANY_PRE = """
 import sys
 sys.path.insert(0, sys.argv[1])
@@ -79,8 +80,8 @@ def any_pre(self, tokenizer):
     try:
         return lookup(self, tokenizer)
     except NotImplementedError:
-        print("pre-tokenizer not recognized: writing GPT-2's (peers.py feeds token ids)", file=sys.stderr)
-        return "gpt2"
+        print("pre-tokenizer not recognized: writing llama.cpp's default", file=sys.stderr)
+        return "default"
 base.get_vocab_base_pre = any_pre
 sys.argv = [sys.argv[1] + "/convert_hf_to_gguf.py"] + sys.argv[2:]
 c.main()
@@ -111,7 +112,7 @@ def main(argv: list[str] | None = None) -> None:
     gg.add_argument("--outtype", default="f32", choices=["f32", "f16", "bf16", "q8_0"])
     gg.add_argument("--converter", type=Path, required=True, help="llama.cpp's convert_hf_to_gguf.py")
     gg.add_argument("--any-pre-tokenizer", action="store_true",
-                    help="write GPT-2's pre-tokenizer where the converter does not know the vocabulary's")
+                    help="write llama.cpp's default pre-tokenizer where the converter does not know the vocabulary's")
     args = ap.parse_args(argv)
     if args.command == "hf":
         print(f"written: {hf_folder(args.model, args.out)}")
