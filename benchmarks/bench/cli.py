@@ -27,6 +27,7 @@ from benchmarks.bench.bandwidth import bandwidth_bound
 from benchmarks.bench.batching import batching
 from benchmarks.bench.context import DEFAULT_DRAFT, QUICK, Bench, Row, Settings
 from benchmarks.bench.gpu import gpu
+from benchmarks.bench.kernels16 import kernels16
 from benchmarks.bench.memory import memory
 from benchmarks.bench.parallel import parallel
 from benchmarks.bench.precision import precision
@@ -43,7 +44,7 @@ from engine.llm_engine import DEFAULT_MODEL
 SECTIONS: dict[str, Callable[[Bench], None]] = {
     "transformers": vs_transformers, "tracing": tracing, "bandwidth": bandwidth_bound, "batching": batching,
     "speculative": speculative, "prefix": prefix_cache, "gpu": gpu, "real": real_model, "memory": memory,
-    "quant": quantized, "precision": precision, "parallel": parallel}
+    "quant": quantized, "precision": precision, "parallel": parallel, "kernels16": kernels16}
 DEFAULT_SECTIONS = "transformers,tracing,bandwidth,batching,speculative,prefix,gpu,real,memory"
 
 
@@ -61,7 +62,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     "int8 / int4 weight-only decoding on SmolLM2-135M-Instruct, speed and agreement with float32; "
                     "'precision' (not in the default list): bfloat16 / float16 weights on the CPU, the same "
                     "against float32, and resident memory against weights + KV pool; "
-                    "'parallel' (not in the default list: it starts worker processes): TP=2 against TP=1")
+                    "'parallel' (not in the default list: it starts worker processes): TP=2 against TP=1; "
+                    "'kernels16' (not in the default list): one SmolLM2 step's matrices at each dtype, 1 thread, "
+                    "CPU time")
     return ap.parse_args(argv)
 
 

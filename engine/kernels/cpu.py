@@ -135,6 +135,11 @@ def load(arch: str) -> ctypes.CDLL:
     lib.tt_moe_forward.restype = ctypes.c_int
     lib.tt_moe_block.argtypes = [ptr, ptr, ctypes.c_float, ctypes.c_float, ptr, c_long, ptr, ptr, ctypes.c_int]
     lib.tt_moe_block.restype = ctypes.c_int
+    lib.tt_blocked_rows.argtypes = [ptr, c_long, c_long, c_long, ptr, c_long, ptr]
+    lib.tt_blocked_rows.restype = ctypes.c_int
+    lib.tt_decode_stack.argtypes = [ptr, c_long, ptr, ptr, c_long, ptr, ptr, ptr, ptr, c_long, ptr, ptr, ptr,
+                                    ctypes.c_int]
+    lib.tt_decode_stack.restype = ctypes.c_int
     lib.tt_linear16_path.argtypes, lib.tt_linear16_path.restype = [], ctypes.c_int
     return lib
 
@@ -215,6 +220,15 @@ class BlockedWeight:
         """Rows `ids` of the weight as float32 [*ids.shape, in]: an embedding's lookup where a
         tied LM head's blocked copy is the only one."""
         flat = ids.reshape(-1).to(torch.long)
+        lib = library()
+        if lib is not None and flat.device.type == "cpu":  # one C call (a decode step's lookup)
+            flat = flat.contiguous()
+            out = torch.empty(flat.shape[0], self.in_features, dtype=torch.float32)
+            kind = {torch.float32: 0, torch.bfloat16: 3, torch.float16: 4}[self.dtype]
+            if lib.tt_blocked_rows(self.data.data_ptr(), kind, self.out_features, self.in_features, flat.data_ptr(),
+                                   flat.shape[0], out.data_ptr()):
+                raise IndexError(f"token id out of range for an embedding of {self.out_features} rows")
+            return out.view(*ids.shape, self.in_features)
         rb = ROWS_PER_BLOCK
         picked = self.data[flat // rb, :, flat % rb, :]  # [n, in/cols, cols]
         return picked.reshape(flat.shape[0], -1)[:, :self.in_features].float().view(*ids.shape, self.in_features)

@@ -15,6 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu_vec.h"
+
 void tt_rms_norm(const float *x, long T, long H, long ldx, const float *w, float offset, float eps, float *y);
 void tt_linear_f32(const float *x, long T, long ldx, const float *Wb, long N, long K, const float *bias,
                    float *y, long ldy, int nthreads);
@@ -141,17 +143,49 @@ int tt_decode_mlp_block(const tt_layer *L, float *x, long T, int nthreads) {
         free(buf);
         return -1;
     }
-    for (long t = 0; t < T; t++)
-        for (long i = 0; i < I; i++) {
-            float g = gu[t * 2 * I + i];
-            /* PyTorch's gelu(approximate="tanh"): 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))) */
-            float a = L->gelu ? 0.5f * g * (1.f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g)))
-                              : g / (1.f + expf(-g));
-            act[t * I + i] = a * gu[t * 2 * I + I + i];
-        }
+    for (long t = 0; t < T; t++) act_mul(gu + t * 2 * I, gu + t * 2 * I + I, act + t * I, I, (int)L->gelu);
     int rc = project(L, &L->down, act, T, I, Hd, I, tmp, nthreads);
     if (L->post_mlp_norm) tt_rms_norm(tmp, T, Hd, Hd, L->post_mlp_norm, L->norm_offset, L->eps, tmp);
     for (long i = 0; i < T * Hd; i++) x[i] += tmp[i];
     free(buf);
     return rc ? -1 : 0;
+}
+
+/* One layer of a stack (tt_decode_stack): its fused attention half, then its MLP half, dense
+   (in `layer`) or a MoE's (cpu_moe.c's tt_moe_block) where `moe` is set. */
+typedef struct {
+    const tt_layer *layer;
+    const void *moe;         /* cpu_moe.c's tt_moe, or NULL */
+    const float *moe_norm;   /* the RMSNorm before the MoE half [hidden] */
+    float moe_offset, moe_eps;
+    long rope;               /* which of the cos/sin tables the layer rotates by (Gemma: local or global) */
+} tt_stack_layer;
+
+int tt_moe_block(const void *M, const float *norm, float offset, float eps, float *x, long T, long *experts,
+                 float *weights, int nthreads);
+
+/* Every layer of a pass in one call, for a pass nobody traces at `full` (whose captures read
+   each layer): out [T, hidden] = the layers over x [T, hidden] (x is overwritten: the two
+   take turns as a layer's input and output). At batch 1 on the embedded MoE, the Python
+   around each layer's two calls (plan checks, argument packing, the outputs' tensors) cost
+   about what the layer's arithmetic did. experts / weights: [T, top_k] scratch for the MoE
+   layers' routing. Returns 0, or -1 when a layer's scratch could not be allocated. */
+int tt_decode_stack(const tt_stack_layer *layers, long L, float *x, float *out, long T, const float *const *cos,
+                    const float *const *sin, const long *slots, const long *tables, long W, const int *ctx,
+                    long *experts, float *weights, int nthreads) {
+    float *cur = x, *nxt = out;
+    for (long i = 0; i < L; i++) {
+        const tt_stack_layer *s = &layers[i];
+        int rc = tt_decode_attention_block(s->layer, cur, T, cos[s->rope], sin[s->rope], slots, tables, W, ctx, nxt,
+                                           NULL, nthreads);
+        if (!rc) rc = s->moe ? tt_moe_block(s->moe, s->moe_norm, s->moe_offset, s->moe_eps, nxt, T, experts, weights,
+                                            nthreads)
+                             : tt_decode_mlp_block(s->layer, nxt, T, nthreads);
+        if (rc) return -1;
+        float *t = cur;
+        cur = nxt;
+        nxt = t;
+    }
+    if (cur != out) memcpy(out, cur, sizeof(float) * T * layers[0].layer->hidden);
+    return 0;
 }

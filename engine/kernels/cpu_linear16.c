@@ -278,3 +278,32 @@ void tt_block_16(const u16 *W, long N, long K, u16 *Wb, int nthreads) {
                 for (long i = len; i < CB; i++) dst[i] = 0;
             }
 }
+
+/* Rows ids[0..n) of a blocked weight [N, K] as float32 out [n][K]: an embedding's lookup where a
+   tied LM head's blocked copy is its only one, in one call (PyTorch's index, reshape, slice and
+   widening were ~6 dispatched ops a decode step). kind 0: float32, cpu_linear.c's 16 columns
+   to a block row; 3 bfloat16, 4 float16: this file's 32. Returns 0, or -1 for an id outside
+   [0, N) (nothing read). */
+int tt_blocked_rows(const void *Wb, long kind, long N, long K, const long *ids, long n, float *out) {
+    for (long i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= N) return -1;
+    long cb = kind == 0 ? VL : CB, KC = (K + cb - 1) / cb;
+    for (long i = 0; i < n; i++) {
+        long b = ids[i] / RB, r = ids[i] % RB;
+        float *o = out + i * K;
+        for (long kc = 0; kc < KC; kc++) {
+            long at = ((b * KC + kc) * RB + r) * cb, len = K - kc * cb < cb ? K - kc * cb : cb;
+            float row[CB];
+            if (kind == 0) {
+                for (long j = 0; j < len; j++) row[j] = ((const float *)Wb)[at + j];
+            } else {
+                const u16 *w = (const u16 *)Wb + at;
+                v16 lo = kind == 3 ? bf16_to_f32(*(const v16h *)w) : f16_to_f32(*(const v16h *)w);
+                v16 hi = kind == 3 ? bf16_to_f32(*(const v16h *)(w + VL)) : f16_to_f32(*(const v16h *)(w + VL));
+                for (int j = 0; j < VL; j++) row[j] = lo[j], row[VL + j] = hi[j];
+            }
+            for (long j = 0; j < len; j++) o[kc * cb + j] = row[j];
+        }
+    }
+    return 0;
+}

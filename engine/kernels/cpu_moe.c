@@ -14,6 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu_vec.h"
+
 void tt_linear_f32(const float *x, long T, long ldx, const float *Wb, long N, long K, const float *bias,
                    float *y, long ldy, int nthreads);
 int tt_linear_bf16(const float *x, long T, long ldx, const void *Wb, long N, long K, const float *bias,
@@ -98,11 +100,7 @@ int tt_moe_forward(const tt_moe *M, const float *x, long T, long *experts, float
             in = xs;
         }
         rc |= project(M->kind, M->gate_up + e * M->gate_up_stride, in, n, 2 * I, H, gu, nthreads);
-        for (long i = 0; i < n; i++)
-            for (long c = 0; c < I; c++) {
-                float g = gu[i * 2 * I + c];
-                act[i * I + c] = g / (1.f + expf(-g)) * gu[i * 2 * I + I + c];
-            }
+        for (long i = 0; i < n; i++) act_mul(gu + i * 2 * I, gu + i * 2 * I + I, act + i * I, I, 0);
         rc |= project(M->kind, M->down + e * M->down_stride, act, n, H, I, y, nthreads);
         for (long i = 0; i < n; i++) {
             float *o = out + rows[i] * H;

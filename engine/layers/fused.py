@@ -201,3 +201,70 @@ def _moe_forward(fused: FusedLayer, layer: nn.Module, x: torch.Tensor, capture: 
     if capture is not None:  # a full trace: converted after the pass (engine/trace/capture.py)
         capture.moe_routing[layer.mlp.layer_idx] = (experts, weights)
     return rc
+
+
+class StackLayer(ctypes.Structure):
+    """cpu_layer.c's tt_stack_layer, field for field."""
+    _fields_ = [("layer", _P), ("moe", _P), ("moe_norm", _P), ("moe_offset", _F), ("moe_eps", _F), ("rope", _L)]
+
+
+@dataclass
+class FusedStack:
+    """Every layer of the model in one C call (cpu_layer.c's tt_decode_stack): the layers' plans
+    it was built from (rebuilt when one of them is), their arguments, the RoPE tables by name."""
+    plans: list[FusedLayer]
+    layers: ctypes.Array
+    ropes: list[str]
+    top_k: int
+
+
+def stack(model: nn.Module, x: torch.Tensor, batch: ForwardBatch) -> FusedStack | None:
+    """The one-call plan for a DecoderModel's pass, where every layer takes both its halves in C
+    (else None: the layers run one by one). Kept on the model between passes."""
+    plans = []
+    for layer in model.layers:
+        plan = layer._fused_plan(x, batch)
+        if plan is None or not plan.mlp:
+            return None
+        plans.append(plan)
+    st = model.__dict__.get("_fused_stack")
+    if st is None or len(st.plans) != len(plans) or any(a is not b for a, b in zip(st.plans, plans)):
+        st = _build_stack(model, plans)
+        model.__dict__["_fused_stack"] = st
+    return st
+
+
+def _build_stack(model: nn.Module, plans: list[FusedLayer]) -> FusedStack:
+    ropes = sorted({layer.self_attn.rope for layer in model.layers})
+    rows, top_k = [], 1
+    for layer, plan in zip(model.layers, plans):
+        row = StackLayer(layer=ctypes.addressof(plan.args), rope=ropes.index(layer.self_attn.rope))
+        if plan.moe is not None:
+            experts_, router, norm_w = plan.moe
+            experts_.args.router, experts_.args.router_kind = router.data.data_ptr(), FLOAT_KINDS[router.dtype]
+            norm = layer.post_attention_layernorm
+            row.moe, row.moe_norm = ctypes.addressof(experts_.args), norm_w.data_ptr()
+            row.moe_offset, row.moe_eps = 1.0 if norm.offset else 0.0, norm.eps
+            top_k = max(top_k, experts_.args.top_k)
+        rows.append(row)
+    return FusedStack(plans, (StackLayer * len(rows))(*rows), ropes, top_k)
+
+
+def stack_forward(st: FusedStack, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+    """x [T, hidden] after every layer, in one C call (see stack)."""
+    T = x.shape[0]
+    tables = [[t.reshape(T, -1) for t in batch.rope[name]] for name in st.ropes]  # [cos, sin] each
+    cos = (_P * len(tables))(*[c.data_ptr() for c, _ in tables])
+    sin = (_P * len(tables))(*[s.data_ptr() for _, s in tables])
+    block_tables, keys = batch.row_keys
+    work = x.contiguous().clone()  # the C call overwrites its input
+    out = torch.empty_like(work)
+    experts = torch.empty(T * st.top_k, dtype=torch.long)
+    weights = torch.empty(T * st.top_k, dtype=torch.float32)
+    rc = cpu_kernels.library().tt_decode_stack(
+        st.layers, len(st.layers), work.data_ptr(), out.data_ptr(), T, cos, sin, batch.slot_mapping.data_ptr(),
+        block_tables.data_ptr(), block_tables.shape[1], keys.data_ptr(), experts.data_ptr(), weights.data_ptr(),
+        torch.get_num_threads())
+    if rc:
+        raise MemoryError(f"cpu_layer: no memory for the scratch rows of {T} tokens")
+    return out

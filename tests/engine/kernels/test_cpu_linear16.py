@@ -132,3 +132,13 @@ def test_engine_on_the_avx2_build_gives_the_native_builds_tokens():
         native = LLM(dtype=dtype).generate(["Once upon a time"], SamplingParams(max_tokens=12, temperature=0,
                                                                                 ignore_eos=True))[0].token_ids
         assert tokens == native
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, *DTYPES])
+def test_rows_of_ids_outside_the_table_are_refused(dtype):
+    """tt_blocked_rows reads nothing for an id outside [0, N): an IndexError, as torch's index gives."""
+    bw = cpu.BlockedWeight.of(torch.randn(10, 40), dtype)
+    for bad in (10, -1, 1 << 40):
+        with pytest.raises(IndexError):
+            bw.rows(torch.tensor([0, bad]))
+    assert torch.equal(bw.rows(torch.tensor([[9]])), bw.unblocked().float()[9:10].view(1, 1, 40))
