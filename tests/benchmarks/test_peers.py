@@ -2,6 +2,8 @@
 where they are not installed (nothing here is a speed claim)."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from benchmarks.peers import main
@@ -10,9 +12,9 @@ from engine.llm_engine import DEFAULT_MODEL
 
 
 @pytest.mark.skipif(not cpu.available(), reason="16-bit weights on the CPU need the C kernels")
-def test_peers_runs_this_engine_at_each_dtype_and_names_what_it_skips(capsys):
-    rows = main(["--model", str(DEFAULT_MODEL), "--batches", "1,2", "--new-tokens", "4", "--repeats", "1",
-                 "--out", ""])
+def test_peers_runs_this_engine_at_each_dtype_and_names_what_it_skips(capsys, tmp_path):
+    rows = main(["--model", str(DEFAULT_MODEL), "--batches", "1,2", "--new-tokens", "4", "--repeats", "2",
+                 "--pause", "0", "--out", str(tmp_path)])
     out = capsys.readouterr().out
     assert [r["engine"] for r in rows[:3]] == ["this engine float32", "this engine bfloat16", "this engine float16"]
     assert rows[0]["batch 1"]["ratio"] == 1.0 and rows[0]["batch 2"]["tokens_equal"] == "8 / 8"
@@ -22,3 +24,7 @@ def test_peers_runs_this_engine_at_each_dtype_and_names_what_it_skips(capsys):
             __import__(module)
         except ImportError:
             assert f"{peer}: skipped" in out
+    saved = json.loads(next(tmp_path.glob("peers-*.json")).read_text())
+    assert saved["rows"] == rows and len(saved["load_average_rounds"]) == 2  # the load of each round, recorded
+    assert "torch" in saved["machine"]["versions"] and saved["args"]["threads"] >= 1
+    assert saved["idle_cores"] is None or set(saved["idle_cores"]) == {"this process", "child processes"}
