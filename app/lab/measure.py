@@ -59,9 +59,13 @@ def _request(rid: str, role: str, events: list[dict], steps: list[int], t0: floa
     tokens = [e for e in events if e["type"] == "token"]
     finish = next((e for e in events if e["type"] == "finish"), None)
     arrive = next((e for e in events if e["type"] == "request.arrive"), None)
-    # the engine stamps each token with its time since the request arrived: arrival = ts - t
-    arrival = tokens[0]["ts"] - tokens[0]["t"] if tokens else (arrive["ts"] if arrive else t0)
-    token_s = [arrival + e["t"] - t0 for e in tokens]
+    # a token's time is when its event went out (ts: when a client could see it). Its `t`
+    # (sampling time since arrival) is not: a disaggregated request's first token is sampled
+    # in the prefill process and goes out only once its pages are in, so ts - t would put the
+    # arrival, and with it every token of that request, late by the handover. The arrival is the
+    # request.arrive event's, else (untraced arrival) the first token's ts - t.
+    arrival = arrive["ts"] if arrive else (tokens[0]["ts"] - tokens[0]["t"] if tokens else t0)
+    token_s = [e["ts"] - t0 for e in tokens]
     gaps = [b - a for a, b in zip(token_s, token_s[1:])]
     usage = (finish or {}).get("usage", {})
     return RequestRecord(
