@@ -53,6 +53,36 @@ def pool_at(events: Sequence[dict], step: int | None = None) -> dict | None:
     return pool
 
 
+DECODE_POOL = "kv.decode_pool"  # disaggregated: a decode engine's kv.pool after the first (engine_index > 0)
+
+
+def pool_engine(event: dict) -> int | None:
+    """Which decode engine's pool a pool event folds into (0: the one engine, or decode 0);
+    None: not a pool event of a decode engine."""
+    if event["type"] == "kv.pool":
+        return 0
+    return int(event.get("engine_index", 0)) if event["type"] == DECODE_POOL else None
+
+
+def decode_engine_of(events: Sequence[dict]) -> int:
+    """The decode engine that holds a request's KV pages: the kv.transfer's dst ("decode j"),
+    else the engine_index of its decode-side kv.* events; 0 with one engine."""
+    for e in events:
+        if e["type"] == "kv.transfer" and str(e.get("dst", "")).startswith("decode "):
+            return int(e["dst"].split()[-1])
+    for e in events:
+        if e["type"].startswith("kv.") and e.get("engine") == "decode" and "engine_index" in e:
+            return int(e["engine_index"])
+    return 0
+
+
+def engine_kv_events(events: Sequence[dict], engine: int) -> list[dict]:
+    """A request's kv.* events on decode engine `engine` (a prefill engine's blocks, or another
+    decode engine's, are block ids of another pool)."""
+    return [e for e in events if e["type"].startswith("kv.") and e.get("engine") != "prefill"
+            and int(e.get("engine_index", 0) if e.get("engine") == "decode" else 0) == engine]
+
+
 def _block_events(events: Sequence[dict]) -> tuple[set[int], set[int], list[int]]:
     shared, freed, table = set(), set(), []
     for e in events:
