@@ -245,3 +245,19 @@ def test_a_frozen_header_names_the_answers_last_token_when_a_rejected_draft_was_
     assert "after token <code>␣Paris</code> at position 4" in frozen_html({"step": 2}, 4, LABELS)
     # a byte piece of a split character (its text "") was an empty <code>: "after token at position 74"
     assert "after token <code>(no text)</code> at position 1" in frozen_html({"step": 2}, 1, ["a", ""])
+
+
+def test_a_token_that_led_inside_the_model_but_not_at_the_output_is_not_called_never_the_top():
+    """Seen on the embedded model (a draw at temperature 1): the lens showed <|end|> at rank 1
+    after layers 0 and 1 and rank 2 at the output, while the panel, the stage's sentence and the
+    map chip said it "was never the top candidate" / "top at the output"."""
+    from app.page.controller import stages_of
+    evs = events()
+    last = next(e for e in reversed(evs) if e["type"] == "logit_lens")
+    last["layers"] = [{**last["layers"][0], "chosen_rank": r} for r in (3, 1, 2)]  # embedding, layer 0, output
+    v = view(evs)
+    panel = v.render("logit_lens")
+    assert "never the top" not in panel and "top candidate at layer 0 but not at the output" in panel, panel
+    lens = next(s for s in stages_of(v) if s.key == "logit_lens")
+    assert "never the top" not in lens.text and "top candidate after layer <b>0</b> but not at the output" in lens.text
+    assert lens.chip == "drawn below the top"

@@ -160,8 +160,12 @@ def lens(f: Facts) -> Part:
     rows = lens_layers(e)
     top, last = first_top(rows), len(rows) - 1
     tok = quote(e.get("token_text", ""))
-    if top is None:
+    led = next((i for i, r in enumerate(rows) if r["chosen_rank"] == 1), None)
+    if top is None and led is None:
         when = f"the drawn token {tok} was never the top candidate (sampling picked a less likely one)"
+    elif top is None:  # it led somewhere inside, and lost the lead before the output
+        when = (f"the drawn token {tok} was the top candidate {_after(led)} but not at the output "
+                f"(sampling picked a less likely one)")
     elif top == last:
         when = f"{tok} became the top candidate only at the output, after the last layer"
     else:
@@ -176,5 +180,5 @@ def lens(f: Facts) -> Part:
                + (f" (at the median, {_after(int(statistics.median(early)))})" if early else "") + ".")
     text = p(what, f"In {which_pass(f, e)}, {when}.{near_text}", summary,
              f"The whole lens is one [{L + 1} × hidden] · [hidden × vocab] product per traced token.")
-    chip = "top at the output" if top in (None, last) else f"top after L{top - 1}" if top else "top at once"
+    chip = "drawn below the top" if top is None else "top at the output" if top == last else f"top after L{top - 1}" if top else "top at once"
     return Part(text, ("logit_lens",), chip)
