@@ -220,9 +220,13 @@ def kv_grid_html(pool: dict | None, request_id: str | None, events: Sequence[dic
                                       ("other", "other requests"), ("cached", "free, cached prefix"),
                                       ("freed", "freed by this request"), ("free", "free")))
     who = " · ".join(f"{esc(rid)}: {plural(c, 'block')}" for rid, c in sorted(others.items()))
+    if request_id is None:  # the idle page: the pool as the engine holds it, no request of its own yet
+        mine_line = " · no request yet: its block table and blocks show here once one runs"
+    else:
+        mine_line = (f" · block table: {esc(', '.join(map(str, table[:32])))}{'…' if len(table) > 32 else ''}"
+                     f" · this request holds {plural(mine_tokens, 'token')} in {plural(len(mine), 'block')}")
     info = (f"<div class='tt-lines'><div>pool: <b>{n:,}</b> blocks × {bs} tokens · engine step {pool['step']}"
-            f" · block table: {esc(', '.join(map(str, table[:32])))}{'…' if len(table) > 32 else ''}"
-            f" · this request holds {plural(mine_tokens, 'token')} in {plural(len(mine), 'block')}</div>"
+            f"{mine_line}</div>"
             f"<div>other requests: {who or 'none'}</div>"
             f"<div class='tt-legend'>{legend}</div>{picked}</div>")
     body = f'<div class="tt-kv-grid" {data}>{grid}</div><div class="tt-note">block 0 top left, {cols} per row; ' \
@@ -230,7 +234,9 @@ def kv_grid_html(pool: dict | None, request_id: str | None, events: Sequence[dic
     head = header_html("KV cache", selection)
     if model is None:
         return f'<div class="tt-panel">{head}{info}{body}</div>'
-    if not mine and final_tokens:
+    if request_id is None:  # idle: what a request of a thousand tokens would take
+        formula = kv_formula_html(model, 1000, "a 1,000-token request")
+    elif not mine and final_tokens:
         formula = kv_formula_html(model, final_tokens, "this request, when it finished")
     else:
         formula = kv_formula_html(model, mine_tokens)

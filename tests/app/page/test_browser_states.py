@@ -73,6 +73,8 @@ def test_before_any_request_nothing_streams_and_the_body_matches_the_controls(pa
         text = page.inner_text(f"#tt-stage-{key}")
         assert "still on its way" not in text and "Still running" not in text and "This request" not in text, text
     assert "No request yet" in page.inner_text("#tt-stage-tokens")
+    kv = page.inner_text("#tt-kv")  # the pool as the engine holds it, and no request's blocks to speak of
+    assert "no request yet" in kv and "this request holds" not in kv and "× 0 tokens" not in kv, kv
     body = body_shown(page)
     controls = {"temperature": float(page.input_value("#tt-temperature input[type=number]")),
                 "top_p": float(page.input_value("#tt-top-p input[type=number]")),
