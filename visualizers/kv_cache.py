@@ -182,11 +182,12 @@ def selected_slot_html(selection: Selection | None, table: Sequence[int], block_
 
 def kv_grid_html(pool: dict | None, request_id: str | None, events: Sequence[dict] = (),
                  model: dict | None = None, final_tokens: int | None = None,
-                 selection: Selection | None = None) -> str:
+                 selection: Selection | None = None, table_recorded: bool = True) -> str:
     """pool: the block pool (apply_kv_pool's form) after the step shown;
     events: this request's kv.* events; model: numbers for the size formula;
     final_tokens: K/V the request held when it finished (its blocks are gone from the pool);
-    selection: the pass whose K/V slot is named and framed."""
+    selection: the pass whose K/V slot is named and framed; table_recorded: False at capture level
+    off, which records no kv.* events of the request (the pool's owners still show its blocks)."""
     if pool is None:
         return panel("KV cache", empty("no KV-cache state yet"))
     n, bs = pool["num_blocks"], pool["block_size"]
@@ -204,7 +205,7 @@ def kv_grid_html(pool: dict | None, request_id: str | None, events: Sequence[dic
                 others[rid] = others.get(rid, 0) + 1
     mine = [b for b, s in enumerate(states) if s in ("mine", "shared")]
     mine_tokens = sum(fill.get(b, 0) for b in mine)
-    picked, mark = selected_slot_html(selection, table, bs, states)
+    picked, mark = selected_slot_html(selection, table, bs, states) if table_recorded else ("", None)
     img, cols = grid_image(states, fill, bs, mark)
     words = {"mine": "this request's", "shared": "shared via the prefix cache", "other": "another request's",
              "cached": "free, cached prefix", "freed": "freed by this request"}
@@ -223,7 +224,9 @@ def kv_grid_html(pool: dict | None, request_id: str | None, events: Sequence[dic
     if request_id is None:  # the idle page: the pool as the engine holds it, no request of its own yet
         mine_line = " · no request yet: its block table and blocks show here once one runs"
     else:
-        mine_line = (f" · block table: {esc(', '.join(map(str, table[:32])))}{'…' if len(table) > 32 else ''}"
+        listed = (f"{esc(', '.join(map(str, table[:32])))}{'…' if len(table) > 32 else ''}" if table_recorded
+                  else "not recorded (capture level off)")
+        mine_line = (f" · block table: {listed}"
                      f" · this request holds {plural(mine_tokens, 'token')} in {plural(len(mine), 'block')}")
     info = (f"<div class='tt-lines'><div>pool: <b>{n:,}</b> blocks × {bs} tokens · engine step {pool['step']}"
             f"{mine_line}</div>"

@@ -306,7 +306,8 @@ class LiveView:
             kv = viz.engine_kv_events(self.events, self.decode_engine())
             usage = (self.finish_info() or {}).get("usage")  # the last token drawn is never fed back: no K/V
             held = usage["prompt_tokens"] + usage["completion_tokens"] - 1 if usage else None
-            return viz.kv_grid_html(self.kv_pool(), self.request_id, kv, m, held, selection=self.selection())
+            return viz.kv_grid_html(self.kv_pool(), self.request_id, kv, m, held, selection=self.selection(),
+                                    table_recorded=self.level != "off")
         if name == "moe":
             return viz.moe_html(self.by_type.get("moe", []), self.layer, self.labels(), m["is_moe"],
                                 selection=self.selection(), frozen=self.frozen(name))

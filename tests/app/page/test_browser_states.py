@@ -106,6 +106,9 @@ def test_capture_level_off_shows_what_it_records_and_says_what_it_leaves_out(pag
     prompt = int(re.search(r"usage: (\d+) prompt", answer).group(1))
     kv = page.inner_text("#tt-kv")
     assert f"(position {prompt + n - 2}) and predicted" in kv and f"(position {prompt + n - 1})" in kv, kv
+    # level off records no kv.* event of its own: its block table is unknown, said so (it read
+    # "block table: ·" and "position N's block is not in this request's block table (0 blocks)")
+    assert "block table: not recorded (capture level off)" in kv and "not in this request's block table" not in kv, kv
     assert "capture level off records only the streamed tokens, their timing and the usage" in answer
     assert page.locator("#tt-answer .tt-timed").count() == n  # each token with its timing
     prefix = page.inner_text("#tt-prefix")
