@@ -261,3 +261,16 @@ def test_a_token_that_led_inside_the_model_but_not_at_the_output_is_not_called_n
     lens = next(s for s in stages_of(v) if s.key == "logit_lens")
     assert "never the top" not in lens.text and "top candidate after layer <b>0</b> but not at the output" in lens.text
     assert lens.chip == "drawn below the top"
+
+
+def test_a_token_that_jumps_to_the_top_is_not_said_to_enter_the_top_10_at_the_same_layer():
+    """Gemma 3's replay: "«Answer» was already the top candidate after layer 11, and stayed there.
+    It entered the top 10 after layer 11": one event said twice."""
+    from app.page.controller import stages_of
+    evs = events()
+    last = next(e for e in reversed(evs) if e["type"] == "logit_lens")
+    last["layers"] = [{**last["layers"][0], "chosen_rank": r} for r in (900, 1, 1)]
+    lens = next(s for s in stages_of(view(evs)) if s.key == "logit_lens")
+    assert "already the top candidate right after the embedding" not in lens.text
+    assert "top candidate after layer <b>0</b>, and stayed there" in lens.text and "entered the top 10" not in lens.text
+    assert "The embedding alone ranked it <b>900</b>" in lens.text, lens.text

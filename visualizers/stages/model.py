@@ -172,7 +172,7 @@ def lens(f: Facts) -> Part:
         when = f"{tok} was already the top candidate {_after(top)}, and stayed there"
     near = next((i for i, r in enumerate(rows) if r["chosen_rank"] <= 10), None)
     near_text = (f" It entered the top 10 {_after(near)} (the embedding alone ranked it "
-                 f"{n(int(rows[0]['chosen_rank']))})." if near not in (None, last) else
+                 f"{n(int(rows[0]['chosen_rank']))})." if near not in (None, last, top) else
                  f" The embedding alone ranked it {n(int(rows[0]['chosen_rank']))}.")
     early = [t for t, x in zip(f.trail.lens_tops, evs) if t is not None and t < len(lens_layers(x)) - 1]
     summary = (f"Over the {plural(len(evs), 'traced token')}, {n(len(early))} "
