@@ -81,11 +81,19 @@ def test_an_abort_between_steps_adds_no_replay_step(recording):
     ran = recording.steps()
     late = ran[-1] + 1
     events = [dict(e, step=late) if e["type"] in ("finish", "kv.free") else e for e in recording.events]
-    aborted = dataclasses.replace(recording, events=events)
+    end = {**recording.outputs[-1], "token_id": -1, "text": "", "finished": True, "finish_reason": "abort",
+           "step": late}  # the abort's end of stream: no token of its own
+    outputs = [dict(o, finished=False) for o in recording.outputs] + [end]
+    aborted = dataclasses.replace(recording, events=events, outputs=outputs)
     assert aborted.steps() == ran
     cursor = ReplayCursor(aborted)
     last = cursor.goto(cursor.last_frame)
     assert last.first("finish") is not None and f"{len(ran)} engine steps" in last.render("timeline")
+    assert last.finished  # its end-of-stream output came with the last frame
+    waiting = dataclasses.replace(recording, events=[e for e in events if e["type"] in ("request.arrive", "tokenize",
+                                                                                        "finish", "kv.free")],
+                                  outputs=[end])  # stopped before any step ran it: one frame, its end
+    assert waiting.steps() == [late] and ReplayCursor(waiting).goto(0).finished
 
 
 def test_a_file_from_before_kv_pool_events_replays_the_same(recording):
