@@ -285,7 +285,7 @@ class LiveView:
             fin = self.finish_info()
             return viz.prefix_cache_html(self.first("prefix_cache.lookup"), m["block_size"],
                                          usage=(fin or {}).get("usage") if self.level == "off" else None,
-                                         traced=self.level != "off")
+                                         traced=self.level != "off", ended=fin is not None)
         if name == "tokens":
             gen = [{"id": i, "text": self.piece(i), "special": self.is_special(i)} for i in self.generated_ids()]
             if self.level == "off":
@@ -305,7 +305,8 @@ class LiveView:
             # disaggregated (engine/disagg): the pool of the decode engine this request decoded on
             kv = viz.engine_kv_events(self.events, self.decode_engine())
             usage = (self.finish_info() or {}).get("usage")  # the last token drawn is never fed back: no K/V
-            held = usage["prompt_tokens"] + usage["completion_tokens"] - 1 if usage else None
+            held = usage["prompt_tokens"] + usage["completion_tokens"] - 1 if usage and usage["completion_tokens"] \
+                else None  # (no token drawn: stopped before its prefill ended, it kept no K/V to speak of)
             return viz.kv_grid_html(self.kv_pool(), self.request_id, kv, m, held, selection=self.selection(),
                                     table_recorded=self.level != "off")
         if name == "moe":

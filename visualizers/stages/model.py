@@ -114,6 +114,10 @@ def kv(f: Facts) -> Part:
         blocks, when = -(-tokens // bs), ("At its end " if f.finish else "So far ")
     if f.idle:  # the model's bytes per token; nothing held yet
         when = ""
+    if peak is None and f.finish and not f.n_gen:  # stopped before its first token: no step ran it
+        return Part(p(f"So that no step recomputes the past, each layer's keys and values are kept: {n(per_token)} "
+                      "bytes per token.", "This request ended before the engine ran it: it never held K/V."),
+                    ("kv",), "none")
     if (mla := mla_kv(m, tokens, blocks, when)) is not None:  # DeepSeek: the latent, not K and V
         return Part(p(mla[0], mla[1]), ("kv",), esc(fmt_bytes(mla[2] * tokens)), reached=bool(f.steps or f.generated))
     text = p(f"So that no step recomputes the past, each layer's keys and values are kept: 2 × {L} "
