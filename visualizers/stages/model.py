@@ -9,7 +9,7 @@ from visualizers._html import esc, fmt_bytes, fmt_ms
 from visualizers.attention import layer_spans
 from visualizers.logit_lens import first_top
 from visualizers.stages.deepseek import deepseek_ffn, mla_heads, mla_kv
-from visualizers.stages.facts import Facts, Part, hidden_sentence, n, p, plural, quote
+from visualizers.stages.facts import Facts, Part, count, hidden_sentence, n, p, plural, quote
 from visualizers.stages.way_in import UNTRACED, cut_sentence, not_yet
 
 
@@ -93,7 +93,7 @@ def prefill_decode(f: Facts) -> Part:
              f"step{'s' if n_decode != 1 else ''} produced the answer{'' if f.finish else ' so far'}.",
              (f"Time to first token: <b>{esc(fmt_ms(ttft))}</b>. " if ttft is not None else "")
              + (f"A forward pass took {esc(fmt_ms(statistics.median(step_ms)))} at the median." if step_ms else ""))
-    chip = f"TTFT {fmt_ms(ttft)}" if ttft is not None else f"{len(f.steps):,} steps"
+    chip = f"TTFT {fmt_ms(ttft)}" if ttft is not None else count(len(f.steps), "step")
     return Part(text, ("timeline",), esc(chip))
 
 
