@@ -224,8 +224,9 @@ def kv_grid_html(pool: dict | None, request_id: str | None, events: Sequence[dic
     if request_id is None:  # the idle page: the pool as the engine holds it, no request of its own yet
         mine_line = " · no request yet: its block table and blocks show here once one runs"
     else:
-        listed = (f"{esc(', '.join(map(str, table[:32])))}{'…' if len(table) > 32 else ''}" if table_recorded
-                  else "not recorded (capture level off)")
+        listed = ("not recorded (capture level off)" if not table_recorded else
+                  f"{esc(', '.join(map(str, table[:32])))}{'…' if len(table) > 32 else ''}" if table else
+                  "no block allocated yet")
         mine_line = (f" · block table: {listed}"
                      f" · this request holds {plural(mine_tokens, 'token')} in {plural(len(mine), 'block')}")
     info = (f"<div class='tt-lines'><div>pool: <b>{n:,}</b> blocks × {bs} tokens · engine step {pool['step']}"

@@ -107,3 +107,18 @@ def test_the_prefill_chip_counts_one_step_in_the_singular():
     st = stage("timeline", MODEL, None, events()[:3] + STEPS[:1])
     assert st.chip in ("1 step", "") or st.chip.startswith("TTFT"), st.chip
     assert "1 steps" not in st.chip
+
+
+def test_a_request_waiting_for_its_prefill_holds_no_kv_yet():
+    """SmolLM2's watch picture (streaming, 0 tokens): the KV stage said "So far this request held
+    K/V for 35 tokens ... in 3 blocks" while its panel said it held 0 in 0 blocks, "block table: ·"."""
+    from app.page.live_view import LiveView
+    from visualizers.kv_cache import empty_pool
+    st = stage("kv", MODEL, None, events()[:1])  # tokenized, not yet scheduled
+    assert "held K/V" not in st.text and "Not reached yet" in st.text and not st.reached, st.text
+    v = LiveView(model=MODEL, piece=str, is_special=lambda i: False)
+    v.request_id = "r1"
+    v.set_pool(empty_pool(8, 2))
+    v.add(events()[:1])
+    html = v.render("kv")
+    assert "block table: no block allocated yet" in html and "block table: ·" not in html, html

@@ -114,6 +114,9 @@ def kv(f: Facts) -> Part:
         blocks, when = -(-tokens // bs), ("At its end " if f.finish else "So far ")
     if f.idle:  # the model's bytes per token; nothing held yet
         when = ""
+    if peak is None and not f.finish and not f.steps and not f.generated and not f.idle and not f.untraced:
+        return Part(p(f"So that no step recomputes the past, each layer's keys and values are kept: {n(per_token)} "
+                      "bytes per token.", not_yet(f)), ("kv",), reached=False)  # waiting: no block held yet
     if peak is None and f.finish and not f.n_gen:  # stopped before its first token: no step ran it
         return Part(p(f"So that no step recomputes the past, each layer's keys and values are kept: {n(per_token)} "
                       "bytes per token.", "This request ended before the engine ran it: it never held K/V."),
