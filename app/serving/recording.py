@@ -172,8 +172,10 @@ class Recording:
         outs = self.outputs + [o for c in self.choices for o in c]  # n > 1: until its last choice ends
         ran = {o["step"] for o in outs if o.get("token_id", -1) >= 0} | \
             {e["step"] for e in self.events if e["type"] not in BEFORE_STEPS + AFTER_STEPS and e["type"] != "kv.pool"}
-        if not ran:  # ended before any step ran it (aborted while waiting): its end is its one frame
-            ran = {e["step"] for e in self.events if e["type"] in AFTER_STEPS} | {o["step"] for o in outs}
+        if not ran:  # ended before any step ran it (aborted while waiting): its end is its one frame (the abort's
+            # finish has the step it was asked at, its end-of-stream output the next step's number)
+            ends = {e["step"] for e in self.events if e["type"] in AFTER_STEPS} | {o["step"] for o in outs}
+            ran = {max(ends)} if ends else set()
         first = min(ran, default=None)
         before = {e["step"] for e in self.events if e["type"] in BEFORE_STEPS}
         return sorted(ran | {s for s in before if first is None or s > first})

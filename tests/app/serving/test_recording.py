@@ -92,8 +92,8 @@ def test_an_abort_between_steps_adds_no_replay_step(recording):
     assert last.finished  # its end-of-stream output came with the last frame
     waiting = dataclasses.replace(recording, events=[e for e in events if e["type"] in ("request.arrive", "tokenize",
                                                                                         "finish", "kv.free")],
-                                  outputs=[end])  # stopped before any step ran it: one frame, its end
-    assert waiting.steps() == [late] and ReplayCursor(waiting).goto(0).finished
+                                  outputs=[{**end, "step": late + 1}])  # stopped before any step ran it (the
+    assert waiting.steps() == [late + 1] and ReplayCursor(waiting).goto(0).finished  # output: the next step's number)
 
 
 def test_a_file_from_before_kv_pool_events_replays_the_same(recording):
