@@ -53,6 +53,36 @@ def pool_at(events: Sequence[dict], step: int | None = None) -> dict | None:
     return pool
 
 
+DECODE_POOL = "kv.decode_pool"  # disaggregated: a decode engine's kv.pool after the first (engine_index > 0)
+
+
+def pool_engine(event: dict) -> int | None:
+    """Which decode engine's pool a pool event folds into (0: the one engine, or decode 0);
+    None: not a pool event of a decode engine."""
+    if event["type"] == "kv.pool":
+        return 0
+    return int(event.get("engine_index", 0)) if event["type"] == DECODE_POOL else None
+
+
+def decode_engine_of(events: Sequence[dict]) -> int:
+    """The decode engine that holds a request's KV pages: the kv.transfer's dst ("decode j"),
+    else the engine_index of its decode-side kv.* events; 0 with one engine."""
+    for e in events:
+        if e["type"] == "kv.transfer" and str(e.get("dst", "")).startswith("decode "):
+            return int(e["dst"].split()[-1])
+    for e in events:
+        if e["type"].startswith("kv.") and e.get("engine") == "decode" and "engine_index" in e:
+            return int(e["engine_index"])
+    return 0
+
+
+def engine_kv_events(events: Sequence[dict], engine: int) -> list[dict]:
+    """A request's kv.* events on decode engine `engine` (a prefill engine's blocks, or another
+    decode engine's, are block ids of another pool)."""
+    return [e for e in events if e["type"].startswith("kv.") and e.get("engine") != "prefill"
+            and int(e.get("engine_index", 0) if e.get("engine") == "decode" else 0) == engine]
+
+
 def _block_events(events: Sequence[dict]) -> tuple[set[int], set[int], list[int]]:
     shared, freed, table = set(), set(), []
     for e in events:
@@ -152,11 +182,12 @@ def selected_slot_html(selection: Selection | None, table: Sequence[int], block_
 
 def kv_grid_html(pool: dict | None, request_id: str | None, events: Sequence[dict] = (),
                  model: dict | None = None, final_tokens: int | None = None,
-                 selection: Selection | None = None) -> str:
+                 selection: Selection | None = None, table_recorded: bool = True) -> str:
     """pool: the block pool (apply_kv_pool's form) after the step shown;
     events: this request's kv.* events; model: numbers for the size formula;
     final_tokens: K/V the request held when it finished (its blocks are gone from the pool);
-    selection: the pass whose K/V slot is named and framed."""
+    selection: the pass whose K/V slot is named and framed; table_recorded: False at capture level
+    off, which records no kv.* events of the request (the pool's owners still show its blocks)."""
     if pool is None:
         return panel("KV cache", empty("no KV-cache state yet"))
     n, bs = pool["num_blocks"], pool["block_size"]
@@ -174,7 +205,7 @@ def kv_grid_html(pool: dict | None, request_id: str | None, events: Sequence[dic
                 others[rid] = others.get(rid, 0) + 1
     mine = [b for b, s in enumerate(states) if s in ("mine", "shared")]
     mine_tokens = sum(fill.get(b, 0) for b in mine)
-    picked, mark = selected_slot_html(selection, table, bs, states)
+    picked, mark = selected_slot_html(selection, table, bs, states) if table_recorded else ("", None)
     img, cols = grid_image(states, fill, bs, mark)
     words = {"mine": "this request's", "shared": "shared via the prefix cache", "other": "another request's",
              "cached": "free, cached prefix", "freed": "freed by this request"}
@@ -190,9 +221,16 @@ def kv_grid_html(pool: dict | None, request_id: str | None, events: Sequence[dic
                                       ("other", "other requests"), ("cached", "free, cached prefix"),
                                       ("freed", "freed by this request"), ("free", "free")))
     who = " · ".join(f"{esc(rid)}: {plural(c, 'block')}" for rid, c in sorted(others.items()))
+    if request_id is None:  # the idle page: the pool as the engine holds it, no request of its own yet
+        mine_line = " · no request yet: its block table and blocks show here once one runs"
+    else:
+        listed = ("not recorded (capture level off)" if not table_recorded else
+                  f"{esc(', '.join(map(str, table[:32])))}{'…' if len(table) > 32 else ''}" if table else
+                  "no block allocated yet")
+        mine_line = (f" · block table: {listed}"
+                     f" · this request holds {plural(mine_tokens, 'token')} in {plural(len(mine), 'block')}")
     info = (f"<div class='tt-lines'><div>pool: <b>{n:,}</b> blocks × {bs} tokens · engine step {pool['step']}"
-            f" · block table: {esc(', '.join(map(str, table[:32])))}{'…' if len(table) > 32 else ''}"
-            f" · this request holds {plural(mine_tokens, 'token')} in {plural(len(mine), 'block')}</div>"
+            f"{mine_line}</div>"
             f"<div>other requests: {who or 'none'}</div>"
             f"<div class='tt-legend'>{legend}</div>{picked}</div>")
     body = f'<div class="tt-kv-grid" {data}>{grid}</div><div class="tt-note">block 0 top left, {cols} per row; ' \
@@ -200,7 +238,9 @@ def kv_grid_html(pool: dict | None, request_id: str | None, events: Sequence[dic
     head = header_html("KV cache", selection)
     if model is None:
         return f'<div class="tt-panel">{head}{info}{body}</div>'
-    if not mine and final_tokens:
+    if request_id is None:  # idle: what a request of a thousand tokens would take
+        formula = kv_formula_html(model, 1000, "a 1,000-token request")
+    elif not mine and final_tokens:
         formula = kv_formula_html(model, final_tokens, "this request, when it finished")
     else:
         formula = kv_formula_html(model, mine_tokens)

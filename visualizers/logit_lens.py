@@ -99,7 +99,9 @@ def logit_lens_html(events: Sequence[dict], position: int | None = None, labels:
              f"</thead><tbody>{''.join(body)}</tbody></table>")
     top = first_top(rows)
     ever = next((i for i, r in enumerate(rows) if r["chosen_rank"] == 1), None)
-    known = ("it is never the top candidate (a draw below the top)" if top is None else
+    known = ("it is never the top candidate (a draw below the top)" if ever is None else
+             f"it is the top candidate at {esc(row_label(ever, n))} but not at the output (a draw below the top)"
+             if top is None else
              f"it is the top candidate from {esc(row_label(top, n))} on" if top < n - 1 else
              "it is the top candidate only at the output" if ever == n - 1 else
              f"it is the top candidate first at {esc(row_label(ever, n))}, for good only at the output")

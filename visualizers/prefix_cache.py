@@ -9,10 +9,11 @@ def _badge(hit: bool) -> str:
 
 
 def prefix_cache_html(lookup: dict | None, block_size: int | None = None, usage: dict | None = None,
-                      traced: bool = True) -> str:
+                      traced: bool = True, ended: bool = False) -> str:
     """lookup: the request's `prefix_cache.lookup` event (None while it waits in the queue);
     usage: the finished request's {"prompt_tokens", "cached_tokens"} (all a request traced at
-    level off tells); traced: whether the lookup is traced at all (capture level basic or full)."""
+    level off tells); traced: whether the lookup is traced at all (capture level basic or full);
+    ended: the request has finished (one stopped while it waited never had a lookup)."""
     if lookup is None:
         if usage is not None:  # level off: the hit is known from the usage; the blocks are not
             prompt, cached = usage["prompt_tokens"], usage["cached_tokens"]
@@ -26,6 +27,8 @@ def prefix_cache_html(lookup: dict | None, block_size: int | None = None, usage:
         if not traced:
             return panel("Prefix cache", empty("capture level off does not trace the lookup: the hit shows "
                                                "here from the usage when the request finishes"))
+        if ended:
+            return panel("Prefix cache", empty("no lookup: the request ended before the scheduler admitted it"))
         return panel("Prefix cache", empty("waiting for the scheduler to admit the request…"))
     prompt = lookup["prompt_tokens"]
     cached = lookup["cached_tokens"]

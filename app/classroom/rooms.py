@@ -110,7 +110,7 @@ class Room:
         self._shown = self.rec if self.revealed else hide_from(self.rec, at)
         self._hidden = None if self._shown is self.rec else at
         cursor = ReplayCursor(self._shown)
-        kv_peak = cursor.goto(cursor.peak_kv_frame()).pool
+        kv_peak = cursor.goto(cursor.peak_kv_frame()).kv_pool()
         shown = self._shown
         self._stages = journey(shown.model, shown.request_id, shown.body, shown.events, shown.outputs, kv_peak,
                                shown.truncated, position=self.shown_position(), hidden_from=self._hidden,

@@ -40,6 +40,7 @@ from app.serving.served_models import ServedModels
 from engine import LLMEngine
 from visualizers.journey import journey
 from visualizers.perfetto import perfetto_trace
+from visualizers.selection import plural
 
 YIELD_EVERY = 0.1  # seconds between updates sent to the browser while streaming
 MAX_SESSIONS = 64
@@ -483,15 +484,15 @@ class Controller:
                 if tab.clock.due(now):
                     out.update(self.journey_updates(tab, view, now))
                 if out:
-                    yield {**out, "status": f"{rid}: streaming, {len(view.generated_ids())} tokens"}
+                    yield {**out, "status": f"{rid}: streaming, {plural(len(view.generated_ids()), 'token')}"}
                     last = now
         view.add(next_items(0))
         fin = view.first("finish")
         reason = fin["reason"] if fin else next((o["finish_reason"] for o in view.outputs if o["finished"]), "?")
         now = time.perf_counter()  # the last tokens first, then every panel's final state
         yield {"answer": view.draw(["answer"], now)["answer"],
-               "status": f"{rid}: streaming, {len(view.generated_ids())} tokens"}
-        done = f"{rid}: finished ({reason}), {len(view.generated_ids())} tokens"
+               "status": f"{rid}: streaming, {plural(len(view.generated_ids()), 'token')}"}
+        done = f"{rid}: finished ({reason}), {plural(len(view.generated_ids()), 'token')}"
         yield merged(self.full(tab, view, done), self.stop_look(False))
         # then the recording (Export, the step slider); the last yield carries every value (the
         # panels as just drawn: Gradio sends no change for them)

@@ -49,6 +49,7 @@ class LiveView:
     by_type: dict[str, list[dict]] = field(default_factory=dict)
     outputs: list[dict] = field(default_factory=list)
     pool: dict | None = None  # the KV block pool, every request's blocks: its kv.pool events folded
+    decode_pools: dict[int, dict] = field(default_factory=dict)  # disaggregated: decode engine j > 0's pool
     error: str | None = None
     finished: bool = False
     dirty: set[str] = field(default_factory=lambda: set(PANELS))
@@ -91,8 +92,12 @@ class LiveView:
                 self.error = it["message"]
                 self.dirty.add("answer")
                 continue
-            if t == "kv.pool":  # the pool drawn, not an event of the request's own to list
-                self.pool = viz.apply_kv_pool(self.pool, it)
+            j = viz.pool_engine(it)
+            if j is not None:  # a pool drawn, not an event of the request's own to list
+                if j == 0:
+                    self.pool = viz.apply_kv_pool(self.pool, it)
+                else:  # disaggregated, decode engine j > 0: a pool of its own (block ids of another pool)
+                    self.decode_pools[j] = viz.apply_kv_pool(self.decode_pools.get(j), it)
                 self.dirty.add("kv")
                 continue
             if t == "trace.truncated":
@@ -121,6 +126,16 @@ class LiveView:
         """Each choice's outputs, choice 0 first (by the index in "<id>.i")."""
         rest = sorted(self.others.items(), key=lambda kv: int(kv[0].rsplit(".", 1)[-1]))
         return [self.outputs] + [outs for _, outs in rest]
+
+    def kv_pool(self) -> dict | None:
+        """The pool the KV panel draws: the one engine's, or (disaggregated) the decode engine's
+        that holds this request's pages."""
+        j = self.decode_engine()
+        return self.pool if j == 0 else self.decode_pools.get(j)
+
+    def decode_engine(self) -> int:
+        """The decode engine holding this request's pages (0: the one engine)."""
+        return viz.decode_engine_of(self.by_type.get("kv.transfer", []) + self.by_type.get("kv.alloc", []))
 
     def set_pool(self, pool: dict) -> None:
         """Start from this pool (the view's own copy: kv.pool events are folded into it)."""
@@ -270,7 +285,7 @@ class LiveView:
             fin = self.finish_info()
             return viz.prefix_cache_html(self.first("prefix_cache.lookup"), m["block_size"],
                                          usage=(fin or {}).get("usage") if self.level == "off" else None,
-                                         traced=self.level != "off")
+                                         traced=self.level != "off", ended=fin is not None)
         if name == "tokens":
             gen = [{"id": i, "text": self.piece(i), "special": self.is_special(i)} for i in self.generated_ids()]
             if self.level == "off":
@@ -287,11 +302,13 @@ class LiveView:
                                       m["sliding_windows"] if any(m["sliding_windows"]) else None,
                                       selection=self.selection(), frozen=self.frozen(name))
         if name == "kv":
-            # disaggregated (engine/disagg): the decode engine's pool, the one kv.pool draws
-            kv = [e for e in self.events if e["type"].startswith("kv.") and e.get("engine") != "prefill"]
+            # disaggregated (engine/disagg): the pool of the decode engine this request decoded on
+            kv = viz.engine_kv_events(self.events, self.decode_engine())
             usage = (self.finish_info() or {}).get("usage")  # the last token drawn is never fed back: no K/V
-            held = usage["prompt_tokens"] + usage["completion_tokens"] - 1 if usage else None
-            return viz.kv_grid_html(self.pool, self.request_id, kv, m, held, selection=self.selection())
+            held = usage["prompt_tokens"] + usage["completion_tokens"] - 1 if usage and usage["completion_tokens"] \
+                else None  # (no token drawn: stopped before its prefill ended, it kept no K/V to speak of)
+            return viz.kv_grid_html(self.kv_pool(), self.request_id, kv, m, held, selection=self.selection(),
+                                    table_recorded=self.level != "off")
         if name == "moe":
             return viz.moe_html(self.by_type.get("moe", []), self.layer, self.labels(), m["is_moe"],
                                 selection=self.selection(), frozen=self.frozen(name))
@@ -343,7 +360,7 @@ class LiveView:
         if name in self.NEEDS and name != "tokens":
             return False
         if name == "kv":
-            return self.pool is not None
+            return self.kv_pool() is not None
         if name == "answer":
             return bool(self.outputs) or self.error is not None
         if name == "timeline":

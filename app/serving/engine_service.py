@@ -343,9 +343,10 @@ class EngineService:
                 self.store.add(b["request_id"], d)
                 self._deliver(b["request_id"], d, firehose=False)
             self._deliver(None, d)
-        elif d["type"] == "kv.pool":  # kept with the traced requests it names; every watcher draws it
-            with self._pool_lock:
-                self._pool = apply_kv_pool(self._pool, d)
+        elif d["type"] in ("kv.pool", "kv.decode_pool"):  # kept with the traced requests it names; every
+            if d["type"] == "kv.pool":  # watcher draws it (kv.decode_pool: decode engine j > 0's, disaggregated)
+                with self._pool_lock:
+                    self._pool = apply_kv_pool(self._pool, d)
             for r in d["request_ids"]:
                 self.store.add(r, d)
             with self._subs_lock:  # untraced requests' pages too: their KV panel is live

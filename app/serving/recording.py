@@ -32,6 +32,8 @@ MODEL_KEYS = ("name", "num_layers", "num_heads", "num_kv_heads", "head_dim", "hi
               "is_moe", "num_blocks", "block_size", "dtype", "dtype_bytes", "kv_cache_bytes")
 MAX_FILE_BYTES = 64 * 2**20
 BEFORE_STEPS = ("request.arrive", "tokenize")  # emitted when a request is added, before any step runs it
+AFTER_STEPS = ("finish", "kv.free")  # an abort between steps stamps these (and its end-of-stream output, no
+# token of its own) with a step that did not run it
 
 
 class TraceFileError(ValueError):
@@ -167,9 +169,13 @@ class Recording:
         arrival and tokenization, numbered with the engine's last step before it) belongs to
         frame 1; a kv.pool event alone makes no frame (the pool changes at steps that did not
         compute this request too)."""
-        ran = {o["step"] for o in self.outputs} | {e["step"] for e in self.events if e["type"] not in BEFORE_STEPS
-                                                   and e["type"] != "kv.pool"}
-        ran |= {o["step"] for outs in self.choices for o in outs}  # n > 1: until its last choice ends
+        outs = self.outputs + [o for c in self.choices for o in c]  # n > 1: until its last choice ends
+        ran = {o["step"] for o in outs if o.get("token_id", -1) >= 0} | \
+            {e["step"] for e in self.events if e["type"] not in BEFORE_STEPS + AFTER_STEPS and e["type"] != "kv.pool"}
+        if not ran:  # ended before any step ran it (aborted while waiting): its end is its one frame (the abort's
+            # finish has the step it was asked at, its end-of-stream output the next step's number)
+            ends = {e["step"] for e in self.events if e["type"] in AFTER_STEPS} | {o["step"] for o in outs}
+            ran = {max(ends)} if ends else set()
         first = min(ran, default=None)
         before = {e["step"] for e in self.events if e["type"] in BEFORE_STEPS}
         return sorted(ran | {s for s in before if first is None or s > first})
@@ -240,6 +246,8 @@ class ReplayCursor:
         end = self._pos
         while end < len(self._items) and self._items[end]["step"] <= step:
             end += 1
+        if frame == self.last_frame:  # its end too (an abort's finish comes with the next step's number)
+            end = len(self._items)
         self.view.add(self._items[self._pos:end])  # its kv.pool events too: the pool after that step
         self._pos, self.frame = end, frame
         return self.view

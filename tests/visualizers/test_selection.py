@@ -245,3 +245,55 @@ def test_a_frozen_header_names_the_answers_last_token_when_a_rejected_draft_was_
     assert "after token <code>␣Paris</code> at position 4" in frozen_html({"step": 2}, 4, LABELS)
     # a byte piece of a split character (its text "") was an empty <code>: "after token at position 74"
     assert "after token <code>(no text)</code> at position 1" in frozen_html({"step": 2}, 1, ["a", ""])
+
+
+def test_a_token_that_led_inside_the_model_but_not_at_the_output_is_not_called_never_the_top():
+    """Seen on the embedded model (a draw at temperature 1): the lens showed <|end|> at rank 1
+    after layers 0 and 1 and rank 2 at the output, while the panel, the stage's sentence and the
+    map chip said it "was never the top candidate" / "top at the output"."""
+    from app.page.controller import stages_of
+    evs = events()
+    last = next(e for e in reversed(evs) if e["type"] == "logit_lens")
+    last["layers"] = [{**last["layers"][0], "chosen_rank": r} for r in (3, 1, 2)]  # embedding, layer 0, output
+    v = view(evs)
+    panel = v.render("logit_lens")
+    assert "never the top" not in panel and "top candidate at layer 0 but not at the output" in panel, panel
+    lens = next(s for s in stages_of(v) if s.key == "logit_lens")
+    assert "never the top" not in lens.text and "top candidate after layer <b>0</b> but not at the output" in lens.text
+    assert lens.chip == "drawn below the top"
+
+
+def test_a_token_that_jumps_to_the_top_is_not_said_to_enter_the_top_10_at_the_same_layer():
+    """Gemma 3's replay: "«Answer» was already the top candidate after layer 11, and stayed there.
+    It entered the top 10 after layer 11": one event said twice."""
+    from app.page.controller import stages_of
+    evs = events()
+    last = next(e for e in reversed(evs) if e["type"] == "logit_lens")
+    last["layers"] = [{**last["layers"][0], "chosen_rank": r} for r in (900, 1, 1)]
+    lens = next(s for s in stages_of(view(evs)) if s.key == "logit_lens")
+    assert "already the top candidate right after the embedding" not in lens.text
+    assert "top candidate after layer <b>0</b>, and stayed there" in lens.text and "entered the top 10" not in lens.text
+    assert "The embedding alone ranked it <b>900</b>" in lens.text, lens.text
+
+
+def test_a_request_stopped_before_any_step_is_not_still_on_its_way_and_held_no_kv():
+    """Gemma 3's stop picture: Stop landed before the first engine step; the page said "Not reached
+    yet: this request is still on its way", "waiting for the scheduler to admit the request…" and
+    "At its end this request held K/V for 13 tokens" of a finished request that never ran."""
+    from app.page.controller import stages_of
+    v = LiveView(model=MODEL, piece=lambda i: LABELS[i] if i < len(LABELS) else f"<{i}>", is_special=lambda i: i == 6)
+    v.request_id = "r1"
+    v.set_pool(empty_pool(8, 2))
+    usage = {"prompt_tokens": PROMPT, "completion_tokens": 0, "cached_tokens": 0}
+    v.add([{"type": "request.arrive", "step": 0, "trace_level": "full", "messages": []}, events()[0],
+           {"type": "finish", "step": 1, "reason": "abort", "usage": usage},
+           {"type": "output", "token_id": -1, "text": "", "finished": True, "finish_reason": "abort", "index": 0,
+            "t": 0.0, "step": 1, "usage": usage}])
+    st = {s.key: s for s in stages_of(v)}
+    for key in ("prefix", "timeline", "sampling"):
+        text = next(s.text for s in st.values() if key in s.panels)
+        assert "still on its way" not in text and "Never reached: the request ended (abort)" in text, (key, text)
+    kv = next(s for s in st.values() if "kv" in s.panels)
+    assert "held K/V for" not in kv.text and "never held K/V" in kv.text, kv.text
+    assert "waiting for the scheduler" not in v.render("prefix") and "ended before the scheduler" in v.render("prefix")
+    assert "when it finished" not in v.render("kv")

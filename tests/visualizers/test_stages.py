@@ -91,3 +91,34 @@ def test_one_special_token_takes_a_verb_in_the_singular():
                       {"id": 6, "text": " you", "piece": " you", "special": False}]}
     text = stage("tokens", MODEL, {"prompt": "Hi you"}, [tok]).text
     assert "is a special token that marks where the text begins" in text, text
+
+
+def test_capture_level_off_still_skips_speculation_on_a_model_without_a_draft():
+    """Gemma 3 and SmolLM2 at capture level off: the map drew Speculation as a stage of its own
+    (every other level, and the skipped line, say the model has no draft)."""
+    st = stage("spec", MODEL, {"trace_level": "off"}, [], OUTPUTS)
+    assert st.skipped and "served without a draft" in st.text, st.text
+    kept = stage("spec", {**MODEL, "has_draft": True}, {"trace_level": "off"}, [], OUTPUTS)
+    assert not kept.skipped and "records no speculative rounds" in kept.text
+
+
+def test_the_prefill_chip_counts_one_step_in_the_singular():
+    """Gemma 3's streaming picture: the map's chip read "1 steps" before the first token's time."""
+    st = stage("timeline", MODEL, None, events()[:3] + STEPS[:1])
+    assert st.chip in ("1 step", "") or st.chip.startswith("TTFT"), st.chip
+    assert "1 steps" not in st.chip
+
+
+def test_a_request_waiting_for_its_prefill_holds_no_kv_yet():
+    """SmolLM2's watch picture (streaming, 0 tokens): the KV stage said "So far this request held
+    K/V for 35 tokens ... in 3 blocks" while its panel said it held 0 in 0 blocks, "block table: ·"."""
+    from app.page.live_view import LiveView
+    from visualizers.kv_cache import empty_pool
+    st = stage("kv", MODEL, None, events()[:1])  # tokenized, not yet scheduled
+    assert "held K/V" not in st.text and "Not reached yet" in st.text and not st.reached, st.text
+    v = LiveView(model=MODEL, piece=str, is_special=lambda i: False)
+    v.request_id = "r1"
+    v.set_pool(empty_pool(8, 2))
+    v.add(events()[:1])
+    html = v.render("kv")
+    assert "block table: no block allocated yet" in html and "block table: ·" not in html, html

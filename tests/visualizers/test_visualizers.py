@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import visualizers as viz
+from app.page.live_view import LiveView
 from visualizers._html import png_data_uri
 
 XSS = ["<img src=x onerror=alert(1)>", "</script><b>x", "\"'><svg onload=alert(2)>"]
@@ -194,6 +195,37 @@ def test_kv_pool_events_fold_into_the_pool_drawn():
     copy = viz.copy_pool(pool)
     copy["ref"][0] = 7
     assert pool["ref"][0] == 1
+
+
+def test_the_kv_panel_draws_the_pool_of_the_decode_engine_the_request_decoded_on():
+    """--disaggregate --decode-ranks 2: each decode engine has its own pool (kv.pool: decode 0's,
+    kv.decode_pool: the others', with engine_index); a request decoded on decode 1 is drawn on
+    decode 1's pool with its blocks there, not on decode 0's grid with decode 1's block ids."""
+    def pool(kind, j, blocks, owner, fill):
+        return {"type": kind, "request_id": None, "step": 4, "num_blocks": 8, "block_size": 4, "full": True,
+                "blocks": blocks, "owners": [[owner]] * len(blocks), "ref": [1] * len(blocks), "fill": fill,
+                "cached": [False] * len(blocks), "request_ids": [owner], "engine": "decode", "engine_index": j}
+    evs = [{"type": "kv.alloc", "request_id": "r1", "step": 1, "blocks": [0, 1, 2], "table": [0, 1, 2],
+            "engine": "prefill", "engine_index": 0},
+           {"type": "kv.transfer", "request_id": "r1", "step": 2, "src": "prefill 0", "dst": "decode 1",
+            "engine": "decode"},
+           {"type": "kv.alloc", "request_id": "r1", "step": 2, "blocks": [4, 5, 6], "table": [4, 5, 6],
+            "engine": "decode", "engine_index": 1},
+           pool("kv.pool", 0, [0, 1], "x", [4, 4]), pool("kv.decode_pool", 1, [4, 5, 6], "r1", [4, 4, 2])]
+    assert viz.decode_engine_of(evs) == 1 and viz.decode_engine_of(evs[:1]) == 0
+    assert [e["table"] for e in viz.engine_kv_events(evs, 1) if e["type"] == "kv.alloc"] == [[4, 5, 6]]
+    model = {"name": "m", "num_layers": 2, "num_kv_heads": 1, "head_dim": 4, "dtype": "float32", "dtype_bytes": 4,
+             "num_blocks": 8, "block_size": 4, "kv_cache_bytes": 1024}
+    v = LiveView(model=model, piece=str, is_special=lambda i: False)
+    v.request_id = "r1"
+    v.add(evs)
+    html = v.render("kv")
+    assert 'data-mine="3"' in html and "block table: 4, 5, 6" in html and "holds 10 tokens in 3 blocks" in html
+    assert "other requests: none" in html  # decode 0's request x is in another pool
+    one = LiveView(model=model, piece=str, is_special=lambda i: False)  # one engine: kv.pool is the pool
+    one.request_id = "x"
+    one.add([{k: v for k, v in evs[-2].items() if k not in ("engine", "engine_index")}])
+    assert 'data-mine="2"' in one.render("kv")
 
 
 def test_a_stream_trace_draws_the_kv_pool(trace):

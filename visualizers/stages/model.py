@@ -9,7 +9,7 @@ from visualizers._html import esc, fmt_bytes, fmt_ms
 from visualizers.attention import layer_spans
 from visualizers.logit_lens import first_top
 from visualizers.stages.deepseek import deepseek_ffn, mla_heads, mla_kv
-from visualizers.stages.facts import Facts, Part, hidden_sentence, n, p, plural, quote
+from visualizers.stages.facts import Facts, Part, count, hidden_sentence, n, p, plural, quote
 from visualizers.stages.way_in import UNTRACED, cut_sentence, not_yet
 
 
@@ -93,7 +93,7 @@ def prefill_decode(f: Facts) -> Part:
              f"step{'s' if n_decode != 1 else ''} produced the answer{'' if f.finish else ' so far'}.",
              (f"Time to first token: <b>{esc(fmt_ms(ttft))}</b>. " if ttft is not None else "")
              + (f"A forward pass took {esc(fmt_ms(statistics.median(step_ms)))} at the median." if step_ms else ""))
-    chip = f"TTFT {fmt_ms(ttft)}" if ttft is not None else f"{len(f.steps):,} steps"
+    chip = f"TTFT {fmt_ms(ttft)}" if ttft is not None else count(len(f.steps), "step")
     return Part(text, ("timeline",), esc(chip))
 
 
@@ -114,6 +114,13 @@ def kv(f: Facts) -> Part:
         blocks, when = -(-tokens // bs), ("At its end " if f.finish else "So far ")
     if f.idle:  # the model's bytes per token; nothing held yet
         when = ""
+    if peak is None and not f.finish and not f.steps and not f.generated and not f.idle and not f.untraced:
+        return Part(p(f"So that no step recomputes the past, each layer's keys and values are kept: {n(per_token)} "
+                      "bytes per token.", not_yet(f)), ("kv",), reached=False)  # waiting: no block held yet
+    if peak is None and f.finish and not f.n_gen:  # stopped before its first token: no step ran it
+        return Part(p(f"So that no step recomputes the past, each layer's keys and values are kept: {n(per_token)} "
+                      "bytes per token.", "This request ended before the engine ran it: it never held K/V."),
+                    ("kv",), "none")
     if (mla := mla_kv(m, tokens, blocks, when)) is not None:  # DeepSeek: the latent, not K and V
         return Part(p(mla[0], mla[1]), ("kv",), esc(fmt_bytes(mla[2] * tokens)), reached=bool(f.steps or f.generated))
     text = p(f"So that no step recomputes the past, each layer's keys and values are kept: 2 × {L} "
@@ -160,15 +167,19 @@ def lens(f: Facts) -> Part:
     rows = lens_layers(e)
     top, last = first_top(rows), len(rows) - 1
     tok = quote(e.get("token_text", ""))
-    if top is None:
+    led = next((i for i, r in enumerate(rows) if r["chosen_rank"] == 1), None)
+    if top is None and led is None:
         when = f"the drawn token {tok} was never the top candidate (sampling picked a less likely one)"
+    elif top is None:  # it led somewhere inside, and lost the lead before the output
+        when = (f"the drawn token {tok} was the top candidate {_after(led)} but not at the output "
+                f"(sampling picked a less likely one)")
     elif top == last:
         when = f"{tok} became the top candidate only at the output, after the last layer"
     else:
         when = f"{tok} was already the top candidate {_after(top)}, and stayed there"
     near = next((i for i, r in enumerate(rows) if r["chosen_rank"] <= 10), None)
     near_text = (f" It entered the top 10 {_after(near)} (the embedding alone ranked it "
-                 f"{n(int(rows[0]['chosen_rank']))})." if near not in (None, last) else
+                 f"{n(int(rows[0]['chosen_rank']))})." if near not in (None, last, top) else
                  f" The embedding alone ranked it {n(int(rows[0]['chosen_rank']))}.")
     early = [t for t, x in zip(f.trail.lens_tops, evs) if t is not None and t < len(lens_layers(x)) - 1]
     summary = (f"Over the {plural(len(evs), 'traced token')}, {n(len(early))} "
@@ -176,5 +187,5 @@ def lens(f: Facts) -> Part:
                + (f" (at the median, {_after(int(statistics.median(early)))})" if early else "") + ".")
     text = p(what, f"In {which_pass(f, e)}, {when}.{near_text}", summary,
              f"The whole lens is one [{L + 1} × hidden] · [hidden × vocab] product per traced token.")
-    chip = "top at the output" if top in (None, last) else f"top after L{top - 1}" if top else "top at once"
+    chip = "drawn below the top" if top is None else "top at the output" if top == last else f"top after L{top - 1}" if top else "top at once"
     return Part(text, ("logit_lens",), chip)

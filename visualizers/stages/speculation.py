@@ -9,6 +9,10 @@ from visualizers.stages.facts import Facts, Part, n, p, plural
 def speculation(f: Facts) -> Part:
     spec = f.kept["spec"]
     if not spec and f.untraced:
+        why = without(f.model, f.body)  # known at any level: a stage it skips, not one it did unrecorded
+        if why is not None:
+            return Part(p(f"This request {'ran' if f.finish else 'runs'} without speculative decoding: {why}."),
+                        ("spec",), "off", skipped=True)
         return Part(p("This request's capture level (off) records no speculative rounds."), ("spec",), "")
     if not spec:
         why = without(f.model, f.body)

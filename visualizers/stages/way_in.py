@@ -9,8 +9,14 @@ IDLE = "No request yet: press Send (or Watch API requests) and this stage shows 
 
 
 def not_yet(f: Facts) -> str:
-    """A stage the request has not reached, or (before any request) one no request has."""
-    return IDLE if f.idle else NOT_YET
+    """A stage the request has not reached, or (before any request) one no request has, or one
+    a request that ended early (stopped while it waited) never reached."""
+    if f.idle:
+        return IDLE
+    if f.finish:
+        return (f"Never reached: the request ended ({esc(str(f.finish.get('reason') or 'stopped'))}) before the "
+                "engine ran it here.")
+    return NOT_YET
 UNTRACED = "This request's capture level (off) records no engine events for this stage."
 
 

@@ -132,6 +132,15 @@ def test_presenter_and_two_students_through_a_question(server, browser, room, tm
     s1.screenshot(path=f"{shots}/classroom-question-revealed.png")
     s1.set_viewport_size({"width": 420, "height": 900})  # a phone: the results stay inside their box
     assert s1.evaluate("document.documentElement.scrollWidth") <= 420
+    # and inside the box: a long token (Gemma 3's <start_of_image>) wraps in its cell instead of
+    # pushing the votes column out of the box (seen at 420 px: "the class's votes" cut at "0 (0%")
+    fits = s1.evaluate("""() => {
+      const cell = document.querySelectorAll('table.tt-q-results tr')[1].querySelector('td');
+      cell.textContent = '<start_of_image>';
+      const t = document.querySelector('table.tt-q-results'), b = document.querySelector('#tt-class-q');
+      const inner = b.getBoundingClientRect().right - parseFloat(getComputedStyle(b).paddingRight);
+      return [t.getBoundingClientRect().right, inner]; }""")
+    assert fits[0] <= fits[1] + 0.5, fits
     s1.set_viewport_size({"width": 1400, "height": 900})
     # a student loses the network; the presenter closes the question and moves on; it comes back there
     ctxs[1].set_offline(True)

@@ -122,6 +122,11 @@ def test_every_matrix_answers_hover_and_a_token_click_selects_it(server, tmp_pat
         cut = page.evaluate("[...document.querySelectorAll('#tt-logit-lens td.tt-lens-rank, #tt-logit-lens th')]"
                             ".filter(c => c.scrollWidth > c.clientWidth + 1).map(c => c.innerText)")
         assert cut == [], cut
+        # a large vocabulary's rank (SmolLM2's read "#16,7…" at 420 px, Gemma 3's run to #262,143) fits too
+        cut = page.evaluate("""() => { const cells = [...document.querySelectorAll('#tt-logit-lens td.tt-lens-rank')];
+          cells.forEach(c => { c.querySelector('.tt-nw').textContent = '#262,143'; });
+          return cells.filter(c => c.scrollWidth > c.clientWidth + 1).map(c => c.innerText); }""")
+        assert cut == [], cut
         context.close()
 
 

@@ -73,6 +73,8 @@ def test_before_any_request_nothing_streams_and_the_body_matches_the_controls(pa
         text = page.inner_text(f"#tt-stage-{key}")
         assert "still on its way" not in text and "Still running" not in text and "This request" not in text, text
     assert "No request yet" in page.inner_text("#tt-stage-tokens")
+    kv = page.inner_text("#tt-kv")  # the pool as the engine holds it, and no request's blocks to speak of
+    assert "no request yet" in kv and "this request holds" not in kv and "× 0 tokens" not in kv, kv
     body = body_shown(page)
     controls = {"temperature": float(page.input_value("#tt-temperature input[type=number]")),
                 "top_p": float(page.input_value("#tt-top-p input[type=number]")),
@@ -104,6 +106,9 @@ def test_capture_level_off_shows_what_it_records_and_says_what_it_leaves_out(pag
     prompt = int(re.search(r"usage: (\d+) prompt", answer).group(1))
     kv = page.inner_text("#tt-kv")
     assert f"(position {prompt + n - 2}) and predicted" in kv and f"(position {prompt + n - 1})" in kv, kv
+    # level off records no kv.* event of its own: its block table is unknown, said so (it read
+    # "block table: ·" and "position N's block is not in this request's block table (0 blocks)")
+    assert "block table: not recorded (capture level off)" in kv and "not in this request's block table" not in kv, kv
     assert "capture level off records only the streamed tokens, their timing and the usage" in answer
     assert page.locator("#tt-answer .tt-timed").count() == n  # each token with its timing
     prefix = page.inner_text("#tt-prefix")

@@ -44,6 +44,14 @@ def test_the_opening_page_draws_the_map_and_one_section_per_stage(ctl):
     assert out["map"].index("Tokenize") < out["map"].index("Prefix cache")  # tokenize first
 
 
+def test_the_status_counts_one_token_in_the_singular(ctl):
+    """Seen on SmolLM2's stop picture: "finished (abort), 1 tokens"."""
+    c = Controls(user="Tell me about foxes.", max_tokens=1, seed="3", level="off", model=ctl.model["name"])
+    statuses = [u["status"] for u in ctl.run("one-token", c) if "status" in u]
+    assert statuses[-1].endswith("finished (length), 1 token"), statuses
+    assert not any("1 tokens" in s for s in statuses), statuses
+
+
 def test_a_stream_redraws_the_map_and_stages_while_it_runs(ctl, monkeypatch):
     monkeypatch.setattr("app.page.stages.JOURNEY_EVERY", 0.0)  # every update: the tiny model is fast
     c = Controls(user="Tell me about foxes.", max_tokens=12, seed="3", level="full", model=ctl.model["name"])

@@ -73,6 +73,29 @@ def test_replay_counts_the_engine_steps_the_timeline_counts(recording):
     assert f"{len(ran)} engine steps" in last.render("timeline") and cursor.last_frame + 1 == len(ran)
 
 
+def test_an_abort_between_steps_adds_no_replay_step(recording):
+    """Seen on the stop picture: a request stopped after its prefill (1 engine step on the
+    timeline) replayed as "2 engine steps": its finish and kv.free are stamped with the step at
+    whose start the abort was processed, a step that did not run it. They belong to its last frame."""
+    import dataclasses
+    ran = recording.steps()
+    late = ran[-1] + 1
+    events = [dict(e, step=late) if e["type"] in ("finish", "kv.free") else e for e in recording.events]
+    end = {**recording.outputs[-1], "token_id": -1, "text": "", "finished": True, "finish_reason": "abort",
+           "step": late}  # the abort's end of stream: no token of its own
+    outputs = [dict(o, finished=False) for o in recording.outputs] + [end]
+    aborted = dataclasses.replace(recording, events=events, outputs=outputs)
+    assert aborted.steps() == ran
+    cursor = ReplayCursor(aborted)
+    last = cursor.goto(cursor.last_frame)
+    assert last.first("finish") is not None and f"{len(ran)} engine steps" in last.render("timeline")
+    assert last.finished  # its end-of-stream output came with the last frame
+    waiting = dataclasses.replace(recording, events=[e for e in events if e["type"] in ("request.arrive", "tokenize",
+                                                                                        "finish", "kv.free")],
+                                  outputs=[{**end, "step": late + 1}])  # stopped before any step ran it (the
+    assert waiting.steps() == [late + 1] and ReplayCursor(waiting).goto(0).finished  # output: the next step's number)
+
+
 def test_a_file_from_before_kv_pool_events_replays_the_same(recording):
     """Older files hold the pool as "snapshots" (sparse, one per step) instead of kv.pool events."""
     from visualizers.kv_cache import apply_kv_pool
