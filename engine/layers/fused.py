@@ -68,18 +68,19 @@ def _weight(m: nn.Module):
 class FusedLayer:
     """The arguments of one layer, and what they point into, kept alive here: the plan is
     rebuilt when a projection's weight copy or the KV pool is replaced, or the layer's
-    sliding window changes."""
+    sliding window or RoPE table changes."""
     args: LayerArgs
     mlp: bool  # the MLP half fused too (a dense SwiGLU, or a MoE: see moe); else the layer's own MLP runs it
     weights: list[tuple[Linear, object]]  # each fused projection and the weight it had then
     keep: tuple  # the float32 norm weights and biases, the cache views
     generation: int  # engine/layers/linear.py's count of weight-copy changes when planned
     moe: tuple | None = None  # a SparseMoE half in one C call: (its CpuExperts, its router, the norm's weight)
+    rope: str = "global"  # the layer's RoPE table when planned: the one-call stack picks its table by it
 
     def current(self, layer: nn.Module) -> bool:
         attn = layer.self_attn
         return self.generation == linear.generation() and self.keep[0].data_ptr() == attn.k_cache.data_ptr() \
-            and self.args.window == (attn.window or 0)
+            and self.args.window == (attn.window or 0) and self.rope == attn.rope
 
 
 def _f32(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -133,7 +134,7 @@ def plan(layer: nn.Module) -> FusedLayer | None:
         gelu=int(fuse_mlp and mlp.act is ACTIVATIONS["gelu_pytorch_tanh"]))
     moe = _moe_half(layer) if not fuse_mlp else None
     return FusedLayer(args, fuse_mlp or moe is not None, [(m, _weight(m)) for m in linears],
-                      (cache, attn.v_cache, w1, w2, *extra, *biases), linear.generation(), moe)
+                      (cache, attn.v_cache, w1, w2, *extra, *biases), linear.generation(), moe, attn.rope)
 
 
 def _moe_half(layer: nn.Module) -> tuple | None:

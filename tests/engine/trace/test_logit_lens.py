@@ -171,7 +171,7 @@ def test_the_panel_draws_every_row_escapes_token_text_and_marks_the_chosen_token
     # the chosen token is outlined wherever it is among the candidates, and its rank shown on every row
     chosen = sum(r["top_ids"].count(hostile["token_id"]) for r in hostile["layers"])
     assert html.count("tt-lens-chosen") == chosen and chosen >= 1
-    assert [int(x) for x in re.findall(r">#([\d,]+) · ", html)] == [r["chosen_rank"] for r in hostile["layers"]]
+    assert [int(x) for x in re.findall(r">#([\d,]+)</span> · ", html)] == [r["chosen_rank"] for r in hostile["layers"]]
     # hover: the exact probability and what the row and column are
     r0 = lens_layers(events[0])[0]
     first = logit_lens_html(events, position=events[0]["position"])
