@@ -124,6 +124,13 @@ def bars(settings: Sequence[dict], metrics: Sequence[tuple[str, str, str]], titl
     return {"data": data, "layout": layout(title, barmode="group")}
 
 
+def stream_gaps(settings: Sequence[dict]) -> list[tuple[str, list[float]]]:
+    """Each setting's label and the gaps between tokens of its requests in the "stream" role
+    (the chunked-prefill and disaggregation experiments' decoding streams)."""
+    return [(s["setting"]["label"], [g for r in s["per_request"] if r["role"] == "stream" for g in r["gaps_s"]])
+            for s in settings]
+
+
 def distribution(groups: Sequence[tuple[str, Sequence[float]]], title: str, unit: str = "ms",
                  scale: float = 1000.0) -> dict:
     """Box plots with every point: one group per (label, values in seconds)."""

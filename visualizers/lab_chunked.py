@@ -1,15 +1,14 @@
 """The chunked-prefill experiment's figures and sentences (app/lab/chunked_prefill.py's result)."""
 from __future__ import annotations
 
-from visualizers.lab import bars, distribution, esc, gantt, layout
+from visualizers.lab import bars, distribution, esc, gantt, layout, stream_gaps
 
 
 def figures(result: dict) -> list[dict]:
     settings = result["settings"]
     if not settings:
         return []
-    gaps = [(s["setting"]["label"], [g for r in s["per_request"] if r["role"] == "stream" for g in r["gaps_s"]])
-            for s in settings]
+    gaps = stream_gaps(settings)
     return [bars(settings, (("longest_stall_s", "longest stall", "s"), ("gap_p99_s", "gap p99", "s"),
                             ("long_ttft_s", "long prompt TTFT", "s")), "Stalls of the streams against the long TTFT"),
             distribution(gaps, "The streams' gaps between tokens"),

@@ -2,7 +2,7 @@
 pure functions of the result's dict."""
 from __future__ import annotations
 
-from visualizers.lab import KIND_COLOR, bars, distribution, esc, layout
+from visualizers.lab import KIND_COLOR, bars, distribution, esc, layout, stream_gaps
 
 SPLIT_COLORS = {"TTFT": "#466ec8", "before the handover": "#466ec8", "waiting to send": "#c9ccd8",
                 "on the wire": "#d62828", "received, scattered": "#f08c1e"}
@@ -12,8 +12,7 @@ def figures(result: dict) -> list[dict]:
     settings = result["settings"]
     if not settings:
         return []
-    gaps = [(s["setting"]["label"], [g for r in s["per_request"] if r["role"] == "stream" for g in r["gaps_s"]])
-            for s in settings]
+    gaps = stream_gaps(settings)
     return [bars(settings, (("long_ttft_median_s", "long prompts' TTFT (median)", "s"),
                             ("gap_p99_s", "streams' gap p99", "s"), ("longest_stall_s", "longest stall", "s")),
                  "The long prompts' wait against the streams' stalls"),
