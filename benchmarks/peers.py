@@ -142,8 +142,10 @@ def measure(found: list[Peer], prompts: list[list[int]], batches: list[int], n: 
             pause: float = 0.0) -> list[list[float]]:
     """Interleaved rounds: in each, every peer generates n tokens and then 1 for each batch;
     its decode time is the difference (the prefill left out). A pause before each peer lets
-    the one before it go quiet (OpenMP threads spin a while after their work). Returns the
-    load average after each round."""
+    the one before it go quiet (OpenMP threads spin a while after their work); then a short
+    untimed run of its own wakes the cores again: after a pause the first steps of any peer
+    run up to 2x slower (this 2-core VM's vCPUs come back from idle), which would charge a
+    cold start to a decode rate. Returns the load average after each round."""
     for peer in found:  # warm-up, and the greedy tokens compared
         for b in batches:
             peer.tokens[b] = peer.generate(prompts[:b], n)
@@ -152,6 +154,7 @@ def measure(found: list[Peer], prompts: list[list[int]], batches: list[int], n: 
         for b in batches:
             for peer in found:
                 time.sleep(pause)
+                peer.generate(prompts[:b], 4)  # the cores back from idle: a steady decode, not a cold start
                 t = time.perf_counter()
                 peer.generate(prompts[:b], n)
                 mid = time.perf_counter()

@@ -38,7 +38,7 @@ def kernels16(b: Bench) -> None:
                     for w in weights[dt]:
                         cpu_kernels.linear(xs[w.in_features], w)
                     best[dt] = min(best[dt], time.thread_time() - t)
-            path = "AVX-512 BF16 dot products, x split hi + lo" if cpu_kernels.library().tt_linear16_path() \
+            path = "AVX-512 BF16 dot products, x rounded to bfloat16" if cpu_kernels.library().tt_linear16_path() \
                 else "widened by shifts"
             for dt, what in ((torch.bfloat16, f"bfloat16 ({path})"), (torch.float16, "float16 (F16C)")):
                 b.add("16-bit weights: a step's matrices, 1 thread", f"{what}, {rows} rows", best[dt] * 1e3, "ms",

@@ -27,7 +27,7 @@ def precision(b: Bench, name: str = "smollm2") -> None:
     precision_speed(b, real, engines, f"{label(name)}: 16-bit weights decode",
                     {"bfloat16": f"bfloat16 {bf16}", "float16": "float16 widened by F16C (or bit arithmetic)"})
     agreement_rows(b, real, engines, DTYPES, f"{label(name)}: 16-bit weights agreement",
-                   lambda e: f"weights {e.describe().model.dtype} in the C kernels, float32 arithmetic",
+                   lambda e: f"weights {e.describe().model.dtype} in the C kernels, float32 sums",
                    (1e3, "mnats"))
     for dtype in ("float32", "bfloat16"):
         r = resident.in_subprocess(name, dtype)

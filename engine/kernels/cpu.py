@@ -327,6 +327,14 @@ def blocked_weights(model: torch.nn.Module) -> list[BlockedWeight]:
 LINEAR_FNS = {torch.float32: "tt_linear_f32", torch.bfloat16: "tt_linear_bf16", torch.float16: "tt_linear_f16"}
 
 
+def as_multiplied(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x as float32 the way the kernels for weights of `dtype` multiply it: rounded to bfloat16
+    (nearest even) for bfloat16 weights, whose kernel multiplies bfloat16 by bfloat16
+    (cpu_linear16.c), as it is otherwise. The GEMM over MAX_ROWS rows and the tests' oracle
+    take it, so every path forms the same products."""
+    return x.to(torch.bfloat16).float() if dtype == torch.bfloat16 else x.float()
+
+
 def linear(x: torch.Tensor, w: BlockedWeight, bias: torch.Tensor | None = None,
            lib: ctypes.CDLL | None = None) -> torch.Tensor:
     """x [..., in] @ W.T (+ bias) -> [..., out] float32, any number of rows (fastest at a

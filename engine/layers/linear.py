@@ -19,7 +19,7 @@ Loading fills the plain parameter; `pack` then moves it into the C kernel's layo
 is from then on the layer's only copy of it (the parameter freed; an embedding tied to the
 LM head reads its rows from the same copy, see Embedding). The copy may be stored in
 16 bits (`--dtype bfloat16` / `float16` on the CPU: half the bytes to stream, the sums
-still float32). Over MAX_ROWS rows (a prefill chunk) the layer widens the copy back for
+still float32; at bfloat16 x is rounded to bfloat16 too, as a bfloat16 matmul does). Over MAX_ROWS rows (a prefill chunk) the layer widens the copy back for
 PyTorch's GEMM, a cost small beside the GEMM's own. oneDNN's copy, where the C kernel
 does not build, still sits beside the parameter.
 """
@@ -121,7 +121,7 @@ class Linear(nn.Linear):
             if x.numel() <= cpu_kernels.MAX_ROWS * x.shape[-1]:
                 return cpu_kernels.linear(x, self.blocked, self.bias)
             bias = None if self.bias is None else self.bias.float()
-            return F.linear(x.float(), self.blocked.unblocked().float(), bias)
+            return F.linear(cpu_kernels.as_multiplied(x, self.blocked.dtype), self.blocked.unblocked().float(), bias)
         if self.packed is not None:
             return packed_linear(x, self.packed, self.bias)
         return F.linear(x, self.weight, self.bias)

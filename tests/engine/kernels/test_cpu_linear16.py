@@ -1,5 +1,6 @@
-"""The 16-bit weight kernels (engine/kernels/cpu_linear16.c) against plain torch: float32
-activations times the bfloat16 / float16 weight widened, in float64 as the oracle.
+"""The 16-bit weight kernels (engine/kernels/cpu_linear16.c) against plain torch: the
+activations as the kernel multiplies them (rounded to bfloat16 against bfloat16 weights,
+float32 against float16) times the 16-bit weight, summed in float64 as the oracle.
 
 Every path is built here: this CPU's own (-march=native: AVX-512 BF16's dot products where
 it has them) and the forced fallbacks x86-64-v3 (AVX2 + F16C, no AVX-512: widening by shifts
@@ -28,15 +29,14 @@ DTYPES = [torch.bfloat16, torch.float16]
 
 
 def check(y: torch.Tensor, x: torch.Tensor, w16: torch.Tensor, bias: torch.Tensor | None, lib) -> None:
-    """y against x @ w16.T in float64. The bound: float32 sums of K terms, and on the BF16
-    dot-product path x split into two bfloat16 parts (a relative error under 2^-16 of each
-    x), both far below the weight's own rounding (2^-9 for bfloat16)."""
-    ref = F.linear(x.double(), w16.double(), None if bias is None else bias.double())
+    """y against the products the kernel is meant to form, summed in float64: x as it is
+    multiplied (rounded to bfloat16 against bfloat16 weights on every path, float32 against
+    float16) times the 16-bit weight. The bound: float32 sums of K terms."""
+    xm = cpu.as_multiplied(x, w16.dtype).double()
+    ref = F.linear(xm, w16.double(), None if bias is None else bias.double())
     k = x.shape[-1]
-    scale = (x.double().abs() @ w16.double().abs().T).max().item() + 1e-30
-    split = 2.0 ** -16 if lib.tt_linear16_path() == 1 and w16.dtype == torch.bfloat16 else 0.0
-    bound = scale * (split + 4e-7 * k ** 0.5)
-    assert (y.double() - ref).abs().max().item() <= bound
+    scale = (xm.abs() @ w16.double().abs().T).max().item() + 1e-30
+    assert (y.double() - ref).abs().max().item() <= scale * 4e-7 * k ** 0.5
 
 
 @pytest.mark.parametrize("arch", ARCHES)
@@ -142,3 +142,32 @@ def test_rows_of_ids_outside_the_table_are_refused(dtype):
         with pytest.raises(IndexError):
             bw.rows(torch.tensor([0, bad]))
     assert torch.equal(bw.rows(torch.tensor([[9]])), bw.unblocked().float()[9:10].view(1, 1, 40))
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_bfloat16_weights_multiply_x_rounded_to_bfloat16(arch):
+    """A one-column weight of 1 times x is x as the kernel multiplies it: rounded to the
+    nearest bfloat16 (ties to even) on the dot-product path and on the widening one alike;
+    float16 weights keep x as it is."""
+    lib = cpu.load(arch)
+    x = torch.tensor([[1 + 2 ** -10], [1 + 3 * 2 ** -8], [-3.3e-3], [1 + 2 ** -8], [7.0]])  # the 4th: a tie, to even
+    one = torch.ones(1, 1)
+    y = cpu.linear(x, cpu.BlockedWeight.of(one, torch.bfloat16), lib=lib)
+    assert torch.equal(y, x.to(torch.bfloat16).float())
+    assert y[3, 0].item() == 1.0 and y[1, 0].item() == 1 + 4 * 2 ** -8
+    assert torch.equal(cpu.linear(x, cpu.BlockedWeight.of(one, torch.float16), lib=lib), x)
+
+
+def test_bfloat16_rows_past_the_kernel_form_the_same_products():
+    """Over MAX_ROWS rows a layer leaves the kernel for PyTorch's GEMM on the widened weight:
+    it rounds x as the kernel does, so a row's output does not depend on how many rows share
+    its pass (a prefill against a decode step, a verification round)."""
+    from engine.layers.linear import Linear
+    g = torch.Generator().manual_seed(3)
+    layer = Linear(300, 70, bias=False)
+    layer.weight.data = torch.randn(70, 300, generator=g)
+    layer.pack(True, torch.bfloat16)
+    x = torch.randn(cpu.MAX_ROWS + 8, 300, generator=g)
+    many, one = layer(x), layer(x[:1])
+    assert torch.allclose(many[:1], one, rtol=0, atol=1e-4 * one.abs().max().item())
+    assert not torch.allclose(many[:1], F.linear(x[:1], layer.blocked.unblocked().float()), rtol=0, atol=1e-6)
