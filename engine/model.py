@@ -87,6 +87,8 @@ class DecoderModel(nn.Module):
         x = self.embed_tokens(batch.input_ids)
         if self.embed_scale is not None:  # Gemma: sqrt(hidden), rounded to the model's dtype first
             x = x * torch.tensor(self.embed_scale).to(x.dtype).item()
+        if capture is None and (st := fused.stack(self, x, batch)) is not None:  # every layer in one C call
+            return fused.stack_forward(st, x, batch, self)  # the final norm too; x is this pass's own
         # cos/sin looked up once per pass for each table; every layer reads its own
         batch.rope = {"global": self.rotary.lookup(batch.positions, x.dtype)}
         if self.rotary_local is not None:
@@ -102,8 +104,6 @@ class DecoderModel(nn.Module):
         # every row a lens row (a traced decode step of one sequence, its verify pass): x itself,
         # which no layer writes to (each returns a new tensor); the engine marks rows in order
         whole = lens is not None and lens.shape[0] == x.shape[0]
-        if capture is None and (st := fused.stack(self, x, batch)) is not None:  # every layer in one C call
-            return self.norm(fused.stack_forward(st, x, batch))
         for layer in self.layers:
             if lens is not None:
                 capture.lens_hidden.append(x if whole else x.index_select(0, lens))

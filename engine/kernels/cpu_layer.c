@@ -165,27 +165,43 @@ int tt_moe_block(const void *M, const float *norm, float offset, float eps, floa
                  float *weights, int nthreads);
 
 /* Every layer of a pass in one call, for a pass nobody traces at `full` (whose captures read
-   each layer): out [T, hidden] = the layers over x [T, hidden] (x is overwritten: the two
-   take turns as a layer's input and output). At batch 1 on the embedded MoE, the Python
-   around each layer's two calls (plan checks, argument packing, the outputs' tensors) cost
-   about what the layer's arithmetic did. experts / weights: [T, top_k] scratch for the MoE
-   layers' routing. Returns 0, or -1 when a layer's scratch could not be allocated. */
+   each layer): out [T, hidden] = the final RMSNorm (final_norm [hidden], offset, eps) of the
+   layers over x [T, hidden] (x is overwritten: the two take turns as a layer's input and
+   output). At batch 1 on the embedded MoE, the Python around each layer's two calls (plan
+   checks, argument packing, the outputs' tensors) cost about what the layer's arithmetic did;
+   the RoPE rows and the final norm were three more calls a step. cos / sin: each RoPE table
+   [rows][D] whole, read at the tokens' positions pos [T]. experts / weights: [T, top_k]
+   scratch for the MoE layers' routing. Returns 0; -1 when a layer's scratch could not be
+   allocated; -2 for a position outside the tables (nothing computed). */
 int tt_decode_stack(const tt_stack_layer *layers, long L, float *x, float *out, long T, const float *const *cos,
-                    const float *const *sin, const long *slots, const long *tables, long W, const int *ctx,
-                    long *experts, float *weights, int nthreads) {
+                    const float *const *sin, long ntables, long rows, long D, const long *pos, const long *slots,
+                    const long *tables, long W, const int *ctx, long *experts, float *weights,
+                    const float *final_norm, float offset, float eps, int nthreads) {
+    for (long t = 0; t < T; t++)
+        if (pos[t] < 0 || pos[t] >= rows) return -2;
+    long H = layers[0].layer->hidden;
+    float *rope = malloc(sizeof(float) * 2 * ntables * T * D);  /* each table's rows at pos: [table][cos|sin][T][D] */
+    if (!rope) return -1;
+    for (long r = 0; r < ntables; r++)
+        for (long t = 0; t < T; t++) {
+            memcpy(rope + ((2 * r) * T + t) * D, cos[r] + pos[t] * D, sizeof(float) * D);
+            memcpy(rope + ((2 * r + 1) * T + t) * D, sin[r] + pos[t] * D, sizeof(float) * D);
+        }
     float *cur = x, *nxt = out;
-    for (long i = 0; i < L; i++) {
+    int rc = 0;
+    for (long i = 0; i < L && !rc; i++) {
         const tt_stack_layer *s = &layers[i];
-        int rc = tt_decode_attention_block(s->layer, cur, T, cos[s->rope], sin[s->rope], slots, tables, W, ctx, nxt,
-                                           NULL, nthreads);
+        const float *c = rope + (2 * s->rope) * T * D, *sn = rope + (2 * s->rope + 1) * T * D;
+        rc = tt_decode_attention_block(s->layer, cur, T, c, sn, slots, tables, W, ctx, nxt, NULL, nthreads);
         if (!rc) rc = s->moe ? tt_moe_block(s->moe, s->moe_norm, s->moe_offset, s->moe_eps, nxt, T, experts, weights,
                                             nthreads)
                              : tt_decode_mlp_block(s->layer, nxt, T, nthreads);
-        if (rc) return -1;
         float *t = cur;
         cur = nxt;
         nxt = t;
     }
-    if (cur != out) memcpy(out, cur, sizeof(float) * T * layers[0].layer->hidden);
+    free(rope);
+    if (rc) return -1;
+    tt_rms_norm(cur, T, H, H, final_norm, offset, eps, out);  /* row by row: in place where cur is out */
     return 0;
 }

@@ -217,6 +217,7 @@ class FusedStack:
     layers: ctypes.Array
     ropes: list[str]
     top_k: int
+    final_norm: torch.Tensor  # the model's last RMSNorm weight, applied inside the call
 
 
 def stack(model: nn.Module, x: torch.Tensor, batch: ForwardBatch) -> FusedStack | None:
@@ -232,6 +233,8 @@ def stack(model: nn.Module, x: torch.Tensor, batch: ForwardBatch) -> FusedStack 
     if st is None or len(st.plans) != len(plans) or any(a is not b for a, b in zip(st.plans, plans)):
         st = _build_stack(model, plans)
         model.__dict__["_fused_stack"] = st
+    if not _tables_fit(model, st.ropes, model.layers[0].self_attn.head_dim) or model.norm.weight.dtype != torch.float32:
+        return None
     return st
 
 
@@ -248,24 +251,47 @@ def _build_stack(model: nn.Module, plans: list[FusedLayer]) -> FusedStack:
             row.moe_offset, row.moe_eps = 1.0 if norm.offset else 0.0, norm.eps
             top_k = max(top_k, experts_.args.top_k)
         rows.append(row)
-    return FusedStack(plans, (StackLayer * len(rows))(*rows), ropes, top_k)
+    return FusedStack(plans, (StackLayer * len(rows))(*rows), ropes, top_k, model.norm.weight.detach())
 
 
-def stack_forward(st: FusedStack, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-    """x [T, hidden] after every layer, in one C call (see stack)."""
+def stack_forward(st: FusedStack, x: torch.Tensor, batch: ForwardBatch, model: nn.Module) -> torch.Tensor:
+    """The final norm of x [T, hidden] after every layer, in one C call (see stack); x is the
+    pass's own fresh embedding rows, which the call overwrites. The RoPE rows are read from
+    the model's whole tables at the batch's positions inside the call."""
     T = x.shape[0]
-    tables = [[t.reshape(T, -1) for t in batch.rope[name]] for name in st.ropes]  # [cos, sin] each
+    tables = [_rope_table(model, name) for name in st.ropes]
     cos = (_P * len(tables))(*[c.data_ptr() for c, _ in tables])
     sin = (_P * len(tables))(*[s.data_ptr() for _, s in tables])
+    rows, D = tables[0][0].shape
     block_tables, keys = batch.row_keys
-    work = x.contiguous().clone()  # the C call overwrites its input
+    work = x.contiguous()
     out = torch.empty_like(work)
     experts = torch.empty(T * st.top_k, dtype=torch.long)
     weights = torch.empty(T * st.top_k, dtype=torch.float32)
+    norm = model.norm
     rc = cpu_kernels.library().tt_decode_stack(
-        st.layers, len(st.layers), work.data_ptr(), out.data_ptr(), T, cos, sin, batch.slot_mapping.data_ptr(),
-        block_tables.data_ptr(), block_tables.shape[1], keys.data_ptr(), experts.data_ptr(), weights.data_ptr(),
-        torch.get_num_threads())
+        st.layers, len(st.layers), work.data_ptr(), out.data_ptr(), T, cos, sin, len(tables), rows, D,
+        batch.positions.data_ptr(), batch.slot_mapping.data_ptr(), block_tables.data_ptr(), block_tables.shape[1],
+        keys.data_ptr(), experts.data_ptr(), weights.data_ptr(), st.final_norm.data_ptr(),
+        1.0 if norm.offset else 0.0, norm.eps, torch.get_num_threads())
+    if rc == -2:
+        raise IndexError(f"a position past the RoPE table's {rows} rows")
     if rc:
         raise MemoryError(f"cpu_layer: no memory for the scratch rows of {T} tokens")
     return out
+
+
+def _rope_table(model: nn.Module, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    rotary = model.rotary if name == "global" else model.rotary_local
+    return rotary.cos, rotary.sin
+
+
+def _tables_fit(model: nn.Module, ropes: list[str], head_dim: int) -> bool:
+    """Whether the one call can read RoPE rows straight from the model's tables: float32,
+    contiguous, on the CPU, a row of head_dim (what the per-layer path's lookup gives)."""
+    for name in ropes:
+        for t in _rope_table(model, name):
+            if t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous() or t.dim() != 2 \
+                    or t.shape[1] != head_dim:
+                return False
+    return True

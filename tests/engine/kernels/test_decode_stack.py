@@ -64,3 +64,22 @@ def test_a_full_trace_and_an_unfused_mlp_half_keep_the_layers_one_by_one(checkpo
     shared = LLM(checkpoint("qwen2_moe"), device="cpu", dtype="float32", block_size=4)
     _decode_logits(shared, [[3, 4, 5, 6]], calls)
     assert not calls
+
+
+def test_a_position_past_the_rope_tables_is_refused_before_anything_runs(checkpoint):
+    """The one call reads each token's RoPE rows from the model's whole tables by position: one
+    outside them is an IndexError (as the per-layer path's lookup gives), no row written."""
+    llm = LLM(checkpoint("llama"), device="cpu", dtype="float32", block_size=4)
+    engine = llm.engine
+    seq = forward.admit(engine, [3, 4, 5, 6])
+    try:
+        forward.run(engine, [seq], 3)
+        batch = forward.prepare(engine, [seq])
+        rows = engine.runner.model.model.rotary.cos.shape[0]
+        batch.positions[0] = rows  # one past the last row
+        kv = engine.runner.kv_cache.clone()
+        with pytest.raises(IndexError, match="RoPE"):
+            engine.runner.run(batch)
+        assert torch.equal(engine.runner.kv_cache, kv)
+    finally:
+        engine.block_manager.free_seq(seq)
