@@ -36,6 +36,7 @@ from benchmarks.bench.quantized import quantized
 from benchmarks.bench.real_model import real_model
 from benchmarks.bench.report import print_table, write_record
 from benchmarks.bench.speculative import speculative
+from benchmarks.bench.step_overhead import step_overhead
 from benchmarks.bench.tracing import tracing
 from benchmarks.bench.vs_transformers import vs_transformers
 from engine.llm_engine import DEFAULT_MODEL
@@ -44,8 +45,9 @@ from engine.llm_engine import DEFAULT_MODEL
 SECTIONS: dict[str, Callable[[Bench], None]] = {
     "transformers": vs_transformers, "tracing": tracing, "bandwidth": bandwidth_bound, "batching": batching,
     "speculative": speculative, "prefix": prefix_cache, "gpu": gpu, "real": real_model, "memory": memory,
-    "quant": quantized, "precision": precision, "parallel": parallel, "kernels16": kernels16}
-DEFAULT_SECTIONS = "transformers,tracing,bandwidth,batching,speculative,prefix,gpu,real,memory"
+    "quant": quantized, "precision": precision, "parallel": parallel, "kernels16": kernels16,
+    "step": step_overhead}
+DEFAULT_SECTIONS = "transformers,tracing,step,bandwidth,batching,speculative,prefix,gpu,real,memory"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

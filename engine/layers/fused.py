@@ -218,6 +218,8 @@ class FusedStack:
     ropes: list[str]
     top_k: int
     final_norm: torch.Tensor  # the model's last RMSNorm weight, applied inside the call
+    tables: list[tuple[torch.Tensor, torch.Tensor]]  # each RoPE table's (cos, sin) whole, read by position
+    fits: bool  # the tables and the norm are what the call reads (else the layers run one by one)
 
 
 def stack(model: nn.Module, x: torch.Tensor, batch: ForwardBatch) -> FusedStack | None:
@@ -230,12 +232,11 @@ def stack(model: nn.Module, x: torch.Tensor, batch: ForwardBatch) -> FusedStack 
             return None
         plans.append(plan)
     st = model.__dict__.get("_fused_stack")
-    if st is None or len(st.plans) != len(plans) or any(a is not b for a, b in zip(st.plans, plans)):
+    if st is None or len(st.plans) != len(plans) or any(a is not b for a, b in zip(st.plans, plans)) \
+            or not all(t is u for name, pair in zip(st.ropes, st.tables) for t, u in zip(pair, _rope_table(model, name))):
         st = _build_stack(model, plans)
         model.__dict__["_fused_stack"] = st
-    if not _tables_fit(model, st.ropes, model.layers[0].self_attn.head_dim) or model.norm.weight.dtype != torch.float32:
-        return None
-    return st
+    return st if st.fits else None
 
 
 def _build_stack(model: nn.Module, plans: list[FusedLayer]) -> FusedStack:
@@ -251,7 +252,9 @@ def _build_stack(model: nn.Module, plans: list[FusedLayer]) -> FusedStack:
             row.moe_offset, row.moe_eps = 1.0 if norm.offset else 0.0, norm.eps
             top_k = max(top_k, experts_.args.top_k)
         rows.append(row)
-    return FusedStack(plans, (StackLayer * len(rows))(*rows), ropes, top_k, model.norm.weight.detach())
+    tables = [_rope_table(model, name) for name in ropes]
+    fits = _tables_fit(tables, model.layers[0].self_attn.head_dim) and model.norm.weight.dtype == torch.float32
+    return FusedStack(plans, (StackLayer * len(rows))(*rows), ropes, top_k, model.norm.weight.detach(), tables, fits)
 
 
 def stack_forward(st: FusedStack, x: torch.Tensor, batch: ForwardBatch, model: nn.Module) -> torch.Tensor:
@@ -259,7 +262,7 @@ def stack_forward(st: FusedStack, x: torch.Tensor, batch: ForwardBatch, model: n
     pass's own fresh embedding rows, which the call overwrites. The RoPE rows are read from
     the model's whole tables at the batch's positions inside the call."""
     T = x.shape[0]
-    tables = [_rope_table(model, name) for name in st.ropes]
+    tables = st.tables
     cos = (_P * len(tables))(*[c.data_ptr() for c, _ in tables])
     sin = (_P * len(tables))(*[s.data_ptr() for _, s in tables])
     rows, D = tables[0][0].shape
@@ -286,11 +289,11 @@ def _rope_table(model: nn.Module, name: str) -> tuple[torch.Tensor, torch.Tensor
     return rotary.cos, rotary.sin
 
 
-def _tables_fit(model: nn.Module, ropes: list[str], head_dim: int) -> bool:
+def _tables_fit(tables: list[tuple[torch.Tensor, torch.Tensor]], head_dim: int) -> bool:
     """Whether the one call can read RoPE rows straight from the model's tables: float32,
     contiguous, on the CPU, a row of head_dim (what the per-layer path's lookup gives)."""
-    for name in ropes:
-        for t in _rope_table(model, name):
+    for pair in tables:
+        for t in pair:
             if t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous() or t.dim() != 2 \
                     or t.shape[1] != head_dim:
                 return False
