@@ -83,8 +83,16 @@ class DecoderModel(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_offset)
 
+    def cover_positions(self, n: int) -> None:
+        """RoPE tables for positions [0, n): they grow with the longest pass (engine/layers/rotary.py)."""
+        self.rotary.cover(n)
+        if self.rotary_local is not None:
+            self.rotary_local.cover(n)
+
     def forward(self, batch: ForwardBatch, capture: PassCapture | None = None) -> torch.Tensor:
         x = self.embed_tokens(batch.input_ids)
+        if not batch.static_shapes:  # a CUDA graph's batch: the runner covered every position before capture
+            self.cover_positions(max(batch.context_lens, default=0))
         if self.embed_scale is not None:  # Gemma: sqrt(hidden), rounded to the model's dtype first
             x = x * torch.tensor(self.embed_scale).to(x.dtype).item()
         if capture is None and (st := fused.stack(self, x, batch)) is not None:  # every layer in one C call

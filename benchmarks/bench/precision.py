@@ -34,7 +34,8 @@ def precision(b: Bench, name: str = "smollm2") -> None:
         b.add(f"{label(name)}: 16-bit weights memory", f"{dtype}: resident growth of a load", r["rss_growth"] / 2**20,
               "MiB", (r["weights"] + r["kv_pool"]) / 2**20,
               f"baseline: weights {r['weights'] / 2**20:,.0f} MiB + KV pool {r['kv_pool'] / 2**20:,.0f} MiB "
-              f"(+ RoPE tables {r['rope_tables'] / 2**20:,.0f} MiB: {r['ratio_with_rope']:.2f}x); fresh process, "
+              f"(+ RoPE tables {r['rope_tables'] / 2**20:,.0f} MiB: {r['ratio_with_rope']:.2f}x); anonymous pages "
+              f"{r['anon_growth'] / 2**20:,.0f} MiB: {r['ratio_anon']:.2f}x; fresh process, "
               "tokenizer built before the baseline")
 
 

@@ -61,24 +61,42 @@ def attention_factor(scaling: dict | None) -> float:
     return yarn_mscale(factor)
 
 
+INITIAL_ROWS = 4096  # positions the tables hold at load: they grow to the longest pass (Gemma 3's
+# two 32k-position tables were 128 MiB resident from the start)
+
+
 class RotaryEmbedding(nn.Module):
     """Precomputed cos/sin tables indexed by absolute position (rotate-half layout).
 
     The tables are computed, never loaded, so they are plain float32 tensors made on the
     CPU rather than buffers: building the model on the meta device, casting it to bf16
-    or moving it leaves them intact. They follow the positions to their device on first use.
-    `sin` has its first half negated, the sign that rotate-half puts on x's second half
-    (see `rotate`)."""
+    or moving it leaves them intact. They follow the positions to their device on first use,
+    and hold the first INITIAL_ROWS positions until a pass reaches further (`cover`: at least
+    doubling, up to max_positions). `sin` has its first half negated, the sign that
+    rotate-half puts on x's second half (see `rotate`)."""
 
     def __init__(self, head_dim: int, max_positions: int, theta: float, scaling: dict | None) -> None:
         super().__init__()
+        self.max_positions = max_positions
         with torch.device("cpu"):
-            inv_freq = inverse_frequencies(head_dim, theta, scaling)
-            freqs = torch.arange(max_positions, dtype=torch.float32)[:, None] * inv_freq[None, :]
-            self.cos = torch.cat([freqs, freqs], dim=-1).cos()
-            self.sin = torch.cat([-freqs.sin(), freqs.sin()], dim=-1)
-            if (m := attention_factor(scaling)) != 1.0:  # YaRN: cos and sin scaled, as the reference does
-                self.cos, self.sin = self.cos * m, self.sin * m
+            self.inv_freq = inverse_frequencies(head_dim, theta, scaling)
+        self.factor = attention_factor(scaling)  # YaRN: cos and sin scaled, as the reference does
+        self.cos, self.sin = self._tables(min(max_positions, INITIAL_ROWS), torch.device("cpu"))
+
+    def _tables(self, rows: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        with torch.device("cpu"):
+            freqs = torch.arange(rows, dtype=torch.float32)[:, None] * self.inv_freq[None, :]
+            cos = torch.cat([freqs, freqs], dim=-1).cos()
+            sin = torch.cat([-freqs.sin(), freqs.sin()], dim=-1)
+            if self.factor != 1.0:
+                cos, sin = cos * self.factor, sin * self.factor
+        return cos.to(device), sin.to(device)
+
+    def cover(self, positions: int) -> None:
+        """Tables for positions [0, positions) (up to max_positions): rebuilt larger when short."""
+        rows = self.cos.shape[0]
+        if positions > rows and rows < self.max_positions:
+            self.cos, self.sin = self._tables(min(self.max_positions, max(positions, 2 * rows)), self.cos.device)
 
     def lookup(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin for these positions: [T, 1, D], shared by every layer that uses this table."""
