@@ -102,8 +102,8 @@ class DecoderModel(nn.Module):
         # every row a lens row (a traced decode step of one sequence, its verify pass): x itself,
         # which no layer writes to (each returns a new tensor); the engine marks rows in order
         whole = lens is not None and lens.shape[0] == x.shape[0]
-        if capture is None and (st := fused.stack(self, x, batch)) is not None:  # every layer in one C call
-            return self.norm(fused.stack_forward(st, x, batch))
+        if (st := fused.stack(self, x, batch)) is not None:  # every layer in one C call, its captures too
+            return self.norm(fused.stack_forward(st, x, batch, capture))
         for layer in self.layers:
             if lens is not None:
                 capture.lens_hidden.append(x if whole else x.index_select(0, lens))

@@ -164,28 +164,46 @@ typedef struct {
 int tt_moe_block(const void *M, const float *norm, float offset, float eps, float *x, long T, long *experts,
                  float *weights, int nthreads);
 
-/* Every layer of a pass in one call, for a pass nobody traces at `full` (whose captures read
-   each layer): out [T, hidden] = the layers over x [T, hidden] (x is overwritten: the two
-   take turns as a layer's input and output). At batch 1 on the embedded MoE, the Python
-   around each layer's two calls (plan checks, argument packing, the outputs' tensors) cost
-   about what the layer's arithmetic did. experts / weights: [T, top_k] scratch for the MoE
-   layers' routing. Returns 0, or -1 when a layer's scratch could not be allocated. */
+/* What a `full` trace keeps of a stack's pass (engine/layers/fused.py stack_forward), each part
+   NULL where nobody reads it: q[i] layer i's rotated queries [T, heads * head_dim] (q itself
+   NULL, or an entry NULL: none kept); experts / weights [L, T, top_k] each MoE layer's routing
+   (layer i's at i * T * top_k; a dense layer's left as it was); resid [L, T, hidden] each
+   layer's input, the residual stream the logit lens reads. */
+typedef struct {
+    float *const *q;
+    long *experts;
+    float *weights;
+    long top_k;
+    float *resid;
+} tt_stack_capture;
+
+/* Every layer of a pass in one call: out [T, hidden] = the layers over x [T, hidden] (x is
+   overwritten: the two take turns as a layer's input and output). At batch 1 on the
+   embedded MoE, the Python around each layer's two calls (plan checks, argument packing,
+   the outputs' tensors) cost about what the layer's arithmetic did. experts / weights:
+   [T, top_k] scratch for the MoE layers' routing. cap: what a `full` trace keeps of each
+   layer (NULL: nothing), the same arithmetic either way. Returns 0, or -1 when a layer's
+   scratch could not be allocated. */
 int tt_decode_stack(const tt_stack_layer *layers, long L, float *x, float *out, long T, const float *const *cos,
                     const float *const *sin, const long *slots, const long *tables, long W, const int *ctx,
-                    long *experts, float *weights, int nthreads) {
+                    long *experts, float *weights, const tt_stack_capture *cap, int nthreads) {
     float *cur = x, *nxt = out;
+    const long Hd = layers[0].layer->hidden;
     for (long i = 0; i < L; i++) {
         const tt_stack_layer *s = &layers[i];
+        float *q = cap && cap->q ? cap->q[i] : NULL;
+        long *e = cap && cap->experts ? cap->experts + i * T * cap->top_k : experts;
+        float *w = cap && cap->weights ? cap->weights + i * T * cap->top_k : weights;
+        if (cap && cap->resid) memcpy(cap->resid + i * T * Hd, cur, sizeof(float) * T * Hd);
         int rc = tt_decode_attention_block(s->layer, cur, T, cos[s->rope], sin[s->rope], slots, tables, W, ctx, nxt,
-                                           NULL, nthreads);
-        if (!rc) rc = s->moe ? tt_moe_block(s->moe, s->moe_norm, s->moe_offset, s->moe_eps, nxt, T, experts, weights,
-                                            nthreads)
+                                           q, nthreads);
+        if (!rc) rc = s->moe ? tt_moe_block(s->moe, s->moe_norm, s->moe_offset, s->moe_eps, nxt, T, e, w, nthreads)
                              : tt_decode_mlp_block(s->layer, nxt, T, nthreads);
         if (rc) return -1;
         float *t = cur;
         cur = nxt;
         nxt = t;
     }
-    if (cur != out) memcpy(out, cur, sizeof(float) * T * layers[0].layer->hidden);
+    if (cur != out) memcpy(out, cur, sizeof(float) * T * Hd);
     return 0;
 }

@@ -19,7 +19,7 @@ layer: the rotated queries and the MoE routing, kept in its PassCapture.
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -217,6 +217,9 @@ class FusedStack:
     layers: ctypes.Array
     ropes: list[str]
     top_k: int
+    # for a `full` trace's captures: each layer's (query heads, head dim), and each MoE layer's top_k
+    q_shapes: list[tuple[int, int]] = field(default_factory=list)
+    moe_top_k: dict[int, int] = field(default_factory=dict)
 
 
 def stack(model: nn.Module, x: torch.Tensor, batch: ForwardBatch) -> FusedStack | None:
@@ -248,11 +251,21 @@ def _build_stack(model: nn.Module, plans: list[FusedLayer]) -> FusedStack:
             row.moe_offset, row.moe_eps = 1.0 if norm.offset else 0.0, norm.eps
             top_k = max(top_k, experts_.args.top_k)
         rows.append(row)
-    return FusedStack(plans, (StackLayer * len(rows))(*rows), ropes, top_k)
+    return FusedStack(plans, (StackLayer * len(rows))(*rows), ropes, top_k,
+                      [(p.args.heads, p.args.head_dim) for p in plans],
+                      {i: p.moe[0].args.top_k for i, p in enumerate(plans) if p.moe is not None})
 
 
-def stack_forward(st: FusedStack, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-    """x [T, hidden] after every layer, in one C call (see stack)."""
+class StackCapture(ctypes.Structure):
+    """cpu_layer.c's tt_stack_capture, field for field."""
+    _fields_ = [("q", _P), ("experts", _P), ("weights", _P), ("top_k", _L), ("resid", _P)]
+
+
+def stack_forward(st: FusedStack, x: torch.Tensor, batch: ForwardBatch,
+                  capture: PassCapture | None = None) -> torch.Tensor:
+    """x [T, hidden] after every layer, in one C call (see stack); a `full` trace's captures
+    (each captured layer's queries, each MoE layer's routing, the logit lens's residual
+    stream) written by the same call into the tensors `capture` then holds."""
     T = x.shape[0]
     tables = [[t.reshape(T, -1) for t in batch.rope[name]] for name in st.ropes]  # [cos, sin] each
     cos = (_P * len(tables))(*[c.data_ptr() for c, _ in tables])
@@ -260,12 +273,57 @@ def stack_forward(st: FusedStack, x: torch.Tensor, batch: ForwardBatch) -> torch
     block_tables, keys = batch.row_keys
     work = x.contiguous().clone()  # the C call overwrites its input
     out = torch.empty_like(work)
-    experts = torch.empty(T * st.top_k, dtype=torch.long)
-    weights = torch.empty(T * st.top_k, dtype=torch.float32)
+    L = len(st.plans)
+    kept = capture is not None
+    experts = torch.empty((L if kept else 1) * T * st.top_k, dtype=torch.long)
+    weights = torch.empty((L if kept else 1) * T * st.top_k, dtype=torch.float32)
+    cap, q, resid = _stack_capture(st, capture, T, x.shape[1], experts, weights) if kept else (None, None, None)
     rc = cpu_kernels.library().tt_decode_stack(
-        st.layers, len(st.layers), work.data_ptr(), out.data_ptr(), T, cos, sin, batch.slot_mapping.data_ptr(),
+        st.layers, L, work.data_ptr(), out.data_ptr(), T, cos, sin, batch.slot_mapping.data_ptr(),
         block_tables.data_ptr(), block_tables.shape[1], keys.data_ptr(), experts.data_ptr(), weights.data_ptr(),
-        torch.get_num_threads())
+        None if cap is None else ctypes.byref(cap), torch.get_num_threads())
     if rc:
         raise MemoryError(f"cpu_layer: no memory for the scratch rows of {T} tokens")
+    if kept:
+        _stack_kept(st, capture, T, experts, weights, resid)
     return out
+
+
+def _stack_capture(st: FusedStack, capture: PassCapture, T: int, hidden: int, experts: torch.Tensor,
+                   weights: torch.Tensor) -> tuple[StackCapture, ctypes.Array, torch.Tensor | None]:
+    """Where the stack's call writes what `capture` keeps: the captured layers' queries (one
+    tensor for all of them where their heads agree, as in every model here), every layer's
+    routing (read back by _stack_kept), and, for a logit lens, every layer's input rows in one
+    [L, T, hidden] tensor. -> the argument, and what it points into (alive until the call returns)."""
+    L = len(st.plans)
+    q = (_P * L)()
+    layers = sorted(capture.attention_layers)
+    shapes = {st.q_shapes[i] for i in layers}
+    if len(shapes) == 1:
+        qs = torch.empty(len(layers), T, *shapes.pop())
+        capture.layer_q.update(zip(layers, qs.unbind(0)))
+        capture.layer_q_all = qs if len(layers) == L else None
+    else:
+        capture.layer_q.update((i, torch.empty(T, *st.q_shapes[i])) for i in layers)
+    for i in layers:
+        q[i] = capture.layer_q[i].data_ptr()
+    resid = torch.empty(L, T, hidden) if capture.lens_rows is not None else None
+    cap = StackCapture(ctypes.cast(q, _P), experts.data_ptr(), weights.data_ptr(), st.top_k,
+                       None if resid is None else resid.data_ptr())
+    return cap, q, resid
+
+
+def _stack_kept(st: FusedStack, capture: PassCapture, T: int, experts: torch.Tensor, weights: torch.Tensor,
+                resid: torch.Tensor | None) -> None:
+    """The stack's routing and residual stream into `capture`, as the layers one by one keep them
+    (engine/model.py: the lens rows of every layer's input, layer after layer)."""
+    if st.moe_top_k:
+        stride = T * st.top_k
+        by_layer = experts.view(-1, T, st.top_k).unbind(0), weights.view(-1, T, st.top_k).unbind(0)
+        for i, k in st.moe_top_k.items():  # layer i's routing: the first T x k of its stride
+            capture.moe_routing[i] = (by_layer[0][i], by_layer[1][i]) if k == st.top_k else \
+                (experts[i * stride:i * stride + T * k].view(T, k), weights[i * stride:i * stride + T * k].view(T, k))
+    if resid is not None:
+        lens = capture.lens_rows
+        rows = resid if lens.shape[0] == T else resid.index_select(1, lens)  # [L, lens rows, hidden]
+        capture.lens_hidden = [rows.view(-1, rows.shape[2])]

@@ -59,6 +59,7 @@ class PassCapture:
     lens_out_rows: list[int] = field(default_factory=list)
     # Kept during the pass:
     layer_q: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> queries [T, H, D]
+    layer_q_all: torch.Tensor | None = None  # every layer's queries in one [L, T, H, D] (the one-call stack's)
     moe_routing: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)  # experts, weights
     # DeepSeek MoE: layer -> what the router's choice shows (engine/layers/deepseek_moe.py route), [T, ...] each
     moe_detail: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)
@@ -143,8 +144,12 @@ def _attention(capture: PassCapture, batch: ForwardBatch, cfg: ModelConfig, kv_c
     rows = min(end - batch.query_starts[b], spec.max_keys)
     k_start = max(0, ctx - spec.max_keys)
     whole = rows == batch.input_ids.shape[0]  # the batch is these rows (batch-1 decode): no slicing
-    q = torch.stack([capture.layer_q[layer] if whole else capture.layer_q[layer][end - rows:end]
-                     for layer in layers])  # [L, rows, H, D]
+    q_all = capture.layer_q_all
+    if whole and q_all is not None and layers == list(range(q_all.shape[0])):  # every layer, written as one tensor
+        q = q_all
+    else:
+        q = torch.stack([capture.layer_q[layer] if whole else capture.layer_q[layer][end - rows:end]
+                         for layer in layers])  # [L, rows, H, D]
     # the sequence's keys in every layer: [layer, block, slot, KVH, D] -> its blocks
     k = kv_cache[0].index_select(1, batch.block_tables[b, : -(-ctx // kv_cache.shape[3])])
     if len(layers) < k.shape[0]:
