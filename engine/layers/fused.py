@@ -319,7 +319,10 @@ def _stack_kept(st: FusedStack, capture: PassCapture, T: int, experts: torch.Ten
     (engine/model.py: the lens rows of every layer's input, layer after layer)."""
     if st.moe_top_k:
         stride = T * st.top_k
-        by_layer = experts.view(-1, T, st.top_k).unbind(0), weights.view(-1, T, st.top_k).unbind(0)
+        e3, w3 = experts.view(-1, T, st.top_k), weights.view(-1, T, st.top_k)
+        if len(st.moe_top_k) == len(st.plans) and all(k == st.top_k for k in st.moe_top_k.values()):
+            capture.moe_all = e3, w3  # every layer a MoE's: read as one tensor each (engine/trace/capture.py)
+        by_layer = e3.unbind(0), w3.unbind(0)
         for i, k in st.moe_top_k.items():  # layer i's routing: the first T x k of its stride
             capture.moe_routing[i] = (by_layer[0][i], by_layer[1][i]) if k == st.top_k else \
                 (experts[i * stride:i * stride + T * k].view(T, k), weights[i * stride:i * stride + T * k].view(T, k))
