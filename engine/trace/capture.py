@@ -61,7 +61,8 @@ class PassCapture:
     layer_q: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> queries [T, H, D]
     layer_q_all: torch.Tensor | None = None  # every layer's queries in one [L, T, H, D] (the one-call stack's)
     moe_routing: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)  # experts, weights
-    moe_all: tuple[torch.Tensor, torch.Tensor] | None = None  # every layer's routing as [L, T, top_k] each (the stack's)
+    # every layer's routing as one [L, T, top_k] tensor each, where one call wrote them (the stack's)
+    moe_all: tuple[torch.Tensor, torch.Tensor] | None = None
     # DeepSeek MoE: layer -> what the router's choice shows (engine/layers/deepseek_moe.py route), [T, ...] each
     moe_detail: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)
     embed_rows: dict[int, torch.Tensor] = field(default_factory=dict)  # seq -> [n, embed_dims]
