@@ -95,12 +95,6 @@ class DecoderModel(nn.Module):
             self.cover_positions(max(batch.context_lens, default=0))
         if self.embed_scale is not None:  # Gemma: sqrt(hidden), rounded to the model's dtype first
             x = x * torch.tensor(self.embed_scale).to(x.dtype).item()
-        if capture is None and (st := fused.stack(self, x, batch)) is not None:  # every layer in one C call
-            return fused.stack_forward(st, x, batch, self)  # the final norm too; x is this pass's own
-        # cos/sin looked up once per pass for each table; every layer reads its own
-        batch.rope = {"global": self.rotary.lookup(batch.positions, x.dtype)}
-        if self.rotary_local is not None:
-            batch.rope["local"] = self.rotary_local.lookup(batch.positions, x.dtype)
         lens = None
         if capture is not None:
             for b, spec in enumerate(capture.specs):
@@ -109,6 +103,12 @@ class DecoderModel(nn.Module):
             # logit lens: the residual stream at the sampled rows before each layer (after the last
             # one it is the model's own output: engine/trace/logit_lens.py)
             lens = capture.lens_rows
+        if (st := fused.stack(self, x, batch)) is not None:  # every layer in one C call, the final norm too
+            return fused.stack_forward(st, x, batch, self, capture)  # (and a full trace's captures)
+        # cos/sin looked up once per pass for each table; every layer reads its own
+        batch.rope = {"global": self.rotary.lookup(batch.positions, x.dtype)}
+        if self.rotary_local is not None:
+            batch.rope["local"] = self.rotary_local.lookup(batch.positions, x.dtype)
         # every row a lens row (a traced decode step of one sequence, its verify pass): x itself,
         # which no layer writes to (each returns a new tensor); the engine marks rows in order
         whole = lens is not None and lens.shape[0] == x.shape[0]

@@ -1,13 +1,17 @@
-"""What tracing costs: each trace level against no tracer, and `off` step by step."""
+"""What tracing costs: each trace level against no tracer, `off` step by step, and full
+tracing's cost a token against its bound, with the floor the exact logit lens sets."""
 from __future__ import annotations
 
 import random
 import statistics
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
+
+import torch
 
 from benchmarks.bench.context import Bench
-from benchmarks.bench.timing import greedy, run_engine
+from benchmarks.bench.timing import greedy, run_engine, synchronize
+from engine.kernels import cpu as cpu_kernels
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from engine.trace import EventList, Tracer
@@ -61,6 +65,88 @@ def tracing(b: Bench) -> None:
               f"decode; baseline: greedy, no tracer; {1e3 * (1 / rate - 1 / rate0):+.2f} ms a token")
         if not name.startswith("sampled"):
             b.add("tracing cost", f"{what}: TTFT", statistics.median(ttfts[name]) * 1e3, "ms", ttft0 * 1e3)
+    full_bound(b, engine, rates)
+
+
+def full_bound(b: Bench, engine: LLMEngine, rates: dict[str, list[float]]) -> None:
+    """Full tracing's cost a token against its bound, and the floor under it.
+
+    The cost: per round, the full run's time a decode token less the untraced run's of the
+    same round (the rounds interleave the variants, so a drift in the machine's speed
+    cancels in each difference), the median over rounds; the lens's share likewise from
+    `full, no logit lens`.
+
+    The floor: the exact float32 logit lens sends L more rows through the LM head a token
+    (the residual stream after the embedding and after every layer but the last), L x
+    hidden x vocab multiply-adds, which no bookkeeping can remove: their count over the rate
+    the LM head's own kernel reaches here (lens_floor) is the arithmetic floor in ms.
+
+    The bound: that floor, plus the capture work (engine/trace/capture.py, the events):
+    CAPTURE_BUDGET_MS a token plus CAPTURE_BUDGET_PER_LAYER_MS for each captured layer
+    (its queries kept, its attention recomputed and encoded, its routing listed): see
+    those constants for how they were chosen."""
+    floor = lens_floor(engine)
+    cfg = engine.model_config
+    budget = CAPTURE_BUDGET_MS + CAPTURE_BUDGET_PER_LAYER_MS * cfg.num_layers
+    bound = floor.ms + budget
+    cost = _per_round_ms(rates["full"], rates["none"])
+    lens = _per_round_ms(rates["full"], rates["full, no logit lens"])
+    held = "holds" if cost <= bound else "EXCEEDED"
+    b.add("tracing cost", "trace full: ms a token against its bound", cost, "ms", bound,
+          f"{held}; bound = lens floor {floor.ms:.3f} + capture budget {budget:.2f} "
+          f"({CAPTURE_BUDGET_MS} + {CAPTURE_BUDGET_PER_LAYER_MS} x {cfg.num_layers} layers); "
+          f"median over {len(rates['none'])} interleaved rounds of full less no tracer")
+    b.add("tracing cost", "logit lens: ms a token against its float32 floor", lens, "ms", floor.ms,
+          f"floor: {floor.macs / 1e6:.1f} M multiply-adds a token ({cfg.num_layers} rows x {cfg.hidden_size} "
+          f"x {cfg.vocab_size}) at {floor.rate / 1e9:.1f} G/s, the LM head's rate at {floor.rows} rows here; "
+          f"the lens's cost: full less full without the lens, per round")
+
+
+def _per_round_ms(rates: list[float], base: list[float]) -> float:
+    """The median over rounds of a variant's ms a token less the baseline's in the same round."""
+    return statistics.median(1e3 * (1 / r - 1 / r0) for r, r0 in zip(rates, base))
+
+
+# The capture work's budget a token (full_bound), over the lens floor. Chosen from the bench's own
+# full-without-lens cost after the cuts of 2026-12-01 (see the note where they are set).
+CAPTURE_BUDGET_MS = 1.0
+CAPTURE_BUDGET_PER_LAYER_MS = 0.03
+
+
+@dataclass
+class LensFloor:
+    ms: float  # the lens's multiply-adds a token at `rate`
+    macs: int  # the lens's multiply-adds a token
+    rate: float  # multiply-adds a second, measured
+    rows: int  # the rows of the LM head calls that measured `rate`
+
+
+def lens_floor(engine: LLMEngine, repeats: int = 20) -> LensFloor:
+    """The exact float32 logit lens's arithmetic a token (see full_bound): its multiply-adds over
+    the best rate the model's own LM head reaches here, the fastest of `repeats` calls at the
+    lens's own row count (L + 1: its L rows and the model's) and at the most rows its kernel
+    takes in one pass over the weight (the CPU kernel's MAX_ROWS), whichever is the faster rate:
+    the weight's stream shared by many rows, so the figure is the arithmetic's."""
+    model, cfg = engine.runner.model, engine.model_config
+    dev = engine.device
+    most = cpu_kernels.MAX_ROWS if dev.type == "cpu" else 256
+    gen = torch.Generator().manual_seed(0)
+    rate, rate_rows = 0.0, 0
+    with torch.inference_mode():
+        for rows in sorted({cfg.num_layers + 1, most}):
+            x = torch.randn(rows, cfg.hidden_size, generator=gen).to(engine.runner.dtype).to(dev)
+            best = float("inf")
+            for i in range(repeats + 1):
+                synchronize(dev.type)
+                t = time.perf_counter()
+                model.compute_logits(x)
+                synchronize(dev.type)
+                if i:  # the first call warms the caches
+                    best = min(best, time.perf_counter() - t)
+            if rows * cfg.hidden_size * cfg.vocab_size / best > rate:
+                rate, rate_rows = rows * cfg.hidden_size * cfg.vocab_size / best, rows
+    macs = cfg.num_layers * cfg.hidden_size * cfg.vocab_size
+    return LensFloor(1e3 * macs / rate, macs, rate, rate_rows)
 
 
 def tracing_off_steps(b: Bench, engine: LLMEngine, tracer: Tracer, prompt: list[int], n: int) -> None:

@@ -138,7 +138,7 @@ def load(arch: str) -> ctypes.CDLL:
     lib.tt_blocked_rows.argtypes = [ptr, c_long, c_long, c_long, ptr, c_long, ptr]
     lib.tt_blocked_rows.restype = ctypes.c_int
     lib.tt_decode_stack.argtypes = [ptr, c_long, ptr, ptr, c_long, ptr, ptr, c_long, c_long, c_long, ptr, ptr, ptr,
-                                    c_long, ptr, ptr, ptr, ptr, ctypes.c_float, ctypes.c_float, ctypes.c_int]
+                                    c_long, ptr, ptr, ptr, ptr, ptr, ctypes.c_float, ctypes.c_float, ctypes.c_int]
     lib.tt_decode_stack.restype = ctypes.c_int
     lib.tt_linear16_path.argtypes, lib.tt_linear16_path.restype = [], ctypes.c_int
     return lib

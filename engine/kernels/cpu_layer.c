@@ -164,22 +164,35 @@ typedef struct {
 int tt_moe_block(const void *M, const float *norm, float offset, float eps, float *x, long T, long *experts,
                  float *weights, int nthreads);
 
-/* Every layer of a pass in one call, for a pass nobody traces at `full` (whose captures read
-   each layer): out [T, hidden] = the final RMSNorm (final_norm [hidden], offset, eps) of the
-   layers over x [T, hidden] (x is overwritten: the two take turns as a layer's input and
-   output). At batch 1 on the embedded MoE, the Python around each layer's two calls (plan
-   checks, argument packing, the outputs' tensors) cost about what the layer's arithmetic did;
-   the RoPE rows and the final norm were three more calls a step. cos / sin: each RoPE table
-   [rows][D] whole, read at the tokens' positions pos [T]. experts / weights: [T, top_k]
-   scratch for the MoE layers' routing. Returns 0; -1 when a layer's scratch could not be
-   allocated; -2 for a position outside the tables (nothing computed). */
+/* What a `full` trace keeps of a stack's pass (engine/layers/fused.py stack_forward), each part
+   NULL where nobody reads it: q[i] layer i's rotated queries [T, heads * head_dim] (q itself
+   NULL, or an entry NULL: none kept); experts / weights [L, T, top_k] each MoE layer's routing
+   (layer i's at i * T * top_k; a dense layer's left as it was); resid [L, T, hidden] each
+   layer's input, the residual stream the logit lens reads. */
+typedef struct {
+    float *const *q;
+    long *experts;
+    float *weights;
+    long top_k;
+    float *resid;
+} tt_stack_capture;
+
+/* Every layer of a pass in one call: out [T, hidden] = the final RMSNorm (final_norm [hidden],
+   offset, eps) of the layers over x [T, hidden] (x is overwritten: the two take turns as a
+   layer's input and output). At batch 1 on the embedded MoE, the Python around each layer's
+   two calls (plan checks, argument packing, the outputs' tensors) cost about what the layer's
+   arithmetic did; the RoPE rows and the final norm were three more calls a step. cos / sin:
+   each RoPE table [rows][D] whole, read at the tokens' positions pos [T]. experts / weights:
+   [T, top_k] scratch for the MoE layers' routing. cap: what a `full` trace keeps of each
+   layer (NULL: nothing), the same arithmetic either way. Returns 0; -1 when a layer's scratch
+   could not be allocated; -2 for a position outside the tables (nothing computed). */
 int tt_decode_stack(const tt_stack_layer *layers, long L, float *x, float *out, long T, const float *const *cos,
                     const float *const *sin, long ntables, long rows, long D, const long *pos, const long *slots,
                     const long *tables, long W, const int *ctx, long *experts, float *weights,
-                    const float *final_norm, float offset, float eps, int nthreads) {
+                    const tt_stack_capture *cap, const float *final_norm, float offset, float eps, int nthreads) {
     for (long t = 0; t < T; t++)
         if (pos[t] < 0 || pos[t] >= rows) return -2;
-    long H = layers[0].layer->hidden;
+    const long Hd = layers[0].layer->hidden;
     float *rope = malloc(sizeof(float) * 2 * ntables * T * D);  /* each table's rows at pos: [table][cos|sin][T][D] */
     if (!rope) return -1;
     for (long r = 0; r < ntables; r++)
@@ -192,9 +205,12 @@ int tt_decode_stack(const tt_stack_layer *layers, long L, float *x, float *out, 
     for (long i = 0; i < L && !rc; i++) {
         const tt_stack_layer *s = &layers[i];
         const float *c = rope + (2 * s->rope) * T * D, *sn = rope + (2 * s->rope + 1) * T * D;
-        rc = tt_decode_attention_block(s->layer, cur, T, c, sn, slots, tables, W, ctx, nxt, NULL, nthreads);
-        if (!rc) rc = s->moe ? tt_moe_block(s->moe, s->moe_norm, s->moe_offset, s->moe_eps, nxt, T, experts, weights,
-                                            nthreads)
+        float *q = cap && cap->q ? cap->q[i] : NULL;
+        long *e = cap && cap->experts ? cap->experts + i * T * cap->top_k : experts;
+        float *w = cap && cap->weights ? cap->weights + i * T * cap->top_k : weights;
+        if (cap && cap->resid) memcpy(cap->resid + i * T * Hd, cur, sizeof(float) * T * Hd);
+        rc = tt_decode_attention_block(s->layer, cur, T, c, sn, slots, tables, W, ctx, nxt, q, nthreads);
+        if (!rc) rc = s->moe ? tt_moe_block(s->moe, s->moe_norm, s->moe_offset, s->moe_eps, nxt, T, e, w, nthreads)
                              : tt_decode_mlp_block(s->layer, nxt, T, nthreads);
         float *t = cur;
         cur = nxt;
@@ -202,6 +218,6 @@ int tt_decode_stack(const tt_stack_layer *layers, long L, float *x, float *out, 
     }
     free(rope);
     if (rc) return -1;
-    tt_rms_norm(cur, T, H, H, final_norm, offset, eps, out);  /* row by row: in place where cur is out */
+    tt_rms_norm(cur, T, Hd, Hd, final_norm, offset, eps, out);  /* row by row: in place where cur is out */
     return 0;
 }

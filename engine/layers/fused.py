@@ -19,7 +19,7 @@ layer: the rotated queries and the MoE routing, kept in its PassCapture.
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -220,6 +220,9 @@ class FusedStack:
     final_norm: torch.Tensor  # the model's last RMSNorm weight, applied inside the call
     tables: list[tuple[torch.Tensor, torch.Tensor]]  # each RoPE table's (cos, sin) whole, read by position
     fits: bool  # the tables and the norm are what the call reads (else the layers run one by one)
+    # for a `full` trace's captures: each layer's (query heads, head dim), and each MoE layer's top_k
+    q_shapes: list[tuple[int, int]] = field(default_factory=list)
+    moe_top_k: dict[int, int] = field(default_factory=dict)
 
 
 def stack(model: nn.Module, x: torch.Tensor, batch: ForwardBatch) -> FusedStack | None:
@@ -254,33 +257,49 @@ def _build_stack(model: nn.Module, plans: list[FusedLayer]) -> FusedStack:
         rows.append(row)
     tables = [_rope_table(model, name) for name in ropes]
     fits = _tables_fit(tables, model.layers[0].self_attn.head_dim) and model.norm.weight.dtype == torch.float32
-    return FusedStack(plans, (StackLayer * len(rows))(*rows), ropes, top_k, model.norm.weight.detach(), tables, fits)
+    return FusedStack(plans, (StackLayer * len(rows))(*rows), ropes, top_k, model.norm.weight.detach(), tables, fits,
+                      [(p.args.heads, p.args.head_dim) for p in plans],
+                      {i: p.moe[0].args.top_k for i, p in enumerate(plans) if p.moe is not None})
 
 
-def stack_forward(st: FusedStack, x: torch.Tensor, batch: ForwardBatch, model: nn.Module) -> torch.Tensor:
-    """The final norm of x [T, hidden] after every layer, in one C call (see stack); x is the
-    pass's own fresh embedding rows, which the call overwrites. The RoPE rows are read from
-    the model's whole tables at the batch's positions inside the call."""
+class StackCapture(ctypes.Structure):
+    """cpu_layer.c's tt_stack_capture, field for field."""
+    _fields_ = [("q", _P), ("experts", _P), ("weights", _P), ("top_k", _L), ("resid", _P)]
+
+
+def stack_forward(st: FusedStack, x: torch.Tensor, batch: ForwardBatch, model: nn.Module,
+                  capture: PassCapture | None = None) -> torch.Tensor:
+    """The final norm of x [T, hidden] after every layer, in one C call (see stack). The RoPE
+    rows are read from the model's whole tables at the batch's positions inside the call; a
+    `full` trace's captures (each captured layer's queries, each MoE layer's routing, the logit
+    lens's residual stream) are written by the same call into the tensors `capture` then holds.
+    x is the pass's own fresh embedding rows, which the call overwrites (copied first where a
+    capture keeps views of them)."""
     T = x.shape[0]
     tables = st.tables
     cos = (_P * len(tables))(*[c.data_ptr() for c, _ in tables])
     sin = (_P * len(tables))(*[s.data_ptr() for _, s in tables])
     rows, D = tables[0][0].shape
     block_tables, keys = batch.row_keys
-    work = x.contiguous()
+    work = x.contiguous() if capture is None else x.clone()  # a capture's embedding rows are views of x
     out = torch.empty_like(work)
-    experts = torch.empty(T * st.top_k, dtype=torch.long)
-    weights = torch.empty(T * st.top_k, dtype=torch.float32)
+    L = len(st.plans)
+    kept = capture is not None
+    experts = torch.empty((L if kept else 1) * T * st.top_k, dtype=torch.long)
+    weights = torch.empty((L if kept else 1) * T * st.top_k, dtype=torch.float32)
+    cap, q, resid = _stack_capture(st, capture, T, x.shape[1], experts, weights) if kept else (None, None, None)
     norm = model.norm
     rc = cpu_kernels.library().tt_decode_stack(
-        st.layers, len(st.layers), work.data_ptr(), out.data_ptr(), T, cos, sin, len(tables), rows, D,
+        st.layers, L, work.data_ptr(), out.data_ptr(), T, cos, sin, len(tables), rows, D,
         batch.positions.data_ptr(), batch.slot_mapping.data_ptr(), block_tables.data_ptr(), block_tables.shape[1],
-        keys.data_ptr(), experts.data_ptr(), weights.data_ptr(), st.final_norm.data_ptr(),
-        1.0 if norm.offset else 0.0, norm.eps, torch.get_num_threads())
+        keys.data_ptr(), experts.data_ptr(), weights.data_ptr(), None if cap is None else ctypes.byref(cap),
+        st.final_norm.data_ptr(), 1.0 if norm.offset else 0.0, norm.eps, torch.get_num_threads())
     if rc == -2:
         raise IndexError(f"a position past the RoPE table's {rows} rows")
     if rc:
         raise MemoryError(f"cpu_layer: no memory for the scratch rows of {T} tokens")
+    if kept:
+        _stack_kept(st, capture, T, experts, weights, resid)
     return out
 
 
@@ -298,3 +317,46 @@ def _tables_fit(tables: list[tuple[torch.Tensor, torch.Tensor]], head_dim: int) 
                     or t.shape[1] != head_dim:
                 return False
     return True
+
+
+def _stack_capture(st: FusedStack, capture: PassCapture, T: int, hidden: int, experts: torch.Tensor,
+                   weights: torch.Tensor) -> tuple[StackCapture, ctypes.Array, torch.Tensor | None]:
+    """Where the stack's call writes what `capture` keeps: the captured layers' queries (one
+    tensor for all of them where their heads agree, as in every model here), every layer's
+    routing (read back by _stack_kept), and, for a logit lens, every layer's input rows in one
+    [L, T, hidden] tensor. -> the argument, and what it points into (alive until the call returns)."""
+    L = len(st.plans)
+    q = (_P * L)()
+    layers = sorted(capture.attention_layers)
+    shapes = {st.q_shapes[i] for i in layers}
+    if len(shapes) == 1:
+        qs = torch.empty(len(layers), T, *shapes.pop())
+        capture.layer_q.update(zip(layers, qs.unbind(0)))
+        capture.layer_q_all = qs if len(layers) == L else None
+    else:
+        capture.layer_q.update((i, torch.empty(T, *st.q_shapes[i])) for i in layers)
+    for i in layers:
+        q[i] = capture.layer_q[i].data_ptr()
+    resid = torch.empty(L, T, hidden) if capture.lens_rows is not None else None
+    cap = StackCapture(ctypes.cast(q, _P), experts.data_ptr(), weights.data_ptr(), st.top_k,
+                       None if resid is None else resid.data_ptr())
+    return cap, q, resid
+
+
+def _stack_kept(st: FusedStack, capture: PassCapture, T: int, experts: torch.Tensor, weights: torch.Tensor,
+                resid: torch.Tensor | None) -> None:
+    """The stack's routing and residual stream into `capture`, as the layers one by one keep them
+    (engine/model.py: the lens rows of every layer's input, layer after layer)."""
+    if st.moe_top_k:
+        stride = T * st.top_k
+        e3, w3 = experts.view(-1, T, st.top_k), weights.view(-1, T, st.top_k)
+        if len(st.moe_top_k) == len(st.plans) and all(k == st.top_k for k in st.moe_top_k.values()):
+            capture.moe_all = e3, w3  # every layer a MoE's: read as one tensor each (engine/trace/capture.py)
+        by_layer = e3.unbind(0), w3.unbind(0)
+        for i, k in st.moe_top_k.items():  # layer i's routing: the first T x k of its stride
+            capture.moe_routing[i] = (by_layer[0][i], by_layer[1][i]) if k == st.top_k else \
+                (experts[i * stride:i * stride + T * k].view(T, k), weights[i * stride:i * stride + T * k].view(T, k))
+    if resid is not None:
+        lens = capture.lens_rows
+        rows = resid if lens.shape[0] == T else resid.index_select(1, lens)  # [L, lens rows, hidden]
+        capture.lens_hidden = [rows.view(-1, rows.shape[2])]

@@ -59,7 +59,10 @@ class PassCapture:
     lens_out_rows: list[int] = field(default_factory=list)
     # Kept during the pass:
     layer_q: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> queries [T, H, D]
+    layer_q_all: torch.Tensor | None = None  # every layer's queries in one [L, T, H, D] (the one-call stack's)
     moe_routing: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)  # experts, weights
+    # every layer's routing as one [L, T, top_k] tensor each, where one call wrote them (the stack's)
+    moe_all: tuple[torch.Tensor, torch.Tensor] | None = None
     # DeepSeek MoE: layer -> what the router's choice shows (engine/layers/deepseek_moe.py route), [T, ...] each
     moe_detail: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)
     embed_rows: dict[int, torch.Tensor] = field(default_factory=dict)  # seq -> [n, embed_dims]
@@ -143,8 +146,12 @@ def _attention(capture: PassCapture, batch: ForwardBatch, cfg: ModelConfig, kv_c
     rows = min(end - batch.query_starts[b], spec.max_keys)
     k_start = max(0, ctx - spec.max_keys)
     whole = rows == batch.input_ids.shape[0]  # the batch is these rows (batch-1 decode): no slicing
-    q = torch.stack([capture.layer_q[layer] if whole else capture.layer_q[layer][end - rows:end]
-                     for layer in layers])  # [L, rows, H, D]
+    q_all = capture.layer_q_all
+    if whole and q_all is not None and layers == list(range(q_all.shape[0])):  # every layer, written as one tensor
+        q = q_all
+    else:
+        q = torch.stack([capture.layer_q[layer] if whole else capture.layer_q[layer][end - rows:end]
+                         for layer in layers])  # [L, rows, H, D]
     # the sequence's keys in every layer: [layer, block, slot, KVH, D] -> its blocks
     k = kv_cache[0].index_select(1, batch.block_tables[b, : -(-ctx // kv_cache.shape[3])])
     if len(layers) < k.shape[0]:
@@ -160,26 +167,25 @@ def _attention(capture: PassCapture, batch: ForwardBatch, cfg: ModelConfig, kv_c
 
 def _moe(capture: PassCapture, batch: ForwardBatch, cfg: ModelConfig) -> None:
     layers = sorted(capture.moe_routing)
-    experts = torch.stack([capture.moe_routing[layer][0] for layer in layers])  # [L, T, top_k]
-    weights = torch.stack([capture.moe_routing[layer][1] for layer in layers])
+    if capture.moe_all is not None and layers == list(range(capture.moe_all[0].shape[0])):
+        experts, weights = capture.moe_all  # every layer's, written as one tensor each: no stack
+    else:
+        experts = torch.stack([capture.moe_routing[layer][0] for layer in layers])  # [L, T, top_k]
+        weights = torch.stack([capture.moe_routing[layer][1] for layer in layers])
     experts_l, weights_l = experts.tolist(), rounded(weights)
+    slices = {b: batch.seq_slice(b) for b, spec in enumerate(capture.specs) if spec is not None and spec.moe}
     for i, layer in enumerate(layers):
         load = [0] * cfg.num_experts  # tokens per expert, counted here: fewer ops than on the device
         for picks in experts_l[i]:
             for e in picks:
                 load[e] += 1
         capture.expert_load[layer] = load
-        for b, spec in enumerate(capture.specs):
-            if spec is not None and spec.moe:
-                sl = batch.seq_slice(b)
-                capture.moe.setdefault(layer, {})[b] = {"experts": experts_l[i][sl],
-                                                               "weights": weights_l[i][sl]}
+        for b, sl in slices.items():
+            capture.moe.setdefault(layer, {})[b] = {"experts": experts_l[i][sl], "weights": weights_l[i][sl]}
         if detail := capture.moe_detail.get(layer):  # the same rows, as lists
             lists = {k: v.tolist() if not v.is_floating_point() else rounded(v) for k, v in detail.items()}
-            for b, spec in enumerate(capture.specs):
-                if spec is not None and spec.moe:
-                    sl = batch.seq_slice(b)
-                    capture.moe[layer][b].update({k: v[sl] for k, v in lists.items()})
+            for b, sl in slices.items():
+                capture.moe[layer][b].update({k: v[sl] for k, v in lists.items()})
 
 
 def rounded(x: torch.Tensor) -> list:

@@ -9,6 +9,7 @@ for a traced request: an untraced one pays for none of this.
 """
 from __future__ import annotations
 
+from itertools import chain
 from typing import Callable
 
 import torch
@@ -218,12 +219,15 @@ def logit_lens(seq: Sequence, source: str, logits: torch.Tensor, chosen: int, to
     `chosen_prob`; `texts`: each listed id's text, once (columns, not a dict per row: half the
     bytes; visualizers.compact.lens_layers gives the rows back)."""
     s = softmax_stats(logits, top, [chosen] * logits.shape[0])
-    texts = {str(t): piece(t) for t in dict.fromkeys(t for ids in s.top_ids for t in ids)}
+    texts = {str(t): piece(t) for t in dict.fromkeys(chain.from_iterable(s.top_ids))}
+    # rounded to LENS_DIGITS in the comprehensions, not a call each: (L + 1) x (top + 1) floats a token
     return "logit_lens", seq.request_id, {"position": len(seq), "source": source, "token_id": chosen,
                                           "token_text": piece(chosen), "top_ids": s.top_ids,
-                                          "top_probs": [[_lens_rounded(p) for p in ps] for ps in s.top_probs],
+                                          "top_probs": [[float(f"{p:.{LENS_DIGITS}g}") for p in ps]
+                                                        for ps in s.top_probs],
                                           "chosen_rank": list(s.rank),
-                                          "chosen_prob": [_lens_rounded(p) for p in s.chosen_probs], "texts": texts}
+                                          "chosen_prob": [float(f"{p:.{LENS_DIGITS}g}") for p in s.chosen_probs],
+                                          "texts": texts}
 
 
 def spec(s: ScheduledSeq, verdict: Verdict, piece: Piece, details: dict, kept: int, proposed: int) -> Event:
@@ -255,16 +259,17 @@ def token(seq: Sequence, out: TokenOutput) -> Event:
                                      "latency": seq.token_times[-1] - prev}
 
 
-def _lens_rounded(v: float) -> float:
-    return float(f"{v:.{LENS_DIGITS}g}")
-
-
 def _significant(x):
-    """Floats anywhere in x to SAMPLE_DIGITS significant digits (ints, strings kept)."""
+    """Floats anywhere in x to SAMPLE_DIGITS significant digits (ints, strings kept). A list's
+    plain items are done in its comprehension, not a call each (a sample event's lists)."""
     if isinstance(x, float):
         return float(f"{x:.{SAMPLE_DIGITS}g}")
     if isinstance(x, dict):
         return {k: _significant(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return [_significant(v) for v in x]
+        return [float(f"{v:.{SAMPLE_DIGITS}g}") if type(v) is float else v if type(v) in _KEPT else _significant(v)
+                for v in x]
     return x
+
+
+_KEPT = (int, str, bool, type(None))  # returned as they are by _significant

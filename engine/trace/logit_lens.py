@@ -24,7 +24,8 @@ def logits_with_lens(model: torch.nn.Module, hidden: torch.Tensor, capture: Pass
     capture.lens_logits [L * n + R, vocab] then holds every lens row (see rows())."""
     if capture is None or not capture.lens_hidden:
         return model.compute_logits(hidden).float()
-    inner = model.model.norm(torch.cat(capture.lens_hidden))  # [L * n, hidden], layer by layer
+    kept = capture.lens_hidden  # L tensors [n, hidden], or (the one-call stack's) one [L * n, hidden]
+    inner = model.model.norm(kept[0] if len(kept) == 1 else torch.cat(kept))  # [L * n, hidden], layer by layer
     capture.lens_hidden = []
     both = model.compute_logits(torch.cat([inner, hidden])).float()
     capture.lens_logits, capture.lens_returned = both, hidden.shape[0]

@@ -45,13 +45,17 @@ def _c_stats(z: torch.Tensor, k: int, chosen: list[int] | None) -> SoftmaxStats:
     c = (ctypes.c_long * R)(*chosen) if chosen is not None else None
     cpu.library().tt_dist_stats(z.data_ptr(), R, V, z.stride(0), k, c, out.data_ptr(), torch.get_num_threads())
     rows = out.tolist()
-    s = SoftmaxStats([[int(i) for i in r[6:6 + k]] for r in rows],
-                     [[probability(v - r[1]) for v in r[6 + k:]] for r in rows],
+    s = SoftmaxStats([[int(i) for i in r[6:6 + k]] for r in rows], [_probabilities(r[6 + k:], r[1]) for r in rows],
                      [r[1] for r in rows], [r[2] for r in rows], [int(r[3]) for r in rows])
     if chosen is not None:
         s.rank = [int(r[4]) + 1 for r in rows]
         s.chosen_probs = [probability(r[5] - r[1]) for r in rows]
     return s
+
+
+def _probabilities(z: list[float], lse: float) -> list[float]:
+    """probability(v - lse) for each v, in one comprehension (a traced token has ~(L + 2) x top of them)."""
+    return [math.exp(x) if x == x and x != -math.inf else 0.0 for x in [v - lse for v in z]]
 
 
 def probability(x: float) -> float:

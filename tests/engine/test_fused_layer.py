@@ -156,8 +156,8 @@ def test_long_prefill_and_unpacked_layers_keep_their_modules(checkpoint, monkeyp
     llm = LLM(checkpoint("llama"), device="cpu", dtype="float32", block_size=4)
     layers = llm.engine.runner.model.model.layers
     stack = fused.stack_forward  # every layer fused in one call: counted as a call per layer
-    monkeypatch.setattr(fused, "stack_forward", lambda st, x, b, m: calls.extend([x.shape[0]] * len(layers))
-                        or stack(st, x, b, m))
+    monkeypatch.setattr(fused, "stack_forward", lambda st, x, b, m, *c: calls.extend([x.shape[0]] * len(layers))
+                        or stack(st, x, b, m, *c))
     llm.generate([list(range(5, 12))], greedy)  # a 7-token prefill and 3 decode steps, all fused
     assert calls == [7] * len(layers) + [1] * 3 * len(layers)
     calls.clear()

@@ -1,7 +1,7 @@
 """Every layer of a decode pass in one C call (cpu_layer.c's tt_decode_stack, engine/layers/fused.py's
 stack): the same logits, bit for bit, as the layers' fused calls one by one, wherever every layer
-takes both its halves in C; a `full` trace (whose captures read each layer) and a layer whose MLP
-half is not fused keep the layers one by one."""
+takes both its halves in C, a `full` trace too (the call writes its captures: tests/engine/trace/
+test_stack_captures.py); a layer whose MLP half is not fused keeps the layers one by one."""
 from __future__ import annotations
 
 import pytest
@@ -50,16 +50,16 @@ def test_one_call_equals_the_layers_one_by_one(checkpoint, monkeypatch, arch, dt
     assert torch.equal(one_call, by_layer)
 
 
-def test_a_full_trace_and_an_unfused_mlp_half_keep_the_layers_one_by_one(checkpoint, monkeypatch):
+def test_a_full_trace_takes_it_and_an_unfused_mlp_half_keeps_the_layers_one_by_one(checkpoint, monkeypatch):
     llm = LLM(checkpoint("llama"), device="cpu", dtype="float32", block_size=4)
     calls = []
     real = fused.stack_forward
     monkeypatch.setattr(fused, "stack_forward", lambda *a: calls.append(1) or real(*a))
     spec = CaptureSpec(attention_layers=[0], heads=None, max_keys=8, moe=False, embed_dims=0)
     _decode_logits(llm, [[3, 4, 5, 6]], calls, spec)
-    assert not calls
+    assert calls  # its captures written by the one call
     _decode_logits(llm, [[3, 4, 5, 6]], calls)
-    assert calls  # the same pass untraced takes it
+    assert calls
     # a shared expert: its MoE half runs in PyTorch
     shared = LLM(checkpoint("qwen2_moe"), device="cpu", dtype="float32", block_size=4)
     _decode_logits(shared, [[3, 4, 5, 6]], calls)
