@@ -30,7 +30,7 @@ import gradio as gr
 import visualizers as viz
 from app.classroom.rooms import Classrooms
 from app.page import texts
-from app.page.live_view import HEAVY, PANELS, LiveView
+from app.page.live_view import HEAVY, ONE_PASS, PANELS, LiveView
 from app.page.stages import JourneyClock
 from app.serving.engine_service import EngineService, Subscription
 from app.serving.limits import RequestRefused
@@ -277,13 +277,15 @@ def draw_within(view: LiveView, names: list[str], now: float, budget: float = RE
     the budget is spent (those left stay dirty: the next update draws them), so one update of a
     long trace never holds the stream back behind every heavy panel at once."""
     light = [n for n in names if n not in HEAVY]
-    heavy = sorted((n for n in names if n in HEAVY), key=lambda n: view.drawn_at.get(n, 0.0) - now + HEAVY[n])
+    # the panels that name a pass are one unit: drawn together or not at all (never two passes on screen)
+    units = [[n] for n in names if n in HEAVY and n not in ONE_PASS] + [[n for n in names if n in ONE_PASS]]
+    heavy = sorted((u for u in units if u), key=lambda u: min(view.drawn_at.get(n, 0.0) - now + HEAVY[n] for n in u))
     out = view.draw(light, now)
     start = time.perf_counter()
-    for n in heavy:
+    for unit in heavy:
         if out and time.perf_counter() - start > budget:
             break
-        out.update(view.draw([n], now))
+        out.update(view.draw(unit, now))
     return out
 
 
@@ -295,8 +297,10 @@ def abort_all(service, request_id: str, n: int) -> None:
 
 def stages_of(view: LiveView) -> list:
     """The journey of the request a view shows (the pipeline map and the stages' sentences)."""
+    # the words speak of the pass the panels show now (their last draw), not of a newer one
+    position = view.shown_read if view.shown_read is not None else view.position
     return journey(view.model, view.request_id or "", view.body or None, view.events, view.outputs,
-                   truncated=view.first("trace.truncated"))
+                   truncated=view.first("trace.truncated"), position=position)
 
 
 class Controller:
@@ -481,7 +485,7 @@ class Controller:
             now = time.perf_counter()
             if now - last >= YIELD_EVERY and not view.finished:
                 out = draw_within(view, view.due(now), now)
-                if tab.clock.due(now):
+                if tab.clock.due(now) or any(n in out for n in ONE_PASS):  # the words follow the panels' pass
                     out.update(self.journey_updates(tab, view, now))
                 if out:
                     yield {**out, "status": f"{rid}: streaming, {plural(len(view.generated_ids()), 'token')}"}
@@ -702,7 +706,7 @@ class Controller:
             view.layer, view.head = int(c.layer or 0), int(c.head or 0)
         return {"attention": view.render("attention"), "moe": view.render("moe")}
 
-    SELECTED = ("embedding", "attention", "kv", "moe", "logit_lens", "sampling")  # what one token click redraws
+    SELECTED = ONE_PASS  # what one token click redraws: every panel that names a pass (the stages' words too)
 
     def pick_token(self, key: str, value: str, c: Controls) -> dict:
         """A token chip was clicked ("POSITION:NONCE"): every panel shows that position's pass."""
@@ -720,7 +724,8 @@ class Controller:
         else:
             view.position = position
         view.layer, view.head = int(c.layer or 0), int(c.head or 0)
-        return {n: view.render(n) for n in self.SELECTED}
+        now = time.perf_counter()
+        return {**view.draw(list(self.SELECTED), now), **self.journey_updates(tab, view, now)}
 
     def pick_bias(self, key: str, value: str, c: Controls) -> dict:
         """A sampling candidate was clicked ("TOKEN_ID:NONCE"): the logit-bias control takes that
