@@ -241,10 +241,21 @@ def parse_schema(c: Controls) -> None:
                         [("sampling", False, "the schema is not an object")])
 
 
-def step_range(frames: int, frame: int) -> dict:
+def which_steps(cursor: ReplayCursor) -> str:
+    """What a recording's steps are, said where not every step was recorded: at capture level
+    off its frames are the engine steps that drew a token (the timeline says how many)."""
+    return "" if cursor.rec.events else " that drew a token"
+
+
+def steps_of(cursor: ReplayCursor) -> str:
+    """"7 engine steps", as Status, the slider and the timeline all count them."""
+    return plural(len(cursor.steps), "engine step") + which_steps(cursor)
+
+
+def step_range(frames: int, frame: int, which: str = "") -> dict:
     """The step slider over `frames` engine steps at 0-based `frame`: the values are 1..frames,
     as Status counts them (a Gradio slider needs minimum < maximum: one step is 0..1, at 1)."""
-    label = texts.step_label(frames)
+    label = texts.step_label(frames, which)
     if frames <= 1:
         return {"minimum": 0, "maximum": 1, "value": 1 if frames else 0, "interactive": False, "label": label}
     return {"minimum": 1, "maximum": frames, "value": frame + 1, "interactive": True, "label": label}
@@ -255,7 +266,7 @@ def steps_updates(cursor: ReplayCursor | None) -> dict:
     if cursor is None:
         return {"step": gr.update(**NO_STEPS, label=texts.step_label(0)),
                 "step_box": gr.update(value=0, interactive=False)}
-    r = step_range(cursor.last_frame + 1, cursor.frame)
+    r = step_range(cursor.last_frame + 1, cursor.frame, which_steps(cursor))
     return {"step": gr.update(**r), "step_box": gr.update(value=r["value"], interactive=r["interactive"])}
 
 
@@ -770,8 +781,7 @@ class Controller:
         view.position = picked
         view.replaying = True
         tab.view = view
-        n = len(tab.cursor.steps)
-        state = f"{tab.cursor.rec.request_id}: step {tab.cursor.frame + 1} of {n} engine step{'s' if n != 1 else ''}"
+        state = f"{tab.cursor.rec.request_id}: step {tab.cursor.frame + 1} of {steps_of(tab.cursor)}"
         return {**self.full(tab, view, state + note), "step": gr.update(value=tab.cursor.frame + 1),
                 "step_box": gr.update(value=tab.cursor.frame + 1)}
 
@@ -814,8 +824,8 @@ class Controller:
         tab = self.tab_of(key)
         if tab is None or tab.cursor is None or tab.cursor.frame < 0:
             return {}
-        n = len(tab.cursor.steps)
-        return {"status": f"{tab.cursor.rec.request_id}: paused at step {tab.cursor.frame + 1} of {n} engine steps"}
+        cur = tab.cursor
+        return {"status": f"{cur.rec.request_id}: paused at step {cur.frame + 1} of {steps_of(cur)}"}
 
     def load_trace(self, key: str, path: str) -> dict:
         """A trace file loaded: its last step, the controls set to its request (read-only)."""

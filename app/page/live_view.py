@@ -200,6 +200,12 @@ class LiveView:
     def generated_ids(self) -> list[int]:
         return [o["token_id"] for o in self.outputs if o.get("token_id", -1) >= 0]
 
+    def token_steps(self) -> int:
+        """How many engine steps drew this request's tokens (every choice's), as its outputs name
+        them: at capture level off, the steps a replay has (Recording.steps)."""
+        return len({o["step"] for outs in self.choice_outputs() for o in outs
+                    if o.get("token_id", -1) >= 0 and o.get("step") is not None})
+
     def pieces(self) -> dict[int, str]:
         ids = set(self.generated_ids())
         for s in self.by_type.get("sample", ()):
@@ -348,7 +354,7 @@ class LiveView:
                                        selection=self.selection(), frozen=self.frozen(name))
         if name == "timeline":
             if self.level == "off":
-                return viz.untraced_timeline_html(self.stream_tokens(), self.finished)
+                return viz.untraced_timeline_html(self.stream_tokens(), self.finished, steps=self.token_steps())
             return viz.timeline_html(self.events, self.request_id or "")
         raise KeyError(name)
 

@@ -73,3 +73,23 @@ def test_one_picture_shows_one_pass_while_the_answer_streams(page):
     # every panel that shows the selected pass named it, the Speculation panel too
     assert set(seen) == {"tt-embedding", "tt-attention", "tt-kv", "tt-moe", "tt-sampling", "tt-spec",
                          "tt-logit-lens"}, seen
+
+
+def test_a_replay_at_capture_level_off_counts_the_steps_its_timeline_has(page):
+    page.check("#tt-level input[value=off]")
+    set_controls(page, "Tell me about foxes.", 16)
+    before = status(page)
+    page.click("#tt-send")
+    final = finish(page, before)
+    rid = final.split(":")[0]
+    slider = "document.querySelector('#tt-step input[type=range]')"
+    lo, hi = page.evaluate(f"[{slider}.min, {slider}.max].map(Number)")
+    timeline = page.inner_text("#tt-timeline")
+    # it said "capture level off records no engine steps" beside a slider of 1..N engine steps
+    assert "records no engine steps" not in timeline, timeline
+    assert lo == 1 and f"drawn in {hi} engine steps" in timeline, (lo, hi, timeline)
+    assert f"{hi} engine steps" in page.inner_text("#tt-step")
+    page.locator("#tt-step input[type=range]").focus()
+    page.keyboard.press("Home")
+    said = wait_status(page, f"{rid}: step 1 of {hi} engine steps")
+    assert "that drew a token" in said, said
