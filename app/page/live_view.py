@@ -275,6 +275,17 @@ class LiveView:
     TITLES = {"embedding": "Embedding", "attention": "Attention", "moe": "Mixture of experts", "sampling": "Sampling",
               "spec": "Speculative decoding", "logit_lens": "Logit lens"}
 
+    # what a request that never ran has not got, for the panels that would say "not yet"
+    NEVER_RAN = {"embedding": "no row was looked up", "attention": "no attention was computed",
+                 "moe": "no token was routed", "sampling": "no token was sampled",
+                 "logit_lens": "no token was predicted", "spec": "no round was proposed"}
+
+    def ran_no_step(self) -> bool:
+        """Ended before any engine step ran it (stopped while it waited), as its trace shows
+        (at capture level off no step is recorded: unknown, False)."""
+        return self.finish_info() is not None and not self.generated_ids() and "request.arrive" in self.by_type \
+            and not self.by_type.get("schedule.step")
+
     # --- output --------------------------------------------------------------------------
     def render(self, name: str) -> str:
         m = self.model
@@ -297,6 +308,11 @@ class LiveView:
             return viz.answer_html(self.stream_tokens(), self.finish_info(), self.error, self.state(), note)
         if idle and name in self.IDLE:
             return viz.not_recorded(*self.IDLE[name])
+        if name in self.NEVER_RAN and not self.has_input(name) and self.ran_no_step() and \
+                (name != "moe" or m["is_moe"]) and (name != "spec" or (m["has_draft"] and self.speculative)):
+            why = (self.finish_info() or {}).get("reason") or "stopped"
+            return viz.not_recorded(self.TITLES[name], f"never reached: the request ended ({why}) before any engine "
+                                    f"step ran it, so {self.NEVER_RAN[name]}")
         missing = None if idle else self.missing(name)
         if missing and not self.has_input(name):
             if name == "moe" and not m["is_moe"]:

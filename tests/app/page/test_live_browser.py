@@ -93,3 +93,46 @@ def test_a_replay_at_capture_level_off_counts_the_steps_its_timeline_has(page):
     page.keyboard.press("Home")
     said = wait_status(page, f"{rid}: step 1 of {hi} engine steps")
     assert "that drew a token" in said, said
+
+
+def test_a_request_stopped_before_any_step_says_so_in_the_map_and_stages(server, page):
+    """A request that waited (another held the one sequence slot) and was stopped there: the
+    Batching stage kept its "not reached yet" badge and Sampling said "no token sampled yet"."""
+    body = {"model": server.service.model_name, "stream": True, "max_tokens": 100, "ignore_eos": True,
+            "messages": [{"role": "user", "content": "Hold the slot."}]}
+    stop, held = threading.Event(), []
+
+    def hold() -> None:  # another client's long answer, cut when the test is done
+        with httpx.stream("POST", server.url + "v1/chat/completions", json=body, timeout=120) as r:
+            for line in r.iter_lines():
+                held.append((r.status_code, line[:80]))
+                if stop.is_set():
+                    break
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        page.wait_for_timeout(500)
+        assert held and held[0][0] == 200, held[:3]  # the slot is taken
+        set_controls(page, "I will wait.", 12)
+        page.click("#tt-send")
+        wait_status(page, ": ")  # its id: queued (or "streaming, 0 tokens": its panels drawn while it waits)
+        page.click("#tt-stop")
+        said = wait_status(page, "finished")
+        assert "finished (abort)" in said, (said, len(held))
+        page.wait_for_timeout(800)
+        assert said.endswith("0 tokens"), said
+        for key in ("embedding", "layers", "sampling", "batching"):
+            head = page.inner_text(f"#tt-stage-{key} .tt-stage-head h2")
+            assert "not reached yet" not in head and "stopped before this stage" in head, (key, head)
+        chips = page.evaluate("Object.fromEntries([...document.querySelectorAll('#tt-map .tt-map-chip')]"
+                              ".map(c => [c.dataset.key, c.innerText]))")
+        for key in ("embedding", "sampling", "batching"):
+            assert "stopped before" in chips[key], chips
+        assert "stopped before" not in chips["request"] and "stopped before" not in chips["tokens"], chips
+        for panel in ("tt-sampling", "tt-embedding", "tt-logit-lens"):
+            text = page.inner_text(f"#{panel}")
+            assert "yet" not in text and "never reached" in text, (panel, text)
+    finally:
+        stop.set()
+        holder.join(timeout=60)
