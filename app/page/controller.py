@@ -32,6 +32,7 @@ from app.classroom.rooms import Classrooms
 from app.page import texts
 from app.page.live_view import HEAVY, ONE_PASS, PANELS, LiveView
 from app.page.stages import JourneyClock
+from app.page.updates import carry
 from app.serving.engine_service import EngineService, Subscription
 from app.serving.limits import RequestRefused
 from app.serving.recording import Recording, ReplayCursor, TraceFileError, record_request, show_accepted
@@ -526,7 +527,7 @@ class Controller:
                                 "</div>"}
             return
         try:
-            yield from self._send(key, c, client)
+            yield from carry(self._send(key, c, client))
         finally:
             self.sessions.release(key)
 
@@ -593,6 +594,9 @@ class Controller:
         """Watch: show every request sent by someone else (curl, SDK, another tab) to any of the
         models, one after another; the controls show each request's own prompt, knobs, level and
         model (read-only while watching)."""
+        return carry(self._follow(key, c))
+
+    def _follow(self, key: str, c: Controls) -> Iterator[dict]:
         fire = self.models.subscribe_all(max_items=20_000)
         arrivals: deque[tuple[str, str | None]] = deque()
         shown = c.model  # the model whose shapes the page draws now

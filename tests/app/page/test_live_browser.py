@@ -136,3 +136,28 @@ def test_a_request_stopped_before_any_step_says_so_in_the_map_and_stages(server,
     finally:
         stop.set()
         holder.join(timeout=60)
+
+
+def test_stop_is_not_red_after_a_finish_on_a_first_load_at_420_px(server, browser):
+    """Seen in two first-run 420 px screenshots: Stop bright red after a fast answer had finished.
+    Gradio deleted its "secondary" from the browser's copy of the update when the next yield left
+    it out, before a busy tab had applied it (app/page/updates.py); a slow phone is a throttled CPU."""
+    context = browser.new_context(viewport={"width": 420, "height": 1000})
+    try:
+        page = open_page(context, server.url)
+        context.new_cdp_session(page).send("Emulation.setCPUThrottlingRate", {"rate": 12})
+        looks = []
+        for level in ("off", "basic", "off", "basic"):
+            page.check(f"#tt-level input[value={level}]")
+            set_controls(page, "Name three colours.", 16)
+            before = status(page)
+            page.click("#tt-send")
+            finish(page, before)
+            page.wait_for_timeout(800)
+            look = page.evaluate("""() => { const b = document.querySelector('#tt-stop');
+              return {cls: b.className, bg: getComputedStyle(b).backgroundColor}; }""")
+            r, g, b = (int(x) for x in re.findall(r"\d+", look["bg"])[:3])
+            looks.append((level, "stop" in look["cls"].split() or (r > 180 and g < 120 and b < 120), look["bg"]))
+        assert not any(red for _, red, _ in looks), looks  # red: the "stop" variant, after the answer ended
+    finally:
+        context.close()
