@@ -34,6 +34,7 @@ class Stage:
     chip: str = ""  # the map's key number for this request ("27 tokens", "16 cached"), escaped; "" not reached
     skipped: bool = False  # this request does not pass this stage (no MoE, no draft, one device)
     reached: bool = True  # False: the live request has not got there yet
+    stopped: bool = False  # the request ended (stopped, aborted) before it got here: it never will
 
 
 def journey(model: dict, request_id: str, body: dict | None, events: Sequence[dict], outputs: Sequence[dict],
@@ -52,10 +53,30 @@ def journey(model: dict, request_id: str, body: dict | None, events: Sequence[di
     facts = st.Facts.read(model, request_id, body, events, outputs, kv_peak=kv_peak, truncated=truncated,
                           position=position, hidden_from=hidden_from, layer=layer, trail=trail)
     parts = [words(facts) for _, _, words in STAGES]
-    # a request that streams has passed every stage before the stream, recorded or not (capture level off)
+    unrun = ran_no_step(facts)
+    # a request that streams has passed every stage before the stream, recorded or not (capture level off);
+    # one that ended before any engine step ran it streamed only its end, and passed none of the engine's
+    if unrun:
+        parts = [replace(part, reached=False) if key in ENGINE_STAGES else part for key, part in zip(KEYS, parts)]
     passed = False
     for i in range(KEYS.index("answer"), -1, -1):
-        passed = passed or parts[i].reached
-        parts[i] = replace(parts[i], reached=passed)
-    return [Stage(key, f"{i} · {title}", part.text, part.panels, part.chip if part.reached else "", part.skipped,
-                  part.reached) for i, ((key, title, _), part) in enumerate(zip(STAGES, parts), 1)]
+        own = parts[i].reached
+        passed = passed or (own and not (unrun and KEYS[i] == "answer"))
+        parts[i] = replace(parts[i], reached=own or passed)
+    ended = facts.finish is not None and not facts.idle and facts.hidden_from is None
+    return [Stage(key, f"{i} · {title}", part.text, part.panels,
+                  part.chip if part.reached else ("stopped before" if ended and not part.skipped else ""),
+                  part.skipped, part.reached, stopped=ended and not part.reached and not part.skipped)
+            for i, ((key, title, _), part) in enumerate(zip(STAGES, parts), 1)]
+
+
+# the stages only an engine step reaches (the way in, the stream and the plan of devices come before
+# or without one)
+ENGINE_STAGES = ("embedding", "layers", "timeline", "kv", "logit_lens", "sampling", "batching", "spec")
+
+
+def ran_no_step(f: st.Facts) -> bool:
+    """Did the request end before any engine step ran it (stopped while it waited)? Known only
+    when it was traced: at capture level off no step is recorded, and no token proves none ran."""
+    return (f.finish is not None and not f.steps and not f.generated and "request.arrive" in f.first
+            and f.hidden_from is None)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from visualizers._html import empty, esc, panel, show_piece
+from visualizers.selection import Selection, header_html
 
 MAX_ROUNDS = 12
 
@@ -63,8 +64,11 @@ def copy_source(r: dict) -> str:
             f"</div>")
 
 
-def spec_html(rounds: Sequence[dict], enabled: bool = True, pieces: Mapping[int, str] | None = None) -> str:
-    """rounds: this request's `spec` events; pieces: token text with special tokens kept."""
+def spec_html(rounds: Sequence[dict], enabled: bool = True, pieces: Mapping[int, str] | None = None,
+              selection: Selection | None = None, picked: int | None = None) -> str:
+    """rounds: this request's `spec` events; pieces: token text with special tokens kept;
+    selection: the selected pass, named in the header as every panel names it; picked: the
+    round (an index of rounds) whose verify step made the token it predicted (its row marked)."""
     if not rounds:
         msg = ("no speculative round yet (rounds start after the first token)" if enabled
                else "speculative decoding is off for this request (or the engine has no draft model)")
@@ -97,7 +101,8 @@ def spec_html(rounds: Sequence[dict], enabled: bool = True, pieces: Mapping[int,
             chips.append(f"<span class='tt-note'>the answer ended here: {esc(r['cut_after_end'])} later "
                          f"proposal{'s' if r['cut_after_end'] > 1 else ''} not counted</span>")
         source = copy_source(r) if copied else ""
-        rows.append(f"<tr><td>{i + 1}</td><td>{r['accepted']}/{r['k']}</td><td>{''.join(chips)}{source}</td>"
+        mark = " class='tt-sel-row'" if i == picked else ""  # the round that made the selected pass's token
+        rows.append(f"<tr{mark}><td>{i + 1}</td><td>{r['accepted']}/{r['k']}</td><td>{''.join(chips)}{source}</td>"
                     f"<td>{r['acceptance_rate']:.0%}</td></tr>")
     per_pass = t.per_pass
     greedy = rounds[-1].get("greedy")
@@ -125,4 +130,21 @@ def spec_html(rounds: Sequence[dict], enabled: bool = True, pieces: Mapping[int,
     head = "copied tokens → target token" if ngram else "draft tokens → target token"
     table = (f"<table class='tt-table'><thead><tr><th>round</th><th>accepted</th><th>{head}"
              "</th><th>running rate</th></tr></thead><tbody>" + "".join(reversed(rows)) + "</tbody></table>")
-    return panel("Speculative decoding", info + table)
+    if selection is None:
+        return panel("Speculative decoding", info + table)
+    return ('<div class="tt-panel">' + header_html("Speculative decoding", selection)
+            + picked_line(selection, picked, len(rounds)) + info + table + "</div>")
+
+
+def picked_line(selection: Selection, picked: int | None, n_rounds: int) -> str:
+    """Which round made the selected pass's token, in a line (HTML; "" with no pass selected)."""
+    if selection.read is None:
+        return ""
+    made = selection.token(selection.read + 1)
+    if not selection.drew:
+        return f"<div class='tt-note'>{made} is the prompt's own token: no round drew it</div>"
+    if picked is None:
+        return (f"<div class='tt-note'>{made} came from no speculative round (the prefill or a plain "
+                "decode step)</div>")
+    where = "" if picked >= n_rounds - MAX_ROUNDS else f", older than the {MAX_ROUNDS} rounds listed"
+    return f"<div class='tt-note'>{made} came from round {picked + 1}'s verify step (its row marked{where})</div>"

@@ -44,11 +44,13 @@ def queue_seconds(by_type: dict[str, list[dict]]) -> float | None:
 QUEUE_NAME = "queue (arrival to admission by the scheduler)"
 
 
-def untraced_timeline_html(tokens: Sequence[dict], finished: bool, level: str = "off") -> str:
-    """A request traced at level off: no engine steps are recorded, only when each token
-    streamed (tokens: {"index", "t"} with t in seconds since arrival)."""
-    missing = (f"capture level {level} records no engine steps (no prefill, decode or batch bars): only when each "
-               "token streamed")
+def untraced_timeline_html(tokens: Sequence[dict], finished: bool, level: str = "off",
+                           steps: int | None = None) -> str:
+    """A request traced at level off: no engine step's work is recorded, only when each token
+    streamed (tokens: {"index", "t"} with t in seconds since arrival) and, steps, from how many
+    engine steps (each streamed output names its step: the replay's frames)."""
+    missing = (f"capture level {level} records no engine step's work (no prefill, decode or batch bars): only when "
+               "each token streamed" + (", and which engine step drew it" if steps is not None else ""))
     if not tokens:
         return panel("Timeline", empty(missing + (" — and no token streamed" if finished else "; none yet")))
     end = max(t["t"] for t in tokens)
@@ -67,7 +69,9 @@ def untraced_timeline_html(tokens: Sequence[dict], finished: bool, level: str = 
     rate = ""
     if len(tokens) > 1 and end > tokens[0]["t"]:
         rate = f" · then {(len(tokens) - 1) / (end - tokens[0]['t']):.1f} tokens/s"
-    info = (f"<div class='tt-lines'><div>{len(tokens)} tokens streamed · TTFT {esc(fmt_ms(tokens[0]['t']))}{rate}"
+    made = f", drawn in {steps:,} engine step{'s' if steps != 1 else ''}" if steps is not None else ""
+    info = (f"<div class='tt-lines'><div>{len(tokens)} tokens streamed{made} · TTFT "
+            f"{esc(fmt_ms(tokens[0]['t']))}{rate}"
             f" · last token at {esc(fmt_ms(end))}</div><div class='tt-note'>{esc(missing)}</div></div>")
     return panel("Timeline", info + chart)
 

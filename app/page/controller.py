@@ -30,8 +30,9 @@ import gradio as gr
 import visualizers as viz
 from app.classroom.rooms import Classrooms
 from app.page import texts
-from app.page.live_view import HEAVY, PANELS, LiveView
+from app.page.live_view import HEAVY, ONE_PASS, PANELS, LiveView
 from app.page.stages import JourneyClock
+from app.page.updates import carry
 from app.serving.engine_service import EngineService, Subscription
 from app.serving.limits import RequestRefused
 from app.serving.recording import Recording, ReplayCursor, TraceFileError, record_request, show_accepted
@@ -241,10 +242,21 @@ def parse_schema(c: Controls) -> None:
                         [("sampling", False, "the schema is not an object")])
 
 
-def step_range(frames: int, frame: int) -> dict:
+def which_steps(cursor: ReplayCursor) -> str:
+    """What a recording's steps are, said where not every step was recorded: at capture level
+    off its frames are the engine steps that drew a token (the timeline says how many)."""
+    return "" if cursor.rec.events else " that drew a token"
+
+
+def steps_of(cursor: ReplayCursor) -> str:
+    """"7 engine steps", as Status, the slider and the timeline all count them."""
+    return plural(len(cursor.steps), "engine step") + which_steps(cursor)
+
+
+def step_range(frames: int, frame: int, which: str = "") -> dict:
     """The step slider over `frames` engine steps at 0-based `frame`: the values are 1..frames,
     as Status counts them (a Gradio slider needs minimum < maximum: one step is 0..1, at 1)."""
-    label = texts.step_label(frames)
+    label = texts.step_label(frames, which)
     if frames <= 1:
         return {"minimum": 0, "maximum": 1, "value": 1 if frames else 0, "interactive": False, "label": label}
     return {"minimum": 1, "maximum": frames, "value": frame + 1, "interactive": True, "label": label}
@@ -255,7 +267,7 @@ def steps_updates(cursor: ReplayCursor | None) -> dict:
     if cursor is None:
         return {"step": gr.update(**NO_STEPS, label=texts.step_label(0)),
                 "step_box": gr.update(value=0, interactive=False)}
-    r = step_range(cursor.last_frame + 1, cursor.frame)
+    r = step_range(cursor.last_frame + 1, cursor.frame, which_steps(cursor))
     return {"step": gr.update(**r), "step_box": gr.update(value=r["value"], interactive=r["interactive"])}
 
 
@@ -277,13 +289,15 @@ def draw_within(view: LiveView, names: list[str], now: float, budget: float = RE
     the budget is spent (those left stay dirty: the next update draws them), so one update of a
     long trace never holds the stream back behind every heavy panel at once."""
     light = [n for n in names if n not in HEAVY]
-    heavy = sorted((n for n in names if n in HEAVY), key=lambda n: view.drawn_at.get(n, 0.0) - now + HEAVY[n])
+    # the panels that name a pass are one unit: drawn together or not at all (never two passes on screen)
+    units = [[n] for n in names if n in HEAVY and n not in ONE_PASS] + [[n for n in names if n in ONE_PASS]]
+    heavy = sorted((u for u in units if u), key=lambda u: min(view.drawn_at.get(n, 0.0) - now + HEAVY[n] for n in u))
     out = view.draw(light, now)
     start = time.perf_counter()
-    for n in heavy:
+    for unit in heavy:
         if out and time.perf_counter() - start > budget:
             break
-        out.update(view.draw([n], now))
+        out.update(view.draw(unit, now))
     return out
 
 
@@ -295,8 +309,10 @@ def abort_all(service, request_id: str, n: int) -> None:
 
 def stages_of(view: LiveView) -> list:
     """The journey of the request a view shows (the pipeline map and the stages' sentences)."""
+    # the words speak of the pass the panels show now (their last draw), not of a newer one
+    position = view.shown_read if view.shown_read is not None else view.position
     return journey(view.model, view.request_id or "", view.body or None, view.events, view.outputs,
-                   truncated=view.first("trace.truncated"))
+                   truncated=view.first("trace.truncated"), position=position)
 
 
 class Controller:
@@ -481,7 +497,7 @@ class Controller:
             now = time.perf_counter()
             if now - last >= YIELD_EVERY and not view.finished:
                 out = draw_within(view, view.due(now), now)
-                if tab.clock.due(now):
+                if tab.clock.due(now) or any(n in out for n in ONE_PASS):  # the words follow the panels' pass
                     out.update(self.journey_updates(tab, view, now))
                 if out:
                     yield {**out, "status": f"{rid}: streaming, {plural(len(view.generated_ids()), 'token')}"}
@@ -511,7 +527,7 @@ class Controller:
                                 "</div>"}
             return
         try:
-            yield from self._send(key, c, client)
+            yield from carry(self._send(key, c, client))
         finally:
             self.sessions.release(key)
 
@@ -578,6 +594,9 @@ class Controller:
         """Watch: show every request sent by someone else (curl, SDK, another tab) to any of the
         models, one after another; the controls show each request's own prompt, knobs, level and
         model (read-only while watching)."""
+        return carry(self._follow(key, c))
+
+    def _follow(self, key: str, c: Controls) -> Iterator[dict]:
         fire = self.models.subscribe_all(max_items=20_000)
         arrivals: deque[tuple[str, str | None]] = deque()
         shown = c.model  # the model whose shapes the page draws now
@@ -702,7 +721,7 @@ class Controller:
             view.layer, view.head = int(c.layer or 0), int(c.head or 0)
         return {"attention": view.render("attention"), "moe": view.render("moe")}
 
-    SELECTED = ("embedding", "attention", "kv", "moe", "logit_lens", "sampling")  # what one token click redraws
+    SELECTED = ONE_PASS  # what one token click redraws: every panel that names a pass (the stages' words too)
 
     def pick_token(self, key: str, value: str, c: Controls) -> dict:
         """A token chip was clicked ("POSITION:NONCE"): every panel shows that position's pass."""
@@ -720,7 +739,8 @@ class Controller:
         else:
             view.position = position
         view.layer, view.head = int(c.layer or 0), int(c.head or 0)
-        return {n: view.render(n) for n in self.SELECTED}
+        now = time.perf_counter()
+        return {**view.draw(list(self.SELECTED), now), **self.journey_updates(tab, view, now)}
 
     def pick_bias(self, key: str, value: str, c: Controls) -> dict:
         """A sampling candidate was clicked ("TOKEN_ID:NONCE"): the logit-bias control takes that
@@ -765,8 +785,7 @@ class Controller:
         view.position = picked
         view.replaying = True
         tab.view = view
-        n = len(tab.cursor.steps)
-        state = f"{tab.cursor.rec.request_id}: step {tab.cursor.frame + 1} of {n} engine step{'s' if n != 1 else ''}"
+        state = f"{tab.cursor.rec.request_id}: step {tab.cursor.frame + 1} of {steps_of(tab.cursor)}"
         return {**self.full(tab, view, state + note), "step": gr.update(value=tab.cursor.frame + 1),
                 "step_box": gr.update(value=tab.cursor.frame + 1)}
 
@@ -809,8 +828,8 @@ class Controller:
         tab = self.tab_of(key)
         if tab is None or tab.cursor is None or tab.cursor.frame < 0:
             return {}
-        n = len(tab.cursor.steps)
-        return {"status": f"{tab.cursor.rec.request_id}: paused at step {tab.cursor.frame + 1} of {n} engine steps"}
+        cur = tab.cursor
+        return {"status": f"{cur.rec.request_id}: paused at step {cur.frame + 1} of {steps_of(cur)}"}
 
     def load_trace(self, key: str, path: str) -> dict:
         """A trace file loaded: its last step, the controls set to its request (read-only)."""

@@ -320,7 +320,7 @@ def _wire(page: gr.Blocks, ui: dict, ctl: Controller) -> None:
         for name in SETTINGS:
             ui[name].input(w.fn(ctl.preview, settings, keep="request"), w.inputs(settings), ui["request"],
                            concurrency_limit=None, trigger_mode="always_last", **quiet)
-    selected = [ui[n] for n in Controller.SELECTED]
+    selected = [ui[n] for n in Controller.SELECTED] + journey_out  # the stages' words name the pass too
     ui["pick"].change(w.fn(ctl.pick_token, ("layer", "head"), extra=1, keep="attention"),
                       [ui["pick"], ui["layer"], ui["head"]], selected, concurrency_limit=None, **quiet)
     ui["pick_bias"].change(w.fn(ctl.pick_bias, ("bias",), extra=1, keep="bias"), [ui["pick_bias"], ui["bias"]],

@@ -3,6 +3,7 @@ stage, and redraws only the panels whose inputs changed (and the heavy ones at m
 few times a second), so the browser gets small, cheap updates while tokens stream."""
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -28,6 +29,11 @@ FEEDS = {"request.arrive": ("timeline",), "tokenize": ("tokens", "timeline"), "p
          "kv.transfer": ("parallel",)}  # disaggregated (engine/disagg): the handover
 # the panels that show the selected pass (visualizers/selection.py), and those a byte cap can freeze
 SELECTED = ("embedding", "attention", "kv", "moe", "logit_lens", "sampling")
+# the panels that name a forward pass: redrawn together, in one update, from one Selection, so no
+# picture ever shows two passes (each redrew on its own clock: KV, Sampling and Speculation at 0.5 s
+# showed an older pass than Embedding, Attention and the lens at 0.45 s)
+ONE_PASS = SELECTED + ("spec",)
+ONE_PASS_EVERY = 0.45  # seconds between the group's redraws while streaming (the 0.5 s live target holds)
 CAPTURED = {"embedding": ("embed", "embedding rows"), "attention": ("attention", "attention captures"),
             "moe": ("moe", "MoE routing captures"), "logit_lens": ("logit_lens", "logit-lens captures")}
 
@@ -60,6 +66,10 @@ class LiveView:
     n: int = 1  # choices asked for (n > 1: the others' outputs arrive in this view's queue too)
     others: dict[str, list[dict]] = field(default_factory=dict)  # choice id ("<id>.i") -> its outputs
     own_done: bool = False  # choice 0 has finished (the view is finished once every choice has)
+    drawn_pass: dict[str, int | None] = field(default_factory=dict)  # ONE_PASS panel -> the pass (read) it shows
+    shown_read: int | None = None  # the pass the ONE_PASS panels show now (the journey's words speak of it)
+    _pinned: Selection | None = None  # the one Selection of the draw in progress
+    _drawing: threading.RLock = field(default_factory=threading.RLock)  # a click's draw beside the stream's
 
     # --- input -----------------------------------------------------------------------
     def other_choice(self, it: dict) -> str | None:
@@ -154,6 +164,11 @@ class LiveView:
         self.dirty.update(("attention", "moe"))
 
     def selection(self) -> Selection:
+        """The selected pass: while a draw is under way the one it pinned (every panel of that
+        draw shows the same pass, whatever arrives meanwhile)."""
+        return self._pinned if self._pinned is not None else self._select()
+
+    def _select(self) -> Selection:
         tok = self.first("tokenize")
         if tok is None:  # capture level off: no prompt pieces, but the usage counts them once it ended
             n_prompt = int(((self.finish_info() or {}).get("usage") or {}).get("prompt_tokens") or 0)
@@ -184,6 +199,12 @@ class LiveView:
 
     def generated_ids(self) -> list[int]:
         return [o["token_id"] for o in self.outputs if o.get("token_id", -1) >= 0]
+
+    def token_steps(self) -> int:
+        """How many engine steps drew this request's tokens (every choice's), as its outputs name
+        them: at capture level off, the steps a replay has (Recording.steps)."""
+        return len({o["step"] for outs in self.choice_outputs() for o in outs
+                    if o.get("token_id", -1) >= 0 and o.get("step") is not None})
 
     def pieces(self) -> dict[int, str]:
         ids = set(self.generated_ids())
@@ -254,6 +275,17 @@ class LiveView:
     TITLES = {"embedding": "Embedding", "attention": "Attention", "moe": "Mixture of experts", "sampling": "Sampling",
               "spec": "Speculative decoding", "logit_lens": "Logit lens"}
 
+    # what a request that never ran has not got, for the panels that would say "not yet"
+    NEVER_RAN = {"embedding": "no row was looked up", "attention": "no attention was computed",
+                 "moe": "no token was routed", "sampling": "no token was sampled",
+                 "logit_lens": "no token was predicted", "spec": "no round was proposed"}
+
+    def ran_no_step(self) -> bool:
+        """Ended before any engine step ran it (stopped while it waited), as its trace shows
+        (at capture level off no step is recorded: unknown, False)."""
+        return self.finish_info() is not None and not self.generated_ids() and "request.arrive" in self.by_type \
+            and not self.by_type.get("schedule.step")
+
     # --- output --------------------------------------------------------------------------
     def render(self, name: str) -> str:
         m = self.model
@@ -276,6 +308,11 @@ class LiveView:
             return viz.answer_html(self.stream_tokens(), self.finish_info(), self.error, self.state(), note)
         if idle and name in self.IDLE:
             return viz.not_recorded(*self.IDLE[name])
+        if name in self.NEVER_RAN and not self.has_input(name) and self.ran_no_step() and \
+                (name != "moe" or m["is_moe"]) and (name != "spec" or (m["has_draft"] and self.speculative)):
+            why = (self.finish_info() or {}).get("reason") or "stopped"
+            return viz.not_recorded(self.TITLES[name], f"never reached: the request ended ({why}) before any engine "
+                                    f"step ran it, so {self.NEVER_RAN[name]}")
         missing = None if idle else self.missing(name)
         if missing and not self.has_input(name):
             if name == "moe" and not m["is_moe"]:
@@ -321,7 +358,9 @@ class LiveView:
                                         "speculative decoding (start it with --draft MODEL or --draft ngram)")
             if not self.by_type.get("spec") and not self.speculative:
                 return viz.not_recorded("Speculative decoding", "speculative decoding is off for this request")
-            return viz.spec_html(self.by_type.get("spec", []), self.speculative and m["has_draft"], self.pieces())
+            sel = self.selection()
+            return viz.spec_html(self.by_type.get("spec", []), self.speculative and m["has_draft"], self.pieces(),
+                                 selection=sel, picked=self.selected_round(sel))
         if name == "parallel":
             apart = self.by_type.get("kv.transfer")  # disaggregated (engine/disagg): the handover beside it
             return viz.parallel_html(self.by_type.get("schedule.collective", []), m, self.level, idle) + \
@@ -331,24 +370,59 @@ class LiveView:
                                        selection=self.selection(), frozen=self.frozen(name))
         if name == "timeline":
             if self.level == "off":
-                return viz.untraced_timeline_html(self.stream_tokens(), self.finished)
+                return viz.untraced_timeline_html(self.stream_tokens(), self.finished, steps=self.token_steps())
             return viz.timeline_html(self.events, self.request_id or "")
         raise KeyError(name)
 
     def due(self, now: float, force: bool = False) -> list[str]:
-        """Dirty panels whose redraw is due (all dirty ones when forced)."""
-        names = [n for n in PANELS if n in self.dirty
-                 and (force or now - self.drawn_at.get(n, 0.0) >= HEAVY.get(n, 0.0))]
-        return names
+        """Dirty panels whose redraw is due (all dirty ones when forced); the ONE_PASS panels
+        all together or none (one_pass_due)."""
+        group = set(self.one_pass_due(now, force))
+        return [n for n in PANELS if n in group or (n not in ONE_PASS and n in self.dirty and (
+            force or now - self.drawn_at.get(n, 0.0) >= HEAVY.get(n, 0.0)))]
+
+    def one_pass_due(self, now: float, force: bool = False) -> list[str]:
+        """The ONE_PASS panels to redraw now: none before the group's time is up (or a panel's first
+        content came: shown at once), then every one that is dirty or shows another pass than the
+        selection now (the newest token moved it)."""
+        read = self._select().read
+        stale = [n for n in ONE_PASS if n in self.dirty or (self.has_input(n) and self.drawn_pass.get(n, -1) != read)]
+        first = any(n not in self.drawn_at and self.has_input(n) for n in stale)
+        if not stale or not (force or first or now - self.drawn_at.get("one_pass", 0.0) >= ONE_PASS_EVERY):
+            return []
+        return stale
 
     def draw(self, names: list[str], now: float) -> dict[str, str]:
         out = {}
-        for n in names:
-            out[n] = self.drawn[n] = self.render(n)
-            self.dirty.discard(n)
-            if self.has_input(n):  # a placeholder does not count: first content shows at once
-                self.drawn_at[n] = now
+        with self._drawing:
+            return self._draw(names, now, out)
+
+    def _draw(self, names: list[str], now: float, out: dict[str, str]) -> dict[str, str]:
+        self._pinned = self._select()  # one selection for every panel of this draw
+        try:
+            for n in names:
+                out[n] = self.drawn[n] = self.render(n)
+                self.dirty.discard(n)
+                if n in ONE_PASS:
+                    self.drawn_pass[n] = self._pinned.read
+                if self.has_input(n):  # a placeholder does not count: first content shows at once
+                    self.drawn_at[n] = now
+                    if n in ONE_PASS:
+                        self.drawn_at["one_pass"] = now
+            if any(n in ONE_PASS for n in names):
+                self.shown_read = self._pinned.read
+        finally:
+            self._pinned = None
         return out
+
+    def selected_round(self, sel: Selection) -> int | None:
+        """The speculative round (index in this request's spec events) whose verify step made the
+        token the selected pass predicted; None: no round made it (the prefill, a plain step)."""
+        gen = [o for o in self.outputs if o.get("token_id", -1) >= 0]
+        i = None if sel.read is None else sel.read + 1 - sel.n_prompt
+        if i is None or not 0 <= i < len(gen) or gen[i].get("step") is None:
+            return None
+        return next((j for j, r in enumerate(self.by_type.get("spec", ())) if r["step"] == gen[i]["step"]), None)
 
     NEEDS = {"prefix": "prefix_cache.lookup", "tokens": "tokenize", "embedding": "embed", "attention": "attention",
              "moe": "moe", "sampling": "sample", "spec": "spec", "logit_lens": "logit_lens"}  # panel -> the event it draws from

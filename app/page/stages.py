@@ -65,7 +65,8 @@ def map_html(stages: Sequence[Stage], live: bool = True) -> str:
 
 def stage_html(st: Stage) -> str:
     """A stage's heading and its sentence (Stage.text is escaped HTML already)."""
-    waiting = "" if st.reached else " <span class='tt-note'>not reached yet</span>"
+    waiting = "" if st.reached else \
+        f" <span class='tt-note'>{'stopped before this stage' if st.stopped else 'not reached yet'}</span>"
     return (f"<div class='tt-stage-head' data-key='{esc(st.key)}'><h2>{esc(st.title)}{waiting}</h2>"
             f"<div class='tt-stage-text'>{st.text}</div></div>")
 

@@ -130,11 +130,12 @@ def spec_info(m: dict) -> str:
     return f"draft model: {m['draft']}" if m["has_draft"] else "no draft model loaded"
 
 
-def step_label(frames: int) -> str:
-    """The replay slider's label: one numbering everywhere ("step k of N engine steps")."""
+def step_label(frames: int, which: str = "") -> str:
+    """The replay slider's label: one numbering everywhere ("step k of N engine steps");
+    which: what the steps are when not every one was recorded (" that drew a token")."""
     if frames <= 0:
         return "Replay: nothing to replay yet (send a request or load a trace)"
-    return f"Replay: engine step 1..{frames} of this request ({frames} engine step{'s' if frames != 1 else ''})"
+    return f"Replay: engine step 1..{frames} of this request ({frames} engine step{'s' if frames != 1 else ''}{which})"
 
 
 def clamp_step(number, frames: int) -> tuple[int, str]:

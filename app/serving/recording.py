@@ -26,7 +26,7 @@ from app.page.live_view import LiveView, truncation_note
 from app.serving.requests import parse_body
 from engine import LLMEngine
 from engine.trace import SCHEMA_VERSION
-from visualizers.kv_cache import apply_kv_pool
+from visualizers.kv_cache import apply_kv_pool, pool_engine
 
 MODEL_KEYS = ("name", "num_layers", "num_heads", "num_kv_heads", "head_dim", "hidden_size", "vocab_size",
               "is_moe", "num_blocks", "block_size", "dtype", "dtype_bytes", "kv_cache_bytes")
@@ -258,14 +258,18 @@ class ReplayCursor:
 
     def peak_kv_frame(self) -> int:
         """The last frame at which the request's blocks held the most tokens (its very last
-        frame has freed them)."""
+        frame has freed them), counted in every decode engine's pool (disaggregated with
+        --decode-ranks > 1, its pages live in the pool of the engine it decoded on)."""
         best, best_n, rid = self.last_frame, -1, self.rec.request_id
-        pools = [e for e in self.rec.events if e["type"] == "kv.pool"]
-        pool, i = None, 0
+        pools = [(j, e) for e in self.rec.events if (j := pool_engine(e)) is not None]
+        by_engine: dict[int, dict] = {}
+        i = 0
         for f, step in enumerate(self.steps):
-            while i < len(pools) and pools[i]["step"] <= step:
-                pool, i = apply_kv_pool(pool, pools[i]), i + 1
-            n = sum(pool["fill"].get(b, 0) for b, owners in pool["owners"].items() if rid in owners) if pool else 0
+            while i < len(pools) and pools[i][1]["step"] <= step:
+                j, e = pools[i]
+                by_engine[j], i = apply_kv_pool(by_engine.get(j), e), i + 1
+            n = sum(pool["fill"].get(b, 0) for pool in by_engine.values()
+                    for b, owners in pool["owners"].items() if rid in owners)
             if n >= best_n:
                 best, best_n = f, n
         return best

@@ -114,7 +114,7 @@ def test_capture_level_off_shows_what_it_records_and_says_what_it_leaves_out(pag
     prefix = page.inner_text("#tt-prefix")
     assert ("HIT" in prefix or "MISS" in prefix) and "tokens reused:" in prefix and "not recorded" in prefix
     timeline = page.inner_text("#tt-timeline")
-    assert f"{n} tokens streamed" in timeline and "TTFT" in timeline and "records no engine steps" in timeline
+    assert f"{n} tokens streamed" in timeline and "TTFT" in timeline and "records no engine step's work" in timeline
     assert page.locator("#tt-tokens .tt-chips .tt-gen").count() == n and "prompt tokens:" in page.inner_text("#tt-tokens")
     for panel in ("tt-embedding", "tt-attention", "tt-moe", "tt-sampling", "tt-spec"):
         assert "not recorded" in page.inner_text(f"#{panel}"), panel
