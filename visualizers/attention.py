@@ -23,7 +23,8 @@ from visualizers.attention_rows import LayerIndex
 from visualizers.selection import Selection, header_html, plural
 
 MAX_POSITIONS = 64  # the map's rows and columns: the capture's default key budget (--capture-max-keys)
-MAP_PX = 480  # the map's width on a wide screen (cells of 7 to 16 px)
+MAP_PX = 480  # the map's width on a wide screen (cells of MIN_CELL to 16 px)
+MIN_CELL = 9  # px: a row's label is a pixel smaller; at 7 px (64 rows) the token labels could not be read
 LABEL_CHARS = 6  # a label's characters before it is shortened with "…"
 KIND_RGB = {"prefill": (70, 110, 200), "decode": (240, 140, 30), "verify": (160, 80, 200)}
 CAUSAL_RGB = np.array([30, 30, 36], dtype=np.uint8)
@@ -145,7 +146,7 @@ def map_html(index: LayerIndex, layer: int, head: int, group: int, labels: Seque
     probs, mask, kinds, lo, _ = attention_matrix([], layer, head, span, hi - 1, index)
     n = len(kinds)
     rgb = image(probs, mask)
-    cell = max(7, min(16, MAP_PX // max(n, 1)))
+    cell = max(MIN_CELL, min(16, MAP_PX // max(n, 1)))
     ctx = f"layer {layer} · head {head} (KV head {head // group})"
     names = [f"{lo + i} {label_of(labels, lo + i)!r}" for i in range(n)]
     spec = {"w": n, "h": n, "x0": 0, "rows": names, "same": True, "row_name": "query",
