@@ -219,12 +219,15 @@ def attention_html(events: Sequence[dict], layer: int | None = None, head: int |
                  f"for it, so the map shows the newest captured row</div>")
     kinds = drawn["kinds"]
     n_rows = {k: sum(1 for x in kinds if x == k) for k in ("prefill", "decode", "verify")}
+    # verify rows only where a draft's proposals were checked: a request with no draft has none to name
+    verify = f", {n_rows['verify']} verify" if n_rows["verify"] else ""
+    verify_key = " <span class='tt-k-verify'>verify</span>" if n_rows["verify"] else ""
     info = (f"<div class='tt-lines'><div>layer <b>{layer}</b> of {len(layers)} captured · query head <b>{head}</b> · "
             f"{plural(num_heads, 'query head')} share {plural(num_kv, 'KV head')} ({group} per KV head) · "
             f"{_window_words(window, sliding_windows)}</div>"
-            f"<div>rows drawn: {n_rows['prefill']} prefill, {n_rows['decode']} decode, {n_rows['verify']} verify · "
+            f"<div>rows drawn: {n_rows['prefill']} prefill, {n_rows['decode']} decode{verify} · "
             f"positions {lo}–{hi - 1} · row edge: <span class='tt-k-prefill'>prefill</span> "
-            f"<span class='tt-k-decode'>decode</span> <span class='tt-k-verify'>verify</span> · "
+            f"<span class='tt-k-decode'>decode</span>{verify_key} · "
             f"black: causal mask · grey: not captured (a prompt row the prefix cache served was computed by an "
             f"earlier request; a long prompt keeps its last rows)</div>{said}</div>")
     over = overview_html(index, layers, heads, num_kv, hi - 1, labels, sliding_windows, (layer, head))

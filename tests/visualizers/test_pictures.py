@@ -142,3 +142,11 @@ def test_a_timeline_with_no_step_says_so_instead_of_an_empty_table():
     assert "<table" not in timeline_html(arrive, "r")
     assert "no engine step has run this request: it ended before the scheduler admitted it" in said, said
     assert "no engine step has run this request yet" in _said(timeline_html(arrive, "r"))
+
+
+def test_attention_names_no_verify_rows_for_a_request_no_draft_proposed_for():
+    """S 1400 finished / stop: "rows drawn: 33 prefill, 4 decode, 0 verify · row edge: prefill decode
+    verify" on a model with no draft."""
+    from tests.visualizers.test_selection import view
+    said = _said(view().render("attention"))
+    assert "rows drawn: 4 prefill, 2 decode ·" in said and "verify" not in said, said
