@@ -85,3 +85,21 @@ def test_at_420_px_the_grid_the_timeline_and_the_tables_stay_readable(server, br
     assert got["offCols"] > 0 and got["offShown"] == 0 and got["note"] == "block", got  # top-k and min-p are off
     assert got["lensBreak"] in (-1, 6) and got["lensCut"] is False, got  # "embed-" / "ding", or one line
     context.close()
+
+
+GAP = """() => {
+  const bar = document.querySelector('#tt-step-row').getBoundingClientRect();
+  const body = document.querySelector('#tt-body').getBoundingClientRect();
+  return body.top - bar.bottom;
+}"""
+
+
+@pytest.mark.parametrize("width", [1400, 420])
+def test_no_blank_band_under_the_replay_bar_before_a_classroom_is_opened(server, browser, width):
+    """S 1400 / 420 every state: a blank band (about 50 px) between the replay bar and the controls:
+    the classroom links' block, empty until Classroom is pressed."""
+    context = browser.new_context(viewport={"width": width, "height": 1000})
+    page = open_page(context, server.url)
+    gap = page.evaluate(GAP)
+    assert gap < 30, gap
+    context.close()
