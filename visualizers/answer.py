@@ -13,6 +13,14 @@ STATE_BADGES = {"streaming": "<span class='tt-live'>● streaming</span>",
                 "idle": "", "done": ""}
 
 
+def no_text(token: dict, last_of_a_stop: bool) -> str:
+    """A streamed token with no text of its own: the end-of-turn token that stopped the answer
+    (the model's special token: not part of the text), or a byte of a character still incomplete.
+    Named, never a bare dot a learner cannot read."""
+    what = "end of turn" if last_of_a_stop else "no text"
+    return f"<i class='tt-notext'>({what}, id {esc(token.get('token_id'))})</i>"
+
+
 def answer_html(tokens: Sequence[dict], finish: dict | None = None, error: str | None = None,
                 state: str | None = None, note: str = "") -> str:
     """tokens: {"index", "token_id", "text", "t" (s since arrival), "latency"} per streamed token;
@@ -28,10 +36,12 @@ def answer_html(tokens: Sequence[dict], finish: dict | None = None, error: str |
     # bar heights are relative to the slowest token after the first (the first one's wait, its TTFT,
     # would flatten every other bar: it is capped at full height)
     peak = max(lat[1:], default=0) or (lat[0] if lat and lat[0] > 0 else 1.0)
+    ended_by_eos = finish is not None and finish.get("reason") == "stop"
     chips = "".join(
         f'<span class="tt-chip tt-timed" title="token {t["index"]} · id {t["token_id"]} · at {t["t"] * 1000:.0f} ms'
         f' · +{t["latency"] * 1000:.1f} ms"><span class="tt-lat" style="height:{min(1, t["latency"] / peak) * 100:.0f}%">'
-        f'</span>{show_piece(t["text"]) if t["text"] else "·"}</span>' for t in tokens[-MAX_TIMED:])
+        f'</span>{show_piece(t["text"]) if t["text"] else no_text(t, ended_by_eos and t is tokens[-1])}</span>'
+        for t in tokens[-MAX_TIMED:])
     stats = []
     if tokens:
         stats.append(f"tokens: <b>{len(tokens)}</b>")

@@ -23,7 +23,8 @@ from visualizers.attention_rows import LayerIndex
 from visualizers.selection import Selection, header_html, plural
 
 MAX_POSITIONS = 64  # the map's rows and columns: the capture's default key budget (--capture-max-keys)
-MAP_PX = 480  # the map's width on a wide screen (cells of 7 to 16 px)
+MAP_PX = 480  # the map's width on a wide screen (cells of MIN_CELL to 16 px)
+MIN_CELL = 9  # px: a row's label is a pixel smaller; at 7 px (64 rows) the token labels could not be read
 LABEL_CHARS = 6  # a label's characters before it is shortened with "…"
 KIND_RGB = {"prefill": (70, 110, 200), "decode": (240, 140, 30), "verify": (160, 80, 200)}
 CAUSAL_RGB = np.array([30, 30, 36], dtype=np.uint8)
@@ -145,7 +146,7 @@ def map_html(index: LayerIndex, layer: int, head: int, group: int, labels: Seque
     probs, mask, kinds, lo, _ = attention_matrix([], layer, head, span, hi - 1, index)
     n = len(kinds)
     rgb = image(probs, mask)
-    cell = max(7, min(16, MAP_PX // max(n, 1)))
+    cell = max(MIN_CELL, min(16, MAP_PX // max(n, 1)))
     ctx = f"layer {layer} · head {head} (KV head {head // group})"
     names = [f"{lo + i} {label_of(labels, lo + i)!r}" for i in range(n)]
     spec = {"w": n, "h": n, "x0": 0, "rows": names, "same": True, "row_name": "query",
@@ -218,12 +219,15 @@ def attention_html(events: Sequence[dict], layer: int | None = None, head: int |
                  f"for it, so the map shows the newest captured row</div>")
     kinds = drawn["kinds"]
     n_rows = {k: sum(1 for x in kinds if x == k) for k in ("prefill", "decode", "verify")}
+    # verify rows only where a draft's proposals were checked: a request with no draft has none to name
+    verify = f", {n_rows['verify']} verify" if n_rows["verify"] else ""
+    verify_key = " <span class='tt-k-verify'>verify</span>" if n_rows["verify"] else ""
     info = (f"<div class='tt-lines'><div>layer <b>{layer}</b> of {len(layers)} captured · query head <b>{head}</b> · "
             f"{plural(num_heads, 'query head')} share {plural(num_kv, 'KV head')} ({group} per KV head) · "
             f"{_window_words(window, sliding_windows)}</div>"
-            f"<div>rows drawn: {n_rows['prefill']} prefill, {n_rows['decode']} decode, {n_rows['verify']} verify · "
+            f"<div>rows drawn: {n_rows['prefill']} prefill, {n_rows['decode']} decode{verify} · "
             f"positions {lo}–{hi - 1} · row edge: <span class='tt-k-prefill'>prefill</span> "
-            f"<span class='tt-k-decode'>decode</span> <span class='tt-k-verify'>verify</span> · "
+            f"<span class='tt-k-decode'>decode</span>{verify_key} · "
             f"black: causal mask · grey: not captured (a prompt row the prefix cache served was computed by an "
             f"earlier request; a long prompt keeps its last rows)</div>{said}</div>")
     over = overview_html(index, layers, heads, num_kv, hi - 1, labels, sliding_windows, (layer, head))

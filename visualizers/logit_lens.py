@@ -92,7 +92,7 @@ def logit_lens_html(events: Sequence[dict], position: int | None = None, labels:
         cp, rank = r["chosen_prob"], r["chosen_rank"]
         ctitle = f"{where} · the chosen token {ev['token_text']!r}: rank {rank:,}, p={prob(cp, 4)}"
         body.append(f'<tr class="tt-lens-row{" tt-lens-out" if i == n - 1 else ""}"><th title="{esc(where)}">'
-                    f"{esc(row_label(i, n))}</th>{''.join(cells)}"
+                    f"{esc(row_label(i, n)).replace('embedding', 'embed&shy;ding')}</th>{''.join(cells)}"
                     f'<td class="tt-lens-rank" style="{_shade(cp)}" title="{esc(ctitle)}">'  # wraps at " · " only
                     f'<span class="tt-nw">#{rank:,}</span> · <span class="tt-nw">{prob(cp)}</span></td></tr>')
     table = (f"<table class='tt-table tt-lens'><thead><tr><th>after</th>{head}<th>chosen: rank · p</th></tr>"

@@ -34,11 +34,12 @@ def prefix_cache_html(lookup: dict | None, block_size: int | None = None, usage:
     cached = lookup["cached_tokens"]
     blocks = lookup.get("cached_blocks", [])
     skipped = cached / prompt if prompt else 0.0
-    bs = f" of {block_size} tokens each" if block_size else ""
+    full = int(lookup.get("full_blocks", 0))
+    bs = (f" of {block_size} tokens{' each' if full != 1 else ''}") if block_size else ""
     rows = [
         f"{_badge(lookup['hit'])} {'re-admitted after preemption' if lookup.get('readmission') else ''}",
         f"tokens reused: <b>{cached:,}</b> of {prompt:,} prompt tokens",
-        f"blocks reused: <b>{len(blocks)}</b> of {lookup.get('full_blocks', 0)} full prompt blocks{esc(bs)}"
+        f"blocks reused: <b>{len(blocks)}</b> of {full:,} full prompt block{'s' if full != 1 else ''}{esc(bs)}"
         + (f" (ids {esc(', '.join(map(str, blocks[:24])))}{'…' if len(blocks) > 24 else ''})" if blocks else ""),
         f"prefill skipped: <b>{skipped:.0%}</b> {bar(skipped)}; computed now: {prompt - cached:,} tokens",
     ]

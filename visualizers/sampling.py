@@ -32,6 +32,7 @@ SOURCES = {
     "corrected": "the draft's proposal was rejected here: drawn from max(0, p − q), the target minus the draft",
     "bonus": "every proposal was kept: one more token drawn from the target",
 }
+PLAIN_SOURCE = "drawn from the final distribution"  # a request no draft proposed for
 # The same with n-gram prompt lookup, whose proposal is a copy (q is 1 on the copied token).
 NGRAM_SOURCES = {
     **SOURCES,
@@ -135,6 +136,9 @@ def sampling_html(samples: Sequence[dict], pieces: Mapping[int, str] | None = No
     stages = list(ev["stages"])
     params = ev["params"]
     head = ["token", "id"] + [f"{STAGE_LABELS.get(s, s)} {_knob(s, params)}".strip() for s in stages]
+    # a knob that is off repeats the column before it: a narrow screen (CSS) hides those columns
+    off = {i for i, s in enumerate(stages) if _knob(s, params) == "off"}
+    col = [" class='tt-off-col'" if i in off else "" for i in range(len(stages))]
     rows = []
     for j, cid in enumerate(ev["candidates"]):
         drawn = cid == ev["token_id"]
@@ -150,16 +154,23 @@ def sampling_html(samples: Sequence[dict], pieces: Mapping[int, str] | None = No
                     f"in the next request (Logit bias)'>{'▶ ' if drawn else ''}"
                     f"<code>{show_piece(piece_text(cid, pieces))}</code>"
                     f"<sub class='tt-id-sub'>{esc(cid)}</sub></td><td class='tt-id'>{esc(cid)}</td>"
-                    + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+                    + "".join(f"<td{col[i]}>{c}</td>" for i, c in enumerate(cells)) + "</tr>")
     kept = " → ".join(f"{STAGE_LABELS.get(s, s)}: {ev['stages'][s]['kept']:,}" for s in stages)
     # a narrow screen (CSS) folds the id column into the token cell; "softmax(logits)" may break at its "("
-    heads = [f"<th{' class=tt-id' if h == 'id' else ''}>{esc(h).replace('(', '<wbr>(')}</th>" for h in head]
-    table = ("<table class='tt-table tt-sample'><thead><tr>" + "".join(heads)
+    heads = [f"<th{' class=tt-id' if h == 'id' else (col[i - 2] if i >= 2 else '')}>"
+             f"{esc(h).replace('(', '<wbr>(')}</th>" for i, h in enumerate(head)]
+    hidden = [STAGE_LABELS.get(stages[i], stages[i]) for i in sorted(off)]
+    narrow = (f"<div class='tt-note tt-narrow-only'>on this narrow screen the columns of the knobs that are off "
+              f"({esc(', '.join(hidden))}) are hidden: they change nothing</div>" if hidden else "")
+    table = (narrow + "<table class='tt-table tt-sample'><thead><tr>" + "".join(heads)
              + "</tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
     source, ngram = ev.get("source", "target"), ev.get("method") == "ngram"
+    speculated = any(e.get("source", "target") != "target" or e.get("method") for e in samples)
     proposer = "n-gram lookup copied" if ngram else "the draft proposed"
     if params.get("greedy"):
         mode = f"greedy: {proposer} the target's argmax" if source == "draft" else "greedy (argmax)"
+    elif not speculated:  # no draft proposed anything: there is no "target" to speak of
+        mode = PLAIN_SOURCE
     else:
         mode = (NGRAM_SOURCES if ngram else SOURCES).get(source, SOURCES["target"])
     info = (f"<div class='tt-lines'><div>token {step % len(samples) + 1} of "
@@ -178,5 +189,6 @@ def sampling_html(samples: Sequence[dict], pieces: Mapping[int, str] | None = No
     # the table and the history side by side where the panel is wide (a dense model's full row), else stacked
     return ('<div class="tt-panel">' + header_html("Sampling", selection) + info
             + changes_html(ev, pieces, vocab_size) + f"<div class='tt-sample-wrap'><div class='tt-sample-main'>{table}</div>"
-                 f"<div class='tt-sample-history'><div class='tt-subtitle'>every token (p under the target){legend}"
+                 f"<div class='tt-sample-history'><div class='tt-subtitle'>every token "
+                 f"{'(p under the target)' if speculated else '(the probability it was drawn with)'}{legend}"
                  f"</div><div class='tt-chips'>{history}</div></div></div></div>")

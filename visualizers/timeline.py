@@ -8,6 +8,7 @@ from visualizers._html import empty, esc, fmt_ms, panel
 
 WIDTH, LANE, LEFT = 760, 22, 70
 MAX_TITLED = 64  # steps (and tokens) drawn one element each, with a hover title
+TABLE_ROWS = 8  # the step table lists the newest steps only
 KIND_COLOR = {"prefill": "#466ec8", "decode": "#f08c1e", "verify": "#a050c8"}
 
 
@@ -42,6 +43,17 @@ def queue_seconds(by_type: dict[str, list[dict]]) -> float | None:
 
 
 QUEUE_NAME = "queue (arrival to admission by the scheduler)"
+
+
+def step_counts(steps: Sequence[dict]) -> str:
+    """'16 engine steps: 1 prefill chunk, 15 decode' (verify steps named only where there are any:
+    a request with no draft has none)."""
+    kinds = [s["kind"] for s in steps]
+    n_pre, n_ver = kinds.count("prefill"), kinds.count("verify")
+    n_dec = len(kinds) - n_pre - n_ver
+    text = (f"{len(kinds):,} engine step{'s' if len(kinds) != 1 else ''}: {n_pre:,} prefill "
+            f"chunk{'s' if n_pre != 1 else ''}, {n_dec:,} decode")
+    return text + (f", {n_ver:,} verify" if n_ver else "")
 
 
 def untraced_timeline_html(tokens: Sequence[dict], finished: bool, level: str = "off",
@@ -157,12 +169,16 @@ def timeline_html(events: Sequence[dict], request_id: str) -> str:
         f"<td><span style='color:{KIND_COLOR.get(s['kind'], '#888')}'>■</span> "
         f"{esc(s['kind'])}</td><td>{s['tokens']}</td><td>{esc(fmt_ms(s['end'] - s['start']))}</td>"
         f"<td>{esc(', '.join(s['others'])) or '—'}</td></tr>"
-        for k, s in list(enumerate(steps, 1))[-8:][::-1])
-    table = ("<table class='tt-table'><thead><tr><th>step (engine #)</th><th>kind</th><th>tokens</th><th>forward</th>"
-             "<th>batch shared with</th></tr></thead><tbody>" + rows + "</tbody></table>")
-    n_pre = sum(1 for s in steps if s["kind"] == "prefill")
-    summary = [f"{len(steps)} engine step{'s' if len(steps) != 1 else ''}: {n_pre} prefill chunk{'s' if n_pre != 1 else ''}, "
-               f"{len(steps) - n_pre} decode/verify"]
+        for k, s in list(enumerate(steps, 1))[-TABLE_ROWS:][::-1])
+    # the table lists the newest TABLE_ROWS steps (the chart draws every one): said above it, not left to guess
+    newest = (f"<div class='tt-note tt-table-note'>the table lists the newest {TABLE_ROWS} of these {len(steps):,} "
+              "steps; the chart above draws every one</div>" if len(steps) > TABLE_ROWS else "")
+    table = (newest + "<table class='tt-table'><thead><tr><th>step (engine #)</th><th>kind</th><th>tokens</th>"
+             "<th>forward</th><th>batch shared with</th></tr></thead><tbody>" + rows + "</tbody></table>")
+    if not steps:  # no row to list: say why instead of an empty table
+        table = empty("no engine step has run this request" + (": it ended before the scheduler admitted it"
+                                                               if finish else " yet"))
+    summary = [step_counts(steps)]
     split = (finish or {}).get("ttft_split") or {}
     if finish and "ttft" in finish:  # the engine's own split: tokenize and queue are quoted there, once
         summary.append(f"TTFT {fmt_ms(finish['ttft'])} = " + " + ".join(

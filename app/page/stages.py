@@ -11,6 +11,7 @@ from typing import Sequence
 
 from visualizers._html import esc
 from visualizers.journey import JOURNEY, KEYS, Stage, journey
+from visualizers.stages.way_in import NEVER
 
 JOURNEY_EVERY = 0.3  # seconds between journey() calls while a request streams (the 0.5 s live target holds)
 
@@ -65,8 +66,11 @@ def map_html(stages: Sequence[Stage], live: bool = True) -> str:
 
 def stage_html(st: Stage) -> str:
     """A stage's heading and its sentence (Stage.text is escaped HTML already)."""
-    waiting = "" if st.reached else \
-        f" <span class='tt-note'>{'stopped before this stage' if st.stopped else 'not reached yet'}</span>"
+    # stopped before it, or a finished request that never got here: say so ("not reached yet"
+    # would promise it still might)
+    badge = "stopped before this stage" if st.stopped else \
+        "never reached" if f"<p>{NEVER}" in st.text else "not reached yet"
+    waiting = "" if st.reached else f" <span class='tt-note'>{badge}</span>"
     return (f"<div class='tt-stage-head' data-key='{esc(st.key)}'><h2>{esc(st.title)}{waiting}</h2>"
             f"<div class='tt-stage-text'>{st.text}</div></div>")
 

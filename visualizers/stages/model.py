@@ -10,7 +10,7 @@ from visualizers.attention import layer_spans
 from visualizers.logit_lens import first_top
 from visualizers.stages.deepseek import deepseek_ffn, mla_heads, mla_kv
 from visualizers.stages.facts import Facts, Part, count, hidden_sentence, n, p, plural, quote
-from visualizers.stages.way_in import UNTRACED, cut_sentence, not_yet
+from visualizers.stages.way_in import NEVER, UNTRACED, cut_sentence, not_yet
 
 
 def layers(f: Facts) -> Part:
@@ -28,13 +28,14 @@ def layers(f: Facts) -> Part:
     else:
         heads = (f"{plural(H, 'query head')} that share {plural(KVH, 'key/value head')} ({group} query heads per "
                  f"KV head: grouped-query attention, so the cache stores {group}× less)")
-    text = p(f"The matrix now passes through {plural(L, 'layer')}. In each, attention lets every token look back at "
-             f"the tokens before it: softmax(QKᵀ/√{scale_d:g})·V with {heads}.",
+    reached = bool(f.steps or f.generated)
+    text = p("" if reached or f.idle else not_yet(f),
+             f"The matrix {'now passes' if reached else 'passes'} through {plural(L, 'layer')}. In each, attention "
+             f"lets every token look back at the tokens before it: softmax(QKᵀ/√{scale_d:g})·V with {heads}.",
              _windows(m.get("sliding_windows") or []), _ffn(f), deepseek_ffn(m, f.moe_first_layer) or "",
              cut_sentence(f))
     # a dense model's section shows no MoE panel: there is nothing to route
-    return Part(text, ("attention", "moe") if m.get("is_moe") else ("attention",), f"{L:,} layers",
-                reached=bool(f.steps or f.generated))
+    return Part(text, ("attention", "moe") if m.get("is_moe") else ("attention",), f"{L:,} layers", reached=reached)
 
 
 def _ffn(f: Facts) -> str:
@@ -79,8 +80,11 @@ def prefill_decode(f: Facts) -> Part:
     if not f.steps:
         return Part(p(not_yet(f), "Prefill runs the prompt through the model; then each decode step produces a token."),
                     ("timeline",), reached=bool(f.generated))
-    n_prefill = sum(1 for k in f.kinds if k == "prefill")
-    n_decode = len(f.kinds) - n_prefill
+    n_prefill, n_verify = f.kinds.count("prefill"), f.kinds.count("verify")
+    n_decode = len(f.kinds) - n_prefill - n_verify
+    # verify steps only where a draft proposed tokens: a request with no draft has decode steps alone
+    later = (f"{n(n_decode)} decode and {plural(n_verify, 'verify step')}" if n_verify else
+             plural(n_decode, "decode step"))
     total, cached = f.n_prompt, f.cached_tokens
     what = (f"the {plural(total - cached, 'prompt token')} not found in the prefix cache ({n(cached)} of the "
             f"{n(total)} came from it)" if cached else f"the whole prompt ({plural(total, 'token')})")
@@ -89,8 +93,8 @@ def prefill_decode(f: Facts) -> Part:
     ttft = fin.get("ttft")
     step_ms = [s["forward_seconds"] for s in f.steps if s.get("forward_seconds") is not None]
     text = p(f"Prefill ran {what} through the model in {n(n_prefill)} {passes} (long prompts are cut into chunks "
-             f"that share steps with other requests); then {n(n_decode)} decode or verify "
-             f"step{'s' if n_decode != 1 else ''} produced the answer{'' if f.finish else ' so far'}.",
+             f"that share steps with other requests); then {later} produced the answer"
+             f"{'' if f.finish else ' so far'}.",
              (f"Time to first token: <b>{esc(fmt_ms(ttft))}</b>. " if ttft is not None else "")
              + (f"A forward pass took {esc(fmt_ms(statistics.median(step_ms)))} at the median." if step_ms else ""))
     chip = f"TTFT {fmt_ms(ttft)}" if ttft is not None else count(len(f.steps), "step")
@@ -119,8 +123,9 @@ def kv(f: Facts) -> Part:
                       "bytes per token.", not_yet(f)), ("kv",), reached=False)  # waiting: no block held yet
     if peak is None and f.finish and not f.n_gen:  # stopped before its first token: no step ran it
         return Part(p(f"So that no step recomputes the past, each layer's keys and values are kept: {n(per_token)} "
-                      "bytes per token.", "This request ended before the engine ran it: it never held K/V."),
-                    ("kv",), "none")
+                      "bytes per token.", "It was stopped during its prefill, before its first token: its blocks "
+                      "went back to the pool." if f.steps else f"{NEVER}: this request ended before the engine ran "
+                      "it, so it never held K/V."), ("kv",), "none", reached=bool(f.steps))
     if (mla := mla_kv(m, tokens, blocks, when)) is not None:  # DeepSeek: the latent, not K and V
         return Part(p(mla[0], mla[1]), ("kv",), esc(fmt_bytes(mla[2] * tokens)), reached=bool(f.steps or f.generated))
     text = p(f"So that no step recomputes the past, each layer's keys and values are kept: 2 × {L} "
@@ -160,6 +165,8 @@ def lens(f: Facts) -> Part:
     e = f.pass_of("logit_lens")
     if e is None and f.hidden_from is not None:
         return Part(p(what, hidden_sentence(f)), ("logit_lens",), "hidden")
+    if e is None and not f.generated and not f.idle:  # no token yet (or never: it ended before one)
+        return Part(p(what, not_yet(f)), ("logit_lens",), reached=False)
     if e is None:
         return Part(p(what, "" if f.idle else "This request has no logit lens: capture level full records one per "
                       "generated token."),

@@ -4,6 +4,7 @@ from __future__ import annotations
 from visualizers._html import esc, fmt_bytes
 from visualizers.stages.facts import Facts, Part, count, n, p, plural
 
+NEVER = "Never reached"  # a finished request that did not get here (the page's heading says so too)
 NOT_YET = "Not reached yet: this request is still on its way (the page re-reads it while it runs)."
 IDLE = "No request yet: press Send (or Watch API requests) and this stage shows what happens here to it."
 
@@ -14,7 +15,7 @@ def not_yet(f: Facts) -> str:
     if f.idle:
         return IDLE
     if f.finish:
-        return (f"Never reached: the request ended ({esc(str(f.finish.get('reason') or 'stopped'))}) before the "
+        return (f"{NEVER}: the request ended ({esc(str(f.finish.get('reason') or 'stopped'))}) before the "
                 "engine ran it here.")
     return NOT_YET
 UNTRACED = "This request's capture level (off) records no engine events for this stage."
@@ -133,11 +134,14 @@ def embed(f: Facts) -> Part:
     if f.idle:  # the model's matrix; no prompt, no rows yet
         return Part(p(f"Each id picks one row of the embedding matrix ({n(int(f.model['vocab_size']))} rows × "
                       f"{n(d)} numbers)."), ("embedding",), reached=False)
+    reached = bool(f.steps or f.kept["embed"] or f.generated)
+    # not run yet (or never: stopped while it waited): no rows were looked up, whatever its capture level
+    lookups = _lookups(f) if reached else [not_yet(f)]
     text = p(f"Each id picks one row of the embedding matrix ({n(int(f.model['vocab_size']))} rows × {n(d)} numbers). "
              f"This request's prompt is {n(np_)} tokens: a [{np_:,} × {d:,}] matrix, "
              f"{n(np_ * d)} numbers, {esc(fmt_bytes(np_ * d * b))} in {esc(f.model['dtype'])}.",
-             *_lookups(f), cut_sentence(f))
-    return Part(text, ("embedding",), f"{np_:,} × {d:,}", reached=bool(f.steps or f.kept["embed"] or f.generated))
+             *lookups, cut_sentence(f))
+    return Part(text, ("embedding",), f"{np_:,} × {d:,}", reached=reached)
 
 
 def _lookups(f: Facts) -> list[str]:

@@ -8,7 +8,7 @@ from visualizers._html import esc, fmt_ms
 from visualizers.sampling import DOES, STAGE_LABELS
 from visualizers.stages.facts import Facts, Part, count, hidden_sentence, n, p, plural, quote
 from visualizers.stages.model import which_pass
-from visualizers.stages.way_in import IDLE, UNTRACED, not_yet
+from visualizers.stages.way_in import IDLE, NEVER, UNTRACED, not_yet
 
 
 def sampling(f: Facts) -> Part:
@@ -70,10 +70,13 @@ def stream(f: Facts) -> Part:
     if f.idle:
         return Part(p(IDLE, "Each token leaves as a server-sent event the moment it exists; the request ends at an "
                       "end-of-turn token, a stop string or max_tokens."), ("answer", "choices"), reached=False)
-    words = [f"Each token left as a server-sent event the moment it existed: {plural(gen, 'token')}"
+    fin = f.finish
+    # ended before the engine produced a token (stopped while it waited): the stream carried only the end
+    never = bool(fin) and not gen and not f.steps and f.hidden_from is None
+    words = [f"{NEVER}: no token was streamed; the request ended before the engine produced one." if never else
+             f"Each token left as a server-sent event the moment it existed: {plural(gen, 'token')}"
              + (" so far." if f.hidden_from is not None or not f.finish else "."),
              _timing(f.kept["token"])]
-    fin = f.finish
     if f.hidden_from is not None:
         words.append(f"The answer from position {n(f.hidden_from)} on is hidden until the class has predicted "
                      "that token.")
@@ -90,7 +93,7 @@ def stream(f: Facts) -> Part:
     if isinstance(choices, int) and not isinstance(choices, bool) and choices > 1:
         words.append(f"It asked for {n(choices)} choices (n): the prompt was prefilled once and its KV blocks are "
                      f"shared; each choice draws its own tokens, side by side below. These stages trace choice 0.")
-    return Part(p(*words), ("answer", "choices"), count(gen, "token"), reached=bool(f.generated or fin))
+    return Part(p(*words), ("answer", "choices"), count(gen, "token"), reached=bool(f.generated or fin) and not never)
 
 
 def _timing(tokens: Sequence[dict]) -> str:
