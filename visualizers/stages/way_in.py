@@ -92,7 +92,7 @@ def prefix(f: Facts) -> Part:
         return Part(p(UNTRACED, f"Its usage says {n(cached)} of its {n(f.n_prompt)} prompt tokens came from the "
                       "prefix cache." if usage else ""), ("prefix",), f"{cached:,} cached" if usage else "")
     if not look:
-        return Part(p(not_yet(f), "When the scheduler admits it, the engine looks its prompt's blocks up in the prefix "
+        return Part(p(not_yet(f), "When the scheduler admits a request, the engine looks its prompt's blocks up in the prefix "
                       "cache."), ("prefix",), reached=False)
     total, cached, full = look["prompt_tokens"], look.get("cached_tokens", 0), look.get("full_blocks", 0)
     if look["hit"]:
