@@ -133,8 +133,11 @@ class CausalLM(nn.Module):
         keeps what `capture` asks for in it (engine/trace/capture.py)."""
         return self.model(batch, capture)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = self.lm_head(hidden)
+    def compute_logits(self, hidden: torch.Tensor, exact_rows: int = 0) -> torch.Tensor:
+        """exact_rows: the first rows are the logit lens's: at bfloat16 their x is not rounded
+        (the lens's chosen-token ranks stay the exact ones; the model's own rows are as untraced)."""
+        head = self.lm_head
+        logits = head(hidden, exact_rows) if exact_rows and type(head) is Linear else head(hidden)
         if cap := self.config.final_logit_softcapping:  # squash into (-cap, cap)
             logits = torch.tanh(logits / cap) * cap
         return logits

@@ -130,6 +130,9 @@ def load(arch: str) -> ctypes.CDLL:
     for name in ("tt_linear_bf16", "tt_linear_f16"):
         getattr(lib, name).argtypes = [ptr, c_long, c_long, ptr, c_long, c_long, ptr, ptr, c_long, ctypes.c_int]
         getattr(lib, name).restype = ctypes.c_int
+    lib.tt_linear_bf16_exact.argtypes = [ptr, c_long, c_long, ptr, c_long, c_long, ptr, ptr, c_long, c_long,
+                                         ctypes.c_int]
+    lib.tt_linear_bf16_exact.restype = ctypes.c_int
     lib.tt_block_16.argtypes, lib.tt_block_16.restype = [ptr, c_long, c_long, ptr, ctypes.c_int], None
     lib.tt_moe_forward.argtypes = [ptr, ptr, c_long, ptr, ptr, ctypes.c_int, ptr, ctypes.c_int]
     lib.tt_moe_forward.restype = ctypes.c_int
@@ -327,24 +330,37 @@ def blocked_weights(model: torch.nn.Module) -> list[BlockedWeight]:
 LINEAR_FNS = {torch.float32: "tt_linear_f32", torch.bfloat16: "tt_linear_bf16", torch.float16: "tt_linear_f16"}
 
 
-def as_multiplied(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def as_multiplied(x: torch.Tensor, dtype: torch.dtype, exact_rows: int = 0) -> torch.Tensor:
     """x as float32 the way the kernels for weights of `dtype` multiply it: rounded to bfloat16
     (nearest even) for bfloat16 weights, whose kernel multiplies bfloat16 by bfloat16
-    (cpu_linear16.c), as it is otherwise. The GEMM over MAX_ROWS rows and the tests' oracle
-    take it, so every path forms the same products."""
-    return x.to(torch.bfloat16).float() if dtype == torch.bfloat16 else x.float()
+    (cpu_linear16.c), as it is otherwise; the first `exact_rows` rows (the logit lens's) kept
+    as they are. The GEMM over MAX_ROWS rows and the tests' oracle take it, so every path
+    forms the same products."""
+    if dtype != torch.bfloat16:
+        return x.float()
+    if exact_rows <= 0:
+        return x.to(torch.bfloat16).float()
+    x = x.float()
+    return torch.cat([x[:exact_rows], x[exact_rows:].to(torch.bfloat16).float()])
 
 
 def linear(x: torch.Tensor, w: BlockedWeight, bias: torch.Tensor | None = None,
-           lib: ctypes.CDLL | None = None) -> torch.Tensor:
+           lib: ctypes.CDLL | None = None, exact_rows: int = 0) -> torch.Tensor:
     """x [..., in] @ W.T (+ bias) -> [..., out] float32, any number of rows (fastest at a
-    few: see MAX_ROWS), W float32 or 16-bit. lib: another build (see load) than library()."""
+    few: see MAX_ROWS), W float32 or 16-bit. lib: another build (see load) than library().
+    exact_rows: at bfloat16, the first rows of x kept to 16 mantissa bits, not rounded (the
+    logit lens's rows, in the same pass as the model's own: cpu_linear16.c)."""
     lib = lib or library()
     assert lib is not None, "linear() needs the CPU kernels (see available())"
     lead = x.shape[:-1]
     x2, bias, y = operands(x.reshape(-1, w.in_features), bias, w.out_features)
     T = x2.shape[0]
-    if T:
+    if T and exact_rows > 0 and w.dtype == torch.bfloat16:
+        rc = lib.tt_linear_bf16_exact(
+            x2.data_ptr(), T, x2.stride(0), w.data.data_ptr(), w.out_features, w.in_features,
+            None if bias is None else bias.data_ptr(), y.data_ptr(), w.out_features, exact_rows,
+            torch.get_num_threads())
+    elif T:
         rc = getattr(lib, LINEAR_FNS[w.dtype])(
             x2.data_ptr(), T, x2.stride(0), w.data.data_ptr(), w.out_features, w.in_features,
             None if bias is None else bias.data_ptr(), y.data_ptr(), w.out_features, torch.get_num_threads())

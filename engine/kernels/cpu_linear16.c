@@ -165,22 +165,37 @@ static void run(tile_fn one, tile_fn two, const float *x, long T, long ldx, cons
 }
 
 #ifdef __AVX512BF16__
-/* x's rows (padded) rounded to bfloat16, 32 columns to a vector: [T][KC] (nearest even, as
-   VCVTNE2PS2BF16 rounds). */
-static __m512bh *bf16_rows(const float *xp, long T, long KC) {
-    __m512bh *xs = aligned_alloc(64, sizeof(__m512bh) * T * KC);
+/* x's rows (padded) rounded to bfloat16, 32 columns to a vector: hi [T][KC] (nearest even, as
+   VCVTNE2PS2BF16 rounds); and for the first `exact` rows (rounded up to a pair, the rest
+   zero) the remainder lo = bfloat16(x - hi) [exact][KC]: hi + lo is within 2^-16 of x, so a
+   row that meets the weight through both keeps 16 of x's 24 mantissa bits (the logit lens's
+   rows: see tt_linear_bf16_exact). NULL when out of memory. */
+static __m512bh *bf16_rows(const float *xp, long T, long KC, long exact) {
+    long ex = (exact + 1) / 2 * 2;
+    __m512bh *xs = aligned_alloc(64, sizeof(__m512bh) * (T + ex) * KC);
     if (!xs) return 0;
-    for (long i = 0; i < T * KC; i++)  /* lanes 0-15 from the first 16 columns, 16-31 from the next */
-        xs[i] = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(xp + i * CB + VL), _mm512_loadu_ps(xp + i * CB));
+    __m512bh *lo = xs + T * KC;
+    for (long i = 0; i < T * KC; i++) {  /* lanes 0-15 from the first 16 columns, 16-31 from the next */
+        __m512 a = _mm512_loadu_ps(xp + i * CB), b = _mm512_loadu_ps(xp + i * CB + VL);
+        xs[i] = _mm512_cvtne2ps_pbh(b, a);
+        if (i >= exact * KC) continue;
+        __m512i bits = (__m512i)xs[i];  /* the parts' float32 values: a bfloat16 is a float32's upper half */
+        __m512 ha = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(bits)), 16));
+        __m512 hb = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(bits, 1)),
+                                                          16));
+        lo[i] = _mm512_cvtne2ps_pbh(_mm512_sub_ps(b, hb), _mm512_sub_ps(a, ha));
+    }
+    for (long i = exact * KC; i < ex * KC; i++) lo[i] = (__m512bh)_mm512_setzero_si512();
     return xs;
 }
 
 /* A weight row's 32 bfloat16 against x's 32 columns in the same order: lane i of the
-   float32 sum gets columns 2i and 2i + 1; the lane sums at the end are the dot product. */
-#define DP_TILE(TB)                                                                           \
-static void dp_##TB(const __m512bh *xs, const u16 *wb, long KC, float *y, long ldy,          \
-                    const float *bias, long n0, long nvalid, long t0,                         \
-                    const u16 *next, int pf_first, int pf_lines) {                            \
+   float32 sum gets columns 2i and 2i + 1; the lane sums at the end are the dot product.
+   SPLIT: the rows' remainders too (lo, row t0 + t at lo[(t0 + t) * KC]). */
+#define DP_TILE(NAME, TB, SPLIT)                                                              \
+static void NAME##_##TB(const __m512bh *xs, const __m512bh *lo, const u16 *wb, long KC,      \
+                        float *y, long ldy, const float *bias, long n0, long nvalid, long t0, \
+                        const u16 *next, int pf_first, int pf_lines) {                        \
     __m512 acc[TB][RB];                                                                       \
     _Pragma("GCC unroll 8") for (int t = 0; t < TB; t++)                                      \
         _Pragma("GCC unroll 8") for (int r = 0; r < RB; r++) acc[t][r] = _mm512_setzero_ps(); \
@@ -190,12 +205,17 @@ static void dp_##TB(const __m512bh *xs, const u16 *wb, long KC, float *y, long l
             const char *nk = (const char *)(next + kc * RB * CB) + pf_first * 64;             \
             for (int l = 0; l < pf_lines; l++) __builtin_prefetch(nk + l * 64, 0, 1);          \
         }                                                                                     \
-        __m512bh xk[TB];                                                                      \
-        _Pragma("GCC unroll 8") for (int t = 0; t < TB; t++) xk[t] = xs[(t0 + t) * KC + kc];  \
+        __m512bh xk[TB], xl[TB];                                                              \
+        _Pragma("GCC unroll 8") for (int t = 0; t < TB; t++) {                                \
+            xk[t] = xs[(t0 + t) * KC + kc];                                                   \
+            if (SPLIT) xl[t] = lo[(t0 + t) * KC + kc];                                        \
+        }                                                                                     \
         _Pragma("GCC unroll 8") for (int r = 0; r < RB; r++) {                                \
             __m512bh w = (__m512bh)_mm512_loadu_si512(wk + r * CB);                           \
-            _Pragma("GCC unroll 8") for (int t = 0; t < TB; t++)                              \
+            _Pragma("GCC unroll 8") for (int t = 0; t < TB; t++) {                            \
+                if (SPLIT) acc[t][r] = _mm512_dpbf16_ps(acc[t][r], w, xl[t]);                 \
                 acc[t][r] = _mm512_dpbf16_ps(acc[t][r], w, xk[t]);                            \
+            }                                                                                 \
         }                                                                                     \
     }                                                                                         \
     _Pragma("GCC unroll 8") for (int t = 0; t < TB; t++) {                                    \
@@ -204,12 +224,15 @@ static void dp_##TB(const __m512bh *xs, const u16 *wb, long KC, float *y, long l
         store(a, y + (t0 + t) * ldy, n0, nvalid, bias);                                       \
     }                                                                                         \
 }
-DP_TILE(1)
-DP_TILE(2)
+DP_TILE(dp, 1, 0)
+DP_TILE(dp, 2, 0)
+DP_TILE(dpx, 1, 1)
+DP_TILE(dpx, 2, 1)
 
-static void run_dp(const __m512bh *xs, long T, const u16 *Wb, long N, long KC, const float *bias, float *y,
-                   long ldy, int nthreads, long work) {
+static void run_dp(const __m512bh *xs, long T, long exact, const u16 *Wb, long N, long KC, const float *bias,
+                   float *y, long ldy, int nthreads, long work) {
     long nblocks = (N + RB - 1) / RB;
+    const __m512bh *lo = xs + T * KC;
     #pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1 && work >= 32768)
     for (long b = 0; b < nblocks; b++) {
         const u16 *wb = Wb + b * KC * RB * CB;
@@ -221,8 +244,9 @@ static void run_dp(const __m512bh *xs, long T, const u16 *Wb, long N, long KC, c
             int first = (int)(p * share), lines = first >= LINES_PER_STEP ? 0
                 : (first + share > LINES_PER_STEP ? LINES_PER_STEP - first : share);
             const u16 *pf = lines ? next : 0;
-            if (t + 2 <= T) dp_2(xs, wb, KC, y, ldy, bias, n0, nvalid, t, pf, first, lines);
-            else dp_1(xs, wb, KC, y, ldy, bias, n0, nvalid, t, pf, first, lines);
+            int two = t + 2 <= T;
+            if (t < exact) (two ? dpx_2 : dpx_1)(xs, lo, wb, KC, y, ldy, bias, n0, nvalid, t, pf, first, lines);
+            else (two ? dp_2 : dp_1)(xs, lo, wb, KC, y, ldy, bias, n0, nvalid, t, pf, first, lines);
         }
     }
 }
@@ -238,24 +262,35 @@ int tt_linear16_path(void) {
 }
 
 /* x: [T, K] float32, row stride ldx; Wb: the blocked bfloat16 weight; y: [T, N], row
-   stride ldy. Returns 0, or -1 when the padded rows could not be allocated. */
-int tt_linear_bf16(const float *x, long T, long ldx, const u16 *Wb, long N, long K, const float *bias,
-                   float *y, long ldy, int nthreads) {
+   stride ldy. The first `exact` rows keep x to 16 mantissa bits (x = hi + lo, two dot
+   products a weight where the CPU has them, x as it is where it widens), the rest multiply x
+   rounded to bfloat16: the logit lens's rows ride in the same pass over the LM head as the
+   model's own, which must be the untraced pass's. Returns 0, or -1 when the padded rows
+   could not be allocated. */
+int tt_linear_bf16_exact(const float *x, long T, long ldx, const u16 *Wb, long N, long K, const float *bias,
+                         float *y, long ldy, long exact, int nthreads) {
     long KC = (K + CB - 1) / CB;
+    exact = exact < 0 ? 0 : (exact > T ? T : exact);
     float *xp = padded_rows(x, T, ldx, K, KC);
     if (!xp) return -1;
 #ifdef __AVX512BF16__
-    __m512bh *xs = bf16_rows(xp, T, KC);
+    __m512bh *xs = bf16_rows(xp, T, KC, exact);
     free(xp);
     if (!xs) return -1;
-    run_dp(xs, T, Wb, N, KC, bias, y, ldy, nthreads, N * K);
+    run_dp(xs, T, exact, Wb, N, KC, bias, y, ldy, nthreads, N * K);
     free(xs);
 #else
-    round_bf16(xp, T * KC * CB);
+    round_bf16(xp + exact * KC * CB, (T - exact) * KC * CB);
     run(tile_bf16_1, tile_bf16_2, xp, T, KC * CB, Wb, N, KC, bias, y, ldy, nthreads, N * K);
     free(xp);
 #endif
     return 0;
+}
+
+/* Every row x rounded to bfloat16 (see the top of this file). */
+int tt_linear_bf16(const float *x, long T, long ldx, const u16 *Wb, long N, long K, const float *bias,
+                   float *y, long ldy, int nthreads) {
+    return tt_linear_bf16_exact(x, T, ldx, Wb, N, K, bias, y, ldy, 0, nthreads);
 }
 
 int tt_linear_f16(const float *x, long T, long ldx, const u16 *Wb, long N, long K, const float *bias,

@@ -114,14 +114,17 @@ class Linear(nn.Linear):
         if drop_float:
             self.weight = None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, exact_rows: int = 0) -> torch.Tensor:
+        """exact_rows: on a bfloat16 blocked copy, the first rows of x [T, in] not rounded to
+        bfloat16 (the logit lens's, beside the model's own rows: engine/trace/logit_lens.py)."""
         if self.qweight is not None:
             return self.qweight.linear(x, self.bias)
         if self.blocked is not None:
             if x.numel() <= cpu_kernels.MAX_ROWS * x.shape[-1]:
-                return cpu_kernels.linear(x, self.blocked, self.bias)
+                return cpu_kernels.linear(x, self.blocked, self.bias, exact_rows=exact_rows)
             bias = None if self.bias is None else self.bias.float()
-            return F.linear(cpu_kernels.as_multiplied(x, self.blocked.dtype), self.blocked.unblocked().float(), bias)
+            return F.linear(cpu_kernels.as_multiplied(x, self.blocked.dtype, exact_rows),
+                            self.blocked.unblocked().float(), bias)
         if self.packed is not None:
             return packed_linear(x, self.packed, self.bias)
         return F.linear(x, self.weight, self.bias)

@@ -27,7 +27,7 @@ def logits_with_lens(model: torch.nn.Module, hidden: torch.Tensor, capture: Pass
     kept = capture.lens_hidden  # L tensors [n, hidden], or (the one-call stack's) one [L * n, hidden]
     inner = model.model.norm(kept[0] if len(kept) == 1 else torch.cat(kept))  # [L * n, hidden], layer by layer
     capture.lens_hidden = []
-    both = model.compute_logits(torch.cat([inner, hidden])).float()
+    both = model.compute_logits(torch.cat([inner, hidden]), exact_rows=inner.shape[0]).float()
     capture.lens_logits, capture.lens_returned = both, hidden.shape[0]
     return both[inner.shape[0]:]
 

@@ -171,3 +171,26 @@ def test_bfloat16_rows_past_the_kernel_form_the_same_products():
     many, one = layer(x), layer(x[:1])
     assert torch.allclose(many[:1], one, rtol=0, atol=1e-4 * one.abs().max().item())
     assert not torch.allclose(many[:1], F.linear(x[:1], layer.blocked.unblocked().float()), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+@pytest.mark.parametrize("rows,exact", [(5, 3), (6, 2), (4, 4), (33, 31), (3, 0)])
+def test_exact_rows_keep_x_the_rest_round_it(arch, rows, exact):
+    """tt_linear_bf16_exact (the logit lens's rows beside the model's own in one pass over the
+    LM head): the first `exact` rows meet the weight with x kept to 16 mantissa bits (hi + lo),
+    the others with x rounded, bit for bit what a call of their own gives."""
+    lib = cpu.load(arch)
+    g = torch.Generator().manual_seed(rows * 10 + exact)
+    w, x = torch.randn(70, 300, generator=g), torch.randn(rows, 300, generator=g)
+    bw = cpu.BlockedWeight.of(w, torch.bfloat16)
+    y = cpu.linear(x, bw, lib=lib, exact_rows=exact)
+    w16 = w.to(torch.bfloat16).double()
+    assert torch.equal(y[exact:], cpu.linear(x[exact:], bw, lib=lib))  # the rounded rows: as on their own
+    if not exact:
+        return
+    exact_ref = F.linear(x[:exact].double(), w16)
+    scale = (x[:exact].double().abs() @ w16.abs().T).max().item()
+    err = (y[:exact].double() - exact_ref).abs().max().item()
+    assert err <= scale * (2.0 ** -16 + 4e-7 * 300 ** 0.5)
+    rounded_ref = F.linear(cpu.as_multiplied(x[:exact], torch.bfloat16).double(), w16)
+    assert err < (rounded_ref - exact_ref).abs().max().item() / 20  # kept, not rounded

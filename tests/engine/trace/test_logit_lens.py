@@ -202,7 +202,8 @@ def test_the_classroom_stage_sits_between_the_layers_and_sampling_and_quotes_the
     picked = journey(model, rid, None, events, [], position=first["position"] - 1)[keys.index("logit_lens")]
     assert f"ranked it <b>{lens_layers(first)[0]['chosen_rank']:,}</b>" in picked.text
     assert f"(position {first['position'] - 1:,}) and predicted" in picked.text
-    basic = journey(model, rid, None, [e for e in events if e["type"] != "logit_lens"], [])
+    outputs = [{"type": "output", "token_id": e["token_id"]} for e in events if e["type"] == "token"]  # as the page has
+    basic = journey(model, rid, None, [e for e in events if e["type"] != "logit_lens"], outputs)
     assert "capture level full records one" in basic[keys.index("logit_lens")].text
 
 
