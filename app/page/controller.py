@@ -311,8 +311,9 @@ def stages_of(view: LiveView) -> list:
     """The journey of the request a view shows (the pipeline map and the stages' sentences)."""
     # the words speak of the pass the panels show now (their last draw), not of a newer one
     position = view.shown_read if view.shown_read is not None else view.position
-    return journey(view.model, view.request_id or "", view.body or None, view.events, view.outputs,
-                   truncated=view.first("trace.truncated"), position=position)
+    with view.lock:  # (a click's journey beside the stream's: one fold of its events at a time)
+        return journey(view.model, view.request_id or "", view.body or None, view.events, view.outputs,
+                       truncated=view.first("trace.truncated"), position=position, trail=view.trail())
 
 
 class Controller:

@@ -11,6 +11,7 @@ from typing import Callable
 import visualizers as viz
 from visualizers.choices import choices_html
 from visualizers.selection import Selection, frozen_html, select_pass
+from visualizers.stages import Trail
 
 PANELS = ("request", "prefix", "tokens", "embedding", "attention", "kv", "moe", "sampling", "spec", "answer",
           "timeline", "logit_lens", "parallel", "choices")
@@ -69,7 +70,8 @@ class LiveView:
     drawn_pass: dict[str, int | None] = field(default_factory=dict)  # ONE_PASS panel -> the pass (read) it shows
     shown_read: int | None = None  # the pass the ONE_PASS panels show now (the journey's words speak of it)
     _pinned: Selection | None = None  # the one Selection of the draw in progress
-    _drawing: threading.RLock = field(default_factory=threading.RLock)  # a click's draw beside the stream's
+    lock: threading.RLock = field(default_factory=threading.RLock)  # a click's draw (and journey) beside the stream's
+    _trail: Trail | None = None  # what the journey has read of this view's events (stages.Trail)
 
     # --- input -----------------------------------------------------------------------
     def other_choice(self, it: dict) -> str | None:
@@ -394,7 +396,7 @@ class LiveView:
 
     def draw(self, names: list[str], now: float) -> dict[str, str]:
         out = {}
-        with self._drawing:
+        with self.lock:
             return self._draw(names, now, out)
 
     def _draw(self, names: list[str], now: float, out: dict[str, str]) -> dict[str, str]:
@@ -414,6 +416,13 @@ class LiveView:
         finally:
             self._pinned = None
         return out
+
+    def trail(self) -> Trail:
+        """The journey's fold of this view's events (journey() reads only those added since its
+        last call: the stages' words are re-read several times a second while a request streams)."""
+        if self._trail is None or self._trail.request_id != (self.request_id or ""):
+            self._trail = Trail(self.request_id or "")
+        return self._trail
 
     def selected_round(self, sel: Selection) -> int | None:
         """The speculative round (index in this request's spec events) whose verify step made the

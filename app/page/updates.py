@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from typing import Iterator
 
-# the outputs whose update dicts are carried: Stop's look, each stage's section shown or hidden
+# the outputs whose update dicts are carried: Stop's look (re-applied by the browser at every yield, as
+# any carried update is: a stage's section carried so re-rendered its panels ten times a second, and
+# benchmarks.measure's token lag doubled)
 CARRIED = ("stop",)
-CARRIED_PREFIXES = ("section:",)
+CARRIED_PREFIXES: tuple[str, ...] = ()
 
 
 def carried(name: str) -> bool:
