@@ -2,6 +2,7 @@
 tracing's cost a token against its bound, with the floor the exact logit lens sets."""
 from __future__ import annotations
 
+import os
 import random
 import statistics
 import time
@@ -95,7 +96,8 @@ def full_bound(b: Bench, engine: LLMEngine, rates: dict[str, list[float]]) -> No
     b.add("tracing cost", "trace full: ms a token against its bound", cost, "ms", bound,
           f"{held}; bound = lens floor {floor.ms:.3f} + capture budget {budget:.2f} "
           f"({CAPTURE_BUDGET_MS} + {CAPTURE_BUDGET_PER_LAYER_MS} x {cfg.num_layers} layers); "
-          f"median over {len(rates['none'])} interleaved rounds of full less no tracer")
+          f"median over {len(rates['none'])} interleaved rounds of full less no tracer; "
+          f"load average {os.getloadavg()[0]:.1f}")
     b.add("tracing cost", "logit lens: ms a token against its float32 floor", lens, "ms", floor.ms,
           f"floor: {floor.macs / 1e6:.1f} M multiply-adds a token ({cfg.num_layers} rows x {cfg.hidden_size} "
           f"x {cfg.vocab_size}) at {floor.rate / 1e9:.1f} G/s, the LM head's rate at {floor.rows} rows here; "
@@ -107,8 +109,17 @@ def _per_round_ms(rates: list[float], base: list[float]) -> float:
     return statistics.median(1e3 * (1 / r - 1 / r0) for r, r0 in zip(rates, base))
 
 
-# The capture work's budget a token (full_bound), over the lens floor. Chosen from the bench's own
-# full-without-lens cost after the cuts of 2026-12-01 (see the note where they are set).
+# The capture work's budget a token over the lens floor (full_bound): a fixed part for what a traced
+# token builds whatever the model (its sample, lens, embed, schedule and KV events, the pass's
+# bookkeeping) and a part a layer (its queries kept, its attention scored and encoded, its routing
+# listed). How chosen (2026-12-01): the capture work of a decode step was counted on the embedded MoE
+# (4 layers): without the lens 390 Python calls and 95 torch ops against 175 and 37 untraced, and
+# timed by the step at its minimum (load 1-4, 2 threads): 0.55 ms over the untraced step before the
+# cuts of that day; the bench's medians over whole runs read ~2x the steps' minima (main at 18:06,
+# idle: +1.07 ms without the lens), and SmolLM2's 30 layers added +1.60 ms (2026-11-30). 1.0 ms plus
+# 0.03 a layer covers both at idle with a little room (1.12 ms here, 1.9 on SmolLM2); on a loaded
+# machine every figure of the section grows with the load and the row says EXCEEDED: its note
+# carries the load average.
 CAPTURE_BUDGET_MS = 1.0
 CAPTURE_BUDGET_PER_LAYER_MS = 0.03
 
