@@ -88,6 +88,27 @@ def untraced_timeline_html(tokens: Sequence[dict], finished: bool, level: str = 
     return panel("Timeline", info + chart)
 
 
+THIN = 'vector-effect="non-scaling-stroke"'  # a line stays 1 px however much the chart is squeezed
+
+
+def chart_frame(svg: Sequence[str], lanes: Sequence[str], height: int, ttft: tuple[float, str] | None,
+                span: str) -> str:
+    """The chart's bars (the SVG, squeezed to the panel's width, its height kept) with the lanes'
+    names beside it and the TTFT and time axis under it as HTML: on a phone the whole SVG shrank to
+    a third, its words to 4 px."""
+    def pct(xv: float) -> float:
+        return (xv - LEFT) / (WIDTH - LEFT) * 100
+
+    names = "".join(f"<div>{esc(n)}</div>" for n in lanes)
+    mark = (f"<div class='tt-tl-row'><span class='tt-ttft' style='left:{min(pct(ttft[0]), 70):.1f}%'>"
+            f"{esc(ttft[1])}</span></div>" if ttft else "")
+    ends = (f"<div class='tt-tl-row'><span style='left:0'>0 ms</span><span style='right:{pct(WIDTH) - pct(WIDTH - 10):.1f}%'>"
+            f"{esc(span)}</span></div>")
+    return (f"<div class='tt-tl'><div class='tt-tl-lanes'>{names}</div><div class='tt-tl-plot'>"
+            f'<svg class="tt-timeline" viewBox="{LEFT} 0 {WIDTH - LEFT} {height}" preserveAspectRatio="none" '
+            f'width="100%" height="{height}">{"".join(svg)}</svg>{mark}{ends}</div></div>')
+
+
 def timeline_html(events: Sequence[dict], request_id: str) -> str:
     """events: this request's events plus the schedule.step events that include it."""
     by_type: dict[str, list[dict]] = {}
@@ -111,7 +132,7 @@ def timeline_html(events: Sequence[dict], request_id: str) -> str:
 
     lanes = ["tokenize", "queue", "prefill", "decode", "batch", "tokens"]
     y = {name: 8 + i * LANE for i, name in enumerate(lanes)}
-    svg = [f'<text x="4" y="{y[n] + 13}" class="tt-lane">{n}</text>' for n in lanes]
+    svg: list[str] = []  # the lanes' names are HTML beside the chart (chart_frame): they keep their size
     svg.append(f'<rect x="{x(t0):.1f}" y="{y["tokenize"]}" width="{max(1.5, x(arrive["ts"]) - x(t0)):.1f}" '
                f'height="16" fill="#7a7a8c"><title>tokenize {esc(fmt_ms(tok.get("seconds", 0)))}</title></rect>')
     if queue is not None:
@@ -149,20 +170,17 @@ def timeline_html(events: Sequence[dict], request_id: str) -> str:
     if len(tokens) <= MAX_TITLED:
         for e in tokens:
             svg.append(f'<line x1="{x(e["ts"]):.1f}" x2="{x(e["ts"]):.1f}" y1="{y["tokens"]}" y2="{y["tokens"] + 16}" '
-                       f'stroke="#222" stroke-width="1"><title>token {e["index"]} at {esc(fmt_ms(e["t"]))}</title></line>')
+                       f'stroke="#222" stroke-width="1" {THIN}><title>token {e["index"]} at {esc(fmt_ms(e["t"]))}'
+                       '</title></line>')
     else:
         ticks = "".join(f"M{x(e['ts']):.1f} {y['tokens']}v16" for e in tokens)
-        svg.append(f'<path d="{ticks}" stroke="#222" stroke-width="1"><title>{len(tokens)} tokens</title></path>')
+        svg.append(f'<path d="{ticks}" stroke="#222" stroke-width="1" {THIN}><title>{len(tokens)} tokens</title></path>')
+    ttft = None
     if tokens:
-        tx = x(tokens[0]["ts"])
-        svg.append(f'<line x1="{tx:.1f}" x2="{tx:.1f}" y1="4" y2="{y["tokens"] + 20}" stroke="#d62828" '
-                   f'stroke-dasharray="3,2"/><text x="{tx + 3:.1f}" y="{y["tokens"] + 32}" class="tt-ttft">TTFT '
-                   f'{esc(fmt_ms(tokens[0]["t"]))}</text>')
-    height = y["tokens"] + 40
-    axis = (f'<text x="{LEFT}" y="{height - 2}" class="tt-lane">0 ms</text>'
-            f'<text x="{WIDTH - 10}" y="{height - 2}" text-anchor="end" class="tt-lane">{esc(fmt_ms(span))}</text>')
-    chart = (f'<svg class="tt-timeline" viewBox="0 0 {WIDTH} {height}" width="100%" '
-             f'preserveAspectRatio="xMinYMin meet">{"".join(svg)}{axis}</svg>')
+        ttft = (x(tokens[0]["ts"]), f"TTFT {fmt_ms(tokens[0]['t'])}")
+        svg.append(f'<line x1="{ttft[0]:.1f}" x2="{ttft[0]:.1f}" y1="4" y2="{y["tokens"] + 20}" stroke="#d62828" '
+                   f'stroke-dasharray="3,2" {THIN}/>')
+    chart = chart_frame(svg, lanes, y["tokens"] + 20, ttft, fmt_ms(span))
     # "step" is this request's own count (as the replay's "step k of N" counts), the engine's number beside it
     rows = "".join(
         f"<tr><td>{k} <small class='tt-note' title='the engine&#x27;s step number'>#{s['step']}</small></td>"

@@ -1,7 +1,7 @@
 """Layout defects seen in session 13's screenshots (benchmarks/screenshot.py --states, SmolLM2 and
 Gemma 3), checked in a real Chromium on the tiny MoE: at 1,400 px the attention overview sat under
 the map beside a blank gap it fitted in, and the map's token labels were 6 px; at 420 px the KV
-pool's grid scaled with merged stripes, the Sampling
+pool's grid scaled with merged stripes, the timeline's words shrank to 4 px, the Sampling
 table broke its tokens mid-word ("␣Fra|nce") and the lens its row label ("embedd|ing").
 Skips without Chromium unless TOKENTRACE_REQUIRE_BROWSER=1 (see tests/browser_utils.py)."""
 from __future__ import annotations
@@ -57,6 +57,8 @@ NARROW = """() => {
   const img = document.querySelector('#tt-kv img.tt-kv-img');
   const off = [...document.querySelectorAll('#tt-sampling .tt-off-col')];
   const note = document.querySelector('#tt-sampling .tt-narrow-only');
+  /* the timeline's words as drawn: the lanes' names and the TTFT mark, in px on screen */
+  const words = [...document.querySelectorAll('#tt-timeline .tt-tl-lanes > div, #tt-timeline .tt-ttft')];
   /* where the row label "embedding" breaks, if it must: after "embed" at its soft hyphen (index 6), not inside */
   const th = [...document.querySelectorAll('#tt-logit-lens .tt-lens th')]
     .find(t => t.textContent.replace('\u00ad', '') === 'embedding');
@@ -69,19 +71,21 @@ NARROW = """() => {
     lensBreak = tops.findIndex(t => t > tops[0] + 2);
   }
   return {shrunk: img.getBoundingClientRect().width < img.naturalWidth - 1, rendering: getComputedStyle(img).imageRendering,
-          offCols: off.length,
+          offCols: off.length, timelineWords: words.length,
+          smallest: Math.min(...words.map(w => w.getBoundingClientRect().height)),
           offShown: off.filter(c => getComputedStyle(c).display !== 'none').length,
           note: note ? getComputedStyle(note).display : null, lensBreak,
           lensCut: th ? th.scrollWidth > th.clientWidth + 1 : null};
 }"""
 
 
-def test_at_420_px_the_grid_and_the_tables_stay_readable(server, browser):
-    """S 420 idle / replay, G 420 basic: the KV grid's stripes, the Sampling
+def test_at_420_px_the_grid_the_timeline_and_the_tables_stay_readable(server, browser):
+    """S 420 idle / replay, G 420 basic: the KV grid's stripes, the timeline's 4 px lanes, the Sampling
     token column broken mid-word beside two columns of knobs that are off, the lens's "embedd|ing"."""
     context, page = finished_page(browser, server.url, 420)
     got = page.evaluate(NARROW)
     assert got["shrunk"] and got["rendering"] != "pixelated", got  # drawn smaller than its pixels: smooth
+    assert got["timelineWords"] == 7 and got["smallest"] >= 10, got  # six lanes and TTFT, never 4 px
     assert got["offCols"] > 0 and got["offShown"] == 0 and got["note"] == "block", got  # top-k and min-p are off
     assert got["lensBreak"] in (-1, 6) and got["lensCut"] is False, got  # "embed-" / "ding", or one line
     context.close()
