@@ -97,11 +97,13 @@ def test_aborts_and_a_disconnect_leave_no_block_on_either_side(checkpoint, ranks
         _drain(llm)
         _pools_empty(llm)
         # 3. prefilled, waiting for decode blocks (every decode pool is held by a running request), then aborted
-        fill = [e.add_request(_base[:36] + [5, 6, 7, j], long) for j in range(ranks)]  # 10 blocks, one a pool
-        for _ in range(300):
-            e.step()
-            if all(e.requests[a].num_output_tokens > 1 for a in fill):
-                break
+        fill = []
+        for j in range(ranks):  # 10 blocks, one a pool: each decoding before the next is routed (the
+            fill.append(e.add_request(_base[:36] + [5, 6, 7, j], long))  # router reads the pools' free blocks)
+            for _ in range(300):
+                e.step()
+                if all(e.requests[a].num_output_tokens > 1 for a in fill):
+                    break
         b = e.add_request(_base[:30], long)  # 8 blocks: does not fit beside any of them
         for _ in range(300):
             e.step()
