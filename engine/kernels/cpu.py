@@ -28,8 +28,9 @@ from pathlib import Path
 import torch
 
 SOURCES = [Path(__file__).with_name(name) for name in ("cpu_linear.c", "cpu_linear16.c", "cpu_attention.c",
-                                                        "cpu_norm.c", "cpu_layer.c", "cpu_stats.c", "cpu_moe.c")]
-HEADERS = [Path(__file__).with_name("cpu_vec.h")]  # part of every build's hash
+                                                        "cpu_norm.c", "cpu_layer.c", "cpu_stats.c", "cpu_moe.c",
+                                                        "cpu_team.c")]
+HEADERS = [Path(__file__).with_name(name) for name in ("cpu_vec.h", "cpu_layer.h")]  # part of every build's hash
 ROWS_PER_BLOCK, COLS_PER_BLOCK = 8, 16  # the blocked layout of cpu_linear.c
 MAX_ROWS = 32  # above this many rows (a prefill chunk) PyTorch's GEMM, built for it, takes over
 CFLAGS = ["-O3", "-fopenmp", "-shared", "-fPIC"]
@@ -141,7 +142,8 @@ def load(arch: str) -> ctypes.CDLL:
     lib.tt_blocked_rows.argtypes = [ptr, c_long, c_long, c_long, ptr, c_long, ptr]
     lib.tt_blocked_rows.restype = ctypes.c_int
     lib.tt_decode_stack.argtypes = [ptr, c_long, ptr, ptr, c_long, ptr, ptr, c_long, c_long, c_long, ptr, ptr, ptr,
-                                    c_long, ptr, ptr, ptr, ptr, ptr, ctypes.c_float, ctypes.c_float, ctypes.c_int]
+                                    c_long, ptr, ptr, ptr, ptr, ptr, ctypes.c_float, ctypes.c_float, ctypes.c_int,
+                                    ctypes.c_int]
     lib.tt_decode_stack.restype = ctypes.c_int
     lib.tt_linear16_path.argtypes, lib.tt_linear16_path.restype = [], ctypes.c_int
     return lib

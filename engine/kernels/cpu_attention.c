@@ -35,76 +35,102 @@ static inline void prefetch_row(const float *p, long D) {
     for (long i = 0; i < D; i += 16) __builtin_prefetch(p + i, 0, 3);
 }
 
+/* One task of tt_decode_attention: sequence b's query heads that share KV head g. */
+static void attend(long b, long g, const float *q, const float *k_cache, const float *v_cache, const long *tables,
+                   long W, const int *ctx, long H, long KVH, long D, long BS, float scale, long window,
+                   float *out) {
+    long G = H / KVH;
+    long end = ctx[b], start = window > 0 && end > window ? end - window : 0;
+    const float *qg = q + (b * H + g * G) * D;
+    float m[MAX_GROUP], l[MAX_GROUP], acc[MAX_GROUP][MAX_DIM] __attribute__((aligned(64)));
+    float s[MAX_GROUP][CHUNK] __attribute__((aligned(64)));
+    for (long i = 0; i < G; i++) {
+        m[i] = -INFINITY, l[i] = 0.f;
+        for (long d = 0; d < D; d++) acc[i][d] = 0.f;
+    }
+    for (long c0 = start; c0 < end; c0 += CHUNK) {
+        long n = end - c0 < CHUNK ? end - c0 : CHUNK;
+        long blk0 = c0 / BS, off0 = c0 % BS;  /* a key's place: one division a chunk, not a key */
+        long pblk = blk0, poff = off0;  /* the key PF ahead, whose lines are asked for now */
+        for (long j = 0; j < PF && j < n; j++) {
+            prefetch_row(k_cache + ((tables[b * W + pblk] * BS + poff) * KVH + g) * D, D);
+            if (++poff == BS) poff = 0, pblk++;
+        }
+        for (long j = 0, blk = blk0, off = off0; j < n; j++) {  /* scores of this chunk's keys */
+            long row = (tables[b * W + blk] * BS + off) * KVH + g;
+            if (j + PF < n) {
+                prefetch_row(k_cache + ((tables[b * W + pblk] * BS + poff) * KVH + g) * D, D);
+                if (++poff == BS) poff = 0, pblk++;
+            }
+            prefetch_row(v_cache + row * D, D);  /* read by the weighted values below */
+            const float *k = k_cache + row * D;
+            for (long i = 0; i < G; i++) s[i][j] = dot(qg + i * D, k, D) * scale;
+            if (++off == BS) off = 0, blk++;
+        }
+        for (long i = 0; i < G; i++) {  /* online softmax: rescale what came before */
+            float mx = m[i];
+            for (long j = 0; j < n; j++) mx = s[i][j] > mx ? s[i][j] : mx;
+            float shrink = m[i] == -INFINITY ? 0.f : expf(m[i] - mx), sum = 0.f;
+            long j = 0;
+            for (; j + VL <= n; j += VL) {
+                v16 p = exp16(*(v16 *)(s[i] + j) - mx);
+                *(v16 *)(s[i] + j) = p;
+                for (int t = 0; t < VL; t++) sum += p[t];
+            }
+            for (; j < n; j++) sum += (s[i][j] = expf(s[i][j] - mx));
+            l[i] = l[i] * shrink + sum;
+            m[i] = mx;
+            for (long d = 0; d < D; d++) acc[i][d] *= shrink;
+        }
+        for (long j = 0, blk = blk0, off = off0; j < n; j++) {  /* weighted values */
+            const float *v = v_cache + ((tables[b * W + blk] * BS + off) * KVH + g) * D;
+            if (++off == BS) off = 0, blk++;
+            for (long i = 0; i < G; i++) {
+                float p = s[i][j];
+                long d = 0;
+                for (; d + VL <= D; d += VL) *(v16 *)(acc[i] + d) += p * *(const v16 *)(v + d);
+                for (; d < D; d++) acc[i][d] += p * v[d];
+            }
+        }
+    }
+    for (long i = 0; i < G; i++) {
+        float inv = l[i] > 0.f ? 1.f / l[i] : 0.f;  /* no keys (a padding row): zeros */
+        for (long d = 0; d < D; d++) out[(b * H + g * G + i) * D + d] = acc[i][d] * inv;
+    }
+}
+
+/* Work below which the second thread costs more than it brings. */
+long tt_attention_work(const int *ctx, long B, long H, long D) {
+    long work = 0;
+    for (long b = 0; b < B; b++) work += ctx[b];
+    return work * H * D;
+}
+
+/* tt_decode_attention's tasks [first, last) of B * KVH, one thread (a team's masked part). */
+void tt_attention_tasks(long first, long last, const float *q, const float *k_cache, const float *v_cache,
+                        const long *tables, long W, const int *ctx, long H, long KVH, long D, long BS,
+                        float scale, long window, float *out) {
+    for (long it = first; it < last; it++)
+        attend(it / KVH, it % KVH, q, k_cache, v_cache, tables, W, ctx, H, KVH, D, BS, scale, window, out);
+}
+
+/* Its tasks shared by the threads of the enclosing parallel region (an orphaned `omp for`:
+   run by one thread outside a region): cpu_team.c calls it from inside its own. */
+void tt_attention_shared(const float *q, const float *k_cache, const float *v_cache, const long *tables, long W,
+                         const int *ctx, long B, long H, long KVH, long D, long BS, float scale, long window,
+                         float *out) {
+    #pragma omp for schedule(static)
+    for (long it = 0; it < B * KVH; it++)
+        attend(it / KVH, it % KVH, q, k_cache, v_cache, tables, W, ctx, H, KVH, D, BS, scale, window, out);
+}
+
 /* q [B, H, D]; k_cache, v_cache [num_blocks, BS, KVH, D]; tables [B, W] block ids (int64);
    ctx [B] keys per sequence (int32, the new token's included); window: a sliding window
    of that many keys (0: none). out [B, H, D]. Query head h reads KV head h / (H / KVH). */
 void tt_decode_attention(const float *q, const float *k_cache, const float *v_cache, const long *tables,
                          long W, const int *ctx, long B, long H, long KVH, long D, long BS, float scale,
                          long window, float *out, int nthreads) {
-    long G = H / KVH;
-    long work = 0;
-    for (long b = 0; b < B; b++) work += ctx[b];
-    work *= H * D;
-    #pragma omp parallel for collapse(2) schedule(static) num_threads(nthreads) if (nthreads > 1 && work >= (1 << 18))
-    for (long b = 0; b < B; b++) {
-        for (long g = 0; g < KVH; g++) {
-            long end = ctx[b], start = window > 0 && end > window ? end - window : 0;
-            const float *qg = q + (b * H + g * G) * D;
-            float m[MAX_GROUP], l[MAX_GROUP], acc[MAX_GROUP][MAX_DIM] __attribute__((aligned(64)));
-            float s[MAX_GROUP][CHUNK] __attribute__((aligned(64)));
-            for (long i = 0; i < G; i++) {
-                m[i] = -INFINITY, l[i] = 0.f;
-                for (long d = 0; d < D; d++) acc[i][d] = 0.f;
-            }
-            for (long c0 = start; c0 < end; c0 += CHUNK) {
-                long n = end - c0 < CHUNK ? end - c0 : CHUNK;
-                long blk0 = c0 / BS, off0 = c0 % BS;  /* a key's place: one division a chunk, not a key */
-                long pblk = blk0, poff = off0;  /* the key PF ahead, whose lines are asked for now */
-                for (long j = 0; j < PF && j < n; j++) {
-                    prefetch_row(k_cache + ((tables[b * W + pblk] * BS + poff) * KVH + g) * D, D);
-                    if (++poff == BS) poff = 0, pblk++;
-                }
-                for (long j = 0, blk = blk0, off = off0; j < n; j++) {  /* scores of this chunk's keys */
-                    long row = (tables[b * W + blk] * BS + off) * KVH + g;
-                    if (j + PF < n) {
-                        prefetch_row(k_cache + ((tables[b * W + pblk] * BS + poff) * KVH + g) * D, D);
-                        if (++poff == BS) poff = 0, pblk++;
-                    }
-                    prefetch_row(v_cache + row * D, D);  /* read by the weighted values below */
-                    const float *k = k_cache + row * D;
-                    for (long i = 0; i < G; i++) s[i][j] = dot(qg + i * D, k, D) * scale;
-                    if (++off == BS) off = 0, blk++;
-                }
-                for (long i = 0; i < G; i++) {  /* online softmax: rescale what came before */
-                    float mx = m[i];
-                    for (long j = 0; j < n; j++) mx = s[i][j] > mx ? s[i][j] : mx;
-                    float shrink = m[i] == -INFINITY ? 0.f : expf(m[i] - mx), sum = 0.f;
-                    long j = 0;
-                    for (; j + VL <= n; j += VL) {
-                        v16 p = exp16(*(v16 *)(s[i] + j) - mx);
-                        *(v16 *)(s[i] + j) = p;
-                        for (int t = 0; t < VL; t++) sum += p[t];
-                    }
-                    for (; j < n; j++) sum += (s[i][j] = expf(s[i][j] - mx));
-                    l[i] = l[i] * shrink + sum;
-                    m[i] = mx;
-                    for (long d = 0; d < D; d++) acc[i][d] *= shrink;
-                }
-                for (long j = 0, blk = blk0, off = off0; j < n; j++) {  /* weighted values */
-                    const float *v = v_cache + ((tables[b * W + blk] * BS + off) * KVH + g) * D;
-                    if (++off == BS) off = 0, blk++;
-                    for (long i = 0; i < G; i++) {
-                        float p = s[i][j];
-                        long d = 0;
-                        for (; d + VL <= D; d += VL) *(v16 *)(acc[i] + d) += p * *(const v16 *)(v + d);
-                        for (; d < D; d++) acc[i][d] += p * v[d];
-                    }
-                }
-            }
-            for (long i = 0; i < G; i++) {
-                float inv = l[i] > 0.f ? 1.f / l[i] : 0.f;  /* no keys (a padding row): zeros */
-                for (long d = 0; d < D; d++) out[(b * H + g * G + i) * D + d] = acc[i][d] * inv;
-            }
-        }
-    }
+    long work = tt_attention_work(ctx, B, H, D);
+    #pragma omp parallel num_threads(nthreads) if (nthreads > 1 && work >= (1 << 18))
+    tt_attention_shared(q, k_cache, v_cache, tables, W, ctx, B, H, KVH, D, BS, scale, window, out);
 }

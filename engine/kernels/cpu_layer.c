@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "cpu_vec.h"
+#include "cpu_layer.h"
 
 void tt_rms_norm(const float *x, long T, long H, long ldx, const float *w, float offset, float eps, float *y);
 void tt_linear_f32(const float *x, long T, long ldx, const float *Wb, long N, long K, const float *bias,
@@ -27,37 +28,6 @@ int tt_linear_f16(const float *x, long T, long ldx, const void *Wb, long N, long
 void tt_decode_attention(const float *q, const float *k_cache, const float *v_cache, const long *tables,
                          long W, const int *ctx, long B, long H, long KVH, long D, long BS, float scale,
                          long window, float *out, int nthreads);
-
-/* A projection's weight as one of the kernels reads it: kind 0 float32 blocked
-   (cpu_linear.c), 1 int8 or 2 int4 records (cpu_quant.c, a library of its own: its
-   functions arrive as pointers in tt_layer), 3 bfloat16 or 4 float16 blocked
-   (cpu_linear16.c). */
-typedef struct {
-    const void *w;
-    const float *bias;  /* or NULL */
-    long kind;
-} tt_proj;
-
-typedef void (*linear_q8_fn)(const float *x, long T, long ldx, const void *Wb, long N, long K, const float *bias,
-                             float *y, long ldy, int nthreads);
-typedef int (*linear_q4_fn)(const float *x, long T, long ldx, const void *Wb, long N, long K, const float *bias,
-                            float *y, long ldy, int nthreads);
-
-/* What does not change from step to step: sizes, weights, this layer's part of the KV
-   pool. Filled once per layer by engine/layers/fused.py (gate_up and down unused for a
-   layer whose MLP half is not fused). */
-typedef struct {
-    long hidden, heads, kv_heads, head_dim, inter, block_size, window;  /* window 0: none */
-    float eps, norm_offset, scale;
-    const float *norm1, *norm2;                                /* [hidden] */
-    tt_proj qkv, o, gate_up, down;
-    float *k_cache, *v_cache;                                  /* [blocks, block_size, kv_heads, head_dim] */
-    linear_q8_fn linear_q8;                                    /* NULL where no projection is quantized */
-    linear_q4_fn linear_q4;
-    const float *q_norm, *k_norm;                              /* [head_dim] per-head norms, or NULL */
-    const float *post_attn_norm, *post_mlp_norm;               /* [hidden] sandwich norms, or NULL */
-    long gelu;                                                 /* 1: GeGLU (tanh GELU), 0: SwiGLU (SiLU) */
-} tt_layer;
 
 /* y [T, N] = x [T, K] (row stride ldx) @ W.T + bias, through the kernel for p's kind.
    Returns 0, or non-zero when the int4 or 16-bit kernel could not allocate its scratch. */
@@ -74,14 +44,25 @@ static int project(const tt_layer *L, const tt_proj *p, const float *x, long T, 
     return 0;
 }
 
-/* RoPE on one head in place, the engine's rotate-half layout (engine/layers/rotary.py):
-   v * cos + roll(v, D/2) * sin, where sin carries rotate-half's minus sign in its first half. */
-static void rope(float *v, const float *cos, const float *sin, long D) {
-    long half = D / 2;
-    for (long i = 0; i < half; i++) {
-        float a = v[i], b = v[i + half];
-        v[i] = a * cos[i] + b * sin[i];
-        v[i + half] = b * cos[i + half] + a * sin[i + half];
+/* Between the qkv projection and attention: each row's q/k head norms (where the layer has
+   them) and RoPE, in place in qkv [T, QS + 2 KS]; the queries copied to q [T, QS], the new K/V
+   into the pool at the rows' slots. */
+void tt_rope_store(const tt_layer *L, float *qkv, long T, const float *cos, const float *sin, const long *slots,
+                   float *q) {
+    long D = L->head_dim, QS = L->heads * D, KS = L->kv_heads * D, QKV = QS + 2 * KS;
+    for (long t = 0; t < T; t++) {
+        float *row = qkv + t * QKV;
+        const float *c = cos + t * D, *s = sin + t * D;
+        if (L->q_norm) {  /* each head's D values on their own, in place (q heads, then k heads) */
+            tt_rms_norm(row, L->heads, D, D, L->q_norm, L->norm_offset, L->eps, row);
+            tt_rms_norm(row + QS, L->kv_heads, D, D, L->k_norm, L->norm_offset, L->eps, row + QS);
+        }
+        for (long hh = 0; hh < L->heads + L->kv_heads; hh++) rope(row + hh * D, c, s, D);
+        memcpy(q + t * QS, row, sizeof(float) * QS);
+        if (slots[t] < 0) continue;  /* a padding row (engine/cuda_graph.py's convention): not stored */
+        long at = slots[t] * KS;  /* slot s of the pool: block s / BS, row s % BS, contiguous */
+        memcpy(L->k_cache + at, row + QS, sizeof(float) * KS);
+        memcpy(L->v_cache + at, row + QS + KS, sizeof(float) * KS);
     }
 }
 
@@ -107,20 +88,7 @@ int tt_decode_attention_block(const tt_layer *L, const float *x, long T, const f
         free(buf);
         return -1;
     }
-    for (long t = 0; t < T; t++) {
-        float *row = qkv + t * QKV;
-        const float *c = cos + t * D, *s = sin + t * D;
-        if (L->q_norm) {  /* each head's D values on their own, in place (q heads, then k heads) */
-            tt_rms_norm(row, L->heads, D, D, L->q_norm, L->norm_offset, L->eps, row);
-            tt_rms_norm(row + QS, L->kv_heads, D, D, L->k_norm, L->norm_offset, L->eps, row + QS);
-        }
-        for (long hh = 0; hh < L->heads + L->kv_heads; hh++) rope(row + hh * D, c, s, D);
-        memcpy(q + t * QS, row, sizeof(float) * QS);
-        if (slots[t] < 0) continue;  /* a padding row (engine/cuda_graph.py's convention): not stored */
-        long at = slots[t] * KS;  /* slot s of the pool: block s / BS, row s % BS, contiguous */
-        memcpy(L->k_cache + at, row + QS, sizeof(float) * KS);
-        memcpy(L->v_cache + at, row + QS + KS, sizeof(float) * KS);
-    }
+    tt_rope_store(L, qkv, T, cos, sin, slots, q);
     if (q_out) memcpy(q_out, q, sizeof(float) * T * QS);
     tt_decode_attention(q, L->k_cache, L->v_cache, tables, W, ctx, T, L->heads, L->kv_heads, D, L->block_size,
                         L->scale, L->window, att, nthreads);
@@ -151,31 +119,12 @@ int tt_decode_mlp_block(const tt_layer *L, float *x, long T, int nthreads) {
     return rc ? -1 : 0;
 }
 
-/* One layer of a stack (tt_decode_stack): its fused attention half, then its MLP half, dense
-   (in `layer`) or a MoE's (cpu_moe.c's tt_moe_block) where `moe` is set. */
-typedef struct {
-    const tt_layer *layer;
-    const void *moe;         /* cpu_moe.c's tt_moe, or NULL */
-    const float *moe_norm;   /* the RMSNorm before the MoE half [hidden] */
-    float moe_offset, moe_eps;
-    long rope;               /* which of the cos/sin tables the layer rotates by (Gemma: local or global) */
-} tt_stack_layer;
-
+int tt_team_fits(const tt_stack_layer *layers, long L);
+int tt_team_stack(const tt_stack_layer *layers, long L, float *x, float *out, long T, const float *rope_rows,
+                  long D, const long *slots, const long *tables, long W, const int *ctx,
+                  const tt_stack_capture *cap, int nthreads, float **result);
 int tt_moe_block(const void *M, const float *norm, float offset, float eps, float *x, long T, long *experts,
                  float *weights, int nthreads);
-
-/* What a `full` trace keeps of a stack's pass (engine/layers/fused.py stack_forward), each part
-   NULL where nobody reads it: q[i] layer i's rotated queries [T, heads * head_dim] (q itself
-   NULL, or an entry NULL: none kept); experts / weights [L, T, top_k] each MoE layer's routing
-   (layer i's at i * T * top_k; a dense layer's left as it was); resid [L, T, hidden] each
-   layer's input, the residual stream the logit lens reads. */
-typedef struct {
-    float *const *q;
-    long *experts;
-    float *weights;
-    long top_k;
-    float *resid;
-} tt_stack_capture;
 
 /* Every layer of a pass in one call: out [T, hidden] = the final RMSNorm (final_norm [hidden],
    offset, eps) of the layers over x [T, hidden] (x is overwritten: the two take turns as a
@@ -189,7 +138,8 @@ typedef struct {
 int tt_decode_stack(const tt_stack_layer *layers, long L, float *x, float *out, long T, const float *const *cos,
                     const float *const *sin, long ntables, long rows, long D, const long *pos, const long *slots,
                     const long *tables, long W, const int *ctx, long *experts, float *weights,
-                    const tt_stack_capture *cap, const float *final_norm, float offset, float eps, int nthreads) {
+                    const tt_stack_capture *cap, const float *final_norm, float offset, float eps, int nthreads,
+                    int team) {
     for (long t = 0; t < T; t++)
         if (pos[t] < 0 || pos[t] >= rows) return -2;
     const long Hd = layers[0].layer->hidden;
@@ -202,6 +152,10 @@ int tt_decode_stack(const tt_stack_layer *layers, long L, float *x, float *out, 
         }
     float *cur = x, *nxt = out;
     int rc = 0;
+    if (team && nthreads > 1 && tt_team_fits(layers, L)) {  /* one parallel region for the pass (cpu_team.c) */
+        rc = tt_team_stack(layers, L, x, out, T, rope, D, slots, tables, W, ctx, cap, nthreads, &cur);
+        L = 0;
+    }
     for (long i = 0; i < L && !rc; i++) {
         const tt_stack_layer *s = &layers[i];
         const float *c = rope + (2 * s->rope) * T * D, *sn = rope + (2 * s->rope + 1) * T * D;

@@ -85,10 +85,22 @@ TILE(2)
    while it runs, so each pass also asks for its share of the next block's lines: the
    next block arrives spread over this block's passes (at 8 rows of x: 1.5x faster on
    one thread than without). */
+void tt_linear_f32_shared(const float *x, long T, long ldx, const float *Wb, long N, long K,
+                          const float *bias, float *y, long ldy);
+
 void tt_linear_f32(const float *x, long T, long ldx, const float *Wb, long N, long K,
                    const float *bias, float *y, long ldy, int nthreads) {
+    #pragma omp parallel num_threads(nthreads) if (nthreads > 1 && N * K >= 32768)
+    tt_linear_f32_shared(x, T, ldx, Wb, N, K, bias, y, ldy);
+}
+
+/* tt_linear_f32's blocks shared by the threads of the enclosing parallel region (an orphaned
+   `omp for`, which one thread runs whole outside a region): cpu_team.c runs a pass's every
+   layer in one region, with no fork and join a matrix. */
+void tt_linear_f32_shared(const float *x, long T, long ldx, const float *Wb, long N, long K,
+                          const float *bias, float *y, long ldy) {
     long KC = (K + VL - 1) / VL, nblocks = (N + RB - 1) / RB;
-    #pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1 && N * K >= 32768)
+    #pragma omp for schedule(static)
     for (long b = 0; b < nblocks; b++) {
         const float *wb = Wb + b * KC * RB * VL;
         long n0 = b * RB, nvalid = N - n0 < RB ? N - n0 : RB;

@@ -86,11 +86,13 @@ static inline void store(const v16 acc[RB], float *y, long n0, long nvalid, cons
 
 /* x's rows padded with zeros to whole blocks of 32 columns (so no tile reads a tail),
    [T][KC * 32] float32: NULL when out of memory. */
-static float *padded_rows(const float *x, long T, long ldx, long K, long KC) {
-    float *xp = malloc(sizeof(float) * T * KC * CB);
-    if (!xp) return 0;
+static void pad_rows(const float *x, long T, long ldx, long K, long KC, float *xp) {
     for (long t = 0; t < T; t++)
         for (long k = 0; k < KC * CB; k++) xp[t * KC * CB + k] = k < K ? x[t * ldx + k] : 0.f;
+}
+static float *padded_rows(const float *x, long T, long ldx, long K, long KC) {
+    float *xp = malloc(sizeof(float) * T * KC * CB);
+    if (xp) pad_rows(x, T, ldx, K, KC, xp);
     return xp;
 }
 
@@ -143,11 +145,13 @@ TILE(tile_f16, f16_to_f32, 2)
 typedef void (*tile_fn)(const float *, long, const u16 *, long, float *, long, const float *, long, long, long,
                         const u16 *, int, int);
 
-/* The loop of tt_linear_f32 over blocks and pairs of rows, with the tiles given. */
-static void run(tile_fn one, tile_fn two, const float *x, long T, long ldx, const u16 *Wb, long N, long KC,
-                const float *bias, float *y, long ldy, int nthreads, long work) {
+/* The loop of tt_linear_f32 over blocks and pairs of rows, with the tiles given, its blocks
+   shared by the threads of the enclosing parallel region (an orphaned `omp for`: one thread
+   runs it whole outside a region). */
+static void run_shared(tile_fn one, tile_fn two, const float *x, long T, long ldx, const u16 *Wb, long N,
+                       long KC, const float *bias, float *y, long ldy) {
     long nblocks = (N + RB - 1) / RB;
-    #pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1 && work >= 32768)
+    #pragma omp for schedule(static)
     for (long b = 0; b < nblocks; b++) {
         const u16 *wb = Wb + b * KC * RB * CB;
         long n0 = b * RB, nvalid = N - n0 < RB ? N - n0 : RB;
@@ -164,16 +168,20 @@ static void run(tile_fn one, tile_fn two, const float *x, long T, long ldx, cons
     }
 }
 
+static void run(tile_fn one, tile_fn two, const float *x, long T, long ldx, const u16 *Wb, long N, long KC,
+                const float *bias, float *y, long ldy, int nthreads, long work) {
+    #pragma omp parallel num_threads(nthreads) if (nthreads > 1 && work >= 32768)
+    run_shared(one, two, x, T, ldx, Wb, N, KC, bias, y, ldy);
+}
+
 #ifdef __AVX512BF16__
 /* x's rows (padded) rounded to bfloat16, 32 columns to a vector: hi [T][KC] (nearest even, as
    VCVTNE2PS2BF16 rounds); and for the first `exact` rows (rounded up to a pair, the rest
    zero) the remainder lo = bfloat16(x - hi) [exact][KC]: hi + lo is within 2^-16 of x, so a
    row that meets the weight through both keeps 16 of x's 24 mantissa bits (the logit lens's
    rows: see tt_linear_bf16_exact). NULL when out of memory. */
-static __m512bh *bf16_rows(const float *xp, long T, long KC, long exact) {
+static void to_bf16_rows(const float *xp, long T, long KC, long exact, __m512bh *xs) {
     long ex = (exact + 1) / 2 * 2;
-    __m512bh *xs = aligned_alloc(64, sizeof(__m512bh) * (T + ex) * KC);
-    if (!xs) return 0;
     __m512bh *lo = xs + T * KC;
     for (long i = 0; i < T * KC; i++) {  /* lanes 0-15 from the first 16 columns, 16-31 from the next */
         __m512 a = _mm512_loadu_ps(xp + i * CB), b = _mm512_loadu_ps(xp + i * CB + VL);
@@ -186,6 +194,11 @@ static __m512bh *bf16_rows(const float *xp, long T, long KC, long exact) {
         lo[i] = _mm512_cvtne2ps_pbh(_mm512_sub_ps(b, hb), _mm512_sub_ps(a, ha));
     }
     for (long i = exact * KC; i < ex * KC; i++) lo[i] = (__m512bh)_mm512_setzero_si512();
+}
+static __m512bh *bf16_rows(const float *xp, long T, long KC, long exact) {
+    long ex = (exact + 1) / 2 * 2;
+    __m512bh *xs = aligned_alloc(64, sizeof(__m512bh) * (T + ex) * KC);
+    if (xs) to_bf16_rows(xp, T, KC, exact, xs);
     return xs;
 }
 
@@ -229,11 +242,11 @@ DP_TILE(dp, 2, 0)
 DP_TILE(dpx, 1, 1)
 DP_TILE(dpx, 2, 1)
 
-static void run_dp(const __m512bh *xs, long T, long exact, const u16 *Wb, long N, long KC, const float *bias,
-                   float *y, long ldy, int nthreads, long work) {
+static void run_dp_shared(const __m512bh *xs, long T, long exact, const u16 *Wb, long N, long KC,
+                          const float *bias, float *y, long ldy) {  /* as run_shared */
     long nblocks = (N + RB - 1) / RB;
     const __m512bh *lo = xs + T * KC;
-    #pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1 && work >= 32768)
+    #pragma omp for schedule(static)
     for (long b = 0; b < nblocks; b++) {
         const u16 *wb = Wb + b * KC * RB * CB;
         long n0 = b * RB, nvalid = N - n0 < RB ? N - n0 : RB;
@@ -250,6 +263,12 @@ static void run_dp(const __m512bh *xs, long T, long exact, const u16 *Wb, long N
         }
     }
 }
+
+static void run_dp(const __m512bh *xs, long T, long exact, const u16 *Wb, long N, long KC, const float *bias,
+                   float *y, long ldy, int nthreads, long work) {
+    #pragma omp parallel num_threads(nthreads) if (nthreads > 1 && work >= 32768)
+    run_dp_shared(xs, T, exact, Wb, N, KC, bias, y, ldy);
+}
 #endif
 
 /* Which path tt_linear_bf16 takes in this build: 1 VDPBF16PS, 0 widening by shifts (same products). */
@@ -258,6 +277,43 @@ int tt_linear16_path(void) {
     return 1;
 #else
     return 0;
+#endif
+}
+
+/* For cpu_team.c, which runs a pass's every layer in one parallel region: x's rows prepared
+   once (by one thread) in scratch as the blocks read them, then the blocks shared by the
+   region's threads. Bytes of scratch for T rows of K columns: */
+long tt_linear16_scratch(long T, long K) {
+    long KC = (K + CB - 1) / CB;
+    return (long)sizeof(float) * T * KC * CB + 64 * T * KC;
+}
+
+/* kind 3 bfloat16 (x rounded as tt_linear_bf16 rounds it), 4 float16; scratch 64-byte aligned. */
+void tt_linear16_prepare(long kind, const float *x, long T, long ldx, long K, void *scratch) {
+    long KC = (K + CB - 1) / CB;
+    float *xp = scratch;
+    pad_rows(x, T, ldx, K, KC, xp);
+#ifdef __AVX512BF16__
+    if (kind == 3) to_bf16_rows(xp, T, KC, 0, (__m512bh *)(xp + T * KC * CB));
+#else
+    if (kind == 3) round_bf16(xp, T * KC * CB);
+#endif
+}
+
+/* y [T, N] (row stride ldy) from x prepared by tt_linear16_prepare: the same arithmetic as
+   tt_linear_bf16 / tt_linear_f16, an orphaned `omp for` over the blocks. */
+void tt_linear16_shared(long kind, const void *scratch, long T, const u16 *Wb, long N, long K, const float *bias,
+                        float *y, long ldy) {
+    long KC = (K + CB - 1) / CB;
+    const float *xp = scratch;
+    if (kind == 4) {
+        run_shared(tile_f16_1, tile_f16_2, xp, T, KC * CB, Wb, N, KC, bias, y, ldy);
+        return;
+    }
+#ifdef __AVX512BF16__
+    run_dp_shared((const __m512bh *)(xp + T * KC * CB), T, 0, Wb, N, KC, bias, y, ldy);
+#else
+    run_shared(tile_bf16_1, tile_bf16_2, xp, T, KC * CB, Wb, N, KC, bias, y, ldy);
 #endif
 }
 

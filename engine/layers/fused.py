@@ -52,6 +52,9 @@ class LayerArgs(ctypes.Structure):
 
 KINDS = {"int8": 1, "int4": 2}
 FLOAT_KINDS = {torch.float32: 0, torch.bfloat16: 3, torch.float16: 4}
+# A dense pass's layers in one OpenMP region (cpu_team.c): same values as one region a matrix
+# (tests compare the two by switching this off), fewer forks and joins and an idle bus between matrices.
+TEAM = True
 
 
 def _weight(m: nn.Module):
@@ -293,7 +296,7 @@ def stack_forward(st: FusedStack, x: torch.Tensor, batch: ForwardBatch, model: n
         st.layers, L, work.data_ptr(), out.data_ptr(), T, cos, sin, len(tables), rows, D,
         batch.positions.data_ptr(), batch.slot_mapping.data_ptr(), block_tables.data_ptr(), block_tables.shape[1],
         keys.data_ptr(), experts.data_ptr(), weights.data_ptr(), None if cap is None else ctypes.byref(cap),
-        st.final_norm.data_ptr(), 1.0 if norm.offset else 0.0, norm.eps, torch.get_num_threads())
+        st.final_norm.data_ptr(), 1.0 if norm.offset else 0.0, norm.eps, torch.get_num_threads(), int(TEAM))
     if rc == -2:
         raise IndexError(f"a position past the RoPE table's {rows} rows")
     if rc:
