@@ -15,8 +15,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
-import math
-import mmap
 import os
 import platform
 import shutil
@@ -26,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from engine.kernels import huge_pages
 
 SOURCES = [Path(__file__).with_name(name) for name in ("cpu_linear.c", "cpu_linear16.c", "cpu_attention.c",
                                                         "cpu_norm.c", "cpu_layer.c", "cpu_stats.c", "cpu_moe.c",
@@ -153,29 +153,15 @@ def available() -> bool:
     return library() is not None
 
 
-HUGE_PAGE = 2 << 20
+HUGE_PAGE = huge_pages.HUGE_PAGE
 
 
 def huge_page_empty(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """An uninitialised CPU tensor on fresh memory of its own that asks Linux for 2 MB pages
-    (transparent huge pages, which this kernel's default 'madvise' mode gives only to
-    memory that asks, before it is first written).
-
-    Why: a decode step streams every weight once and reads KV pages scattered over the
-    pool. With 4 KB pages that is a TLB miss every 4 KB (SmolLM2: 135,000 a step, each a
-    page walk); with 2 MB pages almost none (SmolLM2's steps 8-10% faster). Its own
-    anonymous mapping, not the allocator's: memory a process reuses was written before
-    and keeps its small pages. Best effort: where the system says no, the pages are
-    ordinary ones. The mapping is unmapped when the tensor's storage is freed."""
-    nbytes = math.prod(shape) * dtype.itemsize
-    if nbytes < HUGE_PAGE or not hasattr(mmap, "MADV_HUGEPAGE"):
-        return torch.empty(shape, dtype=dtype)
-    # private: a shared anonymous mapping is shmem, whose huge pages are a separate setting
-    region = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # + room to align
-    raw = torch.frombuffer(region, dtype=torch.uint8)
-    start = -raw.data_ptr() % HUGE_PAGE
-    region.madvise(mmap.MADV_HUGEPAGE, start, nbytes)
-    return raw[start:start + nbytes].view(dtype).view(shape)
+    """An uninitialised CPU tensor on memory that asks Linux for 2 MB pages, before it is first
+    written (engine/kernels/huge_pages.py: why, and how tensors under 2 MB get them too). With
+    4 KB pages a decode step takes a TLB miss every 4 KB it streams (SmolLM2: 135,000 a step);
+    with 2 MB pages its steps are 8-10% faster."""
+    return huge_pages.empty(shape, dtype)
 
 
 def release_freed_memory() -> None:

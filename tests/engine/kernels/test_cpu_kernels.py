@@ -245,3 +245,20 @@ def test_weight_copies_and_kv_pool_ask_for_huge_pages():
         assert _huge_pages_in(t) >= 2048
     w = cpu.BlockedWeight.of(torch.randn(4096, 576))  # 9 MB: the layer's copy is aligned the same way
     assert w.data.data_ptr() % cpu.HUGE_PAGE == 0
+
+
+def test_weights_under_2_mb_share_huge_pages():
+    # SmolLM2's o projection at bfloat16 (0.66 MB): on a 4 KB page of a shared chunk that asked for
+    # 2 MB pages, apart from its neighbours, and readable back as written
+    ws = [cpu.BlockedWeight.of(torch.randn(576, 576), torch.bfloat16) for _ in range(3)]
+    starts = sorted(w.data.data_ptr() for w in ws)
+    assert all(p % 4096 == 0 for p in starts) and all(b - a >= ws[0].nbytes for a, b in zip(starts, starts[1:]))
+    probe = torch.randn(576, 576).to(torch.bfloat16)
+    assert torch.equal(cpu.BlockedWeight.of(probe, torch.bfloat16).unblocked(), probe)
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            offered = "[never]" not in f.read()
+    except OSError:
+        offered = False
+    if offered:
+        assert all(_huge_pages_in(w.data) >= 2048 for w in ws)
