@@ -98,3 +98,39 @@ def test_a_long_context_shares_attention_between_the_threads(tmp_path):
     team = _decode(llm, prompts, True)
     apart = _decode(llm, prompts, False)
     assert torch.equal(team, apart)
+
+
+def test_the_avx2_build_takes_it_with_the_same_values(checkpoint):
+    """Where the CPU has no AVX-512 (a CI machine with AVX2 only), bfloat16 multiplies by widening
+    shifts: the team path on that build, in a fresh process, equals its one region a matrix."""
+    import os
+    import subprocess
+    import sys
+    flags = cpu._cpu_flags().split()
+    if not {"avx2", "fma", "f16c"} <= set(flags):
+        pytest.skip("this CPU cannot run an AVX2 build")
+    script = (
+        "import sys, torch\nfrom engine import LLM, forward\nfrom engine.kernels import cpu\n"
+        "from engine.layers import fused\ntorch.set_num_threads(2)\n"
+        "assert cpu.march() == 'x86-64-v3' and cpu.library().tt_linear16_path() == 0\n"
+        "real, seen = fused.stack_forward, []\n"
+        "fused.stack_forward = lambda st, *a: seen.append(cpu.library().tt_team_fits(st.layers, len(st.plans))) "
+        "or real(st, *a)\n"
+        "for dtype in ('bfloat16', 'float16'):\n"
+        "    llm = LLM(sys.argv[1], device='cpu', dtype=dtype, block_size=4)\n"
+        "    out = []\n"
+        "    for team in (True, False):\n"
+        "        fused.TEAM = team\n"
+        "        seqs = [forward.admit(llm.engine, list(range(3, 3 + n)), f's{n}') for n in (6, 11)]\n"
+        "        for s in seqs:\n"
+        "            forward.run(llm.engine, [s], len(s) - 1)\n"
+        "        out.append(llm.engine.runner.run(forward.prepare(llm.engine, seqs), None, None))\n"
+        "        for s in seqs:\n"
+        "            llm.engine.block_manager.free_seq(s)\n"
+        "    assert torch.equal(*out), dtype\n"
+        "assert seen and all(seen)\n"
+        "print('ok')\n")
+    env = {**os.environ, "TOKENTRACE_CPU_MARCH": "x86-64-v3"}
+    done = subprocess.run([sys.executable, "-c", script, str(checkpoint("llama"))], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
