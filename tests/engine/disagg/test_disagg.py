@@ -205,8 +205,9 @@ if __name__ == "__main__":
 
 
 @pytest.mark.slow  # a serving process and its prefill processes
-@pytest.mark.parametrize("sig,ranks", [(signal.SIGINT, 1), (signal.SIGKILL, 1), (signal.SIGKILL, 2)],
-                         ids=["ctrl-c", "kill-9", "kill-9-2P"])
+# (a kill -9 with one prefill process was a case of its own: the same watch of the parent as
+# each of the two here, another ~17 s start-up on 2 cores)
+@pytest.mark.parametrize("sig,ranks", [(signal.SIGINT, 1), (signal.SIGKILL, 2)], ids=["ctrl-c", "kill-9-2P"])
 def test_a_stopped_serving_process_leaves_no_prefill_process(checkpoint, tmp_path, sig, ranks):
     import subprocess
     import sys
