@@ -186,7 +186,12 @@ class DisaggEngine(LLMEngine):
                 if not p.is_alive() or time.monotonic() > deadline:
                     raise DisaggFailedError(f"prefill engine {k}'s process exited while loading (exit code "
                                             f"{p.exitcode})")
-            status, info = conn.recv()
+            try:
+                status, info = conn.recv()
+            except (EOFError, OSError):  # it ended without a word: its pipe closed
+                p.join(5)
+                raise DisaggFailedError(f"prefill engine {k}'s process exited while loading (exit code "
+                                        f"{p.exitcode})") from None
             if status != STARTED:
                 raise DisaggFailedError(f"prefill engine {k} failed to load: {info}")
             blocks.append(info["num_blocks"])

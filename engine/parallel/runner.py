@@ -138,7 +138,12 @@ class ParallelRunner(ModelRunner):
                 if not p.is_alive() or time.monotonic() > deadline:
                     raise RankFailedError(f"tensor-parallel rank {rank} exited while loading its shard "
                                           f"(exit code {p.exitcode})")
-            status, err = c.recv()
+            try:
+                status, err = c.recv()
+            except (EOFError, OSError):  # it ended without a word: its pipe closed
+                p.join(5)
+                raise RankFailedError(f"tensor-parallel rank {rank} exited while loading its shard "
+                                      f"(exit code {p.exitcode})") from None
             if status != READY:
                 raise RankFailedError(f"tensor-parallel rank {rank} failed to load its shard: {err}")
 

@@ -239,11 +239,15 @@ def test_a_prefill_process_gone_before_it_joins_the_group_stops_the_start_up_at_
     group (a crash): the start-up raises in seconds, rather than wait in gloo's connect for
     its 10-minute timeout."""
     import engine.disagg.engine as engine_module
-    from tests.processes import raised_within, started_then_gone
+    from tests.processes import exit_at_once, raised_within, started_then_gone
 
     monkeypatch.setattr(engine_module, "prefill_main", started_then_gone)
     err = raised_within(60, lambda: LLM(checkpoint("llama"), device="cpu", dtype="float32", disaggregate=True))
     assert isinstance(err, DisaggFailedError) and "exited before it joined the process group" in str(err)
+    # one that ends without a word while loading: the same clear error (its closed pipe was an EOFError)
+    monkeypatch.setattr(engine_module, "prefill_main", exit_at_once)
+    err = raised_within(60, lambda: LLM(checkpoint("llama"), device="cpu", dtype="float32", disaggregate=True))
+    assert isinstance(err, DisaggFailedError) and "process exited while loading (exit code 1)" in str(err), err
 
 
 @pytest.mark.slow  # a prefill process
