@@ -681,7 +681,8 @@ class LLMEngine:
         delta = seq.text[seq.streamed_chars:max(visible, seq.streamed_chars)]
         seq.streamed_chars += len(delta)
         out = TokenOutput(seq.request_id, token, delta, seq.num_output_tokens - 1,
-                          seq.token_times[-1] - seq.arrival_time, seq.finish_reason is not None, seq.finish_reason)
+                          seq.token_times[-1] - seq.arrival_time, seq.finish_reason is not None, seq.finish_reason,
+                          step=self.step_count)
         if seq.traced:
             self._emit(events.token(seq, out))
         return out
@@ -699,7 +700,8 @@ class LLMEngine:
         if self.speculator is not None:
             self.speculator.free(seq)
         out = self._token_output(seq, token, len(seq.text)) if token is not None else TokenOutput(
-            seq.request_id, -1, "", seq.num_output_tokens, time.perf_counter() - seq.arrival_time, True, reason)
+            seq.request_id, -1, "", seq.num_output_tokens, time.perf_counter() - seq.arrival_time, True, reason,
+            step=self.step_count)
         self.scheduler.finish(seq, reason)
         self._finished.append(seq.request_id)
         while len(self._finished) > self.max_finished:

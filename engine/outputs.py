@@ -19,6 +19,9 @@ class TokenOutput:
     logprobs: TokenLogprob | None = None  # params.logprobs: this token's (raw logits' log-softmax)
     # params.prompt_logprobs, on a request's first output: one per prompt token (the first: None)
     prompt_logprobs: list[TokenLogprob | None] | None = None
+    # the engine step it was made in, as its trace events number it (made between steps, as a
+    # disaggregated first token or an abort: the last step's number, as its events have it)
+    step: int = 0
 
 
 @dataclass

@@ -269,7 +269,7 @@ class EngineService:
             for out in outputs:
                 item = {"type": "output", "request_id": out.request_id, "token_id": out.token_id, "text": out.text,
                         "index": out.index, "t": out.time, "finished": out.finished,
-                        "finish_reason": out.finish_reason, "step": self.engine.step_count}
+                        "finish_reason": out.finish_reason, "step": out.step}
                 if out.logprobs is not None:  # asked for (params.logprobs): plain values, as the API sends them
                     item["logprobs"] = out.logprobs.as_dict()
                 if out.prompt_logprobs is not None:

@@ -129,7 +129,8 @@ class DisaggEngine(LLMEngine):
                              config=decode_config, tracer=tracer, trace_level=trace_level, capture=capture,
                              progress=progress, kv_pool_events=kv_pool_events)
             self.prefill_blocks = self._wait_started()
-            self.comm = Comm.connect_with_store(store, DECODE_RANK, world, self.device, STARTUP_TIMEOUT_S)
+            self.comm = Comm.connect_watching(store, DECODE_RANK, world, self.device, STARTUP_TIMEOUT_S,
+                                              self._check_started)
         except BaseException:
             self.shutdown()
             raise
@@ -185,16 +186,28 @@ class DisaggEngine(LLMEngine):
                 if not p.is_alive() or time.monotonic() > deadline:
                     raise DisaggFailedError(f"prefill engine {k}'s process exited while loading (exit code "
                                             f"{p.exitcode})")
-            status, info = conn.recv()
+            try:
+                status, info = conn.recv()
+            except (EOFError, OSError):  # it ended without a word: its pipe closed
+                p.join(5)
+                raise DisaggFailedError(f"prefill engine {k}'s process exited while loading (exit code "
+                                        f"{p.exitcode})") from None
             if status != STARTED:
                 raise DisaggFailedError(f"prefill engine {k} failed to load: {info}")
             blocks.append(info["num_blocks"])
         return blocks
 
+    def _check_started(self) -> None:
+        """While the group connects: a prefill engine whose process is gone will never join it."""
+        for k, p in enumerate(self.procs):
+            if not p.is_alive():
+                raise DisaggFailedError(f"prefill engine {k}'s process exited before it joined the process group "
+                                        f"(exit code {p.exitcode})")
+
     def shutdown(self) -> None:
         """Stop the prefill processes (their shutdown message, then terminate what is left)."""
         self._finalizer.detach()
-        if not self._state.get("stopped"):
+        if not self._state.get("stopped") and self.comm is not None:  # serving (still loading: they read no message)
             for p, conn in zip(self.procs, self.conns):
                 try:
                     if p.is_alive():

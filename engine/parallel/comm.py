@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import datetime
 import pickle
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -56,6 +58,31 @@ class Comm:
         comm = cls(rank, world_size, group, device)
         comm.store, comm.port = store, getattr(store, "port", None)  # a PrefixStore has none
         return comm
+
+    @classmethod
+    def connect_watching(cls, store, rank: int, world_size: int, device: torch.device, timeout_s: float,
+                         check: Callable[[], None]) -> "Comm":
+        """connect_with_store, while `check` (raises when a rank's process is gone) is called
+        every 0.1 s. gloo's connect blocks in C++ until every rank joined or timeout_s passed
+        (10 minutes at start-up), and a Ctrl-C is only seen after it: a rank that died before
+        joining (Ctrl-C during its start-up, a crash) would hold this process that long. So
+        the connect runs on a thread of its own; this one watches. On a failure the thread is
+        left to its timeout (daemon: the caller stops the ranks; its error goes nowhere)."""
+        done: list = []
+
+        def connect() -> None:
+            try:
+                done.append(cls.connect_with_store(store, rank, world_size, device, timeout_s))
+            except BaseException as e:  # noqa: BLE001 - raised on the caller's thread below
+                done.append(e)
+        t = threading.Thread(target=connect, name="tokentrace-connect", daemon=True)
+        t.start()
+        while t.is_alive():
+            check()
+            t.join(0.1)
+        if isinstance(done[0], BaseException):
+            raise done[0]
+        return done[0]
 
     def _timed(self, kind: str, layer: int | None, what: str, nbytes: int, work) -> None:
         t = time.perf_counter()

@@ -89,7 +89,7 @@ class ParallelRunner(ModelRunner):
         self._state = {"in_step": False}  # a step cut short (Ctrl-C) leaves the ranks mid-collective
         self._finalizer = weakref.finalize(self, _stop_workers, self.procs, self.conns, None, self._state)
         try:
-            self.comm = Comm.connect_with_store(store, 0, n, device, STARTUP_TIMEOUT_S)
+            self.comm = Comm.connect_watching(store, 0, n, device, STARTUP_TIMEOUT_S, self._check_started)
             self._finalizer.detach()
             self._finalizer = weakref.finalize(self, _stop_workers, self.procs, self.conns, self.comm, self._state)
             spec0 = ShardSpec(path, cfg, max_model_len, dtype, str(device), self.num_blocks, ecfg.block_size,
@@ -124,6 +124,13 @@ class ParallelRunner(ModelRunner):
             raise
         self.comm.take_log()
 
+    def _check_started(self) -> None:
+        """While the group connects: a rank whose process is gone will never join it."""
+        for rank, p in enumerate(self.procs, start=1):
+            if not p.is_alive():
+                raise RankFailedError(f"tensor-parallel rank {rank} exited before it joined the process group "
+                                      f"(exit code {p.exitcode})")
+
     def _wait_ready(self) -> None:
         for rank, (p, c) in enumerate(zip(self.procs, self.conns), start=1):
             deadline = time.monotonic() + STARTUP_TIMEOUT_S
@@ -131,7 +138,12 @@ class ParallelRunner(ModelRunner):
                 if not p.is_alive() or time.monotonic() > deadline:
                     raise RankFailedError(f"tensor-parallel rank {rank} exited while loading its shard "
                                           f"(exit code {p.exitcode})")
-            status, err = c.recv()
+            try:
+                status, err = c.recv()
+            except (EOFError, OSError):  # it ended without a word: its pipe closed
+                p.join(5)
+                raise RankFailedError(f"tensor-parallel rank {rank} exited while loading its shard "
+                                      f"(exit code {p.exitcode})") from None
             if status != READY:
                 raise RankFailedError(f"tensor-parallel rank {rank} failed to load its shard: {err}")
 

@@ -42,9 +42,12 @@ def wait(service, watch) -> None:
 
 @pytest.fixture(scope="module")
 def two(service):
-    """Two requests at once: each is the other's batch neighbour in the steps they share."""
-    a = submit(service, "The quick brown fox jumps over the lazy dog again and again", 10)
-    b = submit(service, "Hello there", 10)
+    """Two requests at once: each is the other's batch neighbour in the steps they share. Both are
+    added before the engine's next step (its lock held): submitted one after the other, the
+    first could finish before the second arrived on a loaded machine (seen once: no neighbour)."""
+    with service.engine.lock:
+        a = submit(service, "The quick brown fox jumps over the lazy dog again and again", 10)
+        b = submit(service, "Hello there", 10)
     threads = [threading.Thread(target=wait, args=(service, w)) for w in (a, b)]
     for t in threads:
         t.start()

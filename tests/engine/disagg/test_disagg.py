@@ -188,6 +188,9 @@ def test_the_server_flags_refuse_what_is_not_built():
 
 KILLED = """
 import os, signal, sys
+# as a terminal's foreground process has it: a job a shell started in the background
+# (CI under nohup, `cmd &`) inherits SIGINT ignored, and Ctrl-C would do nothing at all
+signal.signal(signal.SIGINT, signal.default_int_handler)
 sys.path.insert(0, {root!r})
 from engine import LLM, SamplingParams
 if __name__ == "__main__":
@@ -202,8 +205,9 @@ if __name__ == "__main__":
 
 
 @pytest.mark.slow  # a serving process and its prefill processes
-@pytest.mark.parametrize("sig,ranks", [(signal.SIGINT, 1), (signal.SIGKILL, 1), (signal.SIGKILL, 2)],
-                         ids=["ctrl-c", "kill-9", "kill-9-2P"])
+# (a kill -9 with one prefill process was a case of its own: the same watch of the parent as
+# each of the two here, another ~17 s start-up on 2 cores)
+@pytest.mark.parametrize("sig,ranks", [(signal.SIGINT, 1), (signal.SIGKILL, 2)], ids=["ctrl-c", "kill-9-2P"])
 def test_a_stopped_serving_process_leaves_no_prefill_process(checkpoint, tmp_path, sig, ranks):
     import subprocess
     import sys
@@ -227,6 +231,23 @@ def test_a_stopped_serving_process_leaves_no_prefill_process(checkpoint, tmp_pat
         assert not any(_alive(pid) for pid in pids), "a prefill process outlived the serving process"
     finally:
         proc.kill()
+
+
+@pytest.mark.slow  # a prefill process
+def test_a_prefill_process_gone_before_it_joins_the_group_stops_the_start_up_at_once(checkpoint, monkeypatch):
+    """A prefill process that answered the start-up, then ended before it joined the process
+    group (a crash): the start-up raises in seconds, rather than wait in gloo's connect for
+    its 10-minute timeout."""
+    import engine.disagg.engine as engine_module
+    from tests.processes import exit_at_once, raised_within, started_then_gone
+
+    monkeypatch.setattr(engine_module, "prefill_main", started_then_gone)
+    err = raised_within(60, lambda: LLM(checkpoint("llama"), device="cpu", dtype="float32", disaggregate=True))
+    assert isinstance(err, DisaggFailedError) and "exited before it joined the process group" in str(err)
+    # one that ends without a word while loading: the same clear error (its closed pipe was an EOFError)
+    monkeypatch.setattr(engine_module, "prefill_main", exit_at_once)
+    err = raised_within(60, lambda: LLM(checkpoint("llama"), device="cpu", dtype="float32", disaggregate=True))
+    assert isinstance(err, DisaggFailedError) and "process exited while loading (exit code 1)" in str(err), err
 
 
 @pytest.mark.slow  # a prefill process

@@ -53,3 +53,36 @@ def test_the_app_serves_disaggregated_and_the_page_draws_the_handover(checkpoint
     stage = next(st for st in journey(rec.model, rec.request_id, rec.body, rec.events, rec.outputs, None)
                  if st.key == "parallel")
     assert not stage.skipped and stage.chip == "2 engines"
+
+
+@pytest.mark.slow  # the app's service and a prefill process
+def test_two_decode_engines_number_a_requests_outputs_as_its_events(checkpoint):
+    """--decode-ranks 2: one engine step runs both decode engines' steps in turn. Each streamed
+    output carries the step it was made in, as its trace events do (the service stamped the
+    engine's step count after the call: decode engine 1's step on decode engine 0's tokens,
+    so a 10-step replay of a request there had ~19 frames, every step twice)."""
+    from app.serving.recording import record_request
+    from tests.service_utils import app_service, run_to_end, started
+
+    with started(app_service(checkpoint, "--disaggregate", "--decode-ranks", "2", "--block-size", "4",
+                             pace_s=0.01)) as svc:
+        long = svc.submit(parse_body(build_body("m", "Be brief.", "Count to a hundred.", 0.0, 0, 1.0, 40, 1, False,
+                                                4, "basic") | {"ignore_eos": True}))
+        deadline = time.monotonic() + 60
+        while not any(i["type"] == "output" for i in long.drain(0.05)):  # on its decode engine: the other gets the next
+            assert time.monotonic() < deadline
+        rid, _ = run_to_end(svc, build_body("m", "Be brief.", "Say hi.", 0.0, 0, 1.0, 10, 1, False, 4, "basic")
+                            | {"ignore_eos": True})
+        svc.abort(long.request_id)
+        svc.unsubscribe(long)
+        recs = [record_request(svc.store, r, svc.model_info(), svc.piece, svc.is_special)
+                for r in (long.request_id, rid)]
+    both = sorted(e["dst"] for rec in recs for e in rec.events if e["type"] == "kv.transfer")
+    assert both == ["decode 0", "decode 1"]
+    for rec in recs:
+        tokens = {e["index"]: e["step"] for e in rec.events if e["type"] == "token"}
+        made = [o for o in rec.outputs if o["token_id"] >= 0]
+        assert made and [o["step"] for o in made] == [tokens[o["index"]] for o in made], rec.request_id
+        # a frame per step that ran it: its outputs add none of their own
+        assert set(rec.steps()) == {e["step"] for e in rec.events if e["type"] not in ("kv.pool", "request.arrive",
+                                                                                       "tokenize", "finish", "kv.free")}

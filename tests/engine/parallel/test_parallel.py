@@ -264,6 +264,20 @@ def test_a_dying_rank_stops_the_engine_with_one_error(checkpoint, monkeypatch):
     llm.shutdown()
 
 
+@pytest.mark.slow  # a worker process
+def test_a_rank_gone_before_it_joins_the_group_stops_the_start_up_at_once(checkpoint, monkeypatch):
+    """A worker whose process ends before it joins the process group (a Ctrl-C during its
+    start-up, which it ignores only once it runs our code; a crash): the start-up raises in
+    seconds, rather than wait in gloo's connect for its 10-minute timeout (seen: Ctrl-C 4.5 s
+    after the start of a TP=2 engine's process held it there)."""
+    import engine.parallel.runner as runner_module
+    from tests.processes import exit_at_once, raised_within
+
+    monkeypatch.setattr(runner_module, "worker_main", exit_at_once)
+    err = raised_within(60, lambda: LLM(checkpoint("llama"), device="cpu", dtype="float32", tensor_parallel_size=2))
+    assert isinstance(err, RankFailedError) and "rank 1 exited before it joined the process group" in str(err)
+
+
 @pytest.mark.slow  # 2 worker processes
 def test_a_step_interrupted_mid_collective_stops_the_engine(checkpoint):
     """Ctrl-C caught in a REPL while rank 1 waits in layer 1's all-reduce: the next call says
@@ -288,6 +302,9 @@ def test_a_step_interrupted_mid_collective_stops_the_engine(checkpoint):
 
 KILLED = textwrap.dedent("""
     import os, signal, sys, time
+    # as a terminal's foreground process has it: a job a shell started in the background
+    # (CI under nohup, `cmd &`) inherits SIGINT ignored, and Ctrl-C would do nothing at all
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     sys.path.insert(0, {root!r})
     from engine import LLM, SamplingParams
     if __name__ == "__main__":
