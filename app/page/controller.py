@@ -436,7 +436,8 @@ class Controller:
                         "speculative": gr.update(value=info["has_draft"], interactive=info["has_draft"],
                                                  info=texts.spec_info(info)),
                         "k": gr.update(maximum=max(1, info["num_speculative_tokens"]),
-                                       value=info["num_speculative_tokens"], interactive=info["has_draft"])})
+                                       value=info["num_speculative_tokens"], interactive=info["has_draft"],
+                                       visible=info["has_draft"])})
         return out
 
     def settings_updates(self, rec: Recording, info: dict) -> dict:
@@ -455,7 +456,7 @@ class Controller:
             out["k"] = gr.update(value=max(1, min(got["k"], info["num_speculative_tokens"])))
         else:  # not served here: the controls still say what the trace's request used
             out["speculative"] = gr.update(value=got["speculative"])
-            out["k"] = gr.update(value=max(1, got["k"]), maximum=max(1, got["k"]))
+            out["k"] = gr.update(value=max(1, got["k"]), maximum=max(1, got["k"]), visible=bool(got["speculative"]))
         return out
 
     def no_recording(self) -> dict:

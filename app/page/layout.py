@@ -117,7 +117,8 @@ def _controls(ui: dict, ctl: Controller) -> None:
                                         label="Speculative decoding", info=texts.spec_info(m),
                                         elem_id="tt-speculative")
         ui["k"] = gr.Slider(1, max(1, m["num_speculative_tokens"]), value=m["num_speculative_tokens"], step=1,
-                            label="Draft tokens k", interactive=live and m["has_draft"], elem_id="tt-k")
+                            label="Draft tokens k", interactive=live and m["has_draft"], elem_id="tt-k",
+                            visible=m["has_draft"])  # no draft: nothing to choose (the checkbox says why)
     ui["level"] = gr.Radio(list(TRACE_LEVELS), value=opening.level, label="Capture level", elem_id="tt-level",
                            interactive=live,
                            info="full: tensors (embeddings, attention, MoE); basic: no tensors; off: only the "
