@@ -21,14 +21,15 @@ import visualizers as viz
 from app.classroom.rooms import Classrooms
 from app.page import texts
 from app.page.controller import JSON_MODES, MAX_PAGE_CHOICES, MORE, SPEEDS, Controller, Controls, key_of, \
-    stages_of, step_range, write_timeline, write_trace
+    stages_of, write_timeline, write_trace
 from app.page.lab_tab import build_lab_tab
 from app.page.live_view import PANELS
 from app.page.stages import empty_stages, map_html, section_panels, stage_html
 from app.page.texts import model_summary  # noqa: F401 - the page's model line, read by tests
 from app.serving.engine_service import EngineService
 from app.serving.limits import client_of
-from app.serving.recording import Recording
+from app.page.step_bar import first_bar
+from app.serving.recording import Recording, ReplayCursor
 from app.serving.requests import TRACE_LEVELS
 from app.serving.served_models import ServedModels
 from visualizers.journey import KEYS
@@ -177,15 +178,16 @@ def _replay_bar(ui: dict, ctl: Controller) -> None:
         ui["speed"] = gr.Dropdown(list(SPEEDS), value="2 steps/s", label="Replay speed", container=False,
                                   show_label=False, min_width=130, elem_id="tt-speed", elem_classes=["tt-speed"])
         ui["class_btn"] = gr.Button("Classroom", size="sm", elem_id="tt-class-start", min_width=100)
-    first = step_range(ctl.first_frames, ctl.first_frames - 1) if not ctl.live else \
-        {"minimum": 0, "maximum": 1, "value": 0, "interactive": False, "label": texts.step_label(0)}
+    first, note = first_bar(None if ctl.live else ReplayCursor(replay))
     # numbered from 1, as Status counts them: "step 3 of 6 engine steps" is the slider at 3. The box
     # beside it takes any number (clamped, with a word in Status): the slider's own number box, hidden,
     # refuses one past its ends with a red "Error" toast on every panel
     with gr.Row(equal_height=True, elem_id="tt-step-row"):
         ui["step"] = gr.Slider(step=1, elem_id="tt-step", scale=6, **first)
         ui["step_box"] = gr.Number(value=first["value"], precision=0, label="go to step", elem_id="tt-step-box",
-                                   scale=1, min_width=90, interactive=bool(first["interactive"]))
+                                   scale=1, min_width=90, interactive=bool(first["interactive"]),
+                                   visible=first["visible"])
+    ui["step_note"] = gr.HTML(note, elem_id="tt-step-note", padding=False, visible=not first["visible"])
     ui["replay_note"] = gr.HTML("", elem_id="tt-replay-note", padding=False)
     ui["class_links"] = gr.HTML("", elem_id="tt-class-links")
 
@@ -283,7 +285,7 @@ def api_outputs(ui: dict) -> list:
                      "summary", "note", "system", "user", "speculative", "k", "layer", "head", "moe_col",
                      "temperature", "top_k", "top_p", "max_tokens", "seed", "level"] \
         + later + ["export_timeline", "map"] + [f"stage:{k}" for k in KEYS] + [f"section:{k}" for k in KEYS] \
-        + ["stop", "send", "unlock", "replay_note", "step_box"] + list(MORE) + ["hint_more", "choices"]
+        + ["stop", "send", "unlock", "replay_note", "step_box"] + list(MORE) + ["hint_more", "choices", "step_note"]
     return [ui[n] for n in names if n in ui]
 
 

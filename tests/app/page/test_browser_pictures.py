@@ -107,3 +107,42 @@ def test_no_blank_band_under_the_replay_bar_before_a_classroom_is_opened(server,
     gap = page.evaluate(GAP)
     assert gap < 30, gap
     context.close()
+
+
+STEP_BAR = """() => {
+  const shown = (sel) => { const e = document.querySelector(sel); return !!e && e.offsetParent !== null; };
+  const r = document.querySelector('#tt-step input[type=range]');
+  return {slider: shown('#tt-step'), box: shown('#tt-step-box'), note: shown('#tt-step-note') ?
+          document.querySelector('#tt-step-note').innerText : '', min: r ? r.min : null, max: r ? r.max : null,
+          play: document.querySelector('#tt-replay-note').innerText};
+}"""
+
+
+def send(page, user: str, max_tokens: int, level: str = "full") -> str:
+    page.check(f"#tt-level input[value={level}]")
+    set_controls(page, user, max_tokens)
+    before = page.input_value("#tt-status textarea")
+    page.click("#tt-send")
+    page.wait_for_function("([old]) => { const v = document.querySelector('#tt-status textarea').value;"
+                           " return v !== old && v.includes('finished'); }", arg=[before], timeout=120_000)
+    page.wait_for_function("!document.querySelector('#tt-export').disabled", timeout=60_000)  # its recording
+    page.wait_for_timeout(500)
+    return page.evaluate(STEP_BAR)
+
+
+def test_the_step_slider_is_shown_only_where_there_are_steps_to_scrub(server, browser):
+    """G 1400 stop, S idle: a request of one engine step showed a 0..1 slider labelled "engine
+    step 1..1", the page before any request a 0..1 slider over nothing (a Gradio slider needs
+    min < max): there a sentence stands in for it. At capture level off the Play note said
+    "replay its 8 engine steps" where the slider and the timeline count the steps that drew a token."""
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = open_page(context, server.url)
+    idle = page.evaluate(STEP_BAR)
+    assert not idle["slider"] and not idle["box"] and "nothing to replay yet" in idle["note"], idle
+    one = send(page, "Tell me about foxes", 1)
+    assert not one["slider"] and "one engine step" in one["note"] and "1..1" not in one["note"], one
+    many = send(page, "Tell me about foxes and owls", 6, level="off")
+    assert many["slider"] and many["box"] and not many["note"] and many["min"] == "1", many
+    steps = int(many["max"])
+    assert steps > 1 and f"replay its {steps} engine steps that drew a token" in many["play"], many
+    context.close()

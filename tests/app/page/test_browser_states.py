@@ -291,7 +291,7 @@ def test_the_controls_read_right_at_rest_and_on_a_phone(page):
     assert top < page.locator("#tt-stage-request").bounding_box()["y"]
     page.set_viewport_size({"width": 420, "height": 900})
     page.wait_for_timeout(400)
-    slider, prompt = page.locator("#tt-step").bounding_box(), page.locator("#tt-user").bounding_box()
+    slider, prompt = page.locator("#tt-step-row").bounding_box(), page.locator("#tt-user").bounding_box()
     assert slider["y"] < prompt["y"] and slider["y"] < 900, (slider, prompt)  # on the first screen
 
 
