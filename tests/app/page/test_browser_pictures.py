@@ -75,7 +75,11 @@ NARROW = """() => {
           smallest: Math.min(...words.map(w => w.getBoundingClientRect().height)),
           offShown: off.filter(c => getComputedStyle(c).display !== 'none').length,
           note: note ? getComputedStyle(note).display : null, lensBreak,
-          lensCut: th ? th.scrollWidth > th.clientWidth + 1 : null};
+          lensCut: th ? th.scrollWidth > th.clientWidth + 1 : null,
+          /* the timeline table's "■ decode" and "539.3 ms" cells: the lines each takes */
+          stepLines: [...document.querySelectorAll('#tt-timeline .tt-table tbody tr')].flatMap(r =>
+            [1, 3].map(i => { const c = r.children[i], rg = document.createRange(); rg.selectNodeContents(c);
+              return new Set([...rg.getClientRects()].map(b => Math.round(b.top))).size; }))};
 }"""
 
 
@@ -88,6 +92,8 @@ def test_at_420_px_the_grid_the_timeline_and_the_tables_stay_readable(server, br
     assert got["timelineWords"] == 7 and got["smallest"] >= 10, got  # six lanes and TTFT, never 4 px
     assert got["offCols"] > 0 and got["offShown"] == 0 and got["note"] == "block", got  # top-k and min-p are off
     assert got["lensBreak"] in (-1, 6) and got["lensCut"] is False, got  # "embed-" / "ding", or one line
+    # G 420 finished: the timeline table's kind "■ / decode" and forward "539.3 / ms" wrapped in two lines
+    assert got["stepLines"] and max(got["stepLines"]) == 1, got
     context.close()
 
 
