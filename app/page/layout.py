@@ -197,7 +197,7 @@ def _panel(ui: dict, name: str, blank) -> None:
     elem = {"logit_lens": "tt-logit-lens"}.get(name, f"tt-{name}")
     if name == "attention":
         m = blank.model
-        with gr.Row():
+        with gr.Row(elem_id="tt-attn-pickers"):
             ui["layer"] = gr.Dropdown(list(range(m["num_layers"])), value=0, label="Layer", elem_id="tt-layer")
             ui["head"] = gr.Dropdown(list(range(m["num_heads"])), value=0, label="Query head", elem_id="tt-head")
         ui[name] = gr.HTML(blank.render(name), elem_id=elem)

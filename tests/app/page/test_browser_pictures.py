@@ -120,7 +120,7 @@ STEP_BAR = """() => {
   const r = document.querySelector('#tt-step input[type=range]');
   return {slider: shown('#tt-step'), box: shown('#tt-step-box'), note: shown('#tt-step-note') ?
           document.querySelector('#tt-step-note').innerText : '', min: r ? r.min : null, max: r ? r.max : null,
-          play: document.querySelector('#tt-replay-note').innerText};
+          play: document.querySelector('#tt-replay-note').innerText, pickers: shown('#tt-layer') && shown('#tt-head')};
 }"""
 
 
@@ -140,7 +140,8 @@ def test_the_step_slider_is_shown_only_where_there_are_steps_to_scrub(server, br
     """G 1400 stop, S idle: a request of one engine step showed a 0..1 slider labelled "engine
     step 1..1", the page before any request a 0..1 slider over nothing (a Gradio slider needs
     min < max): there a sentence stands in for it. At capture level off the Play note said
-    "replay its 8 engine steps" where the slider and the timeline count the steps that drew a token."""
+    "replay its 8 engine steps" where the slider and the timeline count the steps that drew a token, and
+    the Layer / Query head pickers stayed beside an attention panel that says it was not recorded."""
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
     page = open_page(context, server.url)
     idle = page.evaluate(STEP_BAR)
@@ -149,6 +150,8 @@ def test_the_step_slider_is_shown_only_where_there_are_steps_to_scrub(server, br
     assert not one["slider"] and "one engine step" in one["note"] and "1..1" not in one["note"], one
     many = send(page, "Tell me about foxes and owls", 6, level="off")
     assert many["slider"] and many["box"] and not many["note"] and many["min"] == "1", many
+    # the Layer / Query head pickers stayed on screen at capture levels that record no attention
+    assert one["pickers"] and not many["pickers"], (one, many)
     steps = int(many["max"])
     assert steps > 1 and f"replay its {steps} engine steps that drew a token" in many["play"], many
     context.close()
