@@ -175,6 +175,9 @@ def test_replay_counts_steps_from_one_in_the_slider_and_the_status(page):
     page.keyboard.press("ArrowRight")
     assert wait_status(page, f"step 2 of {hi} ") and page.evaluate(f"+{slider}.value") == 2
     assert page.input_value("#tt-step-box input") == "2"
+    # mid-replay, stage 6 quotes the time to first token (it did only once the request had finished)
+    page.wait_for_timeout(300)
+    assert "Time to first token:" in page.inner_text("#tt-stage-timeline"), page.inner_text("#tt-stage-timeline")
     # issue 25, item 5: one numbering ("step k of N engine steps", the timeline's N); no "(0: nothing
     # to replay yet)" after a finish; a step typed past the end is clamped with a word, no red toast
     label = page.inner_text("#tt-step")
