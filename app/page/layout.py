@@ -187,7 +187,7 @@ def _replay_bar(ui: dict, ctl: Controller) -> None:
         ui["step_box"] = gr.Number(value=first["value"], precision=0, label="go to step", elem_id="tt-step-box",
                                    scale=1, min_width=90, interactive=bool(first["interactive"]),
                                    visible=first["visible"])
-    ui["step_note"] = gr.HTML(note, elem_id="tt-step-note", padding=False, visible=not first["visible"])
+        ui["step_note"] = gr.HTML(note, elem_id="tt-step-note", padding=False, visible=not first["visible"])
     ui["replay_note"] = gr.HTML("", elem_id="tt-replay-note", padding=False)
     ui["class_links"] = gr.HTML("", elem_id="tt-class-links")
 
