@@ -3,7 +3,7 @@ cannot speculate skips the Speculation stage from its start, and the KV stage's 
 matches the replay position (before the finish: the blocks are still held)."""
 from __future__ import annotations
 
-from tests.visualizers.test_selection import LABELS, MODEL, PROMPT, events
+from tests.trace_views import LABELS, MODEL, PROMPT, events
 from visualizers.journey import journey
 from visualizers.stages.speculation import without
 

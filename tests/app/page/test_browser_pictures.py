@@ -8,16 +8,13 @@ from __future__ import annotations
 
 import pytest
 
-from tests.browser_utils import open_page, paced_server, set_controls, wait_finished
+from tests.browser_utils import open_page, server_fixture, set_controls, wait_finished
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.filterwarnings("ignore:.*no_silent_downcasting", "ignore:The copy keyword")]
 
 
-@pytest.fixture(scope="module")
-def server(checkpoint, tmp_path_factory):
-    with paced_server(checkpoint, tmp_path_factory, delay=0.01) as srv:
-        yield srv
+server = server_fixture(delay=0.01)
 
 
 def finished_page(browser, url: str, width: int):

@@ -13,23 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.browser_utils import PANELS, open_page, paced_server, set_controls, status, wait_status
+from tests.browser_utils import PANELS, open_page, page_fixture, server_fixture, set_controls, status, wait_status
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.filterwarnings("ignore:.*no_silent_downcasting", "ignore:The copy keyword")]
 
 
-@pytest.fixture(scope="module")
-def server(checkpoint, tmp_path_factory):
-    with paced_server(checkpoint, tmp_path_factory, delay=0.05) as srv:
-        yield srv
+server = server_fixture(delay=0.05)
 
 
-@pytest.fixture()
-def page(server, browser):
-    context = browser.new_context(viewport={"width": 1500, "height": 1100}, accept_downloads=True)
-    yield open_page(context, server.url)
-    context.close()
+page = page_fixture()
 
 
 def send_and_finish(page, user: str, max_tokens: int, level: str = "full") -> str:
