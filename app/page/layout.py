@@ -36,7 +36,8 @@ from visualizers.journey import KEYS
 
 CSS = (Path(__file__).with_name("page.css")).read_text() + "\n" + (
     Path(__file__).with_name("panels.css").read_text() if Path(__file__).with_name("panels.css").exists() else "")
-HEAD = f"<script>{Path(__file__).with_name('hover.js').read_text()}</script>"  # hover tips, token picks
+HEAD = "".join(f"<script>{Path(__file__).with_name(js).read_text()}</script>"  # hover tips, token picks;
+              for js in ("hover.js", "glyphs.js"))  # token text no font draws, as code points
 LATER_PANELS = ("logit_lens", "parallel")  # panels added after the page's API was published: last in its outputs
 NEWEST = ("choices",)  # added later still: at the very end of the outputs (after the extra controls)
 SEND_INPUTS = ("system", "user", "temperature", "top_k", "top_p", "max_tokens", "seed", "speculative", "k", "level",

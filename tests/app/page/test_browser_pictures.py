@@ -152,3 +152,24 @@ def test_the_step_slider_is_shown_only_where_there_are_steps_to_scrub(server, br
     steps = int(many["max"])
     assert steps > 1 and f"replay its {steps} engine steps that drew a token" in many["play"], many
     context.close()
+
+
+GLYPHS = """async () => {
+  const row = document.querySelector('#tt-logit-lens .tt-lens tbody tr');
+  const cell = (text) => { const td = document.createElement('td'); td.className = 'tt-lens-cell';
+    td.title = 'layer 0'; const c = document.createElement('code'); c.textContent = text; td.appendChild(c);
+    row.appendChild(td); return c; };
+  const none = cell('a\\u{F0002}b'), kept = cell('\\u00e9t\\u00e9 \\u2423x');  /* no font has U+F0002; é, ␣ are drawn */
+  await new Promise(r => setTimeout(r, 300));
+  return {none: none.textContent, title: none.parentElement.title, kept: kept.textContent};
+}"""
+
+
+def test_a_token_no_font_draws_is_written_as_its_code_points(server, browser):
+    """G 1400 finished: lens cells of Gemma 3's CJK / Hangul tokens showed as empty boxes "□□" on a
+    machine without those fonts: such characters read "U+F0002", their text kept in the title."""
+    context, page = finished_page(browser, server.url, 1400)
+    got = page.evaluate(GLYPHS)
+    assert got["none"] == "aU+F0002b" and "no font here draws" in got["title"], got
+    assert got["kept"] == "\u00e9t\u00e9 \u2423x", got
+    context.close()
