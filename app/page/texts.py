@@ -141,7 +141,7 @@ def step_label(frames: int, which: str = "") -> str:
 def step_note(frames: int, never_ran: bool = False, which: str = "") -> str:
     """What stands in for the step slider where there is nothing to scrub (none or one frame)."""
     if frames <= 0:
-        said = "nothing to replay yet (send a request or load a trace)"
+        said = "nothing to replay yet (a request can be replayed step by step once it ends; or load a trace)"
     elif never_ran:
         said = "no engine step to replay: this request ended before the scheduler ran it (the panels show its end)"
     elif frames == 1:
