@@ -25,13 +25,15 @@
     if (el.dataset.ttGlyphs) return;
     el.dataset.ttGlyphs = "1";
     const font = getComputedStyle(el).font, text = el.textContent;
-    let out = "", changed = false;
+    let out = "", changed = false, last = false;
     for (const ch of text) {  // by code point (a surrogate pair is one character)
       const cp = ch.codePointAt(0);
-      if (cp > 0x7f && !/\s/.test(ch) && !hasGlyph(ch, font)) {
-        out += "U+" + cp.toString(16).toUpperCase().padStart(4, "0");
+      const none = cp > 0x7f && !/\s/.test(ch) && !hasGlyph(ch, font);
+      if (none) {  // two in a row: a thin space between them ("U+3076 U+308A", not "U+3076U+308A")
+        out += (last ? "\u2009" : "") + "U+" + cp.toString(16).toUpperCase().padStart(4, "0");
         changed = true;
       } else out += ch;
+      last = none;
     }
     if (!changed) return;
     el.textContent = out;

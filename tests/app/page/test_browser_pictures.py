@@ -160,8 +160,9 @@ GLYPHS = """async () => {
     td.title = 'layer 0'; const c = document.createElement('code'); c.textContent = text; td.appendChild(c);
     row.appendChild(td); return c; };
   const none = cell('a\\u{F0002}b'), kept = cell('\\u00e9t\\u00e9 \\u2423x');  /* no font has U+F0002; é, ␣ are drawn */
+  const two = cell('\\u{F0002}\\u{F0003}');
   await new Promise(r => setTimeout(r, 300));
-  return {none: none.textContent, title: none.parentElement.title, kept: kept.textContent};
+  return {none: none.textContent, title: none.parentElement.title, kept: kept.textContent, two: two.textContent};
 }"""
 
 
@@ -172,4 +173,5 @@ def test_a_token_no_font_draws_is_written_as_its_code_points(server, browser):
     got = page.evaluate(GLYPHS)
     assert got["none"] == "aU+F0002b" and "no font here draws" in got["title"], got
     assert got["kept"] == "\u00e9t\u00e9 \u2423x", got
+    assert got["two"] == "U+F0002\u2009U+F0003", got  # G 1400: "U+3076U+308A" ran together
     context.close()
