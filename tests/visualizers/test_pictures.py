@@ -25,6 +25,9 @@ def test_one_full_prompt_block_is_singular():
     assert "0 of 1 full prompt block of 16 tokens" in said and "blocks of 16 tokens each" not in said, said
     said = _said(prefix_cache_html({**look, "full_blocks": 2}, 16))
     assert "0 of 2 full prompt blocks of 16 tokens each" in said, said
+    # G 1400 basic, a 5-token prompt: "blocks reused: 0 of 0 full prompt blocks of 16 tokens each"
+    said = _said(prefix_cache_html({**look, "prompt_tokens": 5, "full_blocks": 0}, 16))
+    assert "0 of 0" not in said and "the prompt fills no full block of 16 tokens" in said, said
 
 
 def _tokens(texts: list[str]) -> list[dict]:
