@@ -114,7 +114,7 @@ def _controls(ui: dict, ctl: Controller) -> None:
     ui["seed"] = gr.Textbox(value=opening.seed, label="Seed (empty = a random draw)", elem_id="tt-seed",
                             placeholder="random", max_lines=1, interactive=live)
     ui["hint_sampling"] = gr.HTML("", elem_id="tt-hint-sampling", padding=False, elem_classes=["tt-hint-box"])
-    with gr.Row():
+    with gr.Row(elem_id="tt-spec-row"):
         ui["speculative"] = gr.Checkbox(value=m["has_draft"], interactive=live and m["has_draft"],
                                         label="Speculative decoding", info=texts.spec_info(m),
                                         elem_id="tt-speculative")

@@ -76,7 +76,11 @@ NARROW = """() => {
           /* the timeline table's "■ decode" and "539.3 ms" cells: the lines each takes */
           stepLines: [...document.querySelectorAll('#tt-timeline .tt-table tbody tr')].flatMap(r =>
             [1, 3].map(i => { const c = r.children[i], rg = document.createRange(); rg.selectNodeContents(c);
-              return new Set([...rg.getClientRects()].map(b => Math.round(b.top))).size; }))};
+              return new Set([...rg.getClientRects()].map(b => Math.round(b.top))).size; })),
+          kLines: (() => { const w = document.createTreeWalker(document.querySelector('#tt-k'), NodeFilter.SHOW_TEXT);
+            let n; while ((n = w.nextNode()) && !n.textContent.includes('Draft tokens k'));
+            if (!n) return null; const rg = document.createRange(); rg.selectNodeContents(n);
+            return new Set([...rg.getClientRects()].map(b => Math.round(b.top))).size; })()};
 }"""
 
 
@@ -91,6 +95,8 @@ def test_at_420_px_the_grid_the_timeline_and_the_tables_stay_readable(server, br
     assert got["lensBreak"] in (-1, 6) and got["lensCut"] is False, got  # "embed-" / "ding", or one line
     # G 420 finished: the timeline table's kind "■ / decode" and forward "539.3 / ms" wrapped in two lines
     assert got["stepLines"] and max(got["stepLines"]) == 1, got
+    # embedded model 420 finished: the draft's "Draft tokens k" label wrapped in three lines beside the checkbox
+    assert got["kLines"] == 1, got
     context.close()
 
 
