@@ -108,3 +108,24 @@ def wait_finished(page, timeout_s: float = 120) -> str:
                            timeout=timeout_s * 1000)
     page.wait_for_timeout(300)
     return page.input_value("#tt-status textarea")
+
+
+def server_fixture(*args: str, delay: float = 0.06):
+    """A module-scoped `server` fixture: paced_server(*args, delay) for every test of the module
+    that assigns it (`server = server_fixture(delay=0.01)`)."""
+    @pytest.fixture(scope="module")
+    def server(checkpoint, tmp_path_factory):
+        with paced_server(checkpoint, tmp_path_factory, *args, delay=delay) as srv:
+            yield srv
+    return server
+
+
+def page_fixture(width: int = 1500, height: int = 1100):
+    """A `page` fixture: the served page in a fresh browser context (downloads accepted),
+    closed after the test (`page = page_fixture()`)."""
+    @pytest.fixture()
+    def page(server, browser):
+        context = browser.new_context(viewport={"width": width, "height": height}, accept_downloads=True)
+        yield open_page(context, server.url)
+        context.close()
+    return page

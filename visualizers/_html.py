@@ -120,7 +120,8 @@ def fixed(x: float, digits: int) -> str:
 
 def not_recorded(title: str, message: str) -> str:
     """A panel whose stage this request does not record (its capture level), or has not reached."""
-    return panel(title, empty(message))
+    # marked, so the page can hide the controls that would pick in it (the attention's layer / head)
+    return panel(title, empty(message)).replace('<div class="tt-panel">', '<div class="tt-panel tt-not-recorded">', 1)
 
 
 def bar(fraction: float, css_class: str = "tt-bar") -> str:

@@ -39,8 +39,11 @@ def prefix_cache_html(lookup: dict | None, block_size: int | None = None, usage:
     rows = [
         f"{_badge(lookup['hit'])} {'re-admitted after preemption' if lookup.get('readmission') else ''}",
         f"tokens reused: <b>{cached:,}</b> of {prompt:,} prompt tokens",
-        f"blocks reused: <b>{len(blocks)}</b> of {full:,} full prompt block{'s' if full != 1 else ''}{esc(bs)}"
-        + (f" (ids {esc(', '.join(map(str, blocks[:24])))}{'…' if len(blocks) > 24 else ''})" if blocks else ""),
+        (f"blocks reused: <b>{len(blocks)}</b> of {full:,} full prompt block{'s' if full != 1 else ''}{esc(bs)}"
+         + (f" (ids {esc(', '.join(map(str, blocks[:24])))}{'…' if len(blocks) > 24 else ''})" if blocks else "")
+         if full else  # "0 of 0 full prompt blocks" (G 1400 basic): say why there was nothing to look up
+         f"blocks reused: none: the prompt fills no full block{esc(bs.removesuffix(' each'))}, and only full blocks "
+         "are cached"),
         f"prefill skipped: <b>{skipped:.0%}</b> {bar(skipped)}; computed now: {prompt - cached:,} tokens",
     ]
     return panel("Prefix cache", "<div class='tt-lines'>" + "".join(f"<div>{r}</div>" for r in rows) + "</div>")

@@ -191,7 +191,7 @@ def timeline_html(events: Sequence[dict], request_id: str) -> str:
     # the table lists the newest TABLE_ROWS steps (the chart draws every one): said above it, not left to guess
     newest = (f"<div class='tt-note tt-table-note'>the table lists the newest {TABLE_ROWS} of these {len(steps):,} "
               "steps; the chart above draws every one</div>" if len(steps) > TABLE_ROWS else "")
-    table = (newest + "<table class='tt-table'><thead><tr><th>step (engine #)</th><th>kind</th><th>tokens</th>"
+    table = (newest + "<table class='tt-table tt-tl-steps'><thead><tr><th>step (engine #)</th><th>kind</th><th>tokens</th>"
              "<th>forward</th><th>batch shared with</th></tr></thead><tbody>" + rows + "</tbody></table>")
     if not steps:  # no row to list: say why instead of an empty table
         table = empty("no engine step has run this request" + (": it ended before the scheduler admitted it"

@@ -32,6 +32,7 @@ from app.classroom.rooms import Classrooms
 from app.page import texts
 from app.page.live_view import HEAVY, ONE_PASS, PANELS, LiveView
 from app.page.stages import JourneyClock
+from app.page.step_bar import steps_of, steps_updates, which_steps
 from app.page.updates import carry
 from app.serving.engine_service import EngineService, Subscription
 from app.serving.limits import RequestRefused
@@ -63,7 +64,6 @@ LOCKED = ("system", "user", "temperature", "top_k", "top_p", "max_tokens", "seed
 JSON_MODES = ("off", "JSON object", "JSON schema")
 SCHEMA = '{"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}'
 MAX_PAGE_CHOICES = 4  # n on the page: side by side, up to 4
-NO_STEPS = {"minimum": 0, "maximum": 1, "value": 0, "interactive": False}  # the step slider, nothing to replay
 
 
 @dataclass
@@ -242,35 +242,6 @@ def parse_schema(c: Controls) -> None:
                         [("sampling", False, "the schema is not an object")])
 
 
-def which_steps(cursor: ReplayCursor) -> str:
-    """What a recording's steps are, said where not every step was recorded: at capture level
-    off its frames are the engine steps that drew a token (the timeline says how many)."""
-    return "" if cursor.rec.events else " that drew a token"
-
-
-def steps_of(cursor: ReplayCursor) -> str:
-    """"7 engine steps", as Status, the slider and the timeline all count them."""
-    return plural(len(cursor.steps), "engine step") + which_steps(cursor)
-
-
-def step_range(frames: int, frame: int, which: str = "") -> dict:
-    """The step slider over `frames` engine steps at 0-based `frame`: the values are 1..frames,
-    as Status counts them (a Gradio slider needs minimum < maximum: one step is 0..1, at 1)."""
-    label = texts.step_label(frames, which)
-    if frames <= 1:
-        return {"minimum": 0, "maximum": 1, "value": 1 if frames else 0, "interactive": False, "label": label}
-    return {"minimum": 1, "maximum": frames, "value": frame + 1, "interactive": True, "label": label}
-
-
-def steps_updates(cursor: ReplayCursor | None) -> dict:
-    """The step slider and its number box over a recording (None: nothing to replay)."""
-    if cursor is None:
-        return {"step": gr.update(**NO_STEPS, label=texts.step_label(0)),
-                "step_box": gr.update(value=0, interactive=False)}
-    r = step_range(cursor.last_frame + 1, cursor.frame, which_steps(cursor))
-    return {"step": gr.update(**r), "step_box": gr.update(value=r["value"], interactive=r["interactive"])}
-
-
 def merged(*parts: dict) -> dict:
     """Several {name: value or update} dicts as one (a value and an update of one output
     become one update)."""
@@ -436,7 +407,8 @@ class Controller:
                         "speculative": gr.update(value=info["has_draft"], interactive=info["has_draft"],
                                                  info=texts.spec_info(info)),
                         "k": gr.update(maximum=max(1, info["num_speculative_tokens"]),
-                                       value=info["num_speculative_tokens"], interactive=info["has_draft"])})
+                                       value=info["num_speculative_tokens"], interactive=info["has_draft"],
+                                       visible=info["has_draft"])})
         return out
 
     def settings_updates(self, rec: Recording, info: dict) -> dict:
@@ -455,7 +427,7 @@ class Controller:
             out["k"] = gr.update(value=max(1, min(got["k"], info["num_speculative_tokens"])))
         else:  # not served here: the controls still say what the trace's request used
             out["speculative"] = gr.update(value=got["speculative"])
-            out["k"] = gr.update(value=max(1, got["k"]), maximum=max(1, got["k"]))
+            out["k"] = gr.update(value=max(1, got["k"]), maximum=max(1, got["k"]), visible=bool(got["speculative"]))
         return out
 
     def no_recording(self) -> dict:
@@ -481,7 +453,8 @@ class Controller:
         tab.cursor.adopt(view)  # the live view already shows the last frame
         return {"export": gr.update(value=write_trace(rec), interactive=True), **steps_updates(tab.cursor),
                 "export_timeline": gr.update(value=write_timeline(rec), interactive=bool(rec.events)),
-                "replay_note": texts.too_fast_note(view.stream_tokens(), len(tab.cursor.steps), TOO_FAST)}
+                "replay_note": texts.too_fast_note(view.stream_tokens(), len(tab.cursor.steps), TOO_FAST,
+                                                   which_steps(tab.cursor))}
 
     # --- streaming ------------------------------------------------------------------------------
     def stream(self, tab: Tab, next_items: Callable[[float], list[dict]], first: dict | None = None,

@@ -21,21 +21,23 @@ import visualizers as viz
 from app.classroom.rooms import Classrooms
 from app.page import texts
 from app.page.controller import JSON_MODES, MAX_PAGE_CHOICES, MORE, SPEEDS, Controller, Controls, key_of, \
-    stages_of, step_range, write_timeline, write_trace
+    stages_of, write_timeline, write_trace
 from app.page.lab_tab import build_lab_tab
 from app.page.live_view import PANELS
 from app.page.stages import empty_stages, map_html, section_panels, stage_html
 from app.page.texts import model_summary  # noqa: F401 - the page's model line, read by tests
 from app.serving.engine_service import EngineService
 from app.serving.limits import client_of
-from app.serving.recording import Recording
+from app.page.step_bar import first_bar
+from app.serving.recording import Recording, ReplayCursor
 from app.serving.requests import TRACE_LEVELS
 from app.serving.served_models import ServedModels
 from visualizers.journey import KEYS
 
 CSS = (Path(__file__).with_name("page.css")).read_text() + "\n" + (
     Path(__file__).with_name("panels.css").read_text() if Path(__file__).with_name("panels.css").exists() else "")
-HEAD = f"<script>{Path(__file__).with_name('hover.js').read_text()}</script>"  # hover tips, token picks
+HEAD = "".join(f"<script>{Path(__file__).with_name(js).read_text()}</script>"  # hover tips, token picks;
+              for js in ("hover.js", "glyphs.js"))  # token text no font draws, as code points
 LATER_PANELS = ("logit_lens", "parallel")  # panels added after the page's API was published: last in its outputs
 NEWEST = ("choices",)  # added later still: at the very end of the outputs (after the extra controls)
 SEND_INPUTS = ("system", "user", "temperature", "top_k", "top_p", "max_tokens", "seed", "speculative", "k", "level",
@@ -112,12 +114,13 @@ def _controls(ui: dict, ctl: Controller) -> None:
     ui["seed"] = gr.Textbox(value=opening.seed, label="Seed (empty = a random draw)", elem_id="tt-seed",
                             placeholder="random", max_lines=1, interactive=live)
     ui["hint_sampling"] = gr.HTML("", elem_id="tt-hint-sampling", padding=False, elem_classes=["tt-hint-box"])
-    with gr.Row():
+    with gr.Row(elem_id="tt-spec-row"):
         ui["speculative"] = gr.Checkbox(value=m["has_draft"], interactive=live and m["has_draft"],
                                         label="Speculative decoding", info=texts.spec_info(m),
                                         elem_id="tt-speculative")
         ui["k"] = gr.Slider(1, max(1, m["num_speculative_tokens"]), value=m["num_speculative_tokens"], step=1,
-                            label="Draft tokens k", interactive=live and m["has_draft"], elem_id="tt-k")
+                            label="Draft tokens k", interactive=live and m["has_draft"], elem_id="tt-k",
+                            visible=m["has_draft"])  # no draft: nothing to choose (the checkbox says why)
     ui["level"] = gr.Radio(list(TRACE_LEVELS), value=opening.level, label="Capture level", elem_id="tt-level",
                            interactive=live,
                            info="full: tensors (embeddings, attention, MoE); basic: no tensors; off: only the "
@@ -176,15 +179,16 @@ def _replay_bar(ui: dict, ctl: Controller) -> None:
         ui["speed"] = gr.Dropdown(list(SPEEDS), value="2 steps/s", label="Replay speed", container=False,
                                   show_label=False, min_width=130, elem_id="tt-speed", elem_classes=["tt-speed"])
         ui["class_btn"] = gr.Button("Classroom", size="sm", elem_id="tt-class-start", min_width=100)
-    first = step_range(ctl.first_frames, ctl.first_frames - 1) if not ctl.live else \
-        {"minimum": 0, "maximum": 1, "value": 0, "interactive": False, "label": texts.step_label(0)}
+    first, note = first_bar(None if ctl.live else ReplayCursor(replay))
     # numbered from 1, as Status counts them: "step 3 of 6 engine steps" is the slider at 3. The box
     # beside it takes any number (clamped, with a word in Status): the slider's own number box, hidden,
     # refuses one past its ends with a red "Error" toast on every panel
     with gr.Row(equal_height=True, elem_id="tt-step-row"):
         ui["step"] = gr.Slider(step=1, elem_id="tt-step", scale=6, **first)
         ui["step_box"] = gr.Number(value=first["value"], precision=0, label="go to step", elem_id="tt-step-box",
-                                   scale=1, min_width=90, interactive=bool(first["interactive"]))
+                                   scale=1, min_width=90, interactive=bool(first["interactive"]),
+                                   visible=first["visible"])
+        ui["step_note"] = gr.HTML(note, elem_id="tt-step-note", padding=False, visible=not first["visible"])
     ui["replay_note"] = gr.HTML("", elem_id="tt-replay-note", padding=False)
     ui["class_links"] = gr.HTML("", elem_id="tt-class-links")
 
@@ -194,7 +198,7 @@ def _panel(ui: dict, name: str, blank) -> None:
     elem = {"logit_lens": "tt-logit-lens"}.get(name, f"tt-{name}")
     if name == "attention":
         m = blank.model
-        with gr.Row():
+        with gr.Row(elem_id="tt-attn-pickers"):
             ui["layer"] = gr.Dropdown(list(range(m["num_layers"])), value=0, label="Layer", elem_id="tt-layer")
             ui["head"] = gr.Dropdown(list(range(m["num_heads"])), value=0, label="Query head", elem_id="tt-head")
         ui[name] = gr.HTML(blank.render(name), elem_id=elem)
@@ -282,7 +286,7 @@ def api_outputs(ui: dict) -> list:
                      "summary", "note", "system", "user", "speculative", "k", "layer", "head", "moe_col",
                      "temperature", "top_k", "top_p", "max_tokens", "seed", "level"] \
         + later + ["export_timeline", "map"] + [f"stage:{k}" for k in KEYS] + [f"section:{k}" for k in KEYS] \
-        + ["stop", "send", "unlock", "replay_note", "step_box"] + list(MORE) + ["hint_more", "choices"]
+        + ["stop", "send", "unlock", "replay_note", "step_box"] + list(MORE) + ["hint_more", "choices", "step_note"]
     return [ui[n] for n in names if n in ui]
 
 

@@ -138,6 +138,19 @@ def step_label(frames: int, which: str = "") -> str:
     return f"Replay: engine step 1..{frames} of this request ({frames} engine step{'s' if frames != 1 else ''}{which})"
 
 
+def step_note(frames: int, never_ran: bool = False, which: str = "") -> str:
+    """What stands in for the step slider where there is nothing to scrub (none or one frame)."""
+    if frames <= 0:
+        said = "nothing to replay yet (a request can be replayed step by step once it ends; or load a trace)"
+    elif never_ran:
+        said = "no engine step to replay: this request ended before the scheduler ran it (the panels show its end)"
+    elif frames == 1:
+        said = f"this request took one engine step{which}: nothing to scrub (the panels show it)"
+    else:
+        return ""
+    return f"<div class='tt-step-note'>Replay: {said}</div>"
+
+
 def clamp_step(number, frames: int) -> tuple[int, str]:
     """A step typed or dragged -> (the step shown, 1..frames; a note when it was out of range)."""
     try:
@@ -153,7 +166,7 @@ def clamp_step(number, frames: int) -> tuple[int, str]:
     return wanted, ""
 
 
-def too_fast_note(tokens: list[dict], steps: int, fast_s: float) -> str:
+def too_fast_note(tokens: list[dict], steps: int, fast_s: float, which: str = "") -> str:
     """After an answer too fast to watch: a pointer to Play, at the speed chosen beside it."""
     if not tokens or steps < 2:
         return ""
@@ -161,5 +174,5 @@ def too_fast_note(tokens: list[dict], steps: int, fast_s: float) -> str:
     if took >= fast_s:
         return ""
     return (f"<div class='tt-replay-note'>▶ That answer took {took:.2f} s, too fast to watch: press <b>▶ Play</b> "
-            f"to replay its {steps} engine steps at the speed chosen beside it (2 steps/s by default), or drag "
+            f"to replay its {steps} engine steps{which} at the speed chosen beside it (2 steps/s by default), or drag "
             "the step slider.</div>")

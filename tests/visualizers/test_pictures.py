@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import re
 
-from app.page.live_view import LiveView
 from app.page.stages import stage_html
-from tests.visualizers.test_selection import LABELS, MODEL, PROMPT, events
+from tests.trace_views import LABELS, MODEL, events, never_ran, view
 from visualizers.answer import answer_html
 from visualizers.journey import journey
-from visualizers.kv_cache import empty_pool
 from visualizers.prefix_cache import prefix_cache_html
 from visualizers.sampling import sampling_html
 from visualizers.timeline import timeline_html
@@ -27,6 +25,9 @@ def test_one_full_prompt_block_is_singular():
     assert "0 of 1 full prompt block of 16 tokens" in said and "blocks of 16 tokens each" not in said, said
     said = _said(prefix_cache_html({**look, "full_blocks": 2}, 16))
     assert "0 of 2 full prompt blocks of 16 tokens each" in said, said
+    # G 1400 basic, a 5-token prompt: "blocks reused: 0 of 0 full prompt blocks of 16 tokens each"
+    said = _said(prefix_cache_html({**look, "prompt_tokens": 5, "full_blocks": 0}, 16))
+    assert "0 of 0" not in said and "the prompt fills no full block of 16 tokens" in said, said
 
 
 def _tokens(texts: list[str]) -> list[dict]:
@@ -102,19 +103,6 @@ def test_a_narrow_screen_hides_the_sampling_columns_of_knobs_that_are_off():
     assert "tt-narrow-only" in html and "(top-k, min-p) are hidden" in _said(html)
 
 
-def _never_ran() -> LiveView:
-    """A full-level request stopped before the scheduler admitted it (S 1400 stop)."""
-    v = LiveView(model=MODEL, piece=lambda i: LABELS[i] if i < len(LABELS) else f"<{i}>", is_special=lambda i: i == 0)
-    v.request_id = "r1"
-    v.set_pool(empty_pool(8, 2))
-    usage = {"prompt_tokens": PROMPT, "completion_tokens": 0, "cached_tokens": 0}
-    v.add([{"type": "request.arrive", "step": 0, "trace_level": "full", "messages": []}, events()[0],
-           {"type": "finish", "step": 1, "reason": "abort", "usage": usage},
-           {"type": "output", "token_id": -1, "text": "", "finished": True, "finish_reason": "abort", "index": 0,
-            "t": 0.0, "step": 1, "usage": usage}])
-    return v
-
-
 def test_a_request_that_never_ran_lights_only_the_stages_it_passed():
     """S 1400 stop: stopped before its first step, the map lit Prefix cache, Embed ("33 × 576"),
     Layers, Prefill, KV ("none"), LM head, Sample and Stream ("0 tokens") while their sections said
@@ -122,7 +110,7 @@ def test_a_request_that_never_ran_lights_only_the_stages_it_passed():
     the matrix "now passes" the layers, the lens "capture level full records one per generated token"
     (at level full), and the headings promised "not reached yet"."""
     from app.page.controller import stages_of
-    st = {s.key: s for s in stages_of(_never_ran())}
+    st = {s.key: s for s in stages_of(never_ran(special=0))}
     assert [k for k, s in st.items() if s.reached and not s.skipped] == ["request", "tokens"], \
         [(k, s.reached) for k, s in st.items()]
     for key in ("prefix", "embedding", "layers", "timeline", "kv", "logit_lens", "sampling", "answer", "batching"):
@@ -148,6 +136,5 @@ def test_a_timeline_with_no_step_says_so_instead_of_an_empty_table():
 def test_attention_names_no_verify_rows_for_a_request_no_draft_proposed_for():
     """S 1400 finished / stop: "rows drawn: 33 prefill, 4 decode, 0 verify · row edge: prefill decode
     verify" on a model with no draft."""
-    from tests.visualizers.test_selection import view
     said = _said(view().render("attention"))
     assert "rows drawn: 4 prefill, 2 decode ·" in said and "verify" not in said, said

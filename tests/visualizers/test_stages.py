@@ -3,7 +3,7 @@ cannot speculate skips the Speculation stage from its start, and the KV stage's 
 matches the replay position (before the finish: the blocks are still held)."""
 from __future__ import annotations
 
-from tests.visualizers.test_selection import LABELS, MODEL, PROMPT, events
+from tests.trace_views import LABELS, MODEL, PROMPT, events
 from visualizers.journey import journey
 from visualizers.stages.speculation import without
 
@@ -122,3 +122,15 @@ def test_a_request_waiting_for_its_prefill_holds_no_kv_yet():
     v.add(events()[:1])
     html = v.render("kv")
     assert "block table: no block allocated yet" in html and "block table: ·" not in html, html
+
+
+def test_time_to_first_token_is_quoted_as_soon_as_the_first_token_exists():
+    """S 1400 replay at step 24 of 48: stage 6 quoted only the median step; TTFT came with the
+    finish, though the first token (and its time since arrival) existed from step 1."""
+    first = [{**OUTPUTS[0], "t": 0.2104}]
+    mid = stage("timeline", MODEL, None, events()[:3] + STEPS[:2], first)
+    assert "Time to first token: <b>210.4 ms</b>" in mid.text and mid.chip == "TTFT 210.4 ms", (mid.text, mid.chip)
+    before = stage("timeline", MODEL, None, events()[:3] + STEPS[:1])  # no token yet: no TTFT to quote
+    assert "Time to first token" not in before.text
+    done = stage("timeline", MODEL, None, events() + STEPS + [{**FINISH, "ttft": 0.25}], first)
+    assert "Time to first token: <b>250.0 ms</b>" in done.text  # the engine's own, once it finished

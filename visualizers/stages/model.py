@@ -91,6 +91,8 @@ def prefill_decode(f: Facts) -> Part:
     passes = "forward pass" if n_prefill == 1 else "forward passes"
     fin = f.finish or {}
     ttft = fin.get("ttft")
+    if ttft is None and f.generated:  # mid-stream or mid-replay: the first token's own time since arrival is it
+        ttft = f.generated[0].get("t")
     step_ms = [s["forward_seconds"] for s in f.steps if s.get("forward_seconds") is not None]
     text = p(f"Prefill ran {what} through the model in {n(n_prefill)} {passes} (long prompts are cut into chunks "
              f"that share steps with other requests); then {later} produced the answer"

@@ -13,17 +13,14 @@ import re
 import httpx
 import pytest
 
-from tests.browser_utils import chromium, open_page, paced_server, set_controls, wait_finished
+from tests.browser_utils import chromium, open_page, paced_server, server_fixture, set_controls, wait_finished
 from visualizers.compact import array, lens_layers, per_layer
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.filterwarnings("ignore:.*no_silent_downcasting", "ignore:The copy keyword")]
 
 
-@pytest.fixture(scope="module")
-def server(checkpoint, tmp_path_factory):
-    with paced_server(checkpoint, tmp_path_factory, delay=0.01) as srv:
-        yield srv
+server = server_fixture(delay=0.01)
 
 
 def hover_cell(page, selector: str, row: int, col: int) -> str:

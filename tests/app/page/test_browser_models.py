@@ -162,6 +162,9 @@ def test_the_picker_redraws_every_panel_for_the_picked_model(server, browser, sh
     pick(page, listed[2])
     assert "Plain-prompt mode" in text(page, "tt-model-note")
     assert not page.locator("#tt-system textarea").is_editable()
+    # no draft: the "Draft tokens k" slider (4, 1..4) is not shown beside the disabled checkbox
+    # (S 1400 idle: it was, and at 420 px its label wrapped "Draft / tokens / k")
+    assert not page.locator("#tt-speculative input").is_enabled() and not page.locator("#tt-k").is_visible()
     assert options(page, "tt-layer") == [str(i) for i in range(18)]
     set_controls(page, "Once upon a time", 16)
     page.click("#tt-send")
@@ -178,6 +181,7 @@ def test_the_picker_redraws_every_panel_for_the_picked_model(server, browser, sh
     # back to the MoE model: its panels, selectors and draft model return
     pick(page, listed[0])
     assert page.locator("#tt-moe").is_visible() and options(page, "tt-layer") == ["0", "1", "2"]
+    assert page.locator("#tt-k").is_visible() and page.locator("#tt-k input[type=range]").is_enabled()
     assert page.locator("#tt-system textarea").is_editable()
     assert page.dialogs == [] and page.external == []
     context.close()

@@ -9,17 +9,14 @@ import json
 import pytest
 
 from tests.app.page.test_more_controls import ONLY
-from tests.browser_utils import open_page, paced_server, set_controls, wait_finished, wait_status
+from tests.browser_utils import open_page, server_fixture, set_controls, wait_finished, wait_status
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.filterwarnings("ignore:.*no_silent_downcasting", "ignore:The copy keyword")]
 ANSWER = "() => document.querySelector('#tt-answer .tt-answer').childNodes[0].textContent"
 
 
-@pytest.fixture(scope="module")
-def server(checkpoint, tmp_path_factory):
-    with paced_server(checkpoint, tmp_path_factory, delay=0.03) as srv:
-        yield srv
+server = server_fixture(delay=0.03)
 
 
 def number(page, elem: str, value) -> None:

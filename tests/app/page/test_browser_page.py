@@ -13,7 +13,7 @@ import pytest
 
 import benchmarks.browser
 from tests import browser_utils
-from tests.browser_utils import LIVE_STATE, open_page, paced_server, set_controls, wait_finished
+from tests.browser_utils import LIVE_STATE, open_page, server_fixture, set_controls, wait_finished
 
 # gradio's own queue code trips pandas deprecation warnings; they are not ours to fix
 pytestmark = [pytest.mark.slow,
@@ -30,10 +30,7 @@ def test_a_missing_browser_fails_in_ci_and_skips_elsewhere(monkeypatch):
             browser_utils.browser_or_skip()
 
 
-@pytest.fixture(scope="module")
-def server(checkpoint, tmp_path_factory):
-    with paced_server(checkpoint, tmp_path_factory) as srv:
-        yield srv
+server = server_fixture()
 
 
 def test_a_request_streams_through_every_panel(server, browser, shots):

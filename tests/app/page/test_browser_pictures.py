@@ -8,16 +8,13 @@ from __future__ import annotations
 
 import pytest
 
-from tests.browser_utils import open_page, paced_server, set_controls, wait_finished
+from tests.browser_utils import open_page, server_fixture, set_controls, wait_finished
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.filterwarnings("ignore:.*no_silent_downcasting", "ignore:The copy keyword")]
 
 
-@pytest.fixture(scope="module")
-def server(checkpoint, tmp_path_factory):
-    with paced_server(checkpoint, tmp_path_factory, delay=0.01) as srv:
-        yield srv
+server = server_fixture(delay=0.01)
 
 
 def finished_page(browser, url: str, width: int):
@@ -75,7 +72,15 @@ NARROW = """() => {
           smallest: Math.min(...words.map(w => w.getBoundingClientRect().height)),
           offShown: off.filter(c => getComputedStyle(c).display !== 'none').length,
           note: note ? getComputedStyle(note).display : null, lensBreak,
-          lensCut: th ? th.scrollWidth > th.clientWidth + 1 : null};
+          lensCut: th ? th.scrollWidth > th.clientWidth + 1 : null,
+          /* the timeline table's "■ decode" and "539.3 ms" cells: the lines each takes */
+          stepLines: [...document.querySelectorAll('#tt-timeline .tt-table tbody tr')].flatMap(r =>
+            [1, 3].map(i => { const c = r.children[i], rg = document.createRange(); rg.selectNodeContents(c);
+              return new Set([...rg.getClientRects()].map(b => Math.round(b.top))).size; })),
+          kLines: (() => { const w = document.createTreeWalker(document.querySelector('#tt-k'), NodeFilter.SHOW_TEXT);
+            let n; while ((n = w.nextNode()) && !n.textContent.includes('Draft tokens k'));
+            if (!n) return null; const rg = document.createRange(); rg.selectNodeContents(n);
+            return new Set([...rg.getClientRects()].map(b => Math.round(b.top))).size; })()};
 }"""
 
 
@@ -88,6 +93,10 @@ def test_at_420_px_the_grid_the_timeline_and_the_tables_stay_readable(server, br
     assert got["timelineWords"] == 7 and got["smallest"] >= 10, got  # six lanes and TTFT, never 4 px
     assert got["offCols"] > 0 and got["offShown"] == 0 and got["note"] == "block", got  # top-k and min-p are off
     assert got["lensBreak"] in (-1, 6) and got["lensCut"] is False, got  # "embed-" / "ding", or one line
+    # G 420 finished: the timeline table's kind "■ / decode" and forward "539.3 / ms" wrapped in two lines
+    assert got["stepLines"] and max(got["stepLines"]) == 1, got
+    # embedded model 420 finished: the draft's "Draft tokens k" label wrapped in three lines beside the checkbox
+    assert got["kLines"] == 1, got
     context.close()
 
 
@@ -106,4 +115,69 @@ def test_no_blank_band_under_the_replay_bar_before_a_classroom_is_opened(server,
     page = open_page(context, server.url)
     gap = page.evaluate(GAP)
     assert gap < 30, gap
+    context.close()
+
+
+STEP_BAR = """() => {
+  const shown = (sel) => { const e = document.querySelector(sel); return !!e && e.offsetParent !== null; };
+  const r = document.querySelector('#tt-step input[type=range]');
+  return {slider: shown('#tt-step'), box: shown('#tt-step-box'), note: shown('#tt-step-note') ?
+          document.querySelector('#tt-step-note').innerText : '', min: r ? r.min : null, max: r ? r.max : null,
+          play: document.querySelector('#tt-replay-note').innerText, pickers: shown('#tt-layer') && shown('#tt-head')};
+}"""
+
+
+def send(page, user: str, max_tokens: int, level: str = "full") -> str:
+    page.check(f"#tt-level input[value={level}]")
+    set_controls(page, user, max_tokens)
+    before = page.input_value("#tt-status textarea")
+    page.click("#tt-send")
+    page.wait_for_function("([old]) => { const v = document.querySelector('#tt-status textarea').value;"
+                           " return v !== old && v.includes('finished'); }", arg=[before], timeout=120_000)
+    page.wait_for_function("!document.querySelector('#tt-export').disabled", timeout=60_000)  # its recording
+    page.wait_for_timeout(500)
+    return page.evaluate(STEP_BAR)
+
+
+def test_the_step_slider_is_shown_only_where_there_are_steps_to_scrub(server, browser):
+    """G 1400 stop, S idle: a request of one engine step showed a 0..1 slider labelled "engine
+    step 1..1", the page before any request a 0..1 slider over nothing (a Gradio slider needs
+    min < max): there a sentence stands in for it. At capture level off the Play note said
+    "replay its 8 engine steps" where the slider and the timeline count the steps that drew a token, and
+    the Layer / Query head pickers stayed beside an attention panel that says it was not recorded."""
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = open_page(context, server.url)
+    idle = page.evaluate(STEP_BAR)
+    assert not idle["slider"] and not idle["box"] and "nothing to replay yet" in idle["note"], idle
+    one = send(page, "Tell me about foxes", 1)
+    assert not one["slider"] and "one engine step" in one["note"] and "1..1" not in one["note"], one
+    many = send(page, "Tell me about foxes and owls", 6, level="off")
+    assert many["slider"] and many["box"] and not many["note"] and many["min"] == "1", many
+    # the Layer / Query head pickers stayed on screen at capture levels that record no attention
+    assert one["pickers"] and not many["pickers"], (one, many)
+    steps = int(many["max"])
+    assert steps > 1 and f"replay its {steps} engine steps that drew a token" in many["play"], many
+    context.close()
+
+
+GLYPHS = """async () => {
+  const row = document.querySelector('#tt-logit-lens .tt-lens tbody tr');
+  const cell = (text) => { const td = document.createElement('td'); td.className = 'tt-lens-cell';
+    td.title = 'layer 0'; const c = document.createElement('code'); c.textContent = text; td.appendChild(c);
+    row.appendChild(td); return c; };
+  const none = cell('a\\u{F0002}b'), kept = cell('\\u00e9t\\u00e9 \\u2423x');  /* no font has U+F0002; é, ␣ are drawn */
+  const two = cell('\\u{F0002}\\u{F0003}');
+  await new Promise(r => setTimeout(r, 300));
+  return {none: none.textContent, title: none.parentElement.title, kept: kept.textContent, two: two.textContent};
+}"""
+
+
+def test_a_token_no_font_draws_is_written_as_its_code_points(server, browser):
+    """G 1400 finished: lens cells of Gemma 3's CJK / Hangul tokens showed as empty boxes "□□" on a
+    machine without those fonts: such characters read "U+F0002", their text kept in the title."""
+    context, page = finished_page(browser, server.url, 1400)
+    got = page.evaluate(GLYPHS)
+    assert got["none"] == "aU+F0002b" and "no font here draws" in got["title"], got
+    assert got["kept"] == "\u00e9t\u00e9 \u2423x", got
+    assert got["two"] == "U+F0002\u2009U+F0003", got  # G 1400: "U+3076U+308A" ran together
     context.close()

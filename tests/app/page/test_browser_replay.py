@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 
-from tests.browser_utils import LIVE_STATE, open_page, paced_server, status, wait_status
+from tests.browser_utils import LIVE_STATE, open_page, server_fixture, status, wait_status
 from visualizers.journey import JOURNEY
 
 pytestmark = [pytest.mark.slow,
@@ -20,10 +20,7 @@ pytestmark = [pytest.mark.slow,
 STAGE_TITLES = [title for _, title in JOURNEY]  # the classroom walks the page's journey
 
 
-@pytest.fixture(scope="module")
-def server(checkpoint, tmp_path_factory):
-    with paced_server(checkpoint, tmp_path_factory, "--served-model-name", "tiny-moe", delay=0.05) as srv:
-        yield srv
+server = server_fixture("--served-model-name", "tiny-moe", delay=0.05)
 
 
 @pytest.fixture(scope="module")

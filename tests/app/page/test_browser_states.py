@@ -13,23 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.browser_utils import PANELS, open_page, paced_server, set_controls, status, wait_status
+from tests.browser_utils import PANELS, open_page, page_fixture, server_fixture, set_controls, status, wait_status
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.filterwarnings("ignore:.*no_silent_downcasting", "ignore:The copy keyword")]
 
 
-@pytest.fixture(scope="module")
-def server(checkpoint, tmp_path_factory):
-    with paced_server(checkpoint, tmp_path_factory, delay=0.05) as srv:
-        yield srv
+server = server_fixture(delay=0.05)
 
 
-@pytest.fixture()
-def page(server, browser):
-    context = browser.new_context(viewport={"width": 1500, "height": 1100}, accept_downloads=True)
-    yield open_page(context, server.url)
-    context.close()
+page = page_fixture()
 
 
 def send_and_finish(page, user: str, max_tokens: int, level: str = "full") -> str:
@@ -175,6 +168,9 @@ def test_replay_counts_steps_from_one_in_the_slider_and_the_status(page):
     page.keyboard.press("ArrowRight")
     assert wait_status(page, f"step 2 of {hi} ") and page.evaluate(f"+{slider}.value") == 2
     assert page.input_value("#tt-step-box input") == "2"
+    # mid-replay, stage 6 quotes the time to first token (it did only once the request had finished)
+    page.wait_for_timeout(300)
+    assert "Time to first token:" in page.inner_text("#tt-stage-timeline"), page.inner_text("#tt-stage-timeline")
     # issue 25, item 5: one numbering ("step k of N engine steps", the timeline's N); no "(0: nothing
     # to replay yet)" after a finish; a step typed past the end is clamped with a word, no red toast
     label = page.inner_text("#tt-step")
@@ -291,7 +287,7 @@ def test_the_controls_read_right_at_rest_and_on_a_phone(page):
     assert top < page.locator("#tt-stage-request").bounding_box()["y"]
     page.set_viewport_size({"width": 420, "height": 900})
     page.wait_for_timeout(400)
-    slider, prompt = page.locator("#tt-step").bounding_box(), page.locator("#tt-user").bounding_box()
+    slider, prompt = page.locator("#tt-step-row").bounding_box(), page.locator("#tt-user").bounding_box()
     assert slider["y"] < prompt["y"] and slider["y"] < 900, (slider, prompt)  # on the first screen
 
 

@@ -12,7 +12,7 @@ import threading
 import httpx
 import pytest
 
-from tests.browser_utils import open_page, paced_server, set_controls, status, wait_status
+from tests.browser_utils import open_page, page_fixture, server_fixture, set_controls, status, wait_status
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.filterwarnings("ignore:.*no_silent_downcasting", "ignore:The copy keyword")]
@@ -38,18 +38,11 @@ PASSES = """() => {
 }"""
 
 
-@pytest.fixture(scope="module")
-def server(checkpoint, tmp_path_factory):
-    # one sequence at a time: a request sent while another runs waits, and Stop ends it before any step
-    with paced_server(checkpoint, tmp_path_factory, "--max-num-seqs", "1", delay=0.05) as srv:
-        yield srv
+# one sequence at a time: a request sent while another runs waits, and Stop ends it before any step
+server = server_fixture("--max-num-seqs", "1", delay=0.05)
 
 
-@pytest.fixture()
-def page(server, browser):
-    context = browser.new_context(viewport={"width": 1500, "height": 1100}, accept_downloads=True)
-    yield open_page(context, server.url)
-    context.close()
+page = page_fixture()
 
 
 def finish(page, before: str) -> str:

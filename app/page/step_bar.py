@@ -1,0 +1,63 @@
+"""The replay bar's step slider, its number box, and the line shown instead of them when
+there is nothing to scrub.
+
+A Gradio slider needs minimum < maximum, so a request of one engine step (or of none: stopped
+before the scheduler ran it) drew a 0..1 slider labelled "engine step 1..1", and the idle page
+a 0..1 slider over nothing. There the slider and its box are hidden and one sentence says what
+there is (screens-defects 9 and 17)."""
+from __future__ import annotations
+
+import gradio as gr
+
+from app.page import texts
+from app.serving.recording import AFTER_STEPS, BEFORE_STEPS, ReplayCursor
+from visualizers.selection import plural
+
+
+def which_steps(cursor: ReplayCursor) -> str:
+    """What a recording's steps are, said where not every step was recorded: at capture level
+    off its frames are the engine steps that drew a token (the timeline says how many)."""
+    return "" if cursor.rec.events else " that drew a token"
+
+
+def steps_of(cursor: ReplayCursor) -> str:
+    """"7 engine steps", as Status, the slider and the timeline all count them."""
+    return plural(len(cursor.steps), "engine step") + which_steps(cursor)
+
+
+def never_ran(cursor: ReplayCursor) -> bool:
+    """Ended before any engine step ran it (aborted while waiting): its one frame is its end."""
+    rec = cursor.rec
+    outs = rec.outputs + [o for c in rec.choices for o in c]
+    return not any(o.get("token_id", -1) >= 0 for o in outs) and \
+        all(e["type"] in BEFORE_STEPS + AFTER_STEPS + ("kv.pool",) for e in rec.events)
+
+
+def step_range(frames: int, frame: int, which: str = "") -> dict:
+    """The step slider over `frames` engine steps at 0-based `frame`: the values are 1..frames,
+    as Status counts them; hidden under two frames (nothing to scrub: step_note says so)."""
+    label = texts.step_label(frames, which)
+    if frames <= 1:
+        return {"minimum": 0, "maximum": 1, "value": 1 if frames else 0, "interactive": False, "label": label,
+                "visible": False}
+    return {"minimum": 1, "maximum": frames, "value": frame + 1, "interactive": True, "label": label,
+            "visible": True}
+
+
+def first_bar(cursor: ReplayCursor | None) -> tuple[dict, str]:
+    """The slider's keyword arguments and the note's HTML when the page is built."""
+    if cursor is None:
+        return step_range(0, -1), texts.step_note(0)
+    frames = cursor.last_frame + 1
+    return step_range(frames, cursor.last_frame, which_steps(cursor)), \
+        texts.step_note(frames, never_ran(cursor), which_steps(cursor))
+
+
+def steps_updates(cursor: ReplayCursor | None) -> dict:
+    """The step slider, its number box and the note over a recording (None: nothing to replay)."""
+    r, note = first_bar(cursor)
+    if cursor is not None:
+        r["value"] = cursor.frame + 1 if r["visible"] else r["value"]
+    return {"step": gr.update(**r), "step_box": gr.update(value=r["value"], interactive=r["interactive"],
+                                                          visible=r["visible"]),
+            "step_note": gr.update(value=note, visible=not r["visible"])}
