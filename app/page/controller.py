@@ -575,8 +575,10 @@ class Controller:
                              "and the KV pool")]}
         self.sessions.refused.discard(key)
         try:
-            # the last request's complaints are gone; its recording is no longer the one shown
-            yield {**{h: "" for h in HINTS}, **self.no_recording(), **(self.lock(tab, False) if was_locked else {})}
+            # the last request's complaints are gone; its recording is no longer the one shown: said in the
+            # stream's first update (an update of its own before it cost Gradio a round of every output, and
+            # the first tokens waited behind it)
+            first = {**{h: "" for h in HINTS}, **self.no_recording(), **(self.lock(tab, False) if was_locked else {})}
 
             def refused_meanwhile() -> dict:  # a Send was refused while this one streamed: it can go now
                 if key not in self.sessions.refused:
@@ -585,7 +587,7 @@ class Controller:
                 return {"hint_send": f"<div class='tt-hint'>⚠ A Send was refused while {watch.request_id} "
                                      "streamed; it has finished: press Send to send what the controls hold now.</div>"}
 
-            yield from self.stream(tab, watch.drain, final=refused_meanwhile)
+            yield from self.stream(tab, watch.drain, first, final=refused_meanwhile)
         finally:
             service.unsubscribe(watch)
             if not view.finished:  # tab closed or event cancelled: free the engine's work (every choice's)
