@@ -492,7 +492,7 @@ class Controller:
         view, rid, service = tab.view, tab.view.request_id, tab.service
         view.set_pool(service.pool())  # as it is now; the kv.pool events its queue brings follow
         yield merged(self.full(tab, view, f"{rid}: queued"), self.stop_look(True), first or {})
-        last = time.perf_counter()
+        last = 0.0  # the first tokens go out as soon as they come (they waited a period behind the first update)
         while not view.finished:
             view.add(next_items(YIELD_EVERY / 2))
             now = time.perf_counter()
