@@ -273,6 +273,36 @@ def watch_request(page, url: str, model: str, max_tokens: int) -> str:
     return rid
 
 
+# the page's redraw periods --periods may set: name -> what it is
+PERIODS = {"yield": "between updates sent (app/page/controller.YIELD_EVERY)",
+           "one_pass": "between the pass panels' redraws (live_view.ONE_PASS_EVERY)",
+           "journey": "between the map's and the stages' redraws (stages.JOURNEY_EVERY)",
+           "timeline": "between the timeline's redraws (live_view.HEAVY; 0: every update)"}
+
+
+def set_periods(spec: str) -> dict[str, float]:
+    """Set the page's redraw periods from "name=seconds,..." (before the page is built) -> every
+    period as it now is."""
+    from app.page import controller, live_view, stages
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        name, _, value = part.partition("=")
+        if name not in PERIODS:
+            raise SystemExit(f"--periods: unknown period {name!r} (one of {', '.join(PERIODS)})")
+        seconds = float(value)
+        if name == "yield":
+            controller.YIELD_EVERY = seconds
+        elif name == "one_pass":
+            live_view.ONE_PASS_EVERY = seconds
+        elif name == "journey":
+            stages.JOURNEY_EVERY = seconds
+        elif seconds > 0:
+            live_view.HEAVY["timeline"] = seconds
+        else:
+            live_view.HEAVY.pop("timeline", None)
+    return {"yield": controller.YIELD_EVERY, "one_pass": live_view.ONE_PASS_EVERY, "journey": stages.JOURNEY_EVERY,
+            "timeline": live_view.HEAVY.get("timeline", 0.0)}
+
+
 def main(argv: list[str] | None = None) -> None:
     own = argparse.ArgumentParser(prog="python -m benchmarks.measure", description=__doc__, add_help=False,
                                   formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -283,6 +313,9 @@ def main(argv: list[str] | None = None) -> None:
     own.add_argument("--poll", choices=["metrics", "traces", "none"], default="traces",
                      help="what the other client polls during the long answer: /metrics, /metrics and the "
                           "request's trace (default), or nothing")
+    own.add_argument("--periods", default="", metavar="NAME=S,...",
+                     help="the page's redraw periods to try, in seconds (default: the page's own), e.g. "
+                          "one_pass=0.45,journey=0.3,timeline=0.3 (the old page's): " + ", ".join(PERIODS))
     ours, rest = own.parse_known_args(argv)
     if "-h" in rest or "--help" in rest:  # this tool's options, then the app's (parse_args prints them)
         own.print_help()
@@ -290,6 +323,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(rest)
     from playwright.sync_api import sync_playwright
 
+    periods = set_periods(ours.periods)
     service = build_service(args)
     service.engine.model_config.eos_token_ids = []  # full-length answers: the page's worst case
     produced: dict[str, float] = {}
@@ -371,6 +405,7 @@ def main(argv: list[str] | None = None) -> None:
                    reverse=True)[:5]
     tokens = sum(1 for k in produced if k.split(":")[0] in rids)
     say(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} (other work shares them)")
+    say("the page's redraw periods (s): " + ", ".join(f"{k} {v:g}" for k, v in periods.items()))
     say(f"requests: {len(rids)} in {elapsed:.1f} s, {tokens} tokens ({tokens / elapsed:.1f} tokens/s)")
     lines = follow_lines(produced, stepped, seen, n_prompt, rids)
     say(lines[0])
