@@ -13,8 +13,7 @@ from visualizers._html import esc
 from visualizers.journey import JOURNEY, KEYS, Stage, journey
 from visualizers.stages.way_in import NEVER
 
-JOURNEY_EVERY = 0.1  # seconds between journey() calls while a request streams: each update (the map and the
-# stages follow the tokens; journey() reads only the events added since its last call: ~2 ms)
+JOURNEY_EVERY = 0.3  # seconds between journey() calls while a request streams (the 0.5 s live target holds)
 
 # where a panel goes when no stage lists it (journey's stage may draw it in the classroom only)
 HOME = {"logit_lens": "logit_lens", "parallel": "parallel", "choices": "answer", "moe": "layers", "attention": "layers",
