@@ -465,7 +465,7 @@ class Controller:
         view, rid, service = tab.view, tab.view.request_id, tab.service
         view.set_pool(service.pool())  # as it is now; the kv.pool events its queue brings follow
         yield merged(self.full(tab, view, f"{rid}: queued"), self.stop_look(True), first or {})
-        last = time.perf_counter()
+        last = 0.0  # the first tokens go out as soon as they come (they waited a period behind the first update)
         while not view.finished:
             view.add(next_items(YIELD_EVERY / 2))
             now = time.perf_counter()
@@ -548,8 +548,10 @@ class Controller:
                              "and the KV pool")]}
         self.sessions.refused.discard(key)
         try:
-            # the last request's complaints are gone; its recording is no longer the one shown
-            yield {**{h: "" for h in HINTS}, **self.no_recording(), **(self.lock(tab, False) if was_locked else {})}
+            # the last request's complaints are gone; its recording is no longer the one shown: said in the
+            # stream's first update (an update of its own before it cost Gradio a round of every output, and
+            # the first tokens waited behind it)
+            first = {**{h: "" for h in HINTS}, **self.no_recording(), **(self.lock(tab, False) if was_locked else {})}
 
             def refused_meanwhile() -> dict:  # a Send was refused while this one streamed: it can go now
                 if key not in self.sessions.refused:
@@ -558,7 +560,7 @@ class Controller:
                 return {"hint_send": f"<div class='tt-hint'>⚠ A Send was refused while {watch.request_id} "
                                      "streamed; it has finished: press Send to send what the controls hold now.</div>"}
 
-            yield from self.stream(tab, watch.drain, final=refused_meanwhile)
+            yield from self.stream(tab, watch.drain, first, final=refused_meanwhile)
         finally:
             service.unsubscribe(watch)
             if not view.finished:  # tab closed or event cancelled: free the engine's work (every choice's)

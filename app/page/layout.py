@@ -24,6 +24,7 @@ from app.page.controller import JSON_MODES, MAX_PAGE_CHOICES, MORE, SPEEDS, Cont
     stages_of, write_timeline, write_trace
 from app.page.lab_tab import build_lab_tab
 from app.page.live_view import PANELS
+from app.page.skips import SkipBlocks
 from app.page.stages import empty_stages, map_html, section_panels, stage_html
 from app.page.texts import model_summary  # noqa: F401 - the page's model line, read by tests
 from app.serving.engine_service import EngineService
@@ -258,7 +259,7 @@ def build_page(served: ServedModels | EngineService | None, replay: Recording | 
     loaded), showing `replay`."""
     ctl = Controller(served, replay, classrooms)
     ui: dict = {}
-    with gr.Blocks(title="TokenTrace") as page:
+    with SkipBlocks(title="TokenTrace") as page:  # app/page/skips.py: an update costs what it changes
         mode = "" if ctl.live else " <span class='tt-badge tt-miss'>REPLAY: no model loaded</span>"
         gr.HTML(f"<div class='tt-header'><h1>TokenTrace{mode}</h1><p>One request, every stage, drawn as it "
                 f"happens.</p></div>")

@@ -116,3 +116,14 @@ def test_watch_fills_the_controls_with_the_watched_request(ctl, service):
     gen.close()
     assert value(seen["user"]) == "Watched <b>prompt</b>" and value(seen["temperature"]) == 0.0
     assert value(seen["level"]) == "basic" and value(seen["seed"]) == "7"
+
+
+def test_the_first_update_resets_the_hints_and_draws_the_request_in_one(ctl):
+    """Each update of Send costs a Gradio round of every output; the hints' reset came in an
+    update of its own before the stream's first, and the first tokens waited behind both
+    (benchmarks.measure: the first tokens of a request were the slowest)."""
+    c = Controls(user="Tell me about foxes.", max_tokens=4, seed="3", level="full", model=ctl.model["name"])
+    updates = list(ctl.run("one-round", c))
+    first = updates[0]
+    assert first["hint_send"] == "" and first["export"]["interactive"] is False  # the last request's leftovers
+    assert set(first) >= set(PANELS) and "queued" in first["status"]  # ... and the new request, in one update
