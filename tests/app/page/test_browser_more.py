@@ -58,6 +58,14 @@ def test_json_mode_and_a_penalty_from_the_page(server, browser, shots):
     context.close()
 
 
+def three_choices(page, status: str) -> None:
+    """The Choices panel draws three choices (failed once in CI after 'finished': say what it held)."""
+    try:
+        page.wait_for_function("document.querySelectorAll('#tt-choices .tt-choice').length === 3", timeout=20_000)
+    except Exception as e:
+        raise AssertionError(f"status {status!r}; Choices panel: {page.inner_html('#tt-choices')[:3000]!r}") from e
+
+
 def test_n_choices_side_by_side(server, browser, shots):
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
     page = open_page(context, server.url)
@@ -68,7 +76,7 @@ def test_n_choices_side_by_side(server, browser, shots):
     page.click("#tt-send")
     status = wait_finished(page)
     assert "finished" in status
-    page.wait_for_function("document.querySelectorAll('#tt-choices .tt-choice').length === 3", timeout=20_000)
+    three_choices(page, status)
     texts = page.locator("#tt-choices .tt-choice-text").all_inner_texts()
     assert len(texts) == 3 and all(t and t != "…" for t in texts)
     assert page.locator("#tt-choices .tt-choice").nth(0).inner_text().count("finished") == 1
@@ -81,12 +89,10 @@ def test_n_choices_side_by_side(server, browser, shots):
     page.wait_for_function("!document.querySelector('#tt-export').disabled", timeout=60_000)  # its recording
     last = int(page.input_value("#tt-step-box input"))
     number(page, "tt-step-box", 1)
-    wait_status(page, f"step 1 of {last} engine steps")
-    page.wait_for_function("document.querySelectorAll('#tt-choices .tt-choice').length === 3", timeout=20_000)
+    three_choices(page, wait_status(page, f"step 1 of {last} engine steps"))
     assert "finished" not in page.inner_text("#tt-choices"), page.inner_text("#tt-choices")
     number(page, "tt-step-box", last)
-    wait_status(page, f"step {last} of {last} engine steps")
-    page.wait_for_function("document.querySelectorAll('#tt-choices .tt-choice').length === 3", timeout=20_000)
+    three_choices(page, wait_status(page, f"step {last} of {last} engine steps"))
     assert page.locator("#tt-choices .tt-choice-text").all_inner_texts() == texts
     assert page.inner_text("#tt-choices").count("finished") == 3
     context.close()
