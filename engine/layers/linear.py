@@ -136,6 +136,13 @@ class Embedding(nn.Embedding):
     tied: Linear | None = None  # set through __dict__: not a submodule of its own (the head is the model's)
     widen = False  # a 16-bit table of its own: rows widened to float32 on lookup
 
+    def reset_parameters(self) -> None:
+        # built on the meta device, then loaded (checkpoint/weights.py build_model): a random init
+        # there is no memory, but its normal_ on meta runs through torch._dynamo, whose import maps
+        # triton's library (66 MB of code pages) into every CPU process
+        if self.weight.device.type != "meta":
+            super().reset_parameters()
+
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if self.tied is not None:
             return self.tied.blocked.rows(ids)

@@ -262,3 +262,15 @@ def test_weights_under_2_mb_share_huge_pages():
         offered = False
     if offered:
         assert all(_huge_pages_in(w.data) >= 2048 for w in ws)
+
+
+def test_a_cpu_load_maps_no_triton():
+    # building the model on the meta device ran nn.Embedding's random init there, through torch._dynamo,
+    # whose import loads triton's library: 66 MB more resident memory in every CPU process (issue 30's 1.15x)
+    import subprocess
+    import sys
+    script = ("import sys\nfrom engine.llm_engine import LLMEngine\nLLMEngine(device='cpu')\n"
+              "print('triton' in sys.modules, 'torch._dynamo' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[-2:] == ["False", "False"], done.stdout
