@@ -8,6 +8,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # nothing leaves the
 
 import gradio as gr  # noqa: E402
 from fastapi import FastAPI  # noqa: E402
+from fastapi_offline import FastAPIOffline  # noqa: E402
 
 from app.serving.access import add_access_control, page_login  # noqa: E402
 from app.classroom.rooms import Classrooms, add_classroom_routes  # noqa: E402
@@ -28,7 +29,9 @@ def create_app(served: EngineService | ServedModels | None, replay: Recording | 
     --replay FILE`): the page and classroom only."""
     models = ServedModels.of(served) if served is not None else None
     limits = limits or (models.limits if models is not None else ServeLimits())
-    api = FastAPI(title="TokenTrace")
+    # /docs and /redoc from the package's own copy of Swagger UI and ReDoc: nothing fetched from a CDN
+    # (and no badge from Swagger's online validator)
+    api = FastAPIOffline(title="TokenTrace", swagger_ui_parameters={"validatorUrl": None})
 
     @api.get("/healthz")
     def healthz() -> dict:
