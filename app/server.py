@@ -11,7 +11,8 @@ from fastapi import FastAPI  # noqa: E402
 from fastapi_offline import FastAPIOffline  # noqa: E402
 
 from app.serving.access import add_access_control, page_login  # noqa: E402
-from app.classroom.rooms import Classrooms, add_classroom_routes  # noqa: E402
+from app.classroom.rooms import Classrooms  # noqa: E402
+from app.classroom.routes import add_classroom_routes  # noqa: E402
 from app.serving.engine_service import EngineService  # noqa: E402
 from app.api.events import add_event_routes  # noqa: E402
 from app.serving.limits import ServeLimits  # noqa: E402

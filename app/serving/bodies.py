@@ -2,9 +2,8 @@
 vLLM's extra sampling fields, and this server's own (speculation, the trace level). They
 check every field's type strictly (1.5 is not an integer, "5" is not a number, true is not
 1) and are the schema /openapi.json shows for each POST body. Rules across fields (the
-cap, top_logprobs without logprobs, one constraint at a time) are parse_body's."""
-from __future__ import annotations
-
+cap, top_logprobs without logprobs, one constraint at a time) are parse_body's.
+No postponed annotations here: some fields' types are built by a call, integer(lo, hi)."""
 import json
 from typing import Annotated, Any, Literal
 
@@ -29,7 +28,11 @@ def _utf8(value: str) -> str:
     return value
 
 
-Integer = Annotated[int, BeforeValidator(_whole), Strict()]
+def integer(lo: int, hi: int) -> Any:
+    """A strict integer in [lo, hi] (the bounds inside, so that the JSON schema shows them)."""
+    return Annotated[int, Strict(), Field(ge=lo, le=hi), BeforeValidator(_whole)]
+
+
 Number = Annotated[float, Strict(), Field(allow_inf_nan=False)]
 Text = Annotated[StrictStr, AfterValidator(_utf8)]
 NonEmpty = Annotated[StrictStr, Field(min_length=1)]
@@ -58,7 +61,7 @@ class StreamOptions(Open):
 class Speculative(Open):
     """This server's own: speculative decoding for this request."""
     enabled: StrictBool = True
-    num_tokens: Integer | None = Field(None, ge=1, le=64, description="draft tokens per round (k)")
+    num_tokens: integer(1, 64) | None = Field(None, description="draft tokens per round (k)")
 
 
 class ResponseText(BaseModel):
@@ -107,13 +110,13 @@ class Body(BaseModel):
     stop: NonEmpty | Annotated[list[NonEmpty], Field(max_length=MAX_STOPS)] | None = Field(
         None, description="strings that end the answer (not sent)")
     ignore_eos: StrictBool | None = Field(None, description="vLLM's: go on past the end-of-sequence token")
-    max_tokens: Integer | None = Field(None, ge=1, le=LARGE, description="tokens to generate (the default 64)")
+    max_tokens: integer(1, LARGE) | None = Field(None, description="tokens to generate (the default 64)")
     temperature: Number | None = Field(1.0, ge=0.0, le=2.0, description="below 1e-5: greedy")
-    top_k: Integer | None = Field(0, ge=-1, le=LARGE, description="vLLM's: the k most likely (0 or -1: off)")
+    top_k: integer(-1, LARGE) | None = Field(0, description="vLLM's: the k most likely (0 or -1: off)")
     top_p: Number | None = Field(1.0, ge=0.0, le=1.0)
     min_p: Number | None = Field(0.0, ge=0.0, le=1.0, description="vLLM's")
-    seed: Integer | None = Field(None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
-    n: Integer | None = Field(1, ge=1, le=MAX_CHOICES, description="choices from one prompt (prefilled once)")
+    seed: integer(SEED_RANGE[0], SEED_RANGE[1]) | None = Field(None)
+    n: integer(1, MAX_CHOICES) | None = Field(1, description="choices from one prompt (prefilled once)")
     response_format: ResponseFormat | None = None
     guided_json: Annotated[dict[str, Any], BeforeValidator(_json_text)] | None = Field(
         None, description="vLLM's: a JSON schema (an object, or its JSON text)")
@@ -123,7 +126,7 @@ class Body(BaseModel):
     presence_penalty: Number | None = Field(0.0, ge=-2.0, le=2.0)
     frequency_penalty: Number | None = Field(0.0, ge=-2.0, le=2.0)
     repetition_penalty: Number | None = Field(1.0, ge=0.0, le=LARGE, description="vLLM's")
-    min_tokens: Integer | None = Field(0, ge=0, le=LARGE, description="vLLM's: no end before this many")
+    min_tokens: integer(0, LARGE) | None = Field(0, description="vLLM's: no end before this many")
     logit_bias: dict[Annotated[StrictStr, Field(pattern=r"^[0-9]{1,9}$")],
                      Annotated[Number, Field(ge=-100, le=100)]] | None = Field(
         None, max_length=MAX_LOGIT_BIAS, description="token id (as a string) -> a bias added to its logit")
@@ -137,9 +140,9 @@ class Body(BaseModel):
 class ChatCompletionRequest(Body):
     """POST /v1/chat/completions"""
     messages: Annotated[list[Message], Field(min_length=1)]
-    max_completion_tokens: Integer | None = Field(None, ge=1, le=LARGE, description="OpenAI's newer max_tokens")
+    max_completion_tokens: integer(1, LARGE) | None = Field(None, description="OpenAI's newer max_tokens")
     logprobs: StrictBool | None = Field(None, description="each new token's log-probability")
-    top_logprobs: Integer | None = Field(None, ge=0, le=MAX_LOGPROBS, description="alternatives per token")
+    top_logprobs: integer(0, MAX_LOGPROBS) | None = Field(None, description="alternatives per token")
 
 
 class CompletionRequest(Body):
@@ -147,8 +150,8 @@ class CompletionRequest(Body):
     prompt: Text | Annotated[list[Text], Field(min_length=1, max_length=1)]
     echo: StrictBool | None = Field(None, description="the prompt comes back before the completion")
     # with echo, max_tokens 0 scores the prompt alone (evaluation harnesses)
-    max_tokens: Integer | None = Field(None, ge=0, le=LARGE, description="tokens to generate (the default 64)")
-    logprobs: Integer | None = Field(None, ge=0, le=MAX_LOGPROBS, description="alternatives per token")
+    max_tokens: integer(0, LARGE) | None = Field(None, description="tokens to generate (the default 64)")
+    logprobs: integer(0, MAX_LOGPROBS) | None = Field(None, description="alternatives per token")
 
 
 MODELS: dict[str, type[Body]] = {"chat": ChatCompletionRequest, "completion": CompletionRequest}

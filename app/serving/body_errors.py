@@ -3,6 +3,7 @@ the first failing field (in parse_body's order), the field as OpenAI's `param`, 
 check the page shows it under."""
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from pydantic import ValidationError
@@ -95,13 +96,18 @@ def _number(name: str, value, out_of_range: bool, real: bool, endpoint: str) -> 
 
 
 def bounds(name: str, endpoint: str) -> str:
-    """"in [lo, hi]", "at least lo" (hi only keeps it an int32) or "a 64-bit integer" (seed)."""
+    """"in [lo, hi]", "at least lo" (hi only keeps it an int32) or "a 64-bit integer" (seed),
+    as the model's JSON schema has them."""
     if name == "seed":
         return "a 64-bit integer"
-    lo = hi = None
-    for m in MODELS[endpoint].model_fields[name].metadata:
-        lo, hi = getattr(m, "ge", lo), getattr(m, "le", hi)
+    kinds = _schema(endpoint)["properties"][name]["anyOf"]
+    ranged = next(k for k in kinds if "minimum" in k)
+    lo, hi = ranged["minimum"], ranged["maximum"]
     if name == "max_tokens":
         lo = 1  # 0 only scores a prompt (completions with echo)
     return f"at least {lo:g}" if hi >= 2 ** 31 else f"in [{lo:g}, {hi:g}]"
 
+
+@functools.cache
+def _schema(endpoint: str) -> dict:
+    return MODELS[endpoint].model_json_schema()
