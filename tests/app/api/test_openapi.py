@@ -1,5 +1,5 @@
 """The HTTP edge's description of itself: /openapi.json has the schema of every POST body,
-/docs and /redoc load from this server alone, and unknown fields are refused unless the
+/docs loads from this server alone, and unknown fields are refused unless the
 server runs with --ignore-unknown-fields."""
 from __future__ import annotations
 
@@ -63,16 +63,16 @@ def test_every_post_route_has_the_schema_of_its_body(server):
 
 
 def test_docs_load_from_this_server_alone(server):
-    for page in ("docs", "redoc"):
-        html = httpx.get(server.url + page, timeout=30).text
-        hosts = set(re.findall(r"https?://([^/\"'\s]+)", html))
-        assert hosts <= {server.url.split("//")[1].rstrip("/")}, (page, hosts)
-        assets = re.findall(r"""(?:src|href|url)\s*[=:]\s*['"]([^'"]+)['"]""", html)
-        assert assets, page
-        for asset in assets:
-            r = httpx.get(server.url + asset.lstrip("/"), timeout=30)
-            assert r.status_code == 200 and r.content, asset
-    assert '"validatorUrl": null' in httpx.get(server.url + "docs", timeout=30).text  # no call to Swagger's validator
+    html = httpx.get(server.url + "docs", timeout=30).text
+    hosts = set(re.findall(r"https?://([^/\"'\s]+)", html))
+    assert hosts <= {server.url.split("//")[1].rstrip("/")}, hosts
+    assets = re.findall(r"""(?:src|href|url)\s*[=:]\s*['"]([^'"]+)['"]""", html)
+    assert len(assets) >= 3  # Swagger UI's script, its style, the favicon; the spec
+    for asset in assets:
+        r = httpx.get(server.url + asset.lstrip("/"), timeout=30)
+        assert r.status_code == 200 and r.content, asset
+    assert '"validatorUrl": null' in html  # no call to Swagger's online validator
+    assert "redoc" not in httpx.get(server.url + "redoc", timeout=30).text.lower()  # not served (it uses a CDN)
 
 
 def test_unknown_fields_are_refused_and_the_flag_drops_them(server, lenient):
@@ -90,3 +90,14 @@ def test_unknown_fields_are_refused_and_the_flag_drops_them(server, lenient):
     # a known field with a wrong type is still refused with the flag
     r = httpx.post(lenient.url + "v1/chat/completions", json={**body, "n": "2"}, timeout=60)
     assert r.status_code == 400 and r.json()["error"]["param"] == "n"
+
+
+def test_a_bad_path_or_query_parameter_gets_the_openai_error_shape(server):
+    done = httpx.post(server.url + "v1/chat/completions", json={"model": NAME, "messages": USER, "max_tokens": 2},
+                      timeout=60).json()
+    room = httpx.post(server.url + "classroom", json={"request_id": done["id"]}, timeout=60).json()
+    r = httpx.get(server.url + f"classroom/{room['id']}/stage/abc", timeout=30)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["param"] == "index"
+    assert httpx.get(server.url + "classroom/nope/stage/abc", timeout=30).json()["error"]["code"] == "room_not_found"
