@@ -84,6 +84,7 @@ class ResponseJsonSchema(BaseModel):
     json_schema: JsonSchemaSpec
 
 
+TraceLevel = Literal["full", "basic", "off"]
 ResponseFormat = Annotated[ResponseText | ResponseJsonObject | ResponseJsonSchema, Field(discriminator="type")]
 
 
@@ -131,7 +132,7 @@ class Body(BaseModel):
                      Annotated[Number, Field(ge=-100, le=100)]] | None = Field(
         None, max_length=MAX_LOGIT_BIAS, description="token id (as a string) -> a bias added to its logit")
     speculative: Speculative | None = None
-    trace_level: Literal["full", "basic", "off"] | None = Field(
+    trace_level: TraceLevel | None = Field(
         None, description="this server's: what the trace keeps (the server's --api-trace-level if absent)")
     stream: StrictBool | None = Field(None, description="server-sent events, one chunk per token")
     stream_options: StreamOptions | None = None

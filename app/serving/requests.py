@@ -3,15 +3,16 @@ Shared by the page (which shows the body) and the HTTP API."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import get_args
 
 from pydantic import ValidationError
 
-from app.serving.bodies import MODELS
+from app.serving.bodies import MODELS, TraceLevel
 from app.serving.body_errors import first_problem
 from app.serving.fields import constraint, unknown_fields
 from engine import SamplingParams
 
-TRACE_LEVELS = ("full", "basic", "off")
+TRACE_LEVELS = get_args(TraceLevel)  # ("full", "basic", "off")
 
 
 @dataclass
