@@ -7,7 +7,7 @@ from typing import get_args
 
 from pydantic import ValidationError
 
-from app.serving.bodies import MODELS, TraceLevel
+from app.serving.bodies import MODELS, Body, TraceLevel
 from app.serving.body_errors import first_problem
 from app.serving.fields import constraint, unknown_fields
 from engine import SamplingParams
@@ -102,17 +102,17 @@ def parse_body(body: dict, max_tokens_cap: int | None = None, endpoint: str | No
     spec = req.speculative
     k = spec.num_tokens if spec is not None else None
     enabled = spec.enabled if spec is not None else True
-    level = _or(req.trace_level, "full")
-    return Submission(messages, params, enabled, k, level, checks, body, prompt, bool(req.echo) if
-                      endpoint == "completion" else False, params.max_tokens == 1 and _score_only(req, endpoint))
+    echo = endpoint == "completion" and bool(req.echo)
+    return Submission(messages, params, enabled, k, _or(req.trace_level, "full"), checks, body, prompt, echo,
+                      _score_only(req, endpoint))
 
 
-def _score_only(req, endpoint: str) -> bool:
+def _score_only(req: Body, endpoint: str) -> bool:
     """echo with max_tokens 0 scores the prompt alone (evaluation harnesses): one token is drawn, not sent."""
     return endpoint == "completion" and bool(req.echo) and req.max_tokens == 0
 
 
-def _sampling(req, endpoint: str, max_tokens_cap: int | None, fail) -> tuple[SamplingParams, int]:
+def _sampling(req: Body, endpoint: str, max_tokens_cap: int | None, fail) -> tuple[SamplingParams, int]:
     """The sampling fields as SamplingParams, with the rules across fields."""
     length = _length_field(req, endpoint, fail)
     asked = getattr(req, length)
@@ -158,7 +158,7 @@ def _sampling_check(params: SamplingParams, n: int) -> str:
                       if value and (name != "repetition_penalty" or value != 1.0)))
 
 
-def _length_field(req, endpoint: str, fail) -> str:
+def _length_field(req: Body, endpoint: str, fail) -> str:
     """Which field sets the completion's length: max_completion_tokens (OpenAI's newer name,
     chat) or max_tokens; both only when they agree."""
     new = req.max_completion_tokens if endpoint == "chat" else None
@@ -169,7 +169,7 @@ def _length_field(req, endpoint: str, fail) -> str:
     return "max_completion_tokens" if new is not None else "max_tokens"
 
 
-def _logprobs(req, endpoint: str, fail) -> tuple[int | None, int | None]:
+def _logprobs(req: Body, endpoint: str, fail) -> tuple[int | None, int | None]:
     """(logprobs per new token, logprobs per prompt token) as SamplingParams takes them.
     Chat: logprobs true/false and top_logprobs 0..20 (which needs logprobs true). Completions:
     logprobs an integer 0..20 (the top count), with echo the prompt's tokens' too."""
@@ -180,7 +180,7 @@ def _logprobs(req, endpoint: str, fail) -> tuple[int | None, int | None]:
     return (req.top_logprobs or 0) if req.logprobs else None, None
 
 
-def _messages(req, checks: list, fail) -> list[dict]:
+def _messages(req: Body, checks: list, fail) -> list[dict]:
     clean = [{"role": ROLES[m.role], "content": m.content if isinstance(m.content, str)
               else "".join(p.text for p in m.content)} for m in req.messages]
     if not any(m["content"].strip() for m in clean if m["role"] == "user"):
