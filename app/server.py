@@ -8,14 +8,17 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # nothing leaves the
 
 import gradio as gr  # noqa: E402
 from fastapi import FastAPI  # noqa: E402
+from fastapi_offline import FastAPIOffline  # noqa: E402
 
 from app.serving.access import add_access_control, page_login  # noqa: E402
-from app.classroom.rooms import Classrooms, add_classroom_routes  # noqa: E402
+from app.classroom.rooms import Classrooms  # noqa: E402
+from app.classroom.routes import add_classroom_routes  # noqa: E402
 from app.serving.engine_service import EngineService  # noqa: E402
 from app.api.events import add_event_routes  # noqa: E402
 from app.serving.limits import ServeLimits  # noqa: E402
 from app.api.metrics import add_metrics_route  # noqa: E402
 from app.api.openai_routes import add_fallback_routes, add_openai_routes  # noqa: E402
+from app.api.schemas import add_validation_errors  # noqa: E402
 from app.page.lab_tab import add_lab_routes  # noqa: E402
 from app.page.layout import CSS, HEAD, build_page  # noqa: E402
 from app.serving.recording import Recording, record_request  # noqa: E402
@@ -28,7 +31,9 @@ def create_app(served: EngineService | ServedModels | None, replay: Recording | 
     --replay FILE`): the page and classroom only."""
     models = ServedModels.of(served) if served is not None else None
     limits = limits or (models.limits if models is not None else ServeLimits())
-    api = FastAPI(title="TokenTrace")
+    # /docs from the package's own copy of Swagger UI: nothing fetched from a CDN, no call to Swagger's
+    # online validator; no /redoc (ReDoc's bundle fetches from cdn.redoc.ly)
+    api = FastAPIOffline(title="TokenTrace", redoc_url=None, swagger_ui_parameters={"validatorUrl": None})
 
     @api.get("/healthz")
     def healthz() -> dict:
@@ -38,6 +43,7 @@ def create_app(served: EngineService | ServedModels | None, replay: Recording | 
                 "models": models.names, "error": models.error}
 
     add_access_control(api, limits)  # token on our routes; no stack traces in errors
+    add_validation_errors(api)  # a bad query or path parameter: OpenAI's error shape too
     if models is not None:
         add_openai_routes(api, models)
         add_event_routes(api, models)

@@ -1,48 +1,46 @@
-"""GET /metrics in the Prometheus text format, with the figures vLLM users watch:
-running/waiting requests, KV blocks, prefix-cache hit rate, speculative acceptance,
-TTFT and per-token latency histograms, aborted requests. Every series has a `model`
-label: one server may hold several engines."""
+"""GET /metrics in the Prometheus text format (prometheus_client), with the figures vLLM
+users watch: running/waiting requests, KV blocks, prefix-cache hit rate, speculative
+acceptance, TTFT and per-token latency histograms, aborted requests. Every series has a
+`model` label (and `replica`, one of several): one server may hold several engines."""
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
+from typing import Iterator
 
 from fastapi import FastAPI
-from fastapi.responses import PlainTextResponse
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from app.serving.engine_service import EngineService
 from app.serving.served_models import ServedModels
 
 BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
-
-
-@dataclass
-class Histogram:
-    counts: list[int] = field(default_factory=lambda: [0] * len(BUCKETS))
-    total: float = 0.0
-    n: int = 0
-
-    def observe(self, seconds: float) -> None:
-        for i, edge in enumerate(BUCKETS):
-            if seconds <= edge:
-                self.counts[i] += 1
-        self.total += seconds
-        self.n += 1
-
-    def lines(self, name: str, label: str) -> list[str]:
-        """label: 'model="x"' (the series' own labels, without braces)."""
-        out = [f'{name}_bucket{{{label},le="{edge}"}} {c}' for edge, c in zip(BUCKETS, self.counts)]
-        return out + [f'{name}_bucket{{{label},le="+Inf"}} {self.n}', f"{name}_sum{{{label}}} {self.total}",
-                      f"{name}_count{{{label}}} {self.n}"]
+HISTOGRAMS = {"tokentrace_time_to_first_token_seconds": "time to first token",
+              "tokentrace_time_per_output_token_seconds": "time between tokens"}
+GAUGES = {"tokentrace_requests_running": "requests being computed",
+          "tokentrace_requests_waiting": "requests queued for KV blocks or a batch slot",
+          "tokentrace_kv_blocks_used": "KV blocks referenced by live requests",
+          "tokentrace_kv_blocks_free": "KV blocks holding nothing",
+          "tokentrace_kv_blocks_cached": "unreferenced KV blocks kept for the prefix cache",
+          "tokentrace_prefix_cache_hit_rate": "prompt tokens found in the prefix cache / looked up",
+          "tokentrace_spec_acceptance_rate": "draft tokens accepted / proposed"}
+COUNTERS = {"tokentrace_requests_aborted_total": "requests aborted (stop, disconnect)",
+            "tokentrace_generated_tokens_total": "tokens generated",
+            "tokentrace_engine_steps_total": "engine steps (target forward passes)"}
 
 
 class Metrics:
-    """Fed with every streamed output of the service (all trace levels)."""
+    """One engine's latency histograms, fed with every streamed output of its service (all
+    trace levels). The histograms belong to no registry: the collector labels them."""
 
     def __init__(self) -> None:
-        self.ttft = Histogram()
-        self.per_token = Histogram()
-        self._last: dict[str, float] = {}
+        self.ttft = Histogram("tokentrace_time_to_first_token_seconds", HISTOGRAMS[
+            "tokentrace_time_to_first_token_seconds"], buckets=BUCKETS, registry=None)
+        self.per_token = Histogram("tokentrace_time_per_output_token_seconds", HISTOGRAMS[
+            "tokentrace_time_per_output_token_seconds"], buckets=BUCKETS, registry=None)
+        self._last: dict[str, float] = {}  # request id -> the time of its last output
         self._lock = threading.Lock()
 
     def on_output(self, item: dict) -> None:
@@ -58,60 +56,53 @@ class Metrics:
             if item.get("finished"):
                 self._last.pop(rid, None)
 
-    def series(self, service: EngineService) -> tuple[list[tuple[str, str, str, float]], dict[str, list[str]]]:
-        """-> ([(kind, name, help, value)], histogram lines) of one engine, labelled with its model
-        (and its replica, one of several: --replicas)."""
-        label = f'model="{_label(service.model_name)}"'
-        if getattr(service, "replica", None) is not None:
-            label += f',replica="{service.replica}"'
-        load = service.engine.load()
-        hit = load.prefix_hit_tokens / load.prefix_queried_tokens if load.prefix_queried_tokens else 0.0
-        acc = load.spec_accepted / load.spec_proposed if load.spec_proposed else 0.0
-        gauges = [
-            ("tokentrace_requests_running", "requests being computed", load.running),
-            ("tokentrace_requests_waiting", "requests queued for KV blocks or a batch slot", load.waiting),
-            ("tokentrace_kv_blocks_used", "KV blocks referenced by live requests", load.blocks_used),
-            ("tokentrace_kv_blocks_free", "KV blocks holding nothing", load.blocks_free),
-            ("tokentrace_kv_blocks_cached", "unreferenced KV blocks kept for the prefix cache", load.blocks_cached),
-            ("tokentrace_prefix_cache_hit_rate", "prompt tokens found in the prefix cache / looked up", hit),
-            ("tokentrace_spec_acceptance_rate", "draft tokens accepted / proposed", acc),
-        ]
-        counters = [
-            ("tokentrace_requests_aborted_total", "requests aborted (stop, disconnect)", load.aborted),
-            ("tokentrace_generated_tokens_total", "tokens generated", load.generated_tokens),
-            ("tokentrace_engine_steps_total", "engine steps (target forward passes)", load.target_passes),
-        ]
-        values = [("gauge", n, h, v) for n, h, v in gauges] + [("counter", n, h, v) for n, h, v in counters]
-        with self._lock:
-            hist = {name: h.lines(name, label) for name, h in zip(HISTOGRAMS, (self.ttft, self.per_token))}
-        return [(k, f"{n}{{{label}}}", h, v) for k, n, h, v in values], hist
+
+def labels_of(service: EngineService) -> dict[str, str]:
+    labels = {"model": service.model_name}
+    if getattr(service, "replica", None) is not None:
+        labels["replica"] = str(service.replica)
+    return labels
 
 
-HISTOGRAMS = {"tokentrace_time_to_first_token_seconds": "time to first token",
-              "tokentrace_time_per_output_token_seconds": "time between tokens"}
+def values_of(service: EngineService) -> dict[str, float]:
+    """The engine's gauges and counters now, by metric name."""
+    load = service.engine.load()
+    hit = load.prefix_hit_tokens / load.prefix_queried_tokens if load.prefix_queried_tokens else 0.0
+    acc = load.spec_accepted / load.spec_proposed if load.spec_proposed else 0.0
+    return {"tokentrace_requests_running": load.running, "tokentrace_requests_waiting": load.waiting,
+            "tokentrace_kv_blocks_used": load.blocks_used, "tokentrace_kv_blocks_free": load.blocks_free,
+            "tokentrace_kv_blocks_cached": load.blocks_cached, "tokentrace_prefix_cache_hit_rate": hit,
+            "tokentrace_spec_acceptance_rate": acc, "tokentrace_requests_aborted_total": load.aborted,
+            "tokentrace_generated_tokens_total": load.generated_tokens,
+            "tokentrace_engine_steps_total": load.target_passes}
 
 
-def _label(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+class EngineCollector(Collector):
+    """Every engine's series, read when Prometheus scrapes (one family per metric name)."""
 
+    def __init__(self, per_model: list[tuple[EngineService, Metrics]]) -> None:
+        self.per_model = per_model
 
-def render(per_model: list[tuple[EngineService, Metrics]]) -> str:
-    """Every engine's series, grouped by metric name (HELP and TYPE once per name)."""
-    groups: dict[str, tuple[str, str, list[str]]] = {}
-    hists: dict[str, list[str]] = {name: [] for name in HISTOGRAMS}
-    for service, metrics in per_model:
-        values, hist = metrics.series(service)
-        for kind, series, help_, value in values:
-            name = series.split("{")[0]
-            groups.setdefault(name, (kind, help_, []))[2].append(f"{series} {value}")
-        for name, lines in hist.items():
-            hists[name] += lines
-    lines = []
-    for name, (kind, help_, series) in groups.items():
-        lines += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}", *series]
-    for name, series in hists.items():
-        lines += [f"# HELP {name} {HISTOGRAMS[name]}", f"# TYPE {name} histogram", *series]
-    return "\n".join(lines) + "\n"
+    def collect(self) -> Iterator[Metric]:
+        now = [(labels_of(s), values_of(s), m) for s, m in self.per_model]
+        for name, help_ in GAUGES.items():
+            family = GaugeMetricFamily(name, help_)
+            for labels, values, _ in now:
+                family.add_sample(name, labels, values[name])
+            yield family
+        for name, help_ in COUNTERS.items():
+            family = CounterMetricFamily(name, help_)  # the family drops "_total"; its sample keeps it
+            for labels, values, _ in now:
+                family.add_sample(name, labels, values[name])
+            yield family
+        for name, help_ in HISTOGRAMS.items():
+            family = HistogramMetricFamily(name, help_)
+            for labels, _, metrics in now:
+                histogram = metrics.ttft if name.endswith("first_token_seconds") else metrics.per_token
+                for sample in next(iter(histogram.collect())).samples:
+                    if not sample.name.endswith("_created"):
+                        family.add_sample(sample.name, {**labels, **sample.labels}, sample.value)
+            yield family
 
 
 def add_metrics_route(api: FastAPI, served) -> list[Metrics]:
@@ -120,8 +111,10 @@ def add_metrics_route(api: FastAPI, served) -> list[Metrics]:
         metrics = Metrics()
         service.output_listeners.append(metrics.on_output)
         per_model.append((service, metrics))
+    registry = CollectorRegistry(auto_describe=False)  # this server's own: several apps share a test process
+    registry.register(EngineCollector(per_model))
 
-    @api.get("/metrics", response_class=PlainTextResponse)
-    def prometheus() -> str:
-        return render(per_model)
+    @api.get("/metrics", response_class=Response)
+    def prometheus() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
     return [m for _, m in per_model]

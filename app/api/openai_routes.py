@@ -23,6 +23,8 @@ from starlette.concurrency import run_in_threadpool
 
 from app.api.choices import ChunkWriter, Choice, chat_choice, completion_choice, usage
 from app.api.logprobs import TokenText
+from app.api.schemas import add_body_schemas, request_body
+from app.serving.bodies import ChatCompletionRequest, CompletionRequest
 from app.serving.engine_service import EngineService, Subscription
 from app.serving.fields import STRUCTURED_FIELDS
 from app.serving.limits import RequestRefused, client_of
@@ -111,13 +113,16 @@ def add_openai_routes(api: FastAPI, served) -> None:
                                           param="model", code="model_not_found"), models)
         return model_card(service)
 
-    @api.post("/v1/chat/completions")
+    @api.post("/v1/chat/completions", openapi_extra=request_body(ChatCompletionRequest))
     async def chat_completions(request: Request):
+        """OpenAI's chat completions: messages through the model's chat template."""
         return await _complete(request, models, "chat")
 
-    @api.post("/v1/completions")  # a plain prompt: the way to a base model, which has no chat template
+    @api.post("/v1/completions", openapi_extra=request_body(CompletionRequest))
     async def completions(request: Request):
+        """A plain prompt: the way to a base model, which has no chat template."""
         return await _complete(request, models, "completion")
+    add_body_schemas(api, ChatCompletionRequest, CompletionRequest)
 
 
 METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]

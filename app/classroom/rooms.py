@@ -1,4 +1,5 @@
-"""Classroom mode: one request walked through stage by stage on a projector.
+"""Classroom mode: one request walked through stage by stage on a projector. This module
+holds the rooms (their state); app/classroom/routes.py serves them.
 
 A room holds one recording (a finished request, a loaded trace, or a request still
 streaming, re-read while it runs). The presenter's link carries a secret key and
@@ -15,39 +16,28 @@ plain HTML + a little JS (not Gradio).
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import secrets
 import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable
+from typing import Callable
 
-from fastapi import FastAPI, Request
-from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from app.classroom.bundle import bundle_zip
 from app.classroom.mask import first_answer_position, generated, hide_from, prompt_tokens
-from app.classroom.page import page_html
-from app.classroom.push import CachedStages, Feed
+from app.classroom.push import Feed
 from app.classroom.question import Question, VoteRefused
-from app.serving.limits import RequestRefused
-from app.api.openai_routes import read_body, read_json
-from app.serving.recording import Recording, ReplayCursor, TraceFileError
+from app.serving.recording import Recording, ReplayCursor
 from visualizers._html import esc
 from visualizers.journey import Stage, journey
 
 REFRESH_EVERY = 0.5  # seconds between re-reads of a request that is still running
-MAX_UPLOAD = 16 * 2**20  # a trace posted to make a room (a long fully traced request is a few MB)
 MAX_ROOMS = 64
-MAX_SMALL_BODY = 4096  # a vote or a presenter's action
 MAX_QUESTIONS = 100  # the export keeps this many of a room's questions (the newest)
 VOTE_FLUSH = 0.5  # seconds: the running count of votes reaches the class at most this often
 TICK_IDLE = 30.0  # seconds a live room keeps re-reading its request with nobody following
-VOTER_COOKIE = "tt_voter"
-OPEN = {"Access-Control-Allow-Origin": "*"}  # a static bundle on another origin follows and votes
 
 
 @dataclass
@@ -371,272 +361,3 @@ class Classrooms:
     def get(self, room_id: str) -> Room | None:
         with self._lock:
             return self._rooms.get(room_id)
-
-
-def _invalid(message: str, param: str | None) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": "invalid_request_error", "param": param,
-                                   "code": None}}, status_code=400)
-
-
-def _missing(room_id: str) -> JSONResponse:
-    return JSONResponse({"error": {"message": f"no classroom {room_id!r} (closed, or the server restarted)",
-                                   "type": "invalid_request_error", "param": "room_id", "code": "room_not_found"}},
-                        status_code=404)
-
-
-def _refused(e: VoteRefused) -> JSONResponse:
-    return JSONResponse({"error": {"message": str(e), "type": "invalid_request_error", "param": e.param,
-                                   "code": None}}, status_code=e.status)
-
-
-def _forbidden() -> JSONResponse:
-    return JSONResponse({"error": {"message": "only the presenter can do this", "type": "permission_error",
-                                   "param": "key", "code": None}}, status_code=403)
-
-
-def _is_presenter(room: Room, key: object) -> bool:
-    return isinstance(key, str) and bool(key) and hmac.compare_digest(key, room.key)
-
-
-async def _json_object(request: Request) -> dict:
-    try:
-        body = json.loads(await read_body(request, MAX_SMALL_BODY) or b"null")
-    except RequestRefused as e:
-        raise VoteRefused(str(e), e.status) from None
-    except (ValueError, UnicodeDecodeError):
-        raise VoteRefused("the body must be a JSON object") from None
-    if not isinstance(body, dict):
-        raise VoteRefused("the body must be a JSON object")
-    return body
-
-
-async def _ready(room: Room) -> None:
-    """Stages built (off the loop), the feed bound to this loop and holding the state."""
-    if not room._stages:
-        await run_in_threadpool(room.stage_list)
-    room.start()
-
-
-async def _as_presenter(room: Room | None, room_id: str, request: Request,
-                        act: Callable[[Room, dict], Awaitable[dict]]) -> dict | JSONResponse:
-    """A presenter's POST: the room, a JSON object body with the presenter's key, the stages
-    ready; then act(room, body). Each refusal in OpenAI's error shape."""
-    if room is None:
-        return _missing(room_id)
-    try:
-        body = await _json_object(request)
-        if not _is_presenter(room, body.get("key")):
-            return _forbidden()
-        await _ready(room)
-        return await act(room, body)
-    except VoteRefused as e:
-        return _refused(e)
-
-
-def add_classroom_routes(api: FastAPI, classrooms: Classrooms, css: str,
-                         recorder: Callable[[str], Recording | None]) -> None:
-    """recorder(request_id): the kept trace of a request (None when there is none)."""
-    api.add_middleware(CachedStages, classrooms=classrooms)
-    _room_routes(api, classrooms, css, recorder)
-    _presenter_routes(api, classrooms)
-    _vote_route(api, classrooms)
-    _file_routes(api, classrooms, css)
-
-
-def _room_routes(api: FastAPI, classrooms: Classrooms, css: str,
-                recorder: Callable[[str], Recording | None]) -> None:
-    """Make a room; its page, its state (stream and poll) and its stages, for everyone."""
-    @api.post("/classroom")
-    async def create(request: Request):
-        """{"request_id": ID} (a request this server kept) or {"trace": <trace file>} -> the room's links."""
-        try:
-            body = read_json(await read_body(request, MAX_UPLOAD))
-        except RequestRefused as e:
-            return JSONResponse({"error": {"message": str(e), "type": e.type, "param": e.param, "code": e.code}},
-                                status_code=e.status)
-        if ("request_id" in body) == ("trace" in body):
-            return _invalid("the body must be {\"request_id\": ID} or {\"trace\": <a trace file>}", None)
-        if "trace" in body:
-            try:
-                rec, refresh = Recording.from_json(body["trace"]), None
-            except TraceFileError as e:
-                return _invalid(str(e), "trace")
-        else:
-            rid = body["request_id"]
-            rec = await run_in_threadpool(recorder, rid) if isinstance(rid, str) else None
-            if rec is None:
-                return JSONResponse({"error": {"message": f"no trace is kept for {rid!r}", "type":
-                                               "invalid_request_error", "param": "request_id",
-                                               "code": "trace_not_found"}}, status_code=404)
-            refresh = (lambda: recorder(rid)) if not any(e["type"] == "finish" for e in rec.events) else None
-        room = await run_in_threadpool(classrooms.create, rec, refresh)
-        await _ready(room)
-        n = len(room._stages)
-        return {"id": room.room_id, "request_id": rec.request_id, "presenter_url": f"/classroom/{room.room_id}?key="
-                f"{room.key}", "audience_url": f"/classroom/{room.room_id}", "stages": n}
-
-    @api.get("/classroom/{room_id}", response_class=HTMLResponse)
-    async def classroom_page(room_id: str, request: Request, key: str = ""):
-        room = classrooms.get(room_id)
-        if room is None:
-            return HTMLResponse(f"<p>No classroom {esc(room_id)}: it was closed or the server restarted.</p>",
-                                status_code=404)
-        await _ready(room)
-        page = HTMLResponse(page_html(room, _is_presenter(room, key), css))
-        if VOTER_COOKIE not in request.cookies:  # one id per browser: its vote counts once
-            page.set_cookie(VOTER_COOKIE, secrets.token_urlsafe(12), max_age=30 * 86400, httponly=True,
-                            samesite="lax")
-        return page
-
-    @api.get("/classroom/{room_id}/events")
-    async def events(room_id: str):
-        """Server-sent events: the room's state now, then each change (stage, trace, question)."""
-        room = classrooms.get(room_id)
-        if room is None:
-            return _missing(room_id)
-        await _ready(room)
-        return StreamingResponse(room.feed.follow(), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **OPEN})
-
-    @api.get("/classroom/{room_id}/state")
-    async def state(room_id: str):
-        """The same state as the stream's last event (for a client without EventSource)."""
-        room = classrooms.get(room_id)
-        if room is None:
-            return _missing(room_id)
-        await _ready(room)
-        return Response(room.feed.data, media_type="application/json", headers={"Cache-Control": "no-cache", **OPEN})
-
-    @api.get("/classroom/{room_id}/stage/{index}")
-    async def stage(room_id: str, index: int, request: Request, v: int | None = None):
-        """A stage's HTML (in JSON), rendered once per trace version. ?v=<trace_version> makes the
-        URL immutable (cached for a day); either way an If-None-Match of its ETag gets a 304."""
-        room = classrooms.get(room_id)
-        if room is None:
-            return _missing(room_id)
-        n = len(room._stages) or len(await run_in_threadpool(room.stage_list))
-        if not 0 <= index < n:
-            return JSONResponse({"error": {"message": f"stage must be in [0, {n - 1}]", "type":
-                                           "invalid_request_error", "param": "index", "code": None}}, status_code=404)
-        etag = room.etag(index)
-        cache = ("public, max-age=86400, immutable" if v == room.trace_version else "no-cache")
-        if request.headers.get("if-none-match") == etag:
-            return Response(status_code=304, headers={"ETag": etag, "Cache-Control": cache})
-        body = room.cached_stage(index) or await run_in_threadpool(room.stage_body, index)
-        return Response(body, media_type="application/json", headers={"ETag": etag, "Cache-Control": cache})
-
-
-def _presenter_routes(api: FastAPI, classrooms: Classrooms) -> None:
-    """What only the presenter may do: move the class, ask and reveal, pick what every screen shows."""
-    @api.post("/classroom/{room_id}/goto")
-    async def goto(room_id: str, request: Request):
-        room = classrooms.get(room_id)
-        if room is None:
-            return _missing(room_id)
-        try:
-            body = await request.json()
-            key, i = body["key"], int(body["stage"])
-        except (ValueError, KeyError, TypeError):
-            return _invalid("the body must be {\"key\": str, \"stage\": int}", None)
-        if not _is_presenter(room, key):
-            return JSONResponse({"error": {"message": "only the presenter can move the class", "type":
-                                           "permission_error", "param": "key", "code": None}}, status_code=403)
-        n = len(room._stages) or len(await run_in_threadpool(room.stage_list))
-        target = max(0, min(i, n - 1))
-        if room.cached_stage(target) is None:  # rendered before the class is told to fetch it
-            await run_in_threadpool(room.stage_body, target)
-        await _ready(room)
-        room.goto(target)
-        return {"stage": room.stage, "version": room.version}
-
-    @api.post("/classroom/{room_id}/question")
-    async def question(room_id: str, request: Request):
-        """The presenter: {"key", "action": "open" | "reveal" | "close" | "show"[, "position": int]}
-        "predict the next token" (open: at that answer position; default the first answer token;
-        show: no question, every stage shows the whole answer)."""
-        async def ask(room: Room, body: dict) -> dict:
-            # a moved mask renders the stages again: off the loop
-            await run_in_threadpool(room.ask, body.get("action"), body.get("position"))
-            return room.state()["question"] or {"id": None}
-        return await _as_presenter(classrooms.get(room_id), room_id, request, ask)
-
-    @api.post("/classroom/{room_id}/select")
-    async def select(room_id: str, request: Request):
-        """The presenter: {"key", "position": int | null, "layer": int, "head": int}: what every
-        screen's panels show (the pass that read that token; that layer's and head's attention)."""
-        async def pick(room: Room, body: dict) -> dict:
-            await run_in_threadpool(room.select, body.get("position"), body.get("layer"), body.get("head"))
-            await run_in_threadpool(room.prerender)
-            return room.state()
-        return await _as_presenter(classrooms.get(room_id), room_id, request, pick)
-
-
-def _vote_route(api: FastAPI, classrooms: Classrooms) -> None:
-    """A student's vote, flushed to every screen in one push."""
-    @api.post("/classroom/{room_id}/vote")
-    async def vote(room_id: str, request: Request):
-        """A student: {"choice": <candidate token id>} or {"guess": <text>}; one vote per browser
-        (its cookie; a client without cookies sends {"voter": <its own id>})."""
-        room = classrooms.get(room_id)
-        if room is None:
-            return _missing(room_id)
-        try:
-            body = await _json_object(request)
-            voter = request.cookies.get(VOTER_COOKIE) or body.get("voter")
-            if not isinstance(voter, str) or not 8 <= len(voter) <= 64:
-                raise VoteRefused("no voter id: open the room's page first (it sets one), or send "
-                                  "{\"voter\": <8 to 64 characters>}", param="voter")
-            room.vote(voter, body.get("choice"), body.get("guess"))
-        except VoteRefused as e:
-            r = _refused(e)
-            r.headers.update(OPEN)
-            return r
-        await _ready(room)
-        if not room._vote_flush_pending:
-            room._vote_flush_pending = True
-            asyncio.get_running_loop().create_task(_flush(room))
-        q = room.question
-        return JSONResponse({"question": q.qid, "votes": len(q.votes)}, headers=OPEN)
-
-    async def _flush(room: Room) -> None:
-        try:
-            await room.flush_votes()
-        finally:
-            room._vote_flush_pending = False
-
-
-def _file_routes(api: FastAPI, classrooms: Classrooms, css: str) -> None:
-    """The presenter's take-aways: the room as a static site, and as a file."""
-    @api.get("/classroom/{room_id}/bundle")
-    async def bundle(room_id: str, request: Request, key: str = ""):
-        """The presenter: the room as a static site (zip) whose page follows this server."""
-        room = classrooms.get(room_id)
-        if room is None:
-            return _missing(room_id)
-        if not _is_presenter(room, key):
-            return _forbidden()
-        if room.live:
-            return _refused(VoteRefused("the request is still running: bundle it once it has finished", 409))
-        server = str(request.base_url).rstrip("/")
-        data = await run_in_threadpool(bundle_zip, room, server, css)
-        return Response(data, media_type="application/zip", headers={
-            "Content-Disposition": f'attachment; filename="classroom-{room.room_id}.zip"'})
-
-    @api.get("/classroom/{room_id}/export")
-    async def export(room_id: str, key: str = ""):
-        """The presenter: the room as a file: its trace, where it stands, every question's results."""
-        room = classrooms.get(room_id)
-        if room is None:
-            return _missing(room_id)
-        if not _is_presenter(room, key):
-            return _forbidden()
-
-        def build() -> bytes:
-            with room.lock:
-                qs = [q.export() for q in room.questions]
-                out = {"schema": 1, "room": room.room_id, "request_id": room.rec.request_id, "stage": room.stage,
-                       "ask_at": room.question_position(), "revealed": room.revealed, "pick": dict(room.pick),
-                       "stages": [s.title for s in room._stages], "questions": qs, "trace": room.rec.to_json()}
-            return json.dumps(out).encode()
-        return Response(await run_in_threadpool(build), media_type="application/json", headers={
-            "Content-Disposition": f'attachment; filename="classroom-{room.room_id}.json"'})

@@ -3,11 +3,16 @@ Shared by the page (which shows the body) and the HTTP API."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import get_args
 
-from app.serving.fields import constraint, unknown_fields, unknown_message, unused_problem
-from engine import MAX_LOGPROBS, SamplingParams
+from pydantic import ValidationError
 
-TRACE_LEVELS = ("full", "basic", "off")
+from app.serving.bodies import MODELS, Body, TraceLevel
+from app.serving.body_errors import first_problem
+from app.serving.fields import constraint, unknown_fields
+from engine import SamplingParams
+
+TRACE_LEVELS = get_args(TraceLevel)  # ("full", "basic", "off")
 
 
 @dataclass
@@ -49,193 +54,135 @@ class BodyError(ValueError):
 
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
-SEED_RANGE = (-(2 ** 63), 2 ** 64 - 1)  # what torch.Generator.manual_seed takes
-MAX_CHOICES = 8  # n: choices from one prompt
-MAX_LOGIT_BIAS = 300  # token ids one request may bias
 MIN_TEMPERATURE = 1e-5  # below this, sampling is greedy (as in vLLM): 1/T would overflow the logits
 
 
-def _text(value) -> str | None:
-    """A message's content as one string: a string, or a list of {"type": "text"} parts."""
-    if isinstance(value, list) and all(isinstance(p, dict) and p.get("type") == "text"
-                                       and isinstance(p.get("text"), str) for p in value):
-        value = "".join(p["text"] for p in value)
-    if not isinstance(value, str):
-        return None
-    try:
-        value.encode("utf-8")  # JSON can carry lone surrogates; the tokenizer cannot
-    except UnicodeEncodeError:
-        return None
-    return value
+def _or(value, default):
+    return default if value is None else value
 
 
 def parse_body(body: dict, max_tokens_cap: int | None = None, endpoint: str | None = None,
                ignore_unknown: bool = False) -> Submission:
     """Raises BodyError (a ValueError, with the checks so far in .checks) when the body is
-    invalid. Types are checked strictly, so nothing malformed reaches the engine thread.
+    invalid. The body's model (app.serving.bodies) checks each field's type and range, so
+    nothing malformed reaches the engine thread; the rules across fields follow here.
     endpoint: "chat" (messages), "completion" (a plain prompt), None: whichever the body has.
-    A field the endpoint does not implement is refused (app/serving/fields.py), or dropped
-    with ignore_unknown (the server's --ignore-unknown-fields)."""
+    A field the endpoint does not implement is refused, or dropped with ignore_unknown (the
+    server's --ignore-unknown-fields)."""
     checks: list[tuple[str, bool, str]] = []
 
     def fail(name: str, msg: str, param: str | None = None, code: str | None = None):
         checks.append((name, False, msg))
         raise BodyError(msg, param, checks, code)
 
-    def number(name: str, default, lo: float, hi: float, integer: bool = False, bounds: str | None = None):
-        value = body.get(name)
-        if value is None:
-            return default
-        # bool is an int in Python, and 1.5 would be truncated: refuse both for integers
-        if isinstance(value, bool) or not isinstance(value, (int, float)) \
-                or (integer and isinstance(value, float) and not value.is_integer()):
-            fail("sampling", f"{name} must be {'an integer' if integer else 'a number'}, got {value!r}"[:200], name)
-        if not lo <= value <= hi:  # NaN fails this too
-            bounds = bounds or (f"at least {lo:g}" if hi >= 2 ** 31 else f"in [{lo:g}, {hi:g}]")
-            fail("sampling", f"{name} must be {bounds}, got {value!r}"[:200], name)
-        return int(value) if integer else float(value)
-
     if not isinstance(body, dict):
         fail("body", "the body must be a JSON object")
     if endpoint is None:
         endpoint = "completion" if "prompt" in body and "messages" not in body else "chat"
     unknown = unknown_fields(body, endpoint)
-    if unknown and not ignore_unknown:
-        fail("body", unknown_message(unknown[0], endpoint), unknown[0][:80], "unknown_parameter")
-    if unknown:
+    if unknown and ignore_unknown:
         checks.append(("body", True, f"ignored (--ignore-unknown-fields): {', '.join(unknown)}"[:200]))
         # the trace keeps the body the engine read: a replay or the page parses it again without the flag
         body = {k: v for k, v in body.items() if k not in unknown}
-    problem = unused_problem(body)
-    if problem is not None:
-        fail("body", problem[1], problem[0])
-    prompt = None
+    try:
+        req = MODELS[endpoint].model_validate(body)
+    except ValidationError as e:
+        problem = first_problem(e, endpoint)
+        fail(problem.check, problem.message, problem.param, problem.code)
+    prompt, messages = None, []
     if endpoint == "completion":
-        prompt = body.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1:  # OpenAI's batch form, with one prompt
-            prompt = prompt[0]
-        if not isinstance(prompt, str) or _text(prompt) is None:
-            fail("prompt", "prompt must be a string", "prompt")
+        prompt = req.prompt[0] if isinstance(req.prompt, list) else req.prompt  # OpenAI's batch form, one prompt
         if not prompt.strip():
             fail("prompt", "the prompt is empty", "prompt")
         checks.append(("prompt", True, f"a plain prompt of {len(prompt):,} characters (no chat template)"))
-        messages = []
     else:
-        messages = _messages(body, checks, fail)
-    stop = body.get("stop")
-    stop = [stop] if isinstance(stop, str) else stop or []
-    if not isinstance(stop, list) or len(stop) > 8 or not all(isinstance(s, str) and s for s in stop):
-        fail("sampling", "stop must be a non-empty string or a list of at most 8 of them", "stop")
-    if not isinstance(body.get("ignore_eos", False), bool):
-        fail("sampling", "ignore_eos must be true or false", "ignore_eos")
-    echo = body.get("echo", False)
-    if not isinstance(echo, bool):
-        fail("sampling", "echo must be true or false", "echo")
-    length = _length_field(body, fail)
-    # echo with max_tokens 0 scores the prompt alone (evaluation harnesses): one token is drawn, not sent
-    score_only = echo and type(body.get(length)) is int and body.get(length) == 0
-    max_tokens = 1 if score_only else number(length, min(64, max_tokens_cap or 64), 1, 2 ** 31, integer=True)
+        messages = _messages(req, checks, fail)
+    params, n = _sampling(req, endpoint, max_tokens_cap, fail)
+    checks.append(("sampling", True, _sampling_check(params, n)))
+    spec = req.speculative
+    k = spec.num_tokens if spec is not None else None
+    enabled = spec.enabled if spec is not None else True
+    echo = endpoint == "completion" and bool(req.echo)
+    return Submission(messages, params, enabled, k, _or(req.trace_level, "full"), checks, body, prompt, echo,
+                      _score_only(req, endpoint))
+
+
+def _score_only(req: Body, endpoint: str) -> bool:
+    """echo with max_tokens 0 scores the prompt alone (evaluation harnesses): one token is drawn, not sent."""
+    return endpoint == "completion" and bool(req.echo) and req.max_tokens == 0
+
+
+def _sampling(req: Body, endpoint: str, max_tokens_cap: int | None, fail) -> tuple[SamplingParams, int]:
+    """The sampling fields as SamplingParams, with the rules across fields."""
+    length = _length_field(req, endpoint, fail)
+    asked = getattr(req, length)
+    if asked == 0 and not _score_only(req, endpoint):
+        fail("sampling", f"{length} must be at least 1, got {asked!r}", length)
+    max_tokens = 1 if _score_only(req, endpoint) else _or(asked, min(64, max_tokens_cap or 64))
     if max_tokens_cap is not None and max_tokens > max_tokens_cap:
         fail("sampling", f"{length} {max_tokens} is above this server's cap of {max_tokens_cap}", length)
-    temperature = number("temperature", 1.0, 0.0, 2.0)
-    top_k, top_p = number("top_k", 0, -1, 2 ** 31, integer=True), number("top_p", 1.0, 0.0, 1.0)
-    min_p = number("min_p", 0.0, 0.0, 1.0)
-    seed = number("seed", None, *SEED_RANGE, integer=True, bounds="a 64-bit integer")
-    logprobs, prompt_logprobs = _logprobs(body, endpoint, echo, number, fail)
-    n = number("n", 1, 1, MAX_CHOICES, integer=True)
-    structured, problem, message = constraint(body)
+    logprobs, prompt_logprobs = _logprobs(req, endpoint, fail)
+    structured, problem, message = constraint(req)
     if problem is not None:
         fail("sampling", message, problem)
-    penalties = {"presence_penalty": number("presence_penalty", 0.0, -2.0, 2.0),
-                 "frequency_penalty": number("frequency_penalty", 0.0, -2.0, 2.0),
-                 "repetition_penalty": number("repetition_penalty", 1.0, 0.0, 2 ** 31),
-                 "min_tokens": number("min_tokens", 0, 0, 2 ** 31, integer=True),
-                 "logit_bias": _logit_bias(body.get("logit_bias"), fail)}
+    temperature = _or(req.temperature, 1.0)
+    stop = [req.stop] if isinstance(req.stop, str) else req.stop or []
+    penalties = {"presence_penalty": _or(req.presence_penalty, 0.0), "frequency_penalty": _or(req.frequency_penalty,
+                 0.0), "repetition_penalty": _or(req.repetition_penalty, 1.0), "min_tokens": _or(req.min_tokens, 0),
+                 "logit_bias": {int(t): b for t, b in (req.logit_bias or {}).items()}}
+    n = _or(req.n, 1)
     try:
-        params = SamplingParams(temperature=0.0 if temperature < MIN_TEMPERATURE else temperature, top_k=top_k,
-                                top_p=top_p, min_p=min_p, max_tokens=max_tokens, seed=seed, stop=stop,
-                                ignore_eos=body.get("ignore_eos", False),  # ignore_eos: vLLM's extra parameter
+        params = SamplingParams(temperature=0.0 if temperature < MIN_TEMPERATURE else temperature,
+                                top_k=_or(req.top_k, 0), top_p=_or(req.top_p, 1.0), min_p=_or(req.min_p, 0.0),
+                                max_tokens=max_tokens, seed=req.seed, stop=stop,
+                                ignore_eos=bool(req.ignore_eos),  # ignore_eos: vLLM's extra parameter
                                 logprobs=logprobs, prompt_logprobs=prompt_logprobs, n=n, structured=structured,
                                 **penalties)
     except ValueError as e:  # the remaining rules (top_p > 0): the message names the field
         fail("sampling", str(e), str(e).split(" ")[0])
-    checks.append(("sampling", True, f"temperature {params.temperature:g}, top-k {params.top_k or 'off'}, "
-                   f"top-p {params.top_p:g}, max {params.max_tokens} tokens, "
-                   + ("greedy: the argmax, the same every run (no seed needed)" if params.temperature == 0
-                      else f"seed {params.seed}" if params.seed is not None else "no seed (a random draw)")
-                   + (f", {n} choices (the prompt prefilled once)" if n > 1 else "")
-                   + (f", constrained: {structured.kind.replace('_', ' ')}" if structured else "")
-                   + "".join(f", {name.replace('_', ' ')} {value}" for name, value in penalties.items()
-                             if value and (name != "repetition_penalty" or value != 1.0))))
-    spec = body.get("speculative") or {}
-    if not isinstance(spec, dict) or not isinstance(spec.get("enabled", True), bool):
-        fail("speculative", "speculative must be an object {enabled: bool, num_tokens: int}", "speculative")
-    level = body.get("trace_level", "full")
-    if level not in TRACE_LEVELS:
-        fail("trace level", f"trace_level must be one of {', '.join(TRACE_LEVELS)}", "trace_level")
-    k = spec.get("num_tokens")
-    if k is not None and (isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 64):
-        fail("speculative", "speculative.num_tokens must be an integer in [1, 64]", "speculative")
-    for name in ("stream", "stream_options"):
-        if body.get(name) is not None and not isinstance(body[name], dict if name == "stream_options" else bool):
-            fail("body", f"{name} must be {'an object' if name == 'stream_options' else 'true or false'}", name)
-    return Submission(messages, params, spec.get("enabled", True), k, level, checks, body, prompt, echo, score_only)
+    return params, n
 
 
-def _logit_bias(value, fail) -> dict[int, float]:
-    """OpenAI's logit_bias: {"token id": bias in [-100, 100]} (JSON keys are strings)."""
-    if value is None:
-        return {}
-    if not isinstance(value, dict) or len(value) > MAX_LOGIT_BIAS:
-        fail("sampling", f"logit_bias must be an object of at most {MAX_LOGIT_BIAS} token ids -> bias", "logit_bias")
-    bias = {}
-    for key, b in value.items():
-        if not (isinstance(key, str) and key.isdigit() and len(key) < 10):
-            fail("sampling", f"logit_bias keys are token ids (integers as strings), got {key[:20]!r}", "logit_bias")
-        if isinstance(b, bool) or not isinstance(b, (int, float)) or not -100 <= b <= 100:
-            fail("sampling", f"logit_bias values must be numbers in [-100, 100], got {b!r}"[:200], "logit_bias")
-        bias[int(key)] = float(b)
-    return bias
+def _sampling_check(params: SamplingParams, n: int) -> str:
+    """What the page says of the sampling fields once they passed."""
+    structured = params.structured
+    penalties = {name: getattr(params, name) for name in ("presence_penalty", "frequency_penalty",
+                                                         "repetition_penalty", "min_tokens", "logit_bias")}
+    return (f"temperature {params.temperature:g}, top-k {params.top_k or 'off'}, "
+            f"top-p {params.top_p:g}, max {params.max_tokens} tokens, "
+            + ("greedy: the argmax, the same every run (no seed needed)" if params.temperature == 0
+               else f"seed {params.seed}" if params.seed is not None else "no seed (a random draw)")
+            + (f", {n} choices (the prompt prefilled once)" if n > 1 else "")
+            + (f", constrained: {structured.kind.replace('_', ' ')}" if structured else "")
+            + "".join(f", {name.replace('_', ' ')} {value}" for name, value in penalties.items()
+                      if value and (name != "repetition_penalty" or value != 1.0)))
 
 
-def _length_field(body: dict, fail) -> str:
+def _length_field(req: Body, endpoint: str, fail) -> str:
     """Which field sets the completion's length: max_completion_tokens (OpenAI's newer name,
     chat) or max_tokens; both only when they agree."""
-    new, old = body.get("max_completion_tokens"), body.get("max_tokens")
+    new = req.max_completion_tokens if endpoint == "chat" else None
+    old = req.max_tokens
     if new is not None and old is not None and new != old:
         fail("sampling", f"max_completion_tokens ({new!r}) and max_tokens ({old!r}) disagree: send one of them"[:200],
              "max_completion_tokens")
     return "max_completion_tokens" if new is not None else "max_tokens"
 
 
-def _logprobs(body: dict, endpoint: str, echo: bool, number, fail) -> tuple[int | None, int | None]:
+def _logprobs(req: Body, endpoint: str, fail) -> tuple[int | None, int | None]:
     """(logprobs per new token, logprobs per prompt token) as SamplingParams takes them.
     Chat: logprobs true/false and top_logprobs 0..20 (which needs logprobs true). Completions:
     logprobs an integer 0..20 (the top count), with echo the prompt's tokens' too."""
     if endpoint == "completion":
-        top = number("logprobs", None, 0, MAX_LOGPROBS, integer=True)
-        return top, top if echo and top is not None else None
-    wanted = body.get("logprobs")
-    if wanted is not None and not isinstance(wanted, bool):
-        fail("sampling", "logprobs must be true or false (top_logprobs says how many alternatives)", "logprobs")
-    top = number("top_logprobs", None, 0, MAX_LOGPROBS, integer=True)
-    if top is not None and not wanted:
+        return req.logprobs, req.logprobs if req.echo and req.logprobs is not None else None
+    if req.top_logprobs is not None and not req.logprobs:
         fail("sampling", "top_logprobs needs logprobs set to true", "top_logprobs")
-    return (top or 0) if wanted else None, None
+    return (req.top_logprobs or 0) if req.logprobs else None, None
 
 
-def _messages(body: dict, checks: list, fail) -> list[dict]:
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        fail("messages", "messages must be a non-empty list", "messages")
-    clean = []
-    for m in messages:
-        role = ROLES.get(m.get("role")) if isinstance(m, dict) and isinstance(m.get("role"), str) else None
-        content = _text(m.get("content")) if isinstance(m, dict) else None
-        if role is None or content is None:
-            fail("messages", "each message needs a role (system, user or assistant) and string content",
-                 "messages")
-        clean.append({"role": role, "content": content})
+def _messages(req: Body, checks: list, fail) -> list[dict]:
+    clean = [{"role": ROLES[m.role], "content": m.content if isinstance(m.content, str)
+              else "".join(p.text for p in m.content)} for m in req.messages]
     if not any(m["content"].strip() for m in clean if m["role"] == "user"):
         fail("messages", "the user message is empty", "messages")
     checks.append(("messages", True, f"{len(clean)} message{'s' if len(clean) != 1 else ''}"))

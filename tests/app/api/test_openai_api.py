@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 
 import httpx
@@ -193,7 +194,9 @@ def test_prometheus_metrics(server):
     assert wait_idle(server.service)
     text = httpx.get(server.url + "metrics", timeout=30).text
     # every series is labelled with its model (one server may serve several); read this one's
-    values = {line.split(" ")[0].replace('model="tiny-moe",', "").replace('{model="tiny-moe"}', ""):
+    # (the text format orders a series' labels by name: the model may come after `le`)
+    values = {re.sub(r'\{\}|(?<=\{)model="tiny-moe",|,model="tiny-moe"(?=\})', "",
+                     line.split(" ")[0].replace('{model="tiny-moe"}', "")):
               float(line.split(" ")[1]) for line in text.splitlines() if line and not line.startswith("#")}
     bm = server.service.engine.block_manager
     assert values["tokentrace_requests_running"] == 0 and values["tokentrace_requests_waiting"] == 0

@@ -5,7 +5,8 @@ import pytest
 from fastapi import FastAPI
 
 from app.classroom.lab_stage import add_to_room, open_room
-from app.classroom.rooms import Classrooms, add_classroom_routes
+from app.classroom.rooms import Classrooms
+from app.classroom.routes import add_classroom_routes
 from app.page.lab_tab import add_lab_routes
 from benchmarks.local_server import LocalServer
 from tests.app.lab.test_classroom_stage import result
