@@ -40,6 +40,7 @@ import time
 import httpx
 
 from app.__main__ import build_service, parse_args
+from app.page import controller, live_view, stages
 from benchmarks.browser import chromium_memory_mb, launch
 from benchmarks.local_server import LocalServer
 
@@ -238,8 +239,6 @@ def where_it_goes(produced: dict, yielded: dict, sse: list, seen: dict, rids: li
 def record_yields(yielded: dict[str, float]) -> None:
     """Note when the page's stream first yielded each token's chip (the Controller's stream,
     wrapped in this process: the server's side of the lag)."""
-    from app.page import controller
-
     plain = controller.Controller.stream
 
     def stream(self, tab, *args, **kwargs):
@@ -283,7 +282,6 @@ PERIODS = {"yield": "between updates sent (app/page/controller.YIELD_EVERY)",
 def set_periods(spec: str) -> dict[str, float]:
     """Set the page's redraw periods from "name=seconds,..." (before the page is built) -> every
     period as it now is."""
-    from app.page import controller, live_view, stages
     for part in filter(None, (p.strip() for p in spec.split(","))):
         name, _, value = part.partition("=")
         if name not in PERIODS:

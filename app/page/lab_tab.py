@@ -26,6 +26,7 @@ from fastapi import FastAPI
 from fastapi.responses import Response
 
 from app.classroom.lab_stage import add_to_room, open_room, result_html
+from app.embedded import EMBEDDED_TARGET
 from app.lab import Progress, experiments, run
 from app.lab.export import plotly_js, to_html
 from app.page.controller import key_of
@@ -247,11 +248,10 @@ def lab_desk(ctl) -> LabDesk:
 
 def lab_models(ctl) -> dict[str, str | None]:
     """The embedded model, and each served model by its served name -> its checkpoint."""
-    from app.__main__ import ASSETS  # a light module: the embedded checkpoints' folder
     out: dict[str, str | None] = {EMBEDDED: None}
     for s in ctl.models:
         path = Path(s.engine.model_path)
-        if path.resolve() != (ASSETS / "target").resolve():
+        if path.resolve() != EMBEDDED_TARGET.resolve():
             out.setdefault(s.model_name, str(path))
     return out
 
