@@ -231,9 +231,8 @@ class Streaming(PageState):
             info = self.infos[service.model_name]
             own = self.settings_of(texts.trace_settings(Recording(rid, info, tr.body, backfill, []), info), info)
             # the controls show the request's own settings from its start, set once in the stream's first
-            # update (measured, benchmarks.measure --watch-tokens 80, interleaved runs on a loaded machine:
-            # token lag as with the sliders at the end; an update of their own before it lost early tokens
-            # on screen; set mid-stream they stalled the browser 0.5-3 s, as the last session found)
+            # update: an update of their own before it loses early tokens on screen, and set mid-stream
+            # they stall the browser (benchmarks.measure --watch-tokens shows both)
             first = merged(self.controls_for(info) if other else {}, own)  # locked already: follow's first yield
             yield from self.stream(tab, next_items, first)
         finally:
