@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import importlib
 import os
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -123,6 +124,18 @@ def house_files(root: Path) -> list[Path]:
     return sorted(out)
 
 
+def parsed(path: Path) -> tuple[str, ast.Module]:
+    """(text, tree) of a file, parsed once for every rule (a rewritten file is parsed again)."""
+    stat = path.stat()
+    return _parsed(str(path), stat.st_mtime_ns, stat.st_size)
+
+
+@cache
+def _parsed(path: str, mtime_ns: int, size: int) -> tuple[str, ast.Module]:
+    text = Path(path).read_text()
+    return text, ast.parse(text, path)
+
+
 def module_of(path: Path, root: Path) -> str:
     parts = list(path.relative_to(root).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
@@ -167,7 +180,7 @@ def import_graph(root: Path) -> dict[str, dict[str, str]]:
     files = {module_of(p, root): p for p in house_files(root) if p.relative_to(root).parts[0] in PROJECT}
     graph: dict[str, dict[str, str]] = {m: {} for m in files}
     for module, path in files.items():
-        for node, _ in _imports_with_place(ast.parse(path.read_text(), str(path))):
+        for node, _ in _imports_with_place(parsed(path)[1]):
             for target in _targets(node, path, root, set(files)):
                 if target != module:
                     graph[module].setdefault(target, f"{path.relative_to(root)}:{node.lineno}")
@@ -250,9 +263,9 @@ def unmarked_imports(root: Path) -> list[str]:
     """Imports of a project module inside a function whose line (or the line above) does not say lazy."""
     bad = []
     for path in house_files(root):
-        text = path.read_text()
+        text, tree = parsed(path)
         lines = text.splitlines()
-        for node, inside in _imports_with_place(ast.parse(text, str(path))):
+        for node, inside in _imports_with_place(tree):
             if not inside or _says_lazy(lines, node):
                 continue
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else [_absolute(node, path, root)]
@@ -262,14 +275,14 @@ def unmarked_imports(root: Path) -> list[str]:
 
 
 def long_files(root: Path) -> list[str]:
-    sizes = ((p, len(p.read_text().splitlines())) for p in house_files(root))
+    sizes = ((p, len(parsed(p)[0].splitlines())) for p in house_files(root))
     return [f"{p.relative_to(root)}:1 {n} lines" for p, n in sizes if n > MAX_FILE_LINES]
 
 
 def long_functions(root: Path) -> list[str]:
     bad = []
     for path in house_files(root):
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(parsed(path)[1]):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 n = node.end_lineno - node.lineno + 1
                 if n > MAX_FUNCTION_LINES:
