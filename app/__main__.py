@@ -20,14 +20,14 @@ from pathlib import Path
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-# Only these light modules at the top: the engine (torch, ~3 s) and the server (gradio, ~7 s)
-# are imported lazily inside the functions that need them, so --help and a bad argument
-# answer at once.
+# Only light modules at the top: the engine (torch) and the server (gradio) are imported
+# lazily inside the functions that need them, so --help and a bad argument answer at once.
+from app.embedded import EMBEDDED_DRAFT  # noqa: E402
 from app.serving.limits import API_TRACE_LEVEL, MAX_BODY_BYTES, PUBLIC_MAX_CONCURRENT, PUBLIC_MAX_TOKENS, \
-    ServeLimits  # noqa: E402
-from app.serving.trace_store import MAX_BYTES_PER_REQUEST, MAX_TOTAL_BYTES  # noqa: E402
+    ClientSlots, ServeLimits  # noqa: E402
+from app.serving.share import open_share_link  # noqa: E402
+from app.serving.trace_store import MAX_BYTES_PER_REQUEST, MAX_TOTAL_BYTES, TraceStore  # noqa: E402
 
-ASSETS = Path(__file__).resolve().parent.parent / "assets" / "models"
 PER_MODEL = {"model": "--model", "draft": "--draft", "served_model_name": "--served-model-name"}
 
 
@@ -98,6 +98,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="weight-only int8 / int4 linear layers on the CPU (a GGUF's Q4_0 / Q4_1 blocks used as they are)")
     p.add_argument("--no-cuda-graphs", action="store_true",
                    help="CUDA: run every decode step eagerly (by default they replay CUDA graphs captured at start-up)")
+    _add_engine_groups(p)
+    _add_serving_groups(p)
+    args = p.parse_args(argv)
+    _check(p, args)
+    first = args.models[0]  # the one-model view older callers read
+    args.model, args.draft, args.served_model_name = first.model, first.draft, first.served_model_name
+    return args
+
+
+def _add_engine_groups(p: argparse.ArgumentParser) -> None:
+    """The KV pool and batching, replicas, parallelism and capture."""
     kv = p.add_argument_group("KV cache and batching")
     kv.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     kv.add_argument("--num-kv-blocks", type=int, default=None, help="blocks in the KV pool")
@@ -133,6 +144,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     cap = p.add_argument_group("capture (level 'full')")
     cap.add_argument("--capture-max-keys", type=int, default=64, help="attention rows/keys kept per matrix")
     cap.add_argument("--capture-heads", default=None, help="comma-separated query heads to capture (default all)")
+
+
+def _add_serving_groups(p: argparse.ArgumentParser) -> None:
+    """The traces kept, and access and limits."""
     kept = p.add_argument_group("traces kept (export, replay, classroom, /v1/traces)")
     kept.add_argument("--api-trace-level", choices=("full", "basic", "off"), default=API_TRACE_LEVEL,
                       help="capture level of API and /ws requests whose body has no trace_level (default "
@@ -163,7 +178,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                           "its own; one at a time). A local server runs them without it")
     pub.add_argument("--ignore-unknown-fields", action="store_true",
                      help="drop request body fields this server does not implement (default: a 400 naming the field)")
-    args = p.parse_args(argv)
+
+
+def _check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The models in command-line order, and the combinations not built (exits with the parser's error)."""
     try:
         args.models = model_specs(getattr(args, "_per_model", None) or [])
     except ValueError as e:
@@ -176,17 +194,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--replicas and --tensor-parallel-size cannot be combined yet")
     if args.replicas > 1 and args.disaggregate:
         p.error("--replicas and --disaggregate cannot be combined yet")
-    first = args.models[0]  # the one-model view older callers read
-    args.model, args.draft, args.served_model_name = first.model, first.draft, first.served_model_name
-    return args
 
 
 def default_draft(spec: ModelSpec) -> str | None:
     """The engine's draft argument: None (no speculation), "ngram", or a draft checkpoint."""
     if spec.draft is not None:
         return None if spec.draft.lower() == "none" else "ngram" if spec.draft.lower() == "ngram" else spec.draft
-    if spec.model is None and (ASSETS / "draft" / "config.json").is_file():
-        return str(ASSETS / "draft")
+    if spec.model is None and (EMBEDDED_DRAFT / "config.json").is_file():
+        return str(EMBEDDED_DRAFT)
     return None
 
 
@@ -239,10 +254,9 @@ def memory_line(service) -> str:
 
 def build_services(args: argparse.Namespace, say=None):
     """Every --model on its own engine (loaded one after another) -> ServedModels."""
-    from app.serving.engine_service import EngineService
-    from app.serving.limits import ClientSlots
-    from app.serving.served_models import ServedModels
-    from engine import CaptureConfig, DisaggEngine, EngineConfig, LLMEngine, Tracer
+    from app.serving.engine_service import EngineService  # lazy: torch
+    from app.serving.served_models import ServedModels  # lazy: torch
+    from engine import CaptureConfig, DisaggEngine, EngineConfig, LLMEngine, Tracer  # lazy: torch
 
     say = say or (lambda line: print(line, flush=True))
     limits = serve_limits(args)  # before the model loads: a bad --auth fails at once
@@ -299,8 +313,8 @@ def build_services(args: argparse.Namespace, say=None):
 
 def replicated(copies: list, args: argparse.Namespace):
     """One model's replicas behind its router."""
-    from app.serving.replicas import ReplicaSet
-    from app.serving.router import Router
+    from app.serving.replicas import ReplicaSet  # lazy: torch
+    from app.serving.router import Router  # lazy: torch
     return ReplicaSet(copies, Router(args.router or "prefix-aware"))
 
 
@@ -311,7 +325,6 @@ def build_service(args: argparse.Namespace):
 
 def trace_store(args: argparse.Namespace):
     """The store of recent requests' traces, with the byte bounds given (ValueError: bad bounds)."""
-    from app.serving.trace_store import TraceStore
     if args.trace_max_bytes_per_request < 1:
         raise ValueError("--trace-max-bytes-per-request must be at least 1")
     try:
@@ -341,7 +354,7 @@ def serve_limits(args: argparse.Namespace) -> ServeLimits:
 
 def serve_replay(args: argparse.Namespace) -> None:
     """--replay FILE: the page, replay controls and classroom on one recording; no engine."""
-    from app.serving.recording import Recording, TraceFileError
+    from app.serving.recording import Recording, TraceFileError  # lazy: torch
     try:
         rec = Recording.loads(Path(args.replay).read_bytes())
         limits = serve_limits(args)
@@ -349,13 +362,12 @@ def serve_replay(args: argparse.Namespace) -> None:
         sys.exit(f"cannot replay {args.replay}: {e}")
     import uvicorn
 
-    from app.server import create_app
+    from app.server import create_app  # lazy: gradio
 
     app = create_app(None, replay=rec, limits=limits)
     print(f"TokenTrace replay: {rec.request_id} ({rec.model['name']}, {len(rec.steps())} engine steps) on "
           f"http://{args.host}:{args.port}", flush=True)
     if args.share:
-        from app.serving.share import open_share_link
         open_share_link(args.port, lambda line: print(line, flush=True))
     # open event streams (a classroom's audience) end 3 s after Ctrl-C instead of holding the exit
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=3)
@@ -375,7 +387,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"cannot start: {' '.join(str(e).split()) or type(e).__name__}")
     import uvicorn
 
-    from app.server import create_app
+    from app.server import create_app  # lazy: gradio
 
     app = create_app(models.start())
     shown = []
@@ -392,7 +404,6 @@ def main(argv: list[str] | None = None) -> None:
               f"in flight per client; " + ("access token required" if limits.api_key else
                                             "no access token (set --api-key or TOKENTRACE_API_KEY)"), flush=True)
     if args.share:
-        from app.serving.share import open_share_link
         open_share_link(args.port, lambda line: print(line, flush=True))
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=3)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.bench.timing import decode_rate, decode_times, greedy, repeat_spread, run_engine
 from engine.config import ModelConfig
 from engine.kernels.cpu import blocked_weights
 from engine.llm_engine import LLMEngine
@@ -98,7 +99,6 @@ def tiny_checkpoint(folder: Path, seed: int = 0) -> Path:
 
 def decode_rows(engine: LLMEngine, path: Path, new_tokens: int, repeats: int, prompt_len: int = 32) -> dict:
     """Batch-1 greedy decode rate, the engine and transformers interleaved, tokens compared."""
-    from benchmarks.bench.timing import decode_rate, decode_times, greedy, repeat_spread, run_engine
     from transformers import AutoModelForCausalLM
     ref = AutoModelForCausalLM.from_pretrained(str(path), dtype=engine.dtype).to(engine.device).eval()
     prompt = torch.randint(4, TINY["vocab_size"], (prompt_len,), generator=torch.Generator().manual_seed(1)).tolist()

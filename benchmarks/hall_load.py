@@ -26,14 +26,14 @@ import asyncio
 import json
 import os
 import re
-import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from urllib.parse import urlsplit
+
+from benchmarks.app_process import start_server
 
 BAR = {"errors": 0, "missed": 0, "worst_lag_s": 1.0, "state_p99_ms": 500.0, "stream_ratio": 0.8}
 MAX_CLIENTS = 2000  # bounds: loopback only, this many sockets at most, this long at most
@@ -419,36 +419,6 @@ async def find_max(hall: Hall, start: int, seconds: float, max_clients: int, max
             n = (good + bad) // 2
         await asyncio.sleep(2.0)  # let the last trial's sockets close
     return good, trials
-
-
-# --- the server ----------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(args: list[str], timeout: float = 300) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    log = tempfile.TemporaryFile()  # a pipe nobody reads would fill and stall the server
-    proc = subprocess.Popen([sys.executable, "-m", "app", "--host", "127.0.0.1", "--port", str(port), *args],
-                            stdout=log, stderr=subprocess.STDOUT,
-                            env={**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"})
-    url, end = f"http://127.0.0.1:{port}", time.monotonic() + timeout
-    while time.monotonic() < end:
-        if proc.poll() is not None:
-            log.seek(0)
-            raise RuntimeError("the server exited: " + log.read().decode(errors="replace")[-2000:])
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
-                s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-                if b" 200 " in s.recv(100):
-                    return proc, url
-        except OSError:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    raise RuntimeError("the server did not start")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -36,10 +36,12 @@ import statistics
 import sys
 import threading
 import time
+from dataclasses import dataclass, field
 
 import httpx
 
 from app.__main__ import build_service, parse_args
+from app.page import controller, live_view, stages, streaming
 from benchmarks.browser import chromium_memory_mb, launch
 from benchmarks.local_server import LocalServer
 
@@ -238,8 +240,6 @@ def where_it_goes(produced: dict, yielded: dict, sse: list, seen: dict, rids: li
 def record_yields(yielded: dict[str, float]) -> None:
     """Note when the page's stream first yielded each token's chip (the Controller's stream,
     wrapped in this process: the server's side of the lag)."""
-    from app.page import controller
-
     plain = controller.Controller.stream
 
     def stream(self, tab, *args, **kwargs):
@@ -274,7 +274,7 @@ def watch_request(page, url: str, model: str, max_tokens: int) -> str:
 
 
 # the page's redraw periods --periods may set: name -> what it is
-PERIODS = {"yield": "between updates sent (app/page/controller.YIELD_EVERY)",
+PERIODS = {"yield": "between updates sent (streaming.YIELD_EVERY)",
            "one_pass": "between the pass panels' redraws (live_view.ONE_PASS_EVERY)",
            "journey": "between the map's and the stages' redraws (stages.JOURNEY_EVERY)",
            "timeline": "between the timeline's redraws (live_view.HEAVY; 0: every update)"}
@@ -283,14 +283,13 @@ PERIODS = {"yield": "between updates sent (app/page/controller.YIELD_EVERY)",
 def set_periods(spec: str) -> dict[str, float]:
     """Set the page's redraw periods from "name=seconds,..." (before the page is built) -> every
     period as it now is."""
-    from app.page import controller, live_view, stages
     for part in filter(None, (p.strip() for p in spec.split(","))):
         name, _, value = part.partition("=")
         if name not in PERIODS:
             raise SystemExit(f"--periods: unknown period {name!r} (one of {', '.join(PERIODS)})")
         seconds = float(value)
         if name == "yield":
-            controller.YIELD_EVERY = seconds
+            streaming.YIELD_EVERY = seconds
         elif name == "one_pass":
             live_view.ONE_PASS_EVERY = seconds
         elif name == "journey":
@@ -299,11 +298,40 @@ def set_periods(spec: str) -> dict[str, float]:
             live_view.HEAVY["timeline"] = seconds
         else:
             live_view.HEAVY.pop("timeline", None)
-    return {"yield": controller.YIELD_EVERY, "one_pass": live_view.ONE_PASS_EVERY, "journey": stages.JOURNEY_EVERY,
+    return {"yield": streaming.YIELD_EVERY, "one_pass": live_view.ONE_PASS_EVERY, "journey": stages.JOURNEY_EVERY,
             "timeline": live_view.HEAVY.get("timeline", 0.0)}
 
 
-def main(argv: list[str] | None = None) -> None:
+@dataclass
+class EngineClock:
+    """When each token exists, each step ends and each request ends, read off the engine's trace
+    events (on the engine's thread) on the same wall clock as the page's."""
+    produced: dict[str, float] = field(default_factory=dict)  # "request id:token index" -> when it existed
+    stepped: dict[str, float] = field(default_factory=dict)  # "request id:k" -> when its k-th engine step ended
+    step_counts: dict[str, int] = field(default_factory=dict)
+    done: dict[str, float] = field(default_factory=dict)
+    n_prompt: dict[str, int] = field(default_factory=dict)  # request id -> its prompt's tokens
+
+    def on_event(self, ev) -> None:
+        if ev.type == "token":
+            self.produced[f"{ev.request_id}:{ev.data['index']}"] = time.time() * 1000
+        elif ev.type == "schedule.step":
+            for b in ev.data["batch"]:
+                self.step_counts[b["request_id"]] = self.step_counts.get(b["request_id"], 0) + 1
+                self.stepped[f"{b['request_id']}:{self.step_counts[b['request_id']]}"] = time.time() * 1000
+        elif ev.type == "finish":
+            self.done[ev.request_id] = time.time() * 1000
+        elif ev.type == "tokenize":
+            self.n_prompt[ev.request_id] = ev.data["count"]
+
+
+def set_max_tokens(page, n: int) -> None:
+    page.fill("#tt-max-tokens input[type=number]", str(n))
+    page.press("#tt-max-tokens input[type=number]", "Enter")
+
+
+def own_parser() -> argparse.ArgumentParser:
+    """This tool's options (the app's follow them)."""
     own = argparse.ArgumentParser(prog="python -m benchmarks.measure", description=__doc__, add_help=False,
                                   formatter_class=argparse.RawDescriptionHelpFormatter)
     own.add_argument("--requests", type=int, default=20)
@@ -316,6 +344,11 @@ def main(argv: list[str] | None = None) -> None:
     own.add_argument("--periods", default="", metavar="NAME=S,...",
                      help="the page's redraw periods to try, in seconds (default: the page's own), e.g. "
                           "one_pass=0.45,journey=0.3,timeline=0.3 (the old page's): " + ", ".join(PERIODS))
+    return own
+
+
+def main(argv: list[str] | None = None) -> None:
+    own = own_parser()
     ours, rest = own.parse_known_args(argv)
     if "-h" in rest or "--help" in rest:  # this tool's options, then the app's (parse_args prints them)
         own.print_help()
@@ -326,31 +359,12 @@ def main(argv: list[str] | None = None) -> None:
     periods = set_periods(ours.periods)
     service = build_service(args)
     service.engine.model_config.eos_token_ids = []  # full-length answers: the page's worst case
-    produced: dict[str, float] = {}
-    stepped: dict[str, float] = {}  # "request id:k" -> when the request's k-th engine step ended
-    step_counts: dict[str, int] = {}
-    done: dict[str, float] = {}
-    n_prompt: dict[str, int] = {}  # request id -> its prompt's tokens (a pass's position -> a token index)
+    clock = EngineClock()
+    produced, stepped, done, n_prompt = clock.produced, clock.stepped, clock.done, clock.n_prompt
     yielded: dict[str, float] = {}  # "request id:token index" -> when the page's stream first yielded its chip
     record_yields(yielded)
 
-    def on_event(ev) -> None:  # engine thread: when each token exists, each step ends, each request ends
-        if ev.type == "token":
-            produced[f"{ev.request_id}:{ev.data['index']}"] = time.time() * 1000
-        elif ev.type == "schedule.step":
-            for b in ev.data["batch"]:
-                step_counts[b["request_id"]] = step_counts.get(b["request_id"], 0) + 1
-                stepped[f"{b['request_id']}:{step_counts[b['request_id']]}"] = time.time() * 1000
-        elif ev.type == "finish":
-            done[ev.request_id] = time.time() * 1000
-        elif ev.type == "tokenize":
-            n_prompt[ev.request_id] = ev.data["count"]
-
-    def set_max_tokens(page, n: int) -> None:
-        page.fill("#tt-max-tokens input[type=number]", str(n))
-        page.press("#tt-max-tokens input[type=number]", "Enter")
-
-    service.engine.tracer.add_sink(on_event)
+    service.engine.tracer.add_sink(clock.on_event)
     long_result = None
     with LocalServer(service) as server, sync_playwright() as pw:
         browser = launch(pw, extra_args=["--js-flags=--expose-gc"])  # collect garbage before each reading

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import torch
 
+from engine.checkpoint.resolve import resolve_model_path
+
 
 def hf_folder(model: str, out: Path) -> Path:
     """A GGUF checkpoint as a float32 Hugging Face folder: config.json with `architectures`
@@ -29,8 +31,6 @@ def hf_folder(model: str, out: Path) -> Path:
     by it), model.safetensors (the tied head saved once, as the embedding), tokenizer files."""
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer  # lazy: heavy, and only this command needs it
-
-    from engine.checkpoint.resolve import resolve_model_path
     path = Path(resolve_model_path(model))
     if path.suffix != ".gguf":
         raise SystemExit(f"{path} is not a GGUF file: a Hugging Face folder needs no converting")

@@ -28,6 +28,12 @@ from typing import Callable
 
 import torch
 
+from benchmarks.bench.context import TEXT
+from benchmarks.bench.timing import greedy, run_engine
+from engine.checkpoint.resolve import resolve_model_path
+from engine.llm_engine import LLMEngine
+from engine.tokenizer import Tokenizer
+
 Generate = Callable[[list[list[int]], int], list[list[int]]]  # prompts, new tokens -> each one's new ids
 
 
@@ -40,8 +46,6 @@ class Peer:
 
 
 def engine_peer(model: str, dtype: str) -> Peer:
-    from benchmarks.bench.timing import greedy, run_engine
-    from engine.llm_engine import LLMEngine
     engine = LLMEngine(model, device="cpu", dtype=dtype)  # no tracer: tracing off, as a peer runs
 
     def generate(prompts: list[list[int]], n: int) -> list[list[int]]:
@@ -130,9 +134,6 @@ def peers(args: argparse.Namespace, say: Callable[[str], None]) -> list[Peer]:
 
 def prompts_of(model: str, count: int, length: int) -> list[list[int]]:
     """Windows of the bench's fixed English text as token ids: every engine gets the same ids."""
-    from benchmarks.bench.context import TEXT
-    from engine.checkpoint.resolve import resolve_model_path
-    from engine.tokenizer import Tokenizer
     ids = Tokenizer(resolve_model_path(model)).encode(TEXT, add_special_tokens=False) * 4
     stride = max(1, (len(ids) - length) // count)
     return [ids[i * stride:i * stride + length] for i in range(count)]

@@ -7,12 +7,13 @@ that the model code reads. `EngineConfig` holds the serving knobs.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import torch
 
-if TYPE_CHECKING:
-    from engine.config_deepseek import DeepseekMoEConfig, MLAConfig
+from engine.config_deepseek import DeepseekMoEConfig, MLAConfig
+from engine.config_deepseek import from_hf as deepseek_from_hf
+from engine.config_support import SUPPORTED_ACTIVATIONS, UnsupportedModelError, read_local_rope, read_rope
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 QUANTIZATIONS = ("int8", "int4")  # weight-only kinds (engine/layers/quantized.py)
@@ -31,7 +32,7 @@ ARCHITECTURES = {
     "OlmoeForCausalLM": "olmoe",
     "Gemma3ForCausalLM": "gemma3",
     "Gemma3ForConditionalGeneration": "gemma3",  # its language model only (the vision tower is skipped)
-    "DeepseekV2ForCausalLM": "deepseek_v2",  # MLA + DeepSeek MoE (engine/config_deepseek.py)
+    "DeepseekV2ForCausalLM": "deepseek_v2",  # MLA + DeepSeek MoE
     "DeepseekV3ForCausalLM": "deepseek_v3",
 }
 # model_type -> architecture, for a config.json without `architectures` (transformers'
@@ -42,8 +43,6 @@ MODEL_TYPES = {
     "qwen3_moe": "Qwen3MoeForCausalLM", "olmoe": "OlmoeForCausalLM",
     "deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM",
 }
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
-SUPPORTED_ACTIVATIONS = ("silu", "swish", "gelu_pytorch_tanh")  # SwiGLU, or GeGLU (tanh GELU)
 
 # Gemma3TextConfig's defaults: config.json files, above all the text_config inside a
 # Gemma3ForConditionalGeneration file, often leave these out.
@@ -54,10 +53,6 @@ GEMMA3_DEFAULTS = {
     "query_pre_attn_scalar": 256, "sliding_window": 4096, "sliding_window_pattern": 6,
     "rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0, "bos_token_id": 2, "eos_token_id": 1,
 }
-
-
-class UnsupportedModelError(ValueError):
-    """The checkpoint describes a model this engine cannot run."""
 
 
 @dataclass
@@ -100,9 +95,9 @@ class ModelConfig:
     sandwich_norms: bool = False  # norms before and after both attention and MLP
     embed_scale: float | None = None  # embeddings multiplied by this (sqrt(hidden_size))
     final_logit_softcapping: float | None = None  # logits -> c * tanh(logits / c)
-    # DeepSeek V2/V3: multi-head latent attention and DeepSeek MoE (engine/config_deepseek.py)
-    mla: "MLAConfig | None" = None
-    deepseek_moe: "DeepseekMoEConfig | None" = None
+    # DeepSeek V2/V3: multi-head latent attention and DeepSeek MoE
+    mla: MLAConfig | None = None
+    deepseek_moe: DeepseekMoEConfig | None = None
 
     @property
     def rotary_dim(self) -> int:
@@ -150,7 +145,7 @@ class ModelConfig:
         if family == "gemma3":
             cfg = _gemma3_text_config(cfg)
         if family.startswith("deepseek"):
-            return deepseek_config(cls, arch, family, cfg)
+            return deepseek_from_hf(cls, arch, family, cfg)  # MLA's and DeepSeek MoE's fields
         act = cfg.get("hidden_activation" if family == "gemma3" else "hidden_act") or "silu"
         if act not in SUPPORTED_ACTIVATIONS:
             raise UnsupportedModelError(
@@ -158,8 +153,8 @@ class ModelConfig:
         n_layers = cfg["num_hidden_layers"]
         n_heads = cfg["num_attention_heads"]
         head_dim = cfg.get("head_dim") or cfg["hidden_size"] // n_heads
-        rope_theta, rope_scaling = _rope(cfg)
-        local_rope_theta, local_rope_scaling = _local_rope(cfg)
+        rope_theta, rope_scaling = read_rope(cfg)
+        local_rope_theta, local_rope_scaling = read_local_rope(cfg)
 
         # MoE layout: which layers are sparse, and the block's shape.
         num_experts = cfg.get("num_local_experts") or cfg.get("num_experts") or 0
@@ -221,11 +216,6 @@ class ModelConfig:
         )
 
 
-def deepseek_config(cls: type, arch: str, family: str, cfg: dict) -> ModelConfig:
-    from engine.config_deepseek import from_hf  # its own module: MLA's and DeepSeek MoE's fields
-    return from_hf(cls, arch, family, cfg)
-
-
 def _gemma3_text_config(cfg: dict) -> dict:
     """A Gemma 3 config with Gemma3TextConfig's defaults filled in; for the multimodal
     Gemma3ForConditionalGeneration, its text_config (the vision tower is not run)."""
@@ -237,39 +227,6 @@ def _gemma3_text_config(cfg: dict) -> dict:
     if cfg.get("use_bidirectional_attention"):
         raise UnsupportedModelError("bidirectional attention (an embedding model) is not supported")
     return cfg
-
-
-def _by_layer_type(cfg: dict) -> dict | None:
-    """transformers >= 5 writes Gemma 3's `rope_parameters` as one entry per layer type."""
-    params = cfg.get("rope_parameters") or {}
-    return params if "full_attention" in params or "sliding_attention" in params else None
-
-
-def _local_rope(cfg: dict) -> tuple[float | None, dict | None]:
-    """(theta, scaling) of the sliding-window layers where they have a RoPE of their own
-    (Gemma 3: `rope_local_base_freq`, or the `sliding_attention` entry); else (None, None)."""
-    by_type = _by_layer_type(cfg)
-    if by_type is not None and by_type.get("sliding_attention"):
-        return _rope({"rope_parameters": by_type["sliding_attention"], "rope_theta": cfg.get("rope_local_base_freq")})
-    if cfg.get("rope_local_base_freq"):  # older files: scaling (rope_scaling) is for the global layers only
-        return float(cfg["rope_local_base_freq"]), None
-    return None, None
-
-
-def _rope(cfg: dict, allowed: tuple[str, ...] = SUPPORTED_ROPE_TYPES) -> tuple[float, dict | None]:
-    # transformers >= 5 writes `rope_parameters` (theta inside); older files
-    # write `rope_theta` + `rope_scaling`. Keyed by layer type: the global layers' entry.
-    by_type = _by_layer_type(cfg)
-    params = dict((by_type.get("full_attention") or {}) if by_type is not None
-                  else cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
-    theta = float(params.pop("rope_theta", None) or cfg.get("rope_theta") or 10000.0)
-    rope_type = params.get("rope_type") or params.get("type") or "default"
-    if rope_type not in allowed:
-        raise UnsupportedModelError(
-            f"unsupported RoPE scaling {rope_type!r}; supported: {', '.join(allowed)}")
-    if cfg.get("partial_rotary_factor", 1.0) != 1.0:
-        raise UnsupportedModelError("partial rotary embeddings are not supported")
-    return theta, ({**params, "rope_type": rope_type} if rope_type != "default" else None)
 
 
 def _sliding_windows(cfg: dict, family: str, n_layers: int) -> list[int | None]:

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
-from engine.config import SUPPORTED_ACTIVATIONS, ModelConfig, UnsupportedModelError, _rope
+from engine.config_support import SUPPORTED_ACTIVATIONS, UnsupportedModelError, read_rope
+
+Config = TypeVar("Config")  # ModelConfig, which hands itself in: that module imports this one
 
 ROPE_TYPES = ("default", "linear", "yarn")  # what DeepSeek's files use (V2/V3: yarn)
 TOPK_METHODS = ("greedy", "group_limited_greedy", "noaux_tc")
@@ -55,13 +57,13 @@ def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
     return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
 
 
-def from_hf(cls: type[ModelConfig], arch: str, family: str, cfg: dict[str, Any]) -> ModelConfig:
+def from_hf(cls: type[Config], arch: str, family: str, cfg: dict[str, Any]) -> Config:
     act = cfg.get("hidden_act") or "silu"
     if act not in SUPPORTED_ACTIVATIONS:
         raise UnsupportedModelError(f"unsupported hidden activation {act!r}")
     v3 = family == "deepseek_v3"
     n_layers, n_heads = cfg["num_hidden_layers"], cfg["num_attention_heads"]
-    theta, scaling = _rope(cfg, ROPE_TYPES)
+    theta, scaling = read_rope(cfg, ROPE_TYPES)
     if scaling is not None and scaling["rope_type"] == "yarn":
         # DeepSeek-V3's files name the pre-training length; the factor defaults to the ratio
         scaling.setdefault("original_max_position_embeddings", cfg.get("max_position_embeddings", 2048))

@@ -9,9 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from engine.checkpoint.errors import ModelLoadError
+from engine.checkpoint.gguf_deepseek2 import load_tokenizer as load_deepseek2_tokenizer
 
 
-# Converting a GGUF file's vocabulary takes seconds (~17 s for 262k tokens): each file's
+# Converting a GGUF file's vocabulary is slow for a large one (Gemma 3's 262k tokens): each file's
 # tokenizer is built once per process, keyed by (path, mtime, size), and kept on disk.
 _gguf_tokenizers: dict[tuple[str, int, int], Any] = {}
 _GGUF_CACHE_SIZE = 4
@@ -83,11 +84,9 @@ def _gguf_tokenizer(path: Path):
 
 def _converted_tokenizer(path: Path, key: tuple[str, int, int]):
     """transformers converts the tokenizer.ggml.* vocabulary and reads tokenizer.chat_template.
-    The result is also saved on disk (tokenizer.json, a fraction of a second to load), so the
+    The result is also saved on disk (tokenizer.json, quick to load), so the
     next start-up on the same file skips the conversion."""
     from transformers import AutoTokenizer
-
-    from engine.checkpoint.gguf_deepseek2 import load_tokenizer as load_deepseek2_tokenizer
     saved = _tokenizer_cache_dir(path, key)
     if (saved / "tokenizer.json").is_file():
         try:

@@ -13,6 +13,7 @@ from typing import Sequence
 import numpy as np
 
 from visualizers._html import empty, esc, fmt_bytes, hover_attr, hover_img, panel
+from visualizers.kv_latent import latent_formula_html
 from visualizers.selection import Selection, header_html, plural
 
 
@@ -251,7 +252,6 @@ def kv_formula_html(model: dict, tokens: int, who: str = "this request") -> str:
     """model: num_layers, num_kv_heads, head_dim, dtype, dtype_bytes, num_blocks, block_size,
     kv_cache_bytes (all read from the engine)."""
     if model.get("mla"):  # DeepSeek: the pool keeps the latent, not K and V
-        from visualizers.kv_latent import latent_formula_html
         return latent_formula_html(model, tokens, who)
     L, kvh, hd, b = model["num_layers"], model["num_kv_heads"], model["head_dim"], model["dtype_bytes"]
     per_token = 2 * L * kvh * hd * b

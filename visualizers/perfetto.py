@@ -20,6 +20,7 @@ microseconds from the request's arrival.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Sequence
 
 ENGINE_TID, REQUEST_TID = 1, 2
@@ -62,6 +63,51 @@ def _engine_track(role: str | None, index: int | None) -> tuple[int, str]:
     return (DECODE_K_TID + index if index else ENGINE_TID), name
 
 
+@dataclass
+class _Trace:
+    """The trace's events as they are added, times counted from the request's arrival (t0)."""
+    t0: float
+    events: list[dict] = field(default_factory=list)
+
+    def meta(self, tid: int, name: str, order: int) -> None:
+        self.events.append({"ph": "M", "name": "thread_name", "pid": 1, "tid": tid, "args": {"name": name}})
+        self.events.append({"ph": "M", "name": "thread_sort_index", "pid": 1, "tid": tid,
+                            "args": {"sort_index": order}})
+
+    def slice(self, tid: int, name: str, start: float, end: float, cat: str, **args) -> None:
+        self.events.append({"ph": "X", "name": name, "cat": cat, "pid": 1, "tid": tid, "ts": _us(start - self.t0),
+                            "dur": max(0.0, _us(end - self.t0) - _us(start - self.t0)), "args": args})
+
+
+def _collectives(trace: _Trace, events: Sequence[dict], request_id: str) -> None:
+    """Each rank's collectives in the steps this request was in: a track per rank."""
+    ranks: set[int] = set()
+    for c in events:
+        if c["type"] != "schedule.collective" or not any(b["request_id"] == request_id for b in c["batch"]):
+            continue
+        for col in c.get("collectives", []):
+            for r, (t, ms) in enumerate(zip(col.get("start", ()), col["ms"])):  # no "start": an older file
+                if r not in ranks:
+                    ranks.add(r)
+                    trace.meta(RANK_TID + r, f"rank {r} collectives", 1000 + r)
+                where = f" layer {col['layer']}" if col.get("layer") is not None else ""
+                trace.slice(RANK_TID + r, f"{col['kind']} {col['what']}{where}", t, t + ms / 1e3, "collective",
+                            step=c["step"], layer=col.get("layer"), bytes=col["bytes"], ms=ms)
+
+
+def _transfers(trace: _Trace, transfers: list[dict]) -> None:
+    """Disaggregated: the handover, prefill pool -> decode pool, on a track of its own."""
+    for x in transfers:
+        if not any(e["ph"] == "M" and e.get("tid") == TRANSFER_TID for e in trace.events):
+            trace.meta(TRANSFER_TID, f"KV transfer ({x.get('src', 'prefill')} -> {x.get('dst', 'decode')})", 0)
+        t0 = x["start"]
+        trace.slice(TRANSFER_TID, "waiting for decode blocks", t0 - x["queue_ms"] / 1e3, t0, "transfer",
+                    ms=x["queue_ms"])
+        trace.slice(TRANSFER_TID, f"send {x['num_blocks']} blocks ({x['bytes']:,} bytes, {x['backend']})", t0,
+                    t0 + x["wire_ms"] / 1e3, "transfer", bytes=x["bytes"], layers=len(x["layers"]), ms=x["wire_ms"],
+                    src_blocks=x["src_blocks"], dst_blocks=x["dst_blocks"])
+
+
 def perfetto_trace(events: Sequence[dict], request_id: str, model: str | None = None) -> dict:
     """events: one request's recording (its own events and the schedule.step events it was in)."""
     steps = [e for e in events if e["type"] == "schedule.step"
@@ -83,16 +129,8 @@ def perfetto_trace(events: Sequence[dict], request_id: str, model: str | None = 
             key = (*_engine(e), e["step"])  # disaggregated: each prefill engine counts its own steps
             last_ts[key] = max(last_ts.get(key, e["ts"]), e["ts"])
 
-    out: list[dict] = []
-
-    def meta(tid: int, name: str, order: int) -> None:
-        out.append({"ph": "M", "name": "thread_name", "pid": 1, "tid": tid, "args": {"name": name}})
-        out.append({"ph": "M", "name": "thread_sort_index", "pid": 1, "tid": tid, "args": {"sort_index": order}})
-
-    def slice_(tid: int, name: str, start: float, end: float, cat: str, **args) -> None:
-        out.append({"ph": "X", "name": name, "cat": cat, "pid": 1, "tid": tid, "ts": _us(start - t_arrival),
-                    "dur": max(0.0, _us(end - t_arrival) - _us(start - t_arrival)), "args": args})
-
+    trace = _Trace(t_arrival)
+    out, meta, slice_ = trace.events, trace.meta, trace.slice
     out.append({"ph": "M", "name": "process_name", "pid": 1,
                 "args": {"name": f"TokenTrace · {model}" if model else "TokenTrace"}})
     apart = any(s.get("engine") for s in steps)
@@ -127,26 +165,8 @@ def perfetto_trace(events: Sequence[dict], request_id: str, model: str | None = 
                 meta(neighbours[b["request_id"]], f"neighbour {b['request_id']}", 1 + len(neighbours))
             slice_(neighbours[b["request_id"]], b["kind"], start, end, "neighbour", step=s["step"],
                    tokens=b["num_tokens"], shared_with=request_id)
-    ranks: set[int] = set()
-    for c in events:
-        if c["type"] != "schedule.collective" or not any(b["request_id"] == request_id for b in c["batch"]):
-            continue
-        for col in c.get("collectives", []):
-            for r, (t, ms) in enumerate(zip(col.get("start", ()), col["ms"])):  # no "start": an older file
-                if r not in ranks:
-                    ranks.add(r)
-                    meta(RANK_TID + r, f"rank {r} collectives", 1000 + r)
-                where = f" layer {col['layer']}" if col.get("layer") is not None else ""
-                slice_(RANK_TID + r, f"{col['kind']} {col['what']}{where}", t, t + ms / 1e3, "collective",
-                       step=c["step"], layer=col.get("layer"), bytes=col["bytes"], ms=ms)
-    for x in by_type.get("kv.transfer", []):  # disaggregated: the handover, prefill pool -> decode pool
-        if not any(e["ph"] == "M" and e.get("tid") == TRANSFER_TID for e in out):
-            meta(TRANSFER_TID, f"KV transfer ({x.get('src', 'prefill')} -> {x.get('dst', 'decode')})", 0)
-        t0 = x["start"]
-        slice_(TRANSFER_TID, "waiting for decode blocks", t0 - x["queue_ms"] / 1e3, t0, "transfer", ms=x["queue_ms"])
-        slice_(TRANSFER_TID, f"send {x['num_blocks']} blocks ({x['bytes']:,} bytes, {x['backend']})", t0,
-               t0 + x["wire_ms"] / 1e3, "transfer", bytes=x["bytes"], layers=len(x["layers"]), ms=x["wire_ms"],
-               src_blocks=x["src_blocks"], dst_blocks=x["dst_blocks"])
+    _collectives(trace, events, request_id)
+    _transfers(trace, by_type.get("kv.transfer", []))
     t_end = max([fin["ts"] if fin else t_arrival] + [e for _, e in spans] + [e["ts"] for e in mine])
     slice_(REQUEST_TID, f"request {request_id}", t_arrival, t_end, "request",
            finish_reason=(fin or {}).get("reason"), usage=(fin or {}).get("usage"), ttft_s=(fin or {}).get("ttft"))

@@ -109,6 +109,49 @@ def chart_frame(svg: Sequence[str], lanes: Sequence[str], height: int, ttft: tup
             f'width="100%" height="{height}">{"".join(svg)}</svg>{mark}{ends}</div></div>')
 
 
+def steps_table(steps: list[dict], finish: dict | None) -> str:
+    """The newest TABLE_ROWS steps of the request, newest first (or why there is none)."""
+    # "step" is this request's own count (as the replay's "step k of N" counts), the engine's number beside it
+    rows = "".join(
+        f"<tr><td>{k} <small class='tt-note' title='the engine&#x27;s step number'>#{s['step']}</small></td>"
+        f"<td><span style='color:{KIND_COLOR.get(s['kind'], '#888')}'>■</span> "
+        f"{esc(s['kind'])}</td><td>{s['tokens']}</td><td>{esc(fmt_ms(s['end'] - s['start']))}</td>"
+        f"<td>{esc(', '.join(s['others'])) or '—'}</td></tr>"
+        for k, s in list(enumerate(steps, 1))[-TABLE_ROWS:][::-1])
+    # the table lists the newest TABLE_ROWS steps (the chart draws every one): said above it, not left to guess
+    newest = (f"<div class='tt-note tt-table-note'>the table lists the newest {TABLE_ROWS} of these {len(steps):,} "
+              "steps; the chart above draws every one</div>" if len(steps) > TABLE_ROWS else "")
+    table = (newest + "<table class='tt-table tt-tl-steps'><thead><tr><th>step (engine #)</th><th>kind</th><th>tokens</th>"
+             "<th>forward</th><th>batch shared with</th></tr></thead><tbody>" + rows + "</tbody></table>")
+    if not steps:  # no row to list: say why instead of an empty table
+        table = empty("no engine step has run this request" + (": it ended before the scheduler admitted it"
+                                                               if finish else " yet"))
+    return table
+
+
+def summary_line(steps: list[dict], finish: dict | None, tok: dict, queue: float | None, tokens: list[dict]) -> str:
+    """The steps by kind, the TTFT's parts, and the steps shared with other requests."""
+    summary = [step_counts(steps)]
+    split = (finish or {}).get("ttft_split") or {}
+    if finish and "ttft" in finish:  # the engine's own split: tokenize and queue are quoted there, once
+        summary.append(f"TTFT {fmt_ms(finish['ttft'])} = " + " + ".join(
+            f"{QUEUE_NAME if k == 'queue' else k.replace('_', ' ')} {fmt_ms(v)}" for k, v in split.items()))
+    else:
+        summary.append(f"tokenize {fmt_ms(tok.get('seconds', 0))}")
+        if queue is not None:
+            summary.append(f"{QUEUE_NAME} {fmt_ms(queue)}")
+        if tokens:
+            summary.append(f"TTFT {fmt_ms(tokens[0]['t'])}")
+    shared = sum(1 for s in steps if s["others"])
+    partners: dict[str, int] = {}
+    for s in steps:
+        for rid in s["others"]:
+            partners[rid] = partners.get(rid, 0) + 1
+    summary.append(f"{shared} step{'s' if shared != 1 else ''} shared with other requests"
+                   + (" (" + ", ".join(f"{rid}: {n}" for rid, n in sorted(partners.items())) + ")" if partners else ""))
+    return " · ".join(summary)
+
+
 def timeline_html(events: Sequence[dict], request_id: str) -> str:
     """events: this request's events plus the schedule.step events that include it."""
     by_type: dict[str, list[dict]] = {}
@@ -181,38 +224,7 @@ def timeline_html(events: Sequence[dict], request_id: str) -> str:
         svg.append(f'<line x1="{ttft[0]:.1f}" x2="{ttft[0]:.1f}" y1="4" y2="{y["tokens"] + 20}" stroke="#d62828" '
                    f'stroke-dasharray="3,2" {THIN}/>')
     chart = chart_frame(svg, lanes, y["tokens"] + 20, ttft, fmt_ms(span))
-    # "step" is this request's own count (as the replay's "step k of N" counts), the engine's number beside it
-    rows = "".join(
-        f"<tr><td>{k} <small class='tt-note' title='the engine&#x27;s step number'>#{s['step']}</small></td>"
-        f"<td><span style='color:{KIND_COLOR.get(s['kind'], '#888')}'>■</span> "
-        f"{esc(s['kind'])}</td><td>{s['tokens']}</td><td>{esc(fmt_ms(s['end'] - s['start']))}</td>"
-        f"<td>{esc(', '.join(s['others'])) or '—'}</td></tr>"
-        for k, s in list(enumerate(steps, 1))[-TABLE_ROWS:][::-1])
-    # the table lists the newest TABLE_ROWS steps (the chart draws every one): said above it, not left to guess
-    newest = (f"<div class='tt-note tt-table-note'>the table lists the newest {TABLE_ROWS} of these {len(steps):,} "
-              "steps; the chart above draws every one</div>" if len(steps) > TABLE_ROWS else "")
-    table = (newest + "<table class='tt-table tt-tl-steps'><thead><tr><th>step (engine #)</th><th>kind</th><th>tokens</th>"
-             "<th>forward</th><th>batch shared with</th></tr></thead><tbody>" + rows + "</tbody></table>")
-    if not steps:  # no row to list: say why instead of an empty table
-        table = empty("no engine step has run this request" + (": it ended before the scheduler admitted it"
-                                                               if finish else " yet"))
-    summary = [step_counts(steps)]
-    split = (finish or {}).get("ttft_split") or {}
-    if finish and "ttft" in finish:  # the engine's own split: tokenize and queue are quoted there, once
-        summary.append(f"TTFT {fmt_ms(finish['ttft'])} = " + " + ".join(
-            f"{QUEUE_NAME if k == 'queue' else k.replace('_', ' ')} {fmt_ms(v)}" for k, v in split.items()))
-    else:
-        summary.append(f"tokenize {fmt_ms(tok.get('seconds', 0))}")
-        if queue is not None:
-            summary.append(f"{QUEUE_NAME} {fmt_ms(queue)}")
-        if tokens:
-            summary.append(f"TTFT {fmt_ms(tokens[0]['t'])}")
-    shared = sum(1 for s in steps if s["others"])
-    partners: dict[str, int] = {}
-    for s in steps:
-        for rid in s["others"]:
-            partners[rid] = partners.get(rid, 0) + 1
-    summary.append(f"{shared} step{'s' if shared != 1 else ''} shared with other requests"
-                   + (" (" + ", ".join(f"{rid}: {n}" for rid, n in sorted(partners.items())) + ")" if partners else ""))
-    info = "<div class='tt-lines'><div>" + esc(" · ".join(summary)) + "</div></div>"
+    table = steps_table(steps, finish)
+    summary = summary_line(steps, finish, tok, queue, tokens)
+    info = "<div class='tt-lines'><div>" + esc(summary) + "</div></div>"
     return panel("Timeline", info + chart + table)

@@ -1,5 +1,5 @@
 """The lab: serving trade-offs measured on the real engine, setting against setting
-(python -m app.lab NAME; the page's Experiments tab). See app/lab/experiment.py."""
+(python -m app.lab NAME; the page's Experiments tab). An experiment is an `Experiment`."""
 from app.lab.experiment import (Cancelled, Experiment, Progress, RequestRecord, Result, Setting, SettingResult,
                                 StepRecord)
 from app.lab.registry import experiments, get, register

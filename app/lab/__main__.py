@@ -42,8 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", dest="json_out", default=None, help="write the result as JSON here")
     ap.add_argument("--html", dest="html_out", default=None, help="write a self-contained HTML page here")
     args = ap.parse_args(argv)
-    from app.lab import experiments, get, run
-    from app.lab.export import headline_rows, write_html, write_json
+    from app.lab import experiments, get, run  # lazy: torch (the engine), so --help answers at once
+    from app.lab.export import headline_rows, write_html, write_json  # lazy: torch
     if args.list or not args.name:
         for e in experiments():
             print(f"{e.name:16} {e.what}")

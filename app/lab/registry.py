@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+from pathlib import Path
 
 from app.lab.experiment import Experiment
 
@@ -17,8 +18,7 @@ def register(experiment: Experiment) -> Experiment:
 
 
 def _discover() -> None:
-    import app.lab as package
-    for info in pkgutil.iter_modules(package.__path__):
+    for info in pkgutil.iter_modules([str(Path(__file__).parent)]):  # this package's folder
         if info.name in NOT_EXPERIMENTS or info.name.startswith("_"):
             continue
         module = importlib.import_module(f"app.lab.{info.name}")

@@ -1,4 +1,4 @@
-"""The page's Experiments tab: pick an experiment (app/lab), a model and a size, Run; the
+"""The page's Experiments tab: pick an experiment, a model and a size, Run; the
 progress (which setting, what it is doing, a bar), Cancel, the generated sentences, the
 headline table and the plotly figures (plotly.js from the installed package, served by this
 server: no CDN), export as JSON or a self-contained HTML page, and open the result in the
@@ -26,9 +26,10 @@ from fastapi import FastAPI
 from fastapi.responses import Response
 
 from app.classroom.lab_stage import add_to_room, open_room, result_html
+from app.embedded import EMBEDDED_TARGET
 from app.lab import Progress, experiments, run
 from app.lab.export import plotly_js, to_html
-from app.page.controller import key_of
+from app.page.tabs import key_of
 
 EMBEDDED = "the embedded model"
 POLL_S = 0.3  # how often the progress is redrawn
@@ -247,11 +248,10 @@ def lab_desk(ctl) -> LabDesk:
 
 def lab_models(ctl) -> dict[str, str | None]:
     """The embedded model, and each served model by its served name -> its checkpoint."""
-    from app.__main__ import ASSETS  # a light module: the embedded checkpoints' folder
     out: dict[str, str | None] = {EMBEDDED: None}
     for s in ctl.models:
         path = Path(s.engine.model_path)
-        if path.resolve() != (ASSETS / "target").resolve():
+        if path.resolve() != EMBEDDED_TARGET.resolve():
             out.setdefault(s.model_name, str(path))
     return out
 

@@ -5,7 +5,7 @@ decode -> KV pages -> LM head and logit lens -> sampling -> stream -> batching -
 speculation -> parallelism), each its sentence then its panels. A stage this request skips
 is one line in the map and no section.
 
-Every handler is a method of app/page/controller.Controller, which takes the controls by
+Every handler is a method of the `Controller`, which takes the controls by
 name and returns {output name: value}; `Wiring` maps those names to the components built here
 and keeps the page's API (/send, /stop, /kv_calculator) with its outputs in their published
 order. With no engine (`--replay FILE`) the page only replays.
@@ -20,13 +20,17 @@ import gradio as gr
 import visualizers as viz
 from app.classroom.rooms import Classrooms
 from app.page import texts
-from app.page.controller import JSON_MODES, MAX_PAGE_CHOICES, MORE, SPEEDS, Controller, Controls, key_of, \
-    stages_of, write_timeline, write_trace
+from app.page.controller import Controller
+from app.page.controls import JSON_MODES, MAX_PAGE_CHOICES, MORE, Controls
 from app.page.lab_tab import build_lab_tab
 from app.page.live_view import PANELS
+from app.page.page_state import stages_of
+from app.page.replay import SPEEDS
 from app.page.skips import SkipBlocks
 from app.page.stages import empty_stages, map_html, section_panels, stage_html
+from app.page.tabs import key_of
 from app.page.texts import model_summary  # noqa: F401 - the page's model line, read by tests
+from app.page.trace_files import write_timeline, write_trace
 from app.serving.engine_service import EngineService
 from app.serving.limits import client_of
 from app.page.step_bar import first_bar
@@ -259,7 +263,7 @@ def build_page(served: ServedModels | EngineService | None, replay: Recording | 
     loaded), showing `replay`."""
     ctl = Controller(served, replay, classrooms)
     ui: dict = {}
-    with SkipBlocks(title="TokenTrace") as page:  # app/page/skips.py: an update costs what it changes
+    with SkipBlocks(title="TokenTrace") as page:  # an update costs what it changes
         mode = "" if ctl.live else " <span class='tt-badge tt-miss'>REPLAY: no model loaded</span>"
         gr.HTML(f"<div class='tt-header'><h1>TokenTrace{mode}</h1><p>One request, every stage, drawn as it "
                 f"happens.</p></div>")
@@ -273,7 +277,7 @@ def build_page(served: ServedModels | EngineService | None, replay: Recording | 
                         _controls(ui, ctl)
                     with gr.Column(scale=3, min_width=320, elem_id="tt-journey"):
                         _stages(ui, ctl)
-            build_lab_tab(ctl)  # app/page/lab_tab.py
+            build_lab_tab(ctl)
         _wire(page, ui, ctl)
     return page
 

@@ -20,7 +20,7 @@ HEAVY = {"embedding": 0.2, "attention": 0.2, "moe": 0.2, "kv": 0.2, "tokens": 0.
 # redraws while streaming: every stage follows the engine within 0.5 s (the attention index made the
 # heavy panels cheap enough: app.measure passes on the embedded model and SmolLM2 at full); the
 # browser's cost grows with the DOM it patches, so each yield also draws only what its time budget allows
-# (app/page/controller.RENDER_BUDGET) and tokens never queue behind a redraw; the timeline is light (it
+# (app/page/streaming.RENDER_BUDGET) and tokens never queue behind a redraw; the timeline is light (it
 # lists the newest 8 steps): redrawn at every update, as the answer is
 
 # which panels an event type feeds
@@ -29,7 +29,7 @@ FEEDS = {"request.arrive": ("timeline",), "tokenize": ("tokens", "timeline"), "p
          "sample": ("sampling",), "logit_lens": ("logit_lens",), "schedule.collective": ("parallel",), "spec": ("spec",), "token": ("answer", "tokens", "timeline"),
          "finish": ("answer", "timeline", "kv"),
          "kv.transfer": ("parallel",)}  # disaggregated (engine/disagg): the handover
-# the panels that show the selected pass (visualizers/selection.py), and those a byte cap can freeze
+# the panels that show the selected pass (select_pass), and those a byte cap can freeze
 SELECTED = ("embedding", "attention", "kv", "moe", "logit_lens", "sampling")
 # the panels that name a forward pass: redrawn together, in one update, from one Selection, so no
 # picture ever shows two passes (each redrew on its own clock: KV, Sampling and Speculation at 0.5 s

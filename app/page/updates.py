@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Iterator
 
+import gradio as gr
+
 # the outputs whose update dicts are carried: Stop's look (re-applied by the browser at every yield, as
 # any carried update is: a stage's section carried so re-rendered its panels ten times a second, and
 # benchmarks.measure's token lag doubled)
@@ -33,3 +35,16 @@ def carry(updates: Iterator[dict]) -> Iterator[dict]:
         close = getattr(updates, "close", None)
         if close is not None:
             close()
+
+
+def merged(*parts: dict) -> dict:
+    """Several {name: value or update} dicts as one (a value and an update of one output
+    become one update)."""
+    out: dict = {}
+    for part in parts:
+        for name, val in part.items():
+            if name in out and (isinstance(out[name], dict) or isinstance(val, dict)):
+                old = out[name] if isinstance(out[name], dict) else gr.update(value=out[name])
+                val = {**old, **(val if isinstance(val, dict) else {"value": val})}
+            out[name] = val
+    return out

@@ -10,6 +10,11 @@ import json
 import subprocess
 import sys
 
+import torch
+
+from engine import llm_engine
+from engine.checkpoint.resolve import resolve_model_path
+
 
 def rss_bytes(field: str = "VmRSS") -> int:
     """This process's resident set now (VmRSS), or its anonymous part (RssAnon: the heap and
@@ -26,10 +31,6 @@ def measure(model: str, dtype: str) -> dict:
     positions until a pass reaches further: Gemma 3's two tables, 16 MiB). The anonymous part
     of the growth leaves out the shared libraries' code pages that PyTorch touches on first use
     during a load (libtriton.so, ~66 MB): file pages any process shares, not the model's data."""
-    import torch
-
-    from engine import llm_engine
-    from engine.checkpoint.resolve import resolve_model_path
     torch.zeros(1) @ torch.zeros(1)  # the runtime's first-use allocations, before the baseline
     tokenizer = llm_engine.Tokenizer(resolve_model_path(model))
     llm_engine.Tokenizer = lambda path: tokenizer  # the engine takes the one built here

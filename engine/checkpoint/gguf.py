@@ -17,6 +17,7 @@ import torch
 
 from engine.checkpoint import gguf_deepseek2
 from engine.checkpoint.errors import ModelLoadError
+from engine.checkpoint.gguf_reader import close_gguf, first_line, is_gguf, meta, open_gguf  # noqa: F401 - all read from here
 from engine.layers.rotary import inverse_frequencies
 
 if TYPE_CHECKING:
@@ -52,56 +53,12 @@ _EXPERTS = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_down_ex
 _BLOCK_RE = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
 _NOT_WEIGHTS = {"rope_freqs.weight"}  # read into the config (Llama 3 RoPE scaling)
 
-_readers: dict[tuple[str, int, int], "GGUFReader"] = {}
-
-
-def is_gguf(path: Path) -> bool:
-    """A GGUF file: named *.gguf, or starting with the GGUF magic (Ollama's blobs have no suffix)."""
-    if not path.is_file():
-        return False
-    if path.suffix.lower() == ".gguf":
-        return True
-    with open(path, "rb") as f:
-        return f.read(4) == b"GGUF"
-
-
-def open_gguf(path: Path) -> "GGUFReader":
-    """The file's reader. Parsing a 262k-token vocabulary takes seconds, so the config and
-    the weights share one reader until `close_gguf`."""
-    from gguf import GGUFReader
-
-    stat = path.stat()
-    key = (str(path.resolve()), stat.st_mtime_ns, stat.st_size)
-    if key not in _readers:
-        if len(_readers) >= 2:  # a target and its draft; a failed load must not keep files parsed
-            del _readers[next(iter(_readers))]
-        try:
-            _readers[key] = GGUFReader(path)
-        except Exception as e:  # bad magic, unknown version, a truncated file (short reads)...
-            raise ModelLoadError(f"cannot read GGUF file {path} (corrupt or truncated?): {_line(e)}") from e
-    return _readers[key]
-
-
-def close_gguf(path: Path) -> None:
-    for key in [k for k in _readers if k[0] == str(path.resolve())]:
-        del _readers[key]
-
-
-def _line(e: Exception) -> str:
-    return (str(e).splitlines() or [type(e).__name__])[0]
-
-
-def _meta(reader: "GGUFReader", key: str, default: Any = None) -> Any:
-    field = reader.fields.get(key)
-    return default if field is None else field.contents()
-
-
 # --- config ----------------------------------------------------------------------
 
 def read_config(path: Path) -> dict[str, Any]:
     """The file's metadata as a config.json-style dict that `ModelConfig.from_hf` reads."""
     reader = open_gguf(path)
-    arch = _meta(reader, "general.architecture")
+    arch = meta(reader, "general.architecture")
     if arch not in ARCHITECTURES:
         raise ModelLoadError(f"unsupported GGUF architecture {arch!r} (general.architecture) in {path.name}; "
                              f"supported: {', '.join(ARCHITECTURES)}")
@@ -109,7 +66,7 @@ def read_config(path: Path) -> dict[str, Any]:
     tensors = {t.name: t for t in reader.tensors}
 
     def key(name: str, default: Any = None) -> Any:
-        return _meta(reader, f"{arch}.{name}", default)
+        return meta(reader, f"{arch}.{name}", default)
 
     for name in ("block_count", "attention.head_count", "embedding_length"):
         if key(name) is None:
@@ -139,9 +96,9 @@ def read_config(path: Path) -> dict[str, Any]:
         "tie_word_embeddings": "output.weight" not in tensors,
         "attention_bias": "blk.0.attn_q.bias" in tensors,
         "mlp_bias": "blk.0.ffn_up.bias" in tensors,
-        "bos_token_id": _meta(reader, "tokenizer.ggml.bos_token_id"),
+        "bos_token_id": meta(reader, "tokenizer.ggml.bos_token_id"),
         "eos_token_id": _stop_ids(reader),
-        "pad_token_id": _meta(reader, "tokenizer.ggml.padding_token_id"),
+        "pad_token_id": meta(reader, "tokenizer.ggml.padding_token_id"),
         "torch_dtype": _file_dtype(reader),
     }
     rope_dims = key("rope.dimension_count")
@@ -209,11 +166,11 @@ def _gemma3_config(key, n_layers: int, hidden: int, n_heads: int, head_dim: int)
 
 
 def _rope_scaling(reader: "GGUFReader", arch: str) -> dict | None:
-    kind = _meta(reader, f"{arch}.rope.scaling.type")
+    kind = meta(reader, f"{arch}.rope.scaling.type")
     if kind in (None, "none"):
         return None
-    out = {"rope_type": kind, "factor": float(_meta(reader, f"{arch}.rope.scaling.factor", 1.0))}
-    if original := _meta(reader, f"{arch}.rope.scaling.original_context_length"):
+    out = {"rope_type": kind, "factor": float(meta(reader, f"{arch}.rope.scaling.factor", 1.0))}
+    if original := meta(reader, f"{arch}.rope.scaling.original_context_length"):
         out["original_max_position_embeddings"] = original
     return out
 
@@ -243,7 +200,7 @@ def _llama3_scaling(t: "ReaderTensor", head_dim: int, theta: float, path: Path) 
 
 def _stop_ids(reader: "GGUFReader") -> int | list[int] | None:
     # llama.cpp also stops at the end-of-turn / end-of-message tokens a file names
-    ids = [_meta(reader, f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")]
+    ids = [meta(reader, f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")]
     ids = list(dict.fromkeys(i for i in ids if i is not None))
     return ids[0] if len(ids) == 1 else (ids or None)
 
@@ -291,9 +248,9 @@ def _num_experts(t: "ReaderTensor") -> int:
 
 
 def _tensors(reader: "GGUFReader", path: Path, codes: dict | None = None) -> Iterator[tuple[str, torch.Tensor]]:
-    arch = _meta(reader, "general.architecture")
-    n_heads = _meta(reader, f"{arch}.attention.head_count")
-    n_kv_heads = _meta(reader, f"{arch}.attention.head_count_kv") or n_heads
+    arch = meta(reader, "general.architecture")
+    n_heads = meta(reader, f"{arch}.attention.head_count")
+    n_kv_heads = meta(reader, f"{arch}.attention.head_count_kv") or n_heads
     names = _GEMMA_BLOCK if arch == "gemma3" else _BLOCK
     kv_b = gguf_deepseek2.KVBJoiner()
     for t in reader.tensors:
@@ -349,7 +306,7 @@ def _dequantize(t: "ReaderTensor", path: Path) -> torch.Tensor:
         array = dequantize(t.data, t.tensor_type)
     except (NotImplementedError, ValueError) as e:
         raise ModelLoadError(
-            f"cannot dequantize tensor {t.name} ({t.tensor_type.name}) in {path.name}: {_line(e)}") from e
+            f"cannot dequantize tensor {t.name} ({t.tensor_type.name}) in {path.name}: {first_line(e)}") from e
     if not array.flags.writeable:  # F32 comes back as a view of the read-only file mapping
         array = array.copy()
     return torch.from_numpy(array.astype(np.float32, copy=False)).reshape(tuple(int(d) for d in reversed(t.shape)))

@@ -20,6 +20,7 @@ from typing import Any, Callable
 import torch
 
 from engine.checkpoint.errors import ModelLoadError
+from engine.checkpoint.gguf_reader import meta, open_gguf
 
 GATING_SIGMOID = 2  # llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID
 
@@ -135,14 +136,12 @@ def load_tokenizer(path):
     from tokenizers import Regex, pre_tokenizers
     from transformers import AutoTokenizer
 
-    from engine.checkpoint.gguf import _meta, open_gguf
-
     reader = open_gguf(path)
-    if _meta(reader, "general.architecture") != "deepseek2":
+    if meta(reader, "general.architecture") != "deepseek2":
         return None
     hf = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, tokenizer_type="gpt2",
                                        trust_remote_code=False)
-    if _meta(reader, "tokenizer.ggml.pre") == "deepseek-v3":
+    if meta(reader, "tokenizer.ggml.pre") == "deepseek-v3":
         hf.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
             [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in DEEPSEEK_V3_SPLITS]
             + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])

@@ -4,6 +4,8 @@ import math
 import torch
 from torch import nn
 
+from engine.config_deepseek import yarn_mscale
+
 
 def inverse_frequencies(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)
@@ -54,7 +56,6 @@ def attention_factor(scaling: dict | None) -> float:
         return 1.0
     if scaling.get("attention_factor") is not None:
         return float(scaling["attention_factor"])
-    from engine.config_deepseek import yarn_mscale
     factor, mscale, mscale_all = scaling["factor"], scaling.get("mscale"), scaling.get("mscale_all_dim")
     if mscale and mscale_all:
         return float(yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all))

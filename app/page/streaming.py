@@ -1,0 +1,268 @@
+"""Send and Watch: a request streamed into a tab's view, its panels yielded as they come due
+(every YIELD_EVERY seconds at most, the heavy ones within RENDER_BUDGET), and Stop."""
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from typing import Callable, Iterator
+
+import gradio as gr
+
+import visualizers as viz
+from app.page import texts
+from app.page.controls import MAX_PAGE_CHOICES, Controls, parse_schema, parse_seed
+from app.page.live_view import HEAVY, ONE_PASS, PANELS, LiveView
+from app.page.page_state import PageState
+from app.page.tabs import Tab
+from app.page.updates import carry, merged
+from app.serving.engine_service import EngineService, Subscription
+from app.serving.limits import RequestRefused
+from app.serving.recording import Recording, show_accepted
+from app.serving.requests import parse_body
+from engine import LLMEngine
+from visualizers.selection import plural
+
+YIELD_EVERY = 0.1  # seconds between updates sent to the browser while streaming
+RENDER_BUDGET = 0.08  # seconds of heavy-panel drawing per streaming update; the rest waits for the next one
+HINTS = ("hint_prompt", "hint_send", "hint_max", "hint_sampling", "hint_more")
+HINT_OF = {"messages": "hint_prompt", "prompt": "hint_prompt", "max_tokens": "hint_max",
+           "temperature": "hint_sampling", "top_k": "hint_sampling", "top_p": "hint_sampling", "seed": "hint_sampling",
+           **{name: "hint_more" for name in ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_p",
+                                             "min_tokens", "logit_bias", "response_format", "n")}}
+
+
+def draw_within(view: LiveView, names: list[str], now: float, budget: float = RENDER_BUDGET) -> dict[str, str]:
+    """Draw the due panels, the light ones first and then the heavy ones stalest first, until
+    the budget is spent (those left stay dirty: the next update draws them), so one update of a
+    long trace never holds the stream back behind every heavy panel at once."""
+    light = [n for n in names if n not in HEAVY]
+    # the panels that name a pass are one unit: drawn together or not at all (never two passes on screen)
+    units = [[n] for n in names if n in HEAVY and n not in ONE_PASS] + [[n for n in names if n in ONE_PASS]]
+    heavy = sorted((u for u in units if u), key=lambda u: min(view.drawn_at.get(n, 0.0) - now + HEAVY[n] for n in u))
+    out = view.draw(light, now)
+    start = time.perf_counter()
+    for unit in heavy:
+        if out and time.perf_counter() - start > budget:
+            break
+        out.update(view.draw(unit, now))
+    return out
+
+
+def abort_all(service, request_id: str, n: int) -> None:
+    """Stop a request and its other choices (n > 1: each is a request of its own in the engine)."""
+    for rid in LLMEngine.choice_ids(request_id, n):
+        service.abort(rid)
+
+
+class Streaming(PageState):
+    """The handlers that stream a request into a tab: Send (`run`), Watch (`follow`) and Stop."""
+
+    def stream(self, tab: Tab, next_items: Callable[[float], list[dict]], first: dict | None = None,
+               final: Callable[[], dict] | None = None) -> Iterator[dict]:
+        """Feed the view from next_items until its request finishes, yielding due panels and,
+        every JOURNEY_EVERY seconds, the journey (`first`: more updates for the first yield,
+        e.g. another model's controls; `final`: more for the last one)."""
+        view, rid, service = tab.view, tab.view.request_id, tab.service
+        view.set_pool(service.pool())  # as it is now; the kv.pool events its queue brings follow
+        yield merged(self.full(tab, view, f"{rid}: queued"), self.stop_look(True), first or {})
+        last = 0.0  # the first tokens go out as soon as they come (they waited a period behind the first update)
+        while not view.finished:
+            view.add(next_items(YIELD_EVERY / 2))
+            now = time.perf_counter()
+            if now - last >= YIELD_EVERY and not view.finished:
+                out = draw_within(view, view.due(now), now)
+                if tab.clock.due(now) or any(n in out for n in ONE_PASS):  # the words follow the panels' pass
+                    out.update(self.journey_updates(tab, view, now))
+                if out:
+                    yield {**out, "status": f"{rid}: streaming, {plural(len(view.generated_ids()), 'token')}"}
+                    last = now
+        view.add(next_items(0))
+        fin = view.first("finish")
+        reason = fin["reason"] if fin else next((o["finish_reason"] for o in view.outputs if o["finished"]), "?")
+        now = time.perf_counter()  # the last tokens first, then every panel's final state
+        yield {"answer": view.draw(["answer"], now)["answer"],
+               "status": f"{rid}: streaming, {plural(len(view.generated_ids()), 'token')}"}
+        done = f"{rid}: finished ({reason}), {plural(len(view.generated_ids()), 'token')}"
+        yield merged(self.full(tab, view, done), self.stop_look(False))
+        # then the recording (Export, the step slider); the last yield carries every value (the
+        # panels as just drawn: Gradio sends no change for them)
+        yield {**{n: view.drawn[n] for n in PANELS}, "status": done, **self.recording_updates(tab),
+               **(final() if final else {})}
+
+    def run(self, key: str, c: Controls, client: str | None = None) -> Iterator[dict]:
+        """Send: submit the controls' request and stream it (one at a time per tab)."""
+        self.sessions.watching.discard(key)  # Send ends this tab's watching
+        busy = self.sessions.claim(key)
+        if busy is not None:  # one request per tab: refuse a second Send, said under the button
+            self.sessions.refused.add(key)
+            what = f"{busy} is still streaming" if busy else "the last Send is still being submitted"
+            yield {"hint_send": f"<div class='tt-hint'>⚠ Not sent: {viz._html.esc(what)} in this tab. Stop it or "
+                                "wait for it to finish, then press Send again (your prompt and settings are kept)."
+                                "</div>"}
+            return
+        try:
+            yield from carry(self._send(key, c, client))
+        finally:
+            self.sessions.release(key)
+
+    def _refused(self, e: ValueError, view: LiveView, submission) -> dict:
+        """A request refused before or by the engine: the reason under the control it is about."""
+        checks = getattr(e, "checks", None) or submission.checks + [("engine", False, str(e))]
+        view.validation = {"ok": False, "error": str(e), "checks": checks}
+        view.error = f"not sent: {e}"
+        param = getattr(e, "param", None)
+        if param is None and submission is not None and not isinstance(e, RequestRefused):
+            # parsed fine, refused by the engine: a field its message names (a logit_bias id past the
+            # vocabulary), else the prompt (empty, too long for the context or the pool)
+            param = next((f for f in HINT_OF if str(e).startswith(f)), "messages")
+        return {**{h: "" for h in HINTS}, HINT_OF.get(param, "hint_send"):
+                f"<div class='tt-hint'>⚠ {viz._html.esc(e)}</div>", **self.no_recording()}
+
+    def _send(self, key: str, c: Controls, client: str | None) -> Iterator[dict]:
+        service = self.service_of(c.model)  # the picker offers served models only
+        info = self.infos[service.model_name]
+        view = self.new_view(service)
+        view.layer, view.head = int(c.layer or 0), int(c.head or 0)
+        view.speculative = bool(c.speculative)
+        view.body = self.body_of(info, c)
+        view.n = max(1, min(MAX_PAGE_CHOICES, int(c.n or 1)))
+        before = self.sessions.get(key)
+        was_locked = before is not None and before.locked  # Send cancelled a watch: the controls are theirs again
+        tab = Tab(view, service=service)
+        self.sessions.put(key, tab)
+        submission = None
+        try:
+            parse_seed(c.seed)
+            parse_schema(c)
+            submission = parse_body(view.body, self.models.limits.max_tokens_cap)
+            # the server's per-client cap, then the engine's own checks: context, KV pool, vocabulary
+            watch = service.submit(submission, client=client)
+        except ValueError as e:
+            refused = self._refused(e, view, submission)
+            yield {**self.full(tab, view, f"rejected: {e}"), **refused}
+            return
+        view.request_id = watch.request_id
+        self.sessions.sending(key, watch.request_id)
+        view.validation = {"ok": True, "request_id": watch.request_id, "checks": submission.checks + [
+            ("engine", True, f"accepted by {info['name']}; fits the context of {info['max_model_len']:,} tokens "
+                             "and the KV pool")]}
+        self.sessions.refused.discard(key)
+        try:
+            # the last request's complaints are gone; its recording is no longer the one shown: said in the
+            # stream's first update (an update of its own before it cost Gradio a round of every output, and
+            # the first tokens waited behind it)
+            first = {**{h: "" for h in HINTS}, **self.no_recording(), **(self.lock(tab, False) if was_locked else {})}
+
+            def refused_meanwhile() -> dict:  # a Send was refused while this one streamed: it can go now
+                if key not in self.sessions.refused:
+                    return {}
+                self.sessions.refused.discard(key)
+                return {"hint_send": f"<div class='tt-hint'>⚠ A Send was refused while {watch.request_id} "
+                                     "streamed; it has finished: press Send to send what the controls hold now.</div>"}
+
+            yield from self.stream(tab, watch.drain, first, final=refused_meanwhile)
+        finally:
+            service.unsubscribe(watch)
+            if not view.finished:  # tab closed or event cancelled: free the engine's work (every choice's)
+                threading.Thread(target=abort_all, args=(service, watch.request_id, view.n), daemon=True).start()
+
+    def follow(self, key: str, c: Controls) -> Iterator[dict]:
+        """Watch: show every request sent by someone else (curl, SDK, another tab) to any of the
+        models, one after another; the controls show each request's own prompt, knobs, level and
+        model (read-only while watching)."""
+        return carry(self._follow(key, c))
+
+    def _follow(self, key: str, c: Controls) -> Iterator[dict]:
+        fire = self.models.subscribe_all(max_items=20_000)
+        arrivals: deque[tuple[str, str | None]] = deque()
+        shown = c.model  # the model whose shapes the page draws now
+
+        def note_arrivals(timeout: float) -> None:
+            for it in fire.drain(timeout):
+                if it["type"] == "request.arrive":
+                    arrivals.append((it["request_id"], it.get("model")))
+
+        self.sessions.watching.add(key)
+        try:
+            waiting = "watching: waiting for a request from curl, the SDK or another tab"
+            # read-only while watching; Stop (not "New request") ends it
+            yield {"status": waiting, **self.lock(self.sessions.get(key), True), "unlock": gr.update(visible=False)}
+            while True:
+                idle_since = time.monotonic()
+                while not arrivals:
+                    note_arrivals(0.25)
+                    if time.monotonic() - idle_since > 2.0:  # a closed tab ends this generator at a yield
+                        yield {"status": waiting}
+                        idle_since = time.monotonic()
+                rid, name = arrivals.popleft()
+                service = self.models.by_name.get(name) or self.models.owner(rid)
+                if service is None:
+                    continue
+                yield from self._watch_one(key, service, rid, service.model_name != shown, c, note_arrivals)
+                shown = service.model_name
+                yield {"status": f"{rid} finished · watching: waiting for the next request"}
+        finally:
+            self.models.unsubscribe(fire)
+
+    def _watch_one(self, key: str, service: EngineService, rid: str, other: bool, c: Controls,
+                   note_arrivals: Callable[[float], None]) -> Iterator[dict]:
+        """Follow one request sent by another client, from what the store holds of it so far."""
+        sub = service.subscribe(rid)
+        try:
+            tr = service.store.trace(rid)
+            if tr is None:
+                return
+            view = self.new_view(service)
+            if not other:
+                view.layer, view.head = int(c.layer or 0), int(c.head or 0)
+            show_accepted(view, rid, tr.body, f"accepted by {service.model_name} (sent by another client)")
+            view.n, others = self._watch_choices(service, sub, tr.body)
+            backfill = sorted(tr.events + tr.outputs + others, key=lambda i: i["step"])
+            seen = {id(i) for i in backfill}
+            view.add(backfill)
+            tab = Tab(view, watched=True, service=service, locked=True)
+            self.sessions.put(key, tab)
+
+            def next_items(timeout: float) -> list[dict]:
+                note_arrivals(0)
+                return [i for i in sub.drain(timeout) if id(i) not in seen]
+
+            info = self.infos[service.model_name]
+            own = self.settings_of(texts.trace_settings(Recording(rid, info, tr.body, backfill, []), info), info)
+            # the controls show the request's own settings from its start, set once in the stream's first
+            # update: an update of their own before it loses early tokens on screen, and set mid-stream
+            # they stall the browser (benchmarks.measure --watch-tokens shows both)
+            first = merged(self.controls_for(info) if other else {}, own)  # locked already: follow's first yield
+            yield from self.stream(tab, next_items, first)
+        finally:
+            service.unsubscribe(sub)
+
+    @staticmethod
+    def _watch_choices(service: EngineService, sub, body: dict | None) -> tuple[int, list[dict]]:
+        """A watched request with n > 1: its other choices' outputs into the same queue (subscribed
+        before their traces are read, so nothing falls between), and what they streamed so far."""
+        n = (body or {}).get("n")
+        if not isinstance(n, int) or isinstance(n, bool) or n <= 1:
+            return 1, []
+        outputs: list[dict] = []
+        for cid in LLMEngine.choice_ids(sub.request_id, n)[1:]:
+            sub.siblings.append(service.attach(Subscription(cid, sub.queue)))
+            tr = service.store.trace(cid)
+            outputs += tr.outputs if tr is not None else []
+        return n, outputs
+
+    def stop(self, key: str) -> dict:
+        """Stop this tab's own request, or end its watching (a watched request is someone else's:
+        it goes on). Status says which."""
+        tab = self.sessions.get(key)
+        if key in self.sessions.watching:
+            self.sessions.watching.discard(key)
+            unlocked = {**self.lock(tab, False), **self.stop_look(False)}
+            if tab is not None and tab.watched and tab.view.request_id and not tab.view.finished:
+                return {**unlocked, "status": f"watching stopped: {tab.view.request_id} (another client's request) "
+                                              "goes on; the panels show it as it was when you pressed Stop"}
+            return {**unlocked, "status": "watching stopped: press Watch API requests to follow requests again"}
+        if tab is not None and not tab.watched and tab.view.request_id and not tab.view.finished:
+            abort_all(tab.service or self.models, tab.view.request_id, tab.view.n)  # "finished (abort)"
+        return {}
