@@ -40,7 +40,8 @@ import torch.multiprocessing as mp
 from engine.checkpoint.resolve import resolve_model_path
 from engine.config import EngineConfig
 from engine.info import EngineLoad
-from engine.llm_engine import LLMEngine, resolve_device
+from engine.llm_engine import LLMEngine
+from engine.startup import resolve_device
 from engine.outputs import TokenOutput
 from engine.parallel.comm import Comm
 from engine.parallel.protocol import READY as STARTED, STARTUP_TIMEOUT_S
@@ -265,7 +266,7 @@ class DisaggEngine(LLMEngine):
 
     def has_unfinished_requests(self) -> bool:
         return any(lane.scheduler.has_unfinished() for lane in self.lanes) or \
-            bool(self._pending or self.remote or self.ready or self.inflight)
+            bool(self._outputs_for_next_step or self.remote or self.ready or self.inflight)
 
     def stop_captures(self, request_id: str, limit_bytes: int) -> bool:
         with self.lock:
@@ -277,7 +278,7 @@ class DisaggEngine(LLMEngine):
     def step(self) -> list[TokenOutput]:
         """Every decode engine with work takes its step, in turn."""
         busy = lambda: [lane for lane in self.lanes if lane.scheduler.has_unfinished()]  # noqa: E731
-        if not self.failed and not (busy() or self._pending):
+        if not self.failed and not (busy() or self._outputs_for_next_step):
             try:  # nothing to decode: wait for the prefill side, without the lock (add and abort go on)
                 wait_any(self.conns, 0.05)
             except (EOFError, OSError):
@@ -286,7 +287,7 @@ class DisaggEngine(LLMEngine):
             if self.failed:
                 raise DisaggFailedError(self.failed)
             self._poll()
-            lanes = busy() or (self.lanes[:1] if self._pending else [])  # aborts are told by a step
+            lanes = busy() or (self.lanes[:1] if self._outputs_for_next_step else [])  # aborts are told by a step
             outputs = []
             for lane in lanes:
                 lane.use(self)
@@ -335,7 +336,7 @@ class DisaggEngine(LLMEngine):
             seq = self.remote.get(rid)
             self._unremote(rid)
             if seq is not None and not seq.is_finished:
-                self._pending.append(self._finish(seq, "length" if why == "length" else "abort"))
+                self._outputs_for_next_step.append(self._finish(seq, "length" if why == "length" else "abort"))
         elif kind == STATS:
             self._stats[k] = msg[1]
 
@@ -414,7 +415,7 @@ class DisaggEngine(LLMEngine):
         if seq.params.prompt_logprobs is not None:
             out.prompt_logprobs = [None] + [seq.prompt_logprobs.get(i) for i in range(1, seq.num_prompt_tokens)]
         self.stats.generated_tokens += 1
-        self._pending.append(out)
+        self._outputs_for_next_step.append(out)
 
     def describe(self):
         """The decode engine's description (each decode engine's pool is this size); its prefix
@@ -503,7 +504,7 @@ class DisaggEngine(LLMEngine):
         for rid in self.live_requests():
             self._use_lane_of(rid)
             self._finish(self.requests[rid], "abort")
-        self._pending.clear()
+        self._outputs_for_next_step.clear()
         self.shutdown()
         raise DisaggFailedError(self.failed) from err
 

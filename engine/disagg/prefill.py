@@ -26,6 +26,7 @@ import torch
 from tqdm.std import tqdm
 
 from engine.llm_engine import LLMEngine
+from engine.output_processor import OutputProcessor
 from engine.scheduler import Scheduler, SchedulerOutput
 from engine.parallel.comm import Comm
 from engine.parallel.protocol import READY as STARTED, error_text
@@ -53,17 +54,22 @@ class PrefillScheduler(Scheduler):
         return out
 
 
+class HandoverOutputs(OutputProcessor):
+    """Every request stops after its first token: HANDOVER when nothing else ended it."""
+
+    def stop_reason(self, seq: Sequence, token: int) -> str | None:
+        reason = super().stop_reason(seq, token)
+        return HANDOVER if reason is None else reason
+
+
 class PrefillEngine(LLMEngine):
     """An LLMEngine whose requests stop after their first token; those that go on are held."""
+    output_processor = HandoverOutputs
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.held: dict[str, Sequence] = {}  # handed over, blocks kept until the decode side pulls them
         self.scheduler = PrefillScheduler(self.config, self.block_manager, self.held)
-
-    def _stop_reason(self, seq: Sequence, token: int) -> str | None:
-        reason = super()._stop_reason(seq, token)
-        return HANDOVER if reason is None else reason
 
     def _finish(self, seq: Sequence, reason: str, token: int | None = None):
         if reason != HANDOVER:
@@ -71,7 +77,7 @@ class PrefillEngine(LLMEngine):
         self.scheduler.running.remove(seq)  # out of the batch; its blocks stay referenced
         seq.status, seq.finish_reason = Status.FINISHED, reason
         self.held[seq.request_id] = seq
-        return self._token_output(seq, token, len(seq.text))
+        return self.output.token_output(seq, token, len(seq.text), self.step_count)
 
     def handover(self, seq: Sequence, logprobs) -> Handover:
         return Handover(token=seq.token_ids[-1], num_tokens=seq.num_prompt_tokens, blocks=list(seq.block_table),
