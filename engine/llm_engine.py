@@ -6,11 +6,9 @@ the paged KV cache, the sampler draws one token for every sequence whose prompt 
 computed (or the target verifies the proposals), the pass is traced, and the step is
 committed: caches advanced, tokens appended and checked against the stop conditions.
 
-The stages beside the loop live in modules of their own: a request's intake (tokenize,
-check, fit to the context, n choices, grammars) in engine/input_processor.py, what a new
-token does to its request (stop conditions, streamed text, metrics) in
-engine/output_processor.py, the step's logit rows in engine/step_pass.py, and the step's
-trace events in engine/step_trace.py.
+Beside the loop, each in a module of its own: a request's intake (engine/input_processor.py),
+what a new token does to its request (engine/output_processor.py), the step's logit rows
+(engine/step_pass.py), speculation's part (engine/speculation.py), its trace (engine/step_trace.py).
 """
 from __future__ import annotations
 
@@ -25,7 +23,8 @@ from engine.block_manager import BlockManager
 from engine.checkpoint.resolve import load_config, resolve_model_path
 from engine.config import EngineConfig, ProgressFn
 from engine.info import EngineInfo, EngineLoad, describe
-from engine.input_processor import ContextLengthError, InputProcessor, RequestOptions, choice_ids
+from engine.lane import Lane, lane_load
+from engine.input_processor import ContextLengthError, InputProcessor, RequestOptions, choice_ids  # noqa: F401 (re-exported)
 from engine.logprobs import token_logprobs
 from engine.model_runner import ModelRunner
 from engine.output_processor import OutputProcessor, request_metrics, request_output
@@ -47,8 +46,6 @@ from engine.trace import TRACE_LEVELS, CaptureConfig, Tracer, events
 from engine.trace.capture import PassCapture
 from engine.trace.events import Event
 from engine.trace.kv_pool import KVPoolTracker
-
-__all__ = ["LLMEngine", "ContextLengthError", "DEFAULT_MODEL", "EngineStats"]
 
 DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "assets" / "models" / "target"
 _ids = itertools.count()
@@ -89,8 +86,8 @@ class LLMEngine:
         runner_cls = ModelRunner
         if self.config.tensor_parallel_size > 1 or self.config.expert_parallel:  # sharded over ranks
             runner_cls = ParallelRunner
-        self.runner = runner_cls(self.model_path, cfg, self.config, self.max_model_len,
-                                 self.dtype, self.device, progress)
+        self.runner = runner_cls(self.model_path, cfg, self.config, self.max_model_len, self.dtype, self.device,
+                                 progress)
         self.tracer = tracer
         if trace_level not in TRACE_LEVELS:
             raise ValueError(f"trace_level must be one of {TRACE_LEVELS}")
@@ -106,8 +103,7 @@ class LLMEngine:
         self.speculative_method = self.speculator.method if self.speculator is not None else None
         self.speculation = None if self.speculator is None else Speculation(
             self.speculator, num_speculative_tokens, self.max_model_len, self.config.max_num_batched_tokens)
-        self.scheduler = Scheduler(self.config, self.block_manager,
-                                   self.speculation.lookahead if self.speculation is not None else None)
+        self.scheduler = self._new_scheduler(self.block_manager)
         self.intake = InputProcessor(self.tokenizer, cfg, self.max_model_len, self.runner.num_blocks,
                                      self.config.block_size, self.device, self.capture, num_speculative_tokens,
                                      self.speculator is not None)
@@ -123,7 +119,8 @@ class LLMEngine:
         self._info: EngineInfo | None = None  # describe(), built on first use
         if kv_pool_events not in ("traced", "always"):
             raise ValueError("kv_pool_events must be 'traced' or 'always'")
-        self._pool_trace = KVPoolTracker(always=kv_pool_events == "always")  # what the last kv.pool said
+        self.lane = Lane(self.scheduler, self.block_manager, self.runner,
+                         KVPoolTracker(always=kv_pool_events == "always"))  # the parts a step runs on
         if self.config.freeze_startup_heap:
             freeze_startup_heap()
 
@@ -161,6 +158,12 @@ class LLMEngine:
 
     choice_ids = staticmethod(choice_ids)
 
+    def _new_scheduler(self, bm: BlockManager) -> Scheduler:  # a prefill or decode engine's has its own kind
+        return Scheduler(self.config, bm, self.speculation.lookahead if self.speculation is not None else None)
+
+    def _lane_for(self, seq: Sequence) -> Lane:  # a request's lane: the one (a disaggregated engine has more)
+        return self.lane
+
     def abort(self, request_id: str) -> bool:
         """Stop a request now and free its blocks. False if unknown or already done."""
         with self.lock:
@@ -185,10 +188,8 @@ class LLMEngine:
             self.requests.release(request_id)
 
     def cached_prefix_tokens(self, token_ids: list[int]) -> int:
-        """How many leading tokens of these ids the prefix cache holds now (whole blocks, at
-        least one left to compute): the prefill a request with this prompt would skip here. A
-        router's question; it changes nothing, not even LRU order. Read without the lock (a
-        router never waits for a step): a hint that may be one step old."""
+        """How many leading tokens of these ids the prefix cache holds now: the prefill a request
+        with them would skip here. A router's hint, read without the lock; it changes nothing."""
         return len(self.block_manager.match_tokens(list(token_ids))) * self.config.block_size
 
     def live_requests(self) -> list[str]:
@@ -214,61 +215,61 @@ class LLMEngine:
         return self._info
 
     def load(self) -> EngineLoad:
-        bm, st = self.block_manager, self.stats
         with self.lock:
-            cached = bm.num_free_cached_blocks
-            return EngineLoad(len(self.scheduler.running), len(self.scheduler.waiting),
-                              bm.num_blocks - bm.num_free_blocks, cached, bm.num_free_blocks - cached,
-                              self.step_count, st.target_passes, st.generated_tokens, self.num_aborted,
-                              st.prefix_queried_tokens, st.prefix_hit_tokens, st.spec_proposed, st.spec_accepted)
+            return lane_load(self.lane, self.step_count, self.stats, self.num_aborted)
 
     # --- the loop ----------------------------------------------------------------
     def step(self) -> list[TokenOutput]:
         with self.lock:
-            self.step_trace.begin(self.requests)
-            try:
-                outputs = self._step()
-            finally:
-                self.step_trace.end()
-            if self.tracer is not None:
-                self._trace_pool()
-            return outputs
+            return self._step_in(self.lane)
+
+    def _step_in(self, lane: Lane) -> list[TokenOutput]:
+        """One step of this lane's batch (the lock held), then its pool's kv.pool event."""
+        if self.tracer is None:  # nothing traced: no capture to cut, no finish event to hold
+            return self._step(lane)
+        self.step_trace.begin(self.requests)
+        try:
+            outputs = self._step(lane)
+        finally:
+            self.step_trace.end()
+        self._trace_pool(lane)
+        return outputs
 
     @torch.inference_mode()  # sampling and the trace's tensor work too: less dispatch per op
-    def _step(self) -> list[TokenOutput]:
+    def _step(self, lane: Lane) -> list[TokenOutput]:
         """schedule -> propose -> run -> sample -> trace the pass -> commit -> what the step kept."""
         self.step_count += 1
         t_begin = time.perf_counter()  # the step's phases for the timeline: schedule, forward, sample, trace
         outputs, self._outputs_for_next_step = self._outputs_for_next_step, []
-        scheduled = self._schedule(outputs)
+        scheduled = self._schedule(lane, outputs)
         if not scheduled:
             return outputs
         t_start = time.perf_counter()
         if self.speculation is not None:
             self.speculation.propose(scheduled)
-        step = self._run(scheduled)
+        step = self._run(lane.runner, scheduled)
         t_forward = time.perf_counter()
         self._sample(step)
         t_sample = time.perf_counter()
         if self.tracer is not None and any(s.seq.traced for s in scheduled):
-            self.step_trace.step_pass(step, self.scheduler, self.block_manager, t_forward - t_start,
+            self.step_trace.step_pass(step, lane.scheduler, lane.block_manager, t_forward - t_start,
                                       {"start": t_begin, "schedule_seconds": t_start - t_begin,
                                        "sample_seconds": t_sample - t_forward})
-        outputs.extend(self._commit(step, t_forward, t_sample))
+        outputs.extend(self._commit(lane, step, t_forward, t_sample))
         if step.rounds:
             self.speculation.count(step, self.stats, self.step_trace)
         if step.capture is not None:
             self.step_trace.captures(step)
         return outputs
 
-    def _schedule(self, outputs: list[TokenOutput]) -> list[ScheduledSeq]:
+    def _schedule(self, lane: Lane, outputs: list[TokenOutput]) -> list[ScheduledSeq]:
         """The scheduler's batch. A sequence that cannot grow even alone finishes here (its
         output joins `outputs`); a preempted one loses its proposer state."""
-        sched = self.scheduler.schedule()
+        sched = lane.scheduler.schedule()
         for seq in sched.out_of_memory:
             if seq.traced:
-                self._emit(events.kv_exhausted(seq, self.block_manager.num_blocks))
-            outputs.append(self._finish(seq, "length"))
+                self._emit(events.kv_exhausted(seq, lane.block_manager.num_blocks))
+            outputs.append(self._finish(seq, "length", lane=lane))
         for seq in sched.preempted:
             if self.speculator is not None:
                 self.speculator.free(seq)
@@ -281,12 +282,12 @@ class LLMEngine:
             self.stats.prefix_hit_tokens += seq.num_cached_tokens
         return sched.scheduled
 
-    def _run(self, scheduled: list[ScheduledSeq]) -> StepPass:
+    def _run(self, runner: ModelRunner, scheduled: list[ScheduledSeq]) -> StepPass:
         """The forward pass, with logits at the rows that are sampled (engine/step_pass.py)."""
-        batch = self.runner.prepare(scheduled)
+        batch = runner.prepare(scheduled)
         capture = PassCapture.of([s.seq.capture for s in scheduled])  # None unless a `full` trace
         parts, rows = logit_rows(scheduled, batch, capture)
-        logits = self.runner.run(batch, rows, capture)
+        logits = runner.run(batch, rows, capture)
         self.stats.target_passes += 1
         return StepPass(parts, batch, capture, logits)
 
@@ -314,11 +315,11 @@ class LLMEngine:
             p.tokens = p.verdict.tokens
         step.sampled, step.rounds = draws + rounds, bool(rounds)
 
-    def _commit(self, step: StepPass, t_forward: float, t_sample: float) -> list[TokenOutput]:
+    def _commit(self, lane: Lane, step: StepPass, t_forward: float, t_sample: float) -> list[TokenOutput]:
         """After the pass: every sequence's caches advanced, then each new token appended (the
         plain draws' first, then the rounds'), until its sequence stops."""
         for p in step.parts:
-            advance_caches(p.scheduled, p.verdict, self.block_manager, self.speculator)
+            advance_caches(p.scheduled, p.verdict, lane.block_manager, self.speculator)
             if p.prompt_rows is not None:
                 keep_prompt_logprobs(p, step.logits)
         outputs = []
@@ -327,13 +328,13 @@ class LLMEngine:
             if not seq.first_token_time:
                 seq.prefill_done_time, seq.first_token_time = t_forward, t_sample
                 if seq.forks:
-                    self._fork(seq)
+                    self._fork(lane, seq)
             lps = None if seq.params.logprobs is None else token_logprobs(
                 step.logits[p.rows[0]:p.rows[0] + len(p.tokens)], p.tokens, seq.params.logprobs)
             for j, token in enumerate(p.tokens):
                 if seq.traced:
                     self.step_trace.token(step, p, j, token)
-                out = self._append_token(seq, token, t_sample)
+                out = self._append_token(lane, seq, token, t_sample)
                 out.logprobs = lps[j] if lps is not None else None
                 if seq.params.prompt_logprobs is not None and seq.num_output_tokens == 1:
                     out.prompt_logprobs = [None] + [seq.prompt_logprobs.get(i) for i in range(1, seq.num_prompt_tokens)]
@@ -343,35 +344,36 @@ class LLMEngine:
                     break
         return outputs
 
-    def _fork(self, seq: Sequence) -> None:
+    def _fork(self, lane: Lane, seq: Sequence) -> None:
         """seq's prompt is computed (its full pages are in the prefix cache): its other choices
         join the queue, take those pages from the cache, and compute only the partial last page."""
         for child in seq.forks:
             self.requests[child.request_id] = child
-            self.scheduler.add(child)
+            lane.scheduler.add(child)
         seq.forks = []
 
     # --- a token appended, a request finished (engine/output_processor.py) ------------
-    def _append_token(self, seq: Sequence, token: int, now: float) -> TokenOutput:
+    def _append_token(self, lane: Lane, seq: Sequence, token: int, now: float) -> TokenOutput:
         reason = self.output.append(seq, token, now)
         if reason is not None:
-            return self._finish(seq, reason, token)
+            return self._finish(seq, reason, token, lane)
         return self.output.stream(seq, token, self.step_count)
 
-    def _finish(self, seq: Sequence, reason: str, token: int | None = None) -> TokenOutput:
-        """The request ends: its text and last output, then what it held freed (its choices
-        not started yet end with it), readable until released; its `finish` event."""
+    def _finish(self, seq: Sequence, reason: str, token: int | None = None, lane: Lane | None = None) -> TokenOutput:
+        """The request ends: its text and last output, then what it held in its lane freed (its
+        choices not started yet end with it), readable until released; its `finish` event."""
+        lane = lane or self._lane_for(seq)
         if seq.forks and token is None:  # ended before its prompt was computed (abort, no room): its choices too
             forks, seq.forks = seq.forks, []
             for child in forks:
                 self.requests[child.request_id] = child
-                self.scheduler.add(child)
-                self._outputs_for_next_step.append(self._finish(child, reason))  # told with the next step
+                lane.scheduler.add(child)
+                self._outputs_for_next_step.append(self._finish(child, reason, lane=lane))  # told with the next step
         self.output.end(seq, reason)
         if self.speculator is not None:
             self.speculator.free(seq)
         out = self.output.last_output(seq, token, self.step_count)
-        self.scheduler.finish(seq, reason)
+        lane.scheduler.finish(seq, reason)
         self.requests.finished(seq.request_id)
         if seq.traced:
             self.step_trace.finish(events.finish(seq, reason, self._metrics(seq)))
@@ -386,10 +388,10 @@ class LLMEngine:
         name, request_id, data = event
         self.tracer.emit_plain(name, request_id, self.step_count, data)
 
-    def _trace_pool(self) -> None:
-        """kv.pool: the block pool after the step, what changed (engine/trace/kv_pool.py)."""
-        live = self.scheduler.running + list(self.scheduler.waiting)
-        event = self._pool_trace.after_step(self.block_manager, live, self.step_count)
+    def _trace_pool(self, lane: Lane) -> None:
+        """kv.pool: the lane's block pool after the step, what changed (engine/trace/kv_pool.py)."""
+        live = lane.scheduler.running + list(lane.scheduler.waiting)
+        event = lane.pool_trace.after_step(lane.block_manager, live, self.step_count)
         if event is not None:
             self._emit(event)
 
