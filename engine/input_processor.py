@@ -50,6 +50,7 @@ class RequestOptions:
     num_speculative_tokens: int | None = None  # its k (at most the engine's)
     context_fit: str = "run"  # one of CONTEXT_FITS
     arrival: float = 0.0  # perf_counter when add_request was called
+    capture: CaptureConfig | None = None  # the engine's capture settings (read at level "full")
 
 
 def choice_ids(request_id: str, n: int) -> list[str]:
@@ -58,13 +59,12 @@ def choice_ids(request_id: str, n: int) -> list[str]:
 
 
 class InputProcessor:
-    """One engine's intake: its tokenizer, model, context, pool size and capture settings."""
+    """One engine's intake: its tokenizer, model, context, pool size and device."""
 
     def __init__(self, tokenizer: Tokenizer, model_config: ModelConfig, max_model_len: int, num_blocks: int,
-                 block_size: int, device: torch.device, capture: CaptureConfig, num_speculative_tokens: int,
-                 speculation: bool) -> None:
+                 block_size: int, device: torch.device, num_speculative_tokens: int, speculation: bool) -> None:
         self.tokenizer, self.model_config, self.max_model_len = tokenizer, model_config, max_model_len
-        self.num_blocks, self.block_size, self.device, self.capture = num_blocks, block_size, device, capture
+        self.num_blocks, self.block_size, self.device = num_blocks, block_size, device
         self.num_speculative_tokens = num_speculative_tokens
         self.speculation = speculation  # the engine has a proposer
         self.grammars: Grammars | None = None  # structured outputs' compiler, built on the first request that asks
@@ -88,7 +88,7 @@ class InputProcessor:
             seq.spec_k = min(opts.num_speculative_tokens, self.num_speculative_tokens)
         seq.generator = self.generator(params)
         if opts.trace_level == "full":
-            c, cfg = self.capture, self.model_config
+            c, cfg = opts.capture or CaptureConfig(), self.model_config
             layers = c.attention_layers if c.attention_layers is not None else list(range(cfg.num_layers))
             seq.capture = CaptureSpec(layers, c.heads, c.max_keys, cfg.is_moe, c.embed_dims, c.logit_lens_top,
                                       c.compact)

@@ -105,11 +105,11 @@ class LLMEngine:
             self.speculator, num_speculative_tokens, self.max_model_len, self.config.max_num_batched_tokens)
         self.scheduler = self._new_scheduler(self.block_manager)
         self.intake = InputProcessor(self.tokenizer, cfg, self.max_model_len, self.runner.num_blocks,
-                                     self.config.block_size, self.device, self.capture, num_speculative_tokens,
+                                     self.config.block_size, self.device, num_speculative_tokens,
                                      self.speculator is not None)
-        self.output = self.output_processor(cfg.eos_token_ids, self.max_model_len, emit)
-        self.step_trace = StepTrace(self._emit, self.tokenizer, cfg, self.capture, self.config.block_size,
-                                    self.runner, self.speculator)
+        self.output = self.output_processor(cfg.eos_token_ids, self.max_model_len, self._emit)
+        self.step_trace = StepTrace(self._emit, self.tokenizer, cfg, self.config.block_size, self.runner,
+                                    self.speculator)
         self.requests = RequestTable()  # live, and finished ones until released
         self._outputs_for_next_step: list[TokenOutput] = []  # made between steps (aborts): the next step returns them
         self.step_count = 0
@@ -143,7 +143,7 @@ class LLMEngine:
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         opts = RequestOptions(request_id, level if self.tracer is not None else "off", speculative,
-                              num_speculative_tokens, context_fit, arrival)
+                              num_speculative_tokens, context_fit, arrival, self.capture)
         seq = self.intake.sequence(prompt, params or SamplingParams(), messages, opts)
         with self.lock:
             for s in [seq] + seq.forks:
@@ -333,7 +333,7 @@ class LLMEngine:
                 step.logits[p.rows[0]:p.rows[0] + len(p.tokens)], p.tokens, seq.params.logprobs)
             for j, token in enumerate(p.tokens):
                 if seq.traced:
-                    self.step_trace.token(step, p, j, token)
+                    self.step_trace.token(step, p, j, token, self.capture.top_candidates)
                 out = self._append_token(lane, seq, token, t_sample)
                 out.logprobs = lps[j] if lps is not None else None
                 if seq.params.prompt_logprobs is not None and seq.num_output_tokens == 1:

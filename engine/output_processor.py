@@ -23,12 +23,11 @@ from engine.trace.events import Event
 
 
 class OutputProcessor:
-    """One engine's: its end-of-sequence tokens and context, and the tracer's emit (None
-    without a tracer). A prefill engine's stops every request after its first token
+    """One engine's: its end-of-sequence tokens and context, and the engine's emit (called
+    for traced requests only). A prefill engine's stops every request after its first token
     (engine/disagg/prefill.py)."""
 
-    def __init__(self, eos_token_ids: list[int], max_model_len: int,
-                 emit: Callable[[Event], None] | None) -> None:
+    def __init__(self, eos_token_ids: list[int], max_model_len: int, emit: Callable[[Event], None]) -> None:
         self.eos_token_ids, self.max_model_len, self.emit = eos_token_ids, max_model_len, emit
 
     def append(self, seq: Sequence, token: int, now: float) -> str | None:

@@ -24,7 +24,7 @@ from engine.speculative.proposer import Proposer
 from engine.speculative.verify import Verdict
 from engine.step_pass import SeqStep, StepPass
 from engine.tokenizer import Tokenizer
-from engine.trace import CaptureConfig, events, logit_lens
+from engine.trace import events, logit_lens
 from engine.trace.capture import PassCapture
 from engine.trace.events import Event
 
@@ -34,8 +34,8 @@ class StepTrace:
     (a replay has none: pieces go into the events), the model, the runner and proposer."""
 
     def __init__(self, emit: Callable[[Event], None], tokenizer: Tokenizer, model_config: ModelConfig,
-                 capture: CaptureConfig, block_size: int, runner, speculator: Proposer | None) -> None:
-        self.emit, self.tokenizer, self.model_config, self.capture = emit, tokenizer, model_config, capture
+                 block_size: int, runner, speculator: Proposer | None) -> None:
+        self.emit, self.tokenizer, self.model_config = emit, tokenizer, model_config
         self.block_size, self.runner, self.speculator = block_size, runner, speculator
         self.method = speculator.method if speculator is not None else None
         self.capture_stops: set[str] = set()  # stop_captures(): applied before the next step
@@ -116,10 +116,11 @@ class StepTrace:
             if p.verdict is not None and p.scheduled.seq.traced:
                 p.spec_details = self.speculator.describe(p.scheduled.seq, self.piece)
 
-    def token(self, step: StepPass, part: SeqStep, j: int, token: int) -> None:
-        """The target's distribution at the part's j-th new token's position, and its logit lens."""
+    def token(self, step: StepPass, part: SeqStep, j: int, token: int, top_candidates: int) -> None:
+        """The target's distribution at the part's j-th new token's position (its top candidates),
+        and its logit lens."""
         seq = part.scheduled.seq
-        info = explain(step.logits[part.rows[0] + j], seq.params, token, self.capture.top_candidates,
+        info = explain(step.logits[part.rows[0] + j], seq.params, token, top_candidates,
                        step.knobs.get(part.draw))
         source = token_source(part.verdict, j)
         method = self.method if source != "target" else None
