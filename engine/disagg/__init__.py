@@ -15,10 +15,12 @@ the decode engine with the most free blocks (routing.py). Control messages (requ
 "ready", "pull", "sent", trace events) cross a pipe per prefill engine; the KV pages cross
 torch.distributed's own send/recv (gloo on the CPU; NCCL on CUDA, written but untested here).
 
-protocol.py  what the two sides say to each other, and the prefill side's start-up spec
+protocol.py  what the two sides say to each other, the prefill side's start-up spec, and the
+             kv.transfer event of a handover
 transfer.py  the KV pages: gather a request's blocks, send, receive into other blocks
 routing.py   which prefill engine computes a request, which decode engine receives it
-lanes.py     the decode engines of the serving process: a pool, block manager and scheduler each
+lanes.py     the decode engines of the serving process: a lane each (its pool, a runner over it,
+             its block manager and scheduler)
 prefill.py   the prefill engine (an LLMEngine that holds a request after its first token)
              and its process's loop
 engine.py    DisaggEngine: the decode side, an LLMEngine whose requests start remote

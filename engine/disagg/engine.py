@@ -10,10 +10,10 @@ pages, their block tables their own.
 
 Layout (xPyD, as vLLM's and Dynamo's disaggregated serving name it): P prefill engines,
 each a spawned process with its own model copy, KV pool and prefix cache (prefill k is rank
-k + 1), and D decode engines, all in this process on rank 0 (engine/disagg/lanes.py: each its
-own pool, block manager and batch over this process's one copy of the weights, stepped in
-turn; their receives use distinct tags). One torch.distributed group of 1 + P processes.
-Which prefill engine and which decode engine a request gets: engine/disagg/routing.py.
+k + 1), and D decode engines, all in this process on rank 0: each a lane (engine/disagg/lanes.py)
+with its own pool, block manager and batch over this process's one copy of the weights, each
+step given the lane that steps. One torch.distributed group of 1 + P processes; which prefill
+and which decode engine a request gets: engine/disagg/routing.py.
 
 A request's path: decode add_request -> route -> ADD -> prefill steps (its prefix cache, its
 pool) -> READY -> a decode engine picked, blocks allocated, recv posted -> PULL -> send on
@@ -30,29 +30,32 @@ import time
 import weakref
 from collections import deque
 from dataclasses import dataclass, replace
+from functools import partial
 from multiprocessing.connection import wait as wait_any
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from engine.checkpoint.resolve import resolve_model_path
 from engine.config import EngineConfig
 from engine.info import EngineLoad
-from engine.llm_engine import LLMEngine, resolve_device
+from engine.lane import Lane, lane_load
+from engine.llm_engine import DEFAULT_MODEL, LLMEngine
+from engine.startup import resolve_device
 from engine.outputs import TokenOutput
 from engine.parallel.comm import Comm
-from engine.parallel.protocol import READY as STARTED, STARTUP_TIMEOUT_S
+from engine.parallel.protocol import STARTUP_TIMEOUT_S
 from engine.parallel.runner import RankFailedError, _stop_workers
+from engine.parallel.spawn import check_alive, start_process, wait_loaded
 from engine.sequence import Sequence, Status
 from engine.trace import CaptureConfig
 from engine.disagg import transfer
-from engine.disagg.lanes import DecodeLane, another_lane, first_lane
+from engine.disagg.lanes import DecodeScheduler, another_lane, pool_stats
 from engine.disagg.prefill import prefill_main
 from engine.disagg.protocol import (ADD, DECODE_POOL_EVENT, DECODE_RANK, DROP, EVENTS, FAILED, PULL, READY, SENT,
                                     SHUTDOWN, STATS, STOP_CAPTURES, Handover, PrefillSpec, Wire, engine_name,
-                                    prefill_rank)
+                                    kv_transfer_event, prefill_rank)
 from engine.disagg.routing import PrefillRouter, block_hashes, pick_decode
 
 MAX_ENGINES = 8  # a side: each prefill engine is a process with a model copy
@@ -105,10 +108,9 @@ class DisaggEngine(LLMEngine):
             raise ValueError(f"disaggregate on CUDA with {prefill_ranks} prefill engine(s) needs {world} GPUs (NCCL: "
                              f"the decode engines on cuda:0, prefill k on cuda:k+1); this machine has "
                              f"{torch.cuda.device_count()}")
-        path = resolve_model_path(model if model is not None else Path(__file__).resolve().parents[2]
-                                  / "assets" / "models" / "target")
+        path = resolve_model_path(model if model is not None else DEFAULT_MODEL)
         self.failed: str | None = None
-        self.lane: DecodeLane | None = None  # the decode engine in use (engine/disagg/lanes.py)
+        self._stepping: Lane | None = None  # the decode engine whose step runs (its events name it)
         self._lane_of: dict[str, int] = {}  # request id -> its decode engine, once its pages were pulled
         self._state = {"in_step": False}
         self.procs, self.conns, self.comm = [], [], None
@@ -117,9 +119,10 @@ class DisaggEngine(LLMEngine):
                               wait_for_workers=False)
         threads = max(1, (os.cpu_count() or 1) // world)  # this process's share of the cores, and each prefill's
         for k in range(prefill_ranks):  # they load while this process loads the decode side
-            self._start_prefill(PrefillSpec(path, f"cuda:{k + 1}" if dev.type == "cuda" else "cpu", dtype, config,
-                                            capture or CaptureConfig(), tracer is not None, kv_pool_events,
-                                            store.port, threads, k, world))
+            spec = PrefillSpec(path, f"cuda:{k + 1}" if dev.type == "cuda" else "cpu", dtype, config,
+                               capture or CaptureConfig(), tracer is not None, kv_pool_events, store.port, threads,
+                               k, world)
+            start_process(prefill_main, (spec, os.getpid()), f"tokentrace-prefill-{k}", self.procs, self.conns)
         try:
             torch.set_num_threads(threads)
             decode_config = replace(config, enable_prefix_caching=False)
@@ -129,19 +132,17 @@ class DisaggEngine(LLMEngine):
                              config=decode_config, tracer=tracer, trace_level=trace_level, capture=capture,
                              progress=progress, kv_pool_events=kv_pool_events)
             self.prefill_blocks = self._wait_started()
-            self.comm = Comm.connect_watching(store, DECODE_RANK, world, self.device, STARTUP_TIMEOUT_S,
-                                              self._check_started)
+            self.comm = Comm.connect_watching(store, DECODE_RANK, world, self.device, STARTUP_TIMEOUT_S, partial(
+                check_alive, self.procs, DisaggFailedError, "prefill engine {n}'s process exited before it joined "
+                "the process group"))
         except BaseException:
             self.shutdown()
             raise
         self.proc, self.conn = self.procs[0], self.conns[0]  # prefill engine 0's (one prefill engine: the one)
-        self.prefill_num_blocks = self.prefill_blocks[0]
         self.prefix_caching = config.enable_prefix_caching  # the prefill side's (describe() says so)
         self.router = PrefillRouter(prefill_ranks, min(self.prefill_blocks), self.config.block_size)
-        always = kv_pool_events == "always"
-        self.lanes = [first_lane(self, self._to_prefill, self._receiving(0))] + [
-            another_lane(self, j, self._to_prefill, self._receiving(j), always) for j in range(1, decode_ranks)]
-        self.lanes[0].use(self)
+        self.lanes = [self.lane] + [another_lane(self, j, self._to_prefill, self._receiving(j),
+                                                 kv_pool_events == "always") for j in range(1, decode_ranks)]
         self.remote: dict[str, Sequence] = {}  # at a prefill engine: added, pages not pulled yet
         self._prefill_of: dict[str, int] = {}  # ... at which one
         self.ready: deque[tuple[Sequence, Handover, int]] = deque()  # prefilled (by engine k), waiting for blocks
@@ -166,43 +167,19 @@ class DisaggEngine(LLMEngine):
     def _receiving(self, j: int):
         return lambda: any(f.lane == j for f in self.inflight.values())
 
+    def _new_scheduler(self, bm) -> DecodeScheduler:  # decode engine 0's (engine/disagg/lanes.py)
+        return DecodeScheduler(self.config, bm, self._to_prefill, self._receiving(0))
+
+    def _lane_for(self, seq: Sequence) -> Lane:  # its decode engine's, once its pages were pulled
+        return self.lanes[self._lane_of.get(seq.request_id, 0)]
+
     # --- start and stop --------------------------------------------------------------
-    def _start_prefill(self, spec: PrefillSpec) -> None:
-        ctx = mp.get_context("spawn")
-        parent_conn, child_conn = ctx.Pipe()
-        p = ctx.Process(target=prefill_main, args=(spec, os.getpid(), child_conn), daemon=True,
-                        name=f"tokentrace-prefill-{spec.index}")
-        p.start()
-        child_conn.close()
-        self.procs.append(p)
-        self.conns.append(parent_conn)
-
     def _wait_started(self) -> list[int]:
-        """Every prefill engine's start-up answer: the blocks of its pool."""
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        blocks = []
-        for k, (p, conn) in enumerate(zip(self.procs, self.conns)):
-            while not conn.poll(0.1):
-                if not p.is_alive() or time.monotonic() > deadline:
-                    raise DisaggFailedError(f"prefill engine {k}'s process exited while loading (exit code "
-                                            f"{p.exitcode})")
-            try:
-                status, info = conn.recv()
-            except (EOFError, OSError):  # it ended without a word: its pipe closed
-                p.join(5)
-                raise DisaggFailedError(f"prefill engine {k}'s process exited while loading (exit code "
-                                        f"{p.exitcode})") from None
-            if status != STARTED:
-                raise DisaggFailedError(f"prefill engine {k} failed to load: {info}")
-            blocks.append(info["num_blocks"])
-        return blocks
-
-    def _check_started(self) -> None:
-        """While the group connects: a prefill engine whose process is gone will never join it."""
-        for k, p in enumerate(self.procs):
-            if not p.is_alive():
-                raise DisaggFailedError(f"prefill engine {k}'s process exited before it joined the process group "
-                                        f"(exit code {p.exitcode})")
+        """Every prefill engine's start-up answer: the blocks of its pool (STARTUP_TIMEOUT_S for all)."""
+        infos = wait_loaded(self.procs, self.conns, STARTUP_TIMEOUT_S, DisaggFailedError,
+                            exited="prefill engine {n}'s process exited while loading",
+                            failed="prefill engine {n} failed to load")
+        return [info["num_blocks"] for info in infos]
 
     def shutdown(self) -> None:
         """Stop the prefill processes (their shutdown message, then terminate what is left)."""
@@ -241,7 +218,6 @@ class DisaggEngine(LLMEngine):
 
     def abort(self, request_id: str) -> bool:
         with self.lock:
-            self._use_lane_of(request_id)
             done = super().abort(request_id)
             if done and request_id in self.remote:
                 self.router.answered(request_id)
@@ -249,12 +225,6 @@ class DisaggEngine(LLMEngine):
                 if not self.failed:
                     self._send(k, (DROP, request_id))  # its pages are not on the way: free them there
             return done
-
-    def _use_lane_of(self, request_id: str) -> None:
-        """Its decode engine's scheduler and pool from here on (an abort frees its blocks there)."""
-        j = self._lane_of.get(request_id)
-        if j is not None:
-            self.lanes[j].use(self)
 
     def cached_prefix_tokens(self, token_ids: list[int]) -> int:
         """The prefill side's prefix caches, as the router's record has them (the decode pools
@@ -265,7 +235,7 @@ class DisaggEngine(LLMEngine):
 
     def has_unfinished_requests(self) -> bool:
         return any(lane.scheduler.has_unfinished() for lane in self.lanes) or \
-            bool(self._pending or self.remote or self.ready or self.inflight)
+            bool(self._outputs_for_next_step or self.remote or self.ready or self.inflight)
 
     def stop_captures(self, request_id: str, limit_bytes: int) -> bool:
         with self.lock:
@@ -277,7 +247,7 @@ class DisaggEngine(LLMEngine):
     def step(self) -> list[TokenOutput]:
         """Every decode engine with work takes its step, in turn."""
         busy = lambda: [lane for lane in self.lanes if lane.scheduler.has_unfinished()]  # noqa: E731
-        if not self.failed and not (busy() or self._pending):
+        if not self.failed and not (busy() or self._outputs_for_next_step):
             try:  # nothing to decode: wait for the prefill side, without the lock (add and abort go on)
                 wait_any(self.conns, 0.05)
             except (EOFError, OSError):
@@ -286,11 +256,11 @@ class DisaggEngine(LLMEngine):
             if self.failed:
                 raise DisaggFailedError(self.failed)
             self._poll()
-            lanes = busy() or (self.lanes[:1] if self._pending else [])  # aborts are told by a step
+            lanes = busy() or (self.lanes[:1] if self._outputs_for_next_step else [])  # aborts are told by a step
             outputs = []
             for lane in lanes:
-                lane.use(self)
-                outputs.extend(super().step())
+                self._stepping = lane
+                outputs.extend(self._step_in(lane))
             return outputs
 
     def _poll(self) -> None:
@@ -319,9 +289,9 @@ class DisaggEngine(LLMEngine):
             seq = self.remote.get(rid)
             if seq is None or seq.is_finished:
                 self._send(k, (DROP, rid))
-            elif h.finished:  # its first token ended it: no pages
+            elif h.finished:  # its first token ended it: no pages (any decode engine's scheduler ends it)
                 self._unremote(rid)
-                self._first_token(seq, h)
+                self._first_token(self.lanes[0], seq, h)
             else:
                 self.ready.append((seq, h, k))
         elif kind == SENT:
@@ -335,7 +305,7 @@ class DisaggEngine(LLMEngine):
             seq = self.remote.get(rid)
             self._unremote(rid)
             if seq is not None and not seq.is_finished:
-                self._pending.append(self._finish(seq, "length" if why == "length" else "abort"))
+                self._outputs_for_next_step.append(self._finish(seq, "length" if why == "length" else "abort"))
         elif kind == STATS:
             self._stats[k] = msg[1]
 
@@ -356,12 +326,11 @@ class DisaggEngine(LLMEngine):
             self.ready.popleft()
             self._unremote(seq.request_id)
             lane = self.lanes[j]
-            lane.use(self)
             self._lane_of[seq.request_id] = j
             lane.block_manager.allocate(seq, h.num_tokens)
             tag = next(self._tags)
             try:
-                pages, work = transfer.post_recv(self.comm, lane.kv, len(h.blocks), prefill_rank(k), tag)
+                pages, work = transfer.post_recv(self.comm, lane.runner.kv_cache, len(h.blocks), prefill_rank(k), tag)
             except Exception as e:  # noqa: BLE001
                 lane.block_manager.free_seq(seq)
                 self._fail(k, e)
@@ -371,7 +340,6 @@ class DisaggEngine(LLMEngine):
     def _received(self, f: _InFlight, wire: Wire) -> None:
         """The pages are in: into the decode engine's blocks, the first token appended, decoding on."""
         seq, h, lane = f.seq, f.handover, self.lanes[f.lane]
-        lane.use(self)
         try:
             f.work.wait()
         except Exception as e:  # noqa: BLE001 - the prefill side died mid-transfer
@@ -380,15 +348,15 @@ class DisaggEngine(LLMEngine):
         if seq.is_finished:  # aborted while its pages were on the way
             lane.block_manager.free_seq(seq)
             return
-        transfer.scatter(lane.kv, seq.block_table, f.pages)
+        transfer.scatter(lane.runner.kv_cache, seq.block_table, f.pages)
         seq.num_computed_tokens, seq.num_cached_tokens = h.num_tokens, h.num_cached_tokens
         lane.block_manager.commit_full_blocks(seq, 0)
         seq.status = Status.RUNNING
         lane.scheduler.running.append(seq)
         if seq.traced:
-            self._emit(kv_transfer_event(seq, h, wire, f, self.model_config.num_layers, self._pools(),
-                                          self.config.block_size))
-        self._first_token(seq, h)
+            self._emit(kv_transfer_event(seq, h, wire, f.source, f.lane, f.pages, self.model_config.num_layers,
+                                         self._pools(), self.config.block_size))
+        self._first_token(lane, seq, h)
 
     def _pools(self) -> list[dict]:
         """Every engine's pool: the prefill engines' as their last send left them, the decode engines' now."""
@@ -397,7 +365,7 @@ class DisaggEngine(LLMEngine):
                        "free": lane.block_manager.num_free_blocks, "cached": lane.block_manager.num_cached_blocks}
                       for lane in self.lanes]
 
-    def _first_token(self, seq: Sequence, h: Handover) -> None:
+    def _first_token(self, lane: Lane, seq: Sequence, h: Handover) -> None:
         """The prefill side's first token, appended here: streamed, stop-checked, timed."""
         if h.generator_state is not None and seq.generator is not None:
             seq.generator.set_state(h.generator_state)  # seeded draws go on where the prefill side left them
@@ -409,12 +377,12 @@ class DisaggEngine(LLMEngine):
         self.stats.prefix_queried_tokens += h.num_tokens
         self.stats.prefix_hit_tokens += h.num_cached_tokens
         seq.num_cached_tokens = h.num_cached_tokens
-        out = self._append_token(seq, h.token, now)
+        out = self._append_token(lane, seq, h.token, now)
         out.logprobs = h.logprobs
         if seq.params.prompt_logprobs is not None:
             out.prompt_logprobs = [None] + [seq.prompt_logprobs.get(i) for i in range(1, seq.num_prompt_tokens)]
         self.stats.generated_tokens += 1
-        self._pending.append(out)
+        self._outputs_for_next_step.append(out)
 
     def describe(self):
         """The decode engine's description (each decode engine's pool is this size); its prefix
@@ -427,10 +395,7 @@ class DisaggEngine(LLMEngine):
     def load(self) -> EngineLoad:
         """Every decode engine's together; requests at the prefill side or on the wire count as waiting."""
         with self.lock:
-            loads = []
-            for lane in self.lanes:
-                lane.use(self)
-                loads.append(super().load())
+            loads = [lane_load(lane, self.step_count, self.stats, self.num_aborted) for lane in self.lanes]
             add = lambda name: sum(getattr(x, name) for x in loads)  # noqa: E731
             return replace(loads[0], running=add("running"), waiting=add("waiting") + len(self.remote) +
                            len(self.inflight), blocks_used=add("blocks_used"), blocks_cached=add("blocks_cached"),
@@ -453,23 +418,22 @@ class DisaggEngine(LLMEngine):
             if len(self._lane_of) > len(self.requests) + 256:  # requests forgotten unreleased (max_finished)
                 self._lane_of = {r: j for r, j in self._lane_of.items() if r in self.requests}
 
-    def _trace_pool(self) -> None:
-        """kv.pool of the decode engine in use, with the requests whose pages are on the way to it."""
+    def _trace_pool(self, lane: Lane) -> None:
+        """kv.pool of the decode engine that stepped, with the requests whose pages are on the way to it."""
         if self.tracer is not None:
-            lane = self.lane
             live = lane.scheduler.running + list(lane.scheduler.waiting) + \
                 [f.seq for f in self.inflight.values() if f.lane == lane.index]
-            event = self._pool_trace.after_step(self.block_manager, live, self.step_count)
+            event = lane.pool_trace.after_step(lane.block_manager, live, self.step_count)
             if event is not None:
                 self._emit(event)
 
     def _emit(self, event) -> None:
         """Stamped engine="decode" (the prefill side's say "prefill") and, where it is known, the
-        decode engine's index: the pool's events and steps of the one in use, a request's once
+        decode engine's index: the pool's events and steps of the one stepping, a request's once
         its pages were pulled (before that, its arrival, say, belongs to no decode engine yet)."""
         name, rid, data = event
         data["engine"] = "decode"
-        j = self.lane.index if rid is None and self.lane is not None else self._lane_of.get(rid)
+        j = self._stepping.index if rid is None and self._stepping is not None else self._lane_of.get(rid)
         if j is not None:
             data["engine_index"] = j
             if name == "kv.pool" and j > 0:
@@ -501,9 +465,8 @@ class DisaggEngine(LLMEngine):
         self.remote.clear()
         self._prefill_of.clear()
         for rid in self.live_requests():
-            self._use_lane_of(rid)
             self._finish(self.requests[rid], "abort")
-        self._pending.clear()
+        self._outputs_for_next_step.clear()
         self.shutdown()
         raise DisaggFailedError(self.failed) from err
 
@@ -529,30 +492,6 @@ class DisaggEngine(LLMEngine):
     def decode_stats(self) -> list[dict]:
         """Each decode engine's pool (tests: nothing leaked there)."""
         with self.lock:
-            out = []
-            for lane in self.lanes:
-                bm = lane.block_manager
-                bm.check_invariants(lane.scheduler.running + list(lane.scheduler.waiting) +
-                                    [f.seq for f in self.inflight.values() if f.lane == lane.index])
-                out.append({"num_blocks": bm.num_blocks, "free_blocks": bm.num_free_blocks,
-                            "running": len(lane.scheduler.running), "waiting": len(lane.scheduler.waiting)})
-            return out
+            return [pool_stats(lane, [f.seq for f in self.inflight.values() if f.lane == lane.index])
+                    for lane in self.lanes]
 
-
-def kv_transfer_event(seq: Sequence, h: Handover, wire: Wire, f: _InFlight, num_layers: int, pools: list[dict],
-                      block_size: int):
-    """kv.transfer: one request's pages, prefill engine f.source's pool -> decode engine f.lane's,
-    and every engine's pool then (the page draws them from this event alone)."""
-    now = time.perf_counter()
-    src, dst = engine_name("prefill", f.source), engine_name("decode", f.lane)
-    by_name = {p["engine"]: {k: v for k, v in p.items() if k != "engine"} for p in pools}
-    return "kv.transfer", seq.request_id, {
-        "src": src, "dst": dst, "src_rank": prefill_rank(f.source), "dst_rank": DECODE_RANK,
-        "backend": wire.backend, "tokens": h.num_tokens,
-        "num_blocks": len(h.blocks), "src_blocks": list(h.blocks), "dst_blocks": list(seq.block_table),
-        "bytes": wire.bytes, "bytes_per_token": f.pages[:, :, 0, 0].numel() * f.pages.element_size(),
-        "layers": list(range(num_layers)), "queue_ms": wire.queue_ms, "wire_ms": wire.wire_ms,
-        "start": wire.start, "handover_ms": (now - h.first_token_time) * 1e3,
-        "prefill_ms": (h.prefill_done_time - h.first_scheduled_time) * 1e3, "cached_tokens": h.num_cached_tokens,
-        "src_pool": by_name[src], "dst_pool": by_name[dst], "pools": pools,
-        "block_size": block_size}

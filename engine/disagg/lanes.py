@@ -1,21 +1,27 @@
-"""The decode engines of the serving process: each its own KV pool, block manager, scheduler
-(its batch) and kv.pool record, over the one copy of the model's weights that process holds.
+"""The decode engines of the serving process: each a lane (engine/lane.py) of its own, with
+its KV pool, block manager, scheduler (its batch) and kv.pool record, over the one copy of
+the model's weights that process holds.
 
-DisaggEngine is an LLMEngine; with D decode engines it steps them in turn, pointing its
-block manager, scheduler, pool tracker and the model's KV cache at each one's before it
-runs that one's step (`DecodeLane.use`). They share the process, its device and its cores,
-the requests table, the tracer and the step counter (a step number names one decode
-engine's step). What D > 1 shows is the split: each request's pages in one pool, its
-decode steps in one batch; not D times the decode compute (that takes D devices).
+Decode engine 0 is the lane the engine builds (its scheduler a DecodeScheduler); decode
+engine j > 0 is built here, whole: a pool of decode 0's size and a runner over it
+(PoolView), whose model is a view of the same weights with its attention layers reading
+that pool. DisaggEngine steps them in turn, each step given its lane; nothing is swapped.
+They share the process, its device and its cores, the requests table, the tracer and the
+step counter (a step number names one decode engine's step). What D > 1 shows is the split:
+each request's pages in one pool, its decode steps in one batch; not D times the decode
+compute (that takes D devices).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import copy
 
 import torch
+from torch import nn
 
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
+from engine.lane import Lane
+from engine.model_runner import ModelRunner
 from engine.scheduler import Scheduler, SchedulerOutput
 from engine.sequence import Sequence, Status
 from engine.trace.kv_pool import KVPoolTracker
@@ -46,45 +52,54 @@ class DecodeScheduler(Scheduler):
         super().finish(seq, reason)
 
 
-@dataclass
-class DecodeLane:
-    """Decode engine `index`: what it owns, and what it borrows from the engine while it steps."""
-    index: int
-    block_manager: BlockManager
-    scheduler: DecodeScheduler
-    kv: torch.Tensor  # [K/V, layer, block, slot, kv head, head dim], as the runner's pool
-    pool_trace: KVPoolTracker
-    plans: list | None = None  # its layers' fused C-call plans (engine/layers/fused.py), kept between turns
+class PoolView(ModelRunner):
+    """A runner over a KV pool of its own, with another runner's model weights (not loaded
+    again: ModelRunner.__init__ does not run). No CUDA graphs: a graph holds one pool's
+    addresses (cuda_graphs is refused with more than one decode engine)."""
 
-    def use(self, engine) -> None:
-        """Point the engine (and its model's attention layers) at this decode engine's parts."""
-        prev, engine.lane = engine.lane, self
-        engine.block_manager, engine.scheduler, engine._pool_trace = self.block_manager, self.scheduler, self.pool_trace
-        runner = engine.runner
-        if runner.kv_cache is not self.kv:
-            runner.kv_cache = self.kv
-            for i, attn in enumerate(runner.model.attention_layers()):
-                attn.k_cache, attn.v_cache = self.kv[0, i], self.kv[-1, i]
-            # a layer's plan holds its pool's addresses (checked before each use, rebuilt when they
-            # differ): each decode engine keeps its own, instead of a rebuild at every turn
-            layers = runner.model.model.layers
-            if prev is not None:
-                prev.plans = [layer.fused for layer in layers]
-            for layer, plan in zip(layers, self.plans or [None] * len(layers)):
-                layer.fused = plan
+    def __init__(self, base: ModelRunner, kv: torch.Tensor) -> None:
+        self.cfg, self.ecfg, self.device, self.dtype = base.cfg, base.ecfg, base.device, base.dtype
+        self.weight_dtype, self.use_triton, self.max_model_len = base.weight_dtype, base.use_triton, base.max_model_len
+        self.num_blocks, self.block_size = base.num_blocks, base.block_size
+        self.kv_cache = kv  # [K/V, layer, block, slot, kv head, head dim], as the base's pool
+        self.model = model_over(base.model, kv)
 
 
-def first_lane(engine, remote, receiving) -> DecodeLane:
-    """Decode engine 0: the parts LLMEngine built, its scheduler a DecodeScheduler."""
-    return DecodeLane(0, engine.block_manager, DecodeScheduler(engine.config, engine.block_manager, remote, receiving),
-                      engine.runner.kv_cache, engine._pool_trace)
+def model_over(model: nn.Module, kv: torch.Tensor) -> nn.Module:
+    """The model with its attention layers over this pool: the modules from the root down to
+    each attention layer are new objects (copy.copy: the same parameters, buffers and
+    tensors), every other module is the model's own. Each copied layer plans its fused C
+    calls afresh, over this pool."""
+    layers = {id(attn): i for i, attn in enumerate(model.attention_layers())}
+    return _copy_towards(model, layers, kv)
 
 
-def another_lane(engine, index: int, remote, receiving, always: bool) -> DecodeLane:
-    """Decode engine `index`: a pool of decode 0's size and a block manager, scheduler and
-    pool record of its own (no prefix cache: its blocks are received pages)."""
+def _copy_towards(m: nn.Module, layers: dict[int, int], kv: torch.Tensor) -> nn.Module:
+    if not any(id(x) in layers for x in m.modules()):
+        return m
+    c = copy.copy(m)
+    c.__dict__["_modules"] = {name: None if child is None else _copy_towards(child, layers, kv)
+                              for name, child in m._modules.items()}
+    c.__dict__.pop("_fused_stack", None)  # a DecoderModel's one-call plan (engine/layers/fused.py)
+    if "fused" in c.__dict__:
+        c.__dict__["fused"] = None  # a DecoderLayer's plan: its own, over this pool
+    if id(m) in layers:  # MLA: both views are the one latent
+        c.__dict__["k_cache"], c.__dict__["v_cache"] = kv[0, layers[id(m)]], kv[-1, layers[id(m)]]
+    return c
+
+
+def another_lane(engine, index: int, remote, receiving, always: bool) -> Lane:
+    """Decode engine `index`: a pool of decode 0's size, a runner over it, and a block manager,
+    scheduler and pool record of its own (no prefix cache: its blocks are received pages)."""
     bm = BlockManager(engine.runner.num_blocks, engine.config.block_size, False,
                       emit=engine._emit if engine.tracer is not None else None)
-    kv = torch.zeros_like(engine.runner.kv_cache)
-    return DecodeLane(index, bm, DecodeScheduler(engine.config, bm, remote, receiving), kv,
-                      KVPoolTracker(always=always))
+    runner = PoolView(engine.runner, torch.zeros_like(engine.runner.kv_cache))
+    return Lane(DecodeScheduler(engine.config, bm, remote, receiving), bm, runner, KVPoolTracker(always=always), index)
+
+
+def pool_stats(lane: Lane, arriving: list[Sequence]) -> dict:
+    """A decode engine's pool, its invariants checked (`arriving`: requests whose pages are on the way)."""
+    bm, sched = lane.block_manager, lane.scheduler
+    bm.check_invariants(sched.running + list(sched.waiting) + arriving)
+    return {"num_blocks": bm.num_blocks, "free_blocks": bm.num_free_blocks, "running": len(sched.running),
+            "waiting": len(sched.waiting)}

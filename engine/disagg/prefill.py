@@ -26,6 +26,7 @@ import torch
 from tqdm.std import tqdm
 
 from engine.llm_engine import LLMEngine
+from engine.output_processor import OutputProcessor
 from engine.scheduler import Scheduler, SchedulerOutput
 from engine.parallel.comm import Comm
 from engine.parallel.protocol import READY as STARTED, error_text
@@ -53,25 +54,32 @@ class PrefillScheduler(Scheduler):
         return out
 
 
-class PrefillEngine(LLMEngine):
-    """An LLMEngine whose requests stop after their first token; those that go on are held."""
+class HandoverOutputs(OutputProcessor):
+    """Every request stops after its first token: HANDOVER when nothing else ended it."""
 
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.held: dict[str, Sequence] = {}  # handed over, blocks kept until the decode side pulls them
-        self.scheduler = PrefillScheduler(self.config, self.block_manager, self.held)
-
-    def _stop_reason(self, seq: Sequence, token: int) -> str | None:
-        reason = super()._stop_reason(seq, token)
+    def stop_reason(self, seq: Sequence, token: int) -> str | None:
+        reason = super().stop_reason(seq, token)
         return HANDOVER if reason is None else reason
 
-    def _finish(self, seq: Sequence, reason: str, token: int | None = None):
+
+class PrefillEngine(LLMEngine):
+    """An LLMEngine whose requests stop after their first token; those that go on are held."""
+    output_processor = HandoverOutputs
+
+    def __init__(self, *args, **kwargs) -> None:
+        self.held: dict[str, Sequence] = {}  # handed over, blocks kept until the decode side pulls them
+        super().__init__(*args, **kwargs)
+
+    def _new_scheduler(self, bm) -> PrefillScheduler:
+        return PrefillScheduler(self.config, bm, self.held)
+
+    def _finish(self, seq: Sequence, reason: str, token: int | None = None, lane=None):
         if reason != HANDOVER:
-            return super()._finish(seq, reason, token)
+            return super()._finish(seq, reason, token, lane)
         self.scheduler.running.remove(seq)  # out of the batch; its blocks stay referenced
         seq.status, seq.finish_reason = Status.FINISHED, reason
         self.held[seq.request_id] = seq
-        return self._token_output(seq, token, len(seq.text))
+        return self.output.token_output(seq, token, len(seq.text), self.step_count)
 
     def handover(self, seq: Sequence, logprobs) -> Handover:
         return Handover(token=seq.token_ids[-1], num_tokens=seq.num_prompt_tokens, blocks=list(seq.block_table),
@@ -97,18 +105,18 @@ class PrefillEngine(LLMEngine):
         elif self.abort(request_id):  # still prefilling: the next step reports it, then it is released
             pass
 
-    def _trace_pool(self) -> None:
+    def _trace_pool(self, lane) -> None:
         """kv.pool with the held requests among the live ones (their blocks are still theirs)."""
         if self.tracer is not None:
-            live = self.scheduler.running + list(self.scheduler.waiting) + list(self.held.values())
-            event = self._pool_trace.after_step(self.block_manager, live, self.step_count)
+            live = lane.scheduler.running + list(lane.scheduler.waiting) + list(self.held.values())
+            event = lane.pool_trace.after_step(lane.block_manager, live, self.step_count)
             if event is not None:
                 self._emit(event)
 
     def _forget(self, seq: Sequence) -> None:
         self.block_manager.free_seq(seq)
         self.requests.pop(seq.request_id, None)
-        self._trace_pool()
+        self._trace_pool(self.lane)
 
     def pool_stats(self) -> dict:
         bm = self.block_manager

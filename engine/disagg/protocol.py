@@ -14,10 +14,12 @@ Prefill -> decode, over the pipe:
   SENT (request_id, tag, Wire)   the KV pages went out on torch.distributed
   FAILED (request_id, text)      the prefill engine refused the request
   STATS (dict)
-The KV pages themselves go over torch.distributed send/recv with the PULL's tag.
+The KV pages themselves go over torch.distributed send/recv with the PULL's tag; once they
+are in, the decode side's trace gets the kv.transfer event (kv_transfer_event).
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -97,3 +99,22 @@ class Wire:
     pool_blocks: int = 0  # the prefill pool after the send freed the request's blocks there
     pool_free: int = 0
     pool_cached: int = 0
+
+
+def kv_transfer_event(seq, h: Handover, wire: Wire, source: int, lane: int, pages: torch.Tensor, num_layers: int,
+                      pools: list[dict], block_size: int):
+    """kv.transfer: one request's pages (received into `pages`), prefill engine `source`'s pool
+    -> decode engine `lane`'s, and every engine's pool then (the page draws them from this event alone)."""
+    now = time.perf_counter()
+    src, dst = engine_name("prefill", source), engine_name("decode", lane)
+    by_name = {p["engine"]: {k: v for k, v in p.items() if k != "engine"} for p in pools}
+    return "kv.transfer", seq.request_id, {
+        "src": src, "dst": dst, "src_rank": prefill_rank(source), "dst_rank": DECODE_RANK,
+        "backend": wire.backend, "tokens": h.num_tokens,
+        "num_blocks": len(h.blocks), "src_blocks": list(h.blocks), "dst_blocks": list(seq.block_table),
+        "bytes": wire.bytes, "bytes_per_token": pages[:, :, 0, 0].numel() * pages.element_size(),
+        "layers": list(range(num_layers)), "queue_ms": wire.queue_ms, "wire_ms": wire.wire_ms,
+        "start": wire.start, "handover_ms": (now - h.first_token_time) * 1e3,
+        "prefill_ms": (h.prefill_done_time - h.first_scheduled_time) * 1e3, "cached_tokens": h.num_cached_tokens,
+        "src_pool": by_name[src], "dst_pool": by_name[dst], "pools": pools,
+        "block_size": block_size}

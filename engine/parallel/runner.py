@@ -21,7 +21,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from engine.trace import logit_lens
 from engine.batch import ForwardBatch
@@ -29,8 +28,9 @@ from engine.config import EngineConfig, ModelConfig, ProgressFn
 from engine.kernels import triton_available
 from engine.model_runner import ModelRunner, kv_pool_blocks
 from engine.parallel.comm import Comm
-from engine.parallel.protocol import READY, SHUTDOWN, STARTUP_TIMEOUT_S, ShardSpec, encode_batch, group_prefix
+from engine.parallel.protocol import SHUTDOWN, STARTUP_TIMEOUT_S, ShardSpec, encode_batch, group_prefix
 from engine.parallel.rendezvous import check_world, publish, torchrun_env, wait_ready
+from engine.parallel.spawn import check_alive, start_process, wait_loaded
 from engine.parallel.shard import check_shardable, local_config, placement
 from engine.parallel.worker import gather_attention, load_shard, worker_main
 from engine.sequence import ScheduledSeq
@@ -75,17 +75,10 @@ class ParallelRunner(ModelRunner):
         store = dist.TCPStore("127.0.0.1", 0, n, True, timeout=datetime.timedelta(seconds=STARTUP_TIMEOUT_S),
                               wait_for_workers=False)
         threads = max(1, (os.cpu_count() or 1) // n)
-        ctx = mp.get_context("spawn")
         for rank in range(1, n):
             spec = ShardSpec(path, cfg, max_model_len, dtype, str(device) if device.type == "cpu" else f"cuda:{rank}",
                              self.num_blocks, ecfg.block_size, n, ep, store.port, threads)
-            parent_conn, child_conn = ctx.Pipe()
-            p = ctx.Process(target=worker_main, args=(rank, spec, os.getpid(), child_conn), daemon=True,
-                            name=f"tokentrace-rank{rank}")
-            p.start()
-            child_conn.close()
-            self.procs.append(p)
-            self.conns.append(parent_conn)
+            start_process(worker_main, (rank, spec, os.getpid()), f"tokentrace-rank{rank}", self.procs, self.conns)
         self._state = {"in_step": False}  # a step cut short (Ctrl-C) leaves the ranks mid-collective
         self._finalizer = weakref.finalize(self, _stop_workers, self.procs, self.conns, None, self._state)
         try:
@@ -126,26 +119,14 @@ class ParallelRunner(ModelRunner):
 
     def _check_started(self) -> None:
         """While the group connects: a rank whose process is gone will never join it."""
-        for rank, p in enumerate(self.procs, start=1):
-            if not p.is_alive():
-                raise RankFailedError(f"tensor-parallel rank {rank} exited before it joined the process group "
-                                      f"(exit code {p.exitcode})")
+        check_alive(self.procs, RankFailedError, "tensor-parallel rank {n} exited before it joined the process group",
+                    first=1)
 
     def _wait_ready(self) -> None:
-        for rank, (p, c) in enumerate(zip(self.procs, self.conns), start=1):
-            deadline = time.monotonic() + STARTUP_TIMEOUT_S
-            while not c.poll(0.1):
-                if not p.is_alive() or time.monotonic() > deadline:
-                    raise RankFailedError(f"tensor-parallel rank {rank} exited while loading its shard "
-                                          f"(exit code {p.exitcode})")
-            try:
-                status, err = c.recv()
-            except (EOFError, OSError):  # it ended without a word: its pipe closed
-                p.join(5)
-                raise RankFailedError(f"tensor-parallel rank {rank} exited while loading its shard "
-                                      f"(exit code {p.exitcode})") from None
-            if status != READY:
-                raise RankFailedError(f"tensor-parallel rank {rank} failed to load its shard: {err}")
+        """Each worker's report that its shard is loaded (STARTUP_TIMEOUT_S for each)."""
+        wait_loaded(self.procs, self.conns, STARTUP_TIMEOUT_S, RankFailedError,
+                    exited="tensor-parallel rank {n} exited while loading its shard",
+                    failed="tensor-parallel rank {n} failed to load its shard", first=1, per_process=True)
 
     def prepare(self, scheduled: list[ScheduledSeq]) -> ForwardBatch:
         self._want_timings = any(s.seq.traced for s in scheduled)

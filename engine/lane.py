@@ -1,0 +1,36 @@
+"""A lane: the parts one batch runs on. Its scheduler (the queue and the batch), its block
+manager (the block tables over its KV pool), the runner that computes the batch over that
+pool, and the record of the pool's last kv.pool event.
+
+An LLMEngine has one lane; a disaggregated engine's decode side has one per decode engine
+(engine/disagg/lanes.py), all over one copy of the weights. Each lane is built whole and
+keeps its parts; the engine's step takes the lane it steps (LLMEngine._step_in).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.block_manager import BlockManager
+from engine.info import EngineLoad
+from engine.model_runner import ModelRunner
+from engine.scheduler import Scheduler
+from engine.step_pass import EngineStats
+from engine.trace.kv_pool import KVPoolTracker
+
+
+@dataclass(frozen=True)
+class Lane:
+    scheduler: Scheduler
+    block_manager: BlockManager
+    runner: ModelRunner  # the model over this lane's KV pool (runner.kv_cache)
+    pool_trace: KVPoolTracker  # what the last kv.pool of this pool said
+    index: int = 0  # which decode engine (a disaggregated engine's); 0 for an LLMEngine's one
+
+
+def lane_load(lane: Lane, step_count: int, stats: EngineStats, num_aborted: int) -> EngineLoad:
+    """LLMEngine.load: the lane's batch and pool, and the engine's counts."""
+    bm, sched, st = lane.block_manager, lane.scheduler, stats
+    cached = bm.num_free_cached_blocks
+    return EngineLoad(len(sched.running), len(sched.waiting), bm.num_blocks - bm.num_free_blocks, cached,
+                      bm.num_free_blocks - cached, step_count, st.target_passes, st.generated_tokens, num_aborted,
+                      st.prefix_queried_tokens, st.prefix_hit_tokens, st.spec_proposed, st.spec_accepted)

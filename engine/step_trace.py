@@ -1,0 +1,171 @@
+"""The step's trace: the events a step gives its traced requests, built from what the step
+already computed (engine/trace/events.py makes each event; this module says when, and
+from which parts of the step).
+
+In step order: a request's arrival and tokens (before its first step); the pass (the
+schedule, a sharded step's collectives, where each sequence's K/V went, the proposer's
+account of a round) before the commit; each new token's distribution and logit lens as it
+is appended; after the commit, what the step kept of a `full` trace's captures (embedding
+rows, attention, MoE routing) and of each round; last, the step's `finish` events, so a
+trace's captures come before its end. A reader may cut a request's captures from inside a
+step (stop_captures): that state lives here too. Apart from the engine's loop so that the
+loop reads as its phases; with tracing off none of this runs but begin and end.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from engine.config import ModelConfig
+from engine.sampler import explain
+from engine.scheduler import Scheduler
+from engine.block_manager import BlockManager
+from engine.sequence import ScheduledSeq, Sequence
+from engine.speculative.proposer import Proposer
+from engine.speculative.verify import Verdict
+from engine.step_pass import SeqStep, StepPass
+from engine.tokenizer import Tokenizer
+from engine.trace import events, logit_lens
+from engine.trace.capture import PassCapture
+from engine.trace.events import Event
+
+
+class StepTrace:
+    """One engine's: the tracer's emit (the engine's, which stamps the step), the tokenizer
+    (a replay has none: pieces go into the events), the model, the runner and proposer."""
+
+    def __init__(self, emit: Callable[[Event], None], tokenizer: Tokenizer, model_config: ModelConfig,
+                 block_size: int, runner, speculator: Proposer | None) -> None:
+        self.emit, self.tokenizer, self.model_config = emit, tokenizer, model_config
+        self.block_size, self.runner, self.speculator = block_size, runner, speculator
+        self.method = speculator.method if speculator is not None else None
+        self.capture_stops: set[str] = set()  # stop_captures(): applied before the next step
+        self.in_step = False  # stop_captures() from a sink inside a step: that step's captures are cut
+        self.traced_now: dict[str, ScheduledSeq] = {}  # the step in progress: its traced sequences' parts
+        self.held_finishes: list[Event] = []  # the step's `finish` events, emitted after its captures
+
+    def piece(self, token_id: int) -> str:
+        """A token's text for the trace, special tokens included (a replay has no tokenizer)."""
+        return self.tokenizer.token_text(token_id)
+
+    # --- around a step -------------------------------------------------------------------
+    def begin(self, requests: dict[str, Sequence]) -> None:
+        """Before a step: the captures cut since the last one end now."""
+        for rid in self.capture_stops:
+            seq = requests.get(rid)
+            if seq is not None:
+                seq.capture = None
+        self.capture_stops.clear()
+        self.in_step = True
+
+    def end(self) -> None:
+        """After a step (or its failure): the `finish` events it held."""
+        self.in_step = False
+        self.traced_now = {}
+        finishes, self.held_finishes = self.held_finishes, []
+        for event in finishes:
+            self.emit(event)
+
+    def finish(self, event: Event) -> None:
+        """A request's `finish`: in a step, after what the step kept (a trace's captures come before its end)."""
+        if self.in_step:
+            self.held_finishes.append(event)
+        else:
+            self.emit(event)
+
+    def stop_captures(self, seq: Sequence | None, request_id: str, limit_bytes: int, step_count: int) -> bool:
+        """LLMEngine.stop_captures: the request's captures cut from the next pass on (or from
+        the one in progress, where it is in it), and the `trace.truncated` event that says so."""
+        # (a request that finished in the step in progress still has that step's captures to cut)
+        if seq is None or not seq.traced or \
+                (seq.is_finished and not (self.in_step and request_id in self.traced_now)):
+            return False
+        self.capture_stops.add(request_id)
+        s = self.traced_now.get(request_id) if self.in_step else None
+        if s is None:  # between steps: the next pass is the first without captures
+            position, step = len(seq) - 1, step_count + 1
+        else:  # the pass in progress (its captures are cut from here on): where its rows begin
+            position, step = s.start, step_count
+        made = max(0, s.start + s.num_tokens - s.num_draft - seq.num_prompt_tokens) if s else seq.num_output_tokens
+        self.emit(events.trace_truncated(request_id, limit_bytes, step, position, made))
+        return True
+
+    # --- the events, in step order ---------------------------------------------------------
+    def arrival(self, seq: Sequence, messages: list[dict] | None) -> None:
+        self.emit(events.request_arrive(seq, messages))
+        self.emit(events.tokenize(seq, self.tokenizer.pieces(seq.prompt_token_ids), self.model_config.vocab_size,
+                                  self.tokenizer.vocab_size, messages is not None))
+
+    def step_pass(self, step: StepPass, scheduler: Scheduler, bm: BlockManager, forward_seconds: float,
+                  phases: dict) -> None:
+        """The pass: the step's schedule (and a sharded step's collectives), where each traced
+        sequence's K/V went, and what the proposer says of each round. Before the commit: it
+        rolls rejected proposals' blocks back, and kv.fill shows them written."""
+        scheduled = [p.scheduled for p in step.parts]
+        self.traced_now = {s.seq.request_id: s for s in scheduled if s.seq.traced}
+        runner = self.runner
+        if runner.placement is not None:  # sharded: what crossed between the ranks (engine/parallel)
+            self.emit(events.schedule_collective(scheduled, runner.placement.as_dict(), runner.trace_events(),
+                                                 forward_seconds))
+        self.emit(events.schedule_step(scheduled, phases, forward_seconds, step.batch.query_starts[-1],
+                                       len(scheduler.running), len(scheduler.waiting),
+                                       bm.num_free_blocks, bm.num_cached_blocks))
+        for s in scheduled:
+            if s.seq.traced:
+                self.emit(events.kv_fill(s, self.block_size))
+        for p in step.parts:  # what the proposer says of a round, read before the commit moves the sequence on
+            if p.verdict is not None and p.scheduled.seq.traced:
+                p.spec_details = self.speculator.describe(p.scheduled.seq, self.piece)
+
+    def token(self, step: StepPass, part: SeqStep, j: int, token: int, top_candidates: int) -> None:
+        """The target's distribution at the part's j-th new token's position (its top candidates),
+        and its logit lens."""
+        seq = part.scheduled.seq
+        info = explain(step.logits[part.rows[0] + j], seq.params, token, top_candidates,
+                       step.knobs.get(part.draw))
+        source = token_source(part.verdict, j)
+        method = self.method if source != "target" else None
+        self.emit(events.sample(seq, source, method, token, info, self.piece))
+        if part.lens_row is not None:
+            self.emit(events.logit_lens(seq, source, logit_lens.rows(step.capture, part.lens_row + j), token,
+                                        seq.capture.logit_lens, self.piece))
+
+    def round(self, part: SeqStep, kept: int, proposed: int) -> None:
+        """A speculative round as the commit counted it: the tokens its sequence kept."""
+        self.emit(events.spec(part.scheduled, part.verdict, self.piece, part.spec_details or {}, kept, proposed))
+
+    def captures(self, step: StepPass) -> None:
+        """After the commit: a `full` trace's captures of the rows that read a token the
+        sequence kept. None of a rejected proposal (that row read a token the position does
+        not hold), none past an end of sequence (a round that ended early read positions the
+        sequence never has); the newest token is never read: no pass has it as an input."""
+        for b, part in enumerate(step.parts):
+            s = part.scheduled
+            seq = s.seq
+            if seq.traced and seq.capture is not None:
+                self._captures_of(step.capture, b, s, min(s.start + s.num_tokens, len(seq) - 1))
+
+    def _captures_of(self, capture: PassCapture, b: int, s: ScheduledSeq, end: int) -> None:
+        """Sequence b's embedding rows, attention and MoE routing, of positions before `end`."""
+        cfg, spec = self.model_config, s.seq.capture
+        out = []
+        if b in capture.embed:
+            out.append(events.embed(s, capture.embed[b], cfg.hidden_size, end, spec.compact))
+        heads = spec.heads if spec.heads is not None else list(range(cfg.num_heads))
+        if b in capture.attention:
+            out.append(events.attention(s, capture.attention[b], heads, cfg, end, spec.compact))
+        for layer, per_seq in capture.moe.items():
+            if b in per_seq:
+                out.append(events.moe(s, layer, per_seq[b], capture.expert_load[layer], cfg, end))
+        for event in out:
+            if event is not None:
+                self.emit(event)
+
+
+def token_source(verdict: Verdict | None, j: int) -> str:
+    """Where a step's j-th new token came from: a plain draw from the target, an accepted
+    draft proposal, the draw from max(0, p - q) after a rejection, or the bonus draw."""
+    if verdict is None:
+        return "target"
+    if j < verdict.accepted:
+        return "draft"
+    return "bonus" if verdict.accepted == len(verdict.target_probs) else "corrected"
