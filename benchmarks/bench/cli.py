@@ -77,7 +77,7 @@ def run_sections(bench: Bench, names: list[str]) -> None:
             bar.set_postfix_str(name)
             # each section starts as a server does once started: earlier sections' garbage
             # collected, what stays (modules imported since) frozen out of the collector's
-            # walks, as engine.llm_engine.freeze_startup_heap does at start-up
+            # walks, as engine.startup.freeze_startup_heap does at start-up
             gc.collect()
             gc.freeze()
             SECTIONS[name](bench)
