@@ -77,3 +77,29 @@ class StepGate:
     def release_all(self) -> None:
         for go in self._go.values():
             go.set()
+
+
+@dataclass
+class UntilSubmitted:
+    """No engine step runs until `n` requests were submitted to the service (`wait_s` at
+    most): they share their batches however late the last one arrives."""
+    n: int = 2
+    wait_s: float = 60
+    _count: itertools.count = field(default_factory=itertools.count)
+    _all_in: threading.Event = field(default_factory=threading.Event)
+
+    def install(self, service, monkeypatch) -> "UntilSubmitted":
+        submit, step = service.submit, service.engine.step
+
+        def counted_submit(*args, **kwargs):
+            watch = submit(*args, **kwargs)
+            if next(self._count) + 1 >= self.n:
+                self._all_in.set()
+            return watch
+
+        def held_step():
+            self._all_in.wait(self.wait_s)
+            return step()
+        monkeypatch.setattr(service, "submit", counted_submit)
+        monkeypatch.setattr(service.engine, "step", held_step)
+        return self

@@ -14,7 +14,7 @@ import pytest
 import benchmarks.browser
 from tests import browser_utils
 from tests.browser_utils import LIVE_STATE, open_page, server_fixture, set_controls, wait_finished
-from tests.holds import StepGate
+from tests.holds import StepGate, UntilSubmitted
 
 # gradio's own queue code trips pandas deprecation warnings; they are not ours to fix
 pytestmark = [pytest.mark.slow,
@@ -34,23 +34,34 @@ def test_a_missing_browser_fails_in_ci_and_skips_elsewhere(monkeypatch):
 server = server_fixture()
 
 
-def test_a_request_streams_through_every_panel(server, browser, shots):
+def test_a_request_streams_through_every_panel(server, browser, shots, monkeypatch):
     context = browser.new_context(viewport={"width": 1500, "height": 1100})
     page = open_page(context, server.url)
     set_controls(page, XSS_USER, 40, system=XSS_SYSTEM)
     page.fill("#tt-seed input", "1")  # a seeded draw: the tiny model's 40 tokens hold no end-of-text
-    page.click("#tt-send")
-    # while the answer is still streaming, every panel already shows real content
-    live, end = None, time.monotonic() + 120
-    while live is None and time.monotonic() < end:
-        state = page.evaluate(LIVE_STATE)
-        if "finished" in state["status"]:
-            break
-        if "streaming" in state["status"] and not state["empty"] and 0 < state["tokens"] < 40:
-            live = state
-            page.screenshot(path=str(shots / "page_while_streaming.png"), full_page=True)
-        page.wait_for_timeout(50)
-    assert live is not None, f"panels were never all drawn mid-stream; last state {state}"
+    # the engine waits before steps 2, 3, 4 and 8 (at most 29 of the 40 tokens made) until the
+    # page shows what it made so far: no machine is too slow to see the answer grow
+    gate = StepGate(at=(2, 3, 4, 8)).install(server.service.engine, monkeypatch)
+    try:
+        page.click("#tt-send")
+        for grown, k in enumerate(gate.at[:3], 1):
+            assert gate.reached() == k
+            page.wait_for_function(f"window.__counts.filter(c => c > 0 && c < 40).length >= {grown}",
+                                   timeout=60_000)
+            gate.release(k)
+        assert gate.reached() == 8
+        # while the answer is still streaming, every panel already shows real content
+        live, end = None, time.monotonic() + 60
+        while live is None and time.monotonic() < end:
+            state = page.evaluate(LIVE_STATE)
+            if "streaming" in state["status"] and not state["empty"] and 0 < state["tokens"] < 40:
+                live = state
+                page.screenshot(path=str(shots / "page_while_streaming.png"), full_page=True)
+            page.wait_for_timeout(50)
+        assert live is not None, f"panels were never all drawn mid-stream; last state {state}"
+        gate.release(8)
+    finally:
+        gate.release_all()
     status = wait_finished(page)
     assert "finished (length), 40 tokens" in status
     page.screenshot(path=str(shots / "page_after_request.png"), full_page=True)
@@ -93,19 +104,28 @@ def test_a_request_streams_through_every_panel(server, browser, shots):
     context.close()
 
 
-def test_two_tabs_each_see_their_own_request_and_the_others_blocks(server, browser, shots):
+def test_two_tabs_each_see_their_own_request_and_the_others_blocks(server, browser, shots, monkeypatch):
     context = browser.new_context(viewport={"width": 1500, "height": 1100})
     a, b = open_page(context, server.url), open_page(context, server.url)
     set_controls(a, "Tab A: tell me about foxes.", 48)
     set_controls(b, "Tab B: tell me about owls.", 48)
-    a.click("#tt-send")
-    b.click("#tt-send")
-    try:  # a picture of tab B's pool while tab A's blocks are in it
-        b.wait_for_function("(d => +d.other > 0 && +d.mine > 0)"
-                            "((document.querySelector('#tt-kv .tt-kv-grid') || {dataset: {}}).dataset)", timeout=60_000)
-        b.locator("#tt-kv").screenshot(path=str(shots / "kv_panel_two_tabs_live.png"))
-    except Exception:
-        pass  # asserted below, from everything the observer saw
+    # both requests in every batch however late B's Send lands, and the engine waits before
+    # its 4th step while each tab draws the other's blocks: no race with the machine's speed
+    UntilSubmitted(n=2).install(server.service, monkeypatch)
+    gate = StepGate(at=(4,)).install(server.service.engine, monkeypatch)
+    try:
+        a.click("#tt-send")
+        b.click("#tt-send")
+        assert gate.reached() == 4
+        grid = "((document.querySelector('#tt-kv .tt-kv-grid') || {dataset: {}}).dataset)"
+        try:  # a picture of tab B's pool while tab A's blocks are in it
+            for page in (b, a):
+                page.wait_for_function(f"(d => +d.other > 0 && +d.mine > 0){grid}", timeout=60_000)
+            b.locator("#tt-kv").screenshot(path=str(shots / "kv_panel_two_tabs_live.png"))
+        except Exception:
+            pass  # asserted below, from everything the observer saw
+    finally:
+        gate.release_all()
     sa, sb = wait_finished(a), wait_finished(b)
     rid_a, rid_b = sa.split(":")[0], sb.split(":")[0]
     assert rid_a != rid_b
