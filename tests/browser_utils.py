@@ -77,8 +77,14 @@ def status(page) -> str:
 
 
 def wait_status(page, text: str, timeout_s: float = 90) -> str:
-    page.wait_for_function(f"document.querySelector('#tt-status textarea').value.includes({json.dumps(text)})",
-                           timeout=timeout_s * 1000)
+    """The status once it says `text`; past timeout_s, a failure that quotes what it said."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout  # lazy: Playwright is optional
+
+    try:
+        page.wait_for_function(f"document.querySelector('#tt-status textarea').value.includes({json.dumps(text)})",
+                               timeout=timeout_s * 1000)
+    except PlaywrightTimeout:
+        pytest.fail(f"the status never said {text!r} in {timeout_s:.0f} s; it says {status(page)!r}")
     return status(page)
 
 

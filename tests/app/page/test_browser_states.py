@@ -132,7 +132,7 @@ def test_a_send_while_one_streams_is_refused_visibly_and_the_prompt_is_kept(page
     page.fill("#tt-user textarea", "The second prompt, typed meanwhile.")
     page.click("#tt-send")
     hint = page.locator("#tt-hint-send .tt-hint")
-    hint.wait_for(timeout=10_000)
+    hint.wait_for(timeout=60_000)  # the first streams until Stop: a busy machine only makes this later
     assert "Not sent" in hint.inner_text() and first in hint.inner_text()
     assert status(page).startswith(first)  # the first request goes on, its body still shown
     request = page.inner_text("#tt-request")
