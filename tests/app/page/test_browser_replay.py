@@ -12,7 +12,8 @@ import time
 import httpx
 import pytest
 
-from tests.browser_utils import LIVE_STATE, open_page, server_fixture, status, wait_status
+from tests.browser_utils import (LIVE_STATE, open_page, server_fixture, status, statuses_so_far, wait_said,
+                                 wait_status)
 from tests.holds import StepGate
 from visualizers.journey import JOURNEY
 
@@ -41,7 +42,7 @@ def watched(server, browser, tmp_path_factory):
                                      "Content-Type: application/json", "-d", json.dumps(body)],
                                     capture_output=True, text=True, timeout=120).stdout
 
-    sender = threading.Thread(target=curl)
+    sender, said = threading.Thread(target=curl), statuses_so_far(page)
     # the engine waits before its 4th step (at most 13 of the 24 tokens made) while the page is read mid-stream
     with pytest.MonkeyPatch.context() as mp:
         gate = StepGate(at=(4,)).install(server.service.engine, mp)
@@ -56,7 +57,7 @@ def watched(server, browser, tmp_path_factory):
         finally:
             gate.release_all()
         sender.join()
-    final = wait_status(page, "waiting for the next request")
+    final = wait_said(page, "waiting for the next request", said)  # shown 2 s, then the idle line
     chunks = [json.loads(line[6:]) for line in got["out"].splitlines() if line.startswith("data: {")]
     rid = chunks[0]["id"]
     text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
