@@ -32,6 +32,12 @@ new MutationObserver(() => {
   const other = grid ? +grid.dataset.other : 0;
   window.__maxOther = Math.max(window.__maxOther, other);
 }).observe(document, {subtree: true, childList: true, characterData: true, attributes: true});
+// every value the status box was given, in order (a line shown for 2 s is still seen on a busy machine)
+window.__statuses = [];
+const __value = Object.getOwnPropertyDescriptor(HTMLTextAreaElement.prototype, 'value');
+Object.defineProperty(HTMLTextAreaElement.prototype, 'value', {configurable: true,
+  get() { return __value.get.call(this); },
+  set(v) { __value.set.call(this, v); if (this.closest('#tt-status')) window.__statuses.push(String(v)); }});
 """
 
 
@@ -77,9 +83,31 @@ def status(page) -> str:
 
 
 def wait_status(page, text: str, timeout_s: float = 90) -> str:
-    page.wait_for_function(f"document.querySelector('#tt-status textarea').value.includes({json.dumps(text)})",
-                           timeout=timeout_s * 1000)
-    return status(page)
+    """The status once it says `text`; past timeout_s, a failure that quotes what it said."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout  # lazy: Playwright is optional
+
+    try:  # the value that matched, not one read later (a busy page may have moved on)
+        return page.wait_for_function(f"(v => v.includes({json.dumps(text)}) && v)"
+                                      "(document.querySelector('#tt-status textarea').value)",
+                                      timeout=timeout_s * 1000).json_value()
+    except PlaywrightTimeout:
+        pytest.fail(f"the status never said {text!r} in {timeout_s:.0f} s; it says {status(page)!r}")
+
+
+def statuses_so_far(page) -> int:
+    return page.evaluate("window.__statuses.length")
+
+
+def wait_said(page, text: str, since: int, timeout_s: float = 90) -> str:
+    """The first status given after the first `since` ones that says `text`, however briefly
+    it was shown (WATCH records each)."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout  # lazy: Playwright is optional
+
+    try:
+        return page.wait_for_function(f"window.__statuses.slice({since}).find(v => v.includes({json.dumps(text)}))",
+                                      timeout=timeout_s * 1000).json_value()
+    except PlaywrightTimeout:
+        pytest.fail(f"the status never said {text!r} in {timeout_s:.0f} s; it said {page.evaluate('window.__statuses')}")
 
 
 def open_page(context, url: str):

@@ -9,7 +9,16 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest  # noqa: E402
 
+from tests.cost_markers import costliest_modules_first, mark_costs  # noqa: E402
 from tests.tiny import make_checkpoint  # noqa: E402
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Mark what makes each test slow (browser, procs, real_model) from what it uses, so no
+    test file carries these marks by hand (select with -m, e.g. -m "not browser"); then the
+    costliest modules first, for the workers (pytest.ini)."""
+    mark_costs(items)
+    costliest_modules_first(items)
 
 
 @pytest.fixture(scope="session")

@@ -10,6 +10,7 @@ import pytest
 
 from tests.app.page.test_more_controls import ONLY
 from tests.browser_utils import open_page, server_fixture, set_controls, wait_finished, wait_status
+from tests.holds import StepGate
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.filterwarnings("ignore:.*no_silent_downcasting", "ignore:The copy keyword")]
@@ -98,17 +99,23 @@ def test_n_choices_side_by_side(server, browser, shots):
     context.close()
 
 
-def test_speculation_turned_off_is_skipped_in_the_map_while_the_request_streams(server, browser):
+def test_speculation_turned_off_is_skipped_in_the_map_while_the_request_streams(server, browser, monkeypatch):
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
     page = open_page(context, server.url)
     page.uncheck("#tt-speculative input")  # the model has a draft: this request runs without it
     set_controls(page, "Tell me about foxes.", 40)
     page.fill("#tt-seed input", "1")
-    page.click("#tt-send")
-    page.wait_for_function("document.querySelector('#tt-status textarea').value.includes('streaming')",
-                           timeout=60_000)
-    skipped = page.inner_text("#tt-map .tt-map-skipped")
-    still = page.input_value("#tt-status textarea")
+    gate = StepGate(at=(6,)).install(server.service.engine, monkeypatch)  # 5 of the 40 tokens: still streaming
+    try:
+        page.click("#tt-send")
+        assert gate.reached() == 6
+        page.wait_for_function("document.querySelector('#tt-status textarea').value.includes('streaming')",
+                               timeout=60_000)
+        page.wait_for_selector("#tt-map .tt-map-skipped", timeout=60_000)
+        skipped = page.inner_text("#tt-map .tt-map-skipped")
+        still = page.input_value("#tt-status textarea")
+    finally:
+        gate.release_all()
     assert "streaming" in still and "Speculation" in skipped, (still, skipped)  # before the end, not after it
     assert not page.locator("#tt-stage-spec").is_visible()
     wait_finished(page)

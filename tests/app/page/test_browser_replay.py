@@ -12,7 +12,9 @@ import time
 import httpx
 import pytest
 
-from tests.browser_utils import LIVE_STATE, open_page, server_fixture, status, wait_status
+from tests.browser_utils import (LIVE_STATE, open_page, server_fixture, status, statuses_so_far, wait_said,
+                                 wait_status)
+from tests.holds import StepGate
 from visualizers.journey import JOURNEY
 
 pytestmark = [pytest.mark.slow,
@@ -40,14 +42,22 @@ def watched(server, browser, tmp_path_factory):
                                      "Content-Type: application/json", "-d", json.dumps(body)],
                                     capture_output=True, text=True, timeout=120).stdout
 
-    sender = threading.Thread(target=curl)
-    sender.start()
-    wait_status(page, "streaming")
-    mid = page.evaluate(LIVE_STATE)
-    # the controls show the watched request's own knobs while it streams (not only at its end)
-    mid["controls"] = {n: page.input_value(f"#tt-{n} input[type=number]") for n in ("temperature", "max-tokens")}
-    sender.join()
-    final = wait_status(page, "waiting for the next request")
+    sender, said = threading.Thread(target=curl), statuses_so_far(page)
+    # the engine waits before its 4th step (at most 13 of the 24 tokens made) while the page is read mid-stream
+    with pytest.MonkeyPatch.context() as mp:
+        gate = StepGate(at=(4,)).install(server.service.engine, mp)
+        sender.start()
+        try:
+            assert gate.reached() == 4
+            wait_status(page, "streaming")
+            mid = page.evaluate(LIVE_STATE)
+            # the controls show the watched request's own knobs while it streams (not only at its end)
+            mid["controls"] = {n: page.input_value(f"#tt-{n} input[type=number]")
+                               for n in ("temperature", "max-tokens")}
+        finally:
+            gate.release_all()
+        sender.join()
+    final = wait_said(page, "waiting for the next request", said)  # shown 2 s, then the idle line
     chunks = [json.loads(line[6:]) for line in got["out"].splitlines() if line.startswith("data: {")]
     rid = chunks[0]["id"]
     text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])

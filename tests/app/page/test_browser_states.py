@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.browser_utils import PANELS, open_page, page_fixture, server_fixture, set_controls, status, wait_status
+from tests.holds import UntilAbort
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.filterwarnings("ignore:.*no_silent_downcasting", "ignore:The copy keyword")]
@@ -120,15 +121,18 @@ def test_capture_level_off_shows_what_it_records_and_says_what_it_leaves_out(pag
     assert "usage:" in page.inner_text("#tt-answer")
 
 
-def test_a_send_while_one_streams_is_refused_visibly_and_the_prompt_is_kept(page):
-    page.uncheck("#tt-speculative input")  # one token per paced step: streams for seconds
+def test_a_send_while_one_streams_is_refused_visibly_and_the_prompt_is_kept(page, server, monkeypatch):
+    # each request streams until Stop aborts it, however slow the machine (it used to end its
+    # 120 paced tokens before a lagging page's Stop landed)
+    held = UntilAbort(after=8).install(server.service.engine, monkeypatch)
+    page.uncheck("#tt-speculative input")  # one token per step
     set_controls(page, "The first request, a long one.", 120)
     page.click("#tt-send")
     first = wait_status(page, "streaming").split(":")[0]
     page.fill("#tt-user textarea", "The second prompt, typed meanwhile.")
     page.click("#tt-send")
     hint = page.locator("#tt-hint-send .tt-hint")
-    hint.wait_for(timeout=10_000)
+    hint.wait_for(timeout=60_000)  # the first streams until Stop: a busy machine only makes this later
     assert "Not sent" in hint.inner_text() and first in hint.inner_text()
     assert status(page).startswith(first)  # the first request goes on, its body still shown
     request = page.inner_text("#tt-request")
@@ -144,6 +148,7 @@ def test_a_send_while_one_streams_is_refused_visibly_and_the_prompt_is_kept(page
     assert page.locator("#tt-hint-send .tt-hint").count() == 0
     page.click("#tt-stop")
     wait_status(page, "finished (abort)")
+    assert held.aborts == 2
 
 
 def test_stop_ends_watching_and_status_says_so(page):

@@ -28,8 +28,10 @@ HF_FILES = ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_con
 def models():
     from assets.models.evaluate import load_models
 
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny models: one thread is enough and never waits on another
-    return load_models()
+    yield load_models()
+    torch.set_num_threads(threads)  # the module's own setting: no later test of this worker inherits it
 
 
 @pytest.fixture(scope="module")

@@ -74,6 +74,15 @@ def _drain(llm: LLM, limit: int = 500) -> None:
     raise AssertionError("the engine did not settle")
 
 
+def _without_decoding(e, done, timeout_s: float = 120) -> None:
+    """Read the prefill side's messages (READY, SENT: a request prefilled, its pages in) with
+    no decode step until done()."""
+    end = time.monotonic() + timeout_s
+    while not done() and time.monotonic() < end:
+        e.prefill_stats()
+        time.sleep(0.02)
+
+
 @pytest.mark.slow  # P prefill processes
 @pytest.mark.parametrize("ranks", [1, 2], ids=["1P1D", "2P2D"])
 def test_aborts_and_a_disconnect_leave_no_block_on_either_side(checkpoint, ranks):
@@ -97,22 +106,22 @@ def test_aborts_and_a_disconnect_leave_no_block_on_either_side(checkpoint, ranks
         _drain(llm)
         _pools_empty(llm)
         # 3. prefilled, waiting for decode blocks (every decode pool is held by a running request), then aborted
+        # the filling requests end 20 tokens in: no decode step while another request is on the prefill
+        # side or on the wire (another process, slow on a loaded machine), so none ends before b is
+        # prefilled (seen in CI); prefill_stats reads the prefill side's messages without a decode step
         fill = []
         for j in range(ranks):  # 10 blocks, one a pool: each decoding before the next is routed (the
             fill.append(e.add_request(_base[:36] + [5, 6, 7, j], long))  # router reads the pools' free blocks)
+            _without_decoding(e, lambda: fill[-1] not in e.remote and
+                              all(f.seq.request_id != fill[-1] for f in e.inflight.values()))
             for _ in range(300):
                 e.step()
                 if all(e.requests[a].num_output_tokens > 1 for a in fill):
                     break
         b = e.add_request(_base[:30], long)  # 8 blocks: does not fit beside any of them
-        for _ in range(300):
-            e.step()
-            if any(seq.request_id == b for seq, _, _ in e.ready):
-                break  # they decode, b waits for its blocks
-            # each step decodes a token of the filling requests, which end 20 tokens in: paced, so b's
-            # prefill (another process, slow on a loaded machine: seen in CI) lands while they still run
-            time.sleep(0.2)
-        else:
+        _without_decoding(e, lambda: any(seq.request_id == b for seq, _, _ in e.ready))
+        e.step()  # they decode, b waits for its blocks
+        if not any(seq.request_id == b for seq, _, _ in e.ready):
             raise AssertionError("b never waited for decode blocks")
         assert e.abort(b)
         e.step()

@@ -10,6 +10,8 @@ import pytest
 import torch
 
 from engine import LLM, EventList, SamplingParams
+from engine.disagg import engine as disagg_engine
+from engine.disagg.routing import pick_decode
 from tests.paths import ROOT
 from visualizers.disagg import disagg_html
 from visualizers.perfetto import perfetto_trace
@@ -75,8 +77,25 @@ def test_several_engines_a_side_give_one_engines_tokens_and_share_the_requests(c
     assert not any(proc.is_alive() for proc in llm.engine.procs)
 
 
+def one_each(monkeypatch) -> None:
+    """The router's decode choice held: among the decode engines given no request yet, the
+    one pick_decode takes (the first request could otherwise end and free its blocks on
+    decode 0 before the second's pages are ready, on a slow machine, and both go there)."""
+    chosen: list[int] = []
+
+    def pick(free_blocks: list[int], needed: int) -> int | None:
+        fresh = [-1 if i in chosen else free for i, free in enumerate(free_blocks)]
+        j = pick_decode(fresh, needed)
+        j = pick_decode(free_blocks, needed) if j is None else j  # every engine had one: the router's own pick
+        if j is not None:
+            chosen.append(j)
+        return j
+    monkeypatch.setattr(disagg_engine, "pick_decode", pick)
+
+
 @pytest.mark.slow  # 2 prefill processes
-def test_each_engine_has_its_name_its_track_and_its_pool_on_the_page():
+def test_each_engine_has_its_name_its_track_and_its_pool_on_the_page(monkeypatch):
+    one_each(monkeypatch)
     with LLM(EMBEDDED, device="cpu", dtype="float32", block_size=4, disaggregate=True, prefill_ranks=2,
              decode_ranks=2) as llm:
         sink = EventList()
@@ -85,7 +104,7 @@ def test_each_engine_has_its_name_its_track_and_its_pool_on_the_page():
         pools_empty(llm)
     events = [e.to_dict() for e in sink.events]
     xs = {e["request_id"]: e for e in events if e["type"] == "kv.transfer"}
-    # one each (which decode engine got which depends on which READY came first)
+    # one each (held by one_each; which request got decode 0 depends on which READY came first)
     assert sorted(x["src"] for x in xs.values()) == ["prefill 0", "prefill 1"]
     assert sorted(x["dst"] for x in xs.values()) == ["decode 0", "decode 1"]
     steps = [e for e in events if e["type"] == "schedule.step"]
