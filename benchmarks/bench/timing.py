@@ -29,9 +29,18 @@ def median_times(fns: list[Callable[[], object]], repeats: int) -> list[float]:
 
 def repeat_spread(base: list[float], base1: list[float], ours: list[float], ours1: list[float]) -> str:
     """The ratio of each interleaved repeat on its own (decode time: a run's time minus
-    the same repeat's one-token run), as "ratio over N interleaved repeats: lo-hi"."""
+    the same repeat's one-token run), as "ratio over N interleaved repeats: lo-hi". A repeat
+    whose one-token run took as long as its whole run (a stall on a busy machine) has no decode
+    time to divide by: it is counted and named, not silently dropped."""
     ratios = sorted((b - b1) / (o - o1) for b, b1, o, o1 in zip(base, base1, ours, ours1) if o > o1)
-    return f"ratio over {len(ratios)} interleaved repeats: {ratios[0]:.2f}-{ratios[-1]:.2f}" if ratios else ""
+    if not ratios:
+        return ""
+    total = min(len(base), len(base1), len(ours), len(ours1))
+    if len(ratios) == total:
+        return f"ratio over {total} interleaved repeats: {ratios[0]:.2f}-{ratios[-1]:.2f}"
+    left = total - len(ratios)
+    return (f"ratio over {len(ratios)} of {total} interleaved repeats: {ratios[0]:.2f}-{ratios[-1]:.2f} "
+            f"({left} left out: its one-token run took as long as its whole run)")
 
 
 def run_engine(engine: LLMEngine, prompts: list[list[int]], params: list[SamplingParams],
