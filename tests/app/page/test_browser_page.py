@@ -37,6 +37,8 @@ def test_a_request_streams_through_every_panel(server, browser, shots):
     context = browser.new_context(viewport={"width": 1500, "height": 1100})
     page = open_page(context, server.url)
     set_controls(page, XSS_USER, 40, system=XSS_SYSTEM)
+    page.fill("#tt-temperature input[type=number]", "0.8")  # a sampled draw (the page opens greedy)
+    page.press("#tt-temperature input[type=number]", "Enter")
     page.fill("#tt-seed input", "1")  # a seeded draw: the tiny model's 40 tokens hold no end-of-text
     page.click("#tt-send")
     # while the answer is still streaming, every panel already shows real content
@@ -169,6 +171,8 @@ def test_the_timeline_and_the_map_follow_the_engine_while_it_streams(server, bro
     page.wait_for_selector("#tt-send")
     page.uncheck("#tt-speculative input")  # one token per paced step: about 3 s of streaming
     set_controls(page, "Tell me about the timeline.", 48)
+    page.fill("#tt-temperature input[type=number]", "0.8")  # a sampled draw (the page opens greedy)
+    page.press("#tt-temperature input[type=number]", "Enter")
     page.fill("#tt-seed input", "1")
     page.evaluate("""() => { window.__maps = 0; const box = document.querySelector('#tt-map');
       new MutationObserver(() => window.__maps++).observe(box, {subtree: true, childList: true}); }""")
