@@ -3,12 +3,16 @@
 The presenter opens it at any stage, on any answer token (the first by default): every
 student picks one of the model's top candidates there (or types a guess), then the presenter
 reveals what the model drew, with the class's votes beside the model's probabilities. Until
-the reveal no stage shows that token (app/classroom/mask.py).
+the reveal no stage shows that token (app/classroom/mask.py), and the choices come in a
+shuffled order (under greedy decoding the most likely one is the answer): drawn once per
+question from a seed it keeps, so every screen and every reload shows the same order.
 One vote per browser (the server keys votes by the browser's id; a second vote replaces the
 first), and the probabilities stay hidden until the reveal so they cannot steer the class.
 """
 from __future__ import annotations
 
+import random
+import secrets
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -41,11 +45,20 @@ class Question:
     drawn: int  # the token id the engine drew
     drawn_text: str
     drawn_prob: float  # its probability where it was drawn (after the request's knobs)
+    seed: int = 0  # the shuffle's: the order the class sees the candidates in
+    shown: list[int] = field(default_factory=list)  # that order: indices into candidates (most likely first)
     revealed: bool = False
     votes: dict[str, int | str] = field(default_factory=dict)  # browser id -> token id, or a typed guess
 
+    def __post_init__(self) -> None:
+        if not self.shown:
+            self.shown = fair_order([c.prob for c in self.candidates], self.seed)
+
     @classmethod
-    def from_sample(cls, qid: int, sample: dict, pieces: dict[int, str], context: str) -> "Question":
+    def from_sample(cls, qid: int, sample: dict, pieces: dict[int, str], context: str,
+                    seed: int | None = None) -> "Question":
+        """The question on `sample`'s draw: its top candidates, shown in an order shuffled from
+        `seed` (None: a fresh one)."""
         stages = sample["stages"]
         first, last = stages.get("logits") or next(iter(stages.values())), list(stages.values())[-1]
         order = sorted(range(len(sample["candidates"])), key=lambda j: -first["probs"][j])[:MAX_CANDIDATES]
@@ -54,7 +67,7 @@ class Question:
                            float(first["probs"][j]), float(last["probs"][j])) for j in order]
         drawn = int(sample["token_id"])
         return cls(qid, int(sample["position"]), context, cands, drawn, pieces.get(drawn, f"#{drawn}"),
-                   float(sample.get("token_prob", 0.0)))
+                   float(sample.get("token_prob", 0.0)), secrets.randbits(32) if seed is None else seed)
 
     def vote(self, voter: str, choice: object, guess: object) -> None:
         """choice: a candidate's token id; guess: typed text. Exactly one of them."""
@@ -88,7 +101,8 @@ class Question:
         probabilities and the class's votes."""
         out = {"id": self.qid, "position": self.position, "context": self.context, "revealed": self.revealed,
                "votes": len(self.votes),
-               "candidates": [{"token_id": c.token_id, "text": c.text} for c in self.candidates]}
+               "candidates": [{"token_id": self.candidates[i].token_id, "text": self.candidates[i].text}
+                              for i in self.shown]}
         if self.revealed:
             out.update(self.results())
         return out
@@ -104,4 +118,16 @@ class Question:
                 "correct": sum(1 for v in self.votes.values() if v == self.drawn)}
 
     def export(self) -> dict:
-        return {**self.public(), **self.results(), "revealed": self.revealed}
+        """The results (most likely first), with the order the class saw the choices in."""
+        return {**self.public(), **self.results(), "revealed": self.revealed, "seed": self.seed,
+                "shown_order": [self.candidates[i].token_id for i in self.shown]}
+
+
+def fair_order(probs: list[float], seed: int) -> list[int]:
+    """A shuffle of the candidates' indices from `seed`, never one that lists them most likely
+    first (that order would rank them; with ties, any order that does)."""
+    order, rng = list(range(len(probs))), random.Random(seed)
+    ranked = len(set(probs)) > 1  # all equal: no order ranks them
+    while ranked and all(probs[a] >= probs[b] for a, b in zip(order, order[1:])):
+        rng.shuffle(order)
+    return order

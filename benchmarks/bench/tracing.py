@@ -24,7 +24,7 @@ def tracing(b: Bench) -> None:
     variant alike. Decode rate: the tokens after the first over the time after the
     first token; what a level adds before the first token shows in its TTFT row. The
     events are kept until the run ends, as a trace store keeps them. Two more variants
-    draw with the page's default knobs (temperature 0.8, top-p 0.95) instead of greedy:
+    draw with a sampled draw's knobs (temperature 0.8, top-p 0.95) instead of greedy:
     without a tracer, and traced `full` as the page traces (seeded, so every run draws
     the same tokens)."""
     s = b.settings

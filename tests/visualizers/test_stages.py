@@ -134,3 +134,13 @@ def test_time_to_first_token_is_quoted_as_soon_as_the_first_token_exists():
     assert "Time to first token" not in before.text
     done = stage("timeline", MODEL, None, events() + STEPS + [{**FINISH, "ttft": 0.25}], first)
     assert "Time to first token: <b>250.0 ms</b>" in done.text  # the engine's own, once it finished
+
+
+def test_an_unlikely_draw_reads_the_same_small_probability_in_its_sentence_and_chip():
+    """Issue 38 item 9: "drew «men» with probability 0.00" beside a chip "p 0.00039"."""
+    evs = events()
+    sample = next(e for e in reversed(evs) if e["type"] == "sample")
+    for p, said in ((0.00039, "0.00039"), (0.0041, "0.0041"), (0.000004, "4e-6"), (0.72, "0.72"), (0.0, "0.00")):
+        sample["token_prob"] = p
+        st = stage("sampling", MODEL, None, evs + STEPS, OUTPUTS)
+        assert f"with probability <b>{said}</b>;" in st.text and st.chip == f"p {said}", (p, st.text, st.chip)

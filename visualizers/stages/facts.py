@@ -190,6 +190,15 @@ def n(x: float) -> str:
     return f"<b>{x:,}</b>" if isinstance(x, int) else f"<b>{x:,.2f}</b>"
 
 
+def prob(x: float) -> str:
+    """A probability as every stage prints it (sentence and chip alike): two decimals, or two
+    significant digits for an unlikely one (a draw at temperature 1 may take a token of
+    p 0.00039: never "0.00")."""
+    if x >= 0.095 or x <= 0:
+        return f"{max(0.0, x):.2f}"  # max(0.0, -0.0): no minus sign
+    return f"{x:.2g}".replace("e-0", "e-")
+
+
 def p(*sentences: str) -> str:
     """Paragraphs of the sentences that are not empty."""
     return "".join(f"<p>{s}</p>" for s in sentences if s)

@@ -6,7 +6,7 @@ from typing import Sequence
 
 from visualizers._html import esc, fmt_ms
 from visualizers.sampling import DOES, STAGE_LABELS
-from visualizers.stages.facts import Facts, Part, count, hidden_sentence, n, p, plural, quote
+from visualizers.stages.facts import Facts, Part, count, hidden_sentence, n, p, plural, prob, quote
 from visualizers.stages.model import which_pass
 from visualizers.stages.way_in import IDLE, NEVER, UNTRACED, not_yet
 
@@ -31,7 +31,7 @@ def sampling(f: Facts) -> Part:
     text = p(f"Softmax turns the {n(int(f.model['vocab_size']))} scores into probabilities; then the knobs cut the "
              f"list ({esc(knobs)}) and one token is drawn.", _adjusted(s, int(f.model['vocab_size'])),
              f"In {which_pass(f, s)}, the engine drew {quote(s.get('token_text', ''))} with probability "
-             f"{n(float(s.get('token_prob', 0)))}; the distribution's entropy was {n(float(s.get('entropy', 0)))} "
+             f"<b>{prob(float(s.get('token_prob', 0)))}</b>; the distribution's entropy was {n(float(s.get('entropy', 0)))} "
              f"nats. {plural(draws, 'draw')} {'was' if draws == 1 else 'were'} traced.")
     return Part(text, ("sampling",), prob_chip(float(s.get("token_prob", 0))))
 
@@ -54,10 +54,9 @@ def _adjusted(s: dict, vocab: int) -> str:
             + "; ".join(parts) + ".")
 
 
-def prob_chip(prob: float) -> str:
-    """The map's number for a draw: two decimals, or two significant digits for an unlikely one
-    (a draw at temperature 1 may take a token of p 0.004: never "p 0.00")."""
-    return f"p {prob:.2f}" if prob >= 0.095 or prob == 0 else f"p {prob:.2g}"
+def prob_chip(x: float) -> str:
+    """The map's number for a draw, as its sentence says it."""
+    return f"p {prob(x)}"
 
 
 REASONS = {"stop": "the model produced an end-of-turn token (or a stop string)", "length": "it reached max_tokens",

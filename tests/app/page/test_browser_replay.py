@@ -70,7 +70,7 @@ def watched(server, browser, tmp_path_factory):
 def test_a_curl_request_appears_live_in_a_watching_page(watched):
     page, rid, text = watched
     assert 0 <= page.mid["tokens"] < 24 and rid in page.final
-    assert page.mid["controls"] == {"temperature": "0.7", "max-tokens": "24"}, page.mid  # the page's are 0.8, 48
+    assert page.mid["controls"] == {"temperature": "0.7", "max-tokens": "24"}, page.mid  # the page's are 0, 48
     q = page.locator
     assert rid in q("#tt-request").inner_text() and "Why is the <sky> blue?" in q("#tt-request").inner_text()
     assert q("#tt-answer .tt-timed").count() == 24

@@ -202,6 +202,8 @@ def test_the_timeline_quotes_one_queue_time(page):
 
 
 def test_no_python_none_or_negative_zero_reaches_the_page(page):
+    page.fill("#tt-temperature input[type=number]", "0.8")  # a sampled draw with no seed (the page opens greedy)
+    page.press("#tt-temperature input[type=number]", "Enter")
     for level in ("full", "basic", "off"):
         send_and_finish(page, f"Level {level}, please.", 10, level=level)
         assert "no seed (a random draw)" in page.inner_text("#tt-request")
