@@ -117,10 +117,13 @@ def test_presenter_and_two_students_through_a_question(server, browser, room, tm
     q = ex["questions"][-1]
     assert q["votes"] == 2 and q["guesses"] == [{"text": GUESS.lower(), "votes": 1}]
     assert s1.locator("table.tt-q-results tr").count() == len(q["candidates"]) + 1  # a row per candidate
-    second = q["candidates"][1]
-    assert second["votes"] == 1 and q["candidates"][0]["votes"] == 0
+    # the results list the candidates most likely first; the class clicked them in the shuffled order
+    by_id = {c["token_id"]: c for c in q["candidates"]}
+    first, second = (by_id[t] for t in q["shown_order"][:2])
+    assert second["votes"] == 1 and first["votes"] == 0
     # the class's votes beside the model's probability, row by row, as the server counted them
-    cells = s1.locator("table.tt-q-results tr").nth(2).locator("td")
+    row = 1 + q["candidates"].index(second)  # the header, then most likely first
+    cells = s1.locator("table.tt-q-results tr").nth(row).locator("td")
     assert cells.nth(1).inner_text().strip() == f"{second['final_prob'] * 100:.1f}%"  # what it drew from
     assert cells.nth(2).inner_text().strip() == "1 (50%)"
     # the typed markup is text: shown as typed, no element made of it

@@ -17,10 +17,13 @@ pytestmark = [pytest.mark.slow,
 server = server_fixture(delay=0.01)
 
 
-def finished_page(browser, url: str, width: int):
+def finished_page(browser, url: str, width: int, temperature: str | None = None):
     context = browser.new_context(viewport={"width": width, "height": 1000})
     page = open_page(context, url)
     set_controls(page, "Tell me about the capital of France and its river.", 12)
+    if temperature is not None:  # a sampled draw (the page opens greedy)
+        page.fill("#tt-temperature input[type=number]", temperature)
+        page.press("#tt-temperature input[type=number]", "Enter")
     page.click("#tt-send")
     wait_finished(page)
     page.wait_for_selector("#tt-attention .tt-ov")
@@ -87,7 +90,7 @@ NARROW = """() => {
 def test_at_420_px_the_grid_the_timeline_and_the_tables_stay_readable(server, browser):
     """S 420 idle / replay, G 420 basic: the KV grid's stripes, the timeline's 4 px lanes, the Sampling
     token column broken mid-word beside two columns of knobs that are off, the lens's "embedd|ing"."""
-    context, page = finished_page(browser, server.url, 420)
+    context, page = finished_page(browser, server.url, 420, temperature="0.8")  # knobs to show off
     got = page.evaluate(NARROW)
     assert got["shrunk"] and got["rendering"] != "pixelated", got  # drawn smaller than its pixels: smooth
     assert got["timelineWords"] == 7 and got["smallest"] >= 10, got  # six lanes and TTFT, never 4 px
