@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from benchmarks.bench.context import Bench
-from benchmarks.bench.timing import greedy, median_time, median_times, run_engine, synchronize
+from benchmarks.bench.timing import decode_seconds, greedy, median_time, median_times, run_engine, synchronize
 from engine.kernels import cpu as cpu_kernels
 from engine.layers.linear import Linear, pack_weight, packed_linear
 from engine.llm_engine import LLMEngine
@@ -68,10 +68,9 @@ def bandwidth_bound(b: Bench, copy_bytes: int = 1 << 28) -> None:
     prompts = b.prompts[:1]
     for engine in engines.values():
         run_engine(engine, prompts, [greedy(2)])  # warm-up: CUDA context, Triton compilation
-    times = median_times([fn for e in engines.values() for fn in (
-        lambda e=e: run_engine(e, prompts, [greedy(s.new_tokens)]),
-        lambda e=e: run_engine(e, prompts, [greedy(1)]))], s.repeats)
-    rates = {k: (s.new_tokens - 1) / (times[2 * i] - times[2 * i + 1]) for i, k in enumerate(engines)}
+    times = median_times([lambda e=e: decode_seconds(e, prompts, [greedy(s.new_tokens)])
+                          for e in engines.values()], s.repeats)
+    rates = {k: (s.new_tokens - 1) / t for k, t in zip(engines, times)}
     engine = next(iter(engines.values()))
     context = s.prompt_tokens + s.new_tokens // 2
     read = decode_bytes_per_token(engine.runner.model, engine.model_config, context)

@@ -58,6 +58,23 @@ def run_engine(engine: LLMEngine, prompts: list[list[int]], params: list[Samplin
     return outs
 
 
+def decode_seconds(engine: LLMEngine, prompts: list[list[int]], params: list[SamplingParams]) -> float:
+    """Wall time of the steps after every request's first token: the decode alone, timed
+    directly rather than as a difference of two runs (which a tiny model's sub-millisecond
+    decode on a busy machine can make negative)."""
+    ids = [engine.add_request(p, sp) for p, sp in zip(prompts, params)]
+    waiting = set(ids)
+    while waiting and engine.has_unfinished_requests():  # prefill, chunked or not
+        waiting -= {o.request_id for o in engine.step()}
+    t = time.perf_counter()
+    while engine.has_unfinished_requests():
+        engine.step()
+    elapsed = time.perf_counter() - t
+    for rid in ids:
+        engine.release(rid)
+    return elapsed
+
+
 def greedy(n: int) -> SamplingParams:
     return SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
 
