@@ -120,8 +120,8 @@ def block_states(pool: dict, request_id: str | None, events: Sequence[dict] = ()
             states.append("shared" if pool["ref"][b] > 1 or b in shared else "mine")
         elif own:
             states.append("other")
-        elif b in freed:
-            states.append("freed")
+        elif b in freed:  # freed; a full block the prefix cache keeps is drawn as cached (the table says both)
+            states.append("cached" if pool["cached"][b] else "freed")
         elif pool["cached"][b]:
             states.append("cached")
         else:
@@ -179,7 +179,8 @@ def selected_slot_html(selection: Selection | None, table: Sequence[int], block_
                 f"({len(table)} blocks)</div>", None)
     b, slot = at
     now = states[b] if b < len(states) else "free"
-    gone = "" if now in ("mine", "shared") else " (freed since: the request no longer holds it)"
+    gone = ("" if now in ("mine", "shared") else " (freed since; the prefix cache keeps the block)" if now == "cached"
+            else " (freed since: the request no longer holds it)")
     return (f"<div>the selected pass wrote the keys and values of {selection.token(p)} (position {p}, every layer) "
             f"into block <b>{b}</b>, slot {slot} of {block_size} (framed red){gone}: entry {p // block_size} of the "
             f"block table</div>", b)

@@ -108,18 +108,21 @@ def table_html(events: Sequence[dict], pool: dict | None, request_id: str | None
         held = request_id in owners.get(b, ())
         filled = min(block_size, fill_now.get(b, 0) if held else s.fill.get(b, 0))
         lo = i * block_size
-        where = f"positions {lo}–{lo + filled - 1}" if filled else "no token yet"
+        where = (f"positions {lo}–{lo + filled - 1}" if filled > 1 else f"position {lo}" if filled else
+                 "no token yet")
+        origin = "K/V from the prefix cache" if b in s.shared else "K/V computed by this request"
         mark = picked - lo if picked is not None and lo <= picked < lo + block_size else None
         img = _slots_image(state, filled, block_size, mark)
         tip = hover_attr({"kind": "blocks", "w": 1, "h": 1, "n": 1, "blocks": {
-            0: f"table entry {i} · block {b} · {WORDS[state]} · {filled}/{block_size} slots · {where}"}})
+            0: f"table entry {i} · block {b} · {WORDS[state]} · {origin} · {filled}/{block_size} slots · {where}"}})
         pic = hover_img(img, "tt-kvt-img", f"block {b}: {filled} of {block_size} slots", tip, img.shape[1] * 2,
                         img.shape[0] * 2)
         cells.append(f'<div class="tt-kvt-entry tt-kvt-{state.replace(" ", "-")}{" tt-kvt-picked" if mark is not None else ""}" '
                      f'data-block="{b}" data-state="{esc(state)}" data-fill="{filled}">'
                      f'<div class="tt-kvt-head">#{i} → block <b>{b}</b></div>{pic}'
                      f'<div class="tt-kvt-foot">{esc(where)} · {filled}/{block_size}</div>'
-                     f'<div class="tt-kvt-state">{esc(WORDS[state])}</div></div>')
+                     f'<div class="tt-kvt-state">{esc(WORDS[state])}'
+                     f'{"<br>" + esc(origin) if s.finished and b in s.shared else ""}</div></div>')
     more = len(s.table) - MAX_ENTRIES
     rest = f"<div class='tt-note'>… and {plural(more, 'more entry')} not drawn</div>" if more > 0 else ""
     title = ("this request's block table at the finish: what became of each block" if s.finished else

@@ -38,13 +38,16 @@ DECIMALS = 4  # as trace.jsonable rounds floats
 
 def key_window(ctx: int, max_keys: int, first_keys: int = FIRST_KEYS) -> tuple[int, int]:
     """Which of a context's `ctx` keys a capture keeps -> (k_head, k_start): positions
-    0 .. k_head - 1, then k_start .. ctx - 1, max_keys columns in all (k_head = 0, one run
-    from k_start, where the context fits or first_keys is 0). A gap k_head .. k_start - 1
-    is at least one key wide whenever k_head > 0."""
+    0 .. k_head - 1, then k_start .. ctx - 1 (k_head = 0, one run from k_start, where the
+    context fits in max_keys or first_keys is 0). A first key costs about one and a half
+    recent ones in a trace's bytes (the sink's large weights compress worse than the tail's
+    near-zero ones: SmolLM2, 2026-12-04), so the recent run gives up half as many columns as
+    there are first keys: 8 + 52 columns cost what 64 recent ones did. The gap
+    k_head .. k_start - 1 is at least one key wide whenever k_head > 0."""
     if ctx <= max_keys:
         return 0, 0
     head = max(0, min(first_keys, max_keys // 2))
-    return head, ctx - (max_keys - head)
+    return head, ctx - max(1, max_keys - head - head // 2)
 
 
 def keep_keys(probs: torch.Tensor, k_head: int, k_start: int) -> torch.Tensor:

@@ -85,11 +85,16 @@ def test_the_kv_panel_zooms_on_the_block_table_and_says_what_the_finish_left(ctl
     assert sum(int(f) for _, _, f in entries) == held  # every token the request fed back has its slot
     assert "holds 0 tokens in 0 blocks" not in html and f"it held {held} tokens" in html
     assert "kept in the prefix cache" in html and "freed (" in html
+    words = re.sub(r"<[^>]+>", "", next(s.text for s in stages_of(view) if s.key == "kv"))
+    kept, freed = len(free["cached"]), len(free["blocks"]) - len(free["cached"])
+    assert f"At the finish {freed} block{'s' if freed != 1 else ''} went back to the free list, and {kept} full " \
+           f"block{'s' if kept != 1 else ''} stay" in words, words
 
 
 def test_attention_keeps_the_sink_and_marks_the_gap(ctl):
     """Today the 64 key columns were the last 64 positions: a context past 64 lost position 0.
-    Now the first 8 and the newest 56 are kept, the same 64 columns, and the map draws the gap."""
+    Now the first 8 and the newest 52 are kept (60 columns, the bytes 64 recent ones cost), and
+    the map draws the gap."""
     view, _ = _run(ctl, "attn", LONG, max_tokens=3)
     passes = view.by_type["attention"]
     n = view.first("tokenize")["count"]
@@ -97,7 +102,7 @@ def test_attention_keeps_the_sink_and_marks_the_gap(ctl):
     for e in passes:
         ctx = e["q_start"] + e["probs"]["shape"][2]
         keys = e["probs"]["shape"][-1]
-        assert keys == min(64, ctx) and e["k_head"] == 8
+        assert keys == 8 + 52 and e["k_head"] == 8
         pos = key_positions(e["k_head"], e["k_start"], keys)
         assert list(pos[:8]) == list(range(8)) and pos[-1] == ctx - 1 and pos[8] > 8
     html = view.render("attention")
