@@ -138,10 +138,11 @@ def label_of(labels: Sequence[str], pos: int) -> str:
 
 
 def _axis(labels: Sequence[str], lo: int, n: int, kinds: list[str | None], picked: int | None,
-          cols: Sequence[int]) -> tuple[str, str]:
+          cols: Sequence[int], gap: tuple[int, int]) -> tuple[str, str]:
     """The map's row labels (query: position and token, the row's kind as its left edge) and
-    column labels (keys at their true positions; -1: a column of the gap, one label for them
-    all); each names its full token on hover, and a click on one selects its pass."""
+    column labels (keys at their true positions; -1: a column of the gap, keys gap[0] ..
+    gap[1] - 1, one label for them all); each names its full token on hover, and a click on
+    one selects its pass."""
     rows, heads = [], []
     for i in range(n):
         pos = lo + i
@@ -155,8 +156,7 @@ def _axis(labels: Sequence[str], lo: int, n: int, kinds: list[str | None], picke
     for pos in cols:
         if pos < 0:
             if not gap_done:
-                first = max(c for c in cols[:list(cols).index(-1)]) + 1
-                last = min(c for c in cols if c > first) - 1
+                first, last = gap[0], gap[1] - 1
                 heads.append(f'<span class="tt-amap-c tt-amap-gap" style="--span:{GAP_COLS}" title="keys {first}–'
                              f'{last}: not captured (the capture keeps the first keys and the most recent ones)">'
                              f"⋯{first}–{last}</span>")
@@ -211,7 +211,7 @@ def map_html(index: LayerIndex, layer: int, head: int, group: int, labels: Seque
     keys_said = f"keys 0–{k_head - 1}, {lo}–{hi - 1}" if len(lead) else f"keys {lo}–{hi - 1}"
     img = hover_img(rgb, "tt-heat tt-amap-img", f"{ctx}: queries {lo}–{hi - 1} × {keys_said}",
                     hover_attr(spec, probs), nc * cell, n * cell)
-    row_labels, col_labels = _axis(labels, lo, n, kinds, hi - 1 if end_row is not None else None, cols)
+    row_labels, col_labels = _axis(labels, lo, n, kinds, hi - 1 if end_row is not None else None, cols, (k_head, lo))
     band = ""
     if lo > 0 and not len(lead):
         words = (f"… {lo:,} earlier keys not captured" if lo <= k0 else

@@ -68,7 +68,7 @@ def story_of(events: Sequence[dict], block_size: int) -> TableStory:
     return s
 
 
-def entry_state(s: TableStory, b: int, pool: dict | None, request_id: str | None) -> str:
+def entry_state(s: TableStory, b: int, pool: dict | None) -> str:
     if s.finished:
         return "cached" if b in s.kept else "freed" if b in s.freed else "released"
     if b in s.rolled:
@@ -104,7 +104,7 @@ def table_html(events: Sequence[dict], pool: dict | None, request_id: str | None
     fill_now = {int(k): v for k, v in (pool or {}).get("fill", {}).items()}
     cells = []
     for i, b in enumerate(s.table[:MAX_ENTRIES]):
-        state = entry_state(s, b, pool, request_id)
+        state = entry_state(s, b, pool)
         held = request_id in owners.get(b, ())
         filled = min(block_size, fill_now.get(b, 0) if held else s.fill.get(b, 0))
         lo = i * block_size
@@ -154,4 +154,4 @@ def finish_words(s: TableStory, block_size: int) -> str:
     if held:
         parts.append(f"{plural(len(held), 'block')} ({ids(held)}) still held by another request (its reference "
                      "dropped)")
-    return "<div class='tt-kvt-after'>" + "; ".join(parts[1:]).join((parts[0] + " ", ".")) + "</div>"
+    return f"<div class='tt-kvt-after'>{parts[0]} {'; '.join(parts[1:])}.</div>"
