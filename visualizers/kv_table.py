@@ -126,7 +126,8 @@ def table_html(events: Sequence[dict], pool: dict | None, request_id: str | None
     more = len(s.table) - MAX_ENTRIES
     rest = f"<div class='tt-note'>… and {plural(more, 'more entry')} not drawn</div>" if more > 0 else ""
     title = ("this request's block table at the finish: what became of each block" if s.finished else
-             "this request's block table: entry i holds positions i × " + f"{block_size} on")
+             f"this request's block table: entry i holds positions {block_size}·i to {block_size}·i + {block_size - 1}, "
+             "its slots filling as their K/V are written")
     return (f"<div class='tt-kvt'><div class='tt-subtitle'>{esc(title)}</div>"
             f"<div class='tt-kvt-row'>{''.join(cells)}</div>{rest}</div>"), s
 
