@@ -137,7 +137,7 @@ def grid_image(states: list[str], fill: dict[int, int], block_size: int, mark: i
     n = len(states)
     cols = 32 if n <= 256 else 64
     # the pool is the overview beside the request's table: a thousand blocks in ~380 px
-    cell, gap = (12, 2) if n <= 64 else (8, 1) if n <= 512 else (5, 1)
+    cell, gap = (12, 2) if n <= 512 else (5, 1)
     pitch = cell + gap
     rows = -(-n // cols)
     img = np.full((rows * pitch, cols * pitch, 3), 255, dtype=np.uint8)
