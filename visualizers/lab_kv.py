@@ -58,8 +58,9 @@ def sentences(result: dict) -> list[str]:
            f"{first['pages']} pages ({first['tokens']} tokens)."]
     if ample is not None:
         a = ample["metrics"]
-        verdict = share(small, ample, "makespan_s", "the small pool's makespan was {pct} of the ample one's",
-                        "makespan", seconds)
+        verdict = share(small, ample, "cpu_s", "the small pool's run used {pct} of the ample one's CPU time",
+                        "CPU time", seconds) + "; " + share(
+            small, ample, "makespan_s", "its makespan was {pct} of the ample one's", "makespan", seconds)
         out.append(f"Recomputing cost {count(small, 'recomputed_tokens')} tokens of prefill, and with fewer requests "
                    f"running at once the workload took {count(small, 'steps')} engine steps against "
                    f"{count(ample, 'steps')} in the {a['num_kv_blocks']}-page pool (counted); timed, {verdict}.")

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from visualizers.lab import bars, esc, layout, _color
-from visualizers.lab_verdict import share
+from visualizers.lab_verdict import seconds, share
 
 
 def figures(result: dict) -> list[dict]:
@@ -52,7 +52,8 @@ def sentences(result: dict) -> list[str]:
         if m is None or m.get("agreement") is None:
             continue
         speed = share(s, f32, "decode_tokens_per_s", "decoded at {pct} of float32's speed", "decode speed",
-                      lambda v: f"{v:.0f} tokens/s")
+                      lambda v: f"{v:.0f} tokens/s") + "; " + share(
+            s, f32, "cpu_s", "the workload used {pct} of float32's CPU time", "CPU time", seconds)
         out.append(f"With {name} weights the model held {m['weights_bytes'] / 2 ** 20:.1f} MiB of weights against "
                    f"{ref['weights_bytes'] / 2 ** 20:.1f} MiB and picked float32's most likely next token at "
                    f"{m['agreement']:.0%} of {m['positions']} positions (mean KL {m['kl_mean']:.2g} nats; counted); "

@@ -91,7 +91,9 @@ def sentences(result: dict) -> list[str]:
     if m_pa.get("mean_ttft_s") is not None and m_rr.get("mean_ttft_s") is not None:
         verdict = share(pa, rr, "mean_ttft_s", "prefix-aware's mean time to first token was {pct} of round-robin's",
                         "mean time to first token", seconds)
-        out.append(f"Timed, {verdict}"
+        cpu = share(pa, rr, "cpu_s", "prefix-aware routing used {pct} of round-robin's CPU time", "CPU time",
+                    seconds)
+        out.append(f"Timed, {cpu}; {verdict}"
                    + (f" (least-loaded: {span(ll, 'mean_ttft_s', seconds)})" if ll else "")
                    + f"; the busiest replica took {m_pa['max_requests_on_a_replica']} of {m_pa['requests']} "
                    f"requests under prefix-aware, {m_rr['max_requests_on_a_replica']} under round-robin.")

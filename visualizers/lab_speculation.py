@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from visualizers.lab import _color, error_y, esc, layout, repeat_range
-from visualizers.lab_verdict import share
+from visualizers.lab_verdict import compare, seconds, share
 
 KINDS = ("copy", "code", "prose")
 
@@ -58,7 +58,13 @@ def sentences(result: dict) -> list[str]:
         copy = share(best, none, "copy_tokens_per_s", f"on the copy prompts {who} decoded at {{pct}} of the speed "
                      "without speculation", "tokens/s on copy", per_s)
         prose = share(best, none, "prose_tokens_per_s", "on prose at {pct}", "tokens/s on prose", per_s)
-        out.append(f"Timed: {copy}; {prose}.")
+        cpu = share(best, none, "cpu_s", f"with {who} the whole workload took {{pct}} of the CPU time it took "
+                    "without speculation", "CPU time", seconds)
+        costlier = compare(best, none, "cpu_s")
+        out.append(f"Timed: {cpu}; {copy}; {prose}." + (
+            " On this small model the proposals and the wider verify passes cost more than the passes they "
+            "saved: speculation pays where a target pass is expensive." if costlier.decided and
+            (costlier.ratio or 0) > 1 else ""))
     return out
 
 

@@ -147,6 +147,7 @@ EXPERIMENT = Experiment(
          "the streams' gaps, throughput.",
     settings=settings, run_setting=run_setting, figures=lab_disagg.figures, sentences=lab_disagg.sentences,
     compare=compare,
+    repeats={"ci": 2, "full": 3},  # two processes a run: its sentences quote counts and single timings, no verdict
     headline=[("prefill_tokens_beside_streams", "prefill tokens in the streams' steps"),
               ("handover_blocks", "blocks handed over"), ("handover_bytes", "bytes handed over"),
               ("long_ttft_median_s", "long prompts' TTFT, median (s)"),

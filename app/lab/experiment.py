@@ -108,7 +108,7 @@ class Result:
 class Progress:
     """What runs now: the page's bar and the terminal's read this."""
     experiment: str
-    setting: str  # its label
+    setting: str  # its label (and, where a setting runs more than once, "· repeat 2 of 5")
     setting_index: int
     num_settings: int
     done: int  # steps or requests done in this setting

@@ -75,9 +75,10 @@ class Lab:
 
     def report(self, done: int, total: int, what: str) -> None:
         if self._progress is not None and self.setting is not None:
+            label = self.setting.label
             if self.repeats > 1:
-                what = f"repeat {self.repeat + 1} of {self.repeats} · {what}"
-            self._progress(Progress(self.experiment, self.setting.label, self.setting_index, self.num_settings,
+                label += f" · repeat {self.repeat + 1} of {self.repeats}"
+            self._progress(Progress(self.experiment, label, self.setting_index, self.num_settings,
                                     done, total, what, self.repeat, self.repeats))
 
     @contextmanager
