@@ -125,7 +125,7 @@ def bars(settings: Sequence[dict], metrics: Sequence[tuple[str, str, str]], titl
                      "hovertemplate": "%{x}: %{y:.6g} %{customdata[0]}<br>range %{customdata[1]:.6g}–"
                                       "%{customdata[2]:.6g} over %{customdata[3]} repeats"
                                       "<extra>%{fullData.name}</extra>"})
-        n = max([n] + [r[2] for r in ranges])
+        n = max([n] + [r[2] for r in ranges if r[0] != r[1]])  # counts: exact, no whiskers to explain
     note = f" · median of {n} repeats, whiskers min–max" if n > 1 else ""
     return {"data": data, "layout": layout(title + note, barmode="group")}
 

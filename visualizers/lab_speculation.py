@@ -14,7 +14,7 @@ def by_content(settings: list[dict], metric: str, title: str, unit: str) -> dict
         m = s["metrics"]
         ys = [m.get(f"{k}_{metric}") for k in KINDS]
         ranges = [repeat_range(s, f"{k}_{metric}") for k in KINDS]
-        n = max([n] + [r[2] for r in ranges])
+        n = max([n] + [r[2] for r in ranges if r[0] != r[1]])
         data.append({"type": "bar", "name": esc(s["setting"]["label"]), "marker": {"color": _color(i)},
                      "x": list(KINDS), "y": ys, "error_y": error_y(ys, ranges),
                      "customdata": [[m.get(f"{k}_accepted"), m.get(f"{k}_proposed"), r[0], r[1], r[2]]
