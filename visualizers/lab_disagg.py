@@ -129,7 +129,7 @@ def sentences(result: dict) -> list[str]:
                  "the long TTFT", seconds)
     said = (f"Timed: {stall} (p99 gap {_ms(co['gap_p99_s'])} → {_ms(dis['gap_p99_s'])}, medians); {ttft}")
     if dis.get("handover_share_of_ttft") is not None:
-        said += (f", of which the handover took {dis['handover_share_of_ttft']:.1%} (median "
+        said += (f"; the handover took {dis['handover_share_of_ttft']:.1%} of the disaggregated TTFT (median "
                  f"{dis['handover_ms_median']:.1f} ms: {dis['queue_ms_median']:.1f} ms before the send began, while "
                  f"the decode engine took the request between its steps, and {dis['wire_ms_median']:.2f} ms on the "
                  f"wire)")
