@@ -123,8 +123,10 @@ function renderPick(s) {  // every screen says which pass, layer and head its pa
   const p = s.pick || {}, box = $('tt-class-pick');
   const pass = p.shown === null || p.shown === undefined ? 'the newest pass' :
     `the pass that read ${p.text === null ? 'token' : '«' + visible(p.text) + '»'} (position ${p.shown})`;
-  const hidden = s.hidden_from === null || s.hidden_from === undefined ? '' :
-    ` · the answer from position ${s.hidden_from} on is hidden until the class has predicted it`;
+  // a position is named once a question set it (before one, the class has not been asked about any)
+  const hidden = s.hidden_from === null || s.hidden_from === undefined ? '' : s.asked ?
+    ` · the answer from position ${s.hidden_from} on is hidden until the reveal` :
+    ' · the answer is hidden until the presenter asks the class to predict it (or shows it)';
   box.textContent = `Panels show ${pass} · attention layer ${p.layer}, head ${p.head}${hidden}`;
   document.body.dataset.hidden = hidden ? s.hidden_from : '';
   if (KEY && document.activeElement && document.activeElement.closest('#tt-pick-form') === null) {
