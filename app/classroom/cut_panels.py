@@ -5,6 +5,7 @@ that the rest is hidden (the same clause as the stages' words, visualizers/stage
 from __future__ import annotations
 
 import visualizers as viz
+from visualizers.choices import choices_html
 from visualizers.stages.facts import hidden_text
 
 # the panels whose empty state would say "not yet", with what each hides
@@ -24,6 +25,8 @@ def cut_panel(view, name: str, note: dict | None) -> str | None:
         what = f"the class sees the first {shown:,} token{'' if shown == 1 else 's'}" if shown else \
             "the class sees none of the answer yet"
         return viz.answer_html(view.stream_tokens(), None, view.error, "done", f"{what}; {state}; {rest}")
+    if name == "choices" and view.n > 1:
+        return choices_html(view.choice_outputs(), view.n, f"{state}; the rest is hidden")
     if name in HIDES and not view.has_input(name):
         if name == "spec" and not (view.speculative and view.model.get("has_draft")):
             return None  # off for this request: the page's own words say so

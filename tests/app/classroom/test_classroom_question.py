@@ -143,6 +143,7 @@ def test_an_n_request_s_other_choices_are_hidden_until_the_reveal_too(service):
     assert all(o["index"] < at - n for o in kept)
     html = bodies(room)["answer"]
     assert "data-choice='1'" in html  # the panel draws both choices, choice 1 cut too
+    assert "streaming" not in html and "the request has ended; the rest is hidden" in html  # not still coming
     whole = esc("".join(o["text"] for o in rec.choices[0]))
     assert whole not in html
     room.ask("reveal")
