@@ -17,7 +17,7 @@ const visible = t => t.replace(/ /g, '␣').replace(/\n/g, '↵').replace(/\t/g,
   .replace(/[\x00-\x1f\x7f]/g, c => '\\x' + c.charCodeAt(0).toString(16).padStart(2, '0'));
 // a token that is part of a character has no text: its id once revealed, its button's number before
 // (the class gets no token id before the reveal: a low id ranks a candidate)
-const label = c => c.text !== '' ? c.text : c.token_id !== undefined ? `#${c.token_id}` : `(no text ${c.choice + 1})`;
+const label = c => c.text !== '' ? c.text : c.token_id !== undefined ? `#${c.token_id}` : `(no-text-${c.choice + 1})`;
 let voter = null;
 try { voter = localStorage.getItem('tt-voter') || (crypto.randomUUID ? crypto.randomUUID() :
          String(Math.random()).slice(2) + Date.now()); localStorage.setItem('tt-voter', voter); } catch (e) {}

@@ -170,7 +170,8 @@ def test_votes_count_once_per_browser_and_the_reveal_shows_both(server, room):
     typed = q["candidates"][0]["text"].strip()  # typing a candidate's text counts for it
     if typed:
         assert httpx.post(base + "vote", json={"guess": f" {typed} ", "voter": "laptop-987654"}).status_code == 200
-    for bad, why in (({"choice": len(cands), "voter": "x" * 10}, "choice"), ({"choice": -1, "voter": "x" * 10}, "choice"), ({"choice": True, "voter": "x" * 10}, "choice"),
+    for bad, why in (({"choice": len(cands), "voter": "x" * 10}, "choice"), ({"choice": -1, "voter": "x" * 10}, "choice"),
+                     ({"choice": True, "voter": "x" * 10}, "choice"),
                      ({"guess": "y" * 41, "voter": "x" * 10}, "guess"), ({"guess": "  ", "voter": "x" * 10}, "guess"),
                      ({"choice": cands[0], "guess": "a", "voter": "x" * 10}, None),
                      ({"choice": cands[0]}, "voter"), ({"choice": cands[0], "voter": "short"}, "voter")):
