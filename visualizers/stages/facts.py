@@ -102,6 +102,11 @@ class Facts:
         there, not of one still running."""
         return self.first.get("trace.cut")
 
+    @property
+    def ended(self) -> bool:
+        """Has the request finished (its finish event, or a classroom's cut of a finished request)?"""
+        return self.finish is not None or bool((self.cut or {}).get("ended"))
+
     # the trail's lists, read as the request's
     first = property(lambda self: self.trail.first)
     kept = property(lambda self: self.trail.kept)

@@ -138,7 +138,7 @@ def kv(f: Facts) -> Part:
              f"{when}this request held K/V for {plural(tokens, 'token')}: {esc(fmt_bytes(per_token * tokens))} in "
              f"{plural(blocks, 'block')} of {bs} tokens, taken from a shared pool of {n(int(m['num_blocks']))} "
              # the replay's cursor (or the live request) may stand before the finish: say what has happened
-             + ("blocks and handed back the moment it finished." if f.finish else
+             + ("blocks and handed back the moment it finished." if f.ended else
                 "blocks; they go back to the pool the moment it finishes."))
     return Part(text, ("kv",), esc(fmt_bytes(per_token * tokens)), reached=bool(f.steps or f.generated))
 

@@ -18,7 +18,7 @@ def speculation(f: Facts) -> Part:
         return _on_before_rounds(f)
     if not spec:
         why = without(f.model, f.body)
-        verb = "ran" if f.finish or (f.cut or {}).get("ended") else "runs"
+        verb = "ran" if f.ended else "runs"
         if f.idle:  # before any request: what the stage does, not what a request did
             return Part(p("A draft (a small model, or n-gram lookup in the context) proposes k tokens and the target "
                           "verifies them all in one forward pass; with speculation off, one target pass per token.",

@@ -96,7 +96,7 @@ def _stream_cut(f: Facts, gen: int) -> Part:
     """A classroom's cut recording: the tokens before the hidden one, and whether the request had ended."""
     shown = (f"The class sees the answer's first {plural(gen, 'token')}, {before_cut(f)}." if gen else
              "The class sees none of the answer yet.")
-    state = "The request has ended" if (f.cut or {}).get("ended") else "The request is still running"
+    state = "The request has ended" if f.ended else "The request is still running"
     words = ["Each token left as a server-sent event the moment it existed. " + shown, _timing(f.kept["token"]),
              f"{state}; {hidden_rest(f)}."]
     return Part(p(*words, _choices(f)), ("answer", "choices"), count(gen, "token") if gen else "hidden")

@@ -32,6 +32,7 @@ def test_before_any_question_the_stages_describe_the_request_up_to_its_answer(re
     assert "The request has ended" in said["answer"] and "so far" not in said["answer"]
     assert "before the first answer token" in said["batching"] and "in all" not in said["batching"]
     assert "produced the answer so far" not in said["timeline"]
+    assert "handed back the moment it finished" in said["kv"]  # not "the moment it finishes"
     assert "● streaming" not in drawn["answer"] and "the request has ended" in drawn["answer"]
     assert "no token sampled yet" not in drawn["sampling"] and "no speculative round yet" not in drawn["spec"]
     # no question yet: no position is named as hidden, on any stage or in the header's state
