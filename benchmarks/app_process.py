@@ -16,7 +16,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(args: list[str], timeout: float = 300) -> tuple[subprocess.Popen, str]:
+def start_server(args: list[str], timeout: float = 300, poll: float = 0.5) -> tuple[subprocess.Popen, str]:
     port = free_port()
     log = tempfile.TemporaryFile()  # a pipe nobody reads would fill and stall the server
     proc = subprocess.Popen([sys.executable, "-m", "app", "--host", "127.0.0.1", "--port", str(port), *args],
@@ -34,6 +34,6 @@ def start_server(args: list[str], timeout: float = 300) -> tuple[subprocess.Pope
                     return proc, url
         except OSError:
             pass
-        time.sleep(0.5)
+        time.sleep(poll)
     proc.kill()
     raise RuntimeError("the server did not start")

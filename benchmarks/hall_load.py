@@ -251,7 +251,7 @@ async def audience(hall: Hall, seen: dict, shown: dict, joins: list, errors: dic
                     q = s.get("question")
                     if votes is not None and q and not q["revealed"] and q["id"] not in voted:
                         voted.add(q["id"])
-                        pick = q["candidates"][me % len(q["candidates"])]["token_id"]
+                        pick = q["candidates"][me % len(q["candidates"])]["choice"]
                         st, _, body = await pages.request("POST", f"/classroom/{hall.room}/vote", json.dumps(
                             {"choice": pick, "voter": f"hall-load-{me:06d}"}).encode())
                         if st != 200:

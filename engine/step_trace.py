@@ -44,8 +44,9 @@ class StepTrace:
         self.held_finishes: list[Event] = []  # the step's `finish` events, emitted after its captures
 
     def piece(self, token_id: int) -> str:
-        """A token's text for the trace, special tokens included (a replay has no tokenizer)."""
-        return self.tokenizer.token_text(token_id)
+        """A token's text for the trace, special tokens included (a replay has no tokenizer);
+        a piece of a character as its bytes."""
+        return self.tokenizer.token_label(token_id)
 
     # --- around a step -------------------------------------------------------------------
     def begin(self, requests: dict[str, Sequence]) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 
 from engine.checkpoint.errors import ModelLoadError
 from engine.checkpoint.gguf_deepseek2 import load_tokenizer as load_deepseek2_tokenizer
+from engine.token_bytes import byte_label
 
 
 # Converting a GGUF file's vocabulary is slow for a large one (Gemma 3's 262k tokens): each file's
@@ -35,6 +36,7 @@ class Tokenizer:
             i for i, t in self.hf.added_tokens_decoder.items() if t.special}
         self.has_chat_template = bool(self.hf.chat_template)
         self._texts: dict[int, str] = {}
+        self._labels: dict[int, str] = {}
         # The Rust tokenizer itself where transformers' decode adds nothing to it (no clean-up of
         # spaces): the streamed text is the same, at a third of the cost (twice per new token)
         backend = getattr(self.hf, "_tokenizer", None)
@@ -65,10 +67,18 @@ class Tokenizer:
             text = self._texts[token_id] = self.hf.decode([token_id], skip_special_tokens=False)
         return text
 
+    def token_label(self, token_id: int) -> str:
+        """One token as the page shows it: its text, or the bytes of a piece of a character."""
+        label = self._labels.get(token_id)
+        if label is None:
+            label = self._labels[token_id] = byte_label(
+                self.token_text(token_id), self.hf.convert_ids_to_tokens(token_id))
+        return label
+
     def pieces(self, ids: list[int]) -> list[dict]:
         """Each token as the model sees it: raw piece, readable text, special flag."""
         raw = self.hf.convert_ids_to_tokens(ids)
-        return [{"id": i, "piece": p, "text": self.hf.decode([i]), "special": i in self.special_ids}
+        return [{"id": i, "piece": p, "text": byte_label(self.hf.decode([i]), p), "special": i in self.special_ids}
                 for i, p in zip(ids, raw)]
 
 

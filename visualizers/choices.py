@@ -10,9 +10,10 @@ from visualizers._html import esc, panel
 WHY = {"stop": "stop", "length": "length (max tokens)", "abort": "aborted"}
 
 
-def choices_html(choices: Sequence[Sequence[dict]], n: int) -> str:
+def choices_html(choices: Sequence[Sequence[dict]], n: int, hidden: str = "") -> str:
     """choices: each choice's output items so far, choice 0 first; n: how many were asked for.
-    One choice: one line (the Answer panel shows it)."""
+    One choice: one line (the Answer panel shows it). hidden: a classroom's cut (what each
+    column says instead of "streaming": the rest is hidden, not still coming)."""
     if n <= 1:
         return ("<div class='tt-note tt-choices-one'>one choice (n = 1): the answer above. Choices n (under "
                 "Penalties, logit bias, JSON mode, n choices) draws up to 4 from one prompt, side by side.</div>")
@@ -21,7 +22,8 @@ def choices_html(choices: Sequence[Sequence[dict]], n: int) -> str:
         outs = list(choices[i]) if i < len(choices) else []
         tokens = sum(1 for o in outs if o.get("token_id", -1) >= 0)
         end = next((o.get("finish_reason") for o in outs if o.get("finished")), None)
-        state = f"finished: {WHY.get(end, end)}" if end else ("streaming" if outs else "waiting for its first token")
+        state = f"finished: {WHY.get(end, end)}" if end else hidden or (
+            "streaming" if outs else "waiting for its first token")
         text = "".join(o.get("text", "") for o in outs)
         trace = " · traced by every stage above" if i == 0 else ""
         cols.append(f"<div class='tt-choice' data-choice='{i}'><div class='tt-subtitle'>choice {i}{trace}</div>"

@@ -113,15 +113,38 @@ def occupancy(settings: Sequence[dict], slots: int, title: str = "Slot occupancy
 
 def bars(settings: Sequence[dict], metrics: Sequence[tuple[str, str, str]], title: str) -> dict:
     """Headline bars: one group per metric (key, label, unit), one bar per setting."""
-    data = []
+    data, n = [], 1
     for i, s in enumerate(settings):
         vals = [s["metrics"].get(k) for k, _, _ in metrics]
+        ranges = [repeat_range(s, k) for k, _, _ in metrics]
         data.append({"type": "bar", "name": esc(s["setting"]["label"]), "marker": {"color": _color(i)},
                      "x": [esc(label) for _, label, _ in metrics], "y": vals,
-                     "customdata": [unit for _, _, unit in metrics], "texttemplate": "%{y:.4~g}",
-                     "textposition": "outside",
-                     "hovertemplate": "%{x}: %{y:.6g} %{customdata}<extra>%{fullData.name}</extra>"})
-    return {"data": data, "layout": layout(title, barmode="group")}
+                     "customdata": [[unit, r[0], r[1], r[2]] for (_, _, unit), r in zip(metrics, ranges)],
+                     "texttemplate": "%{y:.4~g}", "textposition": "outside",
+                     "error_y": error_y(vals, ranges),
+                     "hovertemplate": "%{x}: %{y:.6g} %{customdata[0]}<br>range %{customdata[1]:.6g}–"
+                                      "%{customdata[2]:.6g} over %{customdata[3]} repeats"
+                                      "<extra>%{fullData.name}</extra>"})
+        n = max([n] + [r[2] for r in ranges if r[0] != r[1]])  # counts: exact, no whiskers to explain
+    note = f" · median of {n} repeats, whiskers min–max" if n > 1 else ""
+    return {"data": data, "layout": layout(title + note, barmode="group")}
+
+
+def repeat_range(setting: dict, key: str) -> tuple[float | None, float | None, int]:
+    """(min, max, repeats) of a metric over the setting's repeats; one run: its value, 1."""
+    sp = setting.get("spread", {}).get(key)
+    if sp:
+        return sp["min"], sp["max"], sp["n"]
+    v = setting["metrics"].get(key)
+    return v, v, 1
+
+
+def error_y(medians: Sequence[float | None], ranges: Sequence[tuple]) -> dict:
+    """Plotly's asymmetric error bars from each median to its repeats' min and max."""
+    up = [(hi - m) if m is not None and hi is not None else 0 for m, (_, hi, _) in zip(medians, ranges)]
+    down = [(m - lo) if m is not None and lo is not None else 0 for m, (lo, _, _) in zip(medians, ranges)]
+    return {"type": "data", "symmetric": False, "array": up, "arrayminus": down, "visible": True,
+            "color": "#1d1d24", "thickness": 1.5, "width": 6}
 
 
 def stream_gaps(settings: Sequence[dict]) -> list[tuple[str, list[float]]]:

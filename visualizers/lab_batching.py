@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 from visualizers.lab import bars, gantt, occupancy
+from visualizers.lab_verdict import count, seconds, share, span
 
-HEADLINE = (("makespan_s", "makespan", "s"), ("mean_latency_s", "mean latency", "s"),
+HEADLINE = (("cpu_s", "CPU time", "s"), ("makespan_s", "makespan", "s"), ("mean_latency_s", "mean latency", "s"),
             ("p99_latency_s", "p99 latency", "s"))
 
 
@@ -12,7 +13,7 @@ def figures(result: dict) -> list[dict]:
     if not settings:
         return []
     slots = settings[0]["metrics"].get("slots", 1)
-    out = [bars(settings, HEADLINE, "Makespan and latency (seconds, measured)"),
+    out = [bars(settings, HEADLINE, "CPU time, makespan and latency (seconds, measured)"),
            bars(settings, (("steps", "engine steps", "steps"), ("idle_slot_steps", "idle slot-steps", "slot-steps"),
                            ("idle_slot_steps_while_waiting", "idle while others waited", "slot-steps")),
                 "Engine steps and idle slots (counted from the trace)")]
@@ -25,26 +26,27 @@ def figures(result: dict) -> list[dict]:
 
 
 def sentences(result: dict) -> list[str]:
-    by = {s["setting"]["name"]: s["metrics"] for s in result["settings"]}
+    """Per arrival pattern: the engine steps first (counted, exact), then the makespan's verdict
+    from the repeats' spread (timed: this machine's)."""
+    by = {s["setting"]["name"]: s for s in result["settings"]}
     out = []
     for arrival in ("together", "staggered"):
         st, co = by.get(f"static-{arrival}"), by.get(f"continuous-{arrival}")
         if not st or not co:
             continue
+        n = len(co["per_request"])
+        cpu = share(co, st, "cpu_s", "continuous batching used {pct} of static's CPU time", "CPU time", seconds)
+        wall = share(co, st, "makespan_s", "it finished in {pct} of static's wall-clock time", "wall-clock time",
+                     seconds)
         out.append(
-            f"Arriving {arrival}, static batching took {st['steps']} engine steps and {st['makespan_s']:.2f} s "
-            f"for what continuous batching did in {co['steps']} steps and {co['makespan_s']:.2f} s "
-            f"(continuous took {_share(co['makespan_s'], st['makespan_s'])} of static's time); p99 latency "
-            f"{st['p99_latency_s']:.2f} s against {co['p99_latency_s']:.2f} s.")
+            f"Arriving {arrival}, continuous batching ran the {n} requests in {count(co, 'steps')} engine steps "
+            f"against static's {count(st, 'steps')} (counted, the same on every run). Timed, {cpu}; {wall}; "
+            f"p99 latency {span(co, 'p99_latency_s', seconds)} against {span(st, 'p99_latency_s', seconds)}.")
     st = by.get("static-together")
     co = by.get("continuous-together")
     if st and co:
         out.append(
-            f"The static batches left {st['idle_slot_steps_while_waiting']} slot-steps idle while requests "
-            f"waited (continuous: {co['idle_slot_steps_while_waiting']}); their slots were "
-            f"{st['occupancy']:.0%} busy against {co['occupancy']:.0%}.")
+            f"The static batches left {count(st, 'idle_slot_steps_while_waiting')} slot-steps idle while requests "
+            f"waited (continuous: {count(co, 'idle_slot_steps_while_waiting')}); their slots were "
+            f"{st['metrics']['occupancy']:.0%} busy against {co['metrics']['occupancy']:.0%}.")
     return out
-
-
-def _share(a: float, b: float) -> str:
-    return f"{a / b:.0%}" if b else "–"

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from visualizers.lab import bars, distribution, esc, gantt, layout, stream_gaps
+from visualizers.lab_verdict import count, seconds, share, span
 
 
 def figures(result: dict) -> list[dict]:
@@ -30,24 +31,26 @@ def prefill_per_step(settings: list[dict]) -> dict:
 
 
 def sentences(result: dict) -> list[str]:
-    by = {s["setting"]["name"]: s["metrics"] for s in result["settings"]}
+    """The step sizes first (counted, exact), then the stall's and the TTFT's verdicts from the
+    repeats' spread (timed: this machine's)."""
+    by = {s["setting"]["name"]: s for s in result["settings"]}
     off = by.get("off")
     if off is None:
         return []
-    out = [f"Without chunking the {off['long_prompt_tokens']}-token prompt was prefilled in one step of "
-           f"{off['max_prefill_tokens_per_step']} tokens, and the decoding streams' longest stall was "
-           f"{_ms(off['longest_stall_s'])} (p50 gap {_ms(off['gap_p50_s'])})."]
+    m = off["metrics"]
+    out = [f"Without chunking the {m['long_prompt_tokens']}-token prompt was prefilled in one step of "
+           f"{count(off, 'max_prefill_tokens_per_step')} tokens, and the biggest step a decoding stream waited on "
+           f"held {count(off, 'max_step_tokens_with_streams')} tokens (counted); the streams' longest stall was "
+           f"{span(off, 'longest_stall_s', seconds)} (p50 gap {span(off, 'gap_p50_s', seconds)})."]
     for key in ("512", "128"):
-        m = by.get(key)
-        if m is None:
+        ch = by.get(key)
+        if ch is None:
             continue
-        ttft = (m["long_ttft_s"] / off["long_ttft_s"] - 1) * 100 if off["long_ttft_s"] else 0.0
-        out.append(f"Chunked at {key} tokens ({m['long_prefill_steps']} steps of prefill), the longest stall "
-                   f"went from {_ms(off['longest_stall_s'])} to {_ms(m['longest_stall_s'])} and the long "
-                   f"prompt's TTFT {'rose' if ttft >= 0 else 'fell'} by {abs(ttft):.0f}% "
-                   f"({_ms(off['long_ttft_s'])} → {_ms(m['long_ttft_s'])}).")
+        stall = share(ch, off, "longest_stall_s", "the longest stall was {pct} of no chunking's", "the longest stall",
+                      seconds)
+        ttft = share(ch, off, "long_ttft_s", "the long prompt's TTFT was {pct} of no chunking's", "the long TTFT",
+                     seconds)
+        out.append(f"Chunked at {key} tokens the prompt took {count(ch, 'long_prefill_steps')} steps of prefill and "
+                   f"the biggest step a stream waited on held {count(ch, 'max_step_tokens_with_streams')} tokens; "
+                   f"{stall}; {ttft}.")
     return out
-
-
-def _ms(s: float | None) -> str:
-    return "–" if s is None else f"{s * 1000:.0f} ms" if s >= 0.01 else f"{s * 1000:.1f} ms"

@@ -3,6 +3,7 @@ pure functions of the result's dict."""
 from __future__ import annotations
 
 from visualizers.lab import KIND_COLOR, bars, distribution, esc, layout, stream_gaps
+from visualizers.lab_verdict import seconds, share
 
 SPLIT_COLORS = {"TTFT": "#466ec8", "before the handover": "#466ec8", "waiting to send": "#c9ccd8",
                 "on the wire": "#d62828", "received, scattered": "#f08c1e"}
@@ -120,15 +121,20 @@ def sentences(result: dict) -> list[str]:
            f"{dis['stream_steps_with_prefill']} of {dis['stream_steps']} did, and {dis['handovers']} requests' pages "
            f"crossed to the decode engine: {dis['handover_blocks']} blocks × {dis['bytes_per_block']:,} B = "
            f"{dis['handover_bytes'] / 2 ** 20:.2f} MiB."]
-    said = (f"The streams' p99 gap went from {_ms(co['gap_p99_s'])} to {_ms(dis['gap_p99_s'])} and their longest "
-            f"stall from {_ms(co['longest_stall_s'])} to {_ms(dis['longest_stall_s'])}; the long prompts' median TTFT "
-            f"{_moved(co['long_ttft_median_s'], dis['long_ttft_median_s'])}")
+    sets = {s["setting"]["name"]: s for s in result["settings"]}
+    a, b = sets["disaggregated"], sets["colocated"]
+    stall = share(a, b, "longest_stall_s", "disaggregated, the streams' longest stall was {pct} of colocated's",
+                  "the longest stall", seconds)
+    ttft = share(a, b, "long_ttft_median_s", "the long prompts' median TTFT was {pct} of colocated's",
+                 "the long TTFT", seconds)
+    said = (f"Timed: {stall} (p99 gap {_ms(co['gap_p99_s'])} → {_ms(dis['gap_p99_s'])}, medians); {ttft}")
     if dis.get("handover_share_of_ttft") is not None:
-        said += (f", of which the handover took {dis['handover_share_of_ttft']:.1%} (median "
+        said += (f"; the handover took {dis['handover_share_of_ttft']:.1%} of the disaggregated TTFT (median "
                  f"{dis['handover_ms_median']:.1f} ms: {dis['queue_ms_median']:.1f} ms before the send began, while "
                  f"the decode engine took the request between its steps, and {dis['wire_ms_median']:.2f} ms on the "
                  f"wire)")
-    out.append(said + f"; throughput {_moved(co['tokens_per_s'], dis['tokens_per_s'], ' tokens/s', 1)}.")
+    out.append(said + "; " + share(a, b, "tokens_per_s", "throughput was {pct} of colocated's", "throughput",
+                                   lambda v: f"{v:.1f} tokens/s") + ".")
     out.append(_hardware(result.get("machine") or {}, co, dis))
     if dis.get("same_tokens_as_colocated") is False:
         out.append("The disaggregated engine's tokens differed from the colocated engine's on this run.")
@@ -148,14 +154,6 @@ def _hardware(machine: dict, co: dict, dis: dict) -> str:
             f"{dis['threads_per_process']} in each of its two, so it had twice the threads on the same cores, "
             f"and its prefill still competes with its decodes for them{busy}; the handover crossed memory, not a "
             f"network, where separate GPUs would give each side its own compute.")
-
-
-def _moved(a: float | None, b: float | None, unit: str = "", digits: int | None = None) -> str:
-    if a is None or b is None:
-        return "–"
-    fmt = (lambda v: f"{v:.{digits}f}{unit}") if digits is not None else _ms  # noqa: E731
-    change = (b / a - 1) * 100 if a else 0.0
-    return f"{'rose' if change >= 0 else 'fell'} by {abs(change):.0f}% ({fmt(a)} → {fmt(b)})"
 
 
 def _ms(s: float | None) -> str:

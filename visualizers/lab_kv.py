@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from visualizers.lab import _color, bars, esc, gantt, layout
+from visualizers.lab_verdict import count, seconds, share
 
 
 def with_preemptions(setting: dict) -> dict:
@@ -57,7 +58,10 @@ def sentences(result: dict) -> list[str]:
            f"{first['pages']} pages ({first['tokens']} tokens)."]
     if ample is not None:
         a = ample["metrics"]
-        out.append(f"Recomputing cost {m['recomputed_tokens']} tokens of prefill, and with fewer requests "
-                   f"running at once the workload took {m['steps']} engine steps against {a['steps']} in the "
-                   f"{a['num_kv_blocks']}-page pool ({m['makespan_s']:.2f} s against {a['makespan_s']:.2f} s).")
+        verdict = share(small, ample, "cpu_s", "the small pool's run used {pct} of the ample one's CPU time",
+                        "CPU time", seconds) + "; " + share(
+            small, ample, "makespan_s", "its makespan was {pct} of the ample one's", "makespan", seconds)
+        out.append(f"Recomputing cost {count(small, 'recomputed_tokens')} tokens of prefill, and with fewer requests "
+                   f"running at once the workload took {count(small, 'steps')} engine steps against "
+                   f"{count(ample, 'steps')} in the {a['num_kv_blocks']}-page pool (counted); timed, {verdict}.")
     return out

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from visualizers.lab import bars, esc, layout, _color
+from visualizers.lab_verdict import seconds, share
 
 
 def figures(result: dict) -> list[dict]:
@@ -39,20 +40,24 @@ def kl_per_position(settings: list[dict]) -> dict:
 
 
 def sentences(result: dict) -> list[str]:
-    by = {s["setting"]["name"]: s["metrics"] for s in result["settings"]}
-    ref = by.get("float32")
-    if ref is None:
+    by = {s["setting"]["name"]: s for s in result["settings"]}
+    f32 = by.get("float32")
+    if f32 is None:
         return []
+    ref = f32["metrics"]
     out = []
     for name in ("int8", "int4"):
-        m = by.get(name)
+        s = by.get(name)
+        m = s["metrics"] if s else None
         if m is None or m.get("agreement") is None:
             continue
-        speed = m["decode_tokens_per_s"] / ref["decode_tokens_per_s"] if ref["decode_tokens_per_s"] else 0
+        speed = share(s, f32, "decode_tokens_per_s", "decoded at {pct} of float32's speed", "decode speed",
+                      lambda v: f"{v:.0f} tokens/s") + "; " + share(
+            s, f32, "cpu_s", "the workload used {pct} of float32's CPU time", "CPU time", seconds)
         out.append(f"With {name} weights the model held {m['weights_bytes'] / 2 ** 20:.1f} MiB of weights against "
-                   f"{ref['weights_bytes'] / 2 ** 20:.1f} MiB, decoded at {speed:.2f}× float32's speed, and "
-                   f"picked float32's most likely next token at {m['agreement']:.0%} of {m['positions']} positions "
-                   f"(mean KL {m['kl_mean']:.2g} nats).{_coverage(m)}")
+                   f"{ref['weights_bytes'] / 2 ** 20:.1f} MiB and picked float32's most likely next token at "
+                   f"{m['agreement']:.0%} of {m['positions']} positions (mean KL {m['kl_mean']:.2g} nats; counted); "
+                   f"timed, {speed}.{_coverage(m)}")
     return out
 
 

@@ -4,6 +4,7 @@ request went (its replica, its system prompt, hit or miss)."""
 from __future__ import annotations
 
 from visualizers.lab import SETTING_COLORS, bars, distribution, esc, layout
+from visualizers.lab_verdict import seconds, share, span
 
 PROMPT_COLORS = ("#466ec8", "#f08c1e", "#17803d", "#a050c8")
 
@@ -80,7 +81,7 @@ def sentences(result: dict) -> list[str]:
         return []
     m_rr, m_pa = rr["metrics"], pa["metrics"]
     fewer = 1 - m_pa["prefill_tokens"] / m_rr["prefill_tokens"] if m_rr["prefill_tokens"] else 0.0
-    out = [f"On {m_pa['replicas']} replicas, prefix-aware routing computed {m_pa['prefill_tokens']:,} prefill tokens "
+    out = [f"Counted: on {m_pa['replicas']} replicas, prefix-aware routing computed {m_pa['prefill_tokens']:,} prefill tokens "
            f"against {m_rr['prefill_tokens']:,} for round-robin ({fewer:.0%} {'fewer' if fewer >= 0 else 'more'})"
            + (f" and {ll['metrics']['prefill_tokens']:,} for least-loaded" if ll else "")
            + f"; its prefix-cache hit rate was {m_pa['hit_rate']:.0%} against {m_rr['hit_rate']:.0%}."]
@@ -88,13 +89,12 @@ def sentences(result: dict) -> list[str]:
                f"{spread(pa):.1f}: the cache only pays where the requests sharing a prompt land"
                + (f" (least-loaded: {spread(ll):.1f})." if ll else "."))
     if m_pa.get("mean_ttft_s") is not None and m_rr.get("mean_ttft_s") is not None:
-        out.append(f"Mean time to first token was {_ms(m_pa['mean_ttft_s'])} with prefix-aware against "
-                   f"{_ms(m_rr['mean_ttft_s'])} with round-robin"
-                   + (f" and {_ms(ll['metrics']['mean_ttft_s'])} with least-loaded" if ll else "")
+        verdict = share(pa, rr, "mean_ttft_s", "prefix-aware's mean time to first token was {pct} of round-robin's",
+                        "mean time to first token", seconds)
+        cpu = share(pa, rr, "cpu_s", "prefix-aware routing used {pct} of round-robin's CPU time", "CPU time",
+                    seconds)
+        out.append(f"Timed, {cpu}; {verdict}"
+                   + (f" (least-loaded: {span(ll, 'mean_ttft_s', seconds)})" if ll else "")
                    + f"; the busiest replica took {m_pa['max_requests_on_a_replica']} of {m_pa['requests']} "
                    f"requests under prefix-aware, {m_rr['max_requests_on_a_replica']} under round-robin.")
     return out
-
-
-def _ms(seconds: float | None) -> str:
-    return "–" if seconds is None else f"{seconds * 1000:.0f} ms"

@@ -11,7 +11,7 @@ from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
 
 from app.api.openai_routes import read_body
-from app.classroom.question import MAX_GUESS_CHARS, VoteRefused
+from app.classroom.question import CHOICE_RULE, MAX_GUESS_CHARS, VoteRefused
 from app.serving.limits import RequestRefused
 
 MAX_SMALL_BODY = 4096  # a vote or a presenter's action
@@ -54,8 +54,8 @@ class Pick(Small):
 
 
 class Vote(Small):
-    """A student's vote: a candidate's token id or a typed guess (one of them)."""
-    choice: StrictInt | None = Field(None, description="the token id of one of the question's candidates")
+    """A student's vote: a candidate's place in the order shown, or a typed guess (one of them)."""
+    choice: StrictInt | None = Field(None, description="a candidate's place in the order shown (0: the first)")
     guess: StrictStr | None = Field(None, description=f"1 to {MAX_GUESS_CHARS} characters")
     voter: StrictStr | None = Field(None, description="8 to 64 characters: the voter's id, without the page's cookie")
 
@@ -66,7 +66,7 @@ MESSAGES: dict[type[Small], dict[str, str]] = {
     Ask: {"action": ACTIONS, "position": "position must be an int: an answer token's position"},
     Pick: {"position": "position must be a non-negative int or null", "layer": "layer must be a non-negative int",
            "head": "head must be a non-negative int"},
-    Vote: {"choice": "choice must be the token id of one of the question's candidates",
+    Vote: {"choice": CHOICE_RULE,
            "guess": f"guess must be 1 to {MAX_GUESS_CHARS} characters of text", "voter": NO_VOTER},
 }
 B = TypeVar("B", bound=Small)

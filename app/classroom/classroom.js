@@ -15,7 +15,9 @@ function el(tag, attrs, ...kids) {  // DOM built with textContent: token text is
 }
 const visible = t => t.replace(/ /g, '␣').replace(/\n/g, '↵').replace(/\t/g, '⇥')
   .replace(/[\x00-\x1f\x7f]/g, c => '\\x' + c.charCodeAt(0).toString(16).padStart(2, '0'));
-const label = c => c.text === '' ? `#${c.token_id}` : c.text;  // a token that is part of a character
+// a token that is part of a character has no text: its id once revealed, its button's number before
+// (the class gets no token id before the reveal: a low id ranks a candidate)
+const label = c => c.text !== '' ? c.text : c.token_id !== undefined ? `#${c.token_id}` : `(no-text-${c.choice + 1})`;
 let voter = null;
 try { voter = localStorage.getItem('tt-voter') || (crypto.randomUUID ? crypto.randomUUID() :
          String(Math.random()).slice(2) + Date.now()); localStorage.setItem('tt-voter', voter); } catch (e) {}
@@ -74,10 +76,10 @@ function renderQuestion(q) {
   if (!q.revealed) {
     const choices = el('div', {class: 'tt-q-choices'});
     for (const c of q.candidates) {
-      const b = el('button', {class: 'tt-q-choice' + (mine === label(c) ? ' tt-mine' : ''), 'data-id': c.token_id,
+      const b = el('button', {class: 'tt-q-choice' + (mine === label(c) ? ' tt-mine' : ''), 'data-choice': c.choice,
                               text: visible(label(c))});
       b.dataset.text = label(c);
-      if (KEY) b.disabled = true; else b.onclick = () => vote(q, {choice: c.token_id}, label(c));
+      if (KEY) b.disabled = true; else b.onclick = () => vote(q, {choice: c.choice}, label(c));
       choices.append(b);
     }
     kids.push(choices);
@@ -92,12 +94,14 @@ function renderQuestion(q) {
   } else {
     const rows = q.candidates.map(c => el('tr', {class: c.token_id === q.drawn.token_id ? 'tt-q-drawn' : ''},
       el('td', {text: (c.token_id === q.drawn.token_id ? '▶ ' : '') + visible(label(c))}),
-      el('td', {}, bar('tt-q-model', c.final_prob), (c.final_prob * 100).toFixed(1) + '%'),
+      el('td', {}, bar('tt-q-model', c.final_prob), c.prob_text),  // as every stage prints it (server-side)
       el('td', {}, bar('', c.share), `${c.votes} (${(c.share * 100).toFixed(0)}%)`)));
     kids.push(el('table', {class: 'tt-q-results'}, el('tr', {}, el('th', {text: 'token'}),
-      el('th', {text: "the model's probability (as sampled)"}), el('th', {text: "the class's votes"})), ...rows));
+      el('th', {text: q.greedy ? "the model's probability (greedy: it takes the most likely token)" :
+                      "the model's probability (as sampled)"}), el('th', {text: "the class's votes"})), ...rows));
     const drawnIn = q.candidates.some(c => c.token_id === q.drawn.token_id);
-    kids.push(el('div', {id: 'tt-q-answer', text: `The model drew ${visible(label(q.drawn))} (p=${q.drawn.prob.toFixed(3)} where it was drawn` +
+    const how = q.greedy ? `greedy: the most likely token, p=${q.drawn.prob_text}` : `p=${q.drawn.prob_text} where it was drawn`;
+    kids.push(el('div', {id: 'tt-q-answer', text: `The model drew ${visible(label(q.drawn))} (${how}` +
       (drawnIn ? ')' : '; not among its top candidates)') + ` · ${q.correct} of ${q.votes} predicted it` +
       (mine ? ` · you said ${visible(mine)}` : '')}));
     if (q.guesses.length) kids.push(el('div', {class: 'tt-q-note', text: 'typed guesses: ' +
@@ -123,8 +127,10 @@ function renderPick(s) {  // every screen says which pass, layer and head its pa
   const p = s.pick || {}, box = $('tt-class-pick');
   const pass = p.shown === null || p.shown === undefined ? 'the newest pass' :
     `the pass that read ${p.text === null ? 'token' : '«' + visible(p.text) + '»'} (position ${p.shown})`;
-  const hidden = s.hidden_from === null || s.hidden_from === undefined ? '' :
-    ` · the answer from position ${s.hidden_from} on is hidden until the class has predicted it`;
+  // a position is named once a question set it (before one, the class has not been asked about any)
+  const hidden = s.hidden_from === null || s.hidden_from === undefined ? '' : s.asked ?
+    ` · the answer from position ${s.hidden_from} on is hidden until the reveal` :
+    ' · the answer is hidden until the presenter asks the class to predict it (or shows it)';
   box.textContent = `Panels show ${pass} · attention layer ${p.layer}, head ${p.head}${hidden}`;
   document.body.dataset.hidden = hidden ? s.hidden_from : '';
   if (KEY && document.activeElement && document.activeElement.closest('#tt-pick-form') === null) {

@@ -28,6 +28,7 @@ class Room(Protocol):
     room_id: str
     key: str
     rec: Recording
+    skipped: list[str]  # the titles of the stages this request skips
 
     def stage_list(self) -> list[Stage]: ...
 
@@ -41,6 +42,9 @@ def page_html(room: Room, presenter: bool, css: str, server: str = "", static: b
     """server: the origin the page follows (empty: its own); static: a bundle's page, which
     reads the stages from its own files (stages/N.json) and only the position from the server."""
     titles = [s.title for s in room.stage_list()]
+    # the stages this request skips, as one line (the page's map lists them so: app/page/stages.py)
+    skip = (f"<div class='tt-map-skipped tt-class-skipped'>skipped by this request: "
+            f"{esc(' · '.join(room.skipped))}</div>" if room.skipped else "")
     dots = "".join(f"<button class='tt-class-dot' data-i='{i}' title='{esc(t)}'>{i + 1}</button>"
                    for i, t in enumerate(titles))
     role = ("presenter: → / ← / space / PageDown move the whole class" if presenter else
@@ -55,5 +59,5 @@ def page_html(room: Room, presenter: bool, css: str, server: str = "", static: b
               "staleMs": int(3 * KEEPALIVE * 1000)}  # a stream silent this long is dead: reconnect
     return Template(asset("page.html")).substitute(
         rid=esc(room.rec.request_id), css=css + asset("classroom.css"),
-        role_class="tt-presenter" if presenter else "tt-follower", role=esc(role), count=len(titles), dots=dots,
+        role_class="tt-presenter" if presenter else "tt-follower", role=esc(role), count=len(titles), dots=dots + skip,
         presenter=controls, config=script_json(config), script=asset("classroom.js"))

@@ -7,7 +7,10 @@ the reveal no stage shows that token (app/classroom/mask.py), and the choices co
 shuffled order (under greedy decoding the most likely one is the answer): drawn once per
 question from a seed it keeps, so every screen and every reload shows the same order.
 One vote per browser (the server keys votes by the browser's id; a second vote replaces the
-first), and the probabilities stay hidden until the reveal so they cannot steer the class.
+first), and until the reveal the class gets only what the buttons show: each candidate's text
+and its place in that order (a vote names the place), no probability and no token id (a
+byte-pair vocabulary numbers its frequent tokens first: a low id ranks a candidate).
+Probabilities read as every stage prints them (visualizers/stages/facts.py prob()).
 """
 from __future__ import annotations
 
@@ -16,10 +19,15 @@ import secrets
 from collections import Counter
 from dataclasses import dataclass, field
 
+from visualizers.stages.facts import prob
+
 MAX_CANDIDATES = 6  # the choices offered (the model's top ones)
 MAX_GUESS_CHARS = 40
 MAX_VOTERS = 20_000  # a bound on the memory one room's question may hold
 SHOWN_GUESSES = 8  # typed guesses shown at the reveal (the most frequent)
+
+
+CHOICE_RULE = "choice must be a candidate's place in the order shown (0 for the first button)"
 
 
 class VoteRefused(ValueError):
@@ -46,6 +54,7 @@ class Question:
     drawn_text: str
     drawn_prob: float  # its probability where it was drawn (after the request's knobs)
     seed: int = 0  # the shuffle's: the order the class sees the candidates in
+    greedy: bool = False  # the request drew the most likely token (temperature 0), not a sample
     shown: list[int] = field(default_factory=list)  # that order: indices into candidates (most likely first)
     revealed: bool = False
     votes: dict[str, int | str] = field(default_factory=dict)  # browser id -> token id, or a typed guess
@@ -67,20 +76,19 @@ class Question:
                            float(first["probs"][j]), float(last["probs"][j])) for j in order]
         drawn = int(sample["token_id"])
         return cls(qid, int(sample["position"]), context, cands, drawn, pieces.get(drawn, f"#{drawn}"),
-                   float(sample.get("token_prob", 0.0)), secrets.randbits(32) if seed is None else seed)
+                   float(sample.get("token_prob", 0.0)), secrets.randbits(32) if seed is None else seed,
+                   bool((sample.get("params") or {}).get("greedy")))
 
     def vote(self, voter: str, choice: object, guess: object) -> None:
-        """choice: a candidate's token id; guess: typed text. Exactly one of them."""
+        """choice: a candidate's place in the order shown (0 first); guess: typed text. Exactly one."""
         if self.revealed:
             raise VoteRefused("the answer is revealed: voting is closed", 409)
         if (choice is None) == (guess is None):
-            raise VoteRefused("the body must be {\"choice\": <a candidate's token id>} or {\"guess\": <text>}")
+            raise VoteRefused("the body must be {\"choice\": <a candidate's place, 0 first>} or {\"guess\": <text>}")
         if choice is not None:
-            if isinstance(choice, bool) or not isinstance(choice, int) or \
-                    choice not in {c.token_id for c in self.candidates}:
-                raise VoteRefused("choice must be the token id of one of the question's candidates",
-                                  param="choice")
-            value: int | str = choice
+            if isinstance(choice, bool) or not isinstance(choice, int) or not 0 <= choice < len(self.shown):
+                raise VoteRefused(CHOICE_RULE, param="choice")
+            value: int | str = self.candidates[self.shown[choice]].token_id
         else:
             if not isinstance(guess, str) or not guess.strip() or len(guess) > MAX_GUESS_CHARS:
                 raise VoteRefused(f"guess must be 1 to {MAX_GUESS_CHARS} characters of text", param="guess")
@@ -97,12 +105,11 @@ class Question:
         return picks, guesses
 
     def public(self) -> dict:
-        """What every follower sees: the choices; at the reveal, the answer, the model's
-        probabilities and the class's votes."""
+        """What every follower sees: the choices as the buttons show them (their text, in the
+        shuffled order); at the reveal, the answer, the model's probabilities and the class's votes."""
         out = {"id": self.qid, "position": self.position, "context": self.context, "revealed": self.revealed,
                "votes": len(self.votes),
-               "candidates": [{"token_id": self.candidates[i].token_id, "text": self.candidates[i].text}
-                              for i in self.shown]}
+               "candidates": [{"choice": k, "text": self.candidates[i].text} for k, i in enumerate(self.shown)]}
         if self.revealed:
             out.update(self.results())
         return out
@@ -110,9 +117,13 @@ class Question:
     def results(self) -> dict:
         picks, guesses = self.tally()
         n = max(1, len(self.votes))
-        return {"drawn": {"token_id": self.drawn, "text": self.drawn_text, "prob": self.drawn_prob},
+        return {"drawn": {"token_id": self.drawn, "text": self.drawn_text, "prob": self.drawn_prob,
+                          "prob_text": prob(self.drawn_prob)},
+                "greedy": self.greedy,
                 "candidates": [{"token_id": c.token_id, "text": c.text, "prob": c.prob, "final_prob": c.final_prob,
-                                "votes": picks[c.token_id], "share": picks[c.token_id] / n} for c in self.candidates],
+                                "prob_text": prob(c.final_prob), "choice": self.shown.index(i),
+                                "votes": picks[c.token_id], "share": picks[c.token_id] / n}
+                               for i, c in enumerate(self.candidates)],
                 "guesses": [{"text": g, "votes": k} for g, k in guesses.most_common(SHOWN_GUESSES)],
                 "other_guesses": sum(guesses.values()),
                 "correct": sum(1 for v in self.votes.values() if v == self.drawn)}

@@ -21,12 +21,13 @@ import secrets
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from starlette.concurrency import run_in_threadpool
 
-from app.classroom.mask import first_answer_position, generated, hide_from, prompt_tokens
+from app.classroom.cut_panels import cut_panel
+from app.classroom.mask import CUT, first_answer_position, generated, hide_from, prompt_tokens
 from app.classroom.push import Feed
 from app.classroom.question import Question, VoteRefused
 from app.serving.recording import Recording, ReplayCursor
@@ -56,6 +57,7 @@ class Room:
     questions: list[Question] = field(default_factory=list)  # every question asked, for the export
     extra: list[Stage] = field(default_factory=list)  # stages after the journey (an experiment's result)
     with_journey: bool = True  # False: the extra stages alone (app/classroom/lab_stage.py)
+    skipped: list[str] = field(default_factory=list)  # the titles of the stages this request skips
     feed: Feed = field(default_factory=Feed)
     _stages: list[Stage] = field(default_factory=list)
     _shown: Recording | None = None  # rec as the class may see it (cut before a hidden token)
@@ -97,14 +99,22 @@ class Room:
         """The stages as the class may see them: from the recording cut before the question's
         token until its reveal, with the presenter's pick (under the lock)."""
         at = self.question_position()
-        self._shown = self.rec if self.revealed else hide_from(self.rec, at)
+        self._shown = self.rec if self.revealed else hide_from(self.rec, at, asked=self.ask_at is not None)
         self._hidden = None if self._shown is self.rec else at
         cursor = ReplayCursor(self._shown)
         kv_peak = cursor.goto(cursor.peak_kv_frame()).kv_pool()
         shown = self._shown
-        self._stages = journey(shown.model, shown.request_id, shown.body, shown.events, shown.outputs, kv_peak,
-                               shown.truncated, position=self.shown_position(), hidden_from=self._hidden,
-                               layer=int(self.pick["layer"])) if self.with_journey else []
+        stages = journey(shown.model, shown.request_id, shown.body, shown.events, shown.outputs, kv_peak,
+                         shown.truncated, position=self.shown_position(), hidden_from=self._hidden,
+                         layer=int(self.pick["layer"])) if self.with_journey else []
+        # the stages this request has, as the page's map lists them: those the whole request skips (no
+        # draft, one device) are one line, not stages; read from the whole request, so that the count
+        # stays the same from the cut to the reveal
+        whole = stages if shown is self.rec or not stages else journey(
+            self.rec.model, self.rec.request_id, self.rec.body, self.rec.events, self.rec.outputs)
+        self.skipped = [s.title.split(" · ", 1)[-1] for s in whole if s.skipped]
+        kept = [s for s, w in zip(stages, whole) if not w.skipped]
+        self._stages = [replace(s, title=f"{i} · {s.title.split(' · ', 1)[-1]}") for i, s in enumerate(kept, 1)]
         self._stages += self.extra
         self.stage = min(self.stage, len(self._stages) - 1)
 
@@ -149,6 +159,8 @@ class Room:
                          for p in s.panels}
                 html = {p: v.render(p) for p, v in views.items() if v is not None}
                 view = self._point(cursor.goto(cursor.last_frame))
+                note = view.first(CUT)
+                html.update({p: got for p in s.panels if p not in html and (got := cut_panel(view, p, note))})
                 shown = [p for p in s.panels if p != "choices" or int((self.rec.body or {}).get("n") or 1) > 1]
                 # (one choice: the page's line about the n control is not the class's business)
                 body = "".join(f"<div class='tt-class-panel'>{html.get(p) or view.render(p)}</div>" for p in shown)
@@ -221,7 +233,7 @@ class Room:
                 qid = self.questions[-1].qid + 1 if self.questions else 1
                 self.question = Question.from_sample(qid, sample, self.rec.pieces, context_before(self.rec, at))
                 self.questions = self.questions[-(MAX_QUESTIONS - 1):] + [self.question]
-                if (at, False) != (self.question_position(), self.revealed):  # the mask moves to it
+                if (at, False) != (self.ask_at, self.revealed):  # the mask moves to it (or names it, at last)
                     self.ask_at, self.revealed = at, False
                     self._restage()
             elif action == "show":  # no question: the whole answer, on every stage
@@ -284,7 +296,7 @@ class Room:
                 "trace_version": self.trace_version, "finished": self.finished,
                 "question": q.public() if q is not None else None, "pick": self.pick_state(),
                 "ask_at": self.question_position(), "answer_at": first_answer_position(self.rec),
-                "hidden_from": self._hidden}
+                "hidden_from": self._hidden, "asked": self._hidden is not None and self.ask_at is not None}
 
     def pick_state(self) -> dict:
         """What every screen says it shows: the pass (the token it read) and the layer and head."""

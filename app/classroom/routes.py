@@ -234,7 +234,7 @@ def _vote_route(router: APIRouter) -> None:
     """A student's vote, flushed to every screen in one push."""
     @router.post("/{room_id}/vote", openapi_extra=request_body(Vote))
     async def vote(room: FoundRoom, request: Request):
-        """A student: {"choice": <candidate token id>} or {"guess": <text>}; one vote per browser
+        """A student: {"choice": <a candidate's place in the order shown>} or {"guess": <text>}; one vote per browser
         (its cookie; a client without cookies sends {"voter": <its own id>})."""
         try:
             body = await read_model(request, Vote)

@@ -39,6 +39,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default=None, help="a model name, path or GGUF (default: the embedded model)")
     ap.add_argument("--size", choices=("ci", "full"), default="full")
     ap.add_argument("--device", default="auto")
+    ap.add_argument("--repeats", type=int, default=None,
+                    help="runs of every setting, interleaved (default: 5; disaggregation 3)")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch threads (default: as set, 1 while the machine is busier than its cores)")
     ap.add_argument("--json", dest="json_out", default=None, help="write the result as JSON here")
     ap.add_argument("--html", dest="html_out", default=None, help="write a self-contained HTML page here")
     args = ap.parse_args(argv)
@@ -55,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     bar = Bar()
     try:
-        result = run(args.name, model=args.model, size=args.size, progress=bar, device=args.device).to_json()
+        result = run(args.name, model=args.model, size=args.size, progress=bar, device=args.device,
+                     repeats=args.repeats, threads=args.threads).to_json()
     except KeyboardInterrupt:
         bar.close()
         print("cancelled", file=sys.stderr)

@@ -14,8 +14,8 @@ from visualizers import lab_batching
 
 SLOTS = 4
 # in arrival order, fixed: the longest first, so each static batch holds one long request
-LENGTHS = {"full": [256, 8, 16, 32, 160, 48, 64, 96], "ci": [32, 1, 2, 4, 20, 6, 8, 12]}
-STAGGER = {"full": 12, "ci": 2}  # steps between arrivals
+LENGTHS = {"full": [256, 8, 16, 32, 160, 48, 64, 96], "ci": [128, 4, 8, 16, 80, 24, 32, 48]}
+STAGGER = {"full": 12, "ci": 6}  # steps between arrivals
 
 
 def settings(size: str) -> list[Setting]:
@@ -64,5 +64,5 @@ EXPERIMENT = Experiment(
     what="8 requests of 8 to 256 output tokens in 4 slots: a static batch waits for its longest "
          "request, continuous batching fills a freed slot at the next step.",
     settings=settings, run_setting=run_setting, figures=lab_batching.figures, sentences=lab_batching.sentences,
-    headline=[("steps", "engine steps"), ("makespan_s", "makespan (s)"), ("mean_latency_s", "mean latency (s)"),
+    headline=[("steps", "engine steps"), ("cpu_s", "CPU time (s)"), ("makespan_s", "makespan (s)"), ("mean_latency_s", "mean latency (s)"),
               ("p99_latency_s", "p99 latency (s)"), ("occupancy", "slot occupancy")])

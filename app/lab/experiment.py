@@ -1,6 +1,7 @@
 """The lab's contract: an Experiment runs a fixed, seeded workload on the real engine under
 two or more Settings, one after another, and returns a Result whose numbers are read from
-the engine's own trace events (app/lab/measure.py), never modelled.
+the engine's own trace events (app/lab/measure.py), never modelled. Every setting runs several
+times, interleaved (app/lab/spread.py): a result carries each repeat's metrics and their spread.
 
     from app.lab import run
     result = run("batching", model=None, size="ci", progress=print, cancelled=lambda: False)
@@ -77,6 +78,10 @@ class SettingResult:
     metrics: dict[str, Any]  # the headline numbers (the figures' bars, the sentences' numbers)
     events: list[dict] = field(default_factory=list)  # the experiment's own events kept whole (preempt, spec)
     extra: dict[str, Any] = field(default_factory=dict)  # what an experiment measures beyond steps and requests
+    # every repeat's metrics, in the order they ran (per_request, steps, events: the first repeat's);
+    # spread: each numeric metric's median, min, max over them (app/lab/spread.py); metrics: the medians
+    repeats: list[dict[str, Any]] = field(default_factory=list)
+    spread: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass
@@ -87,6 +92,7 @@ class Result:
     size: str
     settings: list[SettingResult]
     sentences: list[str] = field(default_factory=list)
+    repeats: int = 1  # each setting's runs, interleaved
     cancelled: bool = False
     error: str | None = None
     started: str = ""
@@ -102,17 +108,20 @@ class Result:
 class Progress:
     """What runs now: the page's bar and the terminal's read this."""
     experiment: str
-    setting: str  # its label
+    setting: str  # its label (and, where a setting runs more than once, "· repeat 2 of 5")
     setting_index: int
     num_settings: int
     done: int  # steps or requests done in this setting
     total: int
     what: str  # "request 3 of 8", "step 120"
+    repeat: int = 0  # which repeat of every setting runs now (interleaved: all settings, then again)
+    repeats: int = 1
 
     @property
     def fraction(self) -> float:
         inner = min(1.0, self.done / self.total) if self.total else 0.0
-        return min(1.0, (self.setting_index + inner) / max(1, self.num_settings))
+        runs = max(1, self.num_settings) * max(1, self.repeats)
+        return min(1.0, (self.repeat * max(1, self.num_settings) + self.setting_index + inner) / runs)
 
 
 class Cancelled(Exception):
@@ -136,6 +145,7 @@ class Experiment:
     headline: list[tuple[str, str]] = field(default_factory=list)  # (metric key, label) for tables
     # after every setting ran (not when cancelled): metrics that compare settings (precision's agreement)
     compare: Callable[[list[SettingResult]], None] | None = None
+    repeats: dict[str, int] | None = None  # by size: how often each setting runs (default spread.REPEATS)
 
 
 def machine() -> dict[str, Any]:

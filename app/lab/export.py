@@ -28,8 +28,17 @@ def headline_rows(result: dict) -> tuple[list[str], list[list[str]]]:
     """The headline table: a row per setting, a column per headline metric."""
     keys = get(result["experiment"]).headline
     header = ["setting"] + [label for _, label in keys]
-    rows = [[s["setting"]["label"]] + [fmt(s["metrics"].get(k)) for k, _ in keys] for s in result["settings"]]
+    rows = [[s["setting"]["label"]] + [cell(s, k) for k, _ in keys] for s in result["settings"]]
     return header, rows
+
+
+def cell(setting: dict, key: str) -> str:
+    """The median, and its repeats' range where they differed: '0.25 (0.21–0.31)'."""
+    sp = setting.get("spread", {}).get(key)
+    value = fmt(setting["metrics"].get(key))
+    if sp and sp["n"] > 1 and sp["min"] != sp["max"]:
+        return f"{value} ({fmt(sp['min'])}–{fmt(sp['max'])})"
+    return value
 
 
 def fmt(v: Any) -> str:
@@ -46,6 +55,12 @@ def loaded(m: dict) -> str:
     return f" · load average {a:.1f} → {b if b is None else round(b, 1)} on {cpus} CPUs: the timings are noisy"
 
 
+def repeats(result: dict) -> str:
+    n = result.get("repeats", 1)
+    return ("each setting ran once" if n == 1 else
+            f"each setting ran {n} times, interleaved: medians, and in brackets and whiskers the min–max")
+
+
 def to_html(result: dict) -> str:
     e = html.escape
     header, rows = headline_rows(result)
@@ -56,7 +71,8 @@ def to_html(result: dict) -> str:
     data = json.dumps(figs).replace("</", "<\\/")
     m = result.get("machine", {})
     about = (f"{result['title']} · model {result['model']} · size {result['size']} · {result['started']} · "
-             f"{result['seconds']:.1f} s · {m.get('platform', '')} · {m.get('threads', '?')} threads"
+             f"{result['seconds']:.1f} s · {repeats(result)} · {m.get('platform', '')} · "
+             f"{m.get('threads', '?')} threads"
              f"{loaded(m)}"
              f"{' · cancelled' if result.get('cancelled') else ''}")
     sentences = "".join(f"<p>{e(s)}</p>" for s in result.get("sentences", []))

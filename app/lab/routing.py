@@ -89,6 +89,7 @@ def drive(lab: Lab, engines: list[LLMEngine], router: Router, jobs: list[tuple[i
     out = {"roles": {}, "arrival_steps": {}, "replica_of": {}, "system_of": {}, "routes": [],
            "t0": time.perf_counter()}
     pending, tick, done = list(enumerate(jobs)), 0, 0
+    cpu0 = time.process_time()
     try:
         while pending or any(e.has_unfinished_requests() for e in engines):
             lab.check()
@@ -111,6 +112,7 @@ def drive(lab: Lab, engines: list[LLMEngine], router: Router, jobs: list[tuple[i
             for rid in engine.live_requests():
                 engine.abort(rid)
     out["ticks"] = tick
+    lab.cpu_s += time.process_time() - cpu0  # every replica steps in this process
     return out
 
 

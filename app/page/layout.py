@@ -117,7 +117,9 @@ def _controls(ui: dict, ctl: Controller) -> None:
                                  elem_id="tt-max-tokens", interactive=live)
     ui["hint_max"] = gr.HTML("", elem_id="tt-hint-max-tokens", padding=False, elem_classes=["tt-hint-box"])
     # a Textbox, not a Number: gr.Number shows (and sends) 0 for an empty value
-    ui["seed"] = gr.Textbox(value=opening.seed, label="Seed (empty = a random draw)", elem_id="tt-seed",
+    # at temperature 0 the draw is the argmax: a seed changes nothing there
+    ui["seed"] = gr.Textbox(value=opening.seed, elem_id="tt-seed",
+                            label="Seed (for temperature > 0, empty = a random draw; greedy needs none)",
                             placeholder="random", max_lines=1, interactive=live)
     ui["hint_sampling"] = gr.HTML("", elem_id="tt-hint-sampling", padding=False, elem_classes=["tt-hint-box"])
     with gr.Row(elem_id="tt-spec-row"):

@@ -131,8 +131,9 @@ class EngineService:
             return copy_pool(self._pool)
 
     def piece(self, token_id: int) -> str:
-        """A token's text as the user would read it (special tokens kept)."""
-        return self.engine.tokenizer.token_text(token_id)
+        """A token's text as the user would read it (special tokens kept; a piece of a
+        character as its bytes)."""
+        return self.engine.tokenizer.token_label(token_id)
 
     def owns(self, request_id: str) -> bool:
         """Whether this engine ran a request whose trace is kept (one store may serve every model)."""

@@ -12,7 +12,7 @@ from visualizers.compact import lens_layers
 from visualizers._html import show_piece
 from visualizers.logit_lens import first_top
 
-FIRST = ("request.arrive", "tokenize", "prefix_cache.lookup", "finish", "trace.truncated", "kv.transfer")
+FIRST = ("request.arrive", "tokenize", "prefix_cache.lookup", "finish", "trace.truncated", "kv.transfer", "trace.cut")
 KEPT = ("sample", "logit_lens", "spec", "embed", "token", "kv.free")  # every event of these types, in order
 
 
@@ -91,7 +91,21 @@ class Facts:
         f = cls(model, request_id, body, outputs, trail.fold(events), **kw)
         if f.truncated is None and "trace.truncated" in f.first:
             f.truncated = f.first["trace.truncated"]
+        if f.hidden_from is None and f.cut is not None:
+            f.hidden_from = int(f.cut["position"])
         return f
+
+    @property
+    def cut(self) -> dict | None:
+        """A classroom's note of its cut (app/classroom/mask.py): {"position", "asked", "ended"}.
+        These events end before the token at "position": the words speak of the request up to
+        there, not of one still running."""
+        return self.first.get("trace.cut")
+
+    @property
+    def ended(self) -> bool:
+        """Has the request finished (its finish event, or a classroom's cut of a finished request)?"""
+        return self.finish is not None or bool((self.cut or {}).get("ended"))
 
     # the trail's lists, read as the request's
     first = property(lambda self: self.trail.first)
@@ -178,10 +192,36 @@ class Facts:
         return gen[i].get("text", "") if 0 <= i < len(gen) else None
 
 
+def asked(f: "Facts") -> bool:
+    """Has a classroom question set the hidden position? (Before one, the answer is hidden from
+    its first token, and no position is named: the class has not been asked about one.)"""
+    return bool(f.cut.get("asked")) if f.cut is not None else f.hidden_from is not None
+
+
+def hidden_text(position: int, asked: bool, num=str) -> str:
+    """What a classroom hides, as a clause (num formats the position: n for HTML)."""
+    if asked:
+        return f"the answer from position {num(position)} on is hidden until the reveal"
+    return "the answer is hidden until the presenter asks the class to predict it (or shows it)"
+
+
+def hidden_rest(f: "Facts") -> str:
+    """What a classroom hides: "the answer from position N on is hidden until the reveal"."""
+    return hidden_text(f.hidden_from, asked(f), n)
+
+
+def before_cut(f: "Facts") -> str:
+    """Where a classroom's view ends: "before position N", or "before the first answer token"."""
+    return f"before position {n(f.hidden_from)}" if asked(f) else "before the first answer token"
+
+
 def hidden_sentence(f: "Facts") -> str:
     """What a classroom says where the hidden token's draw would be."""
-    return (f"The draw at position {n(f.hidden_from)} is hidden until the class has predicted it: the presenter "
-            "asks \u201cpredict the next token\u201d, then reveals the model's answer here.")
+    if asked(f):
+        return (f"The draw at position {n(f.hidden_from)} is hidden until the class has predicted it: the presenter "
+                "reveals the model's answer here.")
+    return ("The answer's draws are hidden until the presenter asks the class \u201cpredict the next token\u201d "
+            "(or shows the answer): they appear here then.")
 
 
 # --- words ---------------------------------------------------------------------------

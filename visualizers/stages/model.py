@@ -9,7 +9,7 @@ from visualizers._html import esc, fmt_bytes, fmt_ms
 from visualizers.attention import layer_spans
 from visualizers.logit_lens import first_top
 from visualizers.stages.deepseek import deepseek_ffn, mla_heads, mla_kv
-from visualizers.stages.facts import Facts, Part, count, hidden_sentence, n, p, plural, quote
+from visualizers.stages.facts import Facts, Part, before_cut, count, hidden_sentence, n, p, plural, quote
 from visualizers.stages.way_in import NEVER, UNTRACED, cut_sentence, not_yet
 
 
@@ -95,8 +95,9 @@ def prefill_decode(f: Facts) -> Part:
         ttft = f.generated[0].get("t")
     step_ms = [s["forward_seconds"] for s in f.steps if s.get("forward_seconds") is not None]
     text = p(f"Prefill ran {what} through the model in {n(n_prefill)} {passes} (long prompts are cut into chunks "
-             f"that share steps with other requests); then {later} produced the answer"
-             f"{'' if f.finish else ' so far'}.",
+             f"that share steps with other requests); then "
+             + (f"{later} ran {before_cut(f)} (the later ones are not shown)." if f.hidden_from is not None else
+                f"{later} produced the answer{'' if f.finish else ' so far'}."),
              (f"Time to first token: <b>{esc(fmt_ms(ttft))}</b>. " if ttft is not None else "")
              + (f"A forward pass took {esc(fmt_ms(statistics.median(step_ms)))} at the median." if step_ms else ""))
     chip = f"TTFT {fmt_ms(ttft)}" if ttft is not None else count(len(f.steps), "step")
@@ -137,7 +138,7 @@ def kv(f: Facts) -> Part:
              f"{when}this request held K/V for {plural(tokens, 'token')}: {esc(fmt_bytes(per_token * tokens))} in "
              f"{plural(blocks, 'block')} of {bs} tokens, taken from a shared pool of {n(int(m['num_blocks']))} "
              # the replay's cursor (or the live request) may stand before the finish: say what has happened
-             + ("blocks and handed back the moment it finished." if f.finish else
+             + ("blocks and handed back the moment it finished." if f.ended else
                 "blocks; they go back to the pool the moment it finishes."), "" if f.idle else after_finish(f))
     return Part(text, ("kv",), esc(fmt_bytes(per_token * tokens)), reached=bool(f.steps or f.generated))
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from visualizers._html import esc
 from visualizers.speculative import span_text
-from visualizers.stages.facts import Facts, Part, n, p, plural
+from visualizers.stages.facts import Facts, Part, asked, before_cut, hidden_rest, n, p, plural
 
 
 def speculation(f: Facts) -> Part:
@@ -14,9 +14,11 @@ def speculation(f: Facts) -> Part:
             return Part(p(f"This request {'ran' if f.finish else 'runs'} without speculative decoding: {why}."),
                         ("spec",), "off", skipped=True)
         return Part(p("This request's capture level (off) records no speculative rounds."), ("spec",), "")
+    if not spec and f.hidden_from is not None and without(f.model, f.body) is None:
+        return _on_before_rounds(f)
     if not spec:
         why = without(f.model, f.body)
-        verb = "ran" if f.finish else "runs"
+        verb = "ran" if f.ended else "runs"
         if f.idle:  # before any request: what the stage does, not what a request did
             return Part(p("A draft (a small model, or n-gram lookup in the context) proposes k tokens and the target "
                           "verifies them all in one forward pass; with speculation off, one target pass per token.",
@@ -39,7 +41,22 @@ def speculation(f: Facts) -> Part:
                  f"them all in one forward pass. Over {plural(rounds, 'round')} it proposed {n(proposed)} and the "
                  f"target kept {n(accepted)} ({share:.0%}), plus one token of its own each round (none after an "
                  f"end of sequence): {per_pass:.2f} tokens per target pass instead of 1.")
+    if f.hidden_from is not None:  # a classroom's cut: the rounds the class sees, then what it does not
+        text = p(f"Speculative decoding is on for this request; the class sees its rounds {before_cut(f)}.") + text + \
+            p(f"Its later rounds are not shown: {hidden_rest(f)}.")
     return Part(text, ("spec",), f"{share:.0%} kept")
+
+
+def _on_before_rounds(f: Facts) -> Part:
+    """A classroom's cut before the first round: speculation is on, its rounds not shown yet."""
+    k = int(((f.body or {}).get("speculative") or {}).get("num_tokens") or f.model.get("num_speculative_tokens") or 0)
+    draft = ("n-gram lookup in the context (no draft model)" if f.model.get("draft") == "ngram" else
+             "a small draft model")
+    up_to = f"up to {n(k)} tokens" if k else "a few tokens"
+    when = (f"No round came {before_cut(f)}: {hidden_rest(f)}." if asked(f) else
+            f"The first answer token comes from the prefill, the rounds after it; {hidden_rest(f)}.")
+    return Part(p(f"Speculative decoding is on for this request: {draft} proposes {up_to} a round and the target "
+                  f"verifies them all in one forward pass. {when}"), ("spec",), "on")
 
 
 # body fields whose stage reads the tokens before each draw (engine/penalties.py): with any of them

@@ -6,7 +6,8 @@ from typing import Sequence
 
 from visualizers._html import esc, fmt_ms
 from visualizers.sampling import DOES, STAGE_LABELS
-from visualizers.stages.facts import Facts, Part, count, hidden_sentence, n, p, plural, prob, quote
+from visualizers.stages.facts import (Facts, Part, before_cut, count, hidden_rest, hidden_sentence, n, p, plural, prob,
+                                      quote)
 from visualizers.stages.model import which_pass
 from visualizers.stages.way_in import IDLE, NEVER, UNTRACED, not_yet
 
@@ -69,17 +70,16 @@ def stream(f: Facts) -> Part:
     if f.idle:
         return Part(p(IDLE, "Each token leaves as a server-sent event the moment it exists; the request ends at an "
                       "end-of-turn token, a stop string or max_tokens."), ("answer", "choices"), reached=False)
+    if f.hidden_from is not None:
+        return _stream_cut(f, gen)
     fin = f.finish
     # ended before the engine produced a token (stopped while it waited): the stream carried only the end
-    never = bool(fin) and not gen and not f.steps and f.hidden_from is None
+    never = bool(fin) and not gen and not f.steps
     words = [f"{NEVER}: no token was streamed; the request ended before the engine produced one." if never else
              f"Each token left as a server-sent event the moment it existed: {plural(gen, 'token')}"
-             + (" so far." if f.hidden_from is not None or not f.finish else "."),
+             + ("." if f.finish else " so far."),
              _timing(f.kept["token"])]
-    if f.hidden_from is not None:
-        words.append(f"The answer from position {n(f.hidden_from)} on is hidden until the class has predicted "
-                     "that token.")
-    elif fin:
+    if fin:
         u = fin.get("usage") or {}
         reason = str(fin.get("reason"))
         words += [f"It ended because {esc(REASONS.get(reason, reason))}: finish_reason <b>{esc(reason)}</b>.",
@@ -88,11 +88,26 @@ def stream(f: Facts) -> Part:
                   f"It was preempted {plural(int(fin['preemptions']), 'time')}." if fin.get("preemptions") else ""]
     else:
         words.append("Still running. It will end at an end-of-turn token, a stop string or max_tokens.")
+    return Part(p(*words, _choices(f)), ("answer", "choices"), count(gen, "token"),
+                reached=bool(f.generated or fin) and not never)
+
+
+def _stream_cut(f: Facts, gen: int) -> Part:
+    """A classroom's cut recording: the tokens before the hidden one, and whether the request had ended."""
+    shown = (f"The class sees the answer's first {plural(gen, 'token')}, {before_cut(f)}." if gen else
+             "The class sees none of the answer yet.")
+    state = "The request has ended" if f.ended else "The request is still running"
+    words = ["Each token left as a server-sent event the moment it existed. " + shown, _timing(f.kept["token"]),
+             f"{state}; {hidden_rest(f)}."]
+    return Part(p(*words, _choices(f)), ("answer", "choices"), count(gen, "token") if gen else "hidden")
+
+
+def _choices(f: Facts) -> str:
     choices = (f.body or {}).get("n")
     if isinstance(choices, int) and not isinstance(choices, bool) and choices > 1:
-        words.append(f"It asked for {n(choices)} choices (n): the prompt was prefilled once and its KV blocks are "
-                     f"shared; each choice draws its own tokens, side by side below. These stages trace choice 0.")
-    return Part(p(*words), ("answer", "choices"), count(gen, "token"), reached=bool(f.generated or fin) and not never)
+        return (f"It asked for {n(choices)} choices (n): the prompt was prefilled once and its KV blocks are "
+                f"shared; each choice draws its own tokens, side by side below. These stages trace choice 0.")
+    return ""
 
 
 def _timing(tokens: Sequence[dict]) -> str:
@@ -127,17 +142,20 @@ def batching(f: Facts) -> Part:
     shared = [s for s in mine if len(s["batch"]) > 1]
     others = {x["request_id"] for s in mine for x in s["batch"]} - {f.request_id}
     most = max(len(s["batch"]) for s in mine)
+    upto = f" {before_cut(f)}" if f.hidden_from is not None else ""  # a classroom's cut: the steps the class sees
     if shared:
         own = sum(1 for o in others if o.startswith(f"{f.request_id}."))  # its n choices run as requests too
-        what = (f"Of this request's {plural(len(mine), 'engine step')}, {n(len(shared))} "
+        what = (f"Of this request's {plural(len(mine), 'engine step')}{upto}, {n(len(shared))} "
                 f"{'was' if len(shared) == 1 else 'were'} shared with {plural(len(others), 'other request')} "
                 + (f"({n(own)} of them its own other choices) " if own else "")
                 + f"(at most {n(most)} sequences in one step).")
         chip = f"shared {len(shared):,} of {len(mine):,}"
     else:
-        what = (f"This request ran alone: in all {plural(len(mine), 'engine step')} no other request was in the "
+        steps = f"its {plural(len(mine), 'engine step')}{upto}" if upto else f"all {plural(len(mine), 'engine step')}"
+        what = (f"This request ran alone: in {steps} no other request was in the "
                 "batch (send two at once, or watch an API request while the page streams, to see them share).")
         chip = "alone"
-    return Part(p("The engine never waits for a batch to fill. " + what,
+    later = f"Its later steps are not shown: {hidden_rest(f)}." if upto else ""
+    return Part(p("The engine never waits for a batch to fill. " + what, later,
                   "A finishing request frees its slot and blocks at once; a new prefill joins while others decode."),
                 (), chip)

@@ -155,8 +155,9 @@ def test_votes_count_once_per_browser_and_the_reveal_shows_both(server, room):
     assert before.status_code == 409 and "no question" in before.json()["error"]["message"]
     q = ask(server, room, "open").json()
     assert "prob" not in json.dumps(q["candidates"])  # the model's numbers stay hidden until the reveal
-    cands = [c["token_id"] for c in q["candidates"]]
-    assert len(cands) >= 2
+    assert "token_id" not in json.dumps(q)  # and the ids (a low one ranks a candidate): only what the buttons show
+    cands = [c["choice"] for c in q["candidates"]]
+    assert cands == list(range(len(cands))) and len(cands) >= 2
     # one browser votes three times: counted once, its last choice
     for c in (cands[0], cands[1], cands[1]):
         assert student.post(f"classroom/{rid}/vote", json={"choice": c}).status_code == 200
@@ -169,7 +170,8 @@ def test_votes_count_once_per_browser_and_the_reveal_shows_both(server, room):
     typed = q["candidates"][0]["text"].strip()  # typing a candidate's text counts for it
     if typed:
         assert httpx.post(base + "vote", json={"guess": f" {typed} ", "voter": "laptop-987654"}).status_code == 200
-    for bad, why in (({"choice": 999999, "voter": "x" * 10}, "choice"), ({"choice": True, "voter": "x" * 10}, "choice"),
+    for bad, why in (({"choice": len(cands), "voter": "x" * 10}, "choice"), ({"choice": -1, "voter": "x" * 10}, "choice"),
+                     ({"choice": True, "voter": "x" * 10}, "choice"),
                      ({"guess": "y" * 41, "voter": "x" * 10}, "guess"), ({"guess": "  ", "voter": "x" * 10}, "guess"),
                      ({"choice": cands[0], "guess": "a", "voter": "x" * 10}, None),
                      ({"choice": cands[0]}, "voter"), ({"choice": cands[0], "voter": "short"}, "voter")):
@@ -185,8 +187,8 @@ def test_votes_count_once_per_browser_and_the_reveal_shows_both(server, room):
     assert n == (4 if typed else 3)
     r = ask(server, room, "reveal").json()
     assert r["revealed"] and r["votes"] == n
-    by_id = {c["token_id"]: c for c in r["candidates"]}
-    assert by_id[cands[1]]["votes"] >= 2 and by_id[cands[0]]["votes"] == (1 if typed else 0)
+    by_place = {c["choice"]: c for c in r["candidates"]}  # revealed: each candidate's place and token id
+    assert by_place[cands[1]]["votes"] >= 2 and by_place[cands[0]]["votes"] == (1 if typed else 0)
     assert abs(sum(c["votes"] for c in r["candidates"]) + r["other_guesses"] - n) == 0
     assert r["guesses"] == [{"text": "<img src=x onerror=alert(1)>", "votes": 1}]
     assert all(0 <= c["prob"] <= 1 for c in r["candidates"])

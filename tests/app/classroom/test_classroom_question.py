@@ -8,10 +8,11 @@ import json
 
 import pytest
 
+from app.classroom.page import page_html
 from app.classroom.rooms import Room, context_before
 from app.classroom.question import VoteRefused
 from visualizers._html import esc, show_piece
-from visualizers.journey import KEYS
+from visualizers.journey import KEYS, journey
 
 
 def bodies(room: Room) -> dict[str, str]:
@@ -27,8 +28,17 @@ def prompt_len(rec) -> int:
 
 
 def test_the_classroom_walks_the_page_journey_in_its_order(recording):
+    """The stages this request has, in the page's order; those it skips (one device) as one line."""
     room = Room("r", "k", recording)
-    assert tuple(s.key for s in room.stage_list()) == KEYS
+    whole = journey(recording.model, recording.request_id, recording.body, recording.events, recording.outputs)
+    assert [s.key for s in room.stage_list()] == [s.key for s in whole if not s.skipped]
+    assert room.skipped == [s.title.split(" · ")[1] for s in whole if s.skipped] == ["Beyond one device"]
+    assert [s.title.split(" · ")[0] for s in room.stage_list()] == [str(i) for i in range(1, len(KEYS))]
+    page = page_html(room, False, "")
+    assert f"of {len(KEYS) - 1}\n" in page and "skipped by this request: Beyond one device" in page
+    room.ask("open")
+    room.ask("reveal")  # the reveal keeps the count: no follower reloads
+    assert len(room.stage_list()) == len(KEYS) - 1
     assert KEYS.index("tokens") < KEYS.index("prefix")  # the cache hashes token blocks: tokenize first
 
 
@@ -47,7 +57,7 @@ def test_nothing_shows_the_asked_token_before_the_reveal(recording):
     assert len(shown_gen) <= at - n and all(o["index"] < at - n for o in shown_gen)
     assert not any(e.get("position", -1) >= at for e in room._shown.events if e["type"] in ("sample", "logit_lens"))
     assert f"generated: <b>{len(shown_gen)}</b>" in html["tokens"]
-    assert "hidden until the class has predicted" in html["answer"]
+    assert f"the answer from position <b>{at}</b> on is hidden until the reveal" in html["answer"]
     for key in ("sampling", "logit_lens"):  # neither the sampling panel's nor the lens's draw of it
         assert f"position {at} ·" not in html[key], key
     for key, text in html.items():
@@ -102,8 +112,8 @@ def test_a_bundle_holds_the_stages_hidden_and_revealed(recording):
         answer = KEYS.index("answer")
         hidden = json.loads(z.read(f"stages/{answer}.json"))["html"]
         shown = json.loads(z.read(f"stages/revealed/{answer}.json"))["html"]
-        assert len([n for n in z.namelist() if n.startswith("stages/revealed/")]) == len(KEYS)
-    assert "hidden until the class" in hidden and "hidden until the class" not in shown
+        assert len([n for n in z.namelist() if n.startswith("stages/revealed/")]) == len(room.stage_list())
+    assert "is hidden until" in hidden and "is hidden until" not in shown
     assert "It ended because" in shown
     assert room.state()["hidden_from"] is not None  # the room itself still hides it
 
@@ -133,6 +143,7 @@ def test_an_n_request_s_other_choices_are_hidden_until_the_reveal_too(service):
     assert all(o["index"] < at - n for o in kept)
     html = bodies(room)["answer"]
     assert "data-choice='1'" in html  # the panel draws both choices, choice 1 cut too
+    assert "streaming" not in html and "the request has ended; the rest is hidden" in html  # not still coming
     whole = esc("".join(o["text"] for o in rec.choices[0]))
     assert whole not in html
     room.ask("reveal")

@@ -1,17 +1,22 @@
 """The batching experiment on the embedded model at size ci: static batching needs more
 engine steps than continuous for the same work, no request joins a running static batch,
-and the figures draw what the trace says."""
+the figures draw what the trace says, and every setting carries its repeats' spread."""
 import gc
 import weakref
 from collections import Counter
 
 import pytest
 
+import statistics
+
 from app.lab import Lab, get, run
 from app.lab.batching import LENGTHS, SLOTS, settings
 from app.lab.export import to_html
+from app.lab.spread import REPEATS
 from engine import EngineConfig
 from visualizers.lab import gantt, occupancy
+from visualizers.lab_batching import figures
+from visualizers.lab_verdict import compare
 
 
 @pytest.fixture(scope="module")
@@ -110,3 +115,44 @@ def test_html_export_is_self_contained_and_escaped(result):
     assert "plotly.js v" in page or "plotly" in page[:5000000]
     for sentence in result["sentences"]:
         assert sentence.replace("&", "&amp;").replace("'", "&#x27;") in page
+
+
+def test_every_setting_carries_its_repeats_and_their_spread(result):
+    n = REPEATS["ci"]
+    assert result["repeats"] == n >= 3
+    for s in result["settings"]:
+        assert len(s["repeats"]) == n
+        for key in ("makespan_s", "cpu_s", "steps"):
+            sp = s["spread"][key]
+            assert sp["values"] == [r[key] for r in s["repeats"]] and sp["n"] == n
+            assert sp["min"] <= sp["median"] <= sp["max"] and sp["median"] == s["metrics"][key]
+        assert s["spread"]["makespan_s"]["median"] == statistics.median(s["spread"]["makespan_s"]["values"])
+        assert s["spread"]["cpu_s"]["min"] > 0
+        # counts are exact: every repeat ran the same steps
+        assert s["spread"]["steps"]["min"] == s["spread"]["steps"]["max"]
+        assert [r["output_tokens"] for r in s["per_request"]] == LENGTHS["ci"]
+
+
+def test_the_bars_draw_each_repeat_range_as_error_bars(result):
+    fig = figures(result)[0]
+    assert "median of" in fig["layout"]["title"]["text"]
+    for trace, s in zip(fig["data"], result["settings"]):
+        sp = s["spread"]["cpu_s"]
+        err = trace["error_y"]
+        assert err["visible"] and not err["symmetric"]
+        assert err["array"][0] == pytest.approx(sp["max"] - sp["median"])
+        assert err["arrayminus"][0] == pytest.approx(sp["median"] - sp["min"])
+    assert any(e > 0 for t in fig["data"] for e in t["error_y"]["array"])  # timings do spread
+
+
+def test_the_sentences_lead_with_the_counted_steps_and_judge_the_time_by_the_spread(result):
+    by = {s["setting"]["name"]: s for s in result["settings"]}
+    said = result["sentences"][0]
+    st, co = by["static-together"], by["continuous-together"]
+    assert said.index(f"{co['metrics']['steps']} engine steps against static's {st['metrics']['steps']}") < \
+        said.index("CPU time")
+    c = compare(co, st, "cpu_s")
+    if c.decided:
+        assert f"of static's CPU time (range {c.low:.0%}–{c.high:.0%} over {c.n} repeats)" in said
+    else:
+        assert "difference in CPU time is within the spread" in said

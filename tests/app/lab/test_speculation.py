@@ -10,7 +10,7 @@ from visualizers.lab_speculation import by_content
 
 @pytest.fixture(scope="module")
 def result():
-    return run("speculation", size="ci").to_json()
+    return run("speculation", size="ci", repeats=1).to_json()  # counts: one run says them
 
 
 def test_ngram_drafts_are_accepted_more_on_copy_than_on_prose(result):

@@ -1,0 +1,35 @@
+"""The page's panels on a classroom's cut recording (app/classroom/mask.py), where the page's
+own words would speak of a request still running: the answer "● streaming", the sampling
+"no token sampled yet", no speculative round "yet". Each says instead what the class sees and
+that the rest is hidden (the same clause as the stages' words, visualizers/stages/facts.py)."""
+from __future__ import annotations
+
+import visualizers as viz
+from visualizers.choices import choices_html
+from visualizers.stages.facts import hidden_text
+
+# the panels whose empty state would say "not yet", with what each hides
+HIDES = {"sampling": ("Sampling", "no draw is shown"), "logit_lens": ("Logit lens", "no prediction is shown"),
+         "spec": ("Speculative decoding", "speculation is on for this request; no round is shown")}
+
+
+def cut_panel(view, name: str, note: dict | None) -> str | None:
+    """The panel `name` of `view` (a LiveView fed the cut recording), or None where the page's
+    own drawing is true of it. note: the cut's note (None: nothing is cut)."""
+    if note is None:
+        return None
+    rest = hidden_text(int(note["position"]), bool(note.get("asked")), lambda x: f"{x:,}")
+    state = "the request has ended" if note.get("ended") else "the request is still running"
+    if name == "answer":
+        shown = len(view.stream_tokens())
+        what = f"the class sees the first {shown:,} token{'' if shown == 1 else 's'}" if shown else \
+            "the class sees none of the answer yet"
+        return viz.answer_html(view.stream_tokens(), None, view.error, "done", f"{what}; {state}; {rest}")
+    if name == "choices" and view.n > 1:
+        return choices_html(view.choice_outputs(), view.n, f"{state}; the rest is hidden")
+    if name in HIDES and not view.has_input(name):
+        if name == "spec" and not (view.speculative and view.model.get("has_draft")):
+            return None  # off for this request: the page's own words say so
+        title, what = HIDES[name]
+        return viz.not_recorded(title, f"{what}: {rest}")
+    return None
