@@ -91,7 +91,7 @@ class InputProcessor:
             c, cfg = opts.capture or CaptureConfig(), self.model_config
             layers = c.attention_layers if c.attention_layers is not None else list(range(cfg.num_layers))
             seq.capture = CaptureSpec(layers, c.heads, c.max_keys, cfg.is_moe, c.embed_dims, c.logit_lens_top,
-                                      c.compact)
+                                      c.compact, c.first_keys)
         if params.structured is not None:
             seq.grammar = self.grammar_compiler().matcher(params.structured)  # ValueError: it does not compile
         seq.forks = [self.choice(seq, i) for i in range(1, params.n)]

@@ -2,8 +2,10 @@
 
 The map: rows are query positions, columns key positions, both labelled with their tokens
 (shortened; the full text on hover). It ends at the selected pass's query (its row at the
-bottom, outlined) and starts at the first key that pass's capture kept: older keys are one
-visible band ("… 412 earlier keys not captured"), never cut silently. Cells above the
+bottom, outlined). Its columns are the keys that pass's capture kept: the first few positions
+(the attention sink, the prompt's start), a marked gap of the keys between them that were not
+captured ("⋯ 8–17"), then the most recent ones; a trace without first keys shows its older
+keys as one band ("… 412 earlier keys not captured"), never cut silently. Cells above the
 diagonal are the causal mask; cells older than a sliding window are that mask (Gemma 3 mixes
 local, sliding-window layers with global ones: the panel says which).
 
@@ -19,7 +21,7 @@ import numpy as np
 
 from visualizers._html import MASKED, OUTSIDE_WINDOW, colormap, empty, esc, hover_attr, hover_img, show_piece
 from visualizers.attention_overview import overview_html
-from visualizers.attention_rows import LayerIndex
+from visualizers.attention_rows import LayerIndex, key_positions
 from visualizers.selection import Selection, header_html, plural
 
 MAX_POSITIONS = 64  # the map's rows and columns: the capture's default key budget (--capture-max-keys)
@@ -30,11 +32,47 @@ KIND_RGB = {"prefill": (70, 110, 200), "decode": (240, 140, 30), "verify": (160,
 CAUSAL_RGB = np.array([30, 30, 36], dtype=np.uint8)
 WINDOW_RGB = np.array([120, 40, 50], dtype=np.uint8)
 UNSEEN_RGB = np.array([200, 200, 205], dtype=np.uint8)
+GAP_RGB = (np.array([236, 226, 198], dtype=np.uint8), np.array([214, 200, 160], dtype=np.uint8))  # striped
+GAP_COLS = 2  # the gap's width in cells: keys between the first ones and the recent ones
 
 
 def layers_and_heads(events: Sequence[dict], index: LayerIndex | None = None) -> tuple[list[int], list[int]]:
     index = index or LayerIndex(events)
     return index.layers, index.heads
+
+
+def key_columns(index: LayerIndex, layer: int, head: int, lo: int, hi: int, cols: np.ndarray
+                ) -> tuple[np.ndarray, list[str | None]]:
+    """The weights of the queries lo .. hi - 1 at the key positions `cols` (NaN: not captured)
+    -> (probs [hi - lo, len(cols)], kind of each row)."""
+    n = hi - lo
+    probs = np.full((n, len(cols)), np.nan)
+    kinds: list[str | None] = [None] * n
+    where = {int(c): i for i, c in enumerate(cols)}
+    for lp in index.passes_between(layer, lo, hi):  # oldest first: a recomputed row (a verify after a rejection) overwrites
+        if head not in lp.heads:
+            continue
+        rows = index.probs(lp)[lp.heads.index(head)]
+        for r, row in enumerate(rows):
+            q = lp.q_start + r
+            if not lo <= q < hi:
+                continue
+            kinds[q - lo] = lp.kind
+            probs[q - lo] = np.nan
+            for c, w in zip(key_positions(lp.k_head, lp.k_start, len(row)), np.asarray(row, dtype=float)):
+                if (i := where.get(int(c))) is not None:
+                    probs[q - lo, i] = w
+    return probs, kinds
+
+
+def masks(lo: int, hi: int, cols: np.ndarray, window: int | None) -> np.ndarray:
+    """Mask codes [hi - lo, len(cols)]: 0 visible, 1 causal (a later key), 2 outside the window."""
+    q = np.arange(lo, hi)[:, None]
+    k = np.asarray(cols)[None, :]
+    mask = np.where(k > q, 1, 0)
+    if window:
+        mask = np.where((k <= q) & (q - k >= window), 2, mask)
+    return mask
 
 
 def attention_matrix(events: Sequence[dict], layer: int, head: int, max_positions: int = MAX_POSITIONS,
@@ -49,30 +87,11 @@ def attention_matrix(events: Sequence[dict], layer: int, head: int, max_position
         return np.zeros((0, 0)), np.zeros((0, 0), dtype=int), [], 0, None
     hi = last if end is None else end + 1
     lo = max(0, hi - max_positions)
-    n = hi - lo
-    probs = np.full((n, n), np.nan)
-    kinds: list[str | None] = [None] * n
     lps = index.passes_between(layer, lo, hi)
     window = (lps[-1] if lps else index.of(layer)[-1]).window
-    for lp in lps:  # oldest first: a recomputed row (a verify after a rejection) overwrites
-        if head not in lp.heads:
-            continue
-        rows = index.probs(lp)[lp.heads.index(head)]
-        for r, row in enumerate(rows):
-            q = lp.q_start + r
-            if not lo <= q < hi:
-                continue
-            kinds[q - lo] = lp.kind
-            cols = np.arange(lp.k_start, lp.k_start + len(row))
-            keep = (cols >= lo) & (cols < hi)
-            probs[q - lo] = np.nan
-            probs[q - lo, cols[keep] - lo] = np.asarray(row, dtype=float)[keep]
-    q = np.arange(lo, hi)[:, None]
-    k = np.arange(lo, hi)[None, :]
-    mask = np.where(k > q, 1, 0)
-    if window:
-        mask = np.where((k <= q) & (q - k >= window), 2, mask)
-    return probs, mask, kinds, lo, window
+    cols = np.arange(lo, hi)
+    probs, kinds = key_columns(index, layer, head, lo, hi, cols)
+    return probs, masks(lo, hi, cols, window), kinds, lo, window
 
 
 def layer_spans(layers: Sequence[int]) -> str:
@@ -118,10 +137,13 @@ def label_of(labels: Sequence[str], pos: int) -> str:
     return labels[pos] if 0 <= pos < len(labels) else f"#{pos}"
 
 
-def _axis(labels: Sequence[str], lo: int, n: int, kinds: list[str | None], picked: int | None) -> tuple[str, str]:
+def _axis(labels: Sequence[str], lo: int, n: int, kinds: list[str | None], picked: int | None,
+          cols: Sequence[int], gap: tuple[int, int]) -> tuple[str, str]:
     """The map's row labels (query: position and token, the row's kind as its left edge) and
-    column labels (keys); each names its full token on hover."""
-    rows, cols = [], []
+    column labels (keys at their true positions; -1: a column of the gap, keys gap[0] ..
+    gap[1] - 1, one label for them all); each names its full token on hover, and a click on
+    one selects its pass."""
+    rows, heads = [], []
     for i in range(n):
         pos = lo + i
         text = label_of(labels, pos)
@@ -130,48 +152,85 @@ def _axis(labels: Sequence[str], lo: int, n: int, kinds: list[str | None], picke
         sel = " tt-amap-picked" if pos == picked else ""
         rows.append(f'<span class="tt-amap-r tt-k-{kind}{sel}" data-pos="{pos}" title="query {title} ({esc(kinds[i] or "not captured")})">'
                     f"{short(text)}<i>{pos}</i></span>")
-        cols.append(f'<span class="tt-amap-c" data-pos="{pos}" title="key {title}">{short(text)}</span>')
-    return "".join(rows), "".join(cols)
+    gap_done = False
+    for pos in cols:
+        if pos < 0:
+            if not gap_done:
+                first, last = gap[0], gap[1] - 1
+                heads.append(f'<span class="tt-amap-c tt-amap-gap" style="--span:{GAP_COLS}" title="keys {first}–'
+                             f'{last}: not captured (the capture keeps the first keys and the most recent ones)">'
+                             f"⋯{first}–{last}</span>")
+                gap_done = True
+            continue
+        title = esc(f"position {pos}: {label_of(labels, pos)!r}")
+        heads.append(f'<span class="tt-amap-c" data-pos="{pos}" title="key {title}">{short(label_of(labels, pos))}'
+                     "</span>")
+    return "".join(rows), "".join(heads)
+
+
+def _map_columns(end_row, lo: int) -> np.ndarray:
+    """The map's key columns, true positions: the end row's first keys, the gap (-1), then lo on."""
+    gap = end_row.gap if end_row is not None else None
+    if gap is None or gap[0] >= lo:
+        return np.zeros(0, dtype=int)
+    return np.array(list(range(gap[0])) + [-1] * GAP_COLS, dtype=int)
 
 
 def map_html(index: LayerIndex, layer: int, head: int, group: int, labels: Sequence[str],
              end: int | None) -> tuple[str, dict]:
     """The labelled map ending at query `end` (None: the newest) -> (HTML, what it drew:
-    lo, hi, the end row's Row, the band's count)."""
+    lo, hi, the end row's Row, the band's count, the kept first keys)."""
     first, last = index.span(layer)
     hi = last if end is None else end + 1
     end_row = index.row(layer, head, hi - 1)
     k0 = end_row.k_start if end_row is not None else max(0, hi - MAX_POSITIONS)
-    span = max(1, min(MAX_POSITIONS, hi - k0))
-    probs, mask, kinds, lo, _ = attention_matrix([], layer, head, span, hi - 1, index)
+    k_head = end_row.gap[0] if end_row is not None and end_row.gap else 0
+    span = max(1, min(MAX_POSITIONS - k_head, hi - k0))
+    probs, mask, kinds, lo, window = attention_matrix([], layer, head, span, hi - 1, index)
     n = len(kinds)
+    lead = _map_columns(end_row, lo)  # the first keys and the gap, before the recent ones
+    cols = np.concatenate([lead, np.arange(lo, hi)]).astype(int)
+    if len(lead):
+        real = lead[lead >= 0]
+        head_probs, _ = key_columns(index, layer, head, lo, hi, real)
+        probs = np.concatenate([head_probs, np.full((n, GAP_COLS), np.nan), probs], axis=1)
+        mask = np.concatenate([masks(lo, hi, real, window), np.zeros((n, GAP_COLS), dtype=int), mask], axis=1)
     rgb = image(probs, mask)
-    cell = max(MIN_CELL, min(16, MAP_PX // max(n, 1)))
+    gap_cols = cols < 0
+    for r in range(n):  # the gap striped, not the grey of a key that was not captured
+        rgb[r, gap_cols] = GAP_RGB[r % 2]
+    nc = len(cols)
+    cell = max(MIN_CELL, min(16, MAP_PX // max(nc, 1)))
     ctx = f"layer {layer} · head {head} (KV head {head // group})"
     names = [f"{lo + i} {label_of(labels, lo + i)!r}" for i in range(n)]
-    spec = {"w": n, "h": n, "x0": 0, "rows": names, "same": True, "row_name": "query",
+    gap_name = f"{k_head}–{lo - 1} (the gap: not captured)"
+    col_names = [gap_name if c < 0 else f"{c} {label_of(labels, int(c))!r}" for c in cols]
+    spec = {"w": nc, "h": n, "x0": 0, "rows": names, "cols": col_names, "row_name": "query",
             "fmt": "query {r} → key {c} · weight {v}", "ctx": ctx,
             "codes": [(MASKED, mask == 1), (OUTSIDE_WINDOW, mask == 2)]}
-    img = hover_img(rgb, "tt-heat tt-amap-img", f"{ctx}: queries {lo}–{hi - 1} × keys {lo}–{hi - 1}",
-                    hover_attr(spec, probs), n * cell, n * cell)
-    row_labels, col_labels = _axis(labels, lo, n, kinds, hi - 1 if end_row is not None else None)
+    keys_said = f"keys 0–{k_head - 1}, {lo}–{hi - 1}" if len(lead) else f"keys {lo}–{hi - 1}"
+    img = hover_img(rgb, "tt-heat tt-amap-img", f"{ctx}: queries {lo}–{hi - 1} × {keys_said}",
+                    hover_attr(spec, probs), nc * cell, n * cell)
+    row_labels, col_labels = _axis(labels, lo, n, kinds, hi - 1 if end_row is not None else None, cols, (k_head, lo))
     band = ""
-    if lo > 0:
+    if lo > 0 and not len(lead):
         words = (f"… {lo:,} earlier keys not captured" if lo <= k0 else
                  f"… {lo:,} earlier keys: {lo - k0:,} captured, not drawn; {k0:,} not captured")
         band = (f'<div class="tt-amap-band" title="keys 0–{lo - 1}: {esc(words[2:])} (the capture keeps the last '
                 f'keys of every row: --capture-max-keys)"><span>{esc(words)}</span></div>')
-    grid = (f'<div class="tt-amap{" tt-amap-banded" if band else ""}" style="--n:{n};--cell-w:{cell}px">'
+    grid = (f'<div class="tt-amap{" tt-amap-banded" if band else ""}" style="--n:{n};--nc:{nc};--cell-w:{cell}px">'
             f'<div class="tt-amap-corner">query ↓<br>key →</div>{"<div></div>" if band else ""}'
             f'<div class="tt-amap-cols">{col_labels}</div><div class="tt-amap-rows">{row_labels}</div>{band}'
             f'<div class="tt-amap-body">{img}</div></div>')
-    return grid, {"lo": lo, "hi": hi, "row": end_row, "band": lo, "kinds": kinds}
+    return grid, {"lo": lo, "hi": hi, "row": end_row, "band": lo, "kinds": kinds, "first": k_head if len(lead) else 0,
+                  "cols": cols}
 
 
 def _top_keys(row, labels: Sequence[str]) -> str:
     """The keys one query attended to most, in words (HTML)."""
     top = np.argsort(row.weights)[::-1][:5]
-    return ", ".join(f"<code>{show_piece(label_of(labels, row.k_start + int(c)))}</code>@{row.k_start + int(c)} "
+    pos = row.positions
+    return ", ".join(f"<code>{show_piece(label_of(labels, int(pos[c])))}</code>@{int(pos[c])} "
                      f"{row.weights[c]:.2f}" for c in top if row.weights[c] > 0)
 
 
@@ -217,7 +276,10 @@ def attention_html(events: Sequence[dict], layer: int | None = None, head: int |
     if selection is not None and selection.read is not None and selection.read != hi - 1:
         said += (f"<div class='tt-note'>the selected pass read position {selection.read}: no attention was captured "
                  f"for it, so the map shows the newest captured row</div>")
-    kinds = drawn["kinds"]
+    kinds, k_head = drawn["kinds"], drawn["first"]
+    gap = (f" · keys: the first {k_head} (0–{k_head - 1}: the attention sink, the prompt's start), then "
+           f"<span class='tt-amap-gapkey'>⋯</span> the gap {k_head}–{lo - 1} (striped: not captured), then the newest "
+           f"{hi - lo} ({lo}–{hi - 1})" if k_head else "")
     n_rows = {k: sum(1 for x in kinds if x == k) for k in ("prefill", "decode", "verify")}
     # verify rows only where a draft's proposals were checked: a request with no draft has none to name
     verify = f", {n_rows['verify']} verify" if n_rows["verify"] else ""
@@ -226,7 +288,7 @@ def attention_html(events: Sequence[dict], layer: int | None = None, head: int |
             f"{plural(num_heads, 'query head')} share {plural(num_kv, 'KV head')} ({group} per KV head) · "
             f"{_window_words(window, sliding_windows)}</div>"
             f"<div>rows drawn: {n_rows['prefill']} prefill, {n_rows['decode']} decode{verify} · "
-            f"positions {lo}–{hi - 1} · row edge: <span class='tt-k-prefill'>prefill</span> "
+            f"positions {lo}–{hi - 1}{gap} · row edge: <span class='tt-k-prefill'>prefill</span> "
             f"<span class='tt-k-decode'>decode</span>{verify_key} · "
             f"black: causal mask · grey: not captured (a prompt row the prefix cache served was computed by an "
             f"earlier request; a long prompt keeps its last rows)</div>{said}</div>")

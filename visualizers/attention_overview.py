@@ -23,13 +23,32 @@ def _label(labels: Sequence[str], pos: int) -> str:
     return labels[pos] if 0 <= pos < len(labels) else f"#{pos}"
 
 
-def strips(index: LayerIndex, layers: Sequence[int], heads: Sequence[int], q: int, k_lo: int
+GAP_CODE = -2  # a column of the gap between the first keys and the recent ones (drawn striped)
+GAP_RGB = np.array([222, 208, 168], dtype=np.uint8)
+
+
+def key_axis(rows: Sequence, q: int) -> np.ndarray:
+    """The overview's key columns, true positions: the first keys every capture kept (0 ..
+    k_head - 1), one gap column (-1) and then the oldest recent key .. q; without first keys,
+    one run from the oldest captured key."""
+    rows = [r for r in rows if r is not None]
+    k_lo = min(r.k_start for r in rows)
+    gaps = [r.gap for r in rows if r.gap]
+    head = min(g[0] for g in gaps) if gaps and len(gaps) == len(rows) else 0
+    if not head or head >= k_lo:
+        return np.arange(min(k_lo, 0 if gaps else k_lo), q + 1)
+    return np.concatenate([np.arange(head), [-1], np.arange(k_lo, q + 1)]).astype(int)
+
+
+def strips(index: LayerIndex, layers: Sequence[int], heads: Sequence[int], q: int, axis: np.ndarray
            ) -> tuple[np.ndarray, list[list[list | None]]]:
-    """-> weights [layers, heads, keys k_lo .. q] (NaN: not captured; -1: outside a sliding
-    window), and each cell's top keys as [position, weight, position, weight, ...] (None: not
-    captured): hover.js words them, so a 30 x 9 grid sends numbers, not 270 sentences."""
-    n_keys = q - k_lo + 1
-    out = np.full((len(layers), len(heads), n_keys), np.nan)
+    """-> weights [layers, heads, keys of `axis`] (NaN: not captured; -1: outside a sliding
+    window; GAP_CODE: the gap), and each cell's top keys as [position, weight, position, weight, ...]
+    (None: not captured): hover.js words them, so a 30 x 9 grid sends numbers, not 270 sentences."""
+    where = {int(p): i for i, p in enumerate(axis) if p >= 0}
+    out = np.full((len(layers), len(heads), len(axis)), np.nan)
+    out[:, :, axis < 0] = GAP_CODE
+    real = np.clip(axis, 0, None)
     tops: list[list[list | None]] = []
     for li, layer in enumerate(layers):
         line: list[list | None] = []
@@ -38,13 +57,14 @@ def strips(index: LayerIndex, layers: Sequence[int], heads: Sequence[int], q: in
             if row is None:
                 line.append(None)
                 continue
-            cols = np.arange(row.k_start, row.k_start + len(row.weights)) - k_lo
-            keep = (cols >= 0) & (cols < n_keys)
-            out[li, hi, cols[keep]] = row.weights[keep]
+            pos = row.positions
+            for p, w in zip(pos, row.weights):
+                if (i := where.get(int(p))) is not None:
+                    out[li, hi, i] = w
             if row.window:
-                out[li, hi, np.arange(k_lo, q + 1) <= q - row.window] = -1
+                out[li, hi, (axis >= 0) & (real <= q - row.window)] = -1
             top = [int(c) for c in np.argsort(row.weights)[::-1][:3] if row.weights[c] > 0]
-            line.append([x for c in top for x in (row.k_start + c, round(float(row.weights[c]), 2))])
+            line.append([x for c in top for x in (int(pos[c]), round(float(row.weights[c]), 2))])
         tops.append(line)
     return out, tops
 
@@ -60,6 +80,7 @@ def _group_image(w: np.ndarray, kx: int, frame: tuple[int, int] | None) -> np.nd
     rgb = colormap(np.sqrt(v / np.where(top > 0, top, 1)))  # each cell against its own largest weight
     rgb[np.isnan(w)] = UNSEEN_RGB
     rgb[w < 0] = WINDOW_RGB
+    rgb[w == GAP_CODE] = GAP_RGB
     for li in range(n_l):
         for hi in range(n_h):
             y, x = li * py + 2, hi * px + 2
@@ -72,21 +93,29 @@ def _group_image(w: np.ndarray, kx: int, frame: tuple[int, int] | None) -> np.nd
     return img
 
 
+def _keys_words(axis: np.ndarray) -> str:
+    """"keys 0–7, ⋯ (the gap: 8–17, not captured), 18–73" or "keys 10–73"."""
+    if (axis >= 0).all():
+        return f"keys {int(axis[0])}–{int(axis[-1])}"
+    cut = int(np.argmax(axis < 0))
+    return (f"keys 0–{int(axis[cut - 1])}, ⋯ (the gap: {int(axis[cut - 1]) + 1}–{int(axis[cut + 1]) - 1}, not "
+            f"captured, striped), {int(axis[cut + 1])}–{int(axis[-1])}")
+
+
 def overview_html(index: LayerIndex, layers: Sequence[int], heads: Sequence[int], num_kv: int, q: int,
                   labels: Sequence[str], sliding_windows: Sequence[int | None] | None,
                   picked: tuple[int, int]) -> str:
     """Query q's row in every layer and head; picked: the (layer, head) the map shows."""
     rows = [index.row(layer, head, q) for layer in layers for head in heads]
-    starts = [r.k_start for r in rows if r is not None]
-    if not starts:
+    if not any(r is not None for r in rows):
         return (f"<div class='tt-ov'><div class='tt-note'>no layer captured query {q}: the overview shows one "
                 "captured query row in every layer and head</div></div>")
-    k_lo = min(starts)
-    n_keys = q - k_lo + 1
+    axis = key_axis(rows, q)
+    n_keys = len(axis)
     kx = max(1, min(3, 48 // n_keys))
     num_heads = index.of(layers[0])[-1].num_heads
     group = max(1, num_heads // max(1, num_kv))
-    w, tops = strips(index, layers, heads, q, k_lo)
+    w, tops = strips(index, layers, heads, q, axis)
     names = {str(p): repr(_label(labels, p)) for line in tops for cell in line if cell for p in cell[::2]}
     py = CELL_H + GAP
 
@@ -122,6 +151,6 @@ def overview_html(index: LayerIndex, layers: Sequence[int], heads: Sequence[int]
         blocks.append(f'<div class="tt-group"><div class="tt-group-title">{title}</div><div class="tt-ov-body">'
                       f'{layer_col}<div><div class="tt-ov-heads">{head_names}</div>{picture}</div></div></div>')
     return (f"<div class='tt-ov'><div class='tt-subtitle'>every layer and head for query {q} "
-            f"(<code>{show_piece(_label(labels, q))}</code>): each cell is one head's weights over keys {k_lo}–{q}, "
+            f"(<code>{show_piece(_label(labels, q))}</code>): each cell is one head's weights over {_keys_words(axis)}, "
             "oldest left, scaled to its own largest; click a cell to open it</div>"
             f"<div class='tt-ov-grid'>{''.join(blocks)}</div></div>")

@@ -2,10 +2,12 @@
 query's weights over its keys, whatever form the capture was stored in (visualizers.compact).
 
 The engine's `attention` event holds every captured layer of one pass of one sequence;
-visualizers.compact.per_layer splits it into one per layer: probs [heads, rows, keys] for the queries q_start .. q_start + rows - 1 over the keys
-k_start .. k_start + keys - 1 (the capture keeps the last `max_keys` of each; older keys were
-never captured). A later pass may recompute a row (a speculative verify after a rejection):
-the newest event holding a row is the one that counts."""
+visualizers.compact.per_layer splits it into one per layer: probs [heads, rows, keys] for the
+queries q_start .. q_start + rows - 1 over the kept keys (key_positions): the first k_head
+positions (the attention sink, the prompt's start), then k_start .. on; the keys between them
+(the gap) were never captured. A trace written before `k_head` existed has none: one run from
+k_start. A later pass may recompute a row (a speculative verify after a rejection): the newest
+event holding a row is the one that counts."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -14,6 +16,12 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from visualizers.compact import array, is_compact
+
+
+def key_positions(k_head: int, k_start: int, keys: int) -> np.ndarray:
+    """The true positions of a capture's `keys` key columns: 0 .. k_head - 1, then k_start on."""
+    head = min(k_head, keys)
+    return np.concatenate([np.arange(head), np.arange(k_start, k_start + keys - head)]).astype(int)
 
 
 def _shape(probs) -> list[int]:
@@ -29,10 +37,21 @@ def _shape(probs) -> list[int]:
 class Row:
     """One query's attention over its captured keys, for one layer and head."""
     q: int  # the query's position (the token the pass read)
-    k_start: int  # the first captured key; keys 0 .. k_start - 1 were not captured
-    weights: np.ndarray  # [keys]
+    k_start: int  # the first captured key after the first k_head; keys k_head .. k_start - 1 were not captured
+    weights: np.ndarray  # [keys], at the positions `positions` names
     kind: str  # prefill, decode or verify
     window: int | None  # the layer's sliding window (None: full attention)
+    k_head: int = 0  # the first positions kept before the gap (0: one run from k_start)
+
+    @property
+    def positions(self) -> np.ndarray:
+        """The true position of each weight."""
+        return key_positions(self.k_head, self.k_start, len(self.weights))
+
+    @property
+    def gap(self) -> tuple[int, int] | None:
+        """(first, last + 1) of the keys between the first ones and the recent ones, not captured."""
+        return (self.k_head, self.k_start) if 0 < self.k_head < self.k_start else None
 
 
 @dataclass(slots=True)
@@ -49,6 +68,7 @@ class LayerPass:
     window: int | None
     num_heads: int
     num_kv_heads: int
+    k_head: int = 0
 
 
 @dataclass(slots=True)
@@ -63,7 +83,7 @@ class _Pass:
     def at(self, layer: int) -> LayerPass:
         e = self.event
         return LayerPass(e, self.slot[layer], layer, self.q_start, self.rows, e["k_start"], e["kind"], e["heads"],
-                         self.windows[layer], e["num_heads"], e["num_kv_heads"])
+                         self.windows[layer], e["num_heads"], e["num_kv_heads"], int(e.get("k_head") or 0))
 
 
 def _index(e: dict) -> _Pass:
@@ -127,7 +147,7 @@ class LayerIndex:
         if lp is None or head not in lp.heads:
             return None
         w = np.asarray(self.probs(lp)[lp.heads.index(head)][q - lp.q_start], dtype=float)
-        return Row(q, lp.k_start, w, lp.kind, lp.window)
+        return Row(q, lp.k_start, w, lp.kind, lp.window, lp.k_head)
 
     def passes_between(self, layer: int, lo: int, hi: int) -> list[LayerPass]:
         """This layer's passes holding any query in lo .. hi - 1, oldest first."""

@@ -1,6 +1,8 @@
-"""Stage 7: the paged KV cache: the block pool as a grid, this request's blocks filling
-token by token, prefix-shared blocks, other requests' blocks, freed blocks; and the
-cache-size formula with the served model's numbers.
+"""Stage 7: the paged KV cache: this request's block table drawn large (visualizers/kv_table.py:
+its blocks, their slots filling token by token, the shared and cached ones, and after the
+finish what was freed and what stays in the prefix cache), the block pool as a small overview
+grid (other requests' blocks, freed blocks); and the cache-size formula with the served
+model's numbers.
 
 The pool is drawn from the engine's `kv.pool` events (each says what changed in the pool
 after a step; see engine/trace/kv_pool.py), folded in order by apply_kv_pool into one
@@ -14,6 +16,7 @@ import numpy as np
 
 from visualizers._html import empty, esc, fmt_bytes, hover_attr, hover_img, panel
 from visualizers.kv_latent import latent_formula_html
+from visualizers.kv_table import finish_words, table_html
 from visualizers.selection import Selection, header_html, plural
 
 
@@ -117,8 +120,8 @@ def block_states(pool: dict, request_id: str | None, events: Sequence[dict] = ()
             states.append("shared" if pool["ref"][b] > 1 or b in shared else "mine")
         elif own:
             states.append("other")
-        elif b in freed:
-            states.append("freed")
+        elif b in freed:  # freed; a full block the prefix cache keeps is drawn as cached (the table says both)
+            states.append("cached" if pool["cached"][b] else "freed")
         elif pool["cached"][b]:
             states.append("cached")
         else:
@@ -133,7 +136,8 @@ def grid_image(states: list[str], fill: dict[int, int], block_size: int, mark: i
     red (the selected pass's). -> (RGB, columns)."""
     n = len(states)
     cols = 32 if n <= 256 else 64
-    cell, gap = (12, 2) if n <= 512 else (8, 1)
+    # the pool is the overview beside the request's table: a thousand blocks in ~380 px
+    cell, gap = (12, 2) if n <= 512 else (5, 1)
     pitch = cell + gap
     rows = -(-n // cols)
     img = np.full((rows * pitch, cols * pitch, 3), 255, dtype=np.uint8)
@@ -175,7 +179,8 @@ def selected_slot_html(selection: Selection | None, table: Sequence[int], block_
                 f"({len(table)} blocks)</div>", None)
     b, slot = at
     now = states[b] if b < len(states) else "free"
-    gone = "" if now in ("mine", "shared") else " (freed since: the request no longer holds it)"
+    gone = ("" if now in ("mine", "shared") else " (freed since; the prefix cache keeps the block)" if now == "cached"
+            else " (freed since: the request no longer holds it)")
     return (f"<div>the selected pass wrote the keys and values of {selection.token(p)} (position {p}, every layer) "
             f"into block <b>{b}</b>, slot {slot} of {block_size} (framed red){gone}: entry {p // block_size} of the "
             f"block table</div>", b)
@@ -207,6 +212,9 @@ def kv_grid_html(pool: dict | None, request_id: str | None, events: Sequence[dic
     mine = [b for b, s in enumerate(states) if s in ("mine", "shared")]
     mine_tokens = sum(fill.get(b, 0) for b in mine)
     picked, mark = selected_slot_html(selection, table, bs, states) if table_recorded else ("", None)
+    upto = [e for e in events if e.get("step", -1) <= pool["step"]]  # the story as far as the pool drawn
+    zoom, story = table_html(upto, pool, request_id, bs, selection.read if selection is not None and mark is not None
+                             else None) if table_recorded and request_id is not None else ("", None)
     img, cols = grid_image(states, fill, bs, mark)
     words = {"mine": "this request's", "shared": "shared via the prefix cache", "other": "another request's",
              "cached": "free, cached prefix", "freed": "freed by this request"}
@@ -228,14 +236,19 @@ def kv_grid_html(pool: dict | None, request_id: str | None, events: Sequence[dic
         listed = ("not recorded (capture level off)" if not table_recorded else
                   f"{esc(', '.join(map(str, table[:32])))}{'…' if len(table) > 32 else ''}" if table else
                   "no block allocated yet")
-        mine_line = (f" · block table: {listed}"
-                     f" · this request holds {plural(mine_tokens, 'token')} in {plural(len(mine), 'block')}")
+        holds = (f" · this request holds {plural(mine_tokens, 'token')} in {plural(len(mine), 'block')}"
+                 if not (story and story.finished) else
+                 f" · finished: it held {plural(final_tokens or 0, 'token')} in {plural(len(table), 'block')}, and "
+                 "holds none now" if final_tokens else " · finished: it holds no block now")
+        mine_line = f" · block table: {listed}{holds}"
     info = (f"<div class='tt-lines'><div>pool: <b>{n:,}</b> blocks × {bs} tokens · engine step {pool['step']}"
             f"{mine_line}</div>"
             f"<div>other requests: {who or 'none'}</div>"
-            f"<div class='tt-legend'>{legend}</div>{picked}</div>")
-    body = f'<div class="tt-kv-grid" {data}>{grid}</div><div class="tt-note">block 0 top left, {cols} per row; ' \
-           f'a cell fills from the bottom as its {bs} token slots are written</div>'
+            f"{finish_words(story, bs) if story else ''}{picked}</div>")
+    body = f'{zoom}<div class="tt-subtitle">the whole pool: {n:,} blocks</div>' \
+           f'<div class="tt-kv-grid" {data}>{grid}</div><div class="tt-legend">{legend}</div>' \
+           f'<div class="tt-note">block 0 top left, {cols} per row; a cell fills from the bottom as its {bs} token ' \
+           'slots are written</div>'
     head = header_html("KV cache", selection)
     if model is None:
         return f'<div class="tt-panel">{head}{info}{body}</div>'

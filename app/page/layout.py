@@ -26,6 +26,7 @@ from app.page.lab_tab import build_lab_tab
 from app.page.live_view import PANELS
 from app.page.page_state import stages_of
 from app.page.replay import SPEEDS
+from app.page.second_request import LABEL as SECOND, send_second
 from app.page.skips import SkipBlocks
 from app.page.stages import empty_stages, map_html, section_panels, stage_html
 from app.page.tabs import key_of
@@ -246,6 +247,8 @@ def _stages(ui: dict, ctl: Controller) -> None:
                                          padding=False)
             for name in placed[key]:
                 _panel(ui, name, blank)
+            if key == "prefix" and ctl.live:  # a second request that hits this one's blocks (second_request.py)
+                ui["second"] = gr.Button(SECOND, size="sm", elem_id="tt-second-request")
         ui[f"section:{key}"] = section
     if "pick" not in ui:  # the token chips' pick box must exist even if no stage draws the tokens
         _panel(ui, "tokens", blank)
@@ -322,6 +325,12 @@ def _wire(page: gr.Blocks, ui: dict, ctl: Controller) -> None:
                          show_progress="hidden", cancels=[watching], trigger_mode="multiple")
         ui["user"].submit(run, w.inputs(SEND_INPUTS), outputs, concurrency_limit=16, cancels=[watching],
                           trigger_mode="multiple", **quiet)
+
+        def second(request: gr.Request, *values):
+            c = Controls.of(dict(zip(SEND_INPUTS, values)))
+            for named in send_second(ctl, key_of(request), c, client_of(request)):
+                yield w.out(named)
+        ui["second"].click(second, w.inputs(SEND_INPUTS), outputs, concurrency_limit=16, cancels=[watching], **quiet)
 
         ui["stop"].click(w.fn(ctl.stop), None, [ui[n] for n in ("status",) + SETTINGS + ("send", "unlock", "stop")],
                          concurrency_limit=None, cancels=[watching], api_name="stop")

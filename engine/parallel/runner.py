@@ -34,7 +34,7 @@ from engine.parallel.spawn import check_alive, start_process, wait_loaded
 from engine.parallel.shard import check_shardable, local_config, placement
 from engine.parallel.worker import gather_attention, load_shard, worker_main
 from engine.sequence import ScheduledSeq
-from engine.trace.capture import AttentionCapture, CaptureSpec, PassCapture, collect
+from engine.trace.capture import AttentionCapture, CaptureSpec, PassCapture, collect, key_window
 
 
 class RankFailedError(RuntimeError):
@@ -245,5 +245,6 @@ def _fill_attention(batch: ForwardBatch, capture: PassCapture, probs: dict[int, 
         rows = min(end - batch.query_starts[b], spec.max_keys)
         if spec.heads is not None:
             p = p[:, spec.heads]
+        k_head, k_start = key_window(ctx, spec.max_keys, spec.first_keys)
         capture.attention[b] = AttentionCapture(layers, [cfg.sliding_windows[layer] for layer in layers],
-                                                ctx - rows, max(0, ctx - spec.max_keys), p.float())
+                                                ctx - rows, k_start, p.float(), k_head)

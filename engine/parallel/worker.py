@@ -30,7 +30,7 @@ from tqdm.std import tqdm
 from engine.checkpoint.weights import build_model, load_weights
 from engine.config import ModelConfig, ProgressFn
 from engine.layers.linear import pack_weights
-from engine.trace.capture import PassCapture, attention_probs
+from engine.trace.capture import PassCapture, attention_probs, keep_keys, key_window
 from engine.batch import ForwardBatch
 from engine.parallel.comm import Comm
 from engine.parallel.protocol import (EXIT, READY, SHUTDOWN, STARTUP_TIMEOUT_S, ShardSpec, bye_key, decode_batch,
@@ -71,7 +71,7 @@ def local_attention_probs(batch: ForwardBatch, capture: PassCapture, cfg: ModelC
     k = kv[0].index_select(1, batch.block_tables[b, : -(-ctx // kv.shape[3])])
     k = k.index_select(0, torch.tensor(layers, device=k.device)).flatten(1, 2)
     probs = attention_probs(q, k, ctx, cfg.attention_scale, [cfg.sliding_windows[i] for i in layers])
-    return probs[..., max(0, ctx - spec.max_keys):].contiguous()
+    return keep_keys(probs, *key_window(ctx, spec.max_keys, spec.first_keys)).contiguous()
 
 
 def gather_attention(batch: ForwardBatch, capture: PassCapture, cfg: ModelConfig, kv: torch.Tensor,

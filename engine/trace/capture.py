@@ -9,8 +9,9 @@ one. Afterwards, in a few batched ops:
 
 - attention probabilities are recomputed for every captured layer at once from the
   kept queries and the keys already in the paged cache, for the captured heads and the
-  last `max_keys` query rows only (softmax over all keys, then the last `max_keys`
-  columns kept), so a long prompt costs rows x context, not its whole square;
+  last `max_keys` query rows only (softmax over all keys, then `max_keys` columns kept:
+  the first `first_keys`, the attention sink and the prompt's start, and the most recent
+  ones, see key_window), so a long prompt costs rows x context, not its whole square;
 - MoE routing is stacked across layers (the batch's expert load counted from it) and
   becomes Python lists, rounded like `trace.jsonable`;
 - attention (all of a sequence's captured layers in one tensor) and embedding rows stay
@@ -30,8 +31,30 @@ import torch.nn.functional as F
 
 from engine.batch import ForwardBatch
 from engine.config import ModelConfig
+from engine.trace.tracer import FIRST_KEYS
 
 DECIMALS = 4  # as trace.jsonable rounds floats
+
+
+def key_window(ctx: int, max_keys: int, first_keys: int = FIRST_KEYS) -> tuple[int, int]:
+    """Which of a context's `ctx` keys a capture keeps -> (k_head, k_start): positions
+    0 .. k_head - 1, then k_start .. ctx - 1 (k_head = 0, one run from k_start, where the
+    context fits in max_keys or first_keys is 0). A first key costs about one and a half
+    recent ones in a trace's bytes (the sink's large weights compress worse than the tail's
+    near-zero ones: SmolLM2, 2026-12-04), so the recent run gives up half as many columns as
+    there are first keys: 8 + 52 columns cost what 64 recent ones did. The gap
+    k_head .. k_start - 1 is at least one key wide whenever k_head > 0."""
+    if ctx <= max_keys:
+        return 0, 0
+    head = max(0, min(first_keys, max_keys // 2))
+    return head, ctx - max(1, max_keys - head - head // 2)
+
+
+def keep_keys(probs: torch.Tensor, k_head: int, k_start: int) -> torch.Tensor:
+    """[..., ctx] probabilities -> the kept columns: 0 .. k_head - 1, then k_start on."""
+    if not k_head:
+        return probs[..., k_start:]
+    return torch.cat([probs[..., :k_head], probs[..., k_start:]], dim=-1)
 
 
 @dataclass
@@ -40,11 +63,12 @@ class CaptureSpec:
     a long prompt must not turn the trace into gigabytes)."""
     attention_layers: list[int]  # empty: no attention capture
     heads: list[int] | None  # None: all query heads
-    max_keys: int  # keep at most the last `max_keys` query rows and key columns
+    max_keys: int  # keep at most the last `max_keys` query rows and `max_keys` key columns
     moe: bool
     embed_dims: int  # 0: no embedding rows
     logit_lens: int = 0  # candidates per layer in the logit lens; 0: no lens
     compact: bool = True  # attention and embedding rows in engine/trace/compact.py's form (else lists)
+    first_keys: int = FIRST_KEYS  # of the max_keys columns, the first positions kept (key_window)
 
 
 @dataclass
@@ -93,8 +117,9 @@ class AttentionCapture:
     layers: list[int]
     windows: list[int | None]  # each layer's sliding window (None: global)
     q_start: int  # the position of the first captured query row
-    k_start: int  # ... and of the first captured key column
-    probs: torch.Tensor  # float32 [layers, heads kept, rows, keys]
+    k_start: int  # ... and of the first captured key column after the first k_head
+    probs: torch.Tensor  # float32 [layers, heads kept, rows, keys]: keys 0 .. k_head - 1, then k_start on
+    k_head: int = 0  # key_window's: the first positions kept before the gap (0: one run from k_start)
 
 
 def collect(capture: PassCapture, batch: ForwardBatch, cfg: ModelConfig, kv_cache: torch.Tensor) -> None:
@@ -144,7 +169,7 @@ def _attention(capture: PassCapture, batch: ForwardBatch, cfg: ModelConfig, kv_c
     spec = capture.specs[b]
     end, ctx = batch.query_starts[b + 1], batch.context_lens[b]
     rows = min(end - batch.query_starts[b], spec.max_keys)
-    k_start = max(0, ctx - spec.max_keys)
+    k_head, k_start = key_window(ctx, spec.max_keys, spec.first_keys)
     whole = rows == batch.input_ids.shape[0]  # the batch is these rows (batch-1 decode): no slicing
     q_all = capture.layer_q_all
     if whole and q_all is not None and layers == list(range(q_all.shape[0])):  # every layer, written as one tensor
@@ -159,10 +184,10 @@ def _attention(capture: PassCapture, batch: ForwardBatch, cfg: ModelConfig, kv_c
     k = k.flatten(1, 2)  # [L, blocks x slots >= ctx, KVH, D]
     windows = [cfg.sliding_windows[layer] for layer in layers]  # Gemma 3: local layers windowed, global not
     # the scale the layers use: 1/sqrt(head_dim), or Gemma's 1/sqrt(query_pre_attn_scalar)
-    probs = attention_probs(q, k, ctx, cfg.attention_scale, windows)[..., k_start:]
+    probs = keep_keys(attention_probs(q, k, ctx, cfg.attention_scale, windows), k_head, k_start)
     if spec.heads is not None:
         probs = probs[:, spec.heads]
-    capture.attention[b] = AttentionCapture(layers, windows, ctx - rows, k_start, probs)
+    capture.attention[b] = AttentionCapture(layers, windows, ctx - rows, k_start, probs, k_head)
 
 
 def _moe(capture: PassCapture, batch: ForwardBatch, cfg: ModelConfig) -> None:

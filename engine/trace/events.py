@@ -166,17 +166,18 @@ def embed(s: ScheduledSeq, rows: torch.Tensor, hidden_size: int, end: int, compa
 def attention(s: ScheduledSeq, captured: AttentionCapture, heads: list[int], cfg: ModelConfig, end: int,
               compact: bool = True) -> Event | None:
     """One pass of s, every captured layer: probs [layers, heads kept, rows, keys], the query
-    rows from q_start and the key columns from k_start (both cut at `end`)."""
+    rows from q_start; the key columns: positions 0 .. k_head - 1, then k_start on (both cut
+    at `end`; k_head 0: one run from k_start, as before the field existed)."""
     rows = min(captured.probs.shape[2], end - captured.q_start)
     if rows <= 0:
         return None
-    keys = end - captured.k_start
+    keys = captured.k_head + max(0, end - captured.k_start)
     probs = captured.probs[:, :, :rows, :keys]
     group = cfg.num_heads // cfg.num_kv_heads
     return "attention", s.seq.request_id, {
         "layers": list(captured.layers), "windows": list(captured.windows), "kind": s.kind, "heads": list(heads),
         "kv_heads": [h // group for h in heads], "num_heads": cfg.num_heads, "num_kv_heads": cfg.num_kv_heads,
-        "q_start": captured.q_start, "k_start": captured.k_start,
+        "q_start": captured.q_start, "k_start": captured.k_start, "k_head": captured.k_head,
         "probs": compact_form.encode_probs(probs) if compact else rounded(probs)}
 
 

@@ -20,6 +20,9 @@ STAGES = ("request", "prefix_cache", "tokenize", "embed", "attention", "moe", "k
           "schedule", "logit_lens", "sample", "spec", "token", "finish",
           "trace")  # trace.truncated: a reader's byte cap stopped the request's tensor captures
 TRACE_LEVELS = ("off", "basic", "full")  # full adds tensors: embeddings, attention, MoE routing
+# key columns kept from position 0 on when a context outgrows max_keys: the attention sink
+# (most heads park weight on the first token) and the system prompt's start
+FIRST_KEYS = 8
 
 
 @dataclass
@@ -28,6 +31,7 @@ class CaptureConfig:
     attention_layers: list[int] | None = None  # None: every layer
     heads: list[int] | None = None  # None: every query head
     max_keys: int = 64  # last N query rows / key columns of each attention matrix
+    first_keys: int = FIRST_KEYS  # of those key columns, the first positions kept (capture.key_window)
     embed_dims: int = 64  # leading columns of each embedding row
     top_candidates: int = 8  # sampler candidates shown per stage
     logit_lens_top: int = 5  # candidates per layer in the logit lens (engine/trace/logit_lens.py); 0: no lens

@@ -159,8 +159,8 @@ def test_kv_grid_marks_each_block_state():
              "num_blocks": 8, "block_size": 4, "kv_cache_bytes": 8 * 4 * 768}
     html = viz.kv_grid_html(snap, "me", events, model)
     assert viz.kv_cache.block_states(snap, "me", events) == [
-        "mine", "shared", "mine", "cached", "free", "other", "freed", "free"]
-    assert 'data-mine="2" data-shared="1" data-other="1" data-cached="1" data-freed="1" data-free="2"' in html
+        "mine", "shared", "mine", "cached", "free", "other", "cached", "free"]  # 6: freed, kept by the prefix cache
+    assert 'data-mine="2" data-shared="1" data-other="1" data-cached="2" data-freed="0" data-free="2"' in html
     img, cols = viz.kv_cache.grid_image(viz.kv_cache.block_states(snap, "me", events), {2: 1, 5: 4}, 4)
     cell = img[:12, 2 * 14:2 * 14 + 12]  # block 2: 1 of 4 slots written -> the bottom quarter is filled
     assert (cell[-3:] == viz.kv_cache.STATE_RGB["mine"][1]).all() and (cell[:9] == viz.kv_cache.STATE_RGB["mine"][0]).all()

@@ -13,7 +13,7 @@ from visualizers._html import show_piece
 from visualizers.logit_lens import first_top
 
 FIRST = ("request.arrive", "tokenize", "prefix_cache.lookup", "finish", "trace.truncated", "kv.transfer", "trace.cut")
-KEPT = ("sample", "logit_lens", "spec", "embed", "token")  # every event of these types, in order
+KEPT = ("sample", "logit_lens", "spec", "embed", "token", "kv.free")  # every event of these types, in order
 
 
 @dataclass(frozen=True)

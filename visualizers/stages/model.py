@@ -139,8 +139,26 @@ def kv(f: Facts) -> Part:
              f"{plural(blocks, 'block')} of {bs} tokens, taken from a shared pool of {n(int(m['num_blocks']))} "
              # the replay's cursor (or the live request) may stand before the finish: say what has happened
              + ("blocks and handed back the moment it finished." if f.ended else
-                "blocks; they go back to the pool the moment it finishes."))
+                "blocks; they go back to the pool the moment it finishes."), "" if f.idle else after_finish(f))
     return Part(text, ("kv",), esc(fmt_bytes(per_token * tokens)), reached=bool(f.steps or f.generated))
+
+
+def after_finish(f: Facts) -> str:
+    """What the finish's kv.free did with the blocks: freed, or kept by the prefix cache."""
+    frees = f.kept.get("kv.free") or []
+    if not f.finish or not frees or frees[-1].get("step") != f.finish.get("step"):
+        return ""
+    e = frees[-1]
+    kept = len(e.get("cached") or ())
+    freed = len(e["blocks"]) - kept
+    held = int(e.get("released") or 0)
+    words = [f"{plural(freed, 'block')} went back to the free list" if freed else "",
+             f"{plural(kept, 'full block')} stay{'s' if kept == 1 else ''} in the prefix cache (free, but a later "
+             "request that begins the same way finds them until the pool needs the room)" if kept else "",
+             f"{plural(held, 'block')} another request still holds kept {'its' if held == 1 else 'their'} K/V"
+             if held else ""]
+    said = [w for w in words if w]
+    return f"At the finish {', and '.join(said)}." if said else ""
 
 
 def which_pass(f: Facts, e: dict) -> str:

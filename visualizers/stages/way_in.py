@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from visualizers._html import esc, fmt_bytes
+from visualizers.prefix_next import FOLLOW_UP, NextHit, asked, next_hit, system_tokens
 from visualizers.stages.facts import Facts, Part, count, n, p, plural
 
 NEVER = "Never reached"  # a finished request that did not get here (the page's heading says so too)
@@ -108,14 +109,54 @@ def prefix(f: Facts) -> Part:
     if not full:
         text = p(f"A <b>MISS</b>, with nothing to look up: only full blocks of {n(bs)} tokens are cached (and "
                  f"never a prompt's last token), and this prompt's {n(total)} tokens do not fill one, so every one is "
-                 "computed now.")
+                 "computed now.", later_words(f, bs))
     else:
         text = p(f"A <b>MISS</b>. The engine hashed the prompt's {plural(full, 'full block')} of "
                  f"{n(bs)} tokens and looked each hash up: none was in the cache (no earlier request began the same "
                  f"way, or its blocks have been evicted since), so all {n(total)} prompt tokens are computed now.",
-                 f"Those blocks stay in the cache after this request ends: a later request that begins with the same "
-                 f"{n(full * bs)} tokens (the same system prompt) will find them, a HIT that skips their prefill.")
+                 later_words(f, bs))
     return Part(text, ("prefix",), "miss")
+
+
+def _asked(f: Facts) -> tuple[list | None, str | None]:
+    return asked(f.first.get("request.arrive"), f.body)
+
+
+def second_request(f: Facts) -> NextHit | None:
+    """The second request that will hit this one's blocks (the page's button sends it)."""
+    msgs, prompt = _asked(f)
+    return next_hit(f.first.get("tokenize"), msgs, prompt, int(f.model["block_size"]))
+
+
+def later_words(f: Facts, bs: int) -> str:
+    """What a later request will find, as the block manager counts it: full blocks of the
+    prefix it shares, never a promise that cannot hold."""
+    msgs, _ = _asked(f)
+    sys_n = system_tokens(f.first.get("tokenize"), msgs)
+    words = []
+    if sys_n is not None and any(isinstance(m, dict) and m.get("role") == "system" for m in msgs or []):
+        if sys_n < bs:
+            words.append(f"This system prompt with its template is {plural(sys_n, 'token')}, less than one full block "
+                         f"of {n(bs)}: another question under the same system prompt shares only those, fills no "
+                         "full block, and misses too.")
+        else:
+            words.append(f"Another question under the same system prompt shares its first {plural(sys_n, 'token')} "
+                         f"(the system prompt with its template): it will find {plural(sys_n // bs, 'full block')} "
+                         f"({n(sys_n // bs * bs)} tokens), a HIT.")
+    plan = second_request(f)
+    if plan is None:
+        words.append(f"No later request can reuse this prompt's K/V: a prompt must fill a full block ({n(bs + 1)} "
+                     "tokens or more) before another can share it.")
+    elif plan.kind == "follow-up":
+        words.append(f"A follow-up that keeps this {'system prompt and question' if msgs else 'prompt'} and adds "
+                     f"«{esc(FOLLOW_UP.strip())}» begins with the same {n(plan.shared)} tokens: it will find "
+                     f"{plural(plan.blocks, 'block')} ({n(plan.blocks * bs)} tokens), a HIT. On the page, «Send "
+                     "the second request» under this stage sends it.")
+    else:
+        words.append(f"Sent again, the same prompt begins with all {n(plan.shared)} of these tokens: it will find "
+                     f"{plural(plan.blocks, 'block')} ({n(plan.blocks * bs)} tokens; never the last token's), a HIT. "
+                     "On the page, «Send the second request» under this stage sends it.")
+    return " ".join(words)
 
 
 def cut_sentence(f: Facts) -> str:

@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from tests.browser_utils import chromium, open_page, paced_server, server_fixture, set_controls, wait_finished
+from visualizers.attention_rows import key_positions
 from visualizers.compact import array, lens_layers, per_layer
 
 pytestmark = [pytest.mark.slow,
@@ -46,25 +47,31 @@ def test_every_matrix_answers_hover_and_a_token_click_selects_it(server, tmp_pat
         trace = httpx.get(server.url + f"v1/traces/{rid}", timeout=30).json()
         events = trace["events"]
 
-        # attention: the selected (newest) pass's row, its own key (the diagonal), a masked cell above it
+        # attention: the selected (newest) pass's row, its own key (the diagonal), a masked cell above it;
+        # the columns are the kept keys at their true positions (past 64: the first 8, the gap, the newest)
         big = "#tt-attention img.tt-amap-img"
         spec = json.loads(page.get_attribute(big, "data-tt-hover"))
         n = spec["h"]
         lo = int(spec["rows"][0].split()[0])
         pos = lo + n - 1
+        col_of = [c.split()[0] for c in spec["cols"]].index  # a key's column: its label starts with its position
         # the last event that computed that row (a verify step recomputes rows after a rejected draft)
         ev = [e for e in per_layer(x for x in events if x["type"] == "attention") if e["layer"] == 0
               and e["q_start"] <= pos < e["q_start"] + len(e["probs"][0])][-1]
-        want = ev["probs"][ev["heads"].index(0)][pos - ev["q_start"]][pos - ev["k_start"]]
-        tip = hover_cell(page, big, n - 1, n - 1)
+        row = ev["probs"][ev["heads"].index(0)][pos - ev["q_start"]]
+        at = list(key_positions(ev.get("k_head", 0), ev["k_start"], len(row))).index
+        tip = hover_cell(page, big, n - 1, col_of(str(pos)))
         assert tip.startswith(f"query {pos} ") and f"→ key {pos} " in tip, tip
-        assert f"weight {want:.4f}" in tip and "layer 0 · head 0 (KV head 0)" in tip, tip
+        assert f"weight {row[at(pos)]:.4f}" in tip and "layer 0 · head 0 (KV head 0)" in tip, tip
         key = lo + 1 if n > 2 else lo
-        want = ev["probs"][ev["heads"].index(0)][pos - ev["q_start"]][key - ev["k_start"]]
-        assert f"weight {want:.4f}" in hover_cell(page, big, n - 1, key - lo)
-        assert "masked (causal" in hover_cell(page, big, 0, 1)
-        # both axes carry the tokens: a row label and a column label per position drawn
-        assert page.locator("#tt-attention .tt-amap-r").count() == n == page.locator("#tt-attention .tt-amap-c").count()
+        assert f"weight {row[at(key)]:.4f}" in hover_cell(page, big, n - 1, col_of(str(key)))
+        assert "masked (causal" in hover_cell(page, big, 0, col_of(str(lo + 1)))
+        if ev.get("k_head"):  # position 0, the attention sink, is kept and drawn first
+            assert col_of("0") == 0 and f"weight {row[at(0)]:.4f}" in hover_cell(page, big, n - 1, 0)
+        # both axes carry the tokens: a row label per position drawn, a column label per key (one for the gap)
+        assert page.locator("#tt-attention .tt-amap-r").count() == n
+        assert page.locator("#tt-attention .tt-amap-c[data-pos]").count() == sum(c.split()[0].isdigit()
+                                                                               for c in spec["cols"])
         page.locator("#tt-attention").screenshot(path=str(tmp_path / "attention_hover.png"))
 
         # the overview: every layer x head for that query; a click on a cell asks for that layer and head

@@ -6,6 +6,7 @@ import torch
 
 from engine import CaptureConfig, EventList, SamplingParams, Tracer
 from engine.trace.capture import attention_probs
+from visualizers.attention_rows import key_positions
 from visualizers.compact import array, per_layer
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
@@ -34,14 +35,16 @@ def test_captured_attention_equals_transformers(checkpoint, arch):
     assert {e["kind"] for e in passes} == {"prefill", "decode"}
     assert len([e for e in passes if e["kind"] == "prefill"]) > 1  # the prompt in several chunks
     assert all(e["layers"] == [0, 1, 2] for e in passes)  # one event a pass, every layer in it
+    # past max_keys the capture keeps the first keys (the attention sink) and the newest: 3 + 3 of 6
+    assert {e["k_head"] for e in passes} == {0, 3} and all(e["k_head"] == 0 or e["k_start"] > 3 for e in passes)
     events = per_layer(passes)
     for e in events:
         probs = torch.tensor(e["probs"])
         rows, keys = probs.shape[1:]
         assert rows <= 6 and keys <= 6 and e["heads"] == [0, 3] and e["kv_heads"] == [0, 1]
-        want = expected[e["layer"]][0, [0, 3], e["q_start"]:e["q_start"] + rows,
-                                      e["k_start"]:e["k_start"] + keys]
-        assert want.shape == probs.shape and e["k_start"] + keys == e["q_start"] + rows
+        cols = key_positions(e["k_head"], e["k_start"], keys)  # the first keys, then the recent ones
+        want = expected[e["layer"]][0, [0, 3], e["q_start"]:e["q_start"] + rows][..., cols]
+        assert want.shape == probs.shape and e["k_start"] + keys - e["k_head"] == e["q_start"] + rows
         torch.testing.assert_close(probs, want, atol=2e-4, rtol=0)
 
 
@@ -83,5 +86,6 @@ def test_captured_verify_rows_equal_transformers(checkpoint):
     for e in per_layer(verify):
         probs = torch.from_numpy(array(e["probs"]).copy())
         rows, keys = probs.shape[1:]
-        want = expected[e["layer"]][0, [1, 2], e["q_start"]:e["q_start"] + rows, e["k_start"]:e["k_start"] + keys]
+        cols = key_positions(e["k_head"], e["k_start"], keys)
+        want = expected[e["layer"]][0, [1, 2], e["q_start"]:e["q_start"] + rows][..., cols]
         torch.testing.assert_close(probs, want, atol=2.1e-3, rtol=0)

@@ -1,0 +1,158 @@
+"""Stage 7's zoom: this request's block table drawn large, one entry per block in table order,
+each block's token slots filling as its K/V are written; which blocks the prefix cache served
+(shared), and after the finish what was freed and what stays in the prefix cache.
+
+Read from the request's own kv.* events (engine/trace/events.py): kv.share (blocks served by
+the prefix cache), kv.alloc (the table after each allocation), kv.fill (the slots each step
+wrote), kv.rollback (rejected speculative positions) and kv.free (at the finish: the blocks no
+one references now, the ones of them the prefix cache keeps, and references dropped on blocks
+another request still holds); the pool, while the request holds its blocks, for their fill."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from visualizers._html import esc, hover_attr, hover_img
+from visualizers.selection import plural
+
+MAX_ENTRIES = 64  # table entries drawn (1,024 tokens at 16 a block); the rest are counted
+SLOT_PX, SLOT_GAP = 11, 2
+ROW_SLOTS = 8  # slots a row inside one block's picture
+RGB = {  # entry state -> (an empty slot, a written slot)
+    "mine": ((214, 226, 248), (70, 110, 200)), "shared": ((234, 214, 244), (160, 80, 200)),
+    "cached": ((214, 238, 220), (92, 174, 111)), "freed": ((244, 244, 246), (190, 192, 200)),
+    "released": ((234, 214, 244), (190, 150, 215)), "rolled back": ((244, 244, 246), (190, 192, 200))}
+WORDS = {"mine": "this request's", "shared": "shared: served by the prefix cache",
+         "cached": "freed, stays in the prefix cache", "freed": "freed: back to the free list",
+         "released": "released: another request still holds it", "rolled back": "rolled back (rejected drafts)"}
+MARK = (220, 20, 60)
+
+
+@dataclass
+class TableStory:
+    """What the request's kv.* events say of its block table."""
+    table: list[int] = field(default_factory=list)
+    shared: set[int] = field(default_factory=set)  # served by the prefix cache at admission
+    fill: dict[int, int] = field(default_factory=dict)  # block -> slots written (by this request's steps)
+    rolled: set[int] = field(default_factory=set)
+    finished: bool = False  # a kv.free came: the table is gone
+    freed: set[int] = field(default_factory=set)  # nobody references them now
+    kept: set[int] = field(default_factory=set)  # ... of which the prefix cache keeps these
+    released: int = 0  # references dropped on blocks still held by another request
+    step: int | None = None  # the kv.free's step
+
+
+def story_of(events: Sequence[dict], block_size: int) -> TableStory:
+    s = TableStory()
+    for e in events:
+        t = e["type"]
+        if t == "kv.share":
+            s.shared.update(e["blocks"])
+            s.table = list(e["blocks"]) if not s.table else s.table
+        elif t == "kv.alloc":
+            s.table = list(e["table"])
+            s.rolled.difference_update(e["blocks"])
+            s.finished = False
+        elif t == "kv.fill":
+            for f in e["fills"]:
+                s.fill[f["block"]] = max(s.fill.get(f["block"], 0), int(f["offset"]) + int(f["count"]))
+        elif t == "kv.rollback":
+            s.rolled.update(e["blocks"])
+        elif t == "kv.free":
+            s.finished, s.step = True, e.get("step")
+            s.freed, s.kept, s.released = set(e["blocks"]), set(e.get("cached") or ()), int(e.get("released") or 0)
+    for b in s.shared:
+        s.fill[b] = block_size  # a full block, written by the request that left it
+    return s
+
+
+def entry_state(s: TableStory, b: int, pool: dict | None) -> str:
+    if s.finished:
+        return "cached" if b in s.kept else "freed" if b in s.freed else "released"
+    if b in s.rolled:
+        return "rolled back"
+    shared_now = pool is not None and b < len(pool["ref"]) and pool["ref"][b] > 1
+    return "shared" if b in s.shared or shared_now else "mine"
+
+
+def _slots_image(state: str, filled: int, block_size: int, mark: int | None) -> np.ndarray:
+    cols = min(ROW_SLOTS, block_size)
+    rows = -(-block_size // cols)
+    pitch = SLOT_PX + SLOT_GAP
+    img = np.full((rows * pitch - SLOT_GAP, cols * pitch - SLOT_GAP, 3), 255, dtype=np.uint8)
+    empty, written = RGB[state]
+    for i in range(block_size):
+        y, x = (i // cols) * pitch, (i % cols) * pitch
+        img[y:y + SLOT_PX, x:x + SLOT_PX] = written if i < filled else empty
+        if i == mark:
+            for t in range(2):
+                img[y + t, x:x + SLOT_PX] = img[y + SLOT_PX - 1 - t, x:x + SLOT_PX] = MARK
+                img[y:y + SLOT_PX, x + t] = img[y:y + SLOT_PX, x + SLOT_PX - 1 - t] = MARK
+    return img
+
+
+def table_html(events: Sequence[dict], pool: dict | None, request_id: str | None, block_size: int,
+               picked: int | None = None) -> tuple[str, TableStory]:
+    """The block table zoomed: an entry per block (table index, block id, the positions it
+    holds, its slots, its state). picked: a position whose slot is framed red. -> (HTML, story)."""
+    s = story_of(events, block_size)
+    if not s.table:
+        return "", s
+    owners = {int(k): v for k, v in (pool or {}).get("owners", {}).items()}
+    fill_now = {int(k): v for k, v in (pool or {}).get("fill", {}).items()}
+    cells = []
+    for i, b in enumerate(s.table[:MAX_ENTRIES]):
+        state = entry_state(s, b, pool)
+        held = request_id in owners.get(b, ())
+        filled = min(block_size, fill_now.get(b, 0) if held else s.fill.get(b, 0))
+        lo = i * block_size
+        where = (f"positions {lo}–{lo + filled - 1}" if filled > 1 else f"position {lo}" if filled else
+                 "no token yet")
+        origin = "K/V from the prefix cache" if b in s.shared else "K/V computed by this request"
+        mark = picked - lo if picked is not None and lo <= picked < lo + block_size else None
+        img = _slots_image(state, filled, block_size, mark)
+        tip = hover_attr({"kind": "blocks", "w": 1, "h": 1, "n": 1, "blocks": {
+            0: f"table entry {i} · block {b} · {WORDS[state]} · {origin} · {filled}/{block_size} slots · {where}"}})
+        pic = hover_img(img, "tt-kvt-img", f"block {b}: {filled} of {block_size} slots", tip, img.shape[1] * 2,
+                        img.shape[0] * 2)
+        cells.append(f'<div class="tt-kvt-entry tt-kvt-{state.replace(" ", "-")}{" tt-kvt-picked" if mark is not None else ""}" '
+                     f'data-block="{b}" data-state="{esc(state)}" data-fill="{filled}">'
+                     f'<div class="tt-kvt-head">#{i} → block <b>{b}</b></div>{pic}'
+                     f'<div class="tt-kvt-foot">{esc(where)} · {filled}/{block_size}</div>'
+                     f'<div class="tt-kvt-state">{esc(WORDS[state])}'
+                     f'{"<br>" + esc(origin) if s.finished and b in s.shared else ""}</div></div>')
+    more = len(s.table) - MAX_ENTRIES
+    rest = f"<div class='tt-note'>… and {plural(more, 'more entry')} not drawn</div>" if more > 0 else ""
+    title = ("this request's block table at the finish: what became of each block" if s.finished else
+             f"this request's block table: entry i holds positions {block_size}·i to {block_size}·i + {block_size - 1}, "
+             "its slots filling as their K/V are written")
+    return (f"<div class='tt-kvt'><div class='tt-subtitle'>{esc(title)}</div>"
+            f"<div class='tt-kvt-row'>{''.join(cells)}</div>{rest}</div>"), s
+
+
+def finish_words(s: TableStory, block_size: int) -> str:
+    """After the finish: what was freed and what the prefix cache keeps (HTML, escaped)."""
+    if not s.finished:
+        return ""
+    kept = [b for b in s.table if b in s.kept]
+    freed = [b for b in s.table if b in s.freed and b not in s.kept]
+    held = [b for b in s.table if b not in s.freed]
+    ids = lambda bs: esc(", ".join(map(str, bs[:16])) + ("…" if len(bs) > 16 else ""))  # noqa: E731
+    parts = [f"at its finish (engine step {s.step}) the request gave back its table of "
+             f"{plural(len(s.table), 'block')}:"]
+    if freed:
+        parts.append(f"{plural(len(freed), 'block')} freed ({ids(freed)}): back to the free list, reused first")
+    if kept:
+        lead = 0  # a hit walks the hash chain from entry 0: only a leading run of cached blocks is found
+        while lead < len(s.table) and (s.table[lead] in s.kept or (s.table[lead] in held and s.table[lead] in s.shared)):
+            lead += 1
+        reach = (f"a later request that begins with the same {lead * block_size:,} tokens (and goes on past them) "
+                 f"finds {'them' if lead == len(kept) else f'the first {lead}'}" if lead else
+                 "no later request can find them before the blocks ahead of them in the chain")
+        parts.append(f"{plural(len(kept), 'full block')} ({ids(kept)}) free but kept in the prefix cache: {reach}")
+    if held:
+        parts.append(f"{plural(len(held), 'block')} ({ids(held)}) still held by another request (its reference "
+                     "dropped)")
+    return f"<div class='tt-kvt-after'>{parts[0]} {'; '.join(parts[1:])}.</div>"
