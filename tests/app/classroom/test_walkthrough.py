@@ -39,7 +39,8 @@ def test_the_prefix_stage_says_what_happened_to_this_request(miss_then_hit):
     text = walk(miss)["prefix"]
     assert "A <b>MISS</b>" in text and "HIT</b>" not in text and "would" not in text
     assert f"all <b>{look['prompt_tokens']}</b> prompt tokens are computed now" in text
-    assert f"begins with the same <b>{look['full_blocks'] * hit.model['block_size']}</b> tokens" in text
+    blocks = look["full_blocks"]
+    assert f"find <b>{blocks}</b> blocks (<b>{blocks * hit.model['block_size']}</b> tokens), a HIT" in text
     look = first(hit, "prefix_cache.lookup")
     assert look["hit"] and look["cached_tokens"] > 0
     text = walk(hit)["prefix"]
