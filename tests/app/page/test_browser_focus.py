@@ -92,3 +92,29 @@ def test_on_a_phone_the_prompt_and_send_come_first(server, browser):
     first = max(tops["#tt-user"]["bottom"], tops["#tt-send"]["bottom"])
     assert all(first <= tops[s]["top"] for s in ("#tt-map", "#tt-model", "#tt-step-row", "#tt-temperature")), tops
     context.close()
+
+
+def test_a_phone_in_the_classroom_sees_the_question_and_the_stage(server, browser):
+    """The audience's 420 × 800 phone: the question, the stage's heading and its first sentence
+    without scrolling (the projector's 22 px type pushed the stage below the question)."""
+    context = browser.new_context(viewport={"width": 1280, "height": 720})
+    page = open_page(context, server.url)
+    set_controls(page, "Hi there.", 6)
+    page.click("#tt-send")
+    wait_finished(page)
+    page.click("#tt-class-start")
+    page.wait_for_selector("#tt-class-links a")
+    links = page.eval_on_selector_all("#tt-class-links a", "as => as.map(a => a.href)")
+    presenter = next(u for u in links if "key=" in u)
+    audience = next(u for u in links if "key=" not in u)
+    lead = context.new_page()
+    lead.goto(presenter)
+    lead.click("#tt-q-open")
+    phone = browser.new_context(viewport={"width": 420, "height": 800}).new_page()
+    phone.goto(audience)
+    phone.wait_for_selector("#tt-class-q .tt-q-choice")
+    phone.wait_for_selector("#tt-class-title")
+    shown = ("#tt-class-q", "#tt-class-title", ".tt-class-text p")
+    assert not off_screen(phone, 420, 800, shown), off_screen(phone, 420, 800, shown)
+    phone.context.close()
+    context.close()
