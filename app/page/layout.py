@@ -95,7 +95,8 @@ def _ask(ui: dict, ctl: Controller) -> None:
     ui["hint_prompt"] = gr.HTML("", elem_id="tt-hint-prompt", padding=False, elem_classes=["tt-hint-box"])
     with gr.Row(elem_id="tt-send-row"):
         ui["send"] = gr.Button("Send", variant="primary", elem_id="tt-send", interactive=live, min_width=70)
-        ui["stop"] = gr.Button("Stop", variant="secondary", elem_id="tt-stop", interactive=live, min_width=70)
+        ui["stop"] = gr.Button("Stop", variant="secondary", elem_id="tt-stop", interactive=False,  # nothing runs yet
+                               min_width=70)
         ui["watch"] = gr.Button("Watch API requests", elem_id="tt-watch", interactive=live, min_width=120)
     ui["unlock"] = gr.Button("✎ New request (keep these settings)", size="sm", elem_id="tt-unlock", visible=False)
     ui["hint_send"] = gr.HTML("", elem_id="tt-hint-send", padding=False, elem_classes=["tt-hint-box"])

@@ -86,7 +86,7 @@ class Streaming(PageState):
         now = time.perf_counter()  # the last tokens first, then every panel's final state (Status with the map)
         yield {"answer": view.draw(["answer"], now)["answer"]}
         done = f"{rid}: finished ({reason}), {plural(len(view.generated_ids()), 'token')}"
-        yield merged(self.full(tab, view, done), self.stop_look(False))
+        yield merged(self.full(tab, view, done), self.stop_look(False, can_stop=tab.watched))  # Stop ends a watch
         # then the recording (Export, the step slider); the last yield carries every value (the
         # panels as just drawn: Gradio sends no change for them)
         yield {**{n: view.drawn[n] for n in PANELS}, "status": done, **self.recording_updates(tab),
@@ -189,7 +189,8 @@ class Streaming(PageState):
         try:
             waiting = "watching: waiting for a request from curl, the SDK or another tab"
             # read-only while watching; Stop (not "New request") ends it
-            yield {"status": waiting, **self.lock(self.sessions.get(key), True), "unlock": gr.update(visible=False)}
+            yield {"status": waiting, **self.lock(self.sessions.get(key), True), "unlock": gr.update(visible=False),
+                   **self.stop_look(False, can_stop=True)}
             while True:
                 idle_since = time.monotonic()
                 while not arrivals:

@@ -2,8 +2,9 @@
 screen holds the prompt, Send, the pipeline map and the answer's box, after load and while
 the answer streams; a chip brings its stage's section under the map, the prompt and the
 answer still in view; Play and Pause are off with nothing to replay and on once a trace is
-loaded; at 420 px the prompt and Send come first. Skips without Chromium unless
-TOKENTRACE_REQUIRE_BROWSER=1 (see tests/browser_utils.py)."""
+loaded, Stop only while there is something to stop; at 420 px the prompt and Send come
+first; a phone in the classroom sees the question and the stage. Skips without Chromium
+unless TOKENTRACE_REQUIRE_BROWSER=1 (see tests/browser_utils.py)."""
 from __future__ import annotations
 
 import pytest
@@ -42,12 +43,14 @@ def test_the_first_screen_holds_the_prompt_send_the_map_and_the_answer(server, b
     assert not off_screen(page, width, height), off_screen(page, width, height)
     assert page.evaluate("window.scrollY") == 0
     assert disabled(page, "#tt-play") and disabled(page, "#tt-pause")  # nothing to replay yet
+    assert disabled(page, "#tt-stop")  # nothing to stop
     set_controls(page, "Tell me a long story about a fox and an owl.", 40)
     page.evaluate(TO_TOP)  # typing in the max-tokens box scrolled the sidebar down to it
     page.click("#tt-send")
     page.wait_for_function("/streaming, [1-9]\\d* tokens?$/.test(document.querySelector('#tt-status textarea').value)",
                            timeout=90_000)
     assert not off_screen(page, width, height), off_screen(page, width, height)  # while it streams
+    assert not disabled(page, "#tt-stop")
     # a chip (KV pages: far down the page) brings its section to just under the map, beside the answer
     page.click("#tt-map .tt-map-chip[data-key=kv]")
     page.wait_for_function("window.scrollY > 0")
