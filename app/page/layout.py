@@ -1,5 +1,7 @@
-"""The Gradio page's layout: the pipeline map on top, the replay bar, Send's controls on the
-left, and one section per stage of the request in the order a request travels
+"""The Gradio page's layout, a focus layout: a sidebar that stays in view (the prompt, Send,
+Status and the answer as it streams; then the settings and, at its foot, the replay and the
+classroom) beside the pipeline map, which stays on top of one section per stage of the
+request (a chip brings its section under the map), in the order a request travels
 (visualizers.journey: request -> tokenize -> prefix cache -> embed -> layers -> prefill /
 decode -> KV pages -> LM head and logit lens -> sampling -> stream -> batching ->
 speculation -> parallelism), each its sentence then its panels. A stage this request skips
@@ -43,9 +45,10 @@ from visualizers.journey import KEYS
 CSS = (Path(__file__).with_name("page.css")).read_text() + "\n" + (
     Path(__file__).with_name("panels.css").read_text() if Path(__file__).with_name("panels.css").exists() else "")
 HEAD = "".join(f"<script>{Path(__file__).with_name(js).read_text()}</script>"  # hover tips, token picks;
-              for js in ("hover.js", "glyphs.js"))  # token text no font draws, as code points
+              for js in ("hover.js", "glyphs.js", "focus.js"))  # code points; a chip's section in view
 LATER_PANELS = ("logit_lens", "parallel")  # panels added after the page's API was published: last in its outputs
-NEWEST = ("choices",)  # added later still: at the very end of the outputs (after the extra controls)
+NEWEST = ("choices",)
+SIDEBAR = ("answer",)  # panels drawn beside the map (under Send), not in their stage's section  # added later still: at the very end of the outputs (after the extra controls)
 SEND_INPUTS = ("system", "user", "temperature", "top_k", "top_p", "max_tokens", "seed", "speculative", "k", "level",
                "layer", "head", "model") + MORE  # /send's positional inputs, in the published order (new ones last)
 SETTINGS = ("system", "user", "temperature", "top_k", "top_p", "max_tokens", "seed", "speculative", "k",
@@ -84,8 +87,28 @@ class Wiring:
         return [self.ui[n] for n in names]
 
 
+def _ask(ui: dict, ctl: Controller) -> None:
+    """The prompt, Send and Status, then the answer as it streams: the sidebar's top, the first
+    thing on every screen (a phone's too)."""
+    live, opening, plain = ctl.live, ctl.opening, not ctl.model["chat_template"]
+    ui["user"] = gr.Textbox(label=texts.USER_LABEL[plain], lines=3, value=opening.user, elem_id="tt-user",
+                            interactive=live)
+    ui["hint_prompt"] = gr.HTML("", elem_id="tt-hint-prompt", padding=False, elem_classes=["tt-hint-box"])
+    with gr.Row(elem_id="tt-send-row"):
+        ui["send"] = gr.Button("Send", variant="primary", elem_id="tt-send", interactive=live, min_width=70)
+        ui["stop"] = gr.Button("Stop", variant="secondary", elem_id="tt-stop", interactive=False,  # nothing runs yet
+                               min_width=70)
+        ui["watch"] = gr.Button("Watch API requests", elem_id="tt-watch", interactive=live, min_width=120)
+    ui["unlock"] = gr.Button("✎ New request (keep these settings)", size="sm", elem_id="tt-unlock", visible=False)
+    ui["hint_send"] = gr.HTML("", elem_id="tt-hint-send", padding=False, elem_classes=["tt-hint-box"])
+    ui["status"] = gr.Textbox(label="Status", show_label=False, placeholder="Status", interactive=False,
+                              elem_id="tt-status",
+                              value="" if live else f"replaying {ctl.replay.request_id}")
+    _panel(ui, "answer", ctl.blank)
+
+
 def _controls(ui: dict, ctl: Controller) -> None:
-    """Send's controls, the left column."""
+    """Send's settings, under the answer in the sidebar."""
     m, live, opening = ctl.model, ctl.live, ctl.opening
     choices = [(texts.model_choice(i), name) for name, i in ctl.infos.items()] if live else \
         [(texts.model_choice(m), m["name"])]
@@ -93,20 +116,10 @@ def _controls(ui: dict, ctl: Controller) -> None:
                                                  interactive=live and len(choices) > 1,
                                                  info="every panel draws the picked model's shapes")
     ui["note"] = gr.HTML(texts.model_note(m, len(ctl.infos)), elem_id="tt-model-note", padding=False)
+    ui["summary"] = gr.HTML(texts.model_summary(m), elem_id="tt-model-summary", padding=False)
     plain = not m["chat_template"]
     ui["system"] = gr.Textbox(label=texts.SYSTEM_LABEL[plain], lines=2, value=opening.system, elem_id="tt-system",
                               interactive=live and not plain)
-    ui["user"] = gr.Textbox(label=texts.USER_LABEL[plain], lines=3, value=opening.user, elem_id="tt-user",
-                            interactive=live)
-    ui["hint_prompt"] = gr.HTML("", elem_id="tt-hint-prompt", padding=False, elem_classes=["tt-hint-box"])
-    with gr.Row(elem_id="tt-send-row"):
-        ui["send"] = gr.Button("Send", variant="primary", elem_id="tt-send", interactive=live)
-        ui["stop"] = gr.Button("Stop", variant="secondary", elem_id="tt-stop", interactive=live)
-        ui["watch"] = gr.Button("Watch API requests", elem_id="tt-watch", interactive=live)
-    ui["unlock"] = gr.Button("✎ New request (keep these settings)", size="sm", elem_id="tt-unlock", visible=False)
-    ui["hint_send"] = gr.HTML("", elem_id="tt-hint-send", padding=False, elem_classes=["tt-hint-box"])
-    ui["status"] = gr.Textbox(label="Status", interactive=False, elem_id="tt-status",
-                              value="" if live else f"replaying {ctl.replay.request_id}")
     ui["temperature"] = gr.Slider(0, 2, value=opening.temperature, step=0.05, label="Temperature (0 = greedy)",
                                   elem_id="tt-temperature", interactive=live)
     ui["top_k"] = gr.Slider(0, min(200, m["vocab_size"]), value=opening.top_k, step=1, label="Top-k (0 = off)",
@@ -172,33 +185,40 @@ def _more_controls(ui: dict, ctl: Controller) -> None:
 
 
 def _replay_bar(ui: dict, ctl: Controller) -> None:
-    """Load / export / play / the step slider / classroom: above the controls, so a phone
-    reaches the slider without scrolling past them."""
+    """Load / export / play / the step slider / classroom: at the sidebar's foot on a wide
+    screen, under the answer on a phone (page.css orders them). Play and Pause wait for a
+    recording of more than one step (steps_updates turns them on)."""
     replay = ctl.replay
-    with gr.Row(equal_height=False, elem_id="tt-replay"):
-        ui["load"] = gr.UploadButton("Load trace", file_types=[".json"], size="sm", elem_id="tt-load", min_width=100)
-        ui["export"] = gr.DownloadButton("Export trace", value=write_trace(replay) if replay else None, size="sm",
-                                         elem_id="tt-export", interactive=not ctl.live, min_width=100)
-        ui["export_timeline"] = gr.DownloadButton(
-            "Export timeline", value=write_timeline(replay) if replay else None, size="sm",
-            elem_id="tt-export-timeline", interactive=not ctl.live, min_width=120)
-        ui["play"] = gr.Button("▶ Play", size="sm", elem_id="tt-play", min_width=80)
-        ui["pause"] = gr.Button("❚❚ Pause", size="sm", elem_id="tt-pause", min_width=80)
-        ui["speed"] = gr.Dropdown(list(SPEEDS), value="2 steps/s", label="Replay speed", container=False,
-                                  show_label=False, min_width=130, elem_id="tt-speed", elem_classes=["tt-speed"])
-        ui["class_btn"] = gr.Button("Classroom", size="sm", elem_id="tt-class-start", min_width=100)
     first, note = first_bar(None if ctl.live else ReplayCursor(replay))
-    # numbered from 1, as Status counts them: "step 3 of 6 engine steps" is the slider at 3. The box
-    # beside it takes any number (clamped, with a word in Status): the slider's own number box, hidden,
-    # refuses one past its ends with a red "Error" toast on every panel
-    with gr.Row(equal_height=True, elem_id="tt-step-row"):
-        ui["step"] = gr.Slider(step=1, elem_id="tt-step", scale=6, **first)
-        ui["step_box"] = gr.Number(value=first["value"], precision=0, label="go to step", elem_id="tt-step-box",
-                                   scale=1, min_width=90, interactive=bool(first["interactive"]),
-                                   visible=first["visible"])
-        ui["step_note"] = gr.HTML(note, elem_id="tt-step-note", padding=False, visible=not first["visible"])
-    ui["replay_note"] = gr.HTML("", elem_id="tt-replay-note", padding=False)
-    ui["class_links"] = gr.HTML("", elem_id="tt-class-links")
+    with gr.Column(elem_id="tt-replay-box"):
+        gr.HTML("<div class='tt-box-title'>Replay and classroom</div>", padding=False)
+        with gr.Row(equal_height=False, elem_id="tt-replay"):
+            ui["load"] = gr.UploadButton("Load trace", file_types=[".json"], size="sm", elem_id="tt-load",
+                                         min_width=90)
+            ui["export"] = gr.DownloadButton("Export trace", value=write_trace(replay) if replay else None, size="sm",
+                                             elem_id="tt-export", interactive=not ctl.live, min_width=90)
+            ui["export_timeline"] = gr.DownloadButton(
+                "Export timeline", value=write_timeline(replay) if replay else None, size="sm",
+                elem_id="tt-export-timeline", interactive=not ctl.live, min_width=110)
+            ui["class_btn"] = gr.Button("Classroom", size="sm", elem_id="tt-class-start", min_width=90)
+        with gr.Row(equal_height=False, elem_id="tt-play-row"):
+            ui["play"] = gr.Button("▶ Play", size="sm", elem_id="tt-play", min_width=70,
+                                   interactive=first["visible"])
+            ui["pause"] = gr.Button("❚❚ Pause", size="sm", elem_id="tt-pause", min_width=70,
+                                    interactive=first["visible"])
+            ui["speed"] = gr.Dropdown(list(SPEEDS), value="2 steps/s", label="Replay speed", container=False,
+                                      show_label=False, min_width=110, elem_id="tt-speed", elem_classes=["tt-speed"])
+        # numbered from 1, as Status counts them: "step 3 of 6 engine steps" is the slider at 3. The box
+        # beside it takes any number (clamped, with a word in Status): the slider's own number box, hidden,
+        # refuses one past its ends with a red "Error" toast on every panel
+        with gr.Row(equal_height=True, elem_id="tt-step-row"):
+            ui["step"] = gr.Slider(step=1, elem_id="tt-step", scale=6, **first)
+            ui["step_box"] = gr.Number(value=first["value"], precision=0, label="go to step", elem_id="tt-step-box",
+                                       scale=1, min_width=90, interactive=bool(first["interactive"]),
+                                       visible=first["visible"])
+            ui["step_note"] = gr.HTML(note, elem_id="tt-step-note", padding=False, visible=not first["visible"])
+        ui["replay_note"] = gr.HTML("", elem_id="tt-replay-note", padding=False)
+        ui["class_links"] = gr.HTML("", elem_id="tt-class-links")
 
 
 def _panel(ui: dict, name: str, blank) -> None:
@@ -246,7 +266,8 @@ def _stages(ui: dict, ctl: Controller) -> None:
             ui[f"stage:{key}"] = gr.HTML(stage_html(st) if st else "", elem_id=f"tt-stage-text-{key}",
                                          padding=False)
             for name in placed[key]:
-                _panel(ui, name, blank)
+                if name not in SIDEBAR:
+                    _panel(ui, name, blank)
             if key == "prefix" and ctl.live:  # a second request that hits this one's blocks (second_request.py)
                 ui["second"] = gr.Button(SECOND, size="sm", elem_id="tt-second-request")
         ui[f"section:{key}"] = section
@@ -274,13 +295,16 @@ def build_page(served: ServedModels | EngineService | None, replay: Recording | 
                 f"happens.</p></div>")
         with gr.Tabs(elem_id="tt-tabs"):
             with gr.Tab("Journey", id="journey", elem_id="tt-tab-journey"):
-                ui["summary"] = gr.HTML(texts.model_summary(ctl.model), elem_id="tt-model-summary")
-                ui["map"] = gr.HTML(map_html(_shown_stages(ctl), live=not ctl.live), elem_id="tt-map")
-                _replay_bar(ui, ctl)
+                # the focus layout: a sticky sidebar (prompt, Send, the answer; then the settings and
+                # the replay) beside a sticky map over every stage's section; a chip scrolls its
+                # section to just under the map (focus.js)
                 with gr.Row(equal_height=False, elem_id="tt-body"):
-                    with gr.Column(scale=1, min_width=300, elem_id="tt-controls"):
+                    with gr.Column(scale=1, min_width=340, elem_id="tt-controls"):
+                        _ask(ui, ctl)
                         _controls(ui, ctl)
+                        _replay_bar(ui, ctl)
                     with gr.Column(scale=3, min_width=320, elem_id="tt-journey"):
+                        ui["map"] = gr.HTML(map_html(_shown_stages(ctl), live=not ctl.live), elem_id="tt-map")
                         _stages(ui, ctl)
             build_lab_tab(ctl)
         _wire(page, ui, ctl)
@@ -296,7 +320,8 @@ def api_outputs(ui: dict) -> list:
                      "summary", "note", "system", "user", "speculative", "k", "layer", "head", "moe_col",
                      "temperature", "top_k", "top_p", "max_tokens", "seed", "level"] \
         + later + ["export_timeline", "map"] + [f"stage:{k}" for k in KEYS] + [f"section:{k}" for k in KEYS] \
-        + ["stop", "send", "unlock", "replay_note", "step_box"] + list(MORE) + ["hint_more", "choices", "step_note"]
+        + ["stop", "send", "unlock", "replay_note", "step_box"] + list(MORE) + ["hint_more", "choices", "step_note"] \
+        + ["play", "pause"]
     return [ui[n] for n in names if n in ui]
 
 

@@ -134,9 +134,11 @@ class PageState:
             return tab.service.model_name
         return self.model["name"]
 
-    def stop_look(self, running: bool) -> dict:
-        """Stop is red only while something runs that it would stop."""
-        return {"stop": gr.update(variant="stop" if running else "secondary")}
+    def stop_look(self, running: bool, can_stop: bool | None = None) -> dict:
+        """Stop is red only while something runs that it would stop, and pressable only while
+        there is something to stop (can_stop: a watch between requests, which Stop ends)."""
+        return {"stop": gr.update(variant="stop" if running else "secondary",
+                                  interactive=running if can_stop is None else can_stop)}
 
     def controls_for(self, info: dict, served_model: bool = True) -> dict:
         """Updates for every control and panel frame that depends on the model shown: the picker

@@ -54,10 +54,12 @@ def first_bar(cursor: ReplayCursor | None) -> tuple[dict, str]:
 
 
 def steps_updates(cursor: ReplayCursor | None) -> dict:
-    """The step slider, its number box and the note over a recording (None: nothing to replay)."""
+    """The step slider, its number box, the note and Play / Pause over a recording (None:
+    nothing to replay: Play and Pause off, as the slider is)."""
     r, note = first_bar(cursor)
     if cursor is not None:
         r["value"] = cursor.frame + 1 if r["visible"] else r["value"]
-    return {"step": gr.update(**r), "step_box": gr.update(value=r["value"], interactive=r["interactive"],
+    playable = gr.update(interactive=r["visible"])
+    return {"play": playable, "pause": playable, "step": gr.update(**r), "step_box": gr.update(value=r["value"], interactive=r["interactive"],
                                                           visible=r["visible"]),
             "step_note": gr.update(value=note, visible=not r["visible"])}

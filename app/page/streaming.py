@@ -73,18 +73,20 @@ class Streaming(PageState):
             if now - last >= YIELD_EVERY and not view.finished:
                 out = draw_within(view, view.due(now), now)
                 if tab.clock.due(now) or any(n in out for n in ONE_PASS):  # the words follow the panels' pass
+                    # Status counts the tokens the map's chips count: read from the same events, sent in
+                    # the same update (a Status of every yield ran a token ahead of the Stream chip)
                     out.update(self.journey_updates(tab, view, now))
+                    out["status"] = f"{rid}: streaming, {plural(len(view.generated_ids()), 'token')}"
                 if out:
-                    yield {**out, "status": f"{rid}: streaming, {plural(len(view.generated_ids()), 'token')}"}
+                    yield out
                     last = now
         view.add(next_items(0))
         fin = view.first("finish")
         reason = fin["reason"] if fin else next((o["finish_reason"] for o in view.outputs if o["finished"]), "?")
-        now = time.perf_counter()  # the last tokens first, then every panel's final state
-        yield {"answer": view.draw(["answer"], now)["answer"],
-               "status": f"{rid}: streaming, {plural(len(view.generated_ids()), 'token')}"}
+        now = time.perf_counter()  # the last tokens first, then every panel's final state (Status with the map)
+        yield {"answer": view.draw(["answer"], now)["answer"]}
         done = f"{rid}: finished ({reason}), {plural(len(view.generated_ids()), 'token')}"
-        yield merged(self.full(tab, view, done), self.stop_look(False))
+        yield merged(self.full(tab, view, done), self.stop_look(False, can_stop=tab.watched))  # Stop ends a watch
         # then the recording (Export, the step slider); the last yield carries every value (the
         # panels as just drawn: Gradio sends no change for them)
         yield {**{n: view.drawn[n] for n in PANELS}, "status": done, **self.recording_updates(tab),
@@ -187,7 +189,8 @@ class Streaming(PageState):
         try:
             waiting = "watching: waiting for a request from curl, the SDK or another tab"
             # read-only while watching; Stop (not "New request") ends it
-            yield {"status": waiting, **self.lock(self.sessions.get(key), True), "unlock": gr.update(visible=False)}
+            yield {"status": waiting, **self.lock(self.sessions.get(key), True), "unlock": gr.update(visible=False),
+                   **self.stop_look(False, can_stop=True)}
             while True:
                 idle_since = time.monotonic()
                 while not arrivals:

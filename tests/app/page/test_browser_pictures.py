@@ -103,10 +103,10 @@ def test_at_420_px_the_grid_the_timeline_and_the_tables_stay_readable(server, br
     context.close()
 
 
-GAP = """() => {
+GAP = """() => {  /* the replay box's foot below its step row (its notes and links empty until used) */
   const bar = document.querySelector('#tt-step-row').getBoundingClientRect();
-  const body = document.querySelector('#tt-body').getBoundingClientRect();
-  return body.top - bar.bottom;
+  const box = document.querySelector('#tt-replay-box').getBoundingClientRect();
+  return box.bottom - bar.bottom;
 }"""
 
 

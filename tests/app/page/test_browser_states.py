@@ -278,7 +278,8 @@ def test_the_controls_read_right_at_rest_and_on_a_phone(page):
     """Issue 25, items 6, 9 and 10: Stop is not bright red when nothing runs; the speed dropdown
     has a name of its own (it was "Dropdown"); the model picker's text stops before its caret;
     the pipeline map opens the page with the stages below it in the request's order; and at
-    420 px the replay slider is above Send's controls (it was about 1,500 px down, under them)."""
+    420 px the replay slider is on the first screen, under the prompt and Send (issue 38: they
+    come first) and above the settings (it was about 1,500 px down, under them)."""
     assert "stop" not in page.get_attribute("#tt-stop", "class").split()
     speed = page.locator("#tt-speed input")
     assert speed.get_attribute("aria-label") == "Replay speed"
@@ -295,7 +296,8 @@ def test_the_controls_read_right_at_rest_and_on_a_phone(page):
     page.set_viewport_size({"width": 420, "height": 900})
     page.wait_for_timeout(400)
     slider, prompt = page.locator("#tt-step-row").bounding_box(), page.locator("#tt-user").bounding_box()
-    assert slider["y"] < prompt["y"] and slider["y"] < 900, (slider, prompt)  # on the first screen
+    settings = page.locator("#tt-temperature").bounding_box()
+    assert prompt["y"] < slider["y"] < settings["y"] and slider["y"] < 900, (slider, prompt)  # on the first screen
 
 
 def test_the_moe_table_keeps_its_expert_labels_in_view(page):
