@@ -306,7 +306,7 @@ class TraceStore:
 
     def brief(self, request_id: str) -> dict | None:
         """What a list of traces shows, without decoding the trace: body, model, finished,
-        pinned, nbytes, tokens (the last usage's total) and the capture level."""
+        pinned, nbytes, tokens (prompt + completion, from the last usage) and the capture level."""
         with self._lock:
             tr = self._traces.get(request_id)
             if tr is None:
@@ -317,7 +317,7 @@ class TraceStore:
                    "nbytes": tr.nbytes}
         first, last = (json.loads(x) if isinstance(x, str) else x for x in (first, last))
         usage = (last or {}).get("usage") or {}
-        out["tokens"] = int(usage.get("total_tokens") or 0)
+        out["tokens"] = int(usage.get("prompt_tokens") or 0) + int(usage.get("completion_tokens") or 0)
         out["level"] = first.get("trace_level") if first and first.get("type") == "request.arrive" else None
         return out
 

@@ -33,7 +33,9 @@ def level_of(body: dict | None, events: list[dict]) -> str | None:
 
 def tokens_of(outputs: list[dict]) -> int:
     usage = next((o.get("usage") for o in reversed(outputs) if o.get("usage")), None) or {}
-    return int(usage.get("total_tokens") or sum(o.get("token_id", -1) >= 0 for o in outputs))
+    if usage:
+        return int(usage.get("prompt_tokens") or 0) + int(usage.get("completion_tokens") or 0)
+    return sum(o.get("token_id", -1) >= 0 for o in outputs)
 
 
 def started_meta(request_id: str, model: str | None, body: dict | None, created: float | None = None) -> TraceMeta:
