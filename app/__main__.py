@@ -368,17 +368,23 @@ def library_of(store, args: argparse.Namespace):
         sys.exit(f"cannot start: {e} (--db none serves from memory only)")
 
 
+def replay_recording(name: str, library):
+    """--replay's recording: a file, else the trace of that id in the database (ValueError: neither)."""
+    from app.serving.recording import Recording  # lazy: torch
+    if Path(name).is_file() or library.repo is None:
+        return Recording.loads(Path(name).read_bytes())
+    rec = library.recording(name)
+    if rec is None:
+        raise ValueError(f"no such file, and no trace of that id in {library.where}")
+    return rec
+
+
 def serve_replay(args: argparse.Namespace) -> None:
     """--replay FILE|ID: the page, replay controls and classroom on one recording; no engine."""
-    from app.serving.recording import Recording, TraceFileError  # lazy: torch
+    from app.serving.recording import TraceFileError  # lazy: torch
     library = library_of(None, args)
     try:
-        if Path(args.replay).is_file() or library.repo is None:
-            rec = Recording.loads(Path(args.replay).read_bytes())
-        else:
-            rec = library.recording(args.replay)
-            if rec is None:
-                raise ValueError(f"no such file, and no trace of that id in {library.where}")
+        rec = replay_recording(args.replay, library)
         limits = serve_limits(args)
     except (TraceFileError, OSError, ValueError) as e:
         sys.exit(f"cannot replay {args.replay}: {e}")
