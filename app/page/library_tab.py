@@ -33,7 +33,8 @@ def _where(library: Library) -> str:
         return (f"<span class='tt-err' id='tt-lib-down'>The database ({where}) is unreachable: the list shows "
                 f"what this server keeps in memory; writes resume when it is back "
                 f"({h['pending']} queued).</span>")
-    return f"Traces are kept in {html.escape(h['kind'])} <code>{where}</code>: they last across restarts."
+    kind = {"sqlite": "SQLite", "postgresql": "PostgreSQL"}.get(h["kind"], html.escape(h["kind"]))
+    return f"Traces are kept in {kind} <code>{where}</code>: they last across restarts."
 
 
 @dataclass

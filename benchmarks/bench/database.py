@@ -45,9 +45,10 @@ def database(b: Bench) -> None:
     on, off = open_library(svc.store, str(folder / "bench.db"), lambda line: None), Library(svc.store)
     on.recorder = lambda rid: record_request(svc.store, rid, svc.model_info(), svc.piece, svc.is_special)
     n = 2 * s.new_tokens
+    words = TEXT[:300 if s.new_tokens >= 64 else 40]  # --quick: a tiny model's context
 
     def body(tokens: int) -> dict:
-        return {"messages": [{"role": "user", "content": TEXT[:300]}], "max_tokens": tokens, "ignore_eos": True,
+        return {"messages": [{"role": "user", "content": words}], "max_tokens": tokens, "ignore_eos": True,
                 "temperature": 0, "trace_level": "full"}
     try:
         _stream(svc, body(4))  # warm-up
@@ -70,7 +71,8 @@ def database(b: Bench) -> None:
         b.add("trace database", "the write left after a request ends", statistics.median(writes) * 1e3, "ms",
               note="on the writer thread, after the stream ended: its file encoded, compressed, committed")
         svc.store.listener = on
-        rid, _, _ = _stream(svc, body(REPLAY_TOKENS))
+        replay_tokens = REPLAY_TOKENS if s.new_tokens >= 64 else 4 * n  # --quick: a short one
+        rid, _, _ = _stream(svc, body(replay_tokens))
         on.writer.flush(120)
         cold = open_library(None, str(folder / "bench.db"), lambda line: None)  # a restarted server: no memory
         t = time.perf_counter()
@@ -78,7 +80,7 @@ def database(b: Bench) -> None:
         cursor = ReplayCursor(rec)
         cursor.goto(cursor.last_frame)
         load = time.perf_counter() - t
-        b.add("trace database", f"replay load of a {REPLAY_TOKENS}-token full trace", load * 1e3, "ms",
+        b.add("trace database", f"replay load of a {replay_tokens}-token full trace", load * 1e3, "ms",
               note=f"read, decompress, parse, replay to its last frame (target < 1000 ms); "
                    f"{cold.repo.meta(rid).nbytes / 2**20:.1f} MiB of JSON")
         cold.close()
