@@ -127,3 +127,22 @@ def test_postgresql_stopped_mid_run_serves_from_memory_and_writes_resume(server,
     other = open_library(None, db_url, lambda line: None)  # a second server on the same database shares it
     assert [t["id"] for t in other.listed(5)[0]][:1] == [during] and other.recording(during) is not None
     other.close()
+
+
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+def test_two_servers_on_one_postgresql_share_the_library(server, db_url, checkpoint, tmp_path_factory):
+    client, library = server
+    other = app_service(checkpoint, "--draft", "none", "--served-model-name", "second", model="llama")
+    second = open_library(other.store, db_url, lambda line: None)
+    with LocalServer(other, app=create_app(other, library=second)) as srv, \
+            httpx.Client(base_url=srv.url, timeout=60) as c:
+        here = _chat(client, "recorded on the first server")
+        there = _chat(c, "recorded on the second server")
+        assert library.writer.flush(20) and second.writer.flush(20)
+        for each in (client, c):  # both list both, newest first, and open both
+            assert [t["id"] for t in each.get("/v1/traces").json()["data"]] == [there, here]
+            for rid in (here, there):
+                assert Recording.loads(each.get(f"/v1/traces/{rid}").content).request_id == rid
+        assert c.delete(f"/v1/traces/{here}").status_code == 200  # deleted on the second: gone from the first's list
+        assert [t["id"] for t in client.get("/v1/traces").json()["data"]] == [there]
+    second.close()
