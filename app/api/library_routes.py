@@ -3,7 +3,7 @@
     GET    /v1/traces?limit=20&after=ID&q=WORDS   {"object": "list", "data": [...], "first_id", "last_id", "has_more"}
     POST   /v1/traces                             a trace file (the page's export) into the library: 201
     DELETE /v1/traces/{id}                        {"id", "object": "trace", "deleted": true}
-    POST   /v1/traces/{id}/pin  (DELETE: unpin)   {"id", "object": "trace", "pinned": true}
+    PATCH  /v1/traces/{id}  {"pinned": true}      {"id", "object": "trace", "pinned": true}
 
 Newest first; `after` is the last id of the page before (a page past the end is an empty list,
 has_more false; an `after` that names no trace is a 404). GET /v1/traces/{id} (app/api/events.py)
@@ -13,11 +13,30 @@ only traces whose (unguessable) id they hold."""
 from __future__ import annotations
 
 from fastapi import FastAPI, Query, Request, Response
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 from starlette.concurrency import run_in_threadpool
 
-from app.api.openai_routes import error
+from app.api.openai_routes import error, read_json
+from app.api.schemas import add_body_schemas, request_body
+from app.serving.limits import RequestRefused
 from app.serving.recording import MAX_FILE_BYTES, Recording, TraceFileError
 from app.store.library import MAX_LIST, Library
+
+
+class TraceFile(BaseModel):
+    """A trace file as the page exports it (docs: Trace format); checked by Recording.from_json."""
+    model_config = ConfigDict(extra="allow")
+    schema_: int = Field(alias="schema")
+    id: str
+    model: dict
+    events: list[dict]
+    outputs: list[dict]
+
+
+class TraceChange(BaseModel):
+    """PATCH /v1/traces/{id}: pin (true) or unpin (false) a trace."""
+    model_config = ConfigDict(extra="forbid")
+    pinned: StrictBool
 
 
 def not_found(request_id: str) -> Response:
@@ -49,7 +68,9 @@ def add_library_routes(api: FastAPI, library: Library, replay: bool = False) -> 
                 "last_id": items[-1]["id"] if items else None, "has_more": more,
                 "database": library.health()}
 
-    @api.post("/v1/traces", status_code=201)
+    add_body_schemas(api, TraceFile, TraceChange)
+
+    @api.post("/v1/traces", status_code=201, openapi_extra=request_body(TraceFile, "a trace file"))
     async def imported(request: Request):
         if (refused := closed()) is not None:
             return refused
@@ -76,14 +97,18 @@ def add_library_routes(api: FastAPI, library: Library, replay: bool = False) -> 
             return not_found(request_id)
         return {"id": request_id, "object": "trace", "deleted": True}
 
-    @api.api_route("/v1/traces/{request_id}/pin", methods=["POST", "DELETE"])
-    def pinned(request_id: str, request: Request):
+    @api.patch("/v1/traces/{request_id}", openapi_extra=request_body(TraceChange))
+    async def changed(request_id: str, request: Request):
         if (refused := closed()) is not None:
             return refused
-        on = request.method == "POST"
-        if not library.pin(request_id, on):
+        try:
+            change = TraceChange.model_validate(read_json(await request.body()))
+        except (RequestRefused, ValueError) as e:
+            return error(400, f"the body must be {{\"pinned\": true}} or {{\"pinned\": false}} ({str(e)[:150]})",
+                         param="pinned")
+        if not await run_in_threadpool(library.pin, request_id, change.pinned):
             return not_found(request_id)
-        return {"id": request_id, "object": "trace", "pinned": on}
+        return {"id": request_id, "object": "trace", "pinned": change.pinned}
 
     if replay:  # no engine: no event routes; the library's traces still open by id
         @api.get("/v1/traces/{request_id}")

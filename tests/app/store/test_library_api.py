@@ -54,7 +54,9 @@ def test_traces_are_listed_pinned_deleted_and_replay_after_a_restart(server, ser
     assert row["prompt"] == "Tell me about <b>cats</b> please" and row["capture_level"] == "full"
     assert row["tokens"] > 6 and row["model"] == service.model_name and not row["pinned"]
     assert [t["id"] for t in client.get("/v1/traces", params={"q": "DOGS now"}).json()["data"]] == [second]
-    assert client.post(f"/v1/traces/{first}/pin").json() == {"id": first, "object": "trace", "pinned": True}
+    assert client.patch(f"/v1/traces/{first}", json={"pinned": True}).json() == \
+        {"id": first, "object": "trace", "pinned": True}
+    assert client.patch(f"/v1/traces/{first}", json={"pinned": "yes"}).json()["error"]["param"] == "pinned"
     assert client.get("/v1/traces", params={"q": "cats"}).json()["data"][0]["pinned"]
 
     library.close()  # the restart: a server with no model on the same database (python -m app --replay ID)
@@ -78,8 +80,8 @@ def test_bad_input_is_a_clear_4xx(server):
     client, library = server
     rid = _chat(client, "hello")
     assert library.writer.flush(20)
-    for method, path in (("GET", "/v1/traces/nope"), ("DELETE", "/v1/traces/nope"), ("POST", "/v1/traces/nope/pin")):
-        r = client.request(method, path)
+    for method, path in (("GET", "/v1/traces/nope"), ("DELETE", "/v1/traces/nope"), ("PATCH", "/v1/traces/nope")):
+        r = client.request(method, path, json={"pinned": True} if method == "PATCH" else None)
         assert r.status_code == 404 and r.json()["error"]["code"] == "trace_not_found", (method, path)
     r = client.get("/v1/traces", params={"after": "nope"})
     assert r.status_code == 404 and r.json()["error"]["param"] == "after"
