@@ -7,6 +7,7 @@ import httpx
 import pytest
 
 from app.server import create_app
+from app.serving.limits import ServeLimits
 from app.serving.recording import Recording, ReplayCursor
 from app.serving.trace_store import TraceStore
 from app.store.opening import open_library
@@ -148,3 +149,19 @@ def test_two_servers_on_one_postgresql_share_the_library(server, db_url, checkpo
         assert c.delete(f"/v1/traces/{here}").status_code == 200  # deleted on the second: gone from the first's list
         assert [t["id"] for t in client.get("/v1/traces").json()["data"]] == [there]
     second.close()
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_a_public_server_without_a_key_keeps_its_library_private(server, db_url):
+    client, library = server
+    rid = _chat(client, "a visitor's private prompt")
+    assert library.writer.flush(20)
+    rec = Recording.loads(client.get(f"/v1/traces/{rid}").content)
+    public = open_library(None, db_url, lambda line: None)
+    with LocalServer(None, app=create_app(None, replay=rec, limits=ServeLimits(public=True), library=public)) as srv, \
+            httpx.Client(base_url=srv.url, timeout=60) as c:
+        for method, path in (("GET", "/v1/traces"), ("DELETE", f"/v1/traces/{rid}"), ("POST", "/v1/traces")):
+            r = c.request(method, path)
+            assert r.status_code == 403 and r.json()["error"]["code"] == "library_private", (method, path)
+        assert c.get(f"/v1/traces/{rid}").status_code == 200  # its id still opens it
+    public.close()
