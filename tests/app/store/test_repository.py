@@ -8,6 +8,7 @@ import time
 import pytest
 from sqlalchemy import text
 
+from app.__main__ import library_of, parse_args
 from app.store.db import DatabaseRefused, database_url, open_database
 from app.store.repository import TraceMeta, TraceRepository
 
@@ -87,3 +88,16 @@ def test_sqlite_runs_in_wal_with_a_busy_timeout(tmp_path):
     with repo.engine.connect() as conn:
         assert conn.execute(text("PRAGMA journal_mode")).scalar_one() == "wal"
         assert conn.execute(text("PRAGMA busy_timeout")).scalar_one() == 5000
+
+
+def test_db_flag_forms(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("TOKENTRACE_DB", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert database_url(None) == f"sqlite:///{tmp_path}/.cache/tokentrace/traces.db"
+    assert database_url("none") is None and database_url("NONE") is None
+    assert database_url(str(tmp_path / "x.db")) == f"sqlite:///{tmp_path}/x.db"
+    assert database_url("postgresql://u@h/db") == "postgresql+psycopg://u@h/db"
+    monkeypatch.setenv("TOKENTRACE_DB", "none")
+    assert database_url(None) is None and database_url(str(tmp_path / "x.db")).startswith("sqlite")
+    with pytest.raises(SystemExit, match="cannot start: cannot open the database"):
+        library_of(None, parse_args(["--db", "postgresql://tt@/none?host=/nonexistent&port=1"]))
