@@ -27,6 +27,7 @@ from app.serving.limits import API_TRACE_LEVEL, MAX_BODY_BYTES, PUBLIC_MAX_CONCU
     ClientSlots, ServeLimits  # noqa: E402
 from app.serving.share import open_share_link  # noqa: E402
 from app.serving.trace_store import MAX_BYTES_PER_REQUEST, MAX_TOTAL_BYTES, TraceStore  # noqa: E402
+from app.store.defaults import DB_MAX_BYTES  # noqa: E402
 
 PER_MODEL = {"model": "--model", "draft": "--draft", "served_model_name": "--served-model-name"}
 
@@ -83,9 +84,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="for the --model before it: a draft model for speculative decoding, 'ngram' (n-gram "
                    "prompt lookup, no draft model) or 'none' (default: the embedded draft for the embedded model)")
     p.add_argument("--num-speculative-tokens", type=int, default=4, help="largest k the page can pick")
-    p.add_argument("--replay", default=None, metavar="FILE",
-                   help="serve the page on a recorded trace (exported from the page or GET /v1/traces/ID); "
-                        "no model is loaded")
+    p.add_argument("--replay", default=None, metavar="FILE|ID",
+                   help="serve the page on a recorded trace: a file (exported from the page or GET "
+                        "/v1/traces/ID) or the id of one in the database (--db); no model is loaded")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=7860)
     p.add_argument("--share", action="store_true", help="ask Gradio for a public link (needs internet)")
@@ -158,6 +159,12 @@ def _add_serving_groups(p: argparse.ArgumentParser) -> None:
     kept.add_argument("--trace-store-bytes", type=int, default=MAX_TOTAL_BYTES, metavar="BYTES",
                       help="all kept traces together; the oldest are dropped first (default "
                       f"{MAX_TOTAL_BYTES // 2**20} MiB; at least twice the per-request cap)")
+    kept.add_argument("--db", default=None, metavar="PATH|URL|none",
+                      help="where traces last: an SQLite file (default ~/.cache/tokentrace/traces.db, or "
+                      "$TOKENTRACE_DB), a postgresql:// URL, or 'none' (memory only: gone at exit)")
+    kept.add_argument("--db-max-bytes", type=int, default=DB_MAX_BYTES, metavar="BYTES",
+                      help="all traces in the database together (JSON size); the oldest unpinned go first "
+                      f"(default {DB_MAX_BYTES // 2**30} GiB)")
     pub = p.add_argument_group("access and limits (public mode: --share, --public, or a --host other than loopback)")
     pub.add_argument("--public", action="store_true",
                      help="public mode on a loopback host (behind a reverse proxy on this machine)")
@@ -352,11 +359,32 @@ def serve_limits(args: argparse.Namespace) -> ServeLimits:
     return replace(limits, lab=getattr(args, "lab", False))
 
 
-def serve_replay(args: argparse.Namespace) -> None:
-    """--replay FILE: the page, replay controls and classroom on one recording; no engine."""
-    from app.serving.recording import Recording, TraceFileError  # lazy: torch
+def library_of(store, args: argparse.Namespace):
+    """The traces' library over the store, its database opened (exits with one line when it cannot be)."""
+    from app.store.opening import DatabaseRefused, open_library  # lazy: sqlalchemy
     try:
-        rec = Recording.loads(Path(args.replay).read_bytes())
+        return open_library(store, args.db, lambda line: print(line, flush=True), args.db_max_bytes)
+    except DatabaseRefused as e:
+        sys.exit(f"cannot start: {e} (--db none serves from memory only)")
+
+
+def replay_recording(name: str, library):
+    """--replay's recording: a file, else the trace of that id in the database (ValueError: neither)."""
+    from app.serving.recording import Recording  # lazy: torch
+    if Path(name).is_file() or library.repo is None:
+        return Recording.loads(Path(name).read_bytes())
+    rec = library.recording(name)
+    if rec is None:
+        raise ValueError(f"no such file, and no trace of that id in {library.where}")
+    return rec
+
+
+def serve_replay(args: argparse.Namespace) -> None:
+    """--replay FILE|ID: the page, replay controls and classroom on one recording; no engine."""
+    from app.serving.recording import TraceFileError  # lazy: torch
+    library = library_of(None, args)
+    try:
+        rec = replay_recording(args.replay, library)
         limits = serve_limits(args)
     except (TraceFileError, OSError, ValueError) as e:
         sys.exit(f"cannot replay {args.replay}: {e}")
@@ -364,7 +392,7 @@ def serve_replay(args: argparse.Namespace) -> None:
 
     from app.server import create_app  # lazy: gradio
 
-    app = create_app(None, replay=rec, limits=limits)
+    app = create_app(None, replay=rec, limits=limits, library=library)
     print(f"TokenTrace replay: {rec.request_id} ({rec.model['name']}, {len(rec.steps())} engine steps) on "
           f"http://{args.host}:{args.port}", flush=True)
     if args.share:
@@ -385,11 +413,12 @@ def main(argv: list[str] | None = None) -> None:
         if os.environ.get("TOKENTRACE_DEBUG"):
             raise
         sys.exit(f"cannot start: {' '.join(str(e).split()) or type(e).__name__}")
+    library = library_of(models.first.store, args)
     import uvicorn
 
     from app.server import create_app  # lazy: gradio
 
-    app = create_app(models.start())
+    app = create_app(models.start(), library=library)
     shown = []
     for service in models:
         info = service.model_info()
@@ -409,6 +438,7 @@ def main(argv: list[str] | None = None) -> None:
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=3)
     finally:
         models.stop()
+        library.close()  # the writes queued go in before the process ends
 
 
 if __name__ == "__main__":

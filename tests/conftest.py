@@ -6,6 +6,7 @@ if os.environ.get("TOKENTRACE_TEST_DEVICE", "cpu") == "cpu":
     os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("TOKENTRACE_DB", "none")  # servers the tests start keep traces in memory unless a test says --db
 
 import pytest  # noqa: E402
 

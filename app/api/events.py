@@ -25,6 +25,7 @@ from starlette.concurrency import run_in_threadpool
 
 from app.serving.limits import RequestRefused, client_of
 from app.api.openai_routes import error, prepare, read_json, refusal
+from app.api.library_routes import not_found, stored_trace
 from app.serving.recording import record_request
 from app.serving.served_models import ServedModels
 from engine import LLMEngine
@@ -61,16 +62,16 @@ class FileCache:
                 self._files.popitem(last=False)
 
 
-def add_event_routes(api: FastAPI, served) -> None:
+def add_event_routes(api: FastAPI, served, library=None) -> None:
+    """library (app/store/library.py): where a trace memory no longer holds is looked for."""
     models = ServedModels.of(served)
     files = FileCache()
 
     @api.get("/v1/traces/{request_id}")
     def trace(request_id: str):
         service = models.owner(request_id)  # ids are unique across engines
-        if service is None:
-            return error(404, f"no trace is kept for {request_id!r} (unknown, or dropped as one of the oldest)",
-                         param="request_id", code="trace_not_found")
+        if service is None:  # not in memory: the database's copy (an earlier run's, another server's)
+            return stored_trace(library, request_id) if library is not None else not_found(request_id)
         version = service.store.version(request_id)
         text = files.get(request_id, version) if version is not None else None
         if text is None:
@@ -92,6 +93,8 @@ def add_event_routes(api: FastAPI, served) -> None:
         service = models.owner(request_id)
         rec = None if service is None else record_request(service.store, request_id, service.model_info(),
                                                           service.piece, service.is_special)
+        if rec is None and library is not None and service is None:
+            rec = library.recording(request_id)
         if rec is None:
             return error(404, f"no trace is kept for {request_id!r} (unknown, dropped as one of the oldest, or "
                               "not traced)", param="request_id", code="trace_not_found")

@@ -25,6 +25,7 @@ from app.page import texts
 from app.page.controller import Controller
 from app.page.controls import JSON_MODES, MAX_PAGE_CHOICES, MORE, Controls
 from app.page.lab_tab import build_lab_tab
+from app.page.library_tab import build_library_tab
 from app.page.live_view import PANELS
 from app.page.page_state import stages_of
 from app.page.replay import SPEEDS
@@ -284,7 +285,7 @@ def _shown_stages(ctl: Controller) -> list:
 
 
 def build_page(served: ServedModels | EngineService | None, replay: Recording | None = None,
-               classrooms: Classrooms | None = None) -> gr.Blocks:
+               classrooms: Classrooms | None = None, library=None) -> gr.Blocks:
     """served: the models to serve (the picker lists them); None: replay-only (no model
     loaded), showing `replay`."""
     ctl = Controller(served, replay, classrooms)
@@ -293,7 +294,7 @@ def build_page(served: ServedModels | EngineService | None, replay: Recording | 
         mode = "" if ctl.live else " <span class='tt-badge tt-miss'>REPLAY: no model loaded</span>"
         gr.HTML(f"<div class='tt-header'><h1>TokenTrace{mode}</h1><p>One request, every stage, drawn as it "
                 f"happens.</p></div>")
-        with gr.Tabs(elem_id="tt-tabs"):
+        with gr.Tabs(elem_id="tt-tabs") as tabs:
             with gr.Tab("Journey", id="journey", elem_id="tt-tab-journey"):
                 # the focus layout: a sticky sidebar (prompt, Send, the answer; then the settings and
                 # the replay) beside a sticky map over every stage's section; a chip scrolls its
@@ -307,7 +308,10 @@ def build_page(served: ServedModels | EngineService | None, replay: Recording | 
                         ui["map"] = gr.HTML(map_html(_shown_stages(ctl), live=not ctl.live), elem_id="tt-map")
                         _stages(ui, ctl)
             build_lab_tab(ctl)
+            shelf = build_library_tab(library) if library is not None else None
         _wire(page, ui, ctl)
+        if shelf is not None:  # the Library tab's Open loads into the Journey tab, as Load does
+            shelf.wire(Wiring(ui), api_outputs(ui), tabs, ctl.load_trace)
     return page
 
 

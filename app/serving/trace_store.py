@@ -23,13 +23,19 @@ estimate from the payloads' shapes before):
   one dropped: each says what changed since the one before, so the pool a replay draws
   stays right, as of that step).
 - in all (max_total_bytes, plus max_requests): the oldest traces are dropped first, so
-  the store never holds more. One store may serve every model of a server."""
+  the store never holds more; a pinned trace is never dropped (pinned ones count against
+  the bound too: the unpinned go first). One store may serve every model of a server.
+
+With a database (app/store), this store is the hot cache and the database the lasting copy:
+its `listener` hears of each trace's start and end (and a refused request's discard), outside
+the lock, and queues the write; nothing here waits on the database."""
 from __future__ import annotations
 
 import json
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import Protocol
 
 MAX_BYTES_PER_REQUEST = 8 * 2**20
 MAX_TOTAL_BYTES = 128 * 2**20
@@ -59,6 +65,16 @@ def _values(x) -> int:
     return sum(_values(v) for v in x)
 
 
+class StoreListener(Protocol):
+    """What hears of the traces kept (app/store/library.py: the database's writer)."""
+
+    def started(self, request_id: str, model: str | None, body: dict | None) -> None: ...
+
+    def finished(self, request_id: str) -> None: ...
+
+    def discarded(self, request_id: str) -> None: ...
+
+
 @dataclass
 class StoredTrace:
     events: list[dict] = field(default_factory=list)
@@ -71,6 +87,7 @@ class StoredTrace:
     truncated: dict | None = None  # {"limit_bytes", "step", "captures_dropped"} once a bound cut it
     nbytes: int = 0  # events + outputs + body as JSON (exact once packed)
     pool_cut: bool = False  # a kv.pool event was dropped: the later ones are too
+    pinned: bool = False  # never dropped by the bounds
 
     @property
     def size(self) -> int:
@@ -111,6 +128,7 @@ class TraceStore:
         self._traces: OrderedDict[str, StoredTrace] = OrderedDict()
         self._gone: OrderedDict[str, None] = OrderedDict()  # dropped: keep out their later events
         self._lock = threading.Lock()
+        self.listener: StoreListener | None = None  # the database's side (None: memory only)
 
     # --- bounds (call with the lock held) -----------------------------------------------
     def _trace(self, request_id: str, model: str | None = None) -> StoredTrace | None:
@@ -124,9 +142,12 @@ class TraceStore:
         self.total_bytes += nbytes
 
     def _fit(self) -> None:
-        """Drop the oldest traces until the store is within its bounds."""
+        """Drop the oldest unpinned traces until the store is within its bounds."""
         while self._traces and (len(self._traces) > self.max_requests or self.total_bytes > self.max_total_bytes):
-            rid, tr = self._traces.popitem(last=False)
+            rid = next((r for r, t in self._traces.items() if not t.pinned), None)
+            if rid is None:  # every trace kept is pinned
+                return
+            tr = self._traces.pop(rid)
             self.total_bytes -= tr.size
             self._gone[rid] = None  # a late event (or a running request's next) must not start it again
             while len(self._gone) > 4096:
@@ -177,26 +198,33 @@ class TraceStore:
             return False
 
     def add_output(self, request_id: str, item: dict) -> None:
+        if self._add_output(request_id, item) and self.listener is not None:
+            self.listener.finished(request_id)
+
+    def _add_output(self, request_id: str, item: dict) -> bool:
+        """Keep one output; True when it ended the trace."""
         with self._lock:
             tr = self._traces.get(request_id)
             if tr is None:  # untraced requests keep nothing
-                return
+                return False
             size = len(json.dumps(item, separators=_SEP))
             if not self._admit(tr, item, size):
-                return
+                return False
             if tr.packed is not None:  # after the end (rare): one more packed item
                 tr.packed[1].append(json.dumps(item, separators=_SEP))
                 self._grow(tr, size + (len(tr.packed[1]) > 1))
                 self._fit()
-                return
+                return False
             tr.outputs.append(item)
             self._grow(tr, size)
+            ended = item["finished"] and not tr.finished
             tr.finished = tr.finished or item["finished"]
             if tr.finished:
                 self.total_bytes -= tr.nbytes
                 tr.pack()
                 self.total_bytes += tr.nbytes
             self._fit()
+            return ended
 
     def set_body(self, request_id: str, body: dict | None, model: str | None = None) -> None:
         with self._lock:
@@ -209,14 +237,45 @@ class TraceStore:
             if model is not None:
                 tr.model = model
             self._fit()
+            model = tr.model
+        if self.listener is not None and body is not None:
+            self.listener.started(request_id, model, body)
 
     def discard(self, request_id: str) -> None:
         """Forget a trace that holds only its body (a request the engine refused)."""
         with self._lock:
             tr = self._traces.get(request_id)
-            if tr is not None and not tr.events and not tr.outputs and tr.packed is None:
-                del self._traces[request_id]
-                self.total_bytes -= tr.size
+            if tr is None or tr.events or tr.outputs or tr.packed is not None:
+                return
+            del self._traces[request_id]
+            self.total_bytes -= tr.size
+        if self.listener is not None:
+            self.listener.discarded(request_id)
+
+    def remove(self, request_id: str) -> bool:
+        """Forget a trace (DELETE /v1/traces/{id}); a late event of it keeps out."""
+        with self._lock:
+            tr = self._traces.pop(request_id, None)
+            if tr is None:
+                return False
+            self.total_bytes -= tr.size
+            self._gone[request_id] = None
+            return True
+
+    def pin(self, request_id: str, on: bool = True) -> bool:
+        """Keep a trace past every bound (on) or let the bounds drop it again; False: none kept."""
+        with self._lock:
+            tr = self._traces.get(request_id)
+            if tr is None:
+                return False
+            tr.pinned = on
+            self._fit()
+            return True
+
+    def pinned(self, request_id: str) -> bool:
+        with self._lock:
+            tr = self._traces.get(request_id)
+            return tr is not None and tr.pinned
 
     # --- reading ---------------------------------------------------------------------
     def get(self, request_id: str) -> list[dict]:
@@ -239,10 +298,28 @@ class TraceStore:
             # may still be appended after the end: decode what the copy's sizes count)
             events, outputs = (list(tr.events), list(tr.outputs)) if packed is None else ([], [])
             copy = StoredTrace(events, outputs, tr.body, tr.dropped, tr.finished, model=tr.model,
-                               truncated=dict(tr.truncated) if tr.truncated else None, nbytes=tr.nbytes)
+                               truncated=dict(tr.truncated) if tr.truncated else None, nbytes=tr.nbytes,
+                               pinned=tr.pinned)
         if packed is not None:  # decoded outside the lock, item by item
             copy.events, copy.outputs = _unpacked(packed)
         return copy
+
+    def brief(self, request_id: str) -> dict | None:
+        """What a list of traces shows, without decoding the trace: body, model, finished,
+        pinned, nbytes, tokens (prompt + completion, from the last usage) and the capture level."""
+        with self._lock:
+            tr = self._traces.get(request_id)
+            if tr is None:
+                return None
+            first = tr.packed[0][0] if tr.packed and tr.packed[0] else (tr.events[0] if tr.events else None)
+            last = tr.packed[1][-1] if tr.packed and tr.packed[1] else (tr.outputs[-1] if tr.outputs else None)
+            out = {"body": tr.body, "model": tr.model, "finished": tr.finished, "pinned": tr.pinned,
+                   "nbytes": tr.nbytes}
+        first, last = (json.loads(x) if isinstance(x, str) else x for x in (first, last))
+        usage = (last or {}).get("usage") or {}
+        out["tokens"] = int(usage.get("prompt_tokens") or 0) + int(usage.get("completion_tokens") or 0)
+        out["level"] = first.get("trace_level") if first and first.get("type") == "request.arrive" else None
+        return out
 
     def version(self, request_id: str) -> tuple | None:
         """Changes whenever anything kept for the request does (None: nothing is kept): lets a

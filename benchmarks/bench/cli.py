@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 from benchmarks.bench.bandwidth import bandwidth_bound
 from benchmarks.bench.batching import batching
 from benchmarks.bench.context import DEFAULT_DRAFT, QUICK, Bench, Row, Settings
+from benchmarks.bench.database import database
 from benchmarks.bench.gpu import gpu
 from benchmarks.bench.kernels16 import kernels16
 from benchmarks.bench.memory import memory
@@ -41,12 +42,12 @@ from benchmarks.bench.tracing import tracing
 from benchmarks.bench.vs_transformers import vs_transformers
 from engine.llm_engine import DEFAULT_MODEL
 
-# --sections name -> the section; `quant`, `precision` and `parallel` are not in the default list
+# --sections name -> the section; `quant`, `precision`, `parallel` and `db` are not in the default list
 SECTIONS: dict[str, Callable[[Bench], None]] = {
     "transformers": vs_transformers, "tracing": tracing, "bandwidth": bandwidth_bound, "batching": batching,
     "speculative": speculative, "prefix": prefix_cache, "gpu": gpu, "real": real_model, "memory": memory,
     "quant": quantized, "precision": precision, "parallel": parallel, "kernels16": kernels16,
-    "step": step_overhead}
+    "step": step_overhead, "db": database}
 DEFAULT_SECTIONS = "transformers,tracing,step,bandwidth,batching,speculative,prefix,gpu,real,memory"
 
 
