@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from tests.browser_utils import open_page, server_fixture, set_controls, wait_finished, wait_status
+from tests.holds import StepGate
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.filterwarnings("ignore:.*no_silent_downcasting", "ignore:The copy keyword")]
@@ -36,7 +37,7 @@ def disabled(page, selector: str) -> bool:
 
 
 @pytest.mark.parametrize("width,height", [(1280, 720), (1920, 1080)])
-def test_the_first_screen_holds_the_prompt_send_the_map_and_the_answer(server, browser, width, height):
+def test_the_first_screen_holds_the_prompt_send_the_map_and_the_answer(server, browser, width, height, monkeypatch):
     context = browser.new_context(viewport={"width": width, "height": height})
     page = open_page(context, server.url)
     page.wait_for_selector("#tt-map .tt-map-chip")
@@ -46,18 +47,23 @@ def test_the_first_screen_holds_the_prompt_send_the_map_and_the_answer(server, b
     assert disabled(page, "#tt-stop")  # nothing to stop
     set_controls(page, "Tell me a long story about a fox and an owl.", 40)
     page.evaluate(TO_TOP)  # typing in the max-tokens box scrolled the sidebar down to it
-    page.click("#tt-send")
-    page.wait_for_function("/streaming, [1-9]\\d* tokens?$/.test(document.querySelector('#tt-status textarea').value)",
-                           timeout=90_000)
-    assert not off_screen(page, width, height), off_screen(page, width, height)  # while it streams
-    assert not disabled(page, "#tt-stop")
-    # a chip (KV pages: far down the page) brings its section to just under the map, beside the answer
-    page.click("#tt-map .tt-map-chip[data-key=kv]")
-    page.wait_for_function("window.scrollY > 0")
-    kv = page.evaluate(BOXES, ["#tt-stage-kv", "#tt-map"])
-    assert kv["#tt-map"]["bottom"] - 2 <= kv["#tt-stage-kv"]["top"] < height * 0.5, kv
-    assert not off_screen(page, width, height), off_screen(page, width, height)  # the map and the answer stay
-    assert "outline" in page.evaluate("document.getElementById('tt-map-selection').textContent")
+    gate = StepGate(at=(6,)).install(server.service.engine, monkeypatch)  # 5 of the 40 tokens: still streaming
+    try:
+        page.click("#tt-send")
+        assert gate.reached() == 6
+        page.wait_for_function("/streaming, [1-9]\\d* tokens?$/.test(document.querySelector('#tt-status textarea').value)",
+                               timeout=90_000)
+        assert not off_screen(page, width, height), off_screen(page, width, height)  # while it streams
+        assert not disabled(page, "#tt-stop")
+        # a chip (KV pages: far down the page) brings its section to just under the map, beside the answer
+        page.click("#tt-map .tt-map-chip[data-key=kv]")
+        page.wait_for_function(f"""() => {{ const s = document.getElementById('tt-stage-kv').getBoundingClientRect(),
+          m = document.getElementById('tt-map').getBoundingClientRect();
+          return m.bottom - 2 <= s.top && s.top < {height * 0.5}; }}""", timeout=30_000)  # the scroll may glide
+        assert not off_screen(page, width, height), off_screen(page, width, height)  # the map and the answer stay
+        assert "outline" in page.evaluate("document.getElementById('tt-map-selection').textContent")
+    finally:
+        gate.release_all()
     wait_finished(page)
     page.wait_for_function("!document.querySelector('#tt-play').disabled")  # its recording: replayable
     context.close()
