@@ -66,7 +66,8 @@ class Controller(Streaming, Replay):
             select_head(int(c.layer or 0), int(c.head or 0))
         else:
             view.layer, view.head = int(c.layer or 0), int(c.head or 0)
-        return {"attention": view.render("attention"), "moe": view.render("moe")}
+        return {"attention": view.render("attention"), "moe": view.render("moe"),  # the layers words quote it too
+                **self.journey_updates(self.sessions.get(key), view, time.perf_counter())}
 
     SELECTED = ONE_PASS  # what one token click redraws: every panel that names a pass (the stages' words too)
 
@@ -121,7 +122,8 @@ class Controller(Streaming, Replay):
         else:
             view.layer, view.head = layer, head
         return {"layer": gr.update(value=layer), "head": gr.update(value=head),
-                "attention": view.render("attention"), "moe": view.render("moe")}
+                "attention": view.render("attention"), "moe": view.render("moe"),
+                **self.journey_updates(self.sessions.get(key), view, time.perf_counter())}
 
     # --- "New request", the preview, the classroom button -------------------------------------------
     def unlock(self, key: str, c: Controls) -> dict:

@@ -338,10 +338,11 @@ def _wire(page: gr.Blocks, ui: dict, ctl: Controller) -> None:
                            [ui[n] for n in ("bias_token", "bias", "more_box", "hint_more")], concurrency_limit=None,
                            **quiet)
     ui["pick_head"].change(w.fn(ctl.pick_head, extra=1, keep="attention"), [ui["pick_head"]],
-                           [ui["layer"], ui["head"], ui["attention"], ui["moe"]], concurrency_limit=None, **quiet)
+                           [ui["layer"], ui["head"], ui["attention"], ui["moe"]] + journey_out, concurrency_limit=None,
+                           **quiet)
     for picker in ("layer", "head"):
         ui[picker].input(w.fn(ctl.redraw, ("layer", "head")), w.inputs(("layer", "head")),
-                         [ui["attention"], ui["moe"]], concurrency_limit=None, **quiet)
+                         [ui["attention"], ui["moe"]] + journey_out, concurrency_limit=None, **quiet)
     # input: the user's own moves (mouse or keyboard), not the values Play writes; always_last coalesces a drag
     for control in (ui["step"], ui["step_box"]):
         control.input(w.fn(ctl.goto, ("layer", "head"), extra=1), [control, ui["layer"], ui["head"]], outputs,

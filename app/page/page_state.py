@@ -29,7 +29,8 @@ def stages_of(view: LiveView) -> list:
     position = view.shown_read if view.shown_read is not None else view.position
     with view.lock:  # (a click's journey beside the stream's: one fold of its events at a time)
         return journey(view.model, view.request_id or "", view.body or None, view.events, view.outputs,
-                       truncated=view.first("trace.truncated"), position=position, trail=view.trail())
+                       truncated=view.first("trace.truncated"), position=position, layer=view.layer,
+                       trail=view.trail())  # layer: the layer picker's (the MoE routing the words quote)
 
 
 class PageState:
