@@ -47,6 +47,7 @@ class Controller(Streaming, Replay):
         info = self.infos[service.model_name]
         out = self.controls_for(info)
         del out["model_pick"]  # the user's own move
+        out["max_tokens"]["value"] = min(int(c.max_tokens or 1), self.cap_of(info))  # within the new model's limit
         tab = self.sessions.get(key)
         if tab is not None and not tab.watched and tab.view.request_id and not tab.view.finished:
             return {n: v for n, v in out.items() if n not in ("summary", "moe_col", "layer", "head")}
