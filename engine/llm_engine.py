@@ -116,6 +116,10 @@ class LLMEngine:
         self.num_aborted = 0
         self.stats = EngineStats()
         self.lock = threading.RLock()  # add/abort may come from other threads than step()
+        # a lock is not fair: step() after step() took it again before a waiting abort (Stop waited
+        # ~1.3 s); an abort waiting for the lock goes before the next step
+        self._aborting, self._no_abort_waits, self._abort_count_lock = 0, threading.Event(), threading.Lock()
+        self._no_abort_waits.set()
         self._info: EngineInfo | None = None  # describe(), built on first use
         if kv_pool_events not in ("traced", "always"):
             raise ValueError("kv_pool_events must be 'traced' or 'always'")
@@ -166,6 +170,18 @@ class LLMEngine:
 
     def abort(self, request_id: str) -> bool:
         """Stop a request now and free its blocks. False if unknown or already done."""
+        with self._abort_count_lock:  # not the engine's lock: a step holds that one
+            self._aborting += 1
+            self._no_abort_waits.clear()
+        try:
+            return self._abort_now(request_id)
+        finally:
+            with self._abort_count_lock:
+                self._aborting -= 1
+                if not self._aborting:
+                    self._no_abort_waits.set()
+
+    def _abort_now(self, request_id: str) -> bool:
         with self.lock:
             seq = self.requests.get(request_id)
             if seq is None or seq.is_finished:
@@ -220,6 +236,7 @@ class LLMEngine:
 
     # --- the loop ----------------------------------------------------------------
     def step(self) -> list[TokenOutput]:
+        self._no_abort_waits.wait()  # an abort waiting for the lock takes it first (a Stop acts within a step)
         with self.lock:
             return self._step_in(self.lane)
 

@@ -104,3 +104,32 @@ class UntilSubmitted:
         monkeypatch.setattr(service, "submit", counted_submit)
         monkeypatch.setattr(service.engine, "step", held_step)
         return self
+
+
+@dataclass
+class HeldInside:
+    """The engine's step number k waits inside the engine's lock (where a Stop's abort must wait
+    for it) until release(); `steps`: every step's request ids, in order, counted from install."""
+    k: int
+    wait_s: float = 60
+    steps: list = field(default_factory=list)
+    _arrived: threading.Event = field(default_factory=threading.Event)
+    _go: threading.Event = field(default_factory=threading.Event)
+
+    def install(self, engine, monkeypatch) -> "HeldInside":
+        step_in = engine._step_in
+
+        def held(lane):
+            self.steps.append({s.request_id for s in lane.scheduler.running})
+            if len(self.steps) == self.k:
+                self._arrived.set()
+                self._go.wait(self.wait_s)
+            return step_in(lane)
+        monkeypatch.setattr(engine, "_step_in", held)
+        return self
+
+    def reached(self, timeout_s: float = 120) -> bool:
+        return self._arrived.wait(timeout_s)
+
+    def release(self) -> None:
+        self._go.set()

@@ -27,6 +27,15 @@ def esc(value: object) -> str:
     return html.escape(str(value), quote=True)
 
 
+def prob(x: float) -> str:
+    """A probability as the whole page prints it (stage sentence, chip, panel, hover): two decimals, or two
+    significant digits for an unlikely one (a draw at temperature 1 may take a token of
+    p 0.00039: never "0.00")."""
+    if x >= 0.095 or x <= 0:
+        return f"{max(0.0, x):.2f}"  # max(0.0, -0.0): no minus sign
+    return f"{x:.2g}".replace("e-0", "e-")
+
+
 def show_piece(text: str) -> str:
     """Make whitespace and control characters visible in a token chip (then escape): ␣ a
     space, ↵ a newline, ⇥ a tab, ⍽ a no-break space, \\xNN or \\uNNNN any other invisible one."""

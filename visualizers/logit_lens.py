@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from visualizers._html import empty, esc, show_piece
+from visualizers._html import empty, esc, prob, show_piece
 from visualizers.compact import lens_layers
-from visualizers.sampling import drawn_by, prob
+from visualizers.sampling import drawn_by
 from visualizers.selection import Selection, header_html
 
 
@@ -85,12 +85,12 @@ def logit_lens_html(events: Sequence[dict], position: int | None = None, labels:
         cells = []
         for j, (tid, text, p) in enumerate(zip(r["top_ids"], r["top_texts"], r["top_probs"])):
             mark = " tt-lens-chosen" if tid == chosen else ""
-            title = f"{where} · candidate #{j + 1}: {text!r} (id {tid}) · p={prob(p, 4)}"
+            title = f"{where} · candidate #{j + 1}: {text!r} (id {tid}) · p={prob(p)}"
             cells.append(f'<td class="tt-lens-cell{mark}" style="{_shade(p)}" title="{esc(title)}">'
                          f"<code>{_visible(text, tid)}</code></td>")
         cells += ["<td></td>"] * (k - len(r["top_ids"]))
         cp, rank = r["chosen_prob"], r["chosen_rank"]
-        ctitle = f"{where} · the chosen token {ev['token_text']!r}: rank {rank:,}, p={prob(cp, 4)}"
+        ctitle = f"{where} · the chosen token {ev['token_text']!r}: rank {rank:,}, p={prob(cp)}"
         body.append(f'<tr class="tt-lens-row{" tt-lens-out" if i == n - 1 else ""}"><th title="{esc(where)}">'
                     f"{esc(row_label(i, n)).replace('embedding', 'embed&shy;ding')}</th>{''.join(cells)}"
                     f'<td class="tt-lens-rank" style="{_shade(cp)}" title="{esc(ctitle)}">'  # wraps at " · " only

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-from visualizers._html import bar, empty, esc, panel, piece_text, show_piece
+from visualizers._html import bar, empty, esc, panel, piece_text, prob, show_piece
 from visualizers.selection import Selection, header_html
 
 STAGE_LABELS = {"logits": "softmax(logits)", "grammar": "grammar mask", "min_tokens": "min_tokens",
@@ -40,14 +40,6 @@ NGRAM_SOURCES = {
              "(the target's distribution is shown)",
     "corrected": "the copied proposal was rejected here: drawn from the target with that token removed",
 }
-
-
-def prob(p: float, digits: int = 3) -> str:
-    """A probability that stays readable when it is tiny: over a vocabulary of 262,144 a
-    flat distribution gives every candidate about 4e-6, which 3 decimals would show as 0."""
-    if p <= 0 or p >= 10 ** -digits:
-        return f"{max(0.0, p):.{digits}f}"  # max(0.0, -0.0) is 0.0: a cut-off token shows no minus
-    return f"{p:.1e}".replace("e-0", "e-")
 
 
 def _knob(stage: str, params: dict) -> str:
@@ -182,7 +174,7 @@ def sampling_html(samples: Sequence[dict], pieces: Mapping[int, str] | None = No
         f'<span class="tt-chip{" tt-chip-draft" if e.get("source") == "draft" else ""}" '
         f'title="position {e["position"]} · p={prob(e["token_prob"])} · entropy {max(0.0, e["entropy"]):.2f}'
         f'{(" · copied by n-gram lookup" if e.get("method") == "ngram" else " · from the draft") if e.get("source") == "draft" else ""}">{show_piece(piece_text(e["token_id"], pieces))}'
-        f'<sub>{prob(e["token_prob"], 2)}</sub></span>' for e in samples[-48:])
+        f'<sub>{prob(e["token_prob"])}</sub></span>' for e in samples[-48:])
     legend = (" (underlined: copied by n-gram lookup, kept by the target)" if any(e.get("method") == "ngram" for e in samples)
               else " (underlined: proposed by the draft, kept by the target)") if any(
         e.get("source") == "draft" for e in samples) else ""

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from visualizers._html import empty, esc, panel, show_piece
+from visualizers._html import empty, esc, panel, prob, show_piece
 from visualizers.selection import Selection, header_html
 
 MAX_ROUNDS = 12
@@ -89,8 +89,8 @@ def spec_html(rounds: Sequence[dict], enabled: bool = True, pieces: Mapping[int,
                 cls, what = "tt-skip", "not checked (after a rejection)"
             q = r["draft_probs"][j] if j < len(r["draft_probs"]) else 0
             p = r["target_probs"][j] if j < len(r["target_probs"]) else 0
-            origin = f"copied from position {r['copied_from'][j]}" if copied else f"draft q={q:.3f}"
-            chips.append(f'<span class="tt-chip {cls}" title="{esc(what)} · {esc(origin)} · target p={p:.3f}">'
+            origin = f"copied from position {r['copied_from'][j]}" if copied else f"draft q={prob(q)}"
+            chips.append(f'<span class="tt-chip {cls}" title="{esc(what)} · {esc(origin)} · target p={prob(p)}">'
                          f'{show_piece(text)}<sub>{esc(r["proposed"][j])}</sub></span>')
         kind = r["token_kind"]
         if r.get("token") is not None:  # None: the answer ended on an accepted proposal, no token added

@@ -47,6 +47,7 @@ class Controller(Streaming, Replay):
         info = self.infos[service.model_name]
         out = self.controls_for(info)
         del out["model_pick"]  # the user's own move
+        out["max_tokens"]["value"] = min(int(c.max_tokens or 1), self.cap_of(info))  # within the new model's limit
         tab = self.sessions.get(key)
         if tab is not None and not tab.watched and tab.view.request_id and not tab.view.finished:
             return {n: v for n, v in out.items() if n not in ("summary", "moe_col", "layer", "head")}
@@ -66,7 +67,8 @@ class Controller(Streaming, Replay):
             select_head(int(c.layer or 0), int(c.head or 0))
         else:
             view.layer, view.head = int(c.layer or 0), int(c.head or 0)
-        return {"attention": view.render("attention"), "moe": view.render("moe")}
+        return {"attention": view.render("attention"), "moe": view.render("moe"),  # the layers words quote it too
+                **self.journey_updates(self.sessions.get(key), view, time.perf_counter())}
 
     SELECTED = ONE_PASS  # what one token click redraws: every panel that names a pass (the stages' words too)
 
@@ -121,7 +123,8 @@ class Controller(Streaming, Replay):
         else:
             view.layer, view.head = layer, head
         return {"layer": gr.update(value=layer), "head": gr.update(value=head),
-                "attention": view.render("attention"), "moe": view.render("moe")}
+                "attention": view.render("attention"), "moe": view.render("moe"),
+                **self.journey_updates(self.sessions.get(key), view, time.perf_counter())}
 
     # --- "New request", the preview, the classroom button -------------------------------------------
     def unlock(self, key: str, c: Controls) -> dict:

@@ -127,7 +127,7 @@ def _controls(ui: dict, ctl: Controller) -> None:
                             elem_id="tt-top-k", interactive=live)
     ui["top_p"] = gr.Slider(0.05, 1, value=opening.top_p, step=0.01, label="Top-p (1 = off)", elem_id="tt-top-p",
                             interactive=live)
-    ui["max_tokens"] = gr.Slider(1, ctl.cap, value=opening.max_tokens, step=1, label=f"Max tokens (≤ {ctl.cap})",
+    ui["max_tokens"] = gr.Slider(1, ctl.cap, value=opening.max_tokens, step=1, label=texts.max_label(ctl.cap),
                                  elem_id="tt-max-tokens", interactive=live)
     ui["hint_max"] = gr.HTML("", elem_id="tt-hint-max-tokens", padding=False, elem_classes=["tt-hint-box"])
     # a Textbox, not a Number: gr.Number shows (and sends) 0 for an empty value
@@ -376,10 +376,11 @@ def _wire(page: gr.Blocks, ui: dict, ctl: Controller) -> None:
                            [ui[n] for n in ("bias_token", "bias", "more_box", "hint_more")], concurrency_limit=None,
                            **quiet)
     ui["pick_head"].change(w.fn(ctl.pick_head, extra=1, keep="attention"), [ui["pick_head"]],
-                           [ui["layer"], ui["head"], ui["attention"], ui["moe"]], concurrency_limit=None, **quiet)
+                           [ui["layer"], ui["head"], ui["attention"], ui["moe"]] + journey_out, concurrency_limit=None,
+                           **quiet)
     for picker in ("layer", "head"):
         ui[picker].input(w.fn(ctl.redraw, ("layer", "head")), w.inputs(("layer", "head")),
-                         [ui["attention"], ui["moe"]], concurrency_limit=None, **quiet)
+                         [ui["attention"], ui["moe"]] + journey_out, concurrency_limit=None, **quiet)
     # input: the user's own moves (mouse or keyboard), not the values Play writes; always_last coalesces a drag
     for control in (ui["step"], ui["step_box"]):
         control.input(w.fn(ctl.goto, ("layer", "head"), extra=1), [control, ui["layer"], ui["head"]], outputs,

@@ -265,14 +265,20 @@ class LiveView:
     NEEDS_FULL = {"embedding": "embedding rows need", "attention": "attention probabilities need",
                   "moe": "the router's picks need", "logit_lens": "the logit lens needs"}  # (with their verbs)
     NEEDS_BASIC = {"sampling": "the sampling distributions need", "spec": "the speculative rounds need"}
+    # how to get what a panel lacks (an API request is at level basic unless its body says otherwise)
+    ASK = {"full": 'ask for it: "trace_level": "full" in the API request\'s body, or Capture level full on '
+                   "this page before Send",
+           "basic": 'ask for it: "trace_level": "basic" (or "full") in the API request\'s body, or Capture level '
+                    "basic or full on this page before Send"}
 
     def missing(self, name: str) -> str | None:
         """Why a panel has nothing to draw when its request does not record that stage."""
         level = self.level
         if name in self.NEEDS_FULL and level != "full":
-            return f"not recorded: {self.NEEDS_FULL[name]} capture level full (this request: {level})"
+            return f"not recorded: {self.NEEDS_FULL[name]} capture level full (this request: {level}); {self.ASK['full']}"
         if name in self.NEEDS_BASIC and level == "off":
-            return f"not recorded: {self.NEEDS_BASIC[name]} capture level basic or full (this request: off)"
+            return (f"not recorded: {self.NEEDS_BASIC[name]} capture level basic or full (this request: off); "
+                    f"{self.ASK['basic']}")
         return None
 
     # before any request, the panels that would otherwise say they wait for one

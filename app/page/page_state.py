@@ -29,7 +29,8 @@ def stages_of(view: LiveView) -> list:
     position = view.shown_read if view.shown_read is not None else view.position
     with view.lock:  # (a click's journey beside the stream's: one fold of its events at a time)
         return journey(view.model, view.request_id or "", view.body or None, view.events, view.outputs,
-                       truncated=view.first("trace.truncated"), position=position, trail=view.trail())
+                       truncated=view.first("trace.truncated"), position=position, layer=view.layer,
+                       trail=view.trail())  # layer: the layer picker's (the MoE routing the words quote)
 
 
 class PageState:
@@ -45,7 +46,7 @@ class PageState:
         self.model = self.infos[self.models.first.model_name] if self.live else texts.with_defaults(replay.model)
         self.sessions = Sessions()
         self.classrooms = classrooms or Classrooms()
-        self.cap = self.models.limits.max_tokens_cap if self.live and self.models.limits.max_tokens_cap else 512
+        self.cap = self.cap_of(self.model)  # the first model's: the slider the page opens with
         # the controls when the page opens (the Request panel's first body is built from them too)
         self.opening = Controls(max_tokens=min(Controls.max_tokens, self.cap), model=self.model["name"],
                                 speculative=self.model["has_draft"], k=self.model["num_speculative_tokens"])
@@ -54,6 +55,14 @@ class PageState:
         else:
             first = ReplayCursor(replay)
             self.blank, self.first_frames = first.goto(first.last_frame), first.last_frame + 1
+
+    def cap_of(self, info: dict) -> int:
+        """The max-tokens slider's end for a model: the limit the API applies (the server's cap,
+        else the model's context less a one-token prompt; Send refuses what this prompt leaves no
+        room for, as the API refuses a max_tokens the context cannot hold)."""
+        context = int(info.get("max_model_len") or 0) - 1
+        cap = self.models.limits.max_tokens_cap if self.live else None
+        return max(1, min(cap or context, context) if context > 0 else cap or 512)
 
     # --- views ------------------------------------------------------------------------------
     def service_of(self, name: str | None) -> EngineService:
@@ -151,6 +160,7 @@ class PageState:
             out.update({"model_pick": gr.update(value=info["name"]), "note": texts.model_note(info, len(self.infos)),
                         "system": gr.update(label=texts.SYSTEM_LABEL[plain], interactive=not plain),
                         "user": gr.update(label=texts.USER_LABEL[plain]),
+                        "max_tokens": gr.update(maximum=self.cap_of(info), label=texts.max_label(self.cap_of(info))),
                         "speculative": gr.update(value=info["has_draft"], interactive=info["has_draft"],
                                                  info=texts.spec_info(info)),
                         "k": gr.update(maximum=max(1, info["num_speculative_tokens"]),
@@ -168,7 +178,7 @@ class PageState:
         out = {n: got[n] for n in ("system", "user", "temperature", "top_k", "top_p", "seed", "level")}
         neutral = Controls()  # a body that cannot be read says nothing of them: the neutral knobs, not the last ones
         out.update({n: got.get(n, getattr(neutral, n)) for n in MORE})
-        out["max_tokens"] = gr.update(value=min(got["max_tokens"], self.cap))
+        out["max_tokens"] = gr.update(value=min(got["max_tokens"], self.cap_of(info)))
         if info["name"] in self.infos:  # a served model: its draft decides whether speculation can be on
             out["speculative"] = gr.update(value=got["speculative"] and info["has_draft"])
             out["k"] = gr.update(value=max(1, min(got["k"], info["num_speculative_tokens"])))

@@ -49,6 +49,9 @@ def draw_within(view: LiveView, names: list[str], now: float, budget: float = RE
     return out
 
 
+REPLACE_WAIT_S = 30.0  # how long a second Send waits for the first's stream to end after stopping it
+
+
 def abort_all(service, request_id: str, n: int) -> None:
     """Stop a request and its other choices (n > 1: each is a request of its own in the engine)."""
     for rid in LLMEngine.choice_ids(request_id, n):
@@ -81,6 +84,8 @@ class Streaming(PageState):
                     yield out
                     last = now
         view.add(next_items(0))
+        if tab.replaced:  # the next Send's updates follow: this one's last ones could land after them
+            return
         fin = view.first("finish")
         reason = fin["reason"] if fin else next((o["finish_reason"] for o in view.outputs if o["finished"]), "?")
         now = time.perf_counter()  # the last tokens first, then every panel's final state (Status with the map)
@@ -96,7 +101,9 @@ class Streaming(PageState):
         """Send: submit the controls' request and stream it (one at a time per tab)."""
         self.sessions.watching.discard(key)  # Send ends this tab's watching
         busy = self.sessions.claim(key)
-        if busy is not None:  # one request per tab: refuse a second Send, said under the button
+        if busy is not None:  # a second Send replaces the first, on every model: stop it, then send
+            busy = self._replace(key)
+        if busy is not None:  # the first would not end: refuse this one, said under the button
             self.sessions.refused.add(key)
             what = f"{busy} is still streaming" if busy else "the last Send is still being submitted"
             yield {"hint_send": f"<div class='tt-hint'>⚠ Not sent: {viz._html.esc(what)} in this tab. Stop it or "
@@ -107,6 +114,20 @@ class Streaming(PageState):
             yield from carry(self._send(key, c, client))
         finally:
             self.sessions.release(key)
+
+    def _replace(self, key: str) -> str | None:
+        """A Send while this tab's last one streams: stop that one (as Stop does) and take the
+        slot once its stream has ended -> None, or what still holds the slot after REPLACE_WAIT_S.
+        (Refusing instead made the outcome hang on the model's speed: a fast model had already
+        finished, so the second Send ran; a slow one was refused.)"""
+        deadline = time.monotonic() + REPLACE_WAIT_S
+        while (busy := self.sessions.claim(key)) is not None and time.monotonic() < deadline:
+            tab = self.sessions.get(key)
+            if busy and tab is not None and tab.view.request_id == busy and not tab.view.finished:
+                tab.replaced = True
+                abort_all(tab.service or self.models, busy, tab.view.n)
+            self.sessions.wait_free(key, 0.1)  # (its id may not be known yet: look again)
+        return busy
 
     def _refused(self, e: ValueError, view: LiveView, submission) -> dict:
         """A request refused before or by the engine: the reason under the control it is about."""

@@ -22,15 +22,17 @@ class Tab:
     service: EngineService | None = None  # the engine of the request shown (None: a loaded trace)
     clock: JourneyClock = field(default_factory=JourneyClock)
     locked: bool = False  # the controls show a replayed or watched request: read-only
+    replaced: bool = False  # a second Send stopped its request: its stream ends without its last updates
 
 
 class Sessions:
     """Each browser tab's state, by Gradio session hash (bounded, oldest out); which tabs have
-    a Send in flight (one at a time: a second is refused, visibly), and which are watching."""
+    a Send in flight (one at a time: a second stops the first, then goes), and which are watching."""
 
     def __init__(self) -> None:
         self._tabs: OrderedDict[str, Tab] = OrderedDict()
         self._lock = threading.Lock()
+        self._released = threading.Condition(self._lock)  # a tab's Send slot came free
         self._sending: dict[str, str] = {}  # tab -> the request its Send is streaming ("" until it has an id)
         self.watching: set[str] = set()
         self.refused: set[str] = set()  # tabs whose Send was refused while their request streamed
@@ -51,6 +53,12 @@ class Sessions:
     def release(self, key: str) -> None:
         with self._lock:
             self._sending.pop(key, None)
+            self._released.notify_all()
+
+    def wait_free(self, key: str, timeout_s: float) -> None:
+        """Until the tab's Send slot is free, or timeout_s passed (then claim() says who holds it)."""
+        with self._lock:
+            self._released.wait_for(lambda: key not in self._sending, timeout_s)
 
     def put(self, key: str, tab: Tab) -> None:
         with self._lock:

@@ -176,3 +176,8 @@ def too_fast_note(tokens: list[dict], steps: int, fast_s: float, which: str = ""
     return (f"<div class='tt-replay-note'>▶ That answer took {took:.2f} s, too fast to watch: press <b>▶ Play</b> "
             f"to replay its {steps} engine steps{which} at the speed chosen beside it (2 steps/s by default), or drag "
             "the step slider.</div>")
+
+
+def max_label(cap: int) -> str:
+    """The max-tokens slider's label: the limit Send and the API apply for the model picked."""
+    return f"Max tokens (≤ {cap:,}, the context left)"

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from visualizers.compact import lens_layers
-from visualizers._html import show_piece
+from visualizers._html import prob, show_piece  # prob: stage modules import it from here
 from visualizers.logit_lens import first_top
 
 FIRST = ("request.arrive", "tokenize", "prefix_cache.lookup", "finish", "trace.truncated", "kv.transfer", "trace.cut")
@@ -228,15 +228,6 @@ def hidden_sentence(f: "Facts") -> str:
 def n(x: float) -> str:
     """A number in bold (ints with thousands separators, floats with two decimals)."""
     return f"<b>{x:,}</b>" if isinstance(x, int) else f"<b>{x:,.2f}</b>"
-
-
-def prob(x: float) -> str:
-    """A probability as every stage prints it (sentence and chip alike): two decimals, or two
-    significant digits for an unlikely one (a draw at temperature 1 may take a token of
-    p 0.00039: never "0.00")."""
-    if x >= 0.095 or x <= 0:
-        return f"{max(0.0, x):.2f}"  # max(0.0, -0.0): no minus sign
-    return f"{x:.2g}".replace("e-0", "e-")
 
 
 def p(*sentences: str) -> str:
