@@ -17,6 +17,7 @@ import pytest
 from app.page.live_view import PANELS
 from app.serving.recording import Recording, ReplayCursor, TraceFileError
 from app.serving.requests import build_body, parse_body
+from tests.holds import StepGate
 from tests.paths import ROOT
 from visualizers.journey import journey
 
@@ -238,29 +239,26 @@ def test_a_classroom_on_a_running_request_follows_it_to_the_end(service, monkeyp
     from fastapi.testclient import TestClient
 
     from app.server import create_app
-    step = service.engine.step
-
-    def paced_step():  # slow enough that the room is made while the request still runs
-        time.sleep(0.05)
-        return step()
-    monkeypatch.setattr(service.engine, "step", paced_step)
+    gate = StepGate(at=(6,)).install(service.engine, monkeypatch)  # the room is made while the request runs
     args = dict(model="m", system="", user="Keep going.", temperature=0.0, top_k=0, top_p=1.0, max_tokens=30,
                 seed=None, speculative=False, k=1, trace_level="basic")
     watch = service.submit(parse_body(build_body(**args) | {"ignore_eos": True}))
     with TestClient(create_app(service)) as client:
-        while not service.store.trace(watch.request_id) or not any(
-                e["type"] == "token" for e in service.store.trace(watch.request_id).events):
-            time.sleep(0.01)
-        room = client.post("/classroom", json={"request_id": watch.request_id}).json()
-        # the stages it has: speculation off for it and one device are skipped, known from the start
-        keys = [s.key for s in journey(service.model_info(), watch.request_id, build_body(**args), [], [])
-                if not s.skipped]
-        assert room["stages"] == len(keys) and "spec" not in keys
-        key = room["presenter_url"].split("key=")[1]
-        assert client.post(f"/classroom/{room['id']}/question", json={"key": key, "action": "show"}).status_code == 200
-        fin = keys.index("answer")  # its words end with why it stopped
-        first = client.get(f"/classroom/{room['id']}/stage/{fin}").json()
-        assert "Still running" in first["html"]
+        try:
+            assert gate.reached() == 6  # five steps done: its first tokens are in the store
+            room = client.post("/classroom", json={"request_id": watch.request_id}).json()
+            # the stages it has: speculation off for it and one device are skipped, known from the start
+            keys = [s.key for s in journey(service.model_info(), watch.request_id, build_body(**args), [], [])
+                    if not s.skipped]
+            assert room["stages"] == len(keys) and "spec" not in keys
+            key = room["presenter_url"].split("key=")[1]
+            assert client.post(f"/classroom/{room['id']}/question",
+                               json={"key": key, "action": "show"}).status_code == 200
+            fin = keys.index("answer")  # its words end with why it stopped
+            first = client.get(f"/classroom/{room['id']}/stage/{fin}").json()
+            assert "Still running" in first["html"]
+        finally:
+            gate.release_all()
         end = time.monotonic() + 60
         while "It ended because" not in client.get(f"/classroom/{room['id']}/stage/{fin}").json()["html"]:
             assert time.monotonic() < end, "the room never saw the request finish"
