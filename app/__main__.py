@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import socket
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -392,13 +393,22 @@ def serve_replay(args: argparse.Namespace) -> None:
 
     from app.server import create_app  # lazy: gradio
 
-    app = create_app(None, replay=rec, limits=limits, library=library)
+    app = create_app(None, replay=rec, limits=limits, library=library, classrooms=classrooms_of(library, args))
     print(f"TokenTrace replay: {rec.request_id} ({rec.model['name']}, {len(rec.steps())} engine steps) on "
           f"http://{args.host}:{args.port}", flush=True)
     if args.share:
         open_share_link(args.port, lambda line: print(line, flush=True))
     # open event streams (a classroom's audience) end 3 s after Ctrl-C instead of holding the exit
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=3)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=3)
+    finally:
+        library.close()  # the rooms' last changes go in before the process ends
+
+
+def classrooms_of(library, args: argparse.Namespace):
+    """The server's rooms, loaded back from the library's database (this host and port's)."""
+    from app.classroom.lasting import lasting_classrooms  # lazy: torch (the rooms' recordings)
+    return lasting_classrooms(library, f"{socket.gethostname()}:{args.port}", lambda line: print(line, flush=True))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -418,7 +428,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from app.server import create_app  # lazy: gradio
 
-    app = create_app(models.start(), library=library)
+    app = create_app(models.start(), library=library, classrooms=classrooms_of(library, args))
     shown = []
     for service in models:
         info = service.model_info()
