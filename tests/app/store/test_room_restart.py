@@ -85,5 +85,6 @@ def test_a_restart_under_an_audience(checkpoint, tmp_path):
             _wait(page, "document.body.dataset.stage === '5'", 20)
             assert page.evaluate("window.ttSamePage === true")
     finally:
-        if proc.poll() is None:
-            _stop(proc)
+        if proc.poll() is None:  # done with it: no need to wait for its graceful stop
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)

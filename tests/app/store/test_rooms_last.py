@@ -4,6 +4,10 @@ library closed and opened again); its trace named when the library holds it, cop
 another server's rooms are not loaded; a change after the restart lasts too. SQLite and PostgreSQL."""
 from __future__ import annotations
 
+import json
+import threading
+
+from app.classroom.lab_stage import open_room
 from app.classroom.lasting import lasting_classrooms
 from app.serving.recording import Recording
 from app.store.opening import open_library
@@ -31,13 +35,17 @@ def test_rooms_come_back_where_they_stood(db_url, recording):
     named.vote("voter-bbbbbbbb", None, "owls")
     named.publish()  # the vote flush's push
     copied.ask("show")
+    result = {"experiment": "prefix", "title": "Prefix <cache>", "model": "tiny", "size": "s", "seconds": 1.0,
+              "settings": [], "sentences": ["It <b>helps</b>."]}
+    lab = open_room(classrooms, result, {"num_layers": 2, "num_heads": 2})  # an experiment's room
     before, question = named.state(), named.question
     library.close()  # the restart
 
     library, classrooms, lines = _open(db_url)
     back = classrooms.get(named.room_id)
     assert back is not None and back.key == named.key and classrooms.get(copied.room_id).revealed
-    assert any("2 room(s) back" in line for line in lines), lines
+    assert any("3 room(s) back" in line for line in lines), lines
+    assert classrooms.get(lab.room_id).render(0) == lab.render(0) and "It &lt;b&gt;helps" in lab.render(0)
     after = back.state()
     assert after["stage"] == before["stage"] == 4 and after["pick"] == before["pick"]
     assert after["question"] == before["question"] and after["hidden_from"] == before["hidden_from"]
@@ -66,4 +74,21 @@ def test_a_room_whose_trace_is_gone_does_not_come_back(db_url, recording):
     library.close()
     library, classrooms, lines = _open(db_url)
     assert classrooms.get(room.room_id) is None and any("could not be" in line for line in lines), lines
+    library.close()
+
+
+def test_a_burst_of_moves_is_one_write(db_url, recording):
+    """Changes only mark the room: while its write waits, every later move rides on it."""
+    library, classrooms, _ = _open(db_url)
+    gate = threading.Event()
+    library.writer.put(lambda _repo: gate.wait(10))  # the writer busy (a long trace going in)
+    room = classrooms.create(recording)
+    keeper, saves = classrooms.keeper, []
+    real = keeper.repo.save
+    keeper.repo.save = lambda row, with_trace: (saves.append(json.loads(row.state)["stage"]), real(row, with_trace))
+    for stage in range(1, 6):
+        room.goto(stage)
+    gate.set()
+    assert library.writer.flush(10)
+    assert saves == [5]
     library.close()
