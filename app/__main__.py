@@ -161,8 +161,9 @@ def _add_serving_groups(p: argparse.ArgumentParser) -> None:
                       help="all kept traces together; the oldest are dropped first (default "
                       f"{MAX_TOTAL_BYTES // 2**20} MiB; at least twice the per-request cap)")
     kept.add_argument("--db", default=None, metavar="PATH|URL|none",
-                      help="where traces and classrooms last: an SQLite file (default ~/.cache/tokentrace/traces.db, or "
-                      "$TOKENTRACE_DB), a postgresql:// URL, or 'none' (memory only: gone at exit)")
+                      help="where traces and classrooms last: an SQLite file (default "
+                      "~/.cache/tokentrace/traces.db, or $TOKENTRACE_DB), a postgresql:// URL, or 'none' (memory "
+                      "only: gone at exit)")
     kept.add_argument("--db-max-bytes", type=int, default=DB_MAX_BYTES, metavar="BYTES",
                       help="all traces in the database together (JSON size); the oldest unpinned go first "
                       f"(default {DB_MAX_BYTES // 2**30} GiB)")
