@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import socket
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -160,8 +161,9 @@ def _add_serving_groups(p: argparse.ArgumentParser) -> None:
                       help="all kept traces together; the oldest are dropped first (default "
                       f"{MAX_TOTAL_BYTES // 2**20} MiB; at least twice the per-request cap)")
     kept.add_argument("--db", default=None, metavar="PATH|URL|none",
-                      help="where traces last: an SQLite file (default ~/.cache/tokentrace/traces.db, or "
-                      "$TOKENTRACE_DB), a postgresql:// URL, or 'none' (memory only: gone at exit)")
+                      help="where traces and classrooms last: an SQLite file (default "
+                      "~/.cache/tokentrace/traces.db, or $TOKENTRACE_DB), a postgresql:// URL, or 'none' (memory "
+                      "only: gone at exit)")
     kept.add_argument("--db-max-bytes", type=int, default=DB_MAX_BYTES, metavar="BYTES",
                       help="all traces in the database together (JSON size); the oldest unpinned go first "
                       f"(default {DB_MAX_BYTES // 2**30} GiB)")
@@ -392,13 +394,22 @@ def serve_replay(args: argparse.Namespace) -> None:
 
     from app.server import create_app  # lazy: gradio
 
-    app = create_app(None, replay=rec, limits=limits, library=library)
+    app = create_app(None, replay=rec, limits=limits, library=library, classrooms=classrooms_of(library, args))
     print(f"TokenTrace replay: {rec.request_id} ({rec.model['name']}, {len(rec.steps())} engine steps) on "
           f"http://{args.host}:{args.port}", flush=True)
     if args.share:
         open_share_link(args.port, lambda line: print(line, flush=True))
     # open event streams (a classroom's audience) end 3 s after Ctrl-C instead of holding the exit
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=3)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=3)
+    finally:
+        library.close()  # the rooms' last changes go in before the process ends
+
+
+def classrooms_of(library, args: argparse.Namespace):
+    """The server's rooms, loaded back from the library's database (this host and port's)."""
+    from app.classroom.lasting import lasting_classrooms  # lazy: torch (the rooms' recordings)
+    return lasting_classrooms(library, f"{socket.gethostname()}:{args.port}", lambda line: print(line, flush=True))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -418,7 +429,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from app.server import create_app  # lazy: gradio
 
-    app = create_app(models.start(), library=library)
+    app = create_app(models.start(), library=library, classrooms=classrooms_of(library, args))
     shown = []
     for service in models:
         info = service.model_info()

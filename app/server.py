@@ -28,10 +28,12 @@ from app.store.library import Library  # noqa: E402
 
 
 def create_app(served: EngineService | ServedModels | None, replay: Recording | None = None,
-               limits: ServeLimits | None = None, library: Library | None = None) -> FastAPI:
+               limits: ServeLimits | None = None, library: Library | None = None,
+               classrooms: Classrooms | None = None) -> FastAPI:
     """served: one engine or several (ServedModels); None: replay mode (`python -m app
     --replay FILE`): the page and classroom only. library: the traces' database (app/store;
-    None: memory only)."""
+    None: memory only). classrooms: the rooms (kept in the library's database by
+    app.classroom.lasting; None: memory only)."""
     models = ServedModels.of(served) if served is not None else None
     limits = limits or (models.limits if models is not None else ServeLimits())
     library = library or Library(models.first.store if models is not None else None)
@@ -55,7 +57,7 @@ def create_app(served: EngineService | ServedModels | None, replay: Recording | 
         add_metrics_route(api, models)
     add_library_routes(api, library, replay=models is None)
     add_fallback_routes(api, replay.request_id if models is None else None)  # after every /v1 route
-    classrooms = Classrooms()
+    classrooms = classrooms if classrooms is not None else Classrooms()
     if models is not None:
         def in_memory(rid: str) -> Recording | None:
             service = models.owner(rid)  # whichever engine ran it

@@ -68,6 +68,7 @@ class Room:
     _vote_flush: bool = False
     _vote_flush_pending: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
+    on_change: Callable[["Room"], None] | None = None  # told of every state change (app/classroom/lasting.py)
 
     def __post_init__(self) -> None:
         self._read_at = time.monotonic()  # the trace it was made with is fresh
@@ -312,6 +313,8 @@ class Room:
 
     def publish(self) -> None:
         self.feed.publish(self.state())
+        if self.on_change is not None:
+            self.on_change(self)
 
     def start(self) -> None:
         """From the server's loop: bind the feed; a live request's room re-reads it on a timer
@@ -358,17 +361,27 @@ class Classrooms:
         self._rooms: OrderedDict[str, Room] = OrderedDict()
         self._lock = threading.Lock()
         self.max_rooms = max_rooms
+        self.keeper = None  # a RoomKeeper (app/classroom/lasting.py): rooms written to the database
 
     def create(self, rec: Recording, refresh: Callable[[], Recording | None] | None = None, **fields) -> Room:
         """fields: Room's own (extra stages, with_journey)."""
         room = Room(secrets.token_urlsafe(6), secrets.token_urlsafe(16), rec, refresh, **fields)
         # every stage rendered now, off any loop and off the engine's thread: followers only read the cache
         threading.Thread(target=room.prerender, name=f"classroom-{room.room_id}", daemon=True).start()
+        self.add(room)
+        if self.keeper is not None:
+            room.on_change = self.keeper.changed
+            self.keeper.changed(room)
+        return room
+
+    def add(self, room: Room) -> None:
         with self._lock:
             self._rooms[room.room_id] = room
+            closed = []
             while len(self._rooms) > self.max_rooms:  # the oldest room closes
-                self._rooms.popitem(last=False)
-        return room
+                closed.append(self._rooms.popitem(last=False)[0])
+        for room_id in closed if self.keeper is not None else ():
+            self.keeper.closed(room_id)
 
     def get(self, room_id: str) -> Room | None:
         with self._lock:

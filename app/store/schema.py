@@ -22,3 +22,18 @@ traces = Table(
     Column("data", LargeBinary, nullable=True),  # the trace file (Recording.dumps), zlib-compressed
     Index("ix_traces_created", "created"),
 )
+
+# one row a classroom (app/classroom/lasting.py): where it stands, as JSON, and the trace it shows: the
+# traces table's row of trace_id, or its own copy (data) for a trace the library does not hold (an uploaded
+# file, an experiment's result); owner: the server (host:port) that serves it and loads it back at start-up
+rooms = Table(
+    "rooms", metadata,
+    Column("id", String(64), primary_key=True),
+    Column("key", String(64), nullable=False),  # the presenter's secret (as its link carries it)
+    Column("owner", String(300), nullable=False),
+    Column("trace_id", String(200), nullable=False),
+    Column("state", Text, nullable=False),
+    Column("data", LargeBinary, nullable=True),  # the trace file, zlib-compressed (None: read from traces)
+    Column("updated", Float, nullable=False),
+    Index("ix_rooms_owner", "owner"),
+)

@@ -25,9 +25,9 @@ def _done(repo: TraceRepository, rid: str, prompt: str, created: float, size: in
 def test_schema_version_is_stored_and_checked(db_url):
     opened = open_database(database_url(db_url), lambda line: None)
     with opened.engine.connect() as conn:
-        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar_one() == opened.revision == "0001"
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar_one() == opened.revision == "0002"
     again = open_database(database_url(db_url), lambda line: None)  # reopening migrates nothing, keeps rows
-    assert again.revision == "0001" and again.moved_aside is None
+    assert again.revision == "0002" and again.moved_aside is None
 
 
 def test_list_pages_search_pin_delete(db_url):
