@@ -4,7 +4,7 @@ request untraced, at batch 1 and at the settings' batch, and each capture's shar
 The stream rate: a request's tokens after its first over the time from its first token to
 its last (the engine's token times), the rate the answer reaches its reader. A `full`
 trace's logit lens is computed after the pass (engine/trace/lens_queue.py): with the page's
-setting (CaptureConfig.lens_live_seconds, every 0.3 s while it runs) inside the stream,
+setting (CaptureConfig.lens_live_seconds 0: each token's after its step) inside the stream,
 and with `None` at the finish only, after the last token: the "until the trace is done"
 rate counts that too (the time to the finish event, when an export holds every lens).
 
@@ -26,13 +26,13 @@ from benchmarks.bench.timing import greedy
 from engine.llm_engine import LLMEngine
 from engine.trace import EventList, Tracer
 
-LIVE = "full (the page's: lens every 0.3 s)"
+LIVE = "full (the page's: every lens after its step)"
 AT_END = "full, lens at the finish"
 
 
 def watch_cost(b: Bench, engine: LLMEngine, tracer: Tracer, sink: EventList, n: int) -> None:
     base = replace(engine.capture, lens_live_seconds=None)
-    variants = {"untraced": (None, base), LIVE: ("full", replace(base, lens_live_seconds=0.3)),
+    variants = {"untraced": (None, base), LIVE: ("full", replace(base, lens_live_seconds=0.0)),
                 AT_END: ("full", base),
                 "full, no lens": ("full", replace(base, logit_lens_top=0)),
                 "full, no lens, attention": ("full", replace(base, logit_lens_top=0, attention_layers=[])),
@@ -82,5 +82,5 @@ def _rounds(b: Bench, engine: LLMEngine, tracer: Tracer, sink: EventList, varian
             lat = [m["token_latencies"] for m in metrics]
             stream[name].append(statistics.median(len(x) / max(sum(x), 1e-9) for x in lat))
             done[name].append(batch * (n - 1) / max(elapsed - max(m["ttft"] for m in metrics), 1e-9))
-    engine.tracer, engine.capture = tracer, replace(engine.capture, lens_live_seconds=0.3)
+    engine.tracer, engine.capture = tracer, replace(engine.capture, lens_live_seconds=0.0)
     return stream, done

@@ -6,8 +6,8 @@ the step). The lens itself, L rows a token through the final norm and the LM hea
 computed for all of a request's waiting tokens at once, batched over tokens and points,
 in position order:
   - when its last batch is `live_seconds` old (CaptureConfig.lens_live_seconds; its first
-    token at once), so a page watching the request shows its newest token's lens within
-    its update bound; None: not while it runs (a trace read when it is done: a replay
+    token at once; 0, the default: every token after its step, as the live page draws
+    every panel on the newest pass); None: not while it runs (a trace read when it is done: a replay
     file, an export, a bench), the stream then waits for none of it;
   - when the request finishes, before its `finish` event: a finished trace holds every
     token's lens;

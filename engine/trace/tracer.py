@@ -32,8 +32,9 @@ class CaptureConfig:
     top_candidates: int = 8  # sampler candidates shown per stage
     logit_lens_top: int = 5  # candidates per layer in the logit lens (engine/trace/logit_lens.py); 0: no lens
     # a running request's waiting lenses computed when its last were this old (engine/trace/lens_queue.py):
-    # the page's update bound (0.5 s) less a step; None: at its finish only (nobody watches it live)
-    lens_live_seconds: float | None = 0.3
+    # 0: every token's after its step (the live page draws every panel on the newest pass, the lens too);
+    # None: at its finish only (nobody watches it live: a replay file, an export, a bench)
+    lens_live_seconds: float | None = 0.0
     compact: bool = True  # attention and embedding rows stored compactly (engine/trace/compact.py), else as lists
 
 

@@ -21,7 +21,7 @@ def test_watching_rows_at_both_batches_with_each_captures_cost(checkpoint):
     rows = b.rows
     watch = {r.name: r for r in rows if r.name.startswith("watching, ")}
     for batch in (1, 2):  # QUICK's batch: 2
-        for name in ("full (the page's: lens every 0.3 s)", "full, lens at the finish"):
+        for name in ("full (the page's: every lens after its step)", "full, lens at the finish"):
             r = watch[f"watching, batch {batch}, {name}: stream tok/s"]
             assert r.baseline > 0 and "against untraced" in r.note and "load average" in r.note
         for what in ("logit lens", "attention", "embedding rows", "MoE routing and the pass's bookkeeping",
