@@ -306,7 +306,7 @@ class LLMEngine:
         parts, rows = logit_rows(scheduled, batch, capture)
         logits = runner.run(batch, rows, capture)
         self.stats.target_passes += 1
-        return StepPass(parts, batch, capture, logits)
+        return StepPass(parts, batch, capture, logits, number=self.step_count)
 
     def _sample(self, step: StepPass) -> None:
         """The new tokens: one plain draw for every sampling sequence without proposals, all
@@ -350,7 +350,7 @@ class LLMEngine:
                 step.logits[p.rows[0]:p.rows[0] + len(p.tokens)], p.tokens, seq.params.logprobs)
             for j, token in enumerate(p.tokens):
                 if seq.traced:
-                    self.step_trace.token(step, p, j, token, self.capture.top_candidates)
+                    self.step_trace.token(step, p, j, token, self.capture)
                 out = self._append_token(lane, seq, token, t_sample)
                 out.logprobs = lps[j] if lps is not None else None
                 if seq.params.prompt_logprobs is not None and seq.num_output_tokens == 1:
@@ -400,10 +400,11 @@ class LLMEngine:
         return request_metrics(seq)
 
     # --- tracing (engine/step_trace.py) ------------------------------------------------
-    def _emit(self, event: Event) -> None:
-        """An event from engine/trace/events.py (plain JSON values already), stamped with the step."""
+    def _emit(self, event: Event, step: int | None = None) -> None:
+        """An event from engine/trace/events.py (plain JSON values already), stamped with the step
+        (step: an earlier one's, for what was computed after it: a token's logit lens)."""
         name, request_id, data = event
-        self.tracer.emit_plain(name, request_id, self.step_count, data)
+        self.tracer.emit_plain(name, request_id, self.step_count if step is None else step, data)
 
     def _trace_pool(self, lane: Lane) -> None:
         """kv.pool: the lane's block pool after the step, what changed (engine/trace/kv_pool.py)."""

@@ -56,6 +56,7 @@ class StepPass:
     sampled: list[SeqStep] = field(default_factory=list)  # those with new tokens, in the order appended
     knobs: dict[int, dict] = field(default_factory=dict)  # a traced draw's filtered logits, shown by `sample`
     rounds: bool = False  # some sequence verified a speculative round
+    number: int = 0  # the engine's step count (the events of this step carry it)
 
 
 def logit_rows(scheduled: list[ScheduledSeq], batch: ForwardBatch,
@@ -112,6 +113,7 @@ def _mark_lens(parts: list[SeqStep], rows: list[int], capture: PassCapture, devi
             capture.lens_out_rows.extend(range(lo, hi))  # where the pass returns their logits
     if flat:
         capture.lens_rows = torch.tensor(flat, dtype=torch.long, device=device)
+        capture.lens_later = True  # the lens after the step, from these rows (engine/trace/lens_queue.py)
 
 
 def advance_caches(s: ScheduledSeq, verdict: Verdict | None, bm: BlockManager, speculator: Proposer | None) -> None:

@@ -5,15 +5,20 @@ from which parts of the step).
 In step order: a request's arrival and tokens (before its first step); the pass (the
 schedule, a sharded step's collectives, where each sequence's K/V went, the proposer's
 account of a round) before the commit; each new token's distribution and logit lens as it
-is appended; after the commit, what the step kept of a `full` trace's captures (embedding
+is appended (the lens itself computed
+after the step: engine/trace/lens_queue.py); after the commit, what the step kept of a `full` trace's captures (embedding
 rows, attention, MoE routing) and of each round; last, the step's `finish` events, so a
 trace's captures come before its end. A reader may cut a request's captures from inside a
 step (stop_captures): that state lives here too. Apart from the engine's loop so that the
-loop reads as its phases; with tracing off none of this runs but begin and end.
+loop reads as its phases; with tracing off none of this runs but begin and end. Each
+traced step ends with `schedule.traced`: what its tracing cost the engine's thread.
 """
 from __future__ import annotations
 
+import time
 from typing import Callable
+
+import torch
 
 from engine.config import ModelConfig
 from engine.sampler import explain
@@ -25,15 +30,18 @@ from engine.speculative.verify import Verdict
 from engine.step_pass import SeqStep, StepPass
 from engine.tokenizer import Tokenizer
 from engine.trace import events, logit_lens
+from engine.trace.lens_queue import LensQueue, LensWork
 from engine.trace.capture import PassCapture
 from engine.trace.events import Event
+from engine.trace.softmax_stats import softmax_stats
+from engine.trace.tracer import CaptureConfig
 
 
 class StepTrace:
-    """One engine's: the tracer's emit (the engine's, which stamps the step), the tokenizer
+    """One engine's: the tracer's emit (the engine's, which stamps the step, or the one given), the tokenizer
     (a replay has none: pieces go into the events), the model, the runner and proposer."""
 
-    def __init__(self, emit: Callable[[Event], None], tokenizer: Tokenizer, model_config: ModelConfig,
+    def __init__(self, emit: Callable[..., None], tokenizer: Tokenizer, model_config: ModelConfig,
                  block_size: int, runner, speculator: Proposer | None) -> None:
         self.emit, self.tokenizer, self.model_config = emit, tokenizer, model_config
         self.block_size, self.runner, self.speculator = block_size, runner, speculator
@@ -42,6 +50,9 @@ class StepTrace:
         self.in_step = False  # stop_captures() from a sink inside a step: that step's captures are cut
         self.traced_now: dict[str, ScheduledSeq] = {}  # the step in progress: its traced sequences' parts
         self.held_finishes: list[Event] = []  # the step's `finish` events, emitted after its captures
+        self.lenses = LensQueue(runner.model)  # tokens whose logit lens waits (computed after the step)
+        self.seconds = 0.0  # the step's tracing work so far (schedule.traced)
+        self._kept: tuple[StepPass, object] | None = None  # the step's lens rows as [L, n, hidden]
 
     def piece(self, token_id: int) -> str:
         """A token's text for the trace, special tokens included (a replay has no tokenizer);
@@ -57,12 +68,20 @@ class StepTrace:
                 seq.capture = None
         self.capture_stops.clear()
         self.in_step = True
+        self.seconds = 0.0
 
     def end(self) -> None:
-        """After a step (or its failure): the `finish` events it held."""
-        self.in_step = False
-        self.traced_now = {}
+        """After a step (or its failure): the lenses of the requests that finished in it (every
+        token's, before its `finish`), what the step's tracing cost, then the `finish` events it held."""
+        t = time.perf_counter()
         finishes, self.held_finishes = self.held_finishes, []
+        for _, request_id, _ in finishes:
+            self._emit_lenses(self.lenses.take(request_id))
+        traced, self.traced_now, self._kept = bool(self.traced_now), {}, None
+        self.in_step = False
+        if traced:
+            self.seconds += time.perf_counter() - t
+            self.emit(events.schedule_traced(self.seconds, self.lenses.take_seconds()))
         for event in finishes:
             self.emit(event)
 
@@ -71,6 +90,7 @@ class StepTrace:
         if self.in_step:
             self.held_finishes.append(event)
         else:
+            self._emit_lenses(self.lenses.take(event[1]))
             self.emit(event)
 
     def stop_captures(self, seq: Sequence | None, request_id: str, limit_bytes: int, step_count: int) -> bool:
@@ -101,6 +121,7 @@ class StepTrace:
         """The pass: the step's schedule (and a sharded step's collectives), where each traced
         sequence's K/V went, and what the proposer says of each round. Before the commit: it
         rolls rejected proposals' blocks back, and kv.fill shows them written."""
+        t = time.perf_counter()
         scheduled = [p.scheduled for p in step.parts]
         self.traced_now = {s.seq.request_id: s for s in scheduled if s.seq.traced}
         runner = self.runner
@@ -116,34 +137,59 @@ class StepTrace:
         for p in step.parts:  # what the proposer says of a round, read before the commit moves the sequence on
             if p.verdict is not None and p.scheduled.seq.traced:
                 p.spec_details = self.speculator.describe(p.scheduled.seq, self.piece)
+        self.seconds += time.perf_counter() - t
 
-    def token(self, step: StepPass, part: SeqStep, j: int, token: int, top_candidates: int) -> None:
+    def token(self, step: StepPass, part: SeqStep, j: int, token: int, config: CaptureConfig) -> None:
         """The target's distribution at the part's j-th new token's position (its top candidates),
-        and its logit lens."""
+        and its logit lens (queued: engine/trace/lens_queue.py)."""
+        t = time.perf_counter()
         seq = part.scheduled.seq
-        info = explain(step.logits[part.rows[0] + j], seq.params, token, top_candidates,
+        info = explain(step.logits[part.rows[0] + j], seq.params, token, config.top_candidates,
                        step.knobs.get(part.draw))
         source = token_source(part.verdict, j)
         method = self.method if source != "target" else None
         self.emit(events.sample(seq, source, method, token, info, self.piece))
         if part.lens_row is not None:
-            self.emit(events.logit_lens(seq, source, logit_lens.rows(step.capture, part.lens_row + j), token,
-                                        seq.capture.logit_lens, self.piece))
+            top, row = seq.capture.logit_lens, step.logits[part.rows[0] + j]
+            own = softmax_stats(row[None], top, [token])  # the model's own row: the sampler's distribution
+            rows = self._lens_rows(step)[:, part.lens_row + j].clone()  # [L, hidden], freed with the step's
+            self._emit_lenses(self.lenses.keep(LensWork(seq, step.number, len(seq), source, token, top, rows, own),
+                                               config.lens_live_seconds))
+        self.seconds += time.perf_counter() - t
+
+    def _lens_rows(self, step: StepPass) -> torch.Tensor:
+        """The step's kept residual stream [L, lens rows, hidden] (stacked once a step)."""
+        if self._kept is None or self._kept[0] is not step:
+            self._kept = (step, logit_lens.kept_rows(step.capture, len(step.capture.lens_out_rows)))
+        return self._kept[1]
+
+    def _emit_lenses(self, works: list[LensWork]) -> None:
+        """The `logit_lens` events of these tokens, computed now (batched), in their order."""
+        if not works:
+            return
+        with torch.inference_mode():
+            stats = self.lenses.compute(works)
+        for w, s in zip(works, stats):
+            self.emit(events.logit_lens_of(w.seq.request_id, w.position, w.source, w.token, s, self.piece), w.step)
 
     def round(self, part: SeqStep, kept: int, proposed: int) -> None:
         """A speculative round as the commit counted it: the tokens its sequence kept."""
+        t = time.perf_counter()
         self.emit(events.spec(part.scheduled, part.verdict, self.piece, part.spec_details or {}, kept, proposed))
+        self.seconds += time.perf_counter() - t
 
     def captures(self, step: StepPass) -> None:
         """After the commit: a `full` trace's captures of the rows that read a token the
         sequence kept. None of a rejected proposal (that row read a token the position does
         not hold), none past an end of sequence (a round that ended early read positions the
         sequence never has); the newest token is never read: no pass has it as an input."""
+        t = time.perf_counter()
         for b, part in enumerate(step.parts):
             s = part.scheduled
             seq = s.seq
             if seq.traced and seq.capture is not None:
                 self._captures_of(step.capture, b, s, min(s.start + s.num_tokens, len(seq) - 1))
+        self.seconds += time.perf_counter() - t
 
     def _captures_of(self, capture: PassCapture, b: int, s: ScheduledSeq, end: int) -> None:
         """Sequence b's embedding rows, attention and MoE routing, of positions before `end`."""

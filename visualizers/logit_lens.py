@@ -66,6 +66,8 @@ def logit_lens_html(events: Sequence[dict], position: int | None = None, labels:
     show (an event's own position; default: the newest); selection: the selected pass (its
     lens: the one of the token it predicted; it wins over position); labels: token text by
     position (for the context line); frozen: the byte cap's warning for the header."""
+    # by position: a newest token's lens comes at once, those before it may follow (engine/trace/lens_queue.py)
+    events = sorted(events, key=lambda e: e["position"])
     if selection is not None and events:
         at, why = drawn_by(events, selection, "lens")
         if at is None:

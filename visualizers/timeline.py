@@ -15,6 +15,8 @@ KIND_COLOR = {"prefill": "#466ec8", "decode": "#f08c1e", "verify": "#a050c8"}
 def timeline_steps(events: Sequence[dict], request_id: str) -> list[dict]:
     """One row per engine step that computed this request: start/end (s), kind, tokens, batch."""
     steps = []
+    # what each step's tracing cost after its pass (engine/trace/events.py: schedule_traced): not in its bar
+    traced = {e["step"]: e for e in events if e["type"] == "schedule.traced"}
     for e in events:
         if e["type"] != "schedule.step":
             continue
@@ -23,8 +25,19 @@ def timeline_steps(events: Sequence[dict], request_id: str) -> list[dict]:
             continue
         steps.append({"step": e["step"], "start": e["ts"] - e["forward_seconds"], "end": e["ts"],
                       "kind": mine["kind"], "tokens": mine["num_tokens"], "batch_tokens": e["num_tokens"],
-                      "others": [b["request_id"] for b in e["batch"] if b["request_id"] != request_id]})
+                      "others": [b["request_id"] for b in e["batch"] if b["request_id"] != request_id],
+                      "trace": traced.get(e["step"], {}).get("trace_seconds")})
     return steps
+
+
+def tracing_line(steps: Sequence[dict]) -> str:
+    """What watching cost: the steps' tracing after their passes, apart from the engine's own bars."""
+    cost = [s["trace"] for s in steps if s.get("trace") is not None]
+    if not cost:
+        return ""
+    own = sum(s["end"] - s["start"] for s in steps)
+    return (f"<div class='tt-note'>tracing (the captures' events, the logit lens) took {esc(fmt_ms(sum(cost)))} "
+            f"after the steps' passes (the bars, {esc(fmt_ms(own))}, hold the passes' own work and what a pass keeps)</div>")
 
 
 def queue_seconds(by_type: dict[str, list[dict]]) -> float | None:
@@ -192,7 +205,8 @@ def timeline_html(events: Sequence[dict], request_id: str) -> str:
         others = ", ".join(s["others"]) or "none"
         if titled:
             title = (f"step {s['step']} · {s['kind']} · {s['tokens']} tokens of {s['batch_tokens']} in the batch · "
-                     f"{fmt_ms(s['end'] - s['start'])} · shared with: {others}")
+                     f"{fmt_ms(s['end'] - s['start'])} · shared with: {others}"
+                     + (f" · then tracing {fmt_ms(s['trace'])}" if s.get("trace") is not None else ""))
             svg.append(f'<rect x="{x0:.1f}" y="{y[lane]}" width="{w:.1f}" height="16" '
                        f'fill="{KIND_COLOR.get(s["kind"], "#888")}" stroke="#fff" stroke-width="0.5">'
                        f'<title>{esc(title)}</title></rect>')
@@ -226,5 +240,5 @@ def timeline_html(events: Sequence[dict], request_id: str) -> str:
     chart = chart_frame(svg, lanes, y["tokens"] + 20, ttft, fmt_ms(span))
     table = steps_table(steps, finish)
     summary = summary_line(steps, finish, tok, queue, tokens)
-    info = "<div class='tt-lines'><div>" + esc(summary) + "</div></div>"
+    info = "<div class='tt-lines'><div>" + esc(summary) + "</div>" + tracing_line(steps) + "</div>"
     return panel("Timeline", info + chart + table)

@@ -1,5 +1,6 @@
-"""What tracing costs: each trace level against no tracer, `off` step by step, and full
-tracing's cost a token against its bound, with the floor the exact logit lens sets."""
+"""What tracing costs: each trace level against no tracer, `off` step by step, full
+tracing's cost a token against its bound, with the floor the exact logit lens sets, and
+(tracing_watch.py) a `full` stream beside an untraced one, each capture's share."""
 from __future__ import annotations
 
 import os
@@ -12,6 +13,7 @@ import torch
 
 from benchmarks.bench.context import Bench
 from benchmarks.bench.timing import greedy, run_engine, synchronize
+from benchmarks.bench.tracing_watch import watch_cost
 from engine.kernels import cpu as cpu_kernels
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
@@ -67,6 +69,7 @@ def tracing(b: Bench) -> None:
         if not name.startswith("sampled"):
             b.add("tracing cost", f"{what}: TTFT", statistics.median(ttfts[name]) * 1e3, "ms", ttft0 * 1e3)
     full_bound(b, engine, rates)
+    watch_cost(b, engine, tracer, sink, n)
 
 
 def full_bound(b: Bench, engine: LLMEngine, rates: dict[str, list[float]]) -> None:

@@ -427,7 +427,7 @@ class DisaggEngine(LLMEngine):
             if event is not None:
                 self._emit(event)
 
-    def _emit(self, event) -> None:
+    def _emit(self, event, step: int | None = None) -> None:
         """Stamped engine="decode" (the prefill side's say "prefill") and, where it is known, the
         decode engine's index: the pool's events and steps of the one stepping, a request's once
         its pages were pulled (before that, its arrival, say, belongs to no decode engine yet)."""
@@ -438,7 +438,7 @@ class DisaggEngine(LLMEngine):
             data["engine_index"] = j
             if name == "kv.pool" and j > 0:
                 event = (DECODE_POOL_EVENT, rid, data)
-        super()._emit(event)
+        super()._emit(event, step)
 
     # --- failure, and what the tests read ------------------------------------------------
     def _send(self, k: int, msg) -> None:

@@ -81,6 +81,7 @@ class PassCapture:
     # lens-traced sequences), and where each of them is among the rows the pass returns logits for
     lens_rows: torch.Tensor | None = None
     lens_out_rows: list[int] = field(default_factory=list)
+    lens_later: bool = False  # the pass keeps the rows only; the lens is computed after the step
     # Kept during the pass:
     layer_q: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> queries [T, H, D]
     layer_q_all: torch.Tensor | None = None  # every layer's queries in one [L, T, H, D] (the one-call stack's)

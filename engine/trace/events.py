@@ -20,7 +20,7 @@ from engine.sequence import ScheduledSeq, Sequence
 from engine.speculative.verify import Verdict
 from engine.trace import compact as compact_form
 from engine.trace.capture import AttentionCapture, rounded
-from engine.trace.softmax_stats import softmax_stats
+from engine.trace.softmax_stats import SoftmaxStats, softmax_stats
 from engine.trace.tracer import jsonable
 
 Event = tuple[str, str | None, dict]  # type, request id (None: the whole step), data
@@ -139,6 +139,13 @@ def schedule_step(scheduled: list[ScheduledSeq], phases: dict, forward_seconds: 
         "running": running, "waiting": waiting, "free_blocks": free_blocks, "cached_blocks": cached_blocks}
 
 
+def schedule_traced(trace_seconds: float, lens_seconds: float) -> Event:
+    """After a traced step: what its tracing cost on the engine's thread, apart from the engine's
+    own work (schedule.step's phases): the trace's events and captures built after the pass,
+    lens_seconds of it the logit lenses computed then (engine/trace/lens_queue.py)."""
+    return "schedule.traced", None, {"trace_seconds": trace_seconds, "lens_seconds": lens_seconds}
+
+
 def schedule_collective(scheduled: list[ScheduledSeq], placement: dict, collectives: list[dict],
                         forward_seconds: float) -> Event:
     """A sharded step: what crossed between the ranks (engine/parallel)."""
@@ -219,10 +226,17 @@ def logit_lens(seq: Sequence, source: str, logits: torch.Tensor, chosen: int, to
     `top_ids`, `top_probs` (its `top` candidates), `chosen_rank` (1 = the top candidate) and
     `chosen_prob`; `texts`: each listed id's text, once (columns, not a dict per row: half the
     bytes; visualizers.compact.lens_layers gives the rows back)."""
-    s = softmax_stats(logits, top, [chosen] * logits.shape[0])
+    return logit_lens_of(seq.request_id, len(seq), source, chosen,
+                         softmax_stats(logits, top, [chosen] * logits.shape[0]), piece)
+
+
+def logit_lens_of(request_id: str, position: int, source: str, chosen: int, s: SoftmaxStats,
+                  piece: Piece) -> Event:
+    """logit_lens() from the lens's stats (L + 1 rows, the model's own last), computed after
+    the step (engine/trace/lens_queue.py): the token at `position` is long appended by then."""
     texts = {str(t): piece(t) for t in dict.fromkeys(chain.from_iterable(s.top_ids))}
     # rounded to LENS_DIGITS in the comprehensions, not a call each: (L + 1) x (top + 1) floats a token
-    return "logit_lens", seq.request_id, {"position": len(seq), "source": source, "token_id": chosen,
+    return "logit_lens", request_id, {"position": position, "source": source, "token_id": chosen,
                                           "token_text": piece(chosen), "top_ids": s.top_ids,
                                           "top_probs": [[float(f"{p:.{LENS_DIGITS}g}") for p in ps]
                                                         for ps in s.top_probs],

@@ -35,6 +35,10 @@ class CaptureConfig:
     embed_dims: int = 64  # leading columns of each embedding row
     top_candidates: int = 8  # sampler candidates shown per stage
     logit_lens_top: int = 5  # candidates per layer in the logit lens (engine/trace/logit_lens.py); 0: no lens
+    # a running request's waiting lenses computed when its last were this old (engine/trace/lens_queue.py):
+    # 0: every token's after its step (the live page draws every panel on the newest pass, the lens too);
+    # None: at its finish only (nobody watches it live: a replay file, an export, a bench)
+    lens_live_seconds: float | None = 0.0
     compact: bool = True  # attention and embedding rows stored compactly (engine/trace/compact.py), else as lists
 
 

@@ -176,7 +176,7 @@ class Facts:
             for e in evs:
                 if e["position"] == want:
                     return e
-        return evs[-1]
+        return max(evs, key=lambda e: e["position"])  # a lens may come after a later token's
 
     def label(self, position: int) -> str | None:
         """The text of the token at a position (prompt or answer), None when not known."""

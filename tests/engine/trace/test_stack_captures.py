@@ -10,8 +10,10 @@ from engine.layers import fused
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from engine.trace import EventList, Tracer
+from engine.trace.tracer import CaptureConfig
 
 TIMINGS = {"schedule.step": {"start", "schedule_seconds", "sample_seconds", "forward_seconds"},
+           "schedule.traced": {"trace_seconds", "lens_seconds"},
            "token": {"t", "latency"}, "tokenize": {"seconds"}}
 
 
@@ -22,7 +24,8 @@ def kernels(cpu_kernels_switch):
 
 def _events(path, draft: str | None, levels: list[str]) -> list[dict]:
     sink = EventList()
-    engine = LLMEngine(path, device="cpu", tracer=Tracer(sink), draft=draft)
+    # the lenses at the finish: when a lens batch runs must not hang on the machine's speed
+    engine = LLMEngine(path, device="cpu", tracer=Tracer(sink), draft=draft, capture=CaptureConfig(lens_live_seconds=None))
     for i, level in enumerate(levels):  # a batch of them: the lens rows are all the batch only alone
         engine.add_request(list(range(5 + i, 17 + 2 * i)), SamplingParams(temperature=0, max_tokens=6, ignore_eos=True),
                            trace_level=level, request_id=f"r{i}")

@@ -1,0 +1,86 @@
+"""Watching's cost as a learner sees it: a request traced `full` streamed beside the same
+request untraced, at batch 1 and at the settings' batch, and each capture's share.
+
+The stream rate: a request's tokens after its first over the time from its first token to
+its last (the engine's token times), the rate the answer reaches its reader. A `full`
+trace's logit lens is computed after the pass (engine/trace/lens_queue.py): with the page's
+setting (CaptureConfig.lens_live_seconds 0: each token's after its step) inside the stream,
+and with `None` at the finish only, after the last token: the "until the trace is done"
+rate counts that too (the time to the finish event, when an export holds every lens).
+
+Each capture's cost a token: a variant without it against the one with it, in the same
+round (variants interleaved, a new order each round), the median over rounds: the logit
+lens, then attention, then the embedding rows; what stays at `full` beyond `basic` is the
+MoE routing (and the pass's capture bookkeeping); `basic` against none is the events
+every traced step builds (schedule, KV fills, sampling, kv.pool)."""
+from __future__ import annotations
+
+import os
+import random
+import statistics
+import time
+from dataclasses import replace
+
+from benchmarks.bench.context import Bench
+from benchmarks.bench.timing import greedy
+from engine.llm_engine import LLMEngine
+from engine.trace import EventList, Tracer
+
+LIVE = "full (the page's: every lens after its step)"
+AT_END = "full, lens at the finish"
+
+
+def watch_cost(b: Bench, engine: LLMEngine, tracer: Tracer, sink: EventList, n: int) -> None:
+    base = replace(engine.capture, lens_live_seconds=None)
+    variants = {"untraced": (None, base), LIVE: ("full", replace(base, lens_live_seconds=0.0)),
+                AT_END: ("full", base),
+                "full, no lens": ("full", replace(base, logit_lens_top=0)),
+                "full, no lens, attention": ("full", replace(base, logit_lens_top=0, attention_layers=[])),
+                "full, no lens, attention, embedding rows":
+                    ("full", replace(base, logit_lens_top=0, attention_layers=[], embed_dims=0)),
+                "basic": ("basic", base)}
+    for batch in sorted({1, b.settings.batch}):
+        stream, done = _rounds(b, engine, tracer, sink, variants, batch, n)
+        s0 = statistics.median(stream["untraced"])
+        load = os.getloadavg()[0]
+        for name in (LIVE, AT_END):
+            r = statistics.median(stream[name])
+            b.add("tracing cost", f"watching, batch {batch}, {name}: stream tok/s", r, "tok/s", s0,
+                  f"first to last token, ratio {r / s0:.3f} against untraced; until the trace is done "
+                  f"{statistics.median(done[name]) / statistics.median(done['untraced']):.3f}; load average {load:.1f}")
+        steps = [(AT_END, "full, no lens", "logit lens"), ("full, no lens", "full, no lens, attention", "attention"),
+                 ("full, no lens, attention", "full, no lens, attention, embedding rows", "embedding rows"),
+                 ("full, no lens, attention, embedding rows", "basic", "MoE routing and the pass's bookkeeping"),
+                 ("basic", "untraced", "schedule, KV fills, sampling, kv.pool events")]
+        for with_it, without, what in steps:
+            ms = statistics.median(1e3 * (1 / a - 1 / c) for a, c in zip(done[with_it], done[without]))
+            b.add("tracing cost", f"watching, batch {batch}, {what}: ms a token", ms, "ms", None,
+                  f"{with_it} less {without}, per round, until the trace is done")
+
+
+def _rounds(b: Bench, engine: LLMEngine, tracer: Tracer, sink: EventList, variants: dict, batch: int,
+            n: int) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Per variant, per round: the median request's stream rate, and the batch's tokens after the
+    first over the time after the first token to the last request's end (its finish included)."""
+    stream = {k: [] for k in variants}
+    done = {k: [] for k in variants}
+    order = random.Random(batch)
+    prompts = b.prompts[:batch]
+    for _ in range(max(2, b.settings.repeats)):
+        for name in order.sample(list(variants), len(variants)):
+            level, engine.capture = variants[name]
+            engine.tracer = None if level is None else tracer
+            t = time.perf_counter()
+            ids = [engine.add_request(p, greedy(n), trace_level=level) for p in prompts]
+            while engine.has_unfinished_requests():
+                engine.step()
+            elapsed = time.perf_counter() - t
+            metrics = [engine.get_output(r).metrics for r in ids]
+            for r in ids:
+                engine.release(r)
+            sink.events.clear()
+            lat = [m["token_latencies"] for m in metrics]
+            stream[name].append(statistics.median(len(x) / max(sum(x), 1e-9) for x in lat))
+            done[name].append(batch * (n - 1) / max(elapsed - max(m["ttft"] for m in metrics), 1e-9))
+    engine.tracer, engine.capture = tracer, replace(engine.capture, lens_live_seconds=0.0)
+    return stream, done
