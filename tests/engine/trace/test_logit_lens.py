@@ -68,7 +68,7 @@ def test_every_row_equals_transformers_hidden_states_through_norm_and_head(check
             assert row["chosen_prob"] == pytest.approx(r[chosen].item(), abs=2e-4)
             c = r[chosen]  # the rank, up to ties within float noise (relative: most probabilities are tiny)
             assert 1 + int((r > c * 1.001).sum()) <= row["chosen_rank"] <= int((r >= c * 0.999).sum())
-            assert row["top_texts"] == [engine.tokenizer.token_text(t) for t in row["top_ids"]]
+            assert row["top_texts"] == [engine.tokenizer.token_label(t) for t in row["top_ids"]]
         # the last row is the model's own output: greedy picked its top token, as the sampler saw it
         last, s = lens_layers(e)[-1], samples[pos]
         assert last["top_ids"][0] == chosen and last["chosen_rank"] == 1
@@ -156,7 +156,10 @@ def test_paris_rises_through_smollm2s_layers():
 # --- the panel and the classroom stage -------------------------------------------------------
 
 def test_the_panel_draws_every_row_escapes_token_text_and_marks_the_chosen_token(checkpoint):
+    import html as markup
     import re
+
+    from visualizers._html import prob
 
     from visualizers.logit_lens import logit_lens_html
     engine, rid, sink = run(checkpoint("llama"), PROMPT, max_tokens=3)
@@ -176,8 +179,8 @@ def test_the_panel_draws_every_row_escapes_token_text_and_marks_the_chosen_token
     r0 = lens_layers(events[0])[0]
     first = logit_lens_html(events, position=events[0]["position"])
     assert f"token 1 of {len(events)}" in first
-    assert f"embedding · candidate #1: {r0['top_texts'][0]!r}".replace("'", "&#x27;") in first
-    assert f"p={r0['top_probs'][0]:.4f}" in first
+    assert markup.escape(f"embedding · candidate #1: {r0['top_texts'][0]!r}") in first  # escaped: a <0xBC> too
+    assert f"p={prob(r0['top_probs'][0])}" in first  # the page's one format for a probability
 
 
 def test_the_classroom_stage_sits_between_the_layers_and_sampling_and_quotes_the_lens(checkpoint):
