@@ -32,6 +32,7 @@ from benchmarks.bench.kernels16 import kernels16
 from benchmarks.bench.memory import memory
 from benchmarks.bench.parallel import parallel
 from benchmarks.bench.precision import precision
+from benchmarks.bench.prefill import prefill
 from benchmarks.bench.prefix_cache import prefix_cache
 from benchmarks.bench.quantized import quantized
 from benchmarks.bench.real_model import real_model
@@ -47,7 +48,7 @@ SECTIONS: dict[str, Callable[[Bench], None]] = {
     "transformers": vs_transformers, "tracing": tracing, "bandwidth": bandwidth_bound, "batching": batching,
     "speculative": speculative, "prefix": prefix_cache, "gpu": gpu, "real": real_model, "memory": memory,
     "quant": quantized, "precision": precision, "parallel": parallel, "kernels16": kernels16,
-    "step": step_overhead, "db": database}
+    "step": step_overhead, "db": database, "prefill": prefill}
 DEFAULT_SECTIONS = "transformers,tracing,step,bandwidth,batching,speculative,prefix,gpu,real,memory"
 
 
@@ -67,7 +68,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     "against float32, and resident memory against weights + KV pool; "
                     "'parallel' (not in the default list: it starts worker processes): TP=2 against TP=1; "
                     "'kernels16' (not in the default list): one SmolLM2 step's matrices at each dtype, 1 thread, "
-                    "CPU time")
+                    "CPU time; 'prefill' (not in the default list): SmolLM2's TTFT at 37 / 512 / 2,048 tokens per dtype, "
+                    "cut by module")
     return ap.parse_args(argv)
 
 

@@ -146,6 +146,7 @@ def load(arch: str) -> ctypes.CDLL:
                                     ctypes.c_int]
     lib.tt_decode_stack.restype = ctypes.c_int
     lib.tt_linear16_path.argtypes, lib.tt_linear16_path.restype = [], ctypes.c_int
+    lib.tt_vector_bits.argtypes, lib.tt_vector_bits.restype = [], ctypes.c_int
     return lib
 
 
@@ -313,6 +314,26 @@ def blocked_weights(model: torch.nn.Module) -> list[BlockedWeight]:
                     seen.add(id(w))
                     out.append(w)
     return out
+
+
+# Past MAX_ROWS (a prefill chunk), the rows up to which the C kernel still beats widening the
+# blocked copy back for PyTorch's GEMM, on an AVX-512 build (measured 2026-12-04, SmolLM2's
+# matrices, one thread; docs/benchmarks.md "Prefill"): at 37 rows float32 1.56x, float16 1.44x,
+# bfloat16 (VDPBF16PS) 3.5x; at 512 rows float32 / float16 0.9x / 0.8x, bfloat16 2.2x. An
+# AVX2 build's kernels are 4-20x slower than the GEMM there, so it keeps MAX_ROWS.
+PREFILL_KERNEL_ROWS = {torch.float32: 128, torch.float16: 128, torch.bfloat16: 1 << 40}
+
+
+@functools.cache
+def kernel_rows(dtype: torch.dtype) -> int:
+    """The most rows of x a blocked weight of `dtype` multiplies in the C kernel; above, the
+    layer widens the copy back for PyTorch's GEMM (engine/layers/linear.py)."""
+    lib = library()
+    if lib is None or lib.tt_vector_bits() < 512:
+        return MAX_ROWS
+    if dtype == torch.bfloat16 and not lib.tt_linear16_path():  # bfloat16 by shifts: as float16
+        dtype = torch.float16
+    return max(MAX_ROWS, PREFILL_KERNEL_ROWS[dtype])
 
 
 LINEAR_FNS = {torch.float32: "tt_linear_f32", torch.bfloat16: "tt_linear_bf16", torch.float16: "tt_linear_f16"}

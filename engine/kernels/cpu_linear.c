@@ -117,6 +117,18 @@ void tt_linear_f32_shared(const float *x, long T, long ldx, const float *Wb, lon
     }
 }
 
+/* The vector width this build's kernels run at: 512 where AVX-512 builds, else 256 (AVX2) or
+   less. Past a decode batch the Python side picks the C kernel or PyTorch's GEMM by it. */
+int tt_vector_bits(void) {
+#if defined(__AVX512F__)
+    return 512;
+#elif defined(__AVX2__)
+    return 256;
+#else
+    return 128;
+#endif
+}
+
 /* W [N, K] row-major -> Wb (see the top of this file), zero padding included: at load, so
    a model's weights are copied at memory speed rather than by a strided tensor copy. */
 void tt_block_f32(const float *W, long N, long K, float *Wb, int nthreads) {

@@ -8,8 +8,9 @@ once into a blocked layout:
 
 - this project's C kernel (engine/kernels/cpu_linear.c), where it builds: at one row it
   streams SmolLM2's matrices at about the machine's read bandwidth (2 threads: ~36 of
-  ~37 GB/s, against ~22 for oneDNN). Used up to kernels.cpu.MAX_ROWS rows; a larger
-  batch (a prefill chunk) is a compute-bound GEMM, left to PyTorch's sgemm.
+  ~37 GB/s, against ~22 for oneDNN). Used up to kernels.cpu.kernel_rows(dtype) rows
+  (MAX_ROWS on an AVX2 build; a short prefill chunk too on an AVX-512 one, every prefill at
+  bfloat16); a larger one is a compute-bound GEMM, left to PyTorch's sgemm.
 - otherwise oneDNN's kernels: 1.2x (1 thread) to 1.6x (2 threads) MKL's speed at one
   row and 1.9x to 2.8x at eight. Their fixed cost per call (~12 us) outweighs that for
   small matrices, which sit in the cache anyway, so only weights of at least
@@ -19,7 +20,7 @@ Loading fills the plain parameter; `pack` then moves it into the C kernel's layo
 is from then on the layer's only copy of it (the parameter freed; an embedding tied to the
 LM head reads its rows from the same copy, see Embedding). The copy may be stored in
 16 bits (`--dtype bfloat16` / `float16` on the CPU: half the bytes to stream, the sums
-still float32; at bfloat16 x is rounded to bfloat16 too, as a bfloat16 matmul does). Over MAX_ROWS rows (a prefill chunk) the layer widens the copy back for
+still float32; at bfloat16 x is rounded to bfloat16 too, as a bfloat16 matmul does). Over kernel_rows rows (a long prefill chunk) the layer widens the copy back for
 PyTorch's GEMM, a cost small beside the GEMM's own. oneDNN's copy, where the C kernel
 does not build, still sits beside the parameter.
 """
@@ -120,7 +121,7 @@ class Linear(nn.Linear):
         if self.qweight is not None:
             return self.qweight.linear(x, self.bias)
         if self.blocked is not None:
-            if x.numel() <= cpu_kernels.MAX_ROWS * x.shape[-1]:
+            if x.numel() <= cpu_kernels.kernel_rows(self.blocked.dtype) * x.shape[-1]:
                 return cpu_kernels.linear(x, self.blocked, self.bias, exact_rows=exact_rows)
             bias = None if self.bias is None else self.bias.float()
             return F.linear(cpu_kernels.as_multiplied(x, self.blocked.dtype, exact_rows),
