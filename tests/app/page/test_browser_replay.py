@@ -152,8 +152,8 @@ def test_classroom_walks_every_stage_and_a_second_browser_follows(server, watche
     teacher.goto(base + presenter_href)
     student.goto(base + audience_href)
     for i, title in enumerate(STAGE_TITLES):
-        teacher.wait_for_function(f"document.body.dataset.stage === '{i}'", timeout=20_000)
-        student.wait_for_function(f"document.body.dataset.stage === '{i}'", timeout=20_000)
+        teacher.wait_for_function(f"document.body.dataset.stage === '{i}'", timeout=90_000)
+        student.wait_for_function(f"document.body.dataset.stage === '{i}'", timeout=90_000)
         for p in (teacher, student):
             assert title in p.inner_text("#tt-class-title")
             assert len(p.inner_text(".tt-class-text")) > 60
@@ -165,7 +165,7 @@ def test_classroom_walks_every_stage_and_a_second_browser_follows(server, watche
             student.screenshot(path=str(page.shots / f"classroom-{i + 1}.png"))
         teacher.keyboard.press("ArrowRight")
     teacher.keyboard.press("ArrowLeft")
-    student.wait_for_function(f"document.body.dataset.stage === '{len(STAGE_TITLES) - 2}'", timeout=20_000)
+    student.wait_for_function(f"document.body.dataset.stage === '{len(STAGE_TITLES) - 2}'", timeout=90_000)
     student.keyboard.press("ArrowLeft")  # a viewer's keys move nothing
     time.sleep(1.0)
     assert teacher.evaluate("document.body.dataset.stage") == str(len(STAGE_TITLES) - 2)
