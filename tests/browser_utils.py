@@ -112,6 +112,9 @@ def wait_said(page, text: str, since: int, timeout_s: float = 90) -> str:
 
 def open_page(context, url: str):
     page = context.new_page()
+    # every wait with no timeout of its own (a click, a selector): 90 s, not Playwright's 30, so
+    # a busy machine is slow, never a failure; a page that never gets there still fails
+    page.set_default_timeout(90_000)
     page.dialogs, page.external = [], []
     page.on("dialog", lambda d: (page.dialogs.append(d.message), d.dismiss()))
     page.on("request", lambda r: page.external.append(r.url)

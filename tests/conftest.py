@@ -10,6 +10,7 @@ os.environ.setdefault("TOKENTRACE_DB", "none")  # servers the tests start keep t
 
 import pytest  # noqa: E402
 
+from tests import cpu_times  # noqa: E402
 from tests.cost_markers import costliest_modules_first, mark_costs  # noqa: E402
 from tests.tiny import make_checkpoint  # noqa: E402
 
@@ -20,6 +21,36 @@ def pytest_collection_modifyitems(config, items) -> None:
     costliest modules first, for the workers (pytest.ini)."""
     mark_costs(items)
     costliest_modules_first(items)
+
+
+# CPU seconds per test, printed after --durations' wall times (tests/cpu_times.py)
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
+    yield from cpu_times.measure(item, "setup")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    yield from cpu_times.measure(item, "call")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item):
+    yield from cpu_times.measure(item, "teardown")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    cpu_times.attach(item, outcome.get_result())
+
+
+def pytest_runtest_logreport(report) -> None:
+    cpu_times.keep(report)
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    cpu_times.summary(terminalreporter)
 
 
 @pytest.fixture(scope="session")

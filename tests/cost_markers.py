@@ -19,7 +19,7 @@ RULES: dict[str, tuple[frozenset[str], re.Pattern]] = {
         r"|\btensor_parallel_size=(?!1\b)|\bexpert_parallel=True|\"--(disaggregate|tensor-parallel-size|"
         r"prefill-ranks|decode-ranks|expert-parallel)\"|\btorchrun\b|\bmultiprocessing\b|\bmp\.(Process|get_context)\b")),
     # a real model from the cache (SmolLM2, Gemma 3)
-    "real_model": (frozenset(), re.compile(r"\bcached_gguf\(|\bcached_path\(CATALOG\[")),
+    "real_model": (frozenset(), re.compile(r"\bcached_gguf\(|\bengine_and_reference\(|\bcached_path\(CATALOG\[")),
 }
 
 

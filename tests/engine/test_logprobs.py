@@ -83,22 +83,3 @@ def test_logprobs_with_speculative_rounds(checkpoint):
     lsm = reference_logprobs(ref, prompt + [o.token_id for o in outs])
     for i, o in enumerate(outs):
         assert abs(o.logprobs.logprob - float(lsm[len(prompt) - 1 + i, o.token_id])) < 1e-3
-
-
-@pytest.mark.slow  # a real model (SmolLM2, 135M), against transformers reading the same GGUF file
-def test_smollm2_logprobs_match_transformers():
-    from transformers import AutoModelForCausalLM
-
-    from tests.real_models import cached_gguf
-    path = cached_gguf("smollm2")
-    llm = LLM(str(path), device="cpu", dtype="float32")
-    ref = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
-    prompt = llm.tokenizer.encode("The capital of France is Paris. The capital of Italy is")
-    outs = run(llm.engine, SamplingParams(temperature=0, max_tokens=6, logprobs=5, prompt_logprobs=5,
-                                          ignore_eos=True), prompt)
-    ids = prompt + [o.token_id for o in outs]
-    lsm = reference_logprobs(ref, ids)
-    got = outs[0].prompt_logprobs[1:] + [o.logprobs for o in outs]
-    for i, lp in enumerate(got, start=1):  # position i's token, scored by the logits at i - 1
-        assert lp.token_id == ids[i] and abs(lp.logprob - float(lsm[i - 1, ids[i]])) < 1e-3, i
-        assert max(abs(v - float(lsm[i - 1, t])) for t, v in lp.top) < 1e-3

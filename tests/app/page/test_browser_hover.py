@@ -32,7 +32,7 @@ def hover_cell(page, selector: str, row: int, col: int) -> str:
     page.mouse.move(box["x"] + (col + 0.5) * box["width"] / spec["w"], box["y"] + (row + 0.5) * box["height"] / spec["h"])
     page.wait_for_function("document.querySelector('#tt-hover-tip') && "
                            f"document.querySelector('#tt-hover-tip').dataset.row === '{row}' && "
-                           f"document.querySelector('#tt-hover-tip').dataset.col === '{col}'", timeout=5000)
+                           f"document.querySelector('#tt-hover-tip').dataset.col === '{col}'", timeout=60_000)
     return page.inner_text("#tt-hover-tip")
 
 

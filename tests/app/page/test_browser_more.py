@@ -53,7 +53,7 @@ def test_json_mode_and_a_penalty_from_the_page(server, browser, shots):
     cell = page.locator("#tt-sampling td[data-bias-id]").nth(1)
     token = cell.get_attribute("data-bias-id")
     cell.click()
-    page.wait_for_function(f"document.querySelector('#tt-bias-token input').value === '{token}'", timeout=10_000)
+    page.wait_for_function(f"document.querySelector('#tt-bias-token input').value === '{token}'", timeout=90_000)
     assert page.input_value("#tt-bias input[type=number]") == "-100"
     assert f"id {token}" in page.inner_text("#tt-hint-more")
     context.close()
@@ -62,7 +62,7 @@ def test_json_mode_and_a_penalty_from_the_page(server, browser, shots):
 def three_choices(page, status: str) -> None:
     """The Choices panel draws three choices (failed once in CI after 'finished': say what it held)."""
     try:
-        page.wait_for_function("document.querySelectorAll('#tt-choices .tt-choice').length === 3", timeout=20_000)
+        page.wait_for_function("document.querySelectorAll('#tt-choices .tt-choice').length === 3", timeout=90_000)
     except Exception as e:
         raise AssertionError(f"status {status!r}; Choices panel: {page.inner_html('#tt-choices')[:3000]!r}") from e
 

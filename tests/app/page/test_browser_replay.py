@@ -157,8 +157,8 @@ def test_classroom_walks_every_stage_and_a_second_browser_follows(server, watche
     assert "skipped by this request: Beyond one device" in student.inner_text("#tt-class-dots")
     titles = dots
     for i, title in enumerate(titles):
-        teacher.wait_for_function(f"document.body.dataset.stage === '{i}'", timeout=20_000)
-        student.wait_for_function(f"document.body.dataset.stage === '{i}'", timeout=20_000)
+        teacher.wait_for_function(f"document.body.dataset.stage === '{i}'", timeout=90_000)
+        student.wait_for_function(f"document.body.dataset.stage === '{i}'", timeout=90_000)
         for p in (teacher, student):
             assert title in p.inner_text("#tt-class-title")
             assert len(p.inner_text(".tt-class-text")) > 60
@@ -170,7 +170,7 @@ def test_classroom_walks_every_stage_and_a_second_browser_follows(server, watche
             student.screenshot(path=str(page.shots / f"classroom-{i + 1}.png"))
         teacher.keyboard.press("ArrowRight")
     teacher.keyboard.press("ArrowLeft")
-    student.wait_for_function(f"document.body.dataset.stage === '{len(titles) - 2}'", timeout=20_000)
+    student.wait_for_function(f"document.body.dataset.stage === '{len(titles) - 2}'", timeout=90_000)
     student.keyboard.press("ArrowLeft")  # a viewer's keys move nothing
     time.sleep(1.0)
     assert teacher.evaluate("document.body.dataset.stage") == str(len(titles) - 2)

@@ -146,7 +146,7 @@ def test_stop_ends_watching_and_status_says_so(page):
     page.click("#tt-watch")
     wait_status(page, "watching: waiting")
     page.click("#tt-stop")
-    wait_status(page, "watching stopped", timeout_s=10)
+    wait_status(page, "watching stopped")
     page.wait_for_timeout(2500)  # the watcher used to repeat its line every 2 s
     assert "watching stopped" in status(page) and "waiting for a request" not in status(page)
 

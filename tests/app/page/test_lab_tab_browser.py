@@ -55,7 +55,7 @@ def test_an_experiment_runs_from_the_tab_and_its_figures_render(server, browser,
     # meanwhile another tab's Run is refused, visibly
     other.click("button[role=tab]:has-text('Experiments')")
     other.click("#tt-lab-run")
-    other.wait_for_selector("#tt-lab-refused", timeout=30_000)
+    other.wait_for_selector("#tt-lab-refused", timeout=90_000)
     assert "Another experiment is running" in other.inner_text("#tt-lab-refused")
     # the figures, drawn inside the result's frame
     page.wait_for_selector("#tt-lab-figures", timeout=240_000)
@@ -78,7 +78,7 @@ def test_an_experiment_runs_from_the_tab_and_its_figures_render(server, browser,
     page.screenshot(path=str(shots / "lab_tab_routing.png"), full_page=True)
     # the result in the classroom, as a stage of its own: the same figures, drawn there too
     page.click("#tt-lab-class")
-    page.wait_for_selector("#tt-lab-presenter", timeout=30_000)
+    page.wait_for_selector("#tt-lab-presenter", timeout=90_000)
     room = context.new_page()
     room.goto(server.url.rstrip("/") + page.get_attribute("#tt-lab-presenter", "href"))
     room.wait_for_selector("#tt-class-title")

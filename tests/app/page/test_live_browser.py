@@ -83,7 +83,7 @@ def test_a_replay_at_capture_level_off_counts_the_steps_its_timeline_has(page):
     slider = "document.querySelector('#tt-step input[type=range]')"
     lo, hi = page.evaluate(f"[{slider}.min, {slider}.max].map(Number)")
     # the timeline's last redraw may land after Status says finished (heavy panels redraw at most every 0.45 s)
-    page.wait_for_function("document.querySelector('#tt-timeline').innerText.includes('engine step')", timeout=15_000)
+    page.wait_for_function("document.querySelector('#tt-timeline').innerText.includes('engine step')", timeout=90_000)
     timeline = page.inner_text("#tt-timeline")
     # it said "capture level off records no engine steps" beside a slider of 1..N engine steps
     assert "records no engine steps" not in timeline, timeline

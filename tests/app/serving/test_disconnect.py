@@ -58,7 +58,7 @@ def test_streaming_client_disconnect_aborts_and_frees_blocks(server):
         data = [line for line in (next(lines) for _ in range(8)) if line.startswith("data: ")]
         assert len(data) >= 3
         assert engine.has_unfinished_requests()
-    wait_for_abort(engine, aborted, timeout=10)
+    wait_for_abort(engine, aborted, timeout=60)
     assert engine.stats.generated_tokens < 200  # it stopped long before max_tokens
 
 

@@ -12,18 +12,11 @@ import torch
 from engine import LLM, SamplingParams
 from engine.checkpoint.catalog import CATALOG, cached_path
 from engine.checkpoint.errors import ModelLoadError
-from tests.real_models import cached_gguf
+from tests.real_models import engine_and_reference
 
 pytestmark = pytest.mark.slow  # real models (135M and 270M parameters), against transformers
 CHATS = ["What is the capital of France?", "Write a haiku about the sea.",
          "Explain in one sentence what a GPU does."]
-
-
-def _reference(path):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
-    return tok, model.eval()
 
 
 def _hf_greedy(model, ids: list[int], n: int) -> tuple[list[int], torch.Tensor]:
@@ -35,16 +28,17 @@ def _hf_greedy(model, ids: list[int], n: int) -> tuple[list[int], torch.Tensor]:
     return out[0, len(ids):].tolist(), logits
 
 
+# each model loaded once for the module (the engine, transformers' tokenizer and model), its
+# GGUF file parsed once for all three (tests/real_models.py); the logprobs' check is here, not
+# beside the tiny models' in tests/engine/test_logprobs.py, so that it shares this load
 @pytest.fixture(scope="module")
 def smollm2():
-    path = cached_gguf("smollm2")
-    return LLM(str(path), device="cpu", dtype="float32"), *_reference(path)
+    return engine_and_reference("smollm2")
 
 
 @pytest.fixture(scope="module")
 def gemma():
-    path = cached_gguf("gemma3-270m")
-    return LLM(str(path), device="cpu", dtype="float32"), *_reference(path)
+    return engine_and_reference("gemma3-270m")
 
 
 def test_smollm2_by_name_resolves_to_the_cachedcached_gguf(smollm2):
@@ -143,3 +137,21 @@ def test_smollm2_ngram_lookup_copies_long_runs_and_changes_nothing(smollm2):
     proposed = sum(len(ev["proposed"]) for ev in spec)
     assert proposed and accepted / proposed > 0.6 and max(ev["accepted"] for ev in spec) == 4
     assert accepted >= len(final.token_ids) // 2  # most of the answer came from copies
+
+
+def test_smollm2_logprobs_match_transformers(smollm2):
+    """Logprobs and prompt logprobs (top 5) against transformers' log-softmax on the same tokens."""
+    llm, _, ref = smollm2
+    prompt = llm.tokenizer.encode("The capital of France is Paris. The capital of Italy is")
+    rid = llm.engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=6, logprobs=5, prompt_logprobs=5,
+                                                        ignore_eos=True))
+    outs = []
+    while llm.engine.has_unfinished_requests():
+        outs += [o for o in llm.engine.step() if o.request_id == rid]
+    ids = prompt + [o.token_id for o in outs]
+    with torch.no_grad():
+        lsm = torch.log_softmax(ref(torch.tensor([ids])).logits[0].float(), dim=-1)  # [T, V]
+    got = outs[0].prompt_logprobs[1:] + [o.logprobs for o in outs]
+    for i, lp in enumerate(got, start=1):  # position i's token, scored by the logits at i - 1
+        assert lp.token_id == ids[i] and abs(lp.logprob - float(lsm[i - 1, ids[i]])) < 1e-3, i
+        assert max(abs(v - float(lsm[i - 1, t])) for t, v in lp.top) < 1e-3
