@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from tests.browser_utils import chromium, open_page, paced_server, server_fixture, set_controls, wait_finished
+from visualizers._html import prob
 from visualizers.attention_rows import key_positions
 from visualizers.compact import array, lens_layers, per_layer
 
@@ -101,7 +102,7 @@ def test_every_matrix_answers_hover_and_a_token_click_selects_it(server, tmp_pat
         newest = lens_layers(lens[-1])[0]  # the panel shows the newest pass until a token is picked
         cell = page.get_attribute("#tt-logit-lens td.tt-lens-cell", "title")
         assert cell == (f"embedding · candidate #1: {newest['top_texts'][0]!r} (id {newest['top_ids'][0]}) · "
-                        f"p={newest['top_probs'][0]:.4f}"), cell
+                        f"p={prob(newest['top_probs'][0])}"), cell
 
         # a click on the first generated token selects the pass that read it: every panel shows that one
         # pass and names it the same way (the lens and the draw: the token it predicted, the next one)
