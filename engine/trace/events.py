@@ -132,8 +132,10 @@ def schedule_step(scheduled: list[ScheduledSeq], phases: dict, forward_seconds: 
                   running: int, waiting: int, free_blocks: int, cached_blocks: int) -> Event:
     """phases: the step's start (perf_counter) and its schedule and sample seconds (the forward
     pass is forward_seconds; what follows this event is the trace's own work)."""
+    # seconds to the microsecond, as every timeline reads them: a token's step events stay small
     return "schedule.step", None, {
-        **phases, "forward_seconds": forward_seconds, "num_tokens": num_tokens,
+        **{k: round(v, 6) for k, v in phases.items()}, "forward_seconds": round(forward_seconds, 6),
+        "num_tokens": num_tokens,
         "batch": [{"request_id": s.seq.request_id, "kind": s.kind, "start": s.start, "num_tokens": s.num_tokens}
                   for s in scheduled],
         "running": running, "waiting": waiting, "free_blocks": free_blocks, "cached_blocks": cached_blocks}
@@ -143,7 +145,8 @@ def schedule_traced(trace_seconds: float, lens_seconds: float) -> Event:
     """After a traced step: what its tracing cost on the engine's thread, apart from the engine's
     own work (schedule.step's phases): the trace's events and captures built after the pass,
     lens_seconds of it the logit lenses computed then (engine/trace/lens_queue.py)."""
-    return "schedule.traced", None, {"trace_seconds": trace_seconds, "lens_seconds": lens_seconds}
+    return "schedule.traced", None, {"trace_seconds": round(trace_seconds, 6),
+                                     "lens_seconds": round(lens_seconds, 6)}
 
 
 def schedule_collective(scheduled: list[ScheduledSeq], placement: dict, collectives: list[dict],
