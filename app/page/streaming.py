@@ -216,8 +216,10 @@ class Streaming(PageState):
                 idle_since = time.monotonic()
                 while not arrivals:
                     note_arrivals(0.25)
-                    if time.monotonic() - idle_since > 2.0:  # a closed tab ends this generator at a yield
-                        yield {"status": waiting}
+                    # a closed tab ends this generator at a yield; an empty one leaves the status
+                    # alone (a learner scrubbing the last request keeps its step's line)
+                    if time.monotonic() - idle_since > 2.0:
+                        yield {}
                         idle_since = time.monotonic()
                 rid, name = arrivals.popleft()
                 service = self.models.by_name.get(name) or self.models.owner(rid)
