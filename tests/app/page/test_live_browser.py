@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from tests.browser_utils import open_page, page_fixture, server_fixture, set_controls, status, wait_status
+from tests.holds import StepGate
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.filterwarnings("ignore:.*no_silent_downcasting", "ignore:The copy keyword")]
@@ -95,7 +96,7 @@ def test_a_replay_at_capture_level_off_counts_the_steps_its_timeline_has(page):
     assert "that drew a token" in said, said
 
 
-def test_a_request_stopped_before_any_step_says_so_in_the_map_and_stages(server, page):
+def test_a_request_stopped_before_any_step_says_so_in_the_map_and_stages(server, page, monkeypatch):
     """A request that waited (another held the one sequence slot) and was stopped there: the
     Batching stage kept its "not reached yet" badge and Sampling said "no token sampled yet"."""
     body = {"model": server.service.model_name, "stream": True, "max_tokens": 100, "ignore_eos": True,
@@ -109,15 +110,18 @@ def test_a_request_stopped_before_any_step_says_so_in_the_map_and_stages(server,
                 if stop.is_set():
                     break
 
+    # the engine waits before its third step (the holder's 2 tokens drawn) until the Stop has
+    # landed: on a busy machine the holder's 100 tokens could end first, and this one run
+    gate = StepGate(at=(3,)).install(server.service.engine, monkeypatch)
     holder = threading.Thread(target=hold)
     holder.start()
     try:
-        page.wait_for_timeout(500)
-        assert held and held[0][0] == 200, held[:3]  # the slot is taken
+        assert gate.reached() == 3  # the slot is taken
         set_controls(page, "I will wait.", 12)
         page.click("#tt-send")
         wait_status(page, ": ")  # its id: queued (or "streaming, 0 tokens": its panels drawn while it waits)
         page.click("#tt-stop")
+        gate.release_all()
         said = wait_status(page, "finished")
         assert "finished (abort)" in said, (said, len(held))
         page.wait_for_timeout(800)
@@ -134,6 +138,7 @@ def test_a_request_stopped_before_any_step_says_so_in_the_map_and_stages(server,
             text = page.inner_text(f"#{panel}")
             assert "yet" not in text and "never reached" in text, (panel, text)
     finally:
+        gate.release_all()
         stop.set()
         holder.join(timeout=60)
 
