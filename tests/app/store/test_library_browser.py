@@ -35,6 +35,7 @@ def server(checkpoint, tmp_path_factory):
 
 def _listed(page) -> list[str]:
     page.click("#tt-lib-pick input")
+    page.wait_for_selector("ul[role=listbox] li")
     names = [n.split("\n")[-1] for n in page.locator("ul[role=listbox] li").all_inner_texts()]  # less the ✓ of the pick
     page.keyboard.press("Escape")
     return names
@@ -44,7 +45,8 @@ def test_the_library_lists_searches_opens_pins_and_deletes(server, browser, shot
     context = browser.new_context(viewport={"width": 1300, "height": 900})
     page = open_page(context, server.url)
     page.click("#tt-tab-library-button, button[role=tab]:has-text('Library')")
-    page.wait_for_selector("#tt-lib-note")
+    # the tab's select refreshes the list the page was built with (before these two were sent)
+    page.wait_for_function("document.querySelector('#tt-lib-note').innerText.includes('2 traces')")
     assert "last across restarts" in page.inner_text("#tt-lib-note")
     names = _listed(page)
     assert len(names) == 2 and "Tell me about cats" in names[0] and "Why is the <b>sky</b> blue?" in names[1]
