@@ -20,6 +20,7 @@ from typing import Callable
 
 import torch
 
+from engine.code_ran import attention_path
 from engine.config import ModelConfig
 from engine.sampler import explain
 from engine.scheduler import Scheduler
@@ -130,7 +131,8 @@ class StepTrace:
                                                  forward_seconds))
         self.emit(events.schedule_step(scheduled, phases, forward_seconds, step.batch.query_starts[-1],
                                        len(scheduler.running), len(scheduler.waiting),
-                                       bm.num_free_blocks, bm.num_cached_blocks))
+                                       bm.num_free_blocks, bm.num_cached_blocks,
+                                       attention_path(runner.model, step.batch, runner.dtype)))
         for s in scheduled:
             if s.seq.traced:
                 self.emit(events.kv_fill(s, self.block_size))

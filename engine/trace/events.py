@@ -129,14 +129,16 @@ def schedule_preempt(seq: Sequence) -> Event:
 
 
 def schedule_step(scheduled: list[ScheduledSeq], phases: dict, forward_seconds: float, num_tokens: int,
-                  running: int, waiting: int, free_blocks: int, cached_blocks: int) -> Event:
+                  running: int, waiting: int, free_blocks: int, cached_blocks: int, attention: str = "") -> Event:
     """phases: the step's start (perf_counter) and its schedule and sample seconds (the forward
-    pass is forward_seconds; what follows this event is the trace's own work)."""
+    pass is forward_seconds; what follows this event is the trace's own work); attention: the
+    way the pass's attention ran (engine/code_ran.py)."""
     return "schedule.step", None, {
         **phases, "forward_seconds": forward_seconds, "num_tokens": num_tokens,
         "batch": [{"request_id": s.seq.request_id, "kind": s.kind, "start": s.start, "num_tokens": s.num_tokens}
                   for s in scheduled],
-        "running": running, "waiting": waiting, "free_blocks": free_blocks, "cached_blocks": cached_blocks}
+        "running": running, "waiting": waiting, "free_blocks": free_blocks, "cached_blocks": cached_blocks,
+        "attention": attention}
 
 
 def schedule_traced(trace_seconds: float, lens_seconds: float) -> Event:
