@@ -72,11 +72,9 @@ STAGE_CODE: dict[str, tuple[Code, ...]] = {
              marks=("store_kv(k, v, self.k_cache, self.v_cache, batch)",)),
         Code("engine.layers.attention:Attention.attend", "which attention runs: Triton decode, batched decode "
              "or one prefill per sequence", marks=("return paged_decode_attention(",)),
-        Code("engine.layers.attention:decode_attention", "decode: one query per sequence over its pages (the C "
-             "kernel where it applies)", marks=("return cpu_kernels.decode_attention(",), path="c_kernel"),
-        Code("engine.layers.attention:decode_attention", "decode in plain torch: the pages gathered, one SDPA "
-             "call, query heads grouped by KV head", marks=("out = F.scaled_dot_product_attention(",),
-             path="torch"),
+        Code("engine.layers.attention:decode_attention", "decode: one query per sequence over its pages, by "
+             "the C kernel where it applies, else one torch SDPA call, query heads grouped by KV head",
+             marks=("return cpu_kernels.decode_attention(", "out = F.scaled_dot_product_attention(")),
         Code("engine.layers.attention:prefill_attention", "prefill: the prompt's queries over its keys, causal",
              path="torch"),
         Code("engine.kernels.paged_attention:paged_decode_attention", "the GPU's paged decode kernel, or its "

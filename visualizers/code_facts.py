@@ -1,0 +1,99 @@
+"""What really ran for one request, and the request's values beside the code, read from its
+trace events (plain dicts): the way each stage with several ways took, as the engine reported
+it (schedule.step's `attention`, the spec event's `method`, the prefill's steps), the others
+named; and a few numbers the marked lines made (the prefix cache's hits, the top-p cut, the
+accepted proposals). One short line a stage, for its section, beside the code view."""
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+from visualizers._html import esc, prob
+
+ATTENTION_WAYS = ("c_fused", "c_kernel", "triton", "torch")
+SPEC_WAYS = ("draft", "ngram")
+
+
+def _steps(steps: Sequence[int]) -> str:
+    """"step 3", "steps 2–9" (their span), for a line."""
+    s = sorted(set(steps))
+    return f"step {s[0]}" if len(s) == 1 else f"steps {s[0]}–{s[-1]}"
+
+
+def _own_steps(events: Sequence[Mapping], request_id: str) -> list[tuple[Mapping, Mapping]]:
+    """(schedule.step event, this request's entry in its batch) for every step that computed it."""
+    out = []
+    for e in events:
+        if e.get("type") == "schedule.step":
+            mine = [b for b in e.get("batch", ()) if b.get("request_id") == request_id or not request_id]
+            if mine:
+                out.append((e, mine[0]))
+    return out
+
+
+def ways_ran(events: Sequence[Mapping], request_id: str) -> dict[str, dict[str, list[int]]]:
+    """{stage key: {way: the steps it ran in}} for the stages with several ways that the trace
+    reports: "layers" (the attention's way each step), "spec" (the proposer), "timeline"
+    ("whole" or "chunked" prefill)."""
+    out: dict[str, dict[str, list[int]]] = {}
+    prefill = []
+    for e, mine in _own_steps(events, request_id):
+        if e.get("attention"):  # recorded since 2026-12-06; older traces do not say
+            out.setdefault("layers", {}).setdefault(e["attention"], []).append(e["step"])
+        if mine.get("kind") == "prefill":
+            prefill.append(e["step"])
+    if prefill:
+        out["timeline"] = {"chunked" if len(prefill) > 1 else "whole": prefill}
+    for e in events:
+        if e.get("type") == "spec" and e.get("method"):
+            out.setdefault("spec", {}).setdefault(e["method"], []).append(e["step"])
+    return out
+
+
+def _ran_line(key: str, ways: Mapping[str, list[int]], names: Mapping[str, str]) -> str:
+    if key == "timeline":
+        (way, steps), = ways.items()
+        return (f"the prompt in {len(steps)} chunks ({_steps(steps)}): chunked prefill" if way == "chunked"
+                else f"the whole prompt in one pass ({_steps(steps)}); a longer one is cut into chunks")
+    known = ATTENTION_WAYS if key == "layers" else SPEC_WAYS
+    ran = "; ".join(f"{names.get(w, w)} ({_steps(s)})" for w, s in ways.items())
+    others = [names.get(w, w) for w in known if w not in ways]
+    return ran + (f". Not taken here: {'; '.join(others)}" if others else "")
+
+
+def values(events: Sequence[Mapping], key: str) -> str:
+    """This request's numbers from the stage's marked lines, one line ("" none held)."""
+    last = {}
+    for e in events:
+        if e.get("type") in ("prefix_cache.lookup", "sample", "spec"):
+            last.setdefault(e["type"], []).append(e)
+    if key == "prefix" and "prefix_cache.lookup" in last:
+        e = last["prefix_cache.lookup"][0]
+        hits = e.get("cached_blocks") or []
+        return (f"hits.append(bid) ran {len(hits)} times of {e.get('full_blocks', '?')} full blocks: blocks "
+                f"{hits} reused, {e.get('cached_tokens', 0)} tokens" if hits else
+                f"the first chain_hash of {e.get('full_blocks', '?')} full blocks missed: nothing reused")
+    if key == "sampling" and "sample" in last:
+        e = last["sample"][-1]
+        params, stages = e.get("params") or {}, e.get("stages") or {}
+        kept = (stages.get("top_p") or {}).get("kept")
+        if params.get("greedy"):
+            return f"greedy: the argmax, p = {prob(e.get('token_prob', 0))}"
+        cut = f"top_p = {params.get('top_p')} kept {kept} tokens" if kept is not None else ""
+        return "; ".join(x for x in (cut, f"drew p = {prob(e.get('token_prob', 0))}") if x)
+    if key == "spec" and "spec" in last:
+        e = last["spec"][-1]
+        return (f"the last round: {e.get('accepted', 0)} of {e.get('k', 0)} proposals accepted"
+                + (f", then a {e['token_kind']} token" if e.get("token_kind") else ""))
+    return ""
+
+
+def ran_html(key: str, events: Sequence[Mapping], request_id: str, names: Mapping[str, str]) -> str:
+    """The stage's "ran here" and "values" lines (HTML, escaped), "" where the trace says nothing."""
+    ways = ways_ran(events, request_id).get(key)
+    lines = []
+    if ways:
+        lines.append(f"<b>Ran for this request:</b> {esc(_ran_line(key, ways, names))}")
+    said = values(events, key)
+    if said:
+        lines.append(f"<b>Its values:</b> {esc(said)}")
+    return "".join(f"<div class='tt-code-ran'>{line}</div>" for line in lines)
