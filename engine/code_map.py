@@ -74,7 +74,9 @@ STAGE_CODE: dict[str, tuple[Code, ...]] = {
              "or one prefill per sequence", marks=("return paged_decode_attention(",)),
         Code("engine.layers.attention:decode_attention", "decode: one query per sequence over its pages, by "
              "the C kernel where it applies, else one torch SDPA call, query heads grouped by KV head",
-             marks=("return cpu_kernels.decode_attention(", "out = F.scaled_dot_product_attention(")),
+             marks=("return cpu_kernels.decode_attention(", "out = F.scaled_dot_product_attention("), path="torch"),
+        Code("engine.kernels.cpu:decode_attention", "the C decode-attention kernel: each query over its "
+             "sequence's pages, read in place (cpu_attention.c)", path="c_kernel"),
         Code("engine.layers.attention:prefill_attention", "prefill: the prompt's queries over its keys, causal",
              path="torch"),
         Code("engine.kernels.paged_attention:paged_decode_attention", "the GPU's paged decode kernel, or its "

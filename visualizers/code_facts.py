@@ -35,10 +35,13 @@ def ways_ran(events: Sequence[Mapping], request_id: str) -> dict[str, dict[str, 
     reports: "layers" (the attention's way each step), "spec" (the proposer), "timeline"
     ("whole" or "chunked" prefill)."""
     out: dict[str, dict[str, list[int]]] = {}
-    prefill = []
+    prefill, way = [], ""
     for e, mine in _own_steps(events, request_id):
-        if e.get("attention"):  # recorded since 2026-12-06; older traces do not say
-            out.setdefault("layers", {}).setdefault(e["attention"], []).append(e["step"])
+        # said where it is news to a request in the step (recorded since 2026-12-06; older traces never say):
+        # a step that does not say it ran the way of the request's step before
+        way = e.get("attention") or way
+        if way:
+            out.setdefault("layers", {}).setdefault(way, []).append(e["step"])
         if mine.get("kind") == "prefill":
             prefill.append(e["step"])
     if prefill:
@@ -49,13 +52,13 @@ def ways_ran(events: Sequence[Mapping], request_id: str) -> dict[str, dict[str, 
     return out
 
 
-def _ran_line(key: str, ways: Mapping[str, list[int]], names: Mapping[str, str]) -> str:
+def _ran_line(key: str, ways: Mapping[str, list[int]], names: Mapping[str, str], where: Mapping[str, str]) -> str:
     if key == "timeline":
         (way, steps), = ways.items()
         return (f"the prompt in {len(steps)} chunks ({_steps(steps)}): chunked prefill" if way == "chunked"
                 else f"the whole prompt in one pass ({_steps(steps)}); a longer one is cut into chunks")
     known = ATTENTION_WAYS if key == "layers" else SPEC_WAYS
-    ran = "; ".join(f"{names.get(w, w)} ({_steps(s)})" for w, s in ways.items())
+    ran = "; ".join(f"{names.get(w, w)} ({_steps(s)}{', ' + where[w] if w in where else ''})" for w, s in ways.items())
     others = [names.get(w, w) for w in known if w not in ways]
     return ran + (f". Not taken here: {'; '.join(others)}" if others else "")
 
@@ -87,12 +90,14 @@ def values(events: Sequence[Mapping], key: str) -> str:
     return ""
 
 
-def ran_html(key: str, events: Sequence[Mapping], request_id: str, names: Mapping[str, str]) -> str:
-    """The stage's "ran here" and "values" lines (HTML, escaped), "" where the trace says nothing."""
+def ran_html(key: str, events: Sequence[Mapping], request_id: str, names: Mapping[str, str],
+             where: Mapping[str, str] | None = None) -> str:
+    """The stage's "ran here" and "values" lines (HTML, escaped), "" where the trace says nothing.
+    names: each way in words; where: a way's function as "path:line Name", named beside it."""
     ways = ways_ran(events, request_id).get(key)
     lines = []
     if ways:
-        lines.append(f"<b>Ran for this request:</b> {esc(_ran_line(key, ways, names))}")
+        lines.append(f"<b>Ran for this request:</b> {esc(_ran_line(key, ways, names, where or {}))}")
     said = values(events, key)
     if said:
         lines.append(f"<b>Its values:</b> {esc(said)}")

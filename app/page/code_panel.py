@@ -29,6 +29,17 @@ def code_views() -> dict[str, str]:
     return {key: stage_code_html(key, entries, code["paths"]) for key, entries in code["stages"].items()}
 
 
+@cache
+def ways_where() -> dict[str, str]:
+    """Each way -> its functions in this checkout as "path:line Name" (and the next)."""
+    out: dict[str, list[str]] = {}
+    for entries in stage_code()["stages"].values():
+        for e in entries:
+            if e.get("path") and "file" in e:
+                out.setdefault(e["path"], []).append(f"{e['file']}:{e['line']} {e['qualname']}")
+    return {way: " and ".join(names) for way, names in out.items()}
+
+
 def commit_note(model: Mapping) -> str:
     """A warning when the trace shown was recorded on another checkout than this one ("" same)."""
     here = checkout_commit()
@@ -45,11 +56,11 @@ def with_code(stages: Sequence[Stage], model: Mapping, events: Sequence[Mapping]
     added to their sentences."""
     if not request_id:
         return list(stages)
-    names = stage_code()["paths"]
+    names, where = stage_code()["paths"], ways_where()
     note = commit_note(model)
     warn = f"<div class='tt-code-ran tt-code-warn'>⚠ {esc(note)}</div>" if note else ""
     out = []
     for st in stages:
-        extra = ran_html(st.key, events, request_id, names) if st.reached and not st.skipped else ""
+        extra = ran_html(st.key, events, request_id, names, where) if st.reached and not st.skipped else ""
         out.append(replace(st, text=st.text + extra + (warn if st.key == "request" else "")) if extra or warn else st)
     return out

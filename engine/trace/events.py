@@ -132,13 +132,14 @@ def schedule_step(scheduled: list[ScheduledSeq], phases: dict, forward_seconds: 
                   running: int, waiting: int, free_blocks: int, cached_blocks: int, attention: str = "") -> Event:
     """phases: the step's start (perf_counter) and its schedule and sample seconds (the forward
     pass is forward_seconds; what follows this event is the trace's own work); attention: the
-    way the pass's attention ran (engine/code_ran.py)."""
+    way the pass's attention ran (engine/code_ran.py), only where it is news to a request in it
+    ("" leaves it out: each request's earlier step said it)."""
     return "schedule.step", None, {
         **phases, "forward_seconds": forward_seconds, "num_tokens": num_tokens,
         "batch": [{"request_id": s.seq.request_id, "kind": s.kind, "start": s.start, "num_tokens": s.num_tokens}
                   for s in scheduled],
         "running": running, "waiting": waiting, "free_blocks": free_blocks, "cached_blocks": cached_blocks,
-        "attention": attention}
+        **({"attention": attention} if attention else {})}
 
 
 def schedule_traced(trace_seconds: float, lens_seconds: float) -> Event:

@@ -38,8 +38,13 @@ def _ways(monkeypatch, llm: LLM, prompt: list[int]) -> list[tuple[str, set]]:
     _spy(monkeypatch, passes, attention, "prefill_attention", "torch")
     _spy(monkeypatch, passes, attention.F, "scaled_dot_product_attention", "torch")
     params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
-    steps = [i.data["attention"] for i in llm.stream(prompt, params=params, trace="basic")
-             if isinstance(i, TraceEvent) and i.type == "schedule.step"]
+    steps, way = [], ""
+    llm.said = []
+    for i in llm.stream(prompt, params=params, trace="basic"):
+        if isinstance(i, TraceEvent) and i.type == "schedule.step":  # said where it is news: carried on
+            llm.said.append(i.data.get("attention"))
+            way = i.data.get("attention") or way
+            steps.append(way)
     assert len(steps) == len(passes) == 4
     return list(zip(steps, passes))
 
@@ -53,6 +58,7 @@ def test_the_fused_c_layer_where_it_runs(monkeypatch, cpu_kernels_switch, llm):
     cpu_kernels_switch(True)
     for said, ran in _ways(monkeypatch, llm, PROMPT):
         assert said == "c_fused" and ran == {"c_fused"}
+    assert llm.said == ["c_fused", None, None, None]  # said once: no news at the decode steps, no bytes
 
 
 def test_the_c_decode_kernel_where_layers_are_not_fused(monkeypatch, cpu_kernels_switch, llm):
@@ -63,6 +69,7 @@ def test_the_c_decode_kernel_where_layers_are_not_fused(monkeypatch, cpu_kernels
     assert said == "torch" and ran == {"torch"}  # the prefill
     for said, ran in decodes:
         assert said == "c_kernel" and ran == {"c_kernel"}
+    assert llm.said == ["torch", "c_kernel", None, None]
 
 
 def test_plain_torch_without_the_c_kernels(monkeypatch, cpu_kernels_switch, checkpoint):

@@ -76,7 +76,7 @@ EVENTS = [
     STEP | {"step": 2, "attention": "torch", "batch": [{"request_id": "r", "kind": "prefill"}]},
     STEP | {"step": 3, "attention": "c_fused", "batch": [{"request_id": "r", "kind": "decode"}]},
     STEP | {"step": 4, "attention": "c_fused", "batch": [{"request_id": "other", "kind": "decode"}]},
-    STEP | {"step": 5, "attention": "c_fused", "batch": [{"request_id": "r", "kind": "decode"}]},
+    STEP | {"step": 5, "batch": [{"request_id": "r", "kind": "decode"}]},  # no news: the way of its step before
     {"type": "spec", "request_id": "r", "step": 5, "method": "ngram", "accepted": 2, "k": 4,
      "token_kind": "corrected"},
     {"type": "sample", "request_id": "r", "step": 5, "params": {"top_p": 0.9, "greedy": False},

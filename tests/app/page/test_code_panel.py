@@ -3,6 +3,8 @@ checkout; the stages' sentences gain what this request ran; a trace from another
 says which commit it came from."""
 from __future__ import annotations
 
+import re
+
 from app.page.code_panel import code_views, commit_note, with_code
 from app.page.page_state import stages_of
 from engine import checkout_commit
@@ -28,6 +30,7 @@ def test_the_sentences_gain_what_ran():
     model = {"commit": checkout_commit()}
     out = {s.key: s.text for s in with_code(stages, model, EVENTS, "r")}
     assert "Ran for this request:" in out["layers"] and "the fused C layer" in out["layers"]
+    assert re.search(r"\(step 1, engine/layers/fused\.py:\d+ forward\)", out["layers"])
     assert "Not taken here:" in out["layers"]
     assert "missed: nothing reused" in out["prefix"]
     assert out["embedding"] == "<p>words</p>"  # nothing to say: unchanged
