@@ -19,37 +19,45 @@ def _steps(steps: Sequence[int]) -> str:
     return f"step {s[0]}" if len(s) == 1 else f"steps {s[0]}–{s[-1]}"
 
 
-def _own_steps(events: Sequence[Mapping], request_id: str) -> list[tuple[Mapping, Mapping]]:
-    """(schedule.step event, this request's entry in its batch) for every step that computed it."""
-    out = []
-    for e in events:
-        if e.get("type") == "schedule.step":
-            mine = [b for b in e.get("batch", ()) if b.get("request_id") == request_id or not request_id]
-            if mine:
-                out.append((e, mine[0]))
-    return out
+WATCHED = ("schedule.step", "spec", "prefix_cache.lookup", "sample")
 
 
 def ways_ran(events: Sequence[Mapping], request_id: str) -> dict[str, dict[str, list[int]]]:
     """{stage key: {way: the steps it ran in}} for the stages with several ways that the trace
     reports: "layers" (the attention's way each step), "spec" (the proposer), "timeline"
     ("whole" or "chunked" prefill)."""
+    return read(events, request_id)[0]
+
+
+def read(events: Sequence[Mapping], request_id: str) -> tuple[dict[str, dict[str, list[int]]], dict[str, Mapping]]:
+    """One pass over the events (the page asks several times a second while a request streams):
+    (ways_ran's answer, {event type: the event values() quotes}: the first prefix lookup, the
+    last sample and spec round)."""
     out: dict[str, dict[str, list[int]]] = {}
+    quoted: dict[str, Mapping] = {}
     prefill, way = [], ""
-    for e, mine in _own_steps(events, request_id):
-        # said where it is news to a request in the step (recorded since 2026-12-06; older traces never say):
-        # a step that does not say it ran the way of the request's step before
-        way = e.get("attention") or way
-        if way:
-            out.setdefault("layers", {}).setdefault(way, []).append(e["step"])
-        if mine.get("kind") == "prefill":
-            prefill.append(e["step"])
+    for e in events:
+        kind = e.get("type")
+        if kind not in WATCHED:
+            continue
+        if kind == "schedule.step":
+            mine = next((b for b in e.get("batch", ()) if b.get("request_id") == request_id or not request_id), None)
+            if mine is None:
+                continue
+            # said where it is news to a request in the step (recorded since 2026-12-06; older traces never
+            # say): a step that does not say it ran the way of the request's step before
+            way = e.get("attention") or way
+            if way:
+                out.setdefault("layers", {}).setdefault(way, []).append(e["step"])
+            if mine.get("kind") == "prefill":
+                prefill.append(e["step"])
+        elif kind == "spec" and e.get("method"):
+            out.setdefault("spec", {}).setdefault(e["method"], []).append(e["step"])
+        if kind != "prefix_cache.lookup" or kind not in quoted:
+            quoted[kind] = e
     if prefill:
         out["timeline"] = {"chunked" if len(prefill) > 1 else "whole": prefill}
-    for e in events:
-        if e.get("type") == "spec" and e.get("method"):
-            out.setdefault("spec", {}).setdefault(e["method"], []).append(e["step"])
-    return out
+    return out, quoted
 
 
 def _ran_line(key: str, ways: Mapping[str, list[int]], names: Mapping[str, str], where: Mapping[str, str]) -> str:
@@ -58,25 +66,23 @@ def _ran_line(key: str, ways: Mapping[str, list[int]], names: Mapping[str, str],
         return (f"the prompt in {len(steps)} chunks ({_steps(steps)}): chunked prefill" if way == "chunked"
                 else f"the whole prompt in one pass ({_steps(steps)}); a longer one is cut into chunks")
     known = ATTENTION_WAYS if key == "layers" else SPEC_WAYS
-    ran = "; ".join(f"{names.get(w, w)} ({_steps(s)}{', ' + where[w] if w in where else ''})" for w, s in ways.items())
+    ran = "; ".join(f"{names.get(w, w)} in {_steps(s)}{f' ({where[w]})' if w in where else ''}" for w, s in ways.items())
     others = [names.get(w, w) for w in known if w not in ways]
     return ran + (f". Not taken here: {'; '.join(others)}" if others else "")
 
 
-def values(events: Sequence[Mapping], key: str) -> str:
-    """This request's numbers from the stage's marked lines, one line ("" none held)."""
-    last = {}
-    for e in events:
-        if e.get("type") in ("prefix_cache.lookup", "sample", "spec"):
-            last.setdefault(e["type"], []).append(e)
+def values(events: Sequence[Mapping], key: str, quoted: Mapping[str, Mapping] | None = None) -> str:
+    """This request's numbers from the stage's marked lines, one line ("" none held). quoted:
+    read()'s, where the caller has it (else read from the events)."""
+    last = quoted if quoted is not None else read(events, "")[1]
     if key == "prefix" and "prefix_cache.lookup" in last:
-        e = last["prefix_cache.lookup"][0]
+        e = last["prefix_cache.lookup"]
         hits = e.get("cached_blocks") or []
         return (f"hits.append(bid) ran {len(hits)} times of {e.get('full_blocks', '?')} full blocks: blocks "
                 f"{hits} reused, {e.get('cached_tokens', 0)} tokens" if hits else
                 f"the first chain_hash of {e.get('full_blocks', '?')} full blocks missed: nothing reused")
     if key == "sampling" and "sample" in last:
-        e = last["sample"][-1]
+        e = last["sample"]
         params, stages = e.get("params") or {}, e.get("stages") or {}
         kept = (stages.get("top_p") or {}).get("kept")
         if params.get("greedy"):
@@ -84,21 +90,23 @@ def values(events: Sequence[Mapping], key: str) -> str:
         cut = f"top_p = {params.get('top_p')} kept {kept} tokens" if kept is not None else ""
         return "; ".join(x for x in (cut, f"drew p = {prob(e.get('token_prob', 0))}") if x)
     if key == "spec" and "spec" in last:
-        e = last["spec"][-1]
+        e = last["spec"]
         return (f"the last round: {e.get('accepted', 0)} of {e.get('k', 0)} proposals accepted"
                 + (f", then a {e['token_kind']} token" if e.get("token_kind") else ""))
     return ""
 
 
 def ran_html(key: str, events: Sequence[Mapping], request_id: str, names: Mapping[str, str],
-             where: Mapping[str, str] | None = None) -> str:
+             where: Mapping[str, str] | None = None, known: tuple | None = None) -> str:
     """The stage's "ran here" and "values" lines (HTML, escaped), "" where the trace says nothing.
-    names: each way in words; where: a way's function as "path:line Name", named beside it."""
-    ways = ways_ran(events, request_id).get(key)
+    names: each way in words; where: a way's function as "path:line Name", named beside it;
+    known: read(events, request_id), where the caller read it once for every stage."""
+    ran, quoted = known if known is not None else read(events, request_id)
+    ways = ran.get(key)
     lines = []
     if ways:
         lines.append(f"<b>Ran for this request:</b> {esc(_ran_line(key, ways, names, where or {}))}")
-    said = values(events, key)
+    said = values(events, key, quoted)
     if said:
         lines.append(f"<b>Its values:</b> {esc(said)}")
     return "".join(f"<div class='tt-code-ran'>{line}</div>" for line in lines)

@@ -15,7 +15,7 @@ from typing import Mapping, Sequence
 
 from engine import checkout_commit, stage_code
 from visualizers._html import esc
-from visualizers.code_facts import ran_html
+from visualizers.code_facts import ran_html, read
 from visualizers.code_view import code_css, stage_code_html
 from visualizers.journey import Stage
 
@@ -57,10 +57,11 @@ def with_code(stages: Sequence[Stage], model: Mapping, events: Sequence[Mapping]
     if not request_id:
         return list(stages)
     names, where = stage_code()["paths"], ways_where()
+    known = read(events, request_id)  # one pass over the events for every stage
     note = commit_note(model)
     warn = f"<div class='tt-code-ran tt-code-warn'>⚠ {esc(note)}</div>" if note else ""
     out = []
     for st in stages:
-        extra = ran_html(st.key, events, request_id, names, where) if st.reached and not st.skipped else ""
+        extra = ran_html(st.key, events, request_id, names, where, known) if st.reached and not st.skipped else ""
         out.append(replace(st, text=st.text + extra + (warn if st.key == "request" else "")) if extra or warn else st)
     return out

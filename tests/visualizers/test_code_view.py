@@ -95,7 +95,7 @@ def test_ways_ran_reads_the_engines_reports():
 def test_the_ran_line_names_the_others():
     names = {"c_fused": "fused <C>", "torch": "torch", "c_kernel": "kernel", "triton": "triton"}
     h = ran_html("layers", EVENTS, "r", names)
-    assert "fused &lt;C&gt; (steps 3–5)" in h and "torch (steps 1–2)" in h
+    assert "fused &lt;C&gt; in steps 3–5" in h and "torch in steps 1–2" in h
     assert "Not taken here: kernel; triton" in text_of(h)
     assert "chunked prefill" in text_of(ran_html("timeline", EVENTS, "r", names))
 
