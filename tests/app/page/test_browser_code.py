@@ -30,6 +30,8 @@ def test_a_stage_opens_its_code_from_this_checkout(page, tmp_path_factory):
     assert re.fullmatch(r"Code that ran this stage: engine/block_manager\.py:\d+ chain_hash and 2 more", summary)
     assert not box.locator(".tt-code-src").first.is_visible()
     page.click("#tt-map a[data-key='prefix']")  # the chip brings the section under the map
+    page.wait_for_timeout(500)  # (its smooth scroll)
+    page.screenshot(path=str(shots / "prefix-closed.png"))
     box.locator("summary").click()
     src = box.locator(".tt-code-src").first
     src.wait_for(state="visible")
