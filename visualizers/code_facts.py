@@ -107,6 +107,19 @@ def ran_html(key: str, events: Sequence[Mapping], request_id: str, names: Mappin
     if ways:
         lines.append(f"<b>Ran for this request:</b> {esc(_ran_line(key, ways, names, where or {}))}")
     said = values(events, key, quoted)
+    style = ways_style(key, ways) if ways and key in ("layers", "spec") else ""
     if said:
         lines.append(f"<b>Its values:</b> {esc(said)}")
-    return "".join(f"<div class='tt-code-ran'>{line}</div>" for line in lines)
+    return style + "".join(f"<div class='tt-code-ran'>{line}</div>" for line in lines)
+
+
+def ways_style(key: str, ways: Mapping[str, list[int]]) -> str:
+    """A rule set that marks, in the stage's code view (drawn once, before any request), the
+    functions of the ways this request took and of those it did not: the view is never sent
+    again, the request's few bytes go with its stage's words."""
+    known = ATTENTION_WAYS if key == "layers" else SPEC_WAYS
+    box = f".tt-code-box[data-key='{key}'] .tt-code-fn"  # key and ways: known names, never text from outside
+    ran = ",".join(f"{box}[data-path='{w}'] .tt-way-ran" for w in known if w in ways)
+    not_taken = ",".join(f"{box}[data-path='{w}'] .tt-way-not" for w in known if w not in ways)
+    rules = [f"{sel} {{ display: inline; }}" for sel in (ran, not_taken) if sel]
+    return f"<style>{' '.join(rules)}</style>" if rules else ""

@@ -40,6 +40,8 @@ def code_css() -> str:
 .tt-code-src .tt-cm { background: #fff3b0; }
 .tt-code-src .tt-code-gap { display: block; color: #999; font-style: italic; padding-left: 4.3em; }
 .tt-code-path { font-size: 12px; color: #555; }
+.tt-way-ran, .tt-way-not { display: none; }
+.tt-way-ran { color: #1b7a2e; font-weight: 600; }
 .tt-code-warn { color: #8a5300; }
 """
 
@@ -77,8 +79,12 @@ def function_html(entry: Mapping, ran: bool | None = None, path_names: Mapping[s
     way = ""
     if entry.get("path"):
         said = (path_names or {}).get(entry["path"], entry["path"])
-        state = "" if ran is None else (" · ran for this request" if ran else " · not taken by this request")
-        way = f"<div class='tt-code-path'>one way: {esc(said)}{esc(state)}</div>"
+        # unknown when drawn (the page draws the view once): both words, hidden until a request's
+        # stage text says which ways ran (code_facts.ways_style shows the right one)
+        state = ("<span class='tt-way-ran'> · ran for this request</span>"
+                 "<span class='tt-way-not'> · not taken by this request</span>") if ran is None else \
+            esc(" · ran for this request" if ran else " · not taken by this request")
+        way = f"<div class='tt-code-path'>one way: {esc(said)}{state}</div>"
     lines = _highlighted(tuple(entry["source"]))
     first, marks = entry["line"], set(entry.get("marks", ()))
     rows, after = [], first
@@ -92,7 +98,8 @@ def function_html(entry: Mapping, ran: bool | None = None, path_names: Mapping[s
         after = end + 1
     if after <= entry["end"]:
         rows.append(f"<span class='tt-code-gap'>⋯ lines {after}–{entry['end']} not shown</span>")
-    return (f"<div class='tt-code-fn' data-name='{esc(entry['name'])}'><h4><code>{esc(where)}</code> "
+    path = f" data-path='{esc(entry['path'])}'" if entry.get("path") else ""
+    return (f"<div class='tt-code-fn' data-name='{esc(entry['name'])}'{path}><h4><code>{esc(where)}</code> "
             f"{esc(entry['qualname'])} <span class='tt-code-why'>— {esc(entry['why'])}</span></h4>{way}"
             f"<pre class='tt-code-src'>{''.join(rows)}</pre></div>")
 

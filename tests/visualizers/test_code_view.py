@@ -59,6 +59,16 @@ def test_the_way_that_ran_and_the_ways_not_taken():
     assert "one way: plain torch · not taken by this request" in text_of(h)
 
 
+def test_the_view_drawn_once_is_marked_by_the_requests_style():
+    h = stage_code_html("layers", [entry(path="c_fused")], {"c_fused": "fused"})
+    assert "data-path='c_fused'" in h and "tt-way-ran" in h and "tt-way-not" in h  # both, hidden
+    style = ran_html("layers", EVENTS, "r", {})
+    assert style.startswith("<style>") and "</style>" in style
+    assert ".tt-code-box[data-key='layers'] .tt-code-fn[data-path='c_fused'] .tt-way-ran" in style
+    assert "[data-path='c_kernel'] .tt-way-not" in style and "[data-path='torch'] .tt-way-ran" in style
+    assert "<style>" not in ran_html("prefix", EVENTS, "r", {})
+
+
 def test_a_missing_function_says_so():
     h = function_html({"name": "engine.m:<gone>", "why": "w", "error": "engine.m:<gone>: not in this checkout"})
     assert "not found in this checkout" in h and "<gone>" not in h

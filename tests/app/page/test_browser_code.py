@@ -47,6 +47,10 @@ def test_a_stage_opens_its_code_from_this_checkout(page, tmp_path_factory):
     assert "Ran for this request:" in page.locator("#tt-stage-text-spec").inner_text()  # a draft model
     page.locator("#tt-code-layers summary").click()
     page.locator("#tt-code-layers .tt-code-src").first.wait_for(state="visible")
+    fn = "#tt-code-layers .tt-code-fn[data-path='{}'] .tt-way-{}"  # the view drawn once, marked by the request's style
+    assert page.locator(fn.format("c_fused", "ran")).is_visible()
+    assert not page.locator(fn.format("c_fused", "not")).is_visible()
+    assert page.locator(fn.format("triton", "not")).is_visible()
     page.click("#tt-map a[data-key='layers']")  # its sentence (what ran) and its code under the map
     page.screenshot(path=str(shots / "layers-code.png"))
     print("screenshots:", shots)
