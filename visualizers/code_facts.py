@@ -66,7 +66,8 @@ def _ran_line(key: str, ways: Mapping[str, list[int]], names: Mapping[str, str],
         return (f"the prompt in {len(steps)} chunks ({_steps(steps)}): chunked prefill" if way == "chunked"
                 else f"the whole prompt in one pass ({_steps(steps)}); a longer one is cut into chunks")
     known = ATTENTION_WAYS if key == "layers" else SPEC_WAYS
-    ran = "; ".join(f"{names.get(w, w)} in {_steps(s)}{f' ({where[w]})' if w in where else ''}" for w, s in ways.items())
+    ran = "; ".join(f"{names.get(w, w)} in {_steps(s)}{f' ({where[w]})' if w in where else ''}"
+                    for w, s in ways.items())
     others = [names.get(w, w) for w in known if w not in ways]
     return ran + (f". Not taken here: {'; '.join(others)}" if others else "")
 
@@ -78,8 +79,10 @@ def values(events: Sequence[Mapping], key: str, quoted: Mapping[str, Mapping] | 
     if key == "prefix" and "prefix_cache.lookup" in last:
         e = last["prefix_cache.lookup"]
         hits = e.get("cached_blocks") or []
+        keys = "".join(f", chain hash {h & (2**64 - 1):016x}" if i == 0 else f" → {h & (2**64 - 1):016x}"
+                       for i, h in enumerate(e.get("hashes") or []))  # (recorded since 2026-12-06)
         return (f"hits.append(bid) ran {len(hits)} times of {e.get('full_blocks', '?')} full blocks: blocks "
-                f"{hits} reused, {e.get('cached_tokens', 0)} tokens" if hits else
+                f"{hits} reused{keys}; {e.get('cached_tokens', 0)} tokens" if hits else
                 f"the first chain_hash of {e.get('full_blocks', '?')} full blocks missed: nothing reused")
     if key == "sampling" and "sample" in last:
         e = last["sample"]

@@ -67,10 +67,12 @@ def finish(seq: Sequence, reason: str, metrics: dict) -> Event:
 
 # --- prefix cache and KV pool (engine/block_manager.py) ---------------------------------
 
-def prefix_cache_lookup(seq: Sequence, hits: list[int], block_size: int) -> Event:
+def prefix_cache_lookup(seq: Sequence, hits: list[int], block_size: int, hashes: list[int] | None = None) -> Event:
+    """hashes: each hit block's chain hash (block_manager.chain_hash), the key the lookup found."""
     return "prefix_cache.lookup", seq.request_id, jsonable({
         "hit": bool(hits), "cached_blocks": hits, "cached_tokens": seq.num_cached_tokens, "prompt_tokens": len(seq),
-        "full_blocks": (len(seq) - 1) // block_size, "readmission": seq.num_preemptions > 0})
+        "full_blocks": (len(seq) - 1) // block_size, "readmission": seq.num_preemptions > 0,
+        **({"hashes": hashes} if hashes else {})})
 
 
 def kv_share(seq: Sequence, hits: list[int]) -> Event:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from engine import LLM, SamplingParams, TraceEvent
+from engine.block_manager import chain_hash
 from engine.kernels import cpu as cpu_kernels
 from engine.layers import attention, fused
 
@@ -84,3 +85,16 @@ def test_a_long_prompt_prefills_in_torch_then_decodes_fused(monkeypatch, cpu_ker
     (said, ran), *decodes = _ways(monkeypatch, llm, (PROMPT * 6)[:cpu_kernels.MAX_ROWS + 8])
     assert said == "torch" and ran == {"torch"}
     assert all(s == "c_fused" and r == {"c_fused"} for s, r in decodes)
+
+
+def test_a_prefix_hit_reports_the_chain_hashes_it_found(llm):
+    prompt = PROMPT + [40, 41, 42, 43]  # 12 tokens: 2 full blocks of 4 are looked up (never the last token)
+    params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
+    looked = []
+    for _ in range(2):
+        looked += [i.data for i in llm.stream(prompt, params=params, trace="basic")
+                   if isinstance(i, TraceEvent) and i.type == "prefix_cache.lookup"]
+    first, second = looked
+    assert not first["hit"] and "hashes" not in first
+    h0 = chain_hash(None, tuple(prompt[:4]))
+    assert second["hit"] and second["hashes"] == [h0, chain_hash(h0, tuple(prompt[4:8]))]

@@ -111,7 +111,9 @@ def test_the_ran_line_names_the_others():
 
 
 def test_values_beside_the_code():
-    assert "blocks [3, 4] reused, 32 tokens" in values(EVENTS, "prefix")
+    assert "blocks [3, 4] reused; 32 tokens" in values(EVENTS, "prefix")
+    hashed = [{**EVENTS[0], "hashes": [-1, 255]}]
+    assert "reused, chain hash ffffffffffffffff → 00000000000000ff; 32 tokens" in values(hashed, "prefix")
     assert values(EVENTS, "sampling") == "top_p = 0.9 kept 17 tokens; drew p = 0.42"
     assert values(EVENTS, "spec") == "the last round: 2 of 4 proposals accepted, then a corrected token"
     assert values(EVENTS, "embedding") == "" and ran_html("embedding", EVENTS, "r", {}) == ""

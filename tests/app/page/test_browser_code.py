@@ -58,7 +58,8 @@ def test_a_stage_opens_its_code_from_this_checkout(page, tmp_path_factory):
 
 def test_the_presenter_opens_a_stages_code_for_the_audience(server, browser, tmp_path_factory):
     shots = tmp_path_factory.mktemp("class-code-shots")
-    body = {"model": "tiny-moe", "max_tokens": 6, "trace_level": "full", "messages": [{"role": "user", "content": "Hi"}]}
+    body = {"model": "tiny-moe", "max_tokens": 6, "trace_level": "full",
+            "messages": [{"role": "user", "content": "Hi"}]}
     rid = httpx.post(server.url + "v1/chat/completions", json=body, timeout=120).json()["id"]
     room = httpx.post(server.url + "classroom", json={"request_id": rid}, timeout=60).json()
     screens = []
