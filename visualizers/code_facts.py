@@ -83,6 +83,7 @@ def values(events: Sequence[Mapping], key: str, quoted: Mapping[str, Mapping] | 
                        for i, h in enumerate(e.get("hashes") or []))  # (recorded since 2026-12-06)
         return (f"hits.append(bid) ran {len(hits)} times of {e.get('full_blocks', '?')} full blocks: blocks "
                 f"{hits} reused{keys}; {e.get('cached_tokens', 0)} tokens" if hits else
+                "no full block to hash: chain_hash never ran, nothing reused" if e.get("full_blocks") == 0 else
                 f"the first chain_hash of {e.get('full_blocks', '?')} full blocks missed: nothing reused")
     if key == "sampling" and "sample" in last:
         e = last["sample"]

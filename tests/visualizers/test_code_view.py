@@ -112,6 +112,8 @@ def test_the_ran_line_names_the_others():
 
 def test_values_beside_the_code():
     assert "blocks [3, 4] reused; 32 tokens" in values(EVENTS, "prefix")
+    short = [{"type": "prefix_cache.lookup", "cached_blocks": [], "full_blocks": 0}]
+    assert values(short, "prefix") == "no full block to hash: chain_hash never ran, nothing reused"
     hashed = [{**EVENTS[0], "hashes": [-1, 255]}]
     assert "reused, chain hash ffffffffffffffff → 00000000000000ff; 32 tokens" in values(hashed, "prefix")
     assert values(EVENTS, "sampling") == "top_p = 0.9 kept 17 tokens; drew p = 0.42"
