@@ -103,7 +103,7 @@ class BlockManager:
         seq.block_table = list(hits)
         seq.num_computed_tokens = seq.num_cached_tokens = len(hits) * self.block_size
         if self.emit and seq.traced:
-            self.emit(events.prefix_cache_lookup(seq, hits, self.block_size))
+            self.emit(events.prefix_cache_lookup(seq, hits, self.block_size, [self.blocks[b].hash for b in hits]))
             if hits:
                 self.emit(events.kv_share(seq, hits))
 

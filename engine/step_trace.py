@@ -20,6 +20,7 @@ from typing import Callable
 
 import torch
 
+from engine.code_ran import attention_path
 from engine.config import ModelConfig
 from engine.sampler import explain
 from engine.scheduler import Scheduler
@@ -53,6 +54,7 @@ class StepTrace:
         self.lenses = LensQueue(runner.model)  # tokens whose logit lens waits (computed after the step)
         self.seconds = 0.0  # the step's tracing work so far (schedule.traced)
         self._kept: tuple[StepPass, object] | None = None  # the step's lens rows as [L, n, hidden]
+        self.ways: dict[str, str] = {}  # the last step's traced requests -> the way its attention ran
 
     def piece(self, token_id: int) -> str:
         """A token's text for the trace, special tokens included (a replay has no tokenizer);
@@ -110,6 +112,15 @@ class StepTrace:
         self.emit(events.trace_truncated(request_id, limit_bytes, step, position, made))
         return True
 
+    def _way(self, step: StepPass) -> str:
+        """The way this pass's attention ran (engine/code_ran.py), said only where it is news to a
+        traced request in it (its last step was not the one before, or ran another way): a
+        reader carries a request's way on through its steps, and a decode step pays no bytes."""
+        way = attention_path(self.runner.model, step.batch, self.runner.dtype)
+        news = any(self.ways.get(rid) != way for rid in self.traced_now)
+        self.ways = dict.fromkeys(self.traced_now, way)
+        return way if news else ""
+
     # --- the events, in step order ---------------------------------------------------------
     def arrival(self, seq: Sequence, messages: list[dict] | None) -> None:
         self.emit(events.request_arrive(seq, messages))
@@ -130,7 +141,7 @@ class StepTrace:
                                                  forward_seconds))
         self.emit(events.schedule_step(scheduled, phases, forward_seconds, step.batch.query_starts[-1],
                                        len(scheduler.running), len(scheduler.waiting),
-                                       bm.num_free_blocks, bm.num_cached_blocks))
+                                       bm.num_free_blocks, bm.num_cached_blocks, self._way(step)))
         for s in scheduled:
             if s.seq.traced:
                 self.emit(events.kv_fill(s, self.block_size))

@@ -8,7 +8,7 @@ import json
 from typing import Any, Literal, TypeVar
 
 from fastapi import Request
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 
 from app.api.openai_routes import read_body
 from app.classroom.question import CHOICE_RULE, MAX_GUESS_CHARS, VoteRefused
@@ -53,6 +53,12 @@ class Pick(Small):
     head: StrictInt | None = Field(None, ge=0)
 
 
+class CodeView(Small):
+    """The presenter opens or closes the stages' code view on every screen."""
+    key: Any = Field(None, description="the presenter's key")
+    open: StrictBool = Field(description="true: every screen shows the stage's code")
+
+
 class Vote(Small):
     """A student's vote: a candidate's place in the order shown, or a typed guess (one of them)."""
     choice: StrictInt | None = Field(None, description="a candidate's place in the order shown (0: the first)")
@@ -66,6 +72,7 @@ MESSAGES: dict[type[Small], dict[str, str]] = {
     Ask: {"action": ACTIONS, "position": "position must be an int: an answer token's position"},
     Pick: {"position": "position must be a non-negative int or null", "layer": "layer must be a non-negative int",
            "head": "head must be a non-negative int"},
+    CodeView: {"open": "open must be true or false"},
     Vote: {"choice": CHOICE_RULE,
            "guess": f"guess must be 1 to {MAX_GUESS_CHARS} characters of text", "voter": NO_VOTER},
 }

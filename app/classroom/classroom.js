@@ -32,6 +32,7 @@ async function show(i, v) {
   } catch (e) {}
   if (!d) { setTimeout(() => { if (room) enqueue(room); }, 1000); return; }  // offline: try the newest state again
   $('tt-class-stage').innerHTML = d.html;
+  syncCode(room);
   $('tt-class-pos').textContent = i + 1;
   document.querySelectorAll('.tt-class-dot').forEach(b => b.classList.toggle('tt-on', +b.dataset.i === i));
   document.body.dataset.stage = i;
@@ -140,6 +141,10 @@ function renderPick(s) {  // every screen says which pass, layer and head its pa
       $('tt-q-at').value = Math.max(1, s.ask_at - s.answer_at + 1);
   }
 }
+function syncCode(s) {  // the stage's code view: open on every screen while the presenter has it open
+  const open = !!(s && s.code);
+  document.querySelectorAll('#tt-class-stage details.tt-code-box').forEach(d => { if (d.open !== open) d.open = open; });
+}
 async function ask(action) {
   const body = {key: KEY, action};
   if (action === 'open') body.position = room.answer_at + Math.max(1, +$('tt-q-at').value || 1) - 1;
@@ -155,7 +160,7 @@ async function apply(s) {
   // viewers adopt the room's stage; the presenter only at first (a late event must not undo its keys)
   if (!KEY || shown < 0) { target = s.stage; await show(s.stage, s.trace_version); }
   else if (!pending && s.stage === target) await show(s.stage, s.trace_version);  // a live trace grew
-  if (room === s) { renderPick(s); renderQuestion(s.question); }
+  if (room === s) { renderPick(s); renderQuestion(s.question); syncCode(s); }
 }
 let queue = Promise.resolve();  // states applied in order, the newest last
 function enqueue(s) { queue = queue.then(() => apply(s)).catch(() => {}); }
@@ -216,5 +221,10 @@ if (KEY) {
     $('tt-pick-err').textContent = r.ok ? '' : ((await r.json()).error || {}).message || 'refused';
   };
   document.querySelectorAll('.tt-class-dot').forEach(b => b.onclick = () => go(+b.dataset.i));
+  $('tt-class-stage').addEventListener('toggle', e => {  // the presenter opens the code: every screen does
+    if (!e.target.matches('details.tt-code-box') || (room && !!room.code === e.target.open)) return;
+    fetch(api('code'), {method: 'POST', headers: {'Content-Type': 'application/json'},
+      body: JSON.stringify({key: KEY, open: e.target.open})});
+  }, true);  // (toggle does not bubble)
 }
 follow();

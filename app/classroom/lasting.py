@@ -36,7 +36,7 @@ def snapshot(room: Room) -> str:
                "ask_at": room.ask_at, "revealed": room.revealed, "pick": dict(room.pick),
                "questions": [asdict(x) for x in room.questions],
                "open": q is not None and bool(room.questions) and room.questions[-1] is q,
-               "extra": [asdict(s) for s in room.extra], "with_journey": room.with_journey}
+               "extra": [asdict(s) for s in room.extra], "with_journey": room.with_journey, "code": room.code_open}
     return json.dumps(out, separators=(",", ":"))
 
 
@@ -53,7 +53,7 @@ def restored(row: RoomRow, rec: Recording) -> Room:
                 trace_version=int(s["trace_version"]) + 1, question=questions[-1] if s["open"] else None,
                 ask_at=s["ask_at"], revealed=bool(s["revealed"]), pick=dict(s["pick"]), questions=questions,
                 extra=[Stage(**{**d, "panels": tuple(d["panels"])}) for d in s["extra"]],
-                with_journey=bool(s["with_journey"]))
+                with_journey=bool(s["with_journey"]), code_open=bool(s.get("code")))  # (code: since 2026-12-06)
 
 
 def _recording(text: str) -> Recording:

@@ -29,6 +29,7 @@ from starlette.concurrency import run_in_threadpool
 from app.classroom.cut_panels import cut_panel
 from app.classroom.mask import CUT, first_answer_position, generated, hide_from, prompt_tokens
 from app.classroom.push import Feed
+from app.page.code_panel import code_views, with_code
 from app.classroom.question import Question, VoteRefused
 from app.serving.recording import Recording, ReplayCursor
 from visualizers._html import esc
@@ -54,6 +55,7 @@ class Room:
     ask_at: int | None = None  # the position the class predicts (None: the first answer token)
     revealed: bool = False  # the token at ask_at has been revealed: nothing is hidden any more
     pick: dict = field(default_factory=lambda: {"position": None, "layer": 0, "head": 0})  # what the panels show
+    code_open: bool = False  # the presenter opened the stage's code: every screen opens it (classroom.js)
     questions: list[Question] = field(default_factory=list)  # every question asked, for the export
     extra: list[Stage] = field(default_factory=list)  # stages after the journey (an experiment's result)
     with_journey: bool = True  # False: the extra stages alone (app/classroom/lab_stage.py)
@@ -105,9 +107,10 @@ class Room:
         cursor = ReplayCursor(self._shown)
         kv_peak = cursor.goto(cursor.peak_kv_frame()).kv_pool()
         shown = self._shown
-        stages = journey(shown.model, shown.request_id, shown.body, shown.events, shown.outputs, kv_peak,
-                         shown.truncated, position=self.shown_position(), hidden_from=self._hidden,
-                         layer=int(self.pick["layer"])) if self.with_journey else []
+        stages = with_code(journey(shown.model, shown.request_id, shown.body, shown.events, shown.outputs, kv_peak,
+                                   shown.truncated, position=self.shown_position(), hidden_from=self._hidden,
+                                   layer=int(self.pick["layer"])), shown.model, shown.events, shown.request_id) \
+            if self.with_journey else []  # with_code: what ran, beside each stage's code (app/page/code_panel.py)
         # the stages this request has, as the page's map lists them: those the whole request skips (no
         # draft, one device) are one line, not stages; read from the whole request, so that the count
         # stays the same from the cut to the reveal
@@ -166,7 +169,7 @@ class Room:
                 # (one choice: the page's line about the n control is not the class's business)
                 body = "".join(f"<div class='tt-class-panel'>{html.get(p) or view.render(p)}</div>" for p in shown)
                 page = (f"<h2 id='tt-class-title'>{esc(s.title)}</h2><div class='tt-class-text'>{s.text}"
-                        f"</div><div class='tt-class-panels'>{body}</div>")
+                        f"</div>{code_views().get(s.key, '')}<div class='tt-class-panels'>{body}</div>")
                 self._html[i] = json.dumps({"index": i, "count": len(all_stages), "key": s.key, "html": page,
                                             "version": self.trace_version}).encode()
             return self._html[i]
@@ -274,6 +277,14 @@ class Room:
                 self._restage()
         self.publish()
 
+    def show_code(self, open_: bool) -> None:
+        """The presenter opened (or closed) the code view: every screen follows, on every stage."""
+        with self.lock:
+            if open_ == self.code_open:
+                return
+            self.code_open, self.version = open_, self.version + 1
+        self.publish()
+
     def vote(self, voter: str, choice: object, guess: object) -> None:
         with self.lock:
             if self.question is None:
@@ -297,7 +308,8 @@ class Room:
                 "trace_version": self.trace_version, "finished": self.finished,
                 "question": q.public() if q is not None else None, "pick": self.pick_state(),
                 "ask_at": self.question_position(), "answer_at": first_answer_position(self.rec),
-                "hidden_from": self._hidden, "asked": self._hidden is not None and self.ask_at is not None}
+                "hidden_from": self._hidden, "asked": self._hidden is not None and self.ask_at is not None,
+                "code": self.code_open}
 
     def pick_state(self) -> dict:
         """What every screen says it shows: the pass (the token it read) and the layer and head."""

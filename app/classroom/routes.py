@@ -18,7 +18,8 @@ from starlette.concurrency import run_in_threadpool
 
 from app.api.openai_routes import read_body, read_json
 from app.api.schemas import add_body_schemas, request_body
-from app.classroom.bodies import MAX_UPLOAD, NO_VOTER, ROOM_SHAPE, Ask, Goto, NewRoom, Pick, Vote, read_model
+from app.classroom.bodies import (MAX_UPLOAD, NO_VOTER, ROOM_SHAPE, Ask, CodeView, Goto, NewRoom, Pick, Vote,
+                                  read_model)
 from app.classroom.bundle import bundle_zip
 from app.classroom.page import page_html
 from app.classroom.push import CachedStages
@@ -77,7 +78,7 @@ def add_classroom_routes(api: FastAPI, classrooms: Classrooms, css: str,
     api.state.classrooms = classrooms  # what find_room reads
     api.add_exception_handler(RoomMissing, _missing)
     api.include_router(classroom_router(classrooms, css, recorder))
-    add_body_schemas(api, NewRoom, Goto, Ask, Pick, Vote)
+    add_body_schemas(api, NewRoom, Goto, Ask, Pick, CodeView, Vote)
 
 
 def find_room(room_id: str, request: Request) -> Room:
@@ -228,6 +229,14 @@ def _presenter_routes(router: APIRouter) -> None:
             await run_in_threadpool(room.prerender)
             return room.state()
         return await _as_presenter(room, request, Pick, pick)
+
+    @router.post("/{room_id}/code", openapi_extra=request_body(CodeView))
+    async def code(room: FoundRoom, request: Request):
+        """The presenter: {"key", "open": bool}: every screen opens (or closes) the stage's code."""
+        async def show(room: Room, body: CodeView) -> dict:
+            room.show_code(body.open)
+            return room.state()
+        return await _as_presenter(room, request, CodeView, show)
 
 
 def _vote_route(router: APIRouter) -> None:

@@ -22,6 +22,7 @@ import gradio as gr
 import visualizers as viz
 from app.classroom.rooms import Classrooms
 from app.page import texts
+from app.page.code_panel import CSS as CODE_CSS, code_views
 from app.page.controller import Controller
 from app.page.controls import JSON_MODES, MAX_PAGE_CHOICES, MORE, Controls
 from app.page.lab_tab import build_lab_tab
@@ -44,7 +45,8 @@ from app.serving.served_models import ServedModels
 from visualizers.journey import KEYS
 
 CSS = (Path(__file__).with_name("page.css")).read_text() + "\n" + (
-    Path(__file__).with_name("panels.css").read_text() if Path(__file__).with_name("panels.css").exists() else "")
+    Path(__file__).with_name("panels.css").read_text() if Path(__file__).with_name("panels.css").exists() else "") \
+    + CODE_CSS
 HEAD = "".join(f"<script>{Path(__file__).with_name(js).read_text()}</script>"  # hover tips, token picks;
               for js in ("hover.js", "glyphs.js", "focus.js"))  # code points; a chip's section in view
 LATER_PANELS = ("logit_lens", "parallel")  # panels added after the page's API was published: last in its outputs
@@ -266,6 +268,7 @@ def _stages(ui: dict, ctl: Controller) -> None:
                        visible=not (st.skipped if st else False)) as section:
             ui[f"stage:{key}"] = gr.HTML(stage_html(st) if st else "", elem_id=f"tt-stage-text-{key}",
                                          padding=False)
+            gr.HTML(code_views().get(key, ""), elem_id=f"tt-code-{key}", padding=False)  # drawn once (code_panel.py)
             for name in placed[key]:
                 if name not in SIDEBAR:
                     _panel(ui, name, blank)

@@ -8,6 +8,7 @@ import gradio as gr
 
 from app.classroom.rooms import Classrooms
 from app.page import texts
+from app.page.code_panel import with_code
 from app.page.controls import LOCKED, MORE, Controls, more_fields, parse_seed
 from app.page.live_view import PANELS, LiveView
 from app.page.stages import JourneyClock
@@ -28,9 +29,10 @@ def stages_of(view: LiveView) -> list:
     # the words speak of the pass the panels show now (their last draw), not of a newer one
     position = view.shown_read if view.shown_read is not None else view.position
     with view.lock:  # (a click's journey beside the stream's: one fold of its events at a time)
-        return journey(view.model, view.request_id or "", view.body or None, view.events, view.outputs,
-                       truncated=view.first("trace.truncated"), position=position, layer=view.layer,
-                       trail=view.trail())  # layer: the layer picker's (the MoE routing the words quote)
+        stages = journey(view.model, view.request_id or "", view.body or None, view.events, view.outputs,
+                         truncated=view.first("trace.truncated"), position=position, layer=view.layer,
+                         trail=view.trail())  # layer: the layer picker's (the MoE routing the words quote)
+        return with_code(stages, view.model, view.events, view.request_id or "")  # what ran (code_panel.py)
 
 
 class PageState:

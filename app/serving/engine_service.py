@@ -21,7 +21,7 @@ from jinja2 import TemplateError
 from app.serving.limits import ClientSlots, RequestRefused, ServeLimits
 from app.serving.requests import Submission
 from app.serving.trace_store import TraceStore
-from engine import ContextLengthError, LLMEngine, TraceEvent
+from engine import ContextLengthError, LLMEngine, TraceEvent, checkout_commit
 from visualizers.kv_cache import apply_kv_pool, copy_pool, empty_pool
 
 log = logging.getLogger("tokentrace")
@@ -115,7 +115,8 @@ class EngineService:
                 # what a KV slot holds (MLA: the latent) and DeepSeek's attention / routing settings
                 "kv_stores": kv.stores, "kv_values_per_token_layer": kv.values_per_token_layer,
                 "kv_bytes_per_token": kv.bytes_per_token, "kv_full_bytes_per_token": kv.full_kv_bytes_per_token,
-                "mla": m.mla, "deepseek_moe": m.deepseek_moe}
+                "mla": m.mla, "deepseek_moe": m.deepseek_moe,
+                "commit": checkout_commit()}  # the code that ran it (a replay elsewhere says so: code_panel.py)
 
     def draft_kind(self) -> str | None:
         """None (no speculation), "ngram" (prompt lookup) or the draft model's name."""

@@ -67,10 +67,12 @@ def finish(seq: Sequence, reason: str, metrics: dict) -> Event:
 
 # --- prefix cache and KV pool (engine/block_manager.py) ---------------------------------
 
-def prefix_cache_lookup(seq: Sequence, hits: list[int], block_size: int) -> Event:
+def prefix_cache_lookup(seq: Sequence, hits: list[int], block_size: int, hashes: list[int] | None = None) -> Event:
+    """hashes: each hit block's chain hash (block_manager.chain_hash), the key the lookup found."""
     return "prefix_cache.lookup", seq.request_id, jsonable({
         "hit": bool(hits), "cached_blocks": hits, "cached_tokens": seq.num_cached_tokens, "prompt_tokens": len(seq),
-        "full_blocks": (len(seq) - 1) // block_size, "readmission": seq.num_preemptions > 0})
+        "full_blocks": (len(seq) - 1) // block_size, "readmission": seq.num_preemptions > 0,
+        **({"hashes": hashes} if hashes else {})})
 
 
 def kv_share(seq: Sequence, hits: list[int]) -> Event:
@@ -129,16 +131,19 @@ def schedule_preempt(seq: Sequence) -> Event:
 
 
 def schedule_step(scheduled: list[ScheduledSeq], phases: dict, forward_seconds: float, num_tokens: int,
-                  running: int, waiting: int, free_blocks: int, cached_blocks: int) -> Event:
+                  running: int, waiting: int, free_blocks: int, cached_blocks: int, attention: str = "") -> Event:
     """phases: the step's start (perf_counter) and its schedule and sample seconds (the forward
-    pass is forward_seconds; what follows this event is the trace's own work)."""
+    pass is forward_seconds; what follows this event is the trace's own work); attention: the
+    way the pass's attention ran (engine/code_ran.py), only where it is news to a request in it
+    ("" leaves it out: each request's earlier step said it)."""
     # seconds to the microsecond, as every timeline reads them: a token's step events stay small
     return "schedule.step", None, {
         **{k: round(v, 6) for k, v in phases.items()}, "forward_seconds": round(forward_seconds, 6),
         "num_tokens": num_tokens,
         "batch": [{"request_id": s.seq.request_id, "kind": s.kind, "start": s.start, "num_tokens": s.num_tokens}
                   for s in scheduled],
-        "running": running, "waiting": waiting, "free_blocks": free_blocks, "cached_blocks": cached_blocks}
+        "running": running, "waiting": waiting, "free_blocks": free_blocks, "cached_blocks": cached_blocks,
+        **({"attention": attention} if attention else {})}
 
 
 def schedule_traced(trace_seconds: float, lens_seconds: float) -> Event:

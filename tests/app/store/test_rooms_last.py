@@ -30,6 +30,7 @@ def test_rooms_come_back_where_they_stood(db_url, recording):
         named.goto(stage)
     at = named.question_position()
     named.select(at - 1, 1, 1)
+    named.show_code(True)  # every screen shows the stage's code (issue 43)
     named.ask("open")
     named.vote("voter-aaaaaaaa", 1, None)
     named.vote("voter-bbbbbbbb", None, "owls")
@@ -48,6 +49,7 @@ def test_rooms_come_back_where_they_stood(db_url, recording):
     assert classrooms.get(lab.room_id).render(0) == lab.render(0) and "It &lt;b&gt;helps" in lab.render(0)
     after = back.state()
     assert after["stage"] == before["stage"] == 4 and after["pick"] == before["pick"]
+    assert after["code"] is before["code"] is True and not classrooms.get(copied.room_id).state()["code"]
     assert after["question"] == before["question"] and after["hidden_from"] == before["hidden_from"]
     assert back.question.votes == question.votes and back.question.shown == question.shown
     assert after["trace_version"] > before["trace_version"]  # no browser takes an old stage for a new one

@@ -1,0 +1,36 @@
+"""Which way a pass's attention ran, for the trace (schedule.step's `attention`): the names
+engine/code_map.py's PATHS give the ways. Read after the pass from the same tests the
+layers ask before it (engine/layers/fused.py `applies` and the plan a layer kept,
+engine/kernels/cpu.py `attention_applies`, the batch's `use_triton`), so nothing is added to
+the pass itself; tests/engine/test_code_ran.py runs passes and checks the name against the
+functions that were really called. Only a traced step asks."""
+from __future__ import annotations
+
+import torch
+
+from engine.batch import ForwardBatch
+from engine.kernels import cpu as cpu_kernels
+from engine.layers import fused
+from engine.layers.attention import Attention
+
+
+def attention_path(model: torch.nn.Module, batch: ForwardBatch, dtype: torch.dtype) -> str:
+    """"triton", "c_fused", "c_kernel" or "torch" for this pass of `model` (a CausalLM) over
+    `batch`, computed in `dtype`; "mla" for DeepSeek's attention (engine/layers/mla.py), which
+    has one way of its own; "" when the model is not one of these."""
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if not layers:
+        return ""
+    layer = layers[0]
+    if not isinstance(layer.self_attn, Attention):
+        return "mla"
+    if batch.use_triton:
+        return "triton" if batch.decode_only else "torch"  # a GPU's prefill: torch's SDPA over the pages
+    rows = torch.empty((batch.input_ids.shape[0], 0), dtype=dtype, device=batch.input_ids.device)
+    if getattr(layer, "fusable", False) and layer.fused is not None and fused.applies(rows, batch):
+        return "c_fused"  # the plan the layer kept is the one this pass took (DecoderLayer._fused_plan)
+    k_cache = layer.self_attn.k_cache
+    q = torch.empty((1, layer.self_attn.num_heads, layer.self_attn.head_dim), dtype=dtype, device=k_cache.device)
+    if batch.decode_only and cpu_kernels.attention_applies(q, k_cache):
+        return "c_kernel"
+    return "torch"

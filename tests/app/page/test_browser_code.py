@@ -1,0 +1,90 @@
+"""Issue 43 in a real Chromium: each stage's code view is one closed line under its sentence;
+a click opens the engine's functions for the stage, highlighted, numbered, read from this
+checkout; after a request the layers' and speculation's sentences say which way ran."""
+from __future__ import annotations
+
+import re
+
+import httpx
+
+import pytest
+
+from engine.code_source import ROOT
+from tests.browser_utils import page_fixture, server_fixture, set_controls, wait_finished
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.filterwarnings("ignore:.*no_silent_downcasting", "ignore:The copy keyword")]
+
+server = server_fixture("--served-model-name", "tiny-moe", delay=0.01)
+page = page_fixture(width=1500, height=1100)
+
+
+def test_a_stage_opens_its_code_from_this_checkout(page, tmp_path_factory):
+    shots = tmp_path_factory.mktemp("code-shots")
+    set_controls(page, "Why is the sky blue?", 8)
+    page.click("#tt-send")
+    wait_finished(page)
+    box = page.locator("#tt-code-prefix details.tt-code-box")
+    assert box.count() == 1 and box.get_attribute("open") is None  # quiet: closed, one line
+    summary = box.locator("summary").inner_text()
+    assert re.fullmatch(r"Code that ran this stage: engine/block_manager\.py:\d+ chain_hash and 2 more", summary)
+    assert not box.locator(".tt-code-src").first.is_visible()
+    page.click("#tt-map a[data-key='prefix']")  # the chip brings the section under the map
+    page.wait_for_timeout(500)  # (its smooth scroll)
+    page.screenshot(path=str(shots / "prefix-closed.png"))
+    box.locator("summary").click()
+    src = box.locator(".tt-code-src").first
+    src.wait_for(state="visible")
+    first = int(src.locator(".tt-cl i").first.inner_text())
+    file_lines = (ROOT / "engine/block_manager.py").read_text().splitlines()
+    shown = src.inner_text().splitlines()
+    assert shown[0] == f"{first}{file_lines[first - 1]}"  # its number, then line n of the file as the file has it
+    assert box.locator(".tt-code-src .tt-cm").count() >= 2  # the lines that make the hit or the miss
+    assert box.locator(".tt-code-src .k").count() > 0  # highlighted
+    page.screenshot(path=str(shots / "prefix-code.png"))
+    layers = page.locator("#tt-stage-text-layers").inner_text()
+    assert "Ran for this request:" in layers and "Not taken here:" in layers
+    assert "Ran for this request:" in page.locator("#tt-stage-text-spec").inner_text()  # a draft model
+    page.locator("#tt-code-layers summary").click()
+    page.locator("#tt-code-layers .tt-code-src").first.wait_for(state="visible")
+    fn = "#tt-code-layers .tt-code-fn[data-path='{}'] .tt-way-{}"  # the view drawn once, marked by the request's style
+    assert page.locator(fn.format("c_fused", "ran")).is_visible()
+    assert not page.locator(fn.format("c_fused", "not")).is_visible()
+    assert page.locator(fn.format("triton", "not")).is_visible()
+    page.click("#tt-map a[data-key='layers']")  # its sentence (what ran) and its code under the map
+    page.screenshot(path=str(shots / "layers-code.png"))
+    print("screenshots:", shots)
+
+
+def test_the_presenter_opens_a_stages_code_for_the_audience(server, browser, tmp_path_factory):
+    shots = tmp_path_factory.mktemp("class-code-shots")
+    body = {"model": "tiny-moe", "max_tokens": 6, "trace_level": "full",
+            "messages": [{"role": "user", "content": "Hi"}]}
+    rid = httpx.post(server.url + "v1/chat/completions", json=body, timeout=120).json()["id"]
+    room = httpx.post(server.url + "classroom", json={"request_id": rid}, timeout=60).json()
+    screens = []
+    for url in (room["presenter_url"], room["audience_url"]):
+        context = browser.new_context(viewport={"width": 1400, "height": 1000})
+        screen = context.new_page()
+        screen.set_default_timeout(60_000)
+        screen.goto(server.url.rstrip("/") + url)
+        screen.wait_for_selector("#tt-class-stage details.tt-code-box")
+        screens.append(screen)
+    presenter, audience = screens
+    presenter.keyboard.press("ArrowRight")
+    presenter.keyboard.press("ArrowRight")  # the prefix cache
+    audience.wait_for_function("document.querySelector('#tt-class-stage details.tt-code-box').dataset.key "
+                               "=== 'prefix'")
+    assert audience.locator("#tt-class-stage details.tt-code-box").get_attribute("open") is None
+    presenter.locator("#tt-class-stage details.tt-code-box summary").click()
+    audience.wait_for_selector("#tt-class-stage details.tt-code-box[open] .tt-code-src", state="visible")
+    lines = [audience.locator("#tt-class-stage .tt-code-src").nth(i).inner_text() for i in range(3)]
+    assert lines == [presenter.locator("#tt-class-stage .tt-code-src").nth(i).inner_text() for i in range(3)]
+    audience.locator("#tt-class-stage details.tt-code-box").scroll_into_view_if_needed()
+    audience.screenshot(path=str(shots / "audience-prefix-code.png"))
+    presenter.keyboard.press("ArrowRight")  # the next stage opens its code too, on every screen
+    audience.wait_for_selector("#tt-class-stage details.tt-code-box[data-key='embedding'][open]")
+    print("screenshots:", shots)
+    for screen in screens:
+        screen.context.close()
+

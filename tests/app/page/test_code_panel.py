@@ -1,0 +1,55 @@
+"""The page's code views (app/page/code_panel.py): one closed view a stage, drawn from this
+checkout; the stages' sentences gain what this request ran; a trace from another checkout
+says which commit it came from."""
+from __future__ import annotations
+
+import re
+
+from app.page.code_panel import code_views, commit_note, with_code
+from app.page.page_state import stages_of
+from engine import checkout_commit
+from tests.trace_views import view as traced_view
+from visualizers.journey import KEYS, Stage
+
+EVENTS = [{"type": "schedule.step", "request_id": None, "step": 1, "attention": "c_fused",
+           "batch": [{"request_id": "r", "kind": "prefill"}]},
+          {"type": "prefix_cache.lookup", "request_id": "r", "step": 1, "cached_blocks": [], "full_blocks": 1}]
+
+
+def test_every_stage_has_one_closed_view():
+    views = code_views()
+    assert set(views) == set(KEYS)
+    for key, h in views.items():
+        assert h.startswith(f"<details class='tt-code-box' data-key='{key}'>")
+        assert "Code that ran this stage: engine/" in h and "not found" not in h
+    assert "engine/block_manager.py" in views["prefix"] and "chain_hash" in views["prefix"]
+
+
+def test_the_sentences_gain_what_ran():
+    stages = [Stage(k, k, "<p>words</p>", ()) for k in KEYS]
+    model = {"commit": checkout_commit()}
+    out = {s.key: s.text for s in with_code(stages, model, EVENTS, "r")}
+    assert "Ran for this request:" in out["layers"] and "the fused C layer" in out["layers"]
+    assert re.search(r"in step 1 \(engine/layers/fused\.py:\d+ forward\)", out["layers"])
+    assert "Not taken here:" in out["layers"]
+    assert "missed: nothing reused" in out["prefix"]
+    assert out["embedding"] == "<p>words</p>"  # nothing to say: unchanged
+    assert with_code(stages, model, EVENTS, "") == stages  # no request yet
+
+
+def test_a_trace_from_another_checkout_names_its_commit():
+    assert commit_note({"commit": checkout_commit()}) == ""
+    note = commit_note({"commit": "0123456789abcdef" * 2 + "01234567"})
+    assert "recorded on commit 0123456789ab" in note and "this checkout's" in note
+    assert "does not name its commit" in commit_note({})
+    stages = [Stage(k, k, "", ()) for k in KEYS]
+    out = with_code(stages, {"commit": "f" * 40}, EVENTS, "r")
+    assert "⚠ This trace was recorded on commit ffffffffffff" in out[0].text
+
+
+def test_a_replayed_trace_shows_the_warning_in_its_request_stage():
+    view = traced_view()
+    view.model = {**view.model, "commit": "e" * 40}
+    said = {s.key: s.text for s in stages_of(view)}
+    assert "recorded on commit eeeeeeeeeeee" in said["request"]
+    assert "Ran for this request" not in said["layers"]  # this trace predates schedule.step's attention

@@ -1,0 +1,129 @@
+"""What really ran for one request, and the request's values beside the code, read from its
+trace events (plain dicts): the way each stage with several ways took, as the engine reported
+it (schedule.step's `attention`, the spec event's `method`, the prefill's steps), the others
+named; and a few numbers the marked lines made (the prefix cache's hits, the top-p cut, the
+accepted proposals). One short line a stage, for its section, beside the code view."""
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+from visualizers._html import esc, prob
+
+ATTENTION_WAYS = ("c_fused", "c_kernel", "triton", "torch")
+SPEC_WAYS = ("draft", "ngram")
+
+
+def _steps(steps: Sequence[int]) -> str:
+    """"step 3", "steps 2–9" (their span), for a line."""
+    s = sorted(set(steps))
+    return f"step {s[0]}" if len(s) == 1 else f"steps {s[0]}–{s[-1]}"
+
+
+WATCHED = ("schedule.step", "spec", "prefix_cache.lookup", "sample")
+
+
+def ways_ran(events: Sequence[Mapping], request_id: str) -> dict[str, dict[str, list[int]]]:
+    """{stage key: {way: the steps it ran in}} for the stages with several ways that the trace
+    reports: "layers" (the attention's way each step), "spec" (the proposer), "timeline"
+    ("whole" or "chunked" prefill)."""
+    return read(events, request_id)[0]
+
+
+def read(events: Sequence[Mapping], request_id: str) -> tuple[dict[str, dict[str, list[int]]], dict[str, Mapping]]:
+    """One pass over the events (the page asks several times a second while a request streams):
+    (ways_ran's answer, {event type: the event values() quotes}: the first prefix lookup, the
+    last sample and spec round)."""
+    out: dict[str, dict[str, list[int]]] = {}
+    quoted: dict[str, Mapping] = {}
+    prefill, way = [], ""
+    for e in events:
+        kind = e.get("type")
+        if kind not in WATCHED:
+            continue
+        if kind == "schedule.step":
+            mine = next((b for b in e.get("batch", ()) if b.get("request_id") == request_id or not request_id), None)
+            if mine is None:
+                continue
+            # said where it is news to a request in the step (recorded since 2026-12-06; older traces never
+            # say): a step that does not say it ran the way of the request's step before
+            way = e.get("attention") or way
+            if way:
+                out.setdefault("layers", {}).setdefault(way, []).append(e["step"])
+            if mine.get("kind") == "prefill":
+                prefill.append(e["step"])
+        elif kind == "spec" and e.get("method"):
+            out.setdefault("spec", {}).setdefault(e["method"], []).append(e["step"])
+        if kind != "prefix_cache.lookup" or kind not in quoted:
+            quoted[kind] = e
+    if prefill:
+        out["timeline"] = {"chunked" if len(prefill) > 1 else "whole": prefill}
+    return out, quoted
+
+
+def _ran_line(key: str, ways: Mapping[str, list[int]], names: Mapping[str, str], where: Mapping[str, str]) -> str:
+    if key == "timeline":
+        (way, steps), = ways.items()
+        return (f"the prompt in {len(steps)} chunks ({_steps(steps)}): chunked prefill" if way == "chunked"
+                else f"the whole prompt in one pass ({_steps(steps)}); a longer one is cut into chunks")
+    known = ATTENTION_WAYS if key == "layers" else SPEC_WAYS
+    ran = "; ".join(f"{names.get(w, w)} in {_steps(s)}{f' ({where[w]})' if w in where else ''}"
+                    for w, s in ways.items())
+    others = [names.get(w, w) for w in known if w not in ways]
+    return ran + (f". Not taken here: {'; '.join(others)}" if others else "")
+
+
+def values(events: Sequence[Mapping], key: str, quoted: Mapping[str, Mapping] | None = None) -> str:
+    """This request's numbers from the stage's marked lines, one line ("" none held). quoted:
+    read()'s, where the caller has it (else read from the events)."""
+    last = quoted if quoted is not None else read(events, "")[1]
+    if key == "prefix" and "prefix_cache.lookup" in last:
+        e = last["prefix_cache.lookup"]
+        hits = e.get("cached_blocks") or []
+        keys = "".join(f", chain hash {h & (2**64 - 1):016x}" if i == 0 else f" → {h & (2**64 - 1):016x}"
+                       for i, h in enumerate(e.get("hashes") or []))  # (recorded since 2026-12-06)
+        return (f"hits.append(bid) ran {len(hits)} times of {e.get('full_blocks', '?')} full blocks: blocks "
+                f"{hits} reused{keys}; {e.get('cached_tokens', 0)} tokens" if hits else
+                "no full block to hash: chain_hash never ran, nothing reused" if e.get("full_blocks") == 0 else
+                f"the first chain_hash of {e.get('full_blocks', '?')} full blocks missed: nothing reused")
+    if key == "sampling" and "sample" in last:
+        e = last["sample"]
+        params, stages = e.get("params") or {}, e.get("stages") or {}
+        kept = (stages.get("top_p") or {}).get("kept")
+        if params.get("greedy"):
+            return f"greedy: the argmax, p = {prob(e.get('token_prob', 0))}"
+        cut = f"top_p = {params.get('top_p')} kept {kept} tokens" if kept is not None else ""
+        return "; ".join(x for x in (cut, f"drew p = {prob(e.get('token_prob', 0))}") if x)
+    if key == "spec" and "spec" in last:
+        e = last["spec"]
+        return (f"the last round: {e.get('accepted', 0)} of {e.get('k', 0)} proposals accepted"
+                + (f", then a {e['token_kind']} token" if e.get("token_kind") else ""))
+    return ""
+
+
+def ran_html(key: str, events: Sequence[Mapping], request_id: str, names: Mapping[str, str],
+             where: Mapping[str, str] | None = None, known: tuple | None = None) -> str:
+    """The stage's "ran here" and "values" lines (HTML, escaped), "" where the trace says nothing.
+    names: each way in words; where: a way's function as "path:line Name", named beside it;
+    known: read(events, request_id), where the caller read it once for every stage."""
+    ran, quoted = known if known is not None else read(events, request_id)
+    ways = ran.get(key)
+    lines = []
+    if ways:
+        lines.append(f"<b>Ran for this request:</b> {esc(_ran_line(key, ways, names, where or {}))}")
+    said = values(events, key, quoted)
+    style = ways_style(key, ways) if ways and key in ("layers", "spec") else ""
+    if said:
+        lines.append(f"<b>Its values:</b> {esc(said)}")
+    return style + "".join(f"<div class='tt-code-ran'>{line}</div>" for line in lines)
+
+
+def ways_style(key: str, ways: Mapping[str, list[int]]) -> str:
+    """A rule set that marks, in the stage's code view (drawn once, before any request), the
+    functions of the ways this request took and of those it did not: the view is never sent
+    again, the request's few bytes go with its stage's words."""
+    known = ATTENTION_WAYS if key == "layers" else SPEC_WAYS
+    box = f".tt-code-box[data-key='{key}'] .tt-code-fn"  # key and ways: known names, never text from outside
+    ran = ",".join(f"{box}[data-path='{w}'] .tt-way-ran" for w in known if w in ways)
+    not_taken = ",".join(f"{box}[data-path='{w}'] .tt-way-not" for w in known if w not in ways)
+    rules = [f"{sel} {{ display: inline; }}" for sel in (ran, not_taken) if sel]
+    return f"<style>{' '.join(rules)}</style>" if rules else ""
