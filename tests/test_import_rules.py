@@ -5,7 +5,8 @@ them only the names they export, and reads none of an engine object's parts.
 
 And the house's rules, outside tests/: no import circle among the project's modules; no
 import of a project module inside a function unless its line (or the line above) says it
-is lazy, for a heavy or optional package; no file over 500 lines; no function over 100."""
+is lazy, for a heavy or optional package; no file over 500 lines; no function over 100; the
+engine's core (engine/llm_engine.py) at most 400 lines, so that it reads top to bottom."""
 from __future__ import annotations
 
 import ast
@@ -112,6 +113,7 @@ def test_the_rules_catch_a_violation(tmp_path, monkeypatch):
 PROJECT = ("app", "engine", "visualizers", "benchmarks")  # the packages whose modules these rules follow
 MAX_FILE_LINES = 500
 MAX_FUNCTION_LINES = 100
+CORE, MAX_CORE_LINES = Path("engine/llm_engine.py"), 400  # the loop a learner reads first
 SKIPPED_FOLDERS = {"tests", "venv", "env", "site-packages", "node_modules", "build", "site", "__pycache__"}
 
 
@@ -279,6 +281,12 @@ def long_files(root: Path) -> list[str]:
     return [f"{p.relative_to(root)}:1 {n} lines" for p, n in sizes if n > MAX_FILE_LINES]
 
 
+def long_core(root: Path) -> list[str]:
+    path = root / CORE
+    n = len(parsed(path)[0].splitlines()) if path.exists() else 0
+    return [f"{CORE}:1 {n} lines, more than {MAX_CORE_LINES}"] if n > MAX_CORE_LINES else []
+
+
 def long_functions(root: Path) -> list[str]:
     bad = []
     for path in house_files(root):
@@ -291,7 +299,7 @@ def long_functions(root: Path) -> list[str]:
 
 
 HOUSE_RULES = {"circles": circles, "unmarked_imports": unmarked_imports, "long_files": long_files,
-               "long_functions": long_functions}
+               "long_functions": long_functions, "long_core": long_core}
 
 
 @pytest.mark.parametrize("rule", sorted(HOUSE_RULES))
@@ -303,8 +311,8 @@ def test_the_house_keeps_its_rules(rule):
 
 
 def test_the_house_rules_catch_a_violation(tmp_path):
-    """A circle closed inside a function, that import unmarked, a long file and a long function are
-    each found; a lazy import of a heavy package and a circle-free tree are not."""
+    """A circle closed inside a function, that import unmarked, a long file, a long function and a
+    long core are each found; a lazy import of a heavy package and a circle-free tree are not."""
     (tmp_path / "engine" / "kernels").mkdir(parents=True)
     (tmp_path / "engine" / "__init__.py").write_text("")
     (tmp_path / "engine" / "kernels" / "__init__.py").write_text("from .fast import run\n")
@@ -315,6 +323,7 @@ def test_the_house_rules_catch_a_violation(tmp_path):
     assert all(rule(tmp_path) == [] for rule in HOUSE_RULES.values())
     (tmp_path / "engine" / "b.py").write_text("def y():\n    from engine import a\n    return a.x\n"
                                               + "\n" * MAX_FILE_LINES)
+    (tmp_path / CORE).write_text("x = 1\n" * (MAX_CORE_LINES + 1))
     (tmp_path / "app").mkdir()
     (tmp_path / "app" / "long.py").write_text("def f():\n" + "    pass\n" * MAX_FUNCTION_LINES)
     assert circles(tmp_path) == ["2 modules in a circle (engine.a, engine.b): engine.a -> engine.b (engine/a.py:1); "
@@ -322,3 +331,4 @@ def test_the_house_rules_catch_a_violation(tmp_path):
     assert unmarked_imports(tmp_path) == ["engine/b.py:2 from engine import a"]
     assert long_files(tmp_path) == [f"engine/b.py:1 {MAX_FILE_LINES + 3} lines"]
     assert long_functions(tmp_path) == [f"app/long.py:1 f() {MAX_FUNCTION_LINES + 1} lines"]
+    assert long_core(tmp_path) == [f"{CORE}:1 {MAX_CORE_LINES + 1} lines, more than {MAX_CORE_LINES}"]
