@@ -1,5 +1,5 @@
 """Logits -> next token, per sequence: [min_tokens -> logit_bias -> repetition, frequency and
-presence penalties (engine/penalties.py), the knobs that are on] -> temperature -> top-k ->
+presence penalties (adjust_stages), the knobs that are on] -> temperature -> top-k ->
 top-p -> min-p -> draw.
 
 Each sequence brings its own parameters and its own random generator, so a seeded
@@ -123,7 +123,7 @@ def explain(logits: torch.Tensor, params: SamplingParams, token_id: int, top: in
             knobs: dict[str, torch.Tensor] | None = None) -> dict:
     """The sampling stages of one draw, for the trace: the top candidates before and
     after each knob, how many tokens survive each cut, and the token drawn. Plain Python
-    values, read from the logits without a softmax (engine/trace/softmax_stats.py): this runs
+    values, read from the logits without a softmax (softmax_stats): this runs
     for every traced token. knobs: filter_stages of these logits, if the draw kept them."""
     raw = logits.float()
     stages = {"logits": raw}

@@ -156,7 +156,7 @@ def draw_plain(step: StepPass, eos_token_ids: list[int]) -> list[SeqStep]:
 
 
 def draw_history(seq: Sequence, eos_token_ids: list[int]) -> History:
-    """What penalties, biases and min_tokens read of seq before its draw (engine/penalties.py)."""
+    """What penalties, biases and min_tokens read of seq before its draw (a penalties History)."""
     p = seq.params
     stops = list(p.stop_token_ids) + ([] if p.ignore_eos else list(eos_token_ids))
     return History(seq.prompt_token_ids, seq.output_token_ids, stops, seq.grammar)

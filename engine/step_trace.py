@@ -1,12 +1,12 @@
 """The step's trace: the events a step gives its traced requests, built from what the step
-already computed (engine/trace/events.py makes each event; this module says when, and
+already computed (trace.events makes each event; this module says when, and
 from which parts of the step).
 
 In step order: a request's arrival and tokens (before its first step); the pass (the
 schedule, a sharded step's collectives, where each sequence's K/V went, the proposer's
 account of a round) before the commit; each new token's distribution and logit lens as it
 is appended (the lens itself computed
-after the step: engine/trace/lens_queue.py); after the commit, what the step kept of a `full` trace's captures (embedding
+after the step: LensQueue); after the commit, what the step kept of a `full` trace's captures (embedding
 rows, attention, MoE routing) and of each round; last, the step's `finish` events, so a
 trace's captures come before its end. A reader may cut a request's captures from inside a
 step (stop_captures): that state lives here too. Apart from the engine's loop so that the
@@ -141,7 +141,7 @@ class StepTrace:
 
     def token(self, step: StepPass, part: SeqStep, j: int, token: int, config: CaptureConfig) -> None:
         """The target's distribution at the part's j-th new token's position (its top candidates),
-        and its logit lens (queued: engine/trace/lens_queue.py)."""
+        and its logit lens (queued: LensQueue)."""
         t = time.perf_counter()
         seq = part.scheduled.seq
         info = explain(step.logits[part.rows[0] + j], seq.params, token, config.top_candidates,

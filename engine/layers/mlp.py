@@ -61,7 +61,7 @@ class SparseMoE(nn.Module):
 
     def pack(self, on: bool = True, dtype: torch.dtype | None = None) -> None:
         """On the CPU with the C kernels: every expert blocked (stored as `dtype`, default its
-        own), then the only copy of them, run by cpu_moe.c (engine/layers/moe_cpu.py); without
+        own), then the only copy of them, run by cpu_moe.c (CpuExperts); without
         them, all experts side by side reordered for oneDNN (for _all_experts). off: the plain
         float32 parameters back."""
         weights_changed()
@@ -98,7 +98,7 @@ class SparseMoE(nn.Module):
             out = self.routed(x, experts, weights, batch)
         if self.shared_expert is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
-        if capture is not None:  # a full trace: converted after the pass (engine/trace/capture.py)
+        if capture is not None:  # a full trace: converted after the pass (PassCapture)
             capture.moe_routing[self.layer_idx] = (experts, weights)
         return out
 
