@@ -187,8 +187,8 @@ def release_memory(thaw: bool = True) -> None:
     collector frees them) and hand CUDA's cached blocks back. The process's first engine froze
     the heap, itself inside (LLMEngine's start-up: no collection walks it again): thaw=True thaws
     it for this one collection, so the first engine an experiment builds (the CLI's) is freed too.
-    thaw=False: the engines built since only (a walk of the whole heap, imports and all, took
-    ~1 s on a busy machine: more than a repeat of a ci workload)."""
+    thaw=False: the engines built since only (a walk of the whole heap, imports and all, can
+    take longer than a repeat of a ci workload)."""
     frozen = thaw and gc.get_freeze_count() > 0
     if frozen:
         gc.unfreeze()

@@ -2,8 +2,9 @@
 
 A CPU decode step at a few rows spends most of its time streaming weights, which the C
 linear kernel does near the memory's speed; what is left is ~15 small PyTorch ops a
-layer around the matmuls, each a few microseconds of dispatch and Python: 4-5 ms of a
-20 ms SmolLM2 step. The fused call runs the same kernels with that glue in C.
+layer around the matmuls, each paying PyTorch's dispatch and Python: a large share of a
+SmolLM2 step (benchmarks/bench/step_overhead.py). The fused call runs the same kernels
+with that glue in C.
 
 The attention half applies to a Llama-style layer (RMSNorm, attention with RoPE, no
 clipping; Qwen3's and Gemma 3's per-head q/k norms and Gemma's sandwich norms too) whose
