@@ -52,7 +52,7 @@ class StepTrace:
         self.held_finishes: list[Event] = []  # the step's `finish` events, emitted after its captures
         self.lenses = LensQueue(runner.model)  # tokens whose logit lens waits (computed after the step)
         self.seconds = 0.0  # the step's tracing work so far (schedule.traced)
-        self._kept: tuple[StepPass, object] | None = None  # the step's lens rows as [L, n, hidden]
+        self._stacked_lens: tuple[StepPass, object] | None = None  # the step's lens rows as [L, n, hidden]
 
     def piece(self, token_id: int) -> str:
         """A token's text for the trace, special tokens included (a replay has no tokenizer);
@@ -77,7 +77,7 @@ class StepTrace:
         finishes, self.held_finishes = self.held_finishes, []
         for _, request_id, _ in finishes:
             self._emit_lenses(self.lenses.take(request_id))
-        traced, self.traced_now, self._kept = bool(self.traced_now), {}, None
+        traced, self.traced_now, self._stacked_lens = bool(self.traced_now), {}, None
         self.in_step = False
         if traced:
             self.seconds += time.perf_counter() - t
@@ -159,9 +159,9 @@ class StepTrace:
 
     def _lens_rows(self, step: StepPass) -> torch.Tensor:
         """The step's kept residual stream [L, lens rows, hidden] (stacked once a step)."""
-        if self._kept is None or self._kept[0] is not step:
-            self._kept = (step, logit_lens.kept_rows(step.capture, len(step.capture.lens_out_rows)))
-        return self._kept[1]
+        if self._stacked_lens is None or self._stacked_lens[0] is not step:
+            self._stacked_lens = (step, logit_lens.kept_rows(step.capture, len(step.capture.lens_out_rows)))
+        return self._stacked_lens[1]
 
     def _emit_lenses(self, works: list[LensWork]) -> None:
         """The `logit_lens` events of these tokens, computed now (batched), in their order."""
