@@ -46,7 +46,7 @@ def run(engine: LLMEngine, seqs: list[Sequence], num_tokens: int | None = None, 
         capture: PassCapture | None = None, use_triton: bool | None = None, advance: bool = True) -> torch.Tensor:
     """One pass over each sequence's next `num_tokens` tokens (None: all it has not computed)
     -> the logits at `rows` of the flat batch (None: every row), float32 on the engine's
-    device. capture: what a `full` trace would keep (engine/trace/capture.py); use_triton:
+    device. capture: what a `full` trace would keep (PassCapture); use_triton:
     the kernels' choice for this pass (None: the runner's); advance=False computes the same
     tokens again next time (the same K/V rewritten to the same slots)."""
     batch = prepare(engine, seqs, num_tokens)

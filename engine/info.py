@@ -36,7 +36,7 @@ class ModelShape:
     device: str
     max_model_len: int  # the context: prompt + output tokens
     weights_bytes: int  # parameters, buffers and the CPU kernels' blocked weights in memory (on rank 0 when sharded)
-    kernel_weight_bytes: int  # of those, the CPU kernels' blocked weights, each the only copy (engine/kernels/cpu.py)
+    kernel_weight_bytes: int  # of those, the CPU kernels' blocked weights, each the only copy (blocked_bytes)
     # DeepSeek: MLA's ranks and head dims (engine/config_deepseek.MLAConfig: q_lora_rank, kv_lora_rank,
     # qk_nope_head_dim, qk_rope_head_dim, v_head_dim, rope_interleave, scale), and its MoE's routing
     # (n_shared_experts, scoring, topk_method, n_group, topk_group, routed_scaling_factor, correction_bias)

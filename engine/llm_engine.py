@@ -6,9 +6,10 @@ the paged KV cache, the sampler draws one token for every sequence whose prompt 
 computed (or the target verifies the proposals), the pass is traced, and the step is
 committed: caches advanced, tokens appended and checked against the stop conditions.
 
-Beside the loop, each in a module of its own: a request's intake (engine/input_processor.py),
-what a new token does to its request (engine/output_processor.py), the step's logit rows
-(engine/step_pass.py), speculation's part (engine/speculation.py), its trace (engine/step_trace.py).
+Beside the loop, each in a module of its own so that the loop reads top to bottom (as vLLM
+v1 keeps its input and output processors apart from its core): a request's intake
+(InputProcessor), what a new token does to its request (OutputProcessor), the pass's logit
+rows and plain draws (StepPass), speculation's part (Speculation), the trace (StepTrace).
 """
 from __future__ import annotations
 
@@ -31,7 +32,6 @@ from engine.output_processor import OutputProcessor, request_metrics, request_ou
 from engine.outputs import RequestOutput, TokenOutput
 from engine.parallel.runner import ParallelRunner
 from engine.request_table import RequestTable
-from engine.sampler import sample
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import ScheduledSeq, Sequence
@@ -39,7 +39,7 @@ from engine.speculative.proposer import Proposer, SpeculativeConfig
 from engine.speculative.verify import verify
 from engine.startup import freeze_startup_heap, resolve_device, resolve_dtype
 from engine.speculation import Speculation
-from engine.step_pass import EngineStats, StepPass, advance_caches, draw_history, keep_prompt_logprobs, logit_rows
+from engine.step_pass import EngineStats, StepPass, advance_caches, draw_plain, keep_prompt_logprobs, logit_rows
 from engine.step_trace import StepTrace
 from engine.tokenizer import Tokenizer
 from engine.trace import TRACE_LEVELS, CaptureConfig, Tracer, events
@@ -53,7 +53,7 @@ _ids = itertools.count()
 
 class LLMEngine:
     """What a server may use: add_request, abort, step, has_unfinished_requests, get_output,
-    release, live_requests, stop_captures, describe (engine/info.py), load, shutdown; the
+    release, live_requests, stop_captures, describe (EngineInfo), load, shutdown; the
     attributes tokenizer, tracer, model_path, max_model_len, num_speculative_tokens and
     step_count (read only); and the tracer's events. The rest are its parts, free to change."""
     output_processor = OutputProcessor  # a prefill engine's hands each request over after its first token
@@ -67,7 +67,7 @@ class LLMEngine:
         """draft: a draft model's path or hub id, or "ngram" for prompt lookup (proposals
         copied from the request's own tokens: the last n tokens, n from prompt_lookup_max
         down to prompt_lookup_min, are looked up earlier in the prompt and output).
-        kv_pool_events: when the tracer gets `kv.pool` (engine/trace/kv_pool.py): "traced"
+        kv_pool_events: when the tracer gets `kv.pool` (KVPoolTracker): "traced"
         (while a traced request is live) or "always" (whenever the pool changes: a server
         that draws the pool for untraced requests too)."""
         self.config = config or EngineConfig()
@@ -97,7 +97,7 @@ class LLMEngine:
         self.block_manager = BlockManager(self.runner.num_blocks, self.config.block_size,
                                           self.config.enable_prefix_caching, emit=emit)
         self.num_speculative_tokens = num_speculative_tokens
-        # proposes the tokens each round verifies (engine/speculative): a draft model beside the target, or n-grams
+        # proposes the tokens each round verifies: a draft model beside the target, or n-grams
         self.speculator: Proposer | None = None if spec is None else spec.build(
             self.config, self.runner.num_blocks, self.max_model_len, cfg.vocab_size, self.dtype, self.device, progress)
         self.speculative_method = self.speculator.method if self.speculator is not None else None
@@ -116,8 +116,7 @@ class LLMEngine:
         self.num_aborted = 0
         self.stats = EngineStats()
         self.lock = threading.RLock()  # add/abort may come from other threads than step()
-        # a lock is not fair: step() after step() took it again before a waiting abort (Stop waited
-        # ~1.3 s); an abort waiting for the lock goes before the next step
+        # a lock is not fair (step() after step() may take it again first): an abort waiting goes first
         self._aborting, self._no_abort_waits, self._abort_count_lock = 0, threading.Event(), threading.Lock()
         self._no_abort_waits.set()
         self._info: EngineInfo | None = None  # describe(), built on first use
@@ -174,22 +173,19 @@ class LLMEngine:
             self._aborting += 1
             self._no_abort_waits.clear()
         try:
-            return self._abort_now(request_id)
+            with self.lock:
+                seq = self.requests.get(request_id)
+                if seq is None or seq.is_finished:
+                    return False
+                self.num_aborted += 1
+                # The next step() reports it like any other finish, so a stream sees its end.
+                self._outputs_for_next_step.append(self._finish(seq, "abort"))
+                return True
         finally:
             with self._abort_count_lock:
                 self._aborting -= 1
                 if not self._aborting:
                     self._no_abort_waits.set()
-
-    def _abort_now(self, request_id: str) -> bool:
-        with self.lock:
-            seq = self.requests.get(request_id)
-            if seq is None or seq.is_finished:
-                return False
-            self.num_aborted += 1
-            # The next step() reports it like any other finish, so a stream sees its end.
-            self._outputs_for_next_step.append(self._finish(seq, "abort"))
-            return True
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished() or bool(self._outputs_for_next_step)
@@ -222,7 +218,7 @@ class LLMEngine:
             return self.step_trace.stop_captures(self.requests.get(request_id), request_id, limit_bytes,
                                                  self.step_count)
 
-    # --- what the engine is, and what it is doing (engine/info.py) -------------------
+    # --- what the engine is, and what it is doing ------------------------------------
     def describe(self) -> EngineInfo:
         """The model's shape, the KV pool, speculation, the parallel layout, quantization and
         CUDA graphs: fixed once the engine is built, so built once."""
@@ -300,7 +296,7 @@ class LLMEngine:
         return sched.scheduled
 
     def _run(self, runner: ModelRunner, scheduled: list[ScheduledSeq]) -> StepPass:
-        """The forward pass, with logits at the rows that are sampled (engine/step_pass.py)."""
+        """The forward pass, with logits at the rows that are sampled (logit_rows)."""
         batch = runner.prepare(scheduled)
         capture = PassCapture.of([s.seq.capture for s in scheduled])  # None unless a `full` trace
         parts, rows = logit_rows(scheduled, batch, capture)
@@ -309,26 +305,12 @@ class LLMEngine:
         return StepPass(parts, batch, capture, logits, number=self.step_count)
 
     def _sample(self, step: StepPass) -> None:
-        """The new tokens: one plain draw for every sampling sequence without proposals, all
-        drawn together; a verification for each speculative round."""
-        logits = step.logits
-        draws = [p for p in step.parts if p.rows is not None and not p.scheduled.num_draft]
+        """The new tokens: the plain draws, all together; then a verification for each speculative round."""
+        draws = draw_plain(step, self.model_config.eos_token_ids)
         rounds = [p for p in step.parts if p.rows is not None and p.scheduled.num_draft]
-        if draws:
-            rows = [p.rows[0] for p in draws]
-            seqs = [p.scheduled.seq for p in draws]
-            # every row a plain draw (no speculation this step): the logits as they are, not a copy
-            picks = sample(logits if rows == list(range(len(logits))) else logits[rows],
-                           [s.params for s in seqs], [s.generator for s in seqs],
-                           step.knobs if any(s.traced for s in seqs) else None,
-                           [draw_history(s, self.model_config.eos_token_ids) if s.params.adjusts_logits else None
-                            for s in seqs])
-            for i, (p, token) in enumerate(zip(draws, picks)):
-                p.draw, p.tokens = i, [token]
         for p in rounds:
-            s = p.scheduled
-            lo, hi = p.rows
-            p.verdict = verify(logits[lo:hi], s.draft_tokens, s.draft_probs, s.seq.params, s.seq.generator)
+            s, (lo, hi) = p.scheduled, p.rows
+            p.verdict = verify(step.logits[lo:hi], s.draft_tokens, s.draft_probs, s.seq.params, s.seq.generator)
             p.tokens = p.verdict.tokens
         step.sampled, step.rounds = draws + rounds, bool(rounds)
 
@@ -361,15 +343,16 @@ class LLMEngine:
                     break
         return outputs
 
-    def _fork(self, lane: Lane, seq: Sequence) -> None:
+    def _fork(self, lane: Lane, seq: Sequence) -> list[Sequence]:
         """seq's prompt is computed (its full pages are in the prefix cache): its other choices
         join the queue, take those pages from the cache, and compute only the partial last page."""
-        for child in seq.forks:
+        forks, seq.forks = seq.forks, []
+        for child in forks:
             self.requests[child.request_id] = child
             lane.scheduler.add(child)
-        seq.forks = []
+        return forks
 
-    # --- a token appended, a request finished (engine/output_processor.py) ------------
+    # --- a token appended, a request finished (OutputProcessor) -----------------------
     def _append_token(self, lane: Lane, seq: Sequence, token: int, now: float) -> TokenOutput:
         reason = self.output.append(seq, token, now)
         if reason is not None:
@@ -381,10 +364,7 @@ class LLMEngine:
         choices not started yet end with it), readable until released; its `finish` event."""
         lane = lane or self._lane_for(seq)
         if seq.forks and token is None:  # ended before its prompt was computed (abort, no room): its choices too
-            forks, seq.forks = seq.forks, []
-            for child in forks:
-                self.requests[child.request_id] = child
-                lane.scheduler.add(child)
+            for child in self._fork(lane, seq):
                 self._outputs_for_next_step.append(self._finish(child, reason, lane=lane))  # told with the next step
         self.output.end(seq, reason)
         if self.speculator is not None:
@@ -399,15 +379,15 @@ class LLMEngine:
     def _metrics(self, seq: Sequence) -> dict:  # a disaggregated engine's adds the handover
         return request_metrics(seq)
 
-    # --- tracing (engine/step_trace.py) ------------------------------------------------
+    # --- tracing (StepTrace) -----------------------------------------------------------
     def _emit(self, event: Event, step: int | None = None) -> None:
-        """An event from engine/trace/events.py (plain JSON values already), stamped with the step
+        """An event from trace.events (plain JSON values already), stamped with the step
         (step: an earlier one's, for what was computed after it: a token's logit lens)."""
         name, request_id, data = event
         self.tracer.emit_plain(name, request_id, self.step_count if step is None else step, data)
 
     def _trace_pool(self, lane: Lane) -> None:
-        """kv.pool: the lane's block pool after the step, what changed (engine/trace/kv_pool.py)."""
+        """kv.pool: the lane's block pool after the step, what changed (KVPoolTracker)."""
         live = lane.scheduler.running + list(lane.scheduler.waiting)
         event = lane.pool_trace.after_step(lane.block_manager, live, self.step_count)
         if event is not None:

@@ -43,7 +43,7 @@ class DecoderLayer(nn.Module):
         if self.sandwich:  # Gemma: post_attention_layernorm normalises the attention output instead
             self.pre_feedforward_layernorm = norm()
             self.post_feedforward_layernorm = norm()
-        # a CPU pass of a few rows through C calls (engine/layers/fused.py): the attention is of that kind
+        # a CPU pass of a few rows through C calls (fused): the attention is of that kind
         self.fusable = cfg.qk_norm in ("none", "head") and cfg.clip_qkv is None and cfg.mla is None
         self.fused: fused.FusedLayer | None = None
 
@@ -84,7 +84,7 @@ class DecoderModel(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_offset)
 
     def cover_positions(self, n: int) -> None:
-        """RoPE tables for positions [0, n): they grow with the longest pass (engine/layers/rotary.py)."""
+        """RoPE tables for positions [0, n): they grow with the longest pass (RotaryEmbedding)."""
         self.rotary.cover(n)
         if self.rotary_local is not None:
             self.rotary_local.cover(n)
@@ -130,7 +130,7 @@ class CausalLM(nn.Module):
 
     def forward(self, batch: ForwardBatch, capture: PassCapture | None = None) -> torch.Tensor:
         """Final hidden states for every token in the batch: [T, hidden]. A traced pass
-        keeps what `capture` asks for in it (engine/trace/capture.py)."""
+        keeps what `capture` asks for in it (PassCapture)."""
         return self.model(batch, capture)
 
     def compute_logits(self, hidden: torch.Tensor, exact_rows: int = 0) -> torch.Tensor:

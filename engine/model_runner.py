@@ -87,7 +87,7 @@ class ModelRunner:
                              "CUDA graphs yet; leave cuda_graphs unset")
         self.use_triton = use_triton
         self.max_model_len = max_model_len
-        # CUDA graphs of the decode step (engine/cuda_graph.py), captured now: part of start-up
+        # CUDA graphs of the decode step (DecodeGraphs), captured now: part of start-up
         if graphs_wanted(ecfg, device, use_triton) and cfg.mla is None:
             self.model.model.cover_positions(max_model_len)  # a graph reads the RoPE tables it was captured with
             sizes = capture_sizes(ecfg.max_num_seqs, ecfg.cuda_graph_sizes)

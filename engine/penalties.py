@@ -2,7 +2,7 @@
 order: a structured output's grammar mask, min_tokens, logit_bias, then the penalties
 (repetition, frequency, presence).
 
-  grammar             engine/structured.py: the tokens that cannot continue a valid answer -> -inf
+  grammar             Matcher: the tokens that cannot continue a valid answer -> -inf
 
   min_tokens          until that many tokens exist, the stop tokens (end of sequence unless
                       ignore_eos, and stop_token_ids) are masked to -inf

@@ -1,5 +1,5 @@
 """Logits -> next token, per sequence: [min_tokens -> logit_bias -> repetition, frequency and
-presence penalties (engine/penalties.py), the knobs that are on] -> temperature -> top-k ->
+presence penalties (adjust_stages), the knobs that are on] -> temperature -> top-k ->
 top-p -> min-p -> draw.
 
 Each sequence brings its own parameters and its own random generator, so a seeded
@@ -39,8 +39,8 @@ def outside_nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     """[V] bool: the tokens top-p drops. In order of probability a token is dropped when
     the mass before it already reaches top_p (the first always stays). Only the head of
     that order decides, so it is found by topk with k growing until the k-th token is
-    dropped, not by sorting the vocabulary (49k probabilities: a sort 3.4 ms on this
-    project's CPU, topk(256) 0.1 ms)."""
+    dropped, not by sorting the vocabulary (on a CPU a sort of 49k probabilities costs many
+    times a topk of a few hundred)."""
     V = probs.shape[-1]
     k = min(V, 256)
     while True:
@@ -56,7 +56,7 @@ def outside_nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
 def draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
     """One token drawn from probs [V] (any nonnegative weights): the first whose cumulative
     weight passes u * total, u uniform in [0, 1). torch.multinomial draws an exponential per
-    token (~1 ms for 49k on this project's CPU); this is a cumsum and a binary search. In
+    token of the vocabulary; this is one cumsum and a binary search. In
     float64, so a token's share of the line is its probability to ~1e-16. Weights with no
     finite positive total (NaN or inf logits from a broken model) raise, as multinomial did."""
     cdf = probs.double().cumsum(dim=-1)
@@ -75,10 +75,9 @@ def filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
     """torch.argmax over the last dim of [N, V] logits (the first index of the maximum, NaN
     counting as the maximum), faster on the CPU for a large vocabulary: torch.argmax walks
-    the row element by element (~45 us for 49k logits), a max is vectorised. So the max of
-    each chunk, then argmax over the chunk maxima picks the first chunk holding the row's
-    maximum, and argmax within that chunk its first index (49k logits: 24 us, 8 rows: 63 us
-    against 338 us; 4k logits: no gain)."""
+    the row element by element, a max is vectorised. So the max of each chunk, then argmax
+    over the chunk maxima picks the first chunk holding the row's maximum, and argmax within
+    that chunk its first index (a gain from about 16k logits; none at 4k)."""
     N, V = logits.shape
     chunk = min(V & -V, 1024)  # the largest power of two <= 1024 that divides V
     if logits.device.type != "cpu" or chunk < 64 or V < 16384 or not logits.is_contiguous():  # (gains from ~16k)
@@ -123,7 +122,7 @@ def explain(logits: torch.Tensor, params: SamplingParams, token_id: int, top: in
             knobs: dict[str, torch.Tensor] | None = None) -> dict:
     """The sampling stages of one draw, for the trace: the top candidates before and
     after each knob, how many tokens survive each cut, and the token drawn. Plain Python
-    values, read from the logits without a softmax (engine/trace/softmax_stats.py): this runs
+    values, read from the logits without a softmax (softmax_stats): this runs
     for every traced token. knobs: filter_stages of these logits, if the draw kept them."""
     raw = logits.float()
     stages = {"logits": raw}

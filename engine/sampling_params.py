@@ -39,7 +39,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     logprobs: int | None = None
     prompt_logprobs: int | None = None
-    structured: Constraint | None = None  # structured output: a grammar masks each step (engine/structured.py)
+    structured: Constraint | None = None  # structured output: a grammar masks each step (Constraint)
     n: int = 1  # choices from one prompt: the prompt is prefilled once, each choice draws its own tokens
 
     def __post_init__(self) -> None:

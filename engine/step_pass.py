@@ -2,7 +2,8 @@
 flattened batch get logits (the last token of each sequence that samples, all k+1 positions
 a speculative round verifies, then the prompt positions whose log-probabilities were asked
 for), each scheduled sequence's part of the step (its rows, how its new tokens came, what
-they are), and after the pass what each part advances in the caches.
+they are), the plain draws from those rows, and after the pass what each part advances in
+the caches.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from engine.batch import ForwardBatch
 from engine.block_manager import BlockManager
 from engine.logprobs import token_logprobs
 from engine.penalties import History
+from engine.sampler import sample
 from engine.sequence import ScheduledSeq, Sequence
 from engine.speculative.proposer import Proposer
 from engine.speculative.verify import Verdict
@@ -134,9 +136,27 @@ def advance_caches(s: ScheduledSeq, verdict: Verdict | None, bm: BlockManager, s
     speculator.accept(seq, real_len, verdict.accepted, kept)  # counted after the commit (engine/speculation.py)
 
 
+def draw_plain(step: StepPass, eos_token_ids: list[int]) -> list[SeqStep]:
+    """One plain draw for every sampling sequence without proposals, all drawn together ->
+    their parts, each with its token."""
+    draws = [p for p in step.parts if p.rows is not None and not p.scheduled.num_draft]
+    if not draws:
+        return draws
+    rows = [p.rows[0] for p in draws]
+    seqs = [p.scheduled.seq for p in draws]
+    logits = step.logits
+    # every row a plain draw (no speculation this step): the logits as they are, not a copy
+    picks = sample(logits if rows == list(range(len(logits))) else logits[rows],
+                   [s.params for s in seqs], [s.generator for s in seqs],
+                   step.knobs if any(s.traced for s in seqs) else None,
+                   [draw_history(s, eos_token_ids) if s.params.adjusts_logits else None for s in seqs])
+    for i, (p, token) in enumerate(zip(draws, picks)):
+        p.draw, p.tokens = i, [token]
+    return draws
+
 
 def draw_history(seq: Sequence, eos_token_ids: list[int]) -> History:
-    """What penalties, biases and min_tokens read of seq before its draw (engine/penalties.py)."""
+    """What penalties, biases and min_tokens read of seq before its draw (a penalties History)."""
     p = seq.params
     stops = list(p.stop_token_ids) + ([] if p.ignore_eos else list(eos_token_ids))
     return History(seq.prompt_token_ids, seq.output_token_ids, stops, seq.grammar)

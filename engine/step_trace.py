@@ -1,12 +1,12 @@
 """The step's trace: the events a step gives its traced requests, built from what the step
-already computed (engine/trace/events.py makes each event; this module says when, and
+already computed (trace.events makes each event; this module says when, and
 from which parts of the step).
 
 In step order: a request's arrival and tokens (before its first step); the pass (the
 schedule, a sharded step's collectives, where each sequence's K/V went, the proposer's
 account of a round) before the commit; each new token's distribution and logit lens as it
 is appended (the lens itself computed
-after the step: engine/trace/lens_queue.py); after the commit, what the step kept of a `full` trace's captures (embedding
+after the step: LensQueue); after the commit, what the step kept of a `full` trace's captures (embedding
 rows, attention, MoE routing) and of each round; last, the step's `finish` events, so a
 trace's captures come before its end. A reader may cut a request's captures from inside a
 step (stop_captures): that state lives here too. Apart from the engine's loop so that the
@@ -53,7 +53,7 @@ class StepTrace:
         self.held_finishes: list[Event] = []  # the step's `finish` events, emitted after its captures
         self.lenses = LensQueue(runner.model)  # tokens whose logit lens waits (computed after the step)
         self.seconds = 0.0  # the step's tracing work so far (schedule.traced)
-        self._kept: tuple[StepPass, object] | None = None  # the step's lens rows as [L, n, hidden]
+        self._stacked_lens: tuple[StepPass, object] | None = None  # the step's lens rows as [L, n, hidden]
         self.ways: dict[str, str] = {}  # the last step's traced requests -> the way its attention ran
 
     def piece(self, token_id: int) -> str:
@@ -79,7 +79,7 @@ class StepTrace:
         finishes, self.held_finishes = self.held_finishes, []
         for _, request_id, _ in finishes:
             self._emit_lenses(self.lenses.take(request_id))
-        traced, self.traced_now, self._kept = bool(self.traced_now), {}, None
+        traced, self.traced_now, self._stacked_lens = bool(self.traced_now), {}, None
         self.in_step = False
         if traced:
             self.seconds += time.perf_counter() - t
@@ -152,7 +152,7 @@ class StepTrace:
 
     def token(self, step: StepPass, part: SeqStep, j: int, token: int, config: CaptureConfig) -> None:
         """The target's distribution at the part's j-th new token's position (its top candidates),
-        and its logit lens (queued: engine/trace/lens_queue.py)."""
+        and its logit lens (queued: LensQueue)."""
         t = time.perf_counter()
         seq = part.scheduled.seq
         info = explain(step.logits[part.rows[0] + j], seq.params, token, config.top_candidates,
@@ -170,9 +170,9 @@ class StepTrace:
 
     def _lens_rows(self, step: StepPass) -> torch.Tensor:
         """The step's kept residual stream [L, lens rows, hidden] (stacked once a step)."""
-        if self._kept is None or self._kept[0] is not step:
-            self._kept = (step, logit_lens.kept_rows(step.capture, len(step.capture.lens_out_rows)))
-        return self._kept[1]
+        if self._stacked_lens is None or self._stacked_lens[0] is not step:
+            self._stacked_lens = (step, logit_lens.kept_rows(step.capture, len(step.capture.lens_out_rows)))
+        return self._stacked_lens[1]
 
     def _emit_lenses(self, works: list[LensWork]) -> None:
         """The `logit_lens` events of these tokens, computed now (batched), in their order."""

@@ -40,7 +40,7 @@ class Constraint:
 
 
 class Grammars:
-    """One engine's compiler: the tokenizer's vocabulary read once (about 0.6 s for a 49k
+    """One engine's compiler: the tokenizer's vocabulary read once (slow for a large
     vocabulary), compiled grammars cached by the compiler. Built on the first request that asks."""
 
     def __init__(self, hf_tokenizer, vocab_size: int, stop_ids: list[int]) -> None:

@@ -5,12 +5,17 @@ them only the names they export, and reads none of an engine object's parts.
 
 And the house's rules, outside tests/: no import circle among the project's modules; no
 import of a project module inside a function unless its line (or the line above) says it
-is lazy, for a heavy or optional package; no file over 500 lines; no function over 100."""
+is lazy, for a heavy or optional package; no file over 500 lines; no function over 100; the
+engine's core (engine/llm_engine.py) at most 400 lines, so that it reads top to bottom; no
+comment or docstring that writes the path of a file the module imports (the import names it)."""
 from __future__ import annotations
 
 import ast
 import importlib
+import io
 import os
+import re
+import tokenize
 from functools import cache
 from pathlib import Path
 
@@ -112,6 +117,7 @@ def test_the_rules_catch_a_violation(tmp_path, monkeypatch):
 PROJECT = ("app", "engine", "visualizers", "benchmarks")  # the packages whose modules these rules follow
 MAX_FILE_LINES = 500
 MAX_FUNCTION_LINES = 100
+CORE, MAX_CORE_LINES = Path("engine/llm_engine.py"), 400  # the loop a learner reads first
 SKIPPED_FOLDERS = {"tests", "venv", "env", "site-packages", "node_modules", "build", "site", "__pycache__"}
 
 
@@ -279,6 +285,12 @@ def long_files(root: Path) -> list[str]:
     return [f"{p.relative_to(root)}:1 {n} lines" for p, n in sizes if n > MAX_FILE_LINES]
 
 
+def long_core(root: Path) -> list[str]:
+    path = root / CORE
+    n = len(parsed(path)[0].splitlines()) if path.exists() else 0
+    return [f"{CORE}:1 {n} lines, more than {MAX_CORE_LINES}"] if n > MAX_CORE_LINES else []
+
+
 def long_functions(root: Path) -> list[str]:
     bad = []
     for path in house_files(root):
@@ -290,8 +302,43 @@ def long_functions(root: Path) -> list[str]:
     return bad
 
 
+PATH_IN_TEXT = re.compile(r"\b(?:app|engine|visualizers|benchmarks)(?:/\w+)*\.py\b")
+
+
+def _comments(text: str, tree: ast.Module) -> list[tuple[int, str]]:
+    """(line, text) of every comment and docstring of a file."""
+    out = [(t.start[0], t.string) for t in tokenize.generate_tokens(io.StringIO(text).readline)
+           if t.type == tokenize.COMMENT]
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            doc = ast.get_docstring(node, clean=False)
+            if doc is not None:
+                out.append((node.body[0].lineno, doc))
+    return out
+
+
+def paths_of_imports(root: Path) -> list[str]:
+    """A comment or docstring that writes the path of a project file its module imports: the
+    import already names it, and the path goes stale when the file moves."""
+    bad = []
+    for path in house_files(root):
+        text, tree = parsed(path)
+        imported = set()
+        for node, _ in _imports_with_place(tree):
+            if isinstance(node, ast.Import):
+                imported |= {a.name for a in node.names}
+            else:
+                module = _absolute(node, path, root)
+                imported |= {module} | {f"{module}.{a.name}" for a in node.names}
+        for line, words in _comments(text, tree):
+            for written in PATH_IN_TEXT.findall(words):
+                if written.removesuffix(".py").replace("/", ".") in imported:
+                    bad.append(f"{path.relative_to(root)}:{line} {written}")
+    return bad
+
+
 HOUSE_RULES = {"circles": circles, "unmarked_imports": unmarked_imports, "long_files": long_files,
-               "long_functions": long_functions}
+               "long_functions": long_functions, "long_core": long_core, "paths_of_imports": paths_of_imports}
 
 
 @pytest.mark.parametrize("rule", sorted(HOUSE_RULES))
@@ -303,22 +350,27 @@ def test_the_house_keeps_its_rules(rule):
 
 
 def test_the_house_rules_catch_a_violation(tmp_path):
-    """A circle closed inside a function, that import unmarked, a long file and a long function are
-    each found; a lazy import of a heavy package and a circle-free tree are not."""
+    """A circle closed inside a function, that import unmarked, a long file, a long function, a
+    long core and the path of an imported file in a docstring are each found; a lazy import of a
+    heavy package, a circle-free tree and the path of a file not imported are not."""
     (tmp_path / "engine" / "kernels").mkdir(parents=True)
     (tmp_path / "engine" / "__init__.py").write_text("")
     (tmp_path / "engine" / "kernels" / "__init__.py").write_text("from .fast import run\n")
     (tmp_path / "engine" / "kernels" / "fast.py").write_text(
         "def run():\n    from ._triton import go  # lazy: importing triton is not free\n    return go()\n")
     (tmp_path / "engine" / "kernels" / "_triton.py").write_text("def go():\n    return 1\n")
-    (tmp_path / "engine" / "a.py").write_text("from engine.b import y\nx = 1\n")
+    (tmp_path / "engine" / "a.py").write_text("from engine.b import y  # engine/kernels/fast.py: not imported\nx = 1\n")
     assert all(rule(tmp_path) == [] for rule in HOUSE_RULES.values())
     (tmp_path / "engine" / "b.py").write_text("def y():\n    from engine import a\n    return a.x\n"
                                               + "\n" * MAX_FILE_LINES)
+    (tmp_path / CORE).write_text("x = 1\n" * (MAX_CORE_LINES + 1))
     (tmp_path / "app").mkdir()
-    (tmp_path / "app" / "long.py").write_text("def f():\n" + "    pass\n" * MAX_FUNCTION_LINES)
+    (tmp_path / "app" / "long.py").write_text('"""Reads engine/b.py."""\nimport engine.b\n\n\ndef f():\n'
+                                              + "    pass\n" * MAX_FUNCTION_LINES)
     assert circles(tmp_path) == ["2 modules in a circle (engine.a, engine.b): engine.a -> engine.b (engine/a.py:1); "
                                  "engine.b -> engine.a (engine/b.py:2)"]
     assert unmarked_imports(tmp_path) == ["engine/b.py:2 from engine import a"]
     assert long_files(tmp_path) == [f"engine/b.py:1 {MAX_FILE_LINES + 3} lines"]
-    assert long_functions(tmp_path) == [f"app/long.py:1 f() {MAX_FUNCTION_LINES + 1} lines"]
+    assert long_functions(tmp_path) == [f"app/long.py:5 f() {MAX_FUNCTION_LINES + 1} lines"]
+    assert paths_of_imports(tmp_path) == ["app/long.py:1 engine/b.py"]
+    assert long_core(tmp_path) == [f"{CORE}:1 {MAX_CORE_LINES + 1} lines, more than {MAX_CORE_LINES}"]

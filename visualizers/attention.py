@@ -11,7 +11,7 @@ local, sliding-window layers with global ones: the panel says which).
 
 Beside it, the overview (BertViz's model view): the selected query's row in every captured
 layer and head, query heads grouped by the KV head they share (grouped-query attention);
-a click on a cell opens that layer and head (visualizers/attention_overview.py).
+a click on a cell opens that layer and head (overview_html).
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Stage 7: the paged KV cache: this request's block table drawn large (visualizers/kv_table.py:
+"""Stage 7: the paged KV cache: this request's block table drawn large (table_html:
 its blocks, their slots filling token by token, the shared and cached ones, and after the
 finish what was freed and what stays in the prefix cache), the block pool as a small overview
 grid (other requests' blocks, freed blocks); and the cache-size formula with the served

@@ -76,7 +76,7 @@ def logit_lens_html(events: Sequence[dict], position: int | None = None, labels:
     ev = select(events, position)
     if ev is None:
         return _panel(empty("no token generated yet (capture level 'full' records the logit lens)"), None, frozen)
-    rows = lens_layers(ev)  # the event holds columns (visualizers/compact.py)
+    rows = lens_layers(ev)  # the event holds columns (compact form)
     n = len(rows)
     chosen = ev["token_id"]
     k = max(len(r["top_ids"]) for r in rows)

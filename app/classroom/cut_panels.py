@@ -1,7 +1,7 @@
 """The page's panels on a classroom's cut recording (app/classroom/mask.py), where the page's
 own words would speak of a request still running: the answer "● streaming", the sampling
 "no token sampled yet", no speculative round "yet". Each says instead what the class sees and
-that the rest is hidden (the same clause as the stages' words, visualizers/stages/facts.py)."""
+that the rest is hidden (the same clause as the stages' words, hidden_text)."""
 from __future__ import annotations
 
 import visualizers as viz

@@ -10,7 +10,7 @@ One vote per browser (the server keys votes by the browser's id; a second vote r
 first), and until the reveal the class gets only what the buttons show: each candidate's text
 and its place in that order (a vote names the place), no probability and no token id (a
 byte-pair vocabulary numbers its frequent tokens first: a low id ranks a candidate).
-Probabilities read as every stage prints them (visualizers/stages/facts.py prob()).
+Probabilities read as every stage prints them (the stages' prob()).
 """
 from __future__ import annotations
 

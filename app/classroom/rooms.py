@@ -4,12 +4,12 @@ holds the rooms (their state); app/classroom/routes.py serves them.
 A room holds one recording (a finished request, a loaded trace, or a request still
 streaming, re-read while it runs). The presenter's link carries a secret key and
 moves the stage (buttons or keyboard); every other viewer of the room's link follows by
-server-sent events (app/classroom/push.py): a lecture hall costs one encoded state per
+server-sent events (Feed): a lecture hall costs one encoded state per
 change, each stage's HTML rendered once per trace version and served from a cache, and
-nothing on the engine's thread. The stages are the page's journey (visualizers/journey.py), in
+nothing on the engine's thread. The stages are the page's journey (journey()), in
 its order and with its words. The presenter may ask "predict the next token" at any answer
-position (app/classroom/question.py); until its reveal every stage is drawn from the trace as it
-stood before that token was drawn (app/classroom/mask.py), so nothing shows it early. The
+position (Question); until its reveal every stage is drawn from the trace as it
+stood before that token was drawn (hide_from), so nothing shows it early. The
 presenter also picks the position, layer and head that every screen's panels show. The page is
 plain HTML + a little JS (not Gradio).
 """

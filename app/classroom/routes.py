@@ -91,10 +91,10 @@ def find_room(room_id: str, request: Request) -> Room:
 
 def find_page(room_id: str, request: Request) -> Room:
     """find_room for the room's page, whose 404 is a sentence for a person."""
-    room = request.app.state.classrooms.get(room_id)
-    if room is None:
-        raise RoomMissing(room_id, page=True)
-    return room
+    try:
+        return find_room(room_id, request)
+    except RoomMissing:
+        raise RoomMissing(room_id, page=True) from None
 
 
 FoundRoom = Annotated[Room, Depends(find_room)]

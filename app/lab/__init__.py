@@ -3,7 +3,8 @@
 from app.lab.experiment import (Cancelled, Experiment, Progress, RequestRecord, Result, Setting, SettingResult,
                                 StepRecord)
 from app.lab.registry import experiments, get, register
-from app.lab.runner import Job, Lab, run
+from app.lab.run_experiment import run
+from app.lab.runner import Job, Lab
 
 __all__ = ["Cancelled", "Experiment", "Job", "Lab", "Progress", "RequestRecord", "Result", "Setting",
            "SettingResult", "StepRecord", "experiments", "get", "register", "run"]

@@ -8,7 +8,8 @@ from pathlib import Path
 from app.lab.experiment import Experiment
 
 _REGISTRY: dict[str, Experiment] = {}
-NOT_EXPERIMENTS = {"experiment", "registry", "runner", "measure", "export", "workloads", "spread", "__main__"}
+NOT_EXPERIMENTS = {"experiment", "registry", "runner", "run_experiment", "measure", "export", "workloads", "spread",
+                   "__main__"}
 ORDER = ("batching", "chunked_prefill", "disaggregation", "routing", "speculation", "precision", "kv_capacity")
 
 

@@ -1,6 +1,6 @@
 """Prefix caching and routing: 2-4 replicas of the model (each its own engine and KV pool),
 users whose requests share a few system prompts, and the three routers of the server's
-`--replicas N --router POLICY` (app/serving/router.py, the same code): round-robin,
+`--replicas N --router POLICY` (Router, the same code): round-robin,
 least-loaded and prefix-aware. A replica's prefix cache only pays when requests sharing a
 system prompt land on it, so the router decides how much prefill the replicas compute.
 

@@ -1,5 +1,5 @@
 """N replicas of one served model (`--replicas N`): N EngineServices, each its own engine,
-KV pool and engine thread, behind one served name and a router (app/serving/router.py).
+KV pool and engine thread, behind one served name and a Router.
 
 A ReplicaSet stands where one EngineService would (ServedModels, the API, the page): a
 request is routed at submit, then everything about it (watching, abort) goes to the replica

@@ -115,14 +115,11 @@ def _per_round_ms(rates: list[float], base: list[float]) -> float:
 # The capture work's budget a token over the lens floor (full_bound): a fixed part for what a traced
 # token builds whatever the model (its sample, lens, embed, schedule and KV events, the pass's
 # bookkeeping) and a part a layer (its queries kept, its attention scored and encoded, its routing
-# listed). How chosen (2026-12-01): the capture work of a decode step was counted on the embedded MoE
-# (4 layers): without the lens 390 Python calls and 95 torch ops against 175 and 37 untraced, and
-# timed by the step at its minimum (load 1-4, 2 threads): 0.55 ms over the untraced step before the
-# cuts of that day; the bench's medians over whole runs read ~2x the steps' minima (main at 18:06,
-# idle: +1.07 ms without the lens), and SmolLM2's 30 layers added +1.60 ms (2026-11-30). 1.0 ms plus
-# 0.03 a layer covers both at idle with a little room (1.12 ms here, 1.9 on SmolLM2); on a loaded
-# machine every figure of the section grows with the load and the row says EXCEEDED: its note
-# carries the load average.
+# listed). Chosen from this section's idle runs on the embedded MoE (4 layers) and SmolLM2 (30)
+# of 2026-11-30 and 2026-12-01 (their figures: the bench's results files): the budget, 1.12 ms a
+# token on the first and 1.9 ms on the second, covers both with a little room. On a loaded machine
+# every figure of the section grows with the load and the row says EXCEEDED: its note carries the
+# load average.
 CAPTURE_BUDGET_MS = 1.0
 CAPTURE_BUDGET_PER_LAYER_MS = 0.03
 

@@ -1,5 +1,5 @@
 """python -m engine.checkpoint list|fetch NAME: the named real models and their cache
-(engine/checkpoint/catalog.py). Its own module, so that running it does not import the
+(catalog.main). Its own module, so that running it does not import the
 catalog twice (the engine package, loaded first, already holds it)."""
 import sys
 

@@ -1,4 +1,4 @@
-"""Turn a loaded model's linear layers into weight-only int8 / int4 ones (engine/layers/quantized.py).
+"""Turn a loaded model's linear layers into weight-only int8 / int4 ones (QuantizedWeight).
 
 Every `Linear` (attention, MLP, LM head, router) whose shape the kernels take is quantized;
 MoE experts (stacked parameters, not Linears) and the embedding table stay float. With a

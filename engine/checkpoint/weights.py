@@ -130,10 +130,10 @@ def _fill(params: dict[str, torch.nn.Parameter], filled: dict[str, int], cfg: Mo
 def load_model(path: Path, cfg: ModelConfig, max_positions: int, dtype: torch.dtype,
                device: torch.device, progress: ProgressFn | None = None,
                quantization: str | None = None, weight_dtype: torch.dtype | None = None) -> CausalLM:
-    """quantization: "int8" / "int4" weight-only linear layers (engine/checkpoint/quantize.py); the
+    """quantization: "int8" / "int4" weight-only linear layers (quantize_model); the
     model's `quantization` attribute then holds what was done (None without). weight_dtype: the
     dtype the C kernels store the float weights in, where it is not `dtype` (the one the pass
-    computes in): 16-bit weights on the CPU, float32 arithmetic (engine/kernels/cpu.py)."""
+    computes in): 16-bit weights on the CPU, float32 arithmetic (cpu_kernels)."""
     model = build_model(cfg, max_positions, dtype, device)
     codes: dict | None = {} if quantization is not None else None  # GGUF Q8_0 / Q4 blocks, used as they are
     load_weights(model, path, progress, codes)

@@ -10,10 +10,10 @@ pages, their block tables their own.
 
 Layout (xPyD, as vLLM's and Dynamo's disaggregated serving name it): P prefill engines,
 each a spawned process with its own model copy, KV pool and prefix cache (prefill k is rank
-k + 1), and D decode engines, all in this process on rank 0: each a lane (engine/disagg/lanes.py)
+k + 1), and D decode engines, all in this process on rank 0: each a lane (another_lane)
 with its own pool, block manager and batch over this process's one copy of the weights, each
 step given the lane that steps. One torch.distributed group of 1 + P processes; which prefill
-and which decode engine a request gets: engine/disagg/routing.py.
+and which decode engine a request gets: PrefillRouter, pick_decode.
 
 A request's path: decode add_request -> route -> ADD -> prefill steps (its prefix cache, its
 pool) -> READY -> a decode engine picked, blocks allocated, recv posted -> PULL -> send on
@@ -167,7 +167,7 @@ class DisaggEngine(LLMEngine):
     def _receiving(self, j: int):
         return lambda: any(f.lane == j for f in self.inflight.values())
 
-    def _new_scheduler(self, bm) -> DecodeScheduler:  # decode engine 0's (engine/disagg/lanes.py)
+    def _new_scheduler(self, bm) -> DecodeScheduler:  # decode engine 0's (the others: another_lane)
         return DecodeScheduler(self.config, bm, self._to_prefill, self._receiving(0))
 
     def _lane_for(self, seq: Sequence) -> Lane:  # its decode engine's, once its pages were pulled

@@ -1,4 +1,4 @@
-"""The decode engines of the serving process: each a lane (engine/lane.py) of its own, with
+"""The decode engines of the serving process: each a Lane of its own, with
 its KV pool, block manager, scheduler (its batch) and kv.pool record, over the one copy of
 the model's weights that process holds.
 

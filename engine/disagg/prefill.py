@@ -1,5 +1,5 @@
 """The prefill side: an engine that computes prompts and draws each request's first token,
-then holds the request's KV blocks until the decode side pulls them (engine/disagg/transfer.py).
+then holds the request's KV blocks until the decode side pulls them (transfer).
 
 PrefillEngine is an LLMEngine whose requests all end after their first token: with the
 finish reason HANDOVER when nothing else ended them (its blocks are held, not freed), or
@@ -9,7 +9,7 @@ after they are sent and freed.
 
 prefill_main is the spawned process (one per prefill engine: prefill k is rank k + 1, with its
 own model copy, pool and prefix cache): it builds the engine, answers the start-up, joins the
-process group and serves the decode side's messages (engine/disagg/protocol.py):
+process group and serves the decode side's messages (protocol):
 a PULL at once, on the Sender's thread (the send overlaps the engine's step), the others
 between its steps. Like a parallel engine's worker it watches its parent and ends with
 os._exit: a decode side that vanished leaves nothing behind.
@@ -128,7 +128,7 @@ class PrefillEngine(LLMEngine):
 
 def prefill_main(spec: PrefillSpec, parent: int, conn) -> None:
     """The prefill process (torch.multiprocessing, spawn). Every end is os._exit, as a
-    parallel worker's (engine/parallel/worker.py says why)."""
+    parallel worker's (_watch_parent says why)."""
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the process group: the decode side decides
     tqdm.set_lock(threading.RLock())  # no named semaphore left behind by os._exit

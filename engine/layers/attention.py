@@ -74,7 +74,7 @@ class Attention(nn.Module):
 
     def attend(self, q: torch.Tensor, batch: ForwardBatch, capture: PassCapture | None = None) -> torch.Tensor:
         if capture is not None and self.layer_idx in capture.attention_layers:
-            # a full trace: its probabilities are computed after the pass (engine/trace/capture.py),
+            # a full trace: its probabilities are computed after the pass (PassCapture),
             # so the output below takes the same fused path as when nobody watches
             capture.layer_q[self.layer_idx] = q
         if batch.use_triton and batch.decode_only:

@@ -114,7 +114,7 @@ class DeepseekMoE(SparseMoE):
         out = self.routed(x, experts, weights.to(x.dtype), batch)
         if self.shared_experts is not None:  # every token, beside its routed experts
             out = out + self.shared_experts(x)
-        if capture is not None:  # a full trace: converted after the pass (engine/trace/capture.py)
+        if capture is not None:  # a full trace: converted after the pass (PassCapture)
             capture.moe_routing[self.layer_idx] = (experts, weights.to(x.dtype))
             capture.moe_detail[self.layer_idx] = detail
         return out

@@ -2,8 +2,9 @@
 
 A CPU decode step at a few rows spends most of its time streaming weights, which the C
 linear kernel does near the memory's speed; what is left is ~15 small PyTorch ops a
-layer around the matmuls, each a few microseconds of dispatch and Python: 4-5 ms of a
-20 ms SmolLM2 step. The fused call runs the same kernels with that glue in C.
+layer around the matmuls, each paying PyTorch's dispatch and Python: a large share of a
+SmolLM2 step (benchmarks/bench/step_overhead.py). The fused call runs the same kernels
+with that glue in C.
 
 The attention half applies to a Llama-style layer (RMSNorm, attention with RoPE, no
 clipping; Qwen3's and Gemma 3's per-head q/k norms and Gemma's sandwich norms too) whose
@@ -76,7 +77,7 @@ class FusedLayer:
     mlp: bool  # the MLP half fused too (a dense SwiGLU, or a MoE: see moe); else the layer's own MLP runs it
     weights: list[tuple[Linear, object]]  # each fused projection and the weight it had then
     keep: tuple  # the float32 norm weights and biases, the cache views
-    generation: int  # engine/layers/linear.py's count of weight-copy changes when planned
+    generation: int  # linear's count of weight-copy changes when planned
     moe: tuple | None = None  # a SparseMoE half in one C call: (its CpuExperts, its router, the norm's weight)
     rope: str = "global"  # the layer's RoPE table when planned: the one-call stack picks its table by it
 
@@ -202,7 +203,7 @@ def _moe_forward(fused: FusedLayer, layer: nn.Module, x: torch.Tensor, capture: 
     rc = cpu_kernels.library().tt_moe_block(ctypes.byref(args), norm_w.data_ptr(), 1.0 if norm.offset else 0.0,
                                             norm.eps, x.data_ptr(), T, experts.data_ptr(), weights.data_ptr(),
                                             threads)
-    if capture is not None:  # a full trace: converted after the pass (engine/trace/capture.py)
+    if capture is not None:  # a full trace: converted after the pass (PassCapture)
         capture.moe_routing[layer.mlp.layer_idx] = (experts, weights)
     return rc
 
@@ -354,7 +355,7 @@ def _stack_kept(st: FusedStack, capture: PassCapture, T: int, experts: torch.Ten
         stride = T * st.top_k
         e3, w3 = experts.view(-1, T, st.top_k), weights.view(-1, T, st.top_k)
         if len(st.moe_top_k) == len(st.plans) and all(k == st.top_k for k in st.moe_top_k.values()):
-            capture.moe_all = e3, w3  # every layer a MoE's: read as one tensor each (engine/trace/capture.py)
+            capture.moe_all = e3, w3  # every layer a MoE's: read as one tensor each (PassCapture)
         by_layer = e3.unbind(0), w3.unbind(0)
         for i, k in st.moe_top_k.items():  # layer i's routing: the first T x k of its stride
             capture.moe_routing[i] = (by_layer[0][i], by_layer[1][i]) if k == st.top_k else \

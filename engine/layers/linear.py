@@ -7,12 +7,12 @@ sequences) far below it. Two faster paths, each reading a copy of the weight reo
 once into a blocked layout:
 
 - this project's C kernel (engine/kernels/cpu_linear.c), where it builds: at one row it
-  streams SmolLM2's matrices at about the machine's read bandwidth (2 threads: ~36 of
-  ~37 GB/s, against ~22 for oneDNN). Used up to kernels.cpu.kernel_rows(dtype) rows
+  streams SmolLM2's matrices at about the machine's read bandwidth, well above oneDNN
+  (benchmarks/bench/bandwidth.py measures both). Used up to kernels.cpu.kernel_rows(dtype) rows
   (MAX_ROWS on an AVX2 build; a short prefill chunk too on an AVX-512 one, every prefill at
   bfloat16); a larger one is a compute-bound GEMM, left to PyTorch's sgemm.
-- otherwise oneDNN's kernels: 1.2x (1 thread) to 1.6x (2 threads) MKL's speed at one
-  row and 1.9x to 2.8x at eight. Their fixed cost per call (~12 us) outweighs that for
+- otherwise oneDNN's kernels: faster than MKL's at one row, more so at eight. Their
+  fixed cost per call outweighs that for
   small matrices, which sit in the cache anyway, so only weights of at least
   PACK_MIN_BYTES are reordered.
 

@@ -13,7 +13,7 @@ k_nope_h = W_UK[h] c and the value v_h = W_UV[h] c. Two ways to attend:
   output is lifted back by W_UV[h]. Nothing per head is rebuilt for the context. The paged
   decode kernels of other models run it as it is (latent_decode: Triton, the C kernel).
 
-A trace captures the absorbed query of every row, so engine/trace/capture.py scores it
+A trace captures the absorbed query of every row, so PassCapture's attention scores it
 against the pool as for a one-KV-head model, with this layer's scale: the same probabilities.
 """
 from __future__ import annotations

@@ -4,7 +4,7 @@ The ranks are torchrun's processes, possibly on several machines. They wait in t
 own store (its agent's, at MASTER_ADDR:MASTER_PORT, under a prefix for this run; without a
 torchrun agent, rank 0 hosts one there, as init_method="env://" does) for engines to serve.
 Every sharded engine rank 0 builds is a "generation" in that store: its ShardSpec under
-spec_key(g), its process group under group_prefix(g) (engine/parallel/protocol.py). When
+spec_key(g), its process group under group_prefix(g) (protocol). When
 rank 0 exits it stops its engines and writes EXIT as the next generation, then waits for
 the ranks' goodbyes (the store may live in its process). The ranks' side of this is
 serve_rank() in engine/parallel/worker.py.

@@ -1,9 +1,9 @@
 """Rank 0 of a sharded engine: the ModelRunner that LLMEngine builds for
 tensor_parallel_size > 1 or expert_parallel. Rank 0 lives in the engine's process: it
 keeps the scheduler and the block tables, and each step broadcasts the batch (token ids,
-positions, KV slots, block tables) to ranks 1..N-1 (engine/parallel/worker.py), which run
+positions, KV slots, block tables) to ranks 1..N-1 (worker_main), which run
 the same forward pass on their shards in lockstep. Its ranks are processes it spawns
-(torch.multiprocessing, spawn), or, under torchrun, torchrun's (engine/parallel/rendezvous.py).
+(torch.multiprocessing, spawn), or, under torchrun, torchrun's (see rendezvous).
 
 Failure handling: a worker that dies closes its gloo connections, so rank 0's next
 collective fails; rank 0 then also checks the workers' exit codes, stops the others and
@@ -95,7 +95,7 @@ class ParallelRunner(ModelRunner):
         self.comm.take_log()
 
     def _start_external(self, path: Path, cfg: ModelConfig, max_model_len: int, progress: ProgressFn | None) -> None:
-        """Under torchrun (engine/parallel/rendezvous.py): the ranks are running already; publish
+        """Under torchrun (rendezvous): the ranks are running already; publish
         the spec in rank 0's store as a new generation and connect to them."""
         n = self.world_size
         spec = ShardSpec(path, cfg, max_model_len, self.dtype, str(self.device), self.num_blocks, self.block_size,
@@ -236,7 +236,7 @@ def _without_attention(captures: list[CaptureSpec | None]) -> list[CaptureSpec |
 
 def _fill_attention(batch: ForwardBatch, capture: PassCapture, probs: dict[int, torch.Tensor],
                     cfg: ModelConfig) -> None:
-    """capture.attention as engine/trace/capture.py writes it, from the gathered probabilities
+    """capture.attention as trace.capture writes it, from the gathered probabilities
     (the trace events encode it the same way as one device's)."""
     for b, p in probs.items():
         spec = capture.specs[b]

@@ -14,7 +14,7 @@ Expert parallel: MoE blocks instead keep whole experts, experts [r*E/N, (r+1)*E/
 r; every rank routes every token (the router is replicated, so routing is unchanged), runs
 the tokens sent to its own experts, and the all-reduce after the block brings every
 token's weighted sum back to every rank.
-DeepSeek (multi-head latent attention, DeepSeek MoE): engine/parallel/shard_deepseek.py.
+DeepSeek (multi-head latent attention, DeepSeek MoE): shard_deepseek.
 """
 from __future__ import annotations
 

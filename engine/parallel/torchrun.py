@@ -5,9 +5,9 @@
 
 RANK 0 runs the engine (the app, or one greedy completion printed as JSON) with
 tensor_parallel_size = WORLD_SIZE; its ParallelRunner sees the torchrun environment and
-spawns nothing. Ranks 1..N-1 run serve_rank() (engine/parallel/worker.py): they serve each
+spawns nothing. Ranks 1..N-1 run serve_rank(): they serve each
 engine rank 0 builds, on its own thread (the app holds one engine per --model), met in
-torchrun's store (engine/parallel/rendezvous.py), and finish with exit code 0 when rank 0
+torchrun's store (host_store), and finish with exit code 0 when rank 0
 exits. A rank 0 that dies is torchrun's failure: it stops the other ranks (and a rank
 waiting in a step sees its collective fail and exits, 2).
 """

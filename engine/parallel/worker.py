@@ -1,7 +1,7 @@
 """The worker ranks: ranks 1..N-1 of a sharded engine, each holding its shard of the model
 and its own KV pages for its heads, running rank 0's forward passes in lockstep (the
 all-reduces inside the layers keep them in step). Rank 0's side is engine/parallel/runner.py;
-what they say to each other, engine/parallel/protocol.py.
+what they say to each other, protocol.
 
 Two ways to be a worker: spawned by rank 0's ParallelRunner (worker_main: one engine, then
 the process ends), or one of torchrun's processes (serve_rank: every engine rank 0 builds,
@@ -62,7 +62,7 @@ def load_shard(spec: ShardSpec, comm: Comm, progress: ProgressFn | None = None):
 def local_attention_probs(batch: ForwardBatch, capture: PassCapture, cfg: ModelConfig, kv: torch.Tensor,
                           b: int) -> torch.Tensor:
     """Sequence b's attention probabilities for this rank's heads, every captured layer:
-    [L, local heads, rows, keys] (engine/trace/capture.py's computation, on this rank's shard)."""
+    [L, local heads, rows, keys] (attention_probs, on this rank's shard)."""
     spec = capture.specs[b]
     layers = [layer for layer in spec.attention_layers if layer in capture.layer_q]
     end, ctx = batch.query_starts[b + 1], batch.context_lens[b]
@@ -147,7 +147,7 @@ def serve_steps(comm: Comm, model, lcfg: ModelConfig, kv: torch.Tensor, device: 
                 os._exit(1)
 
 
-# --- torchrun's ranks 1..N-1 (engine/parallel/rendezvous.py has rank 0's side) ---------------
+# --- torchrun's ranks 1..N-1 (rendezvous has rank 0's side) -------------------------------------
 def serve_rank(env: TorchrunEnv | None = None) -> int:
     """A worker rank: serve every sharded engine rank 0 builds, until rank 0 exits.
     Returns the exit code: 0 after rank 0's goodbye, 2 when rank 0 vanished without one."""

@@ -18,7 +18,7 @@ one. Afterwards, in a few batched ops:
   tensors: the trace events encode them (engine/trace/compact.py), after the step knows which
   of the pass's rows it kept (none past an end of sequence inside a speculative round).
 
-The captures are an object apart from the pass's inputs (engine/batch.py's ForwardBatch):
+The captures are an object apart from the pass's inputs (ForwardBatch):
 a pass nobody traces gets none (`capture=None`), and a CUDA graph's static batch never
 carries one.
 """

@@ -3,7 +3,7 @@ returning the event as (type, request_id, data), which the engine hands to
 `Tracer.emit_plain` with its step count. The schema version is tracer.SCHEMA_VERSION.
 
 The data is made of JSON values already: built from plain Python values (the captures
-are plain lists, engine/trace/capture.py), or walked once by `jsonable` where a field may
+are plain lists, trace.capture), or walked once by `jsonable` where a field may
 hold a caller's list or a tuple (those events are few per request). A builder runs only
 for a traced request: an untraced one pays for none of this.
 """
@@ -162,10 +162,10 @@ def schedule_collective(scheduled: list[ScheduledSeq], placement: dict, collecti
         "batch": [{"request_id": s.seq.request_id} for s in scheduled]}
 
 
-# --- a `full` trace's captures (engine/trace/capture.py) ---------------------------------
+# --- a `full` trace's captures (AttentionCapture and the rest) -----------------------------
 # Each is cut at `end`: the first position of the pass that no kept token came from (a
 # speculative round that drew an end of sequence keeps nothing after it, so nothing after
-# it is captured); the big tensors are stored compactly (engine/trace/compact.py) unless
+# it is captured); the big tensors are stored compactly (compact_form) unless
 # the spec asks for lists.
 
 def embed(s: ScheduledSeq, rows: torch.Tensor, hidden_size: int, end: int, compact: bool = True) -> Event | None:

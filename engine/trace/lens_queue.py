@@ -1,4 +1,4 @@
-"""When the logit lens is computed: after the pass, not in it (engine/trace/logit_lens.py).
+"""When the logit lens is computed: after the pass, not in it (logit_lens).
 
 Each lens-traced token leaves its residual stream here ([L, hidden], a copy: 69 KB a
 SmolLM2 token) with the stats of the model's own output row (one row's softmax, taken at

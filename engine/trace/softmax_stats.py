@@ -5,7 +5,7 @@ row of logits, the top candidates and their probabilities, a chosen token's rank
 probability, the entropy and how many tokens keep a nonzero probability: a few numbers
 out of a vocabulary-sized softmax that is never shown. On the CPU one C call computes
 them without the softmax (cpu_stats.c; the lens has 31 rows of 49k logits per SmolLM2
-token, ~3 ms of PyTorch ops); elsewhere, and as the test oracle, the PyTorch ops do.
+token, many PyTorch ops); elsewhere, and as the test oracle, the PyTorch ops do.
 """
 from __future__ import annotations
 

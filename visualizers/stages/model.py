@@ -18,7 +18,7 @@ def layers(f: Facts) -> Part:
     L, H, KVH, D = m["num_layers"], m["num_heads"], m["num_kv_heads"], m["head_dim"]
     group = H // max(1, KVH)
     scale_d = m.get("query_pre_attn_scalar") or D  # Gemma scales by 1/√query_pre_attn_scalar
-    if (mla := mla_heads(m)) is not None:  # DeepSeek: visualizers/stages/deepseek.py
+    if (mla := mla_heads(m)) is not None:  # DeepSeek: multi-head latent attention
         heads = mla
     elif KVH == 1:
         heads = (f"{plural(H, 'query head')} that share a single key/value head (multi-query attention: the cache "
