@@ -1,7 +1,7 @@
 """Which way a pass's attention ran, for the trace (schedule.step's `attention`): the names
-engine/code_map.py's PATHS give the ways. Read after the pass from the same tests the
-layers ask before it (engine/layers/fused.py `applies` and the plan a layer kept,
-engine/kernels/cpu.py `attention_applies`, the batch's `use_triton`), so nothing is added to
+the code map's PATHS give the ways. Read after the pass from the same tests the
+layers ask before it (fused.applies and the plan a layer kept,
+cpu.attention_applies, the batch's `use_triton`), so nothing is added to
 the pass itself; tests/engine/test_code_ran.py runs passes and checks the name against the
 functions that were really called. Only a traced step asks."""
 from __future__ import annotations

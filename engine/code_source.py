@@ -1,4 +1,4 @@
-"""engine/code_map.py's names found in the running checkout: each function's file, its lines
+"""The code map's names found in the running checkout: each function's file, its lines
 and their text, read with `inspect` from the module Python imported (never a copy), and the
 lines its marks name. `stage_code()` is what the page and the classroom read: plain dicts,
 computed once per process (they depend on the checkout alone). `checkout_commit()` names
@@ -20,7 +20,7 @@ HEAD = 3  # a long function's first lines (its signature) always shown
 
 
 class CodeMapError(LookupError):
-    """A name in engine/code_map.py that this checkout does not hold as the map says."""
+    """A name in the code map that this checkout does not hold as the map says."""
 
 
 def find(name: str):

@@ -113,7 +113,7 @@ class StepTrace:
         return True
 
     def _way(self, step: StepPass) -> str:
-        """The way this pass's attention ran (engine/code_ran.py), said only where it is news to a
+        """The way this pass's attention ran (code_ran), said only where it is news to a
         traced request in it (its last step was not the one before, or ran another way): a
         reader carries a request's way on through its steps, and a decode step pays no bytes."""
         way = attention_path(self.runner.model, step.batch, self.runner.dtype)

@@ -1,8 +1,8 @@
 """Each stage's "code that ran it" on the page (docs/page.md): under the stage's sentence a
 closed line that opens to the engine's functions for the stage (engine.stage_code(), read
-from this checkout; visualizers/code_view.py draws them), and in the sentence itself what
+from this checkout; code_view draws them), and in the sentence itself what
 this request ran where a stage has several ways, with a few of its values
-(visualizers/code_facts.py).
+(code_facts).
 
 The code views depend on the checkout alone: drawn once per process, when the page is built
 (never on the engine's thread), and never sent again; only the short "ran" lines follow the
