@@ -24,7 +24,7 @@ def cut_panel(view, name: str, note: dict | None) -> str | None:
         shown = len(view.stream_tokens())
         what = f"the class sees the first {shown:,} token{'' if shown == 1 else 's'}" if shown else \
             "the class sees none of the answer yet"
-        return viz.answer_html(view.stream_tokens(), None, view.error, "done", f"{what}; {state}; {rest}")
+        return viz.answer_html(view.stream_tokens(), None, view.error, "done", f"{what}; {state}; {rest}", view.piece)
     if name == "choices" and view.n > 1:
         return choices_html(view.choice_outputs(), view.n, f"{state}; the rest is hidden")
     if name == "spec" and view.has_input(name) and _drawn_with_the_hidden(view, note):
