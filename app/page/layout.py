@@ -128,7 +128,8 @@ def _controls(ui: dict, ctl: Controller) -> None:
                             elem_id="tt-top-k", interactive=live)
     ui["top_p"] = gr.Slider(0.05, 1, value=opening.top_p, step=0.01, label="Top-p (1 = off)", elem_id="tt-top-p",
                             interactive=live)
-    ui["max_tokens"] = gr.Slider(1, ctl.cap, value=opening.max_tokens, step=1, label=texts.max_label(ctl.cap),
+    ui["max_tokens"] = gr.Slider(1, ctl.cap, value=opening.max_tokens, step=1,
+                                 label=texts.max_label(ctl.cap, ctl.model.get("max_model_len")),
                                  elem_id="tt-max-tokens", interactive=live)
     ui["hint_max"] = gr.HTML("", elem_id="tt-hint-max-tokens", padding=False, elem_classes=["tt-hint-box"])
     # a Textbox, not a Number: gr.Number shows (and sends) 0 for an empty value
