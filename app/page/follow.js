@@ -5,12 +5,14 @@
 (() => {
   const BOXES = {text: "#tt-answer .tt-answer", timed: "#tt-answer .tt-timing"};
   const kept = {};  // which -> the scrollTop the reader left the box at (absent: it follows the newest)
-  let shown = "";
+  let shown = "", shownChips = 0;
   function atBottom(box) { return box.scrollTop + box.clientHeight >= box.scrollHeight - 4; }
   function follow() {
-    const text = document.querySelector(BOXES.text);
-    const now = text ? text.textContent : "";
-    if (now === shown) return;
+    const text = document.querySelector(BOXES.text), timed = document.querySelector(BOXES.timed);
+    const now = text ? text.textContent : "";  // a token with no text of its own still adds a timed chip
+    const chips = timed ? timed.childElementCount : 0;
+    if (now === shown && chips === shownChips) return;
+    shownChips = chips;
     if (!now.startsWith(shown.replace(/● streaming$/, "").slice(0, 40))) { delete kept.text; delete kept.timed; }
     shown = now;  // a new request's answer starts at the top: it follows again
     for (const [which, sel] of Object.entries(BOXES)) {
@@ -25,5 +27,17 @@
       }
     }
   }, true);
-  new MutationObserver(follow).observe(document.documentElement, {childList: true, subtree: true, characterData: true});
+  // only the answer's own changes are watched (the page swaps large panels several times a second); Gradio
+  // may render the answer's box late or anew, so the watch moves to whichever #tt-answer is there now
+  const watch = new MutationObserver(follow);
+  let watched = null;
+  setInterval(() => {
+    const el = document.getElementById("tt-answer");
+    if (el && el !== watched) {
+      watch.disconnect();
+      watch.observe(el, {childList: true, subtree: true, characterData: true});
+      watched = el;
+      follow();
+    }
+  }, 500);
 })();
