@@ -1,7 +1,12 @@
 """python -m app.lab: a run writes its JSON and HTML; a wrong name is a clear error."""
 import json
+from pathlib import Path
+
+import pytest
 
 from app.lab.__main__ import main
+from app.lab.registry import get
+from app.lab.spread import REPEATS
 
 
 def test_list_names_every_experiment(capsys):
@@ -37,12 +42,6 @@ def test_a_model_that_does_not_load_is_a_clear_error(tmp_path, capsys):
 def test_the_repeats_help_and_docs_name_the_defaults_the_runner_uses(capsys):
     """They said 5 at both sizes; `ci` runs 3 (app/lab/spread.py), where two copies of one arm part
     1 run in 10, not 1 in 126."""
-    from pathlib import Path
-
-    import pytest
-
-    from app.lab.spread import REPEATS
-    from app.lab.registry import get
     with pytest.raises(SystemExit):
         main(["--help"])
     said = " ".join(capsys.readouterr().out.split())

@@ -8,6 +8,7 @@ import re
 import pytest
 
 from app.page.controller import Controller, Controls
+from app.page.texts import max_label
 from app.serving.limits import RequestRefused
 from app.serving.requests import parse_body
 
@@ -40,6 +41,5 @@ def test_the_slider_ends_at_the_context_left_and_send_is_treated_as_the_api(ctl,
 
 
 def test_a_server_cap_is_named_as_the_cap():
-    from app.page.texts import max_label
     assert max_label(256, 8192) == "Max tokens (≤ 256, the server's cap, and the context left)"
     assert max_label(8191, 8192) == "Max tokens (≤ the context left: 8,192 less the prompt's tokens)"
