@@ -136,4 +136,12 @@ def test_a_phone_in_the_classroom_sees_the_question_and_the_stage(server, browse
     assert nav["skip"]["height"] < 2 * nav["line"] and nav["skip"]["top"] >= nav["dots_bottom"], nav
     assert nav["dot_height"] < 2 * nav["line"] and nav["dots_rows"] == 1, nav
     phone.context.close()
+    # the presenter on a phone too: the question with its Reveal, the stage's heading and first sentence
+    lead_phone = browser.new_context(viewport={"width": 420, "height": 800}).new_page()
+    lead_phone.goto(presenter)
+    lead_phone.wait_for_selector("#tt-class-q #tt-q-reveal")
+    lead_phone.wait_for_selector("#tt-class-title")
+    shown = ("#tt-class-q", "#tt-q-reveal", "#tt-class-title", ".tt-class-text p", ".tt-class-skipped")
+    assert not off_screen(lead_phone, 420, 800, shown), off_screen(lead_phone, 420, 800, shown)
+    lead_phone.context.close()
     context.close()
