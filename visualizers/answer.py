@@ -1,7 +1,7 @@
 """Stages 9-10: the streamed answer with per-token timing; the stop reason and usage."""
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 from visualizers._html import esc, fmt_ms, panel, show_piece
 
@@ -13,21 +13,27 @@ STATE_BADGES = {"streaming": "<span class='tt-live'>● streaming</span>",
                 "idle": "", "done": ""}
 
 
-def no_text(token: dict, last_of_a_stop: bool) -> str:
+def no_text(token: dict, last_of_a_stop: bool, piece: Callable[[int], str] | None = None) -> str:
     """A streamed token with no text of its own: the end-of-turn token that stopped the answer
-    (the model's special token: not part of the text), or a byte of a character still incomplete.
-    Named, never a bare dot a learner cannot read."""
+    (the model's special token: not part of the text), or a byte of a character still incomplete,
+    shown as its bytes (<0xF0>: piece gives a token's label). Named, never a bare dot a learner
+    cannot read."""
+    label = piece(token["token_id"]) if piece and not last_of_a_stop and token.get("token_id") is not None else ""
+    if "<0x" in label:
+        return (f"<i class='tt-notext' title='id {esc(token['token_id'])}: a piece of a character, whose text "
+                f"comes with the token that completes it'>{esc(label)}</i>")
     what = "end of turn" if last_of_a_stop else "no text"
     return f"<i class='tt-notext'>({what}, id {esc(token.get('token_id'))})</i>"
 
 
 def answer_html(tokens: Sequence[dict], finish: dict | None = None, error: str | None = None,
-                state: str | None = None, note: str = "") -> str:
+                state: str | None = None, note: str = "", piece: Callable[[int], str] | None = None) -> str:
     """tokens: {"index", "token_id", "text", "t" (s since arrival), "latency"} per streamed token;
     finish: the `finish` event, or what the request's last output says ({"reason", "usage"});
     state: "idle" (nothing sent yet), "streaming", "replay" (a recording before its end) or
     "done"; by default "done" once there is a finish or an error, else "streaming";
-    note: a line under the stats (e.g. what the capture level left out)."""
+    note: a line under the stats (e.g. what the capture level left out); piece: a token id's label
+    (its bytes where it is a piece of a character)."""
     state = state or ("done" if finish is not None or error else "streaming")
     text = "".join(t["text"] for t in tokens)
     if finish is not None and finish.get("text") is not None:
@@ -40,7 +46,7 @@ def answer_html(tokens: Sequence[dict], finish: dict | None = None, error: str |
     chips = "".join(
         f'<span class="tt-chip tt-timed" title="token {t["index"]} · id {t["token_id"]} · at {t["t"] * 1000:.0f} ms'
         f' · +{t["latency"] * 1000:.1f} ms"><span class="tt-lat" style="height:{min(1, t["latency"] / peak) * 100:.0f}%">'
-        f'</span>{show_piece(t["text"]) if t["text"] else no_text(t, ended_by_eos and t is tokens[-1])}</span>'
+        f'</span>{show_piece(t["text"]) if t["text"] else no_text(t, ended_by_eos and t is tokens[-1], piece)}</span>'
         for t in tokens[-MAX_TIMED:])
     stats = []
     if tokens:

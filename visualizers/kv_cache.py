@@ -214,7 +214,7 @@ def kv_grid_html(pool: dict | None, request_id: str | None, events: Sequence[dic
     picked, mark = selected_slot_html(selection, table, bs, states) if table_recorded else ("", None)
     upto = [e for e in events if e.get("step", -1) <= pool["step"]]  # the story as far as the pool drawn
     zoom, story = table_html(upto, pool, request_id, bs, selection.read if selection is not None and mark is not None
-                             else None) if table_recorded and request_id is not None else ("", None)
+                             else None, final_tokens) if table_recorded and request_id is not None else ("", None)
     img, cols = grid_image(states, fill, bs, mark)
     words = {"mine": "this request's", "shared": "shared via the prefix cache", "other": "another request's",
              "cached": "free, cached prefix", "freed": "freed by this request"}

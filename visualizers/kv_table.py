@@ -94,9 +94,10 @@ def _slots_image(state: str, filled: int, block_size: int, mark: int | None) -> 
 
 
 def table_html(events: Sequence[dict], pool: dict | None, request_id: str | None, block_size: int,
-               picked: int | None = None) -> tuple[str, TableStory]:
+               picked: int | None = None, final_tokens: int | None = None) -> tuple[str, TableStory]:
     """The block table zoomed: an entry per block (table index, block id, the positions it
-    holds, its slots, its state). picked: a position whose slot is framed red. -> (HTML, story)."""
+    holds, its slots, its state). picked: a position whose slot is framed red; final_tokens: the
+    K/V the request held at its finish (slots past it held only rejected drafts). -> (HTML, story)."""
     s = story_of(events, block_size)
     if not s.table:
         return "", s
@@ -108,6 +109,8 @@ def table_html(events: Sequence[dict], pool: dict | None, request_id: str | None
         held = request_id in owners.get(b, ())
         filled = min(block_size, fill_now.get(b, 0) if held else s.fill.get(b, 0))
         lo = i * block_size
+        if s.finished and final_tokens is not None:  # a verify step's rejected drafts wrote past the answer
+            filled = min(filled, max(0, final_tokens - lo))
         where = (f"positions {lo}–{lo + filled - 1}" if filled > 1 else f"position {lo}" if filled else
                  "no token yet")
         origin = "K/V from the prefix cache" if b in s.shared else "K/V computed by this request"

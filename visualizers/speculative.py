@@ -65,10 +65,11 @@ def copy_source(r: dict) -> str:
 
 
 def spec_html(rounds: Sequence[dict], enabled: bool = True, pieces: Mapping[int, str] | None = None,
-              selection: Selection | None = None, picked: int | None = None) -> str:
+              selection: Selection | None = None, picked: int | None = None, hidden_round: bool = False) -> str:
     """rounds: this request's `spec` events; pieces: token text with special tokens kept;
     selection: the selected pass, named in the header as every panel names it; picked: the
-    round (an index of rounds) whose verify step made the token it predicted (its row marked)."""
+    round (an index of rounds) whose verify step made the token it predicted (its row marked);
+    hidden_round: a classroom's cut left that round out (it also drew the hidden token)."""
     if not rounds:
         msg = ("no speculative round yet (rounds start after the first token)" if enabled
                else "speculative decoding is off for this request (or the engine has no draft model)")
@@ -133,16 +134,19 @@ def spec_html(rounds: Sequence[dict], enabled: bool = True, pieces: Mapping[int,
     if selection is None:
         return panel("Speculative decoding", info + table)
     return ('<div class="tt-panel">' + header_html("Speculative decoding", selection)
-            + picked_line(selection, picked, len(rounds)) + info + table + "</div>")
+            + picked_line(selection, picked, len(rounds), hidden_round) + info + table + "</div>")
 
 
-def picked_line(selection: Selection, picked: int | None, n_rounds: int) -> str:
+def picked_line(selection: Selection, picked: int | None, n_rounds: int, hidden_round: bool = False) -> str:
     """Which round made the selected pass's token, in a line (HTML; "" with no pass selected)."""
     if selection.read is None:
         return ""
     made = selection.token(selection.read + 1)
     if not selection.drew:
         return f"<div class='tt-note'>{made} is the prompt's own token: no round drew it</div>"
+    if hidden_round:
+        return (f"<div class='tt-note'>{made} came from a verify step that also drew the hidden token: "
+                "that round is not listed until the reveal</div>")
     if picked is None:
         return (f"<div class='tt-note'>{made} came from no speculative round (the prefill or a plain "
                 "decode step)</div>")

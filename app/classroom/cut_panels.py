@@ -24,12 +24,26 @@ def cut_panel(view, name: str, note: dict | None) -> str | None:
         shown = len(view.stream_tokens())
         what = f"the class sees the first {shown:,} token{'' if shown == 1 else 's'}" if shown else \
             "the class sees none of the answer yet"
-        return viz.answer_html(view.stream_tokens(), None, view.error, "done", f"{what}; {state}; {rest}")
+        return viz.answer_html(view.stream_tokens(), None, view.error, "done", f"{what}; {state}; {rest}", view.piece)
     if name == "choices" and view.n > 1:
         return choices_html(view.choice_outputs(), view.n, f"{state}; the rest is hidden")
+    if name == "spec" and view.has_input(name) and _drawn_with_the_hidden(view, note):
+        sel = view.selection()
+        return viz.spec_html(view.by_type["spec"], True, view.pieces(), selection=sel, hidden_round=True)
     if name in HIDES and not view.has_input(name):
         if name == "spec" and not (view.speculative and view.model.get("has_draft")):
             return None  # off for this request: the page's own words say so
         title, what = HIDES[name]
         return viz.not_recorded(title, f"{what}: {rest}")
     return None
+
+
+def _drawn_with_the_hidden(view, note: dict) -> bool:
+    """Did the step that drew the hidden token also draw the token the selected pass predicted (a
+    verify step keeps several drafts at once)? The cut left that step's round out."""
+    sel = view.selection()
+    gen = [o for o in view.outputs if o.get("token_id", -1) >= 0]
+    i = None if sel.read is None else sel.read + 1 - sel.n_prompt
+    if i is None or not 0 <= i < len(gen) or note.get("drawn_at") is None:
+        return False
+    return gen[i].get("step") == note["drawn_at"]

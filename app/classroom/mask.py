@@ -80,5 +80,5 @@ def hide_from(rec: Recording, position: int, asked: bool = False) -> Recording:
     # the note's step: the last one kept (a step of its own would add a replay frame with nothing in it)
     last = max((i["step"] for i in events + outputs), default=step)
     note = {"type": CUT, "request_id": rec.request_id, "step": last, "position": position, "asked": asked,
-            "ended": ended(rec)}
+            "ended": ended(rec), "drawn_at": step}  # drawn_at: the step that drew the hidden token
     return replace(rec, events=events + [note], outputs=outputs, choices=choices)

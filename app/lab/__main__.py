@@ -40,7 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--size", choices=("ci", "full"), default="full")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--repeats", type=int, default=None,
-                    help="runs of every setting, interleaved (default: 5; disaggregation 3)")
+                    help="runs of every setting, interleaved (default: 5 at --size full, 3 at ci; "
+                         "disaggregation 3)")
     ap.add_argument("--threads", type=int, default=None,
                     help="torch threads (default: as set, 1 while the machine is busier than its cores)")
     ap.add_argument("--json", dest="json_out", default=None, help="write the result as JSON here")

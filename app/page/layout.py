@@ -47,8 +47,9 @@ from visualizers.journey import KEYS
 CSS = (Path(__file__).with_name("page.css")).read_text() + "\n" + (
     Path(__file__).with_name("panels.css").read_text() if Path(__file__).with_name("panels.css").exists() else "") \
     + CODE_CSS
-HEAD = "".join(f"<script>{Path(__file__).with_name(js).read_text()}</script>"  # hover tips, token picks;
-              for js in ("hover.js", "glyphs.js", "focus.js"))  # code points; a chip's section in view
+# hover tips, token picks; code points; a chip's section in view; the answer's newest lines in view
+HEAD = "".join(f"<script>{Path(__file__).with_name(js).read_text()}</script>"
+               for js in ("hover.js", "glyphs.js", "focus.js", "follow.js"))
 LATER_PANELS = ("logit_lens", "parallel")  # panels added after the page's API was published: last in its outputs
 NEWEST = ("choices",)
 SIDEBAR = ("answer",)  # panels drawn beside the map (under Send), not in their stage's section  # added later still: at the very end of the outputs (after the extra controls)
@@ -129,7 +130,8 @@ def _controls(ui: dict, ctl: Controller) -> None:
                             elem_id="tt-top-k", interactive=live)
     ui["top_p"] = gr.Slider(0.05, 1, value=opening.top_p, step=0.01, label="Top-p (1 = off)", elem_id="tt-top-p",
                             interactive=live)
-    ui["max_tokens"] = gr.Slider(1, ctl.cap, value=opening.max_tokens, step=1, label=texts.max_label(ctl.cap),
+    ui["max_tokens"] = gr.Slider(1, ctl.cap, value=opening.max_tokens, step=1,
+                                 label=texts.max_label(ctl.cap, ctl.model.get("max_model_len")),
                                  elem_id="tt-max-tokens", interactive=live)
     ui["hint_max"] = gr.HTML("", elem_id="tt-hint-max-tokens", padding=False, elem_classes=["tt-hint-box"])
     # a Textbox, not a Number: gr.Number shows (and sends) 0 for an empty value

@@ -317,7 +317,8 @@ class LiveView:
                 note = (self.NOT_RECORDED["off"] + ": no tokenization, prefix-cache blocks, embeddings, attention, "
                         "MoE routing, sampling, speculative rounds or engine steps (the KV pool is read from the "
                         "engine as it runs); choose basic or full to see them")
-            return viz.answer_html(self.stream_tokens(), self.finish_info(), self.error, self.state(), note)
+            return viz.answer_html(self.stream_tokens(), self.finish_info(), self.error, self.state(), note,
+                                   self.piece)
         if idle and name in self.IDLE:
             return viz.not_recorded(*self.IDLE[name])
         if name in self.NEVER_RAN and not self.has_input(name) and self.ran_no_step() and \

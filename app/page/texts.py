@@ -178,6 +178,9 @@ def too_fast_note(tokens: list[dict], steps: int, fast_s: float, which: str = ""
             "the step slider.</div>")
 
 
-def max_label(cap: int) -> str:
-    """The max-tokens slider's label: the limit Send and the API apply for the model picked."""
-    return f"Max tokens (≤ {cap:,}, the context left)"
+def max_label(cap: int, context: int | None = None) -> str:
+    """The max-tokens slider's label: the limit Send and the API apply for the model picked (the
+    context less the prompt's tokens, which the slider's end cannot know: it leaves one)."""
+    if context and cap >= context - 1:
+        return f"Max tokens (≤ the context left: {context:,} less the prompt's tokens)"
+    return f"Max tokens (≤ {cap:,}, the server's cap, and the context left)"

@@ -97,7 +97,7 @@ class Facts:
 
     @property
     def cut(self) -> dict | None:
-        """A classroom's note of its cut (app/classroom/mask.py): {"position", "asked", "ended"}.
+        """A classroom's note of its cut (app/classroom/mask.py): {"position", "asked", "ended", "drawn_at"}.
         These events end before the token at "position": the words speak of the request up to
         there, not of one still running."""
         return self.first.get("trace.cut")

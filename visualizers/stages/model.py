@@ -112,7 +112,9 @@ def kv(f: Facts) -> Part:
     if peak is not None:
         held = [blk for blk, rids in peak["owners"].items() if f.request_id in rids]
         tokens, blocks = sum(peak["fill"].get(blk, 0) for blk in held), len(held)
-        when = (f"After engine step {peak['step']}, the last before the hidden token was drawn, "
+        drew = f.cut is not None and f.cut.get("drawn_at") == peak["step"]  # a prefill or plain decode step
+        when = (f"After engine step {peak['step']}, " + ("the one that drew the hidden token (whose own K/V the "
+                "step after it would write), " if drew else "the last before the hidden token was drawn, ")
                 if f.hidden_from is not None else
                 f"After engine step {peak['step']}, the last before it finished, " if f.finish else
                 f"After engine step {peak['step']}, ")

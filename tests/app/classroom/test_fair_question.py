@@ -62,6 +62,10 @@ def test_a_fair_order_never_ranks_and_ties_do_not_loop():
     assert fair_order([0.9], 1) == [0] and fair_order([], 1) == []
     tied = fair_order([0.4, 0.4, 0.2], 7)  # with ties: no order that lists them most likely first
     assert [0.4, 0.4, 0.2][tied[-1]] != 0.2
+    # the most likely one lands on every button, the first too, about as often as any other: a rule that
+    # kept it off the first button would tell the class the first button is never the answer
+    places = [fair_order([0.6, 0.2, 0.1, 0.05, 0.02, 0.01], seed).index(0) for seed in range(600)]
+    assert all(60 <= places.count(p) <= 140 for p in range(6)), [places.count(p) for p in range(6)]
 
 
 def test_the_reveal_prints_probabilities_as_the_stages_do_and_names_a_greedy_draw(service, recording):

@@ -65,3 +65,37 @@ def test_a_question_s_cut_counts_rounds_steps_and_tokens_before_it(recording):
     said = texts(room)
     assert "It ended because" in said["answer"] and "in all" in said["batching"] and "before position" not in \
         said["spec"]
+
+
+def test_a_token_kept_from_the_hidden_token_s_round_is_not_said_to_come_from_no_round(recording):
+    """A verify step keeps several tokens at once: asked at the second token of a round, the class
+    sees the first, and the round that drew it is cut with the hidden one. The Speculation panel
+    said that token "came from no speculative round (the prefill or a plain decode step)"."""
+    n = next(e for e in recording.events if e["type"] == "tokenize")["count"]
+    gen = answer_tokens(recording)
+    i = next(i for i in range(1, len(gen)) if gen[i]["step"] == gen[i - 1]["step"])  # 2nd token of a round
+    room = Room("r", "k", recording)
+    room.ask("open", n + i)
+    spec = panels(room)["spec"]
+    assert "came from no speculative round" not in spec
+    assert "came from a verify step that also drew the hidden token" in spec
+    room.ask("reveal")  # the whole request: the round is listed, and the token's row is marked
+    room.select(n + i - 2, 0, 0)  # the pass that predicted the token the class saw
+    assert "verify step (its row marked" in panels(room)["spec"]
+
+
+def test_the_kv_stage_names_the_step_that_drew_the_hidden_token_as_such(recording):
+    """Before any question the cut keeps the prefill (its inputs all came before the hidden token):
+    the KV pages stage said "After engine step 1, the last before the hidden token was drawn", of the
+    step that drew it. A verify step reads drafts past the cut, so a question inside a round keeps the
+    pool of the step before, and that one is the last before."""
+    n = next(e for e in recording.events if e["type"] == "tokenize")["count"]
+    gen = answer_tokens(recording)
+    room = Room("r", "k", recording)
+    said = texts(room)["kv"]
+    assert f"After engine step {gen[0]['step']}, the one that drew the hidden token" in said, said
+    assert "the last before the hidden token was drawn" not in said
+    i = next(i for i in range(1, len(gen)) if gen[i]["step"] == gen[i - 1]["step"])  # inside a verify round
+    room.ask("open", n + i)
+    said = texts(room)["kv"]
+    assert "the last before the hidden token was drawn" in said and "the one that drew" not in said, said

@@ -1,7 +1,12 @@
 """python -m app.lab: a run writes its JSON and HTML; a wrong name is a clear error."""
 import json
+from pathlib import Path
+
+import pytest
 
 from app.lab.__main__ import main
+from app.lab.registry import get
+from app.lab.spread import REPEATS
 
 
 def test_list_names_every_experiment(capsys):
@@ -32,3 +37,16 @@ def test_a_model_that_does_not_load_is_a_clear_error(tmp_path, capsys):
     assert main(["batching", "--size", "ci", "--model", str(tmp_path / "missing")]) == 1
     err = capsys.readouterr().err
     assert "error:" in err and "missing" in err
+
+
+def test_the_repeats_help_and_docs_name_the_defaults_the_runner_uses(capsys):
+    """They said 5 at both sizes; `ci` runs 3 (app/lab/spread.py), where two copies of one arm part
+    1 run in 10, not 1 in 126."""
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    said = " ".join(capsys.readouterr().out.split())
+    disagg = get("disaggregation").repeats
+    assert (f"default: {REPEATS['full']} at --size full, {REPEATS['ci']} at ci; disaggregation "
+            f"{disagg['ci']})") in said and disagg["ci"] == disagg["full"]
+    docs = " ".join((Path(__file__).parents[3] / "docs" / "experiments.md").read_text().split())
+    assert f"by default {REPEATS['full']} at `full` and {REPEATS['ci']} at `ci`; disaggregation {disagg['ci']}" in docs

@@ -22,6 +22,11 @@ BOXES = """(sels) => Object.fromEntries(sels.map(s => { const r = document.query
   return [s, {top: r.top, bottom: r.bottom, left: r.left, right: r.right, width: r.width}]; }))"""
 
 
+NAV = """() => { const skip = document.querySelector('.tt-class-skipped').getBoundingClientRect(),
+  dots = [...document.querySelectorAll('.tt-class-dot')].map(d => d.getBoundingClientRect());
+  return {skip: {top: skip.top, height: skip.height}, line: parseFloat(getComputedStyle(
+    document.querySelector('.tt-class-skipped')).lineHeight) || 16, dot_height: Math.max(...dots.map(d => d.height)),
+    dots_bottom: Math.max(...dots.map(d => d.bottom)), dots_rows: new Set(dots.map(d => Math.round(d.top))).size}; }"""
 TO_TOP = "() => { window.scrollTo(0, 0); document.getElementById('tt-controls').scrollTop = 0; }"
 
 
@@ -123,7 +128,20 @@ def test_a_phone_in_the_classroom_sees_the_question_and_the_stage(server, browse
     phone.goto(audience)
     phone.wait_for_selector("#tt-class-q .tt-q-choice")
     phone.wait_for_selector("#tt-class-title")
-    shown = ("#tt-class-q", "#tt-class-title", ".tt-class-text p")
+    shown = ("#tt-class-q", "#tt-class-title", ".tt-class-text p", ".tt-class-skipped", ".tt-class-dot.tt-on")
     assert not off_screen(phone, 420, 800, shown), off_screen(phone, 420, 800, shown)
+    # the skipped stages on one line of their own, not squeezed beside the dots (it was a column a word
+    # wide, cut off at the screen's edge, that stretched every dot to its height)
+    nav = phone.evaluate(NAV)
+    assert nav["skip"]["height"] < 2 * nav["line"] and nav["skip"]["top"] >= nav["dots_bottom"], nav
+    assert nav["dot_height"] < 2 * nav["line"] and nav["dots_rows"] == 1, nav
     phone.context.close()
+    # the presenter on a phone too: the question with its Reveal, the stage's heading and first sentence
+    lead_phone = browser.new_context(viewport={"width": 420, "height": 800}).new_page()
+    lead_phone.goto(presenter)
+    lead_phone.wait_for_selector("#tt-class-q #tt-q-reveal")
+    lead_phone.wait_for_selector("#tt-class-title")
+    shown = ("#tt-class-q", "#tt-q-reveal", "#tt-class-title", ".tt-class-text p", ".tt-class-skipped")
+    assert not off_screen(lead_phone, 420, 800, shown), off_screen(lead_phone, 420, 800, shown)
+    lead_phone.context.close()
     context.close()

@@ -8,6 +8,7 @@ import re
 import pytest
 
 from app.page.controller import Controller, Controls
+from app.page.texts import max_label
 from app.serving.limits import RequestRefused
 from app.serving.requests import parse_body
 
@@ -24,7 +25,9 @@ def test_the_slider_ends_at_the_context_left_and_send_is_treated_as_the_api(ctl,
     assert ctl.cap == context - 1  # not a page-only 512
     picked = ctl.pick_model("limit", Controls(model=ctl.model["name"], max_tokens=10 ** 6))
     assert picked["max_tokens"]["maximum"] == context - 1 and picked["max_tokens"]["value"] == context - 1
-    assert f"{context - 1:,}" in picked["max_tokens"]["label"]
+    # the label says what the limit is: the context less the prompt, not "≤ 8,191, the context left" (the
+    # slider's end leaves a one-token prompt; this prompt leaves less)
+    assert f"the context left: {context:,} less the prompt's tokens" in picked["max_tokens"]["label"]
     c = Controls(user="Tell me about foxes.", max_tokens=ctl.cap, seed="3", level="off", model=ctl.model["name"])
     updates = list(ctl.run("limit", c))  # the slider's end, with a prompt of more than one token
     hint = updates[-1]["hint_max"]
@@ -35,3 +38,8 @@ def test_the_slider_ends_at_the_context_left_and_send_is_treated_as_the_api(ctl,
     assert f"ask for at most {left:,}" in str(api.value) and api.value.code == "context_length_exceeded"
     ok = list(ctl.run("limit", Controls(**{**c.as_dict(), "max_tokens": left})))  # the context left: runs
     assert "finished" in ok[-1]["status"], ok[-1]["status"]
+
+
+def test_a_server_cap_is_named_as_the_cap():
+    assert max_label(256, 8192) == "Max tokens (≤ 256, the server's cap, and the context left)"
+    assert max_label(8191, 8192) == "Max tokens (≤ the context left: 8,192 less the prompt's tokens)"
