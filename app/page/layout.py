@@ -48,7 +48,7 @@ CSS = (Path(__file__).with_name("page.css")).read_text() + "\n" + (
     Path(__file__).with_name("panels.css").read_text() if Path(__file__).with_name("panels.css").exists() else "") \
     + CODE_CSS
 HEAD = "".join(f"<script>{Path(__file__).with_name(js).read_text()}</script>"  # hover tips, token picks;
-              for js in ("hover.js", "glyphs.js", "focus.js"))  # code points; a chip's section in view
+              for js in ("hover.js", "glyphs.js", "focus.js", "code.js"))  # code points; a chip's section; code views
 LATER_PANELS = ("logit_lens", "parallel")  # panels added after the page's API was published: last in its outputs
 NEWEST = ("choices",)
 SIDEBAR = ("answer",)  # panels drawn beside the map (under Send), not in their stage's section  # added later still: at the very end of the outputs (after the extra controls)
