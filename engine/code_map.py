@@ -131,7 +131,8 @@ STAGE_CODE: dict[str, tuple[Code, ...]] = {
     "sampling": (
         Code("engine.sampler:sample", "greedy rows take the argmax; the others go through the knobs and a "
              "draw", marks=("knobs.update(filter_stages(x, p))",),
-             values=(("tokens[i] = draw(torch.softmax(knobs", "sampling.drawn"),)),
+             values=(("picks = greedy_tokens(greedy_logits)", "sampling.greedy"),
+                     ("tokens[i] = draw(torch.softmax(knobs", "sampling.drawn"))),
         Code("engine.sampler:filter_stages", "temperature, top-k, top-p, min-p, each cutting the logits in "
              "turn", marks=("outside_nucleus(torch.softmax(x, dim=-1), params.top_p)",),
              values=(("x = logits.float() / params.temperature", "sampling.temperature"),)),

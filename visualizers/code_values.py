@@ -52,14 +52,16 @@ def _mine(events: Sequence[Mapping], request_id: str) -> dict[str, list[Mapping]
 def _sampling(got: dict[str, list[Mapping]], out: dict[str, str]) -> None:
     e = got["sample"][-1]
     params, stages = e.get("params") or {}, e.get("stages") or {}
+    said = f"token {e.get('token_id', '?')} {e.get('token_text', '')!r}, p = {prob(e.get('token_prob', 0))}"
+    if params.get("greedy"):  # the argmax: no knob, no draw ran
+        out["sampling.greedy"] = f"greedy: {said}"
+        return
     if params.get("temperature") is not None:
         out["sampling.temperature"] = f"temperature = {params['temperature']}"
     kept = (stages.get("top_p") or {}).get("kept")
     if kept is not None and (params.get("top_p") or 1) < 1:
         out["sampling.top_p"] = f"top_p = {params['top_p']}: {kept} tokens kept"
-    said = "argmax" if params.get("greedy") else "drawn"
-    out["sampling.drawn"] = (f"{said} token {e.get('token_id', '?')} {e.get('token_text', '')!r}, "
-                             f"p = {prob(e.get('token_prob', 0))}")
+    out["sampling.drawn"] = f"drawn: {said}"
 
 
 def beside(events: Sequence[Mapping], request_id: str, position: int | None = None,
@@ -75,7 +77,9 @@ def beside(events: Sequence[Mapping], request_id: str, position: int | None = No
     if got.get("prefix_cache.lookup"):
         e = got["prefix_cache.lookup"][0]
         hits, hashes = e.get("cached_blocks") or [], e.get("hashes") or []
-        out["prefix.hits"] = f"hits = {_short(hits)} of {e.get('full_blocks', '?')} full blocks"
+        full = e.get("full_blocks", "?")
+        out["prefix.hits"] = ("never ran: no full block to hash" if full == 0 else
+                              f"hits = {_short(hits)} of {full} full blocks")
         if hashes:
             out["prefix.hash"] = f"h = {hashes[-1] & (2**64 - 1):016x} (the last that hit)"
     if got.get("kv.alloc"):

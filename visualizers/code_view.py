@@ -22,13 +22,27 @@ from visualizers._html import esc
 CSS_SCOPE = ".tt-code-src"
 
 
-@cache
-def code_css() -> str:
-    """The highlighting's colours (Pygments' default style), scoped to the code view, and the view's own layout."""
-    return HtmlFormatter(style="default").get_style_defs(CSS_SCOPE) + """
+BOX_CSS = """
 .tt-code-box { margin: 4px 0 8px; font-size: 13px; }
 .tt-code-box > summary { cursor: pointer; color: #555; }
 .tt-code-box > summary code { color: #1a4d8f; }
+.tt-way-ran, .tt-way-not { display: none; }
+.tt-way-ran { color: #1b7a2e; font-weight: 600; }
+.tt-code-warn { color: #8a5300; }
+"""  # the closed line's: the page's own stylesheet holds it
+
+
+@cache
+def code_css() -> str:
+    """The view's whole style: the closed line's, then the open view's (src_css)."""
+    return BOX_CSS + src_css()
+
+
+@cache
+def src_css() -> str:
+    """The open view's style: the highlighting's colours (Pygments' default style), scoped to
+    the code view, and its layout; sent with the functions (stage_code_body), not with the page."""
+    return HtmlFormatter(style="default").get_style_defs(CSS_SCOPE) + """
 .tt-code-fn { margin: 8px 0; }
 .tt-code-fn h4 { margin: 4px 0; font-size: 13px; font-weight: 600; }
 .tt-code-fn .tt-code-why { color: #555; font-weight: 400; }
@@ -42,9 +56,6 @@ def code_css() -> str:
   border-radius: 3px; font-style: italic; }
 .tt-code-src .tt-code-gap { display: block; color: #999; font-style: italic; padding-left: 4.3em; }
 .tt-code-path { font-size: 12px; color: #555; }
-.tt-way-ran, .tt-way-not { display: none; }
-.tt-way-ran { color: #1b7a2e; font-weight: 600; }
-.tt-code-warn { color: #8a5300; }
 """
 
 
@@ -120,8 +131,8 @@ def summary_text(entries: Sequence[Mapping]) -> str:
 
 def stage_code_body(entries: Sequence[Mapping], path_names: Mapping[str, str] | None = None,
                     ran: Sequence[str] | None = None) -> str:
-    """What an open view holds: every function the map names for the stage (ran: as below)."""
-    return "".join(function_html(e, None if ran is None or not e.get("path") else e["path"] in ran, path_names)
+    """What an open view holds: its style, then every function the map names for the stage (ran: as below)."""
+    return f"<style>{src_css()}</style>" + "".join(function_html(e, None if ran is None or not e.get("path") else e["path"] in ran, path_names)
                    for e in entries)
 
 

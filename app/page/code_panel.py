@@ -24,10 +24,10 @@ from engine import CodeMapError, checkout_commit, resolve, stage_code
 from visualizers._html import esc
 from visualizers.code_facts import ran_html, read
 from visualizers.code_values import beside, values_style
-from visualizers.code_view import code_css, stage_code_body, stage_code_html
+from visualizers.code_view import BOX_CSS, stage_code_body, stage_code_html
 from visualizers.journey import Stage
 
-CSS = code_css() + ".tt-code-ran { font-size: 13px; margin: 2px 0; } .tt-code-ran b { font-weight: 600; }\n"
+CSS = BOX_CSS + ".tt-code-ran { font-size: 13px; margin: 2px 0; } .tt-code-ran b { font-weight: 600; }\n"
 
 
 @cache

@@ -34,12 +34,17 @@ def test_every_value_the_map_names_comes_from_the_trace(traced):
     rid, events = traced
     said = beside(events, rid)
     named = {n for names in value_names().values() for n in names}
-    assert named == set(said), (named ^ set(said))  # the map and the trace agree, both ways
+    assert named == set(said) | {"sampling.greedy"}, (named ^ set(said))  # the map and the trace agree, both ways
     assert re.fullmatch(r"hits = \[\d+, \d+, \d+\] of 3 full blocks", said["prefix.hits"])
     assert re.fullmatch(r"h = [0-9a-f]{16} \(the last that hit\)", said["prefix.hash"])
+    short = [{**e, "full_blocks": 0, "cached_blocks": []} if e["type"] == "prefix_cache.lookup" else e for e in events]
+    assert beside(short, rid)["prefix.hits"] == "never ran: no full block to hash"  # a prompt shorter than a block
     assert said["tokens.ids"].startswith("14 ids [5, 9, 14, 3, 22, 7, 30, 11, …]")
     assert "top_p = 0.9:" in said["sampling.top_p"] and said["sampling.temperature"] == "temperature = 0.8"
-    assert re.search(r"token \d+ .*, p = 0\.\d+", said["sampling.drawn"])
+    assert re.fullmatch(r"drawn: token \d+ .*, p = \d\.\d+(e-\d+)?", said["sampling.drawn"])
+    greedy = [{**e, "params": {**e["params"], "greedy": True}} if e["type"] == "sample" else e for e in events]
+    assert re.fullmatch(r"greedy: token \d+ .*", beside(greedy, rid)["sampling.greedy"])
+    assert "sampling.drawn" not in beside(greedy, rid) and "sampling.temperature" not in beside(greedy, rid)
     assert re.fullmatch(r"accepted = \d of k = \d \(the last round\)", said["spec.accepted"])
     assert re.fullmatch(r"layer \d, position \d+: experts \[\d+, \d+\], weights \[0\.\d\d, 0\.\d\d\]", said["moe.picks"])
     assert said["answer.sofar"].endswith("tokens so far") and said["batching.size"].startswith("step ")
