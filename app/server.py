@@ -21,6 +21,7 @@ from app.api.openai_routes import add_fallback_routes, add_openai_routes  # noqa
 from app.api.library_routes import add_library_routes  # noqa: E402
 from app.api.schemas import add_validation_errors  # noqa: E402
 from app.page.lab_tab import add_lab_routes  # noqa: E402
+from app.page.code_panel import add_code_routes  # noqa: E402
 from app.page.layout import CSS, HEAD, build_page  # noqa: E402
 from app.serving.recording import Recording, record_request  # noqa: E402
 from app.serving.served_models import ServedModels  # noqa: E402
@@ -72,6 +73,7 @@ def create_app(served: EngineService | ServedModels | None, replay: Recording | 
             return replay if rid == replay.request_id else library.recording(rid)
     add_classroom_routes(api, classrooms, CSS, recorder)
     add_lab_routes(api)  # plotly.js for the Experiments tab's and the classroom's figures
+    add_code_routes(api)  # each stage's code view, fetched when it opens (app/page/code_panel.py)
     page = build_page(models, replay, classrooms, library)
     # A built-in theme with system fonts: GoogleFont would fetch from the internet.
     theme = gr.themes.Default(font=["ui-sans-serif", "system-ui", "sans-serif"],

@@ -6,7 +6,8 @@ from engine.info import EngineInfo, EngineLoad
 from engine.llm_engine import ContextLengthError, LLMEngine
 from engine.disagg import DisaggEngine, DisaggFailedError
 from engine.checkpoint.errors import ModelLoadError
-from engine.code_source import checkout_commit, stage_code
+from engine.code_map import Code
+from engine.code_source import CodeMapError, checkout_commit, resolve, stage_code
 from engine.outputs import RequestOutput, TokenOutput, Usage
 from engine.sampling_params import MAX_LOGPROBS, SamplingParams
 from engine.structured import Constraint
@@ -15,4 +16,5 @@ from engine.trace import CaptureConfig, EventList, TraceEvent, Tracer
 __all__ = ["LLM", "LLMEngine", "DisaggEngine", "DisaggFailedError", "SamplingParams", "EngineConfig", "ModelConfig", "CaptureConfig",
            "RequestOutput", "TokenOutput", "Usage", "TraceEvent", "Tracer", "EventList",
            "ModelLoadError", "UnsupportedModelError", "ContextLengthError", "EngineInfo", "EngineLoad",
-           "Constraint", "MAX_LOGPROBS", "stage_code", "checkout_commit"]
+           "Constraint", "MAX_LOGPROBS", "stage_code", "checkout_commit",
+           "Code", "CodeMapError", "resolve"]

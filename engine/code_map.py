@@ -4,7 +4,9 @@ page and the classroom read to show "the code that ran it" (docs/page.md).
 Data only. Each stage key (the page's sections, visualizers/journey.py KEYS) lists its code:
 a function or method as `module:QualName`, a line saying why it is the one to read, the
 lines that make the number the page shows (`marks`: a piece of text each marked line holds,
-so an edit elsewhere in the function never moves them), and `path`, where a stage has
+so an edit elsewhere in the function never moves them), `values`: lines beside which the page
+writes the request's value that line made (a line's text, then the value's name, which
+visualizers/code_values.py fills from the trace), and `path`, where a stage has
 several ways to run (the C kernel on this CPU, a Triton kernel on a GPU, plain torch; a draft
 model or an n-gram lookup): the name the engine reports for the way that ran (its trace
 events say which: engine/code_ran.py's `attention_path`, the `spec` event's `method`).
@@ -21,6 +23,7 @@ class Code:
     why: str  # what this function does for the stage, in one line
     marks: tuple[str, ...] = ()  # text held by the lines that make the stage's number (each found once)
     path: str = ""  # where a stage runs one of several ways: this way's name ("" runs every time)
+    values: tuple[tuple[str, str], ...] = ()  # (text held by one line, the name of the request's value beside it)
 
 
 # the ways a stage may run, by the names the engine reports (engine/code_ran.py), in words
@@ -31,6 +34,9 @@ PATHS = {
     "torch": "plain torch (scaled_dot_product_attention over the gathered pages)",
     "draft": "a draft model proposes k tokens",
     "ngram": "an n-gram lookup in the request's own tokens proposes k tokens",
+    "moe_c_block": "the MoE half in the fused layer's C call (this CPU: norm, router and experts, cpu_moe.c)",
+    "moe_c": "the router and the chosen experts in one C call (this CPU: cpu_moe.c)",
+    "moe_torch": "plain torch: the router's softmax and top-k, then the chosen experts",
 }
 
 STAGE_CODE: dict[str, tuple[Code, ...]] = {
@@ -44,7 +50,8 @@ STAGE_CODE: dict[str, tuple[Code, ...]] = {
     ),
     "tokens": (
         Code("engine.input_processor:InputProcessor.tokenize", "messages through the chat template, a string "
-             "encoded", marks=("self.tokenizer.encode_chat(messages)",)),
+             "encoded", marks=("self.tokenizer.encode_chat(messages)",),
+             values=(("self.tokenizer.encode_chat(messages)", "tokens.ids"),)),
         Code("engine.tokenizer:Tokenizer.apply_chat_template", "the chat template writes the roles' special "
              "tokens around each message"),
         Code("engine.tokenizer:Tokenizer.encode_chat", "the templated text to ids"),
@@ -54,7 +61,8 @@ STAGE_CODE: dict[str, tuple[Code, ...]] = {
         Code("engine.block_manager:chain_hash", "a block's key: its tokens and the key of the block before it, "
              "so a hit means the whole prefix matches"),
         Code("engine.block_manager:BlockManager.match_tokens", "the lookup: full blocks of the prompt, hashed "
-             "in a chain, until the first miss", marks=("h = chain_hash(parent, ids)", "hits.append(bid)")),
+             "in a chain, until the first miss", marks=("h = chain_hash(parent, ids)", "hits.append(bid)"),
+             values=(("h = chain_hash(parent, ids)", "prefix.hash"), ("hits.append(bid)", "prefix.hits"))),
         Code("engine.block_manager:BlockManager.admit", "the hits become the start of the request's block "
              "table; their tokens are not computed again",
              marks=("seq.num_computed_tokens = seq.num_cached_tokens",)),
@@ -81,7 +89,19 @@ STAGE_CODE: dict[str, tuple[Code, ...]] = {
              path="torch"),
         Code("engine.kernels.paged_attention:paged_decode_attention", "the GPU's paged decode kernel, or its "
              "torch reference", path="triton"),
-        Code("engine.layers.mlp:SparseMoE.route", "MoE: the router's top-k experts and their weights"),
+        Code("engine.kernels._paged_attention_triton:_paged_decode_kernel", "the Triton kernel: each block of "
+             "the sequence's pages read once for the whole query group, softmax online",
+             marks=("block_id = tl.load(block_tables_ptr", "m_new = tl.maximum(m, tl.max(s, axis=1))",
+                    "acc = acc * alpha[:, None]"), path="triton"),
+        Code("engine.layers.mlp:SparseMoE.forward", "MoE: the router picks each token's experts (in C where "
+             "the kernels hold them), their outputs weighted and summed",
+             values=(("capture.moe_routing[self.layer_idx] = (experts, weights)", "moe.picks"),)),
+        Code("engine.layers.fused:_moe_forward", "the fused layer's MoE half: norm, router and experts in one C call",
+             path="moe_c_block", values=(("capture.moe_routing[layer.mlp.layer_idx]", "moe.picks"),)),
+        Code("engine.layers.moe_cpu:CpuExperts.forward", "the router and the chosen experts in one C call "
+             "(cpu_moe.c)", path="moe_c"),
+        Code("engine.layers.mlp:SparseMoE.route", "the router in torch: softmax, then the top-k experts and "
+             "their weights", marks=("weights, experts = torch.topk(probs, self.top_k, dim=-1)",), path="moe_torch"),
         Code("engine.layers.mlp:MLP.forward", "the dense MLP: gate, up, activation, down"),
     ),
     "timeline": (
@@ -94,12 +114,13 @@ STAGE_CODE: dict[str, tuple[Code, ...]] = {
     ),
     "kv": (
         Code("engine.block_manager:BlockManager.allocate", "the pages a step needs, taken from the free list",
-             marks=("new = [self._take(seq)",)),
+             marks=("new = [self._take(seq)",), values=(("new = [self._take(seq)", "kv.new"),)),
         Code("engine.block_manager:BlockManager._take", "a free block, evicting a cached prefix only when none "
              "is empty"),
         Code("engine.block_manager:BlockManager._release", "at the finish: each block's count drops; a full "
              "one stays in the prefix cache"),
-        Code("engine.layers.attention:store_kv", "each new token's K and V written to its slot in the pool"),
+        Code("engine.layers.attention:store_kv", "each new token's K and V written to its slot in the pool",
+             values=(("k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, batch.slot_mapping, k)", "kv.slot"),)),
     ),
     "logit_lens": (
         Code("engine.model:CausalLM.compute_logits", "the LM head: hidden state to one logit per token of the "
@@ -109,16 +130,20 @@ STAGE_CODE: dict[str, tuple[Code, ...]] = {
     ),
     "sampling": (
         Code("engine.sampler:sample", "greedy rows take the argmax; the others go through the knobs and a "
-             "draw", marks=("knobs.update(filter_stages(x, p))",)),
+             "draw", marks=("knobs.update(filter_stages(x, p))",),
+             values=(("picks = greedy_tokens(greedy_logits)", "sampling.greedy"),
+                     ("tokens[i] = draw(torch.softmax(knobs", "sampling.drawn"))),
         Code("engine.sampler:filter_stages", "temperature, top-k, top-p, min-p, each cutting the logits in "
-             "turn", marks=("outside_nucleus(torch.softmax(x, dim=-1), params.top_p)",)),
+             "turn", marks=("outside_nucleus(torch.softmax(x, dim=-1), params.top_p)",),
+             values=(("x = logits.float() / params.temperature", "sampling.temperature"),)),
         Code("engine.sampler:outside_nucleus", "the top-p cut: tokens after the mass reaches top_p",
-             marks=("drop[ids[before < top_p]] = False",)),
+             marks=("drop[ids[before < top_p]] = False",), values=(("drop[ids[before < top_p]] = False", "sampling.top_p"),)),
         Code("engine.sampler:draw", "one token: a uniform number on the cumulative probabilities"),
     ),
     "answer": (
         Code("engine.output_processor:OutputProcessor.append", "the token appended, its text decoded",
-             marks=("seq.text += seq.detokenizer.push(token)",)),
+             marks=("seq.text += seq.detokenizer.push(token)",),
+             values=(("seq.text += seq.detokenizer.push(token)", "answer.sofar"),)),
         Code("engine.output_processor:OutputProcessor.stop_reason", "why the request stops here: end of "
              "sequence, a stop string, max_tokens"),
         Code("engine.tokenizer:IncrementalDetokenizer.push", "streaming detokenization: only text that can "
@@ -128,7 +153,8 @@ STAGE_CODE: dict[str, tuple[Code, ...]] = {
     "batching": (
         Code("engine.scheduler:Scheduler.schedule", "continuous batching: running requests first, then new "
              "ones admitted while pages and budget last", marks=("self.bm.admit(seq, hits)",)),
-        Code("engine.model_runner:ModelRunner.prepare", "every scheduled sequence's rows in one ForwardBatch"),
+        Code("engine.model_runner:ModelRunner.prepare", "every scheduled sequence's rows in one ForwardBatch",
+             values=(("ids.extend(s.token_ids())", "batching.size"),)),
         Code("engine.llm_engine:LLMEngine._commit", "after the pass: tokens appended, finished requests freed "
              "at once"),
     ),
@@ -141,7 +167,8 @@ STAGE_CODE: dict[str, tuple[Code, ...]] = {
              "what followed it", path="ngram"),
         Code("engine.speculative.verify:verify", "one target pass checks every proposal: accept with "
              "probability min(1, p/q), else draw the correction", marks=("tokens.append(x)",
-                                                                         "return Verdict(k, tokens + [bonus]")),
+                                                                         "return Verdict(k, tokens + [bonus]"),
+             values=(("tokens.append(x)", "spec.accepted"),)),
     ),
     "parallel": (
         Code("engine.parallel.shard:placement", "which rank holds which heads, KV heads and experts"),

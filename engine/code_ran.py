@@ -1,5 +1,5 @@
-"""Which way a pass's attention ran, for the trace (schedule.step's `attention`): the names
-the code map's PATHS give the ways. Read after the pass from the same tests the
+"""Which way a pass's attention and MoE ran, for the trace (schedule.step's `attention` and
+`moe`): the names the code map's PATHS give the ways. Read after the pass from the same tests the
 layers ask before it (fused.applies and the plan a layer kept,
 cpu.attention_applies, the batch's `use_triton`), so nothing is added to
 the pass itself; tests/engine/test_code_ran.py runs passes and checks the name against the
@@ -12,6 +12,7 @@ from engine.batch import ForwardBatch
 from engine.kernels import cpu as cpu_kernels
 from engine.layers import fused
 from engine.layers.attention import Attention
+from engine.layers.mlp import SparseMoE
 
 
 def attention_path(model: torch.nn.Module, batch: ForwardBatch, dtype: torch.dtype) -> str:
@@ -34,3 +35,20 @@ def attention_path(model: torch.nn.Module, batch: ForwardBatch, dtype: torch.dty
     if batch.decode_only and cpu_kernels.attention_applies(q, k_cache):
         return "c_kernel"
     return "torch"
+
+
+def moe_path(model: torch.nn.Module, batch: ForwardBatch, dtype: torch.dtype) -> str:
+    """"moe_c_block", "moe_c" or "moe_torch" for this pass's MoE layers (engine/layers/mlp.py
+    SparseMoE), by the tests its forward asks; "" for a dense model or another MoE (DeepSeek's)."""
+    layers = getattr(getattr(model, "model", None), "layers", None) or ()
+    layer = next((x for x in layers if type(getattr(x, "mlp", None)) is SparseMoE), None)
+    if layer is None:
+        return ""
+    rows = torch.empty((batch.input_ids.shape[0], 0), dtype=dtype, device=batch.input_ids.device)
+    if getattr(layer, "fusable", False) and layer.fused is not None and layer.fused.moe is not None \
+            and fused.applies(rows, batch):
+        return "moe_c_block"  # the MoE half in the fused layer's C call (engine/layers/fused.py _moe_forward)
+    moe = layer.mlp
+    if moe.c_experts is not None and rows.device.type == "cpu" and moe.gate.blocked is not None:
+        return "moe_c"
+    return "moe_torch"

@@ -34,6 +34,8 @@ def find(name: str):
         raise CodeMapError(f"{name}: not in this checkout ({e})") from None
     obj = obj.fget if isinstance(obj, property) else getattr(obj, "__func__", obj)  # static/class methods
     obj = inspect.unwrap(obj)
+    if not inspect.isfunction(obj) and inspect.isfunction(getattr(obj, "fn", None)):
+        obj = obj.fn  # a Triton kernel (triton.jit's JITFunction): the Python function it compiles
     if not inspect.isfunction(obj):
         raise CodeMapError(f"{name}: {type(obj).__name__}, not a function")
     return obj
@@ -69,7 +71,8 @@ def _shown(first: int, last: int, marks: list[int]) -> list[list[int]]:
 
 def resolve(code: Code) -> dict:
     """One map entry in this checkout: {"name", "why", "path", "file", "line", "end", "marks",
-    "shown", "source"}; source: the function's lines, the first at `line`."""
+    "values", "shown", "source"}; source: the function's lines, the first at `line`; values:
+    [line, the value's name] for each line the request's value sits beside."""
     fn = find(code.name)
     try:
         lines, first = inspect.getsourcelines(fn)
@@ -78,9 +81,12 @@ def resolve(code: Code) -> dict:
         raise CodeMapError(f"{code.name}: no source ({e})") from None
     last = first + len(lines) - 1
     marks = _marked(code.name, lines, first, code.marks)
+    values = [[at, name] for at, (_, name) in zip(_marked(code.name, lines, first, tuple(t for t, _ in code.values)),
+                                                   code.values)]
     rel = file.relative_to(ROOT).as_posix() if file.is_relative_to(ROOT) else file.as_posix()
     return {"name": code.name, "qualname": code.name.partition(":")[2], "why": code.why, "path": code.path,
-            "file": rel, "line": first, "end": last, "marks": marks, "shown": _shown(first, last, marks),
+            "file": rel, "line": first, "end": last, "marks": marks, "values": values,
+            "shown": _shown(first, last, sorted(set(marks) | {at for at, _ in values})),
             "source": [line.rstrip("\n") for line in lines]}
 
 

@@ -20,7 +20,7 @@ from typing import Callable
 
 import torch
 
-from engine.code_ran import attention_path
+from engine.code_ran import attention_path, moe_path
 from engine.config import ModelConfig
 from engine.sampler import explain
 from engine.scheduler import Scheduler
@@ -54,7 +54,7 @@ class StepTrace:
         self.lenses = LensQueue(runner.model)  # tokens whose logit lens waits (computed after the step)
         self.seconds = 0.0  # the step's tracing work so far (schedule.traced)
         self._stacked_lens: tuple[StepPass, object] | None = None  # the step's lens rows as [L, n, hidden]
-        self.ways: dict[str, str] = {}  # the last step's traced requests -> the way its attention ran
+        self.ways: dict[str, tuple] = {}  # the last step's traced requests -> the ways its attention and MoE ran
 
     def piece(self, token_id: int) -> str:
         """A token's text for the trace, special tokens included (a replay has no tokenizer);
@@ -112,14 +112,15 @@ class StepTrace:
         self.emit(events.trace_truncated(request_id, limit_bytes, step, position, made))
         return True
 
-    def _way(self, step: StepPass) -> str:
-        """The way this pass's attention ran (code_ran), said only where it is news to a
-        traced request in it (its last step was not the one before, or ran another way): a
-        reader carries a request's way on through its steps, and a decode step pays no bytes."""
-        way = attention_path(self.runner.model, step.batch, self.runner.dtype)
-        news = any(self.ways.get(rid) != way for rid in self.traced_now)
-        self.ways = dict.fromkeys(self.traced_now, way)
-        return way if news else ""
+    def _way(self, step: StepPass) -> tuple[str, str]:
+        """The ways this pass's attention and MoE ran (code_ran), said only where they
+        are news to a traced request in it (its last step was not the one before, or ran another
+        way): a reader carries a request's ways on through its steps, a decode step pays no bytes."""
+        model, batch, dtype = self.runner.model, step.batch, self.runner.dtype
+        ways = (attention_path(model, batch, dtype), moe_path(model, batch, dtype))
+        news = any(self.ways.get(rid) != ways for rid in self.traced_now)
+        self.ways = dict.fromkeys(self.traced_now, ways)
+        return ways if news else ("", "")
 
     # --- the events, in step order ---------------------------------------------------------
     def arrival(self, seq: Sequence, messages: list[dict] | None) -> None:
@@ -141,7 +142,7 @@ class StepTrace:
                                                  forward_seconds))
         self.emit(events.schedule_step(scheduled, phases, forward_seconds, step.batch.query_starts[-1],
                                        len(scheduler.running), len(scheduler.waiting),
-                                       bm.num_free_blocks, bm.num_cached_blocks, self._way(step)))
+                                       bm.num_free_blocks, bm.num_cached_blocks, *self._way(step)))
         for s in scheduled:
             if s.seq.traced:
                 self.emit(events.kv_fill(s, self.block_size))

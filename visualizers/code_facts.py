@@ -11,6 +11,9 @@ from visualizers._html import esc, prob
 
 ATTENTION_WAYS = ("c_fused", "c_kernel", "triton", "torch")
 SPEC_WAYS = ("draft", "ngram")
+MOE_WAYS = ("moe_c_block", "moe_c", "moe_torch")
+INTAKE_WAYS = ("http", "page")
+KNOWN = {"layers": ATTENTION_WAYS + MOE_WAYS, "spec": SPEC_WAYS, "request": INTAKE_WAYS}
 
 
 def _steps(steps: Sequence[int]) -> str:
@@ -35,7 +38,7 @@ def read(events: Sequence[Mapping], request_id: str) -> tuple[dict[str, dict[str
     last sample and spec round)."""
     out: dict[str, dict[str, list[int]]] = {}
     quoted: dict[str, Mapping] = {}
-    prefill, way = [], ""
+    prefill, way, moe = [], "", ""
     for e in events:
         kind = e.get("type")
         if kind not in WATCHED:
@@ -46,9 +49,10 @@ def read(events: Sequence[Mapping], request_id: str) -> tuple[dict[str, dict[str
                 continue
             # said where it is news to a request in the step (recorded since 2026-12-06; older traces never
             # say): a step that does not say it ran the way of the request's step before
-            way = e.get("attention") or way
-            if way:
-                out.setdefault("layers", {}).setdefault(way, []).append(e["step"])
+            way, moe = e.get("attention") or way, e.get("moe") or moe
+            for w in (way, moe):
+                if w:
+                    out.setdefault("layers", {}).setdefault(w, []).append(e["step"])
             if mine.get("kind") == "prefill":
                 prefill.append(e["step"])
         elif kind == "spec" and e.get("method"):
@@ -61,11 +65,15 @@ def read(events: Sequence[Mapping], request_id: str) -> tuple[dict[str, dict[str
 
 
 def _ran_line(key: str, ways: Mapping[str, list[int]], names: Mapping[str, str], where: Mapping[str, str]) -> str:
+    if key == "request":
+        (way, _), = ways.items()
+        other = [names.get(w, w) for w in INTAKE_WAYS if w != way]
+        return f"{names.get(way, way)}{f' ({where[way]})' if way in where else ''}. Not taken here: {'; '.join(other)}"
     if key == "timeline":
         (way, steps), = ways.items()
         return (f"the prompt in {len(steps)} chunks ({_steps(steps)}): chunked prefill" if way == "chunked"
                 else f"the whole prompt in one pass ({_steps(steps)}); a longer one is cut into chunks")
-    known = ATTENTION_WAYS if key == "layers" else SPEC_WAYS
+    known = [w for w in KNOWN[key] if w not in MOE_WAYS or any(m in ways for m in MOE_WAYS)]  # a dense model: no MoE
     ran = "; ".join(f"{names.get(w, w)} in {_steps(s)}{f' ({where[w]})' if w in where else ''}"
                     for w, s in ways.items())
     others = [names.get(w, w) for w in known if w not in ways]
@@ -111,7 +119,7 @@ def ran_html(key: str, events: Sequence[Mapping], request_id: str, names: Mappin
     if ways:
         lines.append(f"<b>Ran for this request:</b> {esc(_ran_line(key, ways, names, where or {}))}")
     said = values(events, key, quoted)
-    style = ways_style(key, ways) if ways and key in ("layers", "spec") else ""
+    style = ways_style(key, ways) if ways and key in KNOWN else ""
     if said:
         lines.append(f"<b>Its values:</b> {esc(said)}")
     return style + "".join(f"<div class='tt-code-ran'>{line}</div>" for line in lines)
@@ -121,7 +129,7 @@ def ways_style(key: str, ways: Mapping[str, list[int]]) -> str:
     """A rule set that marks, in the stage's code view (drawn once, before any request), the
     functions of the ways this request took and of those it did not: the view is never sent
     again, the request's few bytes go with its stage's words."""
-    known = ATTENTION_WAYS if key == "layers" else SPEC_WAYS
+    known = KNOWN[key]
     box = f".tt-code-box[data-key='{key}'] .tt-code-fn"  # key and ways: known names, never text from outside
     ran = ",".join(f"{box}[data-path='{w}'] .tt-way-ran" for w in known if w in ways)
     not_taken = ",".join(f"{box}[data-path='{w}'] .tt-way-not" for w in known if w not in ways)

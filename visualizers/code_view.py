@@ -22,13 +22,27 @@ from visualizers._html import esc
 CSS_SCOPE = ".tt-code-src"
 
 
-@cache
-def code_css() -> str:
-    """The highlighting's colours (Pygments' default style), scoped to the code view, and the view's own layout."""
-    return HtmlFormatter(style="default").get_style_defs(CSS_SCOPE) + """
+BOX_CSS = """
 .tt-code-box { margin: 4px 0 8px; font-size: 13px; }
 .tt-code-box > summary { cursor: pointer; color: #555; }
 .tt-code-box > summary code { color: #1a4d8f; }
+.tt-way-ran, .tt-way-not { display: none; }
+.tt-way-ran { color: #1b7a2e; font-weight: 600; }
+.tt-code-warn { color: #8a5300; }
+"""  # the closed line's: the page's own stylesheet holds it
+
+
+@cache
+def code_css() -> str:
+    """The view's whole style: the closed line's, then the open view's (src_css)."""
+    return BOX_CSS + src_css()
+
+
+@cache
+def src_css() -> str:
+    """The open view's style: the highlighting's colours (Pygments' default style), scoped to
+    the code view, and its layout; sent with the functions (stage_code_body), not with the page."""
+    return HtmlFormatter(style="default").get_style_defs(CSS_SCOPE) + """
 .tt-code-fn { margin: 8px 0; }
 .tt-code-fn h4 { margin: 4px 0; font-size: 13px; font-weight: 600; }
 .tt-code-fn .tt-code-why { color: #555; font-weight: 400; }
@@ -38,11 +52,10 @@ def code_css() -> str:
   font-style: normal; user-select: none; }
 .tt-code-src .tt-cl { display: block; white-space: pre; }
 .tt-code-src .tt-cm { background: #fff3b0; }
+.tt-code-src .tt-cl[data-v]::after { margin-left: 1.5em; padding: 0 6px; color: #0b5394; background: #e8f0fe;
+  border-radius: 3px; font-style: italic; }
 .tt-code-src .tt-code-gap { display: block; color: #999; font-style: italic; padding-left: 4.3em; }
 .tt-code-path { font-size: 12px; color: #555; }
-.tt-way-ran, .tt-way-not { display: none; }
-.tt-way-ran { color: #1b7a2e; font-weight: 600; }
-.tt-code-warn { color: #8a5300; }
 """
 
 
@@ -87,13 +100,15 @@ def function_html(entry: Mapping, ran: bool | None = None, path_names: Mapping[s
         way = f"<div class='tt-code-path'>one way: {esc(said)}{state}</div>"
     lines = _highlighted(tuple(entry["source"]))
     first, marks = entry["line"], set(entry.get("marks", ()))
+    values = {at: name for at, name in entry.get("values", ())}  # the request's value goes after it (code_values.py)
     rows, after = [], first
     for start, end in entry["shown"]:
         if start > after:
             rows.append(f"<span class='tt-code-gap'>⋯ lines {after}–{start - 1} not shown</span>")
         for n in range(start, end + 1):
             mark = " tt-cm" if n in marks else ""  # short names: a line's markup is most of the view's bytes
-            rows.append(f"<span class='tt-cl{mark}'><i>{n}</i>"
+            value = f" data-v='{esc(values[n])}'" if n in values else ""
+            rows.append(f"<span class='tt-cl{mark}'{value}><i>{n}</i>"
                         f"{lines[n - first]}</span>")
         after = end + 1
     if after <= entry["end"]:
@@ -114,15 +129,23 @@ def summary_text(entries: Sequence[Mapping]) -> str:
     return f"Code that ran this stage: {first['file']}:{first['line']} {first['qualname']}{more}"
 
 
+def stage_code_body(entries: Sequence[Mapping], path_names: Mapping[str, str] | None = None,
+                    ran: Sequence[str] | None = None) -> str:
+    """What an open view holds: its style, then every function the map names for the stage (ran: as below)."""
+    return f"<style>{src_css()}</style>" + "".join(function_html(e, None if ran is None or not e.get("path") else e["path"] in ran, path_names)
+                   for e in entries)
+
+
 def stage_code_html(key: str, entries: Sequence[Mapping], path_names: Mapping[str, str] | None = None,
-                    ran: Sequence[str] | None = None, note: str = "", open_: bool = False) -> str:
+                    ran: Sequence[str] | None = None, note: str = "", open_: bool = False, src: str = "") -> str:
     """A stage's code view: closed, one line; open, every function the map names for it.
     ran: the ways this request took (None: not known, e.g. before a request); note: a warning
-    line (a trace from another checkout), plain text."""
+    line (a trace from another checkout), plain text; src: where the open view's functions are
+    fetched from when it first opens (the page's and the classroom's code.js), "" to hold them here."""
     if not entries:
         return ""
-    body = "".join(function_html(e, None if ran is None or not e.get("path") else e["path"] in ran, path_names)
-                   for e in entries)
+    body = "" if src else stage_code_body(entries, path_names, ran)
     warn = f"<div class='tt-code-warn'>{esc(note)}</div>" if note else ""
-    return (f"<details class='tt-code-box' data-key='{esc(key)}'{' open' if open_ else ''}>"
+    lazy = f" data-src='{esc(src)}'" if src else ""
+    return (f"<details class='tt-code-box' data-key='{esc(key)}'{lazy}{' open' if open_ else ''}>"
             f"<summary>{esc(summary_text(entries))}</summary>{warn}{body}</details>")

@@ -14,6 +14,7 @@ import zipfile
 from dataclasses import replace
 
 from app.classroom.page import page_html
+from app.page.code_panel import code_body, code_views
 
 README = """TokenTrace classroom {room}: request {request_id}
 
@@ -36,6 +37,8 @@ def bundle_zip(room, server: str, css: str) -> bytes:
         for i in range(len(room.stage_list())):
             z.writestr(f"stages/{i}.json", room.stage_body(i))
             z.writestr(f"stages/revealed/{i}.json", shown.stage_body(i))
+        for key in code_views():  # each stage's code view, fetched when the presenter opens it (classroom.js)
+            z.writestr(f"code/{key}.html", code_body(key))
         z.writestr("trace.json", room.rec.dumps())
         z.writestr("README.txt", README.format(room=room.room_id, request_id=room.rec.request_id, server=server))
     return buf.getvalue()

@@ -141,10 +141,22 @@ function renderPick(s) {  // every screen says which pass, layer and head its pa
       $('tt-q-at').value = Math.max(1, s.ask_at - s.answer_at + 1);
   }
 }
+function loadCode(d) {  // a view's functions, fetched the first time it opens (300 phones: only when the presenter opens it)
+  if (!d.open || d.dataset.loaded) return;
+  d.dataset.loaded = 'loading';
+  const key = encodeURIComponent(d.dataset.key);
+  fetch(STATIC ? `code/${key}.html` : `${SERVER}/code/${key}`).then(r => r.ok ? r.text() : Promise.reject(r.status))
+    .then(html => { d.insertAdjacentHTML('beforeend', html); d.dataset.loaded = 'yes'; })  // the server's, escaped there
+    .catch(() => { delete d.dataset.loaded; });
+}
 function syncCode(s) {  // the stage's code view: open on every screen while the presenter has it open
   const open = !!(s && s.code);
-  document.querySelectorAll('#tt-class-stage details.tt-code-box').forEach(d => { if (d.open !== open) d.open = open; });
+  document.querySelectorAll('#tt-class-stage details.tt-code-box').forEach(d => {
+    if (d.open !== open) d.open = open;
+    loadCode(d);
+  });
 }
+document.addEventListener('toggle', e => { if (e.target.matches && e.target.matches('details.tt-code-box')) loadCode(e.target); }, true);
 async function ask(action) {
   const body = {key: KEY, action};
   if (action === 'open') body.position = room.answer_at + Math.max(1, +$('tt-q-at').value || 1) - 1;

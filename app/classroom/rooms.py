@@ -109,7 +109,8 @@ class Room:
         shown = self._shown
         stages = with_code(journey(shown.model, shown.request_id, shown.body, shown.events, shown.outputs, kv_peak,
                                    shown.truncated, position=self.shown_position(), hidden_from=self._hidden,
-                                   layer=int(self.pick["layer"])), shown.model, shown.events, shown.request_id) \
+                                   layer=int(self.pick["layer"])), shown.model, shown.events, shown.request_id,
+                           self.shown_position(), int(self.pick["layer"])) \
             if self.with_journey else []  # with_code: what ran, beside each stage's code (the page's code panel)
         # the stages this request has, as the page's map lists them: those the whole request skips (no
         # draft, one device) are one line, not stages; read from the whole request, so that the count

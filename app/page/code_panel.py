@@ -2,38 +2,82 @@
 closed line that opens to the engine's functions for the stage (engine.stage_code(), read
 from this checkout; code_view draws them), and in the sentence itself what
 this request ran where a stage has several ways, with a few of its values
-(code_facts).
+(code_facts), and the rules that write its values beside the lines that made
+them (code_values). The request stage adds the app's intake (intake_code).
 
-The code views depend on the checkout alone: drawn once per process, when the page is built
-(never on the engine's thread), and never sent again; only the short "ran" lines follow the
-request. A trace recorded on another checkout says so beside them."""
+The code views depend on the checkout alone: drawn once per process (never on the engine's
+thread). The page and the classroom hold only each view's closed line; its functions come
+from GET /code/{key} (`add_code_routes`, cached by the browser) when it first opens (code.js,
+classroom.js), so a page load does not carry them. Only the short "ran" lines and the values'
+rules follow the request. A trace recorded on another checkout says so beside them."""
 from __future__ import annotations
 
 from dataclasses import replace
 from functools import cache
 from typing import Mapping, Sequence
 
-from engine import checkout_commit, stage_code
+from fastapi import FastAPI, HTTPException
+from fastapi.responses import HTMLResponse
+
+from app.page.intake_code import INTAKE_CODE, PATHS as INTAKE_PATHS, intake_way
+from engine import CodeMapError, checkout_commit, resolve, stage_code
 from visualizers._html import esc
 from visualizers.code_facts import ran_html, read
-from visualizers.code_view import code_css, stage_code_html
+from visualizers.code_values import beside, values_style
+from visualizers.code_view import BOX_CSS, stage_code_body, stage_code_html
 from visualizers.journey import Stage
 
-CSS = code_css() + ".tt-code-ran { font-size: 13px; margin: 2px 0; } .tt-code-ran b { font-weight: 600; }\n"
+CSS = BOX_CSS + ".tt-code-ran { font-size: 13px; margin: 2px 0; } .tt-code-ran b { font-weight: 600; }\n"
+
+
+@cache
+def stages() -> dict[str, list[dict]]:
+    """Stage key -> its functions in this checkout: the engine's map, the request stage led by
+    the app's intake (once per process)."""
+    out = {key: list(entries) for key, entries in stage_code()["stages"].items()}
+    intake = []
+    for code in INTAKE_CODE:
+        try:
+            intake.append(resolve(code))
+        except CodeMapError as e:
+            intake.append({"name": code.name, "why": code.why, "path": code.path, "error": str(e)})
+    out["request"] = intake + out.get("request", [])
+    return out
+
+
+@cache
+def paths() -> dict[str, str]:
+    return {**stage_code()["paths"], **INTAKE_PATHS}
 
 
 @cache
 def code_views() -> dict[str, str]:
-    """Stage key -> its code view's HTML, closed (once per process)."""
-    code = stage_code()
-    return {key: stage_code_html(key, entries, code["paths"]) for key, entries in code["stages"].items()}
+    """Stage key -> its code view's HTML: closed, its one line; its functions fetched on opening."""
+    return {key: stage_code_html(key, entries, paths(), src=f"code/{key}") for key, entries in stages().items()}
+
+
+@cache
+def code_body(key: str) -> str:
+    """An open view's functions (GET /code/{key}); KeyError for a stage that is not one."""
+    return stage_code_body(stages()[key], paths())
+
+
+def add_code_routes(api: FastAPI) -> None:
+    """GET /code/{key}: a stage's code view, opened (the same bytes for every request of this
+    checkout: the browser keeps them, revalidating by the commit)."""
+    @api.get("/code/{key}", response_class=HTMLResponse, include_in_schema=False)
+    def code_view(key: str) -> HTMLResponse:
+        if key not in stages():
+            raise HTTPException(404, f"no stage {key[:40]!r}")
+        return HTMLResponse(code_body(key), headers={"Cache-Control": "public, max-age=3600",
+                                                     "ETag": f'"{checkout_commit() or "none"}.{key}"'})
 
 
 @cache
 def ways_where() -> dict[str, str]:
     """Each way -> its functions in this checkout as "path:line Name" (and the next)."""
     out: dict[str, list[str]] = {}
-    for entries in stage_code()["stages"].values():
+    for entries in stages().values():
         for e in entries:
             if e.get("path") and "file" in e:
                 out.setdefault(e["path"], []).append(f"{e['file']}:{e['line']} {e['qualname']}")
@@ -51,17 +95,30 @@ def commit_note(model: Mapping) -> str:
     return f"This trace was recorded on commit {there[:12]}; the code shown is this checkout's ({here[:12]})."
 
 
-def with_code(stages: Sequence[Stage], model: Mapping, events: Sequence[Mapping], request_id: str) -> list[Stage]:
+@cache
+def value_names() -> dict[str, tuple[str, ...]]:
+    """Stage key -> the names of the values its code view writes beside lines."""
+    return {key: tuple(name for e in entries for _, name in e.get("values", ())) for key, entries in stages().items()}
+
+
+def with_code(shown: Sequence[Stage], model: Mapping, events: Sequence[Mapping], request_id: str,
+              position: int | None = None, layer: int | None = None) -> list[Stage]:
     """The stages with what this request ran (and the trace's commit, when not this checkout's)
-    added to their sentences."""
+    added to their sentences, and the rules that write its values beside their code's lines
+    (position, layer: the pass and the MoE layer the panels show; None: the last)."""
     if not request_id:
-        return list(stages)
-    names, where = stage_code()["paths"], ways_where()
-    known = read(events, request_id)  # one pass over the events for every stage
+        return list(shown)
+    names, where = paths(), ways_where()
+    ran, quoted = read(events, request_id)  # one pass over the events for every stage
+    ran = {**ran, "request": {intake_way(request_id): []}}
+    said = beside(events, request_id, position, layer)
     note = commit_note(model)
     warn = f"<div class='tt-code-ran tt-code-warn'>⚠ {esc(note)}</div>" if note else ""
     out = []
-    for st in stages:
-        extra = ran_html(st.key, events, request_id, names, where, known) if st.reached and not st.skipped else ""
+    for st in shown:
+        extra = ""
+        if st.reached and not st.skipped:
+            extra = ran_html(st.key, events, request_id, names, where, (ran, quoted)) + \
+                values_style(st.key, value_names().get(st.key, ()), said)
         out.append(replace(st, text=st.text + extra + (warn if st.key == "request" else "")) if extra or warn else st)
     return out

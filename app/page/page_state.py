@@ -32,7 +32,7 @@ def stages_of(view: LiveView) -> list:
         stages = journey(view.model, view.request_id or "", view.body or None, view.events, view.outputs,
                          truncated=view.first("trace.truncated"), position=position, layer=view.layer,
                          trail=view.trail())  # layer: the layer picker's (the MoE routing the words quote)
-        return with_code(stages, view.model, view.events, view.request_id or "")  # what ran (code_panel.py)
+        return with_code(stages, view.model, view.events, view.request_id or "", position, view.layer)  # code_panel.py
 
 
 class PageState:

@@ -131,11 +131,12 @@ def schedule_preempt(seq: Sequence) -> Event:
 
 
 def schedule_step(scheduled: list[ScheduledSeq], phases: dict, forward_seconds: float, num_tokens: int,
-                  running: int, waiting: int, free_blocks: int, cached_blocks: int, attention: str = "") -> Event:
+                  running: int, waiting: int, free_blocks: int, cached_blocks: int, attention: str = "",
+                  moe: str = "") -> Event:
     """phases: the step's start (perf_counter) and its schedule and sample seconds (the forward
     pass is forward_seconds; what follows this event is the trace's own work); attention: the
     way the pass's attention ran (engine/code_ran.py), only where it is news to a request in it
-    ("" leaves it out: each request's earlier step said it)."""
+    ("" leaves it out: each request's earlier step said it); moe: the way its MoE layers ran, alike."""
     # seconds to the microsecond, as every timeline reads them: a token's step events stay small
     return "schedule.step", None, {
         **{k: round(v, 6) for k, v in phases.items()}, "forward_seconds": round(forward_seconds, 6),
@@ -143,7 +144,7 @@ def schedule_step(scheduled: list[ScheduledSeq], phases: dict, forward_seconds: 
         "batch": [{"request_id": s.seq.request_id, "kind": s.kind, "start": s.start, "num_tokens": s.num_tokens}
                   for s in scheduled],
         "running": running, "waiting": waiting, "free_blocks": free_blocks, "cached_blocks": cached_blocks,
-        **({"attention": attention} if attention else {})}
+        **({"attention": attention} if attention else {}), **({"moe": moe} if moe else {})}
 
 
 def schedule_traced(trace_seconds: float, lens_seconds: float) -> Event:

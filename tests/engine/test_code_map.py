@@ -62,3 +62,21 @@ def test_a_long_function_shows_its_signature_and_the_lines_around_its_marks():
     spans = _shown(first, last, [130, 134, 190])
     assert spans[0] == [100, 102] and [124, 140] in spans and [184, 196] in spans
     assert sum(b - a + 1 for a, b in spans) < LONG
+
+
+LONG_ONES = [(key, code) for key, code in ENTRIES if (lambda e: e["end"] - e["line"] + 1 > LONG)(resolve(code))]
+
+
+def test_a_real_long_function_in_the_map_shows_the_part_that_matters():
+    assert LONG_ONES, "the map names no function over LONG lines: the rule is only tested on synthetic input"
+    for key, code in LONG_ONES:
+        e = resolve(code)
+        assert code.marks, f"{code.name}: a long function needs marks to say which part matters"
+        shown = [n for a, b in e["shown"] for n in range(a, b + 1)]
+        assert all(m in shown for m in e["marks"]) and len(shown) < e["end"] - e["line"] + 1
+        assert e["shown"][0][0] == e["line"]  # its signature first
+    kernel = resolve(next(c for _, c in ENTRIES if c.name.endswith(":_paged_decode_kernel")))
+    text = [kernel["source"][n - kernel["line"]] for a, b in kernel["shown"] for n in range(a, b + 1)]
+    assert any("def _paged_decode_kernel(" in t for t in text)
+    assert any("alpha = tl.exp(m - m_new)" in t for t in text)  # the online softmax, around its marks
+    assert not any("q_offs = seq * stride_q_b" in t for t in text)  # the set-up left out, counted in the view

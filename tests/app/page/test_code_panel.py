@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from app.page.code_panel import code_views, commit_note, with_code
+from app.page.code_panel import code_body, code_views, commit_note, with_code
 from app.page.page_state import stages_of
 from engine import checkout_commit
 from tests.trace_views import view as traced_view
@@ -16,13 +16,18 @@ EVENTS = [{"type": "schedule.step", "request_id": None, "step": 1, "attention": 
           {"type": "prefix_cache.lookup", "request_id": "r", "step": 1, "cached_blocks": [], "full_blocks": 1}]
 
 
-def test_every_stage_has_one_closed_view():
+def test_every_stage_has_one_closed_view_its_functions_fetched_on_opening():
     views = code_views()
     assert set(views) == set(KEYS)
     for key, h in views.items():
-        assert h.startswith(f"<details class='tt-code-box' data-key='{key}'>")
-        assert "Code that ran this stage: engine/" in h and "not found" not in h
-    assert "engine/block_manager.py" in views["prefix"] and "chain_hash" in views["prefix"]
+        assert h.startswith(f"<details class='tt-code-box' data-key='{key}' data-src='code/{key}'>")
+        assert "Code that ran this stage: " in h and "not found" not in h
+        assert "tt-code-src" not in h and len(h) < 400  # the line alone: the functions come on opening
+        body = code_body(key)
+        assert "<pre class='tt-code-src'>" in body and "not found" not in body
+    assert "Code that ran this stage: engine/block_manager.py" in views["prefix"]
+    assert "chain_hash" in code_body("prefix")
+    assert "Code that ran this stage: app/api/openai_routes.py" in views["request"]  # the app's intake first
 
 
 def test_the_sentences_gain_what_ran():
