@@ -73,7 +73,7 @@ def create_app(served: EngineService | ServedModels | None, replay: Recording | 
             return replay if rid == replay.request_id else library.recording(rid)
     add_classroom_routes(api, classrooms, CSS, recorder)
     add_lab_routes(api)  # plotly.js for the Experiments tab's and the classroom's figures
-    add_code_routes(api)  # each stage's code view, fetched when it opens (app/page/code_panel.py)
+    add_code_routes(api)  # each stage's code view, fetched when it opens
     page = build_page(models, replay, classrooms, library)
     # A built-in theme with system fonts: GoogleFont would fetch from the internet.
     theme = gr.themes.Default(font=["ui-sans-serif", "system-ui", "sans-serif"],

@@ -38,8 +38,8 @@ def attention_path(model: torch.nn.Module, batch: ForwardBatch, dtype: torch.dty
 
 
 def moe_path(model: torch.nn.Module, batch: ForwardBatch, dtype: torch.dtype) -> str:
-    """"moe_c_block", "moe_c" or "moe_torch" for this pass's MoE layers (engine/layers/mlp.py
-    SparseMoE), by the tests its forward asks; "" for a dense model or another MoE (DeepSeek's)."""
+    """"moe_c_block", "moe_c" or "moe_torch" for this pass's MoE layers (the
+    SparseMoE layer), by the tests its forward asks; "" for a dense model or another MoE (DeepSeek's)."""
     layers = getattr(getattr(model, "model", None), "layers", None) or ()
     layer = next((x for x in layers if type(getattr(x, "mlp", None)) is SparseMoE), None)
     if layer is None:
@@ -47,7 +47,7 @@ def moe_path(model: torch.nn.Module, batch: ForwardBatch, dtype: torch.dtype) ->
     rows = torch.empty((batch.input_ids.shape[0], 0), dtype=dtype, device=batch.input_ids.device)
     if getattr(layer, "fusable", False) and layer.fused is not None and layer.fused.moe is not None \
             and fused.applies(rows, batch):
-        return "moe_c_block"  # the MoE half in the fused layer's C call (engine/layers/fused.py _moe_forward)
+        return "moe_c_block"  # the MoE half in the fused layer's C call (fused._moe_forward)
     moe = layer.mlp
     if moe.c_experts is not None and rows.device.type == "cpu" and moe.gate.blocked is not None:
         return "moe_c"
