@@ -119,8 +119,9 @@ def perfetto_trace(events: Sequence[dict], request_id: str, model: str | None = 
     arrive = (by_type.get("request.arrive") or [None])[0]
     tok = (by_type.get("tokenize") or [None])[0]
     fin = (by_type.get("finish") or [None])[0]
-    if arrive is not None:  # arrival: before tokenizing, which the arrive event follows
-        t_arrival = arrive["ts"] - (tok or {}).get("seconds", 0.0)
+    if arrive is not None:  # arrival: before tokenizing, which the arrive event follows (its
+        # emission can wait for the engine's lock: tokenized_at is when tokenizing ended)
+        t_arrival = arrive.get("tokenized_at", arrive["ts"]) - (tok or {}).get("seconds", 0.0)
     else:
         t_arrival = min((e["ts"] for e in events), default=0.0)
     last_ts: dict[int, float] = {}  # each step's last event of this request: the end of its trace phase

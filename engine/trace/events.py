@@ -37,7 +37,9 @@ def request_arrive(seq: Sequence, messages: list[dict] | None) -> Event:
         "prompt": seq.prompt, "messages": messages,
         "params": {"temperature": p.temperature, "top_k": p.top_k, "top_p": p.top_p, "min_p": p.min_p,
                    "seed": p.seed, "max_tokens": p.max_tokens, "stop": p.stop, "ignore_eos": p.ignore_eos},
-        "trace_level": seq.trace_level})
+        "trace_level": seq.trace_level,
+        # when tokenizing ended (perf_counter, as ts): the event itself may wait for the engine's lock
+        "tokenized_at": round(seq.tokenized_time, 6)})
 
 
 def tokenize(seq: Sequence, pieces: list[str], vocab_size: int, tokenizer_size: int, chat_template: bool) -> Event:

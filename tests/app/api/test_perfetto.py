@@ -92,7 +92,7 @@ def test_the_file_loads_back_with_the_recordings_steps_phases_neighbours_and_que
     steps = [e for e in rec.events if e["type"] == "schedule.step" and any(b["request_id"] == rid for b in e["batch"])]
     arrive = next(e for e in rec.events if e["type"] == "request.arrive")
     tok = next(e for e in rec.events if e["type"] == "tokenize")
-    t0 = arrive["ts"] - tok["seconds"]
+    t0 = arrive["tokenized_at"] - tok["seconds"]  # the event itself may wait for the lock
     engine = track[tid["engine steps"]]
     for s in steps:  # each step and its phases, where and as long as the recording says
         step = next(e for e in engine if e["name"] == f"step {s['step']}")

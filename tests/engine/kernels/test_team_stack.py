@@ -83,7 +83,7 @@ def _traced(path, levels: list[str], team: bool) -> list[dict]:
     finally:
         fused.TEAM = True
     timings = {"ts", "start", "schedule_seconds", "sample_seconds", "forward_seconds", "t", "latency", "seconds",
-               "trace_seconds", "lens_seconds", "metrics", "ttft", "ttft_split", "token_latencies"}
+               "trace_seconds", "lens_seconds", "metrics", "ttft", "ttft_split", "token_latencies", "tokenized_at"}
     return [{k: v for k, v in e.to_dict().items() if k not in timings} for e in sink.events]
 
 

@@ -14,7 +14,7 @@ from engine.trace.tracer import CaptureConfig
 
 TIMINGS = {"schedule.step": {"start", "schedule_seconds", "sample_seconds", "forward_seconds"},
            "schedule.traced": {"trace_seconds", "lens_seconds"},
-           "token": {"t", "latency"}, "tokenize": {"seconds"}}
+           "token": {"t", "latency"}, "tokenize": {"seconds"}, "request.arrive": {"tokenized_at"}}
 
 
 @pytest.fixture(autouse=True)
