@@ -25,6 +25,7 @@ import traceback
 import torch
 from tqdm.std import tqdm
 
+from engine.lane import CoreHooks
 from engine.llm_engine import LLMEngine
 from engine.output_processor import OutputProcessor
 from engine.scheduler import Scheduler, SchedulerOutput
@@ -68,10 +69,8 @@ class PrefillEngine(LLMEngine):
 
     def __init__(self, *args, **kwargs) -> None:
         self.held: dict[str, Sequence] = {}  # handed over, blocks kept until the decode side pulls them
-        super().__init__(*args, **kwargs)
-
-    def _new_scheduler(self, bm) -> PrefillScheduler:
-        return PrefillScheduler(self.config, bm, self.held)
+        super().__init__(*args, hooks=CoreHooks(new_scheduler=lambda bm: PrefillScheduler(self.config, bm, self.held)),
+                         **kwargs)
 
     def _finish(self, seq: Sequence, reason: str, token: int | None = None, lane=None):
         if reason != HANDOVER:
@@ -111,7 +110,7 @@ class PrefillEngine(LLMEngine):
             live = lane.scheduler.running + list(lane.scheduler.waiting) + list(self.held.values())
             event = lane.pool_trace.after_step(lane.block_manager, live, self.step_count)
             if event is not None:
-                self._emit(event)
+                self.emit(event)
 
     def _forget(self, seq: Sequence) -> None:
         self.block_manager.free_seq(seq)
