@@ -7,8 +7,9 @@ An LLMEngine has one lane; a disaggregated engine's decode side has one per deco
 keeps its parts; the engine's step takes the lane it steps (LLMEngine.step_lane).
 
 CoreHooks: what an engine built around an LLMEngine (DisaggEngine holds one as its decode
-core) changes of that engine's loop, given when it is built: lane 0's scheduler, the lane a
-request is in, and a stamp on every event. Nothing is overridden or swapped afterwards.
+core, PrefillEngine too) changes of that engine's loop, given when it is built: lane 0's
+scheduler, the lane a request is in, a stamp on every event, when a token ends a request and
+a finish kept back. Nothing is overridden or swapped afterwards.
 """
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ from typing import Callable
 from engine.block_manager import BlockManager
 from engine.info import EngineLoad
 from engine.model_runner import ModelRunner
+from engine.output_processor import OutputProcessor
+from engine.outputs import TokenOutput
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
 from engine.step_pass import EngineStats
@@ -40,6 +43,8 @@ class CoreHooks:
     new_scheduler: Callable[[BlockManager], Scheduler] | None = None  # lane 0's scheduler, over its blocks
     lane_for: Callable[[Sequence], Lane] | None = None  # the lane a request is in (an abort's finish frees it there)
     stamp: Callable[[Event], Event] | None = None  # every event, before the tracer (say which engine wrote it)
+    output_processor: type[OutputProcessor] | None = None  # when a token ends a request (a prefill engine's: the first)
+    hold: Callable[[Sequence, str, int | None], TokenOutput | None] | None = None  # a finish kept back: its output
 
 
 def lane_load(lane: Lane, step_count: int, stats: EngineStats, num_aborted: int) -> EngineLoad:

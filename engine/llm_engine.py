@@ -54,7 +54,6 @@ _ids = itertools.count()
 class LLMEngine:
     """What a server may use is the Engine protocol (engine.engine_api), and the tracer's events;
     the rest are its parts, free to change."""
-    output_processor = OutputProcessor  # a prefill engine's hands each request over after its first token
 
     def __init__(self, model: str | Path | None = None, *, device: str = "auto",
                  dtype: str | torch.dtype = "auto", config: EngineConfig | None = None,
@@ -102,10 +101,9 @@ class LLMEngine:
             self.speculator, num_speculative_tokens, self.max_model_len, self.config.max_num_batched_tokens)
         self.scheduler = self.hooks.new_scheduler(self.block_manager) if self.hooks.new_scheduler else \
             Scheduler(self.config, self.block_manager, self.speculation and self.speculation.lookahead)
-        self.intake = InputProcessor(self.tokenizer, cfg, self.max_model_len, self.runner.num_blocks,
-                                     self.config.block_size, self.device, num_speculative_tokens,
-                                     self.speculator is not None)
-        self.output = self.output_processor(cfg.eos_token_ids, self.max_model_len, self.emit)
+        self.intake = InputProcessor(self.tokenizer, cfg, self.max_model_len, self.runner.num_blocks, self.config.block_size,
+                                     self.device, num_speculative_tokens, self.speculator is not None)
+        self.output = (self.hooks.output_processor or OutputProcessor)(cfg.eos_token_ids, self.max_model_len, self.emit)
         self.step_trace = StepTrace(self.emit, self.tokenizer, cfg, self.config.block_size, self.runner,
                                     self.speculator)
         self.requests = RequestTable()  # live, and finished ones until released
@@ -238,7 +236,7 @@ class LLMEngine:
             outputs = self._step(lane)
         finally:
             self.step_trace.end()
-        self._trace_pool(lane)
+        self.trace_pool(lane)
         return outputs
 
     @torch.inference_mode()  # sampling and the trace's tensor work too: less dispatch per op
@@ -368,6 +366,8 @@ class LLMEngine:
     def _finish(self, seq: Sequence, reason: str, token: int | None = None, lane: Lane | None = None) -> TokenOutput:
         """The request ends: its text and last output, then what it held in its lane freed (its
         choices not started yet end with it), readable until released; its `finish` event."""
+        if self.hooks.hold is not None and (kept := self.hooks.hold(seq, reason, token)) is not None:
+            return kept  # not ended: kept back, its blocks held (a prefill engine's handover)
         lane = lane or (self.hooks.lane_for(seq) if self.hooks.lane_for else self.lane)  # (several: CoreHooks)
         if seq.forks and token is None:  # ended before its prompt was computed (abort, no room): its choices too
             for child in self._fork(lane, seq):
@@ -389,8 +389,8 @@ class LLMEngine:
         name, request_id, data = self.hooks.stamp(event) if self.hooks.stamp else event
         self.tracer.emit_plain(name, request_id, self.step_count if step is None else step, data)
 
-    def _trace_pool(self, lane: Lane) -> None:
-        """kv.pool: the lane's block pool after the step, what changed (KVPoolTracker)."""
+    def trace_pool(self, lane: Lane) -> None:
+        """kv.pool: the lane's block pool after a step (or a change between steps), what changed (KVPoolTracker)."""
         event = lane.pool_trace.after_step(lane.block_manager, lane.scheduler.holding(), self.step_count)
         if event is not None:
             self.emit(event)
