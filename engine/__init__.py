@@ -3,6 +3,7 @@ and a trace event for every stage of a request."""
 from engine.config import EngineConfig, ModelConfig, UnsupportedModelError
 from engine.llm import LLM
 from engine.info import EngineInfo, EngineLoad
+from engine.engine_api import Engine
 from engine.llm_engine import ContextLengthError, LLMEngine
 from engine.disagg import DisaggEngine, DisaggFailedError
 from engine.checkpoint.errors import ModelLoadError
@@ -13,7 +14,7 @@ from engine.sampling_params import MAX_LOGPROBS, SamplingParams
 from engine.structured import Constraint
 from engine.trace import CaptureConfig, EventList, TraceEvent, Tracer
 
-__all__ = ["LLM", "LLMEngine", "DisaggEngine", "DisaggFailedError", "SamplingParams", "EngineConfig", "ModelConfig", "CaptureConfig",
+__all__ = ["LLM", "Engine", "LLMEngine", "DisaggEngine", "DisaggFailedError", "SamplingParams", "EngineConfig", "ModelConfig", "CaptureConfig",
            "RequestOutput", "TokenOutput", "Usage", "TraceEvent", "Tracer", "EventList",
            "ModelLoadError", "UnsupportedModelError", "ContextLengthError", "EngineInfo", "EngineLoad",
            "Constraint", "MAX_LOGPROBS", "stage_code", "checkout_commit",

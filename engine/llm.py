@@ -15,6 +15,7 @@ from tqdm.auto import tqdm
 
 from engine.config import EngineConfig
 from engine.disagg import DisaggEngine
+from engine.engine_api import Engine
 from engine.llm_engine import LLMEngine
 from engine.config import ProgressFn
 from engine.outputs import RequestOutput, TokenOutput
@@ -45,7 +46,7 @@ class LLM:
         decode_ranks: decode engines, a pool and batch each, in this process."""
         self.tracer = Tracer()
         if disaggregate:
-            self.engine = DisaggEngine(model, device=device, dtype=dtype, config=EngineConfig(**engine_options),
+            self.engine: Engine = DisaggEngine(model, device=device, dtype=dtype, config=EngineConfig(**engine_options),
                                        tracer=self.tracer, trace_level="off", capture=capture, progress=progress,
                                        draft=draft, prefill_ranks=prefill_ranks, decode_ranks=decode_ranks)
             self.tokenizer = self.engine.tokenizer

@@ -24,7 +24,7 @@ from engine.block_manager import BlockManager
 from engine.checkpoint.resolve import load_config, resolve_model_path
 from engine.config import EngineConfig, ProgressFn
 from engine.info import EngineInfo, EngineLoad, describe
-from engine.lane import Lane, lane_load
+from engine.lane import CoreHooks, Lane, lane_load
 from engine.input_processor import ContextLengthError, InputProcessor, RequestOptions, choice_ids  # noqa: F401 (re-exported)
 from engine.logprobs import token_logprobs
 from engine.model_runner import ModelRunner
@@ -52,40 +52,37 @@ _ids = itertools.count()
 
 
 class LLMEngine:
-    """What a server may use: add_request, abort, step, has_unfinished_requests, get_output,
-    release, live_requests, stop_captures, describe (EngineInfo), load, shutdown; the
-    attributes tokenizer, tracer, model_path, max_model_len, num_speculative_tokens and
-    step_count (read only); and the tracer's events. The rest are its parts, free to change."""
-    output_processor = OutputProcessor  # a prefill engine's hands each request over after its first token
+    """What a server may use is the Engine protocol (engine.engine_api), and the tracer's events;
+    the rest are its parts, free to change."""
 
     def __init__(self, model: str | Path | None = None, *, device: str = "auto",
                  dtype: str | torch.dtype = "auto", config: EngineConfig | None = None,
                  tracer: Tracer | None = None, trace_level: str = "basic",
                  capture: CaptureConfig | None = None, progress: ProgressFn | None = None,
                  draft: str | Path | None = None, num_speculative_tokens: int = 4,
-                 prompt_lookup_max: int = 4, prompt_lookup_min: int = 2, kv_pool_events: str = "traced") -> None:
+                 prompt_lookup_max: int = 4, prompt_lookup_min: int = 2, kv_pool_events: str = "traced",
+                 hooks: CoreHooks | None = None) -> None:
         """draft: a draft model's path or hub id, or "ngram" for prompt lookup (proposals
         copied from the request's own tokens: the last n tokens, n from prompt_lookup_max
         down to prompt_lookup_min, are looked up earlier in the prompt and output).
         kv_pool_events: when the tracer gets `kv.pool` (KVPoolTracker): "traced"
         (while a traced request is live) or "always" (whenever the pool changes: a server
-        that draws the pool for untraced requests too)."""
-        self.config = config or EngineConfig()
+        that draws the pool for untraced requests too).
+        hooks: what an engine built around this one changes of its loop (CoreHooks)."""
+        self.config, self.hooks = config or EngineConfig(), hooks or CoreHooks()
         self.model_path = resolve_model_path(model if model is not None else DEFAULT_MODEL)
         self.model_config = cfg = load_config(self.model_path)
         self.tokenizer = Tokenizer(self.model_path)
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, cfg.torch_dtype, self.device)
-        self.max_model_len = min(self.config.max_model_len or cfg.max_position_embeddings,
-                                 cfg.max_position_embeddings)
+        self.max_model_len = min(self.config.max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
         # a draft that cannot serve fails before any weights load
         spec = SpeculativeConfig.resolve(draft, num_speculative_tokens, prompt_lookup_max, prompt_lookup_min,
                                          self.tokenizer, cfg)
         if spec is not None and spec.max_positions is not None:
             self.max_model_len = min(self.max_model_len, spec.max_positions)
-        runner_cls = ModelRunner
-        if self.config.tensor_parallel_size > 1 or self.config.expert_parallel:  # sharded over ranks
-            runner_cls = ParallelRunner
+        sharded = self.config.tensor_parallel_size > 1 or self.config.expert_parallel  # over ranks
+        runner_cls = ParallelRunner if sharded else ModelRunner
         self.runner = runner_cls(self.model_path, cfg, self.config, self.max_model_len, self.dtype, self.device,
                                  progress)
         self.tracer = tracer
@@ -93,9 +90,8 @@ class LLMEngine:
             raise ValueError(f"trace_level must be one of {TRACE_LEVELS}")
         self.default_trace_level = trace_level if tracer is not None else "off"
         self.capture = capture or CaptureConfig()
-        emit = self._emit if tracer is not None else None
         self.block_manager = BlockManager(self.runner.num_blocks, self.config.block_size,
-                                          self.config.enable_prefix_caching, emit=emit)
+                                          self.config.enable_prefix_caching, emit=self.emit if tracer is not None else None)
         self.num_speculative_tokens = num_speculative_tokens
         # proposes the tokens each round verifies: a draft model beside the target, or n-grams
         self.speculator: Proposer | None = None if spec is None else spec.build(
@@ -103,17 +99,16 @@ class LLMEngine:
         self.speculative_method = self.speculator.method if self.speculator is not None else None
         self.speculation = None if self.speculator is None else Speculation(
             self.speculator, num_speculative_tokens, self.max_model_len, self.config.max_num_batched_tokens)
-        self.scheduler = self._new_scheduler(self.block_manager)
-        self.intake = InputProcessor(self.tokenizer, cfg, self.max_model_len, self.runner.num_blocks,
-                                     self.config.block_size, self.device, num_speculative_tokens,
-                                     self.speculator is not None)
-        self.output = self.output_processor(cfg.eos_token_ids, self.max_model_len, self._emit)
-        self.step_trace = StepTrace(self._emit, self.tokenizer, cfg, self.config.block_size, self.runner,
+        self.scheduler = self.hooks.new_scheduler(self.block_manager) if self.hooks.new_scheduler else \
+            Scheduler(self.config, self.block_manager, self.speculation and self.speculation.lookahead)
+        self.intake = InputProcessor(self.tokenizer, cfg, self.max_model_len, self.runner.num_blocks, self.config.block_size,
+                                     self.device, num_speculative_tokens, self.speculator is not None)
+        self.output = (self.hooks.output_processor or OutputProcessor)(cfg.eos_token_ids, self.max_model_len, self.emit)
+        self.step_trace = StepTrace(self.emit, self.tokenizer, cfg, self.config.block_size, self.runner,
                                     self.speculator)
         self.requests = RequestTable()  # live, and finished ones until released
         self._outputs_for_next_step: list[TokenOutput] = []  # made between steps (aborts): the next step returns them
-        self.step_count = 0
-        self.num_aborted = 0
+        self.step_count, self.num_aborted = 0, 0
         self.stats = EngineStats()
         self.lock = threading.RLock()  # add/abort may come from other threads than step()
         # a lock is not fair (step() after step() may take it again first): an abort waiting goes first
@@ -161,12 +156,6 @@ class LLMEngine:
 
     choice_ids = staticmethod(choice_ids)
 
-    def _new_scheduler(self, bm: BlockManager) -> Scheduler:  # a prefill or decode engine's has its own kind
-        return Scheduler(self.config, bm, self.speculation.lookahead if self.speculation is not None else None)
-
-    def _lane_for(self, seq: Sequence) -> Lane:  # a request's lane: the one (a disaggregated engine has more)
-        return self.lane
-
     def abort(self, request_id: str) -> bool:
         """Stop a request now and free its blocks. False if unknown or already done."""
         with self._abort_count_lock:  # not the engine's lock: a step holds that one
@@ -178,8 +167,7 @@ class LLMEngine:
                 if seq is None or seq.is_finished:
                     return False
                 self.num_aborted += 1
-                # The next step() reports it like any other finish, so a stream sees its end.
-                self._outputs_for_next_step.append(self._finish(seq, "abort"))
+                self.end(seq, "abort")
                 return True
         finally:
             with self._abort_count_lock:
@@ -192,7 +180,7 @@ class LLMEngine:
 
     def get_output(self, request_id: str) -> RequestOutput:
         seq = self.requests[request_id]
-        return request_output(seq, self._metrics(seq))
+        return request_output(seq, request_metrics(seq))
 
     def release(self, request_id: str) -> None:
         """Forget a finished request (its output has been collected)."""
@@ -236,6 +224,9 @@ class LLMEngine:
         with self.lock:
             return self._step_in(self.lane)
 
+    def step_lane(self, lane: Lane) -> list[TokenOutput]:  # an engine with more lanes steps each (its lock held)
+        return self._step_in(lane)
+
     def _step_in(self, lane: Lane) -> list[TokenOutput]:
         """One step of this lane's batch (the lock held), then its pool's kv.pool event."""
         if self.tracer is None:  # nothing traced: no capture to cut, no finish event to hold
@@ -245,7 +236,7 @@ class LLMEngine:
             outputs = self._step(lane)
         finally:
             self.step_trace.end()
-        self._trace_pool(lane)
+        self.trace_pool(lane)
         return outputs
 
     @torch.inference_mode()  # sampling and the trace's tensor work too: less dispatch per op
@@ -281,13 +272,13 @@ class LLMEngine:
         sched = lane.scheduler.schedule()
         for seq in sched.out_of_memory:
             if seq.traced:
-                self._emit(events.kv_exhausted(seq, lane.block_manager.num_blocks))
+                self.emit(events.kv_exhausted(seq, lane.block_manager.num_blocks))
             outputs.append(self._finish(seq, "length", lane=lane))
         for seq in sched.preempted:
             if self.speculator is not None:
                 self.speculator.free(seq)
             if seq.traced:
-                self._emit(events.schedule_preempt(seq))
+                self.emit(events.schedule_preempt(seq))
         now = time.perf_counter()
         for seq in sched.admitted:
             seq.first_scheduled_time = seq.first_scheduled_time or now
@@ -333,12 +324,8 @@ class LLMEngine:
             for j, token in enumerate(p.tokens):
                 if seq.traced:
                     self.step_trace.token(step, p, j, token, self.capture)
-                out = self._append_token(lane, seq, token, t_sample)
-                out.logprobs = lps[j] if lps is not None else None
-                if seq.params.prompt_logprobs is not None and seq.num_output_tokens == 1:
-                    out.prompt_logprobs = [None] + [seq.prompt_logprobs.get(i) for i in range(1, seq.num_prompt_tokens)]
+                out = self.append(lane, seq, token, t_sample, lps[j] if lps is not None else None)
                 outputs.append(out)
-                self.stats.generated_tokens += 1
                 if out.finished:
                     break
         return outputs
@@ -353,16 +340,35 @@ class LLMEngine:
         return forks
 
     # --- a token appended, a request finished (OutputProcessor) -----------------------
-    def _append_token(self, lane: Lane, seq: Sequence, token: int, now: float) -> TokenOutput:
-        reason = self.output.append(seq, token, now)
-        if reason is not None:
-            return self._finish(seq, reason, token, lane)
-        return self.output.stream(seq, token, self.step_count)
+    def append(self, lane: Lane, seq: Sequence, token: int, now: float, logprobs=None,
+               between_steps: bool = False) -> TokenOutput:
+        """A new token on seq: streamed, or its finish (between_steps: a first token handed over, told next step)."""
+        reason = self.output.append(seq, token, now)  # (None: it goes on)
+        out = self._finish(seq, reason, token, lane) if reason else self.output.stream(seq, token, self.step_count)
+        out.logprobs = logprobs
+        if seq.params.prompt_logprobs is not None and seq.num_output_tokens == 1:
+            out.prompt_logprobs = [None] + [seq.prompt_logprobs.get(i) for i in range(1, seq.num_prompt_tokens)]
+        self.stats.generated_tokens += 1
+        if between_steps:
+            self._outputs_for_next_step.append(out)
+        return out
+
+    def end(self, seq: Sequence, reason: str) -> None:
+        """The request ends between steps (an abort): the next step() tells it, as any finish."""
+        self._outputs_for_next_step.append(self._finish(seq, reason))
+
+    def end_all(self, reason: str) -> None:
+        """Every live request ends, told to no one (an engine around this one failed: its later calls raise)."""
+        for rid in self.live_requests():
+            self._finish(self.requests[rid], reason)
+        self._outputs_for_next_step.clear()
 
     def _finish(self, seq: Sequence, reason: str, token: int | None = None, lane: Lane | None = None) -> TokenOutput:
         """The request ends: its text and last output, then what it held in its lane freed (its
         choices not started yet end with it), readable until released; its `finish` event."""
-        lane = lane or self._lane_for(seq)
+        if self.hooks.hold is not None and (kept := self.hooks.hold(seq, reason, token)) is not None:
+            return kept  # not ended: kept back, its blocks held (a prefill engine's handover)
+        lane = lane or (self.hooks.lane_for(seq) if self.hooks.lane_for else self.lane)  # (several: CoreHooks)
         if seq.forks and token is None:  # ended before its prompt was computed (abort, no room): its choices too
             for child in self._fork(lane, seq):
                 self._outputs_for_next_step.append(self._finish(child, reason, lane=lane))  # told with the next step
@@ -373,25 +379,21 @@ class LLMEngine:
         lane.scheduler.finish(seq, reason)
         self.requests.finished(seq.request_id)
         if seq.traced:
-            self.step_trace.finish(events.finish(seq, reason, self._metrics(seq)))
+            self.step_trace.finish(events.finish(seq, reason, request_metrics(seq)))
         return out
 
-    def _metrics(self, seq: Sequence) -> dict:  # a disaggregated engine's adds the handover
-        return request_metrics(seq)
-
     # --- tracing (StepTrace) -----------------------------------------------------------
-    def _emit(self, event: Event, step: int | None = None) -> None:
+    def emit(self, event: Event, step: int | None = None) -> None:
         """An event from trace.events (plain JSON values already), stamped with the step
         (step: an earlier one's, for what was computed after it: a token's logit lens)."""
-        name, request_id, data = event
+        name, request_id, data = self.hooks.stamp(event) if self.hooks.stamp else event
         self.tracer.emit_plain(name, request_id, self.step_count if step is None else step, data)
 
-    def _trace_pool(self, lane: Lane) -> None:
-        """kv.pool: the lane's block pool after the step, what changed (KVPoolTracker)."""
-        live = lane.scheduler.running + list(lane.scheduler.waiting)
-        event = lane.pool_trace.after_step(lane.block_manager, live, self.step_count)
+    def trace_pool(self, lane: Lane) -> None:
+        """kv.pool: the lane's block pool after a step (or a change between steps), what changed (KVPoolTracker)."""
+        event = lane.pool_trace.after_step(lane.block_manager, lane.scheduler.holding(), self.step_count)
         if event is not None:
-            self._emit(event)
+            self.emit(event)
 
     def shutdown(self) -> None:
         """Stop a sharded engine's worker ranks (nothing to do for one device)."""

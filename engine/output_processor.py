@@ -94,19 +94,19 @@ def holdback(seq: Sequence) -> int:
 
 
 def request_metrics(seq: Sequence) -> dict:
-    """TTFT and its split (tokenize, queue, prefill, first sample), each token's latency."""
+    """TTFT and its split (tokenize, queue, prefill, first sample, and a handed-over first
+    token's kv_transfer), each token's latency."""
     if not seq.first_token_time:
         return {"preemptions": seq.num_preemptions}
     times = [seq.first_token_time] + seq.token_times[1:]
-    return {
-        "ttft": seq.first_token_time - seq.arrival_time,
-        "ttft_split": {"tokenize": seq.tokenized_time - seq.arrival_time,
-                       "queue": seq.first_scheduled_time - seq.tokenized_time,
-                       "prefill": seq.prefill_done_time - seq.first_scheduled_time,
-                       "first_sample": seq.first_token_time - seq.prefill_done_time},
-        "token_latencies": [b - a for a, b in zip(times, times[1:])],
-        "preemptions": seq.num_preemptions,
-    }
+    split = {"tokenize": seq.tokenized_time - seq.arrival_time, "queue": seq.first_scheduled_time - seq.tokenized_time,
+             "prefill": seq.prefill_done_time - seq.first_scheduled_time,
+             "first_sample": seq.first_token_time - seq.prefill_done_time}
+    if seq.first_token_drawn_time:  # drawn by a prefill engine, then handed over here
+        split["first_sample"] = seq.first_token_drawn_time - seq.prefill_done_time
+        split["kv_transfer"] = seq.first_token_time - seq.first_token_drawn_time
+    return {"ttft": seq.first_token_time - seq.arrival_time, "ttft_split": split,
+            "token_latencies": [b - a for a, b in zip(times, times[1:])], "preemptions": seq.num_preemptions}
 
 
 def request_output(seq: Sequence, metrics: dict) -> RequestOutput:

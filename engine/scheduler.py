@@ -43,6 +43,10 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def holding(self) -> list[Sequence]:
+        """The sequences whose blocks are in this pool (kv.pool and the pool's invariants read them)."""
+        return self.running + list(self.waiting)
+
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens

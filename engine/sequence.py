@@ -54,6 +54,7 @@ class Sequence:
     first_scheduled_time: float = 0.0
     prefill_done_time: float = 0.0
     first_token_time: float = 0.0
+    first_token_drawn_time: float = 0.0  # disaggregated: its draw on the prefill side (first_token_time: here)
     token_times: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:

@@ -10,7 +10,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from engine import DisaggEngine, EngineConfig, LLMEngine, SamplingParams, TokenOutput, TraceEvent, Tracer
+from engine import DisaggEngine, Engine, EngineConfig, LLMEngine, SamplingParams, TokenOutput, TraceEvent, Tracer
 
 from app.lab.experiment import Cancelled, Progress, Setting, SettingResult
 from app.lab.measure import KEPT_EVENTS, request_records, step_records
@@ -79,7 +79,7 @@ class Lab:
     @contextmanager
     def engine(self, model: str | None = None, *, trace: bool = True, dtype: str = "auto",
                device: str | None = None, disaggregate: bool = False,
-               **options: Any) -> Iterator[tuple[LLMEngine, list[dict]]]:
+               **options: Any) -> Iterator[tuple[Engine, list[dict]]]:
         """An engine for one setting and the list its kept trace events go to. options: the
         EngineConfig fields, and draft / num_speculative_tokens / prompt_lookup_*. disaggregate:
         a DisaggEngine (its prefill engine in a process of its own, stopped when the block ends)."""
@@ -108,7 +108,7 @@ class Lab:
         finally:
             torch.set_num_threads(threads)
 
-    def drive(self, engine: LLMEngine, events: list[dict], jobs: list[Job], max_steps: int = 100_000,
+    def drive(self, engine: Engine, events: list[dict], jobs: list[Job], max_steps: int = 100_000,
               on_output: Callable[[str, TokenOutput], None] | None = None, one_at_a_time: bool = False) -> Drive:
         """Run jobs to the end; abort what is left if cancelled (the engine's pages go back).
         one_at_a_time: each job waits for the one before to end (its arrive_step is ignored)."""
@@ -160,7 +160,7 @@ class Lab:
         return Drive(self.last_events, roles, arrivals, t0, steps, cpu)
 
 
-def warm_up(engine: LLMEngine) -> None:
+def warm_up(engine: Engine) -> None:
     """One short request first, so the setting's first step does not pay for torch's lazy set-up."""
     rid = engine.add_request("Hello", SamplingParams(temperature=0, max_tokens=2, ignore_eos=True), trace_level="off")
     try:
@@ -171,7 +171,7 @@ def warm_up(engine: LLMEngine) -> None:
         engine.release(rid)
 
 
-def free(engine: LLMEngine) -> None:
+def free(engine: Engine) -> None:
     """Stop the engine's workers; its memory goes at the caller's next release_memory(), once
     nothing holds the engine (a collection here, with the engine still referenced, freed nothing)."""
     engine.shutdown()

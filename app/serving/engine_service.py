@@ -1,5 +1,6 @@
-"""The engine service: one background thread runs LLMEngine.step(); a tracer sink copies
-every event into the trace store and into the queues of whoever watches that request.
+"""The engine service: one background thread runs the engine's step() (an Engine: an
+LLMEngine or a DisaggEngine); a tracer sink copies every event into the trace store and
+into the queues of whoever watches that request.
 
 Web handlers never call step() and never wait on the engine's lock in the event loop:
 they submit, then read their queue from a worker thread. The service knows the engine
@@ -21,7 +22,7 @@ from jinja2 import TemplateError
 from app.serving.limits import ClientSlots, RequestRefused, ServeLimits
 from app.serving.requests import Submission
 from app.serving.trace_store import TraceStore
-from engine import ContextLengthError, LLMEngine, TraceEvent, checkout_commit
+from engine import ContextLengthError, Engine, LLMEngine, TraceEvent, checkout_commit
 from visualizers.kv_cache import apply_kv_pool, copy_pool, empty_pool
 
 log = logging.getLogger("tokentrace")
@@ -57,7 +58,7 @@ class Subscription:
 
 
 class EngineService:
-    def __init__(self, engine: LLMEngine, store: TraceStore | None = None, model_name: str | None = None,
+    def __init__(self, engine: Engine, store: TraceStore | None = None, model_name: str | None = None,
                  limits: ServeLimits | None = None, slots: ClientSlots | None = None,
                  draft_name: str | None = None) -> None:
         """slots: the per-client count of requests in flight, shared by every engine of one
@@ -94,7 +95,7 @@ class EngineService:
 
     # --- model facts the page shows (all read from the engine) -------------------
     def model_info(self) -> dict:
-        """The page's and the trace file's numbers for this model, from LLMEngine.describe()."""
+        """The page's and the trace file's numbers for this model, from the engine's describe()."""
         info = self.engine.describe()
         m, kv, spec, par = info.model, info.kv_pool, info.speculation, info.parallel
         return {"name": self.model_name, "num_layers": m.num_layers, "num_heads": m.num_heads,

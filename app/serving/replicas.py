@@ -17,7 +17,7 @@ from threading import Lock
 from app.serving.engine_service import EngineService, Subscription
 from app.serving.requests import Submission
 from app.serving.router import Route, Router
-from engine import LLMEngine
+from engine import Engine, LLMEngine
 
 MAX_REPLICAS = 4
 KEEP_ROUTES = 4096  # request id -> replica, for watchers and aborts (the oldest forgotten first)
@@ -35,7 +35,7 @@ class Counted:
     prefill has run, and every replica would compute that prompt."""
     live: set[str]
     prompts: dict[str, list[int]]  # request id -> its prompt's ids, while it runs
-    engine: LLMEngine
+    engine: Engine
     block_size: int
 
     def in_flight(self) -> int:

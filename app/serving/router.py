@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Protocol, Sequence
 
-from engine import LLMEngine
+from engine import Engine
 
 POLICIES = ("round-robin", "least-loaded", "prefix-aware")
 BALANCE_ABS = 8  # prefix-aware balances first when the loads differ by more than this many requests
@@ -30,7 +30,7 @@ class Probe(Protocol):
 @dataclass(frozen=True)
 class EngineProbe:
     """A replica as the router sees it: an engine's load and its prefix cache."""
-    engine: LLMEngine
+    engine: Engine
 
     def in_flight(self) -> int:
         load = self.engine.load()

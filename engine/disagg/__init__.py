@@ -21,9 +21,10 @@ transfer.py  the KV pages: gather a request's blocks, send, receive into other b
 routing.py   which prefill engine computes a request, which decode engine receives it
 lanes.py     the decode engines of the serving process: a lane each (its pool, a runner over it,
              its block manager and scheduler)
-prefill.py   the prefill engine (an LLMEngine that holds a request after its first token)
+prefill.py   the prefill engine (around an LLMEngine it holds: a request kept after its first token)
              and its process's loop
-engine.py    DisaggEngine: the decode side, an LLMEngine whose requests start remote
+engine.py    DisaggEngine: the decode side, around an LLMEngine it holds (its decode core, built
+             with CoreHooks: its requests start remote); no subclass
 
 Imports go one way: protocol, routing, lanes -> nothing here; transfer -> protocol; prefill
 -> protocol, transfer (and engine/parallel's worker helpers); engine -> all of them

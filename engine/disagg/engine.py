@@ -1,7 +1,8 @@
 """DisaggEngine: the decode side of a disaggregated engine, and the owner of its prefill side.
 
-An LLMEngine (the serving process's: requests, outputs, trace and the decode KV pools are
-here) whose new requests go to a prefill engine's process instead of its own queue. Each
+It holds an LLMEngine as its decode core (the serving process's: requests, outputs, trace and
+decode engine 0's KV pool are there), built with CoreHooks so that a new request goes to a
+prefill engine's process instead of its queue; it derives from nothing. Each
 one comes back as a Handover (its first token, drawn there); the decode side then picks a
 decode engine, allocates blocks in that one's pool, posts a receive, asks for the pages
 (PULL) and, once they are in (SENT), appends the first token and decodes the rest as any
@@ -10,9 +11,9 @@ pages, their block tables their own.
 
 Layout (xPyD, as vLLM's and Dynamo's disaggregated serving name it): P prefill engines,
 each a spawned process with its own model copy, KV pool and prefix cache (prefill k is rank
-k + 1), and D decode engines, all in this process on rank 0: each a lane (another_lane)
-with its own pool, block manager and batch over this process's one copy of the weights, each
-step given the lane that steps. One torch.distributed group of 1 + P processes; which prefill
+k + 1), and D decode engines, all in this process on rank 0: each a lane (the core's, then
+another_lane) with its own pool, block manager and batch over this process's one copy of the
+weights, each step given the lane that steps (LLMEngine.step_lane). One torch.distributed group of 1 + P processes; which prefill
 and which decode engine a request gets: PrefillRouter, pick_decode.
 
 A request's path: decode add_request -> route -> ADD -> prefill steps (its prefix cache, its
@@ -39,17 +40,19 @@ import torch.distributed as dist
 
 from engine.checkpoint.resolve import resolve_model_path
 from engine.config import EngineConfig
-from engine.info import EngineLoad
-from engine.lane import Lane, lane_load
+from engine.info import EngineInfo, EngineLoad
+from engine.lane import CoreHooks, Lane, lane_load
 from engine.llm_engine import DEFAULT_MODEL, LLMEngine
 from engine.startup import resolve_device
-from engine.outputs import TokenOutput
+from engine.outputs import RequestOutput, TokenOutput
 from engine.parallel.comm import Comm
 from engine.parallel.protocol import STARTUP_TIMEOUT_S
 from engine.parallel.runner import RankFailedError, _stop_workers
 from engine.parallel.spawn import check_alive, start_process, wait_loaded
+from engine.request_table import RequestTable
 from engine.sequence import Sequence, Status
 from engine.trace import CaptureConfig
+from engine.trace.events import Event
 from engine.disagg import transfer
 from engine.disagg.lanes import DecodeScheduler, another_lane, pool_stats
 from engine.disagg.prefill import prefill_main
@@ -90,8 +93,9 @@ class _InFlight:
     source: int  # the prefill engine that sends them
 
 
-class DisaggEngine(LLMEngine):
-    """LLMEngine's interface; prefill in processes of their own. See the module's docstring."""
+class DisaggEngine:
+    """The Engine protocol (engine.engine_api) around a decode core, an LLMEngine it holds;
+    prefill in processes of their own. See the module's docstring."""
 
     def __init__(self, model: str | Path | None = None, *, device: str = "auto", dtype="auto",
                  config: EngineConfig | None = None, tracer=None, trace_level: str = "basic",
@@ -112,6 +116,7 @@ class DisaggEngine(LLMEngine):
         self.failed: str | None = None
         self._stepping: Lane | None = None  # the decode engine whose step runs (its events name it)
         self._lane_of: dict[str, int] = {}  # request id -> its decode engine, once its pages were pulled
+        self.inflight: dict[int, _InFlight] = {}  # by tag: pages on the way
         self._state = {"in_step": False}
         self.procs, self.conns, self.comm = [], [], None
         self._finalizer = weakref.finalize(self, _stop_workers, self.procs, self.conns, None, self._state)
@@ -128,30 +133,46 @@ class DisaggEngine(LLMEngine):
             decode_config = replace(config, enable_prefix_caching=False)
             if decode_ranks > 1:
                 decode_config = replace(decode_config, cuda_graphs=False)
-            super().__init__(path, device="cuda:0" if dev.type == "cuda" else "cpu", dtype=dtype,
-                             config=decode_config, tracer=tracer, trace_level=trace_level, capture=capture,
-                             progress=progress, kv_pool_events=kv_pool_events)
+            hooks = CoreHooks(new_scheduler=lambda bm: DecodeScheduler(decode_config, bm, self._to_prefill,
+                                                                       self._arriving(0)),
+                              lane_for=self._lane_for, stamp=self._stamp)
+            self.core = LLMEngine(path, device="cuda:0" if dev.type == "cuda" else "cpu", dtype=dtype,
+                                  config=decode_config, tracer=tracer, trace_level=trace_level, capture=capture,
+                                  progress=progress, kv_pool_events=kv_pool_events, hooks=hooks)
             self.prefill_blocks = self._wait_started()
-            self.comm = Comm.connect_watching(store, DECODE_RANK, world, self.device, STARTUP_TIMEOUT_S, partial(
+            self.comm = Comm.connect_watching(store, DECODE_RANK, world, self.core.device, STARTUP_TIMEOUT_S, partial(
                 check_alive, self.procs, DisaggFailedError, "prefill engine {n}'s process exited before it joined "
                 "the process group"))
         except BaseException:
             self.shutdown()
             raise
+        core = self.core  # what the Engine protocol reads, the core's (and decode engine 0's pool: the tests')
+        self.tokenizer, self.tracer, self.model_path = core.tokenizer, core.tracer, core.model_path
+        self.max_model_len, self.num_speculative_tokens = core.max_model_len, core.num_speculative_tokens
+        self.config, self.model_config, self.block_manager = core.config, core.model_config, core.block_manager
+        self.lock = core.lock
         self.proc, self.conn = self.procs[0], self.conns[0]  # prefill engine 0's (one prefill engine: the one)
         self.prefix_caching = config.enable_prefix_caching  # the prefill side's (describe() says so)
+        self._info = None  # describe(), built on first use
         self.router = PrefillRouter(prefill_ranks, min(self.prefill_blocks), self.config.block_size)
-        self.lanes = [self.lane] + [another_lane(self, j, self._to_prefill, self._receiving(j),
-                                                 kv_pool_events == "always") for j in range(1, decode_ranks)]
+        emit = core.emit if tracer is not None else None
+        self.lanes = [core.lane] + [another_lane(core.lane, self.config, j, self._to_prefill, self._arriving(j), emit,
+                                                  kv_pool_events == "always") for j in range(1, decode_ranks)]
         self.remote: dict[str, Sequence] = {}  # at a prefill engine: added, pages not pulled yet
         self._prefill_of: dict[str, int] = {}  # ... at which one
         self.ready: deque[tuple[Sequence, Handover, int]] = deque()  # prefilled (by engine k), waiting for blocks
-        self.inflight: dict[int, _InFlight] = {}  # by tag: pages on the way
         self._tags = itertools.count(1)  # one sequence for every pair: a tag is never reused while posted
-        self._drawn: dict[str, float] = {}  # when the prefill side drew the first token (the TTFT split)
         self._stats: dict[int, dict] = {}
         # each prefill engine's pool as its last send left it (the kv.transfer event draws them all)
         self._prefill_pools = [{"num_blocks": n, "free": n, "cached": 0} for n in self.prefill_blocks]
+
+    @property
+    def requests(self) -> RequestTable:  # the core's: live, and finished ones until released
+        return self.core.requests
+
+    @property
+    def step_count(self) -> int:  # the core's: every decode engine's step counts one
+        return self.core.step_count
 
     def layout(self) -> str:
         """The layout and the routing, in words (the server prints it at start-up)."""
@@ -160,15 +181,12 @@ class DisaggEngine(LLMEngine):
         return (f"{len(self.procs)} prefill engine(s) in process(es) {pids} (ranks 1-{len(self.procs)}), each with "
                 f"its own KV pool ({pools} blocks) and prefix cache; {len(self.lanes)} decode engine(s) in this "
                 f"process (rank 0), a pool of {self.block_manager.num_blocks:,} blocks each, stepped in turn; pages "
-                f"sent on torch.distributed ({transfer.backend(self.runner.kv_cache)}). A request goes to the "
+                f"sent on torch.distributed ({transfer.backend(self.core.runner.kv_cache)}). A request goes to the "
                 f"prefill engine with the fewest prefill tokens to compute, its own included less the prefix that "
                 f"engine holds cached; its pages to the decode engine with the most free blocks")
 
-    def _receiving(self, j: int):
-        return lambda: any(f.lane == j for f in self.inflight.values())
-
-    def _new_scheduler(self, bm) -> DecodeScheduler:  # decode engine 0's (the others: another_lane)
-        return DecodeScheduler(self.config, bm, self._to_prefill, self._receiving(0))
+    def _arriving(self, j: int):  # decode engine j's DecodeScheduler: the requests whose pages are on the way there
+        return lambda: [f.seq for f in self.inflight.values() if f.lane == j]
 
     def _lane_for(self, seq: Sequence) -> Lane:  # its decode engine's, once its pages were pulled
         return self.lanes[self._lane_of.get(seq.request_id, 0)]
@@ -203,7 +221,7 @@ class DisaggEngine(LLMEngine):
             raise DisaggFailedError(self.failed)
         if params is not None and params.n > 1:
             raise ValueError("n > 1 with disaggregate=True is not built: ask for one choice per request")
-        return super().add_request(prompt, params, **kwargs)
+        return self.core.add_request(prompt, params, **kwargs)
 
     def _to_prefill(self, seq: Sequence) -> None:
         """DecodeScheduler.add: the request goes to the prefill engine the router picks (under the lock)."""
@@ -218,7 +236,7 @@ class DisaggEngine(LLMEngine):
 
     def abort(self, request_id: str) -> bool:
         with self.lock:
-            done = super().abort(request_id)
+            done = self.core.abort(request_id)
             if done and request_id in self.remote:
                 self.router.answered(request_id)
                 k = self._unremote(request_id)
@@ -233,21 +251,27 @@ class DisaggEngine(LLMEngine):
         hashes = block_hashes(ids, self.config.block_size)
         return max(e.cached_tokens(hashes, len(ids), self.config.block_size) for e in self.router.engines)
 
-    def has_unfinished_requests(self) -> bool:
-        return any(lane.scheduler.has_unfinished() for lane in self.lanes) or \
-            bool(self._outputs_for_next_step or self.remote or self.ready or self.inflight)
+    def has_unfinished_requests(self) -> bool:  # the core's: decode engine 0's, and what the next step tells
+        return self.core.has_unfinished_requests() or any(lane.scheduler.has_unfinished() for lane in self.lanes) \
+            or bool(self.remote or self.ready or self.inflight)
+
+    def get_output(self, request_id: str) -> RequestOutput:
+        return self.core.get_output(request_id)
+
+    def live_requests(self) -> list[str]:
+        return self.core.live_requests()
 
     def stop_captures(self, request_id: str, limit_bytes: int) -> bool:
         with self.lock:
             if request_id in self.remote and not self.failed:
                 self._send(self._prefill_of[request_id], (STOP_CAPTURES, request_id, limit_bytes))
-            return super().stop_captures(request_id, limit_bytes)
+            return self.core.stop_captures(request_id, limit_bytes)
 
     # --- the loop --------------------------------------------------------------------
     def step(self) -> list[TokenOutput]:
         """Every decode engine with work takes its step, in turn."""
         busy = lambda: [lane for lane in self.lanes if lane.scheduler.has_unfinished()]  # noqa: E731
-        if not self.failed and not (busy() or self._outputs_for_next_step):
+        if not self.failed and not (busy() or self.core.has_unfinished_requests()):
             try:  # nothing to decode: wait for the prefill side, without the lock (add and abort go on)
                 wait_any(self.conns, 0.05)
             except (EOFError, OSError):
@@ -256,11 +280,12 @@ class DisaggEngine(LLMEngine):
             if self.failed:
                 raise DisaggFailedError(self.failed)
             self._poll()
-            lanes = busy() or (self.lanes[:1] if self._outputs_for_next_step else [])  # aborts are told by a step
+            # outputs made between steps (aborts, first tokens) are told by a step: decode engine 0's if none is busy
+            lanes = busy() or (self.lanes[:1] if self.core.has_unfinished_requests() else [])
             outputs = []
             for lane in lanes:
                 self._stepping = lane
-                outputs.extend(self._step_in(lane))
+                outputs.extend(self.core.step_lane(lane))
             return outputs
 
     def _poll(self) -> None:
@@ -305,7 +330,7 @@ class DisaggEngine(LLMEngine):
             seq = self.remote.get(rid)
             self._unremote(rid)
             if seq is not None and not seq.is_finished:
-                self._outputs_for_next_step.append(self._finish(seq, "length" if why == "length" else "abort"))
+                self.core.end(seq, "length" if why == "length" else "abort")
         elif kind == STATS:
             self._stats[k] = msg[1]
 
@@ -354,7 +379,7 @@ class DisaggEngine(LLMEngine):
         seq.status = Status.RUNNING
         lane.scheduler.running.append(seq)
         if seq.traced:
-            self._emit(kv_transfer_event(seq, h, wire, f.source, f.lane, f.pages, self.model_config.num_layers,
+            self.core.emit(kv_transfer_event(seq, h, wire, f.source, f.lane, f.pages, self.model_config.num_layers,
                                          self._pools(), self.config.block_size))
         self._first_token(lane, seq, h)
 
@@ -372,73 +397,52 @@ class DisaggEngine(LLMEngine):
         now = time.perf_counter()
         seq.first_scheduled_time, seq.prefill_done_time = h.first_scheduled_time, h.prefill_done_time
         seq.first_token_time = now  # the client sees it now: after the handover
-        self._drawn[seq.request_id] = h.first_token_time
+        seq.first_token_drawn_time = h.first_token_time  # its metrics split the handover out
         seq.prompt_logprobs = dict(h.prompt_logprobs)
-        self.stats.prefix_queried_tokens += h.num_tokens
-        self.stats.prefix_hit_tokens += h.num_cached_tokens
+        self.core.stats.prefix_queried_tokens += h.num_tokens
+        self.core.stats.prefix_hit_tokens += h.num_cached_tokens
         seq.num_cached_tokens = h.num_cached_tokens
-        out = self._append_token(lane, seq, h.token, now)
-        out.logprobs = h.logprobs
-        if seq.params.prompt_logprobs is not None:
-            out.prompt_logprobs = [None] + [seq.prompt_logprobs.get(i) for i in range(1, seq.num_prompt_tokens)]
-        self.stats.generated_tokens += 1
-        self._outputs_for_next_step.append(out)
+        self.core.append(lane, seq, h.token, now, h.logprobs, between_steps=True)
 
-    def describe(self):
+    def describe(self) -> EngineInfo:
         """The decode engine's description (each decode engine's pool is this size); its prefix
         cache is the prefill side's (on there)."""
         if self._info is None:
-            info = super().describe()
+            info = self.core.describe()
             self._info = replace(info, kv_pool=replace(info.kv_pool, prefix_caching=self.prefix_caching))
         return self._info
 
     def load(self) -> EngineLoad:
         """Every decode engine's together; requests at the prefill side or on the wire count as waiting."""
         with self.lock:
-            loads = [lane_load(lane, self.step_count, self.stats, self.num_aborted) for lane in self.lanes]
+            core = self.core
+            loads = [lane_load(lane, core.step_count, core.stats, core.num_aborted) for lane in self.lanes]
             add = lambda name: sum(getattr(x, name) for x in loads)  # noqa: E731
             return replace(loads[0], running=add("running"), waiting=add("waiting") + len(self.remote) +
                            len(self.inflight), blocks_used=add("blocks_used"), blocks_cached=add("blocks_cached"),
                            blocks_free=add("blocks_free"))
 
-    def _metrics(self, seq: Sequence) -> dict:
-        m = super()._metrics(seq)
-        drawn = self._drawn.get(seq.request_id)
-        if drawn is not None and "ttft_split" in m:  # the first token's draw, then its handover
-            m["ttft_split"]["first_sample"] = drawn - seq.prefill_done_time
-            m["ttft_split"]["kv_transfer"] = seq.first_token_time - drawn
-        return m
-
     def release(self, request_id: str) -> None:
         with self.lock:
-            super().release(request_id)
+            self.core.release(request_id)
             if request_id not in self.requests:
-                self._drawn.pop(request_id, None)
                 self._lane_of.pop(request_id, None)
             if len(self._lane_of) > len(self.requests) + 256:  # requests forgotten unreleased (max_finished)
                 self._lane_of = {r: j for r, j in self._lane_of.items() if r in self.requests}
 
-    def _trace_pool(self, lane: Lane) -> None:
-        """kv.pool of the decode engine that stepped, with the requests whose pages are on the way to it."""
-        if self.tracer is not None:
-            live = lane.scheduler.running + list(lane.scheduler.waiting) + \
-                [f.seq for f in self.inflight.values() if f.lane == lane.index]
-            event = lane.pool_trace.after_step(lane.block_manager, live, self.step_count)
-            if event is not None:
-                self._emit(event)
-
-    def _emit(self, event, step: int | None = None) -> None:
-        """Stamped engine="decode" (the prefill side's say "prefill") and, where it is known, the
-        decode engine's index: the pool's events and steps of the one stepping, a request's once
-        its pages were pulled (before that, its arrival, say, belongs to no decode engine yet)."""
+    def _stamp(self, event: Event) -> Event:
+        """Every event of the decode side (CoreHooks.stamp) says engine="decode" (the prefill
+        side's say "prefill") and, where it is known, the decode engine's index: the pool's
+        events and steps of the one stepping, a request's once its pages were pulled (before
+        that, its arrival, say, belongs to no decode engine yet)."""
         name, rid, data = event
         data["engine"] = "decode"
         j = self._stepping.index if rid is None and self._stepping is not None else self._lane_of.get(rid)
         if j is not None:
             data["engine_index"] = j
             if name == "kv.pool" and j > 0:
-                event = (DECODE_POOL_EVENT, rid, data)
-        super()._emit(event, step)
+                return DECODE_POOL_EVENT, rid, data
+        return event
 
     # --- failure, and what the tests read ------------------------------------------------
     def _send(self, k: int, msg) -> None:
@@ -464,9 +468,7 @@ class DisaggEngine(LLMEngine):
         self.ready.clear()
         self.remote.clear()
         self._prefill_of.clear()
-        for rid in self.live_requests():
-            self._finish(self.requests[rid], "abort")
-        self._outputs_for_next_step.clear()
+        self.core.end_all("abort")
         self.shutdown()
         raise DisaggFailedError(self.failed) from err
 
@@ -492,6 +494,5 @@ class DisaggEngine(LLMEngine):
     def decode_stats(self) -> list[dict]:
         """Each decode engine's pool (tests: nothing leaked there)."""
         with self.lock:
-            return [pool_stats(lane, [f.seq for f in self.inflight.values() if f.lane == lane.index])
-                    for lane in self.lanes]
+            return [pool_stats(lane) for lane in self.lanes]
 

@@ -2,10 +2,11 @@
 its KV pool, block manager, scheduler (its batch) and kv.pool record, over the one copy of
 the model's weights that process holds.
 
-Decode engine 0 is the lane the engine builds (its scheduler a DecodeScheduler); decode
-engine j > 0 is built here, whole: a pool of decode 0's size and a runner over it
-(PoolView), whose model is a view of the same weights with its attention layers reading
-that pool. DisaggEngine steps them in turn, each step given its lane; nothing is swapped.
+Decode engine 0 is the lane of the LLMEngine that DisaggEngine holds as its decode core (its
+scheduler a DecodeScheduler, given through CoreHooks); decode engine j > 0 is built here,
+whole: a pool of decode 0's size and a runner over it (PoolView), whose model is a view of
+the same weights with its attention layers reading that pool. DisaggEngine steps them in
+turn, each step given its lane; nothing is swapped.
 They share the process, its device and its cores, the requests table, the tracer and the
 step counter (a step number names one decode engine's step). What D > 1 shows is the split:
 each request's pages in one pool, its decode steps in one batch; not D times the decode
@@ -31,19 +32,22 @@ class DecodeScheduler(Scheduler):
     """A decode engine's scheduler: a new request goes to the prefill side (`remote`), not
     into the queue; only preempted sequences (recomputed here) ever wait in it."""
 
-    def __init__(self, config: EngineConfig, bm, remote, receiving) -> None:
+    def __init__(self, config: EngineConfig, bm, remote, arriving) -> None:
         super().__init__(config, bm)
         self.remote = remote
-        self.receiving = receiving  # () -> whether blocks are held here for pages on the way
+        self.arriving = arriving  # () -> the sequences whose pages are on the way here (blocks held for them)
 
     def add(self, seq: Sequence) -> None:
         self.remote(seq)
 
     def schedule(self) -> SchedulerOutput:
         out = super().schedule()
-        if out.out_of_memory and self.receiving():  # those blocks come back (as running requests' or free)
+        if out.out_of_memory and self.arriving():  # those blocks come back (as running requests' or free)
             out.out_of_memory = []
         return out
+
+    def holding(self) -> list[Sequence]:
+        return super().holding() + self.arriving()
 
     def finish(self, seq: Sequence, reason: str) -> None:
         if seq.status == Status.WAITING and seq not in self.waiting:  # on the prefill side or its pages on the way
@@ -88,18 +92,18 @@ def _copy_towards(m: nn.Module, layers: dict[int, int], kv: torch.Tensor) -> nn.
     return c
 
 
-def another_lane(engine, index: int, remote, receiving, always: bool) -> Lane:
-    """Decode engine `index`: a pool of decode 0's size, a runner over it, and a block manager,
-    scheduler and pool record of its own (no prefix cache: its blocks are received pages)."""
-    bm = BlockManager(engine.runner.num_blocks, engine.config.block_size, False,
-                      emit=engine._emit if engine.tracer is not None else None)
-    runner = PoolView(engine.runner, torch.zeros_like(engine.runner.kv_cache))
-    return Lane(DecodeScheduler(engine.config, bm, remote, receiving), bm, runner, KVPoolTracker(always=always), index)
+def another_lane(first: Lane, config: EngineConfig, index: int, remote, arriving, emit, always: bool) -> Lane:
+    """Decode engine `index`: a pool of decode 0's (`first`'s) size, a runner over it, and a block
+    manager, scheduler and pool record of its own (no prefix cache: its blocks are received pages).
+    emit: the decode core's (None: untraced)."""
+    bm = BlockManager(first.runner.num_blocks, config.block_size, False, emit=emit)
+    runner = PoolView(first.runner, torch.zeros_like(first.runner.kv_cache))
+    return Lane(DecodeScheduler(config, bm, remote, arriving), bm, runner, KVPoolTracker(always=always), index)
 
 
-def pool_stats(lane: Lane, arriving: list[Sequence]) -> dict:
-    """A decode engine's pool, its invariants checked (`arriving`: requests whose pages are on the way)."""
+def pool_stats(lane: Lane) -> dict:
+    """A decode engine's pool, its invariants checked (with the requests whose pages are on the way)."""
     bm, sched = lane.block_manager, lane.scheduler
-    bm.check_invariants(sched.running + list(sched.waiting) + arriving)
+    bm.check_invariants(sched.holding())
     return {"num_blocks": bm.num_blocks, "free_blocks": bm.num_free_blocks, "running": len(sched.running),
             "waiting": len(sched.waiting)}

@@ -1,7 +1,8 @@
 """The prefill side: an engine that computes prompts and draws each request's first token,
 then holds the request's KV blocks until the decode side pulls them (transfer).
 
-PrefillEngine is an LLMEngine whose requests all end after their first token: with the
+PrefillEngine holds an LLMEngine (its core, built with CoreHooks; no subclass) whose
+requests all end after their first token: with the
 finish reason HANDOVER when nothing else ended them (its blocks are held, not freed), or
 their own (a stop token, max_tokens 1: nothing to hand over but the token). Its prefix
 cache works as on any engine: a held request's full blocks are in it, and stay cached
@@ -25,8 +26,11 @@ import traceback
 import torch
 from tqdm.std import tqdm
 
+from engine.lane import CoreHooks
+from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.output_processor import OutputProcessor
+from engine.outputs import TokenOutput
 from engine.scheduler import Scheduler, SchedulerOutput
 from engine.parallel.comm import Comm
 from engine.parallel.protocol import READY as STARTED, error_text
@@ -53,6 +57,9 @@ class PrefillScheduler(Scheduler):
             out.out_of_memory = []
         return out
 
+    def holding(self) -> list[Sequence]:  # the held requests' blocks are still theirs
+        return super().holding() + list(self.held.values())
+
 
 class HandoverOutputs(OutputProcessor):
     """Every request stops after its first token: HANDOVER when nothing else ended it."""
@@ -62,24 +69,27 @@ class HandoverOutputs(OutputProcessor):
         return HANDOVER if reason is None else reason
 
 
-class PrefillEngine(LLMEngine):
-    """An LLMEngine whose requests stop after their first token; those that go on are held."""
-    output_processor = HandoverOutputs
+class PrefillEngine:
+    """A prefill engine: an LLMEngine it holds (its core), built so that every request stops
+    after its first token; those that go on are held (their blocks kept) until pulled."""
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, model, *, config: EngineConfig | None = None, **kwargs) -> None:
+        """LLMEngine's arguments."""
+        config = config or EngineConfig()
         self.held: dict[str, Sequence] = {}  # handed over, blocks kept until the decode side pulls them
-        super().__init__(*args, **kwargs)
+        hooks = CoreHooks(new_scheduler=lambda bm: PrefillScheduler(config, bm, self.held),
+                          output_processor=HandoverOutputs, hold=self._hold)
+        self.core = LLMEngine(model, config=config, hooks=hooks, **kwargs)
 
-    def _new_scheduler(self, bm) -> PrefillScheduler:
-        return PrefillScheduler(self.config, bm, self.held)
-
-    def _finish(self, seq: Sequence, reason: str, token: int | None = None, lane=None):
+    def _hold(self, seq: Sequence, reason: str, token: int | None) -> TokenOutput | None:
+        """CoreHooks.hold: a request handed over is out of the batch, its blocks kept (None: any other finish)."""
         if reason != HANDOVER:
-            return super()._finish(seq, reason, token, lane)
-        self.scheduler.running.remove(seq)  # out of the batch; its blocks stay referenced
+            return None
+        core = self.core
+        core.scheduler.running.remove(seq)  # out of the batch; its blocks stay referenced
         seq.status, seq.finish_reason = Status.FINISHED, reason
         self.held[seq.request_id] = seq
-        return self.output.token_output(seq, token, len(seq.text), self.step_count)
+        return core.output.token_output(seq, token, len(seq.text), core.step_count)
 
     def handover(self, seq: Sequence, logprobs) -> Handover:
         return Handover(token=seq.token_ids[-1], num_tokens=seq.num_prompt_tokens, blocks=list(seq.block_table),
@@ -93,7 +103,7 @@ class PrefillEngine(LLMEngine):
         """The held request's pages left (the Sender's thread sent them): free its blocks here."""
         seq = self.held.pop(request_id)
         self._forget(seq)
-        bm = self.block_manager
+        bm = self.core.block_manager
         return Wire(nbytes, (start - seq.first_token_time) * 1e3, ms, start, backend,
                     bm.num_blocks, bm.num_free_blocks, bm.num_cached_blocks)
 
@@ -102,28 +112,22 @@ class PrefillEngine(LLMEngine):
         seq = self.held.pop(request_id, None)
         if seq is not None:
             self._forget(seq)
-        elif self.abort(request_id):  # still prefilling: the next step reports it, then it is released
+        elif self.core.abort(request_id):  # still prefilling: the next step reports it, then it is released
             pass
 
-    def _trace_pool(self, lane) -> None:
-        """kv.pool with the held requests among the live ones (their blocks are still theirs)."""
-        if self.tracer is not None:
-            live = lane.scheduler.running + list(lane.scheduler.waiting) + list(self.held.values())
-            event = lane.pool_trace.after_step(lane.block_manager, live, self.step_count)
-            if event is not None:
-                self._emit(event)
-
     def _forget(self, seq: Sequence) -> None:
-        self.block_manager.free_seq(seq)
-        self.requests.pop(seq.request_id, None)
-        self._trace_pool(self.lane)
+        core = self.core
+        core.block_manager.free_seq(seq)
+        core.requests.pop(seq.request_id, None)
+        if core.tracer is not None:  # kv.pool with the held requests among the live ones (PrefillScheduler.holding)
+            core.trace_pool(core.lane)
 
     def pool_stats(self) -> dict:
-        bm = self.block_manager
-        live = [s for s in self.requests.values() if not s.is_finished] + list(self.held.values())
+        core, bm = self.core, self.core.block_manager
+        live = [s for s in core.requests.values() if not s.is_finished] + list(self.held.values())
         bm.check_invariants(live)
         return {"num_blocks": bm.num_blocks, "free_blocks": bm.num_free_blocks, "held": sorted(self.held),
-                "live": self.live_requests(), "cached_blocks": bm.num_cached_blocks}
+                "live": core.live_requests(), "cached_blocks": bm.num_cached_blocks}
 
 
 def prefill_main(spec: PrefillSpec, parent: int, conn) -> None:
@@ -138,7 +142,7 @@ def prefill_main(spec: PrefillSpec, parent: int, conn) -> None:
         engine = PrefillEngine(spec.model, device=spec.device, dtype=spec.dtype, config=spec.config,
                                tracer=Tracer(sink) if spec.trace else None, capture=spec.capture,
                                kv_pool_events=spec.kv_pool_events, progress=lambda *_: None)  # the decode side shows it
-        conn.send((STARTED, {"num_blocks": engine.block_manager.num_blocks}))
+        conn.send((STARTED, {"num_blocks": engine.core.block_manager.num_blocks}))
         comm = Comm.connect("127.0.0.1", spec.port, prefill_rank(spec.index), spec.world_size,
                             torch.device(spec.device))
     except BaseException as e:  # noqa: BLE001 - reported to the decode side, which raises it
@@ -200,11 +204,12 @@ _NOTHING = ("_nothing",)
 
 def _serve(engine: PrefillEngine, comm: Comm, conn, sink: EventList, index: int) -> None:
     """Messages first (all that are waiting), then one step; idle, wait for a message."""
-    sender = Sender(conn, comm, engine.runner.kv_cache)
+    core = engine.core  # the loop's calls (step, add_request...) are the core's; the handover's, the engine's
+    sender = Sender(conn, comm, core.runner.kv_cache)
     ran = True  # the last step computed something (else it waits for held blocks: no busy loop)
     with torch.inference_mode():
         while True:
-            busy = engine.has_unfinished_requests()
+            busy = core.has_unfinished_requests()
             try:
                 msg = sender.inbox.get_nowait() if busy and ran else sender.inbox.get(timeout=0.01 if busy else 0.05)
             except queue.Empty:
@@ -220,9 +225,9 @@ def _serve(engine: PrefillEngine, comm: Comm, conn, sink: EventList, index: int)
                     conn.send(reply)
                 continue
             if busy:
-                passes = engine.stats.target_passes
-                replies = _after_step(engine, engine.step(), sender)
-                ran = engine.stats.target_passes > passes or bool(replies)
+                passes = core.stats.target_passes
+                replies = _after_step(engine, core.step(), sender)
+                ran = core.stats.target_passes > passes or bool(replies)
                 _flush(sink, conn, index)
                 for reply in replies:
                     conn.send(reply)
@@ -233,17 +238,17 @@ def _handle(engine: PrefillEngine, sender: Sender, msg: tuple):
     if kind == ADD:
         _, rid, ids, params, level = msg
         try:
-            engine.add_request(ids, params, request_id=rid, trace_level=level)
+            engine.core.add_request(ids, params, request_id=rid, trace_level=level)
         except ValueError as e:
             return FAILED, rid, str(e)
     elif kind == _SENT:
         _, rid, tag, nbytes, start, ms = msg
-        return SENT, rid, tag, engine.sent(rid, nbytes, start, ms, transfer.backend(engine.runner.kv_cache))
+        return SENT, rid, tag, engine.sent(rid, nbytes, start, ms, transfer.backend(engine.core.runner.kv_cache))
     elif kind == DROP:
         sender.forget(msg[1])
         engine.drop(msg[1])
     elif kind == STOP_CAPTURES:
-        engine.stop_captures(msg[1], msg[2])
+        engine.core.stop_captures(msg[1], msg[2])
     elif kind == STATS:
         return STATS, engine.pool_stats()
     else:
@@ -256,7 +261,7 @@ def _after_step(engine: PrefillEngine, outputs, sender: Sender) -> list[tuple]:
     drew its token; a failure for one that ended without (no room in the pool); aborts released."""
     replies = []
     for out in outputs:
-        seq = engine.requests.get(out.request_id)
+        seq = engine.core.requests.get(out.request_id)
         if not out.finished or seq is None:
             continue
         if out.token_id >= 0 and seq.num_output_tokens == 1:
@@ -266,7 +271,7 @@ def _after_step(engine: PrefillEngine, outputs, sender: Sender) -> list[tuple]:
         elif out.finish_reason != "abort":
             replies.append((FAILED, out.request_id, out.finish_reason))
         if seq.finish_reason != HANDOVER:
-            engine.release(out.request_id)
+            engine.core.release(out.request_id)
     return replies
 
 
