@@ -4,6 +4,8 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from visualizers._html import esc, fmt_ms, panel, show_piece
+from visualizers.char_runs import label_title, piece_text, run_html
+from visualizers.token_chars import group
 
 MAX_TIMED = 64  # newest tokens drawn with their latency bar (the text above is always whole): the answer is
 # redrawn ten times a second, so its size must not grow with the answer's length
@@ -43,11 +45,7 @@ def answer_html(tokens: Sequence[dict], finish: dict | None = None, error: str |
     # would flatten every other bar: it is capped at full height)
     peak = max(lat[1:], default=0) or (lat[0] if lat and lat[0] > 0 else 1.0)
     ended_by_eos = finish is not None and finish.get("reason") == "stop"
-    chips = "".join(
-        f'<span class="tt-chip tt-timed" title="token {t["index"]} · id {t["token_id"]} · at {t["t"] * 1000:.0f} ms'
-        f' · +{t["latency"] * 1000:.1f} ms"><span class="tt-lat" style="height:{min(1, t["latency"] / peak) * 100:.0f}%">'
-        f'</span>{show_piece(t["text"]) if t["text"] else no_text(t, ended_by_eos and t is tokens[-1], piece)}</span>'
-        for t in tokens[-MAX_TIMED:])
+    chips = _timed_chips(tokens[-MAX_TIMED:], peak, ended_by_eos, piece)
     stats = []
     if tokens:
         stats.append(f"tokens: <b>{len(tokens)}</b>")
@@ -76,3 +74,30 @@ def answer_html(tokens: Sequence[dict], finish: dict | None = None, error: str |
     return panel("Answer", f"{err}<div class='tt-answer'>{esc(text)}{STATE_BADGES.get(state, '')}</div>"
                  f"<div class='tt-lines'><div>{' · '.join(stats)}</div>{note_html}</div>"
                  f"{legend}<div class='tt-chips tt-timing'>{chips}</div>")
+
+
+def _timed_chip(t: dict, peak: float, text: str, more: str = "") -> str:
+    return (f'<span class="tt-chip tt-timed" title="token {t["index"]} · id {t["token_id"]} · at {t["t"] * 1000:.0f} ms'
+            f' · +{t["latency"] * 1000:.1f} ms{esc(more)}"><span class="tt-lat" '
+            f'style="height:{min(1, t["latency"] / peak) * 100:.0f}%"></span>{text}</span>')
+
+
+def _timed_chips(shown: Sequence[dict], peak: float, ended_by_eos: bool,
+                 piece: Callable[[int], str] | None) -> str:
+    """Each token with its latency bar; the pieces of a character split into byte pieces under
+    that character's box, each with its bytes (char_runs)."""
+    def plain(t: dict) -> str:
+        last_stop = ended_by_eos and t is shown[-1]
+        return _timed_chip(t, peak, show_piece(t["text"]) if t["text"] else no_text(t, last_stop, piece))
+    if piece is None or not any("<0x" in piece(t["token_id"]) for t in shown if t.get("token_id") is not None):
+        return "".join(plain(t) for t in shown)
+    labels = [piece(t["token_id"]) if t.get("token_id") is not None else t["text"] for t in shown]
+    runs, run_of = group(labels, [ended_by_eos and i == len(shown) - 1 for i in range(len(shown))])
+    out = []
+    for run in runs:
+        if not run.joined and all(c.valid for c in run.chars):
+            out.append(plain(shown[run.first]))
+            continue
+        out.append(run_html(run, [_timed_chip(shown[j], peak, piece_text(run, j), " · " + label_title(labels, j))
+                                  for j in range(run.first, run.last + 1)]))
+    return "".join(out)

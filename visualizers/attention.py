@@ -22,6 +22,7 @@ import numpy as np
 from visualizers._html import MASKED, OUTSIDE_WINDOW, colormap, empty, esc, hover_attr, hover_img, show_piece
 from visualizers.attention_overview import overview_html
 from visualizers.attention_rows import LayerIndex, key_positions
+from visualizers.char_runs import label_html, label_title
 from visualizers.selection import Selection, header_html, plural
 
 MAX_POSITIONS = 64  # the map's rows and columns: the capture's default key budget (--capture-max-keys)
@@ -137,6 +138,20 @@ def label_of(labels: Sequence[str], pos: int) -> str:
     return labels[pos] if 0 <= pos < len(labels) else f"#{pos}"
 
 
+def _short_at(labels: Sequence[str], pos: int) -> str:
+    """Position pos's label, shortened, a piece of a split character drawn as that character (dashed)."""
+    return label_html(labels, pos, LABEL_CHARS) if 0 <= pos < len(labels) else short(f"#{pos}")
+
+
+def _piece_at(labels: Sequence[str], pos: int) -> str:
+    return label_html(labels, pos) if 0 <= pos < len(labels) else show_piece(f"#{pos}")
+
+
+def _title_at(labels: Sequence[str], pos: int) -> str:
+    more = label_title(labels, pos) if 0 <= pos < len(labels) and "<0x" in labels[pos] else ""
+    return f"position {pos}: {label_of(labels, pos)!r}" + (f" · {more}" if more else "")
+
+
 def _axis(labels: Sequence[str], lo: int, n: int, kinds: list[str | None], picked: int | None,
           cols: Sequence[int], gap: tuple[int, int]) -> tuple[str, str]:
     """The map's row labels (query: position and token, the row's kind as its left edge) and
@@ -146,12 +161,11 @@ def _axis(labels: Sequence[str], lo: int, n: int, kinds: list[str | None], picke
     rows, heads = [], []
     for i in range(n):
         pos = lo + i
-        text = label_of(labels, pos)
-        title = esc(f"position {pos}: {text!r}")
+        title = esc(_title_at(labels, pos))
         kind = kinds[i] or "none"
         sel = " tt-amap-picked" if pos == picked else ""
         rows.append(f'<span class="tt-amap-r tt-k-{kind}{sel}" data-pos="{pos}" title="query {title} ({esc(kinds[i] or "not captured")})">'
-                    f"{short(text)}<i>{pos}</i></span>")
+                    f"{_short_at(labels, pos)}<i>{pos}</i></span>")
     gap_done = False
     for pos in cols:
         if pos < 0:
@@ -162,8 +176,8 @@ def _axis(labels: Sequence[str], lo: int, n: int, kinds: list[str | None], picke
                              f"⋯{first}–{last}</span>")
                 gap_done = True
             continue
-        title = esc(f"position {pos}: {label_of(labels, pos)!r}")
-        heads.append(f'<span class="tt-amap-c" data-pos="{pos}" title="key {title}">{short(label_of(labels, pos))}'
+        title = esc(_title_at(labels, pos))
+        heads.append(f'<span class="tt-amap-c" data-pos="{pos}" title="key {title}">{_short_at(labels, pos)}'
                      "</span>")
     return "".join(rows), "".join(heads)
 
@@ -230,7 +244,7 @@ def _top_keys(row, labels: Sequence[str]) -> str:
     """The keys one query attended to most, in words (HTML)."""
     top = np.argsort(row.weights)[::-1][:5]
     pos = row.positions
-    return ", ".join(f"<code>{show_piece(label_of(labels, int(pos[c])))}</code>@{int(pos[c])} "
+    return ", ".join(f"<code>{_piece_at(labels, int(pos[c]))}</code>@{int(pos[c])} "
                      f"{row.weights[c]:.2f}" for c in top if row.weights[c] > 0)
 
 
@@ -268,7 +282,7 @@ def attention_html(events: Sequence[dict], layer: int | None = None, head: int |
     row, lo, hi = drawn["row"], drawn["lo"], drawn["hi"]
     window = sliding_windows[layer] if sliding_windows and layer < len(sliding_windows) else last.window
     if row is not None:
-        said = (f"<div>query row: position {hi - 1} ({esc(row.kind)}, token <code>{show_piece(label_of(labels, hi - 1))}"
+        said = (f"<div>query row: position {hi - 1} ({esc(row.kind)}, token <code>{_piece_at(labels, hi - 1)}"
                 f"</code>) attends most to {_top_keys(row, labels)}</div>")
     else:
         said = (f"<div class='tt-note'>position {hi - 1} has no captured row at layer {layer} (the capture keeps the "

@@ -12,6 +12,7 @@ import numpy as np
 
 from visualizers._html import colormap, hover_attr, hover_img, show_piece
 from visualizers.attention_rows import LayerIndex
+from visualizers.char_runs import label_html
 
 CELL_H, GAP = 7, 3  # a layer's strip height; the gap around a cell (room for the selection frame)
 FRAME_RGB = np.array([220, 20, 60], dtype=np.uint8)
@@ -151,6 +152,6 @@ def overview_html(index: LayerIndex, layers: Sequence[int], heads: Sequence[int]
         blocks.append(f'<div class="tt-group"><div class="tt-group-title">{title}</div><div class="tt-ov-body">'
                       f'{layer_col}<div><div class="tt-ov-heads">{head_names}</div>{picture}</div></div></div>')
     return (f"<div class='tt-ov'><div class='tt-subtitle'>every layer and head for query {q} "
-            f"(<code>{show_piece(_label(labels, q))}</code>): each cell is one head's weights over {_keys_words(axis)}, "
+            f"(<code>{label_html(labels, q) if 0 <= q < len(labels) else show_piece(f'#{q}')}</code>): each cell is one head's weights over {_keys_words(axis)}, "
             "oldest left, scaled to its own largest; click a cell to open it</div>"
             f"<div class='tt-ov-grid'>{''.join(blocks)}</div></div>")

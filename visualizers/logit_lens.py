@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from visualizers._html import empty, esc, prob, show_piece
+from visualizers._html import empty, esc, prob
+from visualizers.char_runs import label_html, label_title, lone_html, lone_title
 from visualizers.compact import lens_layers
 from visualizers.sampling import drawn_by
 from visualizers.selection import Selection, header_html
@@ -28,10 +29,18 @@ def _shade(p: float) -> str:
     return f"background:rgba(46,110,200,{p * 0.85 + 0.04:.2f})" + (";color:#fff" if p > 0.45 else "")
 
 
-def _visible(text: str, tid: int) -> str:
+def _visible(text: str, tid: int, before: Sequence[str] = ()) -> str:
     """A candidate's text as the cell shows it: whitespace as the marks every panel uses
-    (show_piece: ␣ ↵ ⍽ …); an empty one as its id."""
-    return show_piece(text) if text else f"#{tid}"
+    (show_piece: ␣ ↵ ⍽ …), a piece that finishes the character the tokens before it began as
+    that character, dashed (char_runs), any other piece as its bytes; an empty one as its id."""
+    if not text:
+        return f"#{tid}"
+    return label_html([*before, text], len(before)) if before and "<0x" in text else lone_html(text)
+
+
+def _bytes_note(text: str, before: Sequence[str] = ()) -> str:
+    note = (label_title([*before, text], len(before)) if before else "") or lone_title(text)
+    return f" · {note}" if note else ""
 
 
 def select(events: Sequence[dict], position: int | None = None) -> dict | None:
@@ -77,6 +86,8 @@ def logit_lens_html(events: Sequence[dict], position: int | None = None, labels:
     if ev is None:
         return _panel(empty("no token generated yet (capture level 'full' records the logit lens)"), None, frozen)
     rows = lens_layers(ev)  # the event holds columns (compact form)
+    pos = ev["position"]
+    before = list(labels[max(0, pos - 3):pos])  # the tokens a candidate piece may finish a character of
     n = len(rows)
     chosen = ev["token_id"]
     k = max(len(r["top_ids"]) for r in rows)
@@ -87,9 +98,9 @@ def logit_lens_html(events: Sequence[dict], position: int | None = None, labels:
         cells = []
         for j, (tid, text, p) in enumerate(zip(r["top_ids"], r["top_texts"], r["top_probs"])):
             mark = " tt-lens-chosen" if tid == chosen else ""
-            title = f"{where} · candidate #{j + 1}: {text!r} (id {tid}) · p={prob(p)}"
+            title = f"{where} · candidate #{j + 1}: {text!r} (id {tid}) · p={prob(p)}{_bytes_note(text, before)}"
             cells.append(f'<td class="tt-lens-cell{mark}" style="{_shade(p)}" title="{esc(title)}">'
-                         f"<code>{_visible(text, tid)}</code></td>")
+                         f"<code>{_visible(text, tid, before)}</code></td>")
         cells += ["<td></td>"] * (k - len(r["top_ids"]))
         cp, rank = r["chosen_prob"], r["chosen_rank"]
         ctitle = f"{where} · the chosen token {ev['token_text']!r}: rank {rank:,}, p={prob(cp)}"
@@ -107,11 +118,13 @@ def logit_lens_html(events: Sequence[dict], position: int | None = None, labels:
              f"it is the top candidate from {esc(row_label(top, n))} on" if top < n - 1 else
              "it is the top candidate only at the output" if ever == n - 1 else
              f"it is the top candidate first at {esc(row_label(ever, n))}, for good only at the output")
-    pos = ev["position"]
-    ctx = f" after <code>{show_piece(labels[pos - 1])}</code>" if 0 < pos <= len(labels) else ""
+    ctx = f" after <code>{label_html(labels, pos - 1)}</code>" if 0 < pos <= len(labels) else ""
+    # the chosen token in its context where the labels reach it: a piece drawn as its character
+    chosen_html = label_html(labels, pos) if 0 <= pos < len(labels) and labels[pos] == ev["token_text"] \
+        else lone_html(ev["token_text"])
     idx = next((i for i, e in enumerate(events) if e is ev), len(events) - 1)
     info = (f"<div class='tt-lines'><div>token {idx + 1} of {len(events)} · position {pos}{ctx} · chosen "
-            f"<code>{show_piece(ev['token_text'])}</code> (id {esc(chosen)}): {known}</div>"
+            f"<code>{chosen_html}</code> (id {esc(chosen)}): {known}</div>"
             + (f"<div class='tt-note'>position {position} has no lens (the lens is recorded for generated tokens, "
                f"not the prompt's): showing the newest</div>" if position is not None and pos != position else "")
             + f"<div>each row: the residual stream after that layer through the final norm and the LM head "

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from visualizers._html import esc, show_piece
+from visualizers.char_runs import label_html
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,8 @@ class Selection:
             return ""
         if not 0 <= pos < len(self.labels):
             return f"#{pos}"
-        return f"<code>{show_piece(self.labels[pos])}</code>" if self.labels[pos] else "(an empty piece)"
+        # a piece of a split character: that character, dashed (char_runs)
+        return f"<code>{label_html(self.labels, pos)}</code>" if self.labels[pos] else "(an empty piece)"
 
     def words(self) -> str:
         """The selected pass in one phrase (HTML): "the pass that read ' Paris' (position 32)

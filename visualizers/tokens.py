@@ -4,23 +4,62 @@ from __future__ import annotations
 from typing import Sequence
 
 from visualizers._html import empty, esc, panel, show_piece
+from visualizers.char_runs import cjk_note, is_word, label_title, piece_text, run_html
+from visualizers.token_chars import group
 
 MAX_CHIPS = 600  # a very long prompt shows its start and end
 MAX_GENERATED = 256  # a long answer shows its newest tokens (the Answer panel has the whole text)
 
 
-def _chip(tok: dict, generated: bool = False, pos: int | None = None) -> str:
-    cls = "tt-chip"
+def _chip(tok: dict, generated: bool = False, pos: int | None = None, inner: str | None = None,
+          more: str = "", word: bool = False) -> str:
+    """inner: the chip's text as HTML (a piece inside a run of split characters: its bytes);
+    more: what the hover adds (its bytes, the characters they belong to); word: a token of
+    several whole Chinese characters (marked)."""
+    cls = "tt-chip" + (" tt-word" if word else "")
     if tok.get("special"):
         cls += " tt-special"
     if generated:
         cls += " tt-gen"
-    text = tok.get("text") if tok.get("text") not in (None, "") else tok.get("piece", "")
+    text = _text(tok)
     # data-pos: a click selects this position in the attention and logit-lens panels (app/page/hover.js)
     at = f' data-pos="{pos}"' if pos is not None else ""
     where = f"position {pos} · " if pos is not None else ""
-    return (f'<span class="{cls}"{at} title="{where}id {esc(tok["id"])} · piece {esc(repr(tok.get("piece", "")))}">'
-            f'{show_piece(text)}<sub>{esc(tok["id"])}</sub></span>')
+    return (f'<span class="{cls}"{at} title="{where}id {esc(tok["id"])} · piece {esc(repr(tok.get("piece", "")))}'
+            f'{esc(more) if more else ""}">'
+            f'{show_piece(text) if inner is None else inner}<sub>{esc(tok["id"])}</sub></span>')
+
+
+def _text(tok: dict) -> str:
+    return tok.get("text") if tok.get("text") not in (None, "") else tok.get("piece", "")
+
+
+def chips_html(toks: Sequence[dict], shown: Sequence[int | None], n_prompt: int) -> str:
+    """The chips of toks (prompt then generated) at the indexes shown (None: the gap of a long
+    list); tokens tied by a character split into byte pieces drawn as one run under that
+    character. n_prompt: the first generated token's index."""
+    labels = [_text(t) for t in toks]
+    if not any("<0x" in label for label in labels):  # no piece of a character (all English): no grouping
+        return "".join('<span class="tt-chip tt-gap">…</span>' if i is None else
+                       _chip(toks[i], generated=i >= n_prompt, pos=toks[i].get("pos", i), word=is_word(labels[i]))
+                       for i in shown)
+    runs, run_of = group(labels, [bool(t.get("special")) for t in toks])
+    out, done = [], set()
+    for i in shown:
+        if i is None:
+            out.append('<span class="tt-chip tt-gap">…</span>')
+            continue
+        run = runs[run_of[i]]
+        if run.first in done:
+            continue
+        if not run.joined and all(c.valid for c in run.chars):
+            out.append(_chip(toks[i], generated=i >= n_prompt, pos=toks[i].get("pos", i), word=is_word(labels[i])))
+            continue
+        done.add(run.first)
+        chips = [_chip(toks[j], generated=j >= n_prompt, pos=toks[j].get("pos", j), inner=piece_text(run, j),
+                       more=" · " + label_title(labels, j)) for j in range(run.first, run.last + 1)]
+        out.append(run_html(run, chips))
+    return "".join(out)
 
 
 def tokens_html(tokenize: dict | None, generated: Sequence[dict] = (), prompt_tokens: int | None = None,
@@ -41,9 +80,10 @@ def tokens_html(tokenize: dict | None, generated: Sequence[dict] = (), prompt_to
     toks = tokenize["tokens"]
     n = len(toks)
     idx = list(range(n)) if n <= MAX_CHIPS else list(range(MAX_CHIPS // 2)) + [None] + list(range(n - MAX_CHIPS // 2, n))
-    chips = "".join('<span class="tt-chip tt-gap">…</span>' if i is None else _chip(toks[i], pos=i) for i in idx)
     first = max(0, len(generated) - MAX_GENERATED)
-    gen = "".join(_chip(t, generated=True, pos=n + first + j) for j, t in enumerate(generated[first:]))
+    chips = chips_html(toks, idx, n)
+    gen = chips_html([{**t, "pos": n + first + j} for j, t in enumerate(generated[first:])],
+                     range(len(generated) - first), 0)
     if len(generated) > MAX_GENERATED:
         gen = f'<span class="tt-chip tt-gap" title="{len(generated) - MAX_GENERATED} earlier generated tokens">…</span>' + gen
     n_special = sum(1 for t in toks if t.get("special"))
@@ -55,4 +95,5 @@ def tokens_html(tokenize: dict | None, generated: Sequence[dict] = (), prompt_to
             f"tokenized in {tokenize.get('seconds', 0) * 1000:.1f} ms</div></div>")
     legend = ('<div class="tt-legend"><span class="tt-chip tt-special">special / role</span>'
               '<span class="tt-chip">prompt</span><span class="tt-chip tt-gen">generated</span></div>')
-    return panel("Tokens", head + legend + f'<div class="tt-chips">{chips}{gen}</div>')
+    note = cjk_note([_text(t) for t in toks], [bool(t.get("special")) for t in toks])
+    return panel("Tokens", head + note + legend + f'<div class="tt-chips">{chips}{gen}</div>')

@@ -30,6 +30,7 @@ from app.page.library_tab import build_library_tab
 from app.page.live_view import PANELS
 from app.page.page_state import stages_of
 from app.page.replay import SPEEDS
+from app.page.samples import sample_picker, wire_samples
 from app.page.second_request import LABEL as SECOND, send_second
 from app.page.skips import SkipBlocks
 from app.page.stages import empty_stages, map_html, section_panels, stage_html
@@ -99,6 +100,7 @@ def _ask(ui: dict, ctl: Controller) -> None:
     ui["user"] = gr.Textbox(label=texts.USER_LABEL[plain], lines=3, value=opening.user, elem_id="tt-user",
                             interactive=live)
     ui["hint_prompt"] = gr.HTML("", elem_id="tt-hint-prompt", padding=False, elem_classes=["tt-hint-box"])
+    ui["samples"] = sample_picker(live)
     with gr.Row(elem_id="tt-send-row"):
         ui["send"] = gr.Button("Send", variant="primary", elem_id="tt-send", interactive=live, min_width=70)
         ui["stop"] = gr.Button("Stop", variant="secondary", elem_id="tt-stop", interactive=False,  # nothing runs yet
@@ -375,6 +377,8 @@ def _wire(page: gr.Blocks, ui: dict, ctl: Controller) -> None:
         for name in SETTINGS:
             ui[name].input(w.fn(ctl.preview, settings, keep="request"), w.inputs(settings), ui["request"],
                            concurrency_limit=None, trigger_mode="always_last", **quiet)
+        wire_samples(ui).then(w.fn(ctl.preview, settings, keep="request"), w.inputs(settings), ui["request"],
+                              concurrency_limit=None, **quiet)  # a sample picked: the body preview follows
     selected = [ui[n] for n in Controller.SELECTED] + journey_out  # the stages' words name the pass too
     ui["pick"].change(w.fn(ctl.pick_token, ("layer", "head"), extra=1, keep="attention"),
                       [ui["pick"], ui["layer"], ui["head"]], selected, concurrency_limit=None, **quiet)

@@ -1,7 +1,7 @@
 """Issue 38 item 9: byte-fallback tokens shown as their bytes. An emoji the model writes in two
 byte-level pieces streams no text with its first piece (its character is not complete yet): the
 answer's timed chips drew that piece as "(no text, id N)"; they now show its bytes, as the
-tokens panel labels it, and the piece that completes it shows the character."""
+tokens panel labels it, and since issue 42 both pieces sit under the character's box."""
 from __future__ import annotations
 
 from app.page.live_view import LiveView
@@ -18,6 +18,7 @@ def test_a_piece_of_a_character_in_the_answer_shows_its_bytes():
     v.add([{"type": "output", "token_id": t, "text": text, "finished": False, "index": i, "t": 0.01 * (i + 1),
             "step": i + 1} for i, (t, text) in enumerate(((5, "Hi"), (7, ""), (8, "🙂"), (9, "")))])
     html = v.render("answer")
-    assert "&lt;0xF0&gt;&lt;0x9F&gt;" in html and "(no text, id 7)" not in html
-    assert "🙂" in html and "&lt;0x99&gt;" not in html  # the piece that completes it: the character itself
+    assert '<span class="tt-hex">F0 9F</span>' in html and "(no text, id 7)" not in html
+    assert '<span class="tt-hex">99 82</span>' in html  # the piece that completes it: its bytes
+    assert 'class="tt-char" style="grid-column:1/5"' in html and "🙂</span>" in html  # under the character
     assert "(no text, id 9)" in html  # not a byte: named as before
