@@ -21,7 +21,7 @@ import gradio as gr
 
 import visualizers as viz
 from app.classroom.rooms import Classrooms
-from app.page import texts
+from app.page import language, texts
 from app.page.code_panel import CSS as CODE_CSS, code_views
 from app.page.controller import Controller
 from app.page.controls import JSON_MODES, MAX_PAGE_CHOICES, MORE, Controls
@@ -46,7 +46,7 @@ from visualizers.journey import KEYS
 
 CSS = (Path(__file__).with_name("page.css")).read_text() + "\n" + (
     Path(__file__).with_name("panels.css").read_text() if Path(__file__).with_name("panels.css").exists() else "") \
-    + CODE_CSS
+    + CODE_CSS + "\n" + language.CSS
 # hover tips, token picks; code points; a chip's section in view; the answer's newest lines in view
 HEAD = "".join(f"<script>{Path(__file__).with_name(js).read_text()}</script>"
                for js in ("hover.js", "glyphs.js", "focus.js", "follow.js"))
@@ -196,7 +196,8 @@ def _replay_bar(ui: dict, ctl: Controller) -> None:
     replay = ctl.replay
     first, note = first_bar(None if ctl.live else ReplayCursor(replay))
     with gr.Column(elem_id="tt-replay-box"):
-        gr.HTML("<div class='tt-box-title'>Replay and classroom</div>", padding=False)
+        gr.HTML("<div class='tt-box-title'>Replay and classroom</div>", padding=False,
+                elem_classes=[language.TRANSLATED])
         with gr.Row(equal_height=False, elem_id="tt-replay"):
             ui["load"] = gr.UploadButton("Load trace", file_types=[".json"], size="sm", elem_id="tt-load",
                                          min_width=90)
@@ -298,7 +299,8 @@ def build_page(served: ServedModels | EngineService | None, replay: Recording | 
     with SkipBlocks(title="TokenTrace") as page:  # an update costs what it changes
         mode = "" if ctl.live else " <span class='tt-badge tt-miss'>REPLAY: no model loaded</span>"
         gr.HTML(f"<div class='tt-header'><h1>TokenTrace{mode}</h1><p>One request, every stage, drawn as it "
-                f"happens.</p></div>")
+                f"happens.</p></div>", elem_id="tt-header", elem_classes=[language.TRANSLATED])
+        lang = language.switch()  # English / 中文 (language.py sets every tab's words)
         with gr.Tabs(elem_id="tt-tabs") as tabs:
             with gr.Tab("Journey", id="journey", elem_id="tt-tab-journey"):
                 # the focus layout: a sticky sidebar (prompt, Send, the answer; then the settings and
@@ -315,6 +317,7 @@ def build_page(served: ServedModels | EngineService | None, replay: Recording | 
             build_lab_tab(ctl)
             shelf = build_library_tab(library) if library is not None else None
         _wire(page, ui, ctl)
+        language.wire(page, lang)
         if shelf is not None:  # the Library tab's Open loads into the Journey tab, as Load does
             shelf.wire(Wiring(ui), api_outputs(ui), tabs, ctl.load_trace)
     return page

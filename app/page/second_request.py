@@ -10,9 +10,10 @@ from typing import Iterator
 import gradio as gr
 
 from app.page.controls import Controls
+from visualizers.i18n import N_
 from visualizers.prefix_next import NextHit, asked, next_hit
 
-LABEL = "Send the second request (shares this prompt's prefix: a prefix-cache HIT)"
+LABEL = N_("Send the second request (shares this prompt's prefix: a prefix-cache HIT)")  # in the catalogs
 
 
 def controls_for(plan: NextHit, c: Controls, model: str | None) -> Controls | None:
