@@ -39,7 +39,8 @@ class Stage:
 
 def journey(model: dict, request_id: str, body: dict | None, events: Sequence[dict], outputs: Sequence[dict],
             kv_peak: dict | None = None, truncated: dict | None = None, *, position: int | None = None,
-            hidden_from: int | None = None, layer: int | None = None, trail: st.Trail | None = None) -> list[Stage]:
+            hidden_from: int | None = None, layer: int | None = None, trail: st.Trail | None = None,
+            lang: str = "en") -> list[Stage]:
     """Every stage of KEYS, in that order, for this request (live or recorded).
     kv_peak: the block pool when this request held the most tokens (the KV stage quotes it, so
     its words and its grid agree); truncated: the trace's {"step", "limit_bytes"} when the
@@ -49,9 +50,10 @@ def journey(model: dict, request_id: str, body: dict | None, events: Sequence[di
     given no longer hold (the words say they are hidden, not that the request is running);
     layer: the selected layer (the layers stage quotes its MoE routing, as the MoE panel shows it);
     trail: what an earlier call read of this same growing list of events (stages.Trail): keep one
-    per live view and pass it each time, and a call reads only the events added since."""
+    per live view and pass it each time, and a call reads only the events added since; lang: the
+    language of the words (visualizers.i18n; the stages not yet in the catalogs speak English)."""
     facts = st.Facts.read(model, request_id, body, events, outputs, kv_peak=kv_peak, truncated=truncated,
-                          position=position, hidden_from=hidden_from, layer=layer, trail=trail)
+                          position=position, hidden_from=hidden_from, layer=layer, trail=trail, lang=lang)
     parts = [words(facts) for _, _, words in STAGES]
     unrun = ran_no_step(facts)
     # a request that streams has passed every stage before the stream, recorded or not (capture level off);

@@ -9,19 +9,17 @@ translated by adding its entry, with no code. Handlers that write text (Status) 
 from __future__ import annotations
 
 import re
-from collections import OrderedDict
+from typing import Callable, Sequence
 from http.cookies import CookieError, SimpleCookie
 
 import gradio as gr
 
-from app.page.tabs import key_of
+from app.page.tabs import key_of, lang_of, set_lang
 from visualizers import i18n
 from visualizers.i18n.catalog import read
 
 CHOICES = {"English": "en", "中文": "zh_CN"}  # the switch's words -> a language
 WORD = {lang: word for word, lang in CHOICES.items()}
-MAX_TABS = 4096
-_LANG: OrderedDict[str, str] = OrderedDict()  # session -> its language (bounded, oldest out)
 TRANSLATED = "tt-i18n"  # an HTML block with this class has its text nodes translated
 CSS = """#tt-lang {max-width: 200px; margin: -8px 0 -4px auto; padding: 0; background: none; border: none !important;
   box-shadow: none}
@@ -31,17 +29,6 @@ CSS = """#tt-lang {max-width: 200px; margin: -8px 0 -4px auto; padding: 0; backg
 REMEMBER = ("(v) => { const t = v === '中文' ? 'zh-CN' : 'en'; "
             "document.cookie = '%s=' + t + '; path=/; max-age=31536000; SameSite=Lax'; "
             "document.documentElement.lang = t; return v; }" % i18n.COOKIE)
-
-
-def lang_of(key: str) -> str:
-    return _LANG.get(key, i18n.DEFAULT)
-
-
-def set_lang(key: str, lang: str) -> None:
-    _LANG[key] = lang
-    _LANG.move_to_end(key)
-    while len(_LANG) > MAX_TABS:
-        _LANG.popitem(last=False)
 
 
 def tx(key: str, msgid: str, **values) -> str:
@@ -120,18 +107,19 @@ def chrome_updates(lang: str, chrome: list) -> dict:
     return out
 
 
-def wire(page: gr.Blocks, radio: gr.Radio) -> None:
-    """The load and the switch set the tab's language and its chrome (call after the whole page
-    is built: every tab's blocks exist)."""
+def wire(page: gr.Blocks, radio: gr.Radio, journey: Callable[[str], dict] | None = None,
+         journey_out: Sequence = ()) -> None:
+    """The load and the switch set the tab's language and its chrome, then (journey(key) ->
+    {component: value}) the words drawn in that language (call once every tab's blocks exist)."""
     chrome = chrome_of(page)
-    outputs = [radio] + [b for b, _ in chrome]
+    outputs = [radio] + [b for b, _ in chrome] + [c for c in journey_out if c not in {b for b, _ in chrome}]
     quiet = {"api_visibility": "private", "show_progress": "hidden", "concurrency_limit": None}
 
     def apply(request: gr.Request, lang: str) -> dict:
         set_lang(key_of(request), lang)
         out = chrome_updates(lang, chrome)
         out[radio] = gr.update(**{**out.get(radio, {}), "value": WORD[lang]})  # (its label is chrome too)
-        return out
+        return {**out, **(journey(key_of(request)) if journey else {})}
 
     def on_load(request: gr.Request) -> dict:
         return apply(request, of_request(request))

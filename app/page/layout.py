@@ -300,7 +300,7 @@ def build_page(served: ServedModels | EngineService | None, replay: Recording | 
         mode = "" if ctl.live else " <span class='tt-badge tt-miss'>REPLAY: no model loaded</span>"
         gr.HTML(f"<div class='tt-header'><h1>TokenTrace{mode}</h1><p>One request, every stage, drawn as it "
                 f"happens.</p></div>", elem_id="tt-header", elem_classes=[language.TRANSLATED])
-        lang = language.switch()  # English / 中文 (language.py sets every tab's words)
+        ui["lang"] = language.switch()  # English / 中文 (language.py sets every tab's words)
         with gr.Tabs(elem_id="tt-tabs") as tabs:
             with gr.Tab("Journey", id="journey", elem_id="tt-tab-journey"):
                 # the focus layout: a sticky sidebar (prompt, Send, the answer; then the settings and
@@ -317,7 +317,6 @@ def build_page(served: ServedModels | EngineService | None, replay: Recording | 
             build_lab_tab(ctl)
             shelf = build_library_tab(library) if library is not None else None
         _wire(page, ui, ctl)
-        language.wire(page, lang)
         if shelf is not None:  # the Library tab's Open loads into the Journey tab, as Load does
             shelf.wire(Wiring(ui), api_outputs(ui), tabs, ctl.load_trace)
     return page
@@ -344,7 +343,8 @@ def _wire(page: gr.Blocks, ui: dict, ctl: Controller) -> None:
     quiet = {"api_visibility": "private", "show_progress": "hidden"}
     settings = SETTINGS + ("model",)
     journey_out = [ui["map"]] + [ui[f"stage:{k}"] for k in KEYS] + [ui[f"section:{k}"] for k in KEYS]
-    page.load(w.fn(lambda key: ctl.opening_page(key), keep="map"), None, journey_out, concurrency_limit=None, **quiet)
+    # the load sets the tab's language and its words, then the journey of what it shows (the switch: again)
+    language.wire(page, ui["lang"], lambda key: w.out(ctl.opening_page(key), "map"), journey_out)
     if ctl.live:
         watching = ui["watch"].click(w.gen(ctl.follow, ("layer", "head", "model")),
                                      w.inputs(("layer", "head", "model")), outputs, concurrency_limit=16, **quiet)

@@ -16,7 +16,8 @@ from visualizers.i18n.formats import number, percent, seconds, size
 from visualizers.i18n.negotiate import COOKIE, TAGS, choose, from_accept, normalize
 
 __all__ = ["DEFAULT", "LANGS", "COOKIE", "TAGS", "gettext", "ngettext", "N_", "number", "percent", "seconds", "size",
-           "choose", "from_accept", "normalize"]
+           "choose", "from_accept", "normalize", "sentences"]
+GAP = {"zh_CN": ""}  # between two sentences: Chinese puts none after its 。
 
 
 def N_(msgid: str) -> str:
@@ -28,6 +29,11 @@ def gettext(lang: str, msgid: str, **values) -> str:
     """msgid in `lang` (English where the catalog has no entry), its {names} filled from values."""
     text = translations(lang).gettext(msgid)
     return text.format(**values) if values else text
+
+
+def sentences(lang: str, *parts: str) -> str:
+    """Sentences one after another as the language writes them (English: a space between)."""
+    return GAP.get(lang, " ").join(s for s in parts if s)
 
 
 def ngettext(lang: str, singular: str, plural: str, n: int, **values) -> str:

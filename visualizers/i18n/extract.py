@@ -4,7 +4,8 @@
 
 What it reads (as text: nothing is imported):
 - Python under app/ and visualizers/: gettext(lang, "…"), ngettext(lang, "…", "…", n),
-  tx(key, "…"), ntx(key, "…", "…", n) and N_("…") (Babel's Python extractor);
+  tx(key, "…"), ntx(key, "…", "…", n), the stages' say(f, "…") and say_n(f, "…", "…", n), and
+  N_("…") (Babel's Python extractor);
 - the page's chrome in app/page/: a component's label=, info=, placeholder= and a button's,
   tab's or accordion's first argument when they are plain strings, and the text of an HTML
   block marked with language.TRANSLATED;
@@ -25,7 +26,8 @@ from babel.messages.pofile import read_po, write_po
 from visualizers.i18n.catalog import LANGS, LOCALES, po_path
 
 ROOT = Path(__file__).resolve().parents[2]
-KEYWORDS = {"gettext": (2,), "ngettext": (2, 3), "tx": (2,), "ntx": (2, 3), "N_": None}
+KEYWORDS = {"gettext": (2,), "ngettext": (2, 3), "tx": (2,), "ntx": (2, 3), "say": (2,), "say_n": (2, 3),
+            "N_": None}
 TEXT_ATTRS = ("label", "info", "placeholder")
 FIRST_ARG = {"Button", "UploadButton", "DownloadButton", "Tab", "Accordion"}
 JS_CALL = re.compile(r"\btr\((['\"])(.+?)\1|\btrn\((['\"])(.+?)\3,\s*(['\"])(.+?)\5")

@@ -1,6 +1,7 @@
 """Issue 42 in a real Chromium: a browser whose language is Chinese (locale zh-CN, so its
 Accept-Language) gets the page's chrome in Chinese; the switch (English / 中文) changes it at
-once and is remembered at the next load; ?lang= forces one; Status speaks the tab's language;
+once and is remembered at the next load; ?lang= forces one; Status and the Tokenize stage speak
+the tab's language;
 an audience page opened by a Chinese browser is in Chinese and follows an English presenter.
 Screenshots of each land in $TOKENTRACE_SCREENSHOTS when set."""
 from __future__ import annotations
@@ -43,8 +44,13 @@ def test_the_page_in_chinese_and_the_switch(server, browser, tmp_path):
     page.click("#tt-send")
     wait_status(page, "已结束")  # Status in the tab's language
     shot(page, "page-zh.png", tmp_path)
+    page.wait_for_function("document.querySelector('#tt-stage-text-tokens').innerText.includes('模型从来看不到文字本身')")
+    page.click("#tt-map .tt-map-chip[data-key=tokens]")  # the Tokenize stage: its words from the catalogs
+    page.wait_for_timeout(800)
+    shot(page, "page-zh-tokens.png", tmp_path)
     page.click("#tt-lang label:has-text('English')")
     wait_send(page, "Send")  # at once, no reload
+    page.wait_for_function("document.querySelector('#tt-stage-text-tokens').innerText.includes('never sees letters')")
     assert "Journey" in page.locator(TAB).all_inner_texts()
     page.reload(wait_until="load")
     page.wait_for_selector("#tt-send")
