@@ -11,16 +11,18 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
-from visualizers import stages as st
+from visualizers import i18n, stages as st
+from visualizers.i18n import N_
 
-# (key, title, the stage's function) in the order a request travels; the keys name the page's sections
+# (key, title, the stage's function) in the order a request travels; the keys name the page's sections;
+# the titles are in the catalogs (journey() gives them in its language)
 STAGES: tuple[tuple[str, str, Callable[[st.Facts], st.Part]], ...] = (
-    ("request", "Request", st.request), ("tokens", "Tokenize", st.tokenize), ("prefix", "Prefix cache", st.prefix),
-    ("embedding", "Embed", st.embed), ("layers", "Layers", st.layers),
-    ("timeline", "Prefill, then decode", st.prefill_decode), ("kv", "KV pages", st.kv),
-    ("logit_lens", "LM head and logit lens", st.lens), ("sampling", "Sample", st.sampling),
-    ("answer", "Stream", st.stream), ("batching", "Batching", st.batching), ("spec", "Speculation", st.speculation),
-    ("parallel", "Beyond one device", st.beyond))
+    ("request", N_("Request"), st.request), ("tokens", N_("Tokenize"), st.tokenize),
+    ("prefix", N_("Prefix cache"), st.prefix), ("embedding", N_("Embed"), st.embed), ("layers", N_("Layers"), st.layers),
+    ("timeline", N_("Prefill, then decode"), st.prefill_decode), ("kv", N_("KV pages"), st.kv),
+    ("logit_lens", N_("LM head and logit lens"), st.lens), ("sampling", N_("Sample"), st.sampling),
+    ("answer", N_("Stream"), st.stream), ("batching", N_("Batching"), st.batching),
+    ("spec", N_("Speculation"), st.speculation), ("parallel", N_("Beyond one device"), st.beyond))
 JOURNEY = tuple((k, t) for k, t, _ in STAGES)
 KEYS = tuple(k for k, _ in JOURNEY)
 
@@ -66,7 +68,7 @@ def journey(model: dict, request_id: str, body: dict | None, events: Sequence[di
         passed = passed or (own and not (unrun and KEYS[i] == "answer"))
         parts[i] = replace(parts[i], reached=own or passed)
     ended = facts.finish is not None and not facts.idle and facts.hidden_from is None
-    return [Stage(key, f"{i} · {title}", part.text, part.panels,
+    return [Stage(key, f"{i} · {i18n.gettext(lang, title)}", part.text, part.panels,
                   part.chip if part.reached else ("stopped before" if ended and not part.skipped else ""),
                   part.skipped, part.reached, stopped=ended and not part.reached and not part.skipped)
             for i, ((key, title, _), part) in enumerate(zip(STAGES, parts), 1)]

@@ -9,6 +9,7 @@ translated by adding its entry, with no code. Handlers that write text (Status) 
 from __future__ import annotations
 
 import re
+from functools import cache
 from typing import Callable, Sequence
 from http.cookies import CookieError, SimpleCookie
 
@@ -21,6 +22,7 @@ from visualizers.i18n.catalog import read
 CHOICES = {"English": "en", "中文": "zh_CN"}  # the switch's words -> a language
 WORD = {lang: word for word, lang in CHOICES.items()}
 TRANSLATED = "tt-i18n"  # an HTML block with this class has its text nodes translated
+TEXT_ATTRS = ("label", "info", "placeholder")
 CSS = """#tt-lang {max-width: 200px; margin: -8px 0 -4px auto; padding: 0; background: none; border: none !important;
   box-shadow: none}
 #tt-lang .wrap {gap: 4px}
@@ -60,8 +62,21 @@ def switch() -> gr.Radio:
                     label="Language")
 
 
-def _known() -> set[str]:
-    return {m.id for m in read("en") if m.id and isinstance(m.id, str)}
+@cache
+def _known() -> frozenset[str]:
+    return frozenset(m.id for m in read("en") if m.id and isinstance(m.id, str))
+
+
+def localized(lang: str, named: dict) -> dict:
+    """A handler's {name: value} with the labels, info lines and placeholders its updates set
+    (a model picked: the prompt boxes' labels) in `lang`, where the catalogs have them."""
+    if lang == i18n.DEFAULT:
+        return named
+    known, out = _known(), dict(named)
+    for name, v in named.items():
+        if isinstance(v, dict) and any(isinstance(v.get(a), str) and v[a] in known for a in TEXT_ATTRS):
+            out[name] = {**v, **{a: i18n.gettext(lang, v[a]) for a in TEXT_ATTRS if isinstance(v.get(a), str)}}
+    return out
 
 
 def _html_texts(html: str) -> list[str]:
@@ -74,7 +89,7 @@ def chrome_of(page: gr.Blocks) -> list[tuple[gr.blocks.Block, dict[str, str]]]:
     HTML block's whole value)."""
     known, out = _known(), []
     for block in page.blocks.values():
-        texts = {a: getattr(block, a) for a in ("label", "info", "placeholder")
+        texts = {a: getattr(block, a) for a in TEXT_ATTRS
                  if isinstance(getattr(block, a, None), str) and getattr(block, a) in known}
         if type(block) is gr.Button and isinstance(block.value, str) and block.value in known:
             texts["value"] = block.value

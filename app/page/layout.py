@@ -33,7 +33,7 @@ from app.page.replay import SPEEDS
 from app.page.second_request import LABEL as SECOND, send_second
 from app.page.skips import SkipBlocks
 from app.page.stages import empty_stages, map_html, section_panels, stage_html
-from app.page.tabs import key_of
+from app.page.tabs import key_of, lang_of
 from app.page.texts import model_summary  # noqa: F401 - the page's model line, read by tests
 from app.page.trace_files import write_timeline, write_trace
 from app.serving.engine_service import EngineService
@@ -66,8 +66,10 @@ class Wiring:
     def __init__(self, ui: dict[str, gr.components.Component]) -> None:
         self.ui = ui
 
-    def out(self, named: dict, keep: str = "status") -> dict:
-        """keep: the output given a no-op update when nothing changes (Gradio needs one)."""
+    def out(self, named: dict, keep: str = "status", key: str | None = None) -> dict:
+        """keep: the output given a no-op update when nothing changes (Gradio needs one); key: the
+        tab, whose language the labels a handler sets are given in."""
+        named = language.localized(lang_of(key), named) if key else named
         return {self.ui[n]: v for n, v in named.items() if n in self.ui} or {self.ui[keep]: gr.update()}
 
     def controls(self, names: tuple[str, ...], values: tuple) -> Controls:
@@ -77,14 +79,14 @@ class Wiring:
         """handler(key, *extra values, Controls) -> {name: value}, as fn(request, *values)."""
         def call(request: gr.Request, *values):
             args = list(values[:extra]) + ([self.controls(names, values[extra:])] if names else [])
-            return self.out(handler(key_of(request), *args), keep)
+            return self.out(handler(key_of(request), *args), keep, key_of(request))
         return call
 
     def gen(self, handler: Callable, names: tuple[str, ...] = (), extra: int = 0) -> Callable:
         def call(request: gr.Request, *values):
             args = list(values[:extra]) + ([self.controls(names, values[extra:])] if names else [])
             for named in handler(key_of(request), *args):
-                yield self.out(named)
+                yield self.out(named, key=key_of(request))
         return call
 
     def inputs(self, names: tuple[str, ...]) -> list:
@@ -355,7 +357,7 @@ def _wire(page: gr.Blocks, ui: dict, ctl: Controller) -> None:
         def run(request: gr.Request, *values):
             c = Controls.of(dict(zip(SEND_INPUTS, values)))
             for named in ctl.run(key_of(request), c, client_of(request)):
-                yield w.out(named)
+                yield w.out(named, key=key_of(request))
         # sending from this tab ends its watching: one request per set of panels. "multiple": a Send while
         # one streams reaches run(), which refuses it visibly (Gradio's default drops it unseen)
         ui["send"].click(run, w.inputs(SEND_INPUTS), outputs, api_name="send", concurrency_limit=16,
@@ -366,7 +368,7 @@ def _wire(page: gr.Blocks, ui: dict, ctl: Controller) -> None:
         def second(request: gr.Request, *values):
             c = Controls.of(dict(zip(SEND_INPUTS, values)))
             for named in send_second(ctl, key_of(request), c, client_of(request)):
-                yield w.out(named)
+                yield w.out(named, key=key_of(request))
         ui["second"].click(second, w.inputs(SEND_INPUTS), outputs, concurrency_limit=16, cancels=[watching], **quiet)
 
         ui["stop"].click(w.fn(ctl.stop), None, [ui[n] for n in ("status",) + SETTINGS + ("send", "unlock", "stop")],

@@ -73,3 +73,13 @@ def test_a_classroom_screen_in_its_own_language(recording: Recording):
     assert config["langCookie"] == "tt_lang" and json.loads(re.search(r"const CONFIG = (.*);\n", en).group(1))[
         "text"] == {}
     assert script_text("en") == {} and not [k for k, v in script_text("zh_CN").items() if not v]
+
+
+def test_a_handler_s_labels_in_the_tab_s_language():
+    """A model picked rewrites the prompt boxes' labels: in the tab's language too."""
+    named = {"user": gr.update(label="User prompt"), "system": gr.update(label="System prompt", interactive=True),
+             "max_tokens": gr.update(label="Max tokens (≤ 512, the server's cap)"), "status": "x"}
+    zh = language.localized("zh_CN", named)
+    assert zh["user"]["label"] == "用户提示词" and zh["system"]["label"] == "系统提示词" and zh["system"]["interactive"]
+    assert zh["max_tokens"]["label"] == named["max_tokens"]["label"] and zh["status"] == "x"  # no entry: as it was
+    assert language.localized("en", named) is named
