@@ -18,7 +18,8 @@ from visualizers.i18n import N_
 # the titles are in the catalogs (journey() gives them in its language)
 STAGES: tuple[tuple[str, str, Callable[[st.Facts], st.Part]], ...] = (
     ("request", N_("Request"), st.request), ("tokens", N_("Tokenize"), st.tokenize),
-    ("prefix", N_("Prefix cache"), st.prefix), ("embedding", N_("Embed"), st.embed), ("layers", N_("Layers"), st.layers),
+    ("prefix", N_("Prefix cache"), st.prefix), ("embedding", N_("Embed"), st.embed),
+    ("layers", N_("Layers"), st.layers),
     ("timeline", N_("Prefill, then decode"), st.prefill_decode), ("kv", N_("KV pages"), st.kv),
     ("logit_lens", N_("LM head and logit lens"), st.lens), ("sampling", N_("Sample"), st.sampling),
     ("answer", N_("Stream"), st.stream), ("batching", N_("Batching"), st.batching),

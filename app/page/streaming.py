@@ -294,7 +294,8 @@ class Streaming(PageState):
                 return {**unlocked, "status": tx(key, "watching stopped: {request} (another client's request) goes "
                                                       "on; the panels show it as it was when you pressed Stop",
                                                  request=tab.view.request_id)}
-            return {**unlocked, "status": tx(key, "watching stopped: press Watch API requests to follow requests again")}
+            return {**unlocked,
+                    "status": tx(key, "watching stopped: press Watch API requests to follow requests again")}
         if tab is not None and not tab.watched and tab.view.request_id and not tab.view.finished:
             abort_all(tab.service or self.models, tab.view.request_id, tab.view.n)  # "finished (abort)"
         return {}

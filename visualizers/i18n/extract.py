@@ -4,7 +4,7 @@
 
 What it reads (as text: nothing is imported):
 - Python under app/ and visualizers/: gettext(lang, "…"), ngettext(lang, "…", "…", n),
-  tx(key, "…"), ntx(key, "…", "…", n), the stages' say(f, "…") and say_n(f, "…", "…", n), and
+  tx(key, "…"), ntx(key, "…", "…", n), the stages' said(f, "…") and said_n(f, "…", "…", n), and
   N_("…") (Babel's Python extractor);
 - the page's chrome in app/page/: a component's label=, info=, placeholder= and a button's,
   tab's or accordion's first argument when they are plain strings, and the text of an HTML
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import re
+from datetime import datetime, timezone
 from pathlib import Path
 
 from babel.messages.catalog import Catalog
@@ -26,12 +27,13 @@ from babel.messages.pofile import read_po, write_po
 from visualizers.i18n.catalog import LANGS, LOCALES, po_path
 
 ROOT = Path(__file__).resolve().parents[2]
-KEYWORDS = {"gettext": (2,), "ngettext": (2, 3), "tx": (2,), "ntx": (2, 3), "say": (2,), "say_n": (2, 3),
-            "N_": None}
+KEYWORDS = {"gettext": (2,), "ngettext": (2, 3), "tx": (2,), "ntx": (2, 3), "said": (2,),
+            "said_n": (2, 3), "N_": None}
 TEXT_ATTRS = ("label", "info", "placeholder")
 FIRST_ARG = {"Button", "UploadButton", "DownloadButton", "Tab", "Accordion"}
 JS_CALL = re.compile(r"\btr\((['\"])(.+?)\1|\btrn\((['\"])(.+?)\3,\s*(['\"])(.+?)\5")
 HTML_TEXT = re.compile(r"\{\{(.+?)\}\}")
+CREATED = datetime(2026, 12, 6, tzinfo=timezone.utc)
 
 
 def _python(path: Path) -> list[tuple[str | tuple, int]]:
@@ -91,7 +93,8 @@ def _classroom(path: Path) -> list[tuple[str | tuple, int]]:
 
 def template() -> Catalog:
     """Every text found, in the order of the files that write them (messages.pot)."""
-    cat = Catalog(project="TokenTrace", msgid_bugs_address="", fuzzy=False)
+    # a fixed date: a run that finds the same texts writes the same files (no diff, no conflict)
+    cat = Catalog(project="TokenTrace", msgid_bugs_address="", fuzzy=False, creation_date=CREATED)
     found = []
     for path in sorted((ROOT / "app").rglob("*.py")) + sorted((ROOT / "visualizers").rglob("*.py")):
         found += [(m, path, line) for m, line in _python(path)]

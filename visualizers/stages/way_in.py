@@ -4,7 +4,7 @@ from __future__ import annotations
 from visualizers import i18n
 from visualizers._html import esc, fmt_bytes
 from visualizers.prefix_next import FOLLOW_UP, NextHit, asked, next_hit, system_tokens
-from visualizers.stages.facts import Facts, Part, n, p, plural, say, say_n
+from visualizers.stages.facts import Facts, Part, n, p, plural, said, said_n
 
 NEVER = "Never reached"  # a finished request that did not get here (the page's heading says so too)
 NOT_YET = "Not reached yet: this request is still on its way (the page re-reads it while it runs)."
@@ -67,31 +67,31 @@ def tokenize(f: Facts) -> Part:
     chip = esc(i18n.ngettext(f.lang, "{n} token", "{n} tokens", f.n_prompt if not tok else int(tok["count"])))
     if not tok:
         if f.n_prompt:  # capture level off: the usage still counts the prompt's tokens
-            return Part(p(say_n(f, "The tokenizer cut the prompt into {n} token; this request's capture level (off) "
+            return Part(p(said_n(f, "The tokenizer cut the prompt into {n} token; this request's capture level (off) "
                                    "records no more of them.",
                                 "The tokenizer cut the prompt into {n} tokens; this request's capture level (off) "
                                 "records no more of them.", f.n_prompt)), ("tokens",), chip)
-        return Part(p(not_yet(f), say(f, "The chat template wraps the messages in role markers; byte-level BPE cuts "
+        return Part(p(not_yet(f), said(f, "The chat template wraps the messages in role markers; byte-level BPE cuts "
                                          "the text into integer ids.")), ("tokens",), reached=False)
     special = sum(1 for t in tok["tokens"] if t.get("special"))
     vocab = n(int(tok.get("tokenizer_size") or f.model["vocab_size"]))
     total_tokens = int(tok["count"])
     if tok.get("chat_template", True):
-        cut = say_n(f, "The chat template wrapped the messages in role markers, then the tokenizer (byte-pair "
+        cut = said_n(f, "The chat template wrapped the messages in role markers, then the tokenizer (byte-pair "
                        "encoding) cut the text into {n} token, each an integer id in a vocabulary of {vocab}.",
                     "The chat template wrapped the messages in role markers, then the tokenizer (byte-pair encoding) "
                     "cut the text into {n} tokens, each an integer id in a vocabulary of {vocab}.", total_tokens,
                     vocab=vocab)
-        marks = say_n(f, "{n} of them is a special token that marks whose turn it is (highlighted).",
+        marks = said_n(f, "{n} of them is a special token that marks whose turn it is (highlighted).",
                       "{n} of them are special tokens that mark whose turn it is (highlighted).", special)
     else:
-        cut = say_n(f, "A plain prompt gets no chat template: the tokenizer (byte-pair encoding) cut its text into "
+        cut = said_n(f, "A plain prompt gets no chat template: the tokenizer (byte-pair encoding) cut its text into "
                        "{n} token, each an integer id in a vocabulary of {vocab}.",
                     "A plain prompt gets no chat template: the tokenizer (byte-pair encoding) cut its text into {n} "
                     "tokens, each an integer id in a vocabulary of {vocab}.", total_tokens, vocab=vocab)
-        marks = say_n(f, "{n} of them is a special token that marks where the text begins (highlighted).",
+        marks = said_n(f, "{n} of them is a special token that marks where the text begins (highlighted).",
                       "{n} of them are special tokens that mark where the text begins (highlighted).", special)
-    return Part(p(i18n.sentences(f.lang, cut, marks), say(f, "The model never sees letters: only these ids.")),
+    return Part(p(i18n.sentences(f.lang, cut, marks), said(f, "The model never sees letters: only these ids.")),
                 ("tokens",), chip)
 
 
