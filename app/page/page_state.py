@@ -115,7 +115,7 @@ class PageState:
         tab's language (lang: another's, for a tab not yet kept)."""
         clock = tab.clock if tab is not None else JourneyClock()
         lang = lang or (tab.lang if tab is not None else "en")
-        out = clock.updates(stages_of(view, lang), now, live=view.request_id is not None, force=force)
+        out = clock.updates(stages_of(view, lang), now, live=view.request_id is not None, force=force, lang=lang)
         return {n: (gr.update(visible=v) if n.startswith("section:") else v) for n, v in out.items()}
 
     def full(self, tab: Tab | None, view: LiveView, state: str) -> dict:
