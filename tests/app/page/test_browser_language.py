@@ -27,6 +27,12 @@ def wait_send(page, text: str) -> None:
                            timeout=30_000)
 
 
+def stage_says(page, text: str) -> None:
+    """The Tokenize stage's words (from the catalogs) say `text`."""
+    page.wait_for_function(f"(document.querySelector('#tt-stage-text-tokens') || {{innerText: ''}}).innerText"
+                           f".includes({text!r})", timeout=30_000)
+
+
 def shot(page, name: str, tmp_path) -> None:
     page.screenshot(path=os.path.join(os.environ.get("TOKENTRACE_SCREENSHOTS") or str(tmp_path), name))
 
@@ -44,13 +50,13 @@ def test_the_page_in_chinese_and_the_switch(server, browser, tmp_path):
     page.click("#tt-send")
     wait_status(page, "已结束")  # Status in the tab's language
     shot(page, "page-zh.png", tmp_path)
-    page.wait_for_function("document.querySelector('#tt-stage-text-tokens').innerText.includes('模型从来看不到文字本身')")
+    stage_says(page, "模型从来看不到文字本身")
     page.click("#tt-map .tt-map-chip[data-key=tokens]")  # the Tokenize stage: its words from the catalogs
     page.wait_for_timeout(800)
     shot(page, "page-zh-tokens.png", tmp_path)
     page.click("#tt-lang label:has-text('English')")
     wait_send(page, "Send")  # at once, no reload
-    page.wait_for_function("document.querySelector('#tt-stage-text-tokens').innerText.includes('never sees letters')")
+    stage_says(page, "never sees letters")
     assert "Journey" in page.locator(TAB).all_inner_texts()
     page.reload(wait_until="load")
     page.wait_for_selector("#tt-send")
@@ -90,7 +96,9 @@ def test_a_chinese_audience_follows_an_english_presenter(server, browser, tmp_pa
     assert "Predict the next token" in teacher.inner_text("#tt-class-q")
     shot(student, "classroom-zh.png", tmp_path)
     student.click(".tt-class-lang button[data-lang='en']")  # this screen's own switch
-    student.wait_for_function("document.querySelector('header').innerText.includes('TokenTrace classroom')")
+    # (while the reload is under way the document has no header yet)
+    student.wait_for_function("(document.querySelector('header') || {innerText: ''}).innerText"
+                              ".includes('TokenTrace classroom')")
     student.wait_for_function("document.body.dataset.question === 'open'")
     assert "Predict the next token" in student.inner_text("#tt-class-q")
     teacher.goto(base + room["presenter_url"] + "&lang=zh-CN")
