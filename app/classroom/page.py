@@ -47,9 +47,8 @@ def page_html(room: Room, presenter: bool, css: str, server: str = "", static: b
     lang: this screen's language (its words; the stages' sentences are English for now)."""
     titles = [s.title for s in room.stage_list()]
     # the stages this request skips, as one line (the page's map lists them so: app/page/stages.py)
-    skipped = i18n.gettext(lang, "skipped by this request:")
-    skip = (f"<div class='tt-map-skipped tt-class-skipped'>{esc(skipped)} "
-            f"{esc(' · '.join(room.skipped))}</div>" if room.skipped else "")
+    said = esc(i18n.gettext(lang, "skipped by this request: {stages}")).format(stages=esc(" · ".join(room.skipped)))
+    skip = f"<div class='tt-map-skipped tt-class-skipped'>{said}</div>" if room.skipped else ""
     dots = "".join(f"<button class='tt-class-dot' data-i='{i}' title='{esc(t)}'>{i + 1}</button>"
                    for i, t in enumerate(titles))
     role = (i18n.gettext(lang, "presenter: → / ← / space / PageDown move the whole class") if presenter else

@@ -60,8 +60,9 @@ def map_html(stages: Sequence[Stage], live: bool = True, lang: str = "en") -> st
     shown = [s for s in stages if not s.skipped]
     skipped = [s for s in stages if s.skipped]
     arrows = "<span class='tt-map-arrow'>→</span>".join(_chip(s, live) for s in shown)
-    skip = (f"<div class='tt-map-skipped'>{esc(i18n.gettext(lang, 'skipped by this request:'))} "
-            + " · ".join(esc(s.title.split(" · ", 1)[-1]) for s in skipped) + "</div>") if skipped else ""
+    names = " · ".join(esc(s.title.split(" · ", 1)[-1]) for s in skipped)
+    said = esc(i18n.gettext(lang, "skipped by this request: {stages}")).format(stages=names)
+    skip = f"<div class='tt-map-skipped'>{said}</div>" if skipped else ""
     return f"<div class='tt-map' id='tt-map-inner'>{arrows}{skip}</div>"
 
 
