@@ -11,16 +11,19 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
-from visualizers import stages as st
+from visualizers import i18n, stages as st
+from visualizers.i18n import N_
 
-# (key, title, the stage's function) in the order a request travels; the keys name the page's sections
+# (key, title, the stage's function) in the order a request travels; the keys name the page's sections;
+# the titles are in the catalogs (journey() gives them in its language)
 STAGES: tuple[tuple[str, str, Callable[[st.Facts], st.Part]], ...] = (
-    ("request", "Request", st.request), ("tokens", "Tokenize", st.tokenize), ("prefix", "Prefix cache", st.prefix),
-    ("embedding", "Embed", st.embed), ("layers", "Layers", st.layers),
-    ("timeline", "Prefill, then decode", st.prefill_decode), ("kv", "KV pages", st.kv),
-    ("logit_lens", "LM head and logit lens", st.lens), ("sampling", "Sample", st.sampling),
-    ("answer", "Stream", st.stream), ("batching", "Batching", st.batching), ("spec", "Speculation", st.speculation),
-    ("parallel", "Beyond one device", st.beyond))
+    ("request", N_("Request"), st.request), ("tokens", N_("Tokenize"), st.tokenize),
+    ("prefix", N_("Prefix cache"), st.prefix), ("embedding", N_("Embed"), st.embed),
+    ("layers", N_("Layers"), st.layers),
+    ("timeline", N_("Prefill, then decode"), st.prefill_decode), ("kv", N_("KV pages"), st.kv),
+    ("logit_lens", N_("LM head and logit lens"), st.lens), ("sampling", N_("Sample"), st.sampling),
+    ("answer", N_("Stream"), st.stream), ("batching", N_("Batching"), st.batching),
+    ("spec", N_("Speculation"), st.speculation), ("parallel", N_("Beyond one device"), st.beyond))
 JOURNEY = tuple((k, t) for k, t, _ in STAGES)
 KEYS = tuple(k for k, _ in JOURNEY)
 
@@ -39,7 +42,8 @@ class Stage:
 
 def journey(model: dict, request_id: str, body: dict | None, events: Sequence[dict], outputs: Sequence[dict],
             kv_peak: dict | None = None, truncated: dict | None = None, *, position: int | None = None,
-            hidden_from: int | None = None, layer: int | None = None, trail: st.Trail | None = None) -> list[Stage]:
+            hidden_from: int | None = None, layer: int | None = None, trail: st.Trail | None = None,
+            lang: str = "en") -> list[Stage]:
     """Every stage of KEYS, in that order, for this request (live or recorded).
     kv_peak: the block pool when this request held the most tokens (the KV stage quotes it, so
     its words and its grid agree); truncated: the trace's {"step", "limit_bytes"} when the
@@ -49,9 +53,10 @@ def journey(model: dict, request_id: str, body: dict | None, events: Sequence[di
     given no longer hold (the words say they are hidden, not that the request is running);
     layer: the selected layer (the layers stage quotes its MoE routing, as the MoE panel shows it);
     trail: what an earlier call read of this same growing list of events (stages.Trail): keep one
-    per live view and pass it each time, and a call reads only the events added since."""
+    per live view and pass it each time, and a call reads only the events added since; lang: the
+    language of the words (visualizers.i18n; the stages not yet in the catalogs speak English)."""
     facts = st.Facts.read(model, request_id, body, events, outputs, kv_peak=kv_peak, truncated=truncated,
-                          position=position, hidden_from=hidden_from, layer=layer, trail=trail)
+                          position=position, hidden_from=hidden_from, layer=layer, trail=trail, lang=lang)
     parts = [words(facts) for _, _, words in STAGES]
     unrun = ran_no_step(facts)
     # a request that streams has passed every stage before the stream, recorded or not (capture level off);
@@ -64,7 +69,7 @@ def journey(model: dict, request_id: str, body: dict | None, events: Sequence[di
         passed = passed or (own and not (unrun and KEYS[i] == "answer"))
         parts[i] = replace(parts[i], reached=own or passed)
     ended = facts.finish is not None and not facts.idle and facts.hidden_from is None
-    return [Stage(key, f"{i} · {title}", part.text, part.panels,
+    return [Stage(key, f"{i} · {i18n.gettext(lang, title)}", part.text, part.panels,
                   part.chip if part.reached else ("stopped before" if ended and not part.skipped else ""),
                   part.skipped, part.reached, stopped=ended and not part.reached and not part.skipped)
             for i, ((key, title, _), part) in enumerate(zip(STAGES, parts), 1)]

@@ -7,6 +7,15 @@ const api = path => `${SERVER}/classroom/${ROOM}/${path}`;
 let shown = -1, version = -1, target = 0, pending = 0;  // target: where the presenter's keys have sent the class
 let room = null;  // the room's newest state (pushed)
 const $ = id => document.getElementById(id);
+// this screen's words (its browser's language, sent by the classroom's page as CONFIG.text):
+// tr(English, {names}) and trn(one, other, n, {names}): the catalog's text, its {names} filled
+const TEXT = CONFIG.text || {};
+const fill = (s, v) => s.replace(/\{(\w+)\}/g, (m, k) => (v && k in v ? v[k] : m));
+const tr = (msg, v) => fill(typeof TEXT[msg] === 'string' && TEXT[msg] ? TEXT[msg] : msg, v);
+function trn(one, other, n, v) {  // English: one / other; a language with one form (Chinese): that form
+  const forms = Array.isArray(TEXT[one]) && TEXT[one].every(f => f) ? TEXT[one] : [one, other];
+  return fill(forms.length === 1 ? forms[0] : forms[n === 1 ? 0 : 1], {n, ...v});
+}
 function el(tag, attrs, ...kids) {  // DOM built with textContent: token text is untrusted
   const e = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs || {})) { if (k === 'text') e.textContent = v; else e.setAttribute(k, v); }
@@ -47,16 +56,17 @@ async function vote(q, payload, label) {
     const r = await fetch(api('vote'), {method: 'POST', headers: {'Content-Type': 'text/plain'},
       body: JSON.stringify({...payload, voter})});
     const d = await r.json();
-    if (!r.ok) { err.textContent = d.error ? d.error.message : 'the vote was refused'; return; }
+    if (!r.ok) { err.textContent = d.error ? d.error.message : tr('the vote was refused'); return; }
     try { localStorage.setItem(`tt-vote-${ROOM}-${q.id}`, label); } catch (e) {}
     err.textContent = '';
     renderQuestion({...q, votes: Math.max(q.votes, d.votes)});
-  } catch (e) { err.textContent = 'no connection: the vote was not sent'; }
+  } catch (e) { err.textContent = tr('no connection: the vote was not sent'); }
 }
 function bar(cls, share) { return el('span', {class: 'tt-q-bar ' + cls, style: `width:${Math.round(share * 160)}px`}); }
 let drawn = '';  // which question (and whether revealed) the box shows: a new count only updates it
 function countText(q, mine) {
-  return `${q.votes} vote${q.votes === 1 ? '' : 's'} so far` + (mine ? ` · your vote: ${visible(mine)} (you may change it)` : '');
+  return trn('{n} vote so far', '{n} votes so far', q.votes) +
+    (mine ? ' · ' + tr('your vote: {vote} (you may change it)', {vote: visible(mine)}) : '');
 }
 function renderQuestion(q) {
   const box = $('tt-class-q');
@@ -70,8 +80,8 @@ function renderQuestion(q) {
     return;
   }
   drawn = q.revealed ? `${q.id}r` : `${q.id}`;
-  const kids = [el('h3', {text: q.revealed ? 'Predict the next token: the answer' : 'Predict the next token'}),
-    el('div', {}, 'What does the model write next after ', el('span', {class: 'tt-q-context'}, '…' + q.context,
+  const kids = [el('h3', {text: q.revealed ? tr('Predict the next token: the answer') : tr('Predict the next token')}),
+    el('div', {}, tr('What does the model write next after') + ' ', el('span', {class: 'tt-q-context'}, '…' + q.context,
        // revealed: the blank holds the token the model drew (a "?" left there read as still open)
        el('span', {class: 'tt-q-blank', text: q.revealed ? visible(label(q.drawn)) : '?'})))];
   if (!q.revealed) {
@@ -85,8 +95,8 @@ function renderQuestion(q) {
     }
     kids.push(choices);
     if (!KEY) {
-      const input = el('input', {id: 'tt-q-text', maxlength: 40, placeholder: 'or type your guess'});
-      const send = el('button', {id: 'tt-q-send', text: 'Guess'});
+      const input = el('input', {id: 'tt-q-text', maxlength: 40, placeholder: tr('or type your guess')});
+      const send = el('button', {id: 'tt-q-send', text: tr('Guess')});
       send.onclick = () => { const g = input.value.trim(); if (g) vote(q, {guess: g}, g); };
       input.onkeydown = e => { if (e.key === 'Enter') send.onclick(); };
       kids.push(el('div', {class: 'tt-q-guess'}, input, ' ', send));
@@ -97,23 +107,25 @@ function renderQuestion(q) {
       el('td', {text: (c.token_id === q.drawn.token_id ? '▶ ' : '') + visible(label(c))}),
       el('td', {}, bar('tt-q-model', c.final_prob), c.prob_text),  // as every stage prints it (server-side)
       el('td', {}, bar('', c.share), `${c.votes} (${(c.share * 100).toFixed(0)}%)`)));
-    kids.push(el('table', {class: 'tt-q-results'}, el('tr', {}, el('th', {text: 'token'}),
-      el('th', {text: q.greedy ? "the model's probability (greedy: it takes the most likely token)" :
-                      "the model's probability (as sampled)"}), el('th', {text: "the class's votes"})), ...rows));
+    kids.push(el('table', {class: 'tt-q-results'}, el('tr', {}, el('th', {text: tr('token')}),
+      el('th', {text: q.greedy ? tr("the model's probability (greedy: it takes the most likely token)") :
+                      tr("the model's probability (as sampled)")}), el('th', {text: tr("the class's votes")})), ...rows));
     const drawnIn = q.candidates.some(c => c.token_id === q.drawn.token_id);
-    const how = q.greedy ? `greedy: the most likely token, p=${q.drawn.prob_text}` : `p=${q.drawn.prob_text} where it was drawn`;
-    kids.push(el('div', {id: 'tt-q-answer', text: `The model drew ${visible(label(q.drawn))} (${how}` +
-      (drawnIn ? ')' : '; not among its top candidates)') + ` · ${q.correct} of ${q.votes} predicted it` +
-      (mine ? ` · you said ${visible(mine)}` : '')}));
-    if (q.guesses.length) kids.push(el('div', {class: 'tt-q-note', text: 'typed guesses: ' +
+    const p = q.drawn.prob_text, token = visible(label(q.drawn));
+    const how = q.greedy ? tr('greedy: the most likely token, p={p}', {p}) : tr('p={p} where it was drawn', {p});
+    kids.push(el('div', {id: 'tt-q-answer', text: (drawnIn ? tr('The model drew {token} ({how})', {token, how}) :
+      tr('The model drew {token} ({how}; not among its top candidates)', {token, how})) + ' · ' +
+      trn('{correct} of {n} predicted it', '{correct} of {n} predicted it', q.votes, {correct: q.correct}) +
+      (mine ? ' · ' + tr('you said {vote}', {vote: visible(mine)}) : '')}));
+    if (q.guesses.length) kids.push(el('div', {class: 'tt-q-note', text: tr('typed guesses:') + ' ' +
       q.guesses.map(g => `${visible(g.text)} ×${g.votes}`).join(', ')}));
   }
   kids.push(el('div', {class: 'tt-q-error', id: 'tt-q-err'}));
   if (KEY) {
     const bs = el('div', {class: 'tt-q-presenter'});
-    if (!q.revealed) { const r = el('button', {id: 'tt-q-reveal', text: 'Reveal the answer'});
+    if (!q.revealed) { const r = el('button', {id: 'tt-q-reveal', text: tr('Reveal the answer')});
       r.onclick = () => ask('reveal'); bs.append(r); }
-    const c = el('button', {id: 'tt-q-close', text: 'Close the question'}); c.onclick = () => ask('close');
+    const c = el('button', {id: 'tt-q-close', text: tr('Close the question')}); c.onclick = () => ask('close');
     bs.append(c); kids.push(bs);
   }
   box.replaceChildren(...kids);
@@ -126,13 +138,15 @@ function presenterButtons() {  // a question can be asked at any stage, one at a
 }
 function renderPick(s) {  // every screen says which pass, layer and head its panels show
   const p = s.pick || {}, box = $('tt-class-pick');
-  const pass = p.shown === null || p.shown === undefined ? 'the newest pass' :
-    `the pass that read ${p.text === null ? 'token' : '«' + visible(p.text) + '»'} (position ${p.shown})`;
+  const pass = p.shown === null || p.shown === undefined ? tr('the newest pass') :
+    tr('the pass that read {token} (position {position})',
+       {token: p.text === null ? tr('token') : '«' + visible(p.text) + '»', position: p.shown});
   // a position is named once a question set it (before one, the class has not been asked about any)
-  const hidden = s.hidden_from === null || s.hidden_from === undefined ? '' : s.asked ?
-    ` · the answer from position ${s.hidden_from} on is hidden until the reveal` :
-    ' · the answer is hidden until the presenter asks the class to predict it (or shows it)';
-  box.textContent = `Panels show ${pass} · attention layer ${p.layer}, head ${p.head}${hidden}`;
+  const hidden = s.hidden_from === null || s.hidden_from === undefined ? '' : ' · ' + (s.asked ?
+    tr('the answer from position {position} on is hidden until the reveal', {position: s.hidden_from}) :
+    tr('the answer is hidden until the presenter asks the class to predict it (or shows it)'));
+  box.textContent = tr('Panels show {pass} · attention layer {layer}, head {head}', {pass, layer: p.layer, head: p.head})
+    + hidden;
   document.body.dataset.hidden = hidden ? s.hidden_from : '';
   if (KEY && document.activeElement && document.activeElement.closest('#tt-pick-form') === null) {
     $('tt-pick-pos').value = p.position === null ? '' : p.position;
@@ -184,9 +198,9 @@ function follow() {  // EventSource reconnects by itself after a lost connection
   heard = Date.now();
   src.addEventListener('state', e => { heard = Date.now(); enqueue(JSON.parse(e.data)); });
   src.addEventListener('ping', () => { heard = Date.now(); });
-  src.onopen = () => { heard = Date.now(); $('tt-class-link').textContent = 'live'; document.body.dataset.link = 'live'; };
+  src.onopen = () => { heard = Date.now(); $('tt-class-link').textContent = tr('live'); document.body.dataset.link = 'live'; };
   src.onerror = () => {
-    $('tt-class-link').textContent = 'reconnecting…'; document.body.dataset.link = 'lost';
+    $('tt-class-link').textContent = tr('reconnecting…'); document.body.dataset.link = 'lost';
     if (src.readyState === EventSource.CLOSED) setTimeout(follow, 1000);
   };
 }
@@ -230,7 +244,7 @@ if (KEY) {
     const r = await fetch(api('select'), {method: 'POST', headers: {'Content-Type': 'application/json'},
       body: JSON.stringify({key: KEY, position: num('tt-pick-pos'), layer: num('tt-pick-layer') || 0,
                             head: num('tt-pick-head') || 0})});
-    $('tt-pick-err').textContent = r.ok ? '' : ((await r.json()).error || {}).message || 'refused';
+    $('tt-pick-err').textContent = r.ok ? '' : ((await r.json()).error || {}).message || tr('refused');
   };
   document.querySelectorAll('.tt-class-dot').forEach(b => b.onclick = () => go(+b.dataset.i));
   $('tt-class-stage').addEventListener('toggle', e => {  // the presenter opens the code: every screen does
@@ -239,4 +253,8 @@ if (KEY) {
       body: JSON.stringify({key: KEY, open: e.target.open})});
   }, true);  // (toggle does not bubble)
 }
+document.querySelectorAll('.tt-class-lang button').forEach(b => b.onclick = () => {  // this screen's language
+  document.cookie = `${CONFIG.langCookie}=${b.dataset.lang}; path=/; max-age=31536000; SameSite=Lax`;
+  const u = new URL(location.href); u.searchParams.set('lang', b.dataset.lang); location.replace(u);
+});
 follow();

@@ -27,6 +27,7 @@ from app.classroom.question import VoteRefused
 from app.classroom.rooms import Classrooms, Room
 from app.serving.limits import RequestRefused
 from app.serving.recording import Recording, TraceFileError
+from visualizers import i18n
 from visualizers._html import esc
 
 VOTER_COOKIE = "tt_voter"
@@ -148,7 +149,9 @@ def _follow_routes(router: APIRouter, css: str) -> None:
     @router.get("/{room_id}", response_class=HTMLResponse)
     async def classroom_page(room: PageRoom, request: Request, key: str = ""):
         await _ready(room)
-        answer = HTMLResponse(page_html(room, _is_presenter(room, key), css))
+        lang = i18n.choose(request.query_params.get("lang"), request.cookies.get(i18n.COOKIE),
+                           request.headers.get("accept-language"))  # this screen's own language
+        answer = HTMLResponse(page_html(room, _is_presenter(room, key), css, lang=lang))
         if VOTER_COOKIE not in request.cookies:  # one id per browser: its vote counts once
             answer.set_cookie(VOTER_COOKIE, secrets.token_urlsafe(12), max_age=30 * 86400, httponly=True,
                               samesite="lax")

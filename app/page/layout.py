@@ -21,7 +21,7 @@ import gradio as gr
 
 import visualizers as viz
 from app.classroom.rooms import Classrooms
-from app.page import texts
+from app.page import language, texts
 from app.page.code_panel import CSS as CODE_CSS, code_views
 from app.page.controller import Controller
 from app.page.controls import JSON_MODES, MAX_PAGE_CHOICES, MORE, Controls
@@ -34,7 +34,7 @@ from app.page.samples import sample_picker, wire_samples
 from app.page.second_request import LABEL as SECOND, send_second
 from app.page.skips import SkipBlocks
 from app.page.stages import empty_stages, map_html, section_panels, stage_html
-from app.page.tabs import key_of
+from app.page.tabs import key_of, lang_of
 from app.page.texts import model_summary  # noqa: F401 - the page's model line, read by tests
 from app.page.trace_files import write_timeline, write_trace
 from app.serving.engine_service import EngineService
@@ -47,7 +47,7 @@ from visualizers.journey import KEYS
 
 CSS = (Path(__file__).with_name("page.css")).read_text() + "\n" + (
     Path(__file__).with_name("panels.css").read_text() if Path(__file__).with_name("panels.css").exists() else "") \
-    + CODE_CSS
+    + CODE_CSS + "\n" + language.CSS
 # hover tips, token picks; code points; a chip's section in view; the answer's newest lines in
 # view; a stage's code view fetched when it opens
 HEAD = "".join(f"<script>{Path(__file__).with_name(js).read_text()}</script>"
@@ -68,8 +68,10 @@ class Wiring:
     def __init__(self, ui: dict[str, gr.components.Component]) -> None:
         self.ui = ui
 
-    def out(self, named: dict, keep: str = "status") -> dict:
-        """keep: the output given a no-op update when nothing changes (Gradio needs one)."""
+    def out(self, named: dict, keep: str = "status", key: str | None = None) -> dict:
+        """keep: the output given a no-op update when nothing changes (Gradio needs one); key: the
+        tab, whose language the labels a handler sets are given in."""
+        named = language.localized(lang_of(key), named) if key else named
         return {self.ui[n]: v for n, v in named.items() if n in self.ui} or {self.ui[keep]: gr.update()}
 
     def controls(self, names: tuple[str, ...], values: tuple) -> Controls:
@@ -79,14 +81,14 @@ class Wiring:
         """handler(key, *extra values, Controls) -> {name: value}, as fn(request, *values)."""
         def call(request: gr.Request, *values):
             args = list(values[:extra]) + ([self.controls(names, values[extra:])] if names else [])
-            return self.out(handler(key_of(request), *args), keep)
+            return self.out(handler(key_of(request), *args), keep, key_of(request))
         return call
 
     def gen(self, handler: Callable, names: tuple[str, ...] = (), extra: int = 0) -> Callable:
         def call(request: gr.Request, *values):
             args = list(values[:extra]) + ([self.controls(names, values[extra:])] if names else [])
             for named in handler(key_of(request), *args):
-                yield self.out(named)
+                yield self.out(named, key=key_of(request))
         return call
 
     def inputs(self, names: tuple[str, ...]) -> list:
@@ -199,7 +201,8 @@ def _replay_bar(ui: dict, ctl: Controller) -> None:
     replay = ctl.replay
     first, note = first_bar(None if ctl.live else ReplayCursor(replay))
     with gr.Column(elem_id="tt-replay-box"):
-        gr.HTML("<div class='tt-box-title'>Replay and classroom</div>", padding=False)
+        gr.HTML("<div class='tt-box-title'>Replay and classroom</div>", padding=False,
+                elem_classes=[language.TRANSLATED])
         with gr.Row(equal_height=False, elem_id="tt-replay"):
             ui["load"] = gr.UploadButton("Load trace", file_types=[".json"], size="sm", elem_id="tt-load",
                                          min_width=90)
@@ -301,7 +304,8 @@ def build_page(served: ServedModels | EngineService | None, replay: Recording | 
     with SkipBlocks(title="TokenTrace") as page:  # an update costs what it changes
         mode = "" if ctl.live else " <span class='tt-badge tt-miss'>REPLAY: no model loaded</span>"
         gr.HTML(f"<div class='tt-header'><h1>TokenTrace{mode}</h1><p>One request, every stage, drawn as it "
-                f"happens.</p></div>")
+                f"happens.</p></div>", elem_id="tt-header", elem_classes=[language.TRANSLATED])
+        ui["lang"] = language.switch()  # English / 中文 (language.py sets every tab's words)
         with gr.Tabs(elem_id="tt-tabs") as tabs:
             with gr.Tab("Journey", id="journey", elem_id="tt-tab-journey"):
                 # the focus layout: a sticky sidebar (prompt, Send, the answer; then the settings and
@@ -344,7 +348,8 @@ def _wire(page: gr.Blocks, ui: dict, ctl: Controller) -> None:
     quiet = {"api_visibility": "private", "show_progress": "hidden"}
     settings = SETTINGS + ("model",)
     journey_out = [ui["map"]] + [ui[f"stage:{k}"] for k in KEYS] + [ui[f"section:{k}"] for k in KEYS]
-    page.load(w.fn(lambda key: ctl.opening_page(key), keep="map"), None, journey_out, concurrency_limit=None, **quiet)
+    # the load sets the tab's language and its words, then the journey of what it shows (the switch: again)
+    language.wire(page, ui["lang"], lambda key: w.out(ctl.opening_page(key), "map"), journey_out)
     if ctl.live:
         watching = ui["watch"].click(w.gen(ctl.follow, ("layer", "head", "model")),
                                      w.inputs(("layer", "head", "model")), outputs, concurrency_limit=16, **quiet)
@@ -355,7 +360,7 @@ def _wire(page: gr.Blocks, ui: dict, ctl: Controller) -> None:
         def run(request: gr.Request, *values):
             c = Controls.of(dict(zip(SEND_INPUTS, values)))
             for named in ctl.run(key_of(request), c, client_of(request)):
-                yield w.out(named)
+                yield w.out(named, key=key_of(request))
         # sending from this tab ends its watching: one request per set of panels. "multiple": a Send while
         # one streams reaches run(), which refuses it visibly (Gradio's default drops it unseen)
         ui["send"].click(run, w.inputs(SEND_INPUTS), outputs, api_name="send", concurrency_limit=16,
@@ -366,7 +371,7 @@ def _wire(page: gr.Blocks, ui: dict, ctl: Controller) -> None:
         def second(request: gr.Request, *values):
             c = Controls.of(dict(zip(SEND_INPUTS, values)))
             for named in send_second(ctl, key_of(request), c, client_of(request)):
-                yield w.out(named)
+                yield w.out(named, key=key_of(request))
         ui["second"].click(second, w.inputs(SEND_INPUTS), outputs, concurrency_limit=16, cancels=[watching], **quiet)
 
         ui["stop"].click(w.fn(ctl.stop), None, [ui[n] for n in ("status",) + SETTINGS + ("send", "unlock", "stop")],

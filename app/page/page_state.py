@@ -13,7 +13,7 @@ from app.page.controls import LOCKED, MORE, Controls, more_fields, parse_seed
 from app.page.live_view import PANELS, LiveView
 from app.page.stages import JourneyClock
 from app.page.step_bar import steps_updates, which_steps
-from app.page.tabs import Sessions, Tab
+from app.page.tabs import Sessions, Tab, lang_of
 from app.page.trace_files import write_timeline, write_trace
 from app.serving.engine_service import EngineService
 from app.serving.recording import Recording, ReplayCursor, record_request
@@ -24,15 +24,15 @@ from visualizers.journey import journey
 TOO_FAST = 2.0  # an answer streamed in less than this (seconds) was too fast to watch: offer Play
 
 
-def stages_of(view: LiveView) -> list:
+def stages_of(view: LiveView, lang: str = "en") -> list:
     """The journey of the request a view shows (the pipeline map and the stages' sentences)."""
     # the words speak of the pass the panels show now (their last draw), not of a newer one
     position = view.shown_read if view.shown_read is not None else view.position
     with view.lock:  # (a click's journey beside the stream's: one fold of its events at a time)
         stages = journey(view.model, view.request_id or "", view.body or None, view.events, view.outputs,
                          truncated=view.first("trace.truncated"), position=position, layer=view.layer,
-                         trail=view.trail())  # layer: the layer picker's (the MoE routing the words quote)
-        return with_code(stages, view.model, view.events, view.request_id or "", position, view.layer)  # code_panel.py
+                         trail=view.trail(), lang=lang)  # layer: the picker's (the MoE routing the words quote)
+        return with_code(stages, view.model, view.events, view.request_id or "", position, view.layer)  # code_panel
 
 
 class PageState:
@@ -109,10 +109,13 @@ class PageState:
         return tab.view if tab is not None else self.blank
 
     # --- what a handler sends -----------------------------------------------------------------
-    def journey_updates(self, tab: Tab | None, view: LiveView, now: float, force: bool = False) -> dict:
-        """The pipeline map and the stages' sentences (only what changed since the last time)."""
+    def journey_updates(self, tab: Tab | None, view: LiveView, now: float, force: bool = False,
+                        lang: str | None = None) -> dict:
+        """The pipeline map and the stages' sentences (only what changed since the last time), in the
+        tab's language (lang: another's, for a tab not yet kept)."""
         clock = tab.clock if tab is not None else JourneyClock()
-        out = clock.updates(stages_of(view), now, live=view.request_id is not None, force=force)
+        lang = lang or (tab.lang if tab is not None else "en")
+        out = clock.updates(stages_of(view, lang), now, live=view.request_id is not None, force=force, lang=lang)
         return {n: (gr.update(visible=v) if n.startswith("section:") else v) for n, v in out.items()}
 
     def full(self, tab: Tab | None, view: LiveView, state: str) -> dict:
@@ -124,7 +127,7 @@ class PageState:
         """What a tab shows when it (re)loads: the journey of what it shows."""
         tab = self.tab_of(key)
         view = tab.view if tab is not None else self.blank
-        return self.journey_updates(None, view, time.perf_counter(), force=True)
+        return self.journey_updates(None, view, time.perf_counter(), force=True, lang=lang_of(key))
 
     def lock(self, tab: Tab | None, locked: bool) -> dict:
         """The controls read-only (a replayed or watched request shown) or editable again."""

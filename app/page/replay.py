@@ -10,6 +10,7 @@ import gradio as gr
 
 from app.page import texts
 from app.page.controls import Controls
+from app.page.language import tx
 from app.page.page_state import PageState
 from app.page.step_bar import steps_of, steps_updates
 from app.page.tabs import Tab
@@ -43,7 +44,7 @@ class Replay(PageState):
         Status says so)."""
         tab = self.tab_of(key)
         if tab is None or tab.cursor is None:
-            return {"status": "nothing to replay yet: send a request or load a trace", **steps_updates(None)}
+            return {"status": tx(key, "nothing to replay yet: send a request or load a trace"), **steps_updates(None)}
         tab.cursor.view.layer, tab.cursor.view.head = int(c.layer or 0), int(c.head or 0)
         n = len(tab.cursor.steps)
         wanted, note = texts.clamp_step(number, n)
@@ -60,7 +61,7 @@ class Replay(PageState):
     def play(self, key: str, number, speed_name: str, c: Controls) -> Iterator[dict]:
         tab = self.tab_of(key)
         if tab is None or tab.cursor is None:
-            yield {"status": "nothing to replay yet: send a request or load a trace"}
+            yield {"status": tx(key, "nothing to replay yet: send a request or load a trace")}
             return
         cur = tab.cursor
         cur.view.layer, cur.view.head = int(c.layer or 0), int(c.head or 0)
@@ -85,7 +86,7 @@ class Replay(PageState):
         try:
             rec = Recording.loads(Path(path).read_bytes())
         except (TraceFileError, OSError) as e:
-            return {"status": f"cannot load the trace: {e}"}
+            return {"status": tx(key, "cannot load the trace: {reason}", reason=e)}
         self.sessions.watching.discard(key)
         tab = Tab(rec.new_view(), ReplayCursor(rec), locked=True)
         self.sessions.put(key, tab)

@@ -10,9 +10,11 @@ from typing import Iterator
 import gradio as gr
 
 from app.page.controls import Controls
+from app.page.language import tx
+from visualizers.i18n import N_
 from visualizers.prefix_next import NextHit, asked, next_hit
 
-LABEL = "Send the second request (shares this prompt's prefix: a prefix-cache HIT)"
+LABEL = N_("Send the second request (shares this prompt's prefix: a prefix-cache HIT)")  # in the catalogs
 
 
 def controls_for(plan: NextHit, c: Controls, model: str | None) -> Controls | None:
@@ -33,21 +35,24 @@ def send_second(ctl, key: str, c: Controls, client: str | None = None) -> Iterat
     tab = ctl.sessions.get(key)
     view = tab.view if tab is not None else None
     if view is None or not view.request_id or tab.service is None:
-        yield {"status": "Send a request first: the second request shares its prefix"}
+        yield {"status": tx(key, "Send a request first: the second request shares its prefix")}
         return
     if not view.finished:
-        yield {"status": f"{view.request_id} is still streaming: the second request waits for it to finish"}
+        yield {"status": tx(key, "{request} is still streaming: the second request waits for it to finish",
+                            request=view.request_id)}
         return
     if view.first("tokenize") is None:
-        yield {"status": "no second request: this request's capture level (off) records no prompt tokens to share"}
+        yield {"status": tx(key, "no second request: this request's capture level (off) records no prompt tokens "
+                                 "to share")}
         return
     msgs, prompt = asked(view.first("request.arrive"), view.body)
     plan = next_hit(view.first("tokenize"), msgs, prompt, int(view.model["block_size"]))
     mine = controls_for(plan, c, tab.service.model_name) if plan is not None else None
     if mine is None:
-        why = ("this prompt fills no full block of the cache, so no second request can share it: type a longer one"
-               if plan is None else "the page sends a system prompt and one question; this request has other turns")
-        yield {"status": f"no second request: {why}"}
+        yield {"status": tx(key, "no second request: this prompt fills no full block of the cache, so no second "
+                                 "request can share it: type a longer one") if plan is None else
+               tx(key, "no second request: the page sends a system prompt and one question; this request has other "
+                       "turns")}
         return
     yield {"system": gr.update(value=mine.system), "user": gr.update(value=mine.user)}
     yield from ctl.run(key, mine, client)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from visualizers import i18n
 from visualizers._html import esc
 from visualizers.journey import JOURNEY, KEYS, Stage, journey
 from visualizers.stages.way_in import NEVER
@@ -54,23 +55,24 @@ def _chip(st: Stage, live: bool) -> str:
             f"<b>{title}</b>{number}</a>")
 
 
-def map_html(stages: Sequence[Stage], live: bool = True) -> str:
+def map_html(stages: Sequence[Stage], live: bool = True, lang: str = "en") -> str:
     """The pipeline map: one chip a stage in journey order, the skipped ones as one line."""
     shown = [s for s in stages if not s.skipped]
     skipped = [s for s in stages if s.skipped]
     arrows = "<span class='tt-map-arrow'>→</span>".join(_chip(s, live) for s in shown)
-    skip = ("<div class='tt-map-skipped'>skipped by this request: "
-            + " · ".join(esc(s.title.split(" · ", 1)[-1]) for s in skipped) + "</div>") if skipped else ""
+    names = " · ".join(esc(s.title.split(" · ", 1)[-1]) for s in skipped)
+    said = esc(i18n.gettext(lang, "skipped by this request: {stages}")).format(stages=names)
+    skip = f"<div class='tt-map-skipped'>{said}</div>" if skipped else ""
     return f"<div class='tt-map' id='tt-map-inner'>{arrows}{skip}</div>"
 
 
-def stage_html(st: Stage) -> str:
+def stage_html(st: Stage, lang: str = "en") -> str:
     """A stage's heading and its sentence (Stage.text is escaped HTML already)."""
     # stopped before it, or a finished request that never got here: say so ("not reached yet"
     # would promise it still might)
-    badge = "stopped before this stage" if st.stopped else \
-        "never reached" if f"<p>{NEVER}" in st.text else "not reached yet"
-    waiting = "" if st.reached else f" <span class='tt-note'>{badge}</span>"
+    badge = i18n.gettext(lang, "stopped before this stage") if st.stopped else \
+        i18n.gettext(lang, "never reached") if f"<p>{NEVER}" in st.text else i18n.gettext(lang, "not reached yet")
+    waiting = "" if st.reached else f" <span class='tt-note'>{esc(badge)}</span>"
     return (f"<div class='tt-stage-head' data-key='{esc(st.key)}'><h2>{esc(st.title)}{waiting}</h2>"
             f"<div class='tt-stage-text'>{st.text}</div></div>")
 
@@ -85,12 +87,14 @@ class JourneyClock:
     def due(self, now: float) -> bool:
         return now - self.at >= JOURNEY_EVERY
 
-    def updates(self, stages: Sequence[Stage], now: float, live: bool = True, force: bool = False) -> dict:
-        """{"map": html, "stage:KEY": html, "section:KEY": visible} for what changed."""
+    def updates(self, stages: Sequence[Stage], now: float, live: bool = True, force: bool = False,
+                lang: str = "en") -> dict:
+        """{"map": html, "stage:KEY": html, "section:KEY": visible} for what changed (lang: the
+        words around the stages' own: the skipped line, the badges)."""
         self.at = now
-        fresh = {"map": map_html(stages, live)}
+        fresh = {"map": map_html(stages, live, lang)}
         for st in stages:
-            fresh[f"stage:{st.key}"] = stage_html(st)
+            fresh[f"stage:{st.key}"] = stage_html(st, lang)
             fresh[f"section:{st.key}"] = not st.skipped
         out = {k: v for k, v in fresh.items() if force or self.sent.get(k) != v}
         self.sent.update(out)

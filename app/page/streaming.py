@@ -12,6 +12,7 @@ import gradio as gr
 import visualizers as viz
 from app.page import texts
 from app.page.controls import MAX_PAGE_CHOICES, Controls, parse_schema, parse_seed
+from app.page.language import ntx, tx
 from app.page.live_view import HEAVY, ONE_PASS, PANELS, LiveView
 from app.page.page_state import PageState
 from app.page.tabs import Tab
@@ -21,7 +22,6 @@ from app.serving.limits import RequestRefused
 from app.serving.recording import Recording, show_accepted
 from app.serving.requests import parse_body
 from engine import LLMEngine
-from visualizers.selection import plural
 
 YIELD_EVERY = 0.1  # seconds between updates sent to the browser while streaming
 RENDER_BUDGET = 0.08  # seconds of heavy-panel drawing per streaming update; the rest waits for the next one
@@ -62,13 +62,14 @@ class Streaming(PageState):
     """The handlers that stream a request into a tab: Send (`run`), Watch (`follow`) and Stop."""
 
     def stream(self, tab: Tab, next_items: Callable[[float], list[dict]], first: dict | None = None,
-               final: Callable[[], dict] | None = None) -> Iterator[dict]:
+               final: Callable[[], dict] | None = None, key: str = "") -> Iterator[dict]:
         """Feed the view from next_items until its request finishes, yielding due panels and,
         every JOURNEY_EVERY seconds, the journey (`first`: more updates for the first yield,
-        e.g. another model's controls; `final`: more for the last one)."""
+        e.g. another model's controls; `final`: more for the last one; `key`: the tab, whose
+        language Status speaks)."""
         view, rid, service = tab.view, tab.view.request_id, tab.service
         view.set_pool(service.pool())  # as it is now; the kv.pool events its queue brings follow
-        yield merged(self.full(tab, view, f"{rid}: queued"), self.stop_look(True), first or {})
+        yield merged(self.full(tab, view, tx(key, "{request}: queued", request=rid)), self.stop_look(True), first or {})
         last = 0.0  # the first tokens go out as soon as they come (they waited a period behind the first update)
         while not view.finished:
             view.add(next_items(YIELD_EVERY / 2))
@@ -79,7 +80,8 @@ class Streaming(PageState):
                     # Status counts the tokens the map's chips count: read from the same events, sent in
                     # the same update (a Status of every yield ran a token ahead of the Stream chip)
                     out.update(self.journey_updates(tab, view, now))
-                    out["status"] = f"{rid}: streaming, {plural(len(view.generated_ids()), 'token')}"
+                    out["status"] = ntx(key, "{request}: streaming, {n} token", "{request}: streaming, {n} tokens",
+                                        len(view.generated_ids()), request=rid)
                 if out:
                     yield out
                     last = now
@@ -90,7 +92,8 @@ class Streaming(PageState):
         reason = fin["reason"] if fin else next((o["finish_reason"] for o in view.outputs if o["finished"]), "?")
         now = time.perf_counter()  # the last tokens first, then every panel's final state (Status with the map)
         yield {"answer": view.draw(["answer"], now)["answer"]}
-        done = f"{rid}: finished ({reason}), {plural(len(view.generated_ids()), 'token')}"
+        done = ntx(key, "{request}: finished ({reason}), {n} token", "{request}: finished ({reason}), {n} tokens",
+                   len(view.generated_ids()), request=rid, reason=reason)
         yield merged(self.full(tab, view, done), self.stop_look(False, can_stop=tab.watched))  # Stop ends a watch
         # then the recording (Export, the step slider); the last yield carries every value (the
         # panels as just drawn: Gradio sends no change for them)
@@ -105,10 +108,11 @@ class Streaming(PageState):
             busy = self._replace(key)
         if busy is not None:  # the first would not end: refuse this one, said under the button
             self.sessions.refused.add(key)
-            what = f"{busy} is still streaming" if busy else "the last Send is still being submitted"
-            yield {"hint_send": f"<div class='tt-hint'>⚠ Not sent: {viz._html.esc(what)} in this tab. Stop it or "
-                                "wait for it to finish, then press Send again (your prompt and settings are kept)."
-                                "</div>"}
+            what = tx(key, "{request} is still streaming in this tab", request=busy) if busy else \
+                tx(key, "the last Send is still being submitted in this tab")
+            said = tx(key, "⚠ Not sent: {what}. Stop it or wait for it to finish, then press Send again (your prompt "
+                           "and settings are kept).", what=what)
+            yield {"hint_send": f"<div class='tt-hint'>{viz._html.esc(said)}</div>"}
             return
         try:
             yield from carry(self._send(key, c, client))
@@ -163,7 +167,7 @@ class Streaming(PageState):
             watch = service.submit(submission, client=client)
         except ValueError as e:
             refused = self._refused(e, view, submission)
-            yield {**self.full(tab, view, f"rejected: {e}"), **refused}
+            yield {**self.full(tab, view, tx(key, "rejected: {reason}", reason=e)), **refused}
             return
         view.request_id = watch.request_id
         self.sessions.sending(key, watch.request_id)
@@ -181,10 +185,11 @@ class Streaming(PageState):
                 if key not in self.sessions.refused:
                     return {}
                 self.sessions.refused.discard(key)
-                return {"hint_send": f"<div class='tt-hint'>⚠ A Send was refused while {watch.request_id} "
-                                     "streamed; it has finished: press Send to send what the controls hold now.</div>"}
+                said = tx(key, "⚠ A Send was refused while {request} streamed; it has finished: press Send to "
+                               "send what the controls hold now.", request=watch.request_id)
+                return {"hint_send": f"<div class='tt-hint'>{viz._html.esc(said)}</div>"}
 
-            yield from self.stream(tab, watch.drain, first, final=refused_meanwhile)
+            yield from self.stream(tab, watch.drain, first, final=refused_meanwhile, key=key)
         finally:
             service.unsubscribe(watch)
             if not view.finished:  # tab closed or event cancelled: free the engine's work (every choice's)
@@ -208,7 +213,7 @@ class Streaming(PageState):
 
         self.sessions.watching.add(key)
         try:
-            waiting = "watching: waiting for a request from curl, the SDK or another tab"
+            waiting = tx(key, "watching: waiting for a request from curl, the SDK or another tab")
             # read-only while watching; Stop (not "New request") ends it
             yield {"status": waiting, **self.lock(self.sessions.get(key), True), "unlock": gr.update(visible=False),
                    **self.stop_look(False, can_stop=True)}
@@ -227,7 +232,7 @@ class Streaming(PageState):
                     continue
                 yield from self._watch_one(key, service, rid, service.model_name != shown, c, note_arrivals)
                 shown = service.model_name
-                yield {"status": f"{rid} finished · watching: waiting for the next request"}
+                yield {"status": tx(key, "{request} finished · watching: waiting for the next request", request=rid)}
         finally:
             self.models.unsubscribe(fire)
 
@@ -260,7 +265,7 @@ class Streaming(PageState):
             # update: an update of their own before it loses early tokens on screen, and set mid-stream
             # they stall the browser (benchmarks.measure --watch-tokens shows both)
             first = merged(self.controls_for(info) if other else {}, own)  # locked already: follow's first yield
-            yield from self.stream(tab, next_items, first)
+            yield from self.stream(tab, next_items, first, key=key)
         finally:
             service.unsubscribe(sub)
 
@@ -286,9 +291,11 @@ class Streaming(PageState):
             self.sessions.watching.discard(key)
             unlocked = {**self.lock(tab, False), **self.stop_look(False)}
             if tab is not None and tab.watched and tab.view.request_id and not tab.view.finished:
-                return {**unlocked, "status": f"watching stopped: {tab.view.request_id} (another client's request) "
-                                              "goes on; the panels show it as it was when you pressed Stop"}
-            return {**unlocked, "status": "watching stopped: press Watch API requests to follow requests again"}
+                return {**unlocked, "status": tx(key, "watching stopped: {request} (another client's request) goes "
+                                                      "on; the panels show it as it was when you pressed Stop",
+                                                 request=tab.view.request_id)}
+            return {**unlocked,
+                    "status": tx(key, "watching stopped: press Watch API requests to follow requests again")}
         if tab is not None and not tab.watched and tab.view.request_id and not tab.view.finished:
             abort_all(tab.service or self.models, tab.view.request_id, tab.view.n)  # "finished (abort)"
         return {}

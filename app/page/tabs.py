@@ -11,6 +11,20 @@ from app.serving.engine_service import EngineService
 from app.serving.recording import ReplayCursor
 
 MAX_SESSIONS = 64
+MAX_LANGS = 4096
+_LANG: OrderedDict[str, str] = OrderedDict()  # session -> its language (the switch's, or its load's)
+
+
+def lang_of(key: str) -> str:
+    """The language of the tab `key` (English until its load says otherwise)."""
+    return _LANG.get(key, "en")
+
+
+def set_lang(key: str, lang: str) -> None:
+    _LANG[key] = lang
+    _LANG.move_to_end(key)
+    while len(_LANG) > MAX_LANGS:
+        _LANG.popitem(last=False)
 
 
 @dataclass
@@ -23,6 +37,11 @@ class Tab:
     clock: JourneyClock = field(default_factory=JourneyClock)
     locked: bool = False  # the controls show a replayed or watched request: read-only
     replaced: bool = False  # a second Send stopped its request: its stream ends without its last updates
+    key: str = ""  # its session (Sessions.put): the stages' words speak its language
+
+    @property
+    def lang(self) -> str:
+        return lang_of(self.key)
 
 
 class Sessions:
@@ -61,6 +80,7 @@ class Sessions:
             self._released.wait_for(lambda: key not in self._sending, timeout_s)
 
     def put(self, key: str, tab: Tab) -> None:
+        tab.key = key
         with self._lock:
             self._tabs[key] = tab
             self._tabs.move_to_end(key)

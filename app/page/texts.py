@@ -6,6 +6,7 @@ from __future__ import annotations
 import visualizers as viz
 from app.serving.recording import Recording
 from app.serving.requests import parse_body
+from visualizers.i18n import N_
 
 
 def trace_settings(rec: Recording, info: dict) -> dict:
@@ -120,8 +121,9 @@ def model_note(m: dict, served: int) -> str:
     return f"{about}{plain}<div class='tt-real'>{several}{REAL_MODELS_HINT}.</div>"
 
 
-SYSTEM_LABEL = {False: "System prompt", True: "System prompt (not used in plain-prompt mode)"}
-USER_LABEL = {False: "User prompt", True: "Prompt (plain text: the model continues it)"}
+# N_: in the catalogs (the page's load and switch translate a label that is one of them)
+SYSTEM_LABEL = {False: N_("System prompt"), True: N_("System prompt (not used in plain-prompt mode)")}
+USER_LABEL = {False: N_("User prompt"), True: N_("Prompt (plain text: the model continues it)")}
 
 
 def spec_info(m: dict) -> str:

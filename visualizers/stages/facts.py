@@ -9,7 +9,9 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from visualizers.compact import lens_layers
-from visualizers._html import prob, show_piece  # prob: stage modules import it from here
+from visualizers import i18n
+from visualizers._html import esc, prob, show_piece  # prob: stage modules import it from here
+from visualizers.i18n.catalog import translations
 from visualizers.logit_lens import first_top
 
 FIRST = ("request.arrive", "tokenize", "prefix_cache.lookup", "finish", "trace.truncated", "kv.transfer", "trace.cut")
@@ -82,6 +84,7 @@ class Facts:
     position: int | None = None  # the selected token (None: the newest pass); see pass_of
     hidden_from: int | None = None  # the classroom hides tokens from this position on (until the reveal)
     layer: int | None = None  # the selected layer (its MoE routing is quoted; None: the first MoE layer)
+    lang: str = i18n.DEFAULT  # the language of the words (the stages converted to the catalogs: said, said_n)
 
     @classmethod
     def read(cls, model: dict, request_id: str, body: dict | None, events: Sequence[dict],
@@ -228,6 +231,18 @@ def hidden_sentence(f: "Facts") -> str:
 def n(x: float) -> str:
     """A number in bold (ints with thousands separators, floats with two decimals)."""
     return f"<b>{x:,}</b>" if isinstance(x, int) else f"<b>{x:,.2f}</b>"
+
+
+def said(f: Facts, msgid: str, **html: str) -> str:
+    """A sentence from the catalogs in the stage's language, escaped, its {names} filled with
+    the given HTML (numbers in bold: n())."""
+    return esc(i18n.gettext(f.lang, msgid)).format(**html)
+
+
+def said_n(f: Facts, singular: str, plural_: str, k: int, **html: str) -> str:
+    """said() in the form the count k takes in the stage's language ({n}: k in bold)."""
+    text = esc(translations(f.lang).ngettext(singular, plural_, k))
+    return text.format(**{"n": f"<b>{i18n.number(f.lang, k)}</b>", **html})
 
 
 def p(*sentences: str) -> str:

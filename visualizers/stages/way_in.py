@@ -1,9 +1,10 @@
 """The way in: the request arrives, is tokenized, looked up in the prefix cache, embedded."""
 from __future__ import annotations
 
+from visualizers import i18n
 from visualizers._html import esc, fmt_bytes
 from visualizers.prefix_next import FOLLOW_UP, NextHit, asked, next_hit, system_tokens
-from visualizers.stages.facts import Facts, Part, count, n, p, plural
+from visualizers.stages.facts import Facts, Part, n, p, plural, said, said_n
 
 NEVER = "Never reached"  # a finished request that did not get here (the page's heading says so too)
 NOT_YET = "Not reached yet: this request is still on its way (the page re-reads it while it runs)."
@@ -60,27 +61,38 @@ def routed(route: dict | None) -> str:
 
 
 def tokenize(f: Facts) -> Part:
+    """Converted to the catalogs (issue 42): the pattern for the other stages. Whole sentences
+    with named numbers, one entry per form, so a language may order them its own way."""
     tok = f.first.get("tokenize")
+    chip = esc(i18n.ngettext(f.lang, "{n} token", "{n} tokens", f.n_prompt if not tok else int(tok["count"])))
     if not tok:
         if f.n_prompt:  # capture level off: the usage still counts the prompt's tokens
-            return Part(p(f"The tokenizer cut the prompt into {plural(f.n_prompt, 'token')}; this request's capture "
-                          "level (off) records no more of them."), ("tokens",),
-                        count(f.n_prompt, "token"))
-        return Part(p(not_yet(f), "The chat template wraps the messages in role markers; byte-level BPE cuts the text "
-                      "into integer ids."), ("tokens",), reached=False)
+            return Part(p(said_n(f, "The tokenizer cut the prompt into {n} token; this request's capture level (off) "
+                                   "records no more of them.",
+                                "The tokenizer cut the prompt into {n} tokens; this request's capture level (off) "
+                                "records no more of them.", f.n_prompt)), ("tokens",), chip)
+        return Part(p(not_yet(f), said(f, "The chat template wraps the messages in role markers; byte-level BPE cuts "
+                                         "the text into integer ids.")), ("tokens",), reached=False)
     special = sum(1 for t in tok["tokens"] if t.get("special"))
-    vocab = tok.get("tokenizer_size") or f.model["vocab_size"]
+    vocab = n(int(tok.get("tokenizer_size") or f.model["vocab_size"]))
     total_tokens = int(tok["count"])
-    templated = tok.get("chat_template", True)
-    how = ("The chat template wrapped the messages in role markers, then the tokenizer (byte-pair encoding) cut "
-           "the text" if templated else "A plain prompt gets no chat template: the tokenizer (byte-pair encoding) "
-           "cut its text")
-    verb = "marks" if special == 1 else "mark"  # "1 of them is a special token that marks ..."
-    marks = f"{verb} whose turn it is" if templated else f"{verb} where the text begins"
-    text = p(f"{how} into {plural(total_tokens, 'token')}, each an integer id in a vocabulary of {n(int(vocab))}. "
-             f"{n(special)} of them {'is a special token' if special == 1 else 'are special tokens'} that {marks} "
-             "(highlighted).", "The model never sees letters: only these ids.")
-    return Part(text, ("tokens",), count(total_tokens, "token"))
+    if tok.get("chat_template", True):
+        cut = said_n(f, "The chat template wrapped the messages in role markers, then the tokenizer (byte-pair "
+                       "encoding) cut the text into {n} token, each an integer id in a vocabulary of {vocab}.",
+                    "The chat template wrapped the messages in role markers, then the tokenizer (byte-pair encoding) "
+                    "cut the text into {n} tokens, each an integer id in a vocabulary of {vocab}.", total_tokens,
+                    vocab=vocab)
+        marks = said_n(f, "{n} of them is a special token that marks whose turn it is (highlighted).",
+                      "{n} of them are special tokens that mark whose turn it is (highlighted).", special)
+    else:
+        cut = said_n(f, "A plain prompt gets no chat template: the tokenizer (byte-pair encoding) cut its text into "
+                       "{n} token, each an integer id in a vocabulary of {vocab}.",
+                    "A plain prompt gets no chat template: the tokenizer (byte-pair encoding) cut its text into {n} "
+                    "tokens, each an integer id in a vocabulary of {vocab}.", total_tokens, vocab=vocab)
+        marks = said_n(f, "{n} of them is a special token that marks where the text begins (highlighted).",
+                      "{n} of them are special tokens that mark where the text begins (highlighted).", special)
+    return Part(p(i18n.sentences(f.lang, cut, marks), said(f, "The model never sees letters: only these ids.")),
+                ("tokens",), chip)
 
 
 def prefix(f: Facts) -> Part:
