@@ -172,6 +172,9 @@ function syncCode(s) {  // the stage's code view: open on every screen while the
 }
 document.addEventListener('toggle', e => { if (e.target.matches && e.target.matches('details.tt-code-box')) loadCode(e.target); }, true);
 async function ask(action) {
+  if (!room) {  // a click before the room's first state arrived: read it now (the position needs it)
+    const r = await fetch(api('state')); if (r.ok) await apply(await r.json());
+  }
   const body = {key: KEY, action};
   if (action === 'open') body.position = room.answer_at + Math.max(1, +$('tt-q-at').value || 1) - 1;
   const r = await fetch(api('question'), {method: 'POST', headers: {'Content-Type': 'application/json'},

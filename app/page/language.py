@@ -130,14 +130,17 @@ def wire(page: gr.Blocks, radio: gr.Radio, journey: Callable[[str], dict] | None
     outputs = [radio] + [b for b, _ in chrome] + [c for c in journey_out if c not in {b for b, _ in chrome}]
     quiet = {"api_visibility": "private", "show_progress": "hidden", "concurrency_limit": None}
 
-    def apply(request: gr.Request, lang: str) -> dict:
+    def apply(request: gr.Request, lang: str, chrome_too: bool = True) -> dict:
         set_lang(key_of(request), lang)
-        out = chrome_updates(lang, chrome)
+        out = chrome_updates(lang, chrome) if chrome_too else {}
         out[radio] = gr.update(**{**out.get(radio, {}), "value": WORD[lang]})  # (its label is chrome too)
         return {**out, **(journey(key_of(request)) if journey else {})}
 
     def on_load(request: gr.Request) -> dict:
-        return apply(request, of_request(request))
+        # the page is built in English: an English tab's load touches none of its ~100 blocks
+        # (their updates, late on a busy machine, landed while a reader already typed)
+        lang = of_request(request)
+        return apply(request, lang, chrome_too=lang != i18n.DEFAULT)
 
     def on_switch(word: str, request: gr.Request) -> dict:
         return apply(request, CHOICES.get(word, i18n.DEFAULT))
