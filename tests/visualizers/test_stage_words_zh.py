@@ -2,7 +2,9 @@
 request's numbers in them, in English as before and in Chinese with its measure word."""
 from __future__ import annotations
 
-from tests.trace_views import MODEL
+import re
+
+from tests.trace_views import LABELS, MODEL, PROMPT, events
 from visualizers.journey import journey
 
 TOK = {"type": "tokenize", "step": 0, "count": 1234, "chat_template": True, "tokenizer_size": 49152,
@@ -31,3 +33,32 @@ def test_the_tokens_stage_in_chinese_with_its_numbers():
                    {"prompt": "x"})
     assert "纯文本提示不套聊天模板" in plain.text and plain.chip == "1 个词元"
     assert "A plain prompt" not in plain.text  # (the other stages still speak English: the next step)
+
+
+# --- the stages converted after Tokenize: each speaks Chinese with this request's numbers -------
+LATIN = re.compile(r"[A-Za-z]{3,}")
+CODE = {"MoE", "float", "TTFT", "SwiGLU", "GeGLU", "top", "finish_reason", "stop", "length", "max_tokens", "nats",
+        "Softmax", "softmax", "logit", "lens", "KV", "MLP", "ID", "LM", "head", "verify"}
+
+
+def stage(lang: str, key: str, evs: list[dict] | None = None, outputs: list[dict] | None = None, **kw):
+    evs = events() if evs is None else evs
+    outs = [{"token_id": i, "text": LABELS[i], "finished": False, "index": i - PROMPT, "t": 0.0}
+            for i in range(PROMPT, len(LABELS) - 1)] if outputs is None else outputs
+    return next(s for s in journey(MODEL, "r1", {"messages": []}, evs, outs, lang=lang, **kw) if s.key == key)
+
+
+def prose(text: str) -> list[str]:
+    """The Latin words of a stage's HTML outside tags, token quotes «…» and [shapes]."""
+    plain = re.sub(r"<[^>]+>|«[^»]*»|\[[^\]]*\]", " ", text)
+    return [w for w in LATIN.findall(plain) if w not in CODE and not w.startswith("float")]
+
+
+def test_the_embedding_stage_in_chinese_with_its_numbers():
+    en, zh = stage("en", "embedding"), stage("zh_CN", "embedding")
+    assert "Each id picks one row of the embedding matrix (<b>50</b> rows × <b>8</b> numbers). This request's" in en.text
+    assert "每个 ID 从嵌入矩阵（<b>50</b> 行 × <b>8</b> 个数）里取出一行。这个请求的提示有 <b>4</b> 个词元" in zh.text, zh.text
+    assert "即提示的 <b>4</b> 个位置中的 <b>4</b> 个，以及提示之后的 <b>2</b> 个" in zh.text, zh.text
+    assert zh.chip == en.chip == "4 × 8" and not prose(zh.text), prose(zh.text)
+    cut = stage("zh_CN", "embedding", events() + [{"type": "trace.truncated", "step": 2, "limit_bytes": 1, "token": 5}])
+    assert "追踪记录在第 <b>2</b> 个引擎步（第 <b>5</b> 个词元）达到了服务器的大小上限" in cut.text, cut.text

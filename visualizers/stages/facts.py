@@ -5,6 +5,7 @@ events (a 500-token answer at capture level full): the events are walked once he
 every stage function reads these lists and counts instead of walking them again."""
 from __future__ import annotations
 
+import html
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -233,15 +234,20 @@ def n(x: float) -> str:
     return f"<b>{x:,}</b>" if isinstance(x, int) else f"<b>{x:,.2f}</b>"
 
 
+def _text(s: str) -> str:
+    """A sentence as HTML text (not an attribute: an apostrophe stays as written)."""
+    return html.escape(s, quote=False)
+
+
 def said(f: Facts, msgid: str, **html: str) -> str:
     """A sentence from the catalogs in the stage's language, escaped, its {names} filled with
     the given HTML (numbers in bold: n())."""
-    return esc(i18n.gettext(f.lang, msgid)).format(**html)
+    return _text(i18n.gettext(f.lang, msgid)).format(**html)
 
 
 def said_n(f: Facts, singular: str, plural_: str, k: int, **html: str) -> str:
     """said() in the form the count k takes in the stage's language ({n}: k in bold)."""
-    text = esc(translations(f.lang).ngettext(singular, plural_, k))
+    text = _text(translations(f.lang).ngettext(singular, plural_, k))
     return text.format(**{"n": f"<b>{i18n.number(f.lang, k)}</b>", **html})
 
 

@@ -176,32 +176,38 @@ def cut_sentence(f: Facts) -> str:
     t = f.truncated
     if not t:
         return ""
-    at = f" (token {n(int(t['token']))})" if isinstance(t.get("token"), int) else ""
-    return (f"The trace reached the server's size cap at engine step {n(int(t['step']))}{at}: the tensor captures "
-            "(embedding rows, attention, MoE routing, the lens) stop there, so those panels show the steps before it.")
+    if isinstance(t.get("token"), int):
+        return said(f, "The trace reached the server's size cap at engine step {step} (token {token}): the tensor "
+                       "captures (embedding rows, attention, MoE routing, the lens) stop there, so those panels show "
+                       "the steps before it.", step=n(int(t["step"])), token=n(int(t["token"])))
+    return said(f, "The trace reached the server's size cap at engine step {step}: the tensor captures (embedding "
+                   "rows, attention, MoE routing, the lens) stop there, so those panels show the steps before it.",
+                step=n(int(t["step"])))
 
 
 def embed(f: Facts) -> Part:
     d, b = f.model["hidden_size"], f.model["dtype_bytes"]
     np_ = f.n_prompt
+    picks = said(f, "Each id picks one row of the embedding matrix ({rows} rows × {numbers} numbers).",
+                 rows=n(int(f.model["vocab_size"])), numbers=n(d))
     if f.idle:  # the model's matrix; no prompt, no rows yet
-        return Part(p(f"Each id picks one row of the embedding matrix ({n(int(f.model['vocab_size']))} rows × "
-                      f"{n(d)} numbers)."), ("embedding",), reached=False)
+        return Part(p(picks), ("embedding",), reached=False)
     reached = bool(f.steps or f.kept["embed"] or f.generated)
     # not run yet (or never: stopped while it waited): no rows were looked up, whatever its capture level
     lookups = _lookups(f) if reached else [not_yet(f)]
-    text = p(f"Each id picks one row of the embedding matrix ({n(int(f.model['vocab_size']))} rows × {n(d)} numbers). "
-             f"This request's prompt is {n(np_)} tokens: a [{np_:,} × {d:,}] matrix, "
-             f"{n(np_ * d)} numbers, {esc(fmt_bytes(np_ * d * b))} in {esc(f.model['dtype'])}.",
-             *lookups, cut_sentence(f))
-    return Part(text, ("embedding",), f"{np_:,} × {d:,}", reached=reached)
+    shape = f"{np_:,} × {d:,}"
+    size = said(f, "This request's prompt is {tokens} tokens: a [{shape}] matrix, {numbers} numbers, {bytes} in "
+                   "{dtype}.", tokens=n(np_), shape=shape, numbers=n(np_ * d),
+                bytes=esc(fmt_bytes(np_ * d * b)), dtype=esc(f.model["dtype"]))
+    text = p(i18n.sentences(f.lang, picks, size), *lookups, cut_sentence(f))
+    return Part(text, ("embedding",), shape, reached=reached)
 
 
 def _lookups(f: Facts) -> list[str]:
     """Which rows the panel shows (one per position looked up) and how many went in."""
     embeds, d, cached = f.kept["embed"], f.model["hidden_size"], f.cached_tokens
     if not embeds:
-        return ["This request was traced without tensors, so the rows themselves were not kept."]
+        return [said(f, "This request was traced without tensors, so the rows themselves were not kept.")]
     seen: dict[int, int] = {}
     for e in embeds:
         for i in range(len(e["token_ids"])):
@@ -209,18 +215,26 @@ def _lookups(f: Facts) -> list[str]:
     shown, total = len(seen), sum(seen.values())
     in_prompt = sum(1 for pos in seen if pos < f.n_prompt)
     spec = bool(f.kept["spec"])
-    skipped = (f" (the first {n(cached)} came from the prefix cache: their rows were not looked up again)"
-               if cached else "")
-    fed = ("each generated token is looked up when it goes back in as the next step's input, and a verify pass "
-           "also looks up the draft's proposals" if spec else
-           "each generated token is looked up when it goes back in as the next step's input")
-    words = [f"The panel shows the rows this request looked up, one per position: [{shown:,} × {d:,}], that "
-             f"is {n(in_prompt)} of the {n(f.n_prompt)} prompt positions{skipped} and {n(shown - in_prompt)} "
-             f"after the prompt ({fed})."]
+    skipped = (said(f, " (the first {cached} came from the prefix cache: their rows were not looked up again)",
+                    cached=n(cached)) if cached else "")
+    fed = (said(f, "each generated token is looked up when it goes back in as the next step's input, and a verify "
+                   "pass also looks up the draft's proposals") if spec else
+           said(f, "each generated token is looked up when it goes back in as the next step's input"))
+    shape = f"{shown:,} × {d:,}"
+    words = [said(f, "The panel shows the rows this request looked up, one per position: [{shape}], that is {shown} "
+                     "of the {prompt} prompt positions{skipped} and {after} after the prompt ({fed}).",
+                  shape=shape, shown=n(in_prompt), prompt=n(f.n_prompt), skipped=skipped,
+                  after=n(shown - in_prompt), fed=fed)]
     if total > shown:
-        why = [w for w, on in (("a rejected proposal's position is looked up again with the token the target "
-                                "chose", spec), ("a preempted request recomputes its tokens",
-                                                 bool((f.finish or {}).get("preemptions")))) if on]
-        words.append(f"Counting every forward pass, {n(total)} rows went in: {n(total - shown)} lookups were of a "
-                     f"position already looked up{' (' + '; '.join(why) + ')' if why else ''}.")
+        why = [w for w, on in ((said(f, "a rejected proposal's position is looked up again with the token the target "
+                                        "chose"), spec),
+                               (said(f, "a preempted request recomputes its tokens"),
+                                bool((f.finish or {}).get("preemptions")))) if on]
+        if why:
+            words.append(said(f, "Counting every forward pass, {total} rows went in: {again} lookups were of a "
+                                 "position already looked up ({why}).", total=n(total), again=n(total - shown),
+                              why=said(f, "; ").join(why)))
+        else:
+            words.append(said(f, "Counting every forward pass, {total} rows went in: {again} lookups were of a "
+                                 "position already looked up.", total=n(total), again=n(total - shown)))
     return words
