@@ -62,3 +62,15 @@ def test_the_embedding_stage_in_chinese_with_its_numbers():
     assert zh.chip == en.chip == "4 × 8" and not prose(zh.text), prose(zh.text)
     cut = stage("zh_CN", "embedding", events() + [{"type": "trace.truncated", "step": 2, "limit_bytes": 1, "token": 5}])
     assert "追踪记录在第 <b>2</b> 个引擎步（第 <b>5</b> 个词元）达到了服务器的大小上限" in cut.text, cut.text
+
+
+def test_the_sampling_stage_in_chinese_with_its_numbers():
+    en, zh = stage("en", "sampling"), stage("zh_CN", "sampling")
+    assert ("Softmax turns the <b>50</b> scores into probabilities; then the knobs cut the list (greedy: always the "
+            "most likely token, the same answer every time) and one token is drawn.") in en.text
+    assert "<b>3</b> draws were traced." in en.text and "In the pass that read «.» (position 5) and predicted «», the engine drew" in en.text
+    assert "Softmax 把 <b>50</b> 个分数变成概率；然后由采样参数截短候选列表（贪心：总是选最可能的词元" in zh.text, zh.text
+    assert "在读入 «.»（位置 5）并预测出 «» 的那一遍前向计算中，引擎以 <b>0.90</b> 的概率抽中了 «»；这个分布的熵是 <b>0.30</b> nats。" in zh.text, zh.text
+    assert "追踪记录里共有 <b>3</b> 次抽取。" in zh.text and zh.chip == en.chip and not prose(zh.text), prose(zh.text)
+    hidden = stage("zh_CN", "sampling", [e for e in events() if e["type"] != "sample"], hidden_from=5)
+    assert "第 <b>5</b> 个位置的抽取结果先隐藏起来" in hidden.text and hidden.chip == "已隐藏", hidden.text

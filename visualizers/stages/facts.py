@@ -222,10 +222,10 @@ def before_cut(f: "Facts") -> str:
 def hidden_sentence(f: "Facts") -> str:
     """What a classroom says where the hidden token's draw would be."""
     if asked(f):
-        return (f"The draw at position {n(f.hidden_from)} is hidden until the class has predicted it: the presenter "
-                "reveals the model's answer here.")
-    return ("The answer's draws are hidden until the presenter asks the class \u201cpredict the next token\u201d "
-            "(or shows the answer): they appear here then.")
+        return said(f, "The draw at position {position} is hidden until the class has predicted it: the presenter "
+                       "reveals the model's answer here.", position=n(f.hidden_from))
+    return said(f, "The answer's draws are hidden until the presenter asks the class \u201cpredict the next token\u201d "
+                   "(or shows the answer): they appear here then.")
 
 
 # --- words ---------------------------------------------------------------------------

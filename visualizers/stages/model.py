@@ -9,7 +9,7 @@ from visualizers._html import esc, fmt_bytes, fmt_ms
 from visualizers.attention import layer_spans
 from visualizers.logit_lens import first_top
 from visualizers.stages.deepseek import deepseek_ffn, mla_heads, mla_kv
-from visualizers.stages.facts import Facts, Part, before_cut, count, hidden_sentence, n, p, plural, quote
+from visualizers.stages.facts import Facts, Part, before_cut, count, hidden_sentence, n, p, plural, quote, said
 from visualizers.stages.way_in import NEVER, UNTRACED, cut_sentence, not_yet
 
 
@@ -168,8 +168,9 @@ def which_pass(f: Facts, e: dict) -> str:
     selection that every panel and sentence uses."""
     pos = int(e["position"])
     read = f.label(pos - 1)
-    return (f"the pass that read {quote(read) if read is not None else 'the token'} (position {pos - 1:,}) and "
-            f"predicted {quote(e.get('token_text', ''))}")
+    return said(f, "the pass that read {read} (position {position}) and predicted {token}",
+                read=quote(read) if read is not None else said(f, "the token"), position=f"{pos - 1:,}",
+                token=quote(e.get("token_text", "")))
 
 
 def _after(row: int) -> str:

@@ -4,10 +4,12 @@ from __future__ import annotations
 import statistics
 from typing import Sequence
 
+from visualizers import i18n
 from visualizers._html import esc, fmt_ms
+from visualizers.i18n import N_
 from visualizers.sampling import DOES, STAGE_LABELS
 from visualizers.stages.facts import (Facts, Part, before_cut, count, hidden_rest, hidden_sentence, n, p, plural, prob,
-                                      quote)
+                                      quote, said, said_n)
 from visualizers.stages.model import which_pass
 from visualizers.stages.way_in import IDLE, NEVER, UNTRACED, not_yet
 
@@ -16,28 +18,43 @@ def sampling(f: Facts) -> Part:
     s = f.pass_of("sample")
     if s is None:
         if f.hidden_from is not None:
-            return Part(p("Softmax turns the LM head's scores into probabilities; then temperature, top-k and top-p "
-                          "cut the list and one token is drawn.", hidden_sentence(f)), ("sampling",), "hidden")
+            return Part(p(said(f, "Softmax turns the LM head's scores into probabilities; then temperature, top-k and "
+                                  "top-p cut the list and one token is drawn."), hidden_sentence(f)), ("sampling",),
+                        esc(i18n.gettext(f.lang, "hidden")))
         if f.generated:  # capture level off: tokens were drawn, their distributions not recorded
-            return Part(p("Each step ended with logits over the vocabulary, cut by temperature, top-k and top-p, and "
-                          "one token drawn; this request's capture level records no distributions."), ("sampling",),
-                        "not captured")
-        return Part(p(not_yet(f), "Each step ends with logits over the vocabulary, cut by temperature, top-k and "
-                      "top-p, and one token drawn."), ("sampling",), reached=False)
-    prm = s.get("params", {})
-    knobs = ("greedy: always the most likely token, the same answer every time" if prm.get("greedy") else
-             f"temperature {prm.get('temperature', 1):g}, top-k {prm.get('top_k') or 'off'}, top-p "
-             f"{prm.get('top_p', 1):g}")
+            return Part(p(said(f, "Each step ended with logits over the vocabulary, cut by temperature, top-k and "
+                                  "top-p, and one token drawn; this request's capture level records no "
+                                  "distributions.")), ("sampling",), esc(i18n.gettext(f.lang, "not captured")))
+        return Part(p(not_yet(f), said(f, "Each step ends with logits over the vocabulary, cut by temperature, top-k "
+                                          "and top-p, and one token drawn.")), ("sampling",), reached=False)
+    vocab = int(f.model["vocab_size"])
     draws = len(f.kept["sample"])
-    text = p(f"Softmax turns the {n(int(f.model['vocab_size']))} scores into probabilities; then the knobs cut the "
-             f"list ({esc(knobs)}) and one token is drawn.", _adjusted(s, int(f.model['vocab_size'])),
-             f"In {which_pass(f, s)}, the engine drew {quote(s.get('token_text', ''))} with probability "
-             f"<b>{prob(float(s.get('token_prob', 0)))}</b>; the distribution's entropy was {n(float(s.get('entropy', 0)))} "
-             f"nats. {plural(draws, 'draw')} {'was' if draws == 1 else 'were'} traced.")
+    cut = said(f, "Softmax turns the {vocab} scores into probabilities; then the knobs cut the list ({knobs}) and "
+                  "one token is drawn.", vocab=n(vocab), knobs=_knobs(f, s.get("params", {})))
+    drew = said(f, "In {which}, the engine drew {token} with probability {prob}; the distribution's entropy was "
+                   "{entropy} nats.", which=which_pass(f, s), token=quote(s.get("token_text", "")),
+                prob="<b>" + prob(float(s.get("token_prob", 0))) + "</b>", entropy=n(float(s.get("entropy", 0))))
+    traced = said_n(f, "{n} draw was traced.", "{n} draws were traced.", draws)
+    text = p(cut, _adjusted(f, s, vocab), i18n.sentences(f.lang, drew, traced))
     return Part(text, ("sampling",), prob_chip(float(s.get("token_prob", 0))))
 
 
-def _adjusted(s: dict, vocab: int) -> str:
+def _knobs(f: Facts, prm: dict) -> str:
+    """The sampling knobs of the draw, as words (greedy, or temperature, top-k, top-p)."""
+    if prm.get("greedy"):
+        return said(f, "greedy: always the most likely token, the same answer every time")
+    top_k, temperature, top_p = prm.get("top_k"), format(prm.get("temperature", 1), "g"), format(prm.get("top_p", 1), "g")
+    return said(f, "temperature {temperature}, top-k {top_k}, top-p {top_p}", temperature=temperature,
+                top_k=str(top_k) if top_k else said(f, "off"), top_p=top_p)
+
+
+# the stages before temperature that a sentence names (the others: the grammar mask's own sentence)
+ADJUSTERS = {"min_tokens": N_("min_tokens"), "logit_bias": N_("logit bias"),
+             "repetition_penalty": N_("repetition penalty"), "frequency_penalty": N_("frequency penalty"),
+             "presence_penalty": N_("presence penalty")}
+
+
+def _adjusted(f: Facts, s: dict, vocab: int) -> str:
     """What the stages before temperature (grammar mask, min_tokens, logit bias, penalties) did
     to this draw's logits, with their numbers ("" when none is on)."""
     parts = []
@@ -46,13 +63,15 @@ def _adjusted(s: dict, vocab: int) -> str:
             continue
         moved = int(st.get("moved", 0))
         if name == "grammar":
-            parts.append(f"the grammar mask allowed {n(int(st.get('kept', 0)))} of the {n(vocab)} tokens")
+            parts.append(said(f, "the grammar mask allowed {kept} of the {vocab} tokens", kept=n(int(st.get("kept", 0))),
+                              vocab=n(vocab)))
         else:
-            parts.append(f"the {esc(STAGE_LABELS[name])} moved {plural(moved, 'logit')}")
+            label = esc(i18n.gettext(f.lang, ADJUSTERS.get(name, STAGE_LABELS[name])))
+            parts.append(said_n(f, "the {stage} moved {n} logit", "the {stage} moved {n} logits", moved, stage=label))
     if not parts:
         return ""
-    return ("Before that, the request's own stages changed the logits (vLLM's order, as the table's columns show): "
-            + "; ".join(parts) + ".")
+    return said(f, "Before that, the request's own stages changed the logits (vLLM's order, as the table's columns "
+                   "show): {changes}.", changes=said(f, "; ").join(parts))
 
 
 def prob_chip(x: float) -> str:
