@@ -74,3 +74,17 @@ def test_the_sampling_stage_in_chinese_with_its_numbers():
     assert "追踪记录里共有 <b>3</b> 次抽取。" in zh.text and zh.chip == en.chip and not prose(zh.text), prose(zh.text)
     hidden = stage("zh_CN", "sampling", [e for e in events() if e["type"] != "sample"], hidden_from=5)
     assert "第 <b>5</b> 个位置的抽取结果先隐藏起来" in hidden.text and hidden.chip == "已隐藏", hidden.text
+
+
+def test_the_lens_stage_in_chinese_with_its_numbers():
+    en, zh = stage("en", "logit_lens"), stage("zh_CN", "logit_lens")
+    assert "Over the <b>3</b> traced tokens, <b>3</b> were settled before the last layer" in en.text
+    assert en.chip == "top at once" and zh.chip == "一开始就是首选"
+    assert "逻辑透镜 (logit lens)" in zh.text and "只看嵌入时，它排第 <b>1</b>。" in zh.text, zh.text
+    assert "在追踪到的 <b>3</b> 个词元中，有 <b>3</b> 个在最后一层之前就已确定（中位数：紧接嵌入之后）。" in zh.text
+    assert "[3 × hidden] · [hidden × vocab]" in zh.text and not prose(zh.text), prose(zh.text)
+    late = [dict(e, layers=[{**e["layers"][0], "chosen_rank": r} for r in (40, 5, 1)]) if e["type"] == "logit_lens"
+            else e for e in events()]
+    zh = stage("zh_CN", "logit_lens", late)
+    assert "直到输出处（最后一层之后）才成为首选" in zh.text and zh.chip == "输出处才成首选", zh.text
+    assert "它在第 <b>0</b> 层之后进入前 10 名（只看嵌入时，它排第 <b>40</b>）。" in zh.text, zh.text

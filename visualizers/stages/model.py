@@ -5,11 +5,13 @@ import statistics
 from typing import Sequence
 
 from visualizers.compact import lens_layers
+from visualizers import i18n
 from visualizers._html import esc, fmt_bytes, fmt_ms
 from visualizers.attention import layer_spans
 from visualizers.logit_lens import first_top
 from visualizers.stages.deepseek import deepseek_ffn, mla_heads, mla_kv
-from visualizers.stages.facts import Facts, Part, before_cut, count, hidden_sentence, n, p, plural, quote, said
+from visualizers.stages.facts import (Facts, Part, before_cut, count, hidden_sentence, n, p, plural, quote, said,
+                                      said_n)
 from visualizers.stages.way_in import NEVER, UNTRACED, cut_sentence, not_yet
 
 
@@ -173,50 +175,68 @@ def which_pass(f: Facts, e: dict) -> str:
                 token=quote(e.get("token_text", "")))
 
 
-def _after(row: int) -> str:
+def _after(f: Facts, row: int) -> str:
     """A logit-lens row as words: row 0 is the embedding, row i the output of layer i - 1."""
-    return "right after the embedding" if row == 0 else f"after layer <b>{row - 1}</b>"
+    if row == 0:
+        return said(f, "right after the embedding")
+    return said(f, "after layer {layer}", layer="<b>" + str(row - 1) + "</b>")
+
+
+def _when(f: Facts, rows: list[dict], top: int | None, tok: str) -> str:
+    """When the drawn token led the lens: never, inside only, at the output, or early on."""
+    led = next((i for i, r in enumerate(rows) if r["chosen_rank"] == 1), None)
+    if top is None and led is None:
+        return said(f, "the drawn token {token} was never the top candidate (sampling picked a less likely one)",
+                    token=tok)
+    if top is None:  # it led somewhere inside, and lost the lead before the output
+        return said(f, "the drawn token {token} was the top candidate {after} but not at the output (sampling "
+                       "picked a less likely one)", token=tok, after=_after(f, led))
+    if top == len(rows) - 1:
+        return said(f, "{token} became the top candidate only at the output, after the last layer", token=tok)
+    return said(f, "{token} was already the top candidate {after}, and stayed there", token=tok, after=_after(f, top))
+
+
+def _lens_chip(f: Facts, top: int | None, last: int) -> str:
+    if top is None:
+        return esc(i18n.gettext(f.lang, "drawn below the top"))
+    if top == last:
+        return esc(i18n.gettext(f.lang, "top at the output"))
+    if top:
+        return esc(i18n.gettext(f.lang, "top after L{layer}", layer=top - 1))
+    return esc(i18n.gettext(f.lang, "top at once"))
 
 
 def lens(f: Facts) -> Part:
     """At which layer does the model already know its answer? Read from the selected pass (the
     panel shows the same one), then over every traced token."""
     L = f.model["num_layers"]
-    what = ("The last layer's output times the LM head gives one score per vocabulary entry. Put the residual stream "
-            "after the embedding and after every layer through the model's final norm and LM head (the logit lens), "
-            "and it says what the model would answer if it stopped there.")
+    what = said(f, "The last layer's output times the LM head gives one score per vocabulary entry. Put the residual "
+                   "stream after the embedding and after every layer through the model's final norm and LM head (the "
+                   "logit lens), and it says what the model would answer if it stopped there.")
     evs = f.kept["logit_lens"]
     e = f.pass_of("logit_lens")
     if e is None and f.hidden_from is not None:
-        return Part(p(what, hidden_sentence(f)), ("logit_lens",), "hidden")
+        return Part(p(what, hidden_sentence(f)), ("logit_lens",), esc(i18n.gettext(f.lang, "hidden")))
     if e is None and not f.generated and not f.idle:  # no token yet (or never: it ended before one)
         return Part(p(what, not_yet(f)), ("logit_lens",), reached=False)
     if e is None:
-        return Part(p(what, "" if f.idle else "This request has no logit lens: capture level full records one per "
-                      "generated token."),
-                    ("logit_lens",), "not captured" if f.finish else "", reached=bool(f.finish))
+        none = said(f, "This request has no logit lens: capture level full records one per generated token.")
+        return Part(p(what, "" if f.idle else none), ("logit_lens",),
+                    esc(i18n.gettext(f.lang, "not captured")) if f.finish else "", reached=bool(f.finish))
     rows = lens_layers(e)
     top, last = first_top(rows), len(rows) - 1
-    tok = quote(e.get("token_text", ""))
-    led = next((i for i, r in enumerate(rows) if r["chosen_rank"] == 1), None)
-    if top is None and led is None:
-        when = f"the drawn token {tok} was never the top candidate (sampling picked a less likely one)"
-    elif top is None:  # it led somewhere inside, and lost the lead before the output
-        when = (f"the drawn token {tok} was the top candidate {_after(led)} but not at the output "
-                f"(sampling picked a less likely one)")
-    elif top == last:
-        when = f"{tok} became the top candidate only at the output, after the last layer"
-    else:
-        when = f"{tok} was already the top candidate {_after(top)}, and stayed there"
     near = next((i for i, r in enumerate(rows) if r["chosen_rank"] <= 10), None)
-    near_text = (f" It entered the top 10 {_after(near)} (the embedding alone ranked it "
-                 f"{n(int(rows[0]['chosen_rank']))})." if near not in (None, last, top) else
-                 f" The embedding alone ranked it {n(int(rows[0]['chosen_rank']))}.")
+    rank = n(int(rows[0]["chosen_rank"]))
+    near_text = (said(f, "It entered the top 10 {after} (the embedding alone ranked it {rank}).",
+                      after=_after(f, near), rank=rank) if near not in (None, last, top) else
+                 said(f, "The embedding alone ranked it {rank}.", rank=rank))
+    read = said(f, "In {which}, {when}.", which=which_pass(f, e), when=_when(f, rows, top, quote(e.get("token_text", ""))))
     early = [t for t, x in zip(f.trail.lens_tops, evs) if t is not None and t < len(lens_layers(x)) - 1]
-    summary = (f"Over the {plural(len(evs), 'traced token')}, {n(len(early))} "
-               f"{'was' if len(early) == 1 else 'were'} settled before the last layer"
-               + (f" (at the median, {_after(int(statistics.median(early)))})" if early else "") + ".")
-    text = p(what, f"In {which_pass(f, e)}, {when}.{near_text}", summary,
-             f"The whole lens is one [{L + 1} × hidden] · [hidden × vocab] product per traced token.")
-    chip = "drawn below the top" if top is None else "top at the output" if top == last else f"top after L{top - 1}" if top else "top at once"
-    return Part(text, ("logit_lens",), chip)
+    median = (said(f, " (at the median, {after})", after=_after(f, int(statistics.median(early)))) if early else "")
+    summary = said_n(f, "Over {traced}, {n} was settled before the last layer{median}.",
+                     "Over {traced}, {n} were settled before the last layer{median}.", len(early),
+                     traced=said_n(f, "the {n} traced token", "the {n} traced tokens", len(evs)), median=median)
+    text = p(what, i18n.sentences(f.lang, read, near_text), summary,
+             said(f, "The whole lens is one [{rows} × hidden] · [hidden × vocab] product per traced token.",
+                  rows=str(L + 1)))
+    return Part(text, ("logit_lens",), _lens_chip(f, top, last))
