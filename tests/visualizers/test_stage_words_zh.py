@@ -36,9 +36,9 @@ def test_the_tokens_stage_in_chinese_with_its_numbers():
 
 
 # --- the stages converted after Tokenize: each speaks Chinese with this request's numbers -------
-LATIN = re.compile(r"[A-Za-z]{3,}")
+LATIN = re.compile(r"[A-Za-z_]{3,}")
 CODE = {"MoE", "float", "TTFT", "SwiGLU", "GeGLU", "top", "finish_reason", "stop", "length", "max_tokens", "nats",
-        "Softmax", "softmax", "logit", "lens", "KV", "MLP", "ID", "LM", "head", "verify"}
+        "Softmax", "softmax", "logit", "lens", "KV", "MLP", "ID", "LM", "head", "verify", "SSE"}
 
 
 def stage(lang: str, key: str, evs: list[dict] | None = None, outputs: list[dict] | None = None, **kw):
@@ -88,3 +88,19 @@ def test_the_lens_stage_in_chinese_with_its_numbers():
     zh = stage("zh_CN", "logit_lens", late)
     assert "直到输出处（最后一层之后）才成为首选" in zh.text and zh.chip == "输出处才成首选", zh.text
     assert "它在第 <b>0</b> 层之后进入前 10 名（只看嵌入时，它排第 <b>40</b>）。" in zh.text, zh.text
+
+
+def test_the_stream_stage_in_chinese_with_its_numbers():
+    fin = {"type": "finish", "step": 3, "reason": "stop", "preemptions": 2,
+           "usage": {"prompt_tokens": 4, "completion_tokens": 2, "cached_tokens": 2}}
+    toks = [{"type": "token", "step": s, "latency": 0.01 * s} for s in (1, 2, 3)]
+    en, zh = stage("en", "answer", events() + toks + [fin]), stage("zh_CN", "answer", events() + toks + [fin])
+    assert "Usage: <b>4</b> prompt tokens (<b>2</b> from the prefix cache) and <b>2</b> completion tokens." in en.text
+    assert "立刻发出：共 <b>2</b> 个词元。" in zh.text and "用量：提示 <b>4</b> 个词元（其中 <b>2</b> 个来自前缀缓存）" in zh.text
+    assert "finish_reason 为 <b>stop</b>" in zh.text and "它被抢占了 <b>2</b> 次。" in zh.text, zh.text
+    assert "词元之间的间隔：中位数 25.0 ms，最长 30.0 ms。" in zh.text and not prose(zh.text), prose(zh.text)
+    assert en.chip == "2 tokens" and zh.chip == "2 个词元"
+    cut = stage("zh_CN", "answer", events() + [{"type": "trace.cut", "position": 5, "asked": True, "ended": True}],
+                [{"token_id": 4, "text": " Paris", "finished": False, "index": 0, "t": 0.0}])
+    assert "全班能看到答案的前 <b>1</b> 个词元，即第 <b>5</b> 个位置之前的部分。" in cut.text, cut.text
+    assert "请求已经结束；答案从第 <b>5</b> 个位置起先隐藏" in cut.text and not prose(cut.text), prose(cut.text)

@@ -219,6 +219,20 @@ def before_cut(f: "Facts") -> str:
     return f"before position {n(f.hidden_from)}" if asked(f) else "before the first answer token"
 
 
+def said_hidden_rest(f: "Facts") -> str:
+    """hidden_rest() in the stage's language (the stages converted to the catalogs)."""
+    if asked(f):
+        return said(f, "the answer from position {position} on is hidden until the reveal", position=n(f.hidden_from))
+    return said(f, "the answer is hidden until the presenter asks the class to predict it (or shows it)")
+
+
+def said_before_cut(f: "Facts") -> str:
+    """before_cut() in the stage's language (the stages converted to the catalogs)."""
+    if asked(f):
+        return said(f, "before position {position}", position=n(f.hidden_from))
+    return said(f, "before the first answer token")
+
+
 def hidden_sentence(f: "Facts") -> str:
     """What a classroom says where the hidden token's draw would be."""
     if asked(f):

@@ -9,7 +9,7 @@ from visualizers._html import esc, fmt_ms
 from visualizers.i18n import N_
 from visualizers.sampling import DOES, STAGE_LABELS
 from visualizers.stages.facts import (Facts, Part, before_cut, count, hidden_rest, hidden_sentence, n, p, plural, prob,
-                                      quote, said, said_n)
+                                      quote, said, said_before_cut, said_hidden_rest, said_n)
 from visualizers.stages.model import which_pass
 from visualizers.stages.way_in import IDLE, NEVER, UNTRACED, not_yet
 
@@ -79,57 +79,79 @@ def prob_chip(x: float) -> str:
     return f"p {prob(x)}"
 
 
-REASONS = {"stop": "the model produced an end-of-turn token (or a stop string)", "length": "it reached max_tokens",
-           "abort": "it was stopped (a click or a closed connection)"}
+REASONS = {"stop": N_("the model produced an end-of-turn token (or a stop string)"), "length": N_("it reached max_tokens"),
+           "abort": N_("it was stopped (a click or a closed connection)")}
 
 
 def stream(f: Facts) -> Part:
     """The tokens leaving as server-sent events, and why the request stopped."""
     gen = f.n_gen
     if f.idle:
-        return Part(p(IDLE, "Each token leaves as a server-sent event the moment it exists; the request ends at an "
-                      "end-of-turn token, a stop string or max_tokens."), ("answer", "choices"), reached=False)
+        return Part(p(IDLE, said(f, "Each token leaves as a server-sent event the moment it exists; the request ends at "
+                                    "an end-of-turn token, a stop string or max_tokens.")), ("answer", "choices"),
+                    reached=False)
     if f.hidden_from is not None:
         return _stream_cut(f, gen)
     fin = f.finish
     # ended before the engine produced a token (stopped while it waited): the stream carried only the end
     never = bool(fin) and not gen and not f.steps
-    words = [f"{NEVER}: no token was streamed; the request ended before the engine produced one." if never else
-             f"Each token left as a server-sent event the moment it existed: {plural(gen, 'token')}"
-             + ("." if f.finish else " so far."),
-             _timing(f.kept["token"])]
-    if fin:
-        u = fin.get("usage") or {}
-        reason = str(fin.get("reason"))
-        words += [f"It ended because {esc(REASONS.get(reason, reason))}: finish_reason <b>{esc(reason)}</b>.",
-                  f"Usage: {n(int(u.get('prompt_tokens', 0)))} prompt tokens ({n(int(u.get('cached_tokens', 0)))} "
-                  f"from the prefix cache) and {n(int(u.get('completion_tokens', 0)))} completion tokens.",
-                  f"It was preempted {plural(int(fin['preemptions']), 'time')}." if fin.get("preemptions") else ""]
+    if never:
+        left = said(f, "Never reached: no token was streamed; the request ended before the engine produced one.")
+    elif f.finish:
+        left = said_n(f, "Each token left as a server-sent event the moment it existed: {n} token.",
+                      "Each token left as a server-sent event the moment it existed: {n} tokens.", gen)
     else:
-        words.append("Still running. It will end at an end-of-turn token, a stop string or max_tokens.")
-    return Part(p(*words, _choices(f)), ("answer", "choices"), count(gen, "token"),
+        left = said_n(f, "Each token left as a server-sent event the moment it existed: {n} token so far.",
+                      "Each token left as a server-sent event the moment it existed: {n} tokens so far.", gen)
+    words = [left, _timing(f, f.kept["token"])]
+    if fin:
+        words += _ended(f, fin)
+    else:
+        words.append(said(f, "Still running. It will end at an end-of-turn token, a stop string or max_tokens."))
+    return Part(p(*words, _choices(f)), ("answer", "choices"), _tokens_chip(f, gen),
                 reached=bool(f.generated or fin) and not never)
+
+
+def _tokens_chip(f: Facts, gen: int) -> str:
+    return esc(i18n.ngettext(f.lang, "{n} token", "{n} tokens", gen))
+
+
+def _ended(f: Facts, fin: dict) -> list[str]:
+    """Why the request ended, its usage, and its preemptions."""
+    u = fin.get("usage") or {}
+    reason = str(fin.get("reason"))
+    why = esc(i18n.gettext(f.lang, REASONS[reason])) if reason in REASONS else esc(reason)
+    return [said(f, "It ended because {why}: finish_reason {reason}.", why=why, reason="<b>" + esc(reason) + "</b>"),
+            said(f, "Usage: {prompt} prompt tokens ({cached} from the prefix cache) and {completion} completion "
+                    "tokens.", prompt=n(int(u.get("prompt_tokens", 0))), cached=n(int(u.get("cached_tokens", 0))),
+                 completion=n(int(u.get("completion_tokens", 0)))),
+            said_n(f, "It was preempted {n} time.", "It was preempted {n} times.", int(fin["preemptions"]))
+            if fin.get("preemptions") else ""]
 
 
 def _stream_cut(f: Facts, gen: int) -> Part:
     """A classroom's cut recording: the tokens before the hidden one, and whether the request had ended."""
-    shown = (f"The class sees the answer's first {plural(gen, 'token')}, {before_cut(f)}." if gen else
-             "The class sees none of the answer yet.")
-    state = "The request has ended" if f.ended else "The request is still running"
-    words = ["Each token left as a server-sent event the moment it existed. " + shown, _timing(f.kept["token"]),
-             f"{state}; {hidden_rest(f)}."]
-    return Part(p(*words, _choices(f)), ("answer", "choices"), count(gen, "token") if gen else "hidden")
+    shown = (said_n(f, "The class sees the answer's first {n} token, {before}.",
+                    "The class sees the answer's first {n} tokens, {before}.", gen, before=said_before_cut(f)) if gen
+             else said(f, "The class sees none of the answer yet."))
+    state = (said(f, "The request has ended; {rest}.", rest=said_hidden_rest(f)) if f.ended else
+             said(f, "The request is still running; {rest}.", rest=said_hidden_rest(f)))
+    left = said(f, "Each token left as a server-sent event the moment it existed.")
+    words = [i18n.sentences(f.lang, left, shown), _timing(f, f.kept["token"]), state]
+    return Part(p(*words, _choices(f)), ("answer", "choices"),
+                _tokens_chip(f, gen) if gen else esc(i18n.gettext(f.lang, "hidden")))
 
 
 def _choices(f: Facts) -> str:
     choices = (f.body or {}).get("n")
     if isinstance(choices, int) and not isinstance(choices, bool) and choices > 1:
-        return (f"It asked for {n(choices)} choices (n): the prompt was prefilled once and its KV blocks are "
-                f"shared; each choice draws its own tokens, side by side below. These stages trace choice 0.")
+        return said(f, "It asked for {choices} choices (n): the prompt was prefilled once and its KV blocks are "
+                       "shared; each choice draws its own tokens, side by side below. These stages trace choice 0.",
+                    choices=n(choices))
     return ""
 
 
-def _timing(tokens: Sequence[dict]) -> str:
+def _timing(f: Facts, tokens: Sequence[dict]) -> str:
     """The gaps between tokens, or, when a step releases several (speculative rounds), between
     those bursts (the tokens inside one leave together, microseconds apart)."""
     bursts: list[list[dict]] = []
@@ -140,15 +162,19 @@ def _timing(tokens: Sequence[dict]) -> str:
             bursts.append([t])
     if len(bursts) == len(tokens):
         lat = [t["latency"] for t in tokens[1:] if t.get("latency") is not None]
-        return (f"Between tokens: {esc(fmt_ms(statistics.median(lat)))} at the median, {esc(fmt_ms(max(lat)))} at "
-                "most." if lat else "")
+        return (said(f, "Between tokens: {median} at the median, {most} at most.",
+                     median=esc(fmt_ms(statistics.median(lat))), most=esc(fmt_ms(max(lat)))) if lat else "")
     gaps = [b[0]["latency"] for b in bursts[1:] if b[0].get("latency") is not None]
-    sizes = [len(b) for b in bursts]
-    return (f"They left in bursts: a verify step releases every token it kept at once, so the {n(len(tokens))} "
-            f"tokens came in {n(len(bursts))} bursts, {len(tokens) / len(bursts):.1f} tokens per burst on average "
-            f"(at most {max(sizes)}). Inside a burst the tokens are microseconds apart; between bursts: "
-            + (f"{esc(fmt_ms(statistics.median(gaps)))} at the median, {esc(fmt_ms(max(gaps)))} at most."
-               if gaps else "none yet."))
+    values = {"tokens": n(len(tokens)), "bursts": n(len(bursts)), "average": format(len(tokens) / len(bursts), ".1f"),
+              "largest": str(max(len(b) for b in bursts))}
+    if not gaps:
+        return said(f, "They left in bursts: a verify step releases every token it kept at once, so the {tokens} "
+                       "tokens came in {bursts} bursts, {average} tokens per burst on average (at most {largest}). "
+                       "Inside a burst the tokens are microseconds apart; between bursts: none yet.", **values)
+    return said(f, "They left in bursts: a verify step releases every token it kept at once, so the {tokens} tokens "
+                   "came in {bursts} bursts, {average} tokens per burst on average (at most {largest}). Inside a burst "
+                   "the tokens are microseconds apart; between bursts: {median} at the median, {most} at most.",
+                median=esc(fmt_ms(statistics.median(gaps))), most=esc(fmt_ms(max(gaps))), **values)
 
 
 def batching(f: Facts) -> Part:
