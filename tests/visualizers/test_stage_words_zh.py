@@ -38,7 +38,7 @@ def test_the_tokens_stage_in_chinese_with_its_numbers():
 # --- the stages converted after Tokenize: each speaks Chinese with this request's numbers -------
 LATIN = re.compile(r"[A-Za-z_]{3,}")
 CODE = {"MoE", "float", "TTFT", "SwiGLU", "GeGLU", "top", "finish_reason", "stop", "length", "max_tokens", "nats",
-        "Softmax", "softmax", "logit", "lens", "KV", "MLP", "ID", "LM", "head", "verify", "SSE"}
+        "Softmax", "softmax", "logit", "lens", "KV", "MLP", "ID", "LM", "head", "verify", "SSE", "API"}
 
 
 def stage(lang: str, key: str, evs: list[dict] | None = None, outputs: list[dict] | None = None, **kw):
@@ -104,3 +104,17 @@ def test_the_stream_stage_in_chinese_with_its_numbers():
                 [{"token_id": 4, "text": " Paris", "finished": False, "index": 0, "t": 0.0}])
     assert "全班能看到答案的前 <b>1</b> 个词元，即第 <b>5</b> 个位置之前的部分。" in cut.text, cut.text
     assert "请求已经结束；答案从第 <b>5</b> 个位置起先隐藏" in cut.text and not prose(cut.text), prose(cut.text)
+
+
+def test_the_batching_stage_in_chinese_with_its_numbers():
+    steps = [{"type": "schedule.step", "step": s, "batch": [{"request_id": "r1", "kind": k}]
+              + ([{"request_id": "r2", "kind": "decode"}] if s > 1 else [])} for s, k in ((1, "prefill"), (2, "decode"),
+                                                                                         (3, "decode"))]
+    en, zh = stage("en", "batching", events() + steps), stage("zh_CN", "batching", events() + steps)
+    assert "Of this request's <b>3</b> engine steps, <b>2</b> were shared with <b>1</b> other request" in en.text
+    assert en.chip == "shared 2 of 3" and zh.chip == "3 步中 2 步共享"
+    assert "在这个请求的 <b>3</b> 个引擎步中，有 <b>2</b> 步与 <b>1</b> 个其他请求共享批次" in zh.text, zh.text
+    assert not prose(zh.text), prose(zh.text)
+    alone = stage("zh_CN", "batching", events() + [dict(s, batch=s["batch"][:1]) for s in steps], hidden_from=5)
+    assert "在它第 <b>5</b> 个位置之前的 <b>3</b> 个引擎步里，批次中没有其他请求" in alone.text, alone.text
+    assert alone.chip == "单独运行" and not prose(alone.text), prose(alone.text)

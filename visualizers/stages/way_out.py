@@ -179,28 +179,46 @@ def _timing(f: Facts, tokens: Sequence[dict]) -> str:
 
 def batching(f: Facts) -> Part:
     mine = f.steps
+    never_waits = said(f, "The engine never waits for a batch to fill: a new request joins the next step.")
     if f.untraced:
-        return Part(p(UNTRACED, "The engine never waits for a batch to fill: a new request joins the next step."), ())
+        return Part(p(UNTRACED, never_waits), ())
     if not mine:
-        return Part(p(not_yet(f), "The engine never waits for a batch to fill: a new request joins the next step."),
-                    (), reached=bool(f.generated))
+        return Part(p(not_yet(f), never_waits), (), reached=bool(f.generated))
     shared = [s for s in mine if len(s["batch"]) > 1]
+    upto = i18n.GAP.get(f.lang, " ") + said_before_cut(f) if f.hidden_from is not None else ""  # the steps the class sees
+    if shared:
+        what, chip = _shared(f, mine, shared, upto)
+    else:
+        steps = said_n(f, "{n} engine step", "{n} engine steps", len(mine))
+        what = (said(f, "This request ran alone: in its {steps}{upto} no other request was in the batch (send two at "
+                        "once, or watch an API request while the page streams, to see them share).",
+                     steps=steps, upto=upto) if upto else
+                said(f, "This request ran alone: in all {steps} no other request was in the batch (send two at once, or "
+                        "watch an API request while the page streams, to see them share).", steps=steps))
+        chip = esc(i18n.gettext(f.lang, "alone"))
+    later = said(f, "Its later steps are not shown: {rest}.", rest=said_hidden_rest(f)) if upto else ""
+    return Part(p(i18n.sentences(f.lang, said(f, "The engine never waits for a batch to fill."), what), later,
+                  said(f, "A finishing request frees its slot and blocks at once; a new prefill joins while others "
+                          "decode.")), (), chip)
+
+
+def _shared(f: Facts, mine: list[dict], shared: list[dict], upto: str) -> tuple[str, str]:
+    """The steps this request shared with others (its own other choices among them), and the chip."""
     others = {x["request_id"] for s in mine for x in s["batch"]} - {f.request_id}
     most = max(len(s["batch"]) for s in mine)
-    upto = f" {before_cut(f)}" if f.hidden_from is not None else ""  # a classroom's cut: the steps the class sees
-    if shared:
-        own = sum(1 for o in others if o.startswith(f"{f.request_id}."))  # its n choices run as requests too
-        what = (f"Of this request's {plural(len(mine), 'engine step')}{upto}, {n(len(shared))} "
-                f"{'was' if len(shared) == 1 else 'were'} shared with {plural(len(others), 'other request')} "
-                + (f"({n(own)} of them its own other choices) " if own else "")
-                + f"(at most {n(most)} sequences in one step).")
-        chip = f"shared {len(shared):,} of {len(mine):,}"
+    own = sum(1 for o in others if o.startswith(f"{f.request_id}."))  # its n choices run as requests too
+    values = {"steps": said_n(f, "{n} engine step", "{n} engine steps", len(mine)), "upto": upto,
+              "others": said_n(f, "{n} other request", "{n} other requests", len(others)), "most": n(most)}
+    if own:
+        what = said_n(f, "Of this request's {steps}{upto}, {n} was shared with {others} ({own} of them its own other "
+                         "choices) (at most {most} sequences in one step).",
+                      "Of this request's {steps}{upto}, {n} were shared with {others} ({own} of them its own other "
+                      "choices) (at most {most} sequences in one step).", len(shared), own=n(own), **values)
     else:
-        steps = f"its {plural(len(mine), 'engine step')}{upto}" if upto else f"all {plural(len(mine), 'engine step')}"
-        what = (f"This request ran alone: in {steps} no other request was in the "
-                "batch (send two at once, or watch an API request while the page streams, to see them share).")
-        chip = "alone"
-    later = f"Its later steps are not shown: {hidden_rest(f)}." if upto else ""
-    return Part(p("The engine never waits for a batch to fill. " + what, later,
-                  "A finishing request frees its slot and blocks at once; a new prefill joins while others decode."),
-                (), chip)
+        what = said_n(f, "Of this request's {steps}{upto}, {n} was shared with {others} (at most {most} sequences in "
+                         "one step).",
+                      "Of this request's {steps}{upto}, {n} were shared with {others} (at most {most} sequences in one "
+                      "step).", len(shared), **values)
+    chip = esc(i18n.gettext(f.lang, "shared {shared} of {steps}", shared=i18n.number(f.lang, len(shared)),
+                            steps=i18n.number(f.lang, len(mine))))
+    return what, chip
