@@ -118,3 +118,16 @@ def test_the_batching_stage_in_chinese_with_its_numbers():
     alone = stage("zh_CN", "batching", events() + [dict(s, batch=s["batch"][:1]) for s in steps], hidden_from=5)
     assert "在它第 <b>5</b> 个位置之前的 <b>3</b> 个引擎步里，批次中没有其他请求" in alone.text, alone.text
     assert alone.chip == "单独运行" and not prose(alone.text), prose(alone.text)
+
+
+def test_the_prefill_decode_stage_in_chinese_with_its_numbers():
+    steps = [{"type": "schedule.step", "step": s, "batch": [{"request_id": "r1", "kind": k}], "forward_seconds": 0.002}
+             for s, k in ((1, "prefill"), (2, "decode"), (3, "decode"))]
+    fin = {"type": "finish", "step": 3, "reason": "stop", "ttft": 0.01, "usage": {}}
+    en, zh = stage("en", "timeline", events() + steps + [fin]), stage("zh_CN", "timeline", events() + steps + [fin])
+    assert ("Prefill ran the whole prompt (<b>4</b> tokens) through the model in <b>1</b> forward pass (long prompts "
+            "are cut into chunks that share steps with other requests); then <b>2</b> decode steps produced the "
+            "answer.") in en.text and en.chip == "TTFT 10.0 ms"
+    assert "预填充让整个提示（<b>4</b> 个词元）用 <b>1</b> 次前向计算过了一遍模型" in zh.text, zh.text
+    assert "之后<b>2</b> 个解码步生成了答案。" in zh.text and "首个词元用时：<b>10.0 ms</b>。一次前向计算" in zh.text
+    assert zh.chip == "首词元 10.0 ms" and not prose(zh.text), prose(zh.text)

@@ -11,7 +11,7 @@ from visualizers.attention import layer_spans
 from visualizers.logit_lens import first_top
 from visualizers.stages.deepseek import deepseek_ffn, mla_heads, mla_kv
 from visualizers.stages.facts import (Facts, Part, before_cut, count, hidden_sentence, n, p, plural, quote, said,
-                                      said_n)
+                                      said_before_cut, said_n)
 from visualizers.stages.way_in import NEVER, UNTRACED, cut_sentence, not_yet
 
 
@@ -77,33 +77,53 @@ def _windows(windows: Sequence[int | None]) -> str:
 
 def prefill_decode(f: Facts) -> Part:
     if f.untraced:
-        return Part(p(UNTRACED, "Prefill ran the prompt through the model; then each decode step produced a token "
-                      "(the stream's timing shows them)."), ("timeline",))
+        return Part(p(UNTRACED, said(f, "Prefill ran the prompt through the model; then each decode step produced a "
+                                        "token (the stream's timing shows them).")), ("timeline",))
     if not f.steps:
-        return Part(p(not_yet(f), "Prefill runs the prompt through the model; then each decode step produces a token."),
-                    ("timeline",), reached=bool(f.generated))
-    n_prefill, n_verify = f.kinds.count("prefill"), f.kinds.count("verify")
-    n_decode = len(f.kinds) - n_prefill - n_verify
-    # verify steps only where a draft proposed tokens: a request with no draft has decode steps alone
-    later = (f"{n(n_decode)} decode and {plural(n_verify, 'verify step')}" if n_verify else
-             plural(n_decode, "decode step"))
-    total, cached = f.n_prompt, f.cached_tokens
-    what = (f"the {plural(total - cached, 'prompt token')} not found in the prefix cache ({n(cached)} of the "
-            f"{n(total)} came from it)" if cached else f"the whole prompt ({plural(total, 'token')})")
-    passes = "forward pass" if n_prefill == 1 else "forward passes"
+        return Part(p(not_yet(f), said(f, "Prefill runs the prompt through the model; then each decode step produces "
+                                          "a token.")), ("timeline",), reached=bool(f.generated))
     fin = f.finish or {}
     ttft = fin.get("ttft")
     if ttft is None and f.generated:  # mid-stream or mid-replay: the first token's own time since arrival is it
         ttft = f.generated[0].get("t")
     step_ms = [s["forward_seconds"] for s in f.steps if s.get("forward_seconds") is not None]
-    text = p(f"Prefill ran {what} through the model in {n(n_prefill)} {passes} (long prompts are cut into chunks "
-             f"that share steps with other requests); then "
-             + (f"{later} ran {before_cut(f)} (the later ones are not shown)." if f.hidden_from is not None else
-                f"{later} produced the answer{'' if f.finish else ' so far'}."),
-             (f"Time to first token: <b>{esc(fmt_ms(ttft))}</b>. " if ttft is not None else "")
-             + (f"A forward pass took {esc(fmt_ms(statistics.median(step_ms)))} at the median." if step_ms else ""))
-    chip = f"TTFT {fmt_ms(ttft)}" if ttft is not None else count(len(f.steps), "step")
-    return Part(text, ("timeline",), esc(chip))
+    timing = ((said(f, "Time to first token: {ttft}.", ttft="<b>" + esc(fmt_ms(ttft)) + "</b>")
+               + i18n.GAP.get(f.lang, " ") if ttft is not None else "")
+              + (said(f, "A forward pass took {time} at the median.", time=esc(fmt_ms(statistics.median(step_ms))))
+                 if step_ms else ""))
+    chip = (i18n.gettext(f.lang, "TTFT {time}", time=fmt_ms(ttft)) if ttft is not None else
+            i18n.ngettext(f.lang, "{n} step", "{n} steps", len(f.steps)))
+    return Part(p(_passes(f), timing), ("timeline",), esc(chip))
+
+
+def _passes(f: Facts) -> str:
+    """How the prompt was prefilled (in how many passes), and the decode (and verify) steps after it."""
+    n_prefill, n_verify = f.kinds.count("prefill"), f.kinds.count("verify")
+    n_decode = len(f.kinds) - n_prefill - n_verify
+    # verify steps only where a draft proposed tokens: a request with no draft has decode steps alone
+    later = (said_n(f, "{decode} decode and {n} verify step", "{decode} decode and {n} verify steps", n_verify,
+                    decode=n(n_decode)) if n_verify else said_n(f, "{n} decode step", "{n} decode steps", n_decode))
+    total, cached = f.n_prompt, f.cached_tokens
+    what = (said_n(f, "the {n} prompt token not found in the prefix cache ({cached} of the {total} came from it)",
+                   "the {n} prompt tokens not found in the prefix cache ({cached} of the {total} came from it)",
+                   total - cached, cached=n(cached), total=n(total)) if cached else
+            said_n(f, "the whole prompt ({n} token)", "the whole prompt ({n} tokens)", total))
+    values = {"what": what, "later": later}
+    if f.hidden_from is not None:
+        return said_n(f, "Prefill ran {what} through the model in {n} forward pass (long prompts are cut into chunks that "
+                         "share steps with other requests); then {later} ran {before} (the later ones are not shown).",
+                      "Prefill ran {what} through the model in {n} forward passes (long prompts are cut into chunks "
+                      "that share steps with other requests); then {later} ran {before} (the later ones are not "
+                      "shown).", n_prefill, before=said_before_cut(f), **values)
+    if f.finish:
+        return said_n(f, "Prefill ran {what} through the model in {n} forward pass (long prompts are cut into chunks that "
+                         "share steps with other requests); then {later} produced the answer.",
+                      "Prefill ran {what} through the model in {n} forward passes (long prompts are cut into chunks "
+                      "that share steps with other requests); then {later} produced the answer.", n_prefill, **values)
+    return said_n(f, "Prefill ran {what} through the model in {n} forward pass (long prompts are cut into chunks that "
+                     "share steps with other requests); then {later} produced the answer so far.",
+                  "Prefill ran {what} through the model in {n} forward passes (long prompts are cut into chunks that "
+                  "share steps with other requests); then {later} produced the answer so far.", n_prefill, **values)
 
 
 def kv(f: Facts) -> Part:
