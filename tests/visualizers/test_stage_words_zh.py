@@ -131,3 +131,16 @@ def test_the_prefill_decode_stage_in_chinese_with_its_numbers():
     assert "预填充让整个提示（<b>4</b> 个词元）用 <b>1</b> 次前向计算过了一遍模型" in zh.text, zh.text
     assert "之后<b>2</b> 个解码步生成了答案。" in zh.text and "首个词元用时：<b>10.0 ms</b>。一次前向计算" in zh.text
     assert zh.chip == "首词元 10.0 ms" and not prose(zh.text), prose(zh.text)
+
+
+def test_the_prefix_cache_stage_in_chinese_with_its_numbers():
+    hit = {"type": "prefix_cache.lookup", "step": 1, "prompt_tokens": 4, "cached_tokens": 2, "full_blocks": 1,
+           "hit": True, "cached_blocks": [3]}
+    en, zh = stage("en", "prefix", events() + [hit]), stage("zh_CN", "prefix", events() + [hit])
+    assert "A <b>HIT</b>. The engine hashed the prompt in blocks of <b>2</b> tokens" in en.text and en.chip == "1 block hit"
+    assert "<b>命中</b>。引擎把提示按每块 <b>2</b> 个词元算出哈希，发现其中 <b>1</b> 个块已经在缓存里" in zh.text, zh.text
+    assert "只有其余 <b>2</b> 个词元需要现在计算。" in zh.text and zh.chip == "命中 1 个块" and not prose(zh.text)
+    miss = stage("zh_CN", "prefix", events() + [dict(hit, hit=False, cached_tokens=0, cached_blocks=[])])
+    assert "<b>未命中</b>。引擎为提示的 <b>1</b> 个整块（每块 <b>2</b> 个词元）算出哈希" in miss.text, miss.text
+    assert "它会找到 <b>1</b> 个块（<b>2</b> 个词元；" in miss.text and miss.chip == "未命中", miss.text
+    assert not prose(miss.text), prose(miss.text)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from visualizers import i18n
 from visualizers._html import esc, fmt_bytes
+from visualizers.i18n import N_
 from visualizers.prefix_next import FOLLOW_UP, NextHit, asked, next_hit, system_tokens
 from visualizers.stages.facts import Facts, Part, n, p, plural, said, said_n
 
@@ -95,6 +96,11 @@ def tokenize(f: Facts) -> Part:
                 ("tokens",), chip)
 
 
+def _mark(f: Facts, word: str) -> str:
+    """HIT or MISS, in bold, in the stage's language."""
+    return "<b>" + esc(i18n.gettext(f.lang, word)) + "</b>"
+
+
 def prefix(f: Facts) -> Part:
     look = f.first.get("prefix_cache.lookup")
     bs = f.model["block_size"]
@@ -102,32 +108,42 @@ def prefix(f: Facts) -> Part:
         usage = (f.finish or {}).get("usage") or {}
         cached = int(usage.get("cached_tokens") or (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
                      or 0)
-        return Part(p(UNTRACED, f"Its usage says {n(cached)} of its {n(f.n_prompt)} prompt tokens came from the "
-                      "prefix cache." if usage else ""), ("prefix",), f"{cached:,} cached" if usage else "")
+        said_usage = said(f, "Its usage says {cached} of its {prompt} prompt tokens came from the prefix cache.",
+                          cached=n(cached), prompt=n(f.n_prompt))
+        return Part(p(UNTRACED, said_usage if usage else ""), ("prefix",),
+                    esc(i18n.gettext(f.lang, "{cached} cached", cached=i18n.number(f.lang, cached))) if usage else "")
     if not look:
-        return Part(p(not_yet(f), "When the scheduler admits a request, the engine looks its prompt's blocks up in the prefix "
-                      "cache."), ("prefix",), reached=False)
+        return Part(p(not_yet(f), said(f, "When the scheduler admits a request, the engine looks its prompt's blocks up "
+                                          "in the prefix cache.")), ("prefix",), reached=False)
     total, cached, full = look["prompt_tokens"], look.get("cached_tokens", 0), look.get("full_blocks", 0)
     if look["hit"]:
-        rest, hits = total - cached, len(look["cached_blocks"])
-        text = p(f"A <b>HIT</b>. The engine hashed the prompt in blocks of {n(bs)} tokens and found "
-                 f"{n(hits)} of them already in the cache, left by an earlier request that "
-                 f"began the same way (a shared system prompt, or the same conversation so far): {n(cached)} of the "
-                 f"{n(total)} prompt tokens reuse those K/V blocks and skip prefill; only the other {n(rest)} "
-                 f"{'is' if rest == 1 else 'are'} computed now.",
-                 "The blocks are shared, not copied: each one's reference count went up by one, and it stays in "
-                 "the pool for as long as any request holds it.")
-        return Part(text, ("prefix",), f"{hits:,} block{'s' if hits != 1 else ''} hit")
+        rest, hits, hit = total - cached, len(look["cached_blocks"]), _mark(f, N_("HIT"))
+        found = said_n(f, "A {hit}. The engine hashed the prompt in blocks of {size} tokens and found {hits} of them "
+                          "already in the cache, left by an earlier request that began the same way (a shared system "
+                          "prompt, or the same conversation so far): {cached} of the {total} prompt tokens reuse those "
+                          "K/V blocks and skip prefill; only the other {n} is computed now.",
+                       "A {hit}. The engine hashed the prompt in blocks of {size} tokens and found {hits} of them "
+                       "already in the cache, left by an earlier request that began the same way (a shared system "
+                       "prompt, or the same conversation so far): {cached} of the {total} prompt tokens reuse those "
+                       "K/V blocks and skip prefill; only the other {n} are computed now.", rest,
+                       hit=hit, size=n(bs), hits=n(hits), cached=n(cached), total=n(total))
+        text = p(found, said(f, "The blocks are shared, not copied: each one's reference count went up by one, and it "
+                                "stays in the pool for as long as any request holds it."))
+        return Part(text, ("prefix",), esc(i18n.ngettext(f.lang, "{n} block hit", "{n} blocks hit", hits)))
+    miss = _mark(f, N_("MISS"))
     if not full:
-        text = p(f"A <b>MISS</b>, with nothing to look up: only full blocks of {n(bs)} tokens are cached (and "
-                 f"never a prompt's last token), and this prompt's {n(total)} tokens do not fill one, so every one is "
-                 "computed now.", later_words(f, bs))
+        text = p(said(f, "A {miss}, with nothing to look up: only full blocks of {size} tokens are cached (and never a "
+                         "prompt's last token), and this prompt's {total} tokens do not fill one, so every one is "
+                         "computed now.", miss=miss, size=n(bs), total=n(total)), later_words(f, bs))
     else:
-        text = p(f"A <b>MISS</b>. The engine hashed the prompt's {plural(full, 'full block')} of "
-                 f"{n(bs)} tokens and looked each hash up: none was in the cache (no earlier request began the same "
-                 f"way, or its blocks have been evicted since), so all {n(total)} prompt tokens are computed now.",
-                 later_words(f, bs))
-    return Part(text, ("prefix",), "miss")
+        text = p(said_n(f, "A {miss}. The engine hashed the prompt's {n} full block of {size} tokens and looked each "
+                           "hash up: none was in the cache (no earlier request began the same way, or its blocks have "
+                           "been evicted since), so all {total} prompt tokens are computed now.",
+                        "A {miss}. The engine hashed the prompt's {n} full blocks of {size} tokens and looked each hash "
+                        "up: none was in the cache (no earlier request began the same way, or its blocks have been "
+                        "evicted since), so all {total} prompt tokens are computed now.", full,
+                        miss=miss, size=n(bs), total=n(total)), later_words(f, bs))
+    return Part(text, ("prefix",), esc(i18n.gettext(f.lang, "miss")))
 
 
 def _asked(f: Facts) -> tuple[list | None, str | None]:
@@ -148,27 +164,42 @@ def later_words(f: Facts, bs: int) -> str:
     words = []
     if sys_n is not None and any(isinstance(m, dict) and m.get("role") == "system" for m in msgs or []):
         if sys_n < bs:
-            words.append(f"This system prompt with its template is {plural(sys_n, 'token')}, less than one full block "
-                         f"of {n(bs)}: another question under the same system prompt shares only those, fills no "
-                         "full block, and misses too.")
+            words.append(said_n(f, "This system prompt with its template is {n} token, less than one full block of "
+                                   "{size}: another question under the same system prompt shares only those, fills no "
+                                   "full block, and misses too.",
+                                "This system prompt with its template is {n} tokens, less than one full block of "
+                                "{size}: another question under the same system prompt shares only those, fills no "
+                                "full block, and misses too.", sys_n, size=n(bs)))
         else:
-            words.append(f"Another question under the same system prompt shares its first {plural(sys_n, 'token')} "
-                         f"(the system prompt with its template): it will find {plural(sys_n // bs, 'full block')} "
-                         f"({n(sys_n // bs * bs)} tokens), a HIT.")
+            words.append(said_n(f, "Another question under the same system prompt shares its first {n} token (the "
+                                   "system prompt with its template): it will find {blocks} ({tokens} tokens), a HIT.",
+                                "Another question under the same system prompt shares its first {n} tokens (the "
+                                "system prompt with its template): it will find {blocks} ({tokens} tokens), a HIT.",
+                                sys_n, blocks=said_n(f, "{n} full block", "{n} full blocks", sys_n // bs),
+                                tokens=n(sys_n // bs * bs)))
+    words.append(_second(f, msgs, bs))
+    return i18n.sentences(f.lang, *words)
+
+
+def _second(f: Facts, msgs: list | None, bs: int) -> str:
+    """The second request the page can send, and what it will find."""
     plan = second_request(f)
     if plan is None:
-        words.append(f"No later request can reuse this prompt's K/V: a prompt must fill a full block ({n(bs + 1)} "
-                     "tokens or more) before another can share it.")
-    elif plan.kind == "follow-up":
-        words.append(f"A follow-up that keeps this {'system prompt and question' if msgs else 'prompt'} and adds "
-                     f"«{esc(FOLLOW_UP.strip())}» begins with the same {n(plan.shared)} tokens: it will find "
-                     f"{plural(plan.blocks, 'block')} ({n(plan.blocks * bs)} tokens), a HIT. On the page, «Send "
-                     "the second request» under this stage sends it.")
-    else:
-        words.append(f"Sent again, the same prompt begins with all {n(plan.shared)} of these tokens: it will find "
-                     f"{plural(plan.blocks, 'block')} ({n(plan.blocks * bs)} tokens; never the last token's), a HIT. "
-                     "On the page, «Send the second request» under this stage sends it.")
-    return " ".join(words)
+        return said(f, "No later request can reuse this prompt's K/V: a prompt must fill a full block ({tokens} tokens "
+                       "or more) before another can share it.", tokens=n(bs + 1))
+    values = {"shared": n(plan.shared), "blocks": said_n(f, "{n} block", "{n} blocks", plan.blocks),
+              "tokens": n(plan.blocks * bs)}
+    if plan.kind == "follow-up" and msgs:
+        return said(f, "A follow-up that keeps this system prompt and question and adds «{follow}» begins with the "
+                       "same {shared} tokens: it will find {blocks} ({tokens} tokens), a HIT. On the page, «Send the "
+                       "second request» under this stage sends it.", follow=esc(FOLLOW_UP.strip()), **values)
+    if plan.kind == "follow-up":
+        return said(f, "A follow-up that keeps this prompt and adds «{follow}» begins with the same {shared} tokens: it "
+                       "will find {blocks} ({tokens} tokens), a HIT. On the page, «Send the second request» under this "
+                       "stage sends it.", follow=esc(FOLLOW_UP.strip()), **values)
+    return said(f, "Sent again, the same prompt begins with all {shared} of these tokens: it will find {blocks} "
+                   "({tokens} tokens; never the last token's), a HIT. On the page, «Send the second request» under "
+                   "this stage sends it.", **values)
 
 
 def cut_sentence(f: Facts) -> str:
