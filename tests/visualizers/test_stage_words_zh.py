@@ -144,3 +144,13 @@ def test_the_prefix_cache_stage_in_chinese_with_its_numbers():
     assert "<b>未命中</b>。引擎为提示的 <b>1</b> 个整块（每块 <b>2</b> 个词元）算出哈希" in miss.text, miss.text
     assert "它会找到 <b>1</b> 个块（<b>2</b> 个词元；" in miss.text and miss.chip == "未命中", miss.text
     assert not prose(miss.text), prose(miss.text)
+
+
+def test_the_kv_stage_in_chinese_with_its_numbers():
+    fin = {"type": "finish", "step": 3, "reason": "stop", "usage": {}}
+    en, zh = stage("en", "kv", events() + [fin]), stage("zh_CN", "kv", events() + [fin])
+    assert "kept: 2 × 2 layers × 1 KV head × 4 dims × 4 bytes = <b>64</b> bytes per token." in en.text
+    assert "At its end this request held K/V for <b>5</b> tokens: 320 B in <b>3</b> blocks of 2 tokens" in en.text
+    assert "2 × 2 层 × 1 个 KV 头 × 4 维 × 4 字节 = 每个词元 <b>64</b> 字节。" in zh.text, zh.text
+    assert "结束时，这个请求为 <b>5</b> 个词元保存了 K/V：320 B，放在 <b>3</b> 个块里（每块 2 个词元）" in zh.text, zh.text
+    assert zh.chip == en.chip == "320 B" and not prose(zh.text), prose(zh.text)

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from visualizers import i18n
 from visualizers._html import esc, fmt_bytes
-from visualizers.stages.facts import n, plural
+from visualizers.stages.facts import Facts, n, plural, said, said_n
 
 
 def latent_dim(m: dict) -> int:
@@ -28,7 +29,7 @@ def mla_heads(m: dict) -> str | None:
             f"folds that rebuilding into the query and the output, so it reads the latent as it lies in the cache)")
 
 
-def mla_kv(m: dict, tokens: int, blocks: int, when: str) -> tuple[str, str, int] | None:
+def mla_kv(f: Facts, m: dict, tokens: int, blocks: int, when: str) -> tuple[str, str, int] | None:
     """kv()'s sentences for an MLA model: what a token keeps, what full K and V would take, and
     this request's share. -> (first sentence, second sentence, bytes per token), or None."""
     if not m.get("mla"):
@@ -38,19 +39,26 @@ def mla_kv(m: dict, tokens: int, blocks: int, when: str) -> tuple[str, str, int]
     per_token = int(m.get("kv_bytes_per_token") or L * latent * b)
     full = int(m.get("kv_full_bytes_per_token") or 0)
     mla = m["mla"]
-    first = (f"So that no step recomputes the past, each layer keeps what attention needs of every token. "
-             f"This model keeps the latent, not K and V: {L} layer{'s' if L != 1 else ''} × {n(latent)} numbers "
-             f"({n(int(mla['kv_lora_rank']))} latent + {n(int(mla['qk_rope_head_dim']))} RoPE key) × {b} bytes = "
-             f"{n(per_token)} bytes per token")
+    values = {"layers": esc(i18n.ngettext(f.lang, "{n} layer", "{n} layers", L)), "latent": n(latent),
+              "rank": n(int(mla["kv_lora_rank"])), "rope": n(int(mla["qk_rope_head_dim"])), "bytes": str(b),
+              "per": n(per_token)}
     if full:
-        first += (f"; full keys and values for its {n(int(m['num_heads']))} heads would take {n(full)} bytes "
-                  f"({full / max(per_token, 1):.0f}× more)")
-    second = (f"{when}this request held latents for {plural(tokens, 'token')}: {esc(fmt_bytes(per_token * tokens))} "
-              f"in {plural(blocks, 'block')} of {bs} tokens" + (
-                  f" (K and V would have taken {esc(fmt_bytes(full * tokens))})" if full else "")
-              + f", taken from a shared pool of {n(int(m['num_blocks']))} blocks and handed back the moment it "
-              "finished.")
-    return first + ".", second, per_token
+        first = said(f, "So that no step recomputes the past, each layer keeps what attention needs of every token. "
+                        "This model keeps the latent, not K and V: {layers} × {latent} numbers ({rank} latent + {rope} "
+                        "RoPE key) × {bytes} bytes = {per} bytes per token; full keys and values for its {heads} heads "
+                        "would take {full} bytes ({times}× more).", heads=n(int(m["num_heads"])), full=n(full),
+                     times=format(full / max(per_token, 1), ".0f"), **values)
+    else:
+        first = said(f, "So that no step recomputes the past, each layer keeps what attention needs of every token. "
+                        "This model keeps the latent, not K and V: {layers} × {latent} numbers ({rank} latent + {rope} "
+                        "RoPE key) × {bytes} bytes = {per} bytes per token.", **values)
+    kv_would = (said(f, " (K and V would have taken {size})", size=esc(fmt_bytes(full * tokens))) if full else "")
+    second = said(f, "{when}this request held latents for {tokens}: {size} in {blocks} of {per} tokens{kv}, taken from "
+                     "a shared pool of {pool} blocks and handed back the moment it finished.", when=when,
+                  tokens=said_n(f, "{n} token", "{n} tokens", tokens), size=esc(fmt_bytes(per_token * tokens)),
+                  blocks=said_n(f, "{n} block", "{n} blocks", blocks), per=str(bs), kv=kv_would,
+                  pool=n(int(m["num_blocks"])))
+    return first, second, per_token
 
 
 def deepseek_ffn(m: dict, moe: Sequence[dict]) -> str | None:

@@ -126,6 +126,24 @@ def _passes(f: Facts) -> str:
                   "share steps with other requests); then {later} produced the answer so far.", n_prefill, **values)
 
 
+def _held_when(f: Facts) -> str:
+    """When the K/V held is counted: after an engine step (which one), at the end, or so far."""
+    peak = f.kv_peak
+    if f.idle:
+        return ""
+    if peak is None:
+        return said(f, "At its end ") if f.finish else said(f, "So far ")
+    step = str(peak["step"])
+    if f.hidden_from is not None:
+        if f.cut is not None and f.cut.get("drawn_at") == peak["step"]:  # a prefill or plain decode step
+            return said(f, "After engine step {step}, the one that drew the hidden token (whose own K/V the step after "
+                           "it would write), ", step=step)
+        return said(f, "After engine step {step}, the last before the hidden token was drawn, ", step=step)
+    if f.finish:
+        return said(f, "After engine step {step}, the last before it finished, ", step=step)
+    return said(f, "After engine step {step}, ", step=step)
+
+
 def kv(f: Facts) -> Part:
     m = f.model
     L, KVH, D, b, bs = m["num_layers"], m["num_kv_heads"], m["head_dim"], m["dtype_bytes"], m["block_size"]
@@ -134,36 +152,35 @@ def kv(f: Facts) -> Part:
     if peak is not None:
         held = [blk for blk, rids in peak["owners"].items() if f.request_id in rids]
         tokens, blocks = sum(peak["fill"].get(blk, 0) for blk in held), len(held)
-        drew = f.cut is not None and f.cut.get("drawn_at") == peak["step"]  # a prefill or plain decode step
-        when = (f"After engine step {peak['step']}, " + ("the one that drew the hidden token (whose own K/V the "
-                "step after it would write), " if drew else "the last before the hidden token was drawn, ")
-                if f.hidden_from is not None else
-                f"After engine step {peak['step']}, the last before it finished, " if f.finish else
-                f"After engine step {peak['step']}, ")
     else:  # the last token drawn is never fed back, so it has no K/V
         tokens = max(0, f.n_prompt + f.n_gen - 1)
-        blocks, when = -(-tokens // bs), ("At its end " if f.finish else "So far ")
-    if f.idle:  # the model's bytes per token; nothing held yet
-        when = ""
+        blocks = -(-tokens // bs)
+    when = _held_when(f)
+    kept = said(f, "So that no step recomputes the past, each layer's keys and values are kept: {bytes} bytes per "
+                   "token.", bytes=n(per_token))
     if peak is None and not f.finish and not f.steps and not f.generated and not f.idle and not f.untraced:
-        return Part(p(f"So that no step recomputes the past, each layer's keys and values are kept: {n(per_token)} "
-                      "bytes per token.", not_yet(f)), ("kv",), reached=False)  # waiting: no block held yet
+        return Part(p(kept, not_yet(f)), ("kv",), reached=False)  # waiting: no block held yet
     if peak is None and f.finish and not f.n_gen:  # stopped before its first token: no step ran it
-        return Part(p(f"So that no step recomputes the past, each layer's keys and values are kept: {n(per_token)} "
-                      "bytes per token.", "It was stopped during its prefill, before its first token: its blocks "
-                      "went back to the pool." if f.steps else f"{NEVER}: this request ended before the engine ran "
-                      "it, so it never held K/V."), ("kv",), "none", reached=bool(f.steps))
-    if (mla := mla_kv(m, tokens, blocks, when)) is not None:  # DeepSeek: the latent, not K and V
+        return Part(p(kept, said(f, "It was stopped during its prefill, before its first token: its blocks went back "
+                                    "to the pool.") if f.steps else
+                      said(f, "Never reached: this request ended before the engine ran it, so it never held K/V.")),
+                    ("kv",), esc(i18n.gettext(f.lang, "none")), reached=bool(f.steps))
+    if (mla := mla_kv(f, m, tokens, blocks, when)) is not None:  # DeepSeek: the latent, not K and V
         return Part(p(mla[0], mla[1]), ("kv",), esc(fmt_bytes(mla[2] * tokens)), reached=bool(f.steps or f.generated))
-    text = p(f"So that no step recomputes the past, each layer's keys and values are kept: 2 × {L} "
-             f"layer{'s' if L != 1 else ''} × {KVH} KV head{'s' if KVH != 1 else ''} × {D} dims × {b} bytes = "
-             f"{n(per_token)} bytes per token.",
-             "" if f.idle else
-             f"{when}this request held K/V for {plural(tokens, 'token')}: {esc(fmt_bytes(per_token * tokens))} in "
-             f"{plural(blocks, 'block')} of {bs} tokens, taken from a shared pool of {n(int(m['num_blocks']))} "
-             # the replay's cursor (or the live request) may stand before the finish: say what has happened
-             + ("blocks and handed back the moment it finished." if f.ended else
-                "blocks; they go back to the pool the moment it finishes."), "" if f.idle else after_finish(f))
+    layers = esc(i18n.ngettext(f.lang, "{n} layer", "{n} layers", L))
+    heads = esc(i18n.ngettext(f.lang, "{n} KV head", "{n} KV heads", KVH))
+    size = said(f, "So that no step recomputes the past, each layer's keys and values are kept: 2 × {layers} × {heads} "
+                   "× {dims} dims × {bytes} bytes = {total} bytes per token.", layers=layers, heads=heads, dims=str(D),
+                bytes=str(b), total=n(per_token))
+    values = {"when": when, "tokens": said_n(f, "{n} token", "{n} tokens", tokens),
+              "size": esc(fmt_bytes(per_token * tokens)), "blocks": said_n(f, "{n} block", "{n} blocks", blocks),
+              "per": str(bs), "pool": n(int(m["num_blocks"]))}
+    # the replay's cursor (or the live request) may stand before the finish: say what has happened
+    held = (said(f, "{when}this request held K/V for {tokens}: {size} in {blocks} of {per} tokens, taken from a shared "
+                    "pool of {pool} blocks and handed back the moment it finished.", **values) if f.ended else
+            said(f, "{when}this request held K/V for {tokens}: {size} in {blocks} of {per} tokens, taken from a shared "
+                    "pool of {pool} blocks; they go back to the pool the moment it finishes.", **values))
+    text = p(size, "" if f.idle else held, "" if f.idle else after_finish(f))
     return Part(text, ("kv",), esc(fmt_bytes(per_token * tokens)), reached=bool(f.steps or f.generated))
 
 
@@ -176,13 +193,16 @@ def after_finish(f: Facts) -> str:
     kept = len(e.get("cached") or ())
     freed = len(e["blocks"]) - kept
     held = int(e.get("released") or 0)
-    words = [f"{plural(freed, 'block')} went back to the free list" if freed else "",
-             f"{plural(kept, 'full block')} stay{'s' if kept == 1 else ''} in the prefix cache (free, but a later "
-             "request that begins the same way finds them until the pool needs the room)" if kept else "",
-             f"{plural(held, 'block')} another request still holds kept {'its' if held == 1 else 'their'} K/V"
-             if held else ""]
-    said = [w for w in words if w]
-    return f"At the finish {', and '.join(said)}." if said else ""
+    words = [said_n(f, "{n} block went back to the free list", "{n} blocks went back to the free list", freed)
+             if freed else "",
+             said_n(f, "{n} full block stays in the prefix cache (free, but a later request that begins the same way "
+                       "finds them until the pool needs the room)",
+                    "{n} full blocks stay in the prefix cache (free, but a later request that begins the same way "
+                    "finds them until the pool needs the room)", kept) if kept else "",
+             said_n(f, "{n} block another request still holds kept its K/V",
+                    "{n} blocks another request still holds kept their K/V", held) if held else ""]
+    listed = [w for w in words if w]
+    return said(f, "At the finish {what}.", what=said(f, ", and ").join(listed)) if listed else ""
 
 
 def which_pass(f: Facts, e: dict) -> str:
