@@ -154,3 +154,12 @@ def test_the_kv_stage_in_chinese_with_its_numbers():
     assert "2 × 2 层 × 1 个 KV 头 × 4 维 × 4 字节 = 每个词元 <b>64</b> 字节。" in zh.text, zh.text
     assert "结束时，这个请求为 <b>5</b> 个词元保存了 K/V：320 B，放在 <b>3</b> 个块里（每块 2 个词元）" in zh.text, zh.text
     assert zh.chip == en.chip == "320 B" and not prose(zh.text), prose(zh.text)
+
+
+def test_a_stage_not_reached_says_so_in_chinese():
+    waiting = stage("zh_CN", "kv", events()[:1], [])
+    assert "尚未到达：这个请求还在途中" in waiting.text and not waiting.reached and not prose(waiting.text)
+    ended = stage("zh_CN", "sampling", events()[:1] + [{"type": "finish", "step": 1, "reason": "abort", "usage": {}}], [])
+    assert "未到达：请求在引擎运行到这里之前就结束了（abort）。" in ended.text, ended.text
+    assert "这个阶段就会显示请求在这里经历了什么" in next(
+        s for s in journey(MODEL, "", None, [], [], lang="zh_CN") if s.key == "answer").text

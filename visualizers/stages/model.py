@@ -12,7 +12,7 @@ from visualizers.logit_lens import first_top
 from visualizers.stages.deepseek import deepseek_ffn, mla_heads, mla_kv
 from visualizers.stages.facts import (Facts, Part, before_cut, count, hidden_sentence, n, p, plural, quote, said,
                                       said_before_cut, said_n)
-from visualizers.stages.way_in import NEVER, UNTRACED, cut_sentence, not_yet
+from visualizers.stages.way_in import cut_sentence, not_yet, untraced_words
 
 
 def layers(f: Facts) -> Part:
@@ -77,7 +77,7 @@ def _windows(windows: Sequence[int | None]) -> str:
 
 def prefill_decode(f: Facts) -> Part:
     if f.untraced:
-        return Part(p(UNTRACED, said(f, "Prefill ran the prompt through the model; then each decode step produced a "
+        return Part(p(untraced_words(f), said(f, "Prefill ran the prompt through the model; then each decode step produced a "
                                         "token (the stream's timing shows them).")), ("timeline",))
     if not f.steps:
         return Part(p(not_yet(f), said(f, "Prefill runs the prompt through the model; then each decode step produces "

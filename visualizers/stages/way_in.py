@@ -7,7 +7,7 @@ from visualizers.i18n import N_
 from visualizers.prefix_next import FOLLOW_UP, NextHit, asked, next_hit, system_tokens
 from visualizers.stages.facts import Facts, Part, n, p, plural, said, said_n
 
-NEVER = "Never reached"  # a finished request that did not get here (the page's heading says so too)
+NEVER = N_("Never reached")  # a finished request that did not get here (the page's heading says so too)
 NOT_YET = "Not reached yet: this request is still on its way (the page re-reads it while it runs)."
 IDLE = "No request yet: press Send (or Watch API requests) and this stage shows what happens here to it."
 
@@ -16,12 +16,22 @@ def not_yet(f: Facts) -> str:
     """A stage the request has not reached, or (before any request) one no request has, or one
     a request that ended early (stopped while it waited) never reached."""
     if f.idle:
-        return IDLE
+        return idle_words(f)
     if f.finish:
-        return (f"{NEVER}: the request ended ({esc(str(f.finish.get('reason') or 'stopped'))}) before the "
-                "engine ran it here.")
-    return NOT_YET
+        return said(f, "Never reached: the request ended ({reason}) before the engine ran it here.",
+                    reason=esc(str(f.finish.get("reason") or "stopped")))
+    return said(f, "Not reached yet: this request is still on its way (the page re-reads it while it runs).")
 UNTRACED = "This request's capture level (off) records no engine events for this stage."
+
+
+def idle_words(f: Facts) -> str:
+    """IDLE in the stage's language."""
+    return said(f, "No request yet: press Send (or Watch API requests) and this stage shows what happens here to it.")
+
+
+def untraced_words(f: Facts) -> str:
+    """UNTRACED in the stage's language."""
+    return said(f, "This request's capture level (off) records no engine events for this stage.")
 
 
 def request(f: Facts) -> Part:
@@ -110,7 +120,7 @@ def prefix(f: Facts) -> Part:
                      or 0)
         said_usage = said(f, "Its usage says {cached} of its {prompt} prompt tokens came from the prefix cache.",
                           cached=n(cached), prompt=n(f.n_prompt))
-        return Part(p(UNTRACED, said_usage if usage else ""), ("prefix",),
+        return Part(p(untraced_words(f), said_usage if usage else ""), ("prefix",),
                     esc(i18n.gettext(f.lang, "{cached} cached", cached=i18n.number(f.lang, cached))) if usage else "")
     if not look:
         return Part(p(not_yet(f), said(f, "When the scheduler admits a request, the engine looks its prompt's blocks up "

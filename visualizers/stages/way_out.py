@@ -11,7 +11,7 @@ from visualizers.sampling import DOES, STAGE_LABELS
 from visualizers.stages.facts import (Facts, Part, before_cut, count, hidden_rest, hidden_sentence, n, p, plural, prob,
                                       quote, said, said_before_cut, said_hidden_rest, said_n)
 from visualizers.stages.model import which_pass
-from visualizers.stages.way_in import IDLE, NEVER, UNTRACED, not_yet
+from visualizers.stages.way_in import idle_words, not_yet, untraced_words
 
 
 def sampling(f: Facts) -> Part:
@@ -87,7 +87,7 @@ def stream(f: Facts) -> Part:
     """The tokens leaving as server-sent events, and why the request stopped."""
     gen = f.n_gen
     if f.idle:
-        return Part(p(IDLE, said(f, "Each token leaves as a server-sent event the moment it exists; the request ends at "
+        return Part(p(idle_words(f), said(f, "Each token leaves as a server-sent event the moment it exists; the request ends at "
                                     "an end-of-turn token, a stop string or max_tokens.")), ("answer", "choices"),
                     reached=False)
     if f.hidden_from is not None:
@@ -181,7 +181,7 @@ def batching(f: Facts) -> Part:
     mine = f.steps
     never_waits = said(f, "The engine never waits for a batch to fill: a new request joins the next step.")
     if f.untraced:
-        return Part(p(UNTRACED, never_waits), ())
+        return Part(p(untraced_words(f), never_waits), ())
     if not mine:
         return Part(p(not_yet(f), never_waits), (), reached=bool(f.generated))
     shared = [s for s in mine if len(s["batch"]) > 1]
