@@ -163,3 +163,15 @@ def test_a_stage_not_reached_says_so_in_chinese():
     assert "未到达：请求在引擎运行到这里之前就结束了（abort）。" in ended.text, ended.text
     assert "这个阶段就会显示请求在这里经历了什么" in next(
         s for s in journey(MODEL, "", None, [], [], lang="zh_CN") if s.key == "answer").text
+
+
+def test_the_layers_stage_in_chinese_with_its_numbers():
+    en, zh = stage("en", "layers"), stage("zh_CN", "layers")
+    assert "The matrix now passes through <b>2</b> layers." in en.text and en.chip == "2 layers"
+    assert "这个矩阵现在依次经过 <b>2</b> 层。" in zh.text and "使用<b>2</b> 个查询头，共用同一个键/值头" in zh.text, zh.text
+    assert "2 层中有 <b>1</b> 层是局部的：一个词元只能看到最近的 <b>2</b> 个词元（滑动窗口；第 1 层）。" in zh.text
+    assert "第 1 号专家接到的最多，占全部 <b>12</b> 次选择中的 <b>4</b> 次（33%）。" in zh.text, zh.text
+    assert zh.chip == "2 层" and not prose(zh.text), prose(zh.text)
+    dense = next(s for s in journey({**MODEL, "is_moe": False, "sliding_windows": [2, 2], "num_kv_heads": 2}, "r1",
+                                    None, events(), [], lang="zh_CN") if s.key == "layers")
+    assert "每一层都是局部的" in dense.text and "稠密的 SwiGLU MLP" in dense.text and not prose(dense.text), dense.text

@@ -17,16 +17,21 @@ def latent_dim(m: dict) -> int:
     return int(mla.get("kv_lora_rank", 0)) + int(mla.get("qk_rope_head_dim", 0))
 
 
-def mla_heads(m: dict) -> str | None:
+def mla_heads(f: Facts, m: dict) -> str | None:
     """How the heads attend, for layers(): no K/V per head, one latent they all read."""
     mla = m.get("mla")
     if not mla:
         return None
-    rank, rope = int(mla["kv_lora_rank"]), int(mla["qk_rope_head_dim"])
-    return (f"{plural(int(m['num_heads']), 'query head')} over multi-head latent attention (MLA): no head keeps "
-            f"keys and values of its own; each token leaves one latent of {n(rank)} numbers plus a {n(rope)}-number "
-            f"RoPE key that every head shares, and each head's keys and values are rebuilt from it (a decode step "
-            f"folds that rebuilding into the query and the output, so it reads the latent as it lies in the cache)")
+    rank, rope = n(int(mla["kv_lora_rank"])), n(int(mla["qk_rope_head_dim"]))
+    return said_n(f, "{n} query head over multi-head latent attention (MLA): no head keeps keys and values of its own; "
+                     "each token leaves one latent of {rank} numbers plus a {rope}-number RoPE key that every head "
+                     "shares, and each head's keys and values are rebuilt from it (a decode step folds that rebuilding "
+                     "into the query and the output, so it reads the latent as it lies in the cache)",
+                  "{n} query heads over multi-head latent attention (MLA): no head keeps keys and values of its own; "
+                  "each token leaves one latent of {rank} numbers plus a {rope}-number RoPE key that every head "
+                  "shares, and each head's keys and values are rebuilt from it (a decode step folds that rebuilding "
+                  "into the query and the output, so it reads the latent as it lies in the cache)",
+                  int(m["num_heads"]), rank=rank, rope=rope)
 
 
 def mla_kv(f: Facts, m: dict, tokens: int, blocks: int, when: str) -> tuple[str, str, int] | None:
@@ -61,7 +66,7 @@ def mla_kv(f: Facts, m: dict, tokens: int, blocks: int, when: str) -> tuple[str,
     return first, second, per_token
 
 
-def deepseek_ffn(m: dict, moe: Sequence[dict]) -> str | None:
+def deepseek_ffn(f: Facts, m: dict, moe: Sequence[dict]) -> str | None:
     """_ffn()'s extra sentence for DeepSeek's MoE: shared experts, the group limit, the bias,
     with what the router did at the quoted layer (moe: that layer's routing events)."""
     ds = m.get("deepseek_moe")
@@ -70,28 +75,34 @@ def deepseek_ffn(m: dict, moe: Sequence[dict]) -> str | None:
     E, k = int(m.get("num_experts") or 0), int(m.get("top_k") or 0)
     parts = []
     if ds.get("n_shared_experts"):
-        parts.append(f"Beside the {n(E)} routed experts, every token also passes through "
-                     f"{plural(int(ds['n_shared_experts']), 'shared expert')}, with no router")
+        shared = said_n(f, "{n} shared expert", "{n} shared experts", int(ds["n_shared_experts"]))
+        parts.append(said(f, "Beside the {experts} routed experts, every token also passes through {shared}, with no "
+                             "router.", experts=n(E), shared=shared))
     if int(ds.get("n_group") or 1) > 1:
         groups = [g for e in moe for g in e.get("groups", [])]
-        kept = f"; here the tokens kept groups {_most(groups)} most often" if groups else ""
-        parts.append(f"The router may pick its {n(k)} only from the {n(int(ds['topk_group']))} best of "
-                     f"{n(int(ds['n_group']))} expert groups{kept}")
+        values = {"k": n(k), "best": n(int(ds["topk_group"])), "groups": n(int(ds["n_group"]))}
+        parts.append(said(f, "The router may pick its {k} only from the {best} best of {groups} expert groups; here the "
+                             "tokens kept groups {most} most often.", most=_most(f, groups), **values) if groups else
+                     said(f, "The router may pick its {k} only from the {best} best of {groups} expert groups.",
+                          **values))
     if ds.get("correction_bias"):
         pairs = [(sorted(x), w) for e in moe for x, w in zip(e["experts"], e.get("without_bias", []))]
         changed = sum(x != w for x, w in pairs)
         scoring = esc(str(ds["scoring"]).capitalize())
-        parts.append(f"{scoring} scores plus a learned balance bias choose the experts, the scores without it "
-                     "weigh them" + (f"; the bias changed the picks of {n(changed)} of {plural(len(pairs), 'token')}"
-                                     if pairs else ""))
-    return ". ".join(parts) + "." if parts else None
+        tokens = said_n(f, "{n} token", "{n} tokens", len(pairs))
+        parts.append(said(f, "{scoring} scores plus a learned balance bias choose the experts, the scores without it "
+                             "weigh them; the bias changed the picks of {changed} of {tokens}.", scoring=scoring,
+                          changed=n(changed), tokens=tokens) if pairs else
+                     said(f, "{scoring} scores plus a learned balance bias choose the experts, the scores without it "
+                             "weigh them.", scoring=scoring))
+    return i18n.sentences(f.lang, *parts) if parts else None
 
 
-def _most(groups: Sequence[Sequence[int]]) -> str:
+def _most(f: Facts, groups: Sequence[Sequence[int]]) -> str:
     """The most frequent kept groups, e.g. "1 and 3"."""
     counts: dict[int, int] = {}
     for kept in groups:
         for g in kept:
             counts[g] = counts.get(g, 0) + 1
     best = sorted(counts, key=lambda g: (-counts[g], g))[:max(1, len(groups[0]))]
-    return " and ".join(str(g) for g in sorted(best))
+    return said(f, " and ").join(str(g) for g in sorted(best))

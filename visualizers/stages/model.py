@@ -15,29 +15,47 @@ from visualizers.stages.facts import (Facts, Part, before_cut, count, hidden_sen
 from visualizers.stages.way_in import cut_sentence, not_yet, untraced_words
 
 
+def _heads(f: Facts, m: dict) -> str:
+    """How the heads attend: MLA, multi-query, plain multi-head, or grouped-query."""
+    H, KVH = m["num_heads"], m["num_kv_heads"]
+    group = H // max(1, KVH)
+    if (mla := mla_heads(f, m)) is not None:  # DeepSeek: multi-head latent attention
+        return mla
+    if KVH == 1:
+        return said_n(f, "{n} query head that share a single key/value head (multi-query attention: the cache stores "
+                         "one head's K/V, {times}× less)",
+                      "{n} query heads that share a single key/value head (multi-query attention: the cache stores "
+                      "one head's K/V, {times}× less)", H, times=str(H))
+    if group == 1:
+        return said_n(f, "{n} head, each with its own keys and values (plain multi-head attention)",
+                      "{n} heads, each with its own keys and values (plain multi-head attention)", H)
+    kv_heads = said_n(f, "{n} key/value head", "{n} key/value heads", KVH)
+    return said_n(f, "{n} query head that share {kv} ({group} query heads per KV head: grouped-query attention, so the "
+                     "cache stores {group}× less)",
+                  "{n} query heads that share {kv} ({group} query heads per KV head: grouped-query attention, so the "
+                  "cache stores {group}× less)", H, kv=kv_heads, group=str(group))
+
+
 def layers(f: Facts) -> Part:
     m = f.model
-    L, H, KVH, D = m["num_layers"], m["num_heads"], m["num_kv_heads"], m["head_dim"]
-    group = H // max(1, KVH)
-    scale_d = m.get("query_pre_attn_scalar") or D  # Gemma scales by 1/√query_pre_attn_scalar
-    if (mla := mla_heads(m)) is not None:  # DeepSeek: multi-head latent attention
-        heads = mla
-    elif KVH == 1:
-        heads = (f"{plural(H, 'query head')} that share a single key/value head (multi-query attention: the cache "
-                 f"stores one head's K/V, {H}× less)")
-    elif group == 1:
-        heads = f"{plural(H, 'head')}, each with its own keys and values (plain multi-head attention)"
-    else:
-        heads = (f"{plural(H, 'query head')} that share {plural(KVH, 'key/value head')} ({group} query heads per "
-                 f"KV head: grouped-query attention, so the cache stores {group}× less)")
+    L, D = m["num_layers"], m["head_dim"]
+    scale = format(m.get("query_pre_attn_scalar") or D, "g")  # Gemma scales by 1/√query_pre_attn_scalar
+    heads = _heads(f, m)
     reached = bool(f.steps or f.generated)
-    text = p("" if reached or f.idle else not_yet(f),
-             f"The matrix {'now passes' if reached else 'passes'} through {plural(L, 'layer')}. In each, attention "
-             f"lets every token look back at the tokens before it: softmax(QKᵀ/√{scale_d:g})·V with {heads}.",
-             _windows(m.get("sliding_windows") or []), _ffn(f), deepseek_ffn(m, f.moe_first_layer) or "",
-             cut_sentence(f))
+    passes = (said_n(f, "The matrix now passes through {n} layer. In each, attention lets every token look back at the "
+                        "tokens before it: softmax(QKᵀ/√{scale})·V with {heads}.",
+                     "The matrix now passes through {n} layers. In each, attention lets every token look back at the "
+                     "tokens before it: softmax(QKᵀ/√{scale})·V with {heads}.", L, scale=scale, heads=heads)
+              if reached else
+              said_n(f, "The matrix passes through {n} layer. In each, attention lets every token look back at the "
+                        "tokens before it: softmax(QKᵀ/√{scale})·V with {heads}.",
+                     "The matrix passes through {n} layers. In each, attention lets every token look back at the "
+                     "tokens before it: softmax(QKᵀ/√{scale})·V with {heads}.", L, scale=scale, heads=heads))
+    text = p("" if reached or f.idle else not_yet(f), passes, _windows(f, m.get("sliding_windows") or []), _ffn(f),
+             deepseek_ffn(f, m, f.moe_first_layer) or "", cut_sentence(f))
     # a dense model's section shows no MoE panel: there is nothing to route
-    return Part(text, ("attention", "moe") if m.get("is_moe") else ("attention",), f"{L:,} layers", reached=reached)
+    chip = esc(i18n.gettext(f.lang, "{layers} layers", layers=i18n.number(f.lang, L)))
+    return Part(text, ("attention", "moe") if m.get("is_moe") else ("attention",), chip, reached=reached)
 
 
 def _ffn(f: Facts) -> str:
@@ -50,29 +68,38 @@ def _ffn(f: Facts) -> str:
                     counts[int(x)] += 1
         total = sum(counts) or 1
         top = max(range(len(counts)), key=counts.__getitem__)
-        return (f"In layer {moe[0]['layer']} the router sent each of this request's tokens to "
-                f"{n(int(moe[0]['top_k']))} of {n(len(counts))} experts; expert {top} took the most, "
-                f"{n(counts[top])} of {n(total)} picks ({counts[top] / total:.0%}).")
+        return said(f, "In layer {layer} the router sent each of this request's tokens to {k} of {experts} experts; "
+                       "expert {top} took the most, {count} of {total} picks ({share}).", layer=str(moe[0]["layer"]),
+                    k=n(int(moe[0]["top_k"])), experts=n(len(counts)), top=str(top), count=n(counts[top]),
+                    total=n(total), share=format(counts[top] / total, ".0%"))
     if m.get("is_moe"):
-        return f"Its feed-forward layers are mixtures of {n(int(m.get('num_experts') or 0))} experts."
+        return said(f, "Its feed-forward layers are mixtures of {experts} experts.",
+                    experts=n(int(m.get("num_experts") or 0)))
     glu = "GeGLU" if str(m.get("mlp_activation", "silu")).startswith("gelu") else "SwiGLU"
-    return f"Its feed-forward block is one dense {glu} MLP per layer (no mixture of experts: nothing to route)."
+    return said(f, "Its feed-forward block is one dense {glu} MLP per layer (no mixture of experts: nothing to route).",
+                glu=glu)
 
 
-def _windows(windows: Sequence[int | None]) -> str:
+def _windows(f: Facts, windows: Sequence[int | None]) -> str:
     """Which layers attend through a sliding window (local) and which see everything (global)."""
     local = [i for i, w in enumerate(windows) if w]
     if not local:
         return ""
-    size = " or ".join(f"{w:,}" for w in sorted({windows[i] for i in local}))
+    size = "<b>" + said(f, " or ").join(f"{w:,}" for w in sorted({windows[i] for i in local})) + "</b>"
     if len(local) == len(windows):
-        return (f"Every layer is local: a token sees only the last <b>{size}</b> tokens (a sliding window), so "
-                "information from further back reaches it only through earlier tokens, layer by layer.")
+        return said(f, "Every layer is local: a token sees only the last {size} tokens (a sliding window), so "
+                       "information from further back reaches it only through earlier tokens, layer by layer.",
+                    size=size)
     glob = [i for i, w in enumerate(windows) if not w]
-    return (f"{n(len(local))} of the {len(windows)} layers are local: a token sees only the last <b>{size}</b> "
-            f"tokens (a sliding window; layer{'s' if len(local) > 1 else ''} {esc(layer_spans(local))}). The other "
-            f"{n(len(glob))} {'is' if len(glob) == 1 else 'are'} global (layer{'s' if len(glob) > 1 else ''} "
-            f"{esc(layer_spans(glob))}) and attend to the whole context, so long-range information still flows.")
+    first = said_n(f, "{n} of the {total} layers are local: a token sees only the last {size} tokens (a sliding window; "
+                      "layer {spans}).",
+                   "{n} of the {total} layers are local: a token sees only the last {size} tokens (a sliding window; "
+                   "layers {spans}).", len(local), total=str(len(windows)), size=size, spans=esc(layer_spans(local)))
+    other = said_n(f, "The other {n} is global (layer {spans}) and attend to the whole context, so long-range "
+                      "information still flows.",
+                   "The other {n} are global (layers {spans}) and attend to the whole context, so long-range "
+                   "information still flows.", len(glob), spans=esc(layer_spans(glob)))
+    return i18n.sentences(f.lang, first, other)
 
 
 def prefill_decode(f: Facts) -> Part:
