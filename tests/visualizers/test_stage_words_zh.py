@@ -38,7 +38,7 @@ def test_the_tokens_stage_in_chinese_with_its_numbers():
 # --- the stages converted after Tokenize: each speaks Chinese with this request's numbers -------
 LATIN = re.compile(r"[A-Za-z_]{3,}")
 CODE = {"MoE", "float", "TTFT", "SwiGLU", "GeGLU", "top", "finish_reason", "stop", "length", "max_tokens", "nats",
-        "Softmax", "softmax", "logit", "lens", "KV", "MLP", "ID", "LM", "head", "verify", "SSE", "API"}
+        "Softmax", "softmax", "logit", "lens", "KV", "MLP", "ID", "LM", "head", "verify", "SSE", "API", "JSON", "OpenAI"}
 
 
 def stage(lang: str, key: str, evs: list[dict] | None = None, outputs: list[dict] | None = None, **kw):
@@ -175,3 +175,13 @@ def test_the_layers_stage_in_chinese_with_its_numbers():
     dense = next(s for s in journey({**MODEL, "is_moe": False, "sliding_windows": [2, 2], "num_kv_heads": 2}, "r1",
                                     None, events(), [], lang="zh_CN") if s.key == "layers")
     assert "每一层都是局部的" in dense.text and "稠密的 SwiGLU MLP" in dense.text and not prose(dense.text), dense.text
+
+
+def test_the_request_stage_in_chinese_with_its_numbers():
+    body = {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 20, "temperature": 0.5}
+    en = next(s for s in journey(MODEL, "r1", body, events(), [], lang="en") if s.key == "request")
+    zh = next(s for s in journey(MODEL, "r1", body, events(), [], lang="zh_CN") if s.key == "request")
+    assert ("A client sent a JSON body like any OpenAI client would: <b>1</b> message, <b>5</b> characters of text, "
+            "asking for at most <b>20</b> new tokens at temperature <b>0.50</b>.") in en.text and en.chip == "5 chars"
+    assert "<b>1</b> 条消息，共 <b>5</b> 个字符的文本，要求最多生成 <b>20</b> 个新词元，温度为 <b>0.50</b>。" in zh.text, zh.text
+    assert "分配了 ID <b>r1</b>" in zh.text and zh.chip == "5 个字符" and not prose(zh.text), prose(zh.text)

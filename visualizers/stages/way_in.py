@@ -42,33 +42,41 @@ def request(f: Facts) -> Part:
     if not params and body:
         params = {"max_tokens": body.get("max_tokens") or body.get("max_completion_tokens") or 0,
                   "temperature": body.get("temperature", 1.0)}
-    ask = (f"at most {n(int(params.get('max_tokens') or 0))} new tokens at temperature "
-           f"{n(float(params.get('temperature', 0) or 0))}")
-    sent = "Send will post" if f.idle else "A client sent"  # before any request: the body the controls make
+    ask = said(f, "at most {tokens} new tokens at temperature {temperature}", tokens=n(int(params.get("max_tokens") or 0)),
+               temperature=n(float(params.get("temperature", 0) or 0)))
     if msgs:
         chars = sum(len(m["content"]) for m in msgs if isinstance(m, dict) and isinstance(m.get("content"), str))
-        what = (f"{sent} a JSON body like any OpenAI client would: {plural(len(msgs), 'message')}, "
-                f"{plural(chars, 'character')} of text, asking for {ask}.")
+        values = {"messages": said_n(f, "{n} message", "{n} messages", len(msgs)), "ask": ask,
+                  "chars": said_n(f, "{n} character", "{n} characters", chars)}
+        what = (said(f, "Send will post a JSON body like any OpenAI client would: {messages}, {chars} of text, asking "
+                        "for {ask}.", **values) if f.idle else  # before any request: the body the controls make
+                said(f, "A client sent a JSON body like any OpenAI client would: {messages}, {chars} of text, asking "
+                        "for {ask}.", **values))
     else:  # POST /v1/completions: a plain prompt, no chat messages
         prompt = body.get("prompt") if isinstance(body.get("prompt"), str) else arrive.get("prompt")
         chars = len(prompt) if isinstance(prompt, str) else 0
-        what = (f"{sent} a plain prompt (POST /v1/completions, no chat messages) of "
-                f"{plural(chars, 'character')}, asking for {ask}.")
-    checked = ("The server will check every field before the engine sees it and give the request an id that "
-               "every event carries." if f.idle else
-               f"The server checked every field before the engine saw it, and gave the request its id "
-               f"<b>{esc(f.request_id)}</b>: every event below carries that id.")
-    text = p(what, checked, routed(arrive.get("replica")))
-    return Part(text, ("request",), f"{chars:,} chars", reached=bool(arrive or f.body))
+        values = {"chars": said_n(f, "{n} character", "{n} characters", chars), "ask": ask}
+        what = (said(f, "Send will post a plain prompt (POST /v1/completions, no chat messages) of {chars}, asking for "
+                        "{ask}.", **values) if f.idle else
+                said(f, "A client sent a plain prompt (POST /v1/completions, no chat messages) of {chars}, asking for "
+                        "{ask}.", **values))
+    checked = (said(f, "The server will check every field before the engine sees it and give the request an id that "
+                       "every event carries.") if f.idle else
+               said(f, "The server checked every field before the engine saw it, and gave the request its id {id}: "
+                       "every event below carries that id.", id="<b>" + esc(f.request_id) + "</b>"))
+    text = p(what, checked, routed(f, arrive.get("replica")))
+    chip = esc(i18n.gettext(f.lang, "{chars} chars", chars=i18n.number(f.lang, chars)))
+    return Part(text, ("request",), chip, reached=bool(arrive or f.body))
 
 
-def routed(route: dict | None) -> str:
+def routed(f: Facts, route: dict | None) -> str:
     """One replica of several (--replicas) ran it: which one, and why the router chose it."""
     if not route:
         return ""
-    return (f"The model runs on {n(int(route['of']))} replicas, each its own engine and KV pool: the "
-            f"{esc(route['policy'])} router sent this request to replica <b>{int(route['replica']) + 1}</b> "
-            f"({esc(route.get('reason') or '')}).")
+    return said(f, "The model runs on {replicas} replicas, each its own engine and KV pool: the {policy} router sent "
+                   "this request to replica {replica} ({reason}).", replicas=n(int(route["of"])),
+                policy=esc(route["policy"]), replica="<b>" + str(int(route["replica"]) + 1) + "</b>",
+                reason=esc(route.get("reason") or ""))
 
 
 def tokenize(f: Facts) -> Part:
