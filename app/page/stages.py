@@ -66,12 +66,17 @@ def map_html(stages: Sequence[Stage], live: bool = True, lang: str = "en") -> st
     return f"<div class='tt-map' id='tt-map-inner'>{arrows}{skip}</div>"
 
 
+def _never(st: Stage, lang: str) -> bool:
+    """Does the stage's sentence say the request never got there (in English or the stage's language)?"""
+    return f"<p>{NEVER}" in st.text or f"<p>{esc(i18n.gettext(lang, NEVER))}" in st.text
+
+
 def stage_html(st: Stage, lang: str = "en") -> str:
     """A stage's heading and its sentence (Stage.text is escaped HTML already)."""
     # stopped before it, or a finished request that never got here: say so ("not reached yet"
     # would promise it still might)
     badge = i18n.gettext(lang, "stopped before this stage") if st.stopped else \
-        i18n.gettext(lang, "never reached") if f"<p>{NEVER}" in st.text else i18n.gettext(lang, "not reached yet")
+        i18n.gettext(lang, "never reached") if _never(st, lang) else i18n.gettext(lang, "not reached yet")
     waiting = "" if st.reached else f" <span class='tt-note'>{esc(badge)}</span>"
     return (f"<div class='tt-stage-head' data-key='{esc(st.key)}'><h2>{esc(st.title)}{waiting}</h2>"
             f"<div class='tt-stage-text'>{st.text}</div></div>")

@@ -5,6 +5,7 @@ events (a 500-token answer at capture level full): the events are walked once he
 every stage function reads these lists and counts instead of walking them again."""
 from __future__ import annotations
 
+import html
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -218,13 +219,27 @@ def before_cut(f: "Facts") -> str:
     return f"before position {n(f.hidden_from)}" if asked(f) else "before the first answer token"
 
 
+def said_hidden_rest(f: "Facts") -> str:
+    """hidden_rest() in the stage's language (the stages converted to the catalogs)."""
+    if asked(f):
+        return said(f, "the answer from position {position} on is hidden until the reveal", position=n(f.hidden_from))
+    return said(f, "the answer is hidden until the presenter asks the class to predict it (or shows it)")
+
+
+def said_before_cut(f: "Facts") -> str:
+    """before_cut() in the stage's language (the stages converted to the catalogs)."""
+    if asked(f):
+        return said(f, "before position {position}", position=n(f.hidden_from))
+    return said(f, "before the first answer token")
+
+
 def hidden_sentence(f: "Facts") -> str:
     """What a classroom says where the hidden token's draw would be."""
     if asked(f):
-        return (f"The draw at position {n(f.hidden_from)} is hidden until the class has predicted it: the presenter "
-                "reveals the model's answer here.")
-    return ("The answer's draws are hidden until the presenter asks the class \u201cpredict the next token\u201d "
-            "(or shows the answer): they appear here then.")
+        return said(f, "The draw at position {position} is hidden until the class has predicted it: the presenter "
+                       "reveals the model's answer here.", position=n(f.hidden_from))
+    return said(f, "The answer's draws are hidden until the presenter asks the class \u201cpredict the next token\u201d "
+                   "(or shows the answer): they appear here then.")
 
 
 # --- words ---------------------------------------------------------------------------
@@ -233,15 +248,20 @@ def n(x: float) -> str:
     return f"<b>{x:,}</b>" if isinstance(x, int) else f"<b>{x:,.2f}</b>"
 
 
+def _text(s: str) -> str:
+    """A sentence as HTML text (not an attribute: an apostrophe stays as written)."""
+    return html.escape(s, quote=False)
+
+
 def said(f: Facts, msgid: str, **html: str) -> str:
     """A sentence from the catalogs in the stage's language, escaped, its {names} filled with
     the given HTML (numbers in bold: n())."""
-    return esc(i18n.gettext(f.lang, msgid)).format(**html)
+    return _text(i18n.gettext(f.lang, msgid)).format(**html)
 
 
 def said_n(f: Facts, singular: str, plural_: str, k: int, **html: str) -> str:
     """said() in the form the count k takes in the stage's language ({n}: k in bold)."""
-    text = esc(translations(f.lang).ngettext(singular, plural_, k))
+    text = _text(translations(f.lang).ngettext(singular, plural_, k))
     return text.format(**{"n": f"<b>{i18n.number(f.lang, k)}</b>", **html})
 
 
