@@ -18,6 +18,7 @@ class UntilAbort:
     after: int = 8
     wait_s: float = 60
     aborts: int = 0
+    aborted: list[str] = field(default_factory=list)  # the request ids, in order (a repeat counts again)
     _steps: itertools.count = field(default_factory=lambda: itertools.count(1))
     _released: threading.Event = field(default_factory=threading.Event)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -36,6 +37,7 @@ class UntilAbort:
             done = abort(request_id)
             with self._lock:  # the next request's steps count from one again
                 self.aborts += 1
+                self.aborted.append(request_id)
                 self._released.set()
                 self._released, self._steps = threading.Event(), itertools.count(1)
             return done
