@@ -8,7 +8,7 @@ from engine.llm_engine import ContextLengthError, LLMEngine
 from engine.disagg import DisaggEngine, DisaggFailedError
 from engine.checkpoint.errors import ModelLoadError
 from engine.code_map import Code
-from engine.code_source import CodeMapError, checkout_commit, resolve, stage_code
+from engine.code_source import CodeMapError, checkout_commit, resolve, resolve_or_error, stage_code
 from engine.outputs import RequestOutput, TokenOutput, Usage
 from engine.sampling_params import MAX_LOGPROBS, SamplingParams
 from engine.structured import Constraint
@@ -18,4 +18,4 @@ __all__ = ["LLM", "Engine", "LLMEngine", "DisaggEngine", "DisaggFailedError", "S
            "RequestOutput", "TokenOutput", "Usage", "TraceEvent", "Tracer", "EventList",
            "ModelLoadError", "UnsupportedModelError", "ContextLengthError", "EngineInfo", "EngineLoad",
            "Constraint", "MAX_LOGPROBS", "stage_code", "checkout_commit",
-           "Code", "CodeMapError", "resolve"]
+           "Code", "CodeMapError", "resolve", "resolve_or_error"]

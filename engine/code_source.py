@@ -91,6 +91,14 @@ def resolve(code: Code) -> dict:
 
 
 @cache
+
+def resolve_or_error(code: Code) -> dict:
+    """resolve(code), or its entry saying why it cannot be found (the page shows that line)."""
+    try:
+        return resolve(code)
+    except CodeMapError as e:
+        return {"name": code.name, "why": code.why, "path": code.path, "error": str(e)}
+
 def stage_code() -> dict:
     """{"stages": {stage key: [resolve(entry) or {"name", "why", "error"}]}, "paths": PATHS,
     "commit": checkout_commit()}: the whole map in this checkout, once per process. A name the
@@ -99,10 +107,7 @@ def stage_code() -> dict:
     for key, codes in STAGE_CODE.items():
         entries = []
         for code in codes:
-            try:
-                entries.append(resolve(code))
-            except CodeMapError as e:
-                entries.append({"name": code.name, "why": code.why, "path": code.path, "error": str(e)})
+            entries.append(resolve_or_error(code))
         stages[key] = entries
     return {"stages": stages, "paths": dict(PATHS), "commit": checkout_commit()}
 

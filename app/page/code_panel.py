@@ -20,7 +20,7 @@ from fastapi import FastAPI, HTTPException
 from fastapi.responses import HTMLResponse
 
 from app.page.intake_code import INTAKE_CODE, PATHS as INTAKE_PATHS, intake_way
-from engine import CodeMapError, checkout_commit, resolve, stage_code
+from engine import checkout_commit, resolve_or_error, stage_code
 from visualizers._html import esc
 from visualizers.code_facts import ran_html, read
 from visualizers.code_values import beside, values_style
@@ -35,12 +35,7 @@ def stages() -> dict[str, list[dict]]:
     """Stage key -> its functions in this checkout: the engine's map, the request stage led by
     the app's intake (once per process)."""
     out = {key: list(entries) for key, entries in stage_code()["stages"].items()}
-    intake = []
-    for code in INTAKE_CODE:
-        try:
-            intake.append(resolve(code))
-        except CodeMapError as e:
-            intake.append({"name": code.name, "why": code.why, "path": code.path, "error": str(e)})
+    intake = [resolve_or_error(code) for code in INTAKE_CODE]
     out["request"] = intake + out.get("request", [])
     return out
 
