@@ -10,34 +10,19 @@ from engine import LLM, SamplingParams, TraceEvent
 from engine.block_manager import chain_hash
 from engine.kernels import cpu as cpu_kernels
 from engine.layers import attention, fused
+from tests.pass_spies import record_passes, spy
 
 PROMPT = [5, 9, 14, 3, 22, 7, 30, 11]  # 8 tokens: a short prefill, within the fused layer's rows
 
 
-def _spy(monkeypatch, passes: list[set], module, name: str, way: str) -> None:
-    real = getattr(module, name)
-
-    def called(*args, **kwargs):
-        passes[-1].add(way)
-        return real(*args, **kwargs)
-    monkeypatch.setattr(module, name, called)
-
-
 def _ways(monkeypatch, llm: LLM, prompt: list[int]) -> list[tuple[str, set]]:
     """(the trace's attention for the step, the ways whose functions ran in its pass) a step."""
-    passes: list[set] = []
-    runner = llm.engine.runner
-    real_run = runner.run
-
-    def run(*args, **kwargs):
-        passes.append(set())
-        return real_run(*args, **kwargs)
-    monkeypatch.setattr(runner, "run", run)
-    _spy(monkeypatch, passes, fused, "forward", "c_fused")
-    _spy(monkeypatch, passes, fused, "stack_forward", "c_fused")
-    _spy(monkeypatch, passes, cpu_kernels, "decode_attention", "c_kernel")
-    _spy(monkeypatch, passes, attention, "prefill_attention", "torch")
-    _spy(monkeypatch, passes, attention.F, "scaled_dot_product_attention", "torch")
+    passes = record_passes(monkeypatch, llm.engine.runner)
+    spy(monkeypatch, passes, fused, "forward", "c_fused")
+    spy(monkeypatch, passes, fused, "stack_forward", "c_fused")
+    spy(monkeypatch, passes, cpu_kernels, "decode_attention", "c_kernel")
+    spy(monkeypatch, passes, attention, "prefill_attention", "torch")
+    spy(monkeypatch, passes, attention.F, "scaled_dot_product_attention", "torch")
     params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
     steps, way = [], ""
     llm.said = []

@@ -8,27 +8,16 @@ import pytest
 
 from engine import LLM, SamplingParams, TraceEvent
 from engine.layers import fused, mlp, moe_cpu
+from tests.pass_spies import record_passes, spy
 
 PROMPT = [5, 9, 14, 3, 22, 7, 30, 11]
 
 
 def _ways(monkeypatch, llm: LLM) -> tuple[list[str | None], list[set]]:
-    passes: list[set] = []
-    runner = llm.engine.runner
-    real_run = runner.run
-
-    def run(*args, **kwargs):
-        passes.append(set())
-        return real_run(*args, **kwargs)
-    monkeypatch.setattr(runner, "run", run)
+    passes = record_passes(monkeypatch, llm.engine.runner)
     for owner, name, way in ((fused, "_moe_forward", "moe_c_block"), (moe_cpu.CpuExperts, "forward", "moe_c"),
                              (mlp.SparseMoE, "route", "moe_torch")):
-        real = getattr(owner, name)
-
-        def called(*args, _real=real, _way=way, **kwargs):
-            passes[-1].add(_way)
-            return _real(*args, **kwargs)
-        monkeypatch.setattr(owner, name, called)
+        spy(monkeypatch, passes, owner, name, way)
     said = [i.data.get("moe") for i in llm.stream(PROMPT, params=SamplingParams(temperature=0.0, max_tokens=3,
                                                                                  ignore_eos=True), trace="basic")
             if isinstance(i, TraceEvent) and i.type == "schedule.step"]
