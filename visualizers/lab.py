@@ -8,7 +8,7 @@ import html
 from typing import Any, Sequence
 
 from visualizers import i18n
-from visualizers.i18n import gettext
+from visualizers.i18n import N_, gettext
 from visualizers.lab_words import hover, word
 
 KIND_COLOR = {"prefill": "#466ec8", "decode": "#f08c1e", "verify": "#a050c8", "waiting": "#c9ccd8",
@@ -102,16 +102,16 @@ def occupancy(settings: Sequence[dict], slots: int, title: str = "Slot occupancy
         data.append({"type": "scatter", "mode": "lines", "line": {"shape": "hv", "color": _color(i)},
                      "name": label, "x": xs, "y": ys, "legendgroup": label,
                      "customdata": [[st["step"], st["waiting"]] for st in s["steps"]],
-                     "hovertemplate": hover(lang, "step %{customdata[0]}: %{y} busy, %{customdata[1]} waiting of "
-                                                  "{slots} slots<br>%{x:.4f} s<extra>%{fullData.name}</extra>",
+                     "hovertemplate": hover(lang, N_("step %{customdata[0]}: %{y} busy, %{customdata[1]} waiting of "
+                                                  "{slots} slots<br>%{x:.4f} s<extra>%{fullData.name}</extra>"),
                                             slots=slots)})
         waste = [min(slots, len(st["batch"]) + st["waiting"]) for st in s["steps"]]
         data.append({"type": "scatter", "mode": "lines", "line": {"shape": "hv", "width": 0}, "x": xs, "y": waste,
                      "fill": "tonexty", "fillcolor": "rgba(214, 40, 40, 0.18)", "legendgroup": label,
                      "name": i18n.gettext(lang, "{setting}: idle while others waited", setting=label),
                      "customdata": [w - y for w, y in zip(waste, ys)],
-                     "hovertemplate": hover(lang, "%{customdata} idle slots while requests waited"
-                                                  "<extra>%{fullData.name}</extra>")})
+                     "hovertemplate": hover(lang, N_("%{customdata} idle slots while requests waited"
+                                                  "<extra>%{fullData.name}</extra>"))})
     return {"data": data, "layout": layout(i18n.gettext(lang, title),
                                            xaxis={"title": {"text": i18n.gettext(lang, "seconds since the first "
                                                                                        "arrival")}},
@@ -135,9 +135,9 @@ def bars(settings: Sequence[dict], metrics: Sequence[tuple[str, str, str]], titl
                      "customdata": [[word(lang, unit), r[0], r[1], r[2]] for (_, _, unit), r in zip(metrics, ranges)],
                      "texttemplate": "%{y:.4~g}", "textposition": "outside",
                      "error_y": error_y(vals, ranges),
-                     "hovertemplate": hover(lang, "%{x}: %{y:.6g} %{customdata[0]}<br>range %{customdata[1]:.6g}–"
+                     "hovertemplate": hover(lang, N_("%{x}: %{y:.6g} %{customdata[0]}<br>range %{customdata[1]:.6g}–"
                                                   "%{customdata[2]:.6g} over %{customdata[3]} repeats"
-                                                  "<extra>%{fullData.name}</extra>")})
+                                                  "<extra>%{fullData.name}</extra>"))})
         n = max([n] + [r[2] for r in ranges if r[0] != r[1]])  # counts: exact, no whiskers to explain
     note = i18n.gettext(lang, " · median of {n} repeats, whiskers min–max", n=n) if n > 1 else ""
     return {"data": data, "layout": layout(i18n.gettext(lang, title) + note, barmode="group")}

@@ -27,8 +27,8 @@ def prefill_per_step(settings: list[dict], lang: str = i18n.DEFAULT) -> dict:
              "x": [st["step"] - s["steps"][0]["step"] + 1 for st in s["steps"]],
              "y": [st["prefill_tokens"] for st in s["steps"]],
              "customdata": [[st["step"], st["decode_tokens"], st["seconds"] * 1000] for st in s["steps"]],
-             "hovertemplate": hover(lang, "step %{customdata[0]}: %{y} tokens prefilled, %{customdata[1]} decoded, "
-                                          "%{customdata[2]:.2f} ms<extra>%{fullData.name}</extra>")}
+             "hovertemplate": hover(lang, N_("step %{customdata[0]}: %{y} tokens prefilled, %{customdata[1]} decoded, "
+                                          "%{customdata[2]:.2f} ms<extra>%{fullData.name}</extra>"))}
             for s in settings]
     return {"data": data, "layout": layout(gettext(lang, "Tokens prefilled in each step"), barmode="group",
                                            xaxis={"title": {"text": gettext(lang, "step of the workload")}},

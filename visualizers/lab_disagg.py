@@ -44,9 +44,9 @@ def prefill_beside_streams(settings: list[dict], lang: str = i18n.DEFAULT) -> di
                      "x": list(range(1, len(steps) + 1)),
                      "y": [st["prefill_tokens"] for st in steps],
                      "customdata": [[st["step"], st["decode_tokens"], st["seconds"] * 1000] for st in steps],
-                     "hovertemplate": hover(lang, "step %{customdata[0]}: %{y} prefill tokens beside "
+                     "hovertemplate": hover(lang, N_("step %{customdata[0]}: %{y} prefill tokens beside "
                                                   "%{customdata[1]} decoded, %{customdata[2]:.2f} ms"
-                                                  "<extra>%{fullData.name}</extra>")})
+                                                  "<extra>%{fullData.name}</extra>"))})
     return {"data": data, "layout": layout(gettext(lang, "Prefill tokens in each step the streams decoded in"),
                                            barmode="group",
                                            xaxis={"title": {"text": gettext(lang, "the streams' step")}},
@@ -74,9 +74,9 @@ def ttft_split(settings: list[dict], lang: str = i18n.DEFAULT) -> dict:
             for name, v in split.items():
                 t = parts.setdefault(name, {"type": "bar", "name": gettext(lang, name), "x": [], "y": [],
                                             "customdata": [], "marker": {"color": SPLIT_COLORS[name]},
-                                            "hovertemplate": hover(lang, "%{x}<br>{part}: %{y:.4f} s "
+                                            "hovertemplate": hover(lang, N_("%{x}<br>{part}: %{y:.4f} s "
                                                                          "(%{customdata:.1%} of its TTFT)"
-                                                                         "<extra></extra>", part=gettext(lang, name))})
+                                                                         "<extra></extra>"), part=gettext(lang, name))})
                 t["x"].append(x)
                 t["y"].append(v)
                 t["customdata"].append(v / r["ttft_s"] if r["ttft_s"] else 0.0)
@@ -107,10 +107,10 @@ def engine_tracks(settings: list[dict], lang: str = i18n.DEFAULT) -> dict:
                 named = gettext(lang, "a step with prefill") if kind == "prefill" else gettext(lang, "decode only")
                 t = traces.setdefault(kind, {"type": "bar", "orientation": "h", "name": named, "x": [], "base": [],
                                              "y": [], "marker": {"color": KIND_COLOR[kind]}, "customdata": [],
-                                             "hovertemplate": hover(lang, "%{y}<br>step %{customdata[0]}: "
+                                             "hovertemplate": hover(lang, N_("%{y}<br>step %{customdata[0]}: "
                                                                           "%{customdata[1]} prefill + %{customdata[2]} "
                                                                           "decode tokens<br>%{base:.4f} s, %{x:.4f} s "
-                                                                          "long<extra></extra>")})
+                                                                          "long<extra></extra>"))})
                 t["x"].append(st["seconds"])
                 t["base"].append(st["start_s"])
                 t["y"].append(row)

@@ -20,9 +20,9 @@ def with_preemptions(setting: dict, lang: str = i18n.DEFAULT) -> dict:
                             "x": [e["t_s"] for e in ev], "y": [rows.get(e["request_id"], "") for e in ev],
                             "marker": {"symbol": "x", "size": 12, "color": "#d62828"},
                             "customdata": [[e["step"], e["pages"], e["tokens"]] for e in ev],
-                            "hovertemplate": hover(lang, "%{y}<br>preempted at step %{customdata[0]}: "
+                            "hovertemplate": hover(lang, N_("%{y}<br>preempted at step %{customdata[0]}: "
                                                          "%{customdata[1]} pages, %{customdata[2]} tokens to "
-                                                         "recompute<extra></extra>")})
+                                                         "recompute<extra></extra>"))})
     return fig
 
 
@@ -31,8 +31,8 @@ def free_pages(settings: list[dict], lang: str = i18n.DEFAULT) -> dict:
              "name": esc(word(lang, s["setting"]["label"])), "x": [st["start_s"] for st in s["steps"]],
              "y": [st["free_blocks"] for st in s["steps"]],
              "customdata": [[st["step"], st["running"], st["waiting"]] for st in s["steps"]],
-             "hovertemplate": hover(lang, "step %{customdata[0]}: %{y} free pages, %{customdata[1]} running, "
-                                          "%{customdata[2]} waiting<extra>%{fullData.name}</extra>")}
+             "hovertemplate": hover(lang, N_("step %{customdata[0]}: %{y} free pages, %{customdata[1]} running, "
+                                          "%{customdata[2]} waiting<extra>%{fullData.name}</extra>"))}
             for i, s in enumerate(settings)]
     return {"data": data, "layout": layout(gettext(lang, "Free KV pages after each step's schedule"),
                                            xaxis={"title": {"text": gettext(lang, "seconds since the first arrival")}},

@@ -37,9 +37,9 @@ def kl_per_position(settings: list[dict], lang: str = i18n.DEFAULT) -> dict:
         data.append({"type": "scatter", "mode": "markers", "name": esc(word(lang, s["setting"]["label"])), "x": xs,
                      "y": ys,
                      "marker": {"color": _color(i)}, "customdata": cd,
-                     "hovertemplate": hover(lang, "position %{x}: float32's top %{customdata[0]}, this top "
+                     "hovertemplate": hover(lang, N_("position %{x}: float32's top %{customdata[0]}, this top "
                                                   "%{customdata[1]}<br>log-prob gap %{y:.4f}"
-                                                  "<extra>%{fullData.name}</extra>")})
+                                                  "<extra>%{fullData.name}</extra>"))})
     return {"data": data, "layout": layout(gettext(lang, "How far float32's top token fell behind, by position"),
                                            xaxis={"title": {"text": gettext(lang, "position in the fixed text")}},
                                            yaxis={"title": {"text": "log p(own top) − log p(float32's top)"}})}

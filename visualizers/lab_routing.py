@@ -30,8 +30,8 @@ def hit_rates(settings: list[dict], lang: str = i18n.DEFAULT) -> dict:
              "y": [100 * s["metrics"]["hit_rate"] for s in settings],
              "marker": {"color": [SETTING_COLORS[i % len(SETTING_COLORS)] for i in range(len(settings))]},
              "customdata": [[s["metrics"]["cached_tokens"], s["metrics"]["prompt_tokens"]] for s in settings],
-             "hovertemplate": hover(lang, "%{x}: %{y:.1f}% of prompt tokens cached<br>%{customdata[0]} of "
-                                          "%{customdata[1]}<extra></extra>")}]
+             "hovertemplate": hover(lang, N_("%{x}: %{y:.1f}% of prompt tokens cached<br>%{customdata[0]} of "
+                                          "%{customdata[1]}<extra></extra>"))}]
     return {"data": data, "layout": layout(gettext(lang, "Prefix-cache hit rate"), showlegend=False,
                                            yaxis={"title": {"text": gettext(lang, "% of prompt tokens")},
                                                   "range": [0, 100]})}
@@ -62,8 +62,8 @@ def routing_map(settings: list[dict], lang: str = i18n.DEFAULT) -> dict:
                            "line": {"width": 2, "color": PROMPT_COLORS[k % len(PROMPT_COLORS)]}},
                 "customdata": [[esc(rid), by_id[rid]["cached_tokens"], by_id[rid]["prompt_tokens"], esc(reason[rid])]
                                for rid in mine],
-                "hovertemplate": hover(lang, "%{customdata[0]}<br>%{y}<br>%{customdata[1]} of %{customdata[2]} "
-                                             "prompt tokens cached<br>%{customdata[3]}<extra>%{fullData.name}</extra>")})
+                "hovertemplate": hover(lang, N_("%{customdata[0]}<br>%{y}<br>%{customdata[1]} of %{customdata[2]} "
+                                             "prompt tokens cached<br>%{customdata[3]}<extra>%{fullData.name}</extra>"))})
     return {"data": data, "layout": layout(gettext(lang, "Where each request went (filled: its prefix was cached "
                                                          "there)"),
                                            height=140 + 34 * len(rows),

@@ -23,10 +23,10 @@ def by_content(settings: list[dict], metric: str, title: str, unit: str, lang: s
                      "x": [word(lang, k) for k in KINDS], "y": ys, "error_y": error_y(ys, ranges),
                      "customdata": [[m.get(f"{k}_accepted"), m.get(f"{k}_proposed"), r[0], r[1], r[2]]
                                     for k, r in zip(KINDS, ranges)],
-                     "hovertemplate": hover(lang, "%{x}: %{y:.4g} {unit}<br>accepted %{customdata[0]} of "
+                     "hovertemplate": hover(lang, N_("%{x}: %{y:.4g} {unit}<br>accepted %{customdata[0]} of "
                                                   "%{customdata[1]} proposed<br>range %{customdata[2]:.4g}–"
                                                   "%{customdata[3]:.4g} over %{customdata[4]} repeats"
-                                                  "<extra>%{fullData.name}</extra>", unit=esc(unit))})
+                                                  "<extra>%{fullData.name}</extra>"), unit=esc(unit))})
     note = gettext(lang, " · median of {n} repeats, whiskers min–max", n=n) if n > 1 else ""
     return {"data": data, "layout": layout(gettext(lang, title) + note, barmode="group",
                                            yaxis={"title": {"text": esc(unit)}})}
