@@ -35,7 +35,7 @@ from visualizers import i18n
 from visualizers.i18n import N_
 from visualizers.lab_words import word
 
-EMBEDDED = "the embedded model"
+EMBEDDED = N_("the embedded model")  # a picker's choice (shown in the tab's language, kept in English)
 POLL_S = 0.3  # how often the progress is redrawn
 KEEP_RESULTS = 16  # tabs whose last result is kept (for the classroom button)
 _ONE_AT_A_TIME = threading.Lock()  # one experiment in this process: each loads engines of its own
@@ -206,17 +206,20 @@ def build_lab_tab(ctl) -> LabDesk:
     choices = [(e.title, e.name) for e in experiments()]
     models = list(desk.models)
     with gr.Tab("Experiments", id="experiments", elem_id="tt-tab-lab"):
+        # marked: the page's load and switch translate their text (app/page/language.py)
         gr.HTML("<div class='tt-lab-intro'>Each experiment runs a fixed, seeded workload on the real engine under "
                 "two or more settings, one after another, and shows what the engine's own trace measured: "
-                "side by side, with sentences generated from the numbers.</div>" +
-                ("" if desk.enabled else f"<div class='tt-err' id='tt-lab-off'>{html.escape(desk.off_reason)}</div>"),
-                elem_id="tt-lab-intro-box", elem_classes=[TRANSLATED])
+                "side by side, with sentences generated from the numbers.</div>", elem_id="tt-lab-intro-box",
+                elem_classes=[TRANSLATED])
+        if not desk.enabled:
+            gr.HTML(f"<div class='tt-err' id='tt-lab-off'>{html.escape(desk.off_reason)}</div>",
+                    elem_id="tt-lab-off-box", elem_classes=[TRANSLATED])
         with gr.Row():
             pick = gr.Dropdown(choices, value=choices[0][1] if choices else None, label="Experiment",
                                elem_id="tt-lab-exp", interactive=desk.enabled)
-            model = gr.Dropdown(models, value=models[0], label="Model (engines built for the experiment)",
+            model = gr.Dropdown([(m, m) for m in models], value=models[0], label="Model (engines built for the experiment)",
                                 elem_id="tt-lab-model", interactive=desk.enabled)
-            size = gr.Radio([("ci: seconds", "ci"), ("full: minutes", "full")], value="ci", label="Size",
+            size = gr.Radio([(N_("ci: seconds"), "ci"), (N_("full: minutes"), "full")], value="ci", label="Size",
                             elem_id="tt-lab-size", interactive=desk.enabled)
         with gr.Row():
             go = gr.Button("Run", variant="primary", elem_id="tt-lab-run", interactive=desk.enabled)
