@@ -77,12 +77,14 @@ def gantt(setting: dict, title: str | None = None, lang: str = i18n.DEFAULT) -> 
             t["x"].append(seg["end"] - seg["start"])
             t["base"].append(seg["start"])
             t["y"].append(row)
-            where = gettext(lang, "queued") if seg["first"] is None else \
-                gettext(lang, "sat out steps {first}–{last}", first=seg["first"], last=seg["last"]) \
-                if seg["kind"] == "waiting" else (gettext(lang, "step {n}", n=seg["first"]) if seg["first"] == seg["last"] else
-                                                  gettext(lang, "steps {first}–{last}", first=seg["first"], last=seg["last"]))
+            first, last = seg["first"], seg["last"]
+            where = gettext(lang, "queued") if first is None else \
+                gettext(lang, "sat out steps {first}–{last}", first=first, last=last) if seg["kind"] == "waiting" \
+                else gettext(lang, "step {n}", n=first) if first == last else \
+                gettext(lang, "steps {first}–{last}", first=first, last=last)
             t["customdata"].append([where, seg["end"], i18n.ngettext(lang, "{n} token", "{n} tokens", seg["tokens"])])
-    fig_title = title or gettext(lang, "{setting}: each request's steps", setting=word(lang, setting["setting"]["label"]))
+    fig_title = title or gettext(lang, "{setting}: each request's steps",
+                                 setting=word(lang, setting["setting"]["label"]))
     return {"data": list(traces.values()),
             "layout": layout(fig_title, barmode="overlay", height=120 + 26 * len(rows),
                              xaxis={"title": {"text": gettext(lang, "seconds since the first arrival")}},

@@ -24,8 +24,8 @@ def figures(result: dict, lang: str = i18n.DEFAULT) -> list[dict]:
                  N_("The long prompts' wait against the streams' stalls"), lang),
             distribution(gaps, N_("The streams' gaps between tokens"), lang=lang),
             prefill_beside_streams(settings, lang), ttft_split(settings, lang), engine_tracks(settings, lang),
-            bars(settings, (("tokens_per_s", N_("tokens/s"), N_("tokens/s")),), N_("Throughput: every request's tokens"),
-                 lang)]
+            bars(settings, (("tokens_per_s", N_("tokens/s"), N_("tokens/s")),),
+                 N_("Throughput: every request's tokens"), lang)]
 
 
 def stream_steps(setting: dict) -> list[dict]:

@@ -63,7 +63,8 @@ def routing_map(settings: list[dict], lang: str = i18n.DEFAULT) -> dict:
                 "customdata": [[esc(rid), by_id[rid]["cached_tokens"], by_id[rid]["prompt_tokens"], esc(reason[rid])]
                                for rid in mine],
                 "hovertemplate": hover(lang, N_("%{customdata[0]}<br>%{y}<br>%{customdata[1]} of %{customdata[2]} "
-                                             "prompt tokens cached<br>%{customdata[3]}<extra>%{fullData.name}</extra>"))})
+                                                "prompt tokens cached<br>%{customdata[3]}"
+                                                "<extra>%{fullData.name}</extra>"))})
     return {"data": data, "layout": layout(gettext(lang, "Where each request went (filled: its prefix was cached "
                                                          "there)"),
                                            height=140 + 34 * len(rows),

@@ -61,7 +61,8 @@ def sentences(result: dict, lang: str = i18n.DEFAULT) -> list[str]:
             continue
         out.append(gettext(lang, WHO[name][1], **{k: _pct(m.get(f"{k}_acceptance")) for k in KINDS},
                            accepted=m["copy_accepted"], proposed=m["copy_proposed"],
-                           copy_pass=f"{m['copy_tokens_per_pass']:.2f}", prose_pass=f"{m['prose_tokens_per_pass']:.2f}"))
+                           copy_pass=f"{m['copy_tokens_per_pass']:.2f}",
+                           prose_pass=f"{m['prose_tokens_per_pass']:.2f}"))
     none = next((s for s in result["settings"] if s["setting"]["name"] == "none"), None)
     if none is not None and out:
         best = max((s for s in result["settings"] if s["setting"]["name"] != "none"),

@@ -60,10 +60,11 @@ def share(a: dict, b: dict, key: str, claim: str, what: str, show: Callable[[flo
     if c.n < 2:
         return said + gettext(lang, " (one run: no spread to judge it by)")
     if c.decided:
-        return said + gettext(lang, " (range {low}–{high} over {n} repeats)", low=f"{c.low:.0%}", high=f"{c.high:.0%}", n=c.n)
-    return gettext(lang, "the difference in {what} is within the spread of {n} repeats ({a} {a_span}, {b} {b_span}): no "
-             "conclusion at this size", what=gettext(lang, what), n=c.n, a=word(lang, label(a)), a_span=span(a, key, show),
-             b=word(lang, label(b)), b_span=span(b, key, show))
+        return said + gettext(lang, " (range {low}–{high} over {n} repeats)", low=f"{c.low:.0%}",
+                              high=f"{c.high:.0%}", n=c.n)
+    return gettext(lang, "the difference in {what} is within the spread of {n} repeats ({a} {a_span}, {b} {b_span}): "
+                         "no conclusion at this size", what=gettext(lang, what), n=c.n, a=word(lang, label(a)),
+                   a_span=span(a, key, show), b=word(lang, label(b)), b_span=span(b, key, show))
 
 
 def span(setting: dict, key: str, show: Callable[[float], str]) -> str:

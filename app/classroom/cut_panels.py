@@ -1,7 +1,8 @@
 """The page's panels on a classroom's cut recording (app/classroom/mask.py), where the page's
 own words would speak of a request still running: the answer "● streaming", the sampling
 "no token sampled yet", no speculative round "yet". Each says instead what the class sees and
-that the rest is hidden (the same clause as the stages' words, hidden_text)."""
+that the rest is hidden (the same clause as the stages' words, facts.said_hidden_rest), in the
+screen's language."""
 from __future__ import annotations
 
 import visualizers as viz
@@ -10,7 +11,8 @@ from visualizers.choices import choices_html
 from visualizers.i18n import N_, gettext
 
 # the panels whose empty state would say "not yet", with what each hides
-HIDES = {"sampling": (N_("Sampling"), N_("no draw is shown")), "logit_lens": (N_("Logit lens"), N_("no prediction is shown")),
+HIDES = {"sampling": (N_("Sampling"), N_("no draw is shown")),
+         "logit_lens": (N_("Logit lens"), N_("no prediction is shown")),
          "spec": (N_("Speculative decoding"), N_("speculation is on for this request; no round is shown"))}
 
 
@@ -28,7 +30,8 @@ def cut_panel(view, name: str, note: dict | None, lang: str = i18n.DEFAULT) -> s
     if note is None:
         return None
     rest = hidden_clause(lang, note)
-    state = gettext(lang, "the request has ended") if note.get("ended") else gettext(lang, "the request is still running")
+    state = gettext(lang, "the request has ended") if note.get("ended") else \
+        gettext(lang, "the request is still running")
     if name == "answer":
         shown = len(view.stream_tokens())
         what = i18n.ngettext(lang, "the class sees the first {n} token", "the class sees the first {n} tokens",
@@ -44,7 +47,8 @@ def cut_panel(view, name: str, note: dict | None, lang: str = i18n.DEFAULT) -> s
         if name == "spec" and not (view.speculative and view.model.get("has_draft")):
             return None  # off for this request: the page's own words say so
         title, what = HIDES[name]
-        return viz.not_recorded(gettext(lang, title), gettext(lang, "{what}: {rest}", what=gettext(lang, what), rest=rest))
+        return viz.not_recorded(gettext(lang, title),
+                                gettext(lang, "{what}: {rest}", what=gettext(lang, what), rest=rest))
     return None
 
 

@@ -216,11 +216,12 @@ def build_lab_tab(ctl) -> LabDesk:
                     elem_id="tt-lab-off-box", elem_classes=[TRANSLATED])
         with gr.Row():
             pick = gr.Dropdown(choices, value=choices[0][1] if choices else None, label="Experiment",
-                               elem_id="tt-lab-exp", interactive=desk.enabled)
-            model = gr.Dropdown([(m, m) for m in models], value=models[0], label="Model (engines built for the experiment)",
-                                elem_id="tt-lab-model", interactive=desk.enabled)
+                               elem_classes=[TRANSLATED], elem_id="tt-lab-exp", interactive=desk.enabled)
+            model = gr.Dropdown([(m, m) for m in models], value=models[0],
+                                label="Model (engines built for the experiment)",
+                                elem_classes=[TRANSLATED], elem_id="tt-lab-model", interactive=desk.enabled)
             size = gr.Radio([(N_("ci: seconds"), "ci"), (N_("full: minutes"), "full")], value="ci", label="Size",
-                            elem_id="tt-lab-size", interactive=desk.enabled)
+                            elem_classes=[TRANSLATED], elem_id="tt-lab-size", interactive=desk.enabled)
         with gr.Row():
             go = gr.Button("Run", variant="primary", elem_id="tt-lab-run", interactive=desk.enabled)
             stop = gr.Button("Cancel", elem_id="tt-lab-cancel", interactive=desk.enabled)

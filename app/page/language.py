@@ -86,7 +86,7 @@ def _html_texts(html: str) -> list[str]:
 def chrome_of(page: gr.Blocks) -> list[tuple[gr.blocks.Block, dict[str, str]]]:
     """Each block of the built page with its English texts that have a catalog entry:
     [(block, {attribute: English})] (label, info, placeholder; a button's text; a marked
-    HTML block's whole value; a picker's choices, when one of them has an entry)."""
+    HTML block's whole value; a marked picker's shown choices, its values kept)."""
     known, out = _known(), []
     for block in page.blocks.values():
         texts = {a: getattr(block, a) for a in TEXT_ATTRS
@@ -95,8 +95,8 @@ def chrome_of(page: gr.Blocks) -> list[tuple[gr.blocks.Block, dict[str, str]]]:
             texts["value"] = block.value
         if isinstance(block, gr.HTML) and TRANSLATED in (block.elem_classes or []) and isinstance(block.value, str):
             texts["value"] = block.value
-        if isinstance(block, (gr.Dropdown, gr.Radio)) and any(shown in known for shown, _ in block.choices or []):
-            texts["choices"] = block.choices  # [(shown, value)]: the shown words translated, the values kept
+        if isinstance(block, (gr.Dropdown, gr.Radio)) and TRANSLATED in (block.elem_classes or []):
+            texts["choices"] = block.choices  # a marked picker: [(shown, value)], the shown words translated
         if texts and block is not None:
             out.append((block, texts))
     return out

@@ -78,4 +78,5 @@ def test_an_experiments_stage_speaks_each_screens_language_and_lasts():
     assert "在本机用时" in room.render(0, "zh_CN") and "on this machine" in room.render(0)
     row = RoomRow(room.room_id, room.key, "", "", snapshot(room))
     back = restored(row, room.rec)
-    assert isinstance(back.extra[0], LabStage) and back.stage_list("zh_CN")[0].title == "实验：静态批处理与连续批处理"
+    assert isinstance(back.extra[0], LabStage)
+    assert back.stage_list("zh_CN")[0].title == "实验：静态批处理与连续批处理"
