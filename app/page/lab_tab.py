@@ -206,7 +206,7 @@ def build_lab_tab(ctl) -> LabDesk:
     choices = [(e.title, e.name) for e in experiments()]
     models = list(desk.models)
     with gr.Tab("Experiments", id="experiments", elem_id="tt-tab-lab"):
-        # marked: the page's load and switch translate their text (app/page/language.py)
+        # marked: the page's load and switch translate their text (language.TRANSLATED)
         gr.HTML("<div class='tt-lab-intro'>Each experiment runs a fixed, seeded workload on the real engine under "
                 "two or more settings, one after another, and shows what the engine's own trace measured: "
                 "side by side, with sentences generated from the numbers.</div>", elem_id="tt-lab-intro-box",
