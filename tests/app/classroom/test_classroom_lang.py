@@ -3,8 +3,10 @@ trace version and language (not per follower), the presenter's moves the same fo
 On a real engine's recording (tests/app/conftest.py's), over the real routes."""
 from __future__ import annotations
 
+import io
 import json
 import re
+import zipfile
 
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
@@ -50,6 +52,11 @@ def test_each_language_is_built_once_per_trace_version_and_served_by_its_own_url
         moved = client.post(f"/classroom/{room.room_id}/goto", json={"key": key, "stage": tokens + 1}).json()
         assert moved["stage"] == tokens + 1
         assert room.cached_stage(tokens + 1, "zh_CN") is not None and room.cached_stage(tokens + 1) is not None
+        # the presenter's bundle: in the presenter's language (a static page has no server to ask)
+        zipped = client.get(f"/classroom/{room.room_id}/bundle?key={key}", headers={"Accept-Language": "zh-CN"})
+        with zipfile.ZipFile(io.BytesIO(zipped.content)) as z:
+            first = json.loads(z.read(f"stages/{tokens}.json"))["html"].split("</h2>")[0]
+            assert HAN.search(first) and "<html lang=\"zh-CN\"" in z.read("index.html").decode()
         # a moved mask (a question opened) builds each language again, for the new trace version
         before = room.trace_version
         client.post(f"/classroom/{room.room_id}/question", json={"key": key, "action": "open"})
