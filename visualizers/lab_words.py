@@ -2,7 +2,7 @@
 settings' labels and their tables' column names are written in app/lab as English data (a
 result file keeps them so); here they are marked for the catalogs and translated where they
 are shown. A label with a number in it ("chunks of 512") is looked up as its template
-("chunks of {n}"); "copy acceptance" as its two parts."""
+("chunks of {n}"; with several, {n1} {n2} …); "copy acceptance" as its two parts."""
 from __future__ import annotations
 
 import re
@@ -37,6 +37,9 @@ WORDS = (
     # the requests' roles in the workloads, and what a step did
     N_("{n} tokens"), N_("stream"), N_("long prompt"), N_("request {n}"), N_("fixed text"),
     N_("prefill"), N_("decode"), N_("verify"), N_("waiting"), N_("idle"),
+    # what a run is doing (its progress line: app/lab's report calls)
+    N_("building the engine"), N_("step {n1}, {n2} of {n3} requests done"), N_("building replica {n1} of {n2}"),
+    N_("tick {n1}: {n2} of {n3} requests done"),
 )
 _NUMBER = re.compile(r"\d+")
 
@@ -53,6 +56,11 @@ def word(lang: str, text: str) -> str:
         template = _NUMBER.sub("{n}", text)
         if (said := i18n.gettext(lang, template)) != template:
             return said.format(n=numbers[0])
+    elif numbers:  # "step 12, 3 of 8 requests done" -> "step {n1}, {n2} of {n3} requests done"
+        count = iter(range(1, len(numbers) + 1))
+        template = _NUMBER.sub(lambda m: "{n%d}" % next(count), text)
+        if (said := i18n.gettext(lang, template)) != template:
+            return said.format(**{f"n{i}": x for i, x in enumerate(numbers, 1)})
     what, _, measure = text.partition(" ")  # "copy acceptance"
     if measure and i18n.gettext(lang, what) != what and i18n.gettext(lang, measure) != measure:
         return i18n.gettext(lang, "{what} {measure}", what=i18n.gettext(lang, what),

@@ -156,7 +156,7 @@ def progress_html(job: LabRun, lang: str = i18n.DEFAULT) -> str:
         repeat = " · " + i18n.gettext(lang, "repeat {n} of {count}", n=p.repeat + 1, count=p.repeats)
     head = e(i18n.gettext(lang, "{title} · setting {n} of {count}:", title=title, n=p.setting_index + 1,
                           count=p.num_settings))
-    return _bar(p.fraction, f"{head} <b>{e(word(lang, label) + repeat)}</b> · {e(p.what)}")
+    return _bar(p.fraction, f"{head} <b>{e(word(lang, label) + repeat)}</b> · {e(word(lang, p.what))}")
 
 
 def _bar(fraction: float, what: str) -> str:

@@ -65,3 +65,16 @@ def test_every_experiments_title_columns_and_settings_have_their_chinese():
             names += [s.label for s in exp.settings("ci", None)]
         untranslated += [(exp.name, n) for n in names if word("zh_CN", n) == n and n != "float32"]  # (a dtype)
     assert not untranslated, untranslated
+
+
+def test_the_progress_line_in_chinese():
+    """What a run reports as it goes (runner.report's words, with their numbers) on a Chinese tab."""
+    from app.lab import Progress
+    from app.page.lab_tab import LabRun, progress_html
+    job = LabRun("tab", "batching", "Static vs continuous batching")
+    job.progress = Progress("batching", "continuous, staggered · repeat 2 of 3", 3, 4, 5, 8,
+                            "step 12, 5 of 8 requests done", repeat=1, repeats=3)
+    said = progress_html(job, "zh_CN")
+    assert "静态批处理与连续批处理 · 第 4 组设置（共 4 组）：" in said and "连续，错开到达 · 第 2 次重复（共 3 次）" in said
+    assert "第 12 步，8 个请求中已完成 5 个" in said
+    assert "setting 4 of 4:" in progress_html(job) and "step 12, 5 of 8 requests done" in progress_html(job)
