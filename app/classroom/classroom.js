@@ -56,7 +56,7 @@ async function vote(q, payload, label) {
     const r = await fetch(api('vote'), {method: 'POST', headers: {'Content-Type': 'text/plain'},
       body: JSON.stringify({...payload, voter})});
     const d = await r.json();
-    if (!r.ok) { err.textContent = d.error ? d.error.message : tr('the vote was refused'); return; }
+    if (!r.ok) { err.textContent = d.error ? tr(d.error.message) : tr('the vote was refused'); return; }
     try { localStorage.setItem(`tt-vote-${ROOM}-${q.id}`, label); } catch (e) {}
     err.textContent = '';
     renderQuestion({...q, votes: Math.max(q.votes, d.votes)});
@@ -180,7 +180,7 @@ async function ask(action) {
   const r = await fetch(api('question'), {method: 'POST', headers: {'Content-Type': 'application/json'},
     body: JSON.stringify(body)});
   const e = $('tt-q-err') || $('tt-q-ask-err');  // no question box yet: beside the button
-  if (!r.ok) { const d = await r.json(); if (e) e.textContent = d.error.message; } else $('tt-q-ask-err').textContent = '';
+  if (!r.ok) { const d = await r.json(); if (e) e.textContent = tr(d.error.message); }  // the API's English: this screen's words else $('tt-q-ask-err').textContent = '';
 }
 async function apply(s) {
   // a stage was added to the room (an experiment's result): its dots and count come with the page

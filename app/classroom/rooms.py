@@ -30,7 +30,7 @@ from app.classroom.cut_panels import cut_panel
 from app.classroom.mask import CUT, first_answer_position, generated, hide_from, prompt_tokens
 from app.classroom.push import Feed
 from app.page.code_panel import code_views, with_code
-from app.classroom.question import Question, VoteRefused
+from app.classroom.question import NO_QUESTION, OPEN_FIRST, Question, VoteRefused
 from app.serving.recording import Recording, ReplayCursor
 from app.classroom.tongue import Tongue, panel_html
 from visualizers import i18n
@@ -282,13 +282,13 @@ class Room:
                     self._restage()
             elif action == "show":  # no question: the whole answer, on every stage
                 if self.question is not None and not self.question.revealed:
-                    raise VoteRefused("a question is open: reveal or close it first", 409)
+                    raise VoteRefused(OPEN_FIRST, 409)
                 if not self.revealed:
                     self.revealed = True
                     self._restage()
             elif action in ("reveal", "close"):
                 if self.question is None:
-                    raise VoteRefused("no question is open", 409)
+                    raise VoteRefused(NO_QUESTION, 409)
                 if action == "reveal":
                     self.question.revealed = True
                     if not self.revealed:  # every stage now shows the answer, at the pass that drew it
@@ -328,7 +328,7 @@ class Room:
     def vote(self, voter: str, choice: object, guess: object) -> None:
         with self.lock:
             if self.question is None:
-                raise VoteRefused("no question is open", 409)
+                raise VoteRefused(NO_QUESTION, 409)
             self.question.vote(voter, choice, guess)
         self._vote_flush = True  # the count reaches the followers with the next flush (not one event per vote)
 

@@ -87,3 +87,20 @@ def test_an_experiments_stage_speaks_each_screens_language_and_lasts():
     back = restored(row, room.rec)
     assert isinstance(back.extra[0], LabStage)
     assert back.stage_list("zh_CN")[0].title == "实验：静态批处理与连续批处理"
+
+
+def test_a_refused_vote_is_said_in_the_screens_language(recording):
+    """The API's refusal stays English (OpenAI's error shape); the Chinese screen shows its words."""
+    rooms = Classrooms()
+    api = FastAPI()
+    add_classroom_routes(api, rooms, "", lambda rid: recording if rid == recording.request_id else None)
+    with TestClient(api) as client:
+        made = client.post("/classroom", json={"request_id": recording.request_id}).json()
+        refused = client.post(f"/classroom/{made['id']}/vote", json={"choice": 0, "voter": "student-0001"}).json()
+        said = refused["error"]["message"]
+        assert said == "no question is open"  # the API's words, as every client reads them
+        page = client.get(made["audience_url"] + "?lang=zh-CN").text
+        start = page.index("const CONFIG = ") + len("const CONFIG = ")
+        text = json.JSONDecoder().raw_decode(page, start)[0]["text"]
+        assert text[said] == "现在没有开放的问题"
+        assert text["guess must be 1 to 40 characters of text"] == "猜测的内容须为 1 到 40 个字符"
