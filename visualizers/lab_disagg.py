@@ -9,7 +9,8 @@ from visualizers.lab_verdict import seconds, share
 from visualizers.lab_words import hover, word
 
 SPLIT_WORDS = (N_("TTFT"), N_("before the handover"), N_("waiting to send"), N_("on the wire"),
-               N_("received, scattered"), N_("TTFT (colocated) / before the handover"))
+               N_("received, scattered"), N_("TTFT (colocated) / before the handover"),
+               N_("colocated"), N_("disaggregated"))  # (the settings' names, under the TTFT bars)
 SPLIT_COLORS = {"TTFT": "#466ec8", "before the handover": "#466ec8", "waiting to send": "#c9ccd8",
                 "on the wire": "#d62828", "received, scattered": "#f08c1e"}
 
@@ -62,7 +63,7 @@ def ttft_split(settings: list[dict], lang: str = i18n.DEFAULT) -> dict:
         moved = {e["request_id"]: e for e in s["events"] if e["type"] == "kv.transfer"}
         longs = [r for r in s["per_request"] if r["role"] == "long prompt" and r["ttft_s"] is not None]
         for i, r in enumerate(longs, 1):
-            x = gettext(lang, "long prompt {n}", n=i) + f"<br>{esc(s['setting']['name'])}"  # short: under its bar
+            x = gettext(lang, "long prompt {n}", n=i) + f"<br>{esc(gettext(lang, s['setting']['name']))}"  # short
             e = moved.get(r["request_id"])
             if e is None:
                 split = {"TTFT": r["ttft_s"]}

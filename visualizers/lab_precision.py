@@ -42,7 +42,8 @@ def kl_per_position(settings: list[dict], lang: str = i18n.DEFAULT) -> dict:
                                                   "<extra>%{fullData.name}</extra>"))})
     return {"data": data, "layout": layout(gettext(lang, "How far float32's top token fell behind, by position"),
                                            xaxis={"title": {"text": gettext(lang, "position in the fixed text")}},
-                                           yaxis={"title": {"text": "log p(own top) − log p(float32's top)"}})}
+                                           yaxis={"title": {"text": gettext(lang, "log p(own top) − log p(float32's "
+                                                                                  "top)")}})}
 
 
 def sentences(result: dict, lang: str = i18n.DEFAULT) -> list[str]:

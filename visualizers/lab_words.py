@@ -46,8 +46,8 @@ _NUMBER = re.compile(r"\d+")
 
 def word(lang: str, text: str) -> str:
     """A title, label or column name in `lang` (itself where the catalogs have no entry)."""
-    if lang == i18n.DEFAULT:
-        return text
+    if lang == i18n.DEFAULT or not text:
+        return text  # ("" would be the catalog's header)
     said = i18n.gettext(lang, text)
     if said != text:
         return said

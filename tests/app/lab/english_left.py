@@ -6,9 +6,12 @@ from __future__ import annotations
 import html
 import re
 
+from app.lab.export import figures, headline_rows, sentences_in
+
 KEPT = {"s", "ms", "B", "KiB", "MiB", "GiB", "nats", "float32", "int8", "int4", "p50", "p99", "TTFT", "KV", "CPU",
         "CPUs", "GPU", "NCCL", "top", "KL", "LM", "head", "MoE", "torch", "n", "gram", "ci", "full", "req", "log",
-        "embedded", "model", "Linux", "x86_64", "with", "glibc", "B", "SmolLM2", "Gemma"}
+        "embedded", "model", "Linux", "x86_64", "with", "glibc", "B", "SmolLM2", "Gemma",
+        "p"}  # (log p(…): a formula)
 WORD = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 
 
@@ -37,5 +40,15 @@ def figure_texts(figs: list[dict]) -> list[str]:
 def english_words(text: str, allowed: set[str] = frozenset()) -> list[str]:
     """The English words in `text` that are none of KEPT or `allowed` (hover fields %{…} and
     <extra> markup taken out first)."""
-    text = re.sub(r"%\{[^}]*\}|<extra>.*?</extra>|<br>|req-[\w-]+|\bexperiment-\w+", " ", text)
+    text = re.sub(r"%\{[^}]*\}|<extra>.*?</extra>|<br>|req-[\w-]+|\bexperiment-\w+|\d(\.\d+)?e[-+]?\d+", " ", text)
     return [w for w in WORD.findall(text) if w not in KEPT and w not in allowed]
+
+
+def left_in_chinese(result: dict, allowed: set[str] = frozenset()) -> list[str]:
+    """The English words left in a result drawn in Chinese: its sentences, its table, its figures."""
+    header, rows = headline_rows(result, "zh_CN")
+    texts = sentences_in(result, "zh_CN") + header + [c for row in rows for c in row]
+    texts += figure_texts(figures(result, "zh_CN"))
+    ids = {w for st in result["settings"] for r in st["per_request"] for w in english_words(r["request_id"])}
+    allowed = {result["model"], *allowed, *ids}  # the requests' ids are names, not prose
+    return sorted({w for t in texts for w in english_words(t, allowed)})

@@ -9,9 +9,11 @@ import json
 import pytest
 
 from app.classroom.lab_stage import result_html
-from app.lab import run
+from app.lab import Progress, experiments, run
 from app.lab.export import figures, headline_rows, sentences_in, to_html
+from app.page.lab_tab import LabRun, progress_html
 from tests.app.lab.english_left import english_words, figure_texts, visible_text
+from visualizers.lab_words import word
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*no_silent_downcasting")
 
@@ -54,8 +56,6 @@ def test_the_html_result_and_its_export_in_chinese(result, tmp_path):
 
 
 def test_every_experiments_title_columns_and_settings_have_their_chinese():
-    from app.lab import experiments
-    from visualizers.lab_words import word
     untranslated = []
     for exp in experiments():
         names = [exp.title] + [label for _, label in exp.headline]
@@ -69,8 +69,6 @@ def test_every_experiments_title_columns_and_settings_have_their_chinese():
 
 def test_the_progress_line_in_chinese():
     """What a run reports as it goes (runner.report's words, with their numbers) on a Chinese tab."""
-    from app.lab import Progress
-    from app.page.lab_tab import LabRun, progress_html
     job = LabRun("tab", "batching", "Static vs continuous batching")
     job.progress = Progress("batching", "continuous, staggered · repeat 2 of 3", 3, 4, 5, 8,
                             "step 12, 5 of 8 requests done", repeat=1, repeats=3)
