@@ -5,6 +5,7 @@ import json
 
 from visualizers import i18n
 from visualizers._html import esc, panel, said_html
+from visualizers.request_checks import check_detail, check_name
 
 
 def request_html(body: dict, validation: dict | None, preview: bool = False, lang: str = i18n.DEFAULT) -> str:
@@ -25,7 +26,9 @@ def request_html(body: dict, validation: dict | None, preview: bool = False, lan
         reason = esc(validation.get("error", ""))
         verdict = '<div class="tt-err">' + said_html(lang, "✗ rejected: {reason}", reason=reason) + '</div>'
     marks = {True: ("tt-ok", "✓"), False: ("tt-err", "✗"), None: ("tt-warn", "⚠")}  # None: passed, with a warning
+    colon = i18n.gettext(lang, ": ")
     checks = "".join(
-        f'<li class="{marks[ok][0]}">{marks[ok][1]} {esc(name)}{": " + esc(detail) if detail else ""}</li>'
+        f'<li class="{marks[ok][0]}">{marks[ok][1]} {esc(check_name(lang, name))}'
+        f'{colon + esc(check_detail(lang, detail, ok)) if detail else ""}</li>'
         for name, ok, detail in (validation or {}).get("checks", []))
     return panel(i18n.gettext(lang, "Request"), f'<pre class="tt-json">{pretty}</pre>{verdict}<ul class="tt-checks">{checks}</ul>')
