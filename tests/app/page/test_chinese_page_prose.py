@@ -67,3 +67,18 @@ def test_the_chinese_page_has_no_english_prose_before_during_and_after_a_request
     english_page = ctl.opening_page("zh-prose", True)
     assert "prompt tokens:" in value(english_page["tokens"]) and offenders(
         {n: value(v) for n, v in english_page.items() if isinstance(value(v), str)}, names)
+
+
+def test_a_refused_request_in_chinese_keeps_the_apis_reason(service):
+    """Item 5: the page's words about a refused request are Chinese; the API's reason stays as the
+    API gives it (OpenAI clients parse it)."""
+    ctl = Controller(service)
+    set_lang("zh-refused", "zh_CN")
+    screen: dict = {}
+    for update in ctl.run("zh-refused", Controls(user="   ", model=ctl.model["name"])):
+        fold(screen, update)
+    assert "被拒绝：the user message is empty" in screen["status"], screen["status"]
+    assert "⚠ 未发送：the user message is empty" in screen["hint_prompt"], screen["hint_prompt"]
+    assert "未发送：the user message is empty" in screen["answer"] and "✗ 被拒绝：the user message is empty" in \
+        screen["request"], screen["request"][-600:]
+    assert not english(screen["request"].replace("the user message is empty", ""), {ctl.model["name"]})
