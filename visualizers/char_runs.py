@@ -132,7 +132,8 @@ def cjk_note(labels: Sequence[str], special: Sequence[bool], lang: str = i18n.DE
               "words": said_html_n(lang, "{n} token", "{n} tokens", len(words))}
     line = said_html(lang, "Chinese: {chars} in {tokens} ({per} characters a token on this model): {split} split into "
                            "byte pieces, {words} of several whole characters", **values)
-    return f"<div class='tt-cjk-note'>{line}{':' + shown if words else ''}</div>"
+    colon = i18n.gettext(lang, ": ").strip()  # Chinese: its full-width colon
+    return f"<div class='tt-cjk-note'>{line}{colon + shown if words else ''}</div>"
 
 
 def is_word(label: str) -> bool:
