@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from tests.trace_views import MODEL
 from tests.visualizers.test_stage_words_zh import prose, stage
+from visualizers.disagg import disagg_stage_html
 from visualizers.journey import journey
+from visualizers.parallel import measured_stage_html
 from visualizers.stages.beyond import how_to_split
 from visualizers.stages.speculation import without
 
@@ -56,3 +58,17 @@ def test_beyond_one_device_in_chinese_with_the_models_numbers():
     assert "<b>专家并行 × 2</b>：每个设备放 8 个专家中的 4 个" in moe and "--tensor-parallel-size 3" in moe, moe
     st = stage("zh_CN", "parallel")
     assert st.skipped and "流水线并行" in st.text and set(prose(st.text)) <= {"all", "reduce"}, prose(st.text)
+
+
+def test_a_sharded_and_a_disaggregated_request_in_chinese_with_their_numbers():
+    ev = {"placement": {"ranks": [{"heads": [0, 1], "kv_heads": [0]}, {"heads": [2, 3], "kv_heads": [1]}]},
+          "forward_seconds": 0.012, "collectives": [{"layer": 0, "bytes": 1024, "ms": [1.5, 2.0]}]}
+    sharded = measured_stage_html([ev, ev], "zh_CN")
+    assert "这个请求<b>分片运行</b>在 <b>2</b> 个秩上（秩 0：查询头 0–1，KV 头 0；秩 1：查询头 2–3，KV 头 1）" in sharded
+    assert "all-reduce 占了 秩 0 3.0 ms（12%）、秩 1 4.0 ms（17%）" in sharded, sharded
+    x = {"num_blocks": 3, "tokens": 40, "bytes": 123456, "layers": [0, 1], "backend": "shm", "wire_ms": 0.123,
+         "queue_ms": 1.25, "prefill_ms": 12.5, "src": "prefill 0", "dst": "decode 1"}
+    apart = disagg_stage_html(x, 0.05, "zh_CN")
+    assert "<b>预填充与解码分离</b>：" in apart and "0 号预填充引擎用 12.5 ms 算完它的 40 个提示词元" in apart, apart
+    assert "传到 1 号解码引擎：交接共 1.4 ms，占它到首个词元的 50.0 ms 的 3%" in apart, apart
+    assert "Prefill and decode apart</b>: this request was prefilled" in disagg_stage_html(x, 0.05)

@@ -14,8 +14,9 @@ def beyond(f: Facts) -> Part:
     tp = int(f.model.get("tensor_parallel_size") or 1)
     sharded = bool(f.collectives)
     apart = f.first.get("kv.transfer")  # disaggregated (engine/disagg): prefill and decode on two engines
-    text = measured_stage_html(f.collectives) + (disagg_stage_html(apart, (f.finish or {}).get("ttft")) if apart
-                                                 else "") + how_to_split(f.model, sharded, f.lang)
+    text = measured_stage_html(f.collectives, f.lang) + (
+        disagg_stage_html(apart, (f.finish or {}).get("ttft"), f.lang) if apart else "") \
+        + how_to_split(f.model, sharded, f.lang)
     chip = (i18n.ngettext(f.lang, "{n} rank", "{n} ranks", tp) if tp > 1 else
             i18n.gettext(f.lang, "2 engines") if apart else i18n.gettext(f.lang, "one device"))
     # one device: one line in the map (the section's words still say how it would split)
