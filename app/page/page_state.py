@@ -3,6 +3,7 @@ updates every handler sends: the views, the journey, the controls' lock, the rec
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import gradio as gr
 
@@ -123,11 +124,15 @@ class PageState:
         now = time.perf_counter()
         return {**view.draw(list(PANELS), now), **self.journey_updates(tab, view, now), "status": state}
 
-    def opening_page(self, key: str) -> dict:
-        """What a tab shows when it (re)loads: the journey of what it shows."""
-        tab = self.tab_of(key)
-        view = tab.view if tab is not None else self.blank
-        return self.journey_updates(None, view, time.perf_counter(), force=True, lang=lang_of(key))
+    def opening_page(self, key: str, panels: bool = False) -> dict:
+        """What a tab shows when it (re)loads: the journey of what it shows; panels: its panels
+        too, in its language (a load in another language than the page's English, the switch)."""
+        tab, lang, now = self.tab_of(key), lang_of(key), time.perf_counter()
+        view = tab.view if tab is not None else replace(self.blank, lang=lang)  # (the blank is every tab's)
+        view.lang = lang
+        with view.lock:  # drawn, not kept: the stream's own redraws go on as they were
+            drawn = {n: view.render(n) for n in PANELS} if panels else {}
+        return {**drawn, **self.journey_updates(None, view, now, force=True, lang=lang)}
 
     def lock(self, tab: Tab | None, locked: bool) -> dict:
         """The controls read-only (a replayed or watched request shown) or editable again."""
