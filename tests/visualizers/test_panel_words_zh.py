@@ -1,0 +1,100 @@
+"""Issue 42: the KV cache, Sampling, Logit lens and Timeline panels speak the tab's language.
+A real request of the embedded model (a Chinese prompt, speculative, traced at full) is drawn
+by the page's own LiveView in Chinese: each panel shows its Chinese words with this request's
+numbers, and none of the English sentences its module marks for the catalogs is left in it.
+The page threads the language: a tab's language switch redraws the panels, and a Send from a
+Chinese tab streams Chinese panels."""
+from __future__ import annotations
+
+import html
+import re
+
+import pytest
+
+from app.page import texts
+from app.page.controller import Controller, Controls
+from app.page.live_view import LiveView
+from app.page.tabs import set_lang
+from tests.service_utils import app_service, run_to_end, started
+from app.serving.requests import build_body
+from visualizers.i18n.extract import template
+
+pytestmark = pytest.mark.filterwarnings("ignore:.*no_silent_downcasting", "ignore:The copy keyword")
+PANELS = {"kv": "visualizers/kv_", "sampling": "visualizers/sampling.py", "logit_lens": "visualizers/logit_lens.py",
+          "timeline": "visualizers/timeline.py"}  # panel -> the module(s) whose marked texts it draws
+USER = "用一句话解释 KV 缓存。"
+
+
+@pytest.fixture(scope="module")
+def embedded():
+    with started(app_service(None, model=None)) as svc:
+        yield svc
+
+
+@pytest.fixture(scope="module")
+def view(embedded) -> LiveView:
+    body = build_body("m", "You are a concise assistant.", USER, 0.8, 0, 1.0, 6, 3, True, 2, "full")
+    rid, items = run_to_end(embedded, body | {"ignore_eos": True})
+    v = LiveView(model=texts.with_defaults(embedded.model_info()), piece=embedded.piece,
+                 is_special=embedded.is_special)
+    v.request_id, v.body = rid, body
+    v.add(items)
+    assert v.finished and v.by_type.get("sample") and v.by_type.get("logit_lens")
+    return v
+
+
+def english_of(prefix: str) -> list[str]:
+    """The fixed English fragments (two words or more) of every text the module marks."""
+    out = []
+    for m in template():
+        if not m.id or not any(path.startswith(prefix) for path, _ in m.locations):
+            continue
+        for msgid in (m.id if isinstance(m.id, tuple) else (m.id,)):
+            out += [f.strip() for f in re.split(r"\{\w*\}", msgid) if len(re.findall(r"[A-Za-z]{2,}", f)) >= 2]
+    return out
+
+
+def drawn(v: LiveView, name: str, lang: str) -> str:
+    v.speak(lang)
+    return html.unescape(v.render(name))
+
+
+def test_each_panel_speaks_chinese_with_this_requests_numbers(view):
+    kv = drawn(view, "kv", "zh_CN")
+    assert "KV 缓存" in kv and "整个块池" in kv and "块表：" in kv and "KV 字节数 = 2 × 层数" in kv, kv[:600]
+    n_blocks = view.kv_pool()["num_blocks"]
+    assert f"块池：{n_blocks:,} 个块 × 每块" in re.sub(r"<[^>]+>", "", kv)
+    samp = drawn(view, "sampling", "zh_CN")
+    n_draws = len(view.by_type["sample"])
+    assert "采样" in samp and f"（共 {n_draws} 个）" in samp and "抽到：" in samp and "每个环节之后留下的词元数" in samp
+    assert "词表中" in samp and "熵 " in samp
+    lens = drawn(view, "logit_lens", "zh_CN")
+    layers = view.model["num_layers"]
+    assert "逻辑透镜 (logit lens)" in lens and f"第 {layers - 1} 层 = 输出" in lens and "嵌入" in lens and "选中" in lens
+    tl = drawn(view, "timeline", "zh_CN")
+    steps = {e["step"] for e in view.by_type["schedule.step"]}
+    assert "时间线" in tl and "个预填充分块" in tl and "TTFT" in tl and "排队（从到达到被调度器接纳）" in tl, tl[:800]
+    assert re.search(rf"{len(steps)} 个引擎步", tl), tl[:800]
+
+
+@pytest.mark.parametrize("name", list(PANELS))
+def test_no_english_sentence_of_the_panel_is_left_in_chinese(view, name):
+    english = english_of(PANELS[name])
+    assert len(english) >= 5  # the module's texts are marked (the check below reads them)
+    en, zh = drawn(view, name, "en"), drawn(view, name, "zh_CN")
+    assert [e for e in english if e in en]  # the English panel draws some of them...
+    assert not [e for e in english if e in zh]  # ... the Chinese one none
+
+
+def test_a_language_switch_redraws_the_panels_and_send_streams_them_in_it(embedded):
+    ctl = Controller(embedded)
+    set_lang("zh-tab", "zh_CN")
+    opened = ctl.opening_page("zh-tab")  # the load (or the switch) of a Chinese tab: its panels in Chinese
+    assert "还没有采样任何词元" in opened["sampling"] and "KV 缓存" in opened["kv"]
+    set_lang("zh-tab", "en")  # the switch back: English again
+    assert "no token sampled yet" in ctl.opening_page("zh-tab")["sampling"]
+    assert "no token sampled yet" in ctl.blank.render("sampling")  # the blank view, every tab's, stays English
+    set_lang("zh-tab", "zh_CN")
+    c = Controls(user=USER, max_tokens=3, seed="1", level="full", model=ctl.model["name"], speculative=False)
+    last = list(ctl.run("zh-tab", c))[-1]
+    assert "抽到：" in last["sampling"] and "时间线" in last["timeline"] and "逻辑透镜" in last["logit_lens"]
