@@ -14,9 +14,8 @@ from typing import Sequence
 
 import numpy as np
 
-from visualizers._html import empty, esc, hover_attr, hover_img, panel
+from visualizers._html import empty, esc, hover_attr, hover_img, panel, said_html, said_html_n
 from visualizers.i18n import N_, gettext, number, size
-from visualizers.i18n.markup import said, said_n
 from visualizers.kv_latent import latent_formula_html
 from visualizers.kv_table import finish_words, table_html
 from visualizers.selection import Selection, header_html
@@ -177,14 +176,14 @@ def selected_slot_html(selection: Selection | None, table: Sequence[int], block_
     p = selection.read
     at = slot_of(p, table, block_size)
     if at is None:
-        missing = said_n(lang, "position {p}'s block is not in this request's block table ({n} block)",
+        missing = said_html_n(lang, "position {p}'s block is not in this request's block table ({n} block)",
                          "position {p}'s block is not in this request's block table ({n} blocks)", len(table), p=str(p))
         return f"<div class='tt-note'>{missing}</div>", None
     b, slot = at
     now = states[b] if b < len(states) else "free"
-    gone = ("" if now in ("mine", "shared") else said(lang, " (freed since; the prefix cache keeps the block)")
-            if now == "cached" else said(lang, " (freed since: the request no longer holds it)"))
-    return ("<div>" + said(lang, "the selected pass wrote the keys and values of {token} (position {p}, every layer) "
+    gone = ("" if now in ("mine", "shared") else said_html(lang, " (freed since; the prefix cache keeps the block)")
+            if now == "cached" else said_html(lang, " (freed since: the request no longer holds it)"))
+    return ("<div>" + said_html(lang, "the selected pass wrote the keys and values of {token} (position {p}, every layer) "
                                  "into block {block}, slot {slot} of {size} (framed red){gone}: entry {entry} of the "
                                  "block table", token=selection.token(p), p=str(p), block=f"<b>{b}</b>", slot=str(slot),
                            size=str(block_size), gone=gone, entry=str(p // block_size)) + "</div>", b)
@@ -243,25 +242,25 @@ def _pool_lines(pool: dict, request_id: str | None, table: Sequence[int], states
         for rid in own:
             if rid != request_id:
                 others[rid] = others.get(rid, 0) + 1
-    who = " · ".join(f"{esc(rid)}: {said_n(lang, '{n} block', '{n} blocks', c)}" for rid, c in sorted(others.items()))
-    blocks = lambda k: said_n(lang, "{n} block", "{n} blocks", k)  # noqa: E731
+    who = " · ".join(f"{esc(rid)}: {said_html_n(lang, '{n} block', '{n} blocks', c)}" for rid, c in sorted(others.items()))
+    blocks = lambda k: said_html_n(lang, "{n} block", "{n} blocks", k)  # noqa: E731
     if request_id is None:  # the idle page: the pool as the engine holds it, no request of its own yet
-        mine_line = " · " + said(lang, "no request yet: its block table and blocks show here once one runs")
+        mine_line = " · " + said_html(lang, "no request yet: its block table and blocks show here once one runs")
     else:
-        listed = (said(lang, "not recorded (capture level off)") if not table_recorded else
+        listed = (said_html(lang, "not recorded (capture level off)") if not table_recorded else
                   f"{esc(', '.join(map(str, table[:32])))}{'…' if len(table) > 32 else ''}" if table else
-                  said(lang, "no block allocated yet"))
-        holds = (said(lang, "this request holds {tokens} in {blocks}", blocks=blocks(len(mine_blocks)),
-                      tokens=said_n(lang, "{n} token", "{n} tokens", mine_tokens))
+                  said_html(lang, "no block allocated yet"))
+        holds = (said_html(lang, "this request holds {tokens} in {blocks}", blocks=blocks(len(mine_blocks)),
+                      tokens=said_html_n(lang, "{n} token", "{n} tokens", mine_tokens))
                  if not (story and story.finished) else
-                 said(lang, "finished: it held {tokens} in {blocks}, and holds none now", blocks=blocks(len(table)),
-                      tokens=said_n(lang, "{n} token", "{n} tokens", final_tokens or 0)) if final_tokens else
-                 said(lang, "finished: it holds no block now"))
-        mine_line = " · " + said(lang, "block table: {table}", table=listed) + " · " + holds
-    size_line = said(lang, "pool: {blocks} blocks × {size} tokens · engine step {step}",
+                 said_html(lang, "finished: it held {tokens} in {blocks}, and holds none now", blocks=blocks(len(table)),
+                      tokens=said_html_n(lang, "{n} token", "{n} tokens", final_tokens or 0)) if final_tokens else
+                 said_html(lang, "finished: it holds no block now"))
+        mine_line = " · " + said_html(lang, "block table: {table}", table=listed) + " · " + holds
+    size_line = said_html(lang, "pool: {blocks} blocks × {size} tokens · engine step {step}",
                      blocks=f"<b>{number(lang, pool['num_blocks'])}</b>", size=str(pool["block_size"]),
                      step=str(pool["step"]))
-    other = said(lang, "other requests: {who}", who=who or esc(gettext(lang, "none")))
+    other = said_html(lang, "other requests: {who}", who=who or esc(gettext(lang, "none")))
     return (f"<div class='tt-lines'><div>{size_line}{mine_line}</div><div>{other}</div>"
             f"{finish_words(story, pool['block_size'], lang) if story else ''}")
 
@@ -283,11 +282,11 @@ def _pool_picture(pool: dict, states: list[str], fill: dict[int, int], mark: int
     alt = gettext(lang, "KV block pool: {n} blocks, {cols} per row, block 0 top left", n=n, cols=cols)
     grid = hover_img(img, "tt-kv-img", alt, hover, img.shape[1], img.shape[0])
     data = " ".join(f'data-{s}="{c}"' for s, c in counts.items())
-    note = said(lang, "block 0 top left, {cols} per row; a cell fills from the bottom as its {size} token slots are "
+    note = said_html(lang, "block 0 top left, {cols} per row; a cell fills from the bottom as its {size} token slots are "
                       "written", cols=str(cols), size=str(bs))
     legend = "".join(f'<span class="tt-kv-key"><span class="tt-kv tt-kv-{s}"></span> {esc(gettext(lang, label))} '
                      f'{counts[s]}</span> ' for s, label in LEGEND)
-    whole = said(lang, "the whole pool: {n} blocks", n=number(lang, n))
+    whole = said_html(lang, "the whole pool: {n} blocks", n=number(lang, n))
     return (f'<div class="tt-subtitle">{whole}</div>'
             f'<div class="tt-kv-grid" {data}>{grid}</div><div class="tt-legend">{legend}</div>'
             f'<div class="tt-note">{note}</div>')
@@ -303,15 +302,15 @@ def kv_formula_html(model: dict, tokens: int, who: str = "", lang: str = "en") -
     per_token = 2 * L * kvh * hd * b
     capacity = model["num_blocks"] * model["block_size"]
     num = lambda x: number(lang, x)  # noqa: E731
-    return ("<div class='tt-formula'>" + said(lang, "KV bytes = 2 × layers × kv_heads × head_dim × tokens × "
+    return ("<div class='tt-formula'>" + said_html(lang, "KV bytes = 2 × layers × kv_heads × head_dim × tokens × "
                                                     "bytes_per_value")
-            + "<br>" + said(lang, "this model: 2 × {layers} × {kv_heads} × {head_dim} × tokens × {bytes} B ({dtype}) = "
+            + "<br>" + said_html(lang, "this model: 2 × {layers} × {kv_heads} × {head_dim} × tokens × {bytes} B ({dtype}) = "
                                   "{per_token}", layers=str(L), kv_heads=str(kvh), head_dim=str(hd), bytes=str(b),
                             dtype=esc(model.get("kv_dtype") or model["dtype"]),
-                            per_token="<b>" + said(lang, "{bytes} B per token", bytes=num(per_token)) + "</b>")
-            + "<br>" + said(lang, "{who}: {per_token} B × {tokens} tokens = {total}", who=esc(who),
+                            per_token="<b>" + said_html(lang, "{bytes} B per token", bytes=num(per_token)) + "</b>")
+            + "<br>" + said_html(lang, "{who}: {per_token} B × {tokens} tokens = {total}", who=esc(who),
                             per_token=num(per_token), tokens=num(tokens), total=f"<b>{esc(size(lang, per_token * tokens))}</b>")
-            + "<br>" + said(lang, "pool: {blocks} blocks × {size} tokens = {capacity} tokens × {per_token} B = {total} "
+            + "<br>" + said_html(lang, "pool: {blocks} blocks × {size} tokens = {capacity} tokens × {per_token} B = {total} "
                                   "allocated", blocks=num(model["num_blocks"]), size=str(model["block_size"]),
                             capacity=num(capacity), per_token=num(per_token),
                             total=f"<b>{esc(size(lang, model['kv_cache_bytes']))}</b>")

@@ -14,9 +14,8 @@ from typing import Sequence
 
 import numpy as np
 
-from visualizers._html import esc, hover_attr, hover_img
+from visualizers._html import esc, hover_attr, hover_img, said_html, said_html_n
 from visualizers.i18n import N_, gettext, number
-from visualizers.i18n.markup import said, said_n
 
 MAX_ENTRIES = 64  # table entries drawn (1,024 tokens at 16 a block); the rest are counted
 SLOT_PX, SLOT_GAP = 11, 2
@@ -120,7 +119,7 @@ def table_html(events: Sequence[dict], pool: dict | None, request_id: str | None
         state_words = gettext(lang, WORDS[state])
         mark = picked - lo if picked is not None and lo <= picked < lo + block_size else None
         img = _slots_image(state, filled, block_size, mark)
-        entry = said(lang, "#{i} → block {block}", i=str(i), block=f"<b>{b}</b>")
+        entry = said_html(lang, "#{i} → block {block}", i=str(i), block=f"<b>{b}</b>")
         tip = hover_attr({"kind": "blocks", "w": 1, "h": 1, "n": 1, "blocks": {
             0: gettext(lang, "table entry {i} · block {block} · {state} · {origin} · {filled}/{size} slots · {where}",
                        i=i, block=b, state=state_words, origin=origin, filled=filled, size=block_size, where=where)}})
@@ -134,7 +133,7 @@ def table_html(events: Sequence[dict], pool: dict | None, request_id: str | None
                      f'<div class="tt-kvt-state">{esc(state_words)}'
                      f'{"<br>" + esc(origin) if s.finished and b in s.shared else ""}</div></div>')
     more = len(s.table) - MAX_ENTRIES
-    rest = "<div class='tt-note'>" + said_n(lang, "… and {n} more entry not drawn", "… and {n} more entries not drawn",
+    rest = "<div class='tt-note'>" + said_html_n(lang, "… and {n} more entry not drawn", "… and {n} more entries not drawn",
                                             more) + "</div>" if more > 0 else ""
     title = (gettext(lang, "this request's block table at the finish: what became of each block") if s.finished else
              gettext(lang, "this request's block table: entry i holds positions {size}·i to {size}·i + {last}, its "
@@ -151,26 +150,26 @@ def finish_words(s: TableStory, block_size: int, lang: str = "en") -> str:
     freed = [b for b in s.table if b in s.freed and b not in s.kept]
     held = [b for b in s.table if b not in s.freed]
     ids = lambda bs: esc(", ".join(map(str, bs[:16])) + ("…" if len(bs) > 16 else ""))  # noqa: E731
-    parts = [said_n(lang, "at its finish (engine step {step}) the request gave back its table of {n} block:",
+    parts = [said_html_n(lang, "at its finish (engine step {step}) the request gave back its table of {n} block:",
                     "at its finish (engine step {step}) the request gave back its table of {n} blocks:",
                     len(s.table), step=esc(s.step))]
     if freed:
-        parts.append(said_n(lang, "{n} block freed ({ids}): back to the free list, reused first",
+        parts.append(said_html_n(lang, "{n} block freed ({ids}): back to the free list, reused first",
                             "{n} blocks freed ({ids}): back to the free list, reused first", len(freed), ids=ids(freed)))
     if kept:
         lead = 0  # a hit walks the hash chain from entry 0: only a leading run of cached blocks is found
         while lead < len(s.table) and (s.table[lead] in s.kept or (s.table[lead] in held and s.table[lead] in s.shared)):
             lead += 1
-        reach = (said(lang, "a later request that begins with the same {tokens} tokens (and goes on past them) "
+        reach = (said_html(lang, "a later request that begins with the same {tokens} tokens (and goes on past them) "
                             "finds them", tokens=number(lang, lead * block_size)) if lead and lead == len(kept) else
-                 said(lang, "a later request that begins with the same {tokens} tokens (and goes on past them) "
+                 said_html(lang, "a later request that begins with the same {tokens} tokens (and goes on past them) "
                             "finds the first {lead}", tokens=number(lang, lead * block_size), lead=str(lead)) if lead else
-                 said(lang, "no later request can find them before the blocks ahead of them in the chain"))
-        parts.append(said_n(lang, "{n} full block ({ids}) free but kept in the prefix cache: {reach}",
+                 said_html(lang, "no later request can find them before the blocks ahead of them in the chain"))
+        parts.append(said_html_n(lang, "{n} full block ({ids}) free but kept in the prefix cache: {reach}",
                             "{n} full blocks ({ids}) free but kept in the prefix cache: {reach}", len(kept),
                             ids=ids(kept), reach=reach))
     if held:
-        parts.append(said_n(lang, "{n} block ({ids}) still held by another request (its reference dropped)",
+        parts.append(said_html_n(lang, "{n} block ({ids}) still held by another request (its reference dropped)",
                             "{n} blocks ({ids}) still held by another request (its reference dropped)", len(held),
                             ids=ids(held)))
     end = "。" if lang == "zh_CN" else "."

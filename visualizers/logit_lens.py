@@ -11,11 +11,10 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from visualizers._html import empty, esc, prob
+from visualizers._html import empty, esc, prob, said_html
 from visualizers.char_runs import label_html, label_title, lone_html, lone_title
 from visualizers.compact import lens_layers
 from visualizers.i18n import gettext, number
-from visualizers.i18n.markup import said
 from visualizers.sampling import drawn_by
 from visualizers.selection import Selection, header_html
 
@@ -87,7 +86,7 @@ def logit_lens_html(events: Sequence[dict], position: int | None = None, labels:
     if selection is not None and events:
         at, why = drawn_by(events, selection, "lens", lang)
         if at is None:
-            why = why or said(lang, "no lens for this pass")
+            why = why or said_html(lang, "no lens for this pass")
             return _panel(f"<div class='tt-empty'>{why}</div>", selection, frozen, lang)
         position = events[at]["position"]
     ev = select(events, position)
@@ -119,25 +118,25 @@ def logit_lens_html(events: Sequence[dict], position: int | None = None, labels:
                     f"{esc(where).replace('embedding', 'embed&shy;ding')}</th>{''.join(cells)}"
                     f'<td class="tt-lens-rank" style="{_shade(cp)}" title="{esc(ctitle)}">'  # wraps at " · " only
                     f'<span class="tt-nw">#{rank:,}</span> · <span class="tt-nw">{prob(cp)}</span></td></tr>')
-    after, chosen_head = said(lang, "after"), said(lang, "chosen: rank · p")
+    after, chosen_head = said_html(lang, "after"), said_html(lang, "chosen: rank · p")
     table = (f"<table class='tt-table tt-lens'><thead><tr><th>{after}</th>{head}<th>{chosen_head}</th></tr>"
              f"</thead><tbody>{''.join(body)}</tbody></table>")
     top = first_top(rows)
     ever = next((i for i, r in enumerate(rows) if r["chosen_rank"] == 1), None)
     known = _verdict(rows, lang)
-    ctx = said(lang, " after {token}", token=f"<code>{label_html(labels, pos - 1)}</code>") \
+    ctx = said_html(lang, " after {token}", token=f"<code>{label_html(labels, pos - 1)}</code>") \
         if 0 < pos <= len(labels) else ""
     # the chosen token in its context where the labels reach it: a piece drawn as its character
     chosen_html = label_html(labels, pos) if 0 <= pos < len(labels) and labels[pos] == ev["token_text"] \
         else lone_html(ev["token_text"])
     idx = next((i for i, e in enumerate(events) if e is ev), len(events) - 1)
-    line = said(lang, "token {i} of {n} · position {position}{context} · chosen {token} (id {id}): {verdict}",
+    line = said_html(lang, "token {i} of {n} · position {position}{context} · chosen {token} (id {id}): {verdict}",
                 i=str(idx + 1), n=str(len(events)), position=str(pos), context=ctx,
                 token=f"<code>{chosen_html}</code>", id=esc(chosen), verdict=known)
-    none = said(lang, "position {position} has no lens (the lens is recorded for generated tokens, not the "
+    none = said_html(lang, "position {position} has no lens (the lens is recorded for generated tokens, not the "
                       "prompt's): showing the newest", position=str(position)) \
         if position is not None and pos != position else ""
-    each = said(lang, "each row: the residual stream after that layer through the final norm and the LM head "
+    each = said_html(lang, "each row: the residual stream after that layer through the final norm and the LM head "
                       "(top {k}; shading: probability; outlined: the chosen token)", k=str(k))
     info = (f"<div class='tt-lines'><div>{line}</div>" + (f"<div class='tt-note'>{none}</div>" if none else "")
             + f"<div>{each}</div></div>")
@@ -149,13 +148,13 @@ def _verdict(rows: Sequence[dict], lang: str) -> str:
     n, top = len(rows), first_top(rows)
     ever = next((i for i, r in enumerate(rows) if r["chosen_rank"] == 1), None)
     if ever is None:
-        return said(lang, "it is never the top candidate (a draw below the top)")
+        return said_html(lang, "it is never the top candidate (a draw below the top)")
     if top is None:
-        return said(lang, "it is the top candidate at {row} but not at the output (a draw below the top)",
+        return said_html(lang, "it is the top candidate at {row} but not at the output (a draw below the top)",
                     row=esc(row_label(ever, n, lang)))
     if top < n - 1:
-        return said(lang, "it is the top candidate from {row} on", row=esc(row_label(top, n, lang)))
+        return said_html(lang, "it is the top candidate from {row} on", row=esc(row_label(top, n, lang)))
     if ever == n - 1:
-        return said(lang, "it is the top candidate only at the output")
-    return said(lang, "it is the top candidate first at {row}, for good only at the output",
+        return said_html(lang, "it is the top candidate only at the output")
+    return said_html(lang, "it is the top candidate first at {row}, for good only at the output",
                 row=esc(row_label(ever, n, lang)))

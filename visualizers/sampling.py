@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-from visualizers._html import bar, empty, esc, panel, piece_text, prob, show_piece
+from visualizers._html import bar, empty, esc, panel, piece_text, prob, said_html, show_piece
 from visualizers.i18n import N_, gettext, ngettext, number
-from visualizers.i18n.markup import said
 from visualizers.selection import Selection, header_html
 
 STAGE_LABELS = {"logits": "softmax(logits)", "grammar": N_("grammar mask"), "min_tokens": "min_tokens",
@@ -120,7 +119,7 @@ def drawn_by(events: Sequence[dict], selection: Selection | None, what: str = "d
         if events[i]["position"] == want:
             return i, ""
     if not selection.drew:
-        return None, said(lang, "the selected pass read {read} inside the prompt: its next token {next} was the "
+        return None, said_html(lang, "the selected pass read {read} inside the prompt: its next token {next} was the "
                                 "prompt's own, so nothing was drawn there (click a later token)",
                           read=selection.token(selection.read), next=selection.token(want))
     newest = events[-1]["position"]
@@ -171,7 +170,7 @@ def _table(ev: dict, pieces: Mapping[int, str] | None, lang: str) -> str:
     heads = [f"<th{' class=tt-id' if i == 1 else (col[i - 2] if i >= 2 else '')}>"
              f"{esc(h).replace('(', '<wbr>(')}</th>" for i, h in enumerate(head)]
     hidden = [label(lang, stages[i]) for i in sorted(off)]
-    narrow = ("<div class='tt-note tt-narrow-only'>" + said(lang, "on this narrow screen the columns of the knobs "
+    narrow = ("<div class='tt-note tt-narrow-only'>" + said_html(lang, "on this narrow screen the columns of the knobs "
                                                                   "that are off ({knobs}) are hidden: they change "
                                                                   "nothing", knobs=esc(", ".join(hidden)))
               + "</div>" if hidden else "")
@@ -222,11 +221,11 @@ def sampling_html(samples: Sequence[dict], pieces: Mapping[int, str] | None = No
     mode, speculated = _mode(ev, samples, lang)
     logits = gettext(lang, "logits over {n} vocabulary entries", n=number(lang, vocab_size)) if vocab_size else "logits"
     token = f"<code>{show_piece(piece_text(ev['token_id'], pieces))}</code>"
-    line = said(lang, "token {i} of {n} · position {position} · {mode} · drawn: {token} (id {id}, p={p}) · "
+    line = said_html(lang, "token {i} of {n} · position {position} · {mode} · drawn: {token} (id {id}, p={p}) · "
                       "entropy {entropy} nats", i=str(step % len(samples) + 1), n=str(len(samples)),
                 position=str(ev["position"]), mode=esc(mode), token=token, id=esc(ev["token_id"]),
                 p=prob(ev["token_prob"]), entropy=number(lang, max(0.0, ev["entropy"]), 2))
-    kept = said(lang, "tokens kept after each stage: {kept}", kept=esc(kept))
+    kept = said_html(lang, "tokens kept after each stage: {kept}", kept=esc(kept))
     info = f"<div class='tt-lines'><div>{line}</div><div>{esc(logits)} · {kept}</div></div>"
     # the table and the history side by side where the panel is wide (a dense model's full row), else stacked
     return ('<div class="tt-panel">' + header_html(title, selection) + info + changes_html(ev, pieces, vocab_size, lang)

@@ -4,14 +4,19 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from visualizers._html import empty, esc, panel
+from visualizers._html import empty, esc, panel, said_html
 from visualizers.i18n import N_, gettext, ngettext, number
-from visualizers.i18n.markup import ms, said
 
 WIDTH, LANE, LEFT = 760, 22, 70
 MAX_TITLED = 64  # steps (and tokens) drawn one element each, with a hover title
 TABLE_ROWS = 8  # the step table lists the newest steps only
 KIND_COLOR = {"prefill": "#466ec8", "decode": "#f08c1e", "verify": "#a050c8"}
+
+
+def _ms(lang: str, seconds: float) -> str:
+    """A duration in milliseconds, as the timeline writes every one: '1,234.5 ms' (never '-0.0 ms')."""
+    value = seconds * 1000
+    return f"{number(lang, 0.0 if round(value, 1) == 0 else value, 1)} ms"
 
 
 def timeline_steps(events: Sequence[dict], request_id: str) -> list[dict]:
@@ -38,9 +43,9 @@ def tracing_line(steps: Sequence[dict], lang: str = "en") -> str:
     if not cost:
         return ""
     own = sum(s["end"] - s["start"] for s in steps)
-    return "<div class='tt-note'>" + said(lang, "tracing (the captures' events, the logit lens) took {cost} after the "
+    return "<div class='tt-note'>" + said_html(lang, "tracing (the captures' events, the logit lens) took {cost} after the "
                                                 "steps' passes (the bars, {own}, hold the passes' own work and what a "
-                                                "pass keeps)", cost=esc(ms(lang, sum(cost))), own=esc(ms(lang, own))) \
+                                                "pass keeps)", cost=esc(_ms(lang, sum(cost))), own=esc(_ms(lang, own))) \
         + "</div>"
 
 
@@ -99,11 +104,11 @@ def untraced_timeline_html(tokens: Sequence[dict], finished: bool, level: str = 
 
     ticks = " ".join(f"M{x(t['t']):.1f} 8V24" for t in tokens)
     streamed = ngettext(lang, "{n} token", "{n} tokens", len(tokens))
-    lane, arrival = said(lang, LANES["tokens"]), said(lang, "0 ms (arrival)")
+    lane, arrival = said_html(lang, LANES["tokens"]), said_html(lang, "0 ms (arrival)")
     svg = (f'<text x="4" y="21" class="tt-lane">{lane}</text>'
            f'<path d="{ticks}" stroke="#222" stroke-width="1"><title>{esc(streamed)}</title></path>'
            f'<text x="{LEFT}" y="38" class="tt-lane">{arrival}</text>'
-           f'<text x="{WIDTH - 10}" y="38" text-anchor="end" class="tt-lane">{esc(ms(lang, span))}</text>')
+           f'<text x="{WIDTH - 10}" y="38" text-anchor="end" class="tt-lane">{esc(_ms(lang, span))}</text>')
     chart = (f'<svg class="tt-timeline" viewBox="0 0 {WIDTH} 42" width="100%" preserveAspectRatio="xMinYMin meet">'
              f'{svg}</svg>')
     rate = ""
@@ -112,8 +117,8 @@ def untraced_timeline_html(tokens: Sequence[dict], finished: bool, level: str = 
     made = gettext(lang, "{tokens} streamed, drawn in {steps}", tokens=streamed,
                    steps=ngettext(lang, "{n} engine step", "{n} engine steps", steps)) if steps is not None else \
         gettext(lang, "{tokens} streamed", tokens=streamed)
-    line = gettext(lang, "{made} · TTFT {ttft}{rate} · last token at {end}", made=made, ttft=ms(lang, tokens[0]["t"]),
-                   rate=rate, end=ms(lang, end))
+    line = gettext(lang, "{made} · TTFT {ttft}{rate} · last token at {end}", made=made, ttft=_ms(lang, tokens[0]["t"]),
+                   rate=rate, end=_ms(lang, end))
     info = f"<div class='tt-lines'><div>{esc(line)}</div><div class='tt-note'>{esc(missing)}</div></div>"
     return panel(title, info + chart)
 
@@ -147,11 +152,11 @@ def steps_table(steps: list[dict], finish: dict | None, lang: str = "en") -> str
         f"<tr><td>{k} <small class='tt-note' title='{number_title}'>#{s['step']}</small></td>"
         f"<td><span style='color:{KIND_COLOR.get(s['kind'], '#888')}'>■</span> "
         f"{esc(gettext(lang, LANES.get(s['kind'], s['kind'])))}</td><td>{s['tokens']}</td>"
-        f"<td>{esc(ms(lang, s['end'] - s['start']))}</td>"
+        f"<td>{esc(_ms(lang, s['end'] - s['start']))}</td>"
         f"<td>{esc(', '.join(s['others'])) or '—'}</td></tr>"
         for k, s in list(enumerate(steps, 1))[-TABLE_ROWS:][::-1])
     # the table lists the newest TABLE_ROWS steps (the chart draws every one): said above it, not left to guess
-    newest = ("<div class='tt-note tt-table-note'>" + said(lang, "the table lists the newest {rows} of these {n} "
+    newest = ("<div class='tt-note tt-table-note'>" + said_html(lang, "the table lists the newest {rows} of these {n} "
                                                                  "steps; the chart above draws every one",
                                                            rows=str(TABLE_ROWS), n=number(lang, len(steps)))
               + "</div>" if len(steps) > TABLE_ROWS else "")
@@ -172,15 +177,15 @@ def summary_line(steps: list[dict], finish: dict | None, tok: dict, queue: float
     split = (finish or {}).get("ttft_split") or {}
     queue_name = gettext(lang, QUEUE_NAME)
     if finish and "ttft" in finish:  # the engine's own split: tokenize and queue are quoted there, once
-        summary.append(f"TTFT {ms(lang, finish['ttft'])} = " + " + ".join(
-            f"{queue_name if k == 'queue' else gettext(lang, LANES.get(k, k.replace('_', ' ')))} {ms(lang, v)}"
+        summary.append(f"TTFT {_ms(lang, finish['ttft'])} = " + " + ".join(
+            f"{queue_name if k == 'queue' else gettext(lang, LANES.get(k, k.replace('_', ' ')))} {_ms(lang, v)}"
             for k, v in split.items()))
     else:
-        summary.append(f"{gettext(lang, LANES['tokenize'])} {ms(lang, tok.get('seconds', 0))}")
+        summary.append(f"{gettext(lang, LANES['tokenize'])} {_ms(lang, tok.get('seconds', 0))}")
         if queue is not None:
-            summary.append(f"{queue_name} {ms(lang, queue)}")
+            summary.append(f"{queue_name} {_ms(lang, queue)}")
         if tokens:
-            summary.append(f"TTFT {ms(lang, tokens[0]['t'])}")
+            summary.append(f"TTFT {_ms(lang, tokens[0]['t'])}")
     shared = sum(1 for s in steps if s["others"])
     partners: dict[str, int] = {}
     for s in steps:
@@ -218,11 +223,11 @@ def timeline_html(events: Sequence[dict], request_id: str, lang: str = "en") -> 
     svg: list[str] = []  # the lanes' names are HTML beside the chart (chart_frame): they keep their size
     svg.append(f'<rect x="{x(t0):.1f}" y="{y["tokenize"]}" width="{max(1.5, x(arrive["ts"]) - x(t0)):.1f}" '
                f'height="16" fill="#7a7a8c"><title>{esc(gettext(lang, LANES["tokenize"]))} '
-               f'{esc(ms(lang, tok.get("seconds", 0)))}</title></rect>')
+               f'{esc(_ms(lang, tok.get("seconds", 0)))}</title></rect>')
     if queue is not None:
         svg.append(f'<rect x="{x(arrive["ts"]):.1f}" y="{y["queue"]}" '
                    f'width="{max(1.5, x(arrive["ts"] + queue) - x(arrive["ts"])):.1f}" height="16" fill="#b9b9c6">'
-                   f'<title>{esc(gettext(lang, QUEUE_NAME))}: {esc(ms(lang, queue))}</title></rect>')
+                   f'<title>{esc(gettext(lang, QUEUE_NAME))}: {esc(_ms(lang, queue))}</title></rect>')
     # Each step its own <rect> with a hover title while there are few; past MAX_TITLED, one <path> per
     # kind: a long answer's chart stays a few KB, not a node per step redrawn with every update.
     titled = len(steps) <= MAX_TITLED
@@ -234,9 +239,9 @@ def timeline_html(events: Sequence[dict], request_id: str, lang: str = "en") -> 
         if titled:
             title = (gettext(lang, "step {step} · {kind} · {tokens} tokens of {batch} in the batch · {time} · shared "
                                    "with: {others}", step=s["step"], kind=gettext(lang, LANES.get(s["kind"], s["kind"])),
-                             tokens=s["tokens"], batch=s["batch_tokens"], time=ms(lang, s["end"] - s["start"]),
+                             tokens=s["tokens"], batch=s["batch_tokens"], time=_ms(lang, s["end"] - s["start"]),
                              others=others)
-                     + (gettext(lang, " · then tracing {time}", time=ms(lang, s["trace"]))
+                     + (gettext(lang, " · then tracing {time}", time=_ms(lang, s["trace"]))
                         if s.get("trace") is not None else ""))
             svg.append(f'<rect x="{x0:.1f}" y="{y[lane]}" width="{w:.1f}" height="16" '
                        f'fill="{KIND_COLOR.get(s["kind"], "#888")}" stroke="#fff" stroke-width="0.5">'
@@ -246,7 +251,7 @@ def timeline_html(events: Sequence[dict], request_id: str, lang: str = "en") -> 
         if s["others"]:
             h = min(16, 4 * len(s["others"]))
             if titled:
-                shared = said(lang, "batch shared with {others}", others=esc(others))
+                shared = said_html(lang, "batch shared with {others}", others=esc(others))
                 svg.append(f'<rect x="{x0:.1f}" y="{y["batch"]}" width="{w:.1f}" height="{h}" fill="#2a9d8f">'
                            f'<title>{shared}</title></rect>')
             else:
@@ -262,17 +267,17 @@ def timeline_html(events: Sequence[dict], request_id: str, lang: str = "en") -> 
         for e in tokens:
             svg.append(f'<line x1="{x(e["ts"]):.1f}" x2="{x(e["ts"]):.1f}" y1="{y["tokens"]}" y2="{y["tokens"] + 16}" '
                        f'stroke="#222" stroke-width="1" {THIN}><title>'
-                       + said(lang, "token {i} at {time}", i=str(e["index"]), time=ms(lang, e["t"])) + '</title></line>')
+                       + said_html(lang, "token {i} at {time}", i=str(e["index"]), time=_ms(lang, e["t"])) + '</title></line>')
     else:
         ticks = "".join(f"M{x(e['ts']):.1f} {y['tokens']}v16" for e in tokens)
         svg.append(f'<path d="{ticks}" stroke="#222" stroke-width="1" {THIN}><title>'
                    f'{esc(ngettext(lang, "{n} token", "{n} tokens", len(tokens)))}</title></path>')
     ttft = None
     if tokens:
-        ttft = (x(tokens[0]["ts"]), f"TTFT {ms(lang, tokens[0]['t'])}")
+        ttft = (x(tokens[0]["ts"]), f"TTFT {_ms(lang, tokens[0]['t'])}")
         svg.append(f'<line x1="{ttft[0]:.1f}" x2="{ttft[0]:.1f}" y1="4" y2="{y["tokens"] + 20}" stroke="#d62828" '
                    f'stroke-dasharray="3,2" {THIN}/>')
-    chart = chart_frame(svg, lanes, y["tokens"] + 20, ttft, ms(lang, span), lang)
+    chart = chart_frame(svg, lanes, y["tokens"] + 20, ttft, _ms(lang, span), lang)
     table = steps_table(steps, finish, lang)
     summary = summary_line(steps, finish, tok, queue, tokens, lang)
     info = "<div class='tt-lines'><div>" + esc(summary) + "</div>" + tracing_line(steps, lang) + "</div>"

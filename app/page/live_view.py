@@ -76,7 +76,7 @@ class LiveView:
     _pinned: Selection | None = None  # the one Selection of the draw in progress
     lock: threading.RLock = field(default_factory=threading.RLock)  # a click's draw (and journey) beside the stream's
     _trail: Trail | None = None  # what the journey has read of this view's events (stages.Trail)
-    lang: str = "en"  # the language its panels' words are drawn in (its tab's: speak())
+    lang: str = "en"  # the language of the panels' words: its tab's (tabs.Tab keeps it so)
 
     # --- input -----------------------------------------------------------------------
     def other_choice(self, it: dict) -> str | None:
@@ -197,12 +197,6 @@ class LiveView:
         evs = self.by_type.get(t)
         return evs[0] if evs else None
 
-    def speak(self, lang: str) -> None:
-        """Draw the panels in `lang` from now on (all redrawn at the next draw when it changed)."""
-        if lang != self.lang:
-            self.lang = lang
-            self.dirty.update(PANELS)
-
     # --- derived -------------------------------------------------------------------------
     def labels(self) -> list[str]:
         """Token text by position: the prompt's pieces, then the generated tokens."""
@@ -307,7 +301,7 @@ class LiveView:
 
     # --- output --------------------------------------------------------------------------
     def render(self, name: str) -> str:
-        m = self.model
+        m, lang = self.model, self.lang
         idle = self.state() == "idle"
         if name == "request":
             return viz.request_html(self.body, self.validation, preview=idle)
@@ -365,13 +359,13 @@ class LiveView:
             held = usage["prompt_tokens"] + usage["completion_tokens"] - 1 if usage and usage["completion_tokens"] \
                 else None  # (no token drawn: stopped before its prefill ended, it kept no K/V to speak of)
             return viz.kv_grid_html(self.kv_pool(), self.request_id, kv, m, held, selection=self.selection(),
-                                    table_recorded=self.level != "off", lang=self.lang)
+                                    table_recorded=self.level != "off", lang=lang)
         if name == "moe":
             return viz.moe_html(self.by_type.get("moe", []), self.layer, self.labels(), m["is_moe"],
                                 selection=self.selection(), frozen=self.frozen(name))
         if name == "sampling":
             return viz.sampling_html(self.by_type.get("sample", []), self.pieces(), vocab_size=m.get("vocab_size"),
-                                     selection=self.selection(), lang=self.lang)
+                                     selection=self.selection(), lang=lang)
         if name == "spec":
             if not self.by_type.get("spec") and not m["has_draft"]:
                 return viz.not_recorded("Speculative decoding", "this model is served without a draft, so no "
@@ -387,12 +381,12 @@ class LiveView:
                 (viz.disagg_html(apart + self.by_type.get("finish", [])) if apart else "")
         if name == "logit_lens":
             return viz.logit_lens_html(self.by_type.get("logit_lens", []), labels=self.labels(),
-                                       selection=self.selection(), frozen=self.frozen(name), lang=self.lang)
+                                       selection=self.selection(), frozen=self.frozen(name), lang=lang)
         if name == "timeline":
             if self.level == "off":
                 return viz.untraced_timeline_html(self.stream_tokens(), self.finished, steps=self.token_steps(),
-                                                  lang=self.lang)
-            return viz.timeline_html(self.events, self.request_id or "", self.lang)
+                                                  lang=lang)
+            return viz.timeline_html(self.events, self.request_id or "", lang)
         raise KeyError(name)
 
     def due(self, now: float, force: bool = False) -> list[str]:

@@ -3,6 +3,7 @@ updates every handler sends: the views, the journey, the controls' lock, the rec
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import gradio as gr
 
@@ -119,25 +120,19 @@ class PageState:
         return {n: (gr.update(visible=v) if n.startswith("section:") else v) for n, v in out.items()}
 
     def full(self, tab: Tab | None, view: LiveView, state: str) -> dict:
-        """Every panel (in the tab's language), the journey and Status."""
+        """Every panel, the journey and Status."""
         now = time.perf_counter()
-        if tab is not None:
-            view.speak(tab.lang)
         return {**view.draw(list(PANELS), now), **self.journey_updates(tab, view, now), "status": state}
 
-    def opening_page(self, key: str) -> dict:
-        """What a tab shows when it (re)loads or its language switches: the journey of what it
-        shows and, when its panels' words are not in its language, every panel."""
-        tab, lang = self.tab_of(key), lang_of(key)
-        if tab is None and self.live and lang != self.blank.lang:  # the blank view is every tab's: one of its own
-            tab = Tab(self.blank_view(self.models.first), service=self.models.first)
-            self.sessions.put(key, tab)
-        view = tab.view if tab is not None else self.blank
-        now = time.perf_counter()
-        changed = view.lang != lang
-        view.speak(lang)  # an English page was built in English: its panels need no redraw
-        panels = view.draw(list(PANELS), now) if changed or lang != "en" else {}
-        return {**panels, **self.journey_updates(None, view, now, force=True, lang=lang)}
+    def opening_page(self, key: str, panels: bool = False) -> dict:
+        """What a tab shows when it (re)loads: the journey of what it shows; panels: its panels
+        too, in its language (a load in another language than the page's English, the switch)."""
+        tab, lang, now = self.tab_of(key), lang_of(key), time.perf_counter()
+        view = tab.view if tab is not None else replace(self.blank, lang=lang)  # (the blank is every tab's)
+        view.lang = lang
+        with view.lock:  # drawn, not kept: the stream's own redraws go on as they were
+            drawn = {n: view.render(n) for n in PANELS} if panels else {}
+        return {**drawn, **self.journey_updates(None, view, now, force=True, lang=lang)}
 
     def lock(self, tab: Tab | None, locked: bool) -> dict:
         """The controls read-only (a replayed or watched request shown) or editable again."""

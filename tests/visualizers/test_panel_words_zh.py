@@ -55,7 +55,7 @@ def english_of(prefix: str) -> list[str]:
 
 
 def drawn(v: LiveView, name: str, lang: str) -> str:
-    v.speak(lang)
+    v.lang = lang
     return html.unescape(v.render(name))
 
 
@@ -89,10 +89,10 @@ def test_no_english_sentence_of_the_panel_is_left_in_chinese(view, name):
 def test_a_language_switch_redraws_the_panels_and_send_streams_them_in_it(embedded):
     ctl = Controller(embedded)
     set_lang("zh-tab", "zh_CN")
-    opened = ctl.opening_page("zh-tab")  # the load (or the switch) of a Chinese tab: its panels in Chinese
+    opened = ctl.opening_page("zh-tab", True)  # the load (or the switch) of a Chinese tab: its panels in Chinese
     assert "还没有采样任何词元" in opened["sampling"] and "KV 缓存" in opened["kv"]
     set_lang("zh-tab", "en")  # the switch back: English again
-    assert "no token sampled yet" in ctl.opening_page("zh-tab")["sampling"]
+    assert "no token sampled yet" in ctl.opening_page("zh-tab", True)["sampling"]
     assert "no token sampled yet" in ctl.blank.render("sampling")  # the blank view, every tab's, stays English
     set_lang("zh-tab", "zh_CN")
     c = Controls(user=USER, max_tokens=3, seed="1", level="full", model=ctl.model["name"], speculative=False)
