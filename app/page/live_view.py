@@ -362,7 +362,7 @@ class LiveView:
                                     table_recorded=self.level != "off", lang=lang)
         if name == "moe":
             return viz.moe_html(self.by_type.get("moe", []), self.layer, self.labels(), m["is_moe"],
-                                selection=self.selection(), frozen=self.frozen(name))
+                                selection=self.selection(), frozen=self.frozen(name), lang=lang)
         if name == "sampling":
             return viz.sampling_html(self.by_type.get("sample", []), self.pieces(), vocab_size=m.get("vocab_size"),
                                      selection=self.selection(), lang=lang)
@@ -374,7 +374,7 @@ class LiveView:
                 return viz.not_recorded("Speculative decoding", "speculative decoding is off for this request")
             sel = self.selection()
             return viz.spec_html(self.by_type.get("spec", []), self.speculative and m["has_draft"], self.pieces(),
-                                 selection=sel, picked=self.selected_round(sel))
+                                 selection=sel, picked=self.selected_round(sel), lang=lang)
         if name == "parallel":
             apart = self.by_type.get("kv.transfer")  # disaggregated (engine/disagg): the handover beside it
             return viz.parallel_html(self.by_type.get("schedule.collective", []), m, self.level, idle) + \

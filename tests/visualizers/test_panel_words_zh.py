@@ -1,7 +1,8 @@
-"""Issue 42: the KV cache, Sampling, Logit lens and Timeline panels speak the tab's language.
-A real request of the embedded model (a Chinese prompt, speculative, traced at full) is drawn
-by the page's own LiveView in Chinese: each panel shows its Chinese words with this request's
-numbers, and none of the English sentences its module marks for the catalogs is left in it.
+"""Issue 42: the KV cache, Sampling, Logit lens, Timeline, Speculative decoding and MoE panels
+speak the tab's language. A real request of the embedded model (a Chinese prompt, speculative,
+traced at full; a tiny Mixtral for the MoE panel) is drawn by the page's own LiveView in
+Chinese: each panel shows its Chinese words with this request's numbers, and none of the
+English sentences its module marks for the catalogs is left in it.
 The page threads the language: a tab's language switch redraws the panels, and a Send from a
 Chinese tab streams Chinese panels."""
 from __future__ import annotations
@@ -21,7 +22,8 @@ from visualizers.i18n.extract import template
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*no_silent_downcasting", "ignore:The copy keyword")
 PANELS = {"kv": "visualizers/kv_", "sampling": "visualizers/sampling.py", "logit_lens": "visualizers/logit_lens.py",
-          "timeline": "visualizers/timeline.py"}  # panel -> the module(s) whose marked texts it draws
+          "timeline": "visualizers/timeline.py", "spec": "visualizers/speculative.py",
+          "moe": "visualizers/moe.py"}  # panel -> the module(s) whose marked texts it draws
 USER = "用一句话解释 KV 缓存。"
 
 
@@ -31,15 +33,29 @@ def embedded():
         yield svc
 
 
-@pytest.fixture(scope="module")
-def view(embedded) -> LiveView:
+def run_view(svc) -> LiveView:
+    """The page's view of one finished request (the article's system prompt, a Chinese question)."""
     body = build_body("m", "You are a concise assistant.", USER, 0.8, 0, 1.0, 6, 3, True, 2, "full")
-    rid, items = run_to_end(embedded, body | {"ignore_eos": True})
-    v = LiveView(model=texts.with_defaults(embedded.model_info()), piece=embedded.piece,
-                 is_special=embedded.is_special)
+    rid, items = run_to_end(svc, body | {"ignore_eos": True})
+    v = LiveView(model=texts.with_defaults(svc.model_info()), piece=svc.piece, is_special=svc.is_special)
     v.request_id, v.body = rid, body
     v.add(items)
     assert v.finished and v.by_type.get("sample") and v.by_type.get("logit_lens")
+    return v
+
+
+@pytest.fixture(scope="module")
+def view(embedded) -> LiveView:
+    v = run_view(embedded)
+    assert v.by_type.get("spec")  # the embedded draft proposed
+    return v
+
+
+@pytest.fixture(scope="module")
+def moe_view(checkpoint) -> LiveView:
+    with started(app_service(checkpoint, model="mixtral")) as svc:
+        v = run_view(svc)
+    assert v.by_type.get("moe")
     return v
 
 
@@ -75,13 +91,24 @@ def test_each_panel_speaks_chinese_with_this_requests_numbers(view):
     steps = {e["step"] for e in view.by_type["schedule.step"]}
     assert "时间线" in tl and "个预填充分块" in tl and "TTFT" in tl and "排队（从到达到被调度器接纳）" in tl, tl[:800]
     assert re.search(rf"{len(steps)} 个引擎步", tl), tl[:800]
+    spec = re.sub(r"<[^>]+>", "", drawn(view, "spec", "zh_CN"))
+    rounds = len(view.by_type["spec"])
+    assert "推测解码" in spec and f"轮数：{rounds} · 提议" in spec and "接受率" in spec and "草稿词元 → 目标模型的词元" in spec
+
+
+def test_the_moe_panel_speaks_chinese(moe_view):
+    moe = re.sub(r"<[^>]+>", "", drawn(moe_view, "moe", "zh_CN"))
+    layers = sorted({e["layer"] for e in moe_view.by_type["moe"]})
+    assert "混合专家（MoE）" in moe and f"第 {layers[0]} 层（共捕获 {len(layers)} 个 MoE 层）" in moe, moe[:600]
+    assert "专家负载（本请求，" in moe and "被选 " in moe and "路由权重" in moe
 
 
 @pytest.mark.parametrize("name", list(PANELS))
-def test_no_english_sentence_of_the_panel_is_left_in_chinese(view, name):
+def test_no_english_sentence_of_the_panel_is_left_in_chinese(view, moe_view, name):
     english = english_of(PANELS[name])
     assert len(english) >= 5  # the module's texts are marked (the check below reads them)
-    en, zh = drawn(view, name, "en"), drawn(view, name, "zh_CN")
+    v = moe_view if name == "moe" else view
+    en, zh = drawn(v, name, "en"), drawn(v, name, "zh_CN")
     assert [e for e in english if e in en]  # the English panel draws some of them...
     assert not [e for e in english if e in zh]  # ... the Chinese one none
 
