@@ -377,8 +377,8 @@ class LiveView:
                                  selection=sel, picked=self.selected_round(sel), lang=lang)
         if name == "parallel":
             apart = self.by_type.get("kv.transfer")  # disaggregated (engine/disagg): the handover beside it
-            return viz.parallel_html(self.by_type.get("schedule.collective", []), m, self.level, idle) + \
-                (viz.disagg_html(apart + self.by_type.get("finish", [])) if apart else "")
+            return viz.parallel_html(self.by_type.get("schedule.collective", []), m, self.level, idle, lang) + \
+                (viz.disagg_html(apart + self.by_type.get("finish", []), lang) if apart else "")
         if name == "logit_lens":
             return viz.logit_lens_html(self.by_type.get("logit_lens", []), labels=self.labels(),
                                        selection=self.selection(), frozen=self.frozen(name), lang=lang)

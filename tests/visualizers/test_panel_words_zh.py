@@ -18,12 +18,14 @@ from app.page.live_view import LiveView
 from app.page.tabs import set_lang
 from tests.service_utils import app_service, run_to_end, started
 from app.serving.requests import build_body
+from visualizers.disagg import disagg_html
 from visualizers.i18n.extract import template
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*no_silent_downcasting", "ignore:The copy keyword")
 PANELS = {"kv": "visualizers/kv_", "sampling": "visualizers/sampling.py", "logit_lens": "visualizers/logit_lens.py",
           "timeline": "visualizers/timeline.py", "spec": "visualizers/speculative.py",
-          "moe": "visualizers/moe.py"}  # panel -> the module(s) whose marked texts it draws
+          "moe": "visualizers/moe.py", "parallel": "visualizers/parallel.py"}  # panel -> the module(s) whose
+# marked texts it draws
 USER = "用一句话解释 KV 缓存。"
 
 
@@ -101,6 +103,18 @@ def test_the_moe_panel_speaks_chinese(moe_view):
     layers = sorted({e["layer"] for e in moe_view.by_type["moe"]})
     assert "混合专家（MoE）" in moe and f"第 {layers[0]} 层（共捕获 {len(layers)} 个 MoE 层）" in moe, moe[:600]
     assert "专家负载（本请求，" in moe and "被选 " in moe and "路由权重" in moe
+
+
+def test_one_device_and_the_handover_in_chinese(view):
+    par = re.sub(r"<[^>]+>", "", drawn(view, "parallel", "zh_CN"))
+    assert "并行" in par and "这个模型在一个设备上运行" in par and "流水线并行" in par and "8 个设备上" in par, par
+    x = {"type": "kv.transfer", "num_blocks": 3, "tokens": 40, "bytes": 3 * 16 * 2048, "layers": [0, 1],
+         "backend": "gloo", "wire_ms": 0.5, "queue_ms": 2.0, "prefill_ms": 20.0, "handover_ms": 3.0, "src": "prefill 0",
+         "dst": "decode 1", "src_blocks": [0, 1, 2], "dst_blocks": [5, 6], "src_pool": {"num_blocks": 64, "free": 64},
+         "dst_pool": {"num_blocks": 64, "free": 60, "cached": 0}}
+    zh = re.sub(r"<[^>]+>", "", disagg_html([x, {"type": "finish", "ttft": 0.030}], "zh_CN"))
+    assert "预填充与解码分离" in zh and "在 预填充引擎 0 上计算" in zh and "传到 解码引擎 1" in zh and "交接占了" in zh, zh
+    assert not [e for e in english_of("visualizers/disagg.py") if e in zh]
 
 
 @pytest.mark.parametrize("name", list(PANELS))
