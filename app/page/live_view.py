@@ -325,13 +325,13 @@ class LiveView:
             held = usage["prompt_tokens"] + usage["completion_tokens"] - 1 if usage and usage["completion_tokens"] \
                 else None  # (no token drawn: stopped before its prefill ended, it kept no K/V to speak of)
             return viz.kv_grid_html(self.kv_pool(), self.request_id, kv, m, held, selection=self.selection(),
-                                    table_recorded=self.level != "off")
+                                    table_recorded=self.level != "off", lang=lang)
         if name == "moe":
             return viz.moe_html(self.by_type.get("moe", []), self.layer, self.labels(), m["is_moe"],
-                                selection=self.selection(), frozen=self.frozen(name))
+                                selection=self.selection(), frozen=self.frozen(name), lang=lang)
         if name == "sampling":
             return viz.sampling_html(self.by_type.get("sample", []), self.pieces(), vocab_size=m.get("vocab_size"),
-                                     selection=self.selection())
+                                     selection=self.selection(), lang=lang)
         if name == "spec":
             if not self.by_type.get("spec") and not m["has_draft"]:
                 return viz.not_recorded(words.t(lang, words.TITLES["spec"]), words.t(lang, words.NO_DRAFT))
@@ -339,18 +339,19 @@ class LiveView:
                 return viz.not_recorded(words.t(lang, words.TITLES["spec"]), words.t(lang, words.SPEC_OFF))
             sel = self.selection()
             return viz.spec_html(self.by_type.get("spec", []), self.speculative and m["has_draft"], self.pieces(),
-                                 selection=sel, picked=self.selected_round(sel))
+                                 selection=sel, picked=self.selected_round(sel), lang=lang)
         if name == "parallel":
             apart = self.by_type.get("kv.transfer")  # disaggregated (engine/disagg): the handover beside it
-            return viz.parallel_html(self.by_type.get("schedule.collective", []), m, self.level, idle) + \
-                (viz.disagg_html(apart + self.by_type.get("finish", [])) if apart else "")
+            return viz.parallel_html(self.by_type.get("schedule.collective", []), m, self.level, idle, lang) + \
+                (viz.disagg_html(apart + self.by_type.get("finish", []), lang) if apart else "")
         if name == "logit_lens":
             return viz.logit_lens_html(self.by_type.get("logit_lens", []), labels=self.labels(),
-                                       selection=self.selection(), frozen=self.frozen(name))
+                                       selection=self.selection(), frozen=self.frozen(name), lang=lang)
         if name == "timeline":
             if self.level == "off":
-                return viz.untraced_timeline_html(self.stream_tokens(), self.finished, steps=self.token_steps())
-            return viz.timeline_html(self.events, self.request_id or "")
+                return viz.untraced_timeline_html(self.stream_tokens(), self.finished, steps=self.token_steps(),
+                                                  lang=lang)
+            return viz.timeline_html(self.events, self.request_id or "", lang)
         raise KeyError(name)
 
     def due(self, now: float, force: bool = False) -> list[str]:
