@@ -20,8 +20,8 @@ from typing import Sequence
 import numpy as np
 
 from visualizers import i18n
-from visualizers._html import (MASKED, OUTSIDE_WINDOW, colormap, empty, esc, hover_attr, hover_img, said_html,
-                              said_html_n, show_piece)
+from visualizers._html import (MASKED, OUTSIDE_WINDOW, bold, colormap, empty, esc, hover_attr, hover_img,
+                              said_html, said_html_n, show_piece)
 from visualizers.attention_overview import overview_html
 from visualizers.attention_rows import LayerIndex, key_positions
 from visualizers.char_runs import label_html, label_title
@@ -305,7 +305,7 @@ def attention_html(events: Sequence[dict], layer: int | None = None, head: int |
     if row is not None:
         said = "<div>" + said_html(lang, "query row: position {p} ({kind}, token {token}) attends most to {top}",
                                    p=str(hi - 1), kind=esc(i18n.gettext(lang, row.kind)),
-                                   token=f"<code>{_piece_at(labels, hi - 1)}</code>", top=_top_keys(row, labels)) \
+                                   token="<code>" + _piece_at(labels, hi - 1) + "</code>", top=_top_keys(row, labels)) \
             + "</div>"
     else:
         said = "<div class='tt-note'>" + said_html(
@@ -341,8 +341,8 @@ def _info(layer: int, layers: Sequence[int], head: int, last, window: int | None
     verify = said_html(lang, ", {n} verify", n=str(n_rows["verify"])) if n_rows["verify"] else ""
     key = {k: f"<span class='tt-k-{k}'>{said_html(lang, k)}</span>" for k in ("prefill", "decode", "verify")}
     first = said_html(lang, "layer {layer} of {layers} captured · query head {head} · {heads} share {kv_heads} ({group} "
-                            "per KV head) · {window}", layer=f"<b>{layer}</b>", layers=str(len(layers)),
-                      head=f"<b>{head}</b>", heads=said_html_n(lang, "{n} query head", "{n} query heads", num_heads),
+                            "per KV head) · {window}", layer=bold(layer), layers=str(len(layers)),
+                      head=bold(head), heads=said_html_n(lang, "{n} query head", "{n} query heads", num_heads),
                       kv_heads=said_html_n(lang, "{n} KV head", "{n} KV heads", num_kv), group=str(group),
                       window=_window_words(window, sliding_windows, lang))
     second = said_html(lang, "rows drawn: {prefill} prefill, {decode} decode{verify} · positions {lo}–{hi}{gap} · row "
