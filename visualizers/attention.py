@@ -15,6 +15,7 @@ a click on a cell opens that layer and head (overview_html).
 """
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 import numpy as np
@@ -154,8 +155,14 @@ def _piece_at(labels: Sequence[str], pos: int) -> str:
 
 def _title_at(labels: Sequence[str], pos: int, lang: str = i18n.DEFAULT) -> str:
     more = label_title(labels, pos, lang=lang) if 0 <= pos < len(labels) and "<0x" in labels[pos] else ""
-    return i18n.gettext(lang, "position {p}: {token}", p=str(pos), token=repr(label_of(labels, pos))) \
+    return _said(lang, i18n.N_("position {p}: {token}")).format(p=pos, token=repr(label_of(labels, pos))) \
         + (f" · {more}" if more else "")
+
+
+@functools.cache
+def _said(lang: str, msgid: str) -> str:
+    """A catalog text of a label drawn once per row and column, looked up once (filled by the caller)."""
+    return i18n.gettext(lang, msgid)
 
 
 def _axis(labels: Sequence[str], lo: int, n: int, kinds: list[str | None], picked: int | None,
@@ -168,8 +175,8 @@ def _axis(labels: Sequence[str], lo: int, n: int, kinds: list[str | None], picke
     for i in range(n):
         pos = lo + i
         kind = kinds[i] or "none"
-        title = esc(i18n.gettext(lang, "query {what} ({kind})", what=_title_at(labels, pos, lang),
-                                 kind=i18n.gettext(lang, kinds[i] or "not captured")))
+        title = esc(_said(lang, i18n.N_("query {what} ({kind})")).format(what=_title_at(labels, pos, lang),
+                                                                 kind=_said(lang, kinds[i] or "not captured")))
         sel = " tt-amap-picked" if pos == picked else ""
         rows.append(f'<span class="tt-amap-r tt-k-{kind}{sel}" data-pos="{pos}" title="{title}">'
                     f"{_short_at(labels, pos)}<i>{pos}</i></span>")
@@ -184,7 +191,7 @@ def _axis(labels: Sequence[str], lo: int, n: int, kinds: list[str | None], picke
                              f"⋯{first}–{last}</span>")
                 gap_done = True
             continue
-        title = esc(i18n.gettext(lang, "key {what}", what=_title_at(labels, pos, lang)))
+        title = esc(_said(lang, i18n.N_("key {what}")).format(what=_title_at(labels, pos, lang)))
         heads.append(f'<span class="tt-amap-c" data-pos="{pos}" title="{title}">{_short_at(labels, pos)}'
                      "</span>")
     return "".join(rows), "".join(heads)
