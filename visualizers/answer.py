@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from visualizers import i18n
-from visualizers._html import esc, fmt_ms, panel, said_html, show_piece
+from visualizers._html import bold, esc, fmt_ms, panel, said_html, show_piece
 from visualizers.char_runs import label_title, piece_text, run_html
 from visualizers.token_chars import group
 
@@ -78,11 +78,11 @@ def _stats(tokens: Sequence[dict], finish: dict | None, lang: str) -> list[str]:
     """The answer's numbers: tokens, the first token's time, the pace after it, how it ended."""
     stats = []
     if tokens:
-        stats.append(said_html(lang, "tokens: {n}", n=f"<b>{len(tokens)}</b>"))
-        stats.append(said_html(lang, "first token at {t}", t=f"<b>{fmt_ms(tokens[0]['t'])}</b>"))
+        stats.append(said_html(lang, "tokens: {n}", n=bold(len(tokens))))
+        stats.append(said_html(lang, "first token at {t}", t=bold(fmt_ms(tokens[0]['t']))))
         if len(tokens) > 1:
             span = tokens[-1]["t"] - tokens[0]["t"]
-            rate = said_html(lang, " ({rate} tokens/s)", rate=f"{(len(tokens) - 1) / span:.1f}") if span > 0 else ""
+            rate = said_html(lang, " ({rate} tokens/s)", rate=format((len(tokens) - 1) / span, ".1f")) if span > 0 else ""
             stats.append(said_html(lang, "then {t} per token{rate}", t=fmt_ms(span / (len(tokens) - 1)), rate=rate))
     if finish is not None:
         reason = esc(finish.get("reason") or "unknown")  # the API's finish_reason: stop, length, abort
@@ -90,13 +90,14 @@ def _stats(tokens: Sequence[dict], finish: dict | None, lang: str) -> list[str]:
         usage = said_html(lang, " · usage: {prompt} prompt + {completion} completion ({cached} cached)",
                           prompt=str(u['prompt_tokens']), completion=str(u['completion_tokens']),
                           cached=str(u['cached_tokens'])) if u else said_html(lang, " · usage: not known")
-        stats.append(said_html(lang, "finished: {reason}{usage}", reason=f"<b>{reason}</b>", usage=usage))
+        stats.append(said_html(lang, "finished: {reason}{usage}", reason=bold(reason), usage=usage))
     return stats
 
 
 def _timed_chip(t: dict, peak: float, text: str, more: str = "", lang: str = i18n.DEFAULT) -> str:
     title = i18n.gettext(lang, "token {index} · id {id} · at {t} ms · +{latency} ms", index=str(t["index"]),
-                         id=str(t["token_id"]), t=f'{t["t"] * 1000:.0f}', latency=f'{t["latency"] * 1000:.1f}')
+                         id=str(t["token_id"]), t=format(t["t"] * 1000, ".0f"),
+                         latency=format(t["latency"] * 1000, ".1f"))
     return (f'<span class="tt-chip tt-timed" title="{esc(title)}{esc(more)}"><span class="tt-lat" '
             f'style="height:{min(1, t["latency"] / peak) * 100:.0f}%"></span>{text}</span>')
 

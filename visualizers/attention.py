@@ -15,13 +15,14 @@ a click on a cell opens that layer and head (overview_html).
 """
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 import numpy as np
 
 from visualizers import i18n
-from visualizers._html import (MASKED, OUTSIDE_WINDOW, colormap, empty, esc, hover_attr, hover_img, said_html,
-                              said_html_n, show_piece)
+from visualizers._html import (MASKED, OUTSIDE_WINDOW, bold, colormap, empty, esc, hover_attr, hover_img,
+                              said_html, said_html_n, show_piece)
 from visualizers.attention_overview import overview_html
 from visualizers.attention_rows import LayerIndex, key_positions
 from visualizers.char_runs import label_html, label_title
@@ -154,8 +155,14 @@ def _piece_at(labels: Sequence[str], pos: int) -> str:
 
 def _title_at(labels: Sequence[str], pos: int, lang: str = i18n.DEFAULT) -> str:
     more = label_title(labels, pos, lang=lang) if 0 <= pos < len(labels) and "<0x" in labels[pos] else ""
-    return i18n.gettext(lang, "position {p}: {token}", p=str(pos), token=repr(label_of(labels, pos))) \
+    return _said(lang, i18n.N_("position {p}: {token}")).format(p=pos, token=repr(label_of(labels, pos))) \
         + (f" · {more}" if more else "")
+
+
+@functools.cache
+def _said(lang: str, msgid: str) -> str:
+    """A catalog text of a label drawn once per row and column, looked up once (filled by the caller)."""
+    return i18n.gettext(lang, msgid)
 
 
 def _axis(labels: Sequence[str], lo: int, n: int, kinds: list[str | None], picked: int | None,
@@ -168,8 +175,8 @@ def _axis(labels: Sequence[str], lo: int, n: int, kinds: list[str | None], picke
     for i in range(n):
         pos = lo + i
         kind = kinds[i] or "none"
-        title = esc(i18n.gettext(lang, "query {what} ({kind})", what=_title_at(labels, pos, lang),
-                                 kind=i18n.gettext(lang, kinds[i] or "not captured")))
+        title = esc(_said(lang, i18n.N_("query {what} ({kind})")).format(what=_title_at(labels, pos, lang),
+                                                                 kind=_said(lang, kinds[i] or "not captured")))
         sel = " tt-amap-picked" if pos == picked else ""
         rows.append(f'<span class="tt-amap-r tt-k-{kind}{sel}" data-pos="{pos}" title="{title}">'
                     f"{_short_at(labels, pos)}<i>{pos}</i></span>")
@@ -184,7 +191,7 @@ def _axis(labels: Sequence[str], lo: int, n: int, kinds: list[str | None], picke
                              f"⋯{first}–{last}</span>")
                 gap_done = True
             continue
-        title = esc(i18n.gettext(lang, "key {what}", what=_title_at(labels, pos, lang)))
+        title = esc(_said(lang, i18n.N_("key {what}")).format(what=_title_at(labels, pos, lang)))
         heads.append(f'<span class="tt-amap-c" data-pos="{pos}" title="{title}">{_short_at(labels, pos)}'
                      "</span>")
     return "".join(rows), "".join(heads)
@@ -305,7 +312,7 @@ def attention_html(events: Sequence[dict], layer: int | None = None, head: int |
     if row is not None:
         said = "<div>" + said_html(lang, "query row: position {p} ({kind}, token {token}) attends most to {top}",
                                    p=str(hi - 1), kind=esc(i18n.gettext(lang, row.kind)),
-                                   token=f"<code>{_piece_at(labels, hi - 1)}</code>", top=_top_keys(row, labels)) \
+                                   token="<code>" + _piece_at(labels, hi - 1) + "</code>", top=_top_keys(row, labels)) \
             + "</div>"
     else:
         said = "<div class='tt-note'>" + said_html(
@@ -341,8 +348,8 @@ def _info(layer: int, layers: Sequence[int], head: int, last, window: int | None
     verify = said_html(lang, ", {n} verify", n=str(n_rows["verify"])) if n_rows["verify"] else ""
     key = {k: f"<span class='tt-k-{k}'>{said_html(lang, k)}</span>" for k in ("prefill", "decode", "verify")}
     first = said_html(lang, "layer {layer} of {layers} captured · query head {head} · {heads} share {kv_heads} ({group} "
-                            "per KV head) · {window}", layer=f"<b>{layer}</b>", layers=str(len(layers)),
-                      head=f"<b>{head}</b>", heads=said_html_n(lang, "{n} query head", "{n} query heads", num_heads),
+                            "per KV head) · {window}", layer=bold(layer), layers=str(len(layers)),
+                      head=bold(head), heads=said_html_n(lang, "{n} query head", "{n} query heads", num_heads),
                       kv_heads=said_html_n(lang, "{n} KV head", "{n} KV heads", num_kv), group=str(group),
                       window=_window_words(window, sliding_windows, lang))
     second = said_html(lang, "rows drawn: {prefill} prefill, {decode} decode{verify} · positions {lo}–{hi}{gap} · row "

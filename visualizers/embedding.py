@@ -60,8 +60,9 @@ def embedding_html(embeds: Sequence[dict], vocab_size: int | None = None, d_mode
     info = f"<div class='tt-lines'><div>{_shape(lang, mat, d_model, scale)}</div><div>" + said_html(
         lang, "first ids: {ids}", ids=esc(', '.join(map(str, ids[:16]))) + ('…' if len(ids) > 16 else '')) \
         + f"</div>{_picked_line(mat, ids, positions, selection, lang)}</div>"
+    row_name = i18n.gettext(lang, "{p} (id {id})")  # once, filled per row
     hover = hover_attr({"w": dims + 1, "h": n, "x0": 1,
-                        "rows": [i18n.gettext(lang, "{p} (id {id})", p=str(p), id=str(t)) for p, t in zip(positions, ids)],
+                        "rows": [row_name.format(p=p, id=t) for p, t in zip(positions, ids)],
                         "row_name": i18n.gettext(lang, "token"),
                         "gutter": [i18n.gettext(lang, "the selected pass's row") if p == picked else ""
                                    for p in positions],

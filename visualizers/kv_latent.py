@@ -6,7 +6,7 @@ shown to agree, and full K and V of every head beside it: what the latent saves.
 from __future__ import annotations
 
 from visualizers import i18n
-from visualizers._html import esc, fmt_bytes, said_html
+from visualizers._html import bold, esc, fmt_bytes, said_html
 from visualizers.kv_calculator import RefModel
 
 THIS_REQUEST = i18n.N_("this request")
@@ -32,13 +32,13 @@ def latent_formula_html(model: dict, tokens: int, who: str = THIS_REQUEST, lang:
                         "latent attention: one latent a token a layer, no K and V)"),
         said_html(lang, "this model: {layers} × ({rank} + {rope}) × tokens × {b} B ({dtype}) = {per_token}, the pool's "
                         "own count ({agree})", layers=str(L), rank=str(rank), rope=str(rope), b=str(b),
-                  dtype=esc(model['dtype']), per_token=f"<b>{per_line}</b>", agree=esc(agree)),
+                  dtype=esc(model['dtype']), per_token=bold(per_line), agree=esc(agree)),
         said_html(lang, "latent: {n} numbers a token a layer (1/{times} of full K and V: {full} B a token for {heads} "
-                        "heads × ({qk} + {v}) dims)", n=num(rank + rope), times=f"{full / max(per_token, 1):.0f}",
+                        "heads × ({qk} + {v}) dims)", n=num(rank + rope), times=format(full / max(per_token, 1), ".0f"),
                   full=num(full), heads=str(H), qk=str(qk), v=str(v)),
         said_html(lang, "{who}: {per} B × {tokens} tokens = {bytes}", who=esc(i18n.gettext(lang, who)),
-                  per=num(per_token), tokens=num(tokens), bytes=f"<b>{esc(fmt_bytes(per_token * tokens))}</b>"),
+                  per=num(per_token), tokens=num(tokens), bytes=bold(esc(fmt_bytes(per_token * tokens)))),
         said_html(lang, "pool: {blocks} blocks × {size} tokens = {capacity} tokens × {per} B = {bytes} allocated",
                   blocks=num(model['num_blocks']), size=str(model['block_size']), capacity=num(capacity),
-                  per=num(per_token), bytes=f"<b>{esc(fmt_bytes(model['kv_cache_bytes']))}</b>")]
+                  per=num(per_token), bytes=bold(esc(fmt_bytes(model['kv_cache_bytes']))))]
     return "<div class='tt-formula'>" + "<br>".join(lines) + "</div>"

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from visualizers import i18n
-from visualizers._html import bar, empty, esc, panel, said_html
+from visualizers._html import bar, bold, empty, esc, panel, said_html
 
 
 def _badge(hit: bool, lang: str) -> str:
@@ -43,7 +43,7 @@ def prefix_cache_html(lookup: dict | None, block_size: int | None = None, usage:
 
 def _reused(lang: str, cached: int, prompt: int) -> str:
     return said_html(lang, "tokens reused: {cached} of {prompt} prompt tokens",
-                     cached=f"<b>{i18n.number(lang, cached)}</b>", prompt=i18n.number(lang, prompt))
+                     cached=bold(i18n.number(lang, cached)), prompt=i18n.number(lang, prompt))
 
 
 def _skipped(lang: str, skipped: float, computed: int, now: bool) -> str:

@@ -160,5 +160,5 @@ def describe(run: Run, token: int, lang: str = i18n.DEFAULT) -> str:
         elif not whole:
             mine = min(e, c.end) - max(s, c.start)
             parts.append(i18n.gettext(lang, "{mine} of the {bytes} bytes of {char} ({code})", mine=str(mine),
-                                      bytes=str(c.end - c.start), char=c.text, code=f"U+{ord(c.text):04X}"))
+                                      bytes=str(c.end - c.start), char=c.text, code="U+" + format(ord(c.text), "04X")))
     return i18n.gettext(lang, "; ").join(parts)

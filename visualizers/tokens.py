@@ -5,7 +5,7 @@ import functools
 from typing import Sequence
 
 from visualizers import i18n
-from visualizers._html import empty, esc, panel, said_html, show_piece
+from visualizers._html import bold, empty, esc, panel, said_html, show_piece
 from visualizers.char_runs import cjk_note, is_word, label_title, piece_text, run_html
 from visualizers.token_chars import group
 
@@ -80,7 +80,7 @@ def tokens_html(tokenize: dict | None, generated: Sequence[dict] = (), prompt_to
         count = f"<b>{i18n.number(lang, prompt_tokens)}</b>" if prompt_tokens is not None else \
             said_html(lang, "not known yet")
         line = said_html(lang, "prompt tokens: {count} · generated: {generated}", count=count,
-                         generated=f"<b>{i18n.number(lang, len(generated))}</b>")
+                         generated=bold(i18n.number(lang, len(generated))))
         head = (f"<div class='tt-lines'><div>{line}</div>"
                 + (f"<div class='tt-note'>{esc(missing)}</div>" if missing else "") + "</div>")
         legend = f'<div class="tt-legend"><span class="tt-chip tt-gen">{gen_word}</span></div>'
@@ -111,8 +111,8 @@ def _head(tokenize: dict, toks: Sequence[dict], generated: int, lang: str) -> st
     line = said_html(
         lang, "prompt tokens: {count} ({special} special) · generated: {generated}{newest} · vocabulary: {vocab} logits "
               "({entries} tokenizer entries) · chat template: {template} · tokenized in {ms} ms",
-        count=f"<b>{num(tokenize['count'])}</b>", special=str(sum(1 for t in toks if t.get("special"))),
-        generated=f"<b>{num(generated)}</b>", newest=newest, vocab=f"<b>{num(tokenize['vocab_size'])}</b>",
+        count=bold(num(tokenize['count'])), special=str(sum(1 for t in toks if t.get("special"))),
+        generated=bold(num(generated)), newest=newest, vocab=bold(num(tokenize['vocab_size'])),
         entries=num(tokenize.get('tokenizer_size', tokenize['vocab_size'])),
         template=said_html(lang, "yes") if tokenize.get("chat_template") else said_html(lang, "no"),
         ms=esc(i18n.number(lang, tokenize.get('seconds', 0) * 1000, 1)))

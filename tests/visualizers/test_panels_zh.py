@@ -25,7 +25,7 @@ def test_the_trace_views_panels_in_chinese():
     emb, att = v.render("embedding"), v.render("attention")
     assert "<div class=\"tt-title\">嵌入</div>" in emb and "形状 <b>[6 个词元 × d_model 8]</b>" in emb, emb[:600]
     assert "已选中：读入 <code>.</code>（位置 5）并预测出" in emb, emb[:900]
-    assert "已记录的 2 层中的第 <b>0</b> 层 · 查询头 <b>0</b> · 2 个查询头共用1 个 KV 头" in att, att[:1500]
+    assert "已记录的 2 层中的第 <b>0</b> 层 · 查询头 <b>0</b> · 2 个查询头共用 1 个 KV 头" in att, att[:1500]
     assert "查询 ↓<br>键 →" in att and "query ↓" not in att
     english = view()
     assert "shape <b>[6 tokens × d_model 8]</b>" in english.render("embedding")

@@ -69,6 +69,6 @@ def test_a_sharded_and_a_disaggregated_request_in_chinese_with_their_numbers():
     x = {"num_blocks": 3, "tokens": 40, "bytes": 123456, "layers": [0, 1], "backend": "shm", "wire_ms": 0.123,
          "queue_ms": 1.25, "prefill_ms": 12.5, "src": "prefill 0", "dst": "decode 1"}
     apart = disagg_stage_html(x, 0.05, "zh_CN")
-    assert "<b>预填充与解码分离</b>：" in apart and "0 号预填充引擎用 12.5 ms 算完它的 40 个提示词元" in apart, apart
-    assert "传到 1 号解码引擎：交接共 1.4 ms，占它到首个词元的 50.0 ms 的 3%" in apart, apart
+    assert "<b>预填充与解码分离</b>：" in apart and "第 0 个预填充引擎用 12.5 ms 算完它的 40 个提示词元" in apart, apart
+    assert "传到第 1 个解码引擎：交接共 1.4 ms，占它到首个词元的 50.0 ms 的 3%" in apart, apart
     assert "Prefill and decode apart</b>: this request was prefilled" in disagg_stage_html(x, 0.05)
