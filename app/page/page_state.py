@@ -33,7 +33,7 @@ def stages_of(view: LiveView, lang: str = "en") -> list:
         stages = journey(view.model, view.request_id or "", view.body or None, view.events, view.outputs,
                          truncated=view.first("trace.truncated"), position=position, layer=view.layer,
                          trail=view.trail(), lang=lang)  # layer: the picker's (the MoE routing the words quote)
-        return with_code(stages, view.model, view.events, view.request_id or "", position, view.layer)  # code_panel
+        return with_code(stages, view.model, view.events, view.request_id or "", position, view.layer, lang)
 
 
 class PageState:

@@ -15,6 +15,7 @@ import pytest
 from app.page import texts
 from app.page.controller import Controller, Controls
 from app.page.live_view import LiveView
+from app.page.page_state import stages_of
 from app.page.tabs import set_lang
 from tests.service_utils import app_service, run_to_end, started
 from app.serving.requests import build_body
@@ -115,6 +116,17 @@ def test_one_device_and_the_handover_in_chinese(view):
     zh = re.sub(r"<[^>]+>", "", disagg_html([x, {"type": "finish", "ttft": 0.030}], "zh_CN"))
     assert "预填充与解码分离" in zh and "在 预填充引擎 0 上计算" in zh and "传到 解码引擎 1" in zh and "交接占了" in zh, zh
     assert not [e for e in english_of("visualizers/disagg.py") if e in zh]
+
+
+def test_the_code_that_ran_says_it_in_chinese(view):
+    """The lines each stage's "code that ran" adds to its words (code_facts): in the tab's language."""
+    zh = {st.key: st.text for st in stages_of(view, "zh_CN")}
+    en = {st.key: st.text for st in stages_of(view, "en")}
+    assert "Ran for this request:" in en["layers"] and "Its values:" in en["sampling"]
+    assert "本请求实际运行的：" in zh["layers"] and "这里没有走的路径：" in zh["layers"], zh["layers"][-600:]
+    assert "它的取值：" in zh["sampling"] and "抽到 p = " in zh["sampling"] and "最后一轮：" in zh["spec"]
+    assert not [w for w in ("Ran for this request", "Its values", "Not taken here", "proposals accepted", "drew p")
+                if w in zh["layers"] + zh["sampling"] + zh["spec"]]
 
 
 @pytest.mark.parametrize("name", list(PANELS))
