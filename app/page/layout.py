@@ -411,8 +411,8 @@ def _wire(page: gr.Blocks, ui: dict, ctl: Controller) -> None:
     ui["class_btn"].click(w.fn(ctl.start_classroom, keep="class_links"), None, ui["class_links"],
                           concurrency_limit=None, **quiet)
 
-    def calculator(tokens, dtype):
-        return viz.calculator_html(int(tokens or 0), dtype)
+    def calculator(tokens, dtype, request: gr.Request):  # in the tab's language
+        return viz.calculator_html(int(tokens or 0), dtype, lang=lang_of(key_of(request)))
 
     ui["calc_tokens"].change(calculator, [ui["calc_tokens"], ui["calc_dtype"]], ui["calc"], api_name="kv_calculator",
                              concurrency_limit=None)

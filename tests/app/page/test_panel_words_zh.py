@@ -20,6 +20,7 @@ from app.page.tabs import set_lang
 from tests.service_utils import app_service, run_to_end, started
 from app.serving.requests import build_body
 from visualizers.disagg import disagg_html
+from visualizers.kv_calculator import calculator_html
 from visualizers.i18n.extract import template
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*no_silent_downcasting", "ignore:The copy keyword")
@@ -116,6 +117,8 @@ def test_one_device_and_the_handover_in_chinese(view):
     zh = re.sub(r"<[^>]+>", "", disagg_html([x, {"type": "finish", "ttft": 0.030}], "zh_CN"))
     assert "预填充与解码分离" in zh and "在 预填充引擎 0 上计算" in zh and "传到 解码引擎 1" in zh and "交接占了" in zh, zh
     assert not [e for e in english_of("visualizers/disagg.py") if e in zh]
+    calc = calculator_html(2000, "float16", lang="zh_CN")  # the KV section's calculator, redrawn in the tab's language
+    assert "2 × 32 层 × 8 个 KV 头 × 128 维 × 2,000 个词元 × 2 B" in calc and "不用潜向量时" in calc and "公式" in calc
 
 
 def test_the_code_that_ran_says_it_in_chinese(view):
