@@ -348,10 +348,12 @@ def _wire(page: gr.Blocks, ui: dict, ctl: Controller) -> None:
     quiet = {"api_visibility": "private", "show_progress": "hidden"}
     settings = SETTINGS + ("model",)
     journey_out = [ui["map"]] + [ui[f"stage:{k}"] for k in KEYS] + [ui[f"section:{k}"] for k in KEYS] \
-        + [ui[n] for n in PANELS if n in ui]
+        + [ui[n] for n in PANELS if n in ui] \
+        + [ui[n] for n in ("summary", "note", "max_tokens", "speculative", "step", "step_note") if n in ui]
     # the load sets the tab's language and its words, then the journey of what it shows (the switch: again,
     # and its panels in the new language)
-    language.wire(page, ui["lang"], lambda key, panels: w.out(ctl.opening_page(key, panels), "map"), journey_out)
+    language.wire(page, ui["lang"], lambda key, panels: w.out(
+        {**ctl.opening_page(key, panels), **(ctl.page_words(key) if panels else {})}, "map"), journey_out)
     if ctl.live:
         watching = ui["watch"].click(w.gen(ctl.follow, ("layer", "head", "model")),
                                      w.inputs(("layer", "head", "model")), outputs, concurrency_limit=16, **quiet)

@@ -154,3 +154,20 @@ def test_a_language_switch_redraws_the_panels_and_send_streams_them_in_it(embedd
     c = Controls(user=USER, max_tokens=3, seed="1", level="full", model=ctl.model["name"], speculative=False)
     last = list(ctl.run("zh-tab", c))[-1]
     assert "抽到：" in last["sampling"] and "时间线" in last["timeline"] and "逻辑透镜" in last["logit_lens"]
+    assert last["step"]["label"].startswith("回放：本请求的第 1..")  # the replay bar's label, in the tab's language
+
+
+def test_the_words_around_the_controls_follow_the_tabs_language(embedded):
+    ctl = Controller(embedded)
+    set_lang("zh-words", "zh_CN")
+    words = ctl.page_words("zh-words")  # sent with the panels by a Chinese load and by the switch
+    info = ctl.model
+    assert f"{info['num_layers']} 层 · d_model" in words["summary"] and "KV 块池" in words["summary"]
+    assert words["max_tokens"]["label"].startswith("最大词元数（≤") and "真实模型：" in words["note"]
+    assert words["speculative"]["label"] == "推测解码" and "草稿模型" in words["speculative"]["info"]
+    assert "还没有可回放的内容" in words["step_note"] and words["step"]["label"].startswith("回放：")
+    set_lang("zh-words", "en")
+    assert f"{info['num_layers']} layers · d_model" in ctl.page_words("zh-words")["summary"]
+    set_lang("zh-words", "zh_CN")
+    picked = ctl.pick_model("zh-words", Controls(model=info["name"]))
+    assert "点击发送将发给这个模型" in picked["status"] and "最大词元数" in picked["max_tokens"]["label"]
