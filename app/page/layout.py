@@ -348,10 +348,12 @@ def _wire(page: gr.Blocks, ui: dict, ctl: Controller) -> None:
     quiet = {"api_visibility": "private", "show_progress": "hidden"}
     settings = SETTINGS + ("model",)
     journey_out = [ui["map"]] + [ui[f"stage:{k}"] for k in KEYS] + [ui[f"section:{k}"] for k in KEYS] \
-        + [ui[n] for n in PANELS if n in ui]
+        + [ui[n] for n in PANELS if n in ui] \
+        + [ui[n] for n in ("summary", "note", "max_tokens", "speculative", "step", "step_note") if n in ui]
     # the load sets the tab's language and its words, then the journey of what it shows (the switch: again,
     # and its panels in the new language)
-    language.wire(page, ui["lang"], lambda key, panels: w.out(ctl.opening_page(key, panels), "map"), journey_out)
+    language.wire(page, ui["lang"], lambda key, panels: w.out(
+        {**ctl.opening_page(key, panels), **(ctl.page_words(key) if panels else {})}, "map"), journey_out)
     if ctl.live:
         watching = ui["watch"].click(w.gen(ctl.follow, ("layer", "head", "model")),
                                      w.inputs(("layer", "head", "model")), outputs, concurrency_limit=16, **quiet)
@@ -411,8 +413,8 @@ def _wire(page: gr.Blocks, ui: dict, ctl: Controller) -> None:
     ui["class_btn"].click(w.fn(ctl.start_classroom, keep="class_links"), None, ui["class_links"],
                           concurrency_limit=None, **quiet)
 
-    def calculator(tokens, dtype):
-        return viz.calculator_html(int(tokens or 0), dtype)
+    def calculator(tokens, dtype, request: gr.Request):  # in the tab's language
+        return viz.calculator_html(int(tokens or 0), dtype, lang=lang_of(key_of(request)))
 
     ui["calc_tokens"].change(calculator, [ui["calc_tokens"], ui["calc_dtype"]], ui["calc"], api_name="kv_calculator",
                              concurrency_limit=None)

@@ -146,7 +146,7 @@ class Streaming(PageState):
             param = next((f for f in HINT_OF if str(e).startswith(f)), "messages")
         hint = tx(key, "⚠ {reason}", reason=e)
         return {**{h: "" for h in HINTS}, HINT_OF.get(param, "hint_send"):
-                f"<div class='tt-hint'>{viz._html.esc(hint)}</div>", **self.no_recording()}
+                f"<div class='tt-hint'>{viz._html.esc(hint)}</div>", **self.no_recording(view.lang)}
 
     def _send(self, key: str, c: Controls, client: str | None) -> Iterator[dict]:
         service = self.service_of(c.model)  # the picker offers served models only
@@ -181,7 +181,8 @@ class Streaming(PageState):
             # the last request's complaints are gone; its recording is no longer the one shown: said in the
             # stream's first update (an update of its own before it cost Gradio a round of every output, and
             # the first tokens waited behind it)
-            first = {**{h: "" for h in HINTS}, **self.no_recording(), **(self.lock(tab, False) if was_locked else {})}
+            first = {**{h: "" for h in HINTS}, **self.no_recording(tab.lang),
+                     **(self.lock(tab, False) if was_locked else {})}
 
             def refused_meanwhile() -> dict:  # a Send was refused while this one streamed: it can go now
                 if key not in self.sessions.refused:
@@ -266,7 +267,7 @@ class Streaming(PageState):
             # the controls show the request's own settings from its start, set once in the stream's first
             # update: an update of their own before it loses early tokens on screen, and set mid-stream
             # they stall the browser (benchmarks.measure --watch-tokens shows both)
-            first = merged(self.controls_for(info) if other else {}, own)  # locked already: follow's first yield
+            first = merged(self.controls_for(info, lang=tab.lang) if other else {}, own)  # locked: follow's first yield
             yield from self.stream(tab, next_items, first, key=key)
         finally:
             service.unsubscribe(sub)

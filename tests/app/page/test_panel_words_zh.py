@@ -15,10 +15,12 @@ import pytest
 from app.page import texts
 from app.page.controller import Controller, Controls
 from app.page.live_view import LiveView
+from app.page.page_state import stages_of
 from app.page.tabs import set_lang
 from tests.service_utils import app_service, run_to_end, started
 from app.serving.requests import build_body
 from visualizers.disagg import disagg_html
+from visualizers.kv_calculator import calculator_html
 from visualizers.i18n.extract import template
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*no_silent_downcasting", "ignore:The copy keyword")
@@ -115,6 +117,19 @@ def test_one_device_and_the_handover_in_chinese(view):
     zh = re.sub(r"<[^>]+>", "", disagg_html([x, {"type": "finish", "ttft": 0.030}], "zh_CN"))
     assert "预填充与解码分离" in zh and "在 预填充引擎 0 上计算" in zh and "传到 解码引擎 1" in zh and "交接占了" in zh, zh
     assert not [e for e in english_of("visualizers/disagg.py") if e in zh]
+    calc = calculator_html(2000, "float16", lang="zh_CN")  # the KV section's calculator, redrawn in the tab's language
+    assert "2 × 32 层 × 8 个 KV 头 × 128 维 × 2,000 个词元 × 2 B" in calc and "不用潜向量时" in calc and "公式" in calc
+
+
+def test_the_code_that_ran_says_it_in_chinese(view):
+    """The lines each stage's "code that ran" adds to its words (code_facts): in the tab's language."""
+    zh = {st.key: st.text for st in stages_of(view, "zh_CN")}
+    en = {st.key: st.text for st in stages_of(view, "en")}
+    assert "Ran for this request:" in en["layers"] and "Its values:" in en["sampling"]
+    assert "本请求实际运行的：" in zh["layers"] and "这里没有走的路径：" in zh["layers"], zh["layers"][-600:]
+    assert "它的取值：" in zh["sampling"] and "抽到 p = " in zh["sampling"] and "最后一轮：" in zh["spec"]
+    assert not [w for w in ("Ran for this request", "Its values", "Not taken here", "proposals accepted", "drew p")
+                if w in zh["layers"] + zh["sampling"] + zh["spec"]]
 
 
 @pytest.mark.parametrize("name", list(PANELS))
@@ -139,3 +154,20 @@ def test_a_language_switch_redraws_the_panels_and_send_streams_them_in_it(embedd
     c = Controls(user=USER, max_tokens=3, seed="1", level="full", model=ctl.model["name"], speculative=False)
     last = list(ctl.run("zh-tab", c))[-1]
     assert "抽到：" in last["sampling"] and "时间线" in last["timeline"] and "逻辑透镜" in last["logit_lens"]
+    assert last["step"]["label"].startswith("回放：本请求的第 1..")  # the replay bar's label, in the tab's language
+
+
+def test_the_words_around_the_controls_follow_the_tabs_language(embedded):
+    ctl = Controller(embedded)
+    set_lang("zh-words", "zh_CN")
+    words = ctl.page_words("zh-words")  # sent with the panels by a Chinese load and by the switch
+    info = ctl.model
+    assert f"{info['num_layers']} 层 · d_model" in words["summary"] and "KV 块池" in words["summary"]
+    assert words["max_tokens"]["label"].startswith("最大词元数（≤") and "真实模型：" in words["note"]
+    assert words["speculative"]["label"] == "推测解码" and "草稿模型" in words["speculative"]["info"]
+    assert "还没有可回放的内容" in words["step_note"] and words["step"]["label"].startswith("回放：")
+    set_lang("zh-words", "en")
+    assert f"{info['num_layers']} layers · d_model" in ctl.page_words("zh-words")["summary"]
+    set_lang("zh-words", "zh_CN")
+    picked = ctl.pick_model("zh-words", Controls(model=info["name"]))
+    assert "点击发送将发给这个模型" in picked["status"] and "最大词元数" in picked["max_tokens"]["label"]
