@@ -4,9 +4,9 @@ a tab whose language is Chinese (no browser: every update folded as the browser 
 the blank page's load included; each panel and stage it covers is read for Latin words
 (tests/app/page/chinese_prose.py says which are kept) and every one left is named.
 
-Covered now: the stages' sentences, the map and the panels below (issue 42's zh1 share); the
-other panels (KV, MoE, sampling, speculation, lens, timeline, parallel) join when they speak
-Chinese."""
+Covered: every panel, stage sentence, hint and line the page's updates carry (the map, Status,
+the replay's notes), with speculation on so that its stage and panel speak too; not the export
+buttons' file paths."""
 from __future__ import annotations
 
 import pytest
@@ -19,8 +19,9 @@ from visualizers.journey import KEYS
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*no_silent_downcasting", "ignore:The copy keyword")
 
-PANELS = ("request", "prefix", "tokens", "embedding", "attention", "answer", "choices")
-COVERED = PANELS + ("map",) + tuple(f"stage:{k}" for k in KEYS)
+PANELS = ("request", "prefix", "tokens", "embedding", "attention", "answer", "choices", "kv", "logit_lens", "moe",
+          "sampling", "spec", "timeline", "parallel")
+NOT_PROSE = {"export", "export_timeline"}  # the exports' file paths
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +41,7 @@ def fold(screen: dict, update: dict, prefix: str = "") -> None:
 
 
 def offenders(screen: dict, names: set[str]) -> dict[str, list[str]]:
-    bad = {n: sorted(set(english(screen[n], names))) for n in screen if n.split(":", 1)[-1] in COVERED
-           or n.removeprefix("idle:") in COVERED}
+    bad = {n: sorted(set(english(screen[n], names))) for n in screen if n.removeprefix("idle:") not in NOT_PROSE}
     return {n: words for n, words in bad.items() if words}
 
 
@@ -53,13 +53,14 @@ def test_the_chinese_page_has_no_english_prose_before_during_and_after_a_request
     fold(screen, ctl.opening_page("zh-prose", True), "idle:")  # the load in Chinese: the blank page's panels too
     assert {f"idle:{p}" for p in PANELS} <= set(screen), sorted(screen)
     mid: dict = {}
-    c = Controls(user="用一句话解释 KV 缓存。", max_tokens=8, level="full", model=ctl.model["name"])
+    c = Controls(user="用一句话解释 KV 缓存。", max_tokens=8, level="full", model=ctl.model["name"], speculative=True, k=3)
     for update in ctl.run("zh-prose", c):
         fold(screen, update)
         if "stage:tokens" in screen and not mid:
             mid = dict(screen)  # the first picture with the request's own words
     assert "已结束" in screen["status"], screen["status"]
     assert "个词元" in screen["stage:tokens"] and "提示词元" in screen["tokens"], screen["tokens"][:400]
+    assert {p for p in PANELS} <= set(screen) and {f"stage:{k}" for k in KEYS} <= set(screen), sorted(screen)
     bad = offenders(screen, names) or offenders(mid, names)
     assert not bad, bad
     # the same page in English: the check finds its words (it can fail)
