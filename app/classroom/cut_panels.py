@@ -37,12 +37,13 @@ def cut_panel(view, name: str, note: dict | None, lang: str = i18n.DEFAULT) -> s
         what = i18n.ngettext(lang, "the class sees the first {n} token", "the class sees the first {n} tokens",
                              shown) if shown else gettext(lang, "the class sees none of the answer yet")
         said = gettext(lang, "{what}; {state}; {rest}", what=what, state=state, rest=rest)
-        return viz.answer_html(view.stream_tokens(), None, view.error, "done", said, view.piece)
+        return viz.answer_html(view.stream_tokens(), None, view.error, "done", said, view.piece, lang=lang)
     if name == "choices" and view.n > 1:
-        return choices_html(view.choice_outputs(), view.n, gettext(lang, "{state}; the rest is hidden", state=state))
+        return choices_html(view.choice_outputs(), view.n, gettext(lang, "{state}; the rest is hidden", state=state),
+                            lang=lang)
     if name == "spec" and view.has_input(name) and _drawn_with_the_hidden(view, note):
         sel = view.selection()
-        return viz.spec_html(view.by_type["spec"], True, view.pieces(), selection=sel, hidden_round=True)
+        return viz.spec_html(view.by_type["spec"], True, view.pieces(), selection=sel, hidden_round=True, lang=lang)
     if name in HIDES and not view.has_input(name):
         if name == "spec" and not (view.speculative and view.model.get("has_draft")):
             return None  # off for this request: the page's own words say so

@@ -127,10 +127,12 @@ def chrome_updates(lang: str, chrome: list) -> dict:
     return out
 
 
-def wire(page: gr.Blocks, radio: gr.Radio, journey: Callable[[str], dict] | None = None,
+def wire(page: gr.Blocks, radio: gr.Radio, journey: Callable[[str, bool], dict] | None = None,
          journey_out: Sequence = ()) -> None:
-    """The load and the switch set the tab's language and its chrome, then (journey(key) ->
-    {component: value}) the words drawn in that language (call once every tab's blocks exist)."""
+    """The load and the switch set the tab's language and its chrome, then (journey(key, redraw)
+    -> {component: value}) the words drawn in that language; redraw: the panels too (the switch,
+    a load in another language than the English the page is built in). Call once every tab's
+    blocks exist."""
     chrome = chrome_of(page)
     outputs = [radio] + [b for b, _ in chrome] + [c for c in journey_out if c not in {b for b, _ in chrome}]
     quiet = {"api_visibility": "private", "show_progress": "hidden", "concurrency_limit": None}
@@ -139,7 +141,7 @@ def wire(page: gr.Blocks, radio: gr.Radio, journey: Callable[[str], dict] | None
         set_lang(key_of(request), lang)
         out = chrome_updates(lang, chrome) if chrome_too else {}
         out[radio] = gr.update(**{**out.get(radio, {}), "value": WORD[lang]})  # (its label is chrome too)
-        return {**out, **(journey(key_of(request)) if journey else {})}
+        return {**out, **(journey(key_of(request), chrome_too) if journey else {})}
 
     def on_load(request: gr.Request) -> dict:
         # the page is built in English: an English tab's load touches none of its ~100 blocks

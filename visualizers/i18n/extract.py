@@ -27,8 +27,9 @@ from babel.messages.pofile import read_po, write_po
 from visualizers.i18n.catalog import LANGS, LOCALES, po_path
 
 ROOT = Path(__file__).resolve().parents[2]
-KEYWORDS = {"gettext": (2,), "ngettext": (2, 3), "tx": (2,), "ntx": (2, 3), "said": (2,),
-            "said_n": (2, 3), "N_": None}
+KEYWORDS = {"gettext": (2,), "ngettext": (2, 3), "tx": (2,), "ntx": (2, 3), "said": (2,), "said_in": (2,),
+            "said_n": (2, 3), "said_html": (2,), "said_html_n": (2, 3),
+            "N_": None}
 TEXT_ATTRS = ("label", "info", "placeholder")
 FIRST_ARG = {"Button", "UploadButton", "DownloadButton", "Tab", "Accordion"}
 JS_CALL = re.compile(r"\btr\((['\"])(.+?)\1|\btrn\((['\"])(.+?)\3,\s*(['\"])(.+?)\5")

@@ -68,6 +68,8 @@ def test_a_masked_room_hides_the_answer_in_chinese_too(recording):
     answer = next(i for i, s in enumerate(room.stage_list("zh_CN")) if s.key == "answer")
     drawn = room.render(answer, "zh_CN")
     assert "答案先隐藏，直到主讲人请全班预测它" in drawn and "the class sees" not in drawn
+    panel = drawn.split("tt-class-panels", 1)[1]
+    assert ">Answer<" not in panel and HAN.search(re.sub(r"<[^>]+>", "", panel).split()[0])  # its title too
     assert "the class sees" in room.render(answer)  # the English screen's own words
 
 
