@@ -131,7 +131,8 @@ class Room:
         return with_code(journey(shown.model, shown.request_id, shown.body, shown.events, shown.outputs,
                                  self._kv_peak(), shown.truncated, position=self.shown_position(),
                                  hidden_from=self._hidden, layer=int(self.pick["layer"]), lang=lang),
-                         shown.model, shown.events, shown.request_id, self.shown_position(), int(self.pick["layer"]))
+                         shown.model, shown.events, shown.request_id, self.shown_position(), int(self.pick["layer"]),
+                         lang)
 
     def _kv_peak(self) -> dict | None:
         cursor = ReplayCursor(self._shown)
