@@ -10,9 +10,8 @@ from html.parser import HTMLParser
 # elements whose text is a token's, code or JSON, never the page's own words
 SKIP_TAGS = {"code", "pre", "sub", "script", "style"}
 SKIP_CLASSES = {"tt-chip", "tt-answer", "tt-json", "tt-choice-text", "tt-char", "tt-part", "tt-hex", "tt-run",
-                "tt-notext", "tt-amap-r", "tt-amap-c",  # the attention map's axes: token labels
-                "tt-tok",  # the MoE table's token column
-                "tt-code-ran", "tt-code-box"}  # the code view beside a stage: not translated yet (issue 42)
+                "tt-notext", "tt-amap-r", "tt-amap-c", "tt-tok",  # the attention map's axes, MoE rows: token labels
+                "tt-code-ran", "tt-code-box"}  # the code view beside a stage: some lines English yet (issue 42)
 # Latin words the Chinese keeps as they are: names of things in code, the API, units, the model's parts
 KEPT = {"KV", "MoE", "MLP", "MLA", "ID", "IDs", "logit", "logits", "lens", "RoPE", "SwiGLU", "GeGLU", "Softmax",
         "softmax", "nats", "TTFT", "SSE", "API", "JSON", "OpenAI", "all", "reduce", "to", "d_model", "UTF", "LM",
@@ -21,7 +20,7 @@ KEPT = {"KV", "MoE", "MLP", "MLA", "ID", "IDs", "logit", "logits", "lens", "RoPE
         "GiB", "MiB", "KiB", "ms", "BPE", "byte", "level", "FlashAttention", "SDPA", "torch", "c_fused", "prompt",
         "lookup", "POST", "completions", "chat", "temperature", "presence_penalty", "frequency_penalty",
         "repetition_penalty", "min_tokens", "logit_bias", "finish_reason", "usage", "max_tokens", "gram", "argmax",
-        "hidden", "vocab", "Llama"}  # Llama: a model family (the parallel panel's Llama-3-70B)
+        "hidden", "vocab", "Llama"}  # (Llama: the reference model the parallelism panel quotes)
 
 
 class _Text(HTMLParser):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 
 from app.page.controller import Controller, Controls
+from app.page.live_view import PANELS
 from app.page.tabs import set_lang
 from tests.app.page.chinese_prose import english
 from tests.service_utils import app_service, started
@@ -19,8 +20,6 @@ from visualizers.journey import KEYS
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*no_silent_downcasting", "ignore:The copy keyword")
 
-PANELS = ("request", "prefix", "tokens", "embedding", "attention", "answer", "choices", "kv", "logit_lens", "moe",
-          "sampling", "spec", "timeline", "parallel")
 NOT_PROSE = {"export", "export_timeline"}  # the exports' file paths
 
 
