@@ -128,6 +128,7 @@ def test_the_code_that_ran_says_it_in_chinese(view):
     assert "Ran for this request:" in en["layers"] and "Its values:" in en["sampling"]
     assert "本请求实际运行的：" in zh["layers"] and "这里没有走的路径：" in zh["layers"], zh["layers"][-600:]
     assert "它的取值：" in zh["sampling"] and "抽到 p = " in zh["sampling"] and "最后一轮：" in zh["spec"]
+    assert "页面上的发送" in zh["request"] and "由草稿模型提议 k 个词元" in zh["spec"]  # the ways' names (the code map's)
     assert not [w for w in ("Ran for this request", "Its values", "Not taken here", "proposals accepted", "drew p")
                 if w in zh["layers"] + zh["sampling"] + zh["spec"]]
 
