@@ -103,6 +103,11 @@ def heat_img(rgb: np.ndarray, css_class: str, title: str, height_px: int | None 
     return f'<img class="{css_class}" alt="{esc(title)}" title="{esc(title)}" src="{png_data_uri(rgb)}"{style}>'
 
 
+def bold(text: object) -> str:
+    """Safe HTML (a number, a formatted value) in bold: a value filled into a catalog's text."""
+    return f"<b>{text}</b>"
+
+
 def said_html(lang: str, msgid: str, **values: str) -> str:
     """A panel's text from the catalogs in `lang` as HTML: the text escaped, its {names} filled
     with the given HTML (escape what came from a token or a request before passing it)."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
+from visualizers import i18n
 from visualizers._html import empty, esc, fmt_bytes, panel, said_html
 from visualizers.i18n import N_, gettext, number, percent, size
 
@@ -174,19 +175,35 @@ def _handover_words(s: dict, lang: str) -> str:
     return text
 
 
-def disagg_stage_html(x: dict, ttft_s: float | None = None) -> str:
+def _engine_name(engine: str | None, role: str, lang: str) -> str:
+    """_name() in lang: "prefill engine 1", "the decode engine"."""
+    role_, _, index = (engine or role).partition(" ")
+    word = i18n.gettext(lang, "prefill") if role_ == "prefill" else i18n.gettext(lang, "decode") \
+        if role_ == "decode" else role_
+    return (i18n.gettext(lang, "{role} engine {index}", role=word, index=index) if index else
+            i18n.gettext(lang, "the {role} engine", role=word))
+
+
+def disagg_stage_html(x: dict, ttft_s: float | None = None, lang: str = i18n.DEFAULT) -> str:
     """The stage's words (page and classroom): this request's handover, its numbers."""
     s = transfer_summary(x, ttft_s)
-    share = (f", {s['share_of_ttft']:.0%} of its {s['ttft_ms']:,.1f} ms to the first token"
-             if s["share_of_ttft"] is not None else "")
-    return (f"<p><b>Prefill and decode apart</b>: this request was prefilled on one engine and decoded on "
-            f"another, each with its own KV pool. {esc(s['src_name'][:1].upper() + s['src_name'][1:])} computed its "
-            f"{s['tokens']:,} prompt tokens "
-            f"in {s['prefill_ms']:,.1f} ms and drew the first token; then its KV cache, {s['blocks']} blocks of "
-            f"{s['layers']} layers, <b>{esc(fmt_bytes(s['bytes']))}</b>, crossed to {esc(s['dst_name'])} in "
-            f"<b>{s['wire_ms']:,.2f} ms</b> on the wire ({esc(s['backend'])}) after {s['queue_ms']:,.1f} ms of "
-            f"waiting: a handover of {s['handover_ms']:,.1f} ms{share}. The price of keeping long prefills out of "
-            f"the decoding requests' steps.</p>")
+    num = i18n.number
+    share = said_html(lang, ", {share} of its {ttft} ms to the first token",
+                      share=esc(i18n.percent(lang, s["share_of_ttft"])), ttft=num(lang, s["ttft_ms"], 1)) \
+        if s["share_of_ttft"] is not None else ""
+    src = _engine_name(x.get("src"), "prefill", lang)
+    return "<p>" + said_html(
+        lang, "{name}: this request was prefilled on one engine and decoded on another, each with its own KV pool. "
+              "{src} computed its {tokens} prompt tokens in {prefill} ms and drew the first token; then its KV cache, "
+              "{blocks} blocks of {layers} layers, {bytes}, crossed to {dst} in {wire} on the wire ({backend}) "
+              "after {queue} ms of waiting: a handover of {handover} ms{share}. The price of keeping long prefills "
+              "out of the decoding requests' steps.",
+        name="<b>" + said_html(lang, "Prefill and decode apart") + "</b>", src=esc(src[:1].upper() + src[1:]),
+        tokens=num(lang, s["tokens"]), prefill=num(lang, s["prefill_ms"], 1), blocks=str(s["blocks"]),
+        layers=str(s["layers"]), bytes=f"<b>{esc(fmt_bytes(s['bytes']))}</b>",
+        dst=esc(_engine_name(x.get("dst"), "decode", lang)), wire=f"<b>{num(lang, s['wire_ms'], 2)} ms</b>",
+        backend=esc(s["backend"]), queue=num(lang, s["queue_ms"], 1), handover=num(lang, s["handover_ms"], 1),
+        share=share) + "</p>"
 
 
 def disagg_html(events: Sequence[dict], lang: str = "en") -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from visualizers import i18n
 from visualizers._html import esc, fmt_bytes, not_recorded, panel, said_html, said_html_n
 from visualizers.i18n import N_, gettext, number, percent, size
 
@@ -149,7 +150,7 @@ def _span(items: Sequence[int]) -> str:
     return ",".join(str(i) for i in items)
 
 
-def measured_stage_html(events: Sequence[dict]) -> str:
+def measured_stage_html(events: Sequence[dict], lang: str = i18n.DEFAULT) -> str:
     """Classroom stage 13's opening when the request ran sharded: its own measured numbers."""
     if not events:
         return ""
@@ -160,17 +161,29 @@ def measured_stage_html(events: Sequence[dict]) -> str:
     fwd = sum(s["forward_ms"] for s in sums)
     moved = sum(s["bytes"] for s in sums)
     count = sum(s["count"] for s in sums)
-    latent = events[0].get("placement", {}).get("latent")
-    where = "; ".join(f"rank {r}: query heads {_span(p.get('heads', []))}, "
-                      + ("the whole latent" if latent else f"KV heads {_span(p.get('kv_heads', []))}")
-                      + (f", experts {_span(p['experts'])}" if p.get("experts") and
-                         events[0]["placement"].get("expert_parallel") else "") for r, p in enumerate(ranks))
-    share = ", ".join(f"rank {r} {ms:.1f} ms ({ms / fwd:.0%})" if fwd > 0 else f"rank {r} {ms:.1f} ms"
-                      for r, ms in enumerate(comm))
-    return (f"<p>This request <b>ran sharded</b> over <b>{n}</b> ranks ({esc(where)}). Over its {len(events)} "
-            f"steps they ran <b>{count:,}</b> collectives and each rank sent <b>{esc(fmt_bytes(moved))}</b> into "
-            f"them; of <b>{fwd:.1f} ms</b> of forward passes, the all-reduces took {esc(share)} (time in a "
-            f"collective includes waiting for the slower rank).</p>")
+    placement = events[0].get("placement", {})
+    where = i18n.gettext(lang, "; ").join(_rank_holds(r, p, placement, lang) for r, p in enumerate(ranks))
+    ms = lambda x: i18n.number(lang, x, 1)  # noqa: E731
+    share = i18n.gettext(lang, ", ").join(
+        i18n.gettext(lang, "rank {r} {ms} ms ({share})", r=str(r), ms=ms(t), share=i18n.percent(lang, t / fwd))
+        if fwd > 0 else i18n.gettext(lang, "rank {r} {ms} ms", r=str(r), ms=ms(t)) for r, t in enumerate(comm))
+    return "<p>" + said_html(
+        lang, "This request {sharded} over {n} ranks ({where}). Over its {steps} steps they ran {count} collectives "
+              "and each rank sent {bytes} into them; of {forward} of forward passes, the all-reduces took {share} "
+              "(time in a collective includes waiting for the slower rank).",
+        sharded="<b>" + said_html(lang, "ran sharded") + "</b>", n=f"<b>{n}</b>", where=esc(where),
+        steps=str(len(events)), count=f"<b>{i18n.number(lang, count)}</b>", bytes=f"<b>{esc(fmt_bytes(moved))}</b>",
+        forward=f"<b>{ms(fwd)} ms</b>", share=esc(share)) + "</p>"
+
+
+def _rank_holds(r: int, p: dict, placement: dict, lang: str) -> str:
+    """"rank 0: query heads 0–1, KV heads 0, experts 0–3"."""
+    heads = (i18n.gettext(lang, "the whole latent") if placement.get("latent") else
+             i18n.gettext(lang, "KV heads {span}", span=_span(p.get("kv_heads", []))))
+    experts = i18n.gettext(lang, ", experts {span}", span=_span(p["experts"])) \
+        if p.get("experts") and placement.get("expert_parallel") else ""
+    return i18n.gettext(lang, "rank {r}: query heads {span}, {heads}{experts}", r=str(r),
+                        span=_span(p.get("heads", [])), heads=heads, experts=experts)
 
 
 def parallel_html(events: Sequence[dict], model: dict, level: str = "full", idle: bool = False,

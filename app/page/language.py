@@ -86,7 +86,7 @@ def _html_texts(html: str) -> list[str]:
 def chrome_of(page: gr.Blocks) -> list[tuple[gr.blocks.Block, dict[str, str]]]:
     """Each block of the built page with its English texts that have a catalog entry:
     [(block, {attribute: English})] (label, info, placeholder; a button's text; a marked
-    HTML block's whole value)."""
+    HTML block's whole value; a marked picker's shown choices, its values kept)."""
     known, out = _known(), []
     for block in page.blocks.values():
         texts = {a: getattr(block, a) for a in TEXT_ATTRS
@@ -95,6 +95,8 @@ def chrome_of(page: gr.Blocks) -> list[tuple[gr.blocks.Block, dict[str, str]]]:
             texts["value"] = block.value
         if isinstance(block, gr.HTML) and TRANSLATED in (block.elem_classes or []) and isinstance(block.value, str):
             texts["value"] = block.value
+        if isinstance(block, (gr.Dropdown, gr.Radio)) and TRANSLATED in (block.elem_classes or []):
+            texts["choices"] = block.choices  # a marked picker: [(shown, value)], the shown words translated
         if texts and block is not None:
             out.append((block, texts))
     return out
@@ -117,6 +119,9 @@ def chrome_updates(lang: str, chrome: list) -> dict:
     for block, texts in chrome:
         if isinstance(block, gr.HTML):
             out[block] = gr.update(value=translate_html(lang, texts["value"]))
+        elif "choices" in texts:
+            out[block] = gr.update(choices=[(i18n.gettext(lang, shown), v) for shown, v in texts["choices"]],
+                                   **{a: i18n.gettext(lang, t) for a, t in texts.items() if a != "choices"})
         else:
             out[block] = gr.update(**{a: i18n.gettext(lang, msgid) for a, msgid in texts.items()})
     return out

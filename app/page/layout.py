@@ -48,10 +48,10 @@ from visualizers.journey import KEYS
 CSS = (Path(__file__).with_name("page.css")).read_text() + "\n" + (
     Path(__file__).with_name("panels.css").read_text() if Path(__file__).with_name("panels.css").exists() else "") \
     + CODE_CSS + "\n" + language.CSS
-# hover tips, token picks; code points; a chip's section in view; the answer's newest lines in
-# view; a stage's code view fetched when it opens
+# a Chinese page hidden until its load made it Chinese; hover tips, token picks; code points; a chip's
+# section in view; the answer's newest lines in view; a stage's code view fetched when it opens
 HEAD = "".join(f"<script>{Path(__file__).with_name(js).read_text()}</script>"
-               for js in ("hover.js", "glyphs.js", "focus.js", "follow.js", "code.js"))
+               for js in ("first_paint.js", "hover.js", "glyphs.js", "focus.js", "follow.js", "code.js"))
 LATER_PANELS = ("logit_lens", "parallel")  # panels added after the page's API was published: last in its outputs
 NEWEST = ("choices",)
 SIDEBAR = ("answer",)  # panels drawn beside the map (under Send), not in their stage's section  # added later still: at the very end of the outputs (after the extra controls)

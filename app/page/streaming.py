@@ -133,18 +133,20 @@ class Streaming(PageState):
             self.sessions.wait_free(key, 0.1)  # (its id may not be known yet: look again)
         return busy
 
-    def _refused(self, e: ValueError, view: LiveView, submission) -> dict:
-        """A request refused before or by the engine: the reason under the control it is about."""
+    def _refused(self, key: str, e: ValueError, view: LiveView, submission) -> dict:
+        """A request refused before or by the engine: the reason under the control it is about, in
+        the API's words (they stay English), the page's own around them in the tab's language."""
         checks = getattr(e, "checks", None) or submission.checks + [("engine", False, str(e))]
         view.validation = {"ok": False, "error": str(e), "checks": checks}
-        view.error = f"not sent: {e}"
+        view.error = tx(key, "not sent: {reason}", reason=e)
         param = getattr(e, "param", None)
         if param is None and submission is not None and not isinstance(e, RequestRefused):
             # parsed fine, refused by the engine: a field its message names (a logit_bias id past the
             # vocabulary), else the prompt (empty, too long for the context or the pool)
             param = next((f for f in HINT_OF if str(e).startswith(f)), "messages")
+        hint = tx(key, "⚠ {reason}", reason=e)
         return {**{h: "" for h in HINTS}, HINT_OF.get(param, "hint_send"):
-                f"<div class='tt-hint'>⚠ {viz._html.esc(e)}</div>", **self.no_recording(view.lang)}
+                f"<div class='tt-hint'>{viz._html.esc(hint)}</div>", **self.no_recording(view.lang)}
 
     def _send(self, key: str, c: Controls, client: str | None) -> Iterator[dict]:
         service = self.service_of(c.model)  # the picker offers served models only
@@ -166,7 +168,7 @@ class Streaming(PageState):
             # the server's per-client cap, then the engine's own checks: context, KV pool, vocabulary
             watch = service.submit(submission, client=client)
         except ValueError as e:
-            refused = self._refused(e, view, submission)
+            refused = self._refused(key, e, view, submission)
             yield {**self.full(tab, view, tx(key, "rejected: {reason}", reason=e)), **refused}
             return
         view.request_id = watch.request_id

@@ -163,7 +163,8 @@ def step_note(frames: int, never_ran: bool = False, which: str = "", lang: str =
                        which=which)
     else:
         return ""
-    return f"<div class='tt-step-note'>{viz._html.esc(gettext(lang, 'Replay: {said}', said=said))}</div>"
+    line = gettext(lang, "Replay: {said}", said=said)  # outside the f-string: the extractor reads it
+    return f"<div class='tt-step-note'>{viz._html.esc(line)}</div>"
 
 
 def clamp_step(number_, frames: int, lang: str = "en") -> tuple[int, str]:
