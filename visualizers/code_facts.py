@@ -68,6 +68,7 @@ def read(events: Sequence[Mapping], request_id: str) -> tuple[dict[str, dict[str
 
 def _ran_line(key: str, ways: Mapping[str, list[int]], names: Mapping[str, str], where: Mapping[str, str],
               lang: str = "en") -> str:
+    names = {w: gettext(lang, name) for w, name in names.items()}  # the code map's words (extract reads them)
     if key == "request":
         (way, _), = ways.items()
         other = [names.get(w, w) for w in INTAKE_WAYS if w != way]

@@ -278,7 +278,8 @@ def _pool_picture(pool: dict, states: list[str], fill: dict[int, int], mark: int
                  if owners.get(b) else "")
               + " · " + gettext(lang, "{filled}/{size} tokens", filled=fill.get(b, 0), size=bs)
               for b, st in enumerate(states) if st != "free"}
-    hover = hover_attr({"kind": "blocks", "w": cols, "h": -(-n // cols), "n": n, "blocks": blocks})
+    free = gettext(lang, "block {block} · free")  # a free block's hover: hover.js fills in {block}
+    hover = hover_attr({"kind": "blocks", "w": cols, "h": -(-n // cols), "n": n, "blocks": blocks, "free": free})
     alt = gettext(lang, "KV block pool: {n} blocks, {cols} per row, block 0 top left", n=n, cols=cols)
     grid = hover_img(img, "tt-kv-img", alt, hover, img.shape[1], img.shape[0])
     data = " ".join(f'data-{s}="{c}"' for s, c in counts.items())

@@ -47,9 +47,10 @@ def paths() -> dict[str, str]:
 
 
 @cache
-def code_views() -> dict[str, str]:
-    """Stage key -> its code view's HTML: closed, its one line; its functions fetched on opening."""
-    return {key: stage_code_html(key, entries, paths(), src=f"code/{key}") for key, entries in stages().items()}
+def code_views(lang: str = "en") -> dict[str, str]:
+    """Stage key -> its code view's HTML: closed, its one line (in `lang`); its functions fetched on opening."""
+    return {key: stage_code_html(key, entries, paths(), src=f"code/{key}", lang=lang)
+            for key, entries in stages().items()}
 
 
 @cache

@@ -276,7 +276,8 @@ def _stages(ui: dict, ctl: Controller) -> None:
                        visible=not (st.skipped if st else False)) as section:
             ui[f"stage:{key}"] = gr.HTML(stage_html(st) if st else "", elem_id=f"tt-stage-text-{key}",
                                          padding=False)
-            gr.HTML(code_views().get(key, ""), elem_id=f"tt-code-{key}", padding=False)  # drawn once (code_panel.py)
+            ui[f"code:{key}"] = gr.HTML(code_views().get(key, ""), elem_id=f"tt-code-{key}",  # code_panel.py
+                                        padding=False)
             for name in placed[key]:
                 if name not in SIDEBAR:
                     _panel(ui, name, blank)
@@ -349,7 +350,8 @@ def _wire(page: gr.Blocks, ui: dict, ctl: Controller) -> None:
     settings = SETTINGS + ("model",)
     journey_out = [ui["map"]] + [ui[f"stage:{k}"] for k in KEYS] + [ui[f"section:{k}"] for k in KEYS] \
         + [ui[n] for n in PANELS if n in ui] \
-        + [ui[n] for n in ("summary", "note", "max_tokens", "speculative", "step", "step_note") if n in ui]
+        + [ui[n] for n in ("summary", "note", "max_tokens", "speculative", "step", "step_note") if n in ui] \
+        + [ui[f"code:{k}"] for k in KEYS if f"code:{k}" in ui]
     # the load sets the tab's language and its words, then the journey of what it shows (the switch: again,
     # and its panels in the new language)
     language.wire(page, ui["lang"], lambda key, panels: w.out(

@@ -9,7 +9,7 @@ import gradio as gr
 
 from app.classroom.rooms import Classrooms
 from app.page import texts
-from app.page.code_panel import with_code
+from app.page.code_panel import code_views, with_code
 from app.page.controls import LOCKED, MORE, Controls, more_fields, parse_seed
 from app.page.live_view import PANELS, LiveView
 from app.page.stages import JourneyClock
@@ -143,7 +143,8 @@ class PageState:
         loaded = tab is not None and tab.cursor is not None and tab.service is None  # a trace file
         info = texts.with_defaults(tab.cursor.rec.model) if loaded else self.infos.get(self.shown_model(tab), self.model)
         bar, note = first_bar(tab.cursor if tab is not None else None, lang)
-        out = {"summary": texts.model_summary(info, lang), "step": gr.update(label=bar["label"]), "step_note": note}
+        out = {"summary": texts.model_summary(info, lang), "step": gr.update(label=bar["label"]), "step_note": note,
+               **{f"code:{k}": view for k, view in code_views(lang).items()}}  # the code views' closed lines
         if self.live and info["name"] in self.infos:
             out.update({"note": texts.model_note(info, len(self.infos), lang),
                         "max_tokens": gr.update(label=texts.max_label(self.cap_of(info), info.get("max_model_len"),

@@ -4,6 +4,7 @@ MoE panels speak Chinese; none of them draws past its own right edge (a wide tab
 inside its wrapper). Screenshots land in $TOKENTRACE_SCREENSHOTS when set."""
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -40,4 +41,14 @@ def test_the_panels_in_chinese_fit_their_boxes(server, browser, tmp_path):
         panel.screenshot(path=os.path.join(shots, f"panel-zh-{sel[4:]}.png"))
     text = page.inner_text("#tt-sampling")
     assert "Sampling" not in text and "tokens kept after" not in text
+    # a free block of the pool answers the pointer in Chinese too (hover.js fills the panel's words)
+    pool = "#tt-kv .tt-kv-img"
+    page.locator(pool).scroll_into_view_if_needed()
+    box, spec = page.locator(pool).bounding_box(), json.loads(page.get_attribute(pool, "data-tt-hover"))
+    last = spec["n"] - 1
+    row, col = divmod(last, spec["w"])
+    page.mouse.move(box["x"] + (col + 0.5) * box["width"] / spec["w"], box["y"] + (row + 0.5) * box["height"] / spec["h"])
+    page.wait_for_function(f"(document.querySelector('#tt-hover-tip') || {{innerText: ''}}).innerText"
+                           f".includes('块 {last} · ')", timeout=30_000)
+    assert f"块 {last} · 空闲" == page.inner_text("#tt-hover-tip").strip()
     ctx.close()

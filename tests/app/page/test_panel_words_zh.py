@@ -128,6 +128,7 @@ def test_the_code_that_ran_says_it_in_chinese(view):
     assert "Ran for this request:" in en["layers"] and "Its values:" in en["sampling"]
     assert "本请求实际运行的：" in zh["layers"] and "这里没有走的路径：" in zh["layers"], zh["layers"][-600:]
     assert "它的取值：" in zh["sampling"] and "抽到 p = " in zh["sampling"] and "最后一轮：" in zh["spec"]
+    assert "页面上的发送" in zh["request"] and "由草稿模型提议 k 个词元" in zh["spec"]  # the ways' names (the code map's)
     assert not [w for w in ("Ran for this request", "Its values", "Not taken here", "proposals accepted", "drew p")
                 if w in zh["layers"] + zh["sampling"] + zh["spec"]]
 
@@ -166,6 +167,7 @@ def test_the_words_around_the_controls_follow_the_tabs_language(embedded):
     assert words["max_tokens"]["label"].startswith("最大词元数（≤") and "真实模型：" in words["note"]
     assert words["speculative"]["label"] == "推测解码" and "草稿模型" in words["speculative"]["info"]
     assert "还没有可回放的内容" in words["step_note"] and words["step"]["label"].startswith("回放：")
+    assert "运行这个阶段的代码：engine/" in words["code:prefix"] and "，另有 " in words["code:prefix"]
     set_lang("zh-words", "en")
     assert f"{info['num_layers']} layers · d_model" in ctl.page_words("zh-words")["summary"]
     set_lang("zh-words", "zh_CN")
