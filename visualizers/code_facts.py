@@ -5,6 +5,8 @@ named; and a few numbers the marked lines made (the prefix cache's hits, the top
 accepted proposals). One short line a stage, for its section, beside the code view."""
 from __future__ import annotations
 
+import re
+
 from typing import Mapping, Sequence
 
 from visualizers._html import esc, prob, said_html
@@ -115,7 +117,8 @@ def values(events: Sequence[Mapping], key: str, quoted: Mapping[str, Mapping] | 
         e = last["spec"]
         return (gettext(lang, "the last round: {accepted} of {k} proposals accepted", accepted=e.get("accepted", 0),
                         k=e.get("k", 0))
-                + (gettext(lang, ", then a {kind} token", kind=e["token_kind"]) if e.get("token_kind") else ""))
+                + (gettext(lang, ", then a {kind} token", kind=gettext(lang, e["token_kind"])) if e.get("token_kind")
+                   else ""))  # the kind: "bonus" or "corrected", as the speculation panel says them
     return ""
 
 
@@ -130,13 +133,19 @@ def ran_html(key: str, events: Sequence[Mapping], request_id: str, names: Mappin
     lines = []
     if ways:
         lines.append(said_html(lang, "{label} {ran}", label="<b>" + said_html(lang, "Ran for this request:") + "</b>",
-                               ran=esc(_ran_line(key, ways, names, where or {}, lang))))
+                               ran=_code_marked(esc(_ran_line(key, ways, names, where or {}, lang)), where or {})))
     said = values(events, key, quoted, lang)
     style = ways_style(key, ways) if ways and key in KNOWN else ""
     if said:
         lines.append(said_html(lang, "{label} {values}", label="<b>" + said_html(lang, "Its values:") + "</b>",
                                values=esc(said)))
     return style + "".join(f"<div class='tt-code-ran'>{line}</div>" for line in lines)
+
+
+def _code_marked(line: str, where: Mapping[str, str]) -> str:
+    """An escaped line with each function it names ("path:line Name") as code, in one pass."""
+    refs = sorted({esc(r) for v in where.values() for r in v.split(", ")}, key=len, reverse=True)
+    return re.sub("|".join(map(re.escape, refs)), lambda m: f"<code>{m[0]}</code>", line) if refs else line
 
 
 def ways_style(key: str, ways: Mapping[str, list[int]]) -> str:

@@ -72,13 +72,13 @@ def add_code_routes(api: FastAPI) -> None:
 
 @cache
 def ways_where() -> dict[str, str]:
-    """Each way -> its functions in this checkout as "path:line Name" (and the next)."""
+    """Each way -> its functions in this checkout as "path:line Name", comma-separated (no word: any language)."""
     out: dict[str, list[str]] = {}
     for entries in stages().values():
         for e in entries:
             if e.get("path") and "file" in e:
                 out.setdefault(e["path"], []).append(f"{e['file']}:{e['line']} {e['qualname']}")
-    return {way: " and ".join(names) for way, names in out.items()}
+    return {way: ", ".join(names) for way, names in out.items()}
 
 
 def commit_note(model: Mapping, lang: str = "en") -> str:

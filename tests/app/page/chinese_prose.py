@@ -10,14 +10,13 @@ from html.parser import HTMLParser
 # elements whose text is a token's, code or JSON, never the page's own words
 SKIP_TAGS = {"code", "pre", "sub", "script", "style"}
 SKIP_CLASSES = {"tt-chip", "tt-answer", "tt-json", "tt-choice-text", "tt-char", "tt-part", "tt-hex", "tt-run",
-                "tt-notext", "tt-amap-r", "tt-amap-c", "tt-tok",  # the attention map's axes, MoE rows: token labels
-                "tt-code-ran", "tt-code-box"}  # the code view beside a stage: some lines English yet (issue 42)
+                "tt-notext", "tt-amap-r", "tt-amap-c", "tt-tok"}  # the attention map's axes, MoE rows: token labels
 # Latin words the Chinese keeps as they are: names of things in code, the API, units, the model's parts
 KEPT = {"KV", "MoE", "MLP", "MLA", "ID", "IDs", "logit", "logits", "lens", "RoPE", "SwiGLU", "GeGLU", "Softmax",
         "softmax", "nats", "TTFT", "SSE", "API", "JSON", "OpenAI", "all", "reduce", "to", "d_model", "UTF", "LM",
         "head", "top", "min", "max", "tokens", "off", "basic", "full", "trace_level", "bias", "seed", "stop",
         "length", "abort", "ngram", "draft", "MODEL", "capture", "keys", "float", "float32", "float16", "bfloat16",
-        "GiB", "MiB", "KiB", "ms", "BPE", "byte", "level", "FlashAttention", "SDPA", "torch", "c_fused", "prompt",
+        "GiB", "MiB", "KiB", "ms", "BPE", "byte", "level", "FlashAttention", "SDPA", "torch", "Triton", "c_fused", "prompt",
         "lookup", "POST", "completions", "chat", "temperature", "presence_penalty", "frequency_penalty",
         "repetition_penalty", "min_tokens", "logit_bias", "finish_reason", "usage", "max_tokens", "gram", "argmax",
         "hidden", "vocab", "Llama"}  # (Llama: the reference model the parallelism panel quotes)
@@ -56,4 +55,6 @@ def english(html: str, names: set[str] = frozenset()) -> list[str]:
     # quoted tokens, flags, request ids, shapes ([5 × hidden])
     text = re.sub(r"«[^»]*»|'[^']*'|\"[^\"]*\"|--[\w-]+|req-[\w-]+|\[[^\]]*\]", " ", page_text(html))
     words = re.findall(r"[A-Za-z][A-Za-z_]{2,}", text)
-    return [w for w in words if w not in KEPT and w not in names and not re.fullmatch(r"[A-Z][A-Z0-9_]+", w)]
+    # a word with an underscore is an identifier (scaled_dot_product_attention, cpu_moe.c): code, not prose
+    return [w for w in words if w not in KEPT and w not in names and "_" not in w
+            and not re.fullmatch(r"[A-Z][A-Z0-9_]+", w)]

@@ -35,7 +35,7 @@ def test_the_sentences_gain_what_ran():
     model = {"commit": checkout_commit()}
     out = {s.key: s.text for s in with_code(stages, model, EVENTS, "r")}
     assert "Ran for this request:" in out["layers"] and "the fused C layer" in out["layers"]
-    assert re.search(r"in step 1 \(engine/layers/fused\.py:\d+ forward\)", out["layers"])
+    assert re.search(r"in step 1 \(<code>engine/layers/fused\.py:\d+ forward</code>\)", out["layers"])  # code as code
     assert "Not taken here:" in out["layers"]
     assert "missed: nothing reused" in out["prefix"]
     assert out["embedding"] == "<p>words</p>"  # nothing to say: unchanged
