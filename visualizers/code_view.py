@@ -121,13 +121,14 @@ def function_html(entry: Mapping, ran: bool | None = None, path_names: Mapping[s
 
 
 def summary_text(entries: Sequence[Mapping], lang: str = "en") -> str:
-    """The closed view's one line: the first function as `path:line Name`, and how many more."""
+    """The closed view's one line: the first function as `path:line Name`, and how many more (the same
+    before a request as after it: "Ran for this request" is the stage's line for what ran)."""
     found = [e for e in entries if not e.get("error")]
     if not found:
-        return gettext(lang, "Code that ran this stage: not found in this checkout")
+        return gettext(lang, "The code of this stage: not found in this checkout")
     first = found[0]
     more = ngettext(lang, " and {n} more", " and {n} more", len(entries) - 1) if len(entries) > 1 else ""
-    return gettext(lang, "Code that ran this stage: {function}{more}", more=more,
+    return gettext(lang, "The code of this stage: {function}{more}", more=more,
                    function=f"{first['file']}:{first['line']} {first['qualname']}")
 
 

@@ -21,13 +21,13 @@ def test_every_stage_has_one_closed_view_its_functions_fetched_on_opening():
     assert set(views) == set(KEYS)
     for key, h in views.items():
         assert h.startswith(f"<details class='tt-code-box' data-key='{key}' data-src='code/{key}'>")
-        assert "Code that ran this stage: " in h and "not found" not in h
+        assert "The code of this stage: " in h and "not found" not in h
         assert "tt-code-src" not in h and len(h) < 400  # the line alone: the functions come on opening
         body = code_body(key)
         assert "<pre class='tt-code-src'>" in body and "not found" not in body
-    assert "Code that ran this stage: engine/block_manager.py" in views["prefix"]
+    assert "The code of this stage: engine/block_manager.py" in views["prefix"]
     assert "chain_hash" in code_body("prefix")
-    assert "Code that ran this stage: app/api/openai_routes.py" in views["request"]  # the app's intake first
+    assert "The code of this stage: app/api/openai_routes.py" in views["request"]  # the app's intake first
 
 
 def test_the_sentences_gain_what_ran():
