@@ -29,7 +29,7 @@ from engine.kernels import huge_pages
 
 SOURCES = [Path(__file__).with_name(name) for name in ("cpu_linear.c", "cpu_linear16.c", "cpu_attention.c",
                                                         "cpu_norm.c", "cpu_layer.c", "cpu_stats.c", "cpu_moe.c",
-                                                        "cpu_team.c")]
+                                                        "cpu_team.c", "cpu_rows.c")]
 HEADERS = [Path(__file__).with_name(name) for name in ("cpu_vec.h", "cpu_layer.h")]  # part of every build's hash
 ROWS_PER_BLOCK, COLS_PER_BLOCK = 8, 16  # the blocked layout of cpu_linear.c
 MAX_ROWS = 32  # above this many rows (a prefill chunk) PyTorch's GEMM, built for it, takes over
@@ -37,6 +37,21 @@ CFLAGS = ["-O3", "-fopenmp", "-shared", "-fPIC"]
 # 16-bit weights: their layout (cpu_linear16.c) has 32 columns to a block row, one cache line
 COLS_PER_BLOCK_16 = 32
 WEIGHT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+KINDS = {torch.float32: 0, torch.bfloat16: 3, torch.float16: 4}  # a weight's kind in the C kernels
+NEVER = 1 << 30
+# By a build's vector width (tt_vector_bits), the fewest rows of x (a decode batch) that take
+# cpu_rows.c's tiles (each weight block read, and a 16-bit one widened, once for up to 6 rows)
+# rather than the 8-row tiles (once for every pair of rows); both give the same bits. Measured
+# 2026-12-06, one thread, SmolLM2's matrices (docs/benchmarks.md "Batched decode"): AVX2 at 8
+# rows float32 2.2x, bfloat16 1.7x, float16 14x faster, float16 1.2x at one row already; on
+# AVX-512 the 8-row tiles stay faster at float32 (near the memory's speed to 16 rows) and at
+# float16 up to 8 rows, and bfloat16 (VDPBF16PS) has tiles of its own. 128 bits: not measured
+# faster (R = 1, 2 rows a pass), off.
+ROW_TILES_FROM = {
+    512: {torch.float32: NEVER, torch.bfloat16: 16, torch.float16: 16},  # bfloat16: where widened by shifts
+    256: {torch.float32: 2, torch.bfloat16: 2, torch.float16: 1},
+    128: {torch.float32: NEVER, torch.bfloat16: NEVER, torch.float16: NEVER},
+}
 
 
 def march() -> str:
@@ -147,6 +162,9 @@ def load(arch: str) -> ctypes.CDLL:
     lib.tt_decode_stack.restype = ctypes.c_int
     lib.tt_linear16_path.argtypes, lib.tt_linear16_path.restype = [], ctypes.c_int
     lib.tt_vector_bits.argtypes, lib.tt_vector_bits.restype = [], ctypes.c_int
+    lib.tt_rows_set.argtypes, lib.tt_rows_set.restype = [c_long, ctypes.c_int], ctypes.c_int
+    for dtype, rows in ROW_TILES_FROM[min(lib.tt_vector_bits(), 512)].items():
+        lib.tt_rows_set(KINDS[dtype], rows)
     return lib
 
 
@@ -216,7 +234,7 @@ class BlockedWeight:
         if lib is not None and flat.device.type == "cpu":  # one C call (a decode step's lookup)
             flat = flat.contiguous()
             out = torch.empty(flat.shape[0], self.in_features, dtype=torch.float32)
-            kind = {torch.float32: 0, torch.bfloat16: 3, torch.float16: 4}[self.dtype]
+            kind = KINDS[self.dtype]
             if lib.tt_blocked_rows(self.data.data_ptr(), kind, self.out_features, self.in_features, flat.data_ptr(),
                                    flat.shape[0], out.data_ptr()):
                 raise IndexError(f"token id out of range for an embedding of {self.out_features} rows")

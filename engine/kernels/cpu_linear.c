@@ -87,6 +87,10 @@ TILE(2)
    one thread than without). */
 void tt_linear_f32_shared(const float *x, long T, long ldx, const float *Wb, long N, long K,
                           const float *bias, float *y, long ldy);
+void tt_rows_f32_shared(const float *x, long T, long ldx, const float *Wb, long N, long K, const float *bias,
+                        float *y, long ldy);
+extern int tt_rows_from[5];  /* cpu_rows.c */
+#define TT_ROWS_MAX 32  /* cpu.py's MAX_ROWS: a prefill chunk keeps the 8-row tiles */
 
 void tt_linear_f32(const float *x, long T, long ldx, const float *Wb, long N, long K,
                    const float *bias, float *y, long ldy, int nthreads) {
@@ -99,6 +103,10 @@ void tt_linear_f32(const float *x, long T, long ldx, const float *Wb, long N, lo
    layer in one region, with no fork and join a matrix. */
 void tt_linear_f32_shared(const float *x, long T, long ldx, const float *Wb, long N, long K,
                           const float *bias, float *y, long ldy) {
+    if (T >= tt_rows_from[0] && T <= TT_ROWS_MAX) {  /* a decode batch: cpu_rows.c's tiles, each block read once */
+        tt_rows_f32_shared(x, T, ldx, Wb, N, K, bias, y, ldy);
+        return;
+    }
     long KC = (K + VL - 1) / VL, nblocks = (N + RB - 1) / RB;
     #pragma omp for schedule(static)
     for (long b = 0; b < nblocks; b++) {

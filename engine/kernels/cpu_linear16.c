@@ -142,14 +142,23 @@ TILE(tile_bf16, bf16_to_f32, 2)
 TILE(tile_f16, f16_to_f32, 1)
 TILE(tile_f16, f16_to_f32, 2)
 
+extern int tt_rows_from[5];  /* cpu_rows.c */
+#define TT_ROWS_MAX 32  /* cpu.py's MAX_ROWS: a prefill chunk keeps the 8-row tiles */
+void tt_rows16_shared(long kind, const float *xp, long T, const u16 *Wb, long N, long KC, const float *bias,
+                      float *y, long ldy);
+
 typedef void (*tile_fn)(const float *, long, const u16 *, long, float *, long, const float *, long, long, long,
                         const u16 *, int, int);
 
 /* The loop of tt_linear_f32 over blocks and pairs of rows, with the tiles given, its blocks
    shared by the threads of the enclosing parallel region (an orphaned `omp for`: one thread
    runs it whole outside a region). */
-static void run_shared(tile_fn one, tile_fn two, const float *x, long T, long ldx, const u16 *Wb, long N,
-                       long KC, const float *bias, float *y, long ldy) {
+static void run_shared(long kind, tile_fn one, tile_fn two, const float *x, long T, long ldx, const u16 *Wb,
+                       long N, long KC, const float *bias, float *y, long ldy) {
+    if (T >= tt_rows_from[kind] && T <= TT_ROWS_MAX) {  /* a decode batch: cpu_rows.c's tiles, each weight widened once */
+        tt_rows16_shared(kind, x, T, Wb, N, KC, bias, y, ldy);
+        return;
+    }
     long nblocks = (N + RB - 1) / RB;
     #pragma omp for schedule(static)
     for (long b = 0; b < nblocks; b++) {
@@ -168,10 +177,10 @@ static void run_shared(tile_fn one, tile_fn two, const float *x, long T, long ld
     }
 }
 
-static void run(tile_fn one, tile_fn two, const float *x, long T, long ldx, const u16 *Wb, long N, long KC,
-                const float *bias, float *y, long ldy, int nthreads, long work) {
+static void run(long kind, tile_fn one, tile_fn two, const float *x, long T, long ldx, const u16 *Wb, long N,
+                long KC, const float *bias, float *y, long ldy, int nthreads, long work) {
     #pragma omp parallel num_threads(nthreads) if (nthreads > 1 && work >= 32768)
-    run_shared(one, two, x, T, ldx, Wb, N, KC, bias, y, ldy);
+    run_shared(kind, one, two, x, T, ldx, Wb, N, KC, bias, y, ldy);
 }
 
 #ifdef __AVX512BF16__
@@ -307,13 +316,13 @@ void tt_linear16_shared(long kind, const void *scratch, long T, const u16 *Wb, l
     long KC = (K + CB - 1) / CB;
     const float *xp = scratch;
     if (kind == 4) {
-        run_shared(tile_f16_1, tile_f16_2, xp, T, KC * CB, Wb, N, KC, bias, y, ldy);
+        run_shared(4, tile_f16_1, tile_f16_2, xp, T, KC * CB, Wb, N, KC, bias, y, ldy);
         return;
     }
 #ifdef __AVX512BF16__
     run_dp_shared((const __m512bh *)(xp + T * KC * CB), T, 0, Wb, N, KC, bias, y, ldy);
 #else
-    run_shared(tile_bf16_1, tile_bf16_2, xp, T, KC * CB, Wb, N, KC, bias, y, ldy);
+    run_shared(3, tile_bf16_1, tile_bf16_2, xp, T, KC * CB, Wb, N, KC, bias, y, ldy);
 #endif
 }
 
@@ -337,7 +346,7 @@ int tt_linear_bf16_exact(const float *x, long T, long ldx, const u16 *Wb, long N
     free(xs);
 #else
     round_bf16(xp + exact * KC * CB, (T - exact) * KC * CB);
-    run(tile_bf16_1, tile_bf16_2, xp, T, KC * CB, Wb, N, KC, bias, y, ldy, nthreads, N * K);
+    run(3, tile_bf16_1, tile_bf16_2, xp, T, KC * CB, Wb, N, KC, bias, y, ldy, nthreads, N * K);
     free(xp);
 #endif
     return 0;
@@ -354,7 +363,7 @@ int tt_linear_f16(const float *x, long T, long ldx, const u16 *Wb, long N, long 
     long KC = (K + CB - 1) / CB;
     float *xp = padded_rows(x, T, ldx, K, KC);
     if (!xp) return -1;
-    run(tile_f16_1, tile_f16_2, xp, T, KC * CB, Wb, N, KC, bias, y, ldy, nthreads, N * K);
+    run(4, tile_f16_1, tile_f16_2, xp, T, KC * CB, Wb, N, KC, bias, y, ldy, nthreads, N * K);
     free(xp);
     return 0;
 }
