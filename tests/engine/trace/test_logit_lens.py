@@ -51,7 +51,8 @@ def hf_lens(path, tokens: list[int]) -> torch.Tensor:
 def test_every_row_equals_transformers_hidden_states_through_norm_and_head(checkpoint, arch):
     engine, rid, sink = run(checkpoint(arch), PROMPT)
     tokens = PROMPT + engine.get_output(rid).token_ids
-    lens = [e.data for e in sink.of(rid, "logit_lens")]
+    # by position: a running request's newest token's lens comes at once, those before it after its last token
+    lens = sorted((e.data for e in sink.of(rid, "logit_lens")), key=lambda d: d["position"])
     samples = {e.data["position"]: e.data for e in sink.of(rid, "sample")}
     L = engine.model_config.num_layers
     assert [e["position"] for e in lens] == list(range(len(PROMPT), len(tokens)))  # one per generated token
