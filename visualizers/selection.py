@@ -14,7 +14,7 @@ the panels drawn from them: `frozen_html` is the warning each of those panels pu
 own header, with the token where its captures stopped."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 from visualizers._html import esc, show_piece
@@ -27,6 +27,7 @@ class Selection:
     labels: tuple[str, ...]  # token text by position, the newest included
     n_prompt: int = 0  # the prompt's tokens (positions below it were given, not drawn)
     clicked: int | None = None  # what was clicked (None: the default, the newest pass)
+    behind: int = 0  # newer passes than this default one, whose logit lens is not computed yet (newest_with_lens)
 
     @property
     def predicted(self) -> int | None:
@@ -65,6 +66,9 @@ class Selection:
         if self.clicked_newest:
             return (f"{self.token(self.read + 1)} (position {self.read + 1}) is the newest token: it was drawn "
                     "but never read by any pass, so this is the pass that predicted it")
+        if self.behind:
+            return (f"the newest pass whose logit lens is computed; the {self.behind} newer "
+                    f"pass{'es' if self.behind > 1 else ''} get theirs after the answer's last token")
         return ""
 
 
@@ -77,6 +81,16 @@ def select_pass(labels: Sequence[str], clicked: int | None = None, n_prompt: int
     if clicked is None or newest is None or clicked < 0:
         return Selection(newest, labels, n_prompt, None)
     return Selection(min(clicked, newest), labels, n_prompt, clicked)
+
+
+def newest_with_lens(sel: Selection, newest_lens: int | None) -> Selection:
+    """While a request streams at level full its newest token's logit lens is computed every
+    0.3 s or so, the rest after its last token (engine/trace/lens_queue.py): with no click the
+    panels show the newest pass that HAS its lens (newest_lens: the newest lens event's
+    position, the token that pass predicted; None: no lens to wait for), every stage of one pass."""
+    if sel.clicked is not None or sel.read is None or newest_lens is None or newest_lens - 1 >= sel.read:
+        return sel
+    return replace(sel, read=newest_lens - 1, behind=sel.read - (newest_lens - 1))
 
 
 def header_html(title: str, selection: Selection | None = None, frozen: str = "", extra: str = "") -> str:

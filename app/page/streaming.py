@@ -50,6 +50,13 @@ def draw_within(view: LiveView, names: list[str], now: float, budget: float = RE
 
 
 REPLACE_WAIT_S = 30.0  # how long a second Send waits for the first's stream to end after stopping it
+LENS_WAIT_S = 120.0  # how long a finished answer's page waits for its trace's end (the lenses after its tokens)
+
+
+def trace_ending(view: LiveView) -> bool:
+    """The answer is complete, its trace not yet: a traced request's `finish` event follows the
+    logit lenses of its tokens, computed after its last one (engine/trace/lens_queue.py)."""
+    return view.finished and view.error is None and "request.arrive" in view.by_type and view.first("finish") is None
 
 
 def abort_all(service, request_id: str, n: int) -> None:
@@ -94,11 +101,23 @@ class Streaming(PageState):
         yield {"answer": view.draw(["answer"], now)["answer"]}
         done = ntx(key, "{request}: finished ({reason}), {n} token", "{request}: finished ({reason}), {n} tokens",
                    len(view.generated_ids()), request=rid, reason=reason)
+        yield from self._trace_end(tab, view, next_items, done, key)
         yield merged(self.full(tab, view, done), self.stop_look(False, can_stop=tab.watched))  # Stop ends a watch
         # then the recording (Export, the step slider); the last yield carries every value (the
         # panels as just drawn: Gradio sends no change for them)
         yield {**{n: view.drawn[n] for n in PANELS}, "status": done, **self.recording_updates(tab),
                **(final() if final else {})}
+
+    def _trace_end(self, tab: Tab, view: LiveView, next_items: Callable[[float], list[dict]], done: str,
+                   key: str) -> Iterator[dict]:
+        """The answer is shown; its trace's end (the lenses of its tokens, then `finish`) is awaited
+        before the final panels and the recording, with Status saying so."""
+        if not trace_ending(view):
+            return
+        yield {"status": tx(key, "{done} · computing the logit lens of its tokens", done=done)}
+        end = time.monotonic() + LENS_WAIT_S
+        while trace_ending(view) and time.monotonic() < end and not tab.replaced:
+            view.add(next_items(YIELD_EVERY))
 
     def run(self, key: str, c: Controls, client: str | None = None) -> Iterator[dict]:
         """Send: submit the controls' request and stream it (one at a time per tab)."""
