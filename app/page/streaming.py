@@ -102,6 +102,8 @@ class Streaming(PageState):
         done = ntx(key, "{request}: finished ({reason}), {n} token", "{request}: finished ({reason}), {n} tokens",
                    len(view.generated_ids()), request=rid, reason=reason)
         yield from self._trace_end(tab, view, next_items, done, key)
+        if tab.replaced:
+            return
         yield merged(self.full(tab, view, done), self.stop_look(False, can_stop=tab.watched))  # Stop ends a watch
         # then the recording (Export, the step slider); the last yield carries every value (the
         # panels as just drawn: Gradio sends no change for them)
@@ -114,7 +116,9 @@ class Streaming(PageState):
         before the final panels and the recording, with Status saying so."""
         if not trace_ending(view):
             return
-        yield {"status": tx(key, "{done} · computing the logit lens of its tokens", done=done)}
+        # every panel as the answer ends (the newest pass with its lens); the answer is over: nothing to stop
+        yield merged(self.full(tab, view, tx(key, "{done} · computing the logit lens of its tokens", done=done)),
+                     self.stop_look(False, can_stop=tab.watched))
         end = time.monotonic() + LENS_WAIT_S
         while trace_ending(view) and time.monotonic() < end and not tab.replaced:
             view.add(next_items(YIELD_EVERY))
@@ -146,9 +150,10 @@ class Streaming(PageState):
         deadline = time.monotonic() + REPLACE_WAIT_S
         while (busy := self.sessions.claim(key)) is not None and time.monotonic() < deadline:
             tab = self.sessions.get(key)
-            if busy and tab is not None and tab.view.request_id == busy and not tab.view.finished:
-                tab.replaced = True
-                abort_all(tab.service or self.models, busy, tab.view.n)
+            if busy and tab is not None and tab.view.request_id == busy:
+                tab.replaced = True  # (a finished answer whose trace is ending: its page stops waiting)
+                if not tab.view.finished:
+                    abort_all(tab.service or self.models, busy, tab.view.n)
             self.sessions.wait_free(key, 0.1)  # (its id may not be known yet: look again)
         return busy
 

@@ -4,49 +4,33 @@ database, replayed) only with the `finish` event that follows every lens. Held w
 engine: the service's first step call after the finished output waits until the test has looked."""
 from __future__ import annotations
 
-import threading
 from dataclasses import replace
 
 from app.serving.engine_service import wait_idle
 from app.serving.recording import record_request
 from app.serving.requests import build_body, parse_body
+from tests.holds import AfterFinish
 from tests.service_utils import app_service, started
 
 N = 10
 
 
-def hold_after_finish(engine, monkeypatch) -> tuple[threading.Event, threading.Event]:
-    """(reached, go): the step call after the one that returned a finished output waits for go."""
-    step, reached, go = engine.step, threading.Event(), threading.Event()
-    state = {"finished": False}
-
-    def held_step():
-        if state["finished"] and not reached.is_set():
-            reached.set()
-            go.wait(60)
-        out = step()
-        state["finished"] = state["finished"] or any(o.finished for o in out)
-        return out
-    monkeypatch.setattr(engine, "step", held_step)
-    return reached, go
-
-
 def test_the_client_is_told_first_and_the_stored_trace_ends_after_every_lens(checkpoint, monkeypatch):
     svc = app_service(checkpoint)
     svc.engine.capture = replace(svc.engine.capture, lens_live_seconds=1e9)  # live: the first token's only
-    reached, go = hold_after_finish(svc.engine, monkeypatch)
+    hold = AfterFinish().install(svc.engine, monkeypatch)
     body = build_body("m", "Be brief.", "Count to ten.", 0.0, 0, 1.0, N, 1, False, 1, "full") | {"ignore_eos": True}
     with started(svc):
         watch = svc.submit(parse_body(body))
         rid, items = watch.request_id, []
         while not any(i["type"] == "output" and i["finished"] for i in items):
             items += watch.drain(0.05)
-        assert reached.wait(60)  # the engine's next call: held before any of the waiting lenses
+        assert hold.reached.wait(60)  # the engine's next call: held before any of the waiting lenses
         items += watch.drain(0.05)
         assert [i["type"] for i in items].count("logit_lens") == 1 and not any(i["type"] == "finish" for i in items)
         assert not svc.store.trace(rid).finished  # not yet an export's, a database's or a replay's
         assert not any(o.get("finished") for o in svc.store.trace(rid).outputs)
-        go.set()
+        hold.go.set()
         assert wait_idle(svc, 60)
         items += watch.drain(0.2)
     types = [i["type"] for i in items if i.get("request_id") == rid and i["type"] != "output"]
