@@ -90,6 +90,8 @@ class StepTrace:
         if traced:
             self.seconds += time.perf_counter() - t
             self.emit(events.schedule_traced(self.seconds, self.lenses.take_seconds()))
+        else:  # (an untraced step's drain: no traced step of its own to say it)
+            self.lenses.take_seconds()
         for event, step in finishes:
             if not self.lenses.end(event[1], event, step):
                 self.emit(event, step)
@@ -134,6 +136,7 @@ class StepTrace:
     def stop_captures(self, seq: Sequence | None, request_id: str, limit_bytes: int, step_count: int) -> bool:
         """LLMEngine.stop_captures: the request's captures cut from the next pass on (or from
         the one in progress, where it is in it), and the `trace.truncated` event that says so."""
+        self.lenses.pending.pop(request_id, None)  # its waiting lenses too: the reader keeps no more captures
         # (a request that finished in the step in progress still has that step's captures to cut)
         if seq is None or not seq.traced or \
                 (seq.is_finished and not (self.in_step and request_id in self.traced_now)):

@@ -101,3 +101,15 @@ def test_every_traced_step_says_what_its_tracing_cost(checkpoint):
     assert all(e.data["trace_seconds"] >= e.data["lens_seconds"] > 0 for e in traced)  # a lens each step
     engine, rid, sink = run(checkpoint("llama"), live=None)
     assert all(e.data["lens_seconds"] == 0 for e in sink.of(None, "schedule.traced"))  # none on a step
+
+
+def test_a_reader_that_caps_the_trace_stops_the_waiting_lenses_too(checkpoint):
+    engine, sink = engine_of(checkpoint("llama"), live=None)
+    rid = engine.add_request(PROMPT, params())
+    while not any(o.finished for o in engine.step()):
+        pass
+    assert engine.step_trace.lenses.pending[rid]  # N lenses wait after the answer
+    engine.stop_captures(rid, 1)  # as the server's store does once the trace passes its cap
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert not sink.of(rid, "logit_lens") and sink.events[-1].type == "finish"  # none computed; the end still comes
