@@ -8,8 +8,9 @@ more arithmetic than the model's step (SmolLM2: 0.85 G multiply-adds a token aga
 0.135 G), so a running request computes only what a watcher sees:
   - live: its NEWEST token's lens, right after its step, when its last live one is
     `live_seconds` old (CaptureConfig.lens_live_seconds: the page's 0.3 s keeps the lens
-    panel within its 0.5 s update bound; 0: every token's; None: none while it runs);
-    the tokens in between wait here;
+    panel within its 0.5 s update bound; 0: every token's; None: none while it runs), and
+    at least LIVE_SHARE times what a lens takes (a slow machine's stream keeps its speed,
+    its lens panel lags more); the tokens in between wait here;
   - when more than MAX_PENDING_BYTES of rows wait, the oldest ones (memory stays bounded).
 At its finish the client gets its last token at once; the request's `finish` event waits
 (`ended`) until the rest of its lenses are out, computed between later steps (StepTrace.drain:
@@ -32,6 +33,9 @@ from engine.trace.events import Event
 from engine.trace.softmax_stats import SoftmaxStats
 
 MAX_PENDING_BYTES = 64 * 2**20  # rows a request may have waiting (SmolLM2: ~970 tokens)
+# a live lens at most every LIVE_SHARE x what one took: on a slow (or loaded) machine the live lens
+# stays within a tenth of the stream's time, and the page's lens falls further behind instead
+LIVE_SHARE = 9.0
 
 
 @dataclass(slots=True)
@@ -63,6 +67,7 @@ class LensQueue:
     last_live: dict[str, float] = field(default_factory=dict)  # request id -> when its last live lens was computed
     ended: dict[str, Ended] = field(default_factory=dict)  # finished, lenses waiting: oldest first
     seconds: float = 0.0  # time spent computing lenses since last read (take_seconds)
+    token_seconds: float = 0.0  # what the last computed token's lens took
 
     def keep(self, work: LensWork, live_seconds: float | None) -> list[LensWork]:
         """A token's lens: returns what is due now (this newest token alone, when its request's
@@ -70,7 +75,8 @@ class LensQueue:
         queues it otherwise."""
         rid = work.seq.request_id
         now = time.perf_counter()
-        if live_seconds is not None and now - self.last_live.get(rid, -1e9) >= live_seconds:
+        period = live_seconds and max(live_seconds, LIVE_SHARE * self.token_seconds)  # (0: every token's)
+        if live_seconds is not None and now - self.last_live.get(rid, -1e9) >= period:
             self.last_live[rid] = now
             return [work]
         queue = self.pending.setdefault(rid, [])
@@ -121,7 +127,9 @@ class LensQueue:
                 out[i] = logit_lens.join([SoftmaxStats(s.top_ids[part], s.top_probs[part], s.lse[part],
                                                        s.entropy[part], s.kept[part], s.rank[part],
                                                        s.chosen_probs[part]), works[i].own])
-        self.seconds += time.perf_counter() - t
+        spent = time.perf_counter() - t
+        self.seconds += spent
+        self.token_seconds = spent / len(works)
         return out
 
     def take_seconds(self) -> float:

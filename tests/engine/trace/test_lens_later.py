@@ -113,3 +113,18 @@ def test_a_reader_that_caps_the_trace_stops_the_waiting_lenses_too(checkpoint):
     while engine.has_unfinished_requests():
         engine.step()
     assert not sink.of(rid, "logit_lens") and sink.events[-1].type == "finish"  # none computed; the end still comes
+
+
+def test_the_live_lens_keeps_to_a_tenth_of_the_time_on_a_slow_machine(checkpoint):
+    engine, sink = engine_of(checkpoint("llama"), live=0.3)
+    rid = engine.add_request(PROMPT, params())
+    engine.step()  # the first token: its lens live, at once
+    assert len(sink.of(rid, "logit_lens")) == 1
+    lenses = engine.step_trace.lenses
+    lenses.last_live[rid] -= 500  # as if 500 s went by: far past the page's 0.3 s ...
+    lenses.token_seconds = 100  # ... but a lens that took 100 s waits 900 s (LIVE_SHARE)
+    engine.step()
+    assert len(sink.of(rid, "logit_lens")) == 1 and len(lenses.pending[rid]) == 1
+    lenses.last_live[rid] -= 500  # 1,000 s since the last live lens
+    engine.step()
+    assert len(sink.of(rid, "logit_lens")) == 2  # the newest token's
