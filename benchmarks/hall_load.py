@@ -148,7 +148,8 @@ def pct(xs: list[float], q: float) -> float:
 class Hall:
     """The server under test: its address, one room, and the stream request's body."""
 
-    def __init__(self, url: str, model: str | None = None, max_tokens: int = 32) -> None:
+    def __init__(self, url: str, model: str | None = None, max_tokens: int = 32,
+                 langs: tuple[str, ...] = ("en",)) -> None:
         u = urlsplit(url)
         if u.hostname not in ("127.0.0.1", "localhost", "::1"):
             raise SystemExit("hall_load runs on loopback only")
@@ -156,6 +157,7 @@ class Hall:
         self.model, self.max_tokens = model, max_tokens
         self.room = self.key = ""
         self.count, self.sample_stage = 0, -1
+        self.langs = langs  # the followers' languages, in turn (each language's stages are built once)
 
     def body(self, stream: bool, trace_level: str = "basic") -> bytes:
         b = {"stream": stream, "max_tokens": self.max_tokens, "temperature": 0, "ignore_eos": True,
@@ -216,6 +218,7 @@ async def audience(hall: Hall, seen: dict, shown: dict, joins: list, errors: dic
     vote once on each question opened (when votes is a list: it collects the sent votes)."""
     cache: set = set()
     voted: set = set()
+    lang = hall.langs[me % len(hall.langs)]  # this screen's language (a room builds each once)
     pages = Conn(hall.host, hall.port)
     while not stop.is_set():
         sse = Conn(hall.host, hall.port)
@@ -242,7 +245,7 @@ async def audience(hall: Hall, seen: dict, shown: dict, joins: list, errors: dic
                     key = (s["stage"], s["trace_version"])
                     if key not in cache:
                         st, _, body = await pages.request("GET", f"/classroom/{hall.room}/stage/{s['stage']}"
-                                                          f"?v={s['trace_version']}")
+                                                          f"?v={s['trace_version']}&lang={lang}")
                         fetches.append(1)
                         if st != 200 or b'"html"' not in body:
                             raise RuntimeError(f"stage HTTP {st}")
@@ -433,6 +436,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-trials", type=int, default=8)
     p.add_argument("--url", help="a running server on loopback (default: start `python -m app`)")
     p.add_argument("--max-tokens", type=int, default=32, help="the streaming request's length")
+    p.add_argument("--langs", default="en", help="the followers' languages in turn, e.g. en,zh-CN")
     p.add_argument("--json", help="write the trials here")
     p.add_argument("server_args", nargs="*", help="after --: options for `python -m app` (e.g. -- --model smollm2)")
     a = p.parse_args(argv)
@@ -441,7 +445,7 @@ def main(argv: list[str] | None = None) -> int:
     if url is None:
         proc, url = start_server(a.server_args)
     try:
-        hall = Hall(url, max_tokens=a.max_tokens)
+        hall = Hall(url, max_tokens=a.max_tokens, langs=tuple(a.langs.split(",")))
 
         async def go():
             await hall.make_room()

@@ -16,6 +16,9 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from visualizers import i18n
+from visualizers.i18n.catalog import translations
+
 # Perceptually ordered anchors (viridis-like) for values in [0, 1].
 _SEQ = np.array([[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]], dtype=float)
 # Diverging anchors (blue - white - red) for signed values.
@@ -98,6 +101,26 @@ def png_data_uri(rgb: np.ndarray) -> str:
 def heat_img(rgb: np.ndarray, css_class: str, title: str, height_px: int | None = None) -> str:
     style = f' style="height:{height_px}px"' if height_px else ""
     return f'<img class="{css_class}" alt="{esc(title)}" title="{esc(title)}" src="{png_data_uri(rgb)}"{style}>'
+
+
+def bold(text: object) -> str:
+    """Safe HTML (a number, a formatted value) in bold: a value filled into a catalog's text."""
+    return f"<b>{text}</b>"
+
+
+def said_html(lang: str, msgid: str, **values: str) -> str:
+    """A panel's text from the catalogs in `lang` as HTML: the text escaped, its {names} filled
+    with the given HTML (escape what came from a token or a request before passing it)."""
+    text = html.escape(i18n.gettext(lang, msgid), quote=False)
+    return text.format(**values) if values else text
+
+
+def said_html_n(lang: str, singular: str, plural: str, k: int, bold: bool = False, **values: str) -> str:
+    """said_html() in the form the count k takes in `lang` ({n}: k, grouped for the language; bold:
+    in <b>)."""
+    text = html.escape(translations(lang).ngettext(singular, plural, k), quote=False)
+    num = i18n.number(lang, k)
+    return text.format(n=f"<b>{num}</b>" if bold else num, **values)
 
 
 def empty(message: str) -> str:

@@ -15,15 +15,18 @@ a click on a cell opens that layer and head (overview_html).
 """
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 import numpy as np
 
-from visualizers._html import MASKED, OUTSIDE_WINDOW, colormap, empty, esc, hover_attr, hover_img, show_piece
+from visualizers import i18n
+from visualizers._html import (MASKED, OUTSIDE_WINDOW, bold, colormap, empty, esc, hover_attr, hover_img,
+                              said_html, said_html_n, show_piece)
 from visualizers.attention_overview import overview_html
 from visualizers.attention_rows import LayerIndex, key_positions
 from visualizers.char_runs import label_html, label_title
-from visualizers.selection import Selection, header_html, plural
+from visualizers.selection import Selection, header_html
 
 MAX_POSITIONS = 64  # the map's rows and columns: the capture's default key budget (--capture-max-keys)
 MAP_PX = 480  # the map's width on a wide screen (cells of MIN_CELL to 16 px)
@@ -107,16 +110,19 @@ def layer_spans(layers: Sequence[int]) -> str:
     return ", ".join(out)
 
 
-def layer_kinds(sliding_windows: Sequence[int | None]) -> str:
+def layer_kinds(sliding_windows: Sequence[int | None], lang: str = i18n.DEFAULT) -> str:
     """Which layers are local (a sliding window of N tokens) and which global, e.g.
     "local (sliding window 512 tokens): layers 0–4, 6–10 · global (full attention): layers 5, 11"."""
     parts = []
     for w in sorted({w for w in sliding_windows if w}):
         idx = [i for i, x in enumerate(sliding_windows) if x == w]
-        parts.append(f"local (sliding window {w} tokens): layer{'s' if len(idx) > 1 else ''} {layer_spans(idx)}")
+        parts.append(i18n.ngettext(lang, "local (sliding window {w} tokens): layer {layers}",
+                                   "local (sliding window {w} tokens): layers {layers}", len(idx), w=str(w),
+                                   layers=layer_spans(idx)))
     full = [i for i, x in enumerate(sliding_windows) if not x]
     if full:
-        parts.append(f"global (full attention): layer{'s' if len(full) > 1 else ''} {layer_spans(full)}")
+        parts.append(i18n.ngettext(lang, "global (full attention): layer {layers}",
+                                   "global (full attention): layers {layers}", len(full), layers=layer_spans(full)))
     return esc(" · ".join(parts))
 
 
@@ -147,13 +153,20 @@ def _piece_at(labels: Sequence[str], pos: int) -> str:
     return label_html(labels, pos) if 0 <= pos < len(labels) else show_piece(f"#{pos}")
 
 
-def _title_at(labels: Sequence[str], pos: int) -> str:
-    more = label_title(labels, pos) if 0 <= pos < len(labels) and "<0x" in labels[pos] else ""
-    return f"position {pos}: {label_of(labels, pos)!r}" + (f" · {more}" if more else "")
+def _title_at(labels: Sequence[str], pos: int, lang: str = i18n.DEFAULT) -> str:
+    more = label_title(labels, pos, lang=lang) if 0 <= pos < len(labels) and "<0x" in labels[pos] else ""
+    return _said(lang, i18n.N_("position {p}: {token}")).format(p=pos, token=repr(label_of(labels, pos))) \
+        + (f" · {more}" if more else "")
+
+
+@functools.cache
+def _said(lang: str, msgid: str) -> str:
+    """A catalog text of a label drawn once per row and column, looked up once (filled by the caller)."""
+    return i18n.gettext(lang, msgid)
 
 
 def _axis(labels: Sequence[str], lo: int, n: int, kinds: list[str | None], picked: int | None,
-          cols: Sequence[int], gap: tuple[int, int]) -> tuple[str, str]:
+          cols: Sequence[int], gap: tuple[int, int], lang: str = i18n.DEFAULT) -> tuple[str, str]:
     """The map's row labels (query: position and token, the row's kind as its left edge) and
     column labels (keys at their true positions; -1: a column of the gap, keys gap[0] ..
     gap[1] - 1, one label for them all); each names its full token on hover, and a click on
@@ -161,23 +174,25 @@ def _axis(labels: Sequence[str], lo: int, n: int, kinds: list[str | None], picke
     rows, heads = [], []
     for i in range(n):
         pos = lo + i
-        title = esc(_title_at(labels, pos))
         kind = kinds[i] or "none"
+        title = esc(_said(lang, i18n.N_("query {what} ({kind})")).format(what=_title_at(labels, pos, lang),
+                                                                 kind=_said(lang, kinds[i] or "not captured")))
         sel = " tt-amap-picked" if pos == picked else ""
-        rows.append(f'<span class="tt-amap-r tt-k-{kind}{sel}" data-pos="{pos}" title="query {title} ({esc(kinds[i] or "not captured")})">'
+        rows.append(f'<span class="tt-amap-r tt-k-{kind}{sel}" data-pos="{pos}" title="{title}">'
                     f"{_short_at(labels, pos)}<i>{pos}</i></span>")
     gap_done = False
     for pos in cols:
         if pos < 0:
             if not gap_done:
                 first, last = gap[0], gap[1] - 1
-                heads.append(f'<span class="tt-amap-c tt-amap-gap" style="--span:{GAP_COLS}" title="keys {first}–'
-                             f'{last}: not captured (the capture keeps the first keys and the most recent ones)">'
+                gap_title = esc(i18n.gettext(lang, "keys {first}–{last}: not captured (the capture keeps the first keys "
+                                                   "and the most recent ones)", first=str(first), last=str(last)))
+                heads.append(f'<span class="tt-amap-c tt-amap-gap" style="--span:{GAP_COLS}" title="{gap_title}">'
                              f"⋯{first}–{last}</span>")
                 gap_done = True
             continue
-        title = esc(_title_at(labels, pos))
-        heads.append(f'<span class="tt-amap-c" data-pos="{pos}" title="key {title}">{_short_at(labels, pos)}'
+        title = esc(_said(lang, i18n.N_("key {what}")).format(what=_title_at(labels, pos, lang)))
+        heads.append(f'<span class="tt-amap-c" data-pos="{pos}" title="{title}">{_short_at(labels, pos)}'
                      "</span>")
     return "".join(rows), "".join(heads)
 
@@ -191,7 +206,7 @@ def _map_columns(end_row, lo: int) -> np.ndarray:
 
 
 def map_html(index: LayerIndex, layer: int, head: int, group: int, labels: Sequence[str],
-             end: int | None) -> tuple[str, dict]:
+             end: int | None, lang: str = i18n.DEFAULT) -> tuple[str, dict]:
     """The labelled map ending at query `end` (None: the newest) -> (HTML, what it drew:
     lo, hi, the end row's Row, the band's count, the kept first keys)."""
     first, last = index.span(layer)
@@ -215,29 +230,39 @@ def map_html(index: LayerIndex, layer: int, head: int, group: int, labels: Seque
         rgb[r, gap_cols] = GAP_RGB[r % 2]
     nc = len(cols)
     cell = max(MIN_CELL, min(16, MAP_PX // max(nc, 1)))
-    ctx = f"layer {layer} · head {head} (KV head {head // group})"
+    ctx = i18n.gettext(lang, "layer {layer} · head {head} (KV head {kv})", layer=str(layer), head=str(head),
+                       kv=str(head // group))
     names = [f"{lo + i} {label_of(labels, lo + i)!r}" for i in range(n)]
-    gap_name = f"{k_head}–{lo - 1} (the gap: not captured)"
+    gap_name = i18n.gettext(lang, "{first}–{last} (the gap: not captured)", first=str(k_head), last=str(lo - 1))
     col_names = [gap_name if c < 0 else f"{c} {label_of(labels, int(c))!r}" for c in cols]
-    spec = {"w": nc, "h": n, "x0": 0, "rows": names, "cols": col_names, "row_name": "query",
-            "fmt": "query {r} → key {c} · weight {v}", "ctx": ctx,
+    spec = {"w": nc, "h": n, "x0": 0, "rows": names, "cols": col_names, "row_name": i18n.gettext(lang, "query"),
+            "fmt": i18n.gettext(lang, "query {r} → key {c} · weight {v}"), "ctx": ctx,
             "codes": [(MASKED, mask == 1), (OUTSIDE_WINDOW, mask == 2)]}
-    keys_said = f"keys 0–{k_head - 1}, {lo}–{hi - 1}" if len(lead) else f"keys {lo}–{hi - 1}"
-    img = hover_img(rgb, "tt-heat tt-amap-img", f"{ctx}: queries {lo}–{hi - 1} × {keys_said}",
-                    hover_attr(spec, probs), nc * cell, n * cell)
-    row_labels, col_labels = _axis(labels, lo, n, kinds, hi - 1 if end_row is not None else None, cols, (k_head, lo))
-    band = ""
-    if lo > 0 and not len(lead):
-        words = (f"… {lo:,} earlier keys not captured" if lo <= k0 else
-                 f"… {lo:,} earlier keys: {lo - k0:,} captured, not drawn; {k0:,} not captured")
-        band = (f'<div class="tt-amap-band" title="keys 0–{lo - 1}: {esc(words[2:])} (the capture keeps the last '
-                f'keys of every row: --capture-max-keys)"><span>{esc(words)}</span></div>')
+    keys_said = (i18n.gettext(lang, "keys 0–{k}, {lo}–{hi}", k=str(k_head - 1), lo=str(lo), hi=str(hi - 1)) if len(lead)
+                 else i18n.gettext(lang, "keys {lo}–{hi}", lo=str(lo), hi=str(hi - 1)))
+    alt = i18n.gettext(lang, "{ctx}: queries {lo}–{hi} × {keys}", ctx=ctx, lo=str(lo), hi=str(hi - 1), keys=keys_said)
+    img = hover_img(rgb, "tt-heat tt-amap-img", alt, hover_attr(spec, probs), nc * cell, n * cell)
+    row_labels, col_labels = _axis(labels, lo, n, kinds, hi - 1 if end_row is not None else None, cols, (k_head, lo),
+                                   lang)
+    band = _band(lo, k0, lang) if lo > 0 and not len(lead) else ""
+    corner = said_html(lang, "query ↓") + "<br>" + said_html(lang, "key →")
     grid = (f'<div class="tt-amap{" tt-amap-banded" if band else ""}" style="--n:{n};--nc:{nc};--cell-w:{cell}px">'
-            f'<div class="tt-amap-corner">query ↓<br>key →</div>{"<div></div>" if band else ""}'
+            f'<div class="tt-amap-corner">{corner}</div>{"<div></div>" if band else ""}'
             f'<div class="tt-amap-cols">{col_labels}</div><div class="tt-amap-rows">{row_labels}</div>{band}'
             f'<div class="tt-amap-body">{img}</div></div>')
     return grid, {"lo": lo, "hi": hi, "row": end_row, "band": lo, "kinds": kinds, "first": k_head if len(lead) else 0,
                   "cols": cols}
+
+
+def _band(lo: int, k0: int, lang: str) -> str:
+    """The band over the map that stands for the earlier keys it does not draw."""
+    num = i18n.number
+    words = (i18n.gettext(lang, "{n} earlier keys not captured", n=num(lang, lo)) if lo <= k0 else
+             i18n.gettext(lang, "{n} earlier keys: {drawn} captured, not drawn; {missed} not captured", n=num(lang, lo),
+                          drawn=num(lang, lo - k0), missed=num(lang, k0)))
+    title = i18n.gettext(lang, "keys 0–{last}: {what} (the capture keeps the last keys of every row: "
+                               "--capture-max-keys)", last=str(lo - 1), what=words)
+    return f'<div class="tt-amap-band" title="{esc(title)}"><span>… {esc(words)}</span></div>'
 
 
 def _top_keys(row, labels: Sequence[str]) -> str:
@@ -248,64 +273,89 @@ def _top_keys(row, labels: Sequence[str]) -> str:
                      f"{row.weights[c]:.2f}" for c in top if row.weights[c] > 0)
 
 
-def _window_words(window: int | None, sliding_windows: Sequence[int | None] | None) -> str:
+def _window_words(window: int | None, sliding_windows: Sequence[int | None] | None, lang: str = i18n.DEFAULT) -> str:
     mixed = bool(sliding_windows) and any(sliding_windows) and not all(sliding_windows)
     if window:
-        text = (f"{'local layer: ' if mixed else ''}sliding window {window} tokens, each query sees only the "
-                f"last {window} (dark red: masked as too old)")
+        text = (i18n.gettext(lang, "local layer: sliding window {w} tokens, each query sees only the last {w} (dark red: "
+                                   "masked as too old)", w=str(window)) if mixed else
+                i18n.gettext(lang, "sliding window {w} tokens, each query sees only the last {w} (dark red: masked as "
+                                   "too old)", w=str(window)))
     else:
-        text = "global layer: full causal attention, every earlier token" if mixed else "full causal attention"
-    return text + (" · " + layer_kinds(sliding_windows) if sliding_windows else "")
+        text = i18n.gettext(lang, "global layer: full causal attention, every earlier token") if mixed else \
+            i18n.gettext(lang, "full causal attention")
+    return esc(text) + (" · " + layer_kinds(sliding_windows, lang) if sliding_windows else "")
 
 
 def attention_html(events: Sequence[dict], layer: int | None = None, head: int | None = None,
                    labels: Sequence[str] = (), sliding_windows: Sequence[int | None] | None = None,
-                   position: int | None = None, selection: Selection | None = None, frozen: str = "") -> str:
+                   position: int | None = None, selection: Selection | None = None, frozen: str = "",
+                   lang: str = i18n.DEFAULT) -> str:
     """events: this request's `attention` events. labels: token text by position. position:
     the query row to show (default: the selection's pass, else the newest captured row).
     frozen: the header's warning when the trace's byte cap stopped these captures."""
     if not events:
-        return ('<div class="tt-panel">' + header_html("Attention", None, frozen)
-                + empty("no attention captured yet (capture level 'full' records it)") + "</div>")
+        return ('<div class="tt-panel">' + header_html(i18n.N_("Attention"), None, frozen, lang=lang)
+                + empty(i18n.gettext(lang, "no attention captured yet (capture level 'full' records it)")) + "</div>")
     index = LayerIndex(events)
     layers, heads = layers_and_heads(events, index)
     layer = layer if layer in layers else layers[0]
     head = head if head in heads else heads[0]
     last = index.of(layer)[-1]
-    num_heads, num_kv = last.num_heads, last.num_kv_heads
-    group = max(1, num_heads // num_kv)
     if position is None and selection is not None:
         position = selection.read
     first, newest = index.span(layer)
     end = position if position is not None and position < newest else None
-    grid, drawn = map_html(index, layer, head, group, labels, end)
-    row, lo, hi = drawn["row"], drawn["lo"], drawn["hi"]
+    group = max(1, last.num_heads // last.num_kv_heads)
+    grid, drawn = map_html(index, layer, head, group, labels, end, lang)
+    row, hi = drawn["row"], drawn["hi"]
     window = sliding_windows[layer] if sliding_windows and layer < len(sliding_windows) else last.window
     if row is not None:
-        said = (f"<div>query row: position {hi - 1} ({esc(row.kind)}, token <code>{_piece_at(labels, hi - 1)}"
-                f"</code>) attends most to {_top_keys(row, labels)}</div>")
+        said = "<div>" + said_html(lang, "query row: position {p} ({kind}, token {token}) attends most to {top}",
+                                   p=str(hi - 1), kind=esc(i18n.gettext(lang, row.kind)),
+                                   token="<code>" + _piece_at(labels, hi - 1) + "</code>", top=_top_keys(row, labels)) \
+            + "</div>"
     else:
-        said = (f"<div class='tt-note'>position {hi - 1} has no captured row at layer {layer} (the capture keeps the "
-                f"last rows of a long prompt; this layer holds queries {first}–{newest - 1})</div>")
+        said = "<div class='tt-note'>" + said_html(
+            lang, "position {p} has no captured row at layer {layer} (the capture keeps the last rows of a long "
+                  "prompt; this layer holds queries {first}–{last})", p=str(hi - 1), layer=str(layer),
+            first=str(first), last=str(newest - 1)) + "</div>"
     if selection is not None and selection.read is not None and selection.read != hi - 1:
-        said += (f"<div class='tt-note'>the selected pass read position {selection.read}: no attention was captured "
-                 f"for it, so the map shows the newest captured row</div>")
-    kinds, k_head = drawn["kinds"], drawn["first"]
-    gap = (f" · keys: the first {k_head} (0–{k_head - 1}: the attention sink, the prompt's start), then "
-           f"<span class='tt-amap-gapkey'>⋯</span> the gap {k_head}–{lo - 1} (striped: not captured), then the newest "
-           f"{hi - lo} ({lo}–{hi - 1})" if k_head else "")
+        said += "<div class='tt-note'>" + said_html(
+            lang, "the selected pass read position {p}: no attention was captured for it, so the map shows the newest "
+                  "captured row", p=str(selection.read)) + "</div>"
+    info = _info(layer, layers, head, last, window, sliding_windows, drawn, lang) + said + "</div>"
+    over = overview_html(index, layers, heads, last.num_kv_heads, hi - 1, labels, sliding_windows, (layer, head), lang)
+    return ('<div class="tt-panel">' + header_html(i18n.N_("Attention"), selection, frozen, lang=lang) + info
+            + f'<div class="tt-attn"><div class="tt-attn-big">{grid}</div>{over}</div></div>')
+
+
+ROW_KINDS = (i18n.N_("prefill"), i18n.N_("decode"), i18n.N_("verify"), i18n.N_("not captured"))  # shown in the lang
+
+
+def _info(layer: int, layers: Sequence[int], head: int, last, window: int | None,
+          sliding_windows: Sequence[int | None] | None, drawn: dict, lang: str) -> str:
+    """The lines over the map: the layer and head, how heads share KV heads, the window, the rows
+    drawn and the key columns (HTML, its <div class='tt-lines'> left open for the query's line)."""
+    num_heads, num_kv = last.num_heads, last.num_kv_heads
+    group = max(1, num_heads // num_kv)
+    kinds, k_head, lo, hi = drawn["kinds"], drawn["first"], drawn["lo"], drawn["hi"]
+    gap = said_html(lang, " · keys: the first {k} (0–{k_last}: the attention sink, the prompt's start), then {mark} "
+                          "the gap {k}–{gap_last} (striped: not captured), then the newest {newest} ({lo}–{hi})",
+                    k=str(k_head), k_last=str(k_head - 1), mark="<span class='tt-amap-gapkey'>⋯</span>",
+                    gap_last=str(lo - 1), newest=str(hi - lo), lo=str(lo), hi=str(hi - 1)) if k_head else ""
     n_rows = {k: sum(1 for x in kinds if x == k) for k in ("prefill", "decode", "verify")}
     # verify rows only where a draft's proposals were checked: a request with no draft has none to name
-    verify = f", {n_rows['verify']} verify" if n_rows["verify"] else ""
-    verify_key = " <span class='tt-k-verify'>verify</span>" if n_rows["verify"] else ""
-    info = (f"<div class='tt-lines'><div>layer <b>{layer}</b> of {len(layers)} captured · query head <b>{head}</b> · "
-            f"{plural(num_heads, 'query head')} share {plural(num_kv, 'KV head')} ({group} per KV head) · "
-            f"{_window_words(window, sliding_windows)}</div>"
-            f"<div>rows drawn: {n_rows['prefill']} prefill, {n_rows['decode']} decode{verify} · "
-            f"positions {lo}–{hi - 1}{gap} · row edge: <span class='tt-k-prefill'>prefill</span> "
-            f"<span class='tt-k-decode'>decode</span>{verify_key} · "
-            f"black: causal mask · grey: not captured (a prompt row the prefix cache served was computed by an "
-            f"earlier request; a long prompt keeps its last rows)</div>{said}</div>")
-    over = overview_html(index, layers, heads, num_kv, hi - 1, labels, sliding_windows, (layer, head))
-    return ('<div class="tt-panel">' + header_html("Attention", selection, frozen) + info
-            + f'<div class="tt-attn"><div class="tt-attn-big">{grid}</div>{over}</div></div>')
+    verify = said_html(lang, ", {n} verify", n=str(n_rows["verify"])) if n_rows["verify"] else ""
+    key = {k: f"<span class='tt-k-{k}'>{said_html(lang, k)}</span>" for k in ("prefill", "decode", "verify")}
+    first = said_html(lang, "layer {layer} of {layers} captured · query head {head} · {heads} share {kv_heads} ({group} "
+                            "per KV head) · {window}", layer=bold(layer), layers=str(len(layers)),
+                      head=bold(head), heads=said_html_n(lang, "{n} query head", "{n} query heads", num_heads),
+                      kv_heads=said_html_n(lang, "{n} KV head", "{n} KV heads", num_kv), group=str(group),
+                      window=_window_words(window, sliding_windows, lang))
+    second = said_html(lang, "rows drawn: {prefill} prefill, {decode} decode{verify} · positions {lo}–{hi}{gap} · row "
+                             "edge: {key_prefill} {key_decode}{key_verify} · black: causal mask · grey: not captured (a "
+                             "prompt row the prefix cache served was computed by an earlier request; a long prompt "
+                             "keeps its last rows)", prefill=str(n_rows["prefill"]), decode=str(n_rows["decode"]),
+                       verify=verify, lo=str(lo), hi=str(hi - 1), gap=gap, key_prefill=key["prefill"],
+                       key_decode=key["decode"], key_verify=(" " + key["verify"]) if n_rows["verify"] else "")
+    return f"<div class='tt-lines'><div>{first}</div><div>{second}</div>"

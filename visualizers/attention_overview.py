@@ -10,7 +10,8 @@ from typing import Sequence
 
 import numpy as np
 
-from visualizers._html import colormap, hover_attr, hover_img, show_piece
+from visualizers import i18n
+from visualizers._html import colormap, esc, hover_attr, hover_img, said_html, show_piece
 from visualizers.attention_rows import LayerIndex
 from visualizers.char_runs import label_html
 
@@ -94,23 +95,25 @@ def _group_image(w: np.ndarray, kx: int, frame: tuple[int, int] | None) -> np.nd
     return img
 
 
-def _keys_words(axis: np.ndarray) -> str:
+def _keys_words(axis: np.ndarray, lang: str = i18n.DEFAULT) -> str:
     """"keys 0–7, ⋯ (the gap: 8–17, not captured), 18–73" or "keys 10–73"."""
     if (axis >= 0).all():
-        return f"keys {int(axis[0])}–{int(axis[-1])}"
+        return i18n.gettext(lang, "keys {lo}–{hi}", lo=str(int(axis[0])), hi=str(int(axis[-1])))
     cut = int(np.argmax(axis < 0))
-    return (f"keys 0–{int(axis[cut - 1])}, ⋯ (the gap: {int(axis[cut - 1]) + 1}–{int(axis[cut + 1]) - 1}, not "
-            f"captured, striped), {int(axis[cut + 1])}–{int(axis[-1])}")
+    return i18n.gettext(lang, "keys 0–{first}, ⋯ (the gap: {gap_lo}–{gap_hi}, not captured, striped), {lo}–{hi}",
+                        first=str(int(axis[cut - 1])), gap_lo=str(int(axis[cut - 1]) + 1),
+                        gap_hi=str(int(axis[cut + 1]) - 1), lo=str(int(axis[cut + 1])), hi=str(int(axis[-1])))
 
 
 def overview_html(index: LayerIndex, layers: Sequence[int], heads: Sequence[int], num_kv: int, q: int,
                   labels: Sequence[str], sliding_windows: Sequence[int | None] | None,
-                  picked: tuple[int, int]) -> str:
+                  picked: tuple[int, int], lang: str = i18n.DEFAULT) -> str:
     """Query q's row in every layer and head; picked: the (layer, head) the map shows."""
     rows = [index.row(layer, head, q) for layer in layers for head in heads]
     if not any(r is not None for r in rows):
-        return (f"<div class='tt-ov'><div class='tt-note'>no layer captured query {q}: the overview shows one "
-                "captured query row in every layer and head</div></div>")
+        return "<div class='tt-ov'><div class='tt-note'>" + said_html(
+            lang, "no layer captured query {q}: the overview shows one captured query row in every layer and head",
+            q=str(q)) + "</div></div>"
     axis = key_axis(rows, q)
     n_keys = len(axis)
     kx = max(1, min(3, 48 // n_keys))
@@ -125,9 +128,13 @@ def overview_html(index: LayerIndex, layers: Sequence[int], heads: Sequence[int]
             return sliding_windows[layer]
         return index.of(layer)[-1].window
 
-    marks = "".join(f'<span class="{"tt-ov-local" if local(l) else ""}" title="layer {l}'
-                    + (f': local, sliding window {local(l)} tokens' if local(l) else ": global, full attention")
-                    + f'">L{l}{" local" if local(l) else ""}</span>' for l in layers)
+    def mark(layer: int) -> str:
+        w = local(layer)
+        title = (i18n.gettext(lang, "layer {l}: local, sliding window {w} tokens", l=str(layer), w=str(w)) if w else
+                 i18n.gettext(lang, "layer {l}: global, full attention", l=str(layer)))
+        word = " " + said_html(lang, "local") if w else ""
+        return f'<span class="{"tt-ov-local" if w else ""}" title="{esc(title)}">L{layer}{word}</span>'
+    marks = "".join(mark(layer) for layer in layers)
     layer_col = f'<div class="tt-ov-layers" style="--py:{py}px">{marks}</div>'  # in every group: groups wrap
     blocks = []
     for kv in range(num_kv):
@@ -142,16 +149,18 @@ def overview_html(index: LayerIndex, layers: Sequence[int], heads: Sequence[int]
         spec = {"kind": "cells", "w": len(cols), "h": len(layers), "layers": list(layers),
                 "heads": [heads[i] for i in cols], "kv": kv, "q": q, "qname": repr(_label(labels, q)),
                 "local": [local(l) or 0 for l in layers], "top": [[tops[li][i] for i in cols] for li in range(len(layers))],
-                "names": names, "ctx": "click: open this head"}
+                "names": names, "ctx": i18n.gettext(lang, "click: open this head")}
         px = n_keys * kx + GAP
         head_names = "".join(f'<span style="width:{px}px">Q{heads[i]}</span>' for i in cols)
         lo_h, hi_h = heads[cols[0]], heads[cols[-1]]
-        title = f"KV head {kv} ← query head" + (f"s {lo_h}–{hi_h}" if hi_h != lo_h else f" {lo_h}")
-        picture = hover_img(img, "tt-heat tt-ov-img", f"KV head {kv}: layers × query heads", hover_attr(spec),
-                            img.shape[1], img.shape[0])
+        title = esc(i18n.gettext(lang, "KV head {kv} ← query heads {lo}–{hi}", kv=str(kv), lo=str(lo_h), hi=str(hi_h))
+                    if hi_h != lo_h else i18n.gettext(lang, "KV head {kv} ← query head {lo}", kv=str(kv), lo=str(lo_h)))
+        alt = i18n.gettext(lang, "KV head {kv}: layers × query heads", kv=str(kv))
+        picture = hover_img(img, "tt-heat tt-ov-img", alt, hover_attr(spec), img.shape[1], img.shape[0])
         blocks.append(f'<div class="tt-group"><div class="tt-group-title">{title}</div><div class="tt-ov-body">'
                       f'{layer_col}<div><div class="tt-ov-heads">{head_names}</div>{picture}</div></div></div>')
-    return (f"<div class='tt-ov'><div class='tt-subtitle'>every layer and head for query {q} "
-            f"(<code>{label_html(labels, q) if 0 <= q < len(labels) else show_piece(f'#{q}')}</code>): each cell is one head's weights over {_keys_words(axis)}, "
-            "oldest left, scaled to its own largest; click a cell to open it</div>"
-            f"<div class='tt-ov-grid'>{''.join(blocks)}</div></div>")
+    token = f"<code>{label_html(labels, q) if 0 <= q < len(labels) else show_piece(f'#{q}')}</code>"
+    line = said_html(lang, "every layer and head for query {q} ({token}): each cell is one head's weights over {keys}, "
+                           "oldest left, scaled to its own largest; click a cell to open it", q=str(q), token=token,
+                     keys=esc(_keys_words(axis, lang)))
+    return f"<div class='tt-ov'><div class='tt-subtitle'>{line}</div><div class='tt-ov-grid'>{''.join(blocks)}</div></div>"

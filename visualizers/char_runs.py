@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from visualizers._html import esc, show_piece
+from visualizers import i18n
+from visualizers._html import esc, said_html, said_html_n, show_piece
 from visualizers.token_chars import Char, Run, describe, group, hex_bytes, part_of
 
 CJK = ((0x2E80, 0x9FFF), (0xF900, 0xFAFF), (0xFF00, 0xFFEF), (0x20000, 0x3FFFF))  # Han, CJK marks, full-width
@@ -16,14 +17,17 @@ def is_cjk(ch: str) -> bool:
     return len(ch) == 1 and ord(ch) >= 0x2E80 and any(lo <= ord(ch) <= hi for lo, hi in CJK)
 
 
-def _char_box(c: Char, run: Run) -> str:
+def _char_box(c: Char, run: Run, lang: str = i18n.DEFAULT) -> str:
     col = f"grid-column:{c.start - run.spans[0][0] + 1}/{c.end - run.spans[0][0] + 1}"
     if not c.valid:
         raw = b"".join(run.raws)[c.start - run.spans[0][0]:c.end - run.spans[0][0]]
-        return (f'<span class="tt-char tt-char-bad" style="{col}" title="byte {hex_bytes(raw)}: '
-                f'no character starts or ends here (not valid UTF-8)">?</span>')
+        bad = i18n.gettext(lang, "byte {bytes}: no character starts or ends here (not valid UTF-8)",
+                           bytes=hex_bytes(raw))
+        return f'<span class="tt-char tt-char-bad" style="{col}" title="{esc(bad)}">?</span>'
     n = c.last - c.first + 1
-    title = f"{c.text} U+{ord(c.text):04X}: {c.end - c.start} bytes" + (f" over {n} tokens" if n > 1 else "")
+    values = {"char": c.text, "code": f"U+{ord(c.text):04X}", "bytes": str(c.end - c.start), "tokens": str(n)}
+    title = (i18n.gettext(lang, "{char} {code}: {bytes} bytes over {tokens} tokens", **values) if n > 1 else
+             i18n.gettext(lang, "{char} {code}: {bytes} bytes", **values))
     return f'<span class="tt-char" style="{col}" title="{esc(title)}">{show_piece(c.text)}</span>'
 
 
@@ -41,11 +45,11 @@ def piece_text(run: Run, token: int) -> str:
     return "".join(out)
 
 
-def run_html(run: Run, chips: Sequence[str]) -> str:
+def run_html(run: Run, chips: Sequence[str], lang: str = i18n.DEFAULT) -> str:
     """A run of tokens tied by split characters: the characters' boxes on top, the tokens' chips
     (chips: their HTML, in order) under them, each as wide as its bytes."""
     n = run.spans[-1][1] - run.spans[0][0]
-    boxes = "".join(_char_box(c, run) for c in run.chars)
+    boxes = "".join(_char_box(c, run, lang) for c in run.chars)
     cells = "".join(
         chip.replace(' class="', f' style="grid-column:{s - run.spans[0][0] + 1}/{e - run.spans[0][0] + 1}" class="', 1)
         for chip, (s, e) in zip(chips, run.spans))
@@ -75,15 +79,16 @@ def _bytes_of(run: Run, c: Char) -> bytes:
     return b"".join(run.raws)[c.start - run.spans[0][0]:c.end - run.spans[0][0]]
 
 
-def label_title(labels: Sequence[str], pos: int, special: Sequence[bool] = ()) -> str:
+def label_title(labels: Sequence[str], pos: int, special: Sequence[bool] = (), lang: str = i18n.DEFAULT) -> str:
     """A hover line for position pos: "" for a token of whole characters, else its bytes and what
     of which characters they are."""
     if "<0x" not in labels[pos]:
         return ""
     runs, run_of = group(labels, special)
     run = runs[run_of[pos]]
-    what = describe(run, pos)
-    return f"bytes {hex_bytes(run.raws[pos - run.first])}: {what}" if what else ""
+    what = describe(run, pos, lang)
+    return i18n.gettext(lang, "bytes {bytes}: {what}", bytes=hex_bytes(run.raws[pos - run.first]), what=what) \
+        if what else ""
 
 
 def lone_html(label: str) -> str:
@@ -107,7 +112,7 @@ def lone_title(label: str) -> str:
     return f"bytes {hex_bytes(raw)}: the end of a character begun by the token before"
 
 
-def cjk_note(labels: Sequence[str], special: Sequence[bool]) -> str:
+def cjk_note(labels: Sequence[str], special: Sequence[bool], lang: str = i18n.DEFAULT) -> str:
     """One line on how this tokenizer cut the prompt's Chinese: characters, the tokens that hold
     them, how many were split into byte pieces (HTML; "" without Chinese)."""
     if all(label.isascii() and "<0x" not in label for label in labels):
@@ -121,14 +126,14 @@ def cjk_note(labels: Sequence[str], special: Sequence[bool]) -> str:
     words = [t for t in tokens if is_word(labels[t])]
     shown = "".join(f' <span class="tt-chip tt-word">{show_piece(labels[t])}</span>' for t in words[:4]) \
         + (" …" if len(words) > 4 else "")
-    return (f"<div class='tt-cjk-note'>Chinese: <b>{len(han)}</b> {_n(len(han), 'character')} in <b>{len(tokens)}</b> "
-            f"{_n(len(tokens), 'token')} (<b>{len(han) / len(tokens):.1f}</b> characters a token on this model): "
-            f"{split} split into byte pieces, {len(words)} {_n(len(words), 'token')} of several whole "
-            f"characters{':' + shown if words else ''}</div>")
-
-
-def _n(k: int, word: str) -> str:
-    return word if k == 1 else word + "s"
+    values = {"chars": said_html_n(lang, "{n} character", "{n} characters", len(han), bold=True),
+              "tokens": said_html_n(lang, "{n} token", "{n} tokens", len(tokens), bold=True),
+              "per": f"<b>{esc(i18n.number(lang, len(han) / len(tokens), 1))}</b>", "split": str(split),
+              "words": said_html_n(lang, "{n} token", "{n} tokens", len(words))}
+    line = said_html(lang, "Chinese: {chars} in {tokens} ({per} characters a token on this model): {split} split into "
+                           "byte pieces, {words} of several whole characters", **values)
+    colon = i18n.gettext(lang, ": ").strip()  # Chinese: its full-width colon
+    return f"<div class='tt-cjk-note'>{line}{colon + shown if words else ''}</div>"
 
 
 def is_word(label: str) -> bool:

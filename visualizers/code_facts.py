@@ -5,9 +5,12 @@ named; and a few numbers the marked lines made (the prefix cache's hits, the top
 accepted proposals). One short line a stage, for its section, beside the code view."""
 from __future__ import annotations
 
+import re
+
 from typing import Mapping, Sequence
 
-from visualizers._html import esc, prob
+from visualizers._html import esc, prob, said_html
+from visualizers.i18n import gettext
 
 ATTENTION_WAYS = ("c_fused", "c_kernel", "triton", "torch")
 SPEC_WAYS = ("draft", "ngram")
@@ -16,10 +19,11 @@ INTAKE_WAYS = ("http", "page")
 KNOWN = {"layers": ATTENTION_WAYS + MOE_WAYS, "spec": SPEC_WAYS, "request": INTAKE_WAYS}
 
 
-def _steps(steps: Sequence[int]) -> str:
+def _steps(steps: Sequence[int], lang: str = "en") -> str:
     """"step 3", "steps 2–9" (their span), for a line."""
     s = sorted(set(steps))
-    return f"step {s[0]}" if len(s) == 1 else f"steps {s[0]}–{s[-1]}"
+    return gettext(lang, "step {step}", step=s[0]) if len(s) == 1 else \
+        gettext(lang, "steps {first}–{last}", first=s[0], last=s[-1])
 
 
 WATCHED = ("schedule.step", "spec", "prefix_cache.lookup", "sample")
@@ -64,23 +68,28 @@ def read(events: Sequence[Mapping], request_id: str) -> tuple[dict[str, dict[str
     return out, quoted
 
 
-def _ran_line(key: str, ways: Mapping[str, list[int]], names: Mapping[str, str], where: Mapping[str, str]) -> str:
+def _ran_line(key: str, ways: Mapping[str, list[int]], names: Mapping[str, str], where: Mapping[str, str],
+              lang: str = "en") -> str:
+    names = {w: gettext(lang, name) for w, name in names.items()}  # the code map's words (extract reads them)
     if key == "request":
         (way, _), = ways.items()
         other = [names.get(w, w) for w in INTAKE_WAYS if w != way]
-        return f"{names.get(way, way)}{f' ({where[way]})' if way in where else ''}. Not taken here: {'; '.join(other)}"
+        return gettext(lang, "{ran}. Not taken here: {others}", ran=names.get(way, way) + (
+            f" ({where[way]})" if way in where else ""), others="; ".join(other))
     if key == "timeline":
         (way, steps), = ways.items()
-        return (f"the prompt in {len(steps)} chunks ({_steps(steps)}): chunked prefill" if way == "chunked"
-                else f"the whole prompt in one pass ({_steps(steps)}); a longer one is cut into chunks")
+        return (gettext(lang, "the prompt in {n} chunks ({steps}): chunked prefill", n=len(steps),
+                        steps=_steps(steps, lang)) if way == "chunked" else
+                gettext(lang, "the whole prompt in one pass ({steps}); a longer one is cut into chunks",
+                        steps=_steps(steps, lang)))
     known = [w for w in KNOWN[key] if w not in MOE_WAYS or any(m in ways for m in MOE_WAYS)]  # a dense model: no MoE
-    ran = "; ".join(f"{names.get(w, w)} in {_steps(s)}{f' ({where[w]})' if w in where else ''}"
-                    for w, s in ways.items())
+    ran = "; ".join(gettext(lang, "{way} in {steps}", way=names.get(w, w), steps=_steps(s, lang))
+                    + (f" ({where[w]})" if w in where else "") for w, s in ways.items())
     others = [names.get(w, w) for w in known if w not in ways]
-    return ran + (f". Not taken here: {'; '.join(others)}" if others else "")
+    return gettext(lang, "{ran}. Not taken here: {others}", ran=ran, others="; ".join(others)) if others else ran
 
 
-def values(events: Sequence[Mapping], key: str, quoted: Mapping[str, Mapping] | None = None) -> str:
+def values(events: Sequence[Mapping], key: str, quoted: Mapping[str, Mapping] | None = None, lang: str = "en") -> str:
     """This request's numbers from the stage's marked lines, one line ("" none held). quoted:
     read()'s, where the caller has it (else read from the events)."""
     last = quoted if quoted is not None else read(events, "")[1]
@@ -89,40 +98,54 @@ def values(events: Sequence[Mapping], key: str, quoted: Mapping[str, Mapping] | 
         hits = e.get("cached_blocks") or []
         keys = "".join(f", chain hash {h & (2**64 - 1):016x}" if i == 0 else f" → {h & (2**64 - 1):016x}"
                        for i, h in enumerate(e.get("hashes") or []))  # (recorded since 2026-12-06)
-        return (f"hits.append(bid) ran {len(hits)} times of {e.get('full_blocks', '?')} full blocks: blocks "
-                f"{hits} reused{keys}; {e.get('cached_tokens', 0)} tokens" if hits else
-                "no full block to hash: chain_hash never ran, nothing reused" if e.get("full_blocks") == 0 else
-                f"the first chain_hash of {e.get('full_blocks', '?')} full blocks missed: nothing reused")
+        full = e.get("full_blocks", "?")
+        return (gettext(lang, "hits.append(bid) ran {n} times of {full} full blocks: blocks {hits} reused{keys}; "
+                              "{tokens} tokens", n=len(hits), full=full, hits=hits, keys=keys,
+                        tokens=e.get("cached_tokens", 0)) if hits else
+                gettext(lang, "no full block to hash: chain_hash never ran, nothing reused") if full == 0 else
+                gettext(lang, "the first chain_hash of {full} full blocks missed: nothing reused", full=full))
     if key == "sampling" and "sample" in last:
         e = last["sample"]
         params, stages = e.get("params") or {}, e.get("stages") or {}
         kept = (stages.get("top_p") or {}).get("kept")
         if params.get("greedy"):
-            return f"greedy: the argmax, p = {prob(e.get('token_prob', 0))}"
-        cut = f"top_p = {params.get('top_p')} kept {kept} tokens" if kept is not None else ""
-        return "; ".join(x for x in (cut, f"drew p = {prob(e.get('token_prob', 0))}") if x)
+            return gettext(lang, "greedy: the argmax, p = {p}", p=prob(e.get("token_prob", 0)))
+        cut = gettext(lang, "top_p = {top_p} kept {kept} tokens", top_p=params.get("top_p"), kept=kept) \
+            if kept is not None else ""
+        return "; ".join(x for x in (cut, gettext(lang, "drew p = {p}", p=prob(e.get("token_prob", 0)))) if x)
     if key == "spec" and "spec" in last:
         e = last["spec"]
-        return (f"the last round: {e.get('accepted', 0)} of {e.get('k', 0)} proposals accepted"
-                + (f", then a {e['token_kind']} token" if e.get("token_kind") else ""))
+        return (gettext(lang, "the last round: {accepted} of {k} proposals accepted", accepted=e.get("accepted", 0),
+                        k=e.get("k", 0))
+                + (gettext(lang, ", then a {kind} token", kind=gettext(lang, e["token_kind"])) if e.get("token_kind")
+                   else ""))  # the kind: "bonus" or "corrected", as the speculation panel says them
     return ""
 
 
 def ran_html(key: str, events: Sequence[Mapping], request_id: str, names: Mapping[str, str],
-             where: Mapping[str, str] | None = None, known: tuple | None = None) -> str:
+             where: Mapping[str, str] | None = None, known: tuple | None = None, lang: str = "en") -> str:
     """The stage's "ran here" and "values" lines (HTML, escaped), "" where the trace says nothing.
     names: each way in words; where: a way's function as "path:line Name", named beside it;
-    known: read(events, request_id), where the caller read it once for every stage."""
+    known: read(events, request_id), where the caller read it once for every stage; lang: the
+    language of the lines' words (the ways' names and the code stay as written)."""
     ran, quoted = known if known is not None else read(events, request_id)
     ways = ran.get(key)
     lines = []
     if ways:
-        lines.append(f"<b>Ran for this request:</b> {esc(_ran_line(key, ways, names, where or {}))}")
-    said = values(events, key, quoted)
+        lines.append(said_html(lang, "{label} {ran}", label="<b>" + said_html(lang, "Ran for this request:") + "</b>",
+                               ran=_code_marked(esc(_ran_line(key, ways, names, where or {}, lang)), where or {})))
+    said = values(events, key, quoted, lang)
     style = ways_style(key, ways) if ways and key in KNOWN else ""
     if said:
-        lines.append(f"<b>Its values:</b> {esc(said)}")
+        lines.append(said_html(lang, "{label} {values}", label="<b>" + said_html(lang, "Its values:") + "</b>",
+                               values=esc(said)))
     return style + "".join(f"<div class='tt-code-ran'>{line}</div>" for line in lines)
+
+
+def _code_marked(line: str, where: Mapping[str, str]) -> str:
+    """An escaped line with each function it names ("path:line Name") as code, in one pass."""
+    refs = sorted({esc(r) for v in where.values() for r in v.split(", ")}, key=len, reverse=True)
+    return re.sub("|".join(map(re.escape, refs)), lambda m: f"<code>{m[0]}</code>", line) if refs else line
 
 
 def ways_style(key: str, ways: Mapping[str, list[int]]) -> str:

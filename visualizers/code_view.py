@@ -18,6 +18,7 @@ from pygments.formatters import HtmlFormatter
 from pygments.lexers import PythonLexer
 
 from visualizers._html import esc
+from visualizers.i18n import gettext, ngettext
 
 CSS_SCOPE = ".tt-code-src"
 
@@ -119,14 +120,16 @@ def function_html(entry: Mapping, ran: bool | None = None, path_names: Mapping[s
             f"<pre class='tt-code-src'>{''.join(rows)}</pre></div>")
 
 
-def summary_text(entries: Sequence[Mapping]) -> str:
-    """The closed view's one line: the first function as `path:line Name`, and how many more."""
+def summary_text(entries: Sequence[Mapping], lang: str = "en") -> str:
+    """The closed view's one line: the first function as `path:line Name`, and how many more (the same
+    before a request as after it: "Ran for this request" is the stage's line for what ran)."""
     found = [e for e in entries if not e.get("error")]
     if not found:
-        return "Code that ran this stage: not found in this checkout"
+        return gettext(lang, "The code of this stage: not found in this checkout")
     first = found[0]
-    more = f" and {len(entries) - 1} more" if len(entries) > 1 else ""
-    return f"Code that ran this stage: {first['file']}:{first['line']} {first['qualname']}{more}"
+    more = ngettext(lang, " and {n} more", " and {n} more", len(entries) - 1) if len(entries) > 1 else ""
+    return gettext(lang, "The code of this stage: {function}{more}", more=more,
+                   function=f"{first['file']}:{first['line']} {first['qualname']}")
 
 
 def stage_code_body(entries: Sequence[Mapping], path_names: Mapping[str, str] | None = None,
@@ -137,7 +140,8 @@ def stage_code_body(entries: Sequence[Mapping], path_names: Mapping[str, str] | 
 
 
 def stage_code_html(key: str, entries: Sequence[Mapping], path_names: Mapping[str, str] | None = None,
-                    ran: Sequence[str] | None = None, note: str = "", open_: bool = False, src: str = "") -> str:
+                    ran: Sequence[str] | None = None, note: str = "", open_: bool = False, src: str = "",
+                    lang: str = "en") -> str:
     """A stage's code view: closed, one line; open, every function the map names for it.
     ran: the ways this request took (None: not known, e.g. before a request); note: a warning
     line (a trace from another checkout), plain text; src: where the open view's functions are
@@ -148,4 +152,4 @@ def stage_code_html(key: str, entries: Sequence[Mapping], path_names: Mapping[st
     warn = f"<div class='tt-code-warn'>{esc(note)}</div>" if note else ""
     lazy = f" data-src='{esc(src)}'" if src else ""
     return (f"<details class='tt-code-box' data-key='{esc(key)}'{lazy}{' open' if open_ else ''}>"
-            f"<summary>{esc(summary_text(entries))}</summary>{warn}{body}</details>")
+            f"<summary>{esc(summary_text(entries, lang))}</summary>{warn}{body}</details>")

@@ -5,7 +5,8 @@ from typing import Sequence
 
 import numpy as np
 
-from visualizers._html import colormap, empty, esc, fixed, hover_attr, hover_img
+from visualizers import i18n
+from visualizers._html import colormap, empty, esc, fixed, hover_attr, hover_img, said_html
 from visualizers.compact import array
 from visualizers.selection import Selection, header_html
 
@@ -27,18 +28,21 @@ def embedding_matrix(embeds: Sequence[dict]) -> tuple[np.ndarray, list[int]]:
     return np.array([by_pos[p] for p in order], dtype=float), [ids[p] for p in order]
 
 
-def _panel(body: str, selection: Selection | None, frozen: str) -> str:
-    return '<div class="tt-panel">' + header_html("Embedding", selection, frozen) + body + "</div>"
+def _panel(body: str, selection: Selection | None, frozen: str, lang: str) -> str:
+    return '<div class="tt-panel">' + header_html(i18n.N_("Embedding"), selection, frozen, lang=lang) + body + "</div>"
 
 
 def embedding_html(embeds: Sequence[dict], vocab_size: int | None = None, d_model: int | None = None,
-                   selection: Selection | None = None, frozen: str = "") -> str:
+                   selection: Selection | None = None, frozen: str = "", lang: str = i18n.DEFAULT) -> str:
     """vocab_size, d_model: the model's, named before any row is captured. selection: the pass
     whose row is marked (its read position); frozen: the byte cap's warning for the header."""
     if not embeds:
-        table = (f": each token will select one row of the [{vocab_size:,} × {d_model:,}] embedding matrix"
-                 if vocab_size and d_model else "")
-        return _panel(empty(f"no embedding rows yet{table} (capture level 'full' records them)"), None, frozen)
+        none = (i18n.gettext(lang, "no embedding rows yet: each token will select one row of the [{rows} × {dims}] "
+                                   "embedding matrix (capture level 'full' records them)",
+                             rows=i18n.number(lang, vocab_size), dims=i18n.number(lang, d_model))
+                if vocab_size and d_model else
+                i18n.gettext(lang, "no embedding rows yet (capture level 'full' records them)"))
+        return _panel(empty(none), None, frozen, lang)
     mat, ids = embedding_matrix(embeds)
     d_model = embeds[-1]["shape"][1]
     scale = float(np.abs(mat).max()) or 1.0
@@ -51,30 +55,48 @@ def embedding_html(embeds: Sequence[dict], vocab_size: int | None = None, d_mode
     n, dims = mat.shape
     cell_w = max(1, 640 // (dims + 1))
     row_h = max(2, min(8, 480 // n))  # every token row stays visible, however many there are
-    title = f"embedding rows: {n} tokens x {dims} dims (of {d_model})"
-    info = (f"<div class='tt-lines'><div>shape <b>[{n} tokens × d_model {d_model:,}]</b>"
-            f"{'' if dims == d_model else f' · showing the first {dims} of {d_model:,} dims'}"
-            f" · values in [{fixed(mat.min(), 3)}, {fixed(mat.max(), 3)}] · colour: blue − / red + "
-            f"(±{scale:.3f})</div><div>first ids: {esc(', '.join(map(str, ids[:16])))}"
-            f"{'…' if len(ids) > 16 else ''}</div>{_picked_line(mat, ids, positions, selection)}</div>")
-    hover = hover_attr({"w": dims + 1, "h": n, "x0": 1, "rows": [f"{p} (id {t})" for p, t in zip(positions, ids)],
-                        "row_name": "token", "gutter": ["the selected pass's row" if p == picked else ""
-                                                        for p in positions],
-                        "fmt": "token {r} · dim {c} · value {v}", "ctx": f"embedding row (of d_model {d_model:,})"},
+    title = i18n.gettext(lang, "embedding rows: {n} tokens x {dims} dims (of {d_model})", n=str(n), dims=str(dims),
+                         d_model=str(d_model))
+    info = f"<div class='tt-lines'><div>{_shape(lang, mat, d_model, scale)}</div><div>" + said_html(
+        lang, "first ids: {ids}", ids=esc(', '.join(map(str, ids[:16]))) + ('…' if len(ids) > 16 else '')) \
+        + f"</div>{_picked_line(mat, ids, positions, selection, lang)}</div>"
+    row_name = i18n.gettext(lang, "{p} (id {id})")  # once, filled per row
+    hover = hover_attr({"w": dims + 1, "h": n, "x0": 1,
+                        "rows": [row_name.format(p=p, id=t) for p, t in zip(positions, ids)],
+                        "row_name": i18n.gettext(lang, "token"),
+                        "gutter": [i18n.gettext(lang, "the selected pass's row") if p == picked else ""
+                                   for p in positions],
+                        "fmt": i18n.gettext(lang, "token {r} · dim {c} · value {v}"),
+                        "ctx": i18n.gettext(lang, "embedding row (of d_model {d_model})",
+                                            d_model=i18n.number(lang, d_model))},
                        mat, signed=True)
     img = hover_img(rgb, "tt-heat tt-embed", title, hover, (dims + 1) * cell_w, n * row_h)
-    return _panel(info + f'<div class="tt-strip">{img}</div>', selection, frozen)
+    return _panel(info + f'<div class="tt-strip">{img}</div>', selection, frozen, lang)
 
 
-def _picked_line(mat: np.ndarray, ids: list[int], positions: list[int], selection: Selection | None) -> str:
+def _shape(lang: str, mat: np.ndarray, d_model: int, scale: float) -> str:
+    """The matrix's shape, the dims shown, the values' range and colour scale (HTML)."""
+    n, dims = mat.shape
+    shown = "" if dims == d_model else said_html(lang, " · showing the first {dims} of {d_model} dims", dims=str(dims),
+                                                 d_model=i18n.number(lang, d_model))
+    return said_html(lang, "shape {shape}{shown} · values in [{low}, {high}] · colour: blue − / red + (±{scale})",
+                     shape="<b>" + said_html(lang, "[{n} tokens × d_model {d_model}]", n=str(n),
+                                             d_model=i18n.number(lang, d_model)) + "</b>",
+                     shown=shown, low=fixed(mat.min(), 3), high=fixed(mat.max(), 3), scale=f"{scale:.3f}")
+
+
+def _picked_line(mat: np.ndarray, ids: list[int], positions: list[int], selection: Selection | None,
+                 lang: str = i18n.DEFAULT) -> str:
     """The selected pass's row in words: its token, id and first values (or why it is absent)."""
     if selection is None or selection.read is None:
         return ""
     p = selection.read
     if p not in positions:
-        return (f"<div class='tt-note'>row {p} (the selected pass's input) was not captured: rows "
-                f"{positions[0]}–{positions[-1]} are</div>")
+        return "<div class='tt-note'>" + said_html(lang, "row {p} (the selected pass's input) was not captured: rows "
+                                                         "{first}–{last} are", p=str(p), first=str(positions[0]),
+                                                   last=str(positions[-1])) + "</div>"
     r = positions.index(p)
     vals = ", ".join(fixed(v, 3) for v in mat[r, :6])
-    return (f"<div>row {p} (marked red at the left): token {selection.token(p)}, id {ids[r]} · "
-            f"the vector the pass starts from: [{vals}, …]</div>")
+    return "<div>" + said_html(lang, "row {p} (marked red at the left): token {token}, id {id} · the vector the pass "
+                                     "starts from: [{values}, …]", p=str(p), token=selection.token(p), id=str(ids[r]),
+                               values=vals) + "</div>"

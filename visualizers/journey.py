@@ -69,8 +69,9 @@ def journey(model: dict, request_id: str, body: dict | None, events: Sequence[di
         passed = passed or (own and not (unrun and KEYS[i] == "answer"))
         parts[i] = replace(parts[i], reached=own or passed)
     ended = facts.finish is not None and not facts.idle and facts.hidden_from is None
+    before = i18n.gettext(lang, "stopped before")
     return [Stage(key, f"{i} · {i18n.gettext(lang, title)}", part.text, part.panels,
-                  part.chip if part.reached else ("stopped before" if ended and not part.skipped else ""),
+                  part.chip if part.reached else (before if ended and not part.skipped else ""),
                   part.skipped, part.reached, stopped=ended and not part.reached and not part.skipped)
             for i, ((key, title, _), part) in enumerate(zip(STAGES, parts), 1)]
 

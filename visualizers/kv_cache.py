@@ -14,10 +14,11 @@ from typing import Sequence
 
 import numpy as np
 
-from visualizers._html import empty, esc, fmt_bytes, hover_attr, hover_img, panel
+from visualizers._html import empty, esc, hover_attr, hover_img, panel, said_html, said_html_n
+from visualizers.i18n import N_, gettext, number, size
 from visualizers.kv_latent import latent_formula_html
 from visualizers.kv_table import finish_words, table_html
-from visualizers.selection import Selection, header_html, plural
+from visualizers.selection import Selection, header_html
 
 
 def empty_pool(num_blocks: int, block_size: int, step: int = 0) -> dict:
@@ -168,110 +169,150 @@ def slot_of(position: int, table: Sequence[int], block_size: int) -> tuple[int, 
 
 
 def selected_slot_html(selection: Selection | None, table: Sequence[int], block_size: int,
-                       states: list[str]) -> tuple[str, int | None]:
+                       states: list[str], lang: str = "en") -> tuple[str, int | None]:
     """The selected pass's K/V slot in words, and the block to frame ("", None: no selection)."""
     if selection is None or selection.read is None:
         return "", None
     p = selection.read
     at = slot_of(p, table, block_size)
     if at is None:
-        return (f"<div class='tt-note'>position {p}'s block is not in this request's block table "
-                f"({len(table)} blocks)</div>", None)
+        missing = said_html_n(lang, "position {p}'s block is not in this request's block table ({n} block)",
+                         "position {p}'s block is not in this request's block table ({n} blocks)", len(table), p=str(p))
+        return f"<div class='tt-note'>{missing}</div>", None
     b, slot = at
     now = states[b] if b < len(states) else "free"
-    gone = ("" if now in ("mine", "shared") else " (freed since; the prefix cache keeps the block)" if now == "cached"
-            else " (freed since: the request no longer holds it)")
-    return (f"<div>the selected pass wrote the keys and values of {selection.token(p)} (position {p}, every layer) "
-            f"into block <b>{b}</b>, slot {slot} of {block_size} (framed red){gone}: entry {p // block_size} of the "
-            f"block table</div>", b)
+    gone = ("" if now in ("mine", "shared") else said_html(lang, " (freed since; the prefix cache keeps the block)")
+            if now == "cached" else said_html(lang, " (freed since: the request no longer holds it)"))
+    return ("<div>" + said_html(lang, "the selected pass wrote the keys and values of {token} (position {p}, every layer) "
+                                 "into block {block}, slot {slot} of {size} (framed red){gone}: entry {entry} of the "
+                                 "block table", token=selection.token(p), p=str(p), block=f"<b>{b}</b>", slot=str(slot),
+                           size=str(block_size), gone=gone, entry=str(p // block_size)) + "</div>", b)
+
+
+POOL_WORDS = {"mine": N_("this request's"), "shared": N_("shared via the prefix cache"),
+              "other": N_("another request's"), "cached": N_("free, cached prefix"),
+              "freed": N_("freed by this request")}  # a block's state, in its hover
+LEGEND = (("mine", N_("this request")), ("shared", N_("shared via prefix cache")), ("other", N_("other requests")),
+          ("cached", N_("free, cached prefix")), ("freed", N_("freed by this request")), ("free", N_("free")))
 
 
 def kv_grid_html(pool: dict | None, request_id: str | None, events: Sequence[dict] = (),
                  model: dict | None = None, final_tokens: int | None = None,
-                 selection: Selection | None = None, table_recorded: bool = True) -> str:
+                 selection: Selection | None = None, table_recorded: bool = True, lang: str = "en") -> str:
     """pool: the block pool (apply_kv_pool's form) after the step shown;
     events: this request's kv.* events; model: numbers for the size formula;
     final_tokens: K/V the request held when it finished (its blocks are gone from the pool);
     selection: the pass whose K/V slot is named and framed; table_recorded: False at capture level
-    off, which records no kv.* events of the request (the pool's owners still show its blocks)."""
+    off, which records no kv.* events of the request (the pool's owners still show its blocks);
+    lang: the language of its words."""
     if pool is None:
-        return panel("KV cache", empty("no KV-cache state yet"))
+        return panel(gettext(lang, "KV cache"), empty(gettext(lang, "no KV-cache state yet")))
     n, bs = pool["num_blocks"], pool["block_size"]
-    owners = {int(k): v for k, v in pool["owners"].items()}
     fill = {int(k): v for k, v in pool["fill"].items()}
     _, _, table = _block_events(events)
     states = block_states(pool, request_id, events)
-    counts = {s: 0 for s in STATE_RGB}
-    for s in states:
-        counts[s] += 1
+    mine = [b for b, s in enumerate(states) if s in ("mine", "shared")]
+    mine_tokens = sum(fill.get(b, 0) for b in mine)
+    picked, mark = selected_slot_html(selection, table, bs, states, lang) if table_recorded else ("", None)
+    upto = [e for e in events if e.get("step", -1) <= pool["step"]]  # the story as far as the pool drawn
+    zoom, story = table_html(upto, pool, request_id, bs, selection.read if selection is not None and mark is not None
+                             else None, final_tokens, lang) if table_recorded and request_id is not None else ("", None)
+    head = header_html(gettext(lang, "KV cache"), selection)
+    lines = _pool_lines(pool, request_id, table, states, (mine, mine_tokens), (story, final_tokens, table_recorded),
+                        lang)
+    body = f"{lines}{picked}</div>{zoom}" + _pool_picture(pool, states, fill, mark, lang)
+    if model is None:
+        return f'<div class="tt-panel">{head}{body}</div>'
+    if request_id is None:  # idle: what a request of a thousand tokens would take
+        formula = kv_formula_html(model, 1000, gettext(lang, "a 1,000-token request"), lang)
+    elif not mine and final_tokens:
+        formula = kv_formula_html(model, final_tokens, gettext(lang, "this request, when it finished"), lang)
+    else:
+        formula = kv_formula_html(model, mine_tokens, lang=lang)
+    return f'<div class="tt-panel">{head}{body}{formula}</div>'
+
+
+def _pool_lines(pool: dict, request_id: str | None, table: Sequence[int], states: list[str], mine: tuple,
+                ended: tuple, lang: str) -> str:
+    """The pool's size, this request's block table and holdings, the other requests' blocks and
+    (after the finish) what became of the table: an open <div class='tt-lines'> (the caller closes it)."""
+    (mine_blocks, mine_tokens), (story, final_tokens, table_recorded) = mine, ended
     others: dict[str, int] = {}
-    for b, own in owners.items():
+    for b, own in pool["owners"].items():
         for rid in own:
             if rid != request_id:
                 others[rid] = others.get(rid, 0) + 1
-    mine = [b for b, s in enumerate(states) if s in ("mine", "shared")]
-    mine_tokens = sum(fill.get(b, 0) for b in mine)
-    picked, mark = selected_slot_html(selection, table, bs, states) if table_recorded else ("", None)
-    upto = [e for e in events if e.get("step", -1) <= pool["step"]]  # the story as far as the pool drawn
-    zoom, story = table_html(upto, pool, request_id, bs, selection.read if selection is not None and mark is not None
-                             else None, final_tokens) if table_recorded and request_id is not None else ("", None)
-    img, cols = grid_image(states, fill, bs, mark)
-    words = {"mine": "this request's", "shared": "shared via the prefix cache", "other": "another request's",
-             "cached": "free, cached prefix", "freed": "freed by this request"}
-    blocks = {b: f"block {b} · {words[st]}" + (f" · owners {', '.join(owners[b])} · ref {pool['ref'][b]}"
-                                                if owners.get(b) else "") + f" · {fill.get(b, 0)}/{bs} tokens"
-              for b, st in enumerate(states) if st != "free"}
-    hover = hover_attr({"kind": "blocks", "w": cols, "h": -(-n // cols), "n": n, "blocks": blocks})
-    grid = hover_img(img, "tt-kv-img", f"KV block pool: {n} blocks, {cols} per row, block 0 top left", hover,
-                     img.shape[1], img.shape[0])
-    data = " ".join(f'data-{s}="{c}"' for s, c in counts.items())
-    legend = "".join(f'<span class="tt-kv-key"><span class="tt-kv tt-kv-{s}"></span> {label} {counts[s]}</span> '
-                     for s, label in (("mine", "this request"), ("shared", "shared via prefix cache"),
-                                      ("other", "other requests"), ("cached", "free, cached prefix"),
-                                      ("freed", "freed by this request"), ("free", "free")))
-    who = " · ".join(f"{esc(rid)}: {plural(c, 'block')}" for rid, c in sorted(others.items()))
+    who = " · ".join(f"{esc(rid)}: {said_html_n(lang, '{n} block', '{n} blocks', c)}" for rid, c in sorted(others.items()))
+    blocks = lambda k: said_html_n(lang, "{n} block", "{n} blocks", k)  # noqa: E731
     if request_id is None:  # the idle page: the pool as the engine holds it, no request of its own yet
-        mine_line = " · no request yet: its block table and blocks show here once one runs"
+        mine_line = " · " + said_html(lang, "no request yet: its block table and blocks show here once one runs")
     else:
-        listed = ("not recorded (capture level off)" if not table_recorded else
+        listed = (said_html(lang, "not recorded (capture level off)") if not table_recorded else
                   f"{esc(', '.join(map(str, table[:32])))}{'…' if len(table) > 32 else ''}" if table else
-                  "no block allocated yet")
-        holds = (f" · this request holds {plural(mine_tokens, 'token')} in {plural(len(mine), 'block')}"
+                  said_html(lang, "no block allocated yet"))
+        holds = (said_html(lang, "this request holds {tokens} in {blocks}", blocks=blocks(len(mine_blocks)),
+                      tokens=said_html_n(lang, "{n} token", "{n} tokens", mine_tokens))
                  if not (story and story.finished) else
-                 f" · finished: it held {plural(final_tokens or 0, 'token')} in {plural(len(table), 'block')}, and "
-                 "holds none now" if final_tokens else " · finished: it holds no block now")
-        mine_line = f" · block table: {listed}{holds}"
-    info = (f"<div class='tt-lines'><div>pool: <b>{n:,}</b> blocks × {bs} tokens · engine step {pool['step']}"
-            f"{mine_line}</div>"
-            f"<div>other requests: {who or 'none'}</div>"
-            f"{finish_words(story, bs) if story else ''}{picked}</div>")
-    body = f'{zoom}<div class="tt-subtitle">the whole pool: {n:,} blocks</div>' \
-           f'<div class="tt-kv-grid" {data}>{grid}</div><div class="tt-legend">{legend}</div>' \
-           f'<div class="tt-note">block 0 top left, {cols} per row; a cell fills from the bottom as its {bs} token ' \
-           'slots are written</div>'
-    head = header_html("KV cache", selection)
-    if model is None:
-        return f'<div class="tt-panel">{head}{info}{body}</div>'
-    if request_id is None:  # idle: what a request of a thousand tokens would take
-        formula = kv_formula_html(model, 1000, "a 1,000-token request")
-    elif not mine and final_tokens:
-        formula = kv_formula_html(model, final_tokens, "this request, when it finished")
-    else:
-        formula = kv_formula_html(model, mine_tokens)
-    return f'<div class="tt-panel">{head}{info}{body}{formula}</div>'
+                 said_html(lang, "finished: it held {tokens} in {blocks}, and holds none now", blocks=blocks(len(table)),
+                      tokens=said_html_n(lang, "{n} token", "{n} tokens", final_tokens or 0)) if final_tokens else
+                 said_html(lang, "finished: it holds no block now"))
+        mine_line = " · " + said_html(lang, "block table: {table}", table=listed) + " · " + holds
+    size_line = said_html(lang, "pool: {blocks} blocks × {size} tokens · engine step {step}",
+                     blocks=f"<b>{number(lang, pool['num_blocks'])}</b>", size=str(pool["block_size"]),
+                     step=str(pool["step"]))
+    other = said_html(lang, "other requests: {who}", who=who or esc(gettext(lang, "none")))
+    return (f"<div class='tt-lines'><div>{size_line}{mine_line}</div><div>{other}</div>"
+            f"{finish_words(story, pool['block_size'], lang) if story else ''}")
 
 
-def kv_formula_html(model: dict, tokens: int, who: str = "this request") -> str:
+def _pool_picture(pool: dict, states: list[str], fill: dict[int, int], mark: int | None, lang: str) -> str:
+    """The whole pool as one picture (a cell a block, a hover per block in use) with its legend."""
+    n, bs = pool["num_blocks"], pool["block_size"]
+    owners = {int(k): v for k, v in pool["owners"].items()}
+    counts = {s: 0 for s in STATE_RGB}
+    for s in states:
+        counts[s] += 1
+    img, cols = grid_image(states, fill, bs, mark)
+    blocks = {b: gettext(lang, "block {block} · {state}", block=b, state=gettext(lang, POOL_WORDS[st]))
+              + (" · " + gettext(lang, "owners {owners} · ref {ref}", owners=", ".join(owners[b]), ref=pool["ref"][b])
+                 if owners.get(b) else "")
+              + " · " + gettext(lang, "{filled}/{size} tokens", filled=fill.get(b, 0), size=bs)
+              for b, st in enumerate(states) if st != "free"}
+    free = gettext(lang, "block {block} · free")  # a free block's hover: hover.js fills in {block}
+    hover = hover_attr({"kind": "blocks", "w": cols, "h": -(-n // cols), "n": n, "blocks": blocks, "free": free})
+    alt = gettext(lang, "KV block pool: {n} blocks, {cols} per row, block 0 top left", n=n, cols=cols)
+    grid = hover_img(img, "tt-kv-img", alt, hover, img.shape[1], img.shape[0])
+    data = " ".join(f'data-{s}="{c}"' for s, c in counts.items())
+    note = said_html(lang, "block 0 top left, {cols} per row; a cell fills from the bottom as its {size} token slots are "
+                      "written", cols=str(cols), size=str(bs))
+    legend = "".join(f'<span class="tt-kv-key"><span class="tt-kv tt-kv-{s}"></span> {esc(gettext(lang, label))} '
+                     f'{counts[s]}</span> ' for s, label in LEGEND)
+    whole = said_html(lang, "the whole pool: {n} blocks", n=number(lang, n))
+    return (f'<div class="tt-subtitle">{whole}</div>'
+            f'<div class="tt-kv-grid" {data}>{grid}</div><div class="tt-legend">{legend}</div>'
+            f'<div class="tt-note">{note}</div>')
+
+
+def kv_formula_html(model: dict, tokens: int, who: str = "", lang: str = "en") -> str:
     """model: num_layers, num_kv_heads, head_dim, dtype, dtype_bytes, num_blocks, block_size,
-    kv_cache_bytes (all read from the engine)."""
+    kv_cache_bytes (all read from the engine); who: whose tokens (default: this request)."""
+    who = who or gettext(lang, "this request")
     if model.get("mla"):  # DeepSeek: the pool keeps the latent, not K and V
         return latent_formula_html(model, tokens, who)
     L, kvh, hd, b = model["num_layers"], model["num_kv_heads"], model["head_dim"], model["dtype_bytes"]
     per_token = 2 * L * kvh * hd * b
     capacity = model["num_blocks"] * model["block_size"]
-    return (f"<div class='tt-formula'>KV bytes = 2 × layers × kv_heads × head_dim × tokens × bytes_per_value"
-            f"<br>this model: 2 × {L} × {kvh} × {hd} × tokens × {b} B ({esc(model.get('kv_dtype') or model['dtype'])}) = "
-            f"<b>{per_token:,} B per token</b>"
-            f"<br>{esc(who)}: {per_token:,} B × {tokens:,} tokens = <b>{esc(fmt_bytes(per_token * tokens))}</b>"
-            f"<br>pool: {model['num_blocks']:,} blocks × {model['block_size']} tokens = {capacity:,} tokens × "
-            f"{per_token:,} B = <b>{esc(fmt_bytes(model['kv_cache_bytes']))}</b> allocated</div>")
+    num = lambda x: number(lang, x)  # noqa: E731
+    return ("<div class='tt-formula'>" + said_html(lang, "KV bytes = 2 × layers × kv_heads × head_dim × tokens × "
+                                                    "bytes_per_value")
+            + "<br>" + said_html(lang, "this model: 2 × {layers} × {kv_heads} × {head_dim} × tokens × {bytes} B ({dtype}) = "
+                                  "{per_token}", layers=str(L), kv_heads=str(kvh), head_dim=str(hd), bytes=str(b),
+                            dtype=esc(model.get("kv_dtype") or model["dtype"]),
+                            per_token="<b>" + said_html(lang, "{bytes} B per token", bytes=num(per_token)) + "</b>")
+            + "<br>" + said_html(lang, "{who}: {per_token} B × {tokens} tokens = {total}", who=esc(who),
+                            per_token=num(per_token), tokens=num(tokens), total=f"<b>{esc(size(lang, per_token * tokens))}</b>")
+            + "<br>" + said_html(lang, "pool: {blocks} blocks × {size} tokens = {capacity} tokens × {per_token} B = {total} "
+                                  "allocated", blocks=num(model["num_blocks"]), size=str(model["block_size"]),
+                            capacity=num(capacity), per_token=num(per_token),
+                            total=f"<b>{esc(size(lang, model['kv_cache_bytes']))}</b>")
+            + "</div>")

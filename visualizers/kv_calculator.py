@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from visualizers._html import esc, fmt_bytes, table
+from visualizers._html import esc, table
+from visualizers.i18n import gettext, number, size
 
 DTYPE_BYTES = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0, "fp8": 1.0, "int4": 0.5}
 
@@ -47,26 +48,29 @@ def kv_cache_bytes(model: RefModel, tokens: int, dtype: str) -> float:
     return model.values_per_token * tokens * DTYPE_BYTES[dtype]
 
 
-def formula(model: RefModel, tokens: int, dtype: str) -> str:
+def formula(model: RefModel, tokens: int, dtype: str, lang: str = "en") -> str:
     b = DTYPE_BYTES[dtype]
     if model.latent_dim:
-        return (f"{model.layers} layers × {model.latent_dim} latent values (512 + 64 RoPE) × "
-                f"{tokens:,} tokens × {b:g} B")
-    return f"2 × {model.layers} layers × {model.kv_heads} KV heads × {model.head_dim} dims × {tokens:,} tokens × {b:g} B"
+        return gettext(lang, "{layers} layers × {latent} latent values (512 + 64 RoPE) × {tokens} tokens × {bytes} B",
+                       layers=model.layers, latent=model.latent_dim, tokens=number(lang, tokens), bytes=f"{b:g}")
+    return gettext(lang, "2 × {layers} layers × {kv_heads} KV heads × {dims} dims × {tokens} tokens × {bytes} B",
+                   layers=model.layers, kv_heads=model.kv_heads, dims=model.head_dim, tokens=number(lang, tokens),
+                   bytes=f"{b:g}")
 
 
-def calculator_html(tokens: int, dtype: str, names: list[str] | None = None) -> str:
+def calculator_html(tokens: int, dtype: str, names: list[str] | None = None, lang: str = "en") -> str:
     if dtype not in DTYPE_BYTES:
         raise ValueError(f"unknown dtype {dtype!r}")
     tokens = max(0, int(tokens))
     rows = []
     for name in names or list(REFERENCE_MODELS):
         m = REFERENCE_MODELS[name]
-        size = kv_cache_bytes(m, tokens, dtype)
+        total = kv_cache_bytes(m, tokens, dtype)
         note = ""
         if m.latent_dim:
             full = m.layers * m.heads * (m.k_head_dim + m.v_head_dim) * tokens * DTYPE_BYTES[dtype]
-            note = f"without the latent: {fmt_bytes(full)} ({full / max(size, 1):.0f}× more)"
-        rows.append([esc(name), esc(formula(m, tokens, dtype)) + (f"<br><i>{esc(note)}</i>" if note else ""),
-                     f"<b>{size:,.0f} B</b><br>= {esc(fmt_bytes(size))}<br>({size / 1e6:,.1f} MB)"])
-    return table(["model", "formula", "size"], rows, "tt-table tt-calc")
+            note = gettext(lang, "without the latent: {size} ({times}× more)", size=size(lang, full),
+                           times=number(lang, full / max(total, 1)))
+        rows.append([esc(name), esc(formula(m, tokens, dtype, lang)) + (f"<br><i>{esc(note)}</i>" if note else ""),
+                     f"<b>{number(lang, total)} B</b><br>= {esc(size(lang, total))}<br>({number(lang, total / 1e6, 1)} MB)"])
+    return table([gettext(lang, "model"), gettext(lang, "formula"), gettext(lang, "size")], rows, "tt-table tt-calc")

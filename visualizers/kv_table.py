@@ -14,8 +14,8 @@ from typing import Sequence
 
 import numpy as np
 
-from visualizers._html import esc, hover_attr, hover_img
-from visualizers.selection import plural
+from visualizers._html import esc, hover_attr, hover_img, said_html, said_html_n
+from visualizers.i18n import N_, gettext, number
 
 MAX_ENTRIES = 64  # table entries drawn (1,024 tokens at 16 a block); the rest are counted
 SLOT_PX, SLOT_GAP = 11, 2
@@ -24,9 +24,10 @@ RGB = {  # entry state -> (an empty slot, a written slot)
     "mine": ((214, 226, 248), (70, 110, 200)), "shared": ((234, 214, 244), (160, 80, 200)),
     "cached": ((214, 238, 220), (92, 174, 111)), "freed": ((244, 244, 246), (190, 192, 200)),
     "released": ((234, 214, 244), (190, 150, 215)), "rolled back": ((244, 244, 246), (190, 192, 200))}
-WORDS = {"mine": "this request's", "shared": "shared: served by the prefix cache",
-         "cached": "freed, stays in the prefix cache", "freed": "freed: back to the free list",
-         "released": "released: another request still holds it", "rolled back": "rolled back (rejected drafts)"}
+WORDS = {"mine": N_("this request's"), "shared": N_("shared: served by the prefix cache"),
+         "cached": N_("freed, stays in the prefix cache"), "freed": N_("freed: back to the free list"),
+         "released": N_("released: another request still holds it"),
+         "rolled back": N_("rolled back (rejected drafts)")}
 MARK = (220, 20, 60)
 
 
@@ -94,7 +95,7 @@ def _slots_image(state: str, filled: int, block_size: int, mark: int | None) -> 
 
 
 def table_html(events: Sequence[dict], pool: dict | None, request_id: str | None, block_size: int,
-               picked: int | None = None, final_tokens: int | None = None) -> tuple[str, TableStory]:
+               picked: int | None = None, final_tokens: int | None = None, lang: str = "en") -> tuple[str, TableStory]:
     """The block table zoomed: an entry per block (table index, block id, the positions it
     holds, its slots, its state). picked: a position whose slot is framed red; final_tokens: the
     K/V the request held at its finish (slots past it held only rejected drafts). -> (HTML, story)."""
@@ -111,31 +112,37 @@ def table_html(events: Sequence[dict], pool: dict | None, request_id: str | None
         lo = i * block_size
         if s.finished and final_tokens is not None:  # a verify step's rejected drafts wrote past the answer
             filled = min(filled, max(0, final_tokens - lo))
-        where = (f"positions {lo}–{lo + filled - 1}" if filled > 1 else f"position {lo}" if filled else
-                 "no token yet")
-        origin = "K/V from the prefix cache" if b in s.shared else "K/V computed by this request"
+        where = (gettext(lang, "positions {first}–{last}", first=lo, last=lo + filled - 1) if filled > 1 else
+                 gettext(lang, "position {position}", position=lo) if filled else gettext(lang, "no token yet"))
+        origin = gettext(lang, "K/V from the prefix cache") if b in s.shared else \
+            gettext(lang, "K/V computed by this request")
+        state_words = gettext(lang, WORDS[state])
         mark = picked - lo if picked is not None and lo <= picked < lo + block_size else None
         img = _slots_image(state, filled, block_size, mark)
+        entry = said_html(lang, "#{i} → block {block}", i=str(i), block=f"<b>{b}</b>")
         tip = hover_attr({"kind": "blocks", "w": 1, "h": 1, "n": 1, "blocks": {
-            0: f"table entry {i} · block {b} · {WORDS[state]} · {origin} · {filled}/{block_size} slots · {where}"}})
-        pic = hover_img(img, "tt-kvt-img", f"block {b}: {filled} of {block_size} slots", tip, img.shape[1] * 2,
+            0: gettext(lang, "table entry {i} · block {block} · {state} · {origin} · {filled}/{size} slots · {where}",
+                       i=i, block=b, state=state_words, origin=origin, filled=filled, size=block_size, where=where)}})
+        pic = hover_img(img, "tt-kvt-img", gettext(lang, "block {block}: {filled} of {size} slots", block=b,
+                                                   filled=filled, size=block_size), tip, img.shape[1] * 2,
                         img.shape[0] * 2)
         cells.append(f'<div class="tt-kvt-entry tt-kvt-{state.replace(" ", "-")}{" tt-kvt-picked" if mark is not None else ""}" '
                      f'data-block="{b}" data-state="{esc(state)}" data-fill="{filled}">'
-                     f'<div class="tt-kvt-head">#{i} → block <b>{b}</b></div>{pic}'
+                     f'<div class="tt-kvt-head">{entry}</div>{pic}'
                      f'<div class="tt-kvt-foot">{esc(where)} · {filled}/{block_size}</div>'
-                     f'<div class="tt-kvt-state">{esc(WORDS[state])}'
+                     f'<div class="tt-kvt-state">{esc(state_words)}'
                      f'{"<br>" + esc(origin) if s.finished and b in s.shared else ""}</div></div>')
     more = len(s.table) - MAX_ENTRIES
-    rest = f"<div class='tt-note'>… and {plural(more, 'more entry')} not drawn</div>" if more > 0 else ""
-    title = ("this request's block table at the finish: what became of each block" if s.finished else
-             f"this request's block table: entry i holds positions {block_size}·i to {block_size}·i + {block_size - 1}, "
-             "its slots filling as their K/V are written")
+    rest = "<div class='tt-note'>" + said_html_n(lang, "… and {n} more entry not drawn", "… and {n} more entries not drawn",
+                                            more) + "</div>" if more > 0 else ""
+    title = (gettext(lang, "this request's block table at the finish: what became of each block") if s.finished else
+             gettext(lang, "this request's block table: entry i holds positions {size}·i to {size}·i + {last}, its "
+                           "slots filling as their K/V are written", size=block_size, last=block_size - 1))
     return (f"<div class='tt-kvt'><div class='tt-subtitle'>{esc(title)}</div>"
             f"<div class='tt-kvt-row'>{''.join(cells)}</div>{rest}</div>"), s
 
 
-def finish_words(s: TableStory, block_size: int) -> str:
+def finish_words(s: TableStory, block_size: int, lang: str = "en") -> str:
     """After the finish: what was freed and what the prefix cache keeps (HTML, escaped)."""
     if not s.finished:
         return ""
@@ -143,19 +150,28 @@ def finish_words(s: TableStory, block_size: int) -> str:
     freed = [b for b in s.table if b in s.freed and b not in s.kept]
     held = [b for b in s.table if b not in s.freed]
     ids = lambda bs: esc(", ".join(map(str, bs[:16])) + ("…" if len(bs) > 16 else ""))  # noqa: E731
-    parts = [f"at its finish (engine step {s.step}) the request gave back its table of "
-             f"{plural(len(s.table), 'block')}:"]
+    parts = [said_html_n(lang, "at its finish (engine step {step}) the request gave back its table of {n} block:",
+                    "at its finish (engine step {step}) the request gave back its table of {n} blocks:",
+                    len(s.table), step=esc(s.step))]
     if freed:
-        parts.append(f"{plural(len(freed), 'block')} freed ({ids(freed)}): back to the free list, reused first")
+        parts.append(said_html_n(lang, "{n} block freed ({ids}): back to the free list, reused first",
+                            "{n} blocks freed ({ids}): back to the free list, reused first", len(freed), ids=ids(freed)))
     if kept:
         lead = 0  # a hit walks the hash chain from entry 0: only a leading run of cached blocks is found
         while lead < len(s.table) and (s.table[lead] in s.kept or (s.table[lead] in held and s.table[lead] in s.shared)):
             lead += 1
-        reach = (f"a later request that begins with the same {lead * block_size:,} tokens (and goes on past them) "
-                 f"finds {'them' if lead == len(kept) else f'the first {lead}'}" if lead else
-                 "no later request can find them before the blocks ahead of them in the chain")
-        parts.append(f"{plural(len(kept), 'full block')} ({ids(kept)}) free but kept in the prefix cache: {reach}")
+        reach = (said_html(lang, "a later request that begins with the same {tokens} tokens (and goes on past them) "
+                            "finds them", tokens=number(lang, lead * block_size)) if lead and lead == len(kept) else
+                 said_html(lang, "a later request that begins with the same {tokens} tokens (and goes on past them) "
+                            "finds the first {lead}", tokens=number(lang, lead * block_size), lead=str(lead)) if lead else
+                 said_html(lang, "no later request can find them before the blocks ahead of them in the chain"))
+        parts.append(said_html_n(lang, "{n} full block ({ids}) free but kept in the prefix cache: {reach}",
+                            "{n} full blocks ({ids}) free but kept in the prefix cache: {reach}", len(kept),
+                            ids=ids(kept), reach=reach))
     if held:
-        parts.append(f"{plural(len(held), 'block')} ({ids(held)}) still held by another request (its reference "
-                     "dropped)")
-    return f"<div class='tt-kvt-after'>{parts[0]} {'; '.join(parts[1:])}.</div>"
+        parts.append(said_html_n(lang, "{n} block ({ids}) still held by another request (its reference dropped)",
+                            "{n} blocks ({ids}) still held by another request (its reference dropped)", len(held),
+                            ids=ids(held)))
+    end = "。" if lang == "zh_CN" else "."
+    sep = "；" if lang == "zh_CN" else "; "
+    return f"<div class='tt-kvt-after'>{parts[0]} {sep.join(parts[1:])}{end}</div>"

@@ -7,6 +7,10 @@ from __future__ import annotations
 import html
 from typing import Any, Sequence
 
+from visualizers import i18n
+from visualizers.i18n import N_, gettext
+from visualizers.lab_words import hover, word
+
 KIND_COLOR = {"prefill": "#466ec8", "decode": "#f08c1e", "verify": "#a050c8", "waiting": "#c9ccd8",
               "idle": "#e7e8ef"}
 SETTING_COLORS = ("#466ec8", "#f08c1e", "#17803d", "#a050c8", "#d62828", "#4f5363")
@@ -57,77 +61,88 @@ def _bar(kind: str, start: float, end: float, first: int | None, last: int | Non
     return {"kind": kind, "start": start, "end": end, "first": first, "last": last, "tokens": tokens}
 
 
-def gantt(setting: dict, title: str | None = None) -> dict:
-    """Per-request Gantt of one setting: a row per request, bars for waiting and for its steps."""
+def gantt(setting: dict, title: str | None = None, lang: str = i18n.DEFAULT) -> dict:
+    """Per-request Gantt of one setting: a row per request, bars for waiting and for its steps
+    (title: already in `lang`)."""
     steps = {s["step"]: s for s in setting["steps"]}
     traces: dict[str, dict] = {}
-    rows = [f"{esc(r['role'])} · {esc(r['request_id'])}" for r in setting["per_request"]]
+    rows = [f"{esc(word(lang, r['role']))} · {esc(r['request_id'])}" for r in setting["per_request"]]
     for r, row in zip(setting["per_request"], rows):
         for seg in segments(r, steps):
             t = traces.setdefault(seg["kind"], {
-                "type": "bar", "orientation": "h", "name": seg["kind"], "x": [], "base": [], "y": [],
+                "type": "bar", "orientation": "h", "name": word(lang, seg["kind"]), "x": [], "base": [], "y": [],
                 "marker": {"color": KIND_COLOR[seg["kind"]]}, "customdata": [],
                 "hovertemplate": "%{y}<br>%{customdata[0]}<br>%{base:.4f} s → %{customdata[1]:.4f} s"
                                  "<br>%{customdata[2]}<extra>%{fullData.name}</extra>"})
             t["x"].append(seg["end"] - seg["start"])
             t["base"].append(seg["start"])
             t["y"].append(row)
-            where = "queued" if seg["first"] is None else f"sat out steps {seg['first']}–{seg['last']}" \
-                if seg["kind"] == "waiting" else (
-                f"step {seg['first']}" if seg["first"] == seg["last"] else f"steps {seg['first']}–{seg['last']}")
-            t["customdata"].append([where, seg["end"], f"{seg['tokens']} tokens"])
-    fig_title = title or f"{setting['setting']['label']}: each request's steps"
+            first, last = seg["first"], seg["last"]
+            where = gettext(lang, "queued") if first is None else \
+                gettext(lang, "sat out steps {first}–{last}", first=first, last=last) if seg["kind"] == "waiting" \
+                else gettext(lang, "step {n}", n=first) if first == last else \
+                gettext(lang, "steps {first}–{last}", first=first, last=last)
+            t["customdata"].append([where, seg["end"], i18n.ngettext(lang, "{n} token", "{n} tokens", seg["tokens"])])
+    fig_title = title or gettext(lang, "{setting}: each request's steps",
+                                 setting=word(lang, setting["setting"]["label"]))
     return {"data": list(traces.values()),
             "layout": layout(fig_title, barmode="overlay", height=120 + 26 * len(rows),
-                             xaxis={"title": {"text": "seconds since the first arrival"}},
+                             xaxis={"title": {"text": gettext(lang, "seconds since the first arrival")}},
                              yaxis={"autorange": "reversed", "automargin": True, "categoryorder": "array",
                                     "categoryarray": rows})}
 
 
-def occupancy(settings: Sequence[dict], slots: int, title: str = "Slot occupancy over time") -> dict:
+def occupancy(settings: Sequence[dict], slots: int, title: str = "Slot occupancy over time",
+              lang: str = i18n.DEFAULT) -> dict:
     """Requests in each step's batch against the slots there are, one line per setting (x: seconds),
     and above it, shaded, the slots that stayed idle while requests waited: the waste."""
     data = []
     for i, s in enumerate(settings):
-        label = esc(s["setting"]["label"])
+        label = esc(word(lang, s["setting"]["label"]))
         xs = [st["start_s"] for st in s["steps"]]
         ys = [len(st["batch"]) for st in s["steps"]]
         data.append({"type": "scatter", "mode": "lines", "line": {"shape": "hv", "color": _color(i)},
                      "name": label, "x": xs, "y": ys, "legendgroup": label,
                      "customdata": [[st["step"], st["waiting"]] for st in s["steps"]],
-                     "hovertemplate": "step %{customdata[0]}: %{y} busy, %{customdata[1]} waiting"
-                                      f" of {slots} slots<br>%{{x:.4f}} s<extra>%{{fullData.name}}</extra>"})
+                     "hovertemplate": hover(lang, N_("step %{customdata[0]}: %{y} busy, %{customdata[1]} waiting of "
+                                                  "{slots} slots<br>%{x:.4f} s<extra>%{fullData.name}</extra>"),
+                                            slots=slots)})
         waste = [min(slots, len(st["batch"]) + st["waiting"]) for st in s["steps"]]
         data.append({"type": "scatter", "mode": "lines", "line": {"shape": "hv", "width": 0}, "x": xs, "y": waste,
                      "fill": "tonexty", "fillcolor": "rgba(214, 40, 40, 0.18)", "legendgroup": label,
-                     "name": f"{label}: idle while others waited",
+                     "name": i18n.gettext(lang, "{setting}: idle while others waited", setting=label),
                      "customdata": [w - y for w, y in zip(waste, ys)],
-                     "hovertemplate": "%{customdata} idle slots while requests waited<extra>%{fullData.name}</extra>"})
-    return {"data": data, "layout": layout(title, xaxis={"title": {"text": "seconds since the first arrival"}},
-                                           yaxis={"title": {"text": "requests in the batch"},
+                     "hovertemplate": hover(lang, N_("%{customdata} idle slots while requests waited"
+                                                  "<extra>%{fullData.name}</extra>"))})
+    return {"data": data, "layout": layout(i18n.gettext(lang, title),
+                                           xaxis={"title": {"text": i18n.gettext(lang, "seconds since the first "
+                                                                                       "arrival")}},
+                                           yaxis={"title": {"text": i18n.gettext(lang, "requests in the batch")},
                                                   "range": [0, slots + 0.5]},
                                            shapes=[{"type": "line", "xref": "paper", "x0": 0, "x1": 1,
                                                     "y0": slots, "y1": slots,
                                                     "line": {"dash": "dot", "color": "#8a8a96"}}])}
 
 
-def bars(settings: Sequence[dict], metrics: Sequence[tuple[str, str, str]], title: str) -> dict:
-    """Headline bars: one group per metric (key, label, unit), one bar per setting."""
+def bars(settings: Sequence[dict], metrics: Sequence[tuple[str, str, str]], title: str,
+         lang: str = i18n.DEFAULT) -> dict:
+    """Headline bars: one group per metric (key, label, unit), one bar per setting (title and
+    labels: English, marked N_ where written; drawn in `lang`)."""
     data, n = [], 1
     for i, s in enumerate(settings):
         vals = [s["metrics"].get(k) for k, _, _ in metrics]
         ranges = [repeat_range(s, k) for k, _, _ in metrics]
-        data.append({"type": "bar", "name": esc(s["setting"]["label"]), "marker": {"color": _color(i)},
-                     "x": [esc(label) for _, label, _ in metrics], "y": vals,
-                     "customdata": [[unit, r[0], r[1], r[2]] for (_, _, unit), r in zip(metrics, ranges)],
+        data.append({"type": "bar", "name": esc(word(lang, s["setting"]["label"])), "marker": {"color": _color(i)},
+                     "x": [esc(word(lang, label)) for _, label, _ in metrics], "y": vals,
+                     "customdata": [[word(lang, unit), r[0], r[1], r[2]] for (_, _, unit), r in zip(metrics, ranges)],
                      "texttemplate": "%{y:.4~g}", "textposition": "outside",
                      "error_y": error_y(vals, ranges),
-                     "hovertemplate": "%{x}: %{y:.6g} %{customdata[0]}<br>range %{customdata[1]:.6g}–"
-                                      "%{customdata[2]:.6g} over %{customdata[3]} repeats"
-                                      "<extra>%{fullData.name}</extra>"})
+                     "hovertemplate": hover(lang, N_("%{x}: %{y:.6g} %{customdata[0]}<br>range %{customdata[1]:.6g}–"
+                                                  "%{customdata[2]:.6g} over %{customdata[3]} repeats"
+                                                  "<extra>%{fullData.name}</extra>"))})
         n = max([n] + [r[2] for r in ranges if r[0] != r[1]])  # counts: exact, no whiskers to explain
-    note = f" · median of {n} repeats, whiskers min–max" if n > 1 else ""
-    return {"data": data, "layout": layout(title + note, barmode="group")}
+    note = i18n.gettext(lang, " · median of {n} repeats, whiskers min–max", n=n) if n > 1 else ""
+    return {"data": data, "layout": layout(i18n.gettext(lang, title) + note, barmode="group")}
 
 
 def repeat_range(setting: dict, key: str) -> tuple[float | None, float | None, int]:
@@ -155,13 +170,14 @@ def stream_gaps(settings: Sequence[dict]) -> list[tuple[str, list[float]]]:
 
 
 def distribution(groups: Sequence[tuple[str, Sequence[float]]], title: str, unit: str = "ms",
-                 scale: float = 1000.0) -> dict:
+                 scale: float = 1000.0, lang: str = i18n.DEFAULT) -> dict:
     """Box plots with every point: one group per (label, values in seconds)."""
-    data = [{"type": "box", "name": esc(label), "y": [v * scale for v in values], "boxpoints": "all",
+    data = [{"type": "box", "name": esc(word(lang, label)), "y": [v * scale for v in values], "boxpoints": "all",
              "jitter": 0.4, "pointpos": 0, "marker": {"color": _color(i), "size": 4},
              "hovertemplate": f"%{{y:.3f}} {unit}<extra>%{{fullData.name}}</extra>"}
             for i, (label, values) in enumerate(groups)]
-    return {"data": data, "layout": layout(title, showlegend=False, yaxis={"title": {"text": unit}})}
+    return {"data": data, "layout": layout(i18n.gettext(lang, title), showlegend=False,
+                                           yaxis={"title": {"text": unit}})}
 
 
 def _color(i: int) -> str:

@@ -10,6 +10,10 @@ import statistics
 from dataclasses import dataclass
 from typing import Callable
 
+from visualizers import i18n
+from visualizers.i18n import gettext
+from visualizers.lab_words import word
+
 
 @dataclass
 class Comparison:
@@ -43,19 +47,24 @@ def compare(a: dict, b: dict, key: str) -> Comparison:
     return Comparison(n, statistics.median(ratios), min(ratios), max(ratios), apart)
 
 
-def share(a: dict, b: dict, key: str, claim: str, what: str, show: Callable[[float], str]) -> str:
-    """claim: with {pct}, e.g. "continuous finished in {pct} of static's time". Decided: the claim and
-    the paired ratios' range; else: "the difference in WHAT is within the spread of n repeats"
-    with both settings' ranges (show formats one value)."""
+def share(a: dict, b: dict, key: str, claim: str, what: str, show: Callable[[float], str],
+          lang: str = i18n.DEFAULT, **values: object) -> str:
+    """claim: with {pct}, e.g. "continuous finished in {pct} of static's time" (marked N_ where it
+    is written, translated here into `lang`, as is `what`). Decided: the claim and the paired
+    ratios' range; else: "the difference in WHAT is within the spread of n repeats" with both
+    settings' ranges (show formats one value); values: the claim's other {names}."""
     c = compare(a, b, key)
     if c.ratio is None:
-        return f"no {what} to compare"
+        return gettext(lang, "no {what} to compare", what=gettext(lang, what))
+    said = gettext(lang, claim, pct=f"{c.ratio:.0%}", **values)
     if c.n < 2:
-        return claim.format(pct=f"{c.ratio:.0%}") + " (one run: no spread to judge it by)"
+        return said + gettext(lang, " (one run: no spread to judge it by)")
     if c.decided:
-        return claim.format(pct=f"{c.ratio:.0%}") + f" (range {c.low:.0%}–{c.high:.0%} over {c.n} repeats)"
-    return (f"the difference in {what} is within the spread of {c.n} repeats ({label(a)} {span(a, key, show)}, "
-            f"{label(b)} {span(b, key, show)}): no conclusion at this size")
+        return said + gettext(lang, " (range {low}–{high} over {n} repeats)", low=f"{c.low:.0%}",
+                              high=f"{c.high:.0%}", n=c.n)
+    return gettext(lang, "the difference in {what} is within the spread of {n} repeats ({a} {a_span}, {b} {b_span}): "
+                         "no conclusion at this size", what=gettext(lang, what), n=c.n, a=word(lang, label(a)),
+                   a_span=span(a, key, show), b=word(lang, label(b)), b_span=span(b, key, show))
 
 
 def span(setting: dict, key: str, show: Callable[[float], str]) -> str:
@@ -67,13 +76,14 @@ def span(setting: dict, key: str, show: Callable[[float], str]) -> str:
     return show(lo) if lo == hi else f"{show(lo)}–{show(hi)}"
 
 
-def count(setting: dict, key: str) -> str:
+def count(setting: dict, key: str, lang: str = i18n.DEFAULT) -> str:
     """An exact count as it is ('52'), or its range where the repeats differed ('50–54')."""
     v = values(setting, key)
     if not v:
         return "–"
     lo, hi = min(v), max(v)
-    return f"{lo:,}" if lo == hi else f"{lo:,}–{hi:,} (over {len(v)} repeats)"
+    return f"{lo:,}" if lo == hi else i18n.gettext(lang, "{low}–{high} (over {n} repeats)", low=f"{lo:,}",
+                                                   high=f"{hi:,}", n=len(v))
 
 
 def label(setting: dict) -> str:

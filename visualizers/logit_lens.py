@@ -11,16 +11,21 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from visualizers._html import empty, esc, prob
+from visualizers._html import empty, esc, prob, said_html
 from visualizers.char_runs import label_html, label_title, lone_html, lone_title
 from visualizers.compact import lens_layers
+from visualizers.i18n import gettext, number
 from visualizers.sampling import drawn_by
 from visualizers.selection import Selection, header_html
 
 
-def row_label(i: int, n_rows: int) -> str:
+def row_label(i: int, n_rows: int, lang: str = "en") -> str:
     """Row i of n_rows: 0 is the embedding, i is after layer i - 1 (the last: the output)."""
-    return "embedding" if i == 0 else f"layer {i - 1}" + (" = output" if i == n_rows - 1 else "")
+    if i == 0:
+        return gettext(lang, "embedding")
+    if i == n_rows - 1:
+        return gettext(lang, "layer {layer} = output", layer=i - 1)
+    return gettext(lang, "layer {layer}", layer=i - 1)
 
 
 def _shade(p: float) -> str:
@@ -65,26 +70,29 @@ def first_top(layers: Sequence[dict]) -> int | None:
     return at
 
 
-def _panel(body: str, selection: Selection | None = None, frozen: str = "") -> str:
-    return '<div class="tt-panel">' + header_html("Logit lens", selection, frozen) + body + "</div>"
+def _panel(body: str, selection: Selection | None = None, frozen: str = "", lang: str = "en") -> str:
+    return '<div class="tt-panel">' + header_html(gettext(lang, "Logit lens"), selection, frozen) + body + "</div>"
 
 
 def logit_lens_html(events: Sequence[dict], position: int | None = None, labels: Sequence[str] = (),
-                    selection: Selection | None = None, frozen: str = "") -> str:
+                    selection: Selection | None = None, frozen: str = "", lang: str = "en") -> str:
     """events: this request's `logit_lens` events; position: the predicted token whose lens to
     show (an event's own position; default: the newest); selection: the selected pass (its
     lens: the one of the token it predicted; it wins over position); labels: token text by
-    position (for the context line); frozen: the byte cap's warning for the header."""
+    position (for the context line); frozen: the byte cap's warning for the header; lang: the
+    language of its words."""
     # by position: a newest token's lens comes at once, those before it may follow (engine/trace/lens_queue.py)
     events = sorted(events, key=lambda e: e["position"])
     if selection is not None and events:
-        at, why = drawn_by(events, selection, "lens")
+        at, why = drawn_by(events, selection, "lens", lang)
         if at is None:
-            return _panel(f"<div class='tt-empty'>{why or 'no lens for this pass'}</div>", selection, frozen)
+            why = why or said_html(lang, "no lens for this pass")
+            return _panel(f"<div class='tt-empty'>{why}</div>", selection, frozen, lang)
         position = events[at]["position"]
     ev = select(events, position)
     if ev is None:
-        return _panel(empty("no token generated yet (capture level 'full' records the logit lens)"), None, frozen)
+        return _panel(empty(gettext(lang, "no token generated yet (capture level 'full' records the logit lens)")),
+                      None, frozen, lang)
     rows = lens_layers(ev)  # the event holds columns (compact form)
     pos = ev["position"]
     before = list(labels[max(0, pos - 3):pos])  # the tokens a candidate piece may finish a character of
@@ -94,39 +102,59 @@ def logit_lens_html(events: Sequence[dict], position: int | None = None, labels:
     head = "".join(f"<th>#{j + 1}</th>" for j in range(k))
     body = []
     for i, r in enumerate(rows):
-        where = row_label(i, n)
+        where = row_label(i, n, lang)
         cells = []
         for j, (tid, text, p) in enumerate(zip(r["top_ids"], r["top_texts"], r["top_probs"])):
             mark = " tt-lens-chosen" if tid == chosen else ""
-            title = f"{where} · candidate #{j + 1}: {text!r} (id {tid}) · p={prob(p)}{_bytes_note(text, before)}"
+            title = gettext(lang, "{where} · candidate #{rank}: {text} (id {id}) · p={p}", where=where, rank=j + 1,
+                            text=repr(text), id=tid, p=prob(p)) + _bytes_note(text, before)
             cells.append(f'<td class="tt-lens-cell{mark}" style="{_shade(p)}" title="{esc(title)}">'
                          f"<code>{_visible(text, tid, before)}</code></td>")
         cells += ["<td></td>"] * (k - len(r["top_ids"]))
         cp, rank = r["chosen_prob"], r["chosen_rank"]
-        ctitle = f"{where} · the chosen token {ev['token_text']!r}: rank {rank:,}, p={prob(cp)}"
+        ctitle = gettext(lang, "{where} · the chosen token {text}: rank {rank}, p={p}", where=where,
+                         text=repr(ev["token_text"]), rank=number(lang, rank), p=prob(cp))
         body.append(f'<tr class="tt-lens-row{" tt-lens-out" if i == n - 1 else ""}"><th title="{esc(where)}">'
-                    f"{esc(row_label(i, n)).replace('embedding', 'embed&shy;ding')}</th>{''.join(cells)}"
+                    f"{esc(where).replace('embedding', 'embed&shy;ding')}</th>{''.join(cells)}"
                     f'<td class="tt-lens-rank" style="{_shade(cp)}" title="{esc(ctitle)}">'  # wraps at " · " only
                     f'<span class="tt-nw">#{rank:,}</span> · <span class="tt-nw">{prob(cp)}</span></td></tr>')
-    table = (f"<table class='tt-table tt-lens'><thead><tr><th>after</th>{head}<th>chosen: rank · p</th></tr>"
+    after, chosen_head = said_html(lang, "after"), said_html(lang, "chosen: rank · p")
+    table = (f"<table class='tt-table tt-lens'><thead><tr><th>{after}</th>{head}<th>{chosen_head}</th></tr>"
              f"</thead><tbody>{''.join(body)}</tbody></table>")
     top = first_top(rows)
     ever = next((i for i, r in enumerate(rows) if r["chosen_rank"] == 1), None)
-    known = ("it is never the top candidate (a draw below the top)" if ever is None else
-             f"it is the top candidate at {esc(row_label(ever, n))} but not at the output (a draw below the top)"
-             if top is None else
-             f"it is the top candidate from {esc(row_label(top, n))} on" if top < n - 1 else
-             "it is the top candidate only at the output" if ever == n - 1 else
-             f"it is the top candidate first at {esc(row_label(ever, n))}, for good only at the output")
-    ctx = f" after <code>{label_html(labels, pos - 1)}</code>" if 0 < pos <= len(labels) else ""
+    known = _verdict(rows, lang)
+    ctx = said_html(lang, " after {token}", token=f"<code>{label_html(labels, pos - 1)}</code>") \
+        if 0 < pos <= len(labels) else ""
     # the chosen token in its context where the labels reach it: a piece drawn as its character
     chosen_html = label_html(labels, pos) if 0 <= pos < len(labels) and labels[pos] == ev["token_text"] \
         else lone_html(ev["token_text"])
     idx = next((i for i, e in enumerate(events) if e is ev), len(events) - 1)
-    info = (f"<div class='tt-lines'><div>token {idx + 1} of {len(events)} · position {pos}{ctx} · chosen "
-            f"<code>{chosen_html}</code> (id {esc(chosen)}): {known}</div>"
-            + (f"<div class='tt-note'>position {position} has no lens (the lens is recorded for generated tokens, "
-               f"not the prompt's): showing the newest</div>" if position is not None and pos != position else "")
-            + f"<div>each row: the residual stream after that layer through the final norm and the LM head "
-            f"(top {k}; shading: probability; outlined: the chosen token)</div></div>")
-    return _panel(info + f"<div class='tt-lens-wrap'>{table}</div>", selection, frozen)
+    line = said_html(lang, "token {i} of {n} · position {position}{context} · chosen {token} (id {id}): {verdict}",
+                i=str(idx + 1), n=str(len(events)), position=str(pos), context=ctx,
+                token=f"<code>{chosen_html}</code>", id=esc(chosen), verdict=known)
+    none = said_html(lang, "position {position} has no lens (the lens is recorded for generated tokens, not the "
+                      "prompt's): showing the newest", position=str(position)) \
+        if position is not None and pos != position else ""
+    each = said_html(lang, "each row: the residual stream after that layer through the final norm and the LM head "
+                      "(top {k}; shading: probability; outlined: the chosen token)", k=str(k))
+    info = (f"<div class='tt-lines'><div>{line}</div>" + (f"<div class='tt-note'>{none}</div>" if none else "")
+            + f"<div>{each}</div></div>")
+    return _panel(info + f"<div class='tt-lens-wrap'>{table}</div>", selection, frozen, lang)
+
+
+def _verdict(rows: Sequence[dict], lang: str) -> str:
+    """Where the chosen token becomes the top candidate, in words (HTML)."""
+    n, top = len(rows), first_top(rows)
+    ever = next((i for i, r in enumerate(rows) if r["chosen_rank"] == 1), None)
+    if ever is None:
+        return said_html(lang, "it is never the top candidate (a draw below the top)")
+    if top is None:
+        return said_html(lang, "it is the top candidate at {row} but not at the output (a draw below the top)",
+                    row=esc(row_label(ever, n, lang)))
+    if top < n - 1:
+        return said_html(lang, "it is the top candidate from {row} on", row=esc(row_label(top, n, lang)))
+    if ever == n - 1:
+        return said_html(lang, "it is the top candidate only at the output")
+    return said_html(lang, "it is the top candidate first at {row}, for good only at the output",
+                row=esc(row_label(ever, n, lang)))

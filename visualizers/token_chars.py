@@ -17,6 +17,8 @@ import re
 from dataclasses import dataclass
 from typing import Sequence
 
+from visualizers import i18n
+
 _BYTE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 
@@ -147,15 +149,16 @@ def part_of(run: Run, token: int) -> list[tuple[Char, bool]]:
     return [(c, s <= c.start and c.end <= e) for c in run.chars if c.start < e and c.end > s and c.end > c.start]
 
 
-def describe(run: Run, token: int) -> str:
+def describe(run: Run, token: int, lang: str = i18n.DEFAULT) -> str:
     """A hover line for a token of a run: its bytes and what of which characters they are
     ("bytes E4 BB: 2 of the 3 bytes of 什")."""
     s, e = run.spans[token - run.first]
     parts = []
     for c, whole in part_of(run, token):
         if not c.valid:
-            parts.append("a byte that makes no character")
+            parts.append(i18n.gettext(lang, "a byte that makes no character"))
         elif not whole:
             mine = min(e, c.end) - max(s, c.start)
-            parts.append(f"{mine} of the {c.end - c.start} bytes of {c.text} (U+{ord(c.text):04X})")
-    return "; ".join(parts)
+            parts.append(i18n.gettext(lang, "{mine} of the {bytes} bytes of {char} ({code})", mine=str(mine),
+                                      bytes=str(c.end - c.start), char=c.text, code="U+" + format(ord(c.text), "04X")))
+    return i18n.gettext(lang, "; ").join(parts)

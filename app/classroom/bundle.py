@@ -15,6 +15,7 @@ from dataclasses import replace
 
 from app.classroom.page import page_html
 from app.page.code_panel import code_body, code_views
+from visualizers import i18n
 
 README = """TokenTrace classroom {room}: request {request_id}
 
@@ -27,16 +28,18 @@ trace.json is the request's trace: `python -m app --replay trace.json` replays i
 """
 
 
-def bundle_zip(room, server: str, css: str) -> bytes:
-    """room: a finished Room (app.classroom.rooms); server: the origin the page follows."""
-    room.prerender()
+def bundle_zip(room, server: str, css: str, lang: str = i18n.DEFAULT) -> bytes:
+    """room: a finished Room (app.classroom.rooms); server: the origin the page follows; lang: the
+    bundle's language (the presenter's, who downloads it: a static page has no server to ask)."""
+    room.prerender(lang)
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
-        z.writestr("index.html", page_html(room, False, css, server=server, static=True))
-        shown = replace(room, revealed=True, _stages=[], _html={})  # the same room, nothing hidden
-        for i in range(len(room.stage_list())):
-            z.writestr(f"stages/{i}.json", room.stage_body(i))
-            z.writestr(f"stages/revealed/{i}.json", shown.stage_body(i))
+        z.writestr("index.html", page_html(room, False, css, server=server, static=True, lang=lang))
+        # the same room, nothing hidden
+        shown = replace(room, revealed=True, _stages=[], _tongues={}, _html={}, langs={i18n.DEFAULT})
+        for i in range(len(room.stage_list(lang))):
+            z.writestr(f"stages/{i}.json", room.stage_body(i, lang))
+            z.writestr(f"stages/revealed/{i}.json", shown.stage_body(i, lang))
         for key in code_views():  # each stage's code view, fetched when the presenter opens it (classroom.js)
             z.writestr(f"code/{key}.html", code_body(key))
         z.writestr("trace.json", room.rec.dumps())

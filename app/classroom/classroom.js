@@ -2,7 +2,7 @@
 // events), and the live question is asked, answered and revealed here. Its settings come from
 // the page (app/classroom/page.py) as CONFIG; token text is untrusted: DOM built with textContent.
 const ROOM = CONFIG.room, KEY = CONFIG.key, COUNT = CONFIG.count;
-const SERVER = CONFIG.server, STATIC = CONFIG.static;
+const SERVER = CONFIG.server, STATIC = CONFIG.static, LANG = CONFIG.lang || 'en';  // the stages' language
 const api = path => `${SERVER}/classroom/${ROOM}/${path}`;
 let shown = -1, version = -1, target = 0, pending = 0;  // target: where the presenter's keys have sent the class
 let room = null;  // the room's newest state (pushed)
@@ -36,7 +36,7 @@ async function show(i, v) {
   try {
     // immutable per trace version: the browser's cache serves a revisit (a bundle: its own file)
     const revealed = room && (room.hidden_from === null || room.hidden_from === undefined) ? 'revealed/' : '';
-    const r = await fetch(STATIC ? `stages/${revealed}${i}.json` : api(`stage/${i}?v=${v}`));
+    const r = await fetch(STATIC ? `stages/${revealed}${i}.json` : api(`stage/${i}?v=${v}&lang=${LANG}`));
     if (r.ok) d = await r.json();
   } catch (e) {}
   if (!d) { setTimeout(() => { if (room) enqueue(room); }, 1000); return; }  // offline: try the newest state again
@@ -56,7 +56,7 @@ async function vote(q, payload, label) {
     const r = await fetch(api('vote'), {method: 'POST', headers: {'Content-Type': 'text/plain'},
       body: JSON.stringify({...payload, voter})});
     const d = await r.json();
-    if (!r.ok) { err.textContent = d.error ? d.error.message : tr('the vote was refused'); return; }
+    if (!r.ok) { err.textContent = d.error ? tr(d.error.message) : tr('the vote was refused'); return; }
     try { localStorage.setItem(`tt-vote-${ROOM}-${q.id}`, label); } catch (e) {}
     err.textContent = '';
     renderQuestion({...q, votes: Math.max(q.votes, d.votes)});
@@ -180,7 +180,7 @@ async function ask(action) {
   const r = await fetch(api('question'), {method: 'POST', headers: {'Content-Type': 'application/json'},
     body: JSON.stringify(body)});
   const e = $('tt-q-err') || $('tt-q-ask-err');  // no question box yet: beside the button
-  if (!r.ok) { const d = await r.json(); if (e) e.textContent = d.error.message; } else $('tt-q-ask-err').textContent = '';
+  if (!r.ok) { const d = await r.json(); if (e) e.textContent = tr(d.error.message); }  // the API's English: this screen's words else $('tt-q-ask-err').textContent = '';
 }
 async function apply(s) {
   // a stage was added to the room (an experiment's result): its dots and count come with the page

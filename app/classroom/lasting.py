@@ -17,6 +17,7 @@ import time
 from dataclasses import asdict
 from typing import Callable
 
+from app.classroom.lab_stage import LabStage
 from app.classroom.question import Candidate, Question
 from app.classroom.rooms import Classrooms, Room
 from app.serving.recording import Recording, TraceFileError
@@ -36,6 +37,7 @@ def snapshot(room: Room) -> str:
                "ask_at": room.ask_at, "revealed": room.revealed, "pick": dict(room.pick),
                "questions": [asdict(x) for x in room.questions],
                "open": q is not None and bool(room.questions) and room.questions[-1] is q,
+               # extra: a Stage's fields, or a LabStage's {"result"}
                "extra": [asdict(s) for s in room.extra], "with_journey": room.with_journey, "code": room.code_open}
     return json.dumps(out, separators=(",", ":"))
 
@@ -52,7 +54,8 @@ def restored(row: RoomRow, rec: Recording) -> Room:
     return Room(row.id, row.key, rec, None, stage=int(s["stage"]), version=int(s["version"]) + 1,
                 trace_version=int(s["trace_version"]) + 1, question=questions[-1] if s["open"] else None,
                 ask_at=s["ask_at"], revealed=bool(s["revealed"]), pick=dict(s["pick"]), questions=questions,
-                extra=[Stage(**{**d, "panels": tuple(d["panels"])}) for d in s["extra"]],
+                extra=[LabStage(d["result"]) if "result" in d else Stage(**{**d, "panels": tuple(d["panels"])})
+                       for d in s["extra"]],
                 with_journey=bool(s["with_journey"]), code_open=bool(s.get("code")))  # (code: since 2026-12-06)
 
 

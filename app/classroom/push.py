@@ -11,6 +11,9 @@ from __future__ import annotations
 import asyncio
 import json
 from typing import AsyncIterator
+from urllib.parse import unquote
+
+from visualizers import i18n
 
 KEEPALIVE = 15.0  # seconds between pings on a quiet stream (proxies close idle ones; pages notice dead ones)
 RETRY_MS = 1000  # how soon EventSource reconnects after a lost connection
@@ -73,6 +76,12 @@ class Feed:
             self.followers -= 1
 
 
+def stage_lang(query: list[str]) -> str:
+    """The language a stage is asked in: its ?lang= (the screen's), else English."""
+    tag = next((q[5:] for q in query if q.startswith("lang=")), None)
+    return i18n.normalize(unquote(tag or "")) or i18n.DEFAULT
+
+
 class CachedStages:
     """ASGI middleware: GET /classroom/{room}/stage/{i} answered from the room's cache without
     routing, validation or a thread: a hall fetches each stage at once after every move, and
@@ -87,17 +96,18 @@ class CachedStages:
             parts = scope["path"].split("/")  # "", "classroom", room, "stage", i
             if len(parts) == 5 and parts[3] == "stage" and parts[4].isdigit():
                 room = self.classrooms.get(parts[2])
-                body = room.cached_stage(int(parts[4])) if room is not None else None
+                query = scope.get("query_string", b"").decode("latin-1").split("&")
+                lang = stage_lang(query)
+                body = room.cached_stage(int(parts[4]), lang) if room is not None else None
                 if body is not None:
-                    await self._send(room, int(parts[4]), body, scope, send)
+                    await self._send(room, int(parts[4]), lang, body, query, scope, send)
                     return
         await self.app(scope, receive, send)
 
     @staticmethod
-    async def _send(room, i: int, body: bytes, scope, send) -> None:
-        etag = room.etag(i).encode()
-        query = scope.get("query_string", b"").decode("latin-1")
-        pinned = f"v={room.trace_version}" in query.split("&")
+    async def _send(room, i: int, lang: str, body: bytes, query: list[str], scope, send) -> None:
+        etag = room.etag(i, lang).encode()
+        pinned = f"v={room.trace_version}" in query
         cache = b"public, max-age=86400, immutable" if pinned else b"no-cache"
         match = any(k == b"if-none-match" and v == etag for k, v in scope["headers"])
         headers = [(b"etag", etag), (b"cache-control", cache)]

@@ -19,6 +19,7 @@ import secrets
 from collections import Counter
 from dataclasses import dataclass, field
 
+from visualizers.i18n import N_
 from visualizers.stages.facts import prob
 
 MAX_CANDIDATES = 6  # the choices offered (the model's top ones)
@@ -28,6 +29,13 @@ SHOWN_GUESSES = 8  # typed guesses shown at the reveal (the most frequent)
 
 
 CHOICE_RULE = "choice must be a candidate's place in the order shown (0 for the first button)"
+# refusals a screen shows: the API says them in English (OpenAI's error shape); the screen in its own
+# language (app/classroom/words.py sends the catalog's text for each)
+VOTING_CLOSED = N_("the answer is revealed: voting is closed")
+NO_QUESTION = N_("no question is open")
+ALL_VOTES = N_("this question has all the votes it can hold")
+GUESS_RULE = N_("guess must be 1 to {n} characters of text")
+OPEN_FIRST = N_("a question is open: reveal or close it first")
 
 
 class VoteRefused(ValueError):
@@ -82,7 +90,7 @@ class Question:
     def vote(self, voter: str, choice: object, guess: object) -> None:
         """choice: a candidate's place in the order shown (0 first); guess: typed text. Exactly one."""
         if self.revealed:
-            raise VoteRefused("the answer is revealed: voting is closed", 409)
+            raise VoteRefused(VOTING_CLOSED, 409)
         if (choice is None) == (guess is None):
             raise VoteRefused("the body must be {\"choice\": <a candidate's place, 0 first>} or {\"guess\": <text>}")
         if choice is not None:
@@ -91,12 +99,12 @@ class Question:
             value: int | str = self.candidates[self.shown[choice]].token_id
         else:
             if not isinstance(guess, str) or not guess.strip() or len(guess) > MAX_GUESS_CHARS:
-                raise VoteRefused(f"guess must be 1 to {MAX_GUESS_CHARS} characters of text", param="guess")
+                raise VoteRefused(GUESS_RULE.format(n=MAX_GUESS_CHARS), param="guess")
             # a typed guess that is one of the candidates counts for it
             match = next((c.token_id for c in self.candidates if c.text.strip() == guess.strip()), None)
             value = match if match is not None else guess.strip()
         if voter not in self.votes and len(self.votes) >= MAX_VOTERS:
-            raise VoteRefused("this question has all the votes it can hold", 429)
+            raise VoteRefused(ALL_VOTES, 429)
         self.votes[voter] = value  # once per browser: a second vote replaces the first
 
     def tally(self) -> tuple[Counter, Counter]:

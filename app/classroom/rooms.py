@@ -30,8 +30,10 @@ from app.classroom.cut_panels import cut_panel
 from app.classroom.mask import CUT, first_answer_position, generated, hide_from, prompt_tokens
 from app.classroom.push import Feed
 from app.page.code_panel import code_views, with_code
-from app.classroom.question import Question, VoteRefused
+from app.classroom.question import NO_QUESTION, OPEN_FIRST, Question, VoteRefused
 from app.serving.recording import Recording, ReplayCursor
+from app.classroom.tongue import Tongue, panel_html
+from visualizers import i18n
 from visualizers._html import esc
 from visualizers.journey import Stage, journey
 
@@ -57,14 +59,18 @@ class Room:
     pick: dict = field(default_factory=lambda: {"position": None, "layer": 0, "head": 0})  # what the panels show
     code_open: bool = False  # the presenter opened the stage's code: every screen opens it (classroom.js)
     questions: list[Question] = field(default_factory=list)  # every question asked, for the export
-    extra: list[Stage] = field(default_factory=list)  # stages after the journey (an experiment's result)
+    extra: list = field(default_factory=list)  # stages after the journey (an experiment's result): a Stage,
+    # or lang -> Stage (app/classroom/lab_stage.py: drawn in each screen's language)
     with_journey: bool = True  # False: the extra stages alone (app/classroom/lab_stage.py)
     skipped: list[str] = field(default_factory=list)  # the titles of the stages this request skips
+    langs: set[str] = field(default_factory=lambda: {i18n.DEFAULT})  # the languages its screens asked for
     feed: Feed = field(default_factory=Feed)
-    _stages: list[Stage] = field(default_factory=list)
+    _stages: list[Stage] = field(default_factory=list)  # in English (the count and the export read them)
+    _tongues: dict[str, Tongue] = field(default_factory=dict)  # language -> its stages, once per trace version
+    _skip_mask: list[bool] = field(default_factory=list)  # the journey's stages this request skips
     _shown: Recording | None = None  # rec as the class may see it (cut before a hidden token)
     _hidden: int | None = None  # the position _shown hides from (None: nothing hidden)
-    _html: dict[int, bytes] = field(default_factory=dict)  # stage -> its JSON body, rendered once per trace_version
+    _html: dict[tuple[str, int], bytes] = field(default_factory=dict)  # (language, stage) -> its JSON body
     _read_at: float = 0.0
     _ticker: asyncio.Task | None = None
     _vote_flush: bool = False
@@ -92,7 +98,7 @@ class Room:
                 self._read_at = time.monotonic()
                 rec = self.refresh()
                 if rec is not None and len(rec.events) != len(self.rec.events):
-                    self.rec, self._stages, self._html = rec, [], {}
+                    self.rec, self._stages, self._tongues, self._html = rec, [], {}, {}
                     self.version, self.trace_version, grew = self.version + 1, self.trace_version + 1, True
             if not self._stages:
                 self._build()
@@ -100,28 +106,49 @@ class Room:
 
     def _build(self) -> None:
         """The stages as the class may see them: from the recording cut before the question's
-        token until its reveal, with the presenter's pick (under the lock)."""
+        token until its reveal, with the presenter's pick (under the lock). English here; another
+        language's on its first screen (tongue), from the same cut."""
         at = self.question_position()
         self._shown = self.rec if self.revealed else hide_from(self.rec, at, asked=self.ask_at is not None)
         self._hidden = None if self._shown is self.rec else at
-        cursor = ReplayCursor(self._shown)
-        kv_peak = cursor.goto(cursor.peak_kv_frame()).kv_pool()
-        shown = self._shown
-        stages = with_code(journey(shown.model, shown.request_id, shown.body, shown.events, shown.outputs, kv_peak,
-                                   shown.truncated, position=self.shown_position(), hidden_from=self._hidden,
-                                   layer=int(self.pick["layer"])), shown.model, shown.events, shown.request_id,
-                           self.shown_position(), int(self.pick["layer"])) \
-            if self.with_journey else []  # with_code: what ran, beside each stage's code (the page's code panel)
         # the stages this request has, as the page's map lists them: those the whole request skips (no
         # draft, one device) are one line, not stages; read from the whole request, so that the count
         # stays the same from the cut to the reveal
-        whole = stages if shown is self.rec or not stages else journey(
+        stages = self._journey(i18n.DEFAULT)
+        whole = stages if self._shown is self.rec or not stages else journey(
             self.rec.model, self.rec.request_id, self.rec.body, self.rec.events, self.rec.outputs)
-        self.skipped = [s.title.split(" · ", 1)[-1] for s in whole if s.skipped]
-        kept = [s for s, w in zip(stages, whole) if not w.skipped]
-        self._stages = [replace(s, title=f"{i} · {s.title.split(' · ', 1)[-1]}") for i, s in enumerate(kept, 1)]
-        self._stages += self.extra
+        self._skip_mask = [w.skipped for w in whole]
+        self._tongues = {}
+        english = self._tongue(i18n.DEFAULT, stages)
+        self._stages, self.skipped = english.stages, english.skipped
         self.stage = min(self.stage, len(self._stages) - 1)
+
+    def _journey(self, lang: str) -> list[Stage]:
+        shown = self._shown
+        if not self.with_journey:
+            return []
+        # with_code: what ran, beside each stage's code (the page's code panel)
+        return with_code(journey(shown.model, shown.request_id, shown.body, shown.events, shown.outputs,
+                                 self._kv_peak(), shown.truncated, position=self.shown_position(),
+                                 hidden_from=self._hidden, layer=int(self.pick["layer"]), lang=lang),
+                         shown.model, shown.events, shown.request_id, self.shown_position(), int(self.pick["layer"]),
+                         lang)
+
+    def _kv_peak(self) -> dict | None:
+        cursor = ReplayCursor(self._shown)
+        return cursor.goto(cursor.peak_kv_frame()).kv_pool()
+
+    def _tongue(self, lang: str, stages: list[Stage] | None = None) -> Tongue:
+        """The stages in `lang` (numbered, the skipped ones a line, the extra ones after), built once
+        per trace version however many screens read that language (under the lock)."""
+        if lang not in self._tongues:
+            stages = self._journey(lang) if stages is None else stages
+            kept = [s for s, skip in zip(stages, self._skip_mask) if not skip]
+            numbered = [replace(s, title=f"{i} · {s.title.split(' · ', 1)[-1]}") for i, s in enumerate(kept, 1)]
+            extra = [x(lang) if callable(x) else x for x in self.extra]
+            skipped = [s.title.split(" · ", 1)[-1] for s, skip in zip(stages, self._skip_mask) if skip]
+            self._tongues[lang] = Tongue(numbered + extra, skipped)
+        return self._tongues[lang]
 
     def question_position(self) -> int:
         return self.ask_at if self.ask_at is not None else first_answer_position(self.rec)
@@ -139,41 +166,51 @@ class Room:
 
     def _restage(self) -> None:
         """The mask or the pick moved: every stage is rendered again (under the lock)."""
-        self._stages, self._html = [], {}
+        self._stages, self._tongues, self._html = [], {}, {}
         self.version, self.trace_version = self.version + 1, self.trace_version + 1
         self._build()
 
-    def stage_list(self) -> list[Stage]:
+    def stage_list(self, lang: str = i18n.DEFAULT) -> list[Stage]:
         if not self._stages:
             self.update()
-        return self._stages
-
-    def render(self, i: int) -> str:
-        """Stage i: its words, then the page's panels for it at the request's last step."""
-        return json.loads(self.stage_body(i))["html"]
-
-    def stage_body(self, i: int) -> bytes:
-        """Stage i as the JSON the page reads, rendered once per trace version (then cached)."""
-        all_stages = self.stage_list()
+        if lang == i18n.DEFAULT:
+            return self._stages
         with self.lock:
-            if i not in self._html:
+            return self._tongue(lang).stages
+
+    def skipped_in(self, lang: str) -> list[str]:
+        """The titles of the stages this request skips, in `lang`."""
+        self.stage_list(lang)
+        return self.skipped if lang == i18n.DEFAULT else self._tongues[lang].skipped
+
+    def render(self, i: int, lang: str = i18n.DEFAULT) -> str:
+        """Stage i: its words, then the page's panels for it at the request's last step."""
+        return json.loads(self.stage_body(i, lang))["html"]
+
+    def stage_body(self, i: int, lang: str = i18n.DEFAULT) -> bytes:
+        """Stage i in `lang` as the JSON the page reads, rendered once per trace version and
+        language (then cached): a hall of one language costs what one screen does."""
+        all_stages = self.stage_list(lang)
+        with self.lock:
+            if (lang, i) not in self._html:
                 s = all_stages[i]
                 cursor = ReplayCursor(self._shown or self.rec)
                 # the pool while the request still held its blocks; every other panel at the end
                 views = {p: (self._point(cursor.goto(cursor.peak_kv_frame())) if p == "kv" else None)
                          for p in s.panels}
-                html = {p: v.render(p) for p, v in views.items() if v is not None}
+                html = {p: panel_html(v, p, lang) for p, v in views.items() if v is not None}
                 view = self._point(cursor.goto(cursor.last_frame))
                 note = view.first(CUT)
-                html.update({p: got for p in s.panels if p not in html and (got := cut_panel(view, p, note))})
+                html.update({p: got for p in s.panels if p not in html and (got := cut_panel(view, p, note, lang))})
                 shown = [p for p in s.panels if p != "choices" or int((self.rec.body or {}).get("n") or 1) > 1]
                 # (one choice: the page's line about the n control is not the class's business)
-                body = "".join(f"<div class='tt-class-panel'>{html.get(p) or view.render(p)}</div>" for p in shown)
+                body = "".join(f"<div class='tt-class-panel'>{html.get(p) or panel_html(view, p, lang)}</div>"
+                               for p in shown)
                 page = (f"<h2 id='tt-class-title'>{esc(s.title)}</h2><div class='tt-class-text'>{s.text}"
                         f"</div>{code_views().get(s.key, '')}<div class='tt-class-panels'>{body}</div>")
-                self._html[i] = json.dumps({"index": i, "count": len(all_stages), "key": s.key, "html": page,
-                                            "version": self.trace_version}).encode()
-            return self._html[i]
+                self._html[(lang, i)] = json.dumps({"index": i, "count": len(all_stages), "key": s.key,
+                                                    "html": page, "version": self.trace_version}).encode()
+            return self._html[(lang, i)]
 
     def _point(self, view):
         """The presenter's pick on a panel's view: its position, layer and head."""
@@ -185,16 +222,19 @@ class Room:
             view.position, view.layer, view.head = pos, layer, head
         return view
 
-    def cached_stage(self, i: int) -> bytes | None:
-        return self._html.get(i)
+    def cached_stage(self, i: int, lang: str = i18n.DEFAULT) -> bytes | None:
+        return self._html.get((lang, i))
 
-    def etag(self, i: int) -> str:
-        return f'"{self.room_id}.{self.trace_version}.{i}"'
+    def etag(self, i: int, lang: str = i18n.DEFAULT) -> str:
+        return f'"{self.room_id}.{self.trace_version}.{lang}.{i}"'
 
-    def prerender(self) -> None:
-        """Every stage, so that no follower ever waits for a render (run off the loop)."""
-        for i in range(len(self.stage_list())):
-            self.stage_body(i)
+    def prerender(self, lang: str | None = None) -> None:
+        """Every stage in `lang` (None: in every language a screen of this room asked for), so that
+        no follower ever waits for a render (run off the loop)."""
+        for one in ([lang] if lang else sorted(self.langs)):
+            self.langs.add(one)
+            for i in range(len(self.stage_list(one))):
+                self.stage_body(i, one)
 
     def goto(self, i: int) -> None:
         n = len(self.stage_list())
@@ -243,13 +283,13 @@ class Room:
                     self._restage()
             elif action == "show":  # no question: the whole answer, on every stage
                 if self.question is not None and not self.question.revealed:
-                    raise VoteRefused("a question is open: reveal or close it first", 409)
+                    raise VoteRefused(OPEN_FIRST, 409)
                 if not self.revealed:
                     self.revealed = True
                     self._restage()
             elif action in ("reveal", "close"):
                 if self.question is None:
-                    raise VoteRefused("no question is open", 409)
+                    raise VoteRefused(NO_QUESTION, 409)
                 if action == "reveal":
                     self.question.revealed = True
                     if not self.revealed:  # every stage now shows the answer, at the pass that drew it
@@ -289,7 +329,7 @@ class Room:
     def vote(self, voter: str, choice: object, guess: object) -> None:
         with self.lock:
             if self.question is None:
-                raise VoteRefused("no question is open", 409)
+                raise VoteRefused(NO_QUESTION, 409)
             self.question.vote(voter, choice, guess)
         self._vote_flush = True  # the count reaches the followers with the next flush (not one event per vote)
 

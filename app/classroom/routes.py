@@ -65,11 +65,19 @@ def _is_presenter(room: Room, key: object) -> bool:
     return isinstance(key, str) and bool(key) and hmac.compare_digest(key, room.key)
 
 
-async def _ready(room: Room) -> None:
-    """Stages built (off the loop), the feed bound to this loop and holding the state."""
+async def _ready(room: Room, lang: str = i18n.DEFAULT) -> None:
+    """Stages built (off the loop) in `lang` too, the feed bound to this loop and holding the state."""
     if not room._stages:
         await run_in_threadpool(room.stage_list)
+    if lang not in room.langs:  # the room's first screen in this language: every stage in it, once
+        await run_in_threadpool(room.prerender, lang)
     room.start()
+
+
+def screen_lang(request: Request) -> str:
+    """A screen's own language: ?lang=, its switch's cookie, its browser's Accept-Language."""
+    return i18n.choose(request.query_params.get("lang"), request.cookies.get(i18n.COOKIE),
+                       request.headers.get("accept-language"))
 
 
 def add_classroom_routes(api: FastAPI, classrooms: Classrooms, css: str,
@@ -148,9 +156,8 @@ def _follow_routes(router: APIRouter, css: str) -> None:
     """A room's page, its state (stream and poll) and its stages, for everyone."""
     @router.get("/{room_id}", response_class=HTMLResponse)
     async def classroom_page(room: PageRoom, request: Request, key: str = ""):
-        await _ready(room)
-        lang = i18n.choose(request.query_params.get("lang"), request.cookies.get(i18n.COOKIE),
-                           request.headers.get("accept-language"))  # this screen's own language
+        lang = screen_lang(request)
+        await _ready(room, lang)
         answer = HTMLResponse(page_html(room, _is_presenter(room, key), css, lang=lang))
         if VOTER_COOKIE not in request.cookies:  # one id per browser: its vote counts once
             answer.set_cookie(VOTER_COOKIE, secrets.token_urlsafe(12), max_age=30 * 86400, httponly=True,
@@ -171,17 +178,19 @@ def _follow_routes(router: APIRouter, css: str) -> None:
         return Response(room.feed.data, media_type="application/json", headers={"Cache-Control": "no-cache", **OPEN})
 
     @router.get("/{room_id}/stage/{index}")
-    async def stage(room: FoundRoom, index: int, request: Request, v: int | None = None):
-        """A stage's HTML (in JSON), rendered once per trace version. ?v=<trace_version> makes the
-        URL immutable (cached for a day); either way an If-None-Match of its ETag gets a 304."""
+    async def stage(room: FoundRoom, index: int, request: Request, v: int | None = None, lang: str = ""):
+        """A stage's HTML (in JSON) in ?lang= (English without), rendered once per trace version and
+        language. ?v=<trace_version> makes the URL immutable (cached for a day); either way an
+        If-None-Match of its ETag gets a 304."""
         n = len(room._stages) or len(await run_in_threadpool(room.stage_list))
         if not 0 <= index < n:
             return _error(404, f"stage must be in [0, {n - 1}]", "index")
-        etag = room.etag(index)
+        lang = i18n.normalize(lang) or i18n.DEFAULT
+        etag = room.etag(index, lang)
         cache = ("public, max-age=86400, immutable" if v == room.trace_version else "no-cache")
         if request.headers.get("if-none-match") == etag:
             return Response(status_code=304, headers={"ETag": etag, "Cache-Control": cache})
-        body = room.cached_stage(index) or await run_in_threadpool(room.stage_body, index)
+        body = room.cached_stage(index, lang) or await run_in_threadpool(room.stage_body, index, lang)
         return Response(body, media_type="application/json", headers={"ETag": etag, "Cache-Control": cache})
 
 
@@ -206,8 +215,9 @@ def _presenter_routes(router: APIRouter) -> None:
         async def move(room: Room, body: Goto) -> dict:
             n = len(room._stages) or len(await run_in_threadpool(room.stage_list))
             target = max(0, min(body.stage, n - 1))
-            if room.cached_stage(target) is None:  # rendered before the class is told to fetch it
-                await run_in_threadpool(room.stage_body, target)
+            for lang in sorted(room.langs):  # rendered in each screen's language before the class is told
+                if room.cached_stage(target, lang) is None:
+                    await run_in_threadpool(room.stage_body, target, lang)
             room.goto(target)
             return {"stage": room.stage, "version": room.version}
         return await _as_presenter(room, request, Goto, move, "only the presenter can move the class")
@@ -282,7 +292,7 @@ def _file_routes(router: APIRouter, css: str) -> None:
         if room.live:
             return _refused(VoteRefused("the request is still running: bundle it once it has finished", 409))
         server = str(request.base_url).rstrip("/")
-        data = await run_in_threadpool(bundle_zip, room, server, css)
+        data = await run_in_threadpool(bundle_zip, room, server, css, screen_lang(request))
         return Response(data, media_type="application/zip", headers={
             "Content-Disposition": f'attachment; filename="classroom-{room.room_id}.zip"'})
 

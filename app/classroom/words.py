@@ -8,6 +8,7 @@ import re
 from functools import cache
 from pathlib import Path
 
+from app.classroom.question import ALL_VOTES, GUESS_RULE, MAX_GUESS_CHARS, NO_QUESTION, OPEN_FIRST, VOTING_CLOSED
 from visualizers import i18n
 from visualizers._html import esc
 from visualizers.i18n.catalog import translations
@@ -29,10 +30,15 @@ def _script_messages() -> tuple[tuple[str, str | None], ...]:
 
 
 def script_text(lang: str) -> dict:
-    """{English: text} for tr, {English singular: [forms]} for trn (one form: Chinese)."""
+    """{English: text} for tr, {English singular: [forms]} for trn (one form: Chinese); and the
+    API's refusals a screen shows (a vote refused, a question not opened), which it looks up
+    by their English (classroom.js: tr(error.message))."""
     cat, out = translations(lang), {}
     if lang == i18n.DEFAULT:
         return out  # the script's own English
+    for said in (VOTING_CLOSED, NO_QUESTION, ALL_VOTES, OPEN_FIRST):
+        out[said] = cat.gettext(said)
+    out[GUESS_RULE.format(n=MAX_GUESS_CHARS)] = cat.gettext(GUESS_RULE).format(n=MAX_GUESS_CHARS)
     nplurals = getattr(cat, "plural", None) and len({cat.plural(n) for n in range(0, 200)})
     for one, other in _script_messages():
         if other is None:

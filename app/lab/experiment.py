@@ -140,8 +140,8 @@ class Experiment:
     what: str  # one line: what it shows
     settings: Callable[..., list[Setting]]
     run_setting: Callable[..., SettingResult]
-    figures: Callable[[dict], list[dict]]
-    sentences: Callable[[dict], list[str]]
+    figures: Callable[[dict, str], list[dict]]  # (result, lang)
+    sentences: Callable[[dict, str], list[str]]  # (result, lang): in that language
     headline: list[tuple[str, str]] = field(default_factory=list)  # (metric key, label) for tables
     # after every setting ran (not when cancelled): metrics that compare settings (precision's agreement)
     compare: Callable[[list[SettingResult]], None] | None = None

@@ -25,6 +25,7 @@ from visualizers._html import esc
 from visualizers.code_facts import ran_html, read
 from visualizers.code_values import beside, values_style
 from visualizers.code_view import BOX_CSS, stage_code_body, stage_code_html
+from visualizers.i18n import gettext
 from visualizers.journey import Stage
 
 CSS = BOX_CSS + ".tt-code-ran { font-size: 13px; margin: 2px 0; } .tt-code-ran b { font-weight: 600; }\n"
@@ -46,9 +47,10 @@ def paths() -> dict[str, str]:
 
 
 @cache
-def code_views() -> dict[str, str]:
-    """Stage key -> its code view's HTML: closed, its one line; its functions fetched on opening."""
-    return {key: stage_code_html(key, entries, paths(), src=f"code/{key}") for key, entries in stages().items()}
+def code_views(lang: str = "en") -> dict[str, str]:
+    """Stage key -> its code view's HTML: closed, its one line (in `lang`); its functions fetched on opening."""
+    return {key: stage_code_html(key, entries, paths(), src=f"code/{key}", lang=lang)
+            for key, entries in stages().items()}
 
 
 @cache
@@ -70,24 +72,26 @@ def add_code_routes(api: FastAPI) -> None:
 
 @cache
 def ways_where() -> dict[str, str]:
-    """Each way -> its functions in this checkout as "path:line Name" (and the next)."""
+    """Each way -> its functions in this checkout as "path:line Name", comma-separated (no word: any language)."""
     out: dict[str, list[str]] = {}
     for entries in stages().values():
         for e in entries:
             if e.get("path") and "file" in e:
                 out.setdefault(e["path"], []).append(f"{e['file']}:{e['line']} {e['qualname']}")
-    return {way: " and ".join(names) for way, names in out.items()}
+    return {way: ", ".join(names) for way, names in out.items()}
 
 
-def commit_note(model: Mapping) -> str:
+def commit_note(model: Mapping, lang: str = "en") -> str:
     """A warning when the trace shown was recorded on another checkout than this one ("" same)."""
     here = checkout_commit()
     there = model.get("commit")
     if there is None:
-        return f"This trace does not name its commit; the code shown is this checkout's ({here[:12] or 'unknown'})."
+        return gettext(lang, "This trace does not name its commit; the code shown is this checkout's ({here}).",
+                       here=here[:12] or gettext(lang, "unknown"))
     if not here or there.rstrip("+") == here.rstrip("+"):
         return ""
-    return f"This trace was recorded on commit {there[:12]}; the code shown is this checkout's ({here[:12]})."
+    return gettext(lang, "This trace was recorded on commit {there}; the code shown is this checkout's ({here}).",
+                   there=there[:12], here=here[:12])
 
 
 @cache
@@ -97,23 +101,24 @@ def value_names() -> dict[str, tuple[str, ...]]:
 
 
 def with_code(shown: Sequence[Stage], model: Mapping, events: Sequence[Mapping], request_id: str,
-              position: int | None = None, layer: int | None = None) -> list[Stage]:
+              position: int | None = None, layer: int | None = None, lang: str = "en") -> list[Stage]:
     """The stages with what this request ran (and the trace's commit, when not this checkout's)
     added to their sentences, and the rules that write its values beside their code's lines
-    (position, layer: the pass and the MoE layer the panels show; None: the last)."""
+    (position, layer: the pass and the MoE layer the panels show; None: the last; lang: the
+    language of the lines' words)."""
     if not request_id:
         return list(shown)
     names, where = paths(), ways_where()
     ran, quoted = read(events, request_id)  # one pass over the events for every stage
     ran = {**ran, "request": {intake_way(request_id): []}}
     said = beside(events, request_id, position, layer)
-    note = commit_note(model)
+    note = commit_note(model, lang)
     warn = f"<div class='tt-code-ran tt-code-warn'>⚠ {esc(note)}</div>" if note else ""
     out = []
     for st in shown:
         extra = ""
         if st.reached and not st.skipped:
-            extra = ran_html(st.key, events, request_id, names, where, (ran, quoted)) + \
+            extra = ran_html(st.key, events, request_id, names, where, (ran, quoted), lang) + \
                 values_style(st.key, value_names().get(st.key, ()), said)
         out.append(replace(st, text=st.text + extra + (warn if st.key == "request" else "")) if extra or warn else st)
     return out

@@ -25,11 +25,12 @@ import gradio as gr
 
 import visualizers as viz
 from app.page.controls import Controls, more_fields  # noqa: F401 - more_fields: read from here by tests
+from app.page.language import tx
 from app.page.live_view import ONE_PASS
 from app.page.page_state import stages_of  # noqa: F401 - read from here by tests
 from app.page.replay import Replay
 from app.page.streaming import Streaming
-from app.page.tabs import Tab
+from app.page.tabs import Tab, lang_of
 from app.page.updates import merged
 from app.serving.recording import record_request
 
@@ -45,7 +46,7 @@ class Controller(Streaming, Replay):
         self.sessions.watching.discard(key)  # picking ends watching
         service = self.service_of(c.model)
         info = self.infos[service.model_name]
-        out = self.controls_for(info)
+        out = self.controls_for(info, lang=lang_of(key))
         del out["model_pick"]  # the user's own move
         out["max_tokens"]["value"] = min(int(c.max_tokens or 1), self.cap_of(info))  # within the new model's limit
         tab = self.sessions.get(key)
@@ -54,9 +55,9 @@ class Controller(Streaming, Replay):
         mine = Controls(**{**c.as_dict(), "speculative": info["has_draft"], "k": info["num_speculative_tokens"]})
         tab = Tab(self.blank_view(service, mine), service=service)
         self.sessions.put(key, tab)
-        ready = f"{info['name']}: Send goes to this model" + ("" if info["chat_template"] else
-                                                               " (plain-prompt mode: no chat template)")
-        return merged(self.full(tab, tab.view, ready), self.lock(tab, False), out, self.no_recording(),
+        ready = tx(key, "{model}: Send goes to this model", model=info["name"]) if info["chat_template"] else \
+            tx(key, "{model}: Send goes to this model (plain-prompt mode: no chat template)", model=info["name"])
+        return merged(self.full(tab, tab.view, ready), self.lock(tab, False), out, self.no_recording(lang_of(key)),
                       self.stop_look(False))
 
     def redraw(self, key: str, c: Controls) -> dict:
@@ -133,8 +134,8 @@ class Controller(Streaming, Replay):
         service = self.service_of(c.model)
         tab = Tab(self.blank_view(service, c), service=service)
         self.sessions.put(key, tab)
-        return merged(self.full(tab, tab.view, "edit the request and press Send"), self.lock(tab, False),
-                      self.no_recording())
+        return merged(self.full(tab, tab.view, tx(key, "edit the request and press Send")), self.lock(tab, False),
+                      self.no_recording(lang_of(key)))
 
     def preview(self, key: str, c: Controls) -> dict:
         """A control moved: before any request, the Request panel shows the body Send would post

@@ -36,7 +36,7 @@
     if (s.kind === "blocks") {
       const b = row * s.w + col;
       if (b >= s.n) return "";
-      return (s.blocks && s.blocks[b]) || `block ${b} · free`;
+      return (s.blocks && s.blocks[b]) || (s.free ? s.free.replace("{block}", b) : `block ${b} · free`);
     }
     const c = col - (s.x0 || 0);
     const r = s.rows ? s.rows[row] : row;

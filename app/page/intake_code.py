@@ -10,10 +10,12 @@ controls); both go through the same body model and checks (app/serving/requests.
 from __future__ import annotations
 
 from engine import Code
+from visualizers.i18n import N_
 
-PATHS = {
-    "http": "an HTTP request (POST /v1/chat/completions, /v1/completions, or a /ws frame): the body read and checked",
-    "page": "the page's Send: the controls written as the same JSON body, then the same checks",
+PATHS = {  # N_: in the catalogs (the stage's "ran" line says them in the tab's language)
+    "http": N_("an HTTP request (POST /v1/chat/completions, /v1/completions, or a /ws frame): the body read and "
+               "checked"),
+    "page": N_("the page's Send: the controls written as the same JSON body, then the same checks"),
 }
 
 INTAKE_CODE: tuple[Code, ...] = (

@@ -86,7 +86,7 @@ def _html_texts(html: str) -> list[str]:
 def chrome_of(page: gr.Blocks) -> list[tuple[gr.blocks.Block, dict[str, str]]]:
     """Each block of the built page with its English texts that have a catalog entry:
     [(block, {attribute: English})] (label, info, placeholder; a button's text; a marked
-    HTML block's whole value)."""
+    HTML block's whole value; a marked picker's shown choices, its values kept)."""
     known, out = _known(), []
     for block in page.blocks.values():
         texts = {a: getattr(block, a) for a in TEXT_ATTRS
@@ -95,6 +95,8 @@ def chrome_of(page: gr.Blocks) -> list[tuple[gr.blocks.Block, dict[str, str]]]:
             texts["value"] = block.value
         if isinstance(block, gr.HTML) and TRANSLATED in (block.elem_classes or []) and isinstance(block.value, str):
             texts["value"] = block.value
+        if isinstance(block, (gr.Dropdown, gr.Radio)) and TRANSLATED in (block.elem_classes or []):
+            texts["choices"] = block.choices  # a marked picker: [(shown, value)], the shown words translated
         if texts and block is not None:
             out.append((block, texts))
     return out
@@ -117,15 +119,20 @@ def chrome_updates(lang: str, chrome: list) -> dict:
     for block, texts in chrome:
         if isinstance(block, gr.HTML):
             out[block] = gr.update(value=translate_html(lang, texts["value"]))
+        elif "choices" in texts:
+            out[block] = gr.update(choices=[(i18n.gettext(lang, shown), v) for shown, v in texts["choices"]],
+                                   **{a: i18n.gettext(lang, t) for a, t in texts.items() if a != "choices"})
         else:
             out[block] = gr.update(**{a: i18n.gettext(lang, msgid) for a, msgid in texts.items()})
     return out
 
 
-def wire(page: gr.Blocks, radio: gr.Radio, journey: Callable[[str], dict] | None = None,
+def wire(page: gr.Blocks, radio: gr.Radio, journey: Callable[[str, bool], dict] | None = None,
          journey_out: Sequence = ()) -> None:
-    """The load and the switch set the tab's language and its chrome, then (journey(key) ->
-    {component: value}) the words drawn in that language (call once every tab's blocks exist)."""
+    """The load and the switch set the tab's language and its chrome, then (journey(key, redraw)
+    -> {component: value}) the words drawn in that language; redraw: the panels too (the switch,
+    a load in another language than the English the page is built in). Call once every tab's
+    blocks exist."""
     chrome = chrome_of(page)
     outputs = [radio] + [b for b, _ in chrome] + [c for c in journey_out if c not in {b for b, _ in chrome}]
     quiet = {"api_visibility": "private", "show_progress": "hidden", "concurrency_limit": None}
@@ -134,7 +141,7 @@ def wire(page: gr.Blocks, radio: gr.Radio, journey: Callable[[str], dict] | None
         set_lang(key_of(request), lang)
         out = chrome_updates(lang, chrome) if chrome_too else {}
         out[radio] = gr.update(**{**out.get(radio, {}), "value": WORD[lang]})  # (its label is chrome too)
-        return {**out, **(journey(key_of(request)) if journey else {})}
+        return {**out, **(journey(key_of(request), chrome_too) if journey else {})}
 
     def on_load(request: gr.Request) -> dict:
         # the page is built in English: an English tab's load touches none of its ~100 blocks

@@ -48,10 +48,10 @@ from visualizers.journey import KEYS
 CSS = (Path(__file__).with_name("page.css")).read_text() + "\n" + (
     Path(__file__).with_name("panels.css").read_text() if Path(__file__).with_name("panels.css").exists() else "") \
     + CODE_CSS + "\n" + language.CSS
-# hover tips, token picks; code points; a chip's section in view; the answer's newest lines in
-# view; a stage's code view fetched when it opens
+# a Chinese page hidden until its load made it Chinese; hover tips, token picks; code points; a chip's
+# section in view; the answer's newest lines in view; a stage's code view fetched when it opens
 HEAD = "".join(f"<script>{Path(__file__).with_name(js).read_text()}</script>"
-               for js in ("hover.js", "glyphs.js", "focus.js", "follow.js", "code.js"))
+               for js in ("first_paint.js", "hover.js", "glyphs.js", "focus.js", "follow.js", "code.js"))
 LATER_PANELS = ("logit_lens", "parallel")  # panels added after the page's API was published: last in its outputs
 NEWEST = ("choices",)
 SIDEBAR = ("answer",)  # panels drawn beside the map (under Send), not in their stage's section  # added later still: at the very end of the outputs (after the extra controls)
@@ -276,7 +276,8 @@ def _stages(ui: dict, ctl: Controller) -> None:
                        visible=not (st.skipped if st else False)) as section:
             ui[f"stage:{key}"] = gr.HTML(stage_html(st) if st else "", elem_id=f"tt-stage-text-{key}",
                                          padding=False)
-            gr.HTML(code_views().get(key, ""), elem_id=f"tt-code-{key}", padding=False)  # drawn once (code_panel.py)
+            ui[f"code:{key}"] = gr.HTML(code_views().get(key, ""), elem_id=f"tt-code-{key}",  # code_panel.py
+                                        padding=False)
             for name in placed[key]:
                 if name not in SIDEBAR:
                     _panel(ui, name, blank)
@@ -347,9 +348,14 @@ def _wire(page: gr.Blocks, ui: dict, ctl: Controller) -> None:
     outputs = api_outputs(ui)
     quiet = {"api_visibility": "private", "show_progress": "hidden"}
     settings = SETTINGS + ("model",)
-    journey_out = [ui["map"]] + [ui[f"stage:{k}"] for k in KEYS] + [ui[f"section:{k}"] for k in KEYS]
-    # the load sets the tab's language and its words, then the journey of what it shows (the switch: again)
-    language.wire(page, ui["lang"], lambda key: w.out(ctl.opening_page(key), "map"), journey_out)
+    journey_out = [ui["map"]] + [ui[f"stage:{k}"] for k in KEYS] + [ui[f"section:{k}"] for k in KEYS] \
+        + [ui[n] for n in PANELS if n in ui] \
+        + [ui[n] for n in ("summary", "note", "max_tokens", "speculative", "step", "step_note") if n in ui] \
+        + [ui[f"code:{k}"] for k in KEYS if f"code:{k}" in ui]
+    # the load sets the tab's language and its words, then the journey of what it shows (the switch: again,
+    # and its panels in the new language)
+    language.wire(page, ui["lang"], lambda key, panels: w.out(
+        {**ctl.opening_page(key, panels), **(ctl.page_words(key) if panels else {})}, "map"), journey_out)
     if ctl.live:
         watching = ui["watch"].click(w.gen(ctl.follow, ("layer", "head", "model")),
                                      w.inputs(("layer", "head", "model")), outputs, concurrency_limit=16, **quiet)
@@ -409,8 +415,8 @@ def _wire(page: gr.Blocks, ui: dict, ctl: Controller) -> None:
     ui["class_btn"].click(w.fn(ctl.start_classroom, keep="class_links"), None, ui["class_links"],
                           concurrency_limit=None, **quiet)
 
-    def calculator(tokens, dtype):
-        return viz.calculator_html(int(tokens or 0), dtype)
+    def calculator(tokens, dtype, request: gr.Request):  # in the tab's language
+        return viz.calculator_html(int(tokens or 0), dtype, lang=lang_of(key_of(request)))
 
     ui["calc_tokens"].change(calculator, [ui["calc_tokens"], ui["calc_dtype"]], ui["calc"], api_name="kv_calculator",
                              concurrency_limit=None)

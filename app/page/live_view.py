@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import visualizers as viz
+from app.page import panel_words as words
 from visualizers.choices import choices_html
 from visualizers.selection import Selection, frozen_html, newest_with_lens, select_pass
 from visualizers.stages import Trail
@@ -39,8 +40,7 @@ ONE_PASS = SELECTED + ("spec",)
 # redraw take ~0.2-0.3 s (benchmarks.measure cuts the lag in three), so 0.45 s put the pass a token
 # later than 0.5 s (the measure's "pass panels" line)
 ONE_PASS_EVERY = 0.2
-CAPTURED = {"embedding": ("embed", "embedding rows"), "attention": ("attention", "attention captures"),
-            "moe": ("moe", "MoE routing captures"), "logit_lens": ("logit_lens", "logit-lens captures")}
+CAPTURED = words.CAPTURED
 
 
 @dataclass
@@ -76,6 +76,7 @@ class LiveView:
     _pinned: Selection | None = None  # the one Selection of the draw in progress
     lock: threading.RLock = field(default_factory=threading.RLock)  # a click's draw (and journey) beside the stream's
     _trail: Trail | None = None  # what the journey has read of this view's events (stages.Trail)
+    lang: str = "en"  # the language of the panels' words: its tab's (tabs.Tab keeps it so)
 
     # --- input -----------------------------------------------------------------------
     def other_choice(self, it: dict) -> str | None:
@@ -179,12 +180,12 @@ class LiveView:
         if tok is None:  # capture level off: no prompt pieces, but the usage counts them once it ended
             n_prompt = int(((self.finish_info() or {}).get("usage") or {}).get("prompt_tokens") or 0)
             if not n_prompt:  # positions unknown yet: no pass named (an answer index is not a position)
-                return select_pass(())
+                return select_pass((), lang=self.lang)
             return select_pass([""] * n_prompt + [self.piece(t) for t in self.generated_ids()], self.position,
-                               n_prompt)
+                               n_prompt, self.lang)
         # the lens's newest pass, until the trace's end brings every token's lens (or a byte cap stopped them)
         lens = self.by_type.get("logit_lens") if self.truncated is None and self.first("finish") is None else None
-        return newest_with_lens(select_pass(self.labels(), self.position, tok["count"]),
+        return newest_with_lens(select_pass(self.labels(), self.position, tok["count"], self.lang),
                                 max(e["position"] for e in lens) if lens else None)
 
     def frozen(self, name: str) -> str:
@@ -193,7 +194,7 @@ class LiveView:
             return ""
         t, what = CAPTURED[name]
         ends = [last_position(e) for e in self.by_type.get(t, ())]
-        return frozen_html(self.truncated, max(ends) if ends else None, self.labels(), what)
+        return frozen_html(self.truncated, max(ends) if ends else None, self.labels(), what, self.lang)
 
     def first(self, t: str) -> dict | None:
         evs = self.by_type.get(t)
@@ -262,38 +263,9 @@ class LiveView:
             return "done"
         return "replay" if self.replaying else "streaming"
 
-    # what each capture level leaves out, for the panels that show it
-    NOT_RECORDED = {"off": "capture level off records only the streamed tokens, their timing and the usage",
-                    "basic": "capture level basic records no tensors (embeddings, attention, MoE routing)"}
-    NEEDS_FULL = {"embedding": "embedding rows need", "attention": "attention probabilities need",
-                  "moe": "the router's picks need", "logit_lens": "the logit lens needs"}  # (with their verbs)
-    NEEDS_BASIC = {"sampling": "the sampling distributions need", "spec": "the speculative rounds need"}
-    # how to get what a panel lacks (an API request is at level basic unless its body says otherwise)
-    ASK = {"full": 'ask for it: "trace_level": "full" in the API request\'s body, or Capture level full on '
-                   "this page before Send",
-           "basic": 'ask for it: "trace_level": "basic" (or "full") in the API request\'s body, or Capture level '
-                    "basic or full on this page before Send"}
-
     def missing(self, name: str) -> str | None:
         """Why a panel has nothing to draw when its request does not record that stage."""
-        level = self.level
-        if name in self.NEEDS_FULL and level != "full":
-            return f"not recorded: {self.NEEDS_FULL[name]} capture level full (this request: {level}); {self.ASK['full']}"
-        if name in self.NEEDS_BASIC and level == "off":
-            return (f"not recorded: {self.NEEDS_BASIC[name]} capture level basic or full (this request: off); "
-                    f"{self.ASK['basic']}")
-        return None
-
-    # before any request, the panels that would otherwise say they wait for one
-    IDLE = {"prefix": ("Prefix cache", "no request yet: the lookup runs when the scheduler admits one"),
-            "timeline": ("Timeline", "no request yet")}
-    TITLES = {"embedding": "Embedding", "attention": "Attention", "moe": "Mixture of experts", "sampling": "Sampling",
-              "spec": "Speculative decoding", "logit_lens": "Logit lens"}
-
-    # what a request that never ran has not got, for the panels that would say "not yet"
-    NEVER_RAN = {"embedding": "no row was looked up", "attention": "no attention was computed",
-                 "moe": "no token was routed", "sampling": "no token was sampled",
-                 "logit_lens": "no token was predicted", "spec": "no round was proposed"}
+        return words.missing(self.lang, name, self.level)
 
     def ran_no_step(self) -> bool:
         """Ended before any engine step ran it (stopped while it waited), as its trace shows
@@ -303,57 +275,52 @@ class LiveView:
 
     # --- output --------------------------------------------------------------------------
     def render(self, name: str) -> str:
-        m = self.model
+        m, lang = self.model, self.lang
         idle = self.state() == "idle"
         if name == "request":
-            return viz.request_html(self.body, self.validation, preview=idle)
+            return viz.request_html(self.body, self.validation, preview=idle, lang=lang)
         if name == "choices":
             asked = (self.body or {}).get("n")
             if self.n == 1 and isinstance(asked, int) and asked > 1:  # a replay or a watched request: choice 0's trace
-                return viz.not_recorded(f"{asked} choices", f"this request asked for {asked} choices; its trace is "
-                                        f"choice 0's (the others ran as requests of their own, "
-                                        f"{self.request_id or 'its id'}.1 …), so only choice 0 is drawn here")
-            return choices_html(self.choice_outputs(), self.n)
+                return viz.not_recorded(words.t(lang, words.CHOICES_TITLE, n=asked), words.t(
+                    lang, words.CHOICES_OF_ONE, n=asked, id=self.request_id or words.t(lang, words.ITS_ID)))
+            return choices_html(self.choice_outputs(), self.n, lang=lang)
         if name == "answer":
             note = ""
             if self.level == "off" and not idle:
-                note = (self.NOT_RECORDED["off"] + ": no tokenization, prefix-cache blocks, embeddings, attention, "
-                        "MoE routing, sampling, speculative rounds or engine steps (the KV pool is read from the "
-                        "engine as it runs); choose basic or full to see them")
+                note = words.t(lang, words.OFF_ANSWER, off=words.t(lang, words.NOT_RECORDED["off"]))
             return viz.answer_html(self.stream_tokens(), self.finish_info(), self.error, self.state(), note,
-                                   self.piece)
-        if idle and name in self.IDLE:
-            return viz.not_recorded(*self.IDLE[name])
-        if name in self.NEVER_RAN and not self.has_input(name) and self.ran_no_step() and \
+                                   self.piece, lang=lang)
+        if idle and name in words.IDLE:
+            return viz.not_recorded(*(words.t(lang, x) for x in words.IDLE[name]))
+        if name in words.NEVER_RAN and not self.has_input(name) and self.ran_no_step() and \
                 (name != "moe" or m["is_moe"]) and (name != "spec" or (m["has_draft"] and self.speculative)):
             why = (self.finish_info() or {}).get("reason") or "stopped"
-            return viz.not_recorded(self.TITLES[name], f"never reached: the request ended ({why}) before any engine "
-                                    f"step ran it, so {self.NEVER_RAN[name]}")
+            return viz.not_recorded(*words.never_ran(lang, name, why))
         missing = None if idle else self.missing(name)
         if missing and not self.has_input(name):
             if name == "moe" and not m["is_moe"]:
                 return viz.moe_html([], is_moe=False)  # nothing to record at any level
-            return viz.not_recorded(self.TITLES[name], missing)
+            return viz.not_recorded(words.t(lang, words.TITLES[name]), missing)
         if name == "prefix":
             fin = self.finish_info()
             return viz.prefix_cache_html(self.first("prefix_cache.lookup"), m["block_size"],
                                          usage=(fin or {}).get("usage") if self.level == "off" else None,
-                                         traced=self.level != "off", ended=fin is not None)
+                                         traced=self.level != "off", ended=fin is not None, lang=lang)
         if name == "tokens":
             gen = [{"id": i, "text": self.piece(i), "special": self.is_special(i)} for i in self.generated_ids()]
             if self.level == "off":
                 usage = (self.finish_info() or {}).get("usage") or {}
-                return viz.tokens_html(None, gen, usage.get("prompt_tokens"),
-                                       "capture level off does not record the prompt's tokens (nor the vocabulary "
-                                       "and template): the generated ones are the streamed outputs")
-            return viz.tokens_html(self.first("tokenize"), gen)
+                return viz.tokens_html(None, gen, usage.get("prompt_tokens"), words.t(lang, words.OFF_TOKENS),
+                                       lang=lang)
+            return viz.tokens_html(self.first("tokenize"), gen, lang=lang)
         if name == "embedding":
             return viz.embedding_html(self.by_type.get("embed", []), m.get("vocab_size"), m.get("hidden_size"),
-                                      selection=self.selection(), frozen=self.frozen(name))
+                                      selection=self.selection(), frozen=self.frozen(name), lang=lang)
         if name == "attention":
             return viz.attention_html(self.by_type.get("attention", []), self.layer, self.head, self.labels(),
                                       m["sliding_windows"] if any(m["sliding_windows"]) else None,
-                                      selection=self.selection(), frozen=self.frozen(name))
+                                      selection=self.selection(), frozen=self.frozen(name), lang=lang)
         if name == "kv":
             # disaggregated (engine/disagg): the pool of the decode engine this request decoded on
             kv = viz.engine_kv_events(self.events, self.decode_engine())
@@ -361,33 +328,33 @@ class LiveView:
             held = usage["prompt_tokens"] + usage["completion_tokens"] - 1 if usage and usage["completion_tokens"] \
                 else None  # (no token drawn: stopped before its prefill ended, it kept no K/V to speak of)
             return viz.kv_grid_html(self.kv_pool(), self.request_id, kv, m, held, selection=self.selection(),
-                                    table_recorded=self.level != "off")
+                                    table_recorded=self.level != "off", lang=lang)
         if name == "moe":
             return viz.moe_html(self.by_type.get("moe", []), self.layer, self.labels(), m["is_moe"],
-                                selection=self.selection(), frozen=self.frozen(name))
+                                selection=self.selection(), frozen=self.frozen(name), lang=lang)
         if name == "sampling":
             return viz.sampling_html(self.by_type.get("sample", []), self.pieces(), vocab_size=m.get("vocab_size"),
-                                     selection=self.selection())
+                                     selection=self.selection(), lang=lang)
         if name == "spec":
             if not self.by_type.get("spec") and not m["has_draft"]:
-                return viz.not_recorded("Speculative decoding", "this model is served without a draft, so no "
-                                        "speculative decoding (start it with --draft MODEL or --draft ngram)")
+                return viz.not_recorded(words.t(lang, words.TITLES["spec"]), words.t(lang, words.NO_DRAFT))
             if not self.by_type.get("spec") and not self.speculative:
-                return viz.not_recorded("Speculative decoding", "speculative decoding is off for this request")
+                return viz.not_recorded(words.t(lang, words.TITLES["spec"]), words.t(lang, words.SPEC_OFF))
             sel = self.selection()
             return viz.spec_html(self.by_type.get("spec", []), self.speculative and m["has_draft"], self.pieces(),
-                                 selection=sel, picked=self.selected_round(sel))
+                                 selection=sel, picked=self.selected_round(sel), lang=lang)
         if name == "parallel":
             apart = self.by_type.get("kv.transfer")  # disaggregated (engine/disagg): the handover beside it
-            return viz.parallel_html(self.by_type.get("schedule.collective", []), m, self.level, idle) + \
-                (viz.disagg_html(apart + self.by_type.get("finish", [])) if apart else "")
+            return viz.parallel_html(self.by_type.get("schedule.collective", []), m, self.level, idle, lang) + \
+                (viz.disagg_html(apart + self.by_type.get("finish", []), lang) if apart else "")
         if name == "logit_lens":
             return viz.logit_lens_html(self.by_type.get("logit_lens", []), labels=self.labels(),
-                                       selection=self.selection(), frozen=self.frozen(name))
+                                       selection=self.selection(), frozen=self.frozen(name), lang=lang)
         if name == "timeline":
             if self.level == "off":
-                return viz.untraced_timeline_html(self.stream_tokens(), self.finished, steps=self.token_steps())
-            return viz.timeline_html(self.events, self.request_id or "")
+                return viz.untraced_timeline_html(self.stream_tokens(), self.finished, steps=self.token_steps(),
+                                                  lang=lang)
+            return viz.timeline_html(self.events, self.request_id or "", lang)
         raise KeyError(name)
 
     def due(self, now: float, force: bool = False) -> list[str]:

@@ -3,22 +3,24 @@ updates every handler sends: the views, the journey, the controls' lock, the rec
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import gradio as gr
 
 from app.classroom.rooms import Classrooms
 from app.page import texts
-from app.page.code_panel import with_code
+from app.page.code_panel import code_views, with_code
 from app.page.controls import LOCKED, MORE, Controls, more_fields, parse_seed
 from app.page.live_view import PANELS, LiveView
 from app.page.stages import JourneyClock
-from app.page.step_bar import steps_updates, which_steps
+from app.page.step_bar import first_bar, steps_updates, which_steps
 from app.page.tabs import Sessions, Tab, lang_of
 from app.page.trace_files import write_timeline, write_trace
 from app.serving.engine_service import EngineService
 from app.serving.recording import Recording, ReplayCursor, record_request
 from app.serving.requests import BodyError, build_body
 from app.serving.served_models import ServedModels
+from visualizers.i18n import gettext
 from visualizers.journey import journey
 
 TOO_FAST = 2.0  # an answer streamed in less than this (seconds) was too fast to watch: offer Play
@@ -32,7 +34,7 @@ def stages_of(view: LiveView, lang: str = "en") -> list:
         stages = journey(view.model, view.request_id or "", view.body or None, view.events, view.outputs,
                          truncated=view.first("trace.truncated"), position=position, layer=view.layer,
                          trail=view.trail(), lang=lang)  # layer: the picker's (the MoE routing the words quote)
-        return with_code(stages, view.model, view.events, view.request_id or "", position, view.layer)  # code_panel
+        return with_code(stages, view.model, view.events, view.request_id or "", position, view.layer, lang)
 
 
 class PageState:
@@ -123,11 +125,33 @@ class PageState:
         now = time.perf_counter()
         return {**view.draw(list(PANELS), now), **self.journey_updates(tab, view, now), "status": state}
 
-    def opening_page(self, key: str) -> dict:
-        """What a tab shows when it (re)loads: the journey of what it shows."""
-        tab = self.tab_of(key)
-        view = tab.view if tab is not None else self.blank
-        return self.journey_updates(None, view, time.perf_counter(), force=True, lang=lang_of(key))
+    def opening_page(self, key: str, panels: bool = False) -> dict:
+        """What a tab shows when it (re)loads: the journey of what it shows; panels: its panels
+        too, in its language (a load in another language than the page's English, the switch)."""
+        tab, lang, now = self.tab_of(key), lang_of(key), time.perf_counter()
+        view = tab.view if tab is not None else replace(self.blank, lang=lang)  # (the blank is every tab's)
+        view.lang = lang
+        with view.lock:  # drawn, not kept: the stream's own redraws go on as they were
+            drawn = {n: view.render(n) for n in PANELS} if panels else {}
+        return {**drawn, **self.journey_updates(None, view, now, force=True, lang=lang)}
+
+    def page_words(self, key: str) -> dict:
+        """The words around the controls that are not plain labels, in the tab's language (its
+        load in Chinese, the switch): the model's summary and note, the max-tokens and
+        speculation labels, the replay bar's label and note. Only words: no value changes."""
+        tab, lang = self.tab_of(key), lang_of(key)
+        loaded = tab is not None and tab.cursor is not None and tab.service is None  # a trace file
+        info = texts.with_defaults(tab.cursor.rec.model) if loaded else self.infos.get(self.shown_model(tab), self.model)
+        bar, note = first_bar(tab.cursor if tab is not None else None, lang)
+        out = {"summary": texts.model_summary(info, lang), "step": gr.update(label=bar["label"]), "step_note": note,
+               **{f"code:{k}": view for k, view in code_views(lang).items()}}  # the code views' closed lines
+        if self.live and info["name"] in self.infos:
+            out.update({"note": texts.model_note(info, len(self.infos), lang),
+                        "max_tokens": gr.update(label=texts.max_label(self.cap_of(info), info.get("max_model_len"),
+                                                                      lang)),
+                        "speculative": gr.update(label=gettext(lang, "Speculative decoding"),
+                                                 info=texts.spec_info(info, lang))})
+        return out
 
     def lock(self, tab: Tab | None, locked: bool) -> dict:
         """The controls read-only (a replayed or watched request shown) or editable again."""
@@ -154,21 +178,23 @@ class PageState:
         return {"stop": gr.update(variant="stop" if running else "secondary",
                                   interactive=running if can_stop is None else can_stop)}
 
-    def controls_for(self, info: dict, served_model: bool = True) -> dict:
+    def controls_for(self, info: dict, served_model: bool = True, lang: str = "en") -> dict:
         """Updates for every control and panel frame that depends on the model shown: the picker
-        and Send's controls too when it is one of the served models (not a loaded trace)."""
-        out = {"summary": texts.model_summary(info), "moe_col": gr.update(visible=info["is_moe"]),
+        and Send's controls too when it is one of the served models (not a loaded trace); their
+        words in `lang`."""
+        out = {"summary": texts.model_summary(info, lang), "moe_col": gr.update(visible=info["is_moe"]),
                "layer": gr.update(choices=list(range(info["num_layers"])), value=0),
                "head": gr.update(choices=list(range(info["num_heads"])), value=0)}
         if served_model:
             plain = not info["chat_template"]
-            out.update({"model_pick": gr.update(value=info["name"]), "note": texts.model_note(info, len(self.infos)),
+            out.update({"model_pick": gr.update(value=info["name"]), "note": texts.model_note(info, len(self.infos), lang),
                         "system": gr.update(label=texts.SYSTEM_LABEL[plain], interactive=not plain),
                         "user": gr.update(label=texts.USER_LABEL[plain]),
                         "max_tokens": gr.update(maximum=self.cap_of(info),
-                                                label=texts.max_label(self.cap_of(info), info.get("max_model_len"))),
+                                                label=texts.max_label(self.cap_of(info), info.get("max_model_len"),
+                                                                      lang)),
                         "speculative": gr.update(value=info["has_draft"], interactive=info["has_draft"],
-                                                 info=texts.spec_info(info)),
+                                                 info=texts.spec_info(info, lang)),
                         "k": gr.update(maximum=max(1, info["num_speculative_tokens"]),
                                        value=info["num_speculative_tokens"], interactive=info["has_draft"],
                                        visible=info["has_draft"])})
@@ -193,8 +219,8 @@ class PageState:
             out["k"] = gr.update(value=max(1, got["k"]), maximum=max(1, got["k"]), visible=bool(got["speculative"]))
         return out
 
-    def no_recording(self) -> dict:
-        return {"export": gr.update(value=None, interactive=False), **steps_updates(None),
+    def no_recording(self, lang: str = "en") -> dict:
+        return {"export": gr.update(value=None, interactive=False), **steps_updates(None, lang),
                 "export_timeline": gr.update(value=None, interactive=False), "replay_note": ""}
 
     def recording_updates(self, tab: Tab) -> dict:
@@ -211,10 +237,10 @@ class PageState:
                             {i: svc.piece(i) for i in ids}, {i for i in ids if svc.is_special(i)},
                             choices=[outs for outs in view.choice_outputs()[1:]])  # level off: what the page got
         if rec is None:
-            return self.no_recording()
+            return self.no_recording(tab.lang)
         tab.cursor = ReplayCursor(rec)
         tab.cursor.adopt(view)  # the live view already shows the last frame
-        return {"export": gr.update(value=write_trace(rec), interactive=True), **steps_updates(tab.cursor),
+        return {"export": gr.update(value=write_trace(rec), interactive=True), **steps_updates(tab.cursor, tab.lang),
                 "export_timeline": gr.update(value=write_timeline(rec), interactive=bool(rec.events)),
                 "replay_note": texts.too_fast_note(view.stream_tokens(), len(tab.cursor.steps), TOO_FAST,
-                                                   which_steps(tab.cursor))}
+                                                   which_steps(tab.cursor, tab.lang), tab.lang)}

@@ -11,18 +11,18 @@ import gradio as gr
 
 from app.page import texts
 from app.serving.recording import AFTER_STEPS, BEFORE_STEPS, ReplayCursor
-from visualizers.selection import plural
+from visualizers.i18n import gettext, ngettext
 
 
-def which_steps(cursor: ReplayCursor) -> str:
+def which_steps(cursor: ReplayCursor, lang: str = "en") -> str:
     """What a recording's steps are, said where not every step was recorded: at capture level
     off its frames are the engine steps that drew a token (the timeline says how many)."""
-    return "" if cursor.rec.events else " that drew a token"
+    return "" if cursor.rec.events else gettext(lang, " that drew a token")
 
 
-def steps_of(cursor: ReplayCursor) -> str:
+def steps_of(cursor: ReplayCursor, lang: str = "en") -> str:
     """"7 engine steps", as Status, the slider and the timeline all count them."""
-    return plural(len(cursor.steps), "engine step") + which_steps(cursor)
+    return ngettext(lang, "{n} engine step", "{n} engine steps", len(cursor.steps)) + which_steps(cursor, lang)
 
 
 def never_ran(cursor: ReplayCursor) -> bool:
@@ -33,10 +33,10 @@ def never_ran(cursor: ReplayCursor) -> bool:
         all(e["type"] in BEFORE_STEPS + AFTER_STEPS + ("kv.pool",) for e in rec.events)
 
 
-def step_range(frames: int, frame: int, which: str = "") -> dict:
+def step_range(frames: int, frame: int, which: str = "", lang: str = "en") -> dict:
     """The step slider over `frames` engine steps at 0-based `frame`: the values are 1..frames,
     as Status counts them; hidden under two frames (nothing to scrub: step_note says so)."""
-    label = texts.step_label(frames, which)
+    label = texts.step_label(frames, which, lang)
     if frames <= 1:
         return {"minimum": 0, "maximum": 1, "value": 1 if frames else 0, "interactive": False, "label": label,
                 "visible": False}
@@ -44,19 +44,18 @@ def step_range(frames: int, frame: int, which: str = "") -> dict:
             "visible": True}
 
 
-def first_bar(cursor: ReplayCursor | None) -> tuple[dict, str]:
-    """The slider's keyword arguments and the note's HTML when the page is built."""
+def first_bar(cursor: ReplayCursor | None, lang: str = "en") -> tuple[dict, str]:
+    """The slider's keyword arguments and the note's HTML when the page is built (lang: its words')."""
     if cursor is None:
-        return step_range(0, -1), texts.step_note(0)
-    frames = cursor.last_frame + 1
-    return step_range(frames, cursor.last_frame, which_steps(cursor)), \
-        texts.step_note(frames, never_ran(cursor), which_steps(cursor))
+        return step_range(0, -1, lang=lang), texts.step_note(0, lang=lang)
+    frames, which = cursor.last_frame + 1, which_steps(cursor, lang)
+    return step_range(frames, cursor.last_frame, which, lang), texts.step_note(frames, never_ran(cursor), which, lang)
 
 
-def steps_updates(cursor: ReplayCursor | None) -> dict:
+def steps_updates(cursor: ReplayCursor | None, lang: str = "en") -> dict:
     """The step slider, its number box, the note and Play / Pause over a recording (None:
-    nothing to replay: Play and Pause off, as the slider is)."""
-    r, note = first_bar(cursor)
+    nothing to replay: Play and Pause off, as the slider is), in the tab's language."""
+    r, note = first_bar(cursor, lang)
     if cursor is not None:
         r["value"] = cursor.frame + 1 if r["visible"] else r["value"]
     playable = gr.update(interactive=r["visible"])

@@ -157,18 +157,20 @@ class Streaming(PageState):
             self.sessions.wait_free(key, 0.1)  # (its id may not be known yet: look again)
         return busy
 
-    def _refused(self, e: ValueError, view: LiveView, submission) -> dict:
-        """A request refused before or by the engine: the reason under the control it is about."""
+    def _refused(self, key: str, e: ValueError, view: LiveView, submission) -> dict:
+        """A request refused before or by the engine: the reason under the control it is about, in
+        the API's words (they stay English), the page's own around them in the tab's language."""
         checks = getattr(e, "checks", None) or submission.checks + [("engine", False, str(e))]
         view.validation = {"ok": False, "error": str(e), "checks": checks}
-        view.error = f"not sent: {e}"
+        view.error = tx(key, "not sent: {reason}", reason=e)
         param = getattr(e, "param", None)
         if param is None and submission is not None and not isinstance(e, RequestRefused):
             # parsed fine, refused by the engine: a field its message names (a logit_bias id past the
             # vocabulary), else the prompt (empty, too long for the context or the pool)
             param = next((f for f in HINT_OF if str(e).startswith(f)), "messages")
+        hint = tx(key, "⚠ {reason}", reason=e)
         return {**{h: "" for h in HINTS}, HINT_OF.get(param, "hint_send"):
-                f"<div class='tt-hint'>⚠ {viz._html.esc(e)}</div>", **self.no_recording()}
+                f"<div class='tt-hint'>{viz._html.esc(hint)}</div>", **self.no_recording(view.lang)}
 
     def _send(self, key: str, c: Controls, client: str | None) -> Iterator[dict]:
         service = self.service_of(c.model)  # the picker offers served models only
@@ -190,7 +192,7 @@ class Streaming(PageState):
             # the server's per-client cap, then the engine's own checks: context, KV pool, vocabulary
             watch = service.submit(submission, client=client)
         except ValueError as e:
-            refused = self._refused(e, view, submission)
+            refused = self._refused(key, e, view, submission)
             yield {**self.full(tab, view, tx(key, "rejected: {reason}", reason=e)), **refused}
             return
         view.request_id = watch.request_id
@@ -203,7 +205,8 @@ class Streaming(PageState):
             # the last request's complaints are gone; its recording is no longer the one shown: said in the
             # stream's first update (an update of its own before it cost Gradio a round of every output, and
             # the first tokens waited behind it)
-            first = {**{h: "" for h in HINTS}, **self.no_recording(), **(self.lock(tab, False) if was_locked else {})}
+            first = {**{h: "" for h in HINTS}, **self.no_recording(tab.lang),
+                     **(self.lock(tab, False) if was_locked else {})}
 
             def refused_meanwhile() -> dict:  # a Send was refused while this one streamed: it can go now
                 if key not in self.sessions.refused:
@@ -288,7 +291,7 @@ class Streaming(PageState):
             # the controls show the request's own settings from its start, set once in the stream's first
             # update: an update of their own before it loses early tokens on screen, and set mid-stream
             # they stall the browser (benchmarks.measure --watch-tokens shows both)
-            first = merged(self.controls_for(info) if other else {}, own)  # locked already: follow's first yield
+            first = merged(self.controls_for(info, lang=tab.lang) if other else {}, own)  # locked: follow's first yield
             yield from self.stream(tab, next_items, first, key=key)
         finally:
             service.unsubscribe(sub)

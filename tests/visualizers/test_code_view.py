@@ -47,7 +47,7 @@ def test_a_long_function_counts_the_lines_left_out():
 def test_the_stage_view_is_one_closed_line_until_opened():
     h = stage_code_html("prefix", [entry(), entry(name="engine.m:g", qualname="g")], {})
     assert h.startswith("<details class='tt-code-box' data-key='prefix'>") and " open" not in h.split(">")[0]
-    assert summary_text([entry(), entry()]) == "Code that ran this stage: engine/m.py:10 evil and 1 more"
+    assert summary_text([entry(), entry()]) == "The code of this stage: engine/m.py:10 evil and 1 more"
     assert stage_code_html("x", []) == ""
 
 

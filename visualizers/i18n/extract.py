@@ -27,8 +27,9 @@ from babel.messages.pofile import read_po, write_po
 from visualizers.i18n.catalog import LANGS, LOCALES, po_path
 
 ROOT = Path(__file__).resolve().parents[2]
-KEYWORDS = {"gettext": (2,), "ngettext": (2, 3), "tx": (2,), "ntx": (2, 3), "said": (2,),
-            "said_n": (2, 3), "N_": None}
+KEYWORDS = {"gettext": (2,), "ngettext": (2, 3), "tx": (2,), "ntx": (2, 3), "said": (2,), "said_in": (2,),
+            "said_n": (2, 3), "said_html": (2,), "said_html_n": (2, 3),
+            "N_": None}
 TEXT_ATTRS = ("label", "info", "placeholder")
 FIRST_ARG = {"Button", "UploadButton", "DownloadButton", "Tab", "Accordion"}
 JS_CALL = re.compile(r"\btr\((['\"])(.+?)\1|\btrn\((['\"])(.+?)\3,\s*(['\"])(.+?)\5")
@@ -91,6 +92,18 @@ def _classroom(path: Path) -> list[tuple[str | tuple, int]]:
     return out
 
 
+def _engine_words(path: Path) -> list[tuple[str, int]]:
+    """The values of a module-level `PATHS = {...}` (the engine's code map names its code paths
+    in words; the engine imports nothing of visualizers/, so it cannot mark them)."""
+    out = []
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "PATHS" for t in node.targets) \
+                and isinstance(node.value, ast.Dict):
+            out += [(v.value, v.lineno) for v in node.value.values if isinstance(v, ast.Constant)
+                    and isinstance(v.value, str)]
+    return out
+
+
 def template() -> Catalog:
     """Every text found, in the order of the files that write them (messages.pot)."""
     # a fixed date: a run that finds the same texts writes the same files (no diff, no conflict)
@@ -100,6 +113,7 @@ def template() -> Catalog:
         found += [(m, path, line) for m, line in _python(path)]
     for path in sorted((ROOT / "app" / "page").glob("*.py")):
         found += [(m, path, line) for m, line in _chrome(path)]
+    found += [(m, ROOT / "engine" / "code_map.py", line) for m, line in _engine_words(ROOT / "engine" / "code_map.py")]
     for path in sorted((ROOT / "app" / "classroom").glob("*.js")) + sorted((ROOT / "app" / "classroom").glob("*.html")):
         found += [(m, path, line) for m, line in _classroom(path)]
     for msg, path, line in found:

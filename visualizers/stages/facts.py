@@ -256,7 +256,12 @@ def _text(s: str) -> str:
 def said(f: Facts, msgid: str, **html: str) -> str:
     """A sentence from the catalogs in the stage's language, escaped, its {names} filled with
     the given HTML (numbers in bold: n())."""
-    return _text(i18n.gettext(f.lang, msgid)).format(**html)
+    return said_in(f.lang, msgid, **html)
+
+
+def said_in(lang: str, msgid: str, **html: str) -> str:
+    """said() for words written without the request's Facts (a model's facts only)."""
+    return _text(i18n.gettext(lang, msgid)).format(**html)
 
 
 def said_n(f: Facts, singular: str, plural_: str, k: int, **html: str) -> str:

@@ -6,6 +6,7 @@ import pytest
 
 from app.lab import run
 from tests.app.lab.lab_utils import run_one
+from tests.app.lab.english_left import left_in_chinese
 from visualizers.lab_chunked import prefill_per_step
 from visualizers.lab_verdict import seconds
 
@@ -51,3 +52,7 @@ def test_prefill_figure_against_the_trace():
     fig = prefill_per_step([s])
     assert fig["data"][0]["y"] == [sum(b["num_tokens"] for b in e["batch"] if b["kind"] == "prefill") for e in steps]
     assert max(fig["data"][0]["y"]) <= 128
+
+
+def test_the_result_drawn_in_chinese_leaves_no_english(result):
+    assert not left_in_chinese(result), left_in_chinese(result)

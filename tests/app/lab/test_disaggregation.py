@@ -9,6 +9,7 @@ import torch
 
 from app.lab import Lab, get
 from app.lab.experiment import Result
+from tests.app.lab.english_left import left_in_chinese
 from visualizers.lab_disagg import engine_tracks, prefill_beside_streams, stream_steps, ttft_split
 
 
@@ -137,3 +138,7 @@ def test_a_cancelled_disaggregated_run_stops_its_prefill_process():
     assert result.cancelled and [s.setting.name for s in result.settings] == ["colocated"]
     assert not [p for p in multiprocessing.active_children() if p.name == "tokentrace-prefill"]
     assert torch.get_num_threads() == threads
+
+
+def test_the_result_drawn_in_chinese_leaves_no_english(runs):
+    assert not left_in_chinese(runs[0]), left_in_chinese(runs[0])

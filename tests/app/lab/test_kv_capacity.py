@@ -4,6 +4,7 @@ import pytest
 
 from app.lab import run
 from tests.app.lab.lab_utils import run_one
+from tests.app.lab.english_left import left_in_chinese
 from visualizers.lab_kv import with_preemptions
 
 
@@ -40,3 +41,7 @@ def test_preemption_marks_and_recompute_against_the_trace():
         extra = computed[r["request_id"]] - (r["prompt_tokens"] + r["output_tokens"] - 1)
         assert s["metrics"]["recomputed_by_request"][r["request_id"]] == extra
         assert (extra > 0) == (r["preemptions"] > 0)
+
+
+def test_the_result_drawn_in_chinese_leaves_no_english(result):
+    assert not left_in_chinese(result), left_in_chinese(result)

@@ -6,6 +6,7 @@ import pytest
 
 from app.lab import run
 from app.lab.precision import kl_top
+from tests.app.lab.english_left import left_in_chinese
 
 
 @pytest.fixture(scope="module")
@@ -46,3 +47,7 @@ def test_the_sentences_say_the_moe_experts_stayed_float(result):
     for said, name in zip(result["sentences"], ("int8", "int4")):
         assert f"the MoE experts, {m[name]['left_float_share']:.0%} of float32's weight bytes, stayed float32" in said
         assert "no option for the experts" in said
+
+
+def test_the_result_drawn_in_chinese_leaves_no_english(result):
+    assert not left_in_chinese(result), left_in_chinese(result)

@@ -9,6 +9,7 @@ import pytest
 from app.lab import run
 from app.lab.export import to_html
 from app.lab.routing import workload
+from tests.app.lab.english_left import english_words, left_in_chinese
 from visualizers.lab_routing import figures, sentences, spread
 
 pytestmark = pytest.mark.slow  # three settings of two engines each
@@ -94,3 +95,9 @@ def test_cancelling_stops_between_steps_and_keeps_what_finished():
     out = run("routing", size="ci", progress=seen.append, cancelled=cancelled)
     assert out.cancelled and [s.setting.name for s in out.settings] == ["round-robin"]
     assert out.sentences == []
+
+
+def test_the_result_drawn_in_chinese_leaves_no_english(result):
+    # the router's own reasons (hover text of the map) are the engine's words, as an API's are
+    reasons = {w for s in result["settings"] for r in s["extra"]["routes"] for w in english_words(r["reason"])}
+    assert not left_in_chinese(result, reasons), left_in_chinese(result, reasons)

@@ -5,6 +5,7 @@ import pytest
 from app.lab import run
 from app.lab.speculation import settings
 from tests.app.lab.lab_utils import run_one
+from tests.app.lab.english_left import left_in_chinese
 from visualizers.lab_speculation import by_content
 
 
@@ -43,3 +44,7 @@ def test_acceptance_figure_against_the_trace():
     copy = [e for e in rounds if e["request_id"] in copy_ids]
     fig = by_content([s], "acceptance", "t", "u")
     assert fig["data"][0]["y"][0] == sum(e["accepted"] for e in copy) / sum(e["k"] for e in copy)
+
+
+def test_the_result_drawn_in_chinese_leaves_no_english(result):
+    assert not left_in_chinese(result), left_in_chinese(result)

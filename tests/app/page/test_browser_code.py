@@ -51,7 +51,7 @@ def test_a_stage_opens_its_code_from_this_checkout(page, tmp_path_factory):
     box = page.locator("#tt-code-prefix details.tt-code-box")
     assert box.count() == 1 and box.get_attribute("open") is None  # quiet: closed, one line
     summary = box.locator("summary").inner_text()
-    assert re.fullmatch(r"Code that ran this stage: engine/block_manager\.py:\d+ chain_hash and 2 more", summary)
+    assert re.fullmatch(r"The code of this stage: engine/block_manager\.py:\d+ chain_hash and 2 more", summary)
     assert not box.locator(".tt-code-src").first.is_visible()
     page.click("#tt-map a[data-key='prefix']")  # the chip brings the section under the map
     page.wait_for_timeout(500)  # (its smooth scroll)

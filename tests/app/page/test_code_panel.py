@@ -21,13 +21,13 @@ def test_every_stage_has_one_closed_view_its_functions_fetched_on_opening():
     assert set(views) == set(KEYS)
     for key, h in views.items():
         assert h.startswith(f"<details class='tt-code-box' data-key='{key}' data-src='code/{key}'>")
-        assert "Code that ran this stage: " in h and "not found" not in h
+        assert "The code of this stage: " in h and "not found" not in h
         assert "tt-code-src" not in h and len(h) < 400  # the line alone: the functions come on opening
         body = code_body(key)
         assert "<pre class='tt-code-src'>" in body and "not found" not in body
-    assert "Code that ran this stage: engine/block_manager.py" in views["prefix"]
+    assert "The code of this stage: engine/block_manager.py" in views["prefix"]
     assert "chain_hash" in code_body("prefix")
-    assert "Code that ran this stage: app/api/openai_routes.py" in views["request"]  # the app's intake first
+    assert "The code of this stage: app/api/openai_routes.py" in views["request"]  # the app's intake first
 
 
 def test_the_sentences_gain_what_ran():
@@ -35,7 +35,7 @@ def test_the_sentences_gain_what_ran():
     model = {"commit": checkout_commit()}
     out = {s.key: s.text for s in with_code(stages, model, EVENTS, "r")}
     assert "Ran for this request:" in out["layers"] and "the fused C layer" in out["layers"]
-    assert re.search(r"in step 1 \(engine/layers/fused\.py:\d+ forward\)", out["layers"])
+    assert re.search(r"in step 1 \(<code>engine/layers/fused\.py:\d+ forward</code>\)", out["layers"])  # code as code
     assert "Not taken here:" in out["layers"]
     assert "missed: nothing reused" in out["prefix"]
     assert out["embedding"] == "<p>words</p>"  # nothing to say: unchanged

@@ -156,7 +156,7 @@ def test_a_public_page_says_experiments_are_off_and_its_buttons_do_nothing():
         models = build_services(parse_args(["--draft", "none", "--num-kv-blocks", "16", *argv]), say=lambda _: None)
         page = build_page(models)
         comps = {c.get("props", {}).get("elem_id"): c["props"] for c in page.config["components"]}
-        intro = comps["tt-lab-intro-box"]["value"]
-        assert ("id='tt-lab-off'" in intro and "--lab" in intro) == off, argv
+        said = comps.get("tt-lab-off-box", {}).get("value", "")  # below the intro, when off
+        assert ("id='tt-lab-off'" in said and "--lab" in said) == off, argv
         assert comps["tt-lab-run"]["interactive"] is (not off) and comps["tt-lab-exp"]["interactive"] is (not off)
         assert [c[0] for c in comps["tt-lab-model"]["choices"]] == [EMBEDDED]  # names only: no path

@@ -5,6 +5,7 @@ refused with a clear message. Skips without Chromium unless TOKENTRACE_REQUIRE_B
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import pytest
@@ -17,7 +18,9 @@ pytestmark = [pytest.mark.slow,
               pytest.mark.filterwarnings("ignore:.*no_silent_downcasting", "ignore:The copy keyword")]
 
 
-PACE_S = 0.12  # after each progress report: the tiny model's ci run would end before a test could look
+# A run holds after its first progress report until the test has looked (LOOKED) or the run is
+# cancelled: the tiny model's ci run would otherwise end before a test could look.
+LOOKED = threading.Event()
 
 
 @pytest.fixture(scope="module")
@@ -26,15 +29,22 @@ def server(tmp_path_factory):
     from app.page import lab_tab
     real = lab_tab.run
 
-    def paced(*args, progress=None, **kw):
-        def slow(p):
+    def held(*args, progress=None, cancelled=lambda: False, **kw):
+        first = threading.Event()
+
+        def report(p):
             progress(p)
-            time.sleep(PACE_S)
-        return real(*args, progress=slow, **kw)
+            if not first.is_set():
+                first.set()
+                t = time.monotonic()
+                while not (LOOKED.is_set() or cancelled()) and time.monotonic() - t < 120:
+                    time.sleep(0.02)
+                LOOKED.clear()
+        return real(*args, progress=report, cancelled=cancelled, **kw)
 
     models = build_services(parse_args(["--draft", "none", "--num-kv-blocks", "64"]), say=lambda _: None)
     with pytest.MonkeyPatch.context() as mp, served(models, tmp_path_factory) as srv:
-        mp.setattr(lab_tab, "run", paced)
+        mp.setattr(lab_tab, "run", held)
         yield srv
 
 
@@ -57,6 +67,7 @@ def test_an_experiment_runs_from_the_tab_and_its_figures_render(server, browser,
     other.click("#tt-lab-run")
     other.wait_for_selector("#tt-lab-refused", timeout=90_000)
     assert "Another experiment is running" in other.inner_text("#tt-lab-refused")
+    LOOKED.set()  # the run goes on
     # the figures, drawn inside the result's frame
     page.wait_for_selector("#tt-lab-figures", timeout=240_000)
     frame = page.frame_locator("#tt-lab-figures")
@@ -86,7 +97,7 @@ def test_an_experiment_runs_from_the_tab_and_its_figures_render(server, browser,
     room.frame_locator("#tt-lab-figures").locator("body[data-drawn='4']").wait_for(timeout=60_000)
     assert result["sentences"][1] in room.inner_text(".tt-class-text")
     room.screenshot(path=str(shots / "lab_classroom_stage.png"))
-    # Run again, then Cancel: it stops at the next step and says so
+    # Run again, then Cancel (which lets the held run go on): it stops at the next step and says so
     page.click("#tt-lab-run")
     page.wait_for_function("() => (document.querySelector('#tt-lab-progress-box .tt-lab-what') || {})"
                            ".textContent?.includes('setting 1 of 3')", timeout=120_000)

@@ -42,9 +42,13 @@ def test_the_page_chrome_in_chinese(recording: Recording):
     back = language.chrome_updates("en", chrome)  # the switch back: the built page's English
     assert back[by_id["tt-send"]]["value"] == "Send" and back[by_id["tt-temperature"]]["label"] == \
         "Temperature (0 = greedy)"
-    # values the handlers read (the replay speed, JSON mode, the capture level) are never translated
-    assert not any("choices" in u or "value" in u for b, u in updates.items()
-                   if isinstance(b, (gr.Dropdown, gr.Radio, gr.Slider, gr.Textbox)))
+    # values the handlers read (the replay speed, JSON mode, the capture level) are never translated; a
+    # picker marked as translated (the Experiments tab's) has its shown words translated, its values kept
+    assert not any("value" in u or ("choices" in u and language.TRANSLATED not in (b.elem_classes or []))
+                   for b, u in updates.items() if isinstance(b, (gr.Dropdown, gr.Radio, gr.Slider, gr.Textbox)))
+    picked = [(b, u["choices"]) for b, u in updates.items() if "choices" in u]
+    assert picked and all([v for _, v in c] == [v for _, v in b.choices] for b, c in picked)
+    assert any(("静态批处理与连续批处理", "batching") in c for _, c in picked), picked
 
 
 def test_the_language_a_page_load_asks_for():

@@ -19,13 +19,15 @@ CHATS = ["What is the capital of France?", "Write a haiku about the sea.",
          "Explain in one sentence what a GPU does."]
 
 
-def _hf_greedy(model, ids: list[int], n: int) -> tuple[list[int], torch.Tensor]:
-    x = torch.tensor([ids])
+def _hf_greedy(model, ids: list[int], answer: list[int]) -> tuple[list[int], torch.Tensor]:
+    """transformers' greedy choice after the prompt and after each token of `answer`, from one
+    forward pass over both (teacher-forced): it equals `answer` exactly when transformers'
+    greedy decoding gives `answer` token for token (each choice is made after the tokens before
+    it), at one pass's cost instead of one a token. Also its logits after the prompt."""
+    x = torch.tensor([ids + answer[:-1]])
     with torch.inference_mode():
-        out = model.generate(x, max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0,
-                             attention_mask=torch.ones_like(x))
-        logits = model(x).logits[0, -1]
-    return out[0, len(ids):].tolist(), logits
+        logits = model(x).logits[0]
+    return logits[len(ids) - 1:].argmax(-1).tolist(), logits[len(ids) - 1]
 
 
 # each model loaded once for the module (the engine, transformers' tokenizer and model), its
@@ -56,9 +58,9 @@ def test_smollm2_chat_matches_transformers_token_for_token(smollm2):
         messages = [{"role": "user", "content": question}]
         ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
         assert llm.tokenizer.encode_chat(messages) == list(ids)  # the same template and tokenizer
-        expected, _ = _hf_greedy(ref, list(ids), 40)
         out = llm.chat(messages, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))
-        assert out.token_ids == expected, question
+        expected, _ = _hf_greedy(ref, list(ids), out.token_ids)
+        assert len(out.token_ids) == 40 and out.token_ids == expected, question
 
 
 def test_smollm2_answers_a_real_question(smollm2):
@@ -71,7 +73,8 @@ def test_smollm2_answers_a_real_question(smollm2):
 def test_smollm2_logits_match_transformers(smollm2):
     llm, tok, ref = smollm2
     ids = tok.encode("The capital of France is")
-    _, expected = _hf_greedy(ref, ids, 1)
+    with torch.inference_mode():
+        expected = ref(torch.tensor([ids])).logits[0, -1]
     got = _engine_last_logits(llm, ids)
     torch.testing.assert_close(got, expected, atol=2e-3, rtol=1e-3)
 
@@ -84,9 +87,9 @@ def test_gemma3_270m_matches_transformers_token_for_token(gemma):
     for prompt in ("The capital of France is", "def fibonacci(n):"):
         ids = tok.encode(prompt)
         assert llm.tokenizer.encode(prompt) == ids
-        expected, logits = _hf_greedy(ref, ids, 30)
         out = llm.generate(ids, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))[0]
-        assert out.token_ids == expected, prompt
+        expected, logits = _hf_greedy(ref, ids, out.token_ids)
+        assert len(out.token_ids) == 30 and out.token_ids == expected, prompt
         torch.testing.assert_close(_engine_last_logits(llm, ids), logits, atol=5e-3, rtol=1e-3)
 
 
