@@ -95,18 +95,20 @@ class LLM:
         try:
             rid = self.engine.add_request(prompt, params, messages=messages, trace_level=trace,
                                           speculative=speculative, num_speculative_tokens=num_speculative_tokens)
+            done = ended = False  # its last token; its trace's `finish` (after its tokens' logit lenses)
             while True:
-                done = False
                 outputs = self.engine.step() if self.engine.has_unfinished_requests() else []
                 events, sink.events = sink.events, []
                 for ev in events:
                     if ev.request_id in (rid, None):
                         yield ev
+                        ended = ended or (ev.type == "finish" and ev.request_id == rid)
                 for out in outputs:
                     if out.request_id == rid:
                         yield out
                         done = done or out.finished
-                if done or self.engine.requests[rid].is_finished:
+                seq = self.engine.requests[rid]
+                if (done or seq.is_finished) and (ended or not seq.traced or not self.engine.has_unfinished_requests()):
                     break
             yield self.engine.get_output(rid)
         finally:

@@ -1,15 +1,13 @@
 """LLMEngine: the loop that serves requests. add_request -> step() ... -> finished.
 
-Each step, in phases (one method each): the scheduler picks a batch, the proposer (with
-speculative decoding) proposes draft tokens, the model runner computes the batch over
-the paged KV cache, the sampler draws one token for every sequence whose prompt is fully
-computed (or the target verifies the proposals), the pass is traced, and the step is
-committed: caches advanced, tokens appended and checked against the stop conditions.
+Each step, in phases (one method each): the scheduler picks a batch, the proposer (speculative decoding)
+proposes draft tokens, the model runner computes the batch over the paged KV cache, the sampler draws a
+token for every sequence whose prompt is computed (or the target verifies the proposals), the pass is
+traced, and the step is committed: caches advanced, tokens appended and checked against the stop conditions.
 
-Beside the loop, each in a module of its own so that the loop reads top to bottom (as vLLM
-v1 keeps its input and output processors apart from its core): a request's intake
-(InputProcessor), what a new token does to its request (OutputProcessor), the pass's logit
-rows and plain draws (StepPass), speculation's part (Speculation), the trace (StepTrace).
+Beside the loop, each in a module of its own so that the loop reads top to bottom (as vLLM v1 keeps
+its input and output processors apart from its core): a request's intake (InputProcessor), what a new
+token does (OutputProcessor), logit rows and plain draws (StepPass), Speculation, the trace (StepTrace).
 """
 from __future__ import annotations
 
@@ -176,7 +174,7 @@ class LLMEngine:
                     self._no_abort_waits.set()
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished() or bool(self._outputs_for_next_step)
+        return self.scheduler.has_unfinished() or bool(self._outputs_for_next_step) or self.step_trace.waiting()
 
     def get_output(self, request_id: str) -> RequestOutput:
         seq = self.requests[request_id]
@@ -231,6 +229,8 @@ class LLMEngine:
         """One step of this lane's batch (the lock held), then its pool's kv.pool event."""
         if self.tracer is None:  # nothing traced: no capture to cut, no finish event to hold
             return self._step(lane)
+        if self.step_trace.idle(lane.scheduler.has_unfinished() or bool(self._outputs_for_next_step)):
+            return []  # nothing to run but finished requests' logit lenses: a slice of them instead
         self.step_trace.begin(self.requests)
         try:
             outputs = self._step(lane)
@@ -379,7 +379,7 @@ class LLMEngine:
         lane.scheduler.finish(seq, reason)
         self.requests.finished(seq.request_id)
         if seq.traced:
-            self.step_trace.finish(events.finish(seq, reason, request_metrics(seq)))
+            self.step_trace.finish(events.finish(seq, reason, request_metrics(seq)), self.step_count)
         return out
 
     # --- tracing (StepTrace) -----------------------------------------------------------

@@ -37,6 +37,12 @@ from engine.trace.events import Event
 from engine.trace.softmax_stats import softmax_stats
 from engine.trace.tracer import CaptureConfig
 
+# seconds of lens work after a step for requests that finished earlier: while others run a
+# kernel call or so (their next token waits for it), and with nothing to run a longer slice
+# (a request that arrives meanwhile waits at most that)
+BUSY_DRAIN_S = 0.0
+IDLE_DRAIN_S = 0.1
+
 
 class StepTrace:
     """One engine's: the tracer's emit (the engine's, which stamps the step, or the one given), the tokenizer
@@ -50,7 +56,7 @@ class StepTrace:
         self.capture_stops: set[str] = set()  # stop_captures(): applied before the next step
         self.in_step = False  # stop_captures() from a sink inside a step: that step's captures are cut
         self.traced_now: dict[str, ScheduledSeq] = {}  # the step in progress: its traced sequences' parts
-        self.held_finishes: list[Event] = []  # the step's `finish` events, emitted after its captures
+        self.held_finishes: list[tuple[Event, int]] = []  # the step's `finish` events (and step), after its captures
         self.lenses = LensQueue(runner.model)  # tokens whose logit lens waits (computed after the step)
         self.seconds = 0.0  # the step's tracing work so far (schedule.traced)
         self._stacked_lens: tuple[StepPass, object] | None = None  # the step's lens rows as [L, n, hidden]
@@ -73,31 +79,64 @@ class StepTrace:
         self.seconds = 0.0
 
     def end(self) -> None:
-        """After a step (or its failure): the lenses of the requests that finished in it (every
-        token's, before its `finish`), what the step's tracing cost, then the `finish` events it held."""
+        """After a step (or its failure): a slice of the lenses of requests that finished in
+        earlier steps (drain), what the step's tracing cost, then the `finish` events it held
+        (one whose lenses still wait is held on until they are out: its client was told now)."""
         t = time.perf_counter()
         finishes, self.held_finishes = self.held_finishes, []
-        for _, request_id, _ in finishes:
-            self._emit_lenses(self.lenses.take(request_id))
+        self.drain(BUSY_DRAIN_S)
         traced, self.traced_now, self._stacked_lens = bool(self.traced_now), {}, None
         self.in_step = False
         if traced:
             self.seconds += time.perf_counter() - t
             self.emit(events.schedule_traced(self.seconds, self.lenses.take_seconds()))
-        for event in finishes:
-            self.emit(event)
+        else:  # (an untraced step's drain: no traced step of its own to say it)
+            self.lenses.take_seconds()
+        for event, step in finishes:
+            if not self.lenses.end(event[1], event, step):
+                self.emit(event, step)
 
-    def finish(self, event: Event) -> None:
-        """A request's `finish`: in a step, after what the step kept (a trace's captures come before its end)."""
+    def finish(self, event: Event, step: int) -> None:
+        """A request's `finish`: in a step, after what the step kept (a trace's captures come
+        before its end); after its lenses, where some still wait."""
         if self.in_step:
-            self.held_finishes.append(event)
-        else:
-            self._emit_lenses(self.lenses.take(event[1]))
-            self.emit(event)
+            self.held_finishes.append((event, step))
+        elif not self.lenses.end(event[1], event, step):
+            self.emit(event, step)
+
+    def waiting(self) -> bool:
+        """Finished requests' lenses still wait (the engine has work though no request runs)."""
+        return bool(self.lenses.ended)
+
+    def drain(self, seconds: float) -> None:
+        """The waiting lenses of finished requests, oldest request first, a kernel call at a
+        time until `seconds` are spent (one call at least); each request's `finish` event as
+        soon as its last lens is out."""
+        t = time.perf_counter()
+        ended = self.lenses.ended
+        while ended:
+            rid = next(iter(ended))
+            self._emit_lenses(self.lenses.slice(rid, self.lenses.one_call(rid)))
+            if not self.lenses.pending.get(rid):
+                self.lenses.pending.pop(rid, None)
+                done = ended.pop(rid)
+                self.emit(done.event, done.step)
+            if time.perf_counter() - t >= seconds:
+                break
+
+    def idle(self, busy: bool) -> bool:
+        """Between steps with nothing to run (not busy): a slice of the waiting lenses instead
+        of a step; True if that is what this call did."""
+        if busy or not self.lenses.ended:
+            return False
+        with torch.inference_mode():
+            self.drain(IDLE_DRAIN_S)
+        return True
 
     def stop_captures(self, seq: Sequence | None, request_id: str, limit_bytes: int, step_count: int) -> bool:
         """LLMEngine.stop_captures: the request's captures cut from the next pass on (or from
         the one in progress, where it is in it), and the `trace.truncated` event that says so."""
+        self.lenses.pending.pop(request_id, None)  # its waiting lenses too: the reader keeps no more captures
         # (a request that finished in the step in progress still has that step's captures to cut)
         if seq is None or not seq.traced or \
                 (seq.is_finished and not (self.in_step and request_id in self.traced_now)):

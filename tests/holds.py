@@ -135,3 +135,28 @@ class HeldInside:
 
     def release(self) -> None:
         self._go.set()
+
+
+@dataclass
+class AfterFinish:
+    """The engine's first step call after the one that returned a finished output waits until
+    the test calls go.set() (`reached` is set when it waits there): what a request's client and
+    page have once its answer is over, before the work after it (the logit lenses of its tokens,
+    then its trace's `finish` event). An unreleased hold opens after `wait_s`."""
+    wait_s: float = 60
+    reached: threading.Event = field(default_factory=threading.Event)
+    go: threading.Event = field(default_factory=threading.Event)
+    _finished: bool = False
+
+    def install(self, engine, monkeypatch) -> "AfterFinish":
+        step = engine.step
+
+        def held_step():
+            if self._finished and not self.reached.is_set():
+                self.reached.set()
+                self.go.wait(self.wait_s)
+            out = step()
+            self._finished = self._finished or any(o.finished for o in out)
+            return out
+        monkeypatch.setattr(engine, "step", held_step)
+        return self

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import httpx
 
 from app.__main__ import build_service, parse_args
-from app.serving.engine_service import EngineService
+from app.serving.engine_service import EngineService, wait_idle
 from app.serving.recording import Recording, ReplayCursor, record_request
 from app.serving.requests import build_body, parse_body
 from app.serving.served_models import ServedModels
@@ -74,6 +74,8 @@ def run_to_end(svc, body: dict, timeout_s: float = 60) -> tuple[str, list[dict]]
     while not any(i["type"] == "output" and i["finished"] for i in items):
         assert time.monotonic() < end, "the request did not finish"
         items += watch.drain(0.05)
+    # its trace's end: the logit lenses of its tokens are computed after its last output, then `finish`
+    assert wait_idle(svc, max(1.0, end - time.monotonic())), "the trace did not end"
     time.sleep(0.1)  # anything the finishing step still sends (kv.pool comes before its outputs)
     items += watch.drain(0.05)
     svc.unsubscribe(watch)

@@ -14,11 +14,11 @@ the panels drawn from them: `frozen_html` is the warning each of those panels pu
 own header, with the token where its captures stopped."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 from visualizers import i18n
-from visualizers._html import esc, said_html, show_piece
+from visualizers._html import esc, said_html, said_html_n, show_piece
 from visualizers.char_runs import label_html
 
 
@@ -29,6 +29,7 @@ class Selection:
     n_prompt: int = 0  # the prompt's tokens (positions below it were given, not drawn)
     clicked: int | None = None  # what was clicked (None: the default, the newest pass)
     lang: str = i18n.DEFAULT  # the language of its words (the page tab's)
+    behind: int = 0  # newer passes than this default one, whose logit lens is not computed yet (newest_with_lens)
 
     @property
     def predicted(self) -> int | None:
@@ -72,6 +73,11 @@ class Selection:
             return said_html(self.lang, "{token} (position {q}) is the newest token: it was drawn but never read by "
                                         "any pass, so this is the pass that predicted it",
                              token=self.token(self.read + 1), q=str(self.read + 1))
+        if self.behind:
+            return said_html_n(self.lang, "the newest pass whose logit lens is computed; the {n} newer pass gets "
+                                          "its lens after the answer's last token",
+                               "the newest pass whose logit lens is computed; the {n} newer passes get "
+                               "theirs after the answer's last token", self.behind)
         return ""
 
 
@@ -85,6 +91,16 @@ def select_pass(labels: Sequence[str], clicked: int | None = None, n_prompt: int
     if clicked is None or newest is None or clicked < 0:
         return Selection(newest, labels, n_prompt, None, lang)
     return Selection(min(clicked, newest), labels, n_prompt, clicked, lang)
+
+
+def newest_with_lens(sel: Selection, newest_lens: int | None) -> Selection:
+    """While a request streams at level full its newest token's logit lens is computed every
+    0.3 s or so, the rest after its last token (engine/trace/lens_queue.py): with no click the
+    panels show the newest pass that HAS its lens (newest_lens: the newest lens event's
+    position, the token that pass predicted; None: no lens to wait for), every stage of one pass."""
+    if sel.clicked is not None or sel.read is None or newest_lens is None or newest_lens - 1 >= sel.read:
+        return sel
+    return replace(sel, read=newest_lens - 1, behind=sel.read - (newest_lens - 1))
 
 
 def header_html(title: str, selection: Selection | None = None, frozen: str = "", extra: str = "",

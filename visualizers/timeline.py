@@ -211,8 +211,9 @@ def timeline_html(events: Sequence[dict], request_id: str, lang: str = "en") -> 
     tokens = by_type.get("token", [])
     finish = (by_type.get("finish") or [None])[0]
     queue = queue_seconds(by_type)
+    # (the finish event follows the lenses computed after the last token: it ends the axis only where no token did)
     t_end = max([arrive["ts"] + (queue or 0.0)] + [s["end"] for s in steps] + [e["ts"] for e in tokens]
-                + ([finish["ts"]] if finish else []))
+                + ([finish["ts"]] if finish and not tokens else []))
     span = max(t_end - t0, 1e-3)
 
     def x(t: float) -> float:

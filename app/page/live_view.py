@@ -11,7 +11,7 @@ from typing import Callable
 import visualizers as viz
 from app.page import panel_words as words
 from visualizers.choices import choices_html
-from visualizers.selection import Selection, frozen_html, select_pass
+from visualizers.selection import Selection, frozen_html, newest_with_lens, select_pass
 from visualizers.stages import Trail
 
 PANELS = ("request", "prefix", "tokens", "embedding", "attention", "kv", "moe", "sampling", "spec", "answer",
@@ -183,7 +183,10 @@ class LiveView:
                 return select_pass((), lang=self.lang)
             return select_pass([""] * n_prompt + [self.piece(t) for t in self.generated_ids()], self.position,
                                n_prompt, self.lang)
-        return select_pass(self.labels(), self.position, tok["count"], self.lang)
+        # the lens's newest pass, until the trace's end brings every token's lens (or a byte cap stopped them)
+        lens = self.by_type.get("logit_lens") if self.truncated is None and self.first("finish") is None else None
+        return newest_with_lens(select_pass(self.labels(), self.position, tok["count"], self.lang),
+                                max(e["position"] for e in lens) if lens else None)
 
     def frozen(self, name: str) -> str:
         """The warning in a panel's header when the trace's byte cap stopped its captures."""

@@ -50,6 +50,13 @@ def draw_within(view: LiveView, names: list[str], now: float, budget: float = RE
 
 
 REPLACE_WAIT_S = 30.0  # how long a second Send waits for the first's stream to end after stopping it
+LENS_WAIT_S = 120.0  # how long a finished answer's page waits for its trace's end (the lenses after its tokens)
+
+
+def trace_ending(view: LiveView) -> bool:
+    """The answer is complete, its trace not yet: a traced request's `finish` event follows the
+    logit lenses of its tokens, computed after its last one (engine/trace/lens_queue.py)."""
+    return view.finished and view.error is None and "request.arrive" in view.by_type and view.first("finish") is None
 
 
 def abort_all(service, request_id: str, n: int) -> None:
@@ -94,11 +101,27 @@ class Streaming(PageState):
         yield {"answer": view.draw(["answer"], now)["answer"]}
         done = ntx(key, "{request}: finished ({reason}), {n} token", "{request}: finished ({reason}), {n} tokens",
                    len(view.generated_ids()), request=rid, reason=reason)
+        yield from self._trace_end(tab, view, next_items, done, key)
+        if tab.replaced:
+            return
         yield merged(self.full(tab, view, done), self.stop_look(False, can_stop=tab.watched))  # Stop ends a watch
         # then the recording (Export, the step slider); the last yield carries every value (the
         # panels as just drawn: Gradio sends no change for them)
         yield {**{n: view.drawn[n] for n in PANELS}, "status": done, **self.recording_updates(tab),
                **(final() if final else {})}
+
+    def _trace_end(self, tab: Tab, view: LiveView, next_items: Callable[[float], list[dict]], done: str,
+                   key: str) -> Iterator[dict]:
+        """The answer is shown; its trace's end (the lenses of its tokens, then `finish`) is awaited
+        before the final panels and the recording, with Status saying so."""
+        if not trace_ending(view):
+            return
+        # every panel as the answer ends (the newest pass with its lens); the answer is over: nothing to stop
+        yield merged(self.full(tab, view, tx(key, "{done} · computing the logit lens of its tokens", done=done)),
+                     self.stop_look(False, can_stop=tab.watched))
+        end = time.monotonic() + LENS_WAIT_S
+        while trace_ending(view) and time.monotonic() < end and not tab.replaced:
+            view.add(next_items(YIELD_EVERY))
 
     def run(self, key: str, c: Controls, client: str | None = None) -> Iterator[dict]:
         """Send: submit the controls' request and stream it (one at a time per tab)."""
@@ -127,9 +150,10 @@ class Streaming(PageState):
         deadline = time.monotonic() + REPLACE_WAIT_S
         while (busy := self.sessions.claim(key)) is not None and time.monotonic() < deadline:
             tab = self.sessions.get(key)
-            if busy and tab is not None and tab.view.request_id == busy and not tab.view.finished:
-                tab.replaced = True
-                abort_all(tab.service or self.models, busy, tab.view.n)
+            if busy and tab is not None and tab.view.request_id == busy:
+                tab.replaced = True  # (a finished answer whose trace is ending: its page stops waiting)
+                if not tab.view.finished:
+                    abort_all(tab.service or self.models, busy, tab.view.n)
             self.sessions.wait_free(key, 0.1)  # (its id may not be known yet: look again)
         return busy
 

@@ -21,6 +21,7 @@ from jinja2 import TemplateError
 
 from app.serving.limits import ClientSlots, RequestRefused, ServeLimits
 from app.serving.requests import Submission
+from app.serving.trace_ends import TraceEnds
 from app.serving.trace_store import TraceStore
 from engine import ContextLengthError, Engine, LLMEngine, TraceEvent, checkout_commit
 from visualizers.kv_cache import apply_kv_pool, copy_pool, empty_pool
@@ -91,6 +92,7 @@ class EngineService:
         self._parent: dict[str, str] = {}
         self._open_choices: dict[str, set[str]] = {}
         self.output_listeners.append(self._release_slot)
+        self._ends = TraceEnds()  # a traced request's finished output goes to the store after its `finish`
         engine.tracer.add_sink(self._on_event)
 
     # --- model facts the page shows (all read from the engine) -------------------
@@ -280,7 +282,8 @@ class EngineService:
                     item["prompt_token_ids"] = self.engine.get_output(out.request_id).prompt_token_ids
                 if out.finished:  # what any level records: an untraced request has no finish event
                     item["usage"] = self._usage(out.request_id)
-                self.store.add_output(out.request_id, item)
+                if not self._ends.hold(item):
+                    self.store.add_output(out.request_id, item)
                 for listen in self.output_listeners:
                     listen(item)
                 self._deliver(out.request_id, item)
@@ -323,6 +326,8 @@ class EngineService:
             self._routes.pop(request_id, None)
 
     def _fail_all(self, message: str) -> None:
+        for item in self._ends.release_all():  # no `finish` event will come for these
+            self.store.add_output(item["request_id"], item)
         for rid in self.engine.live_requests():
             self.abort(rid)  # first: a client told of the error may send its next request at once
             self._deliver(rid, {"type": "error", "request_id": rid, "message": message})
@@ -340,6 +345,9 @@ class EngineService:
             if self.store.add(rid, d):  # its trace passed the per-request cap: no more tensor captures,
                 # and the engine's trace.truncated event (through this sink) tells the watchers now
                 self.engine.stop_captures(rid, self.store.max_bytes)
+            held = self._ends.event(rid, d["type"])
+            if held is not None:  # its trace is complete: the store ends it before a watcher hears so
+                self.store.add_output(rid, held)
             self._deliver(rid, d)
         elif d["type"] in ("schedule.step", "schedule.collective"):  # a step's: kept with each request in it
             for b in d["batch"]:

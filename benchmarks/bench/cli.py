@@ -40,6 +40,7 @@ from benchmarks.bench.report import print_table, write_record
 from benchmarks.bench.speculative import speculative
 from benchmarks.bench.step_overhead import step_overhead
 from benchmarks.bench.tracing import tracing
+from benchmarks.bench.tracing_watch import watching
 from benchmarks.bench.vs_transformers import vs_transformers
 from engine.llm_engine import DEFAULT_MODEL
 
@@ -48,7 +49,7 @@ SECTIONS: dict[str, Callable[[Bench], None]] = {
     "transformers": vs_transformers, "tracing": tracing, "bandwidth": bandwidth_bound, "batching": batching,
     "speculative": speculative, "prefix": prefix_cache, "gpu": gpu, "real": real_model, "memory": memory,
     "quant": quantized, "precision": precision, "parallel": parallel, "kernels16": kernels16,
-    "step": step_overhead, "db": database, "prefill": prefill}
+    "step": step_overhead, "db": database, "prefill": prefill, "watching": watching}
 DEFAULT_SECTIONS = "transformers,tracing,step,bandwidth,batching,speculative,prefix,gpu,real,memory"
 
 
@@ -69,7 +70,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     "'parallel' (not in the default list: it starts worker processes): TP=2 against TP=1; "
                     "'kernels16' (not in the default list): one SmolLM2 step's matrices at each dtype, 1 thread, "
                     "CPU time; 'prefill' (not in the default list): SmolLM2's TTFT at 37 / 512 / 2,048 tokens per dtype, "
-                    "cut by module")
+                    "cut by module; 'watching' (its rows run in 'tracing' too): a full stream beside an untraced one")
     return ap.parse_args(argv)
 
 

@@ -3,16 +3,19 @@ request untraced, at batch 1 and at the settings' batch, and each capture's shar
 
 The stream rate: a request's tokens after its first over the time from its first token to
 its last (the engine's token times), the rate the answer reaches its reader. A `full`
-trace's logit lens is computed after the pass (engine/trace/lens_queue.py): with the page's
-setting (CaptureConfig.lens_live_seconds 0: each token's after its step) inside the stream,
-and with `None` at the finish only, after the last token: the "until the trace is done"
-rate counts that too (the time to the finish event, when an export holds every lens).
+trace's logit lens is computed after the pass (engine/trace/lens_queue.py): in the page's
+setting (CaptureConfig.lens_live_seconds, LIVE_LENS_S: the newest token's every 0.3 s, the
+rest after the last token), every token's after its step (0: how it was), and all after the
+last token (None). "Until the trace is done" counts the time to the last `finish` event too
+(when an export holds every lens).
 
 Each capture's cost a token: a variant without it against the one with it, in the same
 round (variants interleaved, a new order each round), the median over rounds: the logit
 lens, then attention, then the embedding rows; what stays at `full` beyond `basic` is the
 MoE routing (and the pass's capture bookkeeping); `basic` against none is the events
-every traced step builds (schedule, KV fills, sampling, kv.pool)."""
+every traced step builds (schedule, KV fills, sampling, kv.pool).
+
+`python -m benchmarks.bench --sections watching` runs these rows alone."""
 from __future__ import annotations
 
 import os
@@ -25,15 +28,24 @@ from benchmarks.bench.context import Bench
 from benchmarks.bench.timing import greedy
 from engine.llm_engine import LLMEngine
 from engine.trace import EventList, Tracer
+from engine.trace.tracer import LIVE_LENS_S
 
-LIVE = "full (the page's: every lens after its step)"
-AT_END = "full, lens at the finish"
+LIVE = f"full (the page's: the newest lens every {LIVE_LENS_S:g} s)"
+EVERY = "full, every token's lens after its step"
+AT_END = "full, lens after the last token"
+
+
+def watching(b: Bench) -> None:
+    """The watching rows alone (the tracing section runs them too)."""
+    sink = EventList()
+    tracer = Tracer(sink)
+    watch_cost(b, LLMEngine(b.model, device=b.device, tracer=tracer), tracer, sink, 2 * b.settings.new_tokens)
 
 
 def watch_cost(b: Bench, engine: LLMEngine, tracer: Tracer, sink: EventList, n: int) -> None:
     base = replace(engine.capture, lens_live_seconds=None)
-    variants = {"untraced": (None, base), LIVE: ("full", replace(base, lens_live_seconds=0.0)),
-                AT_END: ("full", base),
+    variants = {"untraced": (None, base), LIVE: ("full", replace(base, lens_live_seconds=LIVE_LENS_S)),
+                EVERY: ("full", replace(base, lens_live_seconds=0.0)), AT_END: ("full", base),
                 "full, no lens": ("full", replace(base, logit_lens_top=0)),
                 "full, no lens, attention": ("full", replace(base, logit_lens_top=0, attention_layers=[])),
                 "full, no lens, attention, embedding rows":
@@ -43,7 +55,7 @@ def watch_cost(b: Bench, engine: LLMEngine, tracer: Tracer, sink: EventList, n: 
         stream, done = _rounds(b, engine, tracer, sink, variants, batch, n)
         s0 = statistics.median(stream["untraced"])
         load = os.getloadavg()[0]
-        for name in (LIVE, AT_END):
+        for name in (LIVE, EVERY, AT_END, "full, no lens"):
             r = statistics.median(stream[name])
             b.add("tracing cost", f"watching, batch {batch}, {name}: stream tok/s", r, "tok/s", s0,
                   f"first to last token, ratio {r / s0:.3f} against untraced; until the trace is done "
@@ -82,5 +94,5 @@ def _rounds(b: Bench, engine: LLMEngine, tracer: Tracer, sink: EventList, varian
             lat = [m["token_latencies"] for m in metrics]
             stream[name].append(statistics.median(len(x) / max(sum(x), 1e-9) for x in lat))
             done[name].append(batch * (n - 1) / max(elapsed - max(m["ttft"] for m in metrics), 1e-9))
-    engine.tracer, engine.capture = tracer, replace(engine.capture, lens_live_seconds=0.0)
+    engine.tracer, engine.capture = tracer, replace(engine.capture, lens_live_seconds=LIVE_LENS_S)
     return stream, done

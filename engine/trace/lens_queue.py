@@ -1,19 +1,23 @@
-"""When the logit lens is computed: after the pass, not in it (logit_lens).
+"""When the logit lens is computed: after the pass, not in it (logit_lens), and mostly off
+the stream's path.
 
 Each lens-traced token leaves its residual stream here ([L, hidden], a copy: 69 KB a
 SmolLM2 token) with the stats of the model's own output row (one row's softmax, taken at
-the step). The lens itself, L rows a token through the final norm and the LM head, is
-computed for all of a request's waiting tokens at once, batched over tokens and points,
-in position order:
-  - when its last batch is `live_seconds` old (CaptureConfig.lens_live_seconds; its first
-    token at once; 0, the default: every token after its step, as the live page draws
-    every panel on the newest pass); None: not while it runs (a trace read when it is done: a replay
-    file, an export, a bench), the stream then waits for none of it;
-  - when the request finishes, before its `finish` event: a finished trace holds every
-    token's lens;
-  - when MAX_PENDING tokens wait (memory stays bounded).
-On the engine's thread between its steps' parts: on a machine whose cores the engine's
-threads fill, a worker thread would take them from the step it is meant to spare.
+the step). The lens itself, L rows a token through the final norm and the LM head, costs
+more arithmetic than the model's step (SmolLM2: 0.85 G multiply-adds a token against
+0.135 G), so a running request computes only what a watcher sees:
+  - live: its NEWEST token's lens, right after its step, when its last live one is
+    `live_seconds` old (CaptureConfig.lens_live_seconds: the page's 0.3 s keeps the lens
+    panel within its 0.5 s update bound; 0: every token's; None: none while it runs), and
+    at least LIVE_SHARE times what a lens takes (a slow machine's stream keeps its speed,
+    its lens panel lags more); the tokens in between wait here;
+  - when more than MAX_PENDING_BYTES of rows wait, the oldest ones (memory stays bounded).
+At its finish the client gets its last token at once; the request's `finish` event waits
+(`ended`) until the rest of its lenses are out, computed between later steps (StepTrace.drain:
+a slice a step while others run, all of it when the engine is idle), so a finished trace
+still holds every token's lens. Batched over tokens and points, in position order; on the
+engine's thread: on a machine whose cores the engine's threads fill, a worker thread would
+take them from the step it is meant to spare.
 """
 from __future__ import annotations
 
@@ -22,11 +26,16 @@ from dataclasses import dataclass, field
 
 import torch
 
+from engine.kernels import cpu as cpu_kernels
 from engine.sequence import Sequence
 from engine.trace import logit_lens
+from engine.trace.events import Event
 from engine.trace.softmax_stats import SoftmaxStats
 
-MAX_PENDING = 256  # tokens a request may have waiting (x L x hidden floats each)
+MAX_PENDING_BYTES = 64 * 2**20  # rows a request may have waiting (SmolLM2: ~970 tokens)
+# a live lens at most every LIVE_SHARE x what one took: on a slow (or loaded) machine the live lens
+# stays within a tenth of the stream's time, and the page's lens falls further behind instead
+LIVE_SHARE = 9.0
 
 
 @dataclass(slots=True)
@@ -42,31 +51,60 @@ class LensWork:
     own: SoftmaxStats  # the model's own output row (one row)
 
 
+@dataclass(slots=True)
+class Ended:
+    """A finished request whose lenses still wait: its `finish` event, emitted after them."""
+    event: Event
+    step: int  # the step it finished in (its event is stamped with it)
+
+
 @dataclass
 class LensQueue:
     model: torch.nn.Module
-    max_pending: int = MAX_PENDING
+    max_pending_bytes: int = MAX_PENDING_BYTES
+    call_rows: int = 0  # rows a drain's kernel call takes (0: the CPU kernel's MAX_ROWS)
     pending: dict[str, list[LensWork]] = field(default_factory=dict)  # request id -> its tokens, in order
-    last_live: dict[str, float] = field(default_factory=dict)  # request id -> when its last batch was computed
+    last_live: dict[str, float] = field(default_factory=dict)  # request id -> when its last live lens was computed
+    ended: dict[str, Ended] = field(default_factory=dict)  # finished, lenses waiting: oldest first
     seconds: float = 0.0  # time spent computing lenses since last read (take_seconds)
+    token_seconds: float = 0.0  # what the last computed token's lens took
 
     def keep(self, work: LensWork, live_seconds: float | None) -> list[LensWork]:
-        """Queue a token's lens; returns what is due now (its request's whole queue, this token
-        last, or nothing), in position order."""
+        """A token's lens: returns what is due now (this newest token alone, when its request's
+        last live lens is live_seconds old; the oldest waiting ones past the byte bound), and
+        queues it otherwise."""
         rid = work.seq.request_id
+        now = time.perf_counter()
+        period = live_seconds and max(live_seconds, LIVE_SHARE * self.token_seconds)  # (0: every token's)
+        if live_seconds is not None and now - self.last_live.get(rid, -1e9) >= period:
+            self.last_live[rid] = now
+            return [work]
         queue = self.pending.setdefault(rid, [])
         queue.append(work)
-        now = time.perf_counter()
-        live = live_seconds is not None and now - self.last_live.get(rid, -1e9) >= live_seconds
-        if live or len(queue) >= self.max_pending:
-            self.last_live[rid] = now
-            return self.pending.pop(rid)
+        if len(queue) * work.rows.nbytes > self.max_pending_bytes:
+            return self.slice(rid, self.one_call(rid))  # the oldest: one kernel call's
         return []
 
-    def take(self, request_id: str) -> list[LensWork]:
-        """Everything a request has waiting (at its finish), in position order."""
+    def end(self, request_id: str, event: Event, step: int) -> bool:
+        """The request finished: True where its `finish` event must wait for its lenses (held)."""
         self.last_live.pop(request_id, None)
-        return self.pending.pop(request_id, [])
+        if not self.pending.get(request_id):
+            self.pending.pop(request_id, None)
+            return False
+        self.ended[request_id] = Ended(event, step)
+        return True
+
+    def slice(self, request_id: str, tokens: int) -> list[LensWork]:
+        """The oldest `tokens` of a request's waiting lenses, taken from its queue."""
+        queue = self.pending.get(request_id, [])
+        out, self.pending[request_id] = queue[:tokens], queue[tokens:]
+        return out
+
+    def one_call(self, request_id: str) -> int:
+        """How many of this request's tokens one kernel call takes (MAX_ROWS rows: its head's
+        weight streamed once)."""
+        queue = self.pending.get(request_id)
+        return max(1, (self.call_rows or cpu_kernels.MAX_ROWS) // queue[0].rows.shape[0]) if queue else 1
 
     def compute(self, works: list[LensWork]) -> list[SoftmaxStats]:
         """The lenses of these tokens: all their rows through the norm and the head together
@@ -89,7 +127,9 @@ class LensQueue:
                 out[i] = logit_lens.join([SoftmaxStats(s.top_ids[part], s.top_probs[part], s.lse[part],
                                                        s.entropy[part], s.kept[part], s.rank[part],
                                                        s.chosen_probs[part]), works[i].own])
-        self.seconds += time.perf_counter() - t
+        spent = time.perf_counter() - t
+        self.seconds += spent
+        self.token_seconds = spent / len(works)
         return out
 
     def take_seconds(self) -> float:

@@ -122,7 +122,8 @@ def _check_attention_capture(one: LLM, two: LLM) -> None:
     a = per_layer(e.data for e in ea if e.type == "attention")
     b = per_layer(e.data for e in eb if e.type == "attention")
     # the logit lens too: rank 0 reads the whole residual stream after each all-reduce
-    la, lb = [e.data for e in ea if e.type == "logit_lens"], [e.data for e in eb if e.type == "logit_lens"]
+    la, lb = ([e.data for e in sorted(x, key=lambda e: e.data.get("position", 0)) if e.type == "logit_lens"]
+              for x in (ea, eb))  # by position: a newest token's lens may come before its elders
     assert len(la) == len(lb) == 3 and all(len(lens_layers(x)) == one.engine.model_config.num_layers + 1 for x in lb)
     for x, y in zip(la, lb):
         assert [r["top_ids"][0] for r in lens_layers(x)] == [r["top_ids"][0] for r in lens_layers(y)]

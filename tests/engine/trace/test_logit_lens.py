@@ -31,6 +31,12 @@ def run(path, prompt, max_tokens=6, top=TOP, **kw):
     return engine, rid, sink
 
 
+def by_position(sink: EventList, rid: str) -> list[dict]:
+    """A request's lens events by position: a running request's newest token's lens comes at
+    once, those before it after its last token (engine/trace/lens_queue.py)."""
+    return sorted((e.data for e in sink.of(rid, "logit_lens")), key=lambda d: d["position"])
+
+
 def hf_lens(path, tokens: list[int]) -> torch.Tensor:
     """[L + 1, positions, vocab]: HF's hidden states after the embedding and each layer, through
     the final norm and LM head; the last row is HF's own logits."""
@@ -51,7 +57,7 @@ def hf_lens(path, tokens: list[int]) -> torch.Tensor:
 def test_every_row_equals_transformers_hidden_states_through_norm_and_head(checkpoint, arch):
     engine, rid, sink = run(checkpoint(arch), PROMPT)
     tokens = PROMPT + engine.get_output(rid).token_ids
-    lens = [e.data for e in sink.of(rid, "logit_lens")]
+    lens = by_position(sink, rid)
     samples = {e.data["position"]: e.data for e in sink.of(rid, "sample")}
     L = engine.model_config.num_layers
     assert [e["position"] for e in lens] == list(range(len(PROMPT), len(tokens)))  # one per generated token
@@ -86,7 +92,7 @@ def test_speculative_verify_rows_map_to_their_tokens(checkpoint):
     engine, rid, sink = run(path, prompt, max_tokens=10, draft="ngram")
     assert sink.of(rid, "spec"), "no speculative round ran"
     tokens = prompt + engine.get_output(rid).token_ids
-    lens = [e.data for e in sink.of(rid, "logit_lens")]
+    lens = by_position(sink, rid)
     assert [e["position"] for e in lens] == list(range(len(prompt), len(tokens)))
     want = hf_lens(path, tokens)
     for e in lens:
@@ -99,7 +105,7 @@ def test_a_lens_beside_a_request_without_one_reads_its_own_rows(checkpoint):
     request whose sampled row is not the first still gets its own rows, the same as alone."""
     path = checkpoint("llama")
     _, rid, sink = run(path, PROMPT)
-    alone = [e.data for e in sink.of(rid, "logit_lens")]
+    alone = by_position(sink, rid)
     sink = EventList()
     engine = LLMEngine(path, device=DEVICE, tracer=Tracer(sink), trace_level="full",
                        capture=CaptureConfig(logit_lens_top=TOP))
@@ -108,7 +114,7 @@ def test_a_lens_beside_a_request_without_one_reads_its_own_rows(checkpoint):
     rid = engine.add_request(PROMPT, params)
     while engine.has_unfinished_requests():
         engine.step()
-    together = [e.data for e in sink.of(rid, "logit_lens")]
+    together = by_position(sink, rid)
     assert not sink.of(other, "logit_lens") and len(together) == len(alone) == 6
     for a, b in zip(alone, together):
         assert a["position"] == b["position"] and a["token_id"] == b["token_id"]
@@ -163,7 +169,7 @@ def test_the_panel_draws_every_row_escapes_token_text_and_marks_the_chosen_token
 
     from visualizers.logit_lens import logit_lens_html
     engine, rid, sink = run(checkpoint("llama"), PROMPT, max_tokens=3)
-    events = [e.to_dict() for e in sink.of(rid, "logit_lens")]
+    events = sorted((e.to_dict() for e in sink.of(rid, "logit_lens")), key=lambda d: d["position"])
     hostile = {**events[-1], "token_text": "<b>&"}
     hostile["layers"] = [{**r, "top_texts": ["<script>x</script>"] + r["top_texts"][1:]} for r in lens_layers(events[-1])]
     html = logit_lens_html(events[:-1] + [hostile])

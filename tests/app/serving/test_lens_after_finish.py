@@ -1,0 +1,45 @@
+"""Issue 40, item 2: a traced request's client gets its last token at once; its tokens' logit
+lenses are computed after it, and the store ends the trace (what is exported, written to the
+database, replayed) only with the `finish` event that follows every lens. Held with the real
+engine: the service's first step call after the finished output waits until the test has looked."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from app.serving.engine_service import wait_idle
+from app.serving.recording import record_request
+from app.serving.requests import build_body, parse_body
+from tests.holds import AfterFinish
+from tests.service_utils import app_service, started
+
+N = 10
+
+
+def test_the_client_is_told_first_and_the_stored_trace_ends_after_every_lens(checkpoint, monkeypatch):
+    svc = app_service(checkpoint)
+    svc.engine.capture = replace(svc.engine.capture, lens_live_seconds=1e9)  # live: the first token's only
+    hold = AfterFinish().install(svc.engine, monkeypatch)
+    body = build_body("m", "Be brief.", "Count to ten.", 0.0, 0, 1.0, N, 1, False, 1, "full") | {"ignore_eos": True}
+    with started(svc):
+        watch = svc.submit(parse_body(body))
+        rid, items = watch.request_id, []
+        while not any(i["type"] == "output" and i["finished"] for i in items):
+            items += watch.drain(0.05)
+        assert hold.reached.wait(60)  # the engine's next call: held before any of the waiting lenses
+        items += watch.drain(0.05)
+        assert [i["type"] for i in items].count("logit_lens") == 1 and not any(i["type"] == "finish" for i in items)
+        assert not svc.store.trace(rid).finished  # not yet an export's, a database's or a replay's
+        assert not any(o.get("finished") for o in svc.store.trace(rid).outputs)
+        hold.go.set()
+        assert wait_idle(svc, 60)
+        items += watch.drain(0.2)
+    types = [i["type"] for i in items if i.get("request_id") == rid and i["type"] != "output"]
+    assert types[-1] == "finish" and types.count("logit_lens") == N
+    tr = svc.store.trace(rid)
+    assert tr.finished and tr.outputs[-1]["finished"]
+    rec = record_request(svc.store, rid, svc.model_info(), svc.piece, svc.is_special)
+    n_prompt = next(e for e in rec.events if e["type"] == "tokenize")["count"]
+    lens = sorted(e["position"] for e in rec.events if e["type"] == "logit_lens")
+    assert lens == list(range(n_prompt, n_prompt + N))  # the export: a lens for every token
+    assert [e["type"] for e in rec.events].index("finish") > max(
+        i for i, e in enumerate(rec.events) if e["type"] == "logit_lens")
