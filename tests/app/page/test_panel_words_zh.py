@@ -167,7 +167,7 @@ def test_the_words_around_the_controls_follow_the_tabs_language(embedded):
     assert words["max_tokens"]["label"].startswith("最大词元数（≤") and "真实模型：" in words["note"]
     assert words["speculative"]["label"] == "推测解码" and "草稿模型" in words["speculative"]["info"]
     assert "还没有可回放的内容" in words["step_note"] and words["step"]["label"].startswith("回放：")
-    assert "运行这个阶段的代码：engine/" in words["code:prefix"] and "，另有 " in words["code:prefix"]
+    assert "这个阶段的代码：engine/" in words["code:prefix"] and "，另有 " in words["code:prefix"]
     set_lang("zh-words", "en")
     assert f"{info['num_layers']} layers · d_model" in ctl.page_words("zh-words")["summary"]
     set_lang("zh-words", "zh_CN")
