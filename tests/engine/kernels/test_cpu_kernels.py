@@ -84,11 +84,12 @@ def test_linear_layer_takes_the_kernel_for_few_rows_only(dtype):
     layer = Linear(96, 200, bias=True)
     w = layer.weight.detach().to(dtype).float()  # what the layer stores, widened
     limit = cpu.kernel_rows(dtype)  # past it, PyTorch's GEMM; an AVX2 build keeps MAX_ROWS
-    wide = cpu.library().tt_vector_bits() >= 512
+    wide = cpu.library().tt_vector_bits() >= 512 and not (dtype == torch.bfloat16 and cpu.amx_bf16())
     assert limit == (max(cpu.MAX_ROWS, cpu.PREFILL_KERNEL_ROWS[dtype if dtype != torch.bfloat16 or
                      cpu.library().tt_linear16_path() else torch.float16]) if wide else cpu.MAX_ROWS)
     few, mid = torch.randn(1, 96), torch.randn(cpu.MAX_ROWS + 5, 96)
     many = torch.randn(limit + 1, 96) if limit < 4096 else None
+    tiles = dtype == torch.bfloat16 and cpu.amx_bf16()  # bfloat16 products on AMX: F.linear allowed them too
     layer.pack(dtype=dtype)
     assert layer.blocked is not None and layer.packed is None and layer._parameters["weight"] is None
     assert torch.equal(layer.weight, w)  # read back from the blocked copy, for code that reads the matrix
@@ -98,7 +99,10 @@ def test_linear_layer_takes_the_kernel_for_few_rows_only(dtype):
     # a short prefill chunk: the kernel on an AVX-512 build, the GEMM on an AVX2 one; close either way
     close(layer(mid), F.linear(cpu.as_multiplied(mid, dtype), w, layer.bias), 96)
     if many is not None:  # a longer one goes to PyTorch's GEMM: bit for bit F.linear on the stored weight
-        assert torch.equal(layer(many), F.linear(cpu.as_multiplied(many, dtype), w, layer.bias))
+        with torch.backends.mkldnn.flags(enabled=True, fp32_precision="bf16" if tiles else "none"):
+            expected = F.linear(cpu.as_multiplied(many, dtype), w, layer.bias)
+        assert torch.equal(layer(many), expected)
+        assert torch.backends.mkldnn.matmul.fp32_precision == "none"  # the AMX setting was put back
     layer.pack(on=False)
     assert layer.blocked is None and torch.equal(layer.weight, w)
 
