@@ -321,8 +321,10 @@ def blocked_weights(model: torch.nn.Module) -> list[BlockedWeight]:
 # matrices, one thread; docs/benchmarks.md "Prefill"): at 37 rows float32 1.56x, float16 1.44x,
 # bfloat16 (VDPBF16PS) 3.5x; at 512 rows float32 / float16 0.9x / 0.8x, bfloat16 2.2x. An
 # AVX2 build's kernels are 4-20x slower than the GEMM there, so it keeps MAX_ROWS. bfloat16 on
-# a CPU with AMX keeps MAX_ROWS too: oneDNN's tiles beat the kernel 1.2x at 37 rows, 5x at 512.
+# a CPU with AMX stops at AMX_BF16_ROWS: a SmolLM2 prefill in the fused C layers against oneDNN's
+# tiles (2026-12-06, one thread, CPU time, loaded): 37 rows 1.27x faster, 100 rows 1.45x slower.
 PREFILL_KERNEL_ROWS = {torch.float32: 128, torch.float16: 128, torch.bfloat16: 1 << 40}
+AMX_BF16_ROWS = 64
 
 
 @functools.cache
@@ -341,8 +343,10 @@ def kernel_rows(dtype: torch.dtype) -> int:
     """The most rows of x a blocked weight of `dtype` multiplies in the C kernel; above, the
     layer hands the copy to PyTorch's GEMM (engine/layers/prefill_gemm.py)."""
     lib = library()
-    if lib is None or lib.tt_vector_bits() < 512 or (dtype == torch.bfloat16 and amx_bf16()):
+    if lib is None or lib.tt_vector_bits() < 512:
         return MAX_ROWS
+    if dtype == torch.bfloat16 and amx_bf16():
+        return AMX_BF16_ROWS
     if dtype == torch.bfloat16 and not lib.tt_linear16_path():  # bfloat16 by shifts: as float16
         dtype = torch.float16
     return max(MAX_ROWS, PREFILL_KERNEL_ROWS[dtype])

@@ -166,9 +166,12 @@ def applies(x: torch.Tensor, batch: ForwardBatch, rows: int = cpu_kernels.MAX_RO
             and not batch.static_shapes and x.shape[0] <= rows)
 
 
+PREFILL_ROWS = 128  # past it a chunk's attention is SDPA's flash kernel's work, not a query per row
+
+
 def widest_rows() -> int:
     """The most rows any plan can take (its max_rows at most)."""
-    return max(cpu_kernels.kernel_rows(d) for d in cpu_kernels.WEIGHT_DTYPES)
+    return min(PREFILL_ROWS, max(cpu_kernels.kernel_rows(d) for d in cpu_kernels.WEIGHT_DTYPES))
 
 
 def _max_rows(linears: list[Linear], moe: tuple | None) -> int:
@@ -177,7 +180,7 @@ def _max_rows(linears: list[Linear], moe: tuple | None) -> int:
     float32, 2026-12-06); MAX_ROWS with quantized weights or a MoE half."""
     if moe is not None or any(m.qweight is not None for m in linears):
         return cpu_kernels.MAX_ROWS
-    return min(cpu_kernels.kernel_rows(m.blocked.dtype) for m in linears)
+    return min(PREFILL_ROWS, *(cpu_kernels.kernel_rows(m.blocked.dtype) for m in linears))
 
 
 def forward(fused: FusedLayer, layer: nn.Module, x: torch.Tensor, batch: ForwardBatch,

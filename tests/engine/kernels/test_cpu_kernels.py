@@ -84,12 +84,13 @@ def test_linear_layer_takes_the_kernel_for_few_rows_only(dtype):
     layer = Linear(96, 200, bias=True)
     w = layer.weight.detach().to(dtype).float()  # what the layer stores, widened
     limit = cpu.kernel_rows(dtype)  # past it, PyTorch's GEMM; an AVX2 build keeps MAX_ROWS
-    wide = cpu.library().tt_vector_bits() >= 512 and not (dtype == torch.bfloat16 and cpu.amx_bf16())
-    assert limit == (max(cpu.MAX_ROWS, cpu.PREFILL_KERNEL_ROWS[dtype if dtype != torch.bfloat16 or
-                     cpu.library().tt_linear16_path() else torch.float16]) if wide else cpu.MAX_ROWS)
+    wide = cpu.library().tt_vector_bits() >= 512
+    tiles = dtype == torch.bfloat16 and cpu.amx_bf16()  # bfloat16 products on AMX past AMX_BF16_ROWS
+    assert limit == (cpu.MAX_ROWS if not wide else cpu.AMX_BF16_ROWS if tiles else max(
+        cpu.MAX_ROWS, cpu.PREFILL_KERNEL_ROWS[dtype if dtype != torch.bfloat16 or cpu.library().tt_linear16_path()
+                                              else torch.float16]))
     few, mid = torch.randn(1, 96), torch.randn(cpu.MAX_ROWS + 5, 96)
     many = torch.randn(limit + 1, 96) if limit < 4096 else None
-    tiles = dtype == torch.bfloat16 and cpu.amx_bf16()  # bfloat16 products on AMX: F.linear allowed them too
     layer.pack(dtype=dtype)
     assert layer.blocked is not None and layer.packed is None and layer._parameters["weight"] is None
     assert torch.equal(layer.weight, w)  # read back from the blocked copy, for code that reads the matrix
