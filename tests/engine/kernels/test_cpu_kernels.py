@@ -212,7 +212,7 @@ def test_moe_experts_through_the_kernel(inter, dtype):
 
 
 @pytest.mark.parametrize("offset", [False, True])
-@pytest.mark.parametrize("shape", [(1, 576), (3, 40), (2, 5, 24)])
+@pytest.mark.parametrize("shape", [(1, 576), (3, 40), (2, 5, 24), (600, 96)])  # 600: a prefill chunk
 def test_rms_norm_matches_torch(offset, shape):
     from engine.layers.norm import RMSNorm
     norm = RMSNorm(shape[-1], 1e-6, offset)
