@@ -1,5 +1,9 @@
 """This engine against its peers on the CPU, side by side: decode tokens/s and greedy tokens
-equal to this engine's float32, at batch 1 and batch 8, interleaved repeats.
+equal to this engine's float32, at batch 1 and batch 8, and time to first token for a 37-token
+prompt and prefills of 512 and 2,048 tokens, interleaved repeats, with the CPU's vector unit.
+Without the peers, PyTorch's own GEMMs on the model's matrices at the same rows give a floor
+any machine can measure (peer_cases). Each run rewrites its CPU family's results file,
+benchmarks/results/peers-<family>.json (the family: avx2, avx512-bf16-vnni-amx, ...).
 
     python -m benchmarks.peers                                   # this engine at float32 / bfloat16 / float16
     python -m benchmarks.peers --vllm-model DIR                  # + vLLM's CPU build (float32, bfloat16)
@@ -28,9 +32,11 @@ from typing import Callable
 
 import torch
 
+from benchmarks import peer_cases
 from benchmarks.bench.context import TEXT
 from benchmarks.bench.timing import greedy, run_engine
 from engine.checkpoint.resolve import resolve_model_path
+from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.tokenizer import Tokenizer
 
@@ -43,14 +49,16 @@ class Peer:
     generate: Generate
     times: dict[int, list[float]] = field(default_factory=dict)  # batch -> decode seconds per round
     tokens: dict[int, list[list[int]]] = field(default_factory=dict)
+    engine: LLMEngine | None = None  # this engine's own (the GEMM floor reads its matrices)
 
 
 def engine_peer(model: str, dtype: str) -> Peer:
-    engine = LLMEngine(model, device="cpu", dtype=dtype)  # no tracer: tracing off, as a peer runs
+    # no tracer: tracing off, as a peer runs; no prefix cache, as for the peers: every TTFT a whole prefill
+    engine = LLMEngine(model, device="cpu", dtype=dtype, config=EngineConfig(enable_prefix_caching=False))
 
     def generate(prompts: list[list[int]], n: int) -> list[list[int]]:
         return [o["tokens"] for o in run_engine(engine, prompts, [greedy(n)] * len(prompts)).values()]
-    return Peer(f"this engine {dtype}", generate)
+    return Peer(f"this engine {dtype}", generate, engine=engine)
 
 
 def vllm_preload(spec: str) -> str:
@@ -74,7 +82,7 @@ def vllm_peer(model_dir: str, dtype: str, max_len: int, threads: int, preload: s
     if preload:  # read when its processes start: they have it, this one does not
         os.environ["LD_PRELOAD"] = preload
     try:
-        llm = LLM(model=model_dir, dtype=dtype, max_model_len=max_len, seed=0)
+        llm = LLM(model=model_dir, dtype=dtype, max_model_len=max_len, seed=0, enable_prefix_caching=False)
     finally:
         if before is None:
             os.environ.pop("LD_PRELOAD", None)
@@ -108,7 +116,7 @@ def llama_cpp_peer(label: str, gguf: str, threads: int, max_len: int) -> Peer:
 
 def peers(args: argparse.Namespace, say: Callable[[str], None]) -> list[Peer]:
     found = [engine_peer(args.model, d) for d in args.dtypes.split(",")]
-    max_len = args.prompt_tokens + args.new_tokens + 8
+    max_len = max(args.prompt_tokens + args.new_tokens, *lengths(args)) + 8
     try:
         import vllm  # noqa: F401
         if args.vllm_model:
@@ -132,9 +140,15 @@ def peers(args: argparse.Namespace, say: Callable[[str], None]) -> list[Peer]:
     return found
 
 
+def lengths(args: argparse.Namespace) -> list[int]:
+    """The prompt lengths whose time to first token is measured."""
+    return [int(n) for n in f"{args.ttft_tokens},{args.prefill}".split(",") if n]
+
+
 def prompts_of(model: str, count: int, length: int) -> list[list[int]]:
     """Windows of the bench's fixed English text as token ids: every engine gets the same ids."""
-    ids = Tokenizer(resolve_model_path(model)).encode(TEXT, add_special_tokens=False) * 4
+    ids = Tokenizer(resolve_model_path(model)).encode(TEXT, add_special_tokens=False)
+    ids = ids * (4 + 2 * length // max(1, len(ids)))
     stride = max(1, (len(ids) - length) // count)
     return [ids[i * stride:i * stride + length] for i in range(count)]
 
@@ -207,7 +221,7 @@ def table(found: list[Peer], batches: list[int], n: int) -> list[dict]:
     return rows
 
 
-def main(argv: list[str] | None = None) -> list[dict]:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.peers", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2",
@@ -221,35 +235,62 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--prompt-tokens", type=int, default=32)
+    ap.add_argument("--ttft-tokens", type=int, default=37, help="the short prompt's tokens (a chat turn's)")
+    ap.add_argument("--prefill", default="512,2048", help="longer prompts whose TTFT is measured ('' none)")
+    ap.add_argument("--floor", choices=("auto", "always", "never"), default="auto",
+                    help="PyTorch's GEMMs alone at the same rows: 'auto' where no peer ran")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=torch.get_num_threads(), help="threads of every peer")
     ap.add_argument("--pause", type=float, default=0.3, help="seconds of quiet before each peer's run")
     ap.add_argument("--out", default="benchmarks/results", help="folder for the JSON ('' for none)")
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    args = parse_args(argv)
     batches = [int(b) for b in args.batches.split(",")]
     torch.set_num_threads(args.threads)
+    unit, family = peer_cases.vector_unit()
+    print(f"CPU {platform.processor() or platform.machine()}: {unit}; {peer_cases.kernel_build()}")
     started = time.perf_counter()
     found = peers(args, print)
     print(f"peers loaded in {time.perf_counter() - started:.0f} s")
     prompts = prompts_of(args.model, max(batches), args.prompt_tokens)
     load = os.getloadavg()
     loads = measure(found, prompts, batches, args.new_tokens, args.repeats, args.pause)
+    long = {n: prompts_of(args.model, 1, n)[0] for n in lengths(args)}
+    ttft = peer_cases.ttft_table(peer_cases.ttft_rounds(found, long, args.repeats, args.pause))
     idle = idle_cores()
     rows = table(found, batches, args.new_tokens)
-    for row in rows:
-        print(f"{row['engine']:<28}" + "".join(
-            f"  b{b}: {row[f'batch {b}']['tok/s']:>8} tok/s {row[f'batch {b}']['ratio']:>6.2f}x "
-            f"(tokens = float32's {row[f'batch {b}']['tokens_equal']})" for b in batches))
+    for row, more in zip(rows, ttft):
+        row.update({k: v for k, v in more.items() if k != "engine"})
+    print_rows(rows, batches, list(long), unit)
+    floor = []
+    if args.floor == "always" or (args.floor == "auto" and all(p.engine is not None for p in found)):
+        print("PyTorch's own GEMMs on the model's matrices at the same rows (no peer ran, or --floor always): "
+              "the matmuls alone, a floor for any engine built on them")
+        floor = peer_cases.floor_rows(found[0].engine.runner.model, args.dtypes.split(","), list(long), batches,
+                                      args.repeats, print)
     print(f"load average (1, 5, 15 min) at start {load}, after each round {loads}; "
           f"{torch.get_num_threads()} torch threads; {args.repeats} interleaved repeats; "
           f"cores busy while no peer runs: {idle}")
     if args.out:
-        path = Path(args.out) / f"peers-{time.strftime('%Y%m%d-%H%M%S')}.json"
-        path.write_text(json.dumps({"rows": rows, "load_average_start": load, "load_average_rounds": loads,
-                                    "idle_cores": idle,
-                                    "machine": machine(), "args": vars(args)}, indent=1))
+        path = Path(args.out) / f"peers-{family}.json"  # this CPU family's file, rewritten by each run
+        path.write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M"), "vector_unit": unit, "rows": rows,
+                                    "gemm_floor": floor, "load_average_start": load, "load_average_rounds": loads,
+                                    "idle_cores": idle, "machine": machine(), "args": vars(args)}, indent=1))
         print(f"written: {path}")
     return rows
+
+
+def print_rows(rows: list[dict], batches: list[int], lens: list[int], unit: str) -> None:
+    print(f"vector unit: {unit}")
+    for row in rows:
+        print(f"{row['engine']:<28}" + "".join(
+            f"  b{b}: {row[f'batch {b}']['tok/s']:>8} tok/s {row[f'batch {b}']['ratio']:>6.2f}x "
+            f"(tokens = float32's {row[f'batch {b}']['tokens_equal']})" for b in batches))
+        print(" " * 28 + "".join(f"  TTFT {n}: {row[f'ttft {n}']['ms']:>8} ms {row[f'ttft {n}']['ratio']:>6.2f}x"
+                                 for n in lens))
 
 
 def machine() -> dict:

@@ -28,7 +28,8 @@ def attention_path(model: torch.nn.Module, batch: ForwardBatch, dtype: torch.dty
     if batch.use_triton:
         return "triton" if batch.decode_only else "torch"  # a GPU's prefill: torch's SDPA over the pages
     rows = torch.empty((batch.input_ids.shape[0], 0), dtype=dtype, device=batch.input_ids.device)
-    if getattr(layer, "fusable", False) and layer.fused is not None and fused.applies(rows, batch):
+    if getattr(layer, "fusable", False) and layer.fused is not None and fused.applies(rows, batch,
+                                                                                       layer.fused.max_rows):
         return "c_fused"  # the plan the layer kept is the one this pass took (DecoderLayer._fused_plan)
     k_cache = layer.self_attn.k_cache
     q = torch.empty((1, layer.self_attn.num_heads, layer.self_attn.head_dim), dtype=dtype, device=k_cache.device)
@@ -46,7 +47,7 @@ def moe_path(model: torch.nn.Module, batch: ForwardBatch, dtype: torch.dtype) ->
         return ""
     rows = torch.empty((batch.input_ids.shape[0], 0), dtype=dtype, device=batch.input_ids.device)
     if getattr(layer, "fusable", False) and layer.fused is not None and layer.fused.moe is not None \
-            and fused.applies(rows, batch):
+            and fused.applies(rows, batch, layer.fused.max_rows):
         return "moe_c_block"  # the MoE half in the fused layer's C call (fused._moe_forward)
     moe = layer.mlp
     if moe.c_experts is not None and rows.device.type == "cpu" and moe.gate.blocked is not None:

@@ -49,11 +49,11 @@ class DecoderLayer(nn.Module):
 
     def _fused_plan(self, x: torch.Tensor, batch: ForwardBatch) -> fused.FusedLayer | None:
         """The fused C calls' plan where this pass can take them, else None."""
-        if not (self.fusable and fused.applies(x, batch)):
+        if not (self.fusable and fused.applies(x, batch, fused.widest_rows())):
             return None
         if self.fused is None or not self.fused.current(self):
             self.fused = fused.plan(self)  # None where the weights are not the C kernels'
-        return self.fused
+        return self.fused if self.fused is not None and x.shape[0] <= self.fused.max_rows else None
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, batch: ForwardBatch,
                 capture: PassCapture | None = None) -> torch.Tensor:

@@ -338,17 +338,33 @@ def blocked_weights(model: torch.nn.Module) -> list[BlockedWeight]:
 # blocked copy back for PyTorch's GEMM, on an AVX-512 build (measured 2026-12-04, SmolLM2's
 # matrices, one thread; docs/benchmarks.md "Prefill"): at 37 rows float32 1.56x, float16 1.44x,
 # bfloat16 (VDPBF16PS) 3.5x; at 512 rows float32 / float16 0.9x / 0.8x, bfloat16 2.2x. An
-# AVX2 build's kernels are 4-20x slower than the GEMM there, so it keeps MAX_ROWS.
+# AVX2 build's kernels are 4-20x slower than the GEMM there, so it keeps MAX_ROWS. bfloat16 on
+# a CPU with AMX stops at AMX_BF16_ROWS: a SmolLM2 prefill in the fused C layers against oneDNN's
+# tiles (2026-12-06, one thread, CPU time, loaded): 37 rows 1.27x faster, 100 rows 1.45x slower.
 PREFILL_KERNEL_ROWS = {torch.float32: 128, torch.float16: 128, torch.bfloat16: 1 << 40}
+AMX_BF16_ROWS = 64
+
+
+@functools.cache
+def amx_bf16() -> bool:
+    """Whether oneDNN multiplies bfloat16 on this CPU's matrix unit (AMX tiles), so a prefill
+    chunk's bfloat16 products go there (engine/layers/prefill_gemm.py). ONEDNN_MAX_CPU_ISA
+    without AMX in it (a run that stands in for an AVX2 machine) says no."""
+    isa = os.environ.get("ONEDNN_MAX_CPU_ISA", "ALL").upper()
+    if "amx_bf16" not in _cpu_flags().split() or not (isa == "ALL" or "AMX" in isa):
+        return False
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported() and torch._C._cpu._init_amx())
 
 
 @functools.cache
 def kernel_rows(dtype: torch.dtype) -> int:
     """The most rows of x a blocked weight of `dtype` multiplies in the C kernel; above, the
-    layer widens the copy back for PyTorch's GEMM (engine/layers/linear.py)."""
+    layer hands the copy to PyTorch's GEMM (engine/layers/prefill_gemm.py)."""
     lib = library()
     if lib is None or lib.tt_vector_bits() < 512:
         return MAX_ROWS
+    if dtype == torch.bfloat16 and amx_bf16():
+        return AMX_BF16_ROWS
     if dtype == torch.bfloat16 and not lib.tt_linear16_path():  # bfloat16 by shifts: as float16
         dtype = torch.float16
     return max(MAX_ROWS, PREFILL_KERNEL_ROWS[dtype])

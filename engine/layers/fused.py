@@ -9,9 +9,9 @@ with that glue in C.
 The attention half applies to a Llama-style layer (RMSNorm, attention with RoPE, no
 clipping; Qwen3's and Gemma 3's per-head q/k norms and Gemma's sandwich norms too) whose
 q/k/v and o projections run in the C kernels (blocked float32 / bfloat16 / float16 weights, or int8 / int4
-records), on up to 32 float32 CPU rows of a pass: a decode step, a speculative verify
-pass, a short prefill chunk (every row attends as a query of its own, over its
-sequence's pages). The MLP half too where it is a dense SwiGLU or GeGLU on such
+records), on up to 32 float32 CPU rows of a pass (up to 128 on an AVX-512 build's float32 and
+float16 weights: kernels.cpu.kernel_rows): a decode step, a speculative verify pass, a
+prefill chunk (every row attends as a query of its own, over its sequence's pages). The MLP half too where it is a dense SwiGLU or GeGLU on such
 weights, while a MoE block runs its own modules after the fused attention. Everything
 else (longer prefill chunks, OLMoE's whole-projection norms and clipping, sharded
 layers, PyTorch's quantized kernels) takes the modules. A `full` trace still gets what it reads from a
@@ -80,6 +80,7 @@ class FusedLayer:
     generation: int  # linear's count of weight-copy changes when planned
     moe: tuple | None = None  # a SparseMoE half in one C call: (its CpuExperts, its router, the norm's weight)
     rope: str = "global"  # the layer's RoPE table when planned: the one-call stack picks its table by it
+    max_rows: int = cpu_kernels.MAX_ROWS  # the most rows of a pass it takes (_max_rows)
 
     def current(self, layer: nn.Module) -> bool:
         attn = layer.self_attn
@@ -138,7 +139,8 @@ def plan(layer: nn.Module) -> FusedLayer | None:
         gelu=int(fuse_mlp and mlp.act is ACTIVATIONS["gelu_pytorch_tanh"]))
     moe = _moe_half(layer) if not fuse_mlp else None
     return FusedLayer(args, fuse_mlp or moe is not None, [(m, _weight(m)) for m in linears],
-                      (cache, attn.v_cache, w1, w2, *extra, *biases), linear.generation(), moe, attn.rope)
+                      (cache, attn.v_cache, w1, w2, *extra, *biases), linear.generation(), moe, attn.rope,
+                      _max_rows(linears, moe))
 
 
 def _moe_half(layer: nn.Module) -> tuple | None:
@@ -155,12 +157,30 @@ def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
-def applies(x: torch.Tensor, batch: ForwardBatch) -> bool:
-    """Whether this pass's rows can take the fused layer: float32 CPU rows, few enough for
-    the C linear kernel (a decode step, a speculative verify pass, a short prefill chunk;
-    not a padded static batch, whose lengths only its device may read)."""
+def applies(x: torch.Tensor, batch: ForwardBatch, rows: int = cpu_kernels.MAX_ROWS) -> bool:
+    """Whether this pass's rows can take the fused layer: float32 CPU rows, at most `rows` of
+    them (a plan's max_rows: as many as its weights' C kernel takes, kernels.cpu.kernel_rows;
+    a decode step, a speculative verify pass, a prefill chunk; not a padded static batch,
+    whose lengths only its device may read)."""
     return (x.dtype == torch.float32 and x.device.type == "cpu" and not batch.use_triton
-            and not batch.static_shapes and x.shape[0] <= cpu_kernels.MAX_ROWS)
+            and not batch.static_shapes and x.shape[0] <= rows)
+
+
+PREFILL_ROWS = 128  # past it a chunk's attention is SDPA's flash kernel's work, not a query per row
+
+
+def widest_rows() -> int:
+    """The most rows any plan can take (its max_rows at most)."""
+    return min(PREFILL_ROWS, max(cpu_kernels.kernel_rows(d) for d in cpu_kernels.WEIGHT_DTYPES))
+
+
+def _max_rows(linears: list[Linear], moe: tuple | None) -> int:
+    """A plan's rows: up to the C kernel's rows for its float weights' dtypes (a prefill chunk
+    of 37 tokens in C calls, not ~15 PyTorch ops a layer: 20% less CPU time for SmolLM2 at
+    float32, 2026-12-06); MAX_ROWS with quantized weights or a MoE half."""
+    if moe is not None or any(m.qweight is not None for m in linears):
+        return cpu_kernels.MAX_ROWS
+    return min(PREFILL_ROWS, *(cpu_kernels.kernel_rows(m.blocked.dtype) for m in linears))
 
 
 def forward(fused: FusedLayer, layer: nn.Module, x: torch.Tensor, batch: ForwardBatch,

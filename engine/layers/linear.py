@@ -20,8 +20,9 @@ Loading fills the plain parameter; `pack` then moves it into the C kernel's layo
 is from then on the layer's only copy of it (the parameter freed; an embedding tied to the
 LM head reads its rows from the same copy, see Embedding). The copy may be stored in
 16 bits (`--dtype bfloat16` / `float16` on the CPU: half the bytes to stream, the sums
-still float32; at bfloat16 x is rounded to bfloat16 too, as a bfloat16 matmul does). Over kernel_rows rows (a long prefill chunk) the layer widens the copy back for
-PyTorch's GEMM, a cost small beside the GEMM's own. oneDNN's copy, where the C kernel
+still float32; at bfloat16 x is rounded to bfloat16 too, as a bfloat16 matmul does). Over
+kernel_rows rows (a long prefill chunk) the layer widens the copy back for PyTorch's GEMM
+(prefill_gemm; bfloat16 on AMX tiles where the CPU has them). oneDNN's copy, where the C kernel
 does not build, still sits beside the parameter.
 """
 from __future__ import annotations
@@ -33,6 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.kernels import cpu as cpu_kernels
+from engine.layers import prefill_gemm
 
 if TYPE_CHECKING:
     from engine.layers.quantized import QuantizedWeight
@@ -123,9 +125,7 @@ class Linear(nn.Linear):
         if self.blocked is not None:
             if x.numel() <= cpu_kernels.kernel_rows(self.blocked.dtype) * x.shape[-1]:
                 return cpu_kernels.linear(x, self.blocked, self.bias, exact_rows=exact_rows)
-            bias = None if self.bias is None else self.bias.float()
-            return F.linear(cpu_kernels.as_multiplied(x, self.blocked.dtype, exact_rows),
-                            self.blocked.unblocked().float(), bias)
+            return prefill_gemm.gemm(x, self.blocked, self.bias, exact_rows)
         if self.packed is not None:
             return packed_linear(x, self.packed, self.bias)
         return F.linear(x, self.weight, self.bias)

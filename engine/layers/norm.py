@@ -18,8 +18,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype == torch.float32 and x.device.type == "cpu" and x.shape[0] <= cpu_kernels.MAX_ROWS \
-                and cpu_kernels.available():  # the C kernel: one call, not PyTorch's five small ops
+        # the C kernel: one call, not PyTorch's five small ops; on a prefill's rows too (512 rows of
+        # SmolLM2, one thread: 0.10 ms against F.rms_norm's 0.33, 2026-12-06)
+        if x.dtype == torch.float32 and x.device.type == "cpu" and cpu_kernels.available():
             return cpu_kernels.rms_norm(x, self.weight, self.eps, 1.0 if self.offset else 0.0)
         # one fused kernel for x / rms(x) (float32, as the reference does), then the weight
         if self.offset:

@@ -67,7 +67,8 @@ def test_plain_torch_without_the_c_kernels(monkeypatch, cpu_kernels_switch, chec
 
 def test_a_long_prompt_prefills_in_torch_then_decodes_fused(monkeypatch, cpu_kernels_switch, llm):
     cpu_kernels_switch(True)
-    (said, ran), *decodes = _ways(monkeypatch, llm, (PROMPT * 6)[:cpu_kernels.MAX_ROWS + 8])
+    # past the rows a plan takes (MAX_ROWS, or the C kernel's prefill rows on an AVX-512 build)
+    (said, ran), *decodes = _ways(monkeypatch, llm, (PROMPT * 40)[:fused.widest_rows() + 8])
     assert said == "torch" and ran == {"torch"}
     assert all(s == "c_fused" and r == {"c_fused"} for s, r in decodes)
 

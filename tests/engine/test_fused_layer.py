@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from engine import LLM, forward
+from engine.kernels import cpu as cpu_kernels
 from engine.layers import fused
 from engine.sampling_params import SamplingParams
 from engine.trace.capture import CaptureSpec, PassCapture
@@ -161,7 +162,12 @@ def test_long_prefill_and_unpacked_layers_keep_their_modules(checkpoint, monkeyp
     llm.generate([list(range(5, 12))], greedy)  # a 7-token prefill and 3 decode steps, all fused
     assert calls == [7] * len(layers) + [1] * 3 * len(layers)
     calls.clear()
-    llm.generate([list(range(5, 45))], SamplingParams(temperature=0, max_tokens=1))  # 40 rows: the modules
+    most = layers[0].fused.max_rows  # MAX_ROWS, or the C kernel's prefill rows (kernels.cpu.kernel_rows)
+    assert most == min(fused.PREFILL_ROWS, cpu_kernels.kernel_rows(torch.float32))
+    llm.generate([list(range(44, 4, -1))], SamplingParams(temperature=0, max_tokens=1))  # 40 rows, no cached prefix
+    assert calls == ([40] * len(layers) if most >= 40 else [])  # a prefill chunk in C where the kernel takes it
+    calls.clear()
+    llm.generate([[9] + list(range(5, 5 + most))], SamplingParams(temperature=0, max_tokens=1))  # past it: modules
     assert not calls
     from engine.layers.linear import pack_weights
     pack_weights(llm.engine.runner.model, on=False)  # oneDNN / PyTorch's matmul: no blocked weights

@@ -85,8 +85,10 @@ def test_linear_layer_takes_the_kernel_for_few_rows_only(dtype):
     w = layer.weight.detach().to(dtype).float()  # what the layer stores, widened
     limit = cpu.kernel_rows(dtype)  # past it, PyTorch's GEMM; an AVX2 build keeps MAX_ROWS
     wide = cpu.library().tt_vector_bits() >= 512
-    assert limit == (max(cpu.MAX_ROWS, cpu.PREFILL_KERNEL_ROWS[dtype if dtype != torch.bfloat16 or
-                     cpu.library().tt_linear16_path() else torch.float16]) if wide else cpu.MAX_ROWS)
+    tiles = dtype == torch.bfloat16 and cpu.amx_bf16()  # bfloat16 products on AMX past AMX_BF16_ROWS
+    assert limit == (cpu.MAX_ROWS if not wide else cpu.AMX_BF16_ROWS if tiles else max(
+        cpu.MAX_ROWS, cpu.PREFILL_KERNEL_ROWS[dtype if dtype != torch.bfloat16 or cpu.library().tt_linear16_path()
+                                              else torch.float16]))
     few, mid = torch.randn(1, 96), torch.randn(cpu.MAX_ROWS + 5, 96)
     many = torch.randn(limit + 1, 96) if limit < 4096 else None
     layer.pack(dtype=dtype)
@@ -98,7 +100,10 @@ def test_linear_layer_takes_the_kernel_for_few_rows_only(dtype):
     # a short prefill chunk: the kernel on an AVX-512 build, the GEMM on an AVX2 one; close either way
     close(layer(mid), F.linear(cpu.as_multiplied(mid, dtype), w, layer.bias), 96)
     if many is not None:  # a longer one goes to PyTorch's GEMM: bit for bit F.linear on the stored weight
-        assert torch.equal(layer(many), F.linear(cpu.as_multiplied(many, dtype), w, layer.bias))
+        with torch.backends.mkldnn.flags(enabled=True, fp32_precision="bf16" if tiles else "none"):
+            expected = F.linear(cpu.as_multiplied(many, dtype), w, layer.bias)
+        assert torch.equal(layer(many), expected)
+        assert torch.backends.mkldnn.matmul.fp32_precision == "none"  # the AMX setting was put back
     layer.pack(on=False)
     assert layer.blocked is None and torch.equal(layer.weight, w)
 
@@ -207,7 +212,7 @@ def test_moe_experts_through_the_kernel(inter, dtype):
 
 
 @pytest.mark.parametrize("offset", [False, True])
-@pytest.mark.parametrize("shape", [(1, 576), (3, 40), (2, 5, 24)])
+@pytest.mark.parametrize("shape", [(1, 576), (3, 40), (2, 5, 24), (600, 96)])  # 600: a prefill chunk
 def test_rms_norm_matches_torch(offset, shape):
     from engine.layers.norm import RMSNorm
     norm = RMSNorm(shape[-1], 1e-6, offset)

@@ -1,0 +1,55 @@
+"""A prefill chunk's matmul on a blocked weight: past kernels.cpu.kernel_rows rows of x the
+C kernel's one-row design loses to a GEMM, which needs the weight row-major. The blocked copy
+is the layer's only one (keeping a second would double the weights' memory), so each call
+widens it back, in one strided copy straight to float32 (a copy per matrix per pass: at 37
+rows about as long as the GEMM itself, at 512 rows a tenth of it).
+
+bfloat16 weights on a CPU with AMX: the GEMM runs with oneDNN's float32 matmuls allowed to
+take bfloat16 operands (torch.backends.mkldnn.matmul.fp32_precision = "bf16"), which sends
+them to the AMX tiles. Both operands are bfloat16 values already (the weight is stored so,
+x is rounded as every bfloat16 path rounds it, kernels.cpu.as_multiplied), so the products
+are the C kernel's, summed in float32, and the output stays float32: only the order of the
+sums differs. The setting is global to the process; it is set around the one call only.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from engine.kernels import cpu as cpu_kernels
+
+
+def widened(w: cpu_kernels.BlockedWeight) -> torch.Tensor:
+    """The weight [out, in] as float32, row-major, read back from its blocked copy in one
+    copy (unblocked().float() makes two at 16 bits)."""
+    d = w.data
+    nb, kb, rb, cb = d.shape
+    out = torch.empty(nb, rb, kb, cb, dtype=torch.float32)
+    out.copy_(d.permute(0, 2, 1, 3))
+    full = out.view(nb * rb, kb * cb)
+    if full.shape == (w.out_features, w.in_features):
+        return full
+    return full[:w.out_features, :w.in_features].contiguous()  # padded to whole blocks: cut
+
+
+def bf16_tiles(w: cpu_kernels.BlockedWeight, exact_rows: int) -> bool:
+    """Whether this call's products go to the AMX tiles: bfloat16 weights, a CPU with them,
+    and no logit-lens rows (those keep x's 16 mantissa bits, which bfloat16 operands lose)."""
+    return w.dtype == torch.bfloat16 and exact_rows <= 0 and cpu_kernels.amx_bf16()
+
+
+def gemm(x: torch.Tensor, w: cpu_kernels.BlockedWeight, bias: torch.Tensor | None = None,
+         exact_rows: int = 0) -> torch.Tensor:
+    """x [..., in] @ W.T (+ bias) -> [..., out] float32 by PyTorch's GEMM on the widened copy,
+    x rounded as the kernels for W's dtype round it (kernels.cpu.as_multiplied)."""
+    bias = None if bias is None else bias.float()
+    xm = cpu_kernels.as_multiplied(x, w.dtype, exact_rows)
+    if not bf16_tiles(w, exact_rows):
+        return F.linear(xm, widened(w), bias)
+    setting = torch.backends.mkldnn.matmul
+    before = setting.fp32_precision
+    setting.fp32_precision = "bf16"
+    try:
+        return F.linear(xm, widened(w), bias)
+    finally:
+        setting.fp32_precision = before
