@@ -237,6 +237,9 @@ def map_html(index: LayerIndex, layer: int, head: int, group: int, labels: Seque
     col_names = [gap_name if c < 0 else f"{c} {label_of(labels, int(c))!r}" for c in cols]
     spec = {"w": nc, "h": n, "x0": 0, "rows": names, "cols": col_names, "row_name": i18n.gettext(lang, "query"),
             "fmt": i18n.gettext(lang, "query {r} → key {c} · weight {v}"), "ctx": ctx,
+            "code_words": {65535: i18n.gettext(lang, "not captured"),  # hover.js's CODES, in lang
+                           65534: i18n.gettext(lang, "masked (causal: a later key)"),
+                           65533: i18n.gettext(lang, "masked (outside the sliding window)")},
             "codes": [(MASKED, mask == 1), (OUTSIDE_WINDOW, mask == 2)]}
     keys_said = (i18n.gettext(lang, "keys 0–{k}, {lo}–{hi}", k=str(k_head - 1), lo=str(lo), hi=str(hi - 1)) if len(lead)
                  else i18n.gettext(lang, "keys {lo}–{hi}", lo=str(lo), hi=str(hi - 1)))

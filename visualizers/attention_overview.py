@@ -149,7 +149,7 @@ def overview_html(index: LayerIndex, layers: Sequence[int], heads: Sequence[int]
         spec = {"kind": "cells", "w": len(cols), "h": len(layers), "layers": list(layers),
                 "heads": [heads[i] for i in cols], "kv": kv, "q": q, "qname": repr(_label(labels, q)),
                 "local": [local(l) or 0 for l in layers], "top": [[tops[li][i] for i in cols] for li in range(len(layers))],
-                "names": names, "ctx": i18n.gettext(lang, "click: open this head")}
+                "names": names, "ctx": i18n.gettext(lang, "click: open this head"), "words": hover_words(lang)}
         px = n_keys * kx + GAP
         head_names = "".join(f'<span style="width:{px}px">Q{heads[i]}</span>' for i in cols)
         lo_h, hi_h = heads[cols[0]], heads[cols[-1]]
@@ -164,3 +164,10 @@ def overview_html(index: LayerIndex, layers: Sequence[int], heads: Sequence[int]
                            "oldest left, scaled to its own largest; click a cell to open it", q=str(q), token=token,
                      keys=esc(_keys_words(axis, lang)))
     return f"<div class='tt-ov'><div class='tt-subtitle'>{line}</div><div class='tt-ov-grid'>{''.join(blocks)}</div></div>"
+
+
+def hover_words(lang: str) -> dict[str, str]:
+    """The templates the page's hover.js fills for a cell of the overview, in `lang`."""
+    return {"head": i18n.gettext(lang, "layer {layer}{local} · query head {head} (KV head {kv}) · query {q} {name}"),
+            "local": i18n.gettext(lang, " (local, window {w})"), "none": i18n.gettext(lang, "{head} · not captured"),
+            "most": i18n.gettext(lang, "{head} attends most to {keys} · {ctx}")}

@@ -83,29 +83,32 @@ def _highlighted(source: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(out) + ("",) * max(0, len(source) - len(out))
 
 
-def function_html(entry: Mapping, ran: bool | None = None, path_names: Mapping[str, str] | None = None) -> str:
+def function_html(entry: Mapping, ran: bool | None = None, path_names: Mapping[str, str] | None = None,
+                  lang: str = "en") -> str:
     """One function: `path:line Name`, why it is here, then its shown lines, numbered.
-    ran: for a function of one of a stage's ways, whether it is the way that ran (None: unknown)."""
+    ran: for a function of one of a stage's ways, whether it is the way that ran (None: unknown);
+    lang: the language of the words around the code (the code map's lines are in the catalogs)."""
     if entry.get("error"):
-        return (f"<div class='tt-code-fn'><h4>{esc(entry['name'])}</h4>"
-                f"<div class='tt-code-warn'>not found in this checkout: {esc(entry['error'])}</div></div>")
+        warn = gettext(lang, "not found in this checkout: {error}", error=entry["error"])
+        return f"<div class='tt-code-fn'><h4>{esc(entry['name'])}</h4><div class='tt-code-warn'>{esc(warn)}</div></div>"
     where = f"{entry['file']}:{entry['line']}"
     way = ""
     if entry.get("path"):
-        said = (path_names or {}).get(entry["path"], entry["path"])
+        said = gettext(lang, (path_names or {}).get(entry["path"], entry["path"]))
+        yes, no = gettext(lang, " · ran for this request"), gettext(lang, " · not taken by this request")
         # unknown when drawn (the page draws the view once): both words, hidden until a request's
         # stage text says which ways ran (code_facts.ways_style shows the right one)
-        state = ("<span class='tt-way-ran'> · ran for this request</span>"
-                 "<span class='tt-way-not'> · not taken by this request</span>") if ran is None else \
-            esc(" · ran for this request" if ran else " · not taken by this request")
-        way = f"<div class='tt-code-path'>one way: {esc(said)}{state}</div>"
+        state = (f"<span class='tt-way-ran'>{esc(yes)}</span><span class='tt-way-not'>{esc(no)}</span>"
+                 if ran is None else esc(yes if ran else no))
+        one_way = gettext(lang, "one way: {way}", way=said)  # outside the f-string: the extractor reads it
+        way = f"<div class='tt-code-path'>{esc(one_way)}{state}</div>"
     lines = _highlighted(tuple(entry["source"]))
     first, marks = entry["line"], set(entry.get("marks", ()))
     values = {at: name for at, name in entry.get("values", ())}  # the request's value goes after it (code_values.py)
     rows, after = [], first
     for start, end in entry["shown"]:
         if start > after:
-            rows.append(f"<span class='tt-code-gap'>⋯ lines {after}–{start - 1} not shown</span>")
+            rows.append(_gap(after, start - 1, lang))
         for n in range(start, end + 1):
             mark = " tt-cm" if n in marks else ""  # short names: a line's markup is most of the view's bytes
             value = f" data-v='{esc(values[n])}'" if n in values else ""
@@ -113,11 +116,16 @@ def function_html(entry: Mapping, ran: bool | None = None, path_names: Mapping[s
                         f"{lines[n - first]}</span>")
         after = end + 1
     if after <= entry["end"]:
-        rows.append(f"<span class='tt-code-gap'>⋯ lines {after}–{entry['end']} not shown</span>")
+        rows.append(_gap(after, entry["end"], lang))
     path = f" data-path='{esc(entry['path'])}'" if entry.get("path") else ""
     return (f"<div class='tt-code-fn' data-name='{esc(entry['name'])}'{path}><h4><code>{esc(where)}</code> "
-            f"{esc(entry['qualname'])} <span class='tt-code-why'>— {esc(entry['why'])}</span></h4>{way}"
+            f"<code>{esc(entry['qualname'])}</code> <span class='tt-code-why'>— {esc(gettext(lang, entry['why']))}</span></h4>{way}"
             f"<pre class='tt-code-src'>{''.join(rows)}</pre></div>")
+
+
+def _gap(first: int, last: int, lang: str) -> str:
+    line = gettext(lang, "⋯ lines {first}–{last} not shown", first=first, last=last)
+    return f"<span class='tt-code-gap'>{esc(line)}</span>"
 
 
 def summary_text(entries: Sequence[Mapping], lang: str = "en") -> str:
@@ -133,10 +141,10 @@ def summary_text(entries: Sequence[Mapping], lang: str = "en") -> str:
 
 
 def stage_code_body(entries: Sequence[Mapping], path_names: Mapping[str, str] | None = None,
-                    ran: Sequence[str] | None = None) -> str:
+                    ran: Sequence[str] | None = None, lang: str = "en") -> str:
     """What an open view holds: its style, then every function the map names for the stage (ran: as below)."""
-    return f"<style>{src_css()}</style>" + "".join(function_html(e, None if ran is None or not e.get("path") else e["path"] in ran, path_names)
-                   for e in entries)
+    return f"<style>{src_css()}</style>" + "".join(
+        function_html(e, None if ran is None or not e.get("path") else e["path"] in ran, path_names, lang) for e in entries)
 
 
 def stage_code_html(key: str, entries: Sequence[Mapping], path_names: Mapping[str, str] | None = None,
@@ -148,7 +156,7 @@ def stage_code_html(key: str, entries: Sequence[Mapping], path_names: Mapping[st
     fetched from when it first opens (the page's and the classroom's code.js), "" to hold them here."""
     if not entries:
         return ""
-    body = "" if src else stage_code_body(entries, path_names, ran)
+    body = "" if src else stage_code_body(entries, path_names, ran, lang)
     warn = f"<div class='tt-code-warn'>{esc(note)}</div>" if note else ""
     lazy = f" data-src='{esc(src)}'" if src else ""
     return (f"<details class='tt-code-box' data-key='{esc(key)}'{lazy}{' open' if open_ else ''}>"

@@ -3,6 +3,8 @@ prefill computed and cached per router, the hit rates, TTFT, and a map of where 
 request went (its replica, its system prompt, hit or miss)."""
 from __future__ import annotations
 
+import re
+
 from visualizers import i18n
 from visualizers.i18n import N_, gettext
 from visualizers.lab import SETTING_COLORS, bars, distribution, esc, layout
@@ -47,7 +49,7 @@ def routing_map(settings: list[dict], lang: str = i18n.DEFAULT) -> dict:
         rows += [gettext(lang, "{setting} · replica {n}", setting=esc(label), n=i + 1) for i in range(n)]
         by_id = {r["request_id"]: r for r in s["per_request"]}
         order = {rt["request_id"]: j for j, rt in enumerate(s["extra"]["routes"])}
-        reason = {rt["request_id"]: rt["reason"] for rt in s["extra"]["routes"]}
+        reason = {rt["request_id"]: route_reason(lang, rt["reason"]) for rt in s["extra"]["routes"]}
         for k in sorted(set(s["extra"]["system_of"].values())):
             mine = [rid for rid, p in s["extra"]["system_of"].items() if p == k and rid in by_id]
             data.append({
@@ -115,3 +117,26 @@ def sentences(result: dict, lang: str = i18n.DEFAULT) -> list[str]:
                            pa=m_pa["max_requests_on_a_replica"], n=m_pa["requests"],
                            rr=m_rr["max_requests_on_a_replica"]))
     return out
+
+
+# the router's reasons (app/serving/router.py writes them in English into the result): each
+# reason's form, then its words in the catalogs
+_FIRST = [(re.compile(r"no prompt ids to look up: (.*)"), N_("no prompt ids to look up: {then}")),
+          (re.compile(r"no replica holds a prefix of it: (.*)"), N_("no replica holds a prefix of it: {then}")),
+          (re.compile(r"loads (\d+)\.\.(\d+) too far apart: (.*)"), N_("loads {lo}..{hi} too far apart: {then}"))]
+_CORE = [(re.compile(r"its turn"), N_("its turn")),
+         (re.compile(r"least loaded \((\d+) in flight\)"), N_("least loaded ({n} in flight)")),
+         (re.compile(r"holds the longest cached prefix \((\d+) tokens\)"),
+          N_("holds the longest cached prefix ({n} tokens)"))]
+
+
+def route_reason(lang: str, reason: str) -> str:
+    """The router's reason for a route, in `lang` (a form it does not know: as written)."""
+    for form, said in _FIRST:
+        if m := form.fullmatch(reason):
+            *nums, rest = m.groups()
+            return gettext(lang, said, **dict(zip(("lo", "hi"), nums)), then=route_reason(lang, rest))
+    for form, said in _CORE:
+        if m := form.fullmatch(reason):
+            return gettext(lang, said, **({"n": m[1]} if m.groups() else {}))
+    return reason

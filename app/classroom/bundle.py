@@ -41,7 +41,7 @@ def bundle_zip(room, server: str, css: str, lang: str = i18n.DEFAULT) -> bytes:
             z.writestr(f"stages/{i}.json", room.stage_body(i, lang))
             z.writestr(f"stages/revealed/{i}.json", shown.stage_body(i, lang))
         for key in code_views():  # each stage's code view, fetched when the presenter opens it (classroom.js)
-            z.writestr(f"code/{key}.html", code_body(key))
+            z.writestr(f"code/{key}.html", code_body(key, lang))
         z.writestr("trace.json", room.rec.dumps())
         z.writestr("README.txt", README.format(room=room.room_id, request_id=room.rec.request_id, server=server))
     return buf.getvalue()

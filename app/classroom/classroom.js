@@ -159,7 +159,7 @@ function loadCode(d) {  // a view's functions, fetched the first time it opens (
   if (!d.open || d.dataset.loaded) return;
   d.dataset.loaded = 'loading';
   const key = encodeURIComponent(d.dataset.key);
-  fetch(STATIC ? `code/${key}.html` : `${SERVER}/code/${key}`).then(r => r.ok ? r.text() : Promise.reject(r.status))
+  fetch(STATIC ? `code/${key}.html` : `${SERVER}/code/${key}${LANG === 'en' ? '' : '?lang=' + LANG}`).then(r => r.ok ? r.text() : Promise.reject(r.status))
     .then(html => { d.insertAdjacentHTML('beforeend', html); d.dataset.loaded = 'yes'; })  // the server's, escaped there
     .catch(() => { delete d.dataset.loaded; });
 }

@@ -25,6 +25,7 @@ from visualizers._html import esc
 from visualizers.code_facts import ran_html, read
 from visualizers.code_values import beside, values_style
 from visualizers.code_view import BOX_CSS, stage_code_body, stage_code_html
+from visualizers import i18n
 from visualizers.i18n import gettext
 from visualizers.journey import Stage
 
@@ -49,25 +50,31 @@ def paths() -> dict[str, str]:
 @cache
 def code_views(lang: str = "en") -> dict[str, str]:
     """Stage key -> its code view's HTML: closed, its one line (in `lang`); its functions fetched on opening."""
-    return {key: stage_code_html(key, entries, paths(), src=f"code/{key}", lang=lang)
+    return {key: stage_code_html(key, entries, paths(), src=code_src(key, lang), lang=lang)
             for key, entries in stages().items()}
 
 
+def code_src(key: str, lang: str = "en") -> str:
+    """Where a view's functions are fetched from: in its reader's language (English: no query)."""
+    return f"code/{key}" if lang == i18n.DEFAULT else f"code/{key}?lang={lang}"
+
+
 @cache
-def code_body(key: str) -> str:
-    """An open view's functions (GET /code/{key}); KeyError for a stage that is not one."""
-    return stage_code_body(stages()[key], paths())
+def code_body(key: str, lang: str = "en") -> str:
+    """An open view's functions (GET /code/{key}), their words in `lang`; KeyError for a stage that is not one."""
+    return stage_code_body(stages()[key], paths(), lang=lang)
 
 
 def add_code_routes(api: FastAPI) -> None:
     """GET /code/{key}: a stage's code view, opened (the same bytes for every request of this
     checkout: the browser keeps them, revalidating by the commit)."""
     @api.get("/code/{key}", response_class=HTMLResponse, include_in_schema=False)
-    def code_view(key: str) -> HTMLResponse:
+    def code_view(key: str, lang: str | None = None) -> HTMLResponse:
         if key not in stages():
             raise HTTPException(404, f"no stage {key[:40]!r}")
-        return HTMLResponse(code_body(key), headers={"Cache-Control": "public, max-age=3600",
-                                                     "ETag": f'"{checkout_commit() or "none"}.{key}"'})
+        tongue = i18n.normalize(lang) or i18n.DEFAULT  # an unknown language: English
+        return HTMLResponse(code_body(key, tongue), headers={
+            "Cache-Control": "public, max-age=3600", "ETag": f'"{checkout_commit() or "none"}.{key}.{tongue}"'})
 
 
 @cache

@@ -39,8 +39,10 @@
     el.textContent = out;
     el.classList.add("tt-no-glyph");
     const cell = el.closest("td");
-    if (cell) cell.title = (cell.title ? cell.title + " · " : "") + "no font here draws " + JSON.stringify(text) +
-      ": written as its code points";
+    // the words in the page's language (window.TT_WORDS: the catalogs', by <html lang>)
+    const words = (window.TT_WORDS || {})[(document.documentElement.lang || "").startsWith("zh") ? "zh-CN" : "en"] || {};
+    const note = (words.noGlyph || "no font here draws {text}: written as its code points").replace("{text}", JSON.stringify(text));
+    if (cell) cell.title = (cell.title ? cell.title + " · " : "") + note;
   }
   let queued = false;
   new MutationObserver(() => {

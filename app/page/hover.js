@@ -18,18 +18,24 @@
     }
     return el._tt;
   }
+  // the words a hover writes: the panel's spec carries them in the page's language (s.words,
+  // s.code_words: from the catalogs), these English ones where an older spec has none
+  const WORDS = {head: "layer {layer}{local} · query head {head} (KV head {kv}) · query {q} {name}",
+    local: " (local, window {w})", none: "{head} · not captured", most: "{head} attends most to {keys} · {ctx}"};
+  function fill(t, v) { return t.replace(/\{(\w+)\}/g, (m, k) => (k in v ? String(v[k]) : m)); }
   function fmtValue(s, x) {
-    if (s.enc === "u16" && CODES[x]) return CODES[x];
+    const codes = s.code_words || CODES;
+    if (s.enc === "u16" && codes[x]) return codes[x];
     return (x / s.scale).toFixed(4);
   }
   function cellWords(s, row, col) {  // the attention overview: one layer and head, its top keys
-    const w = s.local[row], t = s.top[row] ? s.top[row][col] : null;
-    const head = `layer ${s.layers[row]}${w ? ` (local, window ${w})` : ""} · query head ${s.heads[col]} ` +
-      `(KV head ${s.kv}) · query ${s.q} ${s.qname}`;
-    if (!t) return `${head} · not captured`;
+    const W = s.words || WORDS, w = s.local[row], t = s.top[row] ? s.top[row][col] : null;
+    const head = fill(W.head, {layer: s.layers[row], local: w ? fill(W.local, {w}) : "", head: s.heads[col],
+                               kv: s.kv, q: s.q, name: s.qname});
+    if (!t) return fill(W.none, {head});
     const keys = [];
     for (let i = 0; i < t.length; i += 2) keys.push(`${s.names[t[i]]}@${t[i]} ${t[i + 1].toFixed(2)}`);
-    return `${head} attends most to ${keys.join(", ")} · ${s.ctx}`;
+    return fill(W.most, {head, keys: keys.join(", "), ctx: s.ctx});
   }
   function describe(s, row, col) {
     if (s.kind === "cells") return cellWords(s, row, col);

@@ -14,6 +14,7 @@ order. With no engine (`--replay FILE`) the page only replays.
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Callable
 
@@ -36,6 +37,7 @@ from app.page.skips import SkipBlocks
 from app.page.stages import empty_stages, map_html, section_panels, stage_html
 from app.page.tabs import key_of, lang_of
 from app.page.texts import model_summary  # noqa: F401 - the page's model line, read by tests
+from visualizers import i18n
 from app.page.trace_files import write_timeline, write_trace
 from app.serving.engine_service import EngineService
 from app.serving.limits import client_of
@@ -50,8 +52,12 @@ CSS = (Path(__file__).with_name("page.css")).read_text() + "\n" + (
     + CODE_CSS + "\n" + language.CSS
 # a Chinese page hidden until its load made it Chinese; hover tips, token picks; code points; a chip's
 # section in view; the answer's newest lines in view; a stage's code view fetched when it opens
-HEAD = "".join(f"<script>{Path(__file__).with_name(js).read_text()}</script>"
-               for js in ("first_paint.js", "hover.js", "glyphs.js", "focus.js", "follow.js", "code.js"))
+# the words the page's scripts write themselves, from the catalogs, per language (<html lang> picks)
+JS_WORDS = {tag: {"noGlyph": i18n.gettext(lang, "no font here draws {text}: written as its code points")}
+            for tag, lang in (("en", "en"), ("zh-CN", "zh_CN"))}
+HEAD = f"<script>window.TT_WORDS = {json.dumps(JS_WORDS, ensure_ascii=False)};</script>" + "".join(
+    f"<script>{Path(__file__).with_name(js).read_text()}</script>"
+    for js in ("first_paint.js", "hover.js", "glyphs.js", "focus.js", "follow.js", "code.js"))
 LATER_PANELS = ("logit_lens", "parallel")  # panels added after the page's API was published: last in its outputs
 NEWEST = ("choices",)
 SIDEBAR = ("answer",)  # panels drawn beside the map (under Send), not in their stage's section  # added later still: at the very end of the outputs (after the extra controls)

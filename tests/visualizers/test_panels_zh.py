@@ -68,3 +68,26 @@ def test_the_selection_the_frozen_warning_and_the_mla_formula_in_chinese():
     assert "= <b>每个词元 2,304 B</b>，即 KV 池自己的计数（计算器的公式给出同样的结果）" in zh, zh
     assert "这个请求：2,304 B × 37 个词元" in zh and "<b>2,304 B per token</b>" in latent_formula_html(m, 37)
     assert MODEL["name"] == "m"
+
+
+def test_the_words_the_pages_scripts_write_come_from_the_catalogs():
+    """hover.js fills the attention overview's templates from the panel's spec, glyphs.js its note
+    from window.TT_WORDS: both in the page's language, each placeholder kept."""
+    from app.page.layout import JS_WORDS
+    from visualizers.attention_overview import hover_words
+    zh, en = hover_words("zh_CN"), hover_words("en")
+    assert en["most"] == "{head} attends most to {keys} · {ctx}" and "最关注" in zh["most"]
+    for k in en:
+        assert set(re.findall(r"\{\w+\}", zh[k])) == set(re.findall(r"\{\w+\}", en[k])), k
+    assert "{text}" in JS_WORDS["zh-CN"]["noGlyph"] and "字体" in JS_WORDS["zh-CN"]["noGlyph"]
+
+
+def test_the_routers_reasons_in_chinese():
+    """The lab's routing figure: the router's reasons (written in English into the result) said in the
+    figure's language; a form it does not know stays as written."""
+    from visualizers.lab_routing import route_reason
+    said = route_reason("zh_CN", "no replica holds a prefix of it: least loaded (2 in flight)")
+    assert said == "没有哪个副本缓存了它的前缀：负载最轻（2 个正在处理）", said
+    assert route_reason("zh_CN", "holds the longest cached prefix (32 tokens)") == "缓存的前缀最长（32 个词元）"
+    assert route_reason("zh_CN", "loads 0..5 too far apart: its turn") == "负载 0..5 相差太大：轮到它"
+    assert route_reason("en", "its turn") == "its turn" and route_reason("zh_CN", "new reason") == "new reason"

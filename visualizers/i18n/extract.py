@@ -94,13 +94,19 @@ def _classroom(path: Path) -> list[tuple[str | tuple, int]]:
 
 def _engine_words(path: Path) -> list[tuple[str, int]]:
     """The values of a module-level `PATHS = {...}` (the engine's code map names its code paths
-    in words; the engine imports nothing of visualizers/, so it cannot mark them)."""
+    in words; the engine imports nothing of visualizers/, so it cannot mark them), and each
+    `Code(name, why, ...)`'s why (the line an open code view gives each function)."""
     out = []
-    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in tree.body:
         if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "PATHS" for t in node.targets) \
                 and isinstance(node.value, ast.Dict):
             out += [(v.value, v.lineno) for v in node.value.values if isinstance(v, ast.Constant)
                     and isinstance(v.value, str)]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "Code" and len(node.args) > 1 \
+                and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str):
+            out.append((node.args[1].value, node.args[1].lineno))
     return out
 
 
@@ -113,7 +119,8 @@ def template() -> Catalog:
         found += [(m, path, line) for m, line in _python(path)]
     for path in sorted((ROOT / "app" / "page").glob("*.py")):
         found += [(m, path, line) for m, line in _chrome(path)]
-    found += [(m, ROOT / "engine" / "code_map.py", line) for m, line in _engine_words(ROOT / "engine" / "code_map.py")]
+    for path in (ROOT / "engine" / "code_map.py", ROOT / "app" / "page" / "intake_code.py"):
+        found += [(m, path, line) for m, line in _engine_words(path)]
     for path in sorted((ROOT / "app" / "classroom").glob("*.js")) + sorted((ROOT / "app" / "classroom").glob("*.html")):
         found += [(m, path, line) for m, line in _classroom(path)]
     for msg, path, line in found:

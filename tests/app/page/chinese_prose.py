@@ -16,7 +16,7 @@ KEPT = {"KV", "MoE", "MLP", "MLA", "ID", "IDs", "logit", "logits", "lens", "RoPE
         "softmax", "nats", "TTFT", "SSE", "API", "JSON", "OpenAI", "all", "reduce", "to", "d_model", "UTF", "LM",
         "head", "top", "min", "max", "tokens", "off", "basic", "full", "trace_level", "bias", "seed", "stop",
         "length", "abort", "ngram", "draft", "MODEL", "capture", "keys", "float", "float32", "float16", "bfloat16",
-        "GiB", "MiB", "KiB", "ms", "BPE", "byte", "level", "FlashAttention", "SDPA", "torch", "Triton", "c_fused", "prompt",
+        "GiB", "MiB", "KiB", "ms", "BPE", "byte", "level", "FlashAttention", "SDPA", "torch", "Triton", "pydantic", "Sequence", "ForwardBatch", "c_fused", "prompt",
         "lookup", "POST", "completions", "chat", "temperature", "presence_penalty", "frequency_penalty",
         "repetition_penalty", "min_tokens", "logit_bias", "finish_reason", "usage", "max_tokens", "gram", "argmax",
         "hidden", "vocab", "Llama"}  # (Llama: the reference model the parallelism panel quotes)

@@ -183,4 +183,6 @@ def test_a_token_no_font_draws_is_written_as_its_code_points(server, browser):
     assert got["none"] == "aU+F0002b" and "no font here draws" in got["title"], got
     assert got["kept"] == "\u00e9t\u00e9 \u2423x", got
     assert got["two"] == "U+F0002\u2009U+F0003", got  # G 1400: "U+3076U+308A" ran together
+    page.evaluate("() => { document.documentElement.lang = 'zh-CN'; }")  # as the switch sets it
+    assert "这里没有字体能画出" in page.evaluate(GLYPHS)["title"]  # the note in the page's language (TT_WORDS)
     context.close()

@@ -58,3 +58,25 @@ def test_a_replayed_trace_shows_the_warning_in_its_request_stage():
     said = {s.key: s.text for s in stages_of(view)}
     assert "recorded on commit eeeeeeeeeeee" in said["request"]
     assert "Ran for this request" not in said["layers"]  # this trace predates schedule.step's attention
+
+
+def test_an_open_view_speaks_its_readers_language_and_is_cached_apart():
+    """Issue 42: the functions' lines of an open view (GET /code/KEY?lang=...) in the reader's
+    language; the code itself as written; each language its own ETag (a browser never takes one
+    language's view for the other's)."""
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from app.page.code_panel import add_code_routes
+    from tests.app.page.chinese_prose import english
+    assert "一个块的键" in code_body("prefix", "zh_CN") and "the key of the block before it" in code_body("prefix")
+    for key in KEYS:
+        assert not english(code_body(key, "zh_CN")), (key, sorted(set(english(code_body(key, "zh_CN")))))
+    assert "code/prefix?lang=zh_CN" in code_views("zh_CN")["prefix"] and "data-src='code/prefix'" in code_views()["prefix"]
+    api = FastAPI()
+    add_code_routes(api)
+    with TestClient(api) as client:
+        zh, en, odd = (client.get("/code/prefix", params={"lang": t}) for t in ("zh-CN", "en", "xx"))
+    assert zh.status_code == en.status_code == odd.status_code == 200
+    assert "一个块的键" in zh.text and en.text == odd.text == code_body("prefix")  # an unknown language: English
+    assert zh.headers["etag"] != en.headers["etag"]
