@@ -67,6 +67,7 @@ class LiveView:
     drawn_at: dict[str, float] = field(default_factory=dict)
     token_seen_at: list[float] = field(default_factory=list)  # when each streamed token reached this view
     replaying: bool = False  # a recording shown at one of its steps (not a live request)
+    live: bool = True  # a request's own stream (False: a recording's view: its lenses all there, some cut)
     drawn: dict[str, str] = field(default_factory=dict)  # each panel's last drawn HTML
     n: int = 1  # choices asked for (n > 1: the others' outputs arrive in this view's queue too)
     others: dict[str, list[dict]] = field(default_factory=dict)  # choice id ("<id>.i") -> its outputs
@@ -184,7 +185,8 @@ class LiveView:
             return select_pass([""] * n_prompt + [self.piece(t) for t in self.generated_ids()], self.position,
                                n_prompt, self.lang)
         # the lens's newest pass, until the trace's end brings every token's lens (or a byte cap stopped them)
-        lens = self.by_type.get("logit_lens") if self.truncated is None and self.first("finish") is None else None
+        lens = self.by_type.get("logit_lens") if self.live and self.truncated is None and self.first("finish") is None \
+            else None
         return newest_with_lens(select_pass(self.labels(), self.position, tok["count"], self.lang),
                                 max(e["position"] for e in lens) if lens else None)
 

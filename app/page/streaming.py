@@ -114,13 +114,16 @@ class Streaming(PageState):
                    key: str) -> Iterator[dict]:
         """The answer is shown; its trace's end (the lenses of its tokens, then `finish`) is awaited
         before the final panels and the recording, with Status saying so."""
-        if not trace_ending(view):
+        def ending() -> bool:  # its own trace, or (n > 1) another choice's, not ended yet
+            return trace_ending(view) or (view.finished and view.request_id is not None and getattr(
+                tab.service, "trace_open", lambda *_: False)(view.request_id, view.n))
+        if not ending():
             return
         # every panel as the answer ends (the newest pass with its lens); the answer is over: nothing to stop
         yield merged(self.full(tab, view, tx(key, "{done} · computing the logit lens of its tokens", done=done)),
                      self.stop_look(False, can_stop=tab.watched))
         end = time.monotonic() + LENS_WAIT_S
-        while trace_ending(view) and time.monotonic() < end and not tab.replaced:
+        while ending() and time.monotonic() < end and not tab.replaced:
             view.add(next_items(YIELD_EVERY))
 
     def run(self, key: str, c: Controls, client: str | None = None) -> Iterator[dict]:

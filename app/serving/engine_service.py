@@ -319,6 +319,11 @@ class EngineService:
                     del self._parent[cid]
         self.slots.release(rid)
 
+    def trace_open(self, request_id: str, n: int = 1) -> bool:
+        """Whether a request's trace (any of its n choices') has not ended yet: its `finish` event
+        follows the logit lenses computed after its last token; the store has it whole after."""
+        return self._ends.open([request_id] + [f"{request_id}.{i}" for i in range(1, n)])
+
     def _finished(self, request_id: str) -> None:
         self.engine.release(request_id)  # its events live on in the trace store
         with self._subs_lock:

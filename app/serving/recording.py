@@ -187,7 +187,7 @@ class Recording:
 
     def new_view(self) -> LiveView:
         view = LiveView(model=self.model, piece=lambda i: self.pieces.get(i, f"<{i}>"),
-                        is_special=lambda i: i in self.special)
+                        is_special=lambda i: i in self.special, live=False)
         show_accepted(view, self.request_id, self.body, "accepted (recorded)")
         view.n = 1 + len(self.choices)  # the Choices panel draws them side by side as the live page did
         note = truncation_note(self.truncated, self.dropped)

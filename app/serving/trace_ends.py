@@ -36,6 +36,11 @@ class TraceEnds:
             self.held[item["request_id"]] = item
             return True
 
+    def open(self, request_ids) -> bool:
+        """Whether any of these requests' traces still waits for its `finish` event."""
+        with self.lock:
+            return any(r in self.traced for r in request_ids)
+
     def release_all(self) -> list[dict]:
         """The held outputs (the engine failed: no finish event will come)."""
         with self.lock:

@@ -24,8 +24,8 @@ def _stream(svc, body: dict) -> tuple[str, float, float]:
     """One request to its end: (id, seconds from its first token to its last, tokens after the first)."""
     watch = svc.submit(parse_body(body))
     first = last = None
-    n = 0
-    while last is None:
+    n, ended, give_up = 0, False, time.monotonic() + 600
+    while not ended and time.monotonic() < give_up:  # to the trace's end: its `finish` follows the lenses
         for item in watch.drain(0.05):
             if item.get("type") == "output" and item["request_id"] == watch.request_id:
                 if item.get("token_id", -1) >= 0:
@@ -33,6 +33,7 @@ def _stream(svc, body: dict) -> tuple[str, float, float]:
                     first = first or time.perf_counter()
                 if item["finished"]:
                     last = time.perf_counter()
+            ended = ended or (item.get("type") == "finish" and item.get("request_id") == watch.request_id)
     svc.unsubscribe(watch)
     return watch.request_id, last - first, n - 1
 

@@ -32,7 +32,9 @@ def collect(watch, timeout=60.0) -> list[dict]:
     items, end = [], time.monotonic() + timeout
     while time.monotonic() < end:
         items += watch.drain(0.05)
-        if any(i["type"] == "output" and i["finished"] for i in items):
+        # the client's finished output, then (traced) the trace's finish event: it follows the lenses
+        if any(i["type"] == "output" and i["finished"] for i in items) and (
+                not any(i["type"] == "request.arrive" for i in items) or any(i["type"] == "finish" for i in items)):
             return items
     raise AssertionError("the request did not finish")
 
