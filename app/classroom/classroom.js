@@ -5,6 +5,7 @@ const ROOM = CONFIG.room, KEY = CONFIG.key, COUNT = CONFIG.count;
 const SERVER = CONFIG.server, STATIC = CONFIG.static, LANG = CONFIG.lang || 'en';  // the stages' language
 const api = path => `${SERVER}/classroom/${ROOM}/${path}`;
 let shown = -1, version = -1, target = 0, pending = 0;  // target: where the presenter's keys have sent the class
+let moved = false;  // the presenter pressed a key: its target is its own from then on
 let room = null;  // the room's newest state (pushed)
 const $ = id => document.getElementById(id);
 // this screen's words (its browser's language, sent by the classroom's page as CONFIG.text):
@@ -187,7 +188,8 @@ async function apply(s) {
   if (!CONFIG.static && s.count !== undefined && s.count !== COUNT) { location.reload(); return; }
   room = s;
   // viewers adopt the room's stage; the presenter only at first (a late event must not undo its keys)
-  if (!KEY || shown < 0) { target = s.stage; await show(s.stage, s.trace_version); }
+  // (a key pressed before the first state came keeps its target: the state must not undo it)
+  if (!KEY || (shown < 0 && !moved)) { target = s.stage; await show(s.stage, s.trace_version); }
   else if (!pending && s.stage === target) await show(s.stage, s.trace_version);  // a live trace grew
   if (room === s) { renderPick(s); renderQuestion(s.question); syncCode(s); }
 }
@@ -215,6 +217,7 @@ async function poll() {  // without EventSource only
 }
 async function go(i) {
   if (!KEY) return;
+  moved = true;
   target = Math.max(0, Math.min(COUNT - 1, i));
   presenterButtons();
   if (pending) return;  // the loop below sends the latest target: one request at a time, in order
