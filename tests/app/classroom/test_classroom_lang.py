@@ -20,11 +20,16 @@ from app.store.room_rows import RoomRow
 HAN = re.compile(r"[\u4e00-\u9fff]")
 
 
-def test_each_language_is_built_once_per_trace_version_and_served_by_its_own_url(recording):
-    rooms = Classrooms()
-    api = FastAPI()
+def served(recording) -> tuple[Classrooms, TestClient]:
+    """The classroom's routes over one recorded request: (its rooms, a client of them)."""
+    rooms, api = Classrooms(), FastAPI()
     add_classroom_routes(api, rooms, "", lambda rid: recording if rid == recording.request_id else None)
-    with TestClient(api) as client:
+    return rooms, TestClient(api)
+
+
+def test_each_language_is_built_once_per_trace_version_and_served_by_its_own_url(recording):
+    rooms, client = served(recording)
+    with client:
         made = client.post("/classroom", json={"request_id": recording.request_id}).json()
         room = rooms.get(made["id"])
         zh = client.get(made["audience_url"], headers={"Accept-Language": "zh-CN,zh;q=0.9"}).text
@@ -93,10 +98,8 @@ def test_an_experiments_stage_speaks_each_screens_language_and_lasts():
 
 def test_a_refused_vote_is_said_in_the_screens_language(recording):
     """The API's refusal stays English (OpenAI's error shape); the Chinese screen shows its words."""
-    rooms = Classrooms()
-    api = FastAPI()
-    add_classroom_routes(api, rooms, "", lambda rid: recording if rid == recording.request_id else None)
-    with TestClient(api) as client:
+    _, client = served(recording)
+    with client:
         made = client.post("/classroom", json={"request_id": recording.request_id}).json()
         refused = client.post(f"/classroom/{made['id']}/vote", json={"choice": 0, "voter": "student-0001"}).json()
         said = refused["error"]["message"]
