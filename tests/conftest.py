@@ -11,6 +11,7 @@ os.environ.setdefault("TOKENTRACE_DB", "none")  # servers the tests start keep t
 import pytest  # noqa: E402
 
 from tests import cpu_times  # noqa: E402
+from tests.worker_timeline import TIMELINE  # noqa: E402
 from tests.cost_markers import costliest_modules_first, mark_costs  # noqa: E402
 from tests.tiny import make_checkpoint  # noqa: E402
 
@@ -47,10 +48,12 @@ def pytest_runtest_makereport(item, call):
 
 def pytest_runtest_logreport(report) -> None:
     cpu_times.keep(report)
+    TIMELINE.keep(report)
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
     cpu_times.summary(terminalreporter)
+    TIMELINE.summary(terminalreporter)
 
 
 @pytest.fixture(scope="session")
