@@ -12,6 +12,7 @@ import pytest  # noqa: E402
 
 from tests import cpu_times  # noqa: E402
 from tests.worker_timeline import TIMELINE  # noqa: E402
+from tests.workers import auto_workers  # noqa: E402
 from tests.cost_markers import costliest_modules_first, mark_costs  # noqa: E402
 from tests.tiny import make_checkpoint  # noqa: E402
 
@@ -22,6 +23,10 @@ def pytest_collection_modifyitems(config, items) -> None:
     costliest modules first, for the workers (pytest.ini)."""
     mark_costs(items)
     costliest_modules_first(items)
+
+
+def pytest_xdist_auto_num_workers(config) -> int:
+    return auto_workers()
 
 
 # CPU seconds per test, printed after --durations' wall times (tests/cpu_times.py)
