@@ -134,9 +134,12 @@ class StepTrace:
         ended = self.lenses.ended
         while ended:
             rid = next(iter(ended))
-            self._emit_later(rid, self.later.take(rid, DRAIN_EVENTS))  # its events (in step order) ...
-            if self.lenses.pending.get(rid):  # ... and a kernel call's lenses
-                self._emit_lenses(self.lenses.slice(rid, self.lenses.one_call(rid)))
+            # a kernel call's lenses, after the events of their steps (in step order; without lenses, a chunk)
+            works = self.lenses.slice(rid, self.lenses.one_call(rid)) if self.lenses.pending.get(rid) else []
+            self._emit_later(rid, self.later.take(rid, DRAIN_EVENTS) if not works else
+                             self.later.take_until(rid, works[-1].step))
+            if rid not in self.cut:  # (a reader's cap met among those events drops the lenses too)
+                self._emit_lenses(works)
             if not self.lenses.pending.get(rid) and not self.later.waits(rid):
                 self.lenses.pending.pop(rid, None)
                 done = ended.pop(rid)
@@ -161,7 +164,7 @@ class StepTrace:
         self.later.stop(request_id)  # and its waiting captures (its `sample` events still come)
         self.cut.add(request_id)
         x = self.emitting[1] if self.emitting is not None and self.emitting[0] == request_id else None
-        if x is not None and x.where is not None:  # a capture built after its step: cut from that pass on
+        if x is not None:  # an event built after its step: the captures cut from that pass on
             if seq is not None and not seq.is_finished:
                 self.capture_stops.add(request_id)
             self.emit(events.trace_truncated(request_id, limit_bytes, x.step, *x.where), x.step)
@@ -237,7 +240,7 @@ class StepTrace:
                 row = row.clone()
                 sample = sample[:5] + (row,) + sample[6:]
             self._keep(seq.request_id, live, partial(self._sample_event, *sample), step.number,
-                       row.nbytes, None)
+                       row.nbytes, part.scheduled, captured=False)
             if part.lens_row is not None:
                 rows = self._lens_rows(step)[:, part.lens_row + j].clone()  # [L, hidden], freed with the step's
                 work = LensWork(seq, step.number, len(seq), source, token, seq.capture.logit_lens, rows, None, row)
@@ -265,23 +268,23 @@ class StepTrace:
             self.live[rid] = live
         return live
 
-    def _keep(self, request_id: str, live: bool, build, step: int, nbytes: int,
-              where: tuple[int, int] | None) -> None:
-        """An event of the step: built and emitted now where live, else kept to build later.
-        where: a tensor capture's pass (its first position, the answer tokens made), else None."""
+    def _keep(self, request_id: str, live: bool, build, step: int, nbytes: int, s: ScheduledSeq,
+              captured: bool) -> None:
+        """An event of the step (of s's pass; captured: a tensor capture, else the `sample` event):
+        built and emitted now where live, else kept to build later."""
         if live:
             event = build()
             if event is not None:
                 self.emit(event)
             return
         self._emit_later(request_id, self.later.keep(
-            request_id, Later(build, step, nbytes, where)))
+            request_id, Later(build, step, nbytes, (s.start, pass_made(s)), captured)))
 
     def _emit_later(self, request_id: str, items: list[Later]) -> None:
         """Waiting events built now, each stamped with its step (none of a cut request's captures);
         their time is now's: a trace's events come in time order."""
         for x in items:
-            if x.where is not None and request_id in self.cut:
+            if x.captured and request_id in self.cut:
                 continue
             event = x.build()
             if event is not None:
@@ -329,20 +332,19 @@ class StepTrace:
     def _captures_of(self, step: StepPass, b: int, s: ScheduledSeq, end: int, live: bool) -> None:
         """Sequence b's embedding rows, attention and MoE routing, of positions before `end`."""
         capture, cfg, spec, rid = step.capture, self.model_config, s.seq.capture, s.seq.request_id
-        where = (s.start, pass_made(s))
         if b in capture.embed:
             rows = capture.embed[b]
             self._keep(rid, live, partial(events.embed, s, rows, cfg.hidden_size, end, spec.compact), step.number,
-                       rows.nbytes, where)
+                       rows.nbytes, s, captured=True)
         heads = spec.heads if spec.heads is not None else list(range(cfg.num_heads))
         if b in capture.attention:
             a = capture.attention[b]
             self._keep(rid, live, partial(events.attention, s, a, heads, cfg, end, spec.compact), step.number,
-                       a.probs.nbytes, where)
+                       a.probs.nbytes, s, captured=True)
         for layer, per_seq in capture.moe.items():
             if b in per_seq:
                 self._keep(rid, live, partial(events.moe, s, layer, per_seq[b], capture.expert_load[layer], cfg, end),
-                           step.number, 0, where)
+                           step.number, 0, s, captured=True)
 
 
 def pass_made(s: ScheduledSeq) -> int:

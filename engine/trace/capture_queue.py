@@ -33,9 +33,9 @@ class Later:
     build: Callable[[], Event | None]
     step: int
     nbytes: int  # what it holds on to
-    # a tensor capture's pass: its first position and the answer tokens made (trace.truncated's, where a
-    # reader's byte cap stops the captures at it); None: the `sample` event (a cap does not drop it)
-    where: tuple[int, int] | None
+    where: tuple[int, int]  # its pass's first position and the answer tokens made (a trace.truncated's, if
+    # a reader's byte cap is met as it is emitted: the captures stop at that pass)
+    captured: bool  # a tensor capture (the cap drops it), not the `sample` event
 
 
 @dataclass
@@ -79,6 +79,12 @@ class CaptureQueue:
             self.held_bytes.pop(request_id, None)
         return out
 
+    def take_until(self, request_id: str, step: int) -> list[Later]:
+        """The request's waiting events of steps up to `step`, out of the queue."""
+        queue = self.pending.get(request_id, [])
+        n = next((i for i, x in enumerate(queue) if x.step > step), len(queue))
+        return self.take(request_id, n)
+
     def waits(self, request_id: str) -> bool:
         return bool(self.pending.get(request_id))
 
@@ -87,7 +93,7 @@ class CaptureQueue:
 
     def stop(self, request_id: str) -> None:
         """A reader cut the request's captures: its waiting tensor captures go; its `sample` events stay."""
-        kept = [x for x in self.pending.get(request_id, []) if x.where is None]
+        kept = [x for x in self.pending.get(request_id, []) if not x.captured]
         self.pending.pop(request_id, None)
         self.held_bytes.pop(request_id, None)
         for x in kept:
