@@ -8,7 +8,9 @@ account of a round) before the commit; each new token's distribution and logit l
 is appended (the lens itself computed
 after the step: LensQueue); after the commit, what the step kept of a `full` trace's captures (embedding
 rows, attention, MoE routing) and of each round; last, the step's `finish` events, so a
-trace's captures come before its end. A reader may cut a request's captures from inside a
+trace's captures come before its end. At level `full` a token's distribution and the pass's
+captures are built live only for a request's step whose lens is live: the others are kept
+(CaptureQueue) and built after its last token, before its `finish`. A reader may cut a request's captures from inside a
 step (stop_captures): that state lives here too. Apart from the engine's loop so that the
 loop reads as its phases; with tracing off none of this runs but begin and end. Each
 traced step ends with `schedule.traced`: what its tracing cost the engine's thread.
@@ -127,9 +129,10 @@ class StepTrace:
         return bool(self.lenses.ended)
 
     def drain(self, seconds: float) -> None:
-        """The waiting lenses of finished requests, oldest request first, a kernel call at a
-        time until `seconds` are spent (one call at least); each request's `finish` event as
-        soon as its last lens is out."""
+        """The waiting lenses and events of finished requests, oldest request first, a kernel
+        call's lenses (after their steps' events; without lenses DRAIN_EVENTS events) at a time
+        until `seconds` are spent (one call at least); each request's `finish` event as soon
+        as its last lens and event are out."""
         t = time.perf_counter()
         ended = self.lenses.ended
         while ended:
