@@ -42,9 +42,9 @@ def available() -> bool:
 
 
 def gemm_bf16(x: torch.Tensor, w: cpu.BlockedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [..., in] (values rounded to bfloat16 already: cpu.as_multiplied) @ W.T (+ bias) ->
-    [..., out] float32, W bfloat16 blocked. The products are exact, the sums float32 (their
-    order is the tiles', not the C kernel's)."""
+    """x [..., in] rounded to bfloat16 (nearest even, as cpu.as_multiplied rounds it) @ W.T
+    (+ bias) -> [..., out] float32, W bfloat16 blocked. The products are exact, the sums float32
+    (their order is the tiles', not the C kernel's)."""
     lib = library()
     assert lib is not None and w.dtype == torch.bfloat16, "gemm_bf16 needs AMX and a bfloat16 weight"
     lead = x.shape[:-1]
@@ -58,7 +58,7 @@ def gemm_bf16(x: torch.Tensor, w: cpu.BlockedWeight, bias: torch.Tensor | None =
     y = torch.empty(m_pad, n_pad, dtype=torch.float32)
     if lib.tt_amx_bf16_gemm(xb.data_ptr(), m_pad, w.data.data_ptr(), nb, kb, y.data_ptr(),
                             torch.get_num_threads()):
-        raise MemoryError("cpu_amx.c: no memory for the packed weight")
+        raise MemoryError("cpu_amx.c: no memory to pack the weight")
     y = y[:M] if n_pad == w.out_features else y[:M, :w.out_features].contiguous()
     if bias is not None:
         y.add_(bias.float())

@@ -46,7 +46,6 @@ def gemm(x: torch.Tensor, w: cpu_kernels.BlockedWeight, bias: torch.Tensor | Non
     """x [..., in] @ W.T (+ bias) -> [..., out] float32 by PyTorch's GEMM on the widened copy,
     x rounded as the kernels for W's dtype round it (kernels.cpu.as_multiplied)."""
     bias = None if bias is None else bias.float()
-    xm = cpu_kernels.as_multiplied(x, w.dtype, exact_rows)
-    if bf16_tiles(w, exact_rows):
-        return cpu_amx.gemm_bf16(xm, w, bias)
-    return F.linear(xm, widened(w), bias)
+    if bf16_tiles(w, exact_rows):  # x rounded as as_multiplied rounds it, straight into bfloat16
+        return cpu_amx.gemm_bf16(x, w, bias)
+    return F.linear(cpu_kernels.as_multiplied(x, w.dtype, exact_rows), widened(w), bias)
