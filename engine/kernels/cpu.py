@@ -339,10 +339,12 @@ def blocked_weights(model: torch.nn.Module) -> list[BlockedWeight]:
 # matrices, one thread; docs/benchmarks.md "Prefill"): at 37 rows float32 1.56x, float16 1.44x,
 # bfloat16 (VDPBF16PS) 3.5x; at 512 rows float32 / float16 0.9x / 0.8x, bfloat16 2.2x. An
 # AVX2 build's kernels are 4-20x slower than the GEMM there, so it keeps MAX_ROWS. bfloat16 on
-# a CPU with AMX stops at AMX_BF16_ROWS: a SmolLM2 prefill in the fused C layers against oneDNN's
-# tiles (2026-12-06, one thread, CPU time, loaded): 37 rows 1.27x faster, 100 rows 1.45x slower.
+# a CPU with AMX stops at AMX_BF16_ROWS, a decode batch's most in the benchmarks: past it the AMX
+# tiles (cpu_amx.c, each weight read once) win even with the layer's ops in PyTorch. 2026-12-06,
+# one thread, CPU time, loaded: one layer's matrices at 16 / 37 / 100 rows 1.07 / 2.37 / 6.17 ms
+# in C, 0.58 / 0.75 / 1.14 on the tiles; a SmolLM2 37-token TTFT 92.7 -> 66.1 ms (64 rows before).
 PREFILL_KERNEL_ROWS = {torch.float32: 128, torch.float16: 128, torch.bfloat16: 1 << 40}
-AMX_BF16_ROWS = 64
+AMX_BF16_ROWS = 16
 
 
 @functools.cache

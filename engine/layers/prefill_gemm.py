@@ -4,12 +4,14 @@ is the layer's only one (keeping a second would double the weights' memory), so 
 widens it back, in one strided copy straight to float32 (a copy per matrix per pass: at 37
 rows about as long as the GEMM itself, at 512 rows a tenth of it).
 
-bfloat16 weights on a CPU with AMX: the GEMM runs with oneDNN's float32 matmuls allowed to
-take bfloat16 operands (torch.backends.mkldnn.matmul.fp32_precision = "bf16"), which sends
-them to the AMX tiles. Both operands are bfloat16 values already (the weight is stored so,
-x is rounded as every bfloat16 path rounds it, kernels.cpu.as_multiplied), so the products
-are the C kernel's, summed in float32, and the output stays float32: only the order of the
-sums differs. The setting is global to the process; it is set around the one call only.
+bfloat16 weights on a CPU with AMX: the GEMM runs on the AMX tiles in our own kernel
+(kernels.cpu_amx), bfloat16 operands in, float32 sums out. Both operands are bfloat16 values
+already (the weight is stored so, x is rounded as every bfloat16 path rounds it,
+kernels.cpu.as_multiplied), so the products are the C kernel's, summed in float32: only the
+order of the sums differs (the tiles' order, bit for bit oneDNN's). It reads the blocked copy
+directly and sets nothing process-wide: oneDNN's bfloat16 products for float32 tensors are
+reached only through torch.backends.mkldnn.matmul.fp32_precision, global to the process, which
+would send another thread's float32 matmul to bfloat16 while set.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.kernels import cpu as cpu_kernels
+from engine.kernels import cpu_amx
 
 
 def widened(w: cpu_kernels.BlockedWeight) -> torch.Tensor:
@@ -35,7 +38,7 @@ def widened(w: cpu_kernels.BlockedWeight) -> torch.Tensor:
 def bf16_tiles(w: cpu_kernels.BlockedWeight, exact_rows: int) -> bool:
     """Whether this call's products go to the AMX tiles: bfloat16 weights, a CPU with them,
     and no logit-lens rows (those keep x's 16 mantissa bits, which bfloat16 operands lose)."""
-    return w.dtype == torch.bfloat16 and exact_rows <= 0 and cpu_kernels.amx_bf16()
+    return w.dtype == torch.bfloat16 and exact_rows <= 0 and cpu_amx.available()
 
 
 def gemm(x: torch.Tensor, w: cpu_kernels.BlockedWeight, bias: torch.Tensor | None = None,
@@ -43,13 +46,6 @@ def gemm(x: torch.Tensor, w: cpu_kernels.BlockedWeight, bias: torch.Tensor | Non
     """x [..., in] @ W.T (+ bias) -> [..., out] float32 by PyTorch's GEMM on the widened copy,
     x rounded as the kernels for W's dtype round it (kernels.cpu.as_multiplied)."""
     bias = None if bias is None else bias.float()
-    xm = cpu_kernels.as_multiplied(x, w.dtype, exact_rows)
-    if not bf16_tiles(w, exact_rows):
-        return F.linear(xm, widened(w), bias)
-    setting = torch.backends.mkldnn.matmul
-    before = setting.fp32_precision
-    setting.fp32_precision = "bf16"
-    try:
-        return F.linear(xm, widened(w), bias)
-    finally:
-        setting.fp32_precision = before
+    if bf16_tiles(w, exact_rows):  # x rounded as as_multiplied rounds it, straight into bfloat16
+        return cpu_amx.gemm_bf16(x, w, bias)
+    return F.linear(cpu_kernels.as_multiplied(x, w.dtype, exact_rows), widened(w), bias)

@@ -21,4 +21,4 @@ def test_a_ttft_row_and_a_breakdown_per_dtype(checkpoint, cpu_kernels_switch):
     fused_ms = [r.value for r in b.rows if r.name.endswith("tokens: layers fused in C")]
     assert max(fused_ms) > 0 or cpu.kernel_rows(cpu.torch.float32) == cpu.MAX_ROWS  # 37 rows in C where it takes them
     assert cpu.kernel_rows(cpu.torch.float32) >= cpu.MAX_ROWS  # the A/B put the limits back
-    assert cpu.PREFILL_KERNEL_ROWS[cpu.torch.float32] == 128 and cpu.AMX_BF16_ROWS == 64
+    assert cpu.PREFILL_KERNEL_ROWS[cpu.torch.float32] == 128 and cpu.AMX_BF16_ROWS == 16

@@ -101,3 +101,22 @@ def test_each_build_runs_its_row_of_the_table(arch):
         lib.tt_rows_set(kind, current)
         assert current == table[dtype]
 
+
+
+@pytest.mark.parametrize("arch", list(NEEDS))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_16_bit_prefill_chunk_takes_the_row_tiles_with_the_same_bits(arch, dtype):
+    """Past MAX_ROWS, up to a prefill chunk's most rows in C (128), 16-bit weights take the row
+    tiles too (each weight vector widened once for 6 rows), from the build's own threshold:
+    each row what it gives alone, and what the 8-row tiles give."""
+    lib = build(arch)
+    row_tiles_apply(lib, dtype)
+    g = torch.Generator().manual_seed(11)
+    w, x = torch.randn(70, 200, generator=g), torch.randn(128, 200, generator=g)
+    bw = cpu.BlockedWeight.of(w, dtype)
+    alone = torch.cat([cpu.linear(x[i:i + 1], bw, lib=lib) for i in range(128)])
+    for rows in (33, 37, 64, 100, 128):
+        tiles = cpu.linear(x[:rows], bw, lib=lib)
+        assert torch.equal(tiles, alone[:rows]), f"{rows} rows"
+        eight = with_row_tiles(lib, dtype, cpu.NEVER, lambda: cpu.linear(x[:rows], bw, lib=lib))
+        assert torch.equal(tiles, eight), f"{rows} rows"
