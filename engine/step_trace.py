@@ -163,14 +163,23 @@ class StepTrace:
     def stop_captures(self, seq: Sequence | None, request_id: str, limit_bytes: int, step_count: int) -> bool:
         """LLMEngine.stop_captures: the request's captures cut from the next pass on (or from
         the one in progress, where it is in it), and the `trace.truncated` event that says so."""
-        self.lenses.pending.pop(request_id, None)  # its waiting lenses too: the reader keeps no more captures
-        self.later.stop(request_id)  # and its waiting captures (its `sample` events still come)
+        lenses = self.lenses.pending.pop(request_id, [])  # its waiting lenses too: the reader keeps no more
+        waited = self.later.stop(request_id)  # and its waiting captures (its `sample` events still come)
+        dropped = {w.step for w in lenses} | {x.step for x in waited if x.captured}
         self.cut.add(request_id)
         x = self.emitting[1] if self.emitting is not None and self.emitting[0] == request_id else None
         if x is not None:  # an event built after its step: the captures cut from that pass on
             if seq is not None and not seq.is_finished:
                 self.capture_stops.add(request_id)
             self.emit(events.trace_truncated(request_id, limit_bytes, x.step, *x.where), x.step)
+            return True
+        # its captures end where the oldest dropped one was, not at the next pass (a deferred
+        # step's `sample` waits too, with where its pass began)
+        x = next((x for x in waited if dropped and x.step == min(dropped)), None)
+        if x is not None:
+            if seq is not None and not seq.is_finished:
+                self.capture_stops.add(request_id)
+            self.emit(events.trace_truncated(request_id, limit_bytes, x.step, *x.where))
             return True
         # (a request that finished in the step in progress still has that step's captures to cut)
         if seq is None or not seq.traced or \

@@ -91,10 +91,12 @@ class CaptureQueue:
     def end(self, request_id: str) -> None:
         self.last_live.pop(request_id, None)
 
-    def stop(self, request_id: str) -> None:
-        """A reader cut the request's captures: its waiting tensor captures go; its `sample` events stay."""
-        kept = [x for x in self.pending.get(request_id, []) if not x.captured]
-        self.pending.pop(request_id, None)
+    def stop(self, request_id: str) -> list[Later]:
+        """A reader cut the request's captures: its waiting tensor captures go; its `sample`
+        events stay. Returns every event that waited (their steps say where the captures end)."""
+        waiting = self.pending.pop(request_id, [])
         self.held_bytes.pop(request_id, None)
-        for x in kept:
-            self.keep(request_id, x)
+        for x in waiting:
+            if not x.captured:
+                self.keep(request_id, x)
+        return waiting

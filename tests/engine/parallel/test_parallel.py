@@ -312,6 +312,7 @@ KILLED = textwrap.dedent("""
         llm = LLM({path!r}, device="cpu", dtype="float32", tensor_parallel_size=2)
         print(" ".join(str(p.pid) for p in llm.engine.runner.procs), flush=True)
         if {sig} == signal.SIGKILL:
+            sys.stdin.readline()  # the test has seen the worker alive: now die (no race with its check)
             os.kill(os.getpid(), signal.SIGKILL)
         while True:  # serving until interrupted
             llm.generate([1, 2, 3], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
@@ -323,11 +324,14 @@ KILLED = textwrap.dedent("""
 def test_a_stopped_engine_process_leaves_no_workers(checkpoint, tmp_path, sig):
     script = tmp_path / "serve.py"
     script.write_text(KILLED.format(root=str(ROOT), path=str(checkpoint("llama")), sig=int(sig)))
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True, start_new_session=True)
     try:
         pids = [int(p) for p in proc.stdout.readline().split()]
         assert len(pids) == 1 and _alive(pids[0])
+        if sig == signal.SIGKILL:
+            proc.stdin.write("die\n")
+            proc.stdin.flush()
         if sig == signal.SIGINT:
             time.sleep(0.5)
             os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: to the engine and its workers
