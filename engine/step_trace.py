@@ -8,9 +8,7 @@ account of a round) before the commit; each new token's distribution and logit l
 is appended (the lens itself computed
 after the step: LensQueue); after the commit, what the step kept of a `full` trace's captures (embedding
 rows, attention, MoE routing) and of each round; last, the step's `finish` events, so a
-trace's captures come before its end. At level `full` a token's distribution and the pass's
-captures are built live only for a request's step whose lens is live: the others are kept
-(CaptureQueue) and built after its last token, before its `finish`. A reader may cut a request's captures from inside a
+trace's captures come before its end. A reader may cut a request's captures from inside a
 step (stop_captures): that state lives here too. Apart from the engine's loop so that the
 loop reads as its phases; with tracing off none of this runs but begin and end. Each
 traced step ends with `schedule.traced`: what its tracing cost the engine's thread.
@@ -18,7 +16,6 @@ traced step ends with `schedule.traced`: what its tracing cost the engine's thre
 from __future__ import annotations
 
 import time
-from functools import partial
 from typing import Callable
 
 import torch
@@ -34,10 +31,10 @@ from engine.speculative.verify import Verdict
 from engine.step_pass import SeqStep, StepPass
 from engine.tokenizer import Tokenizer
 from engine.trace import events, logit_lens
-from engine.trace.capture_queue import CaptureQueue, Later
-from engine.trace.lens_queue import Ended, LensQueue, LensWork
+from engine.trace.lens_queue import LensQueue, LensWork
 from engine.trace.capture import PassCapture
 from engine.trace.events import Event
+from engine.trace.softmax_stats import softmax_stats
 from engine.trace.tracer import CaptureConfig
 
 # seconds of lens work after a step for requests that finished earlier: while others run a
@@ -45,7 +42,6 @@ from engine.trace.tracer import CaptureConfig
 # (a request that arrives meanwhile waits at most that)
 BUSY_DRAIN_S = 0.0
 IDLE_DRAIN_S = 0.1
-DRAIN_EVENTS = 16  # a finished request's waiting events built a drain call at a time
 
 
 class StepTrace:
@@ -62,10 +58,6 @@ class StepTrace:
         self.traced_now: dict[str, ScheduledSeq] = {}  # the step in progress: its traced sequences' parts
         self.held_finishes: list[tuple[Event, int]] = []  # the step's `finish` events (and step), after its captures
         self.lenses = LensQueue(runner.model)  # tokens whose logit lens waits (computed after the step)
-        self.later = CaptureQueue()  # a `full` trace's per-token events, not built yet
-        self.live: dict[str, bool] = {}  # the step in progress: request id -> its events built live?
-        self.cut: set[str] = set()  # requests whose captures a reader cut (their waiting ones are not emitted)
-        self.emitting: tuple[str, Later] | None = None  # the waiting event being emitted (stop_captures reads it)
         self.seconds = 0.0  # the step's tracing work so far (schedule.traced)
         self._stacked_lens: tuple[StepPass, object] | None = None  # the step's lens rows as [L, n, hidden]
         self.ways: dict[str, tuple] = {}  # the last step's traced requests -> the ways its attention and MoE ran
@@ -83,7 +75,6 @@ class StepTrace:
             if seq is not None:
                 seq.capture = None
         self.capture_stops.clear()
-        self.live.clear()
         self.in_step = True
         self.seconds = 0.0
 
@@ -102,51 +93,33 @@ class StepTrace:
         else:  # (an untraced step's drain: no traced step of its own to say it)
             self.lenses.take_seconds()
         for event, step in finishes:
-            self._end(event, step)
+            if not self.lenses.end(event[1], event, step):
+                self.emit(event, step)
 
     def finish(self, event: Event, step: int) -> None:
         """A request's `finish`: in a step, after what the step kept (a trace's captures come
-        before its end); after its lenses and waiting events, where some still wait."""
+        before its end); after its lenses, where some still wait."""
         if self.in_step:
             self.held_finishes.append((event, step))
-        else:
-            self._end(event, step)
-
-    def _end(self, event: Event, step: int) -> None:
-        """The `finish` event now, or (held) once the request's waiting lenses and events are out."""
-        rid = event[1]
-        self.later.end(rid)
-        if self.lenses.end(rid, event, step):
-            return
-        if self.later.waits(rid):
-            self.lenses.ended[rid] = Ended(event, step)
-            return
-        self.cut.discard(rid)
-        self.emit(event, step)
+        elif not self.lenses.end(event[1], event, step):
+            self.emit(event, step)
 
     def waiting(self) -> bool:
         """Finished requests' lenses still wait (the engine has work though no request runs)."""
         return bool(self.lenses.ended)
 
     def drain(self, seconds: float) -> None:
-        """The waiting lenses and events of finished requests, oldest request first, a kernel
-        call's lenses (after their steps' events; without lenses DRAIN_EVENTS events) at a time
-        until `seconds` are spent (one call at least); each request's `finish` event as soon
-        as its last lens and event are out."""
+        """The waiting lenses of finished requests, oldest request first, a kernel call at a
+        time until `seconds` are spent (one call at least); each request's `finish` event as
+        soon as its last lens is out."""
         t = time.perf_counter()
         ended = self.lenses.ended
         while ended:
             rid = next(iter(ended))
-            # a kernel call's lenses, after the events of their steps (in step order; without lenses, a chunk)
-            works = self.lenses.slice(rid, self.lenses.one_call(rid)) if self.lenses.pending.get(rid) else []
-            self._emit_later(rid, self.later.take(rid, DRAIN_EVENTS) if not works else
-                             self.later.take_until(rid, works[-1].step))
-            if rid not in self.cut:  # (a reader's cap met among those events drops the lenses too)
-                self._emit_lenses(works)
-            if not self.lenses.pending.get(rid) and not self.later.waits(rid):
+            self._emit_lenses(self.lenses.slice(rid, self.lenses.one_call(rid)))
+            if not self.lenses.pending.get(rid):
                 self.lenses.pending.pop(rid, None)
                 done = ended.pop(rid)
-                self.cut.discard(rid)
                 self.emit(done.event, done.step)
             if time.perf_counter() - t >= seconds:
                 break
@@ -163,24 +136,7 @@ class StepTrace:
     def stop_captures(self, seq: Sequence | None, request_id: str, limit_bytes: int, step_count: int) -> bool:
         """LLMEngine.stop_captures: the request's captures cut from the next pass on (or from
         the one in progress, where it is in it), and the `trace.truncated` event that says so."""
-        lenses = self.lenses.pending.pop(request_id, [])  # its waiting lenses too: the reader keeps no more
-        waited = self.later.stop(request_id)  # and its waiting captures (its `sample` events still come)
-        dropped = {w.step for w in lenses} | {x.step for x in waited if x.captured}
-        self.cut.add(request_id)
-        x = self.emitting[1] if self.emitting is not None and self.emitting[0] == request_id else None
-        if x is not None:  # an event built after its step: the captures cut from that pass on
-            if seq is not None and not seq.is_finished:
-                self.capture_stops.add(request_id)
-            self.emit(events.trace_truncated(request_id, limit_bytes, x.step, *x.where), x.step)
-            return True
-        # its captures end where the oldest dropped one was, not at the next pass (a deferred
-        # step's `sample` waits too, with where its pass began)
-        x = next((x for x in waited if dropped and x.step == min(dropped)), None)
-        if x is not None:
-            if seq is not None and not seq.is_finished:
-                self.capture_stops.add(request_id)
-            self.emit(events.trace_truncated(request_id, limit_bytes, x.step, *x.where))
-            return True
+        self.lenses.pending.pop(request_id, None)  # its waiting lenses too: the reader keeps no more captures
         # (a request that finished in the step in progress still has that step's captures to cut)
         if seq is None or not seq.traced or \
                 (seq.is_finished and not (self.in_step and request_id in self.traced_now)):
@@ -191,7 +147,7 @@ class StepTrace:
             position, step = len(seq) - 1, step_count + 1
         else:  # the pass in progress (its captures are cut from here on): where its rows begin
             position, step = s.start, step_count
-        made = pass_made(s) if s else seq.num_output_tokens
+        made = max(0, s.start + s.num_tokens - s.num_draft - seq.num_prompt_tokens) if s else seq.num_output_tokens
         self.emit(events.trace_truncated(request_id, limit_bytes, step, position, made))
         return True
 
@@ -236,75 +192,21 @@ class StepTrace:
 
     def token(self, step: StepPass, part: SeqStep, j: int, token: int, config: CaptureConfig) -> None:
         """The target's distribution at the part's j-th new token's position (its top candidates),
-        and its logit lens (queued: LensQueue). At level `full` both wait (CaptureQueue, LensQueue)
-        unless the step is live: the step keeps the logits row."""
+        and its logit lens (queued: LensQueue)."""
         t = time.perf_counter()
         seq = part.scheduled.seq
-        row = step.logits[part.rows[0] + j]
+        info = explain(step.logits[part.rows[0] + j], seq.params, token, config.top_candidates,
+                       step.knobs.get(part.draw))
         source = token_source(part.verdict, j)
-        sample = (seq, len(seq), source, self.method if source != "target" else None, token, row,
-                  step.knobs.get(part.draw), config.top_candidates)
-        if seq.capture is None:  # level basic: no tensors kept, its event now
-            self.emit(self._sample_event(*sample))
-        else:
-            live = self._live(seq, config)
-            if not live and step.logits.shape[0] > 1:  # (one row: the step's own tensor, kept whole)
-                row = row.clone()
-                sample = sample[:5] + (row,) + sample[6:]
-            self._keep(seq.request_id, live, partial(self._sample_event, *sample), step.number,
-                       row.nbytes, part.scheduled, captured=False)
-            if part.lens_row is not None:
-                rows = self._lens_rows(step)[:, part.lens_row + j].clone()  # [L, hidden], freed with the step's
-                work = LensWork(seq, step.number, len(seq), source, token, seq.capture.logit_lens, rows, None, row)
-                self._emit_lenses(self.lenses.keep(work, config.lens_live_seconds, live))
+        method = self.method if source != "target" else None
+        self.emit(events.sample(seq, source, method, token, info, self.piece))
+        if part.lens_row is not None:
+            top, row = seq.capture.logit_lens, step.logits[part.rows[0] + j]
+            own = softmax_stats(row[None], top, [token])  # the model's own row: the sampler's distribution
+            rows = self._lens_rows(step)[:, part.lens_row + j].clone()  # [L, hidden], freed with the step's
+            self._emit_lenses(self.lenses.keep(LensWork(seq, step.number, len(seq), source, token, top, rows, own),
+                                               config.lens_live_seconds))
         self.seconds += time.perf_counter() - t
-
-    def _sample_event(self, seq: Sequence, position: int, source: str, method: str | None, token: int,
-                      row: torch.Tensor, knobs: dict | None, top: int) -> Event:
-        """A token's `sample` event (sampler.explain of its logits row), at its position."""
-        name, rid, data = events.sample(seq, source, method, token, explain(row, seq.params, token, top, knobs),
-                                        self.piece)
-        data["position"] = position
-        return name, rid, data
-
-    def _live(self, seq: Sequence, config: CaptureConfig) -> bool:
-        """Whether this step builds the request's events now: decided at its first need in the
-        step, by the lens's rule where it has a lens (so the newest lens's pass has every capture)."""
-        rid = seq.request_id
-        live = self.live.get(rid)
-        if live is None:
-            if seq.capture is not None and seq.capture.logit_lens:
-                live = self.lenses.due(rid, config.lens_live_seconds)
-            else:
-                live = self.later.due(rid, config.lens_live_seconds)
-            self.live[rid] = live
-        return live
-
-    def _keep(self, request_id: str, live: bool, build, step: int, nbytes: int, s: ScheduledSeq,
-              captured: bool) -> None:
-        """An event of the step (of s's pass; captured: a tensor capture, else the `sample` event):
-        built and emitted now where live, else kept to build later."""
-        if live:
-            event = build()
-            if event is not None:
-                self.emit(event)
-            return
-        self._emit_later(request_id, self.later.keep(
-            request_id, Later(build, step, nbytes, (s.start, pass_made(s)), captured)))
-
-    def _emit_later(self, request_id: str, items: list[Later]) -> None:
-        """Waiting events built now, each stamped with its step (none of a cut request's captures);
-        their time is now's: a trace's events come in time order."""
-        for x in items:
-            if x.captured and request_id in self.cut:
-                continue
-            event = x.build()
-            if event is not None:
-                self.emitting = (request_id, x)
-                try:
-                    self.emit(event, x.step)
-                finally:
-                    self.emitting = None
 
     def _lens_rows(self, step: StepPass) -> torch.Tensor:
         """The step's kept residual stream [L, lens rows, hidden] (stacked once a step)."""
@@ -327,41 +229,34 @@ class StepTrace:
         self.emit(events.spec(part.scheduled, part.verdict, self.piece, part.spec_details or {}, kept, proposed))
         self.seconds += time.perf_counter() - t
 
-    def captures(self, step: StepPass, config: CaptureConfig) -> None:
+    def captures(self, step: StepPass) -> None:
         """After the commit: a `full` trace's captures of the rows that read a token the
         sequence kept. None of a rejected proposal (that row read a token the position does
         not hold), none past an end of sequence (a round that ended early read positions the
-        sequence never has); the newest token is never read: no pass has it as an input.
-        Built now where the step is live, else kept (CaptureQueue)."""
+        sequence never has); the newest token is never read: no pass has it as an input."""
         t = time.perf_counter()
         for b, part in enumerate(step.parts):
             s = part.scheduled
             seq = s.seq
             if seq.traced and seq.capture is not None:
-                self._captures_of(step, b, s, min(s.start + s.num_tokens, len(seq) - 1), self._live(seq, config))
+                self._captures_of(step.capture, b, s, min(s.start + s.num_tokens, len(seq) - 1))
         self.seconds += time.perf_counter() - t
 
-    def _captures_of(self, step: StepPass, b: int, s: ScheduledSeq, end: int, live: bool) -> None:
+    def _captures_of(self, capture: PassCapture, b: int, s: ScheduledSeq, end: int) -> None:
         """Sequence b's embedding rows, attention and MoE routing, of positions before `end`."""
-        capture, cfg, spec, rid = step.capture, self.model_config, s.seq.capture, s.seq.request_id
+        cfg, spec = self.model_config, s.seq.capture
+        out = []
         if b in capture.embed:
-            rows = capture.embed[b]
-            self._keep(rid, live, partial(events.embed, s, rows, cfg.hidden_size, end, spec.compact), step.number,
-                       rows.nbytes, s, captured=True)
+            out.append(events.embed(s, capture.embed[b], cfg.hidden_size, end, spec.compact))
         heads = spec.heads if spec.heads is not None else list(range(cfg.num_heads))
         if b in capture.attention:
-            a = capture.attention[b]
-            self._keep(rid, live, partial(events.attention, s, a, heads, cfg, end, spec.compact), step.number,
-                       a.probs.nbytes, s, captured=True)
+            out.append(events.attention(s, capture.attention[b], heads, cfg, end, spec.compact))
         for layer, per_seq in capture.moe.items():
             if b in per_seq:
-                self._keep(rid, live, partial(events.moe, s, layer, per_seq[b], capture.expert_load[layer], cfg, end),
-                           step.number, 0, s, captured=True)
-
-
-def pass_made(s: ScheduledSeq) -> int:
-    """How many answer tokens a pass's sequence had made once the pass ran (trace.truncated's)."""
-    return max(0, s.start + s.num_tokens - s.num_draft - s.seq.num_prompt_tokens)
+                out.append(events.moe(s, layer, per_seq[b], capture.expert_load[layer], cfg, end))
+        for event in out:
+            if event is not None:
+                self.emit(event)
 
 
 def token_source(verdict: Verdict | None, j: int) -> str:

@@ -15,9 +15,6 @@ lens, then attention, then the embedding rows; what stays at `full` beyond `basi
 MoE routing (and the pass's capture bookkeeping); `basic` against none is the events
 every traced step builds (schedule, KV fills, sampling, kv.pool).
 
-The stream's CPU: process time a token from the prompts' step to the last token (what a
-loaded, shared machine's wall clock hides), each variant against untraced.
-
 `python -m benchmarks.bench --sections watching` runs these rows alone."""
 from __future__ import annotations
 
@@ -26,8 +23,6 @@ import random
 import statistics
 import time
 from dataclasses import replace
-
-import torch
 
 from benchmarks.bench.context import Bench
 from benchmarks.bench.timing import greedy
@@ -57,18 +52,14 @@ def watch_cost(b: Bench, engine: LLMEngine, tracer: Tracer, sink: EventList, n: 
                     ("full", replace(base, logit_lens_top=0, attention_layers=[], embed_dims=0)),
                 "basic": ("basic", base)}
     for batch in sorted({1, b.settings.batch}):
-        stream, done, cpu = _rounds(b, engine, tracer, sink, variants, batch, n)
-        s0, c0 = statistics.median(stream["untraced"]), statistics.median(cpu["untraced"])
+        stream, done = _rounds(b, engine, tracer, sink, variants, batch, n)
+        s0 = statistics.median(stream["untraced"])
         load = os.getloadavg()[0]
-        for name in (LIVE, EVERY, AT_END, "full, no lens", "basic"):
+        for name in (LIVE, EVERY, AT_END, "full, no lens"):
             r = statistics.median(stream[name])
             b.add("tracing cost", f"watching, batch {batch}, {name}: stream tok/s", r, "tok/s", s0,
                   f"first to last token, ratio {r / s0:.3f} against untraced; until the trace is done "
                   f"{statistics.median(done[name]) / statistics.median(done['untraced']):.3f}; load average {load:.1f}")
-            c = statistics.median(cpu[name])
-            b.add("tracing cost", f"watching, batch {batch}, {name}: stream CPU ms a token", c, "ms", c0,
-                  f"process time after the first token's step to the last token's, a token; rate ratio "
-                  f"{c0 / c:.3f} against untraced ({torch.get_num_threads()} torch threads; load average {load:.1f})")
         steps = [(AT_END, "full, no lens", "logit lens"), ("full, no lens", "full, no lens, attention", "attention"),
                  ("full, no lens, attention", "full, no lens, attention, embedding rows", "embedding rows"),
                  ("full, no lens, attention, embedding rows", "basic", "MoE routing and the pass's bookkeeping"),
@@ -80,13 +71,11 @@ def watch_cost(b: Bench, engine: LLMEngine, tracer: Tracer, sink: EventList, n: 
 
 
 def _rounds(b: Bench, engine: LLMEngine, tracer: Tracer, sink: EventList, variants: dict, batch: int,
-            n: int) -> tuple[dict[str, list[float]], dict[str, list[float]], dict[str, list[float]]]:
-    """Per variant, per round: the median request's stream rate, the batch's tokens after the
-    first over the time after the first token to the last request's end (its finish included),
-    and the process time a token from the prompts' step to the last token (the stream's CPU)."""
+            n: int) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Per variant, per round: the median request's stream rate, and the batch's tokens after the
+    first over the time after the first token to the last request's end (its finish included)."""
     stream = {k: [] for k in variants}
     done = {k: [] for k in variants}
-    cpu = {k: [] for k in variants}  # process time a token, from the first step's end to the last token's
     order = random.Random(batch)
     prompts = b.prompts[:batch]
     for _ in range(max(2, b.settings.repeats)):
@@ -95,12 +84,7 @@ def _rounds(b: Bench, engine: LLMEngine, tracer: Tracer, sink: EventList, varian
             engine.tracer = None if level is None else tracer
             t = time.perf_counter()
             ids = [engine.add_request(p, greedy(n), trace_level=level) for p in prompts]
-            first = engine.step()  # the prompts' step (the first tokens): not the stream's
-            c, left = time.process_time(), set(ids) - {o.request_id for o in first if o.finished}
-            while left and engine.has_unfinished_requests():
-                left -= {o.request_id for o in engine.step() if o.finished}
-            cpu[name].append(1e3 * (time.process_time() - c) / (batch * (n - 1)))
-            while engine.has_unfinished_requests():  # what waits after the answer: the trace's end
+            while engine.has_unfinished_requests():
                 engine.step()
             elapsed = time.perf_counter() - t
             metrics = [engine.get_output(r).metrics for r in ids]
@@ -111,4 +95,4 @@ def _rounds(b: Bench, engine: LLMEngine, tracer: Tracer, sink: EventList, varian
             stream[name].append(statistics.median(len(x) / max(sum(x), 1e-9) for x in lat))
             done[name].append(batch * (n - 1) / max(elapsed - max(m["ttft"] for m in metrics), 1e-9))
     engine.tracer, engine.capture = tracer, replace(engine.capture, lens_live_seconds=LIVE_LENS_S)
-    return stream, done, cpu
+    return stream, done
