@@ -10,8 +10,8 @@ import re
 import time
 
 import httpx
-
 import pytest
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from engine.code_source import ROOT
 from app.page.code_panel import stages
@@ -94,6 +94,13 @@ def test_a_stage_opens_its_code_from_this_checkout(page, tmp_path_factory):
     print("screenshots:", shots)
 
 
+def where(screen) -> dict:
+    """A classroom screen's stage, link and code box, as its script left them."""
+    return screen.evaluate("({stage: document.body.dataset.stage, link: document.body.dataset.link, "
+                           "key: document.querySelector('#tt-class-stage details.tt-code-box')?.dataset.key, "
+                           "active: document.activeElement && document.activeElement.tagName, url: location.href})")
+
+
 def test_the_presenter_opens_a_stages_code_for_the_audience(server, browser, tmp_path_factory):
     shots = tmp_path_factory.mktemp("class-code-shots")
     body = {"model": "tiny-moe", "max_tokens": 6, "trace_level": "full",
@@ -119,8 +126,13 @@ def test_the_presenter_opens_a_stages_code_for_the_audience(server, browser, tmp
     presenter, audience = screens
     presenter.keyboard.press("ArrowRight")
     presenter.keyboard.press("ArrowRight")  # the prefix cache
-    audience.wait_for_function("document.querySelector('#tt-class-stage details.tt-code-box').dataset.key "
-                               "=== 'prefix'")
+    try:
+        audience.wait_for_function("document.querySelector('#tt-class-stage details.tt-code-box').dataset.key "
+                                   "=== 'prefix'")
+    except PlaywrightTimeout:  # (seen twice in CI, 2026-12-06, never alone: say where each screen stood)
+        state = httpx.get(server.url + f"classroom/{room['id']}/state", timeout=30)
+        raise AssertionError(f"presenter {where(presenter)}, audience {where(audience)}, "
+                             f"room {state.status_code} {state.text[:300]}") from None
     assert audience.locator("#tt-class-stage details.tt-code-box").get_attribute("open") is None
     assert fetched == []  # no screen has fetched a view: the presenter has not opened one
     presenter.locator("#tt-class-stage details.tt-code-box summary").click()
