@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+WATCH_S = datetime.timedelta(seconds=0.5)
 
 @dataclass
 class Collective:
@@ -37,6 +38,9 @@ class Comm:
     device: torch.device
     log: list[Collective] = field(default_factory=list)  # this step's collectives
     record: bool = True
+    # called every WATCH_S while a gloo collective waits; raises when a rank's process is gone.
+    # gloo alone may wait out its whole timeout (10 minutes) for a peer killed mid-step
+    watch: Callable[[], None] | None = None
 
     @classmethod
     def connect(cls, host: str, port: int, rank: int, world_size: int, device: torch.device,
@@ -84,9 +88,22 @@ class Comm:
             raise done[0]
         return done[0]
 
+    def _wait(self, work) -> None:
+        if self.watch is None or self.device.type == "cuda":
+            work.wait()
+            return
+        while True:
+            try:
+                work.wait(WATCH_S)
+                return
+            except RuntimeError as e:
+                if "Operation timed out" not in str(e):  # gloo's own error (a peer's socket closed)
+                    raise
+                self.watch()
+
     def _timed(self, kind: str, layer: int | None, what: str, nbytes: int, work) -> None:
         t = time.perf_counter()
-        work().wait()
+        self._wait(work())
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         if self.record:
@@ -106,7 +123,7 @@ class Comm:
         else:
             size = torch.zeros(1, dtype=torch.long)
         size = size.to(self.device)
-        self.group.broadcast(size, 0).wait()
+        self._wait(self.group.broadcast(size, 0))
         if self.rank != 0:
             data = torch.empty(int(size.item()), dtype=torch.uint8)
         data = data.to(self.device)
@@ -117,7 +134,7 @@ class Comm:
         """Every rank's list (same length on each) on every rank: [rank][i]."""
         x = torch.tensor(values, dtype=torch.float64, device=self.device)
         out = [torch.empty_like(x) for _ in range(self.world_size)]
-        self.group.allgather([out], [x]).wait()
+        self._wait(self.group.allgather([out], [x]))
         return [o.tolist() for o in out]
 
     def gather_timings(self, log: list[Collective]) -> tuple[list[list[float]], list[list[float]]]:

@@ -13,6 +13,7 @@ workers (terminating what is left) and closes their pipes: nothing is left behin
 from __future__ import annotations
 
 import datetime
+import functools
 import os
 import time
 import weakref
@@ -83,6 +84,9 @@ class ParallelRunner(ModelRunner):
         self._finalizer = weakref.finalize(self, _stop_workers, self.procs, self.conns, None, self._state)
         try:
             self.comm = Comm.connect_watching(store, 0, n, device, STARTUP_TIMEOUT_S, self._check_started)
+            # not a bound method: the finalizer below holds comm, and must not hold self
+            self.comm.watch = functools.partial(check_alive, self.procs, RankFailedError,
+                                                "tensor-parallel rank {n} exited", first=1)
             self._finalizer.detach()
             self._finalizer = weakref.finalize(self, _stop_workers, self.procs, self.conns, self.comm, self._state)
             spec0 = ShardSpec(path, cfg, max_model_len, dtype, str(device), self.num_blocks, ecfg.block_size,

@@ -251,7 +251,8 @@ def test_a_dying_rank_stops_the_engine_with_one_error(checkpoint, monkeypatch):
     runner = llm.engine.runner
     worker = runner.procs[0]
     assert llm.generate(PROMPTS[1], GREEDY)[0].finish_reason == "length"
-    # no liveness check before the step: rank 0 learns of the death from gloo, in a collective
+    # no liveness check before the step: rank 0 learns of the death in a collective (gloo's error,
+    # or the comm's watch of the ranks while it waits)
     monkeypatch.setattr(runner, "_check_workers", lambda: None)
     os.kill(worker.pid, signal.SIGKILL)
     worker.join(5)
