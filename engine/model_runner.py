@@ -74,7 +74,7 @@ class ModelRunner:
         kinds, heads, dims = cfg.kv_layout
         shape = (kinds, cfg.num_layers, self.num_blocks, ecfg.block_size, heads, dims)
         if device.type == "cpu":  # on 2 MB pages: a decode step reads pages scattered over the pool
-            self.kv_cache = cpu_kernels.huge_page_empty(shape, dtype).zero_()
+            self.kv_cache = cpu_kernels.huge_page_zeros(shape, dtype)
         else:
             self.kv_cache = torch.zeros(shape, dtype=dtype, device=device)
         for i, attn in enumerate(self.model.attention_layers()):

@@ -183,6 +183,11 @@ def huge_page_empty(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) 
     return huge_pages.empty(shape, dtype)
 
 
+def huge_page_zeros(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """huge_page_empty's zeroed twin, its pages resident only once written (huge_pages.zeros)."""
+    return huge_pages.zeros(shape, dtype)
+
+
 def release_freed_memory() -> None:
     """Give the C heap's free pages back to the system (glibc's malloc_trim), best effort.
 

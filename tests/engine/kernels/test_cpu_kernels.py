@@ -259,6 +259,28 @@ def test_weight_copies_and_kv_pool_ask_for_huge_pages():
     assert w.data.data_ptr() % cpu.HUGE_PAGE == 0
 
 
+def _resident_kb(t: torch.Tensor) -> int:
+    """Resident KB of the mapping that holds t (smaps' Rss)."""
+    start, kb, inside = t.data_ptr(), 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                inside = lo <= start < hi
+            elif inside and head == "Rss:":
+                kb = int(line.split()[1])
+    return kb
+
+
+def test_a_kv_pool_is_zeros_without_being_written():
+    # 64 MB, the way the KV pool is made: all zeros, and nothing resident until a page is written
+    pool = cpu.huge_page_zeros((2, 4, 512, 16, 3, 64), torch.float32)
+    assert _resident_kb(pool) < 4096
+    assert not pool.any() and torch.count_nonzero(pool[1, 3]).item() == 0
+    assert not cpu.huge_page_zeros((7, 5), torch.bfloat16).any()  # a small one, from the shared arena
+
+
 def test_weights_under_2_mb_share_huge_pages():
     # SmolLM2's o projection at bfloat16 (0.66 MB): on a 4 KB page of a shared chunk that asked for
     # 2 MB pages, apart from its neighbours, and readable back as written
