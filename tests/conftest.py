@@ -7,6 +7,11 @@ if os.environ.get("TOKENTRACE_TEST_DEVICE", "cpu") == "cpu":
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("TOKENTRACE_DB", "none")  # servers the tests start keep traces in memory unless a test says --db
+# OpenMP threads (torch's and the C kernels') that finish a parallel region spin up to 300,000
+# times before they sleep: with 3 workers on 2 cores they spin against each other's work (3
+# processes decoding beside each other: 30 s, 10 s with passive waits, 13 s at 1,000; one alone:
+# 3.2 s, 9.2, 4.1). Set before torch loads libgomp; the servers and ranks the tests start inherit it
+os.environ.setdefault("GOMP_SPINCOUNT", "1000")
 
 import pytest  # noqa: E402
 
