@@ -33,6 +33,7 @@ from engine.tokenizer import Tokenizer
 from engine.trace import events, logit_lens
 from engine.trace.lens_queue import LensQueue, LensWork
 from engine.trace.capture import PassCapture
+from engine.trace.costs import TraceCosts
 from engine.trace.events import Event
 from engine.trace.softmax_stats import softmax_stats
 from engine.trace.tracer import CaptureConfig
@@ -59,6 +60,7 @@ class StepTrace:
         self.held_finishes: list[tuple[Event, int]] = []  # the step's `finish` events (and step), after its captures
         self.lenses = LensQueue(runner.model)  # tokens whose logit lens waits (computed after the step)
         self.seconds = 0.0  # the step's tracing work so far (schedule.traced)
+        self.costs = TraceCosts()  # the same work by kind, summed over steps (the watching benchmark's rows)
         self._stacked_lens: tuple[StepPass, object] | None = None  # the step's lens rows as [L, n, hidden]
         self.ways: dict[str, tuple] = {}  # the last step's traced requests -> the ways its attention and MoE ran
 
@@ -114,6 +116,8 @@ class StepTrace:
         soon as its last lens is out."""
         t = time.perf_counter()
         ended = self.lenses.ended
+        if not ended:
+            return
         while ended:
             rid = next(iter(ended))
             self._emit_lenses(self.lenses.slice(rid, self.lenses.one_call(rid)))
@@ -123,6 +127,7 @@ class StepTrace:
                 self.emit(done.event, done.step)
             if time.perf_counter() - t >= seconds:
                 break
+        self.costs.since("logit lens", t)
 
     def idle(self, busy: bool) -> bool:
         """Between steps with nothing to run (not busy): a slice of the waiting lenses instead
@@ -182,13 +187,18 @@ class StepTrace:
         self.emit(events.schedule_step(scheduled, phases, forward_seconds, step.batch.query_starts[-1],
                                        len(scheduler.running), len(scheduler.waiting),
                                        bm.num_free_blocks, bm.num_cached_blocks, *self._way(step)))
+        fills = self.costs.since("schedule", t)
         for s in scheduled:
             if s.seq.traced:
                 self.emit(events.kv_fill(s, self.block_size))
+        rounds = self.costs.since("kv fills", fills)
         for p in step.parts:  # what the proposer says of a round, read before the commit moves the sequence on
             if p.verdict is not None and p.scheduled.seq.traced:
                 p.spec_details = self.speculator.describe(p.scheduled.seq, self.piece)
-        self.seconds += time.perf_counter() - t
+        now = time.perf_counter()
+        if self.speculator is not None:
+            self.costs.seconds["speculation"] += now - rounds
+        self.seconds += now - t
 
     def token(self, step: StepPass, part: SeqStep, j: int, token: int, config: CaptureConfig) -> None:
         """The target's distribution at the part's j-th new token's position (its top candidates),
@@ -200,13 +210,14 @@ class StepTrace:
         source = token_source(part.verdict, j)
         method = self.method if source != "target" else None
         self.emit(events.sample(seq, source, method, token, info, self.piece))
+        lens = self.costs.since("sampling", t)
         if part.lens_row is not None:
             top, row = seq.capture.logit_lens, step.logits[part.rows[0] + j]
             own = softmax_stats(row[None], top, [token])  # the model's own row: the sampler's distribution
             rows = self._lens_rows(step)[:, part.lens_row + j].clone()  # [L, hidden], freed with the step's
             self._emit_lenses(self.lenses.keep(LensWork(seq, step.number, len(seq), source, token, top, rows, own),
                                                config.lens_live_seconds))
-        self.seconds += time.perf_counter() - t
+        self.seconds += self.costs.since("logit lens", lens) - t
 
     def _lens_rows(self, step: StepPass) -> torch.Tensor:
         """The step's kept residual stream [L, lens rows, hidden] (stacked once a step)."""
@@ -227,7 +238,7 @@ class StepTrace:
         """A speculative round as the commit counted it: the tokens its sequence kept."""
         t = time.perf_counter()
         self.emit(events.spec(part.scheduled, part.verdict, self.piece, part.spec_details or {}, kept, proposed))
-        self.seconds += time.perf_counter() - t
+        self.seconds += self.costs.since("speculation", t) - t
 
     def captures(self, step: StepPass) -> None:
         """After the commit: a `full` trace's captures of the rows that read a token the
@@ -243,20 +254,25 @@ class StepTrace:
         self.seconds += time.perf_counter() - t
 
     def _captures_of(self, capture: PassCapture, b: int, s: ScheduledSeq, end: int) -> None:
-        """Sequence b's embedding rows, attention and MoE routing, of positions before `end`."""
+        """Sequence b's embedding rows, attention and MoE routing, of positions before `end`
+        (each kind's cost apart: TraceCosts)."""
         cfg, spec = self.model_config, s.seq.capture
-        out = []
+        t = time.perf_counter()
         if b in capture.embed:
-            out.append(events.embed(s, capture.embed[b], cfg.hidden_size, end, spec.compact))
+            self._emit_capture(events.embed(s, capture.embed[b], cfg.hidden_size, end, spec.compact))
+            t = self.costs.since("embedding rows", t)
         heads = spec.heads if spec.heads is not None else list(range(cfg.num_heads))
         if b in capture.attention:
-            out.append(events.attention(s, capture.attention[b], heads, cfg, end, spec.compact))
+            self._emit_capture(events.attention(s, capture.attention[b], heads, cfg, end, spec.compact))
+            t = self.costs.since("attention", t)
         for layer, per_seq in capture.moe.items():
             if b in per_seq:
-                out.append(events.moe(s, layer, per_seq[b], capture.expert_load[layer], cfg, end))
-        for event in out:
-            if event is not None:
-                self.emit(event)
+                self._emit_capture(events.moe(s, layer, per_seq[b], capture.expert_load[layer], cfg, end))
+        self.costs.since("moe routing", t)
+
+    def _emit_capture(self, event: Event | None) -> None:
+        if event is not None:  # (None: nothing captured of this kind for these positions)
+            self.emit(event)
 
 
 def token_source(verdict: Verdict | None, j: int) -> str:

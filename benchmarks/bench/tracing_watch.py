@@ -15,6 +15,12 @@ lens, then attention, then the embedding rows; what stays at `full` beyond `basi
 MoE routing (and the pass's capture bookkeeping); `basic` against none is the events
 every traced step builds (schedule, KV fills, sampling, kv.pool).
 
+The same costs by the engine's own clock (TraceCosts: the tracing work of each
+kind, timed where it runs on the engine's thread, the page's variant's seconds over its
+tokens, the median over rounds): what the toggles cannot split (schedule, KV fills,
+sampling, kv.pool), and the lens with its live and after-the-answer parts together. Work
+inside the pass (keeping the captured rows and the routing) is the toggles' only.
+
 `python -m benchmarks.bench --sections watching` runs these rows alone."""
 from __future__ import annotations
 
@@ -28,6 +34,7 @@ from benchmarks.bench.context import Bench
 from benchmarks.bench.timing import greedy
 from engine.llm_engine import LLMEngine
 from engine.trace import EventList, Tracer
+from engine.trace.costs import KINDS
 from engine.trace.tracer import LIVE_LENS_S
 
 LIVE = f"full (the page's: the newest lens every {LIVE_LENS_S:g} s)"
@@ -52,7 +59,7 @@ def watch_cost(b: Bench, engine: LLMEngine, tracer: Tracer, sink: EventList, n: 
                     ("full", replace(base, logit_lens_top=0, attention_layers=[], embed_dims=0)),
                 "basic": ("basic", base)}
     for batch in sorted({1, b.settings.batch}):
-        stream, done = _rounds(b, engine, tracer, sink, variants, batch, n)
+        stream, done, clock = _rounds(b, engine, tracer, sink, variants, batch, n)
         s0 = statistics.median(stream["untraced"])
         load = os.getloadavg()[0]
         for name in (LIVE, EVERY, AT_END, "full, no lens"):
@@ -68,25 +75,37 @@ def watch_cost(b: Bench, engine: LLMEngine, tracer: Tracer, sink: EventList, n: 
             ms = statistics.median(1e3 * (1 / a - 1 / c) for a, c in zip(done[with_it], done[without]))
             b.add("tracing cost", f"watching, batch {batch}, {what}: ms a token", ms, "ms", None,
                   f"{with_it} less {without}, per round, until the trace is done")
+        for kind in KINDS:
+            ms = statistics.median(r[kind] for r in clock[LIVE])
+            if ms > 0:
+                b.add("tracing cost", f"watching, batch {batch}, {kind}, by the engine's clock: ms a token", ms,
+                      "ms", None, f"{LIVE}: its {kind} work on the engine's thread over its tokens, median of rounds")
 
 
 def _rounds(b: Bench, engine: LLMEngine, tracer: Tracer, sink: EventList, variants: dict, batch: int,
-            n: int) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
-    """Per variant, per round: the median request's stream rate, and the batch's tokens after the
-    first over the time after the first token to the last request's end (its finish included)."""
+            n: int) -> tuple[dict[str, list[float]], dict[str, list[float]], dict[str, list[dict[str, float]]]]:
+    """Per variant, per round: the median request's stream rate, the batch's tokens after the
+    first over the time after the first token to the last request's end (its finish included),
+    and the engine's clock of each kind of tracing work (ms a token)."""
     stream = {k: [] for k in variants}
     done = {k: [] for k in variants}
+    clock = {k: [] for k in variants}
+    pool = engine.lane.pool_trace
     order = random.Random(batch)
     prompts = b.prompts[:batch]
     for _ in range(max(2, b.settings.repeats)):
         for name in order.sample(list(variants), len(variants)):
             level, engine.capture = variants[name]
             engine.tracer = None if level is None else tracer
+            engine.step_trace.costs.take()
+            pool.seconds = 0.0
             t = time.perf_counter()
             ids = [engine.add_request(p, greedy(n), trace_level=level) for p in prompts]
             while engine.has_unfinished_requests():
                 engine.step()
             elapsed = time.perf_counter() - t
+            spent = engine.step_trace.costs.take() | {"kv.pool": pool.seconds}
+            clock[name].append({k: 1e3 * v / (batch * n) for k, v in spent.items()})
             metrics = [engine.get_output(r).metrics for r in ids]
             for r in ids:
                 engine.release(r)
@@ -95,4 +114,4 @@ def _rounds(b: Bench, engine: LLMEngine, tracer: Tracer, sink: EventList, varian
             stream[name].append(statistics.median(len(x) / max(sum(x), 1e-9) for x in lat))
             done[name].append(batch * (n - 1) / max(elapsed - max(m["ttft"] for m in metrics), 1e-9))
     engine.tracer, engine.capture = tracer, replace(engine.capture, lens_live_seconds=LIVE_LENS_S)
-    return stream, done
+    return stream, done, clock

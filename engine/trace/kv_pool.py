@@ -18,6 +18,7 @@ the event belongs to (the live ones, and any that finished since the last event)
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Iterable
 
@@ -54,6 +55,7 @@ class KVPoolTracker:
     traced: tuple[str, ...] = ()  # the live traced requests the last look saw
     looked_at: int | None = None  # the step of the last look
     always: bool = False  # look after every step, traced requests or not
+    seconds: float = 0.0  # what the looks have cost so far (the watching benchmark reads it)
 
     def after_step(self, bm: BlockManager, live: list[Sequence], step: int) -> Event | None:
         """The kv.pool event for the pool after `step` (live: the unfinished requests), or
@@ -61,6 +63,13 @@ class KVPoolTracker:
         traced = tuple(s.request_id for s in live if s.traced)
         if not traced and not self.traced and not self.always:  # untraced work only: no one to tell
             return None
+        t = time.perf_counter()
+        try:
+            return self._look(bm, live, step, traced)
+        finally:
+            self.seconds += time.perf_counter() - t
+
+    def _look(self, bm: BlockManager, live: list[Sequence], step: int, traced: tuple[str, ...]) -> Event | None:
         now = pool_state(bm, live)
         full = self.looked_at is None or step != self.looked_at + 1 or any(r not in self.traced for r in traced)
         prev, to = self.last, list(dict.fromkeys(traced + self.traced))  # the live, then those just finished

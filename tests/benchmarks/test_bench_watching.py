@@ -25,6 +25,11 @@ def test_watching_rows_at_both_batches_with_each_captures_cost(checkpoint):
         for what in ("logit lens", "attention", "embedding rows", "MoE routing and the pass's bookkeeping",
                      "schedule, KV fills, sampling, kv.pool events"):
             assert math.isfinite(watch[f"watching, batch {batch}, {what}: ms a token"].value)
+        # and by the engine's own clock: every kind a `full` trace of a MoE model does (no draft: no rounds)
+        for kind in ("schedule", "kv fills", "sampling", "logit lens", "embedding rows", "attention",
+                     "moe routing", "kv.pool"):
+            assert watch[f"watching, batch {batch}, {kind}, by the engine's clock: ms a token"].value > 0
+        assert f"watching, batch {batch}, speculation, by the engine's clock: ms a token" not in watch
     # every traced run's trace ended: nothing waits, and the engine is back in the page's setting
     assert not engine.step_trace.lenses.pending and not engine.step_trace.lenses.ended
     assert engine.capture.lens_live_seconds == 0.3

@@ -1,0 +1,29 @@
+"""The engine's own clock of its tracing work, by kind (engine/trace/costs.py): each kind a
+traced request does is timed, and an untraced one adds nothing."""
+from __future__ import annotations
+
+from engine.llm_engine import LLMEngine
+from engine.sampling_params import SamplingParams
+from engine.trace import EventList, Tracer
+
+GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+
+
+def _run(engine: LLMEngine, level: str) -> None:
+    rid = engine.add_request([5, 9, 14, 3, 7], GREEDY, trace_level=level)
+    while engine.has_unfinished_requests():
+        engine.step()
+    engine.release(rid)
+
+
+def test_each_kind_of_a_full_trace_is_timed_and_untraced_work_adds_none(checkpoint):
+    sink = EventList()
+    engine = LLMEngine(checkpoint("mixtral"), device="cpu", tracer=Tracer(sink))
+    engine.step_trace.costs.take()
+    _run(engine, "off")  # (None: the engine's default level)
+    assert not any(engine.step_trace.costs.take().values()) and engine.lane.pool_trace.seconds == 0.0
+    _run(engine, "full")
+    spent = engine.step_trace.costs.take()
+    assert all(spent[k] > 0 for k in ("schedule", "kv fills", "sampling", "logit lens", "embedding rows",
+                                      "attention", "moe routing")), spent
+    assert spent["speculation"] == 0.0 and engine.lane.pool_trace.seconds > 0
