@@ -13,7 +13,7 @@ import torch
 
 from engine.penalties import ADJUSTMENTS, History, adjust_stages, changes
 from engine.sampling_params import SamplingParams
-from engine.trace.softmax_stats import probability, softmax_stats
+from engine.trace.softmax_stats import SoftmaxStats, probability, softmax_stats
 
 
 def filter_stages(logits: torch.Tensor, params: SamplingParams) -> dict[str, torch.Tensor]:
@@ -119,11 +119,13 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[
 
 
 def explain(logits: torch.Tensor, params: SamplingParams, token_id: int, top: int,
-            knobs: dict[str, torch.Tensor] | None = None) -> dict:
+            knobs: dict[str, torch.Tensor] | None = None, raw_stats: SoftmaxStats | None = None) -> dict:
     """The sampling stages of one draw, for the trace: the top candidates before and
     after each knob, how many tokens survive each cut, and the token drawn. Plain Python
     values, read from the logits without a softmax (softmax_stats): this runs
-    for every traced token. knobs: filter_stages of these logits, if the draw kept them."""
+    for every traced token. knobs: filter_stages of these logits, if the draw kept them.
+    raw_stats: softmax_stats(logits[None], k >= top), where the caller has them (a token
+    with a logit lens needs them too): read instead of a second pass over the row."""
     raw = logits.float()
     stages = {"logits": raw}
     if knobs is not None:
@@ -132,14 +134,18 @@ def explain(logits: torch.Tensor, params: SamplingParams, token_id: int, top: in
         stages.update(filter_stages(raw, params))
     distinct = list({id(x): x for x in stages.values()}.values())  # a knob that is off repeats its input
     row = {id(x): i for i, x in enumerate(distinct)}
-    z = torch.stack(distinct) if len(distinct) > 1 else raw[None]  # [S, V]
-    s = softmax_stats(z, top)
-    ids = s.top_ids[0]  # the candidates: the most likely before any knob, the token drawn, and what moved most
+    one = len(distinct) == 1  # no knob changed the logits (a plain greedy draw)
+    s = raw_stats if one and raw_stats is not None else softmax_stats(torch.stack(distinct) if not one else raw[None], top)
+    ids = s.top_ids[0][:top]  # the candidates: the most likely before any knob, the token drawn, and what moved most
     moves = _moves(stages)
     for t in [token_id] + [c[0] for _, changed in moves.values() for c in changed]:
         if t not in ids:
             ids.append(t)
-    probs = [[probability(v - lse) for v in r] for r, lse in zip(z[:, ids].tolist(), s.lse)]
+    if one and len(ids) == min(top, len(s.top_ids[0])) and (not ids or min(ids) >= 0):
+        probs = [s.top_probs[0][:top]]  # the candidates are the row's top ones: their probabilities are known
+    else:
+        z = raw[None] if one else torch.stack(distinct)  # [S, V]
+        probs = [[probability(v - lse) for v in r] for r, lse in zip(z[:, ids].tolist(), s.lse)]
     final = row[id(list(stages.values())[-1])]  # the distribution drawn from: after the last knob
     shown = {name: {"probs": probs[row[id(x)]], "kept": s.kept[row[id(x)]]} for name, x in stages.items()}
     for name, (moved, changed) in moves.items():

@@ -35,7 +35,7 @@ from engine.trace.lens_queue import LensQueue, LensWork
 from engine.trace.capture import PassCapture
 from engine.trace.costs import TraceCosts
 from engine.trace.events import Event
-from engine.trace.softmax_stats import softmax_stats
+from engine.trace.softmax_stats import by_kernel, first_candidates, softmax_stats
 from engine.trace.tracer import CaptureConfig
 
 # seconds of lens work after a step for requests that finished earlier: while others run a
@@ -204,16 +204,19 @@ class StepTrace:
         """The target's distribution at the part's j-th new token's position (its top candidates),
         and its logit lens (queued: LensQueue)."""
         t = time.perf_counter()
-        seq = part.scheduled.seq
-        info = explain(step.logits[part.rows[0] + j], seq.params, token, config.top_candidates,
-                       step.knobs.get(part.draw))
+        seq, row = part.scheduled.seq, step.logits[part.rows[0] + j]
+        top = seq.capture.logit_lens if part.lens_row is not None else 0
+        # the model's own row, read once for both the sample event and (its first `top`) the lens
+        stats = softmax_stats(row[None], max(top, config.top_candidates), [token]) \
+            if top and by_kernel(row[None]) else None
+        info = explain(row, seq.params, token, config.top_candidates, step.knobs.get(part.draw), stats)
         source = token_source(part.verdict, j)
         method = self.method if source != "target" else None
         self.emit(events.sample(seq, source, method, token, info, self.piece))
         lens = self.costs.since("sampling", t)
         if part.lens_row is not None:
-            top, row = seq.capture.logit_lens, step.logits[part.rows[0] + j]
-            own = softmax_stats(row[None], top, [token])  # the model's own row: the sampler's distribution
+            # the model's own row: the sampler's distribution
+            own = first_candidates(stats, top) if stats is not None else softmax_stats(row[None], top, [token])
             rows = self._lens_rows(step)[:, part.lens_row + j].clone()  # [L, hidden], freed with the step's
             self._emit_lenses(self.lenses.keep(LensWork(seq, step.number, len(seq), source, token, top, rows, own),
                                                config.lens_live_seconds))

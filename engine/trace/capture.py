@@ -162,7 +162,7 @@ def attention_probs(q: torch.Tensor, k: torch.Tensor, ctx: int, scale: float,
             w = torch.tensor([w if w is not None else ctx + 1 for w in windows], device=q.device)
             allowed = allowed & (k_pos[None, None, :] > q_pos[None] - w[:, None, None])
         scores = scores.masked_fill(~allowed[:, None], float("-inf"))
-    return F.softmax(scores, dim=-1)
+    return scores.softmax(-1)  # (F.softmax's own call, less its wrapper)
 
 
 def _attention(capture: PassCapture, batch: ForwardBatch, cfg: ModelConfig, kv_cache: torch.Tensor, b: int,
@@ -173,8 +173,8 @@ def _attention(capture: PassCapture, batch: ForwardBatch, cfg: ModelConfig, kv_c
     k_head, k_start = key_window(ctx, spec.max_keys, spec.first_keys)
     whole = rows == batch.input_ids.shape[0]  # the batch is these rows (batch-1 decode): no slicing
     q_all = capture.layer_q_all
-    if whole and q_all is not None and layers == list(range(q_all.shape[0])):  # every layer, written as one tensor
-        q = q_all
+    if q_all is not None and layers == list(range(q_all.shape[0])):  # every layer, written as one tensor
+        q = q_all if whole else q_all[:, end - rows:end]  # (a view: no copy of the rows)
     else:
         q = torch.stack([capture.layer_q[layer] if whole else capture.layer_q[layer][end - rows:end]
                          for layer in layers])  # [L, rows, H, D]

@@ -34,9 +34,15 @@ def softmax_stats(z: torch.Tensor, k: int, chosen: list[int] | None = None) -> S
     """z: [R, V] logits (-inf for masked tokens; any row stride); k: candidates a row
     (at most V); chosen: one token per row to rank, or None."""
     k = min(k, z.shape[-1])
-    if z.device.type == "cpu" and z.dtype == torch.float32 and z.stride(-1) == 1 and cpu.available():
+    if by_kernel(z):
         return _c_stats(z, k, chosen)
     return reference(z, k, chosen)
+
+
+def by_kernel(z: torch.Tensor) -> bool:
+    """Whether softmax_stats reads z by the C kernel (whose candidates for k are the first k
+    of those for any larger k: first_candidates)."""
+    return z.device.type == "cpu" and z.dtype == torch.float32 and z.stride(-1) == 1 and cpu.available()
 
 
 def _c_stats(z: torch.Tensor, k: int, chosen: list[int] | None) -> SoftmaxStats:
@@ -51,6 +57,13 @@ def _c_stats(z: torch.Tensor, k: int, chosen: list[int] | None) -> SoftmaxStats:
         s.rank = [int(r[4]) + 1 for r in rows]
         s.chosen_probs = [probability(r[5] - r[1]) for r in rows]
     return s
+
+
+def first_candidates(s: SoftmaxStats, k: int) -> SoftmaxStats:
+    """s with only its first k candidates a row: what softmax_stats with k gives where the C
+    kernel made s (its list is ordered by logit, then id: a prefix of any longer one)."""
+    return SoftmaxStats([ids[:k] for ids in s.top_ids], [p[:k] for p in s.top_probs], s.lse, s.entropy, s.kept,
+                        s.rank, s.chosen_probs)
 
 
 def _probabilities(z: list[float], lse: float) -> list[float]:

@@ -9,7 +9,7 @@ import torch
 
 from engine.sampler import explain
 from engine.sampling_params import SamplingParams
-from engine.trace.softmax_stats import reference, softmax_stats
+from engine.trace.softmax_stats import by_kernel, first_candidates, reference, softmax_stats
 
 
 @pytest.fixture
@@ -90,3 +90,29 @@ def test_the_sample_events_figures_match_a_softmax(cpu_kernels_switch, params):
     assert c["token_prob"] == pytest.approx(p[token].item(), rel=1e-5, abs=1e-9)
     assert c["entropy"] == pytest.approx(-(p * p.log()).nansum().item(), rel=1e-4)
     assert c["stages"]["logits"]["kept"] == 3000
+
+
+def test_the_first_candidates_of_a_longer_list_are_the_shorter_list(c_path):
+    """first_candidates: the C kernel's top k of a row (ties: the lower id first) is the head
+    of its top k' for any k' > k, so a token's sample event and its lens share one pass."""
+    g = torch.Generator().manual_seed(3)
+    z = (torch.randn(4, 4096, generator=g) * 2).round()  # rounded: many ties among the top
+    z[1, ::2] = float("-inf")
+    z[3, 5:] = float("-inf")  # fewer live tokens than candidates
+    chosen = [0, 1, 2, 3]
+    assert by_kernel(z)
+    for k in (1, 5, 8):
+        short, long = softmax_stats(z, k, chosen), first_candidates(softmax_stats(z, 12, chosen), k)
+        assert short == long
+
+
+def test_explain_reads_the_callers_stats_as_its_own(c_path):
+    """explain with raw_stats (softmax_stats of its row, more candidates, a chosen token)
+    says what it says without them, greedy or sampled, the token among the top or not."""
+    g = torch.Generator().manual_seed(5)
+    logits = torch.randn(4096, generator=g) * 3
+    low = int(logits.argmin())
+    for params in (SamplingParams(temperature=0), SamplingParams(temperature=0.7, top_k=20, top_p=0.9)):
+        for token in (int(logits.argmax()), low):
+            stats = softmax_stats(logits[None], 12, [token])
+            assert explain(logits, params, token, 8, None, stats) == explain(logits, params, token, 8)
