@@ -229,7 +229,9 @@ async function go(i) {
         headers: {'Content-Type': 'application/json'}, body: JSON.stringify({key: KEY, stage: want})});
       if (!r.ok) break;
       const s = await r.json();
-      if (want === target) { await show(s.stage, room ? room.trace_version : 0); break; }
+      if (want !== target) continue;
+      await show(s.stage, room ? room.trace_version : 0);
+      if (want === target) break;  // (else a key pressed while the stage loaded: send the newer one)
     }
   } finally { pending = 0; }
 }

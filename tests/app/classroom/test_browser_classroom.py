@@ -209,3 +209,26 @@ def test_a_static_bundle_shows_its_own_files_and_follows_the_server(server, brow
     finally:
         ctx.close()
         host.shutdown()
+
+
+def test_a_key_pressed_while_a_stage_loads_is_sent_after_it(server, browser, room):
+    """The presenter's second key, pressed while the stage its first key sent is still loading (a
+    busy machine, a slow network), moves the class on once it has loaded, not never (seen in CI,
+    2026-12-06: two ArrowRights left the class one stage on). The stage's fetch is held here."""
+    fresh = httpx.post(server.url + "classroom", json={"request_id": room["request_id"]}, timeout=60).json()
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    presenter = context.new_page()
+    presenter.goto(server.url.rstrip("/") + fresh["presenter_url"])
+    stage_is(presenter, 0)
+    presenter.wait_for_function("document.body.dataset.link === 'live'")
+    held = []
+    presenter.route("**/stage/1?*", lambda route: held.append(route))  # neither answered nor passed on until released below
+    presenter.keyboard.press("ArrowRight")
+    while not held:
+        presenter.wait_for_timeout(20)
+    presenter.keyboard.press("ArrowRight")  # while stage 1 loads
+    presenter.wait_for_timeout(200)
+    held[0].continue_()
+    stage_is(presenter, 2)
+    assert httpx.get(server.url + f"classroom/{fresh['id']}/state", timeout=30).json()["stage"] == 2
+    context.close()
