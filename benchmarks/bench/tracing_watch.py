@@ -4,7 +4,7 @@ request untraced, at batch 1 and at the settings' batch, and each capture's shar
 The stream rate: a request's tokens after its first over the time from its first token to
 its last (the engine's token times), the rate the answer reaches its reader. A `full`
 trace's logit lens is computed after the pass (engine/trace/lens_queue.py): in the page's
-setting (CaptureConfig.lens_live_seconds, LIVE_LENS_S: the newest token's every 0.3 s, the
+setting (CaptureConfig.lens_live_seconds, LIVE_LENS_S: the newest token's every 0.2 s, the
 rest after the last token), every token's after its step (0: how it was), and all after the
 last token (None). "Until the trace is done" counts the time to the last `finish` event too
 (when an export holds every lens).

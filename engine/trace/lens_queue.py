@@ -7,10 +7,11 @@ the step). The lens itself, L rows a token through the final norm and the LM hea
 more arithmetic than the model's step (SmolLM2: 0.85 G multiply-adds a token against
 0.135 G), so a running request computes only what a watcher sees:
   - live: its NEWEST token's lens, right after its step, when its last live one is
-    `live_seconds` old (CaptureConfig.lens_live_seconds: the page's 0.3 s keeps the lens
+    `live_seconds` old (CaptureConfig.lens_live_seconds: the page's 0.2 s keeps the lens
     panel within its 0.5 s update bound; 0: every token's; None: none while it runs), and
-    at least LIVE_SHARE times what a lens takes (a slow machine's stream keeps its speed,
-    its lens panel lags more); the tokens in between wait here;
+    at least LIVE_SHARE times what a lens takes, times the requests that have live lenses
+    (a slow machine's stream, or a batch's, keeps its speed; its lens panels lag more); the
+    tokens in between wait here;
   - when more than MAX_PENDING_BYTES of rows wait, the oldest ones (memory stays bounded).
 At its finish the client gets its last token at once; the request's `finish` event waits
 (`ended`) until the rest of its lenses are out, computed between later steps (StepTrace.drain:
@@ -75,7 +76,8 @@ class LensQueue:
         queues it otherwise."""
         rid = work.seq.request_id
         now = time.perf_counter()
-        period = live_seconds and max(live_seconds, LIVE_SHARE * self.token_seconds)  # (0: every token's)
+        # (0: every token's); the running requests' live lenses share one tenth: each waits the longer
+        period = live_seconds and max(live_seconds, LIVE_SHARE * self.token_seconds * max(1, len(self.last_live)))
         if live_seconds is not None and now - self.last_live.get(rid, -1e9) >= period:
             self.last_live[rid] = now
             return [work]

@@ -23,7 +23,7 @@ TRACE_LEVELS = ("off", "basic", "full")  # full adds tensors: embeddings, attent
 # key columns kept from position 0 on when a context outgrows max_keys: the attention sink
 # (most heads park weight on the first token) and the system prompt's start
 FIRST_KEYS = 8
-LIVE_LENS_S = 0.3  # CaptureConfig.lens_live_seconds's default: the page's
+LIVE_LENS_S = 0.2  # CaptureConfig.lens_live_seconds's default: the page's
 
 
 @dataclass
@@ -37,8 +37,9 @@ class CaptureConfig:
     top_candidates: int = 8  # sampler candidates shown per stage
     logit_lens_top: int = 5  # candidates per layer in the logit lens (engine/trace/logit_lens.py); 0: no lens
     # a running request's newest token's lens computed when its last live one is this old (LensQueue; the
-    # tokens between wait, and come after its last token, before its `finish`): 0.3 s keeps the page's lens
-    # within its 0.5 s update bound; 0: every token's after its step; None: none while it runs
+    # tokens between wait, and come after its last token, before its `finish`): 0.2 s keeps the page's pass
+    # panels within their 0.5 s update bound (benchmarks.measure); 0: every token's after its step; None:
+    # none while it runs
     lens_live_seconds: float | None = LIVE_LENS_S
     compact: bool = True  # attention and embedding rows stored compactly (engine/trace/compact.py), else as lists
 

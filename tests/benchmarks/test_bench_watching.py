@@ -32,4 +32,4 @@ def test_watching_rows_at_both_batches_with_each_captures_cost(checkpoint):
         assert f"watching, batch {batch}, speculation, by the engine's clock: ms a token" not in watch
     # every traced run's trace ended: nothing waits, and the engine is back in the page's setting
     assert not engine.step_trace.lenses.pending and not engine.step_trace.lenses.ended
-    assert engine.capture.lens_live_seconds == 0.3
+    assert engine.capture.lens_live_seconds == 0.2
