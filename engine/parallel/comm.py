@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 WATCH_S = datetime.timedelta(seconds=0.5)
 
+
 @dataclass
 class Collective:
     kind: str  # "all_reduce" | "broadcast" | "all_gather"
