@@ -24,6 +24,7 @@ carries one.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -101,6 +102,7 @@ class PassCapture:
     moe: dict[int, dict[int, dict]] = field(default_factory=dict)
     embed: dict[int, torch.Tensor] = field(default_factory=dict)  # seq -> rows [n, embed_dims]
     expert_load: dict[int, list[int]] = field(default_factory=dict)  # layer -> tokens per expert
+    collect_seconds: dict[str, float] = field(default_factory=dict)  # collect()'s time by kind (TraceCosts)
     attention_layers: frozenset[int] = field(init=False)  # layers whose attention some sequence captures
 
     def __post_init__(self) -> None:
@@ -124,18 +126,30 @@ class AttentionCapture:
 
 
 def collect(capture: PassCapture, batch: ForwardBatch, cfg: ModelConfig, kv_cache: torch.Tensor) -> None:
-    """Fill capture.attention / moe / embed / expert_load.
+    """Fill capture.attention / moe / embed / expert_load, timing each kind (collect_seconds).
     kv_cache: the runner's pool [K/V, layer, block, slot, kv head, dim]."""
+    spent = dict.fromkeys(("embedding rows", "attention", "moe routing"), 0.0)
+    t = time.perf_counter()
     for b, spec in enumerate(capture.specs):
         if spec is None:
             continue
         if b in capture.embed_rows:
             capture.embed[b] = capture.embed_rows[b].float()
+            t = _spent(spent, "embedding rows", t)
         layers = [layer for layer in spec.attention_layers if layer in capture.layer_q]
         if layers:
             _attention(capture, batch, cfg, kv_cache, b, layers)
+            t = _spent(spent, "attention", t)
     if capture.moe_routing:
         _moe(capture, batch, cfg)
+        _spent(spent, "moe routing", t)
+    capture.collect_seconds = spent
+
+
+def _spent(spent: dict[str, float], kind: str, t: float) -> float:
+    now = time.perf_counter()
+    spent[kind] += now - t
+    return now
 
 
 def attention_probs(q: torch.Tensor, k: torch.Tensor, ctx: int, scale: float,
