@@ -2,9 +2,9 @@
 schedule and KV-fill events of a pass, a token's sampling stats, its logit lens (live, past
 the byte bound, and after the answer), a `full` trace's embedding rows, attention and MoE
 routing (the runner's collect() after the forward, then their events), and the pool's
-`kv.pool` event. The watching benchmark reads
-it (a variant's seconds over its tokens) beside its toggled variants, which also see what a
-capture costs inside the pass; the timeline's `schedule.traced` says a step's total."""
+`kv.pool` event. The watching benchmark reads it (a variant's seconds over its tokens)
+beside its toggled variants, which also see what a capture costs inside the pass; the
+timeline's `schedule.traced` says a step's total."""
 from __future__ import annotations
 
 import time
