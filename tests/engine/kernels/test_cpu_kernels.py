@@ -228,8 +228,8 @@ def test_rms_norm_matches_torch(offset, shape):
                                    rtol=1e-5, atol=1e-6)
 
 
-def _huge_pages_in(t: torch.Tensor) -> int:
-    """kB of transparent huge pages backing the mapping that holds t (from /proc/self/smaps)."""
+def _smaps_kb(t: torch.Tensor, field: str) -> int:
+    """A field's kB (AnonHugePages, Rss) of the mapping that holds t, from /proc/self/smaps."""
     addr, kb, inside = t.data_ptr(), 0, False
     with open("/proc/self/smaps") as f:
         for line in f:
@@ -237,9 +237,14 @@ def _huge_pages_in(t: torch.Tensor) -> int:
             if "-" in head and all(c in "0123456789abcdef-" for c in head):
                 lo, hi = (int(v, 16) for v in head.split("-"))
                 inside = lo <= addr < hi
-            elif inside and head == "AnonHugePages:":
+            elif inside and head == field + ":":
                 kb = int(line.split()[1])
     return kb
+
+
+def _huge_pages_in(t: torch.Tensor) -> int:
+    """kB of transparent huge pages backing the mapping that holds t."""
+    return _smaps_kb(t, "AnonHugePages")
 
 
 def test_weight_copies_and_kv_pool_ask_for_huge_pages():
@@ -259,24 +264,10 @@ def test_weight_copies_and_kv_pool_ask_for_huge_pages():
     assert w.data.data_ptr() % cpu.HUGE_PAGE == 0
 
 
-def _resident_kb(t: torch.Tensor) -> int:
-    """Resident KB of the mapping that holds t (smaps' Rss)."""
-    start, kb, inside = t.data_ptr(), 0, False
-    with open("/proc/self/smaps") as f:
-        for line in f:
-            head = line.split()[0]
-            if "-" in head and not head.endswith(":"):
-                lo, hi = (int(x, 16) for x in head.split("-"))
-                inside = lo <= start < hi
-            elif inside and head == "Rss:":
-                kb = int(line.split()[1])
-    return kb
-
-
 def test_a_kv_pool_is_zeros_without_being_written():
     # 64 MB, the way the KV pool is made: all zeros, and nothing resident until a page is written
     pool = cpu.huge_page_zeros((2, 4, 512, 16, 3, 64), torch.float32)
-    assert _resident_kb(pool) < 4096
+    assert _smaps_kb(pool, "Rss") < 4096
     assert not pool.any() and torch.count_nonzero(pool[1, 3]).item() == 0
     assert not cpu.huge_page_zeros((7, 5), torch.bfloat16).any()  # a small one, from the shared arena
 
