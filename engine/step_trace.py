@@ -249,7 +249,7 @@ class StepTrace:
         not hold), none past an end of sequence (a round that ended early read positions the
         sequence never has); the newest token is never read: no pass has it as an input."""
         t = time.perf_counter()
-        for kind, seconds in step.capture.collect_seconds.items():  # (the runner's, in the pass's time)
+        for kind, seconds in step.capture.collect_costs.seconds.items():  # (the runner's, in the pass's time)
             self.costs.seconds[kind] += seconds
         for b, part in enumerate(step.parts):
             s = part.scheduled

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 
 from engine.batch import ForwardBatch
 from engine.config import ModelConfig
+from engine.trace.costs import TraceCosts
 from engine.trace.tracer import FIRST_KEYS
 
 DECIMALS = 4  # as trace.jsonable rounds floats
@@ -102,7 +103,7 @@ class PassCapture:
     moe: dict[int, dict[int, dict]] = field(default_factory=dict)
     embed: dict[int, torch.Tensor] = field(default_factory=dict)  # seq -> rows [n, embed_dims]
     expert_load: dict[int, list[int]] = field(default_factory=dict)  # layer -> tokens per expert
-    collect_seconds: dict[str, float] = field(default_factory=dict)  # collect()'s time by kind (TraceCosts)
+    collect_costs: TraceCosts = field(default_factory=TraceCosts)  # collect()'s time by kind
     attention_layers: frozenset[int] = field(init=False)  # layers whose attention some sequence captures
 
     def __post_init__(self) -> None:
@@ -126,30 +127,23 @@ class AttentionCapture:
 
 
 def collect(capture: PassCapture, batch: ForwardBatch, cfg: ModelConfig, kv_cache: torch.Tensor) -> None:
-    """Fill capture.attention / moe / embed / expert_load, timing each kind (collect_seconds).
+    """Fill capture.attention / moe / embed / expert_load, timing each kind (collect_costs).
     kv_cache: the runner's pool [K/V, layer, block, slot, kv head, dim]."""
-    spent = dict.fromkeys(("embedding rows", "attention", "moe routing"), 0.0)
+    spent = capture.collect_costs
     t = time.perf_counter()
     for b, spec in enumerate(capture.specs):
         if spec is None:
             continue
         if b in capture.embed_rows:
             capture.embed[b] = capture.embed_rows[b].float()
-            t = _spent(spent, "embedding rows", t)
+            t = spent.since("embedding rows", t)
         layers = [layer for layer in spec.attention_layers if layer in capture.layer_q]
         if layers:
             _attention(capture, batch, cfg, kv_cache, b, layers)
-            t = _spent(spent, "attention", t)
+            t = spent.since("attention", t)
     if capture.moe_routing:
         _moe(capture, batch, cfg)
-        _spent(spent, "moe routing", t)
-    capture.collect_seconds = spent
-
-
-def _spent(spent: dict[str, float], kind: str, t: float) -> float:
-    now = time.perf_counter()
-    spent[kind] += now - t
-    return now
+        spent.since("moe routing", t)
 
 
 def attention_probs(q: torch.Tensor, k: torch.Tensor, ctx: int, scale: float,
