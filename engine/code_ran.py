@@ -15,6 +15,16 @@ from engine.layers.attention import Attention
 from engine.layers.mlp import SparseMoE
 
 
+def ways_key(model: torch.nn.Module, batch: ForwardBatch, dtype: torch.dtype) -> tuple:
+    """What the two ways below read of a pass: the model and its first layer's fused plan, the
+    rows, the batch's kind, whether the C kernels load; equal keys, equal ways (a traced step
+    asks once per key)."""
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    first = layers[0] if layers else None
+    return (id(model), id(getattr(first, "fused", None)), dtype, batch.input_ids.shape[0], batch.input_ids.device,
+            batch.decode_only, batch.use_triton, batch.static_shapes, cpu_kernels.available())
+
+
 def attention_path(model: torch.nn.Module, batch: ForwardBatch, dtype: torch.dtype) -> str:
     """"triton", "c_fused", "c_kernel" or "torch" for this pass of `model` (a CausalLM) over
     `batch`, computed in `dtype`; "mla" for DeepSeek's attention (engine/layers/mla.py), which

@@ -20,7 +20,7 @@ from typing import Callable
 
 import torch
 
-from engine.code_ran import attention_path, moe_path
+from engine.code_ran import attention_path, moe_path, ways_key
 from engine.config import ModelConfig
 from engine.sampler import explain
 from engine.scheduler import Scheduler
@@ -63,6 +63,7 @@ class StepTrace:
         self.costs = TraceCosts()  # the same work by kind, summed over steps (the watching benchmark's rows)
         self._stacked_lens: tuple[StepPass, object] | None = None  # the step's lens rows as [L, n, hidden]
         self.ways: dict[str, tuple] = {}  # the last step's traced requests -> the ways its attention and MoE ran
+        self._ways_of: dict[tuple, tuple[str, str]] = {}  # ways_key -> the ways (the tests cost more than a step's events)
 
     def piece(self, token_id: int) -> str:
         """A token's text for the trace, special tokens included (a replay has no tokenizer);
@@ -161,7 +162,10 @@ class StepTrace:
         are news to a traced request in it (its last step was not the one before, or ran another
         way): a reader carries a request's ways on through its steps, a decode step pays no bytes."""
         model, batch, dtype = self.runner.model, step.batch, self.runner.dtype
-        ways = (attention_path(model, batch, dtype), moe_path(model, batch, dtype))
+        key = ways_key(model, batch, dtype)
+        ways = self._ways_of.get(key)
+        if ways is None:
+            ways = self._ways_of[key] = (attention_path(model, batch, dtype), moe_path(model, batch, dtype))
         news = any(self.ways.get(rid) != ways for rid in self.traced_now)
         self.ways = dict.fromkeys(self.traced_now, ways)
         return ways if news else ("", "")
