@@ -184,6 +184,9 @@ class StepTrace:
         t = time.perf_counter()
         scheduled = [p.scheduled for p in step.parts]
         self.traced_now = {s.seq.request_id: s for s in scheduled if s.seq.traced}
+        # the runner's collect() ran inside the pass's time: the trace's work, not the engine's
+        collected = step.capture.collect_costs.total() if step.capture is not None else 0.0
+        forward_seconds, self.seconds = forward_seconds - collected, self.seconds + collected
         runner = self.runner
         if runner.placement is not None:  # sharded: what crossed between the ranks (engine/parallel)
             self.emit(events.schedule_collective(scheduled, runner.placement.as_dict(), runner.trace_events(),

@@ -24,6 +24,9 @@ class TraceCosts:
         self.seconds[kind] += now - t
         return now
 
+    def total(self) -> float:
+        return sum(self.seconds.values())
+
     def take(self) -> dict[str, float]:
         """The seconds so far, by kind; from zero again."""
         out, self.seconds = self.seconds, dict.fromkeys(KINDS, 0.0)

@@ -136,7 +136,8 @@ def schedule_step(scheduled: list[ScheduledSeq], phases: dict, forward_seconds: 
                   running: int, waiting: int, free_blocks: int, cached_blocks: int, attention: str = "",
                   moe: str = "") -> Event:
     """phases: the step's start (perf_counter) and its schedule and sample seconds (the forward
-    pass is forward_seconds; what follows this event is the trace's own work); attention: the
+    pass is forward_seconds, less the captures the runner collected after it: those, and what
+    follows this event, are the trace's own work, schedule_traced); attention: the
     way the pass's attention ran (engine/code_ran.py), only where it is news to a request in it
     ("" leaves it out: each request's earlier step said it); moe: the way its MoE layers ran, alike."""
     # seconds to the microsecond, as every timeline reads them: a token's step events stay small
@@ -151,8 +152,8 @@ def schedule_step(scheduled: list[ScheduledSeq], phases: dict, forward_seconds: 
 
 def schedule_traced(trace_seconds: float, lens_seconds: float) -> Event:
     """After a traced step: what its tracing cost on the engine's thread, apart from the engine's
-    own work (schedule.step's phases): the trace's events and captures built after the pass,
-    lens_seconds of it the logit lenses computed then (engine/trace/lens_queue.py)."""
+    own work (schedule.step's phases): a `full` trace's captures collected after the forward,
+    the events built after the pass, lens_seconds of it the logit lenses computed then (engine/trace/lens_queue.py)."""
     return "schedule.traced", None, {"trace_seconds": round(trace_seconds, 6),
                                      "lens_seconds": round(lens_seconds, 6)}
 

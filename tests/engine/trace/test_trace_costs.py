@@ -2,6 +2,8 @@
 traced request does is timed, and an untraced one adds nothing."""
 from __future__ import annotations
 
+import time
+
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from engine.trace import EventList, Tracer
@@ -27,3 +29,28 @@ def test_each_kind_of_a_full_trace_is_timed_and_untraced_work_adds_none(checkpoi
     assert all(spent[k] > 0 for k in ("schedule", "kv fills", "sampling", "logit lens", "embedding rows",
                                       "attention", "moe routing")), spent
     assert spent["speculation"] == 0.0 and engine.lane.pool_trace.seconds > 0
+
+
+def test_the_captures_collected_after_the_forward_are_trace_time_not_the_passes(checkpoint, monkeypatch):
+    """collect() runs inside the runner's pass: its time goes to the step's schedule.traced,
+    and schedule.step's forward_seconds (the timeline's bar) is the engine's own. The
+    attention capture is made to take 0.5 s, far beyond a tiny model's pass."""
+    from engine.trace import capture as capture_module
+    real = capture_module._attention
+
+    def slow(*args, **kwargs):
+        time.sleep(0.5)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(capture_module, "_attention", slow)
+    sink = EventList()
+    engine = LLMEngine(checkpoint("llama"), device="cpu", tracer=Tracer(sink))
+    rid = engine.add_request([5, 9, 14, 3, 7], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True),
+                             trace_level="full")
+    while engine.has_unfinished_requests():
+        engine.step()
+    engine.release(rid)
+    steps = {e.step: e.data for e in sink.of(None, "schedule.step")}
+    traced = {e.step: e.data for e in sink.of(None, "schedule.traced")}
+    assert steps and set(steps) == set(traced)
+    for n, step in steps.items():
+        assert step["forward_seconds"] < 0.5 <= traced[n]["trace_seconds"], (step, traced[n])
