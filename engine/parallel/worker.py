@@ -130,7 +130,9 @@ def serve_steps(comm: Comm, model, lcfg: ModelConfig, kv: torch.Tensor, device: 
         while True:
             try:
                 msg = comm.broadcast_object(None)
-            except Exception:  # rank 0 is gone
+            except Exception as e:  # rank 0 is gone (said in a line: a rank that exits 2 while rank 0 lives is a bug)
+                print(f"tokentrace rank {comm.rank}: waiting for rank 0's step failed ({type(e).__name__}: {e}); "
+                      "exiting", file=sys.stderr, flush=True)
                 os._exit(2)
             if msg is SHUTDOWN:
                 return
