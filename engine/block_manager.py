@@ -42,6 +42,9 @@ class BlockManager:
         self.free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self.cached: dict[int, int] = {}  # chain hash -> block id
         self.emit = emit
+        # blocks whose references or cache entry changed since the pool's trace last took them
+        # (engine/trace/kv_pool.py: a step's kv.pool looks at these and the live tables, not the pool)
+        self.touched: set[int] = set()
 
     # --- queries ---------------------------------------------------------------
     @property
@@ -100,6 +103,7 @@ class BlockManager:
             if block.ref_count == 0:
                 del self.free[bid]
             block.ref_count += 1
+        self.touched.update(hits)
         seq.block_table = list(hits)
         seq.num_computed_tokens = seq.num_cached_tokens = len(hits) * self.block_size
         if self.emit and seq.traced:
@@ -111,6 +115,7 @@ class BlockManager:
         new = [self._take(seq) for _ in range(self.blocks_needed(seq, num_new_tokens))]
         for bid in new:
             self.blocks[bid].ref_count = 1
+        self.touched.update(new)
         seq.block_table.extend(new)
         if self.emit and seq.traced and new:
             self.emit(events.kv_alloc(seq, new))
@@ -131,6 +136,7 @@ class BlockManager:
             if self.prefix_caching and block.hash not in self.cached:
                 self.cached[block.hash] = block.block_id
             done.append(block.block_id)
+        self.touched.update(done)
         return done
 
     def free_seq(self, seq: Sequence) -> None:
@@ -148,6 +154,7 @@ class BlockManager:
         if not dropped:
             return
         freed, kept = [], []
+        self.touched.update(dropped)
         for bid in reversed(dropped):
             block = self.blocks[bid]
             block.ref_count -= 1
@@ -167,6 +174,7 @@ class BlockManager:
     def _take(self, seq: Sequence) -> int:
         """The free list's head; a cached block there is evicted (told to seq's trace)."""
         bid, _ = self.free.popitem(last=False)
+        self.touched.add(bid)
         block = self.blocks[bid]
         if block.hash is not None:
             if self.cached.get(block.hash) == bid:

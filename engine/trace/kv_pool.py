@@ -35,6 +35,14 @@ def pool_state(bm: BlockManager, live: Iterable[Sequence]) -> dict[int, BlockSta
     """Every block in use (held or cached) -> its state. A block nobody holds has no
     references (BlockManager.check_invariants), so the live tables and the cache are all
     there is to read: the walk costs the blocks in use, not the pool's size."""
+    owners, fill = _live_tables(bm, live)
+    cached = bm.cached_block_ids()
+    return {b: (tuple(owners.get(b, ())), bm.blocks[b].ref_count, fill.get(b, 0), b in cached)
+            for b in owners.keys() | cached}
+
+
+def _live_tables(bm: BlockManager, live: Iterable[Sequence]) -> tuple[dict[int, list[str]], dict[int, int]]:
+    """The live tables' blocks -> their holders, and the token slots written in each."""
     bs = bm.block_size
     owners: dict[int, list[str]] = {}
     fill: dict[int, int] = {}
@@ -43,9 +51,31 @@ def pool_state(bm: BlockManager, live: Iterable[Sequence]) -> dict[int, BlockSta
         for i, b in enumerate(seq.block_table):
             owners.setdefault(b, []).append(seq.request_id)
             fill[b] = max(fill.get(b, 0), min(bs, max(0, n - i * bs)))
-    cached = bm.cached_block_ids()
-    return {b: (tuple(owners.get(b, ())), bm.blocks[b].ref_count, fill.get(b, 0), b in cached)
-            for b in owners.keys() | cached}
+    return owners, fill
+
+
+def _changes(bm: BlockManager, live: Iterable[Sequence], last: dict[int, BlockState],
+             held_before: Iterable[int]) -> tuple[dict[int, BlockState], set[int]]:
+    """What changed since `last` (updated in place) -> the changed blocks' states (EMPTY: no
+    longer in use), and the blocks the live tables hold now. Only the blocks that can have
+    changed are read: the live tables' (their fill), those the tables held at the last look
+    (a holder gone), and those the block manager touched since (references, the cache): on a
+    long-running server the prefix cache holds most of the pool, and a step reads none of it."""
+    owners, fill = _live_tables(bm, live)
+    touched, bm.touched = bm.touched, set()
+    changed = {}
+    for b in touched.union(owners, held_before):
+        block = bm.blocks[b]
+        cached = block.hash is not None and bm.cached.get(block.hash) == b
+        state = (tuple(owners.get(b, ())), block.ref_count, fill.get(b, 0), cached) if b in owners or cached \
+            else EMPTY
+        if state != last.get(b, EMPTY):
+            changed[b] = state
+            if state == EMPTY:
+                del last[b]
+            else:
+                last[b] = state
+    return changed, set(owners)
 
 
 @dataclass
@@ -54,6 +84,7 @@ class KVPoolTracker:
     last: dict[int, BlockState] = field(default_factory=dict)  # the blocks in use, as last reported
     traced: tuple[str, ...] = ()  # the live traced requests the last look saw
     looked_at: int | None = None  # the step of the last look
+    held: set[int] = field(default_factory=set)  # the blocks the live tables held at the last look
     always: bool = False  # look after every step, traced requests or not
     seconds: float = 0.0  # what the looks have cost so far (the watching benchmark reads it)
 
@@ -70,14 +101,19 @@ class KVPoolTracker:
             self.seconds += time.perf_counter() - t
 
     def _look(self, bm: BlockManager, live: list[Sequence], step: int, traced: tuple[str, ...]) -> Event | None:
-        now = pool_state(bm, live)
         full = self.looked_at is None or step != self.looked_at + 1 or any(r not in self.traced for r in traced)
-        prev, to = self.last, list(dict.fromkeys(traced + self.traced))  # the live, then those just finished
-        self.last, self.traced, self.looked_at = now, traced, step
+        to = list(dict.fromkeys(traced + self.traced))  # the live, then those just finished
+        self.traced, self.looked_at = traced, step
         if full:
-            blocks = sorted(now)
+            self.last = pool_state(bm, live)
+            bm.touched = set()
+            self.held = {b for seq in live for b in seq.block_table}
+            blocks = sorted(self.last)
+            states = [self.last[b] for b in blocks]
         else:
-            blocks = sorted(b for b in now.keys() | prev.keys() if now.get(b, EMPTY) != prev.get(b, EMPTY))
-            if not blocks:
+            changed, self.held = _changes(bm, live, self.last, self.held)
+            if not changed:
                 return None
-        return events.kv_pool(bm.num_blocks, bm.block_size, full, blocks, [now.get(b, EMPTY) for b in blocks], to)
+            blocks = sorted(changed)
+            states = [changed[b] for b in blocks]
+        return events.kv_pool(bm.num_blocks, bm.block_size, full, blocks, states, to)

@@ -104,3 +104,36 @@ def test_each_stream_rebuilds_the_whole_pool_from_its_own_events(checkpoint):
 def test_kv_pool_events_mode_is_checked(checkpoint):
     with pytest.raises(ValueError, match="kv_pool_events"):
         LLMEngine(checkpoint("mixtral"), device=DEVICE, kv_pool_events="sometimes")
+
+
+def test_a_step_looks_at_what_changed_not_the_whole_prefix_cache(checkpoint, monkeypatch):
+    """A long-running server's prefix cache holds most of the pool: after a trace's first (full)
+    kv.pool, a step reads the live tables and the blocks the manager touched, never the cache's
+    whole list, and the events still rebuild the pool."""
+    sink = EventList()
+    engine = LLMEngine(checkpoint("mixtral"), device=DEVICE, tracer=Tracer(sink), trace_level="off",
+                       config=EngineConfig(block_size=4, num_kv_blocks=40, max_num_seqs=4))
+    params = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
+    for k in range(6):  # untraced requests leave their full blocks in the prefix cache
+        engine.add_request(list(range(10 + 20 * k, 30 + 20 * k)), params)
+        while engine.has_unfinished_requests():
+            engine.step()
+    assert engine.block_manager.num_cached_blocks >= 20
+    engine.add_request(list(range(10, 30)) + [3, 4, 5], SamplingParams(temperature=0, max_tokens=10, ignore_eos=True),
+                       trace_level="basic")  # a prefix hit: cached blocks become held
+    engine.step()
+    pools = [e.to_dict() for e in sink.events if e.type == "kv.pool"]
+    assert len(pools) == 1 and pools[0]["full"]
+
+    def walked(*args):
+        raise AssertionError("a step walked the whole prefix cache")
+    monkeypatch.setattr(engine.block_manager, "cached_block_ids", walked)
+    pool = apply_kv_pool(None, pools[0])
+    while engine.has_unfinished_requests():
+        seen = len(sink.events)
+        engine.step()
+        for e in sink.events[seen:]:
+            if e.type == "kv.pool":
+                assert not e.data["full"]
+                pool = apply_kv_pool(pool, e.to_dict())
+        assert same(pool, truth(engine)), engine.step_count
