@@ -95,7 +95,8 @@ def holdback(seq: Sequence) -> int:
 
 def request_metrics(seq: Sequence) -> dict:
     """TTFT and its split (tokenize, queue, prefill, first sample, and a handed-over first
-    token's kv_transfer), each token's latency."""
+    token's kv_transfer), each token's latency; a traced request's share of these that was
+    the trace's own work (trace_seconds)."""
     if not seq.first_token_time:
         return {"preemptions": seq.num_preemptions}
     times = [seq.first_token_time] + seq.token_times[1:]
@@ -105,8 +106,13 @@ def request_metrics(seq: Sequence) -> dict:
     if seq.first_token_drawn_time:  # drawn by a prefill engine, then handed over here
         split["first_sample"] = seq.first_token_drawn_time - seq.prefill_done_time
         split["kv_transfer"] = seq.first_token_time - seq.first_token_drawn_time
-    return {"ttft": seq.first_token_time - seq.arrival_time, "ttft_split": split,
-            "token_latencies": [b - a for a, b in zip(times, times[1:])], "preemptions": seq.num_preemptions}
+    out = {"ttft": seq.first_token_time - seq.arrival_time, "ttft_split": split,
+           "token_latencies": [b - a for a, b in zip(times, times[1:])], "preemptions": seq.num_preemptions}
+    clock = seq.trace_clock  # a traced request's (a first token drawn elsewhere has none here)
+    if len(clock) == len(times) + 1:  # of each time above, the engine's tracing work: what watching added
+        out["trace_seconds"] = {"ttft": clock[1] - clock[0],
+                                "token_latencies": [b - a for a, b in zip(clock[1:], clock[2:])]}
+    return out
 
 
 def request_output(seq: Sequence, metrics: dict) -> RequestOutput:

@@ -56,6 +56,9 @@ class Sequence:
     first_token_time: float = 0.0
     first_token_drawn_time: float = 0.0  # disaggregated: its draw on the prefill side (first_token_time: here)
     token_times: list[float] = field(default_factory=list)
+    # a traced request's: the engine thread's tracing seconds so far (StepTrace.total) at its
+    # arrival, then as each token was drawn; their differences are what watching added to its times
+    trace_clock: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.token_ids:

@@ -60,6 +60,8 @@ class StepTrace:
         self.held_finishes: list[tuple[Event, int]] = []  # the step's `finish` events (and step), after its captures
         self.lenses = LensQueue(runner.model)  # tokens whose logit lens waits (computed after the step)
         self.seconds = 0.0  # the step's tracing work so far (schedule.traced)
+        self.total = 0.0  # every step's (and idle drain's) tracing work so far: a request's trace_clock reads it
+        self._at_sample = 0.0  # `total` as the step in progress drew its tokens (its collect() included)
         self.costs = TraceCosts()  # the same work by kind, summed over steps (the watching benchmark's rows)
         self._stacked_lens: tuple[StepPass, object] | None = None  # the step's lens rows as [L, n, hidden]
         self.ways: dict[str, tuple] = {}  # the last step's traced requests -> the ways its attention and MoE ran
@@ -92,9 +94,10 @@ class StepTrace:
         self.in_step = False
         if traced:
             self.seconds += time.perf_counter() - t
+            self.total += self.seconds
             self.emit(events.schedule_traced(self.seconds, self.lenses.take_seconds()))
         else:  # (an untraced step's drain: no traced step of its own to say it)
-            self.lenses.take_seconds()
+            self.total += self.lenses.take_seconds()
         for event, step in finishes:
             if not self.lenses.end(event[1], event, step):
                 self.emit(event, step)
@@ -135,8 +138,11 @@ class StepTrace:
         of a step; True if that is what this call did."""
         if busy or not self.lenses.ended:
             return False
+        t = time.perf_counter()
         with torch.inference_mode():
             self.drain(IDLE_DRAIN_S)
+        self.lenses.take_seconds()  # (no step's: counted here, not in the next step's schedule.traced)
+        self.total += time.perf_counter() - t
         return True
 
     def stop_captures(self, seq: Sequence | None, request_id: str, limit_bytes: int, step_count: int) -> bool:
@@ -172,6 +178,7 @@ class StepTrace:
 
     # --- the events, in step order ---------------------------------------------------------
     def arrival(self, seq: Sequence, messages: list[dict] | None) -> None:
+        seq.trace_clock.append(self.total)
         self.emit(events.request_arrive(seq, messages))
         self.emit(events.tokenize(seq, self.tokenizer.pieces(seq.prompt_token_ids), self.model_config.vocab_size,
                                   self.tokenizer.vocab_size, messages is not None))
@@ -187,6 +194,7 @@ class StepTrace:
         # the runner's collect() ran inside the pass's time: the trace's work, not the engine's
         collected = step.capture.collect_costs.total() if step.capture is not None else 0.0
         forward_seconds, self.seconds = forward_seconds - collected, self.seconds + collected
+        self._at_sample = self.total + collected  # (the earlier steps' work all came before this step's draws)
         runner = self.runner
         if runner.placement is not None:  # sharded: what crossed between the ranks (engine/parallel)
             self.emit(events.schedule_collective(scheduled, runner.placement.as_dict(), runner.trace_events(),
@@ -212,6 +220,7 @@ class StepTrace:
         and its logit lens (queued: LensQueue)."""
         t = time.perf_counter()
         seq, row = part.scheduled.seq, step.logits[part.rows[0] + j]
+        seq.trace_clock.append(self._at_sample)
         top = seq.capture.logit_lens if part.lens_row is not None else 0
         # the model's own row, read once for both the sample event and (its first `top`) the lens
         stats = softmax_stats(row[None], max(top, config.top_candidates), [token]) \

@@ -54,3 +54,19 @@ def test_the_captures_collected_after_the_forward_are_trace_time_not_the_passes(
     assert steps and set(steps) == set(traced)
     for n, step in steps.items():
         assert step["forward_seconds"] < 0.5 <= traced[n]["trace_seconds"], (step, traced[n])
+    # the request's own times: each held a 0.5 s capture; less what watching added, each is the engine's
+    fin = sink.of(rid, "finish")[0].data
+    watched = fin["trace_seconds"]
+    assert len(watched["token_latencies"]) == len(fin["token_latencies"]) == 1
+    assert fin["ttft"] - watched["ttft"] < 0.5 <= watched["ttft"]
+    for own, added in zip(fin["token_latencies"], watched["token_latencies"]):
+        assert own - added < 0.5 <= added
+
+
+def test_an_untraced_request_has_no_trace_seconds(checkpoint):
+    engine = LLMEngine(checkpoint("llama"), device="cpu", tracer=Tracer(EventList()))
+    rid = engine.add_request([5, 9, 14], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True),
+                             trace_level="off")
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert "trace_seconds" not in engine.get_output(rid).metrics and "ttft" in engine.get_output(rid).metrics
