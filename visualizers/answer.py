@@ -6,6 +6,7 @@ from typing import Callable, Sequence
 from visualizers import i18n
 from visualizers._html import bold, esc, fmt_ms, panel, said_html, show_piece
 from visualizers.char_runs import label_title, piece_text, run_html
+from visualizers.own_times import own_times
 from visualizers.token_chars import group
 
 MAX_TIMED = 64  # newest tokens drawn with their latency bar (the text above is always whole): the answer is
@@ -84,6 +85,13 @@ def _stats(tokens: Sequence[dict], finish: dict | None, lang: str) -> list[str]:
             span = tokens[-1]["t"] - tokens[0]["t"]
             rate = said_html(lang, " ({rate} tokens/s)", rate=format((len(tokens) - 1) / span, ".1f")) if span > 0 else ""
             stats.append(said_html(lang, "then {t} per token{rate}", t=fmt_ms(span / (len(tokens) - 1)), rate=rate))
+    own = own_times(finish)
+    if own is not None:  # the times above are the stream's; watching's share said apart
+        added = fmt_ms(own.added)
+        stats.append(said_html(lang, "the engine's own: first token at {t}, then {per} per token (tracing added {added})",
+                               t=fmt_ms(own.ttft), per=fmt_ms(own.per_token), added=added) if own.per_token is not None
+                     else said_html(lang, "the engine's own: first token at {t} (tracing added {added})",
+                                    t=fmt_ms(own.ttft), added=added))
     if finish is not None:
         reason = esc(finish.get("reason") or "unknown")  # the API's finish_reason: stop, length, abort
         u = finish.get("usage")

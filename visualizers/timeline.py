@@ -180,6 +180,9 @@ def summary_line(steps: list[dict], finish: dict | None, tok: dict, queue: float
         summary.append(f"TTFT {_ms(lang, finish['ttft'])} = " + " + ".join(
             f"{queue_name if k == 'queue' else gettext(lang, LANES.get(k, k.replace('_', ' ')))} {_ms(lang, v)}"
             for k, v in split.items()))
+        traced = finish.get("trace_seconds")
+        if traced:  # the split is the stream's; what watching put into it, apart (the engine's own is the rest)
+            summary[-1] += " (" + gettext(lang, "tracing {t} of it", t=_ms(lang, traced["ttft"])) + ")"
     else:
         summary.append(f"{gettext(lang, LANES['tokenize'])} {_ms(lang, tok.get('seconds', 0))}")
         if queue is not None:

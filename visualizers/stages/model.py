@@ -9,6 +9,7 @@ from visualizers import i18n
 from visualizers._html import esc, fmt_bytes, fmt_ms
 from visualizers.attention import layer_spans
 from visualizers.logit_lens import first_top
+from visualizers.own_times import own_times
 from visualizers.stages.deepseek import deepseek_ffn, mla_heads, mla_kv
 from visualizers.stages.facts import (Facts, Part, before_cut, count, hidden_sentence, n, p, plural, quote, said,
                                       said_before_cut, said_n)
@@ -114,8 +115,11 @@ def prefill_decode(f: Facts) -> Part:
     if ttft is None and f.generated:  # mid-stream or mid-replay: the first token's own time since arrival is it
         ttft = f.generated[0].get("t")
     step_ms = [s["forward_seconds"] for s in f.steps if s.get("forward_seconds") is not None]
+    own = own_times(fin)
     timing = ((said(f, "Time to first token: {ttft}.", ttft="<b>" + esc(fmt_ms(ttft)) + "</b>")
                + i18n.GAP.get(f.lang, " ") if ttft is not None else "")
+              + (said(f, "The engine's own was {own}: tracing this request added {added}.", own=esc(fmt_ms(own.ttft)),
+                      added=esc(fmt_ms(own.ttft_added))) + i18n.GAP.get(f.lang, " ") if own is not None else "")
               + (said(f, "A forward pass took {time} at the median.", time=esc(fmt_ms(statistics.median(step_ms))))
                  if step_ms else ""))
     chip = (i18n.gettext(f.lang, "TTFT {time}", time=fmt_ms(ttft)) if ttft is not None else
