@@ -29,7 +29,7 @@ from engine.kernels import huge_pages
 
 SOURCES = [Path(__file__).with_name(name) for name in ("cpu_linear.c", "cpu_linear16.c", "cpu_attention.c",
                                                         "cpu_norm.c", "cpu_layer.c", "cpu_stats.c", "cpu_moe.c",
-                                                        "cpu_team.c", "cpu_rows.c")]
+                                                        "cpu_team.c", "cpu_rows.c", "cpu_probs.c")]
 HEADERS = [Path(__file__).with_name(name) for name in ("cpu_vec.h", "cpu_layer.h")]  # part of every build's hash
 ROWS_PER_BLOCK, COLS_PER_BLOCK = 8, 16  # the blocked layout of cpu_linear.c
 MAX_ROWS = 32  # above this many rows (a prefill chunk) PyTorch's GEMM, built for it, takes over

@@ -12,6 +12,8 @@ one. Afterwards, in a few batched ops:
   last `max_keys` query rows only (softmax over all keys, then `max_keys` columns kept:
   the first `first_keys`, the attention sink and the prompt's start, and the most recent
   ones, see key_window), so a long prompt costs rows x context, not its whole square;
+  on the CPU in one C call that reads the keys where the pool holds them (cpu_probs),
+  elsewhere from a gathered copy of the sequence's keys;
 - MoE routing is stacked across layers (the batch's expert load counted from it) and
   becomes Python lists, rounded like `trace.jsonable`;
 - attention (all of a sequence's captured layers in one tensor) and embedding rows stay
@@ -32,6 +34,7 @@ import torch.nn.functional as F
 
 from engine.batch import ForwardBatch
 from engine.config import ModelConfig
+from engine.kernels import cpu_probs
 from engine.trace.costs import TraceCosts
 from engine.trace.tracer import FIRST_KEYS
 
@@ -186,14 +189,18 @@ def _attention(capture: PassCapture, batch: ForwardBatch, cfg: ModelConfig, kv_c
     else:
         q = torch.stack([capture.layer_q[layer] if whole else capture.layer_q[layer][end - rows:end]
                          for layer in layers])  # [L, rows, H, D]
-    # the sequence's keys in every layer: [layer, block, slot, KVH, D] -> its blocks
-    k = kv_cache[0].index_select(1, batch.block_tables[b, : -(-ctx // kv_cache.shape[3])])
-    if len(layers) < k.shape[0]:
-        k = k.index_select(0, torch.tensor(layers, device=k.device))
-    k = k.flatten(1, 2)  # [L, blocks x slots >= ctx, KVH, D]
     windows = [cfg.sliding_windows[layer] for layer in layers]  # Gemma 3: local layers windowed, global not
     # the scale the layers use: 1/sqrt(head_dim), or Gemma's 1/sqrt(query_pre_attn_scalar)
-    probs = keep_keys(attention_probs(q, k, ctx, cfg.attention_scale, windows), k_head, k_start)
+    if cpu_probs.applies(q, kv_cache[0]):  # the keys read where the pool holds them, the kept columns written
+        probs = cpu_probs.attention_probs_paged(q, kv_cache[0], layers, batch.block_tables[b], ctx,
+                                                cfg.attention_scale, windows, k_head, k_start)
+    else:
+        # the sequence's keys in every layer: [layer, block, slot, KVH, D] -> its blocks
+        k = kv_cache[0].index_select(1, batch.block_tables[b, : -(-ctx // kv_cache.shape[3])])
+        if len(layers) < k.shape[0]:
+            k = k.index_select(0, torch.tensor(layers, device=k.device))
+        k = k.flatten(1, 2)  # [L, blocks x slots >= ctx, KVH, D]
+        probs = keep_keys(attention_probs(q, k, ctx, cfg.attention_scale, windows), k_head, k_start)
     if spec.heads is not None:
         probs = probs[:, spec.heads]
     capture.attention[b] = AttentionCapture(layers, windows, ctx - rows, k_start, probs, k_head)

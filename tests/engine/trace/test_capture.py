@@ -16,8 +16,12 @@ from tests.tiny import load_reference
 PROMPT = torch.randint(4, 300, (21,), generator=torch.Generator().manual_seed(11)).tolist()
 
 
-@pytest.mark.parametrize("arch", ["mistral", "qwen2", "mixtral"])
-def test_captured_attention_equals_transformers(checkpoint, arch):
+@pytest.mark.parametrize("arch,c_kernels", [("mistral", True), ("qwen2", True), ("mixtral", True),
+                                             ("mistral", False)])
+def test_captured_attention_equals_transformers(checkpoint, cpu_kernels_switch, arch, c_kernels):
+    """(With the C kernels the probabilities are read from the pool in place, cpu_probs.c;
+    without them from a gathered copy.)"""
+    cpu_kernels_switch(c_kernels)
     sink = EventList()
     # a 7-token budget chunks the prompt; an untraced request shares every batch, first
     engine = LLMEngine(checkpoint(arch), device=DEVICE, tracer=Tracer(sink), trace_level="off",
