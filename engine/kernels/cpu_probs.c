@@ -65,22 +65,24 @@ static int probs_task(long l, long r, long g, const float *q, long q_layer, long
 
 /* q: the captured queries, row r of captured layer l at q + l * q_layer + r * q_row, [H, D]
    each; layers [L]: the pool's layer of each; k_cache: pool layer i's keys at k_cache + i *
-   k_layer, [num_blocks, BS, KVH, D]; table: the
-   sequence's block ids (int64); the rows are the last `rows` positions of a context of
-   ctx keys; windows [L]: each layer's sliding window (0: none). out [L, H, rows, C], C =
-   k_head + ctx - k_start. Query head h reads KV head h / (H / KVH). Returns 0, or -1 when
-   a task had no memory for its scores. */
+   k_layer, [num_blocks, BS, KVH, D]; table: the sequence's block ids (int64); the rows are
+   the last `rows` positions of a context of ctx keys; windows [L]: each layer's sliding
+   window (0: none). out [L, H, rows, C], C = k_head + ctx - k_start. Query head h reads KV
+   head h / (H / KVH). Returns 0, or -1 when a task had no memory for its scores. A second
+   thread only past ~1 M multiply-adds: below, waking it costs about what it saves (and on a
+   busy machine, waiting for it far more). */
 int tt_attention_probs(const float *q, long L, long q_layer, long q_row, const float *k_cache, long k_layer,
-                       const long *layers, const long *table, long ctx, long rows, long H, long KVH, long D, long BS, float scale,
-                       const long *windows, long k_head, long k_start, float *out, int nthreads) {
+                       const long *layers, const long *table, long ctx, long rows, long H, long KVH, long D,
+                       long BS, float scale, const long *windows, long k_head, long k_start, float *out,
+                       int nthreads) {
     long C = k_head + ctx - k_start, tasks = L * rows * KVH;
     int failed = 0;
     #pragma omp parallel for num_threads(nthreads) schedule(static) reduction(|:failed) \
-        if (nthreads > 1 && tasks > 1 && L * rows * ctx * H * D >= (1 << 18))
+        if (nthreads > 1 && tasks > 1 && L * rows * ctx * H * D >= (1 << 20))
     for (long it = 0; it < tasks; it++) {
         long l = it / (rows * KVH), r = it / KVH % rows, g = it % KVH;
-        failed |= probs_task(l, r, g, q, q_layer, q_row, k_cache, k_layer, layers, table, ctx, rows, H, KVH, D, BS, scale,
-                             windows, k_head, k_start, C, out) != 0;
+        failed |= probs_task(l, r, g, q, q_layer, q_row, k_cache, k_layer, layers, table, ctx, rows, H, KVH, D,
+                             BS, scale, windows, k_head, k_start, C, out) != 0;
     }
     return failed ? -1 : 0;
 }
