@@ -2,8 +2,9 @@
 the stream's path.
 
 Each lens-traced token leaves its residual stream here ([L, hidden], a copy: 69 KB a
-SmolLM2 token) with the stats of the model's own output row (one row's softmax, taken at
-the step). The lens itself, L rows a token through the final norm and the LM head, costs
+SmolLM2 token) with the stats of the model's own output row (one row's softmax: the token's
+`sample` event fills them from its own pass over the row when it is built, at the step or
+after it, capture_queue; else the lens takes them from the kept logits row). The lens itself, L rows a token through the final norm and the LM head, costs
 more arithmetic than the model's step (SmolLM2: 0.85 G multiply-adds a token against
 0.135 G), so a running request computes only what a watcher sees:
   - live: its NEWEST token's lens, right after its step, when its last live one is
