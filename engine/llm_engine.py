@@ -263,7 +263,7 @@ class LLMEngine:
         if step.rounds:
             self.speculation.count(step, self.stats, self.step_trace)
         if step.capture is not None:
-            self.step_trace.captures(step)
+            self.step_trace.captures(step, self.capture)
         return outputs
 
     def _schedule(self, lane: Lane, outputs: list[TokenOutput]) -> list[ScheduledSeq]:

@@ -8,7 +8,9 @@ account of a round) before the commit; each new token's distribution and logit l
 is appended (the lens itself computed
 after the step: LensQueue); after the commit, what the step kept of a `full` trace's captures (embedding
 rows, attention, MoE routing) and of each round; last, the step's `finish` events, so a
-trace's captures come before its end. A reader may cut a request's captures from inside a
+trace's captures come before its end. At level `full` a token's distribution and the pass's
+captures are built live only for a request's step whose lens is live: the others are kept
+(CaptureQueue) and built after its last token, before its `finish`. A reader may cut a request's captures from inside a
 step (stop_captures): that state lives here too. Apart from the engine's loop so that the
 loop reads as its phases; with tracing off none of this runs but begin and end. Each
 traced step ends with `schedule.traced`: what its tracing cost the engine's thread.
@@ -16,6 +18,7 @@ traced step ends with `schedule.traced`: what its tracing cost the engine's thre
 from __future__ import annotations
 
 import time
+from functools import partial
 from typing import Callable
 
 import torch
@@ -31,7 +34,8 @@ from engine.speculative.verify import Verdict
 from engine.step_pass import SeqStep, StepPass
 from engine.tokenizer import Tokenizer
 from engine.trace import events, logit_lens
-from engine.trace.lens_queue import LensQueue, LensWork
+from engine.trace.capture_queue import CaptureQueue, Later
+from engine.trace.lens_queue import Ended, LensQueue, LensWork
 from engine.trace.capture import PassCapture
 from engine.trace.costs import TraceCosts
 from engine.trace.events import Event
@@ -43,6 +47,7 @@ from engine.trace.tracer import CaptureConfig
 # (a request that arrives meanwhile waits at most that)
 BUSY_DRAIN_S = 0.0
 IDLE_DRAIN_S = 0.1
+DRAIN_EVENTS = 16  # a finished request's waiting events built a drain call at a time
 
 
 class StepTrace:
@@ -59,6 +64,10 @@ class StepTrace:
         self.traced_now: dict[str, ScheduledSeq] = {}  # the step in progress: its traced sequences' parts
         self.held_finishes: list[tuple[Event, int]] = []  # the step's `finish` events (and step), after its captures
         self.lenses = LensQueue(runner.model)  # tokens whose logit lens waits (computed after the step)
+        self.later = CaptureQueue()  # a `full` trace's per-token events, not built yet
+        self.live: dict[str, bool] = {}  # the step in progress: request id -> its events built live?
+        self.cut: set[str] = set()  # requests whose captures a reader cut (their waiting ones are not emitted)
+        self.emitting: tuple[str, int, tuple] | None = None  # a later event being emitted: request, step, where
         self.seconds = 0.0  # the step's tracing work so far (schedule.traced)
         self.total = 0.0  # every step's (and idle drain's) tracing work so far: a request's trace_clock reads it
         self._at_sample = 0.0  # `total` as the step in progress drew its tokens (its collect() included)
@@ -80,6 +89,7 @@ class StepTrace:
             if seq is not None:
                 seq.capture = None
         self.capture_stops.clear()
+        self.live.clear()
         self.in_step = True
         self.seconds = 0.0
 
@@ -99,39 +109,54 @@ class StepTrace:
         else:  # (an untraced step's drain: no traced step of its own to say it)
             self.total += self.lenses.take_seconds()
         for event, step in finishes:
-            if not self.lenses.end(event[1], event, step):
-                self.emit(event, step)
+            self._end(event, step)
 
     def finish(self, event: Event, step: int) -> None:
         """A request's `finish`: in a step, after what the step kept (a trace's captures come
-        before its end); after its lenses, where some still wait."""
+        before its end); after its lenses and waiting events, where some still wait."""
         if self.in_step:
             self.held_finishes.append((event, step))
-        elif not self.lenses.end(event[1], event, step):
-            self.emit(event, step)
+        else:
+            self._end(event, step)
+
+    def _end(self, event: Event, step: int) -> None:
+        """The `finish` event now, or (held) once the request's waiting lenses and events are out."""
+        rid = event[1]
+        self.later.end(rid)
+        if self.lenses.end(rid, event, step):
+            return
+        if self.later.waits(rid):
+            self.lenses.ended[rid] = Ended(event, step)
+            return
+        self.cut.discard(rid)
+        self.emit(event, step)
 
     def waiting(self) -> bool:
         """Finished requests' lenses still wait (the engine has work though no request runs)."""
         return bool(self.lenses.ended)
 
     def drain(self, seconds: float) -> None:
-        """The waiting lenses of finished requests, oldest request first, a kernel call at a
-        time until `seconds` are spent (one call at least); each request's `finish` event as
-        soon as its last lens is out."""
+        """The waiting lenses and events of finished requests, oldest request first, a kernel
+        call's lenses (after their steps' events; without lenses DRAIN_EVENTS events) at a time
+        until `seconds` are spent (one call at least); each request's `finish` event as soon
+        as its last lens and event are out."""
         t = time.perf_counter()
         ended = self.lenses.ended
         if not ended:
             return
         while ended:
             rid = next(iter(ended))
-            self._emit_lenses(self.lenses.slice(rid, self.lenses.one_call(rid)))
-            if not self.lenses.pending.get(rid):
+            # a kernel call's lenses with the events of their steps (without lenses, a chunk of events)
+            works = self.lenses.slice(rid, self.lenses.one_call(rid)) if self.lenses.pending.get(rid) else []
+            self._emit_later(rid, self.later.take_until(rid, works[-1].step) if works else
+                             self.later.take(rid, DRAIN_EVENTS), works)
+            if not self.lenses.pending.get(rid) and not self.later.waits(rid):
                 self.lenses.pending.pop(rid, None)
                 done = ended.pop(rid)
+                self.cut.discard(rid)
                 self.emit(done.event, done.step)
             if time.perf_counter() - t >= seconds:
                 break
-        self.costs.since("logit lens", t)
 
     def idle(self, busy: bool) -> bool:
         """Between steps with nothing to run (not busy): a slice of the waiting lenses instead
@@ -148,7 +173,24 @@ class StepTrace:
     def stop_captures(self, seq: Sequence | None, request_id: str, limit_bytes: int, step_count: int) -> bool:
         """LLMEngine.stop_captures: the request's captures cut from the next pass on (or from
         the one in progress, where it is in it), and the `trace.truncated` event that says so."""
-        self.lenses.pending.pop(request_id, None)  # its waiting lenses too: the reader keeps no more captures
+        lenses = self.lenses.pending.pop(request_id, [])  # its waiting lenses too: the reader keeps no more
+        waited = self.later.stop(request_id)  # and its waiting captures (its `sample` events still come)
+        dropped = {w.step for w in lenses} | {x.step for x in waited if x.captured}
+        self.cut.add(request_id)
+        if self.emitting is not None and self.emitting[0] == request_id:  # an event built after its step,
+            _, step, where = self.emitting  # or a lens: the captures cut from that pass on
+            if seq is not None and not seq.is_finished:
+                self.capture_stops.add(request_id)
+            self.emit(events.trace_truncated(request_id, limit_bytes, step, *where), step)
+            return True
+        # its captures end where the oldest dropped one was, not at the next pass (a deferred
+        # step's `sample` waits too, with where its pass began)
+        x = next((x for x in waited if dropped and x.step == min(dropped)), None)
+        if x is not None:
+            if seq is not None and not seq.is_finished:
+                self.capture_stops.add(request_id)
+            self.emit(events.trace_truncated(request_id, limit_bytes, x.step, *x.where))
+            return True
         # (a request that finished in the step in progress still has that step's captures to cut)
         if seq is None or not seq.traced or \
                 (seq.is_finished and not (self.in_step and request_id in self.traced_now)):
@@ -159,7 +201,7 @@ class StepTrace:
             position, step = len(seq) - 1, step_count + 1
         else:  # the pass in progress (its captures are cut from here on): where its rows begin
             position, step = s.start, step_count
-        made = max(0, s.start + s.num_tokens - s.num_draft - seq.num_prompt_tokens) if s else seq.num_output_tokens
+        made = pass_made(s) if s else seq.num_output_tokens
         self.emit(events.trace_truncated(request_id, limit_bytes, step, position, made))
         return True
 
@@ -217,26 +259,93 @@ class StepTrace:
 
     def token(self, step: StepPass, part: SeqStep, j: int, token: int, config: CaptureConfig) -> None:
         """The target's distribution at the part's j-th new token's position (its top candidates),
-        and its logit lens (queued: LensQueue)."""
+        and its logit lens (queued: LensQueue). At level `full` both wait (CaptureQueue, LensQueue)
+        unless the step is live: the step keeps the logits row."""
         t = time.perf_counter()
         seq, row = part.scheduled.seq, step.logits[part.rows[0] + j]
         seq.trace_clock.append(self._at_sample)
-        top = seq.capture.logit_lens if part.lens_row is not None else 0
-        # the model's own row, read once for both the sample event and (its first `top`) the lens
-        stats = softmax_stats(row[None], max(top, config.top_candidates), [token]) \
-            if top and by_kernel(row[None]) else None
-        info = explain(row, seq.params, token, config.top_candidates, step.knobs.get(part.draw), stats)
         source = token_source(part.verdict, j)
-        method = self.method if source != "target" else None
-        self.emit(events.sample(seq, source, method, token, info, self.piece))
-        lens = self.costs.since("sampling", t)
+        live = seq.capture is None or self._live(seq, config)  # (level basic: no tensors kept, its event now)
+        if not live and step.logits.shape[0] > 1:  # (one row: the step's own tensor, kept whole)
+            row = row.clone()
+        work = None
         if part.lens_row is not None:
-            # the model's own row: the sampler's distribution
-            own = first_candidates(stats, top) if stats is not None else softmax_stats(row[None], top, [token])
             rows = self._lens_rows(step)[:, part.lens_row + j].clone()  # [L, hidden], freed with the step's
-            self._emit_lenses(self.lenses.keep(LensWork(seq, step.number, len(seq), source, token, top, rows, own),
-                                               config.lens_live_seconds))
+            work = LensWork(seq, step.number, len(seq), source, token, seq.capture.logit_lens, rows, None, row,
+                            (part.scheduled.start, pass_made(part.scheduled)))
+        build = partial(self._sample_event, seq, len(seq), source, self.method if source != "target" else None,
+                        token, row, step.knobs.get(part.draw), config.top_candidates, work)
+        self._keep(seq.request_id, live, build, step.number, row.nbytes, part.scheduled, "sampling")
+        lens = time.perf_counter()
+        if work is not None:
+            self._emit_lenses(self.lenses.keep(work, config.lens_live_seconds, live))
         self.seconds += self.costs.since("logit lens", lens) - t
+
+    def _sample_event(self, seq: Sequence, position: int, source: str, method: str | None, token: int,
+                      row: torch.Tensor, knobs: dict | None, top_c: int, work: LensWork | None) -> Event:
+        """A token's `sample` event (sampler.explain of its logits row), at its position. Where
+        its lens waits for the own row's stats, one softmax-stats pass over the row serves both."""
+        top = work.top if work is not None and work.own is None else 0
+        stats = softmax_stats(row[None], max(top, top_c), [token]) if top and by_kernel(row[None]) else None
+        info = explain(row, seq.params, token, top_c, knobs, stats)
+        if stats is not None:  # the model's own row: the sampler's distribution
+            work.own, work.logits = first_candidates(stats, top), None
+        name, rid, data = events.sample(seq, source, method, token, info, self.piece)
+        data["position"] = position
+        return name, rid, data
+
+    def _live(self, seq: Sequence, config: CaptureConfig) -> bool:
+        """Whether this step builds the request's events now: decided at its first need in the
+        step, by the lens's rule where it has a lens (so the newest lens's pass has every capture)."""
+        rid = seq.request_id
+        live = self.live.get(rid)
+        if live is None:
+            if seq.capture is not None and seq.capture.logit_lens:
+                live = self.lenses.due(rid, config.lens_live_seconds)
+            else:
+                live = self.later.due(rid, config.lens_live_seconds)
+            self.live[rid] = live
+        return live
+
+    def _keep(self, request_id: str, live: bool, build, step: int, nbytes: int, s: ScheduledSeq,
+              kind: str) -> None:
+        """An event of the step (of s's pass; kind: its TraceCosts kind, `sampling` for the
+        `sample` event, else a tensor capture): built and emitted now where live, else kept."""
+        if live:
+            t = time.perf_counter()
+            event = build()
+            if event is not None:
+                self.emit(event)
+            self.costs.since(kind, t)
+            return
+        self._emit_later(request_id, self.later.keep(
+            request_id, Later(build, step, nbytes, (s.start, pass_made(s)), kind)))
+
+    def _emit_later(self, request_id: str, items: list[Later], works: list[LensWork] = ()) -> None:
+        """Waiting events built now and the lenses of `works` computed (after the events: a
+        `sample` gives its lens the own row's stats), then emitted in step order, each stamped
+        with its step (its time is now's: a trace's events come in time order); none of a cut
+        request's captures, so a reader's cap met on one drops every capture after it."""
+        out = []
+        for x in items:
+            t = time.perf_counter()
+            out.append(((x.step, 2 if x.captured else 0), x.where, x.build()))
+            self.costs.since(x.kind, t)
+        if works and request_id not in self.cut:
+            t = time.perf_counter()
+            out += [((w.step, 1), w.where, e) for w, e in zip(works, self._lens_events(works))]
+            self.costs.since("logit lens", t)
+        for (step, kind), where, event in sorted(out, key=lambda o: o[0]):  # (stable: a step's own order)
+            if event is not None and not (kind and request_id in self.cut):
+                self._emit_at(request_id, event, step, where)
+
+    def _emit_at(self, request_id: str, event: Event, step: int, where: tuple[int, int]) -> None:
+        """An event of an earlier step (or of the step's lens): stop_captures reads where its pass was."""
+        self.emitting = (request_id, step, where)
+        try:
+            self.emit(event, step)
+        finally:
+            self.emitting = None
 
     def _lens_rows(self, step: StepPass) -> torch.Tensor:
         """The step's kept residual stream [L, lens rows, hidden] (stacked once a step)."""
@@ -246,12 +355,16 @@ class StepTrace:
 
     def _emit_lenses(self, works: list[LensWork]) -> None:
         """The `logit_lens` events of these tokens, computed now (batched), in their order."""
+        for w, event in zip(works, self._lens_events(works)):
+            self._emit_at(w.seq.request_id, event, w.step, w.where)
+
+    def _lens_events(self, works: list[LensWork]) -> list[Event]:
         if not works:
-            return
+            return []
         with torch.inference_mode():
             stats = self.lenses.compute(works)
-        for w, s in zip(works, stats):
-            self.emit(events.logit_lens_of(w.seq.request_id, w.position, w.source, w.token, s, self.piece), w.step)
+        return [events.logit_lens_of(w.seq.request_id, w.position, w.source, w.token, s, self.piece)
+                for w, s in zip(works, stats)]
 
     def round(self, part: SeqStep, kept: int, proposed: int) -> None:
         """A speculative round as the commit counted it: the tokens its sequence kept."""
@@ -259,11 +372,12 @@ class StepTrace:
         self.emit(events.spec(part.scheduled, part.verdict, self.piece, part.spec_details or {}, kept, proposed))
         self.seconds += self.costs.since("speculation", t) - t
 
-    def captures(self, step: StepPass) -> None:
+    def captures(self, step: StepPass, config: CaptureConfig) -> None:
         """After the commit: a `full` trace's captures of the rows that read a token the
         sequence kept. None of a rejected proposal (that row read a token the position does
         not hold), none past an end of sequence (a round that ended early read positions the
-        sequence never has); the newest token is never read: no pass has it as an input."""
+        sequence never has); the newest token is never read: no pass has it as an input.
+        Built now where the step is live, else kept (CaptureQueue)."""
         t = time.perf_counter()
         for kind, seconds in step.capture.collect_costs.seconds.items():  # (the runner's, in the pass's time)
             self.costs.seconds[kind] += seconds
@@ -271,29 +385,31 @@ class StepTrace:
             s = part.scheduled
             seq = s.seq
             if seq.traced and seq.capture is not None:
-                self._captures_of(step.capture, b, s, min(s.start + s.num_tokens, len(seq) - 1))
+                self._captures_of(step, b, s, min(s.start + s.num_tokens, len(seq) - 1), self._live(seq, config))
         self.seconds += time.perf_counter() - t
 
-    def _captures_of(self, capture: PassCapture, b: int, s: ScheduledSeq, end: int) -> None:
+    def _captures_of(self, step: StepPass, b: int, s: ScheduledSeq, end: int, live: bool) -> None:
         """Sequence b's embedding rows, attention and MoE routing, of positions before `end`
-        (each kind's cost apart: TraceCosts)."""
-        cfg, spec = self.model_config, s.seq.capture
-        t = time.perf_counter()
+        (each kind's cost apart, when built: TraceCosts)."""
+        capture, cfg, spec, rid = step.capture, self.model_config, s.seq.capture, s.seq.request_id
         if b in capture.embed:
-            self._emit_capture(events.embed(s, capture.embed[b], cfg.hidden_size, end, spec.compact))
-            t = self.costs.since("embedding rows", t)
+            rows = capture.embed[b]
+            self._keep(rid, live, partial(events.embed, s, rows, cfg.hidden_size, end, spec.compact), step.number,
+                       rows.nbytes, s, "embedding rows")
         heads = spec.heads if spec.heads is not None else list(range(cfg.num_heads))
         if b in capture.attention:
-            self._emit_capture(events.attention(s, capture.attention[b], heads, cfg, end, spec.compact))
-            t = self.costs.since("attention", t)
+            a = capture.attention[b]
+            self._keep(rid, live, partial(events.attention, s, a, heads, cfg, end, spec.compact), step.number,
+                       a.probs.nbytes, s, "attention")
         for layer, per_seq in capture.moe.items():
             if b in per_seq:
-                self._emit_capture(events.moe(s, layer, per_seq[b], capture.expert_load[layer], cfg, end))
-        self.costs.since("moe routing", t)
+                self._keep(rid, live, partial(events.moe, s, layer, per_seq[b], capture.expert_load[layer], cfg, end),
+                           step.number, 0, s, "moe routing")
 
-    def _emit_capture(self, event: Event | None) -> None:
-        if event is not None:  # (None: nothing captured of this kind for these positions)
-            self.emit(event)
+
+def pass_made(s: ScheduledSeq) -> int:
+    """How many answer tokens a pass's sequence had made once the pass ran (trace.truncated's)."""
+    return max(0, s.start + s.num_tokens - s.num_draft - s.seq.num_prompt_tokens)
 
 
 def token_source(verdict: Verdict | None, j: int) -> str:

@@ -98,7 +98,9 @@ class Room:
                 self._read_at = time.monotonic()
                 rec = self.refresh()
                 if rec is not None and len(rec.events) != len(self.rec.events):
-                    self.rec, self._stages, self._tongues, self._html = rec, [], {}, {}
+                    # (the old stages stay readable until the new ones are in: a reader never counts none)
+                    self.rec, self._html = rec, {}
+                    self._build()
                     self.version, self.trace_version, grew = self.version + 1, self.trace_version + 1, True
             if not self._stages:
                 self._build()
@@ -117,7 +119,12 @@ class Room:
         stages = self._journey(i18n.DEFAULT)
         whole = stages if self._shown is self.rec or not stages else journey(
             self.rec.model, self.rec.request_id, self.rec.body, self.rec.events, self.rec.outputs)
-        self._skip_mask = [w.skipped for w in whole]
+        mask = [w.skipped for w in whole]
+        if self.refresh is not None and len(self._skip_mask) == len(mask):
+            # a room of a running request never drops a stage it listed (a draft's stage with no
+            # round is skipped only at the trace's end): its screens' count and dots do not move
+            mask = [now and before for now, before in zip(mask, self._skip_mask)]
+        self._skip_mask = mask
         self._tongues = {}
         english = self._tongue(i18n.DEFAULT, stages)
         self._stages, self.skipped = english.stages, english.skipped
@@ -166,7 +173,7 @@ class Room:
 
     def _restage(self) -> None:
         """The mask or the pick moved: every stage is rendered again (under the lock)."""
-        self._stages, self._tongues, self._html = [], {}, {}
+        self._html = {}
         self.version, self.trace_version = self.version + 1, self.trace_version + 1
         self._build()
 

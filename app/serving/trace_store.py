@@ -17,7 +17,8 @@ Bounds, in bytes of JSON (what the export would hold; exact once a trace is pack
 estimate from the payloads' shapes before):
 - per request (max_bytes_per_request): past it, the tensor captures (attention,
   embedding rows, MoE routing) are no longer kept, and add() says so once, so the engine
-  can stop computing them; the trace is marked `truncated`. The light events (tokens,
+  can stop computing them; the trace is marked `truncated` at the step whose capture met
+  the cap (captures of later steps that came before it, built live, are dropped then). The light events (tokens,
   sampling, KV, timing: a few KB per token) go on up to twice the cap; past that only the
   finish is kept and the rest is counted in `dropped` (kv.pool events stop at the first
   one dropped: each says what changed since the one before, so the pool a replay draws
@@ -157,6 +158,21 @@ class TraceStore:
         if tr.truncated is None:
             tr.truncated = {"limit_bytes": self.max_bytes, "step": step, "captures_dropped": 0}
 
+    def _drop_captures_after(self, tr: StoredTrace, step: int) -> None:
+        """The captures of passes after the cut one that came first (a `full` trace builds most
+        steps' captures after the step, the newest live: out of step order): none are kept from
+        the cut on, so a replay's captures end where its note says."""
+        if tr.packed is not None:
+            return
+        kept = []
+        for e in tr.events:
+            if e.get("type") in CAPTURES and int(e.get("step", 0)) > step:
+                self._grow(tr, -event_bytes(e))
+                tr.truncated["captures_dropped"] += 1
+            else:
+                kept.append(e)
+        tr.events = kept
+
     def _admit(self, tr: StoredTrace, item: dict, size: int) -> bool:
         """Whether the per-request cap lets this event or output in (counting what it leaves out)."""
         if item.get("type") in ALWAYS or item.get("finished"):
@@ -179,6 +195,8 @@ class TraceStore:
             if event.get("type") in CAPTURES and (tr.truncated is not None or tr.nbytes + size > self.max_bytes):
                 first = tr.truncated is None
                 self._cut(tr, int(event.get("step", 0)))
+                if first:
+                    self._drop_captures_after(tr, tr.truncated["step"])
                 tr.truncated["captures_dropped"] += 1
                 return first
             if event.get("type") == "kv.pool" and tr.pool_cut:

@@ -2,8 +2,9 @@
 the stream's path.
 
 Each lens-traced token leaves its residual stream here ([L, hidden], a copy: 69 KB a
-SmolLM2 token) with the stats of the model's own output row (one row's softmax, taken at
-the step). The lens itself, L rows a token through the final norm and the LM head, costs
+SmolLM2 token) with the stats of the model's own output row (one row's softmax: the token's
+`sample` event fills them from its own pass over the row when it is built, at the step or
+after it, capture_queue; else the lens takes them from the kept logits row). The lens itself, L rows a token through the final norm and the LM head, costs
 more arithmetic than the model's step (SmolLM2: 0.85 G multiply-adds a token against
 0.135 G), so a running request computes only what a watcher sees:
   - live: its NEWEST token's lens, right after its step, when its last live one is
@@ -31,7 +32,7 @@ from engine.kernels import cpu as cpu_kernels
 from engine.sequence import Sequence
 from engine.trace import logit_lens
 from engine.trace.events import Event
-from engine.trace.softmax_stats import SoftmaxStats
+from engine.trace.softmax_stats import SoftmaxStats, softmax_stats
 
 MAX_PENDING_BYTES = 64 * 2**20  # rows a request may have waiting (SmolLM2: ~970 tokens)
 # a live lens at most every LIVE_SHARE x what one took: on a slow (or loaded) machine the live lens
@@ -49,7 +50,9 @@ class LensWork:
     token: int
     top: int
     rows: torch.Tensor  # [L, hidden]: after the embedding and after every layer but the last
-    own: SoftmaxStats  # the model's own output row (one row)
+    own: SoftmaxStats | None  # the model's own output row (one row); None: computed with the lens, from logits
+    logits: torch.Tensor | None = None  # the model's own logits row [vocab], where own is None
+    where: tuple[int, int] = (0, 0)  # its pass's first position and the answer tokens made (a cap's note)
 
 
 @dataclass(slots=True)
@@ -70,22 +73,33 @@ class LensQueue:
     seconds: float = 0.0  # time spent computing lenses since last read (take_seconds)
     token_seconds: float = 0.0  # what the last computed token's lens took
 
-    def keep(self, work: LensWork, live_seconds: float | None) -> list[LensWork]:
+    def keep(self, work: LensWork, live_seconds: float | None, live: bool | None = None) -> list[LensWork]:
         """A token's lens: returns what is due now (this newest token alone, when its request's
-        last live lens is live_seconds old; the oldest waiting ones past the byte bound), and
-        queues it otherwise."""
+        last live lens is live_seconds old, or `live` says so: due() asked already; the oldest
+        waiting ones past the byte bound), and queues it otherwise."""
         rid = work.seq.request_id
-        now = time.perf_counter()
-        # (0: every token's); the running requests' live lenses share one tenth: each waits the longer
-        period = live_seconds and max(live_seconds, LIVE_SHARE * self.token_seconds * max(1, len(self.last_live)))
-        if live_seconds is not None and now - self.last_live.get(rid, -1e9) >= period:
-            self.last_live[rid] = now
+        if live is None:
+            live = self.due(rid, live_seconds)
+        if live:
             return [work]
         queue = self.pending.setdefault(rid, [])
         queue.append(work)
         if len(queue) * work.rows.nbytes > self.max_pending_bytes:
             return self.slice(rid, self.one_call(rid))  # the oldest: one kernel call's
         return []
+
+    def due(self, request_id: str, live_seconds: float | None) -> bool:
+        """Whether the request's newest token's lens is computed live: its last live one is
+        live_seconds old, and LIVE_SHARE times what a lens takes (0: every token's; None: none)."""
+        if live_seconds is None:
+            return False
+        now = time.perf_counter()
+        # (0: every token's); the running requests' live lenses share one tenth: each waits the longer
+        period = live_seconds and max(live_seconds, LIVE_SHARE * self.token_seconds * max(1, len(self.last_live)))
+        if now - self.last_live.get(request_id, -1e9) >= period:
+            self.last_live[request_id] = now
+            return True
+        return False
 
     def end(self, request_id: str, event: Event, step: int) -> bool:
         """The request finished: True where its `finish` event must wait for its lenses (held)."""
@@ -115,6 +129,9 @@ class LensQueue:
         if not works:
             return []
         t = time.perf_counter()
+        for w in works:  # the own row's stats, where the step left them to the lens
+            if w.own is None:
+                w.own, w.logits = softmax_stats(w.logits[None], w.top, [w.token]), None
         L = works[0].rows.shape[0]
         by_top: dict[int, list[int]] = {}
         for i, w in enumerate(works):

@@ -119,6 +119,31 @@ def test_stop_captures_says_so_and_the_captures_stop_from_the_next_step(checkpoi
     assert not engine.stop_captures("nobody", 1234)
 
 
+def test_stop_captures_drops_the_waiting_captures_and_says_where_they_end(checkpoint):
+    """Captures built after their step (none live here) that still wait when the reader's cap is
+    met are dropped: the note names the oldest dropped pass, and every pass before it has its own."""
+    sink = EventList()
+    engine = LLMEngine(checkpoint("mixtral"), device=DEVICE, tracer=Tracer(sink), config=EngineConfig(block_size=4))
+    live = replace(engine.capture, lens_live_seconds=0.0)
+    engine.capture = live
+    rid = engine.add_request(list(range(10, 20)), SamplingParams(temperature=0, max_tokens=8, ignore_eos=True),
+                             trace_level="full")
+    engine.step()  # the prompt's pass: its captures at its step
+    engine.capture = replace(live, lens_live_seconds=None)  # from here on every capture waits
+    engine.step()
+    engine.step()
+    assert max(e.step for e in sink.of(rid, "attention")) == 1
+    assert engine.stop_captures(rid, 1234)
+    note = sink.of(rid, "trace.truncated")
+    assert len(note) == 1 and note[0].data["first_step"] == 2
+    assert note[0].data["position"] == 10 and note[0].data["token_index"] == 1
+    while engine.has_unfinished_requests():
+        engine.step()
+    heavy = [e for e in sink.events if e.request_id == rid and e.type in ("attention", "embed", "moe", "logit_lens")]
+    assert {e.step for e in heavy} == {1}
+    assert sum(e.type == "sample" for e in sink.of(rid)) == 8 and sum(e.type == "token" for e in sink.of(rid)) == 8
+
+
 def test_bfloat16_weights_on_the_cpu_describe_their_float32_pool_apart(checkpoint):
     """The KV formula on the page read the weights' dtype ("bfloat16") beside the pool's 4 bytes."""
     eng = LLMEngine(checkpoint("llama"), device="cpu", dtype="bfloat16",

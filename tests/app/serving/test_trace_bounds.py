@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from app.serving.trace_store import TraceStore
+from app.serving.trace_store import TraceStore, event_bytes
 from tests.service_utils import app_service, run_to_end, started
 
 SEP = (",", ":")
@@ -79,6 +79,27 @@ def test_a_request_past_its_cap_keeps_its_light_events_and_says_so():
         TraceStore(max_bytes_per_request=10, max_total_bytes=19)
 
 
+def test_a_cap_met_by_an_older_pass_drops_the_newer_ones_that_came_first():
+    """A `full` trace's newest pass is built live, the older ones after: captures come out of
+    step order. Where an older pass's capture meets the cap, the store keeps no capture of a
+    later pass (the replay's captures end where the note says); its light events stay."""
+    store = TraceStore(max_bytes_per_request=5_000, max_total_bytes=1_000_000)
+    probs = [[[0.5] * 32] * 2] * 2
+    live = [5, 9]  # built at their steps; the others (1-4, 6-8) after, in order
+    order = live + [1, 2, 3, 4, 6, 7, 8]
+    for step in range(1, 10):
+        store.add("a", {"type": "token", "request_id": "a", "step": step, "token_id": step, "text": "x"})
+    said = [step for step in order
+            if store.add("a", {"type": "attention", "request_id": "a", "step": step, "probs": probs})]
+    tr = store.trace("a")
+    assert len(said) == 1 and said[0] in (1, 2, 3, 4) and tr.truncated["step"] == said[0]
+    kept = sorted(e["step"] for e in tr.events if e["type"] == "attention")
+    assert kept == list(range(1, said[0]))
+    assert tr.truncated["captures_dropped"] == 9 - len(kept)  # the live ones dropped, and from the cut on
+    assert [e["step"] for e in tr.events if e["type"] == "token"] == list(range(1, 10))
+    assert store.total_bytes == tr.nbytes == sum(event_bytes(e) for e in tr.events)  # (what it dropped, uncounted)
+
+
 def test_the_bounds_are_command_line_flags():
     from app.__main__ import parse_args, serve_limits, trace_store
     args = parse_args([])
@@ -110,10 +131,15 @@ def _run(svc, level: str, max_tokens: int = 40):
     return run_to_end(svc, body)
 
 
-def test_a_truncated_trace_stops_the_captures_says_so_and_still_replays(capped):
+@pytest.mark.parametrize("live", [0.0, None])
+def test_a_truncated_trace_stops_the_captures_says_so_and_still_replays(capped, live):
+    """Clock-free: each step's captures built at it (live 0), or all after the answer (None)."""
+    from dataclasses import replace
+
     from app.page.live_view import PANELS, LiveView
     from app.serving.recording import Recording, ReplayCursor, record_request, show_accepted
     from visualizers.journey import journey
+    capped.engine.capture = replace(capped.engine.capture, lens_live_seconds=live)
     # 32 tokens: their events (sampling, speculative rounds, KV) fit in twice the cap with room; at 40
     # some draws' runs (more rejected proposals, so more steps) came within a few kB of it
     rid, seen = _run(capped, "full", 32)

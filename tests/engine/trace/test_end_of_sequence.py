@@ -4,6 +4,8 @@ neither its spec event, nor the embedding, attention and MoE rows of that pass, 
 speculative totals may show them. The embedded model and its draft, greedy: the last round
 proposes ' it', '.', '<|end|>', '\n' and the target accepts all four (before the fix: "4/4
 accepted" and a bonus '<|bos|>', all after the end counted and captured)."""
+from dataclasses import replace
+
 import pytest
 
 from engine import EventList, SamplingParams, Tracer
@@ -66,12 +68,20 @@ def test_no_row_is_captured_past_the_end(run):
     assert moe and max(e["start"] + len(e["experts"]) - 1 for e in moe) == last_read
 
 
-def test_trace_truncated_says_where_the_captures_stopped():
-    """A reader that stops the captures from its sink, inside step 5: the note names that step,
-    the position its decode pass read (the newest token) and the answer token it predicted;
-    no capture comes after it. Stopped between steps, the note names the next pass."""
+HEAVY = ("attention", "embed", "moe", "logit_lens")
+
+
+@pytest.mark.parametrize("live", [0.0, None])
+def test_trace_truncated_says_where_the_captures_stopped(live):
+    """A reader that stops the captures from its sink, on step 5's attention: the note names that
+    step, the position its decode pass read (the newest token) and the answer token it predicted;
+    every pass before it has its captures, none after it. Stopped between steps, the note names
+    the oldest pass whose captures were not out yet: the next pass where each step's were built
+    at it (live 0), the prompt's pass where all wait for the answer's end (None). Clock-free:
+    which steps are built live is set, not timed."""
     sink = EventList()
     engine = LLMEngine(DEFAULT_MODEL, device="cpu", tracer=Tracer(sink), trace_level="full")
+    engine.capture = replace(engine.capture, lens_live_seconds=live)
     rid = engine.add_request("Once upon a time", SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
 
     def cap(event):
@@ -86,18 +96,28 @@ def test_trace_truncated_says_where_the_captures_stopped():
     prompt = len(out.prompt_token_ids)
     # step 1 prefilled and drew answer token 0; step 5's pass read token 3 (position prompt + 3) and predicted 4
     assert note[0].data == {"limit_bytes": 1234, "first_step": 5, "position": prompt + 3, "token_index": 4}
-    heavy = [e for e in sink.of(rid) if e.type in ("attention", "embed", "moe", "logit_lens")]
-    assert heavy and max(e.step for e in heavy) == 5 and len(out.token_ids) == 12
+    for kind in ("attention", "embed", "logit_lens"):  # (step 5's lens came before its attention)
+        assert sorted(e.step for e in sink.of(rid, kind)) == [1, 2, 3, 4, 5], kind
+    assert max(e.step for e in sink.of(rid) if e.type in HEAVY) == 5 and len(out.token_ids) == 12
+    assert len(sink.of(rid, "sample")) == 12  # (not a capture: every token's)
 
     sink.events.clear()
     rid = engine.add_request("Once upon a time", SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
+    first = engine.step_count + 1
     for _ in range(3):
         engine.step()
     engine.stop_captures(rid, 99)
     seq_tokens = len(engine.requests[rid].output_token_ids)
     note = sink.of(rid, "trace.truncated")[0].data
-    assert note == {"limit_bytes": 99, "first_step": engine.step_count + 1,
-                    "position": prompt + seq_tokens - 1, "token_index": seq_tokens}
+    if live == 0.0:
+        assert note == {"limit_bytes": 99, "first_step": engine.step_count + 1,
+                        "position": prompt + seq_tokens - 1, "token_index": seq_tokens}
+    else:
+        assert note == {"limit_bytes": 99, "first_step": first, "position": 0, "token_index": 0}
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert {e.step for e in sink.of(rid) if e.type in HEAVY} == set(range(first, note["first_step"]))
+    assert len(sink.of(rid, "sample")) == 12 and sink.of(rid)[-1].type == "finish"
 
 
 def test_totals_and_counts_say_one_round_and_the_tokens_kept(run):
