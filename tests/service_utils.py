@@ -66,6 +66,20 @@ def served(service: EngineService | ServedModels, tmp_path_factory, host: str = 
         yield srv
 
 
+def answered_and_held(svc: EngineService, hold, max_tokens: int) -> tuple[str, list[dict], object]:
+    """A `full` request (greedy, ignore_eos) submitted to a started service whose engine an
+    AfterFinish `hold` waits on: its items until its answer is out and the engine is held
+    before the work after it. -> (request id, the items so far, its subscription)."""
+    body = build_body("m", "Be brief.", "Count to ten.", 0.0, 0, 1.0, max_tokens, 1, False, 1, "full") | \
+        {"ignore_eos": True}
+    watch = svc.submit(parse_body(body))
+    items: list[dict] = []
+    while not any(i["type"] == "output" and i["finished"] for i in items):
+        items += watch.drain(0.05)
+    assert hold.reached.wait(60)  # the engine's next call: held before the work after the answer
+    return watch.request_id, items + watch.drain(0.05), watch
+
+
 def run_to_end(svc, body: dict, timeout_s: float = 60) -> tuple[str, list[dict]]:
     """Submit `body`; -> (request id, every item its subscription delivered, to the finish
     and a little after)."""

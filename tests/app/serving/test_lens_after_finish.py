@@ -8,9 +8,8 @@ from dataclasses import replace
 
 from app.serving.engine_service import wait_idle
 from app.serving.recording import record_request
-from app.serving.requests import build_body, parse_body
 from tests.holds import AfterFinish
-from tests.service_utils import app_service, started
+from tests.service_utils import answered_and_held, app_service, started
 
 N = 10
 
@@ -19,14 +18,8 @@ def test_the_client_is_told_first_and_the_stored_trace_ends_after_every_lens(che
     svc = app_service(checkpoint)
     svc.engine.capture = replace(svc.engine.capture, lens_live_seconds=1e9)  # live: the first token's only
     hold = AfterFinish().install(svc.engine, monkeypatch)
-    body = build_body("m", "Be brief.", "Count to ten.", 0.0, 0, 1.0, N, 1, False, 1, "full") | {"ignore_eos": True}
     with started(svc):
-        watch = svc.submit(parse_body(body))
-        rid, items = watch.request_id, []
-        while not any(i["type"] == "output" and i["finished"] for i in items):
-            items += watch.drain(0.05)
-        assert hold.reached.wait(60)  # the engine's next call: held before any of the waiting lenses
-        items += watch.drain(0.05)
+        rid, items, watch = answered_and_held(svc, hold, N)  # the answer is out; the work after it waits
         assert [i["type"] for i in items].count("logit_lens") == 1 and not any(i["type"] == "finish" for i in items)
         assert not svc.store.trace(rid).finished  # not yet an export's, a database's or a replay's
         assert not any(o.get("finished") for o in svc.store.trace(rid).outputs)
