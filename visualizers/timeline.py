@@ -135,8 +135,11 @@ def chart_frame(svg: Sequence[str], lanes: Sequence[str], height: int, ttft: tup
         return (xv - LEFT) / (WIDTH - LEFT) * 100
 
     names = "".join(f"<div>{esc(gettext(lang, LANES.get(n, n)))}</div>" for n in lanes)
-    mark = (f"<div class='tt-tl-row'><span class='tt-ttft' style='left:{min(pct(ttft[0]), 70):.1f}%'>"
-            f"{esc(ttft[1])}</span></div>" if ttft else "")
+    mark = ""
+    if ttft:  # the label starts at the TTFT line, or ends at it past the middle: it never leaves the plot
+        at = pct(ttft[0])
+        side = f"left:{at:.1f}%" if at <= 50 else f"right:{100 - at:.1f}%"
+        mark = f"<div class='tt-tl-row'><span class='tt-ttft' style='{side}'>{esc(ttft[1])}</span></div>"
     ends = (f"<div class='tt-tl-row'><span style='left:0'>0 ms</span><span style='right:{pct(WIDTH) - pct(WIDTH - 10):.1f}%'>"
             f"{esc(span)}</span></div>")
     return (f"<div class='tt-tl'><div class='tt-tl-lanes'>{names}</div><div class='tt-tl-plot'>"
