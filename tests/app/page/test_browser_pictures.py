@@ -170,7 +170,9 @@ GLYPHS = """async () => {
     row.appendChild(td); return c; };
   const none = cell('a\\u{F0002}b'), kept = cell('\\u00e9t\\u00e9 \\u2423x');  /* no font has U+F0002; é, ␣ are drawn */
   const two = cell('\\u{F0002}\\u{F0003}');
-  await new Promise(r => setTimeout(r, 300));
+  // glyphs.js fixes cells on the next animation frame after they appear: a loaded machine's is late
+  for (let t = 0; t < 100 && ![none, kept, two].every(c => c.dataset.ttGlyphs); t++)
+    await new Promise(r => setTimeout(r, 50));
   return {none: none.textContent, title: none.parentElement.title, kept: kept.textContent, two: two.textContent};
 }"""
 
