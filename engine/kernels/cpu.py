@@ -132,12 +132,12 @@ def load(arch: str) -> ctypes.CDLL:
     lib.tt_block_f32.argtypes = [ptr, c_long, c_long, ptr, ctypes.c_int]
     lib.tt_block_f32.restype = None
     lib.tt_decode_attention.argtypes = [ptr, ptr, ptr, ptr, c_long, ptr, c_long, c_long, c_long, c_long, c_long,
-                                        ctypes.c_float, c_long, ptr, ctypes.c_int]
+                                        ctypes.c_float, c_long, ptr, ctypes.c_int, ptr]
     lib.tt_decode_attention.restype = None
     lib.tt_rms_norm.argtypes = [ptr, c_long, c_long, c_long, ptr, ctypes.c_float, ctypes.c_float, ptr]
     lib.tt_rms_norm.restype = None
     lib.tt_decode_attention_block.argtypes = [ptr, ptr, c_long, ptr, ptr, ptr, ptr, c_long, ptr, ptr, ptr,
-                                              ctypes.c_int]
+                                              ctypes.c_int, ptr]
     lib.tt_decode_attention_block.restype = ctypes.c_int
     lib.tt_decode_mlp_block.argtypes = [ptr, ptr, c_long, ctypes.c_int]
     lib.tt_decode_mlp_block.restype = ctypes.c_int
@@ -447,7 +447,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     out = torch.empty_like(q)
     library().tt_decode_attention(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(),
                                   tables.shape[1], lens.data_ptr(), B, H, kvh, D, bs, scale, window or 0,
-                                  out.data_ptr(), torch.get_num_threads())
+                                  out.data_ptr(), torch.get_num_threads(), None)
     return out
 
 

@@ -7,12 +7,15 @@
    task: the query heads that share the KV head are scored together against each key,
    in chunks of CHUNK keys with a running max and sum (flash attention's online softmax),
    so nothing is copied and the softmax's exponentials are computed 16 at a time. Each key's
-   and value's lines are prefetched a few keys ahead (see PF).
+   and value's lines are prefetched a few keys ahead (see PF). A `full` trace's probabilities
+   (tt_probs) are the same scores, kept as they are computed and normalised at the end: the
+   keys are read once, while they are in cache, instead of again after the pass.
    Built with cpu_linear.c into one library (engine/kernels/cpu.py). */
 #include <math.h>
 #include <stddef.h>
 
 #include "cpu_vec.h"
+#include "cpu_layer.h"
 #define CHUNK 128
 #define MAX_GROUP 16   /* query heads per KV head handled in one task */
 #define MAX_DIM 512
@@ -38,10 +41,17 @@ static inline void prefetch_row(const float *p, long D) {
 /* One task of tt_decode_attention: sequence b's query heads that share KV head g. */
 static void attend(long b, long g, const float *q, const float *k_cache, const float *v_cache, const long *tables,
                    long W, const int *ctx, long H, long KVH, long D, long BS, float scale, long window,
-                   float *out) {
+                   float *out, const tt_probs *pr) {
     long G = H / KVH;
     long end = ctx[b], start = window > 0 && end > window ? end - window : 0;
     const float *qg = q + (b * H + g * G) * D;
+    const long *kept = pr && pr->out ? pr->rows + b * PROBS_FIELDS : NULL;
+    float *po = NULL;  /* this task's first head's probabilities, or NULL: the row is not captured */
+    long head_stride = 0, C = 0, k_head = 0, k_start = 0;
+    if (kept && kept[0] >= 0) {
+        po = pr->out + kept[0] + pr->layer * kept[1] + g * G * kept[2];
+        head_stride = kept[2], C = kept[3], k_head = kept[4], k_start = kept[5];
+    }
     float m[MAX_GROUP], l[MAX_GROUP], acc[MAX_GROUP][MAX_DIM] __attribute__((aligned(64)));
     float s[MAX_GROUP][CHUNK] __attribute__((aligned(64)));
     for (long i = 0; i < G; i++) {
@@ -65,6 +75,11 @@ static void attend(long b, long g, const float *q, const float *k_cache, const f
             prefetch_row(v_cache + row * D, D);  /* read by the weighted values below */
             const float *k = k_cache + row * D;
             for (long i = 0; i < G; i++) s[i][j] = dot(qg + i * D, k, D) * scale;
+            if (po) {  /* a kept key's score, normalised once the row's max and sum are known */
+                long key = c0 + j, col = key < k_head ? key : key >= k_start ? k_head + key - k_start : -1;
+                if (col >= 0 && col < C)
+                    for (long i = 0; i < G; i++) po[i * head_stride + col] = s[i][j];
+            }
             if (++off == BS) off = 0, blk++;
         }
         for (long i = 0; i < G; i++) {  /* online softmax: rescale what came before */
@@ -96,6 +111,13 @@ static void attend(long b, long g, const float *q, const float *k_cache, const f
     for (long i = 0; i < G; i++) {
         float inv = l[i] > 0.f ? 1.f / l[i] : 0.f;  /* no keys (a padding row): zeros */
         for (long d = 0; d < D; d++) out[(b * H + g * G + i) * D + d] = acc[i][d] * inv;
+        if (po) {
+            float *o = po + i * head_stride;
+            for (long c = 0; c < C; c++) {
+                long key = c < k_head ? c : k_start + c - k_head;
+                o[c] = key >= start && key < end ? expf(o[c] - m[i]) * inv : 0.f;
+            }
+        }
     }
 }
 
@@ -109,28 +131,29 @@ long tt_attention_work(const int *ctx, long B, long H, long D) {
 /* tt_decode_attention's tasks [first, last) of B * KVH, one thread (a team's masked part). */
 void tt_attention_tasks(long first, long last, const float *q, const float *k_cache, const float *v_cache,
                         const long *tables, long W, const int *ctx, long H, long KVH, long D, long BS,
-                        float scale, long window, float *out) {
+                        float scale, long window, float *out, const tt_probs *pr) {
     for (long it = first; it < last; it++)
-        attend(it / KVH, it % KVH, q, k_cache, v_cache, tables, W, ctx, H, KVH, D, BS, scale, window, out);
+        attend(it / KVH, it % KVH, q, k_cache, v_cache, tables, W, ctx, H, KVH, D, BS, scale, window, out, pr);
 }
 
 /* Its tasks shared by the threads of the enclosing parallel region (an orphaned `omp for`:
    run by one thread outside a region): cpu_team.c calls it from inside its own. */
 void tt_attention_shared(const float *q, const float *k_cache, const float *v_cache, const long *tables, long W,
                          const int *ctx, long B, long H, long KVH, long D, long BS, float scale, long window,
-                         float *out) {
+                         float *out, const tt_probs *pr) {
     #pragma omp for schedule(static)
     for (long it = 0; it < B * KVH; it++)
-        attend(it / KVH, it % KVH, q, k_cache, v_cache, tables, W, ctx, H, KVH, D, BS, scale, window, out);
+        attend(it / KVH, it % KVH, q, k_cache, v_cache, tables, W, ctx, H, KVH, D, BS, scale, window, out, pr);
 }
 
 /* q [B, H, D]; k_cache, v_cache [num_blocks, BS, KVH, D]; tables [B, W] block ids (int64);
    ctx [B] keys per sequence (int32, the new token's included); window: a sliding window
-   of that many keys (0: none). out [B, H, D]. Query head h reads KV head h / (H / KVH). */
+   of that many keys (0: none). out [B, H, D]. Query head h reads KV head h / (H / KVH). pr: where
+   a `full` trace's probabilities go, or NULL. */
 void tt_decode_attention(const float *q, const float *k_cache, const float *v_cache, const long *tables,
                          long W, const int *ctx, long B, long H, long KVH, long D, long BS, float scale,
-                         long window, float *out, int nthreads) {
+                         long window, float *out, int nthreads, const tt_probs *pr) {
     long work = tt_attention_work(ctx, B, H, D);
     #pragma omp parallel num_threads(nthreads) if (nthreads > 1 && work >= (1 << 18))
-    tt_attention_shared(q, k_cache, v_cache, tables, W, ctx, B, H, KVH, D, BS, scale, window, out);
+    tt_attention_shared(q, k_cache, v_cache, tables, W, ctx, B, H, KVH, D, BS, scale, window, out, pr);
 }

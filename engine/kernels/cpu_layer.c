@@ -27,7 +27,7 @@ int tt_linear_f16(const float *x, long T, long ldx, const void *Wb, long N, long
                   float *y, long ldy, int nthreads);
 void tt_decode_attention(const float *q, const float *k_cache, const float *v_cache, const long *tables,
                          long W, const int *ctx, long B, long H, long KVH, long D, long BS, float scale,
-                         long window, float *out, int nthreads);
+                         long window, float *out, int nthreads, const tt_probs *pr);
 
 /* y [T, N] = x [T, K] (row stride ldx) @ W.T + bias, through the kernel for p's kind.
    Returns 0, or non-zero when the int4 or 16-bit kernel could not allocate its scratch. */
@@ -74,11 +74,11 @@ void tt_rope_store(const tt_layer *L, float *qkv, long T, const float *cos, cons
    and the keys it sees (its position + 1). Every row's K/V is stored before any row
    attends, so the rows of one sequence see each other causally. q_out [T, heads *
    head_dim] or NULL: the rotated queries, for a trace that computes attention
-   probabilities after the pass.
+   probabilities after the pass; pr: where the pass's attention writes them itself, or NULL.
    Returns 0, or -1 when scratch memory could not be allocated. */
 int tt_decode_attention_block(const tt_layer *L, const float *x, long T, const float *cos, const float *sin,
                               const long *slots, const long *tables, long W, const int *ctx, float *out,
-                              float *q_out, int nthreads) {
+                              float *q_out, int nthreads, const tt_probs *pr) {
     long Hd = L->hidden, D = L->head_dim, QS = L->heads * D, KS = L->kv_heads * D, QKV = QS + 2 * KS;
     float *buf = malloc(sizeof(float) * T * (Hd + QKV + 2 * QS + Hd));
     if (!buf) return -1;
@@ -91,7 +91,7 @@ int tt_decode_attention_block(const tt_layer *L, const float *x, long T, const f
     tt_rope_store(L, qkv, T, cos, sin, slots, q);
     if (q_out) memcpy(q_out, q, sizeof(float) * T * QS);
     tt_decode_attention(q, L->k_cache, L->v_cache, tables, W, ctx, T, L->heads, L->kv_heads, D, L->block_size,
-                        L->scale, L->window, att, nthreads);
+                        L->scale, L->window, att, nthreads, pr);
     int rc = project(L, &L->o, att, T, QS, Hd, QS, tmp, nthreads);
     if (L->post_attn_norm) tt_rms_norm(tmp, T, Hd, Hd, L->post_attn_norm, L->norm_offset, L->eps, tmp);
     for (long i = 0; i < T * Hd; i++) out[i] = x[i] + tmp[i];
@@ -163,7 +163,10 @@ int tt_decode_stack(const tt_stack_layer *layers, long L, float *x, float *out, 
         long *e = cap && cap->experts ? cap->experts + i * T * cap->top_k : experts;
         float *w = cap && cap->weights ? cap->weights + i * T * cap->top_k : weights;
         if (cap && cap->resid) memcpy(cap->resid + i * T * Hd, cur, sizeof(float) * T * Hd);
-        rc = tt_decode_attention_block(s->layer, cur, T, c, sn, slots, tables, W, ctx, nxt, q, nthreads);
+        tt_probs pr = {0};
+        if (cap && cap->probs.out && cap->probs_at[i] >= 0) pr = cap->probs, pr.layer = cap->probs_at[i];
+        rc = tt_decode_attention_block(s->layer, cur, T, c, sn, slots, tables, W, ctx, nxt, q, nthreads,
+                                       pr.out ? &pr : NULL);
         if (!rc) rc = s->moe ? tt_moe_block(s->moe, s->moe_norm, s->moe_offset, s->moe_eps, nxt, T, e, w, nthreads)
                              : tt_decode_mlp_block(s->layer, nxt, T, nthreads);
         float *t = cur;

@@ -44,6 +44,19 @@ typedef struct {
     long rope;               /* which of the cos/sin tables the layer rotates by (Gemma: local or global) */
 } tt_stack_layer;
 
+/* Where a pass's attention writes a `full` trace's attention probabilities (engine/trace/capture.py's
+   AttentionCapture: [layers, heads, rows, C] per sequence): rows[t * PROBS_FIELDS ...] says, for row t of
+   the pass, where its layer-0 head-0 row starts in `out` (-1: the row is not captured), the floats between
+   its captured layers and between its heads, its C columns, and which keys they are: 0 .. k_head - 1, then
+   k_start on. `layer`: the captured layer's index in the call at hand. Each head's softmax is over every
+   key its row sees (as cpu_probs.c computes it after a pass); a key it does not see reads 0. */
+#define PROBS_FIELDS 6
+typedef struct {
+    float *out;
+    const long *rows;
+    long layer;
+} tt_probs;
+
 /* What a `full` trace keeps of a stack's pass (engine/layers/fused.py stack_forward), each part
    NULL where nobody reads it: q[i] layer i's rotated queries [T, heads * head_dim] (q itself
    NULL, or an entry NULL: none kept); experts / weights [L, T, top_k] each MoE layer's routing
@@ -55,6 +68,8 @@ typedef struct {
     float *weights;
     long top_k;
     float *resid;
+    tt_probs probs;        /* the attention probabilities, written by the pass's own attention (probs.out NULL: none) */
+    const long *probs_at;  /* [L]: layer i's index among the captured layers, -1: not captured */
 } tt_stack_capture;
 
 /* RoPE on one head in place, the engine's rotate-half layout (engine/layers/rotary.py):

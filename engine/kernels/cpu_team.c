@@ -32,10 +32,10 @@ void tt_linear16_shared(long kind, const void *scratch, long T, const unsigned s
 long tt_attention_work(const int *ctx, long B, long H, long D);
 void tt_attention_tasks(long first, long last, const float *q, const float *k_cache, const float *v_cache,
                         const long *tables, long W, const int *ctx, long H, long KVH, long D, long BS,
-                        float scale, long window, float *out);
+                        float scale, long window, float *out, const tt_probs *pr);
 void tt_attention_shared(const float *q, const float *k_cache, const float *v_cache, const long *tables, long W,
                          const int *ctx, long B, long H, long KVH, long D, long BS, float scale, long window,
-                         float *out);
+                         float *out, const tt_probs *pr);
 
 #define PREFETCH_BYTES (32 << 10)  /* of each thread's share, asked for while thread 0 works alone */
 
@@ -137,20 +137,23 @@ int tt_team_stack(const tt_stack_layer *layers, long L, float *x, float *out, lo
             #pragma omp barrier
             multiply(mq, mq.p->kind == 0 ? (const void *)s.h : s.prep, T, s.qkv);
             long work = tt_attention_work(ctx, T, l->heads, l->head_dim);
+            tt_probs pr = {0};  /* a `full` trace's probabilities, written by the attention itself */
+            if (cap && cap->probs.out && cap->probs_at[i] >= 0) pr = cap->probs, pr.layer = cap->probs_at[i];
             int shared = nt > 1 && work >= (1 << 18);  /* as tt_decode_attention decides */
             if (tid == 0) {
                 tt_rope_store(l, s.qkv, T, c, sn, slots, s.q);
                 if (cap && cap->q && cap->q[i]) memcpy(cap->q[i], s.q, sizeof(float) * T * qs);
                 if (!shared) {  /* a short context: attention alone, then o's input */
                     tt_attention_tasks(0, T * l->kv_heads, s.q, l->k_cache, l->v_cache, tables, W, ctx, l->heads,
-                                       l->kv_heads, l->head_dim, l->block_size, l->scale, l->window, s.att);
+                                       l->kv_heads, l->head_dim, l->block_size, l->scale, l->window, s.att,
+                                       pr.out ? &pr : NULL);
                     prepared(mo, s.att, T, s.prep);
                 }
             } else if (!shared) prefetch_share(mo, tid, nt);
             #pragma omp barrier
             if (shared) {  /* a long one: its tasks shared, as tt_decode_attention shares them */
                 tt_attention_shared(s.q, l->k_cache, l->v_cache, tables, W, ctx, T, l->heads, l->kv_heads,
-                                    l->head_dim, l->block_size, l->scale, l->window, s.att);
+                                    l->head_dim, l->block_size, l->scale, l->window, s.att, pr.out ? &pr : NULL);
                 if (mo.p->kind != 0) {
                     if (tid == 0) prepared(mo, s.att, T, s.prep);
                     #pragma omp barrier

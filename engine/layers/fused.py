@@ -31,6 +31,7 @@ from engine.kernels import cpu_quant
 from engine.layers import linear
 from engine.layers.linear import Linear
 from engine.layers.mlp import ACTIVATIONS, MLP, SparseMoE
+from engine.trace import pass_probs
 from engine.trace.capture import PassCapture
 
 _P, _L, _F = ctypes.c_void_p, ctypes.c_long, ctypes.c_float
@@ -201,7 +202,7 @@ def forward(fused: FusedLayer, layer: nn.Module, x: torch.Tensor, batch: Forward
     rc = lib.tt_decode_attention_block(
         ctypes.byref(fused.args), x.data_ptr(), T, cos.data_ptr(), sin.data_ptr(), batch.slot_mapping.data_ptr(),
         tables.data_ptr(), tables.shape[1], keys.data_ptr(),
-        out.data_ptr(), None if q is None else q.data_ptr(), threads)
+        out.data_ptr(), None if q is None else q.data_ptr(), threads, None)
     if not rc and fused.moe is not None:
         rc = _moe_forward(fused, layer, out, capture, threads)
     elif not rc and fused.mlp:
@@ -286,9 +287,15 @@ def _build_stack(model: nn.Module, plans: list[FusedLayer]) -> FusedStack:
                       {i: p.moe[0].args.top_k for i, p in enumerate(plans) if p.moe is not None})
 
 
+class Probs(ctypes.Structure):
+    """cpu_layer.h's tt_probs, field for field."""
+    _fields_ = [("out", _P), ("rows", _P), ("layer", _L)]
+
+
 class StackCapture(ctypes.Structure):
-    """cpu_layer.c's tt_stack_capture, field for field."""
-    _fields_ = [("q", _P), ("experts", _P), ("weights", _P), ("top_k", _L), ("resid", _P)]
+    """cpu_layer.h's tt_stack_capture, field for field."""
+    _fields_ = [("q", _P), ("experts", _P), ("weights", _P), ("top_k", _L), ("resid", _P), ("probs", Probs),
+                ("probs_at", _P)]
 
 
 def stack_forward(st: FusedStack, x: torch.Tensor, batch: ForwardBatch, model: nn.Module,
@@ -311,7 +318,8 @@ def stack_forward(st: FusedStack, x: torch.Tensor, batch: ForwardBatch, model: n
     kept = capture is not None
     experts = torch.empty((L if kept else 1) * T * st.top_k, dtype=torch.long)
     weights = torch.empty((L if kept else 1) * T * st.top_k, dtype=torch.float32)
-    cap, q, resid = _stack_capture(st, capture, T, x.shape[1], experts, weights) if kept else (None, None, None)
+    cap, q, resid, probs = _stack_capture(st, capture, batch, T, x.shape[1], experts, weights) if kept else \
+        (None, None, None, None)
     norm = model.norm
     rc = cpu_kernels.library().tt_decode_stack(
         st.layers, L, work.data_ptr(), out.data_ptr(), T, cos, sin, len(tables), rows, D,
@@ -324,6 +332,8 @@ def stack_forward(st: FusedStack, x: torch.Tensor, batch: ForwardBatch, model: n
         raise MemoryError(f"cpu_layer: no memory for the scratch rows of {T} tokens")
     if kept:
         _stack_kept(st, capture, T, experts, weights, resid)
+        if probs is not None:
+            pass_probs.kept(probs, capture, [p.args.window or None for p in st.plans])
     return out
 
 
@@ -343,15 +353,19 @@ def _tables_fit(tables: list[tuple[torch.Tensor, torch.Tensor]], head_dim: int) 
     return True
 
 
-def _stack_capture(st: FusedStack, capture: PassCapture, T: int, hidden: int, experts: torch.Tensor,
-                   weights: torch.Tensor) -> tuple[StackCapture, ctypes.Array, torch.Tensor | None]:
-    """Where the stack's call writes what `capture` keeps: the captured layers' queries (one
-    tensor for all of them where their heads agree, as in every model here), every layer's
-    routing (read back by _stack_kept), and, for a logit lens, every layer's input rows in one
-    [L, T, hidden] tensor. -> the argument, and what it points into (alive until the call returns)."""
+def _stack_capture(st: FusedStack, capture: PassCapture, batch: ForwardBatch, T: int, hidden: int,
+                   experts: torch.Tensor, weights: torch.Tensor
+                   ) -> tuple[StackCapture, ctypes.Array, torch.Tensor | None, pass_probs.PassProbs | None]:
+    """Where the stack's call writes what `capture` keeps: the attention probabilities, by the
+    pass's own attention (pass_probs; else the captured layers' queries, for collect() after the
+    pass: one tensor for all of them where their heads agree, as in every model here), every
+    layer's routing (read back by _stack_kept), and, for a logit lens, every layer's input rows in
+    one [L, T, hidden] tensor. -> the argument, what it points into (alive until the call
+    returns), the rows and the probabilities' plan."""
     L = len(st.plans)
     q = (_P * L)()
-    layers = sorted(capture.attention_layers)
+    probs = pass_probs.plan(capture, batch, st.q_shapes)
+    layers = [] if probs is not None else sorted(capture.attention_layers)
     shapes = {st.q_shapes[i] for i in layers}
     if len(shapes) == 1:
         qs = torch.empty(len(layers), T, *shapes.pop())
@@ -364,7 +378,10 @@ def _stack_capture(st: FusedStack, capture: PassCapture, T: int, hidden: int, ex
     resid = torch.empty(L, T, hidden) if capture.lens_rows is not None else None
     cap = StackCapture(ctypes.cast(q, _P), experts.data_ptr(), weights.data_ptr(), st.top_k,
                        None if resid is None else resid.data_ptr())
-    return cap, q, resid
+    if probs is not None:
+        cap.probs = Probs(probs.out.data_ptr(), probs.rows.data_ptr(), 0)
+        cap.probs_at = probs.at.data_ptr()
+    return cap, q, resid, probs
 
 
 def _stack_kept(st: FusedStack, capture: PassCapture, T: int, experts: torch.Tensor, weights: torch.Tensor,

@@ -7,7 +7,9 @@ each captured attention layer its queries, each MoE layer its routing, the model
 embedding rows. So the pass runs the same fused kernels (SDPA, Triton) as an untraced
 one. Afterwards, in a few batched ops:
 
-- attention probabilities are recomputed for every captured layer at once from the
+- attention probabilities: where every layer runs in one C call on the CPU, that pass's
+  attention writes them itself as it scores the keys (engine/trace/pass_probs.py); elsewhere
+  they are recomputed for every captured layer at once from the
   kept queries and the keys already in the paged cache, for the captured heads and the
   last `max_keys` query rows only (softmax over all keys, then `max_keys` columns kept:
   the first `first_keys`, the attention sink and the prompt's start, and the most recent
@@ -141,7 +143,7 @@ def collect(capture: PassCapture, batch: ForwardBatch, cfg: ModelConfig, kv_cach
             capture.embed[b] = capture.embed_rows[b].float()
             t = spent.since("embedding rows", t)
         layers = [layer for layer in spec.attention_layers if layer in capture.layer_q]
-        if layers:
+        if layers and b not in capture.attention:  # (the pass's own attention may have written them: pass_probs)
             _attention(capture, batch, cfg, kv_cache, b, layers)
             t = spent.since("attention", t)
     if capture.moe_routing:

@@ -67,8 +67,8 @@ def test_one_region_equals_one_region_a_matrix(checkpoint, arch, dtype):
         assert torch.equal(team, apart)
 
 
-def _traced(path, levels: list[str], team: bool) -> list[dict]:
-    """A traced run's events, timings left out."""
+def _traced(path, levels: list[str], team: bool, prompt: int = 12) -> list[dict]:
+    """A traced run's events, timings left out (prompts of `prompt` tokens and more)."""
     sink = EventList()
     # the lenses at the finish: when a lens batch runs must not hang on the machine's speed
     engine = LLMEngine(path, device="cpu", dtype="bfloat16", tracer=Tracer(sink),
@@ -76,7 +76,7 @@ def _traced(path, levels: list[str], team: bool) -> list[dict]:
     fused.TEAM = team
     try:
         for i, level in enumerate(levels):
-            engine.add_request(list(range(5 + i, 17 + 2 * i)), SamplingParams(temperature=0, max_tokens=5,
+            engine.add_request([5 + (i + j * 7) % 200 for j in range(prompt + 2 * i)], SamplingParams(temperature=0, max_tokens=5,
                                ignore_eos=True), trace_level=level, request_id=f"r{i}")
         while engine.has_unfinished_requests():
             engine.step()
@@ -91,6 +91,17 @@ def test_a_full_trace_keeps_the_same_captures(checkpoint):
     team, apart = (_traced(checkpoint("gemma3"), ["full", "basic"], t) for t in (True, False))
     assert {"attention", "embed", "logit_lens"} <= {e["type"] for e in team}
     assert team == apart
+
+
+def test_shared_attention_writes_a_full_traces_probabilities_as_collect_reads_them(tmp_path, monkeypatch):
+    """Past 2^18 keys x query dims (240 keys x 32 heads x 64) the team's threads share attention's
+    tasks, and each writes its rows' probabilities (engine/trace/pass_probs.py): the events equal
+    those of layers run one by one, whose probabilities collect() reads from the pool after the pass."""
+    path = make_checkpoint("llama", tmp_path / "wider", num_layers=2, num_heads=32, num_kv_heads=8, hidden_size=2048)
+    team = _traced(path, ["full"], True, prompt=240)
+    monkeypatch.setattr(fused, "stack", lambda *a: None)
+    by_layer = _traced(path, ["full"], True, prompt=240)
+    assert sum(e["type"] == "attention" for e in team) == 5 and team == by_layer
 
 
 def test_a_long_context_shares_attention_between_the_threads(tmp_path):

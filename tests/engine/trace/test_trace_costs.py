@@ -31,11 +31,14 @@ def test_each_kind_of_a_full_trace_is_timed_and_untraced_work_adds_none(checkpoi
     assert spent["speculation"] == 0.0 and engine.lane.pool_trace.seconds > 0
 
 
-def test_the_captures_collected_after_the_forward_are_trace_time_not_the_passes(checkpoint, monkeypatch):
+def test_the_captures_collected_after_the_forward_are_trace_time_not_the_passes(checkpoint, monkeypatch,
+                                                                              cpu_kernels_switch):
     """collect() runs inside the runner's pass: its time goes to the step's schedule.traced,
     and schedule.step's forward_seconds (the timeline's bar) is the engine's own. The
-    attention capture is made to take 0.5 s, far beyond a tiny model's pass."""
+    attention capture is made to take 0.5 s, far beyond a tiny model's pass (PyTorch's path:
+    the C kernels' one-call pass writes the probabilities itself, engine/trace/pass_probs.py)."""
     from engine.trace import capture as capture_module
+    cpu_kernels_switch(False)
     real = capture_module._attention
 
     def slow(*args, **kwargs):

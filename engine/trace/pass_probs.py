@@ -1,0 +1,86 @@
+"""A `full` trace's attention probabilities written by the pass's own attention, where the
+CPU runs every layer in one C call (engine/layers/fused.py stack_forward; cpu_attention.c
+with a tt_probs): each key's score is the probability's before the softmax, kept while the
+key is in cache and normalised once the row's max and sum are known. After the pass,
+collect() read every captured layer's keys again from memory (engine/kernels/cpu_probs.c):
+on the embedded MoE at batch 1 about a fifth of a step. Here: where each captured row's
+probabilities go (PassProbs), and, after the call, the AttentionCapture collect() would
+have made of them (its layers, columns and rows, the same numbers to float rounding)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.batch import ForwardBatch
+from engine.trace.capture import AttentionCapture, PassCapture, key_window
+
+FIELDS = 6  # cpu_layer.h PROBS_FIELDS: offset, layer stride, head stride, columns, k_head, k_start
+
+
+@dataclass
+class SeqProbs:
+    """One captured sequence's part of the pass's buffer: [layers, heads, rows, columns] at offset."""
+    b: int
+    offset: int
+    rows: int
+    columns: int
+    ctx: int
+    k_head: int
+    k_start: int
+
+
+@dataclass
+class PassProbs:
+    layers: list[int]  # the captured layers, in the specs' order (the first dimension of each part)
+    heads: int
+    out: torch.Tensor  # float32, every part one after another
+    rows: torch.Tensor  # int64 [T, FIELDS]: where each row of the pass writes (offset -1: not captured)
+    at: torch.Tensor  # int64 [L]: each layer's index among `layers`, -1 where none captures it
+    seqs: list[SeqProbs]
+
+
+def plan(capture: PassCapture, batch: ForwardBatch, q_shapes: list[tuple[int, int]]) -> PassProbs | None:
+    """Where the pass's attention writes the captured rows' probabilities; None where it cannot
+    (the sequences capture different layers, or the captured layers' heads differ): collect()
+    computes them after the pass then."""
+    specs = [(b, s) for b, s in enumerate(capture.specs) if s is not None and s.attention_layers]
+    if not specs:
+        return None
+    layers = list(specs[0][1].attention_layers)
+    if any(list(s.attention_layers) != layers for _, s in specs) or any(not 0 <= i < len(q_shapes) for i in layers) \
+            or len({q_shapes[i] for i in layers}) != 1:
+        return None
+    heads = q_shapes[layers[0]][0]
+    meta = [[-1] * FIELDS for _ in range(batch.input_ids.shape[0])]  # (lists: a torch op a row costs more)
+    seqs, offset = [], 0
+    for b, spec in specs:
+        start, end, ctx = batch.query_starts[b], batch.query_starts[b + 1], batch.context_lens[b]
+        rows = min(end - start, spec.max_keys)
+        k_head, k_start = key_window(ctx, spec.max_keys, spec.first_keys)
+        columns = k_head + ctx - k_start
+        for r in range(rows):  # the sequence's last `rows` rows, as collect() keeps them
+            meta[end - rows + r] = [offset + r * columns, heads * rows * columns, rows * columns, columns, k_head,
+                                    k_start]
+        seqs.append(SeqProbs(b, offset, rows, columns, ctx, k_head, k_start))
+        offset += len(layers) * heads * rows * columns
+    at = [-1] * len(q_shapes)
+    for j, i in enumerate(layers):
+        at[i] = j
+    return PassProbs(layers, heads, torch.empty(offset), torch.tensor(meta, dtype=torch.long),
+                     torch.tensor(at, dtype=torch.long), seqs)
+
+
+def kept(probs: PassProbs, capture: PassCapture, windows: list[int | None]) -> None:
+    """After the call: each captured sequence's AttentionCapture (windows: each layer's sliding
+    window, None: global), which collect() then leaves as it is."""
+    wins = [windows[i] for i in probs.layers]
+    n = len(probs.layers)
+    for s in probs.seqs:
+        part = probs.out[s.offset:s.offset + n * probs.heads * s.rows * s.columns].view(n, probs.heads, s.rows,
+                                                                                      s.columns)
+        spec = capture.specs[s.b]
+        if spec.heads is not None:
+            part = part[:, spec.heads]
+        capture.attention[s.b] = AttentionCapture(list(probs.layers), wins, s.ctx - s.rows, s.k_start, part,
+                                                  s.k_head)
