@@ -270,7 +270,7 @@ class StepTrace:
             row = row.clone()
         work = None
         if part.lens_row is not None:
-            rows = self._lens_rows(step)[:, part.lens_row + j].clone()  # [L, hidden], freed with the step's
+            rows = self._lens_row(step, part.lens_row + j)  # [L, hidden]
             work = LensWork(seq, step.number, len(seq), source, token, seq.capture.logit_lens, rows, None, row,
                             (part.scheduled.start, pass_made(part.scheduled)))
         build = partial(self._sample_event, seq, len(seq), source, self.method if source != "target" else None,
@@ -352,6 +352,15 @@ class StepTrace:
         if self._stacked_lens is None or self._stacked_lens[0] is not step:
             self._stacked_lens = (step, logit_lens.kept_rows(step.capture, len(step.capture.lens_out_rows)))
         return self._stacked_lens[1]
+
+    def _lens_row(self, step: StepPass, i: int) -> torch.Tensor:
+        """Lens row i of the step's kept residual stream [L, hidden]: the pass's own tensor where
+        it kept that row alone (the one-call stack's, new each pass), else a copy (the step's
+        other rows are freed with it)."""
+        kept = step.capture.lens_hidden
+        if len(kept) == 1 and len(step.capture.lens_out_rows) == 1:
+            return kept[0]
+        return self._lens_rows(step)[:, i].clone()
 
     def _emit_lenses(self, works: list[LensWork]) -> None:
         """The `logit_lens` events of these tokens, computed now (batched), in their order."""

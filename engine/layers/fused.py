@@ -379,8 +379,8 @@ def _stack_capture(st: FusedStack, capture: PassCapture, batch: ForwardBatch, T:
     cap = StackCapture(ctypes.cast(q, _P), experts.data_ptr(), weights.data_ptr(), st.top_k,
                        None if resid is None else resid.data_ptr())
     if probs is not None:
-        cap.probs = Probs(probs.out.data_ptr(), probs.rows.data_ptr(), 0)
-        cap.probs_at = probs.at.data_ptr()
+        cap.probs = Probs(probs.out.data_ptr(), ctypes.addressof(probs.rows), 0)
+        cap.probs_at = ctypes.addressof(probs.at)
     return cap, q, resid, probs
 
 

@@ -8,6 +8,7 @@ probabilities go (PassProbs), and, after the call, the AttentionCapture collect(
 have made of them (its layers, columns and rows, the same numbers to float rounding)."""
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass
 
 import torch
@@ -34,9 +35,9 @@ class SeqProbs:
 class PassProbs:
     layers: list[int]  # the captured layers, in the specs' order (the first dimension of each part)
     heads: int
-    out: torch.Tensor  # float32, every part one after another
-    rows: torch.Tensor  # int64 [T, FIELDS]: where each row of the pass writes (offset -1: not captured)
-    at: torch.Tensor  # int64 [L]: each layer's index among `layers`, -1 where none captures it
+    out: torch.Tensor  # float32, every part one after another (one sequence: shaped as its part)
+    rows: ctypes.Array  # c_long [T * FIELDS]: where each row of the pass writes (offset -1: not captured)
+    at: ctypes.Array  # c_long [L]: each layer's index among `layers`, -1 where none captures it
     seqs: list[SeqProbs]
 
 
@@ -51,8 +52,9 @@ def plan(capture: PassCapture, batch: ForwardBatch, q_shapes: list[tuple[int, in
     if any(list(s.attention_layers) != layers for _, s in specs) or any(not 0 <= i < len(q_shapes) for i in layers) \
             or len({q_shapes[i] for i in layers}) != 1:
         return None
-    heads = q_shapes[layers[0]][0]
-    meta = [[-1] * FIELDS for _ in range(batch.input_ids.shape[0])]  # (lists: a torch op a row costs more)
+    heads, n = q_shapes[layers[0]][0], len(layers)
+    # ctypes arrays, not tensors: run cold after the pass, a torch op costs several microseconds
+    meta = (ctypes.c_long * (batch.input_ids.shape[0] * FIELDS))(*([-1] * (batch.input_ids.shape[0] * FIELDS)))
     seqs, offset = [], 0
     for b, spec in specs:
         start, end, ctx = batch.query_starts[b], batch.query_starts[b + 1], batch.context_lens[b]
@@ -60,15 +62,17 @@ def plan(capture: PassCapture, batch: ForwardBatch, q_shapes: list[tuple[int, in
         k_head, k_start = key_window(ctx, spec.max_keys, spec.first_keys)
         columns = k_head + ctx - k_start
         for r in range(rows):  # the sequence's last `rows` rows, as collect() keeps them
-            meta[end - rows + r] = [offset + r * columns, heads * rows * columns, rows * columns, columns, k_head,
+            at = (end - rows + r) * FIELDS
+            meta[at:at + FIELDS] = [offset + r * columns, heads * rows * columns, rows * columns, columns, k_head,
                                     k_start]
         seqs.append(SeqProbs(b, offset, rows, columns, ctx, k_head, k_start))
-        offset += len(layers) * heads * rows * columns
-    at = [-1] * len(q_shapes)
+        offset += n * heads * rows * columns
+    where = (ctypes.c_long * len(q_shapes))(*([-1] * len(q_shapes)))
     for j, i in enumerate(layers):
-        at[i] = j
-    return PassProbs(layers, heads, torch.empty(offset), torch.tensor(meta, dtype=torch.long),
-                     torch.tensor(at, dtype=torch.long), seqs)
+        where[i] = j
+    one = seqs[0]
+    out = torch.empty(n, heads, one.rows, one.columns) if len(seqs) == 1 else torch.empty(offset)
+    return PassProbs(layers, heads, out, meta, where, seqs)
 
 
 def kept(probs: PassProbs, capture: PassCapture, windows: list[int | None]) -> None:
@@ -77,8 +81,8 @@ def kept(probs: PassProbs, capture: PassCapture, windows: list[int | None]) -> N
     wins = [windows[i] for i in probs.layers]
     n = len(probs.layers)
     for s in probs.seqs:
-        part = probs.out[s.offset:s.offset + n * probs.heads * s.rows * s.columns].view(n, probs.heads, s.rows,
-                                                                                      s.columns)
+        part = probs.out if len(probs.seqs) == 1 else \
+            probs.out[s.offset:s.offset + n * probs.heads * s.rows * s.columns].view(n, probs.heads, s.rows, s.columns)
         spec = capture.specs[s.b]
         if spec.heads is not None:
             part = part[:, spec.heads]
