@@ -111,10 +111,11 @@ class DecoderModel(nn.Module):
             batch.rope["local"] = self.rotary_local.lookup(batch.positions, x.dtype)
         # every row a lens row (a traced decode step of one sequence, its verify pass): x itself,
         # which no layer writes to (each returns a new tensor); the engine marks rows in order
-        whole = lens is not None and lens.shape[0] == x.shape[0]
+        whole = lens is not None and len(lens) == x.shape[0]
+        index = None if lens is None or whole else torch.tensor(lens, dtype=torch.long, device=x.device)
         for layer in self.layers:
             if lens is not None:
-                capture.lens_hidden.append(x if whole else x.index_select(0, lens))
+                capture.lens_hidden.append(x if whole else x.index_select(0, index))
             x = layer(batch.positions, x, batch, capture)
         return self.norm(x)
 

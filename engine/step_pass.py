@@ -74,7 +74,7 @@ def logit_rows(scheduled: list[ScheduledSeq], batch: ForwardBatch,
         parts.append(part)
     _mark_prompt_rows(parts, rows, batch.query_starts)
     if capture is not None:
-        _mark_lens(parts, rows, capture, batch.input_ids.device)
+        _mark_lens(parts, rows, capture)
     return parts, rows
 
 
@@ -101,7 +101,7 @@ def keep_prompt_logprobs(part: SeqStep, logits: torch.Tensor) -> None:
         seq.prompt_logprobs[pos + 1 + j] = lp
 
 
-def _mark_lens(parts: list[SeqStep], rows: list[int], capture: PassCapture, device: torch.device) -> None:
+def _mark_lens(parts: list[SeqStep], rows: list[int], capture: PassCapture) -> None:
     """Mark the sampled rows of sequences with a logit lens: the flat rows the model keeps
     (capture.lens_rows), where they are among the returned rows (lens_out_rows), and each
     sequence's first lens row (logit_lens.rows reads them)."""
@@ -114,7 +114,7 @@ def _mark_lens(parts: list[SeqStep], rows: list[int], capture: PassCapture, devi
             flat.extend(rows[lo:hi])
             capture.lens_out_rows.extend(range(lo, hi))  # where the pass returns their logits
     if flat:
-        capture.lens_rows = torch.tensor(flat, dtype=torch.long, device=device)
+        capture.lens_rows = flat  # (a list: a whole batch's rows need no index tensor)
         capture.lens_later = True  # the lens after the step, from these rows (engine/trace/lens_queue.py)
 
 

@@ -399,5 +399,5 @@ def _stack_kept(st: FusedStack, capture: PassCapture, T: int, experts: torch.Ten
                 (experts[i * stride:i * stride + T * k].view(T, k), weights[i * stride:i * stride + T * k].view(T, k))
     if resid is not None:
         lens = capture.lens_rows
-        rows = resid if lens.shape[0] == T else resid.index_select(1, lens)  # [L, lens rows, hidden]
+        rows = resid if len(lens) == T else resid.index_select(1, torch.tensor(lens))  # [L, lens rows, hidden]
         capture.lens_hidden = [rows.view(-1, rows.shape[2])]

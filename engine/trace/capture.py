@@ -86,7 +86,7 @@ class PassCapture:
     # Logit lens (engine/trace/logit_lens.py): the flat rows whose residual stream is kept after the
     # embedding and after every layer but the last (set by the engine: the sampled rows of
     # lens-traced sequences), and where each of them is among the rows the pass returns logits for
-    lens_rows: torch.Tensor | None = None
+    lens_rows: list[int] | None = None
     lens_out_rows: list[int] = field(default_factory=list)
     lens_later: bool = False  # the pass keeps the rows only; the lens is computed after the step
     # Kept during the pass:

@@ -104,7 +104,7 @@ def test_which_steps_fall_back_to_eager(padded):
     assert "above the largest" in padded.eager_reason(_batch([1] * 9))
     full = CaptureSpec([0], None, 64, False, 0)
     assert "full trace" in padded.eager_reason(_batch([1, 1]), PassCapture([None, full]))
-    lens = PassCapture([None, CaptureSpec([], None, 64, False, 0, logit_lens=5)], lens_rows=torch.tensor([1]))
+    lens = PassCapture([None, CaptureSpec([], None, 64, False, 0, logit_lens=5)], lens_rows=[1])
     assert "full trace" in padded.eager_reason(_batch([1, 1]), lens)
     assert "wider" in padded.eager_reason(_batch([1], width=padded.static.block_tables.shape[1] + 1))
     static = padded.batches[4]  # what a graph records: counted, its lengths never read on the host
