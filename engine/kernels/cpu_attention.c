@@ -38,6 +38,19 @@ static inline void prefetch_row(const float *p, long D) {
     for (long i = 0; i < D; i += 16) __builtin_prefetch(p + i, 0, 3);
 }
 
+/* n kept columns o, keys key0 .. key0 + n - 1, holding their scores: each key the row sees
+   (start .. end - 1) its probability e^(score - mx) * inv, 16 at a time; the others 0. */
+static void finish_probs(float *o, long n, long key0, long start, long end, float mx, float inv) {
+    long lo = start - key0, hi = end - key0;
+    lo = lo < 0 ? 0 : lo > n ? n : lo;
+    hi = hi < lo ? lo : hi > n ? n : hi;
+    for (long c = 0; c < lo; c++) o[c] = 0.f;
+    long c = lo;
+    for (; c + VL <= hi; c += VL) *(v16 *)(o + c) = exp16(*(v16 *)(o + c) - mx) * inv;
+    for (; c < hi; c++) o[c] = expf(o[c] - mx) * inv;
+    for (c = hi; c < n; c++) o[c] = 0.f;
+}
+
 /* One task of tt_decode_attention: sequence b's query heads that share KV head g. */
 static void attend(long b, long g, const float *q, const float *k_cache, const float *v_cache, const long *tables,
                    long W, const int *ctx, long H, long KVH, long D, long BS, float scale, long window,
@@ -111,12 +124,9 @@ static void attend(long b, long g, const float *q, const float *k_cache, const f
     for (long i = 0; i < G; i++) {
         float inv = l[i] > 0.f ? 1.f / l[i] : 0.f;  /* no keys (a padding row): zeros */
         for (long d = 0; d < D; d++) out[(b * H + g * G + i) * D + d] = acc[i][d] * inv;
-        if (po) {
-            float *o = po + i * head_stride;
-            for (long c = 0; c < C; c++) {
-                long key = c < k_head ? c : k_start + c - k_head;
-                o[c] = key >= start && key < end ? expf(o[c] - m[i]) * inv : 0.f;
-            }
+        if (po) {  /* the two runs of kept columns: keys 0 .. k_head - 1, then k_start on */
+            finish_probs(po + i * head_stride, k_head, 0, start, end, m[i], inv);
+            finish_probs(po + i * head_stride + k_head, C - k_head, k_start, start, end, m[i], inv);
         }
     }
 }
