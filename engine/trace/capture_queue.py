@@ -18,11 +18,11 @@ builder; the events are built:
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Callable
 
 from engine.trace.events import Event
+from engine.trace.live_clock import LiveClock
 
 MAX_PENDING_BYTES = 64 * 2**20  # a request's kept tensors waiting (SmolLM2's logits row: 197 KB a token)
 
@@ -47,18 +47,12 @@ class CaptureQueue:
     max_pending_bytes: int = MAX_PENDING_BYTES
     pending: dict[str, list[Later]] = field(default_factory=dict)  # request id -> its events, in order
     held_bytes: dict[str, int] = field(default_factory=dict)
-    last_live: dict[str, float] = field(default_factory=dict)  # request id -> its last live step's time
+    live: LiveClock = field(default_factory=LiveClock)
 
     def due(self, request_id: str, live_seconds: float | None) -> bool:
         """Whether this step's events of the request are built live (the lens's rule where it has
         no lens: its own clock)."""
-        if live_seconds is None:
-            return False
-        now = time.perf_counter()
-        if now - self.last_live.get(request_id, -1e9) >= live_seconds:
-            self.last_live[request_id] = now
-            return True
-        return False
+        return live_seconds is not None and self.live.due(request_id, live_seconds)
 
     def keep(self, request_id: str, later: Later) -> list[Later]:
         """Queue one event; returns the oldest ones due now where the request holds too much."""
@@ -93,7 +87,7 @@ class CaptureQueue:
         return bool(self.pending.get(request_id))
 
     def end(self, request_id: str) -> None:
-        self.last_live.pop(request_id, None)
+        self.live.forget(request_id)
 
     def stop(self, request_id: str) -> list[Later]:
         """A reader cut the request's captures: its waiting tensor captures go; its `sample`

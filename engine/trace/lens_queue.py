@@ -32,6 +32,7 @@ from engine.kernels import cpu as cpu_kernels
 from engine.sequence import Sequence
 from engine.trace import logit_lens
 from engine.trace.events import Event
+from engine.trace.live_clock import LiveClock
 from engine.trace.softmax_stats import SoftmaxStats, softmax_stats
 
 MAX_PENDING_BYTES = 64 * 2**20  # rows a request may have waiting (SmolLM2: ~970 tokens)
@@ -68,7 +69,7 @@ class LensQueue:
     max_pending_bytes: int = MAX_PENDING_BYTES
     call_rows: int = 0  # rows a drain's kernel call takes (0: the CPU kernel's MAX_ROWS)
     pending: dict[str, list[LensWork]] = field(default_factory=dict)  # request id -> its tokens, in order
-    last_live: dict[str, float] = field(default_factory=dict)  # request id -> when its last live lens was computed
+    live: LiveClock = field(default_factory=LiveClock)  # when each request's last live lens was computed
     ended: dict[str, Ended] = field(default_factory=dict)  # finished, lenses waiting: oldest first
     seconds: float = 0.0  # time spent computing lenses since last read (take_seconds)
     token_seconds: float = 0.0  # what the last computed token's lens took
@@ -93,17 +94,13 @@ class LensQueue:
         live_seconds old, and LIVE_SHARE times what a lens takes (0: every token's; None: none)."""
         if live_seconds is None:
             return False
-        now = time.perf_counter()
         # (0: every token's); the running requests' live lenses share one tenth: each waits the longer
-        period = live_seconds and max(live_seconds, LIVE_SHARE * self.token_seconds * max(1, len(self.last_live)))
-        if now - self.last_live.get(request_id, -1e9) >= period:
-            self.last_live[request_id] = now
-            return True
-        return False
+        period = live_seconds and max(live_seconds, LIVE_SHARE * self.token_seconds * max(1, len(self.live)))
+        return self.live.due(request_id, period)
 
     def end(self, request_id: str, event: Event, step: int) -> bool:
         """The request finished: True where its `finish` event must wait for its lenses (held)."""
-        self.last_live.pop(request_id, None)
+        self.live.forget(request_id)
         if not self.pending.get(request_id):
             self.pending.pop(request_id, None)
             return False

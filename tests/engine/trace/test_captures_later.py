@@ -101,7 +101,7 @@ def test_the_live_step_has_every_capture_of_the_newest_lens(checkpoint):
     rid = engine.add_request(PROMPTS[0], params(0))
     engine.step()
     engine.step()
-    engine.step_trace.lenses.last_live[rid] -= 2e9  # as if the live period went by
+    engine.step_trace.lenses.live.last[rid] -= 2e9  # as if the live period went by
     engine.step()
     lens_steps = {e.step for e in sink.of(rid, "logit_lens")}
     assert lens_steps == {1, 3}

@@ -121,11 +121,11 @@ def test_the_live_lens_keeps_to_a_tenth_of_the_time_on_a_slow_machine(checkpoint
     engine.step()  # the first token: its lens live, at once
     assert len(sink.of(rid, "logit_lens")) == 1
     lenses = engine.step_trace.lenses
-    lenses.last_live[rid] -= 500  # as if 500 s went by: far past the page's 0.2 s ...
+    lenses.live.last[rid] -= 500  # as if 500 s went by: far past the page's 0.2 s ...
     lenses.token_seconds = 100  # ... but a lens that took 100 s waits 900 s (LIVE_SHARE)
     engine.step()
     assert len(sink.of(rid, "logit_lens")) == 1 and len(lenses.pending[rid]) == 1
-    lenses.last_live[rid] -= 500  # 1,000 s since the last live lens
+    lenses.live.last[rid] -= 500  # 1,000 s since the last live lens
     engine.step()
     assert len(sink.of(rid, "logit_lens")) == 2  # the newest token's
 
@@ -138,10 +138,10 @@ def test_a_batchs_live_lenses_share_that_tenth(checkpoint):
     lenses = engine.step_trace.lenses
     lenses.token_seconds = 100
     for r in rids:
-        lenses.last_live[r] -= 1000  # 1,000 s: one request's wait (900 s), not two's (1,800 s)
+        lenses.live.last[r] -= 1000  # 1,000 s: one request's wait (900 s), not two's (1,800 s)
     engine.step()
     assert all(len(sink.of(r, "logit_lens")) == 1 for r in rids)
     for r in rids:
-        lenses.last_live[r] -= 1000  # 2,000 s
+        lenses.live.last[r] -= 1000  # 2,000 s
     engine.step()
     assert all(len(sink.of(r, "logit_lens")) == 2 for r in rids)  # each newest token's
