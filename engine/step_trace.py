@@ -39,6 +39,7 @@ from engine.trace.lens_queue import Ended, LensQueue, LensWork
 from engine.trace.capture import PassCapture
 from engine.trace.costs import TraceCosts
 from engine.trace.events import Event
+from engine.trace.moe_lists import MoeLists
 from engine.trace.softmax_stats import by_kernel, first_candidates, softmax_stats
 from engine.trace.tracer import CaptureConfig
 
@@ -410,10 +411,16 @@ class StepTrace:
             a = capture.attention[b]
             self._keep(rid, live, partial(events.attention, s, a, heads, cfg, end, spec.compact), step.number,
                        a.probs.nbytes, s, "attention")
-        for layer, per_seq in capture.moe.items():
-            if b in per_seq:
-                self._keep(rid, live, partial(events.moe, s, layer, per_seq[b], capture.expert_load[layer], cfg, end),
-                           step.number, 0, s, "moe routing")
+        routing = capture.moe
+        if routing is not None and b in routing.slices:  # (its lists made as the pass's first event is built)
+            for layer in routing.layers:
+                self._keep(rid, live, partial(moe_event, s, layer, routing, b, cfg, end), step.number, 0, s,
+                           "moe routing")
+
+
+def moe_event(s: ScheduledSeq, layer: int, routing: MoeLists, b: int, cfg: ModelConfig, end: int) -> Event | None:
+    """Sequence b's `moe` event at `layer` (the pass's routing as lists, made once a pass)."""
+    return events.moe(s, layer, routing.seq(layer, b), routing.load(layer), cfg, end)
 
 
 def pass_made(s: ScheduledSeq) -> int:

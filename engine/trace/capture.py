@@ -16,8 +16,9 @@ one. Afterwards, in a few batched ops:
   ones, see key_window), so a long prompt costs rows x context, not its whole square;
   on the CPU in one C call that reads the keys where the pool holds them (cpu_probs),
   elsewhere from a gathered copy of the sequence's keys;
-- MoE routing is stacked across layers (the batch's expert load counted from it) and
-  becomes Python lists, rounded like `trace.jsonable`;
+- MoE routing stays the pass's tensors: it becomes Python lists, rounded like
+  `trace.jsonable` (and the batch's expert load is counted), when its first event is
+  built, mostly after the request's last token (MoeLists);
 - attention (all of a sequence's captured layers in one tensor) and embedding rows stay
   tensors: the trace events encode them (engine/trace/compact.py), after the step knows which
   of the pass's rows it kept (none past an end of sequence inside a speculative round).
@@ -38,9 +39,8 @@ from engine.batch import ForwardBatch
 from engine.config import ModelConfig
 from engine.kernels import cpu_probs
 from engine.trace.costs import TraceCosts
+from engine.trace.moe_lists import MoeLists
 from engine.trace.tracer import FIRST_KEYS
-
-DECIMALS = 4  # as trace.jsonable rounds floats
 
 
 def key_window(ctx: int, max_keys: int, first_keys: int = FIRST_KEYS) -> tuple[int, int]:
@@ -81,7 +81,7 @@ class CaptureSpec:
 @dataclass
 class PassCapture:
     """One pass's captures: written by the model during the pass (references only), filled
-    with plain lists after it by collect(), read by the engine's trace events."""
+    after it by collect(), read by the engine's trace events."""
     specs: list[CaptureSpec | None]  # per sequence of the batch
     # Logit lens (engine/trace/logit_lens.py): the flat rows whose residual stream is kept after the
     # embedding and after every layer but the last (set by the engine: the sampled rows of
@@ -103,11 +103,10 @@ class PassCapture:
     lens_logits: torch.Tensor | None = None
     lens_returned: int = 0
     # Filled after the pass by collect: per captured sequence, its attention in every captured layer
-    # (AttentionCapture); per layer, per sequence, its MoE routing as plain lists; its embedding rows
+    # (AttentionCapture); the MoE routing (lists made when its events are built); its embedding rows
     attention: dict[int, "AttentionCapture"] = field(default_factory=dict)
-    moe: dict[int, dict[int, dict]] = field(default_factory=dict)
+    moe: MoeLists | None = None  # the routing's tensors, as lists when its first event is built; None: none recorded
     embed: dict[int, torch.Tensor] = field(default_factory=dict)  # seq -> rows [n, embed_dims]
-    expert_load: dict[int, list[int]] = field(default_factory=dict)  # layer -> tokens per expert
     collect_costs: TraceCosts = field(default_factory=TraceCosts)  # collect()'s time by kind
     attention_layers: frozenset[int] = field(init=False)  # layers whose attention some sequence captures
 
@@ -132,7 +131,7 @@ class AttentionCapture:
 
 
 def collect(capture: PassCapture, batch: ForwardBatch, cfg: ModelConfig, kv_cache: torch.Tensor) -> None:
-    """Fill capture.attention / moe / embed / expert_load, timing each kind (collect_costs).
+    """Fill capture.attention / moe / embed, timing each kind (collect_costs).
     kv_cache: the runner's pool [K/V, layer, block, slot, kv head, dim]."""
     spent = capture.collect_costs
     t = time.perf_counter()
@@ -209,29 +208,12 @@ def _attention(capture: PassCapture, batch: ForwardBatch, cfg: ModelConfig, kv_c
 
 
 def _moe(capture: PassCapture, batch: ForwardBatch, cfg: ModelConfig) -> None:
-    layers = sorted(capture.moe_routing)
-    if capture.moe_all is not None and layers == list(range(capture.moe_all[0].shape[0])):
-        experts, weights = capture.moe_all  # every layer's, written as one tensor each: no stack
-    else:
-        experts = torch.stack([capture.moe_routing[layer][0] for layer in layers])  # [L, T, top_k]
-        weights = torch.stack([capture.moe_routing[layer][1] for layer in layers])
-    experts_l, weights_l = experts.tolist(), rounded(weights)
+    """The pass's routing tensors and each recording sequence's rows; the lists (and each
+    layer's expert load) only when its first `moe` event is built (MoeLists)."""
     slices = {b: batch.seq_slice(b) for b, spec in enumerate(capture.specs) if spec is not None and spec.moe}
-    for i, layer in enumerate(layers):
-        load = [0] * cfg.num_experts  # tokens per expert, counted here: fewer ops than on the device
-        for picks in experts_l[i]:
-            for e in picks:
-                load[e] += 1
-        capture.expert_load[layer] = load
-        for b, sl in slices.items():
-            capture.moe.setdefault(layer, {})[b] = {"experts": experts_l[i][sl], "weights": weights_l[i][sl]}
-        if detail := capture.moe_detail.get(layer):  # the same rows, as lists
-            lists = {k: v.tolist() if not v.is_floating_point() else rounded(v) for k, v in detail.items()}
-            for b, sl in slices.items():
-                capture.moe[layer][b].update({k: v[sl] for k, v in lists.items()})
-
-
-def rounded(x: torch.Tensor) -> list:
-    # rounded in float64: a float32 0.0123 becomes 0.012299999594688416 as a Python float,
-    # 18 bytes of JSON instead of 6 (most of a `full` trace is these numbers)
-    return torch.round(x.double(), decimals=DECIMALS).tolist()
+    if not slices:
+        return
+    layers = sorted(capture.moe_routing)
+    stacked = capture.moe_all if capture.moe_all is not None and layers == list(range(capture.moe_all[0].shape[0])) \
+        else None  # every layer's, written as one tensor each: no stack
+    capture.moe = MoeLists(layers, capture.moe_routing, stacked, capture.moe_detail, slices, cfg.num_experts)

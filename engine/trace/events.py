@@ -19,7 +19,8 @@ from engine.outputs import TokenOutput
 from engine.sequence import ScheduledSeq, Sequence
 from engine.speculative.verify import Verdict
 from engine.trace import compact as compact_form
-from engine.trace.capture import AttentionCapture, rounded
+from engine.trace.capture import AttentionCapture
+from engine.trace.moe_lists import rounded
 from engine.trace.softmax_stats import SoftmaxStats, softmax_stats
 from engine.trace.tracer import jsonable
 

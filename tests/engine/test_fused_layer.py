@@ -50,7 +50,8 @@ def _run(engine, batch, specs: list[CaptureSpec | None]):
     """The pass -> (logits, captured attention, captured MoE routing)."""
     capture = PassCapture.of(specs)
     logits = engine.runner.run(batch, None, capture)
-    return (logits, {}, {}) if capture is None else (logits, capture.attention, capture.moe)
+    return (logits, {}, {}) if capture is None else \
+        (logits, capture.attention, capture.moe.as_dict() if capture.moe is not None else {})
 
 
 # plain; a sliding window; biases and a window; MoE (the attention half fused); MoE and dense layers;
