@@ -310,13 +310,14 @@ class StepTrace:
 
     def _keep(self, request_id: str, live: bool, build, step: int, nbytes: int, s: ScheduledSeq,
               kind: str) -> None:
-        """An event of the step (of s's pass; kind: its TraceCosts kind, `sampling` for the
-        `sample` event, else a tensor capture): built and emitted now where live, else kept."""
+        """An event of the step, or a list of them (of s's pass; kind: its TraceCosts kind, `sampling`
+        for the `sample` event, else a tensor capture): built and emitted now where live, else kept."""
         if live:
             t = time.perf_counter()
-            event = build()
-            if event is not None:
-                self.emit(event)
+            built = build()
+            for event in built if isinstance(built, list) else (built,):
+                if event is not None:
+                    self.emit(event)
             self.costs.since(kind, t)
             return
         self._emit_later(request_id, self.later.keep(
@@ -330,7 +331,8 @@ class StepTrace:
         out = []
         for x in items:
             t = time.perf_counter()
-            out.append(((x.step, 2 if x.captured else 0), x.where, x.build()))
+            built, key = x.build(), (x.step, 2 if x.captured else 0)
+            out += [(key, x.where, e) for e in built] if isinstance(built, list) else [(key, x.where, built)]
             self.costs.since(x.kind, t)
         if works and request_id not in self.cut:
             t = time.perf_counter()
@@ -411,16 +413,16 @@ class StepTrace:
             a = capture.attention[b]
             self._keep(rid, live, partial(events.attention, s, a, heads, cfg, end, spec.compact), step.number,
                        a.probs.nbytes, s, "attention")
-        routing = capture.moe
-        if routing is not None and b in routing.slices:  # (its lists made as the pass's first event is built)
-            for layer in routing.layers:
-                self._keep(rid, live, partial(moe_event, s, layer, routing, b, cfg, end), step.number, 0, s,
-                           "moe routing")
+        if spec.moe and capture.moe is not None:  # every layer's as one (lists made once for the pass)
+            self._keep(rid, live, partial(moe_events, s, capture.moe, b, cfg, end), step.number, 0, s, "moe routing")
 
 
-def moe_event(s: ScheduledSeq, layer: int, routing: MoeLists, b: int, cfg: ModelConfig, end: int) -> Event | None:
-    """Sequence b's `moe` event at `layer` (the pass's routing as lists, made once a pass)."""
-    return events.moe(s, layer, routing.seq(layer, b), routing.load(layer), cfg, end)
+def moe_events(s: ScheduledSeq, routing: MoeLists, b: int, cfg: ModelConfig, end: int) -> list[Event]:
+    """Sequence b's `moe` events, a layer's each (the pass's routing as lists: made once a pass);
+    none where the pass read no position before `end`."""
+    if end <= s.start:
+        return []
+    return [events.moe(s, layer, routing.seq(layer, b), routing.load(layer), cfg, end) for layer in routing.layers]
 
 
 def pass_made(s: ScheduledSeq) -> int:

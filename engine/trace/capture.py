@@ -208,12 +208,7 @@ def _attention(capture: PassCapture, batch: ForwardBatch, cfg: ModelConfig, kv_c
 
 
 def _moe(capture: PassCapture, batch: ForwardBatch, cfg: ModelConfig) -> None:
-    """The pass's routing tensors and each recording sequence's rows; the lists (and each
-    layer's expert load) only when its first `moe` event is built (MoeLists)."""
-    slices = {b: batch.seq_slice(b) for b, spec in enumerate(capture.specs) if spec is not None and spec.moe}
-    if not slices:
-        return
-    layers = sorted(capture.moe_routing)
-    stacked = capture.moe_all if capture.moe_all is not None and layers == list(range(capture.moe_all[0].shape[0])) \
-        else None  # every layer's, written as one tensor each: no stack
-    capture.moe = MoeLists(layers, capture.moe_routing, stacked, capture.moe_detail, slices, cfg.num_experts)
+    """The pass's routing as the pass wrote it; the lists (and each layer's expert load) are
+    made when its first `moe` event is built (MoeLists)."""
+    capture.moe = MoeLists(capture.moe_routing, capture.moe_all, capture.moe_detail, batch.query_starts,
+                           cfg.num_experts)

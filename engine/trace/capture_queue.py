@@ -29,8 +29,9 @@ MAX_PENDING_BYTES = 64 * 2**20  # a request's kept tensors waiting (SmolLM2's lo
 
 @dataclass(slots=True)
 class Later:
-    """One event, not built yet: its builder (it returns None where the capture was empty), its step."""
-    build: Callable[[], Event | None]
+    """One event (or a pass's events of one kind: its MoE layers'), not built yet: its builder (it
+    returns None or [] where the capture was empty), its step."""
+    build: Callable[[], Event | list[Event] | None]
     step: int
     nbytes: int  # what it holds on to
     where: tuple[int, int]  # its pass's first position and the answer tokens made (a trace.truncated's, if

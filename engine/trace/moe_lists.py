@@ -8,11 +8,12 @@ much as a tenth of its decode step (2026-12-06). A `full` trace builds most of i
 after the request's last token (engine/trace/capture_queue.py), so the step only keeps the
 tensors here and each sequence's rows. The tensors are the pass's own: every MoE path
 writes its routing into tensors it allocates for that pass (none reuses a buffer across
-passes), so they still hold this pass's routing when the events are built later.
+passes), so they still hold this pass's routing when the events are built later. A
+sequence's `moe` events (one per layer) wait as one (StepTrace.moe_events).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -25,19 +26,23 @@ def rounded(x: torch.Tensor) -> list:
     return torch.round(x.double(), decimals=DECIMALS).tolist()
 
 
-@dataclass
+@dataclass(slots=True)
 class MoeLists:
-    """One pass's routing: per layer (sorted) its experts and weights [T, top_k] (one [L, T,
-    top_k] tensor each where one call wrote every layer's), DeepSeek's detail tensors [T, ...]
-    per layer, and the flat rows of each sequence that records its routing."""
-    layers: list[int]
+    """One pass's routing as the pass wrote it: per layer its experts and weights [T, top_k]
+    (also one [L, T, top_k] tensor each where one call wrote every layer's), DeepSeek's detail
+    tensors [T, ...] per layer. Only references at the step (Python right after a pass runs
+    cold: each call there counts); sorted, stacked and turned into lists when first read."""
     routing: dict[int, tuple[torch.Tensor, torch.Tensor]]  # layer -> (experts, weights)
-    stacked: tuple[torch.Tensor, torch.Tensor] | None  # every layer's at once, or None
+    stacked: tuple[torch.Tensor, torch.Tensor] | None  # every layer's at once, if one call wrote them
     detail: dict[int, dict[str, torch.Tensor]]
-    slices: dict[int, slice]  # sequence of the batch -> its rows
+    starts: list[int]  # the batch's query starts: sequence b's rows are starts[b] .. starts[b + 1] - 1
     num_experts: int
-    _lists: dict[int, dict[str, list]] | None = field(default=None, repr=False)  # layer -> the pass's lists
-    _load: dict[int, list[int]] = field(default_factory=dict, repr=False)  # layer -> tokens per expert
+    _lists: dict[int, dict[str, list]] | None = None  # layer -> the pass's lists
+    _load: dict[int, list[int]] | None = None  # layer -> tokens per expert
+
+    @property
+    def layers(self) -> list[int]:
+        return sorted(self.routing)
 
     @property
     def converted(self) -> bool:
@@ -47,7 +52,7 @@ class MoeLists:
     def seq(self, layer: int, b: int) -> dict[str, list]:
         """Sequence b's routing at `layer`: experts, weights (rounded like trace.jsonable) and
         DeepSeek's detail, as lists, one entry a row."""
-        sl = self.slices[b]
+        sl = slice(self.starts[b], self.starts[b + 1])
         return {k: v[sl] for k, v in self._converted()[layer].items()}
 
     def load(self, layer: int) -> list[int]:
@@ -55,25 +60,22 @@ class MoeLists:
         self._converted()
         return self._load[layer]
 
-    def as_dict(self) -> dict[int, dict[int, dict[str, list]]]:
-        """Every layer's routing of every recorded sequence: layer -> sequence -> seq()."""
-        return {layer: {b: self.seq(layer, b) for b in self.slices} for layer in self.layers}
-
     def _converted(self) -> dict[int, dict[str, list]]:
         """The pass's routing as lists, made once (the first event of the pass asks)."""
         if self._lists is not None:
             return self._lists
-        if self.stacked is not None:
+        layers = self.layers
+        if self.stacked is not None and layers == list(range(self.stacked[0].shape[0])):
             experts, weights = self.stacked
         else:
-            experts = torch.stack([self.routing[layer][0] for layer in self.layers])  # [L, T, top_k]
-            weights = torch.stack([self.routing[layer][1] for layer in self.layers])
+            experts = torch.stack([self.routing[layer][0] for layer in layers])  # [L, T, top_k]
+            weights = torch.stack([self.routing[layer][1] for layer in layers])
         picks = experts.reshape(experts.shape[0], -1)
         load = torch.zeros(picks.shape[0], self.num_experts, dtype=torch.long, device=picks.device)
         load.scatter_add_(1, picks.long(), torch.ones_like(picks, dtype=torch.long))
         experts_l, weights_l, load_l = experts.tolist(), rounded(weights), load.tolist()
-        lists = {}
-        for i, layer in enumerate(self.layers):
+        lists, self._load = {}, {}
+        for i, layer in enumerate(layers):
             self._load[layer] = load_l[i]
             lists[layer] = {"experts": experts_l[i], "weights": weights_l[i]}
             for k, v in self.detail.get(layer, {}).items():  # DeepSeek: the same rows, as lists

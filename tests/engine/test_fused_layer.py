@@ -51,7 +51,15 @@ def _run(engine, batch, specs: list[CaptureSpec | None]):
     capture = PassCapture.of(specs)
     logits = engine.runner.run(batch, None, capture)
     return (logits, {}, {}) if capture is None else \
-        (logits, capture.attention, capture.moe.as_dict() if capture.moe is not None else {})
+        (logits, capture.attention, moe_lists(capture))
+
+
+def moe_lists(capture: PassCapture) -> dict:
+    """layer -> sequence -> its routing as the `moe` event's lists, of the sequences that record it."""
+    if capture.moe is None:
+        return {}
+    seqs = [b for b, spec in enumerate(capture.specs) if spec is not None and spec.moe]
+    return {layer: {b: capture.moe.seq(layer, b) for b in seqs} for layer in capture.moe.layers} if seqs else {}
 
 
 # plain; a sliding window; biases and a window; MoE (the attention half fused); MoE and dense layers;

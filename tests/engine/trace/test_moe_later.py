@@ -41,7 +41,8 @@ def routed(path, live: float | None):
         copy = lambda t: t.detach().clone()
         layers = [(layer, copy(e), copy(w), {k: copy(v) for k, v in routing.detail.get(layer, {}).items()})
                   for layer, (e, w) in sorted(routing.routing.items())]
-        rows = {step.parts[b].scheduled.seq.request_id: sl for b, sl in routing.slices.items()}
+        starts = step.batch.query_starts
+        rows = {p.scheduled.seq.request_id: slice(starts[b], starts[b + 1]) for b, p in enumerate(step.parts)}
         kept[step.number] = (layers, rows)
         captures(step, config)
         made[step.number] = routing.converted
