@@ -15,12 +15,17 @@ from engine.layers.attention import Attention
 from engine.layers.mlp import SparseMoE
 
 
-def ways_key(model: torch.nn.Module, batch: ForwardBatch, dtype: torch.dtype) -> tuple:
-    """What the two ways below read of a pass: the model and its first layer's fused plan, the
+def first_layer(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The model's first decoder layer (None: not a CausalLM), the one ways_key reads."""
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    return layers[0] if layers else None
+
+
+def ways_key(model: torch.nn.Module, first: torch.nn.Module | None, batch: ForwardBatch, dtype: torch.dtype) -> tuple:
+    """What the two ways below read of a pass: the model and its first layer's (first_layer: a
+    caller keeps it, nn.Module's attribute lookups cost more than the rest) fused plan, the
     rows, the batch's kind, whether the C kernels load; equal keys, equal ways (a traced step
     asks once per key)."""
-    layers = getattr(getattr(model, "model", None), "layers", None)
-    first = layers[0] if layers else None
     return (id(model), id(getattr(first, "fused", None)), dtype, batch.input_ids.shape[0], batch.input_ids.device,
             batch.decode_only, batch.use_triton, batch.static_shapes, cpu_kernels.available())
 

@@ -23,7 +23,7 @@ from typing import Callable
 
 import torch
 
-from engine.code_ran import attention_path, moe_path, ways_key
+from engine.code_ran import attention_path, first_layer, moe_path, ways_key
 from engine.config import ModelConfig
 from engine.sampler import explain
 from engine.scheduler import Scheduler
@@ -76,6 +76,7 @@ class StepTrace:
         self._stacked_lens: tuple[StepPass, object] | None = None  # the step's lens rows as [L, n, hidden]
         self.ways: dict[str, tuple] = {}  # the last step's traced requests -> the ways its attention and MoE ran
         self._ways_of: dict[tuple, tuple[str, str]] = {}  # ways_key -> the ways (the tests cost more than a step's events)
+        self._first: tuple = (None, None)  # the runner's model and its first layer (ways_key reads it)
 
     def piece(self, token_id: int) -> str:
         """A token's text for the trace, special tokens included (a replay has no tokenizer);
@@ -211,7 +212,9 @@ class StepTrace:
         are news to a traced request in it (its last step was not the one before, or ran another
         way): a reader carries a request's ways on through its steps, a decode step pays no bytes."""
         model, batch, dtype = self.runner.model, step.batch, self.runner.dtype
-        key = ways_key(model, batch, dtype)
+        if self._first[0] is not model:
+            self._first = (model, first_layer(model))
+        key = ways_key(model, self._first[1], batch, dtype)
         ways = self._ways_of.get(key)
         if ways is None:
             ways = self._ways_of[key] = (attention_path(model, batch, dtype), moe_path(model, batch, dtype))
