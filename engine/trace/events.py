@@ -142,13 +142,17 @@ def schedule_step(scheduled: list[ScheduledSeq], phases: dict, forward_seconds: 
     way the pass's attention ran (engine/code_ran.py), only where it is news to a request in it
     ("" leaves it out: each request's earlier step said it); moe: the way its MoE layers ran, alike."""
     # seconds to the microsecond, as every timeline reads them: a token's step events stay small
-    return "schedule.step", None, {
-        **{k: round(v, 6) for k, v in phases.items()}, "forward_seconds": round(forward_seconds, 6),
-        "num_tokens": num_tokens,
-        "batch": [{"request_id": s.seq.request_id, "kind": s.kind, "start": s.start, "num_tokens": s.num_tokens}
-                  for s in scheduled],
-        "running": running, "waiting": waiting, "free_blocks": free_blocks, "cached_blocks": cached_blocks,
-        **({"attention": attention} if attention else {}), **({"moe": moe} if moe else {})}
+    data = {k: round(v, 6) for k, v in phases.items()}  # (one dict filled in order: every traced step's)
+    data["forward_seconds"], data["num_tokens"] = round(forward_seconds, 6), num_tokens
+    data["batch"] = [{"request_id": s.seq.request_id, "kind": s.kind, "start": s.start, "num_tokens": s.num_tokens}
+                     for s in scheduled]
+    data["running"], data["waiting"], data["free_blocks"], data["cached_blocks"] = \
+        running, waiting, free_blocks, cached_blocks
+    if attention:
+        data["attention"] = attention
+    if moe:
+        data["moe"] = moe
+    return "schedule.step", None, data
 
 
 def schedule_traced(trace_seconds: float, lens_seconds: float) -> Event:

@@ -79,6 +79,7 @@ def jsonable(x: Any) -> Any:
 
 
 _PLAIN = (int, float, str, bool, type(None))
+_KNOWN_TYPES: set[str] = set()  # event types whose stage emit_plain has checked
 
 
 class Tracer:
@@ -108,8 +109,10 @@ class Tracer:
         """`emit` for data already made of JSON values (e.g. from `Tensor.tolist()`): no
         walk over it, which for captured tensors would cost as much as capturing them.
         ts: when it happened, if not now (another process's event, forwarded: engine/disagg)."""
-        if type.split(".", 1)[0] not in STAGES:
-            raise ValueError(f"unknown trace stage in event type {type!r}")
+        if type not in _KNOWN_TYPES:  # (checked once a type: this runs for every event)
+            if type.split(".", 1)[0] not in STAGES:
+                raise ValueError(f"unknown trace stage in event type {type!r}")
+            _KNOWN_TYPES.add(type)
         event = TraceEvent(type, request_id, step, time.perf_counter() if ts is None else ts, data)
         for sink in self._sinks:
             sink(event)
