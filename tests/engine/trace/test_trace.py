@@ -207,3 +207,15 @@ def test_only_traced_requests_are_reported(checkpoint):
     assert not sink.of(loud, "attention")  # basic: no tensors
     step = sink.of(None, "schedule.step")[0].data
     assert {b["request_id"] for b in step["batch"]} == {quiet, loud}  # the batch is shown whole
+
+
+def test_an_unknown_stage_is_refused_every_time():
+    """emit_plain checks a type's stage once (a known type is not split again): an unknown
+    stage is never let through, however often it comes."""
+    sink = EventList()
+    tracer = Tracer(sink)
+    for _ in range(2):
+        with pytest.raises(ValueError, match="unknown trace stage"):
+            tracer.emit_plain("nostage.step", None, 0, {})
+        tracer.emit_plain("schedule.step", None, 0, {})
+    assert [e.type for e in sink.events] == ["schedule.step"] * 2
