@@ -21,7 +21,8 @@ def first_layer(model: torch.nn.Module) -> torch.nn.Module | None:
     return layers[0] if layers else None
 
 
-def ways_key(model: torch.nn.Module, first: torch.nn.Module | None, batch: ForwardBatch, dtype: torch.dtype) -> tuple:
+def ways_key(model: torch.nn.Module, first: torch.nn.Module | None, batch: ForwardBatch,
+             dtype: torch.dtype) -> tuple:
     """What the two ways below read of a pass: the model and its first layer's (first_layer: a
     caller keeps it, nn.Module's attribute lookups cost more than the rest) fused plan, the
     rows, the batch's kind, whether the C kernels load; equal keys, equal ways (a traced step

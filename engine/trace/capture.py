@@ -105,7 +105,7 @@ class PassCapture:
     # Filled after the pass by collect: per captured sequence, its attention in every captured layer
     # (AttentionCapture); the MoE routing (lists made when its events are built); its embedding rows
     attention: dict[int, "AttentionCapture"] = field(default_factory=dict)
-    moe: MoeLists | None = None  # the routing's tensors, as lists when its first event is built; None: none recorded
+    moe: MoeLists | None = None  # the routing's tensors (lists once its first event is built); None: no MoE
     embed: dict[int, torch.Tensor] = field(default_factory=dict)  # seq -> rows [n, embed_dims]
     collect_costs: TraceCosts = field(default_factory=TraceCosts)  # collect()'s time by kind
     attention_layers: frozenset[int] = field(init=False)  # layers whose attention some sequence captures
