@@ -392,11 +392,16 @@ def _stack_kept(st: FusedStack, capture: PassCapture, T: int, experts: torch.Ten
         stride = T * st.top_k
         e3, w3 = experts.view(-1, T, st.top_k), weights.view(-1, T, st.top_k)
         if len(st.moe_top_k) == len(st.plans) and all(k == st.top_k for k in st.moe_top_k.values()):
-            capture.moe_all = e3, w3  # every layer a MoE's: read as one tensor each (PassCapture)
+            capture.moe_all = e3, w3  # every layer a MoE's: read as one tensor each, no layer apart (PassCapture)
+            return _lens_kept(capture, T, resid)
         by_layer = e3.unbind(0), w3.unbind(0)
         for i, k in st.moe_top_k.items():  # layer i's routing: the first T x k of its stride
             capture.moe_routing[i] = (by_layer[0][i], by_layer[1][i]) if k == st.top_k else \
                 (experts[i * stride:i * stride + T * k].view(T, k), weights[i * stride:i * stride + T * k].view(T, k))
+    _lens_kept(capture, T, resid)
+
+
+def _lens_kept(capture: PassCapture, T: int, resid: torch.Tensor | None) -> None:
     if resid is not None:
         lens = capture.lens_rows
         rows = resid if len(lens) == T else resid.index_select(1, torch.tensor(lens))  # [L, lens rows, hidden]

@@ -93,7 +93,8 @@ class PassCapture:
     layer_q: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> queries [T, H, D]
     layer_q_all: torch.Tensor | None = None  # every layer's queries in one [L, T, H, D] (the one-call stack's)
     moe_routing: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)  # experts, weights
-    # every layer's routing as one [L, T, top_k] tensor each, where one call wrote them (the stack's)
+    # every layer's routing as one [L, T, top_k] tensor each, where one call wrote them (the stack's:
+    # then no layer's apart in moe_routing, whose views were a cold torch op each a step)
     moe_all: tuple[torch.Tensor, torch.Tensor] | None = None
     # DeepSeek MoE: layer -> what the router's choice shows (engine/layers/deepseek_moe.py route), [T, ...] each
     moe_detail: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)
@@ -145,7 +146,7 @@ def collect(capture: PassCapture, batch: ForwardBatch, cfg: ModelConfig, kv_cach
         if layers and b not in capture.attention:  # (the pass's own attention may have written them: pass_probs)
             _attention(capture, batch, cfg, kv_cache, b, layers)
             t = spent.since("attention", t)
-    if capture.moe_routing:
+    if capture.moe_routing or capture.moe_all is not None:
         _moe(capture, batch, cfg)
         spent.since("moe routing", t)
 

@@ -41,8 +41,15 @@ class MoeLists:
     _load: dict[int, list[int]] | None = None  # layer -> tokens per expert
 
     @property
-    def layers(self) -> list[int]:
-        return sorted(self.routing)
+    def layers(self) -> list[int]:  # (every layer, where one call wrote them all and none apart)
+        return sorted(self.routing) if self.routing else list(range(self.stacked[0].shape[0]))
+
+    def tensors(self) -> list[tuple[int, torch.Tensor, torch.Tensor]]:
+        """Each layer's (layer, experts, weights) as the pass wrote them."""
+        if self.routing:
+            return [(layer, *self.routing[layer]) for layer in self.layers]
+        experts, weights = self.stacked
+        return [(i, experts[i], weights[i]) for i in range(experts.shape[0])]
 
     @property
     def converted(self) -> bool:

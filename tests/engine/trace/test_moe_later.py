@@ -40,7 +40,7 @@ def routed(path, live: float | None):
         assert not routing.converted  # collect() made no lists
         copy = lambda t: t.detach().clone()
         layers = [(layer, copy(e), copy(w), {k: copy(v) for k, v in routing.detail.get(layer, {}).items()})
-                  for layer, (e, w) in sorted(routing.routing.items())]
+                  for layer, e, w in routing.tensors()]
         starts = step.batch.query_starts
         rows = {p.scheduled.seq.request_id: slice(starts[b], starts[b + 1]) for b, p in enumerate(step.parts)}
         kept[step.number] = (layers, rows)
