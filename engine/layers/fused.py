@@ -316,8 +316,9 @@ def stack_forward(st: FusedStack, x: torch.Tensor, batch: ForwardBatch, model: n
     out = torch.empty_like(work)
     L = len(st.plans)
     kept = capture is not None
-    experts = torch.empty((L if kept else 1) * T * st.top_k, dtype=torch.long)
-    weights = torch.empty((L if kept else 1) * T * st.top_k, dtype=torch.float32)
+    # (kept: [L, T, top_k], what PassCapture.moe_all reads: no view of them after the call)
+    experts = torch.empty(L if kept else 1, T, st.top_k, dtype=torch.long)
+    weights = torch.empty(L if kept else 1, T, st.top_k, dtype=torch.float32)
     cap, q, resid, probs = _stack_capture(st, capture, batch, T, x.shape[1], experts, weights) if kept else \
         (None, None, None, None)
     norm = model.norm
@@ -375,7 +376,7 @@ def _stack_capture(st: FusedStack, capture: PassCapture, batch: ForwardBatch, T:
         capture.layer_q.update((i, torch.empty(T, *st.q_shapes[i])) for i in layers)
     for i in layers:
         q[i] = capture.layer_q[i].data_ptr()
-    resid = torch.empty(L, T, hidden) if capture.lens_rows is not None else None
+    resid = torch.empty(L * T, hidden) if capture.lens_rows is not None else None  # [L, T] rows, layer-major
     cap = StackCapture(ctypes.cast(q, _P), experts.data_ptr(), weights.data_ptr(), st.top_k,
                        None if resid is None else resid.data_ptr())
     if probs is not None:
@@ -389,20 +390,20 @@ def _stack_kept(st: FusedStack, capture: PassCapture, T: int, experts: torch.Ten
     """The stack's routing and residual stream into `capture`, as the layers one by one keep them
     (engine/model.py: the lens rows of every layer's input, layer after layer)."""
     if st.moe_top_k:
-        stride = T * st.top_k
-        e3, w3 = experts.view(-1, T, st.top_k), weights.view(-1, T, st.top_k)
         if len(st.moe_top_k) == len(st.plans) and all(k == st.top_k for k in st.moe_top_k.values()):
-            capture.moe_all = e3, w3  # every layer a MoE's: read as one tensor each, no layer apart (PassCapture)
+            capture.moe_all = experts, weights  # every layer a MoE's: one tensor each, no layer apart (PassCapture)
             return _lens_kept(capture, T, resid)
-        by_layer = e3.unbind(0), w3.unbind(0)
+        stride = T * st.top_k
+        flat_e, flat_w = experts.view(-1), weights.view(-1)
+        by_layer = experts.unbind(0), weights.unbind(0)
         for i, k in st.moe_top_k.items():  # layer i's routing: the first T x k of its stride
             capture.moe_routing[i] = (by_layer[0][i], by_layer[1][i]) if k == st.top_k else \
-                (experts[i * stride:i * stride + T * k].view(T, k), weights[i * stride:i * stride + T * k].view(T, k))
+                (flat_e[i * stride:i * stride + T * k].view(T, k), flat_w[i * stride:i * stride + T * k].view(T, k))
     _lens_kept(capture, T, resid)
 
 
 def _lens_kept(capture: PassCapture, T: int, resid: torch.Tensor | None) -> None:
-    if resid is not None:
+    if resid is not None:  # [L * lens rows, hidden], layer-major (logit_lens.kept_rows)
         lens = capture.lens_rows
-        rows = resid if len(lens) == T else resid.index_select(1, torch.tensor(lens))  # [L, lens rows, hidden]
-        capture.lens_hidden = [rows.view(-1, rows.shape[2])]
+        capture.lens_hidden = [resid if len(lens) == T else
+                               resid.view(-1, T, resid.shape[1]).index_select(1, torch.tensor(lens)).flatten(0, 1)]
