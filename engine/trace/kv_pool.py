@@ -26,6 +26,7 @@ from engine.block_manager import BlockManager
 from engine.sequence import Sequence
 from engine.trace import events
 from engine.trace.events import Event
+from engine.trace.kv_holders import Holders
 
 BlockState = tuple[tuple[str, ...], int, int, bool]  # owners, ref, fill, cached
 EMPTY: BlockState = ((), 0, 0, False)
@@ -37,7 +38,7 @@ def pool_state(bm: BlockManager, live: Iterable[Sequence]) -> dict[int, BlockSta
     there is to read: the walk costs the blocks in use, not the pool's size."""
     owners, fill = _live_tables(bm, live)
     cached = bm.cached_block_ids()
-    return {b: (tuple(owners.get(b, ())), bm.blocks[b].ref_count, fill.get(b, 0), b in cached)
+    return {b: (tuple(sorted(owners.get(b, ()))), bm.blocks[b].ref_count, fill.get(b, 0), b in cached)
             for b in owners.keys() | cached}
 
 
@@ -54,28 +55,28 @@ def _live_tables(bm: BlockManager, live: Iterable[Sequence]) -> tuple[dict[int, 
     return owners, fill
 
 
-def _changes(bm: BlockManager, live: Iterable[Sequence], last: dict[int, BlockState],
-             held_before: Iterable[int]) -> tuple[dict[int, BlockState], set[int]]:
+def _changes(bm: BlockManager, holders: Holders, live: Iterable[Sequence],
+             last: dict[int, BlockState]) -> dict[int, BlockState]:
     """What changed since `last` (updated in place) -> the changed blocks' states (EMPTY: no
-    longer in use), and the blocks the live tables hold now. Only the blocks that can have
-    changed are read: the live tables' (their fill), those the tables held at the last look
-    (a holder gone), and those the block manager touched since (references, the cache): on a
-    long-running server the prefix cache holds most of the pool, and a step reads none of it."""
-    owners, fill = _live_tables(bm, live)
+    longer in use). Only the blocks that can have changed are read: those whose holders or
+    written slots moved since the last look (Holders), and those the block manager touched
+    since (references, the cache): on a long-running server the prefix cache holds most of the
+    pool, and a long context's table most of a sequence's blocks; a step reads neither."""
+    moved = holders.update(live)
     touched, bm.touched = bm.touched, set()
     changed = {}
-    for b in touched.union(owners, held_before):
+    for b in moved | touched:
         block = bm.blocks[b]
         cached = block.hash is not None and bm.cached.get(block.hash) == b
-        state = (tuple(owners.get(b, ())), block.ref_count, fill.get(b, 0), cached) if b in owners or cached \
-            else EMPTY
+        owners = holders.owners(b)
+        state = (owners, block.ref_count, holders.fill(b), cached) if owners or cached else EMPTY
         if state != last.get(b, EMPTY):
             changed[b] = state
             if state == EMPTY:
                 del last[b]
             else:
                 last[b] = state
-    return changed, set(owners)
+    return changed
 
 
 @dataclass
@@ -84,7 +85,7 @@ class KVPoolTracker:
     last: dict[int, BlockState] = field(default_factory=dict)  # the blocks in use, as last reported
     traced: tuple[str, ...] = ()  # the live traced requests the last look saw
     looked_at: int | None = None  # the step of the last look
-    held: set[int] = field(default_factory=set)  # the blocks the live tables held at the last look
+    holders: Holders | None = None  # who held which block at the last look
     always: bool = False  # look after every step, traced requests or not
     seconds: float = 0.0  # what the looks have cost so far (the watching benchmark reads it)
 
@@ -107,11 +108,12 @@ class KVPoolTracker:
         if full:
             self.last = pool_state(bm, live)
             bm.touched = set()
-            self.held = {b for seq in live for b in seq.block_table}
+            self.holders = Holders(bm.block_size)
+            self.holders.reset(live)
             blocks = sorted(self.last)
             states = [self.last[b] for b in blocks]
         else:
-            changed, self.held = _changes(bm, live, self.last, self.held)
+            changed = _changes(bm, self.holders, live, self.last)
             if not changed:
                 return None
             blocks = sorted(changed)

@@ -137,3 +137,29 @@ def test_a_step_looks_at_what_changed_not_the_whole_prefix_cache(checkpoint, mon
                 assert not e.data["full"]
                 pool = apply_kv_pool(pool, e.to_dict())
         assert same(pool, truth(engine)), engine.step_count
+
+
+def test_a_decode_step_reads_the_blocks_it_wrote_not_its_whole_table(checkpoint, monkeypatch):
+    """A long context holds many blocks: after the first (full) kv.pool, a decode step of one
+    sequence reads the block its token went to (and the next one, as it starts), not every
+    block of its table, and the events still rebuild the pool."""
+    from engine.trace import kv_holders
+    read = []
+    real = kv_holders.Holders.update
+    monkeypatch.setattr(kv_holders.Holders, "update", lambda self, live: read.append(real(self, live)) or read[-1])
+    sink = EventList()
+    engine = LLMEngine(checkpoint("mixtral"), device=DEVICE, tracer=Tracer(sink), trace_level="off",
+                       config=EngineConfig(block_size=4, num_kv_blocks=64, max_num_seqs=4))
+    engine.add_request(list(range(10, 70)), SamplingParams(temperature=0, max_tokens=12, ignore_eos=True),
+                       trace_level="basic")  # 15 blocks of prompt
+    pool = None
+    while engine.has_unfinished_requests():
+        seen = len(sink.events)
+        engine.step()
+        for e in sink.events[seen:]:
+            if e.type == "kv.pool":
+                pool = apply_kv_pool(pool, e.to_dict())
+        assert same(pool, truth(engine)), engine.step_count
+    decode = read[1:-1]  # (the first: the full look reads every table; the last: the request let all go)
+    assert len(decode) >= 9 and max(len(r) for r in decode) <= 2, [sorted(r) for r in read]
+    assert len(read[-1]) >= 15
