@@ -32,27 +32,13 @@ BlockState = tuple[tuple[str, ...], int, int, bool]  # owners, ref, fill, cached
 EMPTY: BlockState = ((), 0, 0, False)
 
 
-def pool_state(bm: BlockManager, live: Iterable[Sequence]) -> dict[int, BlockState]:
-    """Every block in use (held or cached) -> its state. A block nobody holds has no
-    references (BlockManager.check_invariants), so the live tables and the cache are all
-    there is to read: the walk costs the blocks in use, not the pool's size."""
-    owners, fill = _live_tables(bm, live)
+def pool_state(bm: BlockManager, holders: Holders) -> dict[int, BlockState]:
+    """Every block in use (held or cached) -> its state, the holders read whole (Holders.reset).
+    A block nobody holds has no references (BlockManager.check_invariants), so the live tables
+    and the cache are all there is to read: the walk costs the blocks in use, not the pool's size."""
     cached = bm.cached_block_ids()
-    return {b: (tuple(sorted(owners.get(b, ()))), bm.blocks[b].ref_count, fill.get(b, 0), b in cached)
-            for b in owners.keys() | cached}
-
-
-def _live_tables(bm: BlockManager, live: Iterable[Sequence]) -> tuple[dict[int, list[str]], dict[int, int]]:
-    """The live tables' blocks -> their holders, and the token slots written in each."""
-    bs = bm.block_size
-    owners: dict[int, list[str]] = {}
-    fill: dict[int, int] = {}
-    for seq in live:
-        n = seq.num_computed_tokens
-        for i, b in enumerate(seq.block_table):
-            owners.setdefault(b, []).append(seq.request_id)
-            fill[b] = max(fill.get(b, 0), min(bs, max(0, n - i * bs)))
-    return owners, fill
+    return {b: (holders.owners(b), bm.blocks[b].ref_count, holders.fill(b), b in cached)
+            for b in holders.at.keys() | cached}
 
 
 def _changes(bm: BlockManager, holders: Holders, live: Iterable[Sequence],
@@ -106,10 +92,10 @@ class KVPoolTracker:
         to = list(dict.fromkeys(traced + self.traced))  # the live, then those just finished
         self.traced, self.looked_at = traced, step
         if full:
-            self.last = pool_state(bm, live)
-            bm.touched = set()
             self.holders = Holders(bm.block_size)
             self.holders.reset(live)
+            self.last = pool_state(bm, self.holders)
+            bm.touched = set()
             blocks = sorted(self.last)
             states = [self.last[b] for b in blocks]
         else:
