@@ -49,6 +49,8 @@ from engine.trace.tracer import CaptureConfig
 BUSY_DRAIN_S = 0.0
 IDLE_DRAIN_S = 0.1
 DRAIN_EVENTS = 16  # a finished request's waiting events built a drain call at a time
+MAX_DEFERRED = 768  # deferred calls (two or three a traced sequence's step) before a flush (SmolLM2 at batch 1:
+# 256 steps, ~68 MB of logits and lens rows: a request's queues bound theirs at 64 MB)
 
 
 class StepTrace:
@@ -77,6 +79,7 @@ class StepTrace:
         self.ways: dict[str, tuple] = {}  # the last step's traced requests -> the ways its attention and MoE ran
         self._ways_of: dict[tuple, tuple[str, str]] = {}  # ways_key -> the ways (the tests cost more than a step's events)
         self._first: tuple = (None, None)  # the runner's model and its first layer (ways_key reads it)
+        self.deferred: list[tuple[Callable, tuple]] = []  # work of steps that were not live, not done yet (flush)
 
     def piece(self, token_id: int) -> str:
         """A token's text for the trace, special tokens included (a replay has no tokenizer);
@@ -123,6 +126,7 @@ class StepTrace:
 
     def _end(self, event: Event, step: int) -> None:
         """The `finish` event now, or (held) once the request's waiting lenses and events are out."""
+        self.flush()
         rid = event[1]
         self.later.end(rid)
         if self.lenses.end(rid, event, step):
@@ -142,10 +146,11 @@ class StepTrace:
         call's lenses (after their steps' events; without lenses DRAIN_EVENTS events) at a time
         until `seconds` are spent (one call at least); each request's `finish` event as soon
         as its last lens and event are out."""
-        t = time.perf_counter()
         ended = self.lenses.ended
         if not ended:
             return
+        self.flush()
+        t = time.perf_counter()
         while ended:
             rid = next(iter(ended))
             # a kernel call's lenses with the events of their steps (without lenses, a chunk of events)
@@ -175,6 +180,7 @@ class StepTrace:
     def stop_captures(self, seq: Sequence | None, request_id: str, limit_bytes: int, step_count: int) -> bool:
         """LLMEngine.stop_captures: the request's captures cut from the next pass on (or from
         the one in progress, where it is in it), and the `trace.truncated` event that says so."""
+        self.flush()
         lenses = self.lenses.pending.pop(request_id, [])  # its waiting lenses too: the reader keeps no more
         waited = self.later.stop(request_id)  # and its waiting captures (its `sample` events still come)
         dropped = {w.step for w in lenses} | {x.step for x in waited if x.captured}
@@ -264,26 +270,39 @@ class StepTrace:
     def token(self, step: StepPass, part: SeqStep, j: int, token: int, config: CaptureConfig) -> None:
         """The target's distribution at the part's j-th new token's position (its top candidates),
         and its logit lens (queued: LensQueue). At level `full` both wait (CaptureQueue, LensQueue)
-        unless the step is live: the step keeps the logits row."""
+        unless the step is live: the step keeps the logits row, and, where it is not live, even
+        the queueing waits (deferred)."""
+        t = time.perf_counter()
+        seq = part.scheduled.seq
+        live = seq.capture is None or self._live(seq, config)  # (level basic: no tensors kept, its event now)
+        seq.trace_clock.append(self._at_sample)
+        if live:
+            self._token(step, part, j, token, config, len(seq), True)
+        else:
+            self._defer(self._token, step, part, j, token, config, len(seq), False)
+        self.seconds += time.perf_counter() - t
+
+    def _token(self, step: StepPass, part: SeqStep, j: int, token: int, config: CaptureConfig, position: int,
+               live: bool) -> None:
+        """token()'s work, at the step or (not live) when the deferred work is flushed: position,
+        the sequence's length when the token was drawn."""
         t = time.perf_counter()
         seq, row = part.scheduled.seq, step.logits[part.rows[0] + j]
-        seq.trace_clock.append(self._at_sample)
         source = token_source(part.verdict, j)
-        live = seq.capture is None or self._live(seq, config)  # (level basic: no tensors kept, its event now)
         if not live and step.logits.shape[0] > 1:  # (one row: the step's own tensor, kept whole)
             row = row.clone()
         work = None
         if part.lens_row is not None:
             rows = self._lens_row(step, part.lens_row + j)  # [L, hidden]
-            work = LensWork(seq, step.number, len(seq), source, token, seq.capture.logit_lens, rows, None, row,
+            work = LensWork(seq, step.number, position, source, token, seq.capture.logit_lens, rows, None, row,
                             (part.scheduled.start, pass_made(part.scheduled)))
-        build = partial(self._sample_event, seq, len(seq), source, self.method if source != "target" else None,
+        build = partial(self._sample_event, seq, position, source, self.method if source != "target" else None,
                         token, row, step.knobs.get(part.draw), config.top_candidates, work)
         self._keep(seq.request_id, live, build, step.number, row.nbytes, part.scheduled, "sampling")
         lens = time.perf_counter()
         if work is not None:
             self._emit_lenses(self.lenses.keep(work, config.lens_live_seconds, live))
-        self.seconds += self.costs.since("logit lens", lens) - t
+        self.costs.since("logit lens", lens)
 
     def _sample_event(self, seq: Sequence, position: int, source: str, method: str | None, token: int,
                       row: torch.Tensor, knobs: dict | None, top_c: int, work: LensWork | None) -> Event:
@@ -392,16 +411,48 @@ class StepTrace:
         sequence kept. None of a rejected proposal (that row read a token the position does
         not hold), none past an end of sequence (a round that ended early read positions the
         sequence never has); the newest token is never read: no pass has it as an input.
-        Built now where the step is live, else kept (CaptureQueue)."""
+        Built now where the step is live, else kept (CaptureQueue): where not live, the keeping
+        itself waits too (deferred)."""
         t = time.perf_counter()
-        for kind, seconds in step.capture.collect_costs.seconds.items():  # (the runner's, in the pass's time)
-            self.costs.seconds[kind] += seconds
         for b, part in enumerate(step.parts):
             s = part.scheduled
             seq = s.seq
             if seq.traced and seq.capture is not None:
-                self._captures_of(step, b, s, min(s.start + s.num_tokens, len(seq) - 1), self._live(seq, config))
+                end = min(s.start + s.num_tokens, len(seq) - 1)
+                if self._live(seq, config):
+                    self._captures_of(step, b, s, end, True)
+                else:
+                    self._defer(self._captures_of, step, b, s, end, False)
+        self._defer(self._collect_costs, step.capture)  # (the runner's collect(), in the pass's time)
         self.seconds += time.perf_counter() - t
+
+    def _collect_costs(self, capture: PassCapture) -> None:
+        for kind, seconds in capture.collect_costs.seconds.items():
+            self.costs.seconds[kind] += seconds
+
+    # --- deferred: a `full` trace's keeping at the steps that are not live -------------------------
+    def _defer(self, work: Callable, *args) -> None:
+        """Work that only queues (CaptureQueue, LensQueue), done later with others: a step runs it
+        cold after its pass, where each Python and torch call costs several times what it does
+        in a loop (the embedded MoE at batch 1: ~45 us a token against ~8 flushed, 2026-12-07)."""
+        self.deferred.append((work, args))
+        if len(self.deferred) >= MAX_DEFERRED:
+            self.flush()
+
+    def flush(self) -> None:
+        """The deferred work, in order: before anything reads the queues or builds live events
+        (their order stays the steps')."""
+        if not self.deferred:
+            return
+        t = time.perf_counter()
+        work, self.deferred = self.deferred, []
+        with torch.inference_mode():
+            for fn, args in work:
+                fn(*args)
+        if self.in_step:
+            self.seconds += time.perf_counter() - t
+        else:
+            self.total += time.perf_counter() - t
 
     def _captures_of(self, step: StepPass, b: int, s: ScheduledSeq, end: int, live: bool) -> None:
         """Sequence b's embedding rows, attention and MoE routing, of positions before `end`
