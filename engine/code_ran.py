@@ -23,12 +23,13 @@ def first_layer(model: torch.nn.Module) -> torch.nn.Module | None:
 
 def ways_key(model: torch.nn.Module, first: torch.nn.Module | None, batch: ForwardBatch,
              dtype: torch.dtype) -> tuple:
-    """What the two ways below read of a pass: the model and its first layer's (first_layer: a
-    caller keeps it, nn.Module's attribute lookups cost more than the rest) fused plan, the
-    rows, the batch's kind, whether the C kernels load; equal keys, equal ways (a traced step
-    asks once per key)."""
-    return (id(model), id(getattr(first, "fused", None)), dtype, batch.input_ids.shape[0], batch.input_ids.device,
-            batch.decode_only, batch.use_triton, batch.static_shapes, cpu_kernels.available())
+    """What the two ways below read of a pass: the model (its device with it) and its first
+    layer's (first_layer: a caller keeps it, nn.Module's attribute lookups cost more than the
+    rest) fused plan, the rows, the batch's kind, whether the C kernels load; equal keys, equal
+    ways (a traced step asks once per key). Plain Python values only: read cold after the pass,
+    a tensor's attribute costs microseconds."""
+    return (id(model), id(getattr(first, "fused", None)), dtype, batch.query_starts[-1], batch.decode_only,
+            batch.use_triton, batch.static_shapes, cpu_kernels.available())
 
 
 def attention_path(model: torch.nn.Module, batch: ForwardBatch, dtype: torch.dtype) -> str:

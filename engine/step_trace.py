@@ -38,6 +38,7 @@ from engine.trace.capture_queue import CaptureQueue, Later
 from engine.trace.lens_queue import Ended, LensQueue, LensWork
 from engine.trace.capture import PassCapture
 from engine.trace.costs import TraceCosts
+from engine.trace.deferred import Deferred
 from engine.trace.events import Event
 from engine.trace.moe_lists import MoeLists
 from engine.trace.softmax_stats import by_kernel, first_candidates, softmax_stats
@@ -49,8 +50,6 @@ from engine.trace.tracer import CaptureConfig
 BUSY_DRAIN_S = 0.0
 IDLE_DRAIN_S = 0.1
 DRAIN_EVENTS = 16  # a finished request's waiting events built a drain call at a time
-MAX_DEFERRED = 768  # deferred calls (two or three a traced sequence's step) before a flush (SmolLM2 at batch 1:
-# 256 steps, ~68 MB of logits and lens rows: a request's queues bound theirs at 64 MB)
 
 
 class StepTrace:
@@ -79,7 +78,7 @@ class StepTrace:
         self.ways: dict[str, tuple] = {}  # the last step's traced requests -> the ways its attention and MoE ran
         self._ways_of: dict[tuple, tuple[str, str]] = {}  # ways_key -> the ways (the tests cost more than a step's events)
         self._first: tuple = (None, None)  # the runner's model and its first layer (ways_key reads it)
-        self.deferred: list[tuple[Callable, tuple]] = []  # work of steps that were not live, not done yet (flush)
+        self.deferred = Deferred()  # the keeping of steps that were not live, not done yet (flush)
 
     def piece(self, token_id: int) -> str:
         """A token's text for the trace, special tokens included (a replay has no tokenizer);
@@ -430,25 +429,18 @@ class StepTrace:
         for kind, seconds in capture.collect_costs.seconds.items():
             self.costs.seconds[kind] += seconds
 
-    # --- deferred: a `full` trace's keeping at the steps that are not live -------------------------
+    # --- deferred: what steps that are not live leave for later (engine/trace/deferred.py) -------------
     def _defer(self, work: Callable, *args) -> None:
-        """Work that only queues (CaptureQueue, LensQueue), done later with others: a step runs it
-        cold after its pass, where each Python and torch call costs several times what it does
-        in a loop (the embedded MoE at batch 1: ~45 us a token against ~8 flushed, 2026-12-07)."""
-        self.deferred.append((work, args))
-        if len(self.deferred) >= MAX_DEFERRED:
+        if self.deferred.add(work, args):
             self.flush()
 
     def flush(self) -> None:
-        """The deferred work, in order: before anything reads the queues or builds live events
-        (their order stays the steps')."""
-        if not self.deferred:
+        """The deferred work, in order: before anything reads the queues."""
+        if not self.deferred.items:
             return
         t = time.perf_counter()
-        work, self.deferred = self.deferred, []
         with torch.inference_mode():
-            for fn, args in work:
-                fn(*args)
+            self.deferred.run()
         if self.in_step:
             self.seconds += time.perf_counter() - t
         else:

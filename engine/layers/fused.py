@@ -248,6 +248,10 @@ class FusedStack:
     # for a `full` trace's captures: each layer's (query heads, head dim), and each MoE layer's top_k
     q_shapes: list[tuple[int, int]] = field(default_factory=list)
     moe_top_k: dict[int, int] = field(default_factory=dict)
+    moe_all: bool = field(init=False)  # every layer a MoE's, with the stack's top_k: the routing kept whole
+
+    def __post_init__(self) -> None:
+        self.moe_all = len(self.moe_top_k) == len(self.plans) and all(k == self.top_k for k in self.moe_top_k.values())
 
 
 def stack(model: nn.Module, x: torch.Tensor, batch: ForwardBatch) -> FusedStack | None:
@@ -390,7 +394,7 @@ def _stack_kept(st: FusedStack, capture: PassCapture, T: int, experts: torch.Ten
     """The stack's routing and residual stream into `capture`, as the layers one by one keep them
     (engine/model.py: the lens rows of every layer's input, layer after layer)."""
     if st.moe_top_k:
-        if len(st.moe_top_k) == len(st.plans) and all(k == st.top_k for k in st.moe_top_k.values()):
+        if st.moe_all:
             capture.moe_all = experts, weights  # every layer a MoE's: one tensor each, no layer apart (PassCapture)
             return _lens_kept(capture, T, resid)
         stride = T * st.top_k

@@ -78,7 +78,7 @@ class CaptureSpec:
     first_keys: int = FIRST_KEYS  # of the max_keys columns, the first positions kept (key_window)
 
 
-@dataclass
+@dataclass(slots=True)
 class PassCapture:
     """One pass's captures: written by the model during the pass (references only), filled
     after it by collect(), read by the engine's trace events."""
@@ -140,7 +140,8 @@ def collect(capture: PassCapture, batch: ForwardBatch, cfg: ModelConfig, kv_cach
         if spec is None:
             continue
         if b in capture.embed_rows:
-            capture.embed[b] = capture.embed_rows[b].float()
+            rows = capture.embed_rows[b]
+            capture.embed[b] = rows if rows.dtype == torch.float32 else rows.float()
             t = spent.since("embedding rows", t)
         layers = [layer for layer in spec.attention_layers if layer in capture.layer_q]
         if layers and b not in capture.attention:  # (the pass's own attention may have written them: pass_probs)
