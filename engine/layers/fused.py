@@ -249,9 +249,12 @@ class FusedStack:
     q_shapes: list[tuple[int, int]] = field(default_factory=list)
     moe_top_k: dict[int, int] = field(default_factory=dict)
     moe_all: bool = field(init=False)  # every layer a MoE's, with the stack's top_k: the routing kept whole
+    layouts: dict = field(default_factory=dict)  # pass_probs.plan's arrays, kept between passes
+    no_q: ctypes.Array = field(init=False)  # no layer's queries kept (the pass writes the probabilities)
 
     def __post_init__(self) -> None:
         self.moe_all = len(self.moe_top_k) == len(self.plans) and all(k == self.top_k for k in self.moe_top_k.values())
+        self.no_q = (_P * len(self.plans))()
 
 
 def stack(model: nn.Module, x: torch.Tensor, batch: ForwardBatch) -> FusedStack | None:
@@ -368,8 +371,8 @@ def _stack_capture(st: FusedStack, capture: PassCapture, batch: ForwardBatch, T:
     one [L, T, hidden] tensor. -> the argument, what it points into (alive until the call
     returns), the rows and the probabilities' plan."""
     L = len(st.plans)
-    q = (_P * L)()
-    probs = pass_probs.plan(capture, batch, st.q_shapes)
+    probs = pass_probs.plan(capture, batch, st.q_shapes, st.layouts)
+    q = st.no_q if probs is not None else (_P * L)()
     layers = [] if probs is not None else sorted(capture.attention_layers)
     shapes = {st.q_shapes[i] for i in layers}
     if len(shapes) == 1:

@@ -41,23 +41,35 @@ class PassProbs:
     seqs: list[SeqProbs]
 
 
-def plan(capture: PassCapture, batch: ForwardBatch, q_shapes: list[tuple[int, int]]) -> PassProbs | None:
+def plan(capture: PassCapture, batch: ForwardBatch, q_shapes: list[tuple[int, int]],
+         layouts: dict | None = None) -> PassProbs | None:
     """Where the pass's attention writes the captured rows' probabilities; None where it cannot
     (the sequences capture different layers, or the captured layers' heads differ): collect()
-    computes them after the pass then."""
+    computes them after the pass then. layouts: the caller's, kept between passes: the arrays
+    of a batch of the same shape (a decode's every step) are written again, not made."""
     specs = [(b, s) for b, s in enumerate(capture.specs) if s is not None and s.attention_layers]
     if not specs:
         return None
-    layers = list(specs[0][1].attention_layers)
-    if any(list(s.attention_layers) != layers for _, s in specs) or any(not 0 <= i < len(q_shapes) for i in layers) \
+    layers = specs[0][1].attention_layers
+    if any(s.attention_layers != layers for _, s in specs) or any(not 0 <= i < len(q_shapes) for i in layers) \
             or len({q_shapes[i] for i in layers}) != 1:
         return None
-    heads, n = q_shapes[layers[0]][0], len(layers)
-    # ctypes arrays, not tensors: run cold after the pass, a torch op costs several microseconds
-    meta = (ctypes.c_long * (batch.input_ids.shape[0] * FIELDS))(*([-1] * (batch.input_ids.shape[0] * FIELDS)))
+    heads, n, starts = q_shapes[layers[0]][0], len(layers), batch.query_starts
+    key = (tuple(starts), tuple((b, s.max_keys) for b, s in specs), tuple(layers), len(q_shapes))
+    arrays = layouts.get(key) if layouts is not None else None
+    if arrays is None:  # ctypes arrays, not tensors: run cold after the pass, a torch op costs several microseconds
+        T = starts[-1]
+        where = (ctypes.c_long * len(q_shapes))(*([-1] * len(q_shapes)))
+        for j, i in enumerate(layers):
+            where[i] = j
+        arrays = (ctypes.c_long * (T * FIELDS))(*([-1] * (T * FIELDS))), where
+        if layouts is not None:
+            layouts.clear()  # (one shape kept: a batch that changes shape makes its arrays again)
+            layouts[key] = arrays
+    meta, where = arrays
     seqs, offset = [], 0
     for b, spec in specs:
-        start, end, ctx = batch.query_starts[b], batch.query_starts[b + 1], batch.context_lens[b]
+        start, end, ctx = starts[b], starts[b + 1], batch.context_lens[b]
         rows = min(end - start, spec.max_keys)
         k_head, k_start = key_window(ctx, spec.max_keys, spec.first_keys)
         columns = k_head + ctx - k_start
@@ -67,12 +79,9 @@ def plan(capture: PassCapture, batch: ForwardBatch, q_shapes: list[tuple[int, in
                                     k_start]
         seqs.append(SeqProbs(b, offset, rows, columns, ctx, k_head, k_start))
         offset += n * heads * rows * columns
-    where = (ctypes.c_long * len(q_shapes))(*([-1] * len(q_shapes)))
-    for j, i in enumerate(layers):
-        where[i] = j
     one = seqs[0]
     out = torch.empty(n, heads, one.rows, one.columns) if len(seqs) == 1 else torch.empty(offset)
-    return PassProbs(layers, heads, out, meta, where, seqs)
+    return PassProbs(list(layers), heads, out, meta, where, seqs)
 
 
 def kept(probs: PassProbs, capture: PassCapture, windows: list[int | None]) -> None:
