@@ -176,9 +176,11 @@ class Recording:
             # finish has the step it was asked at, its end-of-stream output the next step's number)
             ends = {e["step"] for e in self.events if e["type"] in AFTER_STEPS} | {o["step"] for o in outs}
             ran = {max(ends)} if ends else set()
-        first = min(ran, default=None)
-        before = {e["step"] for e in self.events if e["type"] in BEFORE_STEPS}
-        return sorted(ran | {s for s in before if first is None or s > first})
+        if not ran:  # (nothing at all: its arrival's step, where it has one)
+            ran = {e["step"] for e in self.events if e["type"] in BEFORE_STEPS}
+        # an arrival numbered after a step that ran it is another engine's count (a disaggregated
+        # request's prefill runs on the prefill engine, its arrival is the decode side's): frame 1's too
+        return sorted(ran)
 
     def items(self) -> list[dict]:
         """Events and outputs (every choice's) merged in the order a live watcher got them (a
