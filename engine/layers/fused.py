@@ -251,10 +251,12 @@ class FusedStack:
     moe_all: bool = field(init=False)  # every layer a MoE's, with the stack's top_k: the routing kept whole
     layouts: dict = field(default_factory=dict)  # pass_probs.plan's arrays, kept between passes
     no_q: ctypes.Array = field(init=False)  # no layer's queries kept (the pass writes the probabilities)
+    windows: list[int | None] = field(init=False)  # each layer's sliding window (None: global)
 
     def __post_init__(self) -> None:
         self.moe_all = len(self.moe_top_k) == len(self.plans) and all(k == self.top_k for k in self.moe_top_k.values())
         self.no_q = (_P * len(self.plans))()
+        self.windows = [p.args.window or None for p in self.plans]
 
 
 def stack(model: nn.Module, x: torch.Tensor, batch: ForwardBatch) -> FusedStack | None:
@@ -341,7 +343,7 @@ def stack_forward(st: FusedStack, x: torch.Tensor, batch: ForwardBatch, model: n
     if kept:
         _stack_kept(st, capture, T, experts, weights, resid)
         if probs is not None:
-            pass_probs.kept(probs, capture, [p.args.window or None for p in st.plans])
+            pass_probs.kept(probs, capture, st.windows)
     return out
 
 

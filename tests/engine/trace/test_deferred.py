@@ -1,0 +1,57 @@
+"""A `full` trace's steps that are not live leave their keeping for later (engine/trace/
+deferred.py): nothing of theirs is queued at the step, all of it once a reader needs the
+queues (the finish, a cut) or past MAX_ITEMS; the finished trace is the one a step-by-step
+keeping gives. The engine's young collections come less often (engine/startup.py)."""
+from __future__ import annotations
+
+import gc
+
+from engine.startup import YOUNG_THRESHOLD
+from engine.trace import deferred
+from tests.engine.trace.test_lens_later import PROMPT, by_position, engine_of, params
+
+
+def stream(path, live, n: int, max_items: int | None = None, monkeypatch=None):
+    engine, sink = engine_of(path, live)
+    if max_items is not None:
+        monkeypatch.setattr(deferred, "MAX_ITEMS", max_items)
+    rid = engine.add_request(PROMPT, params(n))
+    return engine, sink, rid
+
+
+def test_a_step_that_is_not_live_queues_nothing_until_the_finish(checkpoint):
+    engine, sink, rid = stream(checkpoint("llama"), None, 6)  # no live step at all
+    engine.step()
+    engine.step()
+    later, lenses = engine.step_trace.later, engine.step_trace.lenses
+    assert engine.step_trace.deferred.items and not later.pending and not lenses.pending
+    assert not sink.of(rid, "sample") and not sink.of(rid, "logit_lens")
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert not engine.step_trace.deferred.items
+    samples = sorted(e.data["position"] for e in sink.of(rid, "sample"))
+    assert samples == [d["position"] for d in by_position(sink, rid)] and len(samples) == 6
+    assert len(sink.of(rid, "attention")) == 6  # one a pass: the prompt's, then each token's but the last
+    kinds = [e.type for e in sink.of(rid)]
+    assert kinds.index("finish") == len(kinds) - 1  # the deferred events all before the end
+
+
+def test_past_max_items_the_keeping_runs_and_the_trace_is_the_same(checkpoint, monkeypatch):
+    whole, sink_a, rid_a = stream(checkpoint("llama"), None, 8)
+    while whole.has_unfinished_requests():
+        whole.step()
+    bounded, sink_b, rid_b = stream(checkpoint("llama"), None, 8, max_items=4, monkeypatch=monkeypatch)
+    sizes, queued = [], []
+    while bounded.has_unfinished_requests():
+        bounded.step()
+        sizes.append(len(bounded.step_trace.deferred.items))
+        queued.append(len(bounded.step_trace.later.pending.get(rid_b, [])))
+    assert max(sizes) < 4 and max(queued) > 0  # kept in the queues before the finish
+    strip = lambda sink, rid: [(e.type, e.step, {k: v for k, v in e.data.items() if "seconds" not in k})
+                               for e in sink.of(rid) if e.type in ("sample", "logit_lens", "attention", "embed")]
+    assert strip(sink_a, rid_a) == strip(sink_b, rid_b)
+
+
+def test_the_engine_collects_its_young_objects_less_often(checkpoint):
+    engine_of(checkpoint("llama"), None)
+    assert gc.get_threshold()[0] >= YOUNG_THRESHOLD
