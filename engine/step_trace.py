@@ -38,7 +38,7 @@ from engine.trace.capture_queue import CaptureQueue, Later
 from engine.trace.lens_queue import Ended, LensQueue, LensWork
 from engine.trace.capture import PassCapture
 from engine.trace.costs import TraceCosts
-from engine.trace.deferred import Deferred
+from engine.trace.deferred import DRAIN_ITEMS, Deferred
 from engine.trace.events import Event
 from engine.trace.moe_lists import MoeLists
 from engine.trace.softmax_stats import by_kernel, first_candidates, softmax_stats
@@ -124,13 +124,14 @@ class StepTrace:
             self._end(event, step)
 
     def _end(self, event: Event, step: int) -> None:
-        """The `finish` event now, or (held) once the request's waiting lenses and events are out."""
-        self.flush()
+        """The `finish` event now, or (held) once the request's waiting lenses and events (and their
+        deferred keeping) are out."""
         rid = event[1]
         self.later.end(rid)
+        deferred = self.deferred.end(rid)
         if self.lenses.end(rid, event, step):
             return
-        if self.later.waits(rid):
+        if deferred or self.later.waits(rid):
             self.lenses.ended[rid] = Ended(event, step)
             return
         self.cut.discard(rid)
@@ -148,15 +149,17 @@ class StepTrace:
         ended = self.lenses.ended
         if not ended:
             return
-        self.flush()
         t = time.perf_counter()
         while ended:
             rid = next(iter(ended))
-            # a kernel call's lenses with the events of their steps (without lenses, a chunk of events)
-            works = self.lenses.slice(rid, self.lenses.one_call(rid)) if self.lenses.pending.get(rid) else []
-            self._emit_later(rid, self.later.take_until(rid, works[-1].step) if works else
-                             self.later.take(rid, DRAIN_EVENTS), works)
-            if not self.lenses.pending.get(rid) and not self.later.waits(rid):
+            if rid in self.deferred.ended:  # its deferred keeping first, a slice at a time
+                with torch.inference_mode():
+                    self.deferred.run_ended(rid, DRAIN_ITEMS)
+            else:  # a kernel call's lenses with the events of their steps (without lenses, a chunk of events)
+                works = self.lenses.slice(rid, self.lenses.one_call(rid)) if self.lenses.pending.get(rid) else []
+                self._emit_later(rid, self.later.take_until(rid, works[-1].step) if works else
+                                 self.later.take(rid, DRAIN_EVENTS), works)
+            if rid not in self.deferred.ended and not self.lenses.pending.get(rid) and not self.later.waits(rid):
                 self.lenses.pending.pop(rid, None)
                 done = ended.pop(rid)
                 self.cut.discard(rid)
@@ -243,7 +246,11 @@ class StepTrace:
         scheduled = [p.scheduled for p in step.parts]
         self.traced_now = {s.seq.request_id: s for s in scheduled if s.seq.traced}
         # the runner's collect() ran inside the pass's time: the trace's work, not the engine's
-        collected = step.capture.collect_costs.total() if step.capture is not None else 0.0
+        collected = 0.0
+        if step.capture is not None:  # (by kind too: the watching benchmark's rows)
+            for kind, seconds in step.capture.collect_costs.seconds.items():
+                self.costs.seconds[kind] += seconds
+                collected += seconds
         forward_seconds, self.seconds = forward_seconds - collected, self.seconds + collected
         self._at_sample = self.total + collected  # (the earlier steps' work all came before this step's draws)
         runner = self.runner
@@ -278,7 +285,7 @@ class StepTrace:
         if live:
             self._token(step, part, j, token, config, len(seq), True)
         else:
-            self._defer(self._token, step, part, j, token, config, len(seq), False)
+            self._defer(seq.request_id, self._token, step, part, j, token, config, len(seq), False)
         self.seconds += time.perf_counter() - t
 
     def _token(self, step: StepPass, part: SeqStep, j: int, token: int, config: CaptureConfig, position: int,
@@ -421,22 +428,17 @@ class StepTrace:
                 if self._live(seq, config):
                     self._captures_of(step, b, s, end, True)
                 else:
-                    self._defer(self._captures_of, step, b, s, end, False)
-        self._defer(self._collect_costs, step.capture)  # (the runner's collect(), in the pass's time)
+                    self._defer(seq.request_id, self._captures_of, step, b, s, end, False)
         self.seconds += time.perf_counter() - t
 
-    def _collect_costs(self, capture: PassCapture) -> None:
-        for kind, seconds in capture.collect_costs.seconds.items():
-            self.costs.seconds[kind] += seconds
-
     # --- deferred: what steps that are not live leave for later (engine/trace/deferred.py) -------------
-    def _defer(self, work: Callable, *args) -> None:
-        if self.deferred.add(work, args):
+    def _defer(self, request_id: str | None, work: Callable, *args) -> None:
+        if self.deferred.add(request_id, work, args):
             self.flush()
 
     def flush(self) -> None:
         """The deferred work, in order: before anything reads the queues."""
-        if not self.deferred.items:
+        if not self.deferred.items and not self.deferred.ended:
             return
         t = time.perf_counter()
         with torch.inference_mode():

@@ -1,6 +1,6 @@
 """A `full` trace's steps that are not live leave their keeping for later (engine/trace/
-deferred.py): nothing of theirs is queued at the step, all of it once a reader needs the
-queues (the finish, a cut) or past MAX_ITEMS; the finished trace is the one a step-by-step
+deferred.py): nothing of theirs is queued at the step; a finished request's runs in the drain
+(its last token waits for none of it), everything once a cut needs the queues or past MAX_ITEMS; the finished trace is the one a step-by-step
 keeping gives. The engine's young collections come less often (engine/startup.py)."""
 from __future__ import annotations
 
@@ -26,6 +26,10 @@ def test_a_step_that_is_not_live_queues_nothing_until_the_finish(checkpoint):
     later, lenses = engine.step_trace.later, engine.step_trace.lenses
     assert engine.step_trace.deferred.items and not later.pending and not lenses.pending
     assert not sink.of(rid, "sample") and not sink.of(rid, "logit_lens")
+    while not any(o.finished for o in engine.step()):
+        pass
+    # the last token's step ran none of it: the drain does, a slice a step, then the finish
+    assert engine.step_trace.deferred.ended[rid] and not sink.of(rid, "finish")
     while engine.has_unfinished_requests():
         engine.step()
     assert not engine.step_trace.deferred.items

@@ -90,7 +90,8 @@ def test_a_finished_requests_lenses_come_a_slice_a_step_while_another_runs(check
     while not sink.of(a, "finish"):
         assert any(o.request_id == b for o in engine.step())  # b streams on meanwhile
         counts.append(len(sink.of(a, "logit_lens")))
-    assert per_call == 1 and counts == [0, 1, 2, 3, 4]  # one token's lens a step, none with a's finish
+    # one token's lens a step, none with a's finish (nor while its deferred keeping runs: a slice a step)
+    assert per_call == 1 and counts == [0] * (len(counts) - 4) + [1, 2, 3, 4] and len(counts) <= 6
 
 
 def test_every_traced_step_says_what_its_tracing_cost(checkpoint):
@@ -108,6 +109,7 @@ def test_a_reader_that_caps_the_trace_stops_the_waiting_lenses_too(checkpoint):
     rid = engine.add_request(PROMPT, params())
     while not any(o.finished for o in engine.step()):
         pass
+    engine.step_trace.flush()  # (its deferred keeping: a cut runs it first too)
     assert engine.step_trace.lenses.pending[rid]  # N lenses wait after the answer
     engine.stop_captures(rid, 1)  # as the server's store does once the trace passes its cap
     while engine.has_unfinished_requests():
