@@ -3,6 +3,7 @@ tensors, runs the forward pass and returns the logits that are sampled."""
 from __future__ import annotations
 
 import os
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -136,7 +137,10 @@ class ModelRunner:
         else:
             hidden = self.model(batch, capture)
         if capture is not None:
-            collect(capture, batch, self.cfg, self.kv_cache)
+            if capture.pending:  # (the one-call stack left its bookkeeping for when the captures are read)
+                capture.pending.append(partial(collect, capture, batch, self.cfg, self.kv_cache))
+            else:
+                collect(capture, batch, self.cfg, self.kv_cache)
         if token_rows is not None and not _every_row(token_rows, hidden.shape[0]):
             hidden = hidden[token_rows]
         return logit_lens.logits_with_lens(self.model, hidden, capture)  # the lens's rows too, if any

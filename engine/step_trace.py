@@ -246,11 +246,7 @@ class StepTrace:
         scheduled = [p.scheduled for p in step.parts]
         self.traced_now = {s.seq.request_id: s for s in scheduled if s.seq.traced}
         # the runner's collect() ran inside the pass's time: the trace's work, not the engine's
-        collected = 0.0
-        if step.capture is not None:  # (by kind too: the watching benchmark's rows)
-            for kind, seconds in step.capture.collect_costs.seconds.items():
-                self.costs.seconds[kind] += seconds
-                collected += seconds
+        collected = self._collected(step.capture) if step.capture is not None and not step.capture.pending else 0.0
         forward_seconds, self.seconds = forward_seconds - collected, self.seconds + collected
         self._at_sample = self.total + collected  # (the earlier steps' work all came before this step's draws)
         runner = self.runner
@@ -294,6 +290,8 @@ class StepTrace:
         the sequence's length when the token was drawn."""
         t = time.perf_counter()
         seq, row = part.scheduled.seq, step.logits[part.rows[0] + j]
+        if step.capture is not None:
+            self._ready(step.capture)
         source = token_source(part.verdict, j)
         if not live and step.logits.shape[0] > 1:  # (one row: the step's own tensor, kept whole)
             row = row.clone()
@@ -431,6 +429,19 @@ class StepTrace:
                     self._defer(seq.request_id, self._captures_of, step, b, s, end, False)
         self.seconds += time.perf_counter() - t
 
+    def _collected(self, capture: PassCapture) -> float:
+        """collect()'s seconds, added to the costs by kind (the watching benchmark's rows)."""
+        collected = 0.0
+        for kind, seconds in capture.collect_costs.seconds.items():
+            self.costs.seconds[kind] += seconds
+            collected += seconds
+        return collected
+
+    def _ready(self, capture: PassCapture) -> None:
+        """The pass's captures complete (what it left for their first reader: PassCapture.ready)."""
+        if capture.ready():
+            self._collected(capture)
+
     # --- deferred: what steps that are not live leave for later (engine/trace/deferred.py) -------------
     def _defer(self, request_id: str | None, work: Callable, *args) -> None:
         if self.deferred.add(request_id, work, args):
@@ -452,6 +463,7 @@ class StepTrace:
         """Sequence b's embedding rows, attention and MoE routing, of positions before `end`
         (each kind's cost apart, when built: TraceCosts)."""
         capture, cfg, spec, rid = step.capture, self.model_config, s.seq.capture, s.seq.request_id
+        self._ready(capture)
         if b in capture.embed:
             rows = capture.embed[b]
             self._keep(rid, live, partial(events.embed, s, rows, cfg.hidden_size, end, spec.compact), step.number,

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 from torch import nn
@@ -341,10 +342,19 @@ def stack_forward(st: FusedStack, x: torch.Tensor, batch: ForwardBatch, model: n
     if rc:
         raise MemoryError(f"cpu_layer: no memory for the scratch rows of {T} tokens")
     if kept:
-        _stack_kept(st, capture, T, experts, weights, resid)
-        if probs is not None:
-            pass_probs.kept(probs, capture, st.windows)
+        done = partial(_stack_done, st, capture, T, experts, weights, resid, probs)
+        if probs is not None or not capture.attention_layers:  # no key read after the pass: when first read
+            capture.pending.append(done)
+        else:
+            done()
     return out
+
+
+def _stack_done(st: FusedStack, capture: PassCapture, T: int, experts: torch.Tensor, weights: torch.Tensor,
+                resid: torch.Tensor | None, probs: pass_probs.PassProbs | None) -> None:
+    _stack_kept(st, capture, T, experts, weights, resid)
+    if probs is not None:
+        pass_probs.kept(probs, capture, st.windows)
 
 
 def _rope_table(model: nn.Module, name: str) -> tuple[torch.Tensor, torch.Tensor]:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -109,10 +110,23 @@ class PassCapture:
     moe: MoeLists | None = None  # the routing's tensors (lists once its first event is built); None: no MoE
     embed: dict[int, torch.Tensor] = field(default_factory=dict)  # seq -> rows [n, embed_dims]
     collect_costs: TraceCosts = field(default_factory=TraceCosts)  # collect()'s time by kind
+    # what the pass left for when its captures are first read (ready): the one-call stack's bookkeeping and
+    # collect(), where neither reads the KV cache (run cold at every step, ~25 us of the embedded MoE's
+    # step at batch 1; a step that is not live reads them after the request's last token, 2026-12-07)
+    pending: list[Callable[[], None]] = field(default_factory=list)
     attention_layers: frozenset[int] = field(init=False)  # layers whose attention some sequence captures
 
     def __post_init__(self) -> None:
         self.attention_layers = frozenset(layer for c in self.specs if c is not None for layer in c.attention_layers)
+
+    def ready(self) -> bool:
+        """The pass's captures as the fields above say, whatever waited done; True where some did."""
+        if not self.pending:
+            return False
+        work, self.pending = self.pending, []
+        for w in work:
+            w()
+        return True
 
     @classmethod
     def of(cls, specs: list[CaptureSpec | None]) -> "PassCapture | None":

@@ -33,7 +33,10 @@ def logits_with_lens(model: torch.nn.Module, hidden: torch.Tensor, capture: Pass
     tensors [n, hidden]) the matmul also takes the L * n kept rows, normed, ahead of them:
     capture.lens_logits [L * n + R, vocab] then holds every lens row; unless the capture
     keeps them for later (lens_later): then lens_hidden stays as the pass left it."""
-    if capture is None or not capture.lens_hidden or getattr(capture, "lens_later", False):
+    if capture is None or getattr(capture, "lens_later", False):
+        return model.compute_logits(hidden).float()
+    capture.ready()
+    if not capture.lens_hidden:
         return model.compute_logits(hidden).float()
     kept = capture.lens_hidden  # L tensors [n, hidden], or (the one-call stack's) one [L * n, hidden]
     inner = model.model.norm(kept[0] if len(kept) == 1 else torch.cat(kept))  # [L * n, hidden], layer by layer

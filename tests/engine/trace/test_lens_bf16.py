@@ -20,7 +20,7 @@ def test_lens_rows_exact_and_the_models_rows_untouched(checkpoint, cpu_kernels_s
     assert head.blocked is not None and head.blocked.dtype == torch.bfloat16
     g = torch.Generator().manual_seed(0)
     inner, hidden = torch.randn(6, head.in_features, generator=g), torch.randn(2, head.in_features, generator=g)
-    capture = SimpleNamespace(lens_hidden=[inner])  # what a traced pass keeps (engine/trace/capture.py)
+    capture = SimpleNamespace(lens_hidden=[inner], ready=lambda: False)  # what a traced pass keeps (trace/capture.py)
     own = logit_lens.logits_with_lens(model, hidden, capture)
     assert torch.equal(own, model.compute_logits(hidden))  # the sampled rows as untraced
     lens = capture.lens_logits[:6].double()
