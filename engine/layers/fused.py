@@ -33,6 +33,7 @@ from engine.layers import linear
 from engine.layers.linear import Linear
 from engine.layers.mlp import ACTIVATIONS, MLP, SparseMoE
 from engine.trace import pass_probs
+from engine.trace.arena import Arena, Slice
 from engine.trace.capture import PassCapture
 
 _P, _L, _F = ctypes.c_void_p, ctypes.c_long, ctypes.c_float
@@ -251,6 +252,7 @@ class FusedStack:
     moe_top_k: dict[int, int] = field(default_factory=dict)
     moe_all: bool = field(init=False)  # every layer a MoE's, with the stack's top_k: the routing kept whole
     layouts: dict = field(default_factory=dict)  # pass_probs.plan's arrays, kept between passes
+    arena: Arena = field(default_factory=Arena)  # where a pass's probabilities and lens rows are written
     no_q: ctypes.Array = field(init=False)  # no layer's queries kept (the pass writes the probabilities)
     windows: list[int | None] = field(init=False)  # each layer's sliding window (None: global)
 
@@ -342,7 +344,7 @@ def stack_forward(st: FusedStack, x: torch.Tensor, batch: ForwardBatch, model: n
     if rc:
         raise MemoryError(f"cpu_layer: no memory for the scratch rows of {T} tokens")
     if kept:
-        done = partial(_stack_done, st, capture, T, experts, weights, resid, probs)
+        done = partial(_stack_done, st, capture, T, experts, weights, resid, x.shape[1], probs)
         if probs is not None or not capture.attention_layers:  # no key read after the pass: when first read
             capture.pending.append(done)
         else:
@@ -351,8 +353,8 @@ def stack_forward(st: FusedStack, x: torch.Tensor, batch: ForwardBatch, model: n
 
 
 def _stack_done(st: FusedStack, capture: PassCapture, T: int, experts: torch.Tensor, weights: torch.Tensor,
-                resid: torch.Tensor | None, probs: pass_probs.PassProbs | None) -> None:
-    _stack_kept(st, capture, T, experts, weights, resid)
+                resid: Slice | None, hidden: int, probs: pass_probs.PassProbs | None) -> None:
+    _stack_kept(st, capture, T, experts, weights, None if resid is None else resid.tensor(-1, hidden))
     if probs is not None:
         pass_probs.kept(probs, capture, st.windows)
 
@@ -375,15 +377,15 @@ def _tables_fit(tables: list[tuple[torch.Tensor, torch.Tensor]], head_dim: int) 
 
 def _stack_capture(st: FusedStack, capture: PassCapture, batch: ForwardBatch, T: int, hidden: int,
                    experts: torch.Tensor, weights: torch.Tensor
-                   ) -> tuple[StackCapture, ctypes.Array, torch.Tensor | None, pass_probs.PassProbs | None]:
+                   ) -> tuple[StackCapture, ctypes.Array, Slice | None, pass_probs.PassProbs | None]:
     """Where the stack's call writes what `capture` keeps: the attention probabilities, by the
     pass's own attention (pass_probs; else the captured layers' queries, for collect() after the
     pass: one tensor for all of them where their heads agree, as in every model here), every
-    layer's routing (read back by _stack_kept), and, for a logit lens, every layer's input rows in
-    one [L, T, hidden] tensor. -> the argument, what it points into (alive until the call
+    layer's routing (read back by _stack_kept), and, for a logit lens, every layer's input rows
+    [L, T, hidden] (the probabilities and rows in the stack's arena). -> the argument, what it points into (alive until the call
     returns), the rows and the probabilities' plan."""
     L = len(st.plans)
-    probs = pass_probs.plan(capture, batch, st.q_shapes, st.layouts)
+    probs = pass_probs.plan(capture, batch, st.q_shapes, st.layouts, st.arena)
     q = st.no_q if probs is not None else (_P * L)()
     layers = [] if probs is not None else sorted(capture.attention_layers)
     shapes = {st.q_shapes[i] for i in layers}
@@ -395,11 +397,11 @@ def _stack_capture(st: FusedStack, capture: PassCapture, batch: ForwardBatch, T:
         capture.layer_q.update((i, torch.empty(T, *st.q_shapes[i])) for i in layers)
     for i in layers:
         q[i] = capture.layer_q[i].data_ptr()
-    resid = torch.empty(L * T, hidden) if capture.lens_rows is not None else None  # [L, T] rows, layer-major
-    cap = StackCapture(ctypes.cast(q, _P), experts.data_ptr(), weights.data_ptr(), st.top_k,
-                       None if resid is None else resid.data_ptr())
+    resid = st.arena.take(L * T * hidden) if capture.lens_rows is not None else None  # [L, T] rows, layer-major
+    cap = StackCapture(ctypes.addressof(q), experts.data_ptr(), weights.data_ptr(), st.top_k,
+                       None if resid is None else resid.address)
     if probs is not None:
-        cap.probs = Probs(probs.out.data_ptr(), ctypes.addressof(probs.rows), 0)
+        cap.probs = Probs(probs.out.address, ctypes.addressof(probs.rows), 0)
         cap.probs_at = ctypes.addressof(probs.at)
     return cap, q, resid, probs
 

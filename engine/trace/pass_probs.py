@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.batch import ForwardBatch
+from engine.trace.arena import Arena, Slice
 from engine.trace.capture import AttentionCapture, PassCapture, key_window
 
 FIELDS = 6  # cpu_layer.h PROBS_FIELDS: offset, layer stride, head stride, columns, k_head, k_start
@@ -35,18 +36,19 @@ class SeqProbs:
 class PassProbs:
     layers: list[int]  # the captured layers, in the specs' order (the first dimension of each part)
     heads: int
-    out: torch.Tensor  # float32, every part one after another (one sequence: shaped as its part)
+    out: Slice  # float32, every part one after another
     rows: ctypes.Array  # c_long [T * FIELDS]: where each row of the pass writes (offset -1: not captured)
     at: ctypes.Array  # c_long [L]: each layer's index among `layers`, -1 where none captures it
     seqs: list[SeqProbs]
 
 
 def plan(capture: PassCapture, batch: ForwardBatch, q_shapes: list[tuple[int, int]],
-         layouts: dict | None = None) -> PassProbs | None:
+         layouts: dict | None = None, arena: Arena | None = None) -> PassProbs | None:
     """Where the pass's attention writes the captured rows' probabilities; None where it cannot
     (the sequences capture different layers, or the captured layers' heads differ): collect()
     computes them after the pass then. layouts: the caller's, kept between passes: the arrays
-    of a batch of the same shape (a decode's every step) are written again, not made."""
+    of a batch of the same shape (a decode's every step) are written again, not made; arena:
+    where the probabilities go (else a tensor of their own)."""
     specs = [(b, s) for b, s in enumerate(capture.specs) if s is not None and s.attention_layers]
     if not specs:
         return None
@@ -79,8 +81,7 @@ def plan(capture: PassCapture, batch: ForwardBatch, q_shapes: list[tuple[int, in
                                     k_start]
         seqs.append(SeqProbs(b, offset, rows, columns, ctx, k_head, k_start))
         offset += n * heads * rows * columns
-    one = seqs[0]
-    out = torch.empty(n, heads, one.rows, one.columns) if len(seqs) == 1 else torch.empty(offset)
+    out = (arena or Arena(chunk=0)).take(offset)
     return PassProbs(list(layers), heads, out, meta, where, seqs)
 
 
@@ -89,9 +90,9 @@ def kept(probs: PassProbs, capture: PassCapture, windows: list[int | None]) -> N
     window, None: global), which collect() then leaves as it is."""
     wins = [windows[i] for i in probs.layers]
     n = len(probs.layers)
+    out = probs.out.tensor(-1)
     for s in probs.seqs:
-        part = probs.out if len(probs.seqs) == 1 else \
-            probs.out[s.offset:s.offset + n * probs.heads * s.rows * s.columns].view(n, probs.heads, s.rows, s.columns)
+        part = out[s.offset:s.offset + n * probs.heads * s.rows * s.columns].view(n, probs.heads, s.rows, s.columns)
         spec = capture.specs[s.b]
         if spec.heads is not None:
             part = part[:, spec.heads]

@@ -44,7 +44,7 @@ class CaptureConfig:
     compact: bool = True  # attention and embedding rows stored compactly (engine/trace/compact.py), else as lists
 
 
-@dataclass
+@dataclass(slots=True)
 class TraceEvent:
     type: str
     request_id: str | None
