@@ -160,3 +160,18 @@ def draw_history(seq: Sequence, eos_token_ids: list[int]) -> History:
     p = seq.params
     stops = list(p.stop_token_ids) + ([] if p.ignore_eos else list(eos_token_ids))
     return History(seq.prompt_token_ids, seq.output_token_ids, stops, seq.grammar)
+
+
+def pass_made(s: ScheduledSeq) -> int:
+    """How many answer tokens a pass's sequence had made once the pass ran (trace.truncated's)."""
+    return max(0, s.start + s.num_tokens - s.num_draft - s.seq.num_prompt_tokens)
+
+
+def token_source(verdict: Verdict | None, j: int) -> str:
+    """Where a step's j-th new token came from: a plain draw from the target, an accepted
+    draft proposal, the draw from max(0, p - q) after a rejection, or the bonus draw."""
+    if verdict is None:
+        return "target"
+    if j < verdict.accepted:
+        return "draft"
+    return "bonus" if verdict.accepted == len(verdict.target_probs) else "corrected"

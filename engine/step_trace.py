@@ -30,8 +30,7 @@ from engine.scheduler import Scheduler
 from engine.block_manager import BlockManager
 from engine.sequence import ScheduledSeq, Sequence
 from engine.speculative.proposer import Proposer
-from engine.speculative.verify import Verdict
-from engine.step_pass import SeqStep, StepPass
+from engine.step_pass import SeqStep, StepPass, pass_made, token_source
 from engine.tokenizer import Tokenizer
 from engine.trace import events, logit_lens
 from engine.trace.capture_queue import CaptureQueue, Later
@@ -79,6 +78,9 @@ class StepTrace:
         self._ways_of: dict[tuple, tuple[str, str]] = {}  # ways_key -> the ways (the tests cost more than a step's events)
         self._first: tuple = (None, None)  # the runner's model and its first layer (ways_key reads it)
         self.deferred = Deferred()  # the keeping of steps that were not live, not done yet (flush)
+        cfg = model_config  # what a deferred token holds (its logits and lens rows), and a pass's attention a row-key
+        self._token_bytes = 4 * (cfg.vocab_size + cfg.num_layers * cfg.hidden_size)
+        self._pass_bytes = 4 * cfg.num_layers * cfg.num_heads
 
     def piece(self, token_id: int) -> str:
         """A token's text for the trace, special tokens included (a replay has no tokenizer);
@@ -281,7 +283,8 @@ class StepTrace:
         if live:
             self._token(step, part, j, token, config, len(seq), True)
         else:
-            self._defer(seq.request_id, self._token, step, part, j, token, config, len(seq), False)
+            self._defer(seq.request_id, self._token_bytes, self._token, step, part, j, token, config, len(seq),
+                        False)
         self.seconds += time.perf_counter() - t
 
     def _token(self, step: StepPass, part: SeqStep, j: int, token: int, config: CaptureConfig, position: int,
@@ -426,7 +429,9 @@ class StepTrace:
                 if self._live(seq, config):
                     self._captures_of(step, b, s, end, True)
                 else:
-                    self._defer(seq.request_id, self._captures_of, step, b, s, end, False)
+                    rows, spec = min(s.num_tokens, seq.capture.max_keys), seq.capture
+                    self._defer(seq.request_id, self._pass_bytes * rows * spec.max_keys, self._captures_of, step, b, s,
+                                end, False)
         self.seconds += time.perf_counter() - t
 
     def _collected(self, capture: PassCapture) -> float:
@@ -442,9 +447,9 @@ class StepTrace:
         if capture.ready():
             self._collected(capture)
 
-    # --- deferred: what steps that are not live leave for later (engine/trace/deferred.py) -------------
-    def _defer(self, request_id: str | None, work: Callable, *args) -> None:
-        if self.deferred.add(request_id, work, args):
+    # --- deferred: what steps that are not live leave for later (Deferred) -----------------------------
+    def _defer(self, request_id: str, nbytes: int, work: Callable, *args) -> None:
+        if self.deferred.add(request_id, work, args, nbytes):
             self.flush()
 
     def flush(self) -> None:
@@ -483,18 +488,3 @@ def moe_events(s: ScheduledSeq, routing: MoeLists, b: int, cfg: ModelConfig, end
     if end <= s.start:
         return []
     return [events.moe(s, layer, routing.seq(layer, b), routing.load(layer), cfg, end) for layer in routing.layers]
-
-
-def pass_made(s: ScheduledSeq) -> int:
-    """How many answer tokens a pass's sequence had made once the pass ran (trace.truncated's)."""
-    return max(0, s.start + s.num_tokens - s.num_draft - s.seq.num_prompt_tokens)
-
-
-def token_source(verdict: Verdict | None, j: int) -> str:
-    """Where a step's j-th new token came from: a plain draw from the target, an accepted
-    draft proposal, the draw from max(0, p - q) after a rejection, or the bonus draw."""
-    if verdict is None:
-        return "target"
-    if j < verdict.accepted:
-        return "draft"
-    return "bonus" if verdict.accepted == len(verdict.target_probs) else "corrected"

@@ -1,7 +1,7 @@
 """What a `full` trace's steps that are not live leave for later, in order: the keeping of
 their tokens' and captures' events (CaptureQueue, LensQueue), whose events are built after
 the request's last token anyway. Run together (StepTrace.flush) before anything reads the
-queues (a cut, the drain, which takes a finished request's a slice at a time) or past MAX_ITEMS.
+queues (a cut, the drain, which takes a finished request's a slice at a time) or past MAX_BYTES.
 
 Why: right after a pass each Python and torch call of the trace runs cold (the pass streamed
 the weights through the caches): the keeping cost the embedded MoE ~30 us a token of its
@@ -15,24 +15,26 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 DRAIN_ITEMS = 48  # a finished request's items a drain call runs (~0.5 ms on the embedded MoE)
-MAX_ITEMS = 768  # deferred calls before a flush (SmolLM2 at batch 1: ~250 steps, ~65 MB of logits and
-# lens rows that the queues would hold anyway; a request's queues bound theirs at 64 MB)
+MAX_BYTES = 64 * 2**20  # what the waiting items hold on to (logits and lens rows, attention), about, before
+# they run (a request's queues bound theirs alike): SmolLM2 at batch 1, ~190 steps; the embedded MoE ~2,000
 
 
 @dataclass
 class Deferred:
     items: list[tuple[str | None, Callable, tuple]] = field(default_factory=list)  # (request, work, arguments)
     ended: dict[str, list[tuple[Callable, tuple]]] = field(default_factory=dict)  # finished requests' items
+    nbytes: int = 0  # what the items hold, about
 
-    def add(self, request_id: str | None, work: Callable, args: tuple) -> bool:
-        """Work for later (of a request, or None: the step's); True where it is time to run it all (MAX_ITEMS)."""
+    def add(self, request_id: str, work: Callable, args: tuple, nbytes: int) -> bool:
+        """Work for later, holding about nbytes; True where it is time to run it all (MAX_BYTES)."""
         self.items.append((request_id, work, args))
-        return len(self.items) >= MAX_ITEMS
+        self.nbytes += nbytes
+        return self.nbytes >= MAX_BYTES
 
     def run(self) -> None:
         """Every waiting item, the finished requests' first (each request's in its order)."""
         ended, self.ended = self.ended, {}
-        items, self.items = self.items, []
+        items, self.items, self.nbytes = self.items, [], 0
         for mine in ended.values():
             for work, args in mine:
                 work(*args)
