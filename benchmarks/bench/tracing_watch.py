@@ -64,9 +64,16 @@ def watch_cost(b: Bench, engine: LLMEngine, tracer: Tracer, sink: EventList, n: 
         load = os.getloadavg()[0]
         for name in (LIVE, EVERY, AT_END, "full, no lens"):
             r = statistics.median(stream[name])
+            paired = statistics.median(v / u for v, u in zip(stream[name], stream["untraced"]))
             b.add("tracing cost", f"watching, batch {batch}, {name}: stream tok/s", r, "tok/s", s0,
-                  f"first to last token, ratio {r / s0:.3f} against untraced; until the trace is done "
-                  f"{statistics.median(done[name]) / statistics.median(done['untraced']):.3f}; load average {load:.1f}")
+                  f"first to last token, ratio {r / s0:.3f} against untraced ({paired:.3f} round by round); until the "
+                  f"trace is done {statistics.median(done[name]) / statistics.median(done['untraced']):.3f}; "
+                  f"load average {load:.1f}")
+        # each round's traced rate over its own untraced one: a machine whose speed drifts between rounds
+        # (a shared host's) moves both alike (medians of each apart differed by up to 0.1 on one evening)
+        b.add("tracing cost", f"watching, batch {batch}, {LIVE}: stream ratio, round by round",
+              statistics.median(v / u for v, u in zip(stream[LIVE], stream["untraced"])), "x", None,
+              f"the median over {len(stream[LIVE])} rounds of the round's traced over untraced stream rate")
         steps = [(AT_END, "full, no lens", "logit lens"), ("full, no lens", "full, no lens, attention", "attention"),
                  ("full, no lens, attention", "full, no lens, attention, embedding rows", "embedding rows"),
                  ("full, no lens, attention, embedding rows", "basic", "MoE routing and the pass's bookkeeping"),
@@ -93,7 +100,7 @@ def _rounds(b: Bench, engine: LLMEngine, tracer: Tracer, sink: EventList, varian
     pool = engine.lane.pool_trace
     order = random.Random(batch)
     prompts = b.prompts[:batch]
-    for _ in range(max(2, b.settings.repeats)):
+    for _ in range(max(2, 2 * b.settings.repeats)):
         for name in order.sample(list(variants), len(variants)):
             level, engine.capture = variants[name]
             engine.tracer = None if level is None else tracer
