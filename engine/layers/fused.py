@@ -255,11 +255,13 @@ class FusedStack:
     arena: Arena = field(default_factory=Arena)  # where a pass's probabilities and lens rows are written
     no_q: ctypes.Array = field(init=False)  # no layer's queries kept (the pass writes the probabilities)
     windows: list[int | None] = field(init=False)  # each layer's sliding window (None: global)
+    rope_ptrs: tuple[ctypes.Array, ctypes.Array] = field(init=False)  # the tables' cos and sin addresses
 
     def __post_init__(self) -> None:
         self.moe_all = len(self.moe_top_k) == len(self.plans) and all(k == self.top_k for k in self.moe_top_k.values())
         self.no_q = (_P * len(self.plans))()
         self.windows = [p.args.window or None for p in self.plans]
+        self.rope_ptrs = tuple((_P * len(self.tables))(*[pair[i].data_ptr() for pair in self.tables]) for i in (0, 1))
 
 
 def stack(model: nn.Module, x: torch.Tensor, batch: ForwardBatch) -> FusedStack | None:
@@ -319,12 +321,13 @@ def stack_forward(st: FusedStack, x: torch.Tensor, batch: ForwardBatch, model: n
     x is the pass's own fresh embedding rows, which the call overwrites (copied first where a
     capture keeps views of them)."""
     T = x.shape[0]
-    tables = st.tables
-    cos = (_P * len(tables))(*[c.data_ptr() for c, _ in tables])
-    sin = (_P * len(tables))(*[s.data_ptr() for _, s in tables])
+    tables, (cos, sin) = st.tables, st.rope_ptrs
     rows, D = tables[0][0].shape
     block_tables, keys = batch.row_keys
-    work = x.contiguous() if capture is None else x.clone()  # a capture's embedding rows are views of x
+    # a capture's embedding rows are views of x, which the call overwrites: x copied first, unless
+    # every row is a lens row (a decode step's): then they are the lens's layer-0 rows (_stack_done)
+    rows_in_resid = capture is not None and capture.lens_rows is not None and len(capture.lens_rows) == T
+    work = x.contiguous() if capture is None or rows_in_resid or not capture.embed_rows else x.clone()
     out = torch.empty_like(work)
     L = len(st.plans)
     kept = capture is not None
@@ -344,7 +347,8 @@ def stack_forward(st: FusedStack, x: torch.Tensor, batch: ForwardBatch, model: n
     if rc:
         raise MemoryError(f"cpu_layer: no memory for the scratch rows of {T} tokens")
     if kept:
-        done = partial(_stack_done, st, capture, T, experts, weights, resid, x.shape[1], probs)
+        done = partial(_stack_done, st, capture, T, experts, weights, resid, x.shape[1], probs,
+                       batch if rows_in_resid and capture.embed_rows else None)
         if probs is not None or not capture.attention_layers:  # no key read after the pass: when first read
             capture.pending.append(done)
         else:
@@ -353,8 +357,13 @@ def stack_forward(st: FusedStack, x: torch.Tensor, batch: ForwardBatch, model: n
 
 
 def _stack_done(st: FusedStack, capture: PassCapture, T: int, experts: torch.Tensor, weights: torch.Tensor,
-                resid: Slice | None, hidden: int, probs: pass_probs.PassProbs | None) -> None:
-    _stack_kept(st, capture, T, experts, weights, None if resid is None else resid.tensor(-1, hidden))
+                resid: Slice | None, hidden: int, probs: pass_probs.PassProbs | None,
+                embed_from: ForwardBatch | None) -> None:
+    rows = None if resid is None else resid.tensor(-1, hidden)
+    if embed_from is not None:  # the embedding rows: layer 0's input, the lens's first T rows
+        for b in capture.embed_rows:
+            capture.embed_rows[b] = rows[embed_from.seq_slice(b), :capture.specs[b].embed_dims]
+    _stack_kept(st, capture, T, experts, weights, rows)
     if probs is not None:
         pass_probs.kept(probs, capture, st.windows)
 
