@@ -391,8 +391,8 @@ def _stack_capture(st: FusedStack, capture: PassCapture, batch: ForwardBatch, T:
     pass's own attention (pass_probs; else the captured layers' queries, for collect() after the
     pass: one tensor for all of them where their heads agree, as in every model here), every
     layer's routing (read back by _stack_kept), and, for a logit lens, every layer's input rows
-    [L, T, hidden] (the probabilities and rows in the stack's arena). -> the argument, what it points into (alive until the call
-    returns), the rows and the probabilities' plan."""
+    [L, T, hidden] (the probabilities and the rows in the stack's arena). -> the argument, what
+    it points into (alive until the call returns), the rows and the probabilities' plan."""
     L = len(st.plans)
     probs = pass_probs.plan(capture, batch, st.q_shapes, st.layouts, st.arena)
     q = st.no_q if probs is not None else (_P * L)()
