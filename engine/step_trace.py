@@ -248,7 +248,8 @@ class StepTrace:
         scheduled = [p.scheduled for p in step.parts]
         self.traced_now = {s.seq.request_id: s for s in scheduled if s.seq.traced}
         # the runner's collect() ran inside the pass's time: the trace's work, not the engine's
-        collected = self._collected(step.capture) if step.capture is not None and not step.capture.pending else 0.0
+        collected = self.costs.add(step.capture.collect_costs) if step.capture is not None and \
+            not step.capture.pending else 0.0
         forward_seconds, self.seconds = forward_seconds - collected, self.seconds + collected
         self._at_sample = self.total + collected  # (the earlier steps' work all came before this step's draws)
         runner = self.runner
@@ -434,18 +435,11 @@ class StepTrace:
                                 end, False)
         self.seconds += time.perf_counter() - t
 
-    def _collected(self, capture: PassCapture) -> float:
-        """collect()'s seconds, added to the costs by kind (the watching benchmark's rows)."""
-        collected = 0.0
-        for kind, seconds in capture.collect_costs.seconds.items():
-            self.costs.seconds[kind] += seconds
-            collected += seconds
-        return collected
-
     def _ready(self, capture: PassCapture) -> None:
-        """The pass's captures complete (what it left for their first reader: PassCapture.ready)."""
+        """The pass's captures complete (what it left for their first reader: PassCapture.ready),
+        collect()'s costs then added by kind (the watching benchmark's rows)."""
         if capture.ready():
-            self._collected(capture)
+            self.costs.add(capture.collect_costs)
 
     # --- deferred: what steps that are not live leave for later (Deferred) -----------------------------
     def _defer(self, request_id: str, nbytes: int, work: Callable, *args) -> None:

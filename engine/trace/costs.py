@@ -24,8 +24,11 @@ class TraceCosts:
         self.seconds[kind] += now - t
         return now
 
-    def total(self) -> float:
-        return sum(self.seconds.values())
+    def add(self, other: "TraceCosts") -> float:
+        """other's seconds added kind by kind (a pass's collect() costs into the engine's) -> their sum."""
+        for kind, seconds in other.seconds.items():
+            self.seconds[kind] += seconds
+        return sum(other.seconds.values())
 
     def take(self) -> dict[str, float]:
         """The seconds so far, by kind; from zero again."""
