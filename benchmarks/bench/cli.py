@@ -40,7 +40,7 @@ from benchmarks.bench.report import print_table, write_record
 from benchmarks.bench.speculative import speculative
 from benchmarks.bench.step_overhead import step_overhead
 from benchmarks.bench.tracing import tracing
-from benchmarks.bench.tracing_watch import watching
+from benchmarks.bench.tracing_page import watching
 from benchmarks.bench.vs_transformers import vs_transformers
 from engine.llm_engine import DEFAULT_MODEL
 

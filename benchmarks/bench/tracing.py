@@ -1,6 +1,7 @@
 """What tracing costs: each trace level against no tracer, `off` step by step, full
 tracing's cost a token against its bound, with the floor the exact logit lens sets, and
-(tracing_watch.py) a `full` stream beside an untraced one, each capture's share."""
+(tracing_watch.py) a `full` stream beside an untraced one, each capture's share, and
+(tracing_page.py) the page's own request on a model served with a draft."""
 from __future__ import annotations
 
 import os
@@ -13,6 +14,7 @@ import torch
 
 from benchmarks.bench.context import Bench
 from benchmarks.bench.timing import greedy, run_engine, synchronize
+from benchmarks.bench.tracing_page import page_request
 from benchmarks.bench.tracing_watch import watch_cost
 from engine.kernels import cpu as cpu_kernels
 from engine.llm_engine import LLMEngine
@@ -70,6 +72,7 @@ def tracing(b: Bench) -> None:
             b.add("tracing cost", f"{what}: TTFT", statistics.median(ttfts[name]) * 1e3, "ms", ttft0 * 1e3)
     full_bound(b, engine, rates)
     watch_cost(b, engine, tracer, sink, n)
+    page_request(b, n)
 
 
 def full_bound(b: Bench, engine: LLMEngine, rates: dict[str, list[float]]) -> None:

@@ -43,7 +43,7 @@ AT_END = "full, lens after the last token"
 
 
 def watching(b: Bench) -> None:
-    """The watching rows alone (the tracing section runs them too)."""
+    """The plain-decode watching rows (tracing_page.py's watching adds the page's request)."""
     sink = EventList()
     tracer = Tracer(sink)
     watch_cost(b, LLMEngine(b.model, device=b.device, tracer=tracer), tracer, sink, 2 * b.settings.new_tokens)
@@ -59,7 +59,7 @@ def watch_cost(b: Bench, engine: LLMEngine, tracer: Tracer, sink: EventList, n: 
                     ("full", replace(base, logit_lens_top=0, attention_layers=[], embed_dims=0)),
                 "basic": ("basic", base)}
     for batch in sorted({1, b.settings.batch}):
-        stream, done, clock = _rounds(b, engine, tracer, sink, variants, batch, n)
+        stream, done, clock = rounds(b, engine, tracer, sink, variants, batch, n)
         s0 = statistics.median(stream["untraced"])
         load = os.getloadavg()[0]
         for name in (LIVE, EVERY, AT_END, "full, no lens"):
@@ -89,7 +89,7 @@ def watch_cost(b: Bench, engine: LLMEngine, tracer: Tracer, sink: EventList, n: 
                       "ms", None, f"{LIVE}: its {kind} work on the engine's thread over its tokens, median of rounds")
 
 
-def _rounds(b: Bench, engine: LLMEngine, tracer: Tracer, sink: EventList, variants: dict, batch: int,
+def rounds(b: Bench, engine: LLMEngine, tracer: Tracer, sink: EventList, variants: dict, batch: int,
             n: int) -> tuple[dict[str, list[float]], dict[str, list[float]], dict[str, list[dict[str, float]]]]:
     """Per variant, per round: the median request's stream rate, the batch's tokens after the
     first over the time after the first token to the last request's end (its finish included),

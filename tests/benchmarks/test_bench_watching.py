@@ -1,14 +1,18 @@
 """The tracing section's watching rows (benchmarks/bench/tracing_watch.py): a `full` stream beside
 an untraced one at batch 1 and the settings' batch, in the page's lens setting, every token's,
-after the last token and with none, and each capture's cost a token, at a tiny size (fast tier)."""
+after the last token and with none, and each capture's cost a token, and the page's own request
+on a model with a draft (tracing_page.py), at a tiny size (fast tier)."""
 from __future__ import annotations
 
 import math
 
+from app.__main__ import parse_args
 from benchmarks.bench.context import QUICK, Bench
+from benchmarks.bench.tracing_page import page_k, page_request
 from benchmarks.bench.tracing_watch import AT_END, EVERY, LIVE, watch_cost
 from engine.llm_engine import LLMEngine
 from engine.trace import EventList, Tracer
+from tests.tiny import make_checkpoint
 
 
 def test_watching_rows_at_both_batches_with_each_captures_cost(checkpoint):
@@ -33,3 +37,20 @@ def test_watching_rows_at_both_batches_with_each_captures_cost(checkpoint):
     # every traced run's trace ended: nothing waits, and the engine is back in the page's setting
     assert not engine.step_trace.lenses.pending and not engine.step_trace.lenses.ended
     assert engine.capture.lens_live_seconds == 0.2
+
+
+def test_the_pages_request_rows_run_with_its_draft_at_the_pages_k(checkpoint, tmp_path):
+    """A model served with a draft: the page's Send is speculative at the app's default k, and its
+    rows say so; a model without one adds none (its plain rows are the page's request)."""
+    draft = make_checkpoint("llama", tmp_path / "draft", seed=3, num_layers=1)
+    b = Bench(checkpoint("mixtral"), draft, "cpu", QUICK)
+    page_request(b, 4)
+    k = page_k()
+    assert k == parse_args([]).num_speculative_tokens >= 1
+    rows = {r.name: r for r in b.rows}
+    for batch in (1, 2):
+        r = rows[f"watching, batch {batch}, the page's request (its draft model, k={k}), {LIVE}: stream tok/s"]
+        assert r.value > 0 and r.baseline > 0 and "round by round" in r.note
+    plain = Bench(checkpoint("mixtral"), None, "cpu", QUICK)
+    page_request(plain, 4)
+    assert plain.rows == []
