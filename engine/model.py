@@ -96,14 +96,18 @@ class DecoderModel(nn.Module):
         if self.embed_scale is not None:  # Gemma: sqrt(hidden), rounded to the model's dtype first
             x = x * torch.tensor(self.embed_scale).to(x.dtype).item()
         lens = None
+        st = fused.stack(self, x, batch)  # every layer in one C call, the final norm too (else None)
         if capture is not None:
-            for b, spec in enumerate(capture.specs):
-                if spec is not None and spec.embed_dims:
-                    capture.embed_rows[b] = x[batch.seq_slice(b), : spec.embed_dims]
             # logit lens: the residual stream at the sampled rows before each layer (after the last
             # one it is the model's own output: engine/trace/logit_lens.py)
             lens = capture.lens_rows
-        if (st := fused.stack(self, x, batch)) is not None:  # every layer in one C call, the final norm too
+            # the one-call stack's decode (every row a lens row) takes the embedding rows from the lens's
+            # layer-0 rows after the pass (fused.stack_forward): no view of x to make here, a cold torch op
+            later = st is not None and lens is not None and len(lens) == x.shape[0]
+            for b, spec in enumerate(capture.specs):
+                if spec is not None and spec.embed_dims:
+                    capture.embed_rows[b] = None if later else x[batch.seq_slice(b), : spec.embed_dims]
+        if st is not None:
             return fused.stack_forward(st, x, batch, self, capture)  # (and a full trace's captures)
         # cos/sin looked up once per pass for each table; every layer reads its own
         batch.rope = {"global": self.rotary.lookup(batch.positions, x.dtype)}

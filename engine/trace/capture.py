@@ -99,7 +99,8 @@ class PassCapture:
     moe_all: tuple[torch.Tensor, torch.Tensor] | None = None
     # DeepSeek MoE: layer -> what the router's choice shows (engine/layers/deepseek_moe.py route), [T, ...] each
     moe_detail: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)
-    embed_rows: dict[int, torch.Tensor] = field(default_factory=dict)  # seq -> [n, embed_dims]
+    # seq -> [n, embed_dims]; None until the captures are read where the one-call stack's decode keeps them
+    embed_rows: dict[int, torch.Tensor | None] = field(default_factory=dict)
     lens_hidden: list[torch.Tensor] = field(default_factory=list)  # L tensors [len(lens_rows), hidden]
     # After the LM head: [L * len(lens_rows) + returned rows, vocab], and the rows it returned
     lens_logits: torch.Tensor | None = None
