@@ -262,7 +262,14 @@ def memory_line(service) -> str:
 
 
 def build_services(args: argparse.Namespace, say=None):
-    """Every --model on its own engine (loaded one after another) -> ServedModels."""
+    """Every --model on its own engine (loaded one after another) -> ServedModels. Loaded on a
+    thread that then ends: the main thread keeps no OpenMP workers to slow the engine threads'
+    (on_own_thread says why)."""
+    from engine import on_own_thread  # lazy: torch
+    return on_own_thread(lambda: _load_services(args, say))
+
+
+def _load_services(args: argparse.Namespace, say=None):
     from app.serving.engine_service import EngineService  # lazy: torch
     from app.serving.served_models import ServedModels  # lazy: torch
     from engine import CaptureConfig, DisaggEngine, EngineConfig, LLMEngine, Tracer  # lazy: torch

@@ -5,6 +5,7 @@ from engine.llm import LLM
 from engine.info import EngineInfo, EngineLoad
 from engine.engine_api import Engine
 from engine.llm_engine import ContextLengthError, LLMEngine
+from engine.load_thread import on_own_thread
 from engine.disagg import DisaggEngine, DisaggFailedError
 from engine.checkpoint.errors import ModelLoadError
 from engine.code_map import Code
@@ -18,4 +19,4 @@ __all__ = ["LLM", "Engine", "LLMEngine", "DisaggEngine", "DisaggFailedError", "S
            "RequestOutput", "TokenOutput", "Usage", "TraceEvent", "Tracer", "EventList",
            "ModelLoadError", "UnsupportedModelError", "ContextLengthError", "EngineInfo", "EngineLoad",
            "Constraint", "MAX_LOGPROBS", "stage_code", "checkout_commit",
-           "Code", "CodeMapError", "resolve", "resolve_or_error"]
+           "Code", "CodeMapError", "resolve", "resolve_or_error", "on_own_thread"]
