@@ -114,11 +114,14 @@ OBSERVER = OBSERVER % json.dumps(FOLLOWERS)
 
 
 def run_request(page, prompt: str, timeout_s: float = 300) -> str:
-    before = page.input_value("#tt-status textarea")
+    """Send one request and wait until its trace has ended -> its id. (Waiting for any new Status
+    that says "finished" took the last request's end, after its lenses, for this one's.)"""
+    before = page.input_value("#tt-status textarea").split(":")[0]
     page.fill("#tt-user textarea", prompt)
     page.click("#tt-send")
     page.wait_for_function("([old]) => { const v = document.querySelector('#tt-status textarea').value;"
-                           " return v !== old && v.includes('finished'); }", arg=[before], timeout=timeout_s * 1000)
+                           " return v.split(':')[0] !== old && v.includes('finished') && !v.includes('computing'); }",
+                           arg=[before], timeout=timeout_s * 1000)
     status = page.input_value("#tt-status textarea")
     page.wait_for_timeout(200)
     return status.split(":")[0]
