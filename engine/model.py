@@ -103,7 +103,7 @@ class DecoderModel(nn.Module):
             lens = capture.lens_rows
             # the one-call stack's decode (every row a lens row) takes the embedding rows from the lens's
             # layer-0 rows after the pass (fused.stack_forward): no view of x to make here, a cold torch op
-            later = st is not None and lens is not None and len(lens) == x.shape[0]
+            later = st is not None and fused.embed_rows_in_lens(capture, x.shape[0])
             for b, spec in enumerate(capture.specs):
                 if spec is not None and spec.embed_dims:
                     capture.embed_rows[b] = None if later else x[batch.seq_slice(b), : spec.embed_dims]

@@ -326,7 +326,7 @@ def stack_forward(st: FusedStack, x: torch.Tensor, batch: ForwardBatch, model: n
     block_tables, keys = batch.row_keys
     # a capture's embedding rows are views of x, which the call overwrites: x copied first, unless
     # every row is a lens row (a decode step's): then they are the lens's layer-0 rows (_stack_done)
-    rows_in_resid = capture is not None and capture.lens_rows is not None and len(capture.lens_rows) == T
+    rows_in_resid = capture is not None and embed_rows_in_lens(capture, T)
     work = x.contiguous() if capture is None or rows_in_resid or not capture.embed_rows else x.clone()
     out = torch.empty_like(work)
     L = len(st.plans)
@@ -354,6 +354,12 @@ def stack_forward(st: FusedStack, x: torch.Tensor, batch: ForwardBatch, model: n
         else:
             done()
     return out
+
+
+def embed_rows_in_lens(capture: PassCapture, T: int) -> bool:
+    """Whether every one of the pass's T rows is a lens row (a decode step's): the stack then takes
+    the embedding rows from the lens's layer-0 rows after the call, and x needs no copy."""
+    return capture.lens_rows is not None and len(capture.lens_rows) == T
 
 
 def _stack_done(st: FusedStack, capture: PassCapture, T: int, experts: torch.Tensor, weights: torch.Tensor,
