@@ -1,6 +1,7 @@
-"""kill -9 during a burst of streamed requests: what had ended is in the file, whole; what had
-not is missing (or marked interrupted at the next start); the file passes integrity_check;
-and a trace that survived loads from the database for `--replay ID` (no model)."""
+"""kill -9 during a burst of streamed requests: what had ended and was listed is in the file,
+whole; what had not ended is missing (or marked interrupted at the next start); the file
+passes integrity_check; and a trace that survived loads from the database for `--replay ID`
+(no model)."""
 from __future__ import annotations
 
 import json
@@ -75,7 +76,9 @@ def test_kill_9_mid_burst_keeps_what_ended_and_a_sound_file(checkpoint, tmp_path
         while True:  # every short one ended and is listed (written a moment after its end), the long ones stream
             listed = {t["id"] for t in httpx.get(url + "/v1/traces", params={"limit": 100}).json()["data"]}
             shorts = [seen.get(f"short {i}", {}) for i in range(SHORT)]
-            if all(s.get("done") and s["id"] in listed for s in shorts) and len(seen) == LONG + SHORT:
+            ended = [s for s in seen.values() if s.get("done")]  # a long one too may have ended by now
+            if all(s.get("done") and s["id"] in listed for s in shorts) and len(seen) == LONG + SHORT and \
+                    all(s["id"] in listed for s in ended):
                 break
             assert time.monotonic() < end, (seen, listed)
             time.sleep(0.05)
@@ -102,8 +105,11 @@ def test_kill_9_mid_burst_keeps_what_ended_and_a_sound_file(checkpoint, tmp_path
     library = library_of(None, args)
     rec = replay_recording(args.replay, library)
     assert rec.outputs[-1]["finished"] and len([o for o in rec.outputs if o["token_id"] >= 0]) == 3
-    assert {t["id"] for t in library.listed(100)[0]} == {seen[f"short {i}"]["id"] for i in range(SHORT)} | \
-        {seen[f"long {i}"]["id"] for i in range(LONG) if seen[f"long {i}"].get("done")}
+    # every trace listed before the kill survived it; a long one that ended in the last moments (its
+    # write still under way at the kill) may be missing, and none that never ended is there
+    kept = {t["id"] for t in library.listed(100)[0]}
+    assert listed <= kept <= {s["id"] for s in seen.values() if s.get("done")}
+    assert {seen[f"short {i}"]["id"] for i in range(SHORT)} <= listed
     library.close()
     conn = sqlite3.connect(db)  # that start-up marked the cut ones
     assert {conn.execute("SELECT state FROM traces WHERE id = ?", (rid,)).fetchone()[0] for rid in cut} == \
