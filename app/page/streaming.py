@@ -193,7 +193,7 @@ class Streaming(PageState):
             parse_schema(c)
             submission = parse_body(view.body, self.models.limits.max_tokens_cap)
             # the server's per-client cap, then the engine's own checks: context, KV pool, vocabulary
-            watch = service.submit(submission, client=client)
+            watch = service.submit(submission, client=client, page=client)  # (a browser here: SpareCore)
         except ValueError as e:
             refused = self._refused(key, e, view, submission)
             yield {**self.full(tab, view, tx(key, "rejected: {reason}", reason=e)), **refused}

@@ -21,6 +21,7 @@ from jinja2 import TemplateError
 
 from app.serving.limits import ClientSlots, RequestRefused, ServeLimits
 from app.serving.requests import Submission
+from app.serving.spare_core import SpareCore
 from app.serving.trace_ends import TraceEnds
 from app.serving.trace_store import TraceStore
 from engine import ContextLengthError, Engine, LLMEngine, TraceEvent, checkout_commit
@@ -74,6 +75,7 @@ class EngineService:
         self.replica: int | None = None  # its index among a model's replicas (set by ReplicaSet)
         self._subs: dict[str, list[Subscription]] = {}
         self._running: set[str] = set()  # submitted, not finished: their pages draw the pool live
+        self.spare = SpareCore()  # the threads the engine steps with: one fewer while a page here draws
         self._routes: dict[str, dict] = {}  # a replica's live requests: how the router chose it
         self._firehose: list[Subscription] = []
         self._subs_lock = threading.Lock()
@@ -163,12 +165,14 @@ class EngineService:
 
     # --- requests -------------------------------------------------------------------
     def submit(self, sub: Submission, request_id: str | None = None, client: str | None = None,
-               route: dict | None = None) -> Subscription:
+               route: dict | None = None, page: str | None = None) -> Subscription:
         """Queue a request and return its subscription. ValueError: the server's limits
         (RequestRefused: max_tokens cap, this client's requests in flight) or the engine
         refused it (the subscription is dropped again). `client`: who counts against the
         per-client cap (None: not counted); `route`: the router's decision when this engine is
-        one replica of several (app/serving/replicas.py), kept in request.arrive's `replica`."""
+        one replica of several (app/serving/replicas.py), kept in request.arrive's `replica`; `page`:
+        the address of the page that sent it and draws it (a browser on this machine gets a core
+        while it runs: SpareCore)."""
         rid = request_id or f"req-{next(_ids)}-{secrets.token_hex(4)}"  # unguessable: ids open traces and rooms
         if sub.prompt is None and not self.engine.tokenizer.has_chat_template:
             raise RequestRefused(f"the model {self.model_name!r} has no chat template (a base model): send a plain "
@@ -188,6 +192,7 @@ class EngineService:
             if sub.params.n > 1:
                 self._open_choices[rid] = set(LLMEngine.choice_ids(rid, sub.params.n))
             self._running.add(rid)
+            self.spare.add(rid, page)
             if route is not None:
                 self._routes[rid] = route
         if sub.trace_level != "off":
@@ -263,6 +268,7 @@ class EngineService:
                 self._wake.wait(0.05)
                 self._wake.clear()
                 continue
+            self.spare.before_step(self._running)
             try:
                 outputs = self.engine.step()
             except Exception as e:  # keep serving: fail the live requests, not the server

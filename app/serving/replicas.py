@@ -119,7 +119,8 @@ class ReplicaSet:
             i = self._routes.get(request_id.split(".")[0])  # a choice "<id>.<i>" runs with its request
         return None if i is None else self.replicas[i]
 
-    def submit(self, sub: Submission, request_id: str | None = None, client: str | None = None) -> Subscription:
+    def submit(self, sub: Submission, request_id: str | None = None, client: str | None = None,
+               page: str | None = None) -> Subscription:
         route, ids = self._route(sub)
         rid = request_id or f"req-{next(_ids)}-{secrets.token_hex(4)}"  # before it runs: it may end at once
         choices = LLMEngine.choice_ids(rid, sub.params.n)
@@ -132,7 +133,7 @@ class ReplicaSet:
             while len(self._routes) > KEEP_ROUTES:
                 self._routes.popitem(last=False)
         try:
-            return self.replicas[route.replica].submit(sub, rid, client, route=route.as_dict())
+            return self.replicas[route.replica].submit(sub, rid, client, route=route.as_dict(), page=page)
         except Exception:
             live.difference_update(choices)
             prompts.pop(rid, None)

@@ -1,0 +1,47 @@
+"""A core left to the browser on this machine while the request its page sent runs.
+
+Why: the engine's pass runs on every core (OpenMP's team, a thread a core), and each parallel
+region waits for its slowest thread. A browser on the same machine, drawing the page as the
+request streams, takes a core now and then; the team's thread there is pre-empted and every
+region waits for it. On 2 CPUs with the page's Chromium beside the server (2026-12-07, the
+engine's own time a token as the page quotes it): SmolLM2 40 ms at 2 threads, 19 ms at 1 (the
+API alone, no page: 10 ms at 2, 16 at 1). So while a request sent from a page whose address is
+this machine's runs, the engine steps with a thread fewer; otherwise with all of them. (A
+page reached through a tunnel on this machine, Gradio's share link, counts as local too.)
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+import torch
+
+from app.serving.limits import is_loopback
+
+
+@dataclass
+class SpareCore:
+    local: set[str] = field(default_factory=set)  # live requests sent from a page on this machine
+    full: int | None = None  # the engine thread's threads when no such request runs (read on its first step)
+    now: int | None = None  # what the engine's thread steps with now
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, request_id: str, page: str | None) -> None:
+        """A request a page at address `page` sent (None: no page draws it, an API client's)."""
+        if page is not None and is_loopback(page):
+            with self.lock:
+                self.local.add(request_id)
+
+    def before_step(self, running: set[str]) -> int:
+        """On the engine's thread, before a step: its threads set for the step (running: the
+        live requests; the others drop out) -> the count."""
+        if self.full is None:
+            self.full = self.now = torch.get_num_threads()
+        with self.lock:
+            if self.local:
+                self.local &= running
+            want = max(1, self.full - 1) if self.local else self.full
+        if want != self.now:
+            torch.set_num_threads(want)
+            self.now = want
+        return want
