@@ -319,6 +319,8 @@ class LLMEngine:
                 seq.prefill_done_time, seq.first_token_time = t_forward, t_sample
                 if seq.forks:
                     self._fork(lane, seq)
+            if seq.traced and self.output.surely_ends(seq, p.tokens):  # its last step: shown at once
+                self.step_trace.last_step(seq, self.capture)
             lps = None if seq.params.logprobs is None else token_logprobs(
                 step.logits[p.rows[0]:p.rows[0] + len(p.tokens)], p.tokens, seq.params.logprobs)
             for j, token in enumerate(p.tokens):

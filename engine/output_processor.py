@@ -56,6 +56,15 @@ class OutputProcessor:
             return "length"
         return None
 
+    def surely_ends(self, seq: Sequence, tokens: list[int]) -> bool:
+        """Whether appending these tokens ends the request for a reason known before their text
+        (an end-of-sequence or stop token, max_tokens, the context): a stop string or a grammar's end
+        is found only as they are appended."""
+        p = seq.params
+        if any((not p.ignore_eos and t in self.eos_token_ids) or t in p.stop_token_ids for t in tokens):
+            return True
+        return seq.num_output_tokens + len(tokens) >= p.max_tokens or len(seq) + len(tokens) >= self.max_model_len
+
     def stream(self, seq: Sequence, token: int, step: int) -> TokenOutput:
         """A token of a request that goes on: its text less what might begin a stop string."""
         return self.token_output(seq, token, len(seq.text) - holdback(seq), step)

@@ -325,6 +325,13 @@ class StepTrace:
         data["position"] = position
         return name, rid, data
 
+    def last_step(self, seq: Sequence, config: CaptureConfig) -> None:
+        """The request's last token comes in this step (known before it is appended): where its
+        newest lens is live while it runs, this step is live too, so a page shows its last pass at
+        once, not after the lenses of the tokens before it (computed after its end, oldest first)."""
+        if config.lens_live_seconds is not None:
+            self.live[seq.request_id] = True
+
     def _live(self, seq: Sequence, config: CaptureConfig) -> bool:
         """Whether this step builds the request's events now: decided at its first need in the
         step, by the lens's rule where it has a lens (so the newest lens's pass has every capture)."""

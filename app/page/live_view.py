@@ -38,8 +38,10 @@ SELECTED = ("embedding", "attention", "kv", "moe", "logit_lens", "sampling")
 ONE_PASS = SELECTED + ("spec",)
 # seconds between the group's redraws while streaming: the server's round of one update and the browser's
 # redraw take ~0.2-0.3 s (benchmarks.measure cuts the lag in three), so 0.45 s put the pass a token
-# later than 0.5 s (the measure's "pass panels" line)
-ONE_PASS_EVERY = 0.2
+# later than 0.5 s (the measure's "pass panels" line); at 0.2 s a `full` trace's newest lens (every
+# 0.2 s) could wait a whole period for its redraw: SmolLM2's pass panels' worst lag 0.47-0.59 s at 0.2,
+# 0.40-0.46 s at 0.1 (2 CPUs, the browser beside the server, 2026-12-07)
+ONE_PASS_EVERY = 0.1
 CAPTURED = words.CAPTURED
 
 

@@ -13,7 +13,7 @@ import re
 import pytest
 
 from app.page.controller import Controller, Controls
-from app.page.live_view import LiveView
+from app.page.live_view import ONE_PASS_EVERY, LiveView
 from tests.service_utils import app_service, started
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*no_silent_downcasting", "ignore:The copy keyword")
@@ -105,6 +105,6 @@ def test_the_selected_panels_are_due_together_or_not_at_all(service):
     assert {"embedding"} <= set(view.due(10.0))
     view.draw(view.due(10.0), 10.0)
     view.add([dict(out, index=2, step=3)])  # a token: no panel's input changed, but the newest pass moved
-    assert not set(view.due(10.2)) & set(ONE_PASS)  # within the group's 0.45 s: none of them
-    due = set(view.due(10.5)) & set(ONE_PASS)
+    assert not set(view.due(10.0 + ONE_PASS_EVERY / 2)) & set(ONE_PASS)  # within the group's period: none of them
+    due = set(view.due(10.0 + ONE_PASS_EVERY + 0.01)) & set(ONE_PASS)
     assert "embedding" in due, due  # its rows did not change; the pass it names did

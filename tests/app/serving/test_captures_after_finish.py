@@ -16,11 +16,12 @@ N = 10
 
 def test_the_export_at_the_end_holds_every_tokens_captures(checkpoint, monkeypatch):
     svc = app_service(checkpoint)
-    svc.engine.capture = replace(svc.engine.capture, lens_live_seconds=1e9)  # live: the first step's only
+    svc.engine.capture = replace(svc.engine.capture, lens_live_seconds=1e9)  # live: the first step's, the last's
     hold = AfterFinish().install(svc.engine, monkeypatch)
     with started(svc):
         rid, items, _ = answered_and_held(svc, hold, N)  # the answer is out; the work after it waits
-        assert [i["type"] for i in items].count("sample") == 1 and not svc.store.trace(rid).finished
+        # the first step's and the last's (its end known before its token: StepTrace.last_step)
+        assert [i["type"] for i in items].count("sample") == 2 and not svc.store.trace(rid).finished
         hold.go.set()
         assert wait_idle(svc, 60)
     rec = record_request(svc.store, rid, svc.model_info(), svc.piece, svc.is_special)

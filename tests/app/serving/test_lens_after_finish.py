@@ -16,11 +16,12 @@ N = 10
 
 def test_the_client_is_told_first_and_the_stored_trace_ends_after_every_lens(checkpoint, monkeypatch):
     svc = app_service(checkpoint)
-    svc.engine.capture = replace(svc.engine.capture, lens_live_seconds=1e9)  # live: the first token's only
+    svc.engine.capture = replace(svc.engine.capture, lens_live_seconds=1e9)  # live: the first token's, the last's
     hold = AfterFinish().install(svc.engine, monkeypatch)
     with started(svc):
         rid, items, watch = answered_and_held(svc, hold, N)  # the answer is out; the work after it waits
-        assert [i["type"] for i in items].count("logit_lens") == 1 and not any(i["type"] == "finish" for i in items)
+        # the first token's lens and the last's (its end known before it came: StepTrace.last_step)
+        assert [i["type"] for i in items].count("logit_lens") == 2 and not any(i["type"] == "finish" for i in items)
         assert not svc.store.trace(rid).finished  # not yet an export's, a database's or a replay's
         assert not any(o.get("finished") for o in svc.store.trace(rid).outputs)
         hold.go.set()

@@ -62,13 +62,15 @@ def test_every_path_gives_every_token_the_same_lens(checkpoint, arch):
 
 
 def test_the_client_gets_its_finish_before_the_lenses_and_the_trace_its_end_after(checkpoint):
-    engine, sink = engine_of(checkpoint("llama"), live=1e9)  # one live lens: the first token's
+    engine, sink = engine_of(checkpoint("llama"), live=1e9)  # live lenses: the first token's, and the last's
     rid = engine.add_request(PROMPT, params())
     finished = []
     while not finished:
         finished = [o for o in engine.step() if o.finished]
     assert finished[0].request_id == rid
-    assert len(sink.of(rid, "logit_lens")) == 1 and not sink.of(rid, "finish")  # the rest: not yet
+    # the last step is live too (its end known before its token is appended): a page shows the last pass at once
+    live = [e.data["position"] for e in sink.of(rid, "logit_lens")]
+    assert live == [len(PROMPT), len(PROMPT) + N - 1] and not sink.of(rid, "finish")  # the rest: not yet
     steps = engine.step_count
     assert engine.has_unfinished_requests()  # the lenses still to compute keep the loop stepping
     while engine.has_unfinished_requests():

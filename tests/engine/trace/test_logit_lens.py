@@ -227,7 +227,8 @@ def test_a_replay_shows_the_newest_token_of_each_step_and_a_picked_one(checkpoin
                           seed=None, speculative=False, k=1, trace_level="full") | {"ignore_eos": True}
         rid, _ = run_to_end(svc, body)
         rec = record_request(svc.store, rid, svc.model_info(), svc.piece, svc.is_special)
-    lens = [e for e in rec.events if e["type"] == "logit_lens"]
+    # (in the order computed: the first and last tokens' at their steps, the rest after the last)
+    lens = sorted((e for e in rec.events if e["type"] == "logit_lens"), key=lambda e: e["position"])
     assert len(lens) == 5
     cursor = ReplayCursor(rec)
     seen = []

@@ -88,11 +88,12 @@ def test_moe_events_are_the_routing_the_pass_wrote(deepseek, arch):
 
 
 def test_a_live_step_makes_its_pass_lists_at_the_step():
-    """The request's first step is live (its events built at the step): that pass's lists are made
-    then, once for both sequences; the other steps' only after the last token."""
+    """The requests' first step is live (its events built at the step), and their last (it ends
+    them): those passes' lists are made then, once for both sequences; the other steps' only after
+    the last token."""
     _, _, made = routed(DEFAULT_MODEL, 1e9)
-    first = min(made)
-    assert made[first] and not any(v for step, v in made.items() if step != first)
+    first, last = min(made), max(made)
+    assert made[first] and made[last] and not any(v for step, v in made.items() if step not in (first, last))
 
 
 def test_deepseek_moe_events_later_equal_those_at_their_step(deepseek):
