@@ -103,7 +103,7 @@ class LLMEngine:
                                      self.device, num_speculative_tokens, self.speculator is not None)
         self.output = (self.hooks.output_processor or OutputProcessor)(cfg.eos_token_ids, self.max_model_len, self.emit)
         self.step_trace = StepTrace(self.emit, self.tokenizer, cfg, self.config.block_size, self.runner,
-                                    self.speculator)
+                                    self.speculator, self.output.surely_ends)
         self.requests = RequestTable()  # live, and finished ones until released
         self._outputs_for_next_step: list[TokenOutput] = []  # made between steps (aborts): the next step returns them
         self.step_count, self.num_aborted = 0, 0
@@ -319,8 +319,6 @@ class LLMEngine:
                 seq.prefill_done_time, seq.first_token_time = t_forward, t_sample
                 if seq.forks:
                     self._fork(lane, seq)
-            if seq.traced and self.output.surely_ends(seq, p.tokens):  # its last step: shown at once
-                self.step_trace.last_step(seq, self.capture)
             lps = None if seq.params.logprobs is None else token_logprobs(
                 step.logits[p.rows[0]:p.rows[0] + len(p.tokens)], p.tokens, seq.params.logprobs)
             for j, token in enumerate(p.tokens):

@@ -53,11 +53,14 @@ DRAIN_EVENTS = 16  # a finished request's waiting events built a drain call at a
 
 class StepTrace:
     """One engine's: the tracer's emit (the engine's, which stamps the step, or the one given), the tokenizer
-    (a replay has none: pieces go into the events), the model, the runner and proposer."""
+    (a replay has none: pieces go into the events), the model, the runner and proposer, and what says a
+    step's tokens end their request (its last step is live: last_step)."""
 
     def __init__(self, emit: Callable[..., None], tokenizer: Tokenizer, model_config: ModelConfig,
-                 block_size: int, runner, speculator: Proposer | None) -> None:
+                 block_size: int, runner, speculator: Proposer | None,
+                 ends: Callable[[Sequence, list[int]], bool] | None = None) -> None:
         self.emit, self.tokenizer, self.model_config = emit, tokenizer, model_config
+        self.ends = ends  # whether a step's tokens surely end their request (OutputProcessor.surely_ends)
         self.block_size, self.runner, self.speculator = block_size, runner, speculator
         self.method = speculator.method if speculator is not None else None
         self.capture_stops: set[str] = set()  # stop_captures(): applied before the next step
@@ -279,6 +282,8 @@ class StepTrace:
         the queueing waits (deferred)."""
         t = time.perf_counter()
         seq = part.scheduled.seq
+        if j == 0 and self.ends is not None and self.ends(seq, part.tokens):  # its last step: shown at once
+            self.last_step(seq, config)
         live = seq.capture is None or self._live(seq, config)  # (level basic: no tensors kept, its event now)
         seq.trace_clock.append(self._at_sample)
         if live:

@@ -111,7 +111,9 @@ def test_the_parallel_stage_never_splits_a_head(nine_heads, miss_then_hit):
 def test_the_sampling_and_lens_words_speak_of_the_pass_their_panels_show(miss_then_hit):
     rec = miss_then_hit[0]
     view = ReplayCursor(rec).goto(10**9)  # the end, as the page and the classroom draw it
-    last = [e for e in rec.events if e["type"] == "sample"][-1]  # the panels' default: the newest pass
+    # the panels' default: the newest pass (events come in the order computed: a live step's before the
+    # steps between the live ones, built after the answer)
+    last = max((e for e in rec.events if e["type"] == "sample"), key=lambda e: (e["step"], e["position"]))
     assert f"position {last['position']} ·" in view.render("sampling")
     text = walk(rec)
     read = show_piece(view.labels()[last["position"] - 1])
