@@ -50,7 +50,7 @@ def _mine(events: Sequence[Mapping], request_id: str) -> dict[str, list[Mapping]
 
 
 def _sampling(got: dict[str, list[Mapping]], out: dict[str, str]) -> None:
-    e = got["sample"][-1]
+    e = max(got["sample"], key=lambda s: s.get("position", 0))  # the newest (a live step's come first)
     params, stages = e.get("params") or {}, e.get("stages") or {}
     said = f"token {e.get('token_id', '?')} {e.get('token_text', '')!r}, p = {prob(e.get('token_prob', 0))}"
     if params.get("greedy"):  # the argmax: no knob, no draw ran

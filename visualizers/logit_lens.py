@@ -56,7 +56,8 @@ def select(events: Sequence[dict], position: int | None = None) -> dict | None:
         for e in events:
             if e["position"] == position:
                 return e
-    return events[-1]
+    # (by position: events come in the order computed, a live step's before the steps between live ones)
+    return max(events, key=lambda e: e["position"])
 
 
 def first_top(layers: Sequence[dict]) -> int | None:

@@ -112,8 +112,8 @@ def drawn_by(events: Sequence[dict], selection: Selection | None, what: str = "d
     """The index of the event the selected pass drew (sample and lens events are keyed by the
     position of the token they produced: the pass that read p drew p + 1), or None and why not
     (HTML). No selection: the newest. what: "draw" or "lens"."""
-    if selection is None or selection.read is None:
-        return len(events) - 1, ""
+    if selection is None or selection.read is None:  # (by position: a live step's come before those between)
+        return max(range(len(events)), key=lambda i: events[i]["position"]), ""
     want = selection.read + 1
     for i in range(len(events) - 1, -1, -1):
         if events[i]["position"] == want:
@@ -122,7 +122,7 @@ def drawn_by(events: Sequence[dict], selection: Selection | None, what: str = "d
         return None, said_html(lang, "the selected pass read {read} inside the prompt: its next token {next} was the "
                                 "prompt's own, so nothing was drawn there (click a later token)",
                           read=selection.token(selection.read), next=selection.token(want))
-    newest = events[-1]["position"]
+    newest = max(e["position"] for e in events)
     if what == "lens":
         return None, esc(gettext(lang, "no lens of position {want} was recorded (the newest recorded: position "
                                        "{newest})", want=want, newest=newest))
