@@ -39,7 +39,7 @@ def ways_ran(events: Sequence[Mapping], request_id: str) -> dict[str, dict[str, 
 def read(events: Sequence[Mapping], request_id: str) -> tuple[dict[str, dict[str, list[int]]], dict[str, Mapping]]:
     """One pass over the events (the page asks several times a second while a request streams):
     (ways_ran's answer, {event type: the event values() quotes}: the first prefix lookup, the
-    last sample and spec round)."""
+    newest sample, the last spec round)."""
     out: dict[str, dict[str, list[int]]] = {}
     quoted: dict[str, Mapping] = {}
     prefill, way, moe = [], "", ""
@@ -61,8 +61,11 @@ def read(events: Sequence[Mapping], request_id: str) -> tuple[dict[str, dict[str
                 prefill.append(e["step"])
         elif kind == "spec" and e.get("method"):
             out.setdefault("spec", {}).setdefault(e["method"], []).append(e["step"])
-        if kind != "prefix_cache.lookup" or kind not in quoted:
-            quoted[kind] = e
+        if kind == "prefix_cache.lookup" and kind in quoted:
+            continue  # the first lookup
+        if kind == "sample" and kind in quoted and e.get("position", 0) < quoted[kind].get("position", 0):
+            continue  # the newest draw (a live step's come before the steps between live ones)
+        quoted[kind] = e
     if prefill:
         out["timeline"] = {"chunked" if len(prefill) > 1 else "whole": prefill}
     return out, quoted

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from bisect import bisect_right
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -43,6 +44,21 @@ ONE_PASS = SELECTED + ("spec",)
 # 0.40-0.46 s at 0.1 (2 CPUs, the browser beside the server, 2026-12-07)
 ONE_PASS_EVERY = 0.1
 CAPTURED = words.CAPTURED
+# the per-token kinds the panels list by position: a `full` trace's come in the order computed, a
+# live step's (the first, one every 0.2 s, the last) before the steps between them (built after the
+# answer); by the position a pass's rows start at, not the step (a disaggregated prefill's count
+# steps of its own)
+POSITION_OF = {"sample": "position", "logit_lens": "position", "embed": "start", "attention": "q_start",
+               "moe": "start"}
+
+
+def _keep(events: list[dict], it: dict) -> None:
+    """it into a kind's list: after every event at its position or before (arrival order among equals)."""
+    key = POSITION_OF.get(it["type"])
+    if key is None or not events or events[-1].get(key, 0) <= it.get(key, 0):
+        events.append(it)
+    else:
+        events.insert(bisect_right(events, it.get(key, 0), key=lambda e: e.get(key, 0)), it)
 
 
 @dataclass
@@ -130,7 +146,7 @@ class LiveView:
                                    "checks": list(self.validation["checks"]) + [("trace", None, note)]}
                 self.dirty.add("request")
             self.events.append(it)
-            self.by_type.setdefault(t, []).append(it)
+            _keep(self.by_type.setdefault(t, []), it)
             if t.startswith("kv."):
                 self.dirty.add("kv")
             self.dirty.update(FEEDS.get(t, ()))
