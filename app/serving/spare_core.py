@@ -4,8 +4,8 @@ Why: the engine's pass runs on every core (OpenMP's team, a thread a core), and 
 region waits for its slowest thread. A browser on the same machine, drawing the page as the
 request streams, takes a core now and then; the team's thread there is pre-empted and every
 region waits for it. On 2 CPUs with the page's Chromium beside the server (2026-12-07, the
-engine's own time a token as the page quotes it): SmolLM2 40 ms at 2 threads, 19 ms at 1 (the
-API alone, no page: 10 ms at 2, 16 at 1). So while a request sent from a page whose address is
+engine's own time a token as the page quotes it): SmolLM2 34 ms at 2 threads, 18 ms at 1 (the
+API alone, no page: 10-14 ms at 2, 16 at 1; docs/benchmarks.md). So while a request sent from a page whose address is
 this machine's runs, the engine steps with a thread fewer; otherwise with all of them. (A
 page reached through a tunnel on this machine, Gradio's share link, counts as local too.)
 """

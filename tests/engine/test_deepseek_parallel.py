@@ -81,9 +81,10 @@ def _check_placement(one: LLM, two: LLM, ep: bool) -> None:
 def _check_attention_and_routing(one: LLM, two: LLM) -> None:
     """A full trace of the sharded request: every head's attention (each rank scores its heads
     against its own copy of the latent) and DeepSeek's routing fields, as on one device."""
-    def events(llm, kind):
-        return [e.data for e in llm.stream(PROMPTS[1], SamplingParams(temperature=0, max_tokens=3), trace="full")
-                if getattr(e, "type", None) == kind]
+    def events(llm, kind):  # by the pass's first row: a live step's (the last one's too) may come before others
+        got = [e.data for e in llm.stream(PROMPTS[1], SamplingParams(temperature=0, max_tokens=3), trace="full")
+               if getattr(e, "type", None) == kind]
+        return sorted(got, key=lambda d: (d.get("q_start", d.get("start", 0)), d.get("layer", 0)))
     a, b = per_layer(events(one, "attention")), per_layer(events(two, "attention"))
     assert len(a) == len(b) > 0
     for x, y in zip(a, b):

@@ -119,8 +119,9 @@ def _check_attention_capture(one: LLM, two: LLM) -> None:
         return [e for e in llm.stream(PROMPTS[1], SamplingParams(temperature=0, max_tokens=3), trace="full")
                 if getattr(e, "type", None) in ("attention", "logit_lens")]
     ea, eb = events(one), events(two)
-    a = per_layer(e.data for e in ea if e.type == "attention")
-    b = per_layer(e.data for e in eb if e.type == "attention")
+    # by the pass's first row: a live step's (the last one's too) may come before the steps between
+    a, b = (per_layer(sorted((e.data for e in x if e.type == "attention"), key=lambda d: d["q_start"]))
+            for x in (ea, eb))
     # the logit lens too: rank 0 reads the whole residual stream after each all-reduce
     la, lb = ([e.data for e in sorted(x, key=lambda e: e.data.get("position", 0)) if e.type == "logit_lens"]
               for x in (ea, eb))  # by position: a newest token's lens may come before its elders
