@@ -102,62 +102,82 @@ def add_event_routes(api: FastAPI, served, library=None) -> None:
 
     @api.websocket("/ws")
     async def events(websocket: WebSocket, request_id: str | None = None) -> None:
-        await websocket.accept()
-        watch = models.subscribe(request_id, WS_QUEUE) if request_id else models.subscribe_all(WS_QUEUE)
-        closed = asyncio.Event()
-        owned: set[str] = set()  # requests this socket sent and that have not finished
+        await _serve_socket(websocket, models, request_id)
 
-        async def submit(text: str) -> None:
-            nonlocal watch
-            rid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
-            try:
-                if len(text) > models.limits.max_body_bytes:
-                    raise RequestRefused(f"the body is larger than this server's limit of "
-                                         f"{models.limits.max_body_bytes:,} bytes", status=413)
-                service, sub = prepare(models, read_json(text))
-                own = await run_in_threadpool(service.submit, sub, rid, client_of(websocket))
-            except ValueError as e:
-                await websocket.send_json({"schema": SCHEMA_VERSION, "type": "error", "request_id": None,
-                                           **json.loads(refusal(e, models).body)})
-                return
-            owned.update(LLMEngine.choice_ids(rid, sub.params.n))  # n > 1: every choice's outputs are its own
-            if request_id:  # a socket that watches one request follows the one it sent
-                own.max_items = WS_QUEUE
-                models.unsubscribe(watch)
-                watch = own
-            else:  # the firehose carries it already
-                service.unsubscribe(own)
-            await websocket.send_json({"schema": SCHEMA_VERSION, "type": "request.submitted", "request_id": rid})
 
-        async def watch_close() -> None:  # the client may close (or send a request) at any time
-            try:
-                while True:
-                    await submit(await websocket.receive_text())
-            except (WebSocketDisconnect, RuntimeError, KeyError):  # closed, or a binary frame
-                closed.set()
-                for rid in list(owned):  # free its KV blocks now, not after the next drain
-                    await run_in_threadpool(models.abort, rid)
+async def _serve_socket(websocket: WebSocket, models: ServedModels, request_id: str | None) -> None:
+    """/ws: every request's events (or one request's, its stored backlog first), and requests sent as frames."""
+    await websocket.accept()
+    watch = models.subscribe(request_id, WS_QUEUE) if request_id else models.subscribe_all(WS_QUEUE)
+    # one request's socket opened after it began (or ended): what the store holds of it first, then the
+    # rest as it comes, each once (a running request's stored items are the ones its watchers get)
+    backlog = await run_in_threadpool(_backlog, models, request_id) if request_id else []
+    seen = {id(e) for e in backlog}
+    closed = asyncio.Event()
+    owned: set[str] = set()  # requests this socket sent and that have not finished
 
-        reader = asyncio.create_task(watch_close())
-        reported = 0
+    async def submit(text: str) -> None:
+        nonlocal watch
+        rid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
         try:
-            while not closed.is_set():
-                items = await run_in_threadpool(watch.drain, 0.25)
-                if watch.dropped > reported:
-                    await websocket.send_json({"schema": SCHEMA_VERSION, "type": "dropped", "request_id": request_id,
-                                               "count": watch.dropped - reported})
-                    reported = watch.dropped
-                for item in items:
-                    if item.get("type") != "output":  # trace events; text only for its own requests
-                        await websocket.send_json(item)
-                    elif item["request_id"] in owned:
-                        await websocket.send_json(item)
-                        if item["finished"]:
-                            owned.discard(item["request_id"])
-        except (WebSocketDisconnect, RuntimeError):
-            pass
-        finally:
-            reader.cancel()
+            if len(text) > models.limits.max_body_bytes:
+                raise RequestRefused(f"the body is larger than this server's limit of "
+                                     f"{models.limits.max_body_bytes:,} bytes", status=413)
+            service, sub = prepare(models, read_json(text))
+            own = await run_in_threadpool(service.submit, sub, rid, client_of(websocket))
+        except ValueError as e:
+            await websocket.send_json({"schema": SCHEMA_VERSION, "type": "error", "request_id": None,
+                                       **json.loads(refusal(e, models).body)})
+            return
+        owned.update(LLMEngine.choice_ids(rid, sub.params.n))  # n > 1: every choice's outputs are its own
+        if request_id:  # a socket that watches one request follows the one it sent
+            own.max_items = WS_QUEUE
             models.unsubscribe(watch)
-            for rid in list(owned):  # the server closed the socket first
+            watch = own
+        else:  # the firehose carries it already
+            service.unsubscribe(own)
+        await websocket.send_json({"schema": SCHEMA_VERSION, "type": "request.submitted", "request_id": rid})
+
+    async def watch_close() -> None:  # the client may close (or send a request) at any time
+        try:
+            while True:
+                await submit(await websocket.receive_text())
+        except (WebSocketDisconnect, RuntimeError, KeyError):  # closed, or a binary frame
+            closed.set()
+            for rid in list(owned):  # free its KV blocks now, not after the next drain
                 await run_in_threadpool(models.abort, rid)
+
+    reader = asyncio.create_task(watch_close())
+    reported = 0
+    try:
+        for item in backlog:
+            await websocket.send_json(item)
+        while not closed.is_set():
+            items = await run_in_threadpool(watch.drain, 0.25)
+            if watch.dropped > reported:
+                await websocket.send_json({"schema": SCHEMA_VERSION, "type": "dropped", "request_id": request_id,
+                                           "count": watch.dropped - reported})
+                reported = watch.dropped
+            for item in items:
+                if seen and id(item) in seen:  # sent with the backlog
+                    continue
+                if item.get("type") != "output":  # trace events; text only for its own requests
+                    await websocket.send_json(item)
+                elif item["request_id"] in owned:
+                    await websocket.send_json(item)
+                    if item["finished"]:
+                        owned.discard(item["request_id"])
+    except (WebSocketDisconnect, RuntimeError):
+        pass
+    finally:
+        reader.cancel()
+        models.unsubscribe(watch)
+        for rid in list(owned):  # the server closed the socket first
+            await run_in_threadpool(models.abort, rid)
+
+
+def _backlog(models: ServedModels, request_id: str) -> list[dict]:
+    """The trace events the store holds of a request (none: unknown, untraced, not begun)."""
+    service = models.owner(request_id)
+    tr = service.store.trace(request_id) if service is not None else None
+    return list(tr.events) if tr is not None else []

@@ -144,6 +144,21 @@ def test_websocket_for_one_request(server):
             rid in e.get("request_ids", ())
 
 
+def test_a_request_socket_opened_after_its_end_gets_what_the_store_holds(server):
+    """/ws?request_id= of a request that ended before the socket opened: its stored events, each
+    once, up to its finish (it waited for events that had all gone by: a 30 s timeout in CI)."""
+    from websockets.sync.client import connect
+    done = _complete(server, "Remember this", 8)
+    trace = httpx.get(server.url + f"v1/traces/{done['id']}", timeout=30).json()
+    with connect(_ws_url(server, f"?request_id={done['id']}"), max_queue=None) as one:
+        events = []
+        while not events or events[-1]["type"] != "finish":
+            events.append(json.loads(one.recv(timeout=30)))
+    kinds = [(e["type"], e["step"]) for e in events if e["type"] != "kv.pool"]  # (the file adds the pool before it)
+    assert kinds == [(e["type"], e["step"]) for e in trace["events"] if e["type"] != "kv.pool"]
+    assert events[0]["type"] == "request.arrive" and events[0]["request_id"] == done["id"]
+
+
 def test_slow_reader_loses_events_not_the_engine(server):
     from app.serving.engine_service import wait_idle
     watch = server.service.subscribe_all(max_items=5)
