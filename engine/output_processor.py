@@ -17,6 +17,7 @@ import time
 from typing import Callable
 
 from engine.outputs import RequestOutput, TokenOutput, Usage
+from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
 from engine.trace import events
 from engine.trace.events import Event
@@ -42,7 +43,7 @@ class OutputProcessor:
 
     def stop_reason(self, seq: Sequence, token: int) -> str | None:
         p = seq.params
-        if (not p.ignore_eos and token in self.eos_token_ids) or token in p.stop_token_ids:
+        if self._stop_token(p, token):
             return "stop"
         for stop in p.stop:
             idx = seq.text.find(stop)
@@ -52,18 +53,22 @@ class OutputProcessor:
                 return "stop"
         if seq.grammar is not None and seq.grammar.finished:  # the grammar took its end (ignore_eos included)
             return "stop"
-        if seq.num_output_tokens >= p.max_tokens or len(seq) >= self.max_model_len:
+        if self._full(seq, 0):
             return "length"
         return None
+
+    def _stop_token(self, p: SamplingParams, token: int) -> bool:
+        return (not p.ignore_eos and token in self.eos_token_ids) or token in p.stop_token_ids
+
+    def _full(self, seq: Sequence, more: int) -> bool:
+        """max_tokens or the context reached with `more` tokens after those appended."""
+        return seq.num_output_tokens + more >= seq.params.max_tokens or len(seq) + more >= self.max_model_len
 
     def surely_ends(self, seq: Sequence, tokens: list[int]) -> bool:
         """Whether appending these tokens ends the request for a reason known before their text
         (an end-of-sequence or stop token, max_tokens, the context): a stop string or a grammar's end
         is found only as they are appended."""
-        p = seq.params
-        if any((not p.ignore_eos and t in self.eos_token_ids) or t in p.stop_token_ids for t in tokens):
-            return True
-        return seq.num_output_tokens + len(tokens) >= p.max_tokens or len(seq) + len(tokens) >= self.max_model_len
+        return any(self._stop_token(seq.params, t) for t in tokens) or self._full(seq, len(tokens))
 
     def stream(self, seq: Sequence, token: int, step: int) -> TokenOutput:
         """A token of a request that goes on: its text less what might begin a stop string."""
