@@ -256,12 +256,15 @@ class FusedStack:
     no_q: ctypes.Array = field(init=False)  # no layer's queries kept (the pass writes the probabilities)
     windows: list[int | None] = field(init=False)  # each layer's sliding window (None: global)
     rope_ptrs: tuple[ctypes.Array, ctypes.Array] = field(init=False)  # the tables' cos and sin addresses
+    # the call's capture argument where the pass writes the probabilities (its addresses set each pass)
+    cap: "StackCapture" = field(init=False)
 
     def __post_init__(self) -> None:
         self.moe_all = len(self.moe_top_k) == len(self.plans) and all(k == self.top_k for k in self.moe_top_k.values())
         self.no_q = (_P * len(self.plans))()
         self.windows = [p.args.window or None for p in self.plans]
         self.rope_ptrs = tuple((_P * len(self.tables))(*[pair[i].data_ptr() for pair in self.tables]) for i in (0, 1))
+        self.cap = StackCapture(ctypes.addressof(self.no_q), top_k=self.top_k)
 
 
 def stack(model: nn.Module, x: torch.Tensor, batch: ForwardBatch) -> FusedStack | None:
@@ -401,8 +404,16 @@ def _stack_capture(st: FusedStack, capture: PassCapture, batch: ForwardBatch, T:
     it points into (alive until the call returns), the rows and the probabilities' plan."""
     L = len(st.plans)
     probs = pass_probs.plan(capture, batch, st.q_shapes, st.layouts, st.arena)
-    q = st.no_q if probs is not None else (_P * L)()
-    layers = [] if probs is not None else sorted(capture.attention_layers)
+    resid = st.arena.take(L * T * hidden) if capture.lens_rows is not None else None  # [L, T] rows, layer-major
+    if probs is not None:  # the pass writes the probabilities: no queries kept, the stack's own argument
+        cap = st.cap
+        cap.experts, cap.weights, cap.resid = experts.data_ptr(), weights.data_ptr(), \
+            None if resid is None else resid.address
+        cap.probs.out, cap.probs.rows, cap.probs_at = probs.out.address, ctypes.addressof(probs.rows), \
+            ctypes.addressof(probs.at)
+        return cap, st.no_q, resid, probs
+    q = (_P * L)()
+    layers = sorted(capture.attention_layers)
     shapes = {st.q_shapes[i] for i in layers}
     if len(shapes) == 1:
         qs = torch.empty(len(layers), T, *shapes.pop())
@@ -412,13 +423,9 @@ def _stack_capture(st: FusedStack, capture: PassCapture, batch: ForwardBatch, T:
         capture.layer_q.update((i, torch.empty(T, *st.q_shapes[i])) for i in layers)
     for i in layers:
         q[i] = capture.layer_q[i].data_ptr()
-    resid = st.arena.take(L * T * hidden) if capture.lens_rows is not None else None  # [L, T] rows, layer-major
     cap = StackCapture(ctypes.addressof(q), experts.data_ptr(), weights.data_ptr(), st.top_k,
                        None if resid is None else resid.address)
-    if probs is not None:
-        cap.probs = Probs(probs.out.address, ctypes.addressof(probs.rows), 0)
-        cap.probs_at = ctypes.addressof(probs.at)
-    return cap, q, resid, probs
+    return cap, q, resid, None
 
 
 def _stack_kept(st: FusedStack, capture: PassCapture, T: int, experts: torch.Tensor, weights: torch.Tensor,

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
+from operator import is_
 
 import torch
 
 from engine.batch import ForwardBatch
 from engine.trace.arena import Arena, Slice
-from engine.trace.capture import AttentionCapture, PassCapture, key_window
+from engine.trace.capture import AttentionCapture, CaptureSpec, PassCapture, key_window
 
 FIELDS = 6  # cpu_layer.h PROBS_FIELDS: offset, layer stride, head stride, columns, k_head, k_start
 
@@ -42,13 +43,24 @@ class PassProbs:
     seqs: list[SeqProbs]
 
 
-def plan(capture: PassCapture, batch: ForwardBatch, q_shapes: list[tuple[int, int]],
-         layouts: dict | None = None, arena: Arena | None = None) -> PassProbs | None:
-    """Where the pass's attention writes the captured rows' probabilities; None where it cannot
-    (the sequences capture different layers, or the captured layers' heads differ): collect()
-    computes them after the pass then. layouts: the caller's, kept between passes: the arrays
-    of a batch of the same shape (a decode's every step) are written again, not made; arena:
-    where the probabilities go (else a tensor of their own)."""
+@dataclass
+class Layout:
+    """What a pass's shape fixes: its rows' starts and its sequences' capture specs (by identity),
+    the captured ones and layers checked, the arrays the call reads. A decode's every step has the
+    same shape: the checks and arrays are made once, a step writes only its rows' fields."""
+    starts: list[int]
+    specs: list  # the pass's CaptureSpec (or None) per sequence, the objects themselves
+    captured: list[tuple[int, CaptureSpec]]
+    layers: list[int]
+    heads: int
+    meta: ctypes.Array  # PassProbs.rows
+    where: ctypes.Array  # PassProbs.at
+
+    def fits(self, starts: list[int], specs: list) -> bool:
+        return self.starts == starts and len(self.specs) == len(specs) and all(map(is_, self.specs, specs))
+
+
+def _layout(capture: PassCapture, starts: list[int], q_shapes: list[tuple[int, int]]) -> Layout | None:
     specs = [(b, s) for b, s in enumerate(capture.specs) if s is not None and s.attention_layers]
     if not specs:
         return None
@@ -56,24 +68,36 @@ def plan(capture: PassCapture, batch: ForwardBatch, q_shapes: list[tuple[int, in
     if any(s.attention_layers != layers for _, s in specs) or any(not 0 <= i < len(q_shapes) for i in layers) \
             or len({q_shapes[i] for i in layers}) != 1:
         return None
-    heads, n, starts = q_shapes[layers[0]][0], len(layers), batch.query_starts
-    key = (tuple(starts), tuple((b, s.max_keys) for b, s in specs), tuple(layers), len(q_shapes))
-    arrays = layouts.get(key) if layouts is not None else None
-    if arrays is None:  # ctypes arrays, not tensors: run cold after the pass, a torch op costs several microseconds
-        T = starts[-1]
-        where = (ctypes.c_long * len(q_shapes))(*([-1] * len(q_shapes)))
-        for j, i in enumerate(layers):
-            where[i] = j
-        arrays = (ctypes.c_long * (T * FIELDS))(*([-1] * (T * FIELDS))), where
+    # ctypes arrays, not tensors: run cold after the pass, a torch op costs several microseconds
+    T = starts[-1]
+    where = (ctypes.c_long * len(q_shapes))(*([-1] * len(q_shapes)))
+    for j, i in enumerate(layers):
+        where[i] = j
+    meta = (ctypes.c_long * (T * FIELDS))(*([-1] * (T * FIELDS)))
+    return Layout(list(starts), list(capture.specs), specs, list(layers), q_shapes[layers[0]][0], meta, where)
+
+
+def plan(capture: PassCapture, batch: ForwardBatch, q_shapes: list[tuple[int, int]],
+         layouts: dict | None = None, arena: Arena | None = None) -> PassProbs | None:
+    """Where the pass's attention writes the captured rows' probabilities; None where it cannot
+    (the sequences capture different layers, or the captured layers' heads differ): collect()
+    computes them after the pass then. layouts: the caller's, kept between passes: the Layout of
+    a batch of the same shape (a decode's every step) is reused, its rows' fields written again;
+    arena: where the probabilities go (else a tensor of their own)."""
+    starts = batch.query_starts
+    lay = layouts.get("last") if layouts is not None else None
+    if lay is None or not lay.fits(starts, capture.specs):
+        lay = _layout(capture, starts, q_shapes)
+        if lay is None:
+            return None
         if layouts is not None:
-            layouts.clear()  # (one shape kept: a batch that changes shape makes its arrays again)
-            layouts[key] = arrays
-    meta, where = arrays
+            layouts["last"] = lay  # (one shape kept: a batch that changes shape makes its layout again)
+    heads, n, meta = lay.heads, len(lay.layers), lay.meta
     seqs, offset = [], 0
-    for b, spec in specs:
-        start, end, ctx = starts[b], starts[b + 1], batch.context_lens[b]
-        rows = min(end - start, spec.max_keys)
-        k_head, k_start = key_window(ctx, spec.max_keys, spec.first_keys)
+    for b, spec in lay.captured:
+        end, ctx, max_keys = starts[b + 1], batch.context_lens[b], spec.max_keys
+        rows = min(end - starts[b], max_keys)
+        k_head, k_start = key_window(ctx, max_keys, spec.first_keys)
         columns = k_head + ctx - k_start
         for r in range(rows):  # the sequence's last `rows` rows, as collect() keeps them
             at = (end - rows + r) * FIELDS
@@ -82,7 +106,7 @@ def plan(capture: PassCapture, batch: ForwardBatch, q_shapes: list[tuple[int, in
         seqs.append(SeqProbs(b, offset, rows, columns, ctx, k_head, k_start))
         offset += n * heads * rows * columns
     out = (arena or Arena(chunk=0)).take(offset)
-    return PassProbs(list(layers), heads, out, meta, where, seqs)
+    return PassProbs(lay.layers, heads, out, meta, lay.where, seqs)
 
 
 def kept(probs: PassProbs, capture: PassCapture, windows: list[int | None]) -> None:
