@@ -363,8 +363,12 @@ def _wire(page: gr.Blocks, ui: dict, ctl: Controller) -> None:
     language.wire(page, ui["lang"], lambda key, panels: w.out(
         {**ctl.opening_page(key, panels), **(ctl.page_words(key) if panels else {})}, "map"), journey_out)
     if ctl.live:
-        watching = ui["watch"].click(w.gen(ctl.follow, ("layer", "head", "model")),
-                                     w.inputs(("layer", "head", "model")), outputs, concurrency_limit=16, **quiet)
+        def follow(request: gr.Request, *values):  # (the page's address: a browser here gets a core, SpareCore)
+            c = w.controls(("layer", "head", "model"), values)
+            for named in ctl.follow(key_of(request), c, client_of(request)):
+                yield w.out(named, key=key_of(request))
+        watching = ui["watch"].click(follow, w.inputs(("layer", "head", "model")), outputs, concurrency_limit=16,
+                                     **quiet)
         # input: the user's own pick (not the value Watch or Load write when they show another model)
         ui["model"].input(w.fn(ctl.pick_model, ("model",) + SETTINGS), w.inputs(("model",) + SETTINGS), outputs,
                           concurrency_limit=None, cancels=[watching], **quiet)

@@ -225,13 +225,13 @@ class Streaming(PageState):
             if not view.finished:  # tab closed or event cancelled: free the engine's work (every choice's)
                 threading.Thread(target=abort_all, args=(service, watch.request_id, view.n), daemon=True).start()
 
-    def follow(self, key: str, c: Controls) -> Iterator[dict]:
+    def follow(self, key: str, c: Controls, client: str | None = None) -> Iterator[dict]:
         """Watch: show every request sent by someone else (curl, SDK, another tab) to any of the
         models, one after another; the controls show each request's own prompt, knobs, level and
-        model (read-only while watching)."""
-        return carry(self._follow(key, c))
+        model (read-only while watching). client: the page's address (a browser here: SpareCore)."""
+        return carry(self._follow(key, c, client))
 
-    def _follow(self, key: str, c: Controls) -> Iterator[dict]:
+    def _follow(self, key: str, c: Controls, client: str | None) -> Iterator[dict]:
         fire = self.models.subscribe_all(max_items=20_000)
         arrivals: deque[tuple[str, str | None]] = deque()
         shown = c.model  # the model whose shapes the page draws now
@@ -260,16 +260,18 @@ class Streaming(PageState):
                 service = self.models.by_name.get(name) or self.models.owner(rid)
                 if service is None:
                     continue
-                yield from self._watch_one(key, service, rid, service.model_name != shown, c, note_arrivals)
+                yield from self._watch_one(key, service, rid, service.model_name != shown, c, note_arrivals, client)
                 shown = service.model_name
                 yield {"status": tx(key, "{request} finished · watching: waiting for the next request", request=rid)}
         finally:
             self.models.unsubscribe(fire)
 
     def _watch_one(self, key: str, service: EngineService, rid: str, other: bool, c: Controls,
-                   note_arrivals: Callable[[float], None]) -> Iterator[dict]:
-        """Follow one request sent by another client, from what the store holds of it so far."""
+                   note_arrivals: Callable[[float], None], client: str | None = None) -> Iterator[dict]:
+        """Follow one request sent by another client, from what the store holds of it so far
+        (a browser here drawing it: the engine leaves it a core while it runs, SpareCore)."""
         sub = service.subscribe(rid)
+        local = service.spare.add(rid, client)
         try:
             tr = service.store.trace(rid)
             if tr is None:
@@ -298,6 +300,8 @@ class Streaming(PageState):
             yield from self.stream(tab, next_items, first, key=key)
         finally:
             service.unsubscribe(sub)
+            if local:
+                service.spare.drop(rid)
 
     @staticmethod
     def _watch_choices(service: EngineService, sub, body: dict | None) -> tuple[int, list[dict]]:
