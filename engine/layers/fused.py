@@ -334,16 +334,20 @@ def stack_forward(st: FusedStack, x: torch.Tensor, batch: ForwardBatch, model: n
     out = torch.empty_like(work)
     L = len(st.plans)
     kept = capture is not None
-    # (kept: [L, T, top_k], what PassCapture.moe_all reads: no view of them after the call)
-    experts = torch.empty(L if kept else 1, T, st.top_k, dtype=torch.long)
-    weights = torch.empty(L if kept else 1, T, st.top_k, dtype=torch.float32)
-    cap, q, resid, probs = _stack_capture(st, capture, batch, T, x.shape[1], experts, weights) if kept else \
-        (None, None, None, None)
+    if kept:  # every layer's routing [L, T, top_k] kept (what PassCapture.moe_all reads): int64 experts and
+        n = L * T * st.top_k  # float32 weights in the arena, as tensors once the captures are read (_stack_done)
+        experts, weights = st.arena.take(2 * n), st.arena.take(n)
+        at = experts.address, weights.address
+        cap, q, resid, probs = _stack_capture(st, capture, batch, T, x.shape[1], at)
+    else:  # the call's scratch
+        experts = torch.empty(1, T, st.top_k, dtype=torch.long)
+        weights = torch.empty(1, T, st.top_k, dtype=torch.float32)
+        at, cap, q, resid, probs = (experts.data_ptr(), weights.data_ptr()), None, None, None, None
     norm = model.norm
     rc = cpu_kernels.library().tt_decode_stack(
         st.layers, L, work.data_ptr(), out.data_ptr(), T, cos, sin, len(tables), rows, D,
         batch.positions.data_ptr(), batch.slot_mapping.data_ptr(), block_tables.data_ptr(), block_tables.shape[1],
-        keys.data_ptr(), experts.data_ptr(), weights.data_ptr(), None if cap is None else ctypes.byref(cap),
+        keys.data_ptr(), *at, None if cap is None else ctypes.byref(cap),
         st.final_norm.data_ptr(), 1.0 if norm.offset else 0.0, norm.eps, torch.get_num_threads(), int(TEAM))
     if rc == -2:
         raise IndexError(f"a position past the RoPE table's {rows} rows")
@@ -365,10 +369,12 @@ def embed_rows_in_lens(capture: PassCapture, T: int) -> bool:
     return capture.lens_rows is not None and len(capture.lens_rows) == T
 
 
-def _stack_done(st: FusedStack, capture: PassCapture, T: int, experts: torch.Tensor, weights: torch.Tensor,
+def _stack_done(st: FusedStack, capture: PassCapture, T: int, experts: Slice, weights: Slice,
                 resid: Slice | None, hidden: int, probs: pass_probs.PassProbs | None,
                 embed_from: ForwardBatch | None) -> None:
     rows = None if resid is None else resid.tensor(-1, hidden)
+    experts = experts.tensor(-1).view(torch.long).view(-1, T, st.top_k)
+    weights = weights.tensor(-1, T, st.top_k)
     if embed_from is not None:  # the embedding rows: layer 0's input, the lens's first T rows
         for b in capture.embed_rows:
             capture.embed_rows[b] = rows[embed_from.seq_slice(b), :capture.specs[b].embed_dims]
@@ -394,21 +400,21 @@ def _tables_fit(tables: list[tuple[torch.Tensor, torch.Tensor]], head_dim: int) 
 
 
 def _stack_capture(st: FusedStack, capture: PassCapture, batch: ForwardBatch, T: int, hidden: int,
-                   experts: torch.Tensor, weights: torch.Tensor
-                   ) -> tuple[StackCapture, ctypes.Array, Slice | None, pass_probs.PassProbs | None]:
+                   routing: tuple[int, int]) -> tuple[StackCapture, ctypes.Array, Slice | None,
+                                                      pass_probs.PassProbs | None]:
     """Where the stack's call writes what `capture` keeps: the attention probabilities, by the
     pass's own attention (pass_probs; else the captured layers' queries, for collect() after the
     pass: one tensor for all of them where their heads agree, as in every model here), every
     layer's routing (read back by _stack_kept), and, for a logit lens, every layer's input rows
     [L, T, hidden] (the probabilities and the rows in the stack's arena). -> the argument, what
-    it points into (alive until the call returns), the rows and the probabilities' plan."""
+    it points into (alive until the call returns), the rows and the probabilities' plan. routing: where
+    the experts and weights go."""
     L = len(st.plans)
     probs = pass_probs.plan(capture, batch, st.q_shapes, st.layouts, st.arena)
     resid = st.arena.take(L * T * hidden) if capture.lens_rows is not None else None  # [L, T] rows, layer-major
     if probs is not None:  # the pass writes the probabilities: no queries kept, the stack's own argument
         cap = st.cap
-        cap.experts, cap.weights, cap.resid = experts.data_ptr(), weights.data_ptr(), \
-            None if resid is None else resid.address
+        (cap.experts, cap.weights), cap.resid = routing, None if resid is None else resid.address
         cap.probs.out, cap.probs.rows, cap.probs_at = probs.out.address, ctypes.addressof(probs.rows), \
             ctypes.addressof(probs.at)
         return cap, st.no_q, resid, probs
@@ -423,8 +429,7 @@ def _stack_capture(st: FusedStack, capture: PassCapture, batch: ForwardBatch, T:
         capture.layer_q.update((i, torch.empty(T, *st.q_shapes[i])) for i in layers)
     for i in layers:
         q[i] = capture.layer_q[i].data_ptr()
-    cap = StackCapture(ctypes.addressof(q), experts.data_ptr(), weights.data_ptr(), st.top_k,
-                       None if resid is None else resid.address)
+    cap = StackCapture(ctypes.addressof(q), *routing, st.top_k, None if resid is None else resid.address)
     return cap, q, resid, None
 
 
