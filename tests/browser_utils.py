@@ -129,9 +129,19 @@ def set_controls(page, user: str, max_tokens: int, system: str | None = None) ->
     if system is not None:
         page.fill("#tt-system textarea", system)
     page.fill("#tt-user textarea", user)
-    box = page.locator("#tt-max-tokens input[type=number]")
-    box.fill(str(max_tokens))
+    number(page, "tt-max-tokens", max_tokens)
+
+
+def number(page, elem: str, value) -> None:
+    """Type a value into a number box (a slider's too), then wait until each of the component's
+    inputs shows it: a Send clicked at once after n = 3 ran n = 1 twice in CI (12-02, 12-07), and
+    one after min tokens 300 ended its request before the step a test waited for (12-07)."""
+    box = page.locator(f"#{elem} input[type=number]")
+    box.fill(str(value))
     box.press("Enter")
+    box.blur()  # the slider clamps and releases its value on blur
+    page.wait_for_function("([id, v]) => [...document.querySelectorAll(`#${id} input`)]"
+                           ".every(i => i.type === 'checkbox' || Number(i.value) === v)", arg=[elem, float(value)])
 
 
 def wait_finished(page, timeout_s: float = 120) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.browser_utils import browser_or_skip, open_page, set_controls, wait_finished
+from tests.browser_utils import browser_or_skip, number, open_page, set_controls, wait_finished
 from tests.holds import StepGate
 from tests.service_utils import app_service, served
 
@@ -38,9 +38,7 @@ def test_the_answer_box_shows_its_newest_lines_as_it_streams(server, browser, mo
     set_controls(page, "Tell me a long story about a fox and an owl.", 300)
     page.uncheck("#tt-speculative input")  # one token a step: the gates' steps count the tokens
     page.click("#tt-more > button")
-    box = page.locator("#tt-min-tokens input[type=number]")
-    box.fill("300")  # no end of turn before it
-    box.press("Enter")
+    number(page, "tt-min-tokens", 300)  # no end of turn before it
     gate = StepGate(at=(150, 200)).install(server.service.engine, monkeypatch)
     try:
         page.click("#tt-send")

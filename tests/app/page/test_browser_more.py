@@ -9,7 +9,7 @@ import json
 import pytest
 
 from tests.app.page.test_more_controls import ONLY
-from tests.browser_utils import open_page, server_fixture, set_controls, wait_finished, wait_status
+from tests.browser_utils import number, open_page, server_fixture, set_controls, wait_finished, wait_status
 from tests.holds import StepGate
 
 pytestmark = [pytest.mark.slow,
@@ -18,17 +18,6 @@ ANSWER = "() => document.querySelector('#tt-answer .tt-answer').childNodes[0].te
 
 
 server = server_fixture(delay=0.03)
-
-
-def number(page, elem: str, value) -> None:
-    """Type a value into a number box (a slider's too), then wait until each of the component's
-    inputs shows it: a Send clicked at once after n = 3 ran n = 1 twice in CI (12-02, 12-07)."""
-    box = page.locator(f"#{elem} input[type=number]")
-    box.fill(str(value))
-    box.press("Enter")
-    box.blur()  # the slider clamps and releases its value on blur
-    page.wait_for_function("([id, v]) => [...document.querySelectorAll(`#${id} input`)]"
-                           ".every(i => i.type === 'checkbox' || Number(i.value) === v)", arg=[elem, float(value)])
 
 
 def test_json_mode_and_a_penalty_from_the_page(server, browser, shots):
