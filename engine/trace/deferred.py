@@ -21,13 +21,14 @@ MAX_BYTES = 64 * 2**20  # what the waiting items hold on to (logits and lens row
 
 @dataclass
 class Deferred:
-    items: list[tuple[str | None, Callable, tuple]] = field(default_factory=list)  # (request, work, arguments)
-    ended: dict[str, list[tuple[Callable, tuple]]] = field(default_factory=dict)  # finished requests' items
-    nbytes: int = 0  # what the items hold, about
+    items: list[tuple[str | None, Callable, tuple, int]] = field(default_factory=list)  # (request, work, arguments,
+    # what it holds)
+    ended: dict[str, list[tuple[Callable, tuple, int]]] = field(default_factory=dict)  # finished requests' items
+    nbytes: int = 0  # what the items (and the finished requests' items not run yet) hold, about
 
     def add(self, request_id: str, work: Callable, args: tuple, nbytes: int) -> bool:
         """Work for later, holding about nbytes; True where it is time to run it all (MAX_BYTES)."""
-        self.items.append((request_id, work, args))
+        self.items.append((request_id, work, args, nbytes))
         self.nbytes += nbytes
         return self.nbytes >= MAX_BYTES
 
@@ -36,22 +37,25 @@ class Deferred:
         ended, self.ended = self.ended, {}
         items, self.items, self.nbytes = self.items, [], 0
         for mine in ended.values():
-            for work, args in mine:
+            for work, args, _ in mine:
                 work(*args)
-        for _, work, args in items:
+        for _, work, args, _ in items:
             work(*args)
 
     def end(self, request_id: str) -> bool:
         """The request finished: its items wait apart (run_ended: a slice at a time, so its client's
         last token waits for none of them). True where it has any."""
-        mine = [(work, args) for rid, work, args in self.items if rid == request_id]
+        mine = [(work, args, n) for rid, work, args, n in self.items if rid == request_id]
         if mine:
             self.items = [item for item in self.items if item[0] != request_id]
             self.ended[request_id] = mine
         return bool(mine)
 
     def run_ended(self, request_id: str, n: int) -> bool:
-        """The oldest n items of a finished request; True where some still wait."""
+        """The oldest n items of a finished request (what they held no longer counts); True where
+        some still wait. (Counted until run: past MAX_BYTES every request's were run mid-stream,
+        and the count grew with each finished request: at batch 8 on the embedded MoE a whole
+        run of the queues every ~300 steps, 2026-12-07.)"""
         mine = self.ended.get(request_id)
         if not mine:
             return False
@@ -60,6 +64,7 @@ class Deferred:
             self.ended[request_id] = rest
         else:
             del self.ended[request_id]
-        for work, args in todo:
+        for work, args, held in todo:
+            self.nbytes -= held
             work(*args)
         return bool(rest)

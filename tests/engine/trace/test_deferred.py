@@ -58,3 +58,25 @@ def test_past_max_items_the_keeping_runs_and_the_trace_is_the_same(checkpoint, m
 def test_the_engine_collects_its_young_objects_less_often(checkpoint):
     engine_of(checkpoint("llama"), None)
     assert gc.get_threshold()[0] >= YOUNG_THRESHOLD
+
+
+def test_what_finished_requests_held_stops_counting_once_run(checkpoint, monkeypatch):
+    """The bound counts what waits, not what ever waited: requests one after another, each under
+    MAX_BYTES, never run the queues mid-stream (the count had grown with every finished request:
+    at batch 8 on the embedded MoE a run of every queue each ~300 steps, 2026-12-07)."""
+    engine, sink, _ = stream(checkpoint("llama"), None, 6)
+    added = []
+    real_add, real_run = deferred.Deferred.add, deferred.Deferred.run
+    monkeypatch.setattr(deferred.Deferred, "add", lambda self, rid, work, args, n: added.append(n) or
+                        real_add(self, rid, work, args, n))
+    while engine.has_unfinished_requests():
+        engine.step()
+    monkeypatch.setattr(deferred, "MAX_BYTES", sum(added) * 3 // 2)  # more than one request's, less than two
+    runs = []
+    monkeypatch.setattr(deferred.Deferred, "run", lambda self: runs.append(len(self.items)) or real_run(self))
+    for _ in range(3):
+        rid = engine.add_request(PROMPT, params(6))
+        while engine.has_unfinished_requests():
+            engine.step()
+        assert engine.step_trace.deferred.nbytes == 0 and sink.of(rid, "finish")
+    assert runs == []
