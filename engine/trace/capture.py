@@ -118,7 +118,7 @@ class PassCapture:
     attention_layers: frozenset[int] = field(init=False)  # layers whose attention some sequence captures
 
     def __post_init__(self) -> None:
-        self.attention_layers = frozenset(layer for c in self.specs if c is not None for layer in c.attention_layers)
+        self.attention_layers = frozenset().union(*(c.attention_layers for c in self.specs if c is not None))
 
     def ready(self) -> bool:
         """The pass's captures as the fields above say, whatever waited done; True where some did."""
