@@ -271,7 +271,7 @@ class Streaming(PageState):
         """Follow one request sent by another client, from what the store holds of it so far
         (a browser here drawing it: the engine leaves it a core while it runs, SpareCore)."""
         sub = service.subscribe(rid)
-        local = service.spare.add(rid, client)
+        local = service.watched_from(rid, client)
         try:
             tr = service.store.trace(rid)
             if tr is None:
@@ -301,7 +301,7 @@ class Streaming(PageState):
         finally:
             service.unsubscribe(sub)
             if local:
-                service.spare.drop(rid)
+                service.unwatched(rid)
 
     @staticmethod
     def _watch_choices(service: EngineService, sub, body: dict | None) -> tuple[int, list[dict]]:

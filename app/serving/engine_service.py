@@ -224,6 +224,14 @@ class EngineService:
         self._wake.set()
         return watch
 
+    def watched_from(self, request_id: str, page: str | None) -> bool:
+        """A page at address `page` watches the request (Watch): one here gets a core while it runs
+        (SpareCore) -> whether it did (then call unwatched when the watch ends)."""
+        return self.spare.add(request_id, page)
+
+    def unwatched(self, request_id: str) -> None:
+        self.spare.drop(request_id)
+
     def abort(self, request_id: str) -> bool:
         """Stop a request; the engine's next step reports its end to the watchers."""
         done = self.engine.abort(request_id)  # takes the engine lock: call from a worker thread

@@ -141,6 +141,16 @@ class ReplicaSet:
                 self._routes.pop(rid, None)
             raise
 
+    def watched_from(self, request_id: str, page: str | None) -> bool:
+        """EngineService.watched_from on the replica that runs the request."""
+        replica = self.replica_of(request_id)
+        return replica is not None and replica.watched_from(request_id, page)
+
+    def unwatched(self, request_id: str) -> None:
+        replica = self.replica_of(request_id)
+        if replica is not None:  # (a route forgotten meanwhile: its engine drops the request as it ends)
+            replica.unwatched(request_id)
+
     def abort(self, request_id: str) -> bool:
         owner = self.replica_of(request_id)
         return any([r.abort(request_id) for r in ([owner] if owner else self.replicas)])

@@ -52,10 +52,9 @@ class Deferred:
         return bool(mine)
 
     def run_ended(self, request_id: str, n: int) -> bool:
-        """The oldest n items of a finished request (what they held no longer counts); True where
-        some still wait. (Counted until run: past MAX_BYTES every request's were run mid-stream,
-        and the count grew with each finished request: at batch 8 on the embedded MoE a whole
-        run of the queues every ~300 steps, 2026-12-07.)"""
+        """The oldest n items of a finished request, what they held no longer counted (else the
+        count grows with every finished request, and MAX_BYTES runs every queue in the middle of
+        a live request's stream); True where some still wait."""
         mine = self.ended.get(request_id)
         if not mine:
             return False

@@ -300,3 +300,36 @@ def test_a_burst_sharing_a_new_system_prompt_stays_on_one_replica(server):
     held = [r.engine.cached_prefix_tokens(ids) for r in group.replicas]
     assert held[group.replicas.index(first)] > 0 and held[1 - group.replicas.index(first)] == 0
     assert settled(group)
+
+
+@pytest.mark.slow  # real engines
+def test_a_local_page_watches_a_request_on_a_replica(server, monkeypatch):
+    """Watch on a server of replicas: the page follows an API client's request to its end, and the
+    replica that runs it leaves a core to the page here while it does (SpareCore), none after."""
+    from app.page.controller import Controller, Controls
+    from tests.app.serving.test_spare_core import watch_until_done
+    from tests.holds import StepGate
+    group = server.models.first
+    gates = [StepGate((2,)).install(r.engine, monkeypatch) for r in group.replicas]
+    ctl = Controller(server.models)
+    gen = ctl.follow("replica-watch", Controls(model="target"), "127.0.0.1")
+    assert "watching" in next(gen)["status"]
+    watcher = threading.Thread(target=watch_until_done, args=(gen,))
+    watcher.start()
+    sent: list[dict] = []
+    client = threading.Thread(target=lambda: sent.append(chat(server, SYSTEM, "Tell me a long story.", max_tokens=12)))
+    client.start()
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not any(r.spare.local for r in group.replicas):
+            time.sleep(0.01)
+        held = [dict(r.spare.local) for r in group.replicas]
+    finally:
+        for g in gates:
+            g.release_all()
+    client.join(60)
+    watcher.join(60)
+    rid = sent[0]["id"]
+    assert sorted(held, key=len) == [{}, {rid: 1}]  # on its own replica, not the other
+    assert all(not r.spare.local for r in group.replicas)  # the watch ended with the request
+    assert ctl.sessions.get("replica-watch").view.request_id == rid
