@@ -51,8 +51,9 @@ MEMORY_TARGET_MB = 300  # Chromium's growth over the requests
 OBSERVER = """
 // when each thing the page follows first showed each token / engine step of the request shown
 // (window.__seen[follower]["request id:k"]); FOLLOWERS: follower -> [selector, regex, kind]: a chip
-// titled "token k" marks token k; a count N (tokens, steps) marks 1..N; a position q marks every
-// position up to q (Python turns positions into token indices)
+// titled "token k" marks every token up to k (the answer's text holds them; its chips are the newest
+// MAX_TIMED only, and an update may bring more); a count N (tokens, steps) marks 1..N; a position q
+// marks every position up to q (Python turns positions into token indices)
 window.__seen = {};
 window.__sse = [];
 const FOLLOWERS = %s;
@@ -74,7 +75,7 @@ new MutationObserver(() => {
     for (const el of document.querySelectorAll(sel)) {
       const m = new RegExp(re).exec(kind === 'chip' ? (el.getAttribute('title') || '') : el.textContent);
       if (!m) continue;
-      if (kind === 'chip') mark(box, name, rid, +m[1], +m[1]);
+      if (kind === 'chip') mark(box, name, rid, +m[1], 0);
       else if (kind === 'count') mark(box, name, rid, +m[1], 1);
       else mark(box, name, rid, +m[1], 0);  // a position: every one up to it
     }
@@ -255,6 +256,14 @@ def record_yields(yielded: dict[str, float]) -> None:
     controller.Controller.stream = stream
 
 
+def full_length(service) -> None:
+    """Every answer as long as its max_tokens, the page's worst case: the model's end-of-text ids
+    cleared in place, in the list the engine's sampler and its output processor (which ends a
+    request) both read. (A new list reached the sampler alone: answers ended at their first end of
+    text, 16 tokens of 64 on average and 28-92 of the long answer's 512.)"""
+    service.engine.model_config.eos_token_ids.clear()
+
+
 def watch_request(page, url: str, model: str, max_tokens: int) -> str:
     """Press Watch, send one streamed API request from another client (as curl would), wait
     until the page says it finished -> its id."""
@@ -361,7 +370,7 @@ def main(argv: list[str] | None = None) -> None:
 
     periods = set_periods(ours.periods)
     service = build_service(args)
-    service.engine.model_config.eos_token_ids = []  # full-length answers: the page's worst case
+    full_length(service)
     clock = EngineClock()
     produced, stepped, done, n_prompt = clock.produced, clock.stepped, clock.done, clock.n_prompt
     yielded: dict[str, float] = {}  # "request id:token index" -> when the page's stream first yielded its chip

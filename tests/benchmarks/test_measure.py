@@ -52,3 +52,26 @@ def test_periods_are_set_and_refused_by_name(monkeypatch):
     assert measure.set_periods("timeline=0")["timeline"] == 0 and "timeline" not in live_view.HEAVY
     with pytest.raises(SystemExit):
         measure.set_periods("nonsense=1")
+
+
+def test_every_answer_runs_to_its_max_tokens(checkpoint):
+    """The page's worst case is the full length: an answer the embedded model would end early
+    (its end of text at once) runs on to max_tokens."""
+    from app.__main__ import build_service, parse_args
+    from app.serving.requests import build_body, parse_body
+    service = build_service(parse_args(["--draft", "none"]))
+    eos = service.engine.model_config.eos_token_ids[0]
+    body = build_body("m", "", "Say nothing.", 0.0, 0, 1.0, 12, 1, False, 1, "off")
+    body["logit_bias"] = {str(eos): 100}  # end of text first, whatever the model would say
+    sub = parse_body(body)
+    params = sub.params
+    rid = service.engine.add_request(prompt=sub.prompt, messages=sub.messages, params=params)
+    while service.engine.has_unfinished_requests():
+        service.engine.step()
+    assert service.engine.get_output(rid).finish_reason == "stop"
+    measure.full_length(service)
+    rid = service.engine.add_request(prompt=sub.prompt, messages=sub.messages, params=params)
+    while service.engine.has_unfinished_requests():
+        service.engine.step()
+    out = service.engine.get_output(rid)
+    assert (out.finish_reason, len(out.token_ids)) == ("length", 12)

@@ -81,13 +81,15 @@ def test_stop_token_and_eos(llm, checkpoint):
     third = free[2]
     out = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=20, stop_token_ids=[third]))[0]
     assert out.finish_reason == "stop" and out.token_ids == free[: free.index(third) + 1]
-    llm.engine.model_config.eos_token_ids = [third]
+    eos = llm.engine.model_config.eos_token_ids  # changed in place: the list the engine's ends read
+    saved, eos[:] = list(eos), [third]
     try:
-        assert llm.generate(prompt, SamplingParams(temperature=0, max_tokens=20))[0].finish_reason == "stop"
+        stopped = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=20))[0]
+        assert stopped.finish_reason == "stop" and stopped.token_ids == free[: free.index(third) + 1]
         ignored = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))[0]
         assert ignored.finish_reason == "length" and ignored.token_ids == free
     finally:
-        llm.engine.model_config.eos_token_ids = [1]
+        eos[:] = saved
 
 
 def test_eos_ids_come_from_generation_config(checkpoint, tmp_path):
