@@ -65,8 +65,7 @@ def test_n_choices_side_by_side(server, browser, shots):
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
     page = open_page(context, server.url)
     set_controls(page, "Tell me about foxes.", 8)
-    page.fill("#tt-temperature input[type=number]", "0.8")  # a sampled draw (the page opens greedy)
-    page.press("#tt-temperature input[type=number]", "Enter")
+    number(page, "tt-temperature", 0.8)  # a sampled draw (the page opens greedy)
     page.fill("#tt-seed input", "2")
     page.click("#tt-more > button")
     number(page, "tt-n", 3)
@@ -100,8 +99,7 @@ def test_speculation_turned_off_is_skipped_in_the_map_while_the_request_streams(
     page = open_page(context, server.url)
     page.uncheck("#tt-speculative input")  # the model has a draft: this request runs without it
     set_controls(page, "Tell me about foxes.", 40)
-    page.fill("#tt-temperature input[type=number]", "0.8")  # a sampled draw (the page opens greedy)
-    page.press("#tt-temperature input[type=number]", "Enter")
+    number(page, "tt-temperature", 0.8)  # a sampled draw (the page opens greedy)
     page.fill("#tt-seed input", "1")
     gate = StepGate(at=(6,)).install(server.service.engine, monkeypatch)  # 5 of the 40 tokens: still streaming
     try:

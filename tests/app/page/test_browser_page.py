@@ -13,7 +13,7 @@ import pytest
 
 import benchmarks.browser
 from tests import browser_utils
-from tests.browser_utils import LIVE_STATE, open_page, server_fixture, set_controls, wait_finished
+from tests.browser_utils import LIVE_STATE, number, open_page, server_fixture, set_controls, wait_finished
 from tests.holds import StepGate, UntilSubmitted
 
 # gradio's own queue code trips pandas deprecation warnings; they are not ours to fix
@@ -38,8 +38,7 @@ def test_a_request_streams_through_every_panel(server, browser, shots, monkeypat
     context = browser.new_context(viewport={"width": 1500, "height": 1100})
     page = open_page(context, server.url)
     set_controls(page, XSS_USER, 40, system=XSS_SYSTEM)
-    page.fill("#tt-temperature input[type=number]", "0.8")  # a sampled draw (the page opens greedy)
-    page.press("#tt-temperature input[type=number]", "Enter")
+    number(page, "tt-temperature", 0.8)  # a sampled draw (the page opens greedy)
     page.fill("#tt-seed input", "1")  # a seeded draw: the tiny model's 40 tokens hold no end-of-text
     # the engine waits before steps 2, 3, 4 and 8 (at most 29 of the 40 tokens made) until the
     # page shows what it made so far: no machine is too slow to see the answer grow
@@ -195,8 +194,7 @@ def test_the_timeline_and_the_map_follow_the_engine_while_it_streams(server, bro
     page.wait_for_selector("#tt-send")
     page.uncheck("#tt-speculative input")  # one token per step: 48 steps
     set_controls(page, "Tell me about the timeline.", 48)
-    page.fill("#tt-temperature input[type=number]", "0.8")  # a sampled draw (the page opens greedy)
-    page.press("#tt-temperature input[type=number]", "Enter")
+    number(page, "tt-temperature", 0.8)  # a sampled draw (the page opens greedy)
     page.fill("#tt-seed input", "1")
     page.evaluate("""() => { window.__maps = 0; const box = document.querySelector('#tt-map');
       new MutationObserver(() => window.__maps++).observe(box, {subtree: true, childList: true}); }""")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.browser_utils import open_page, server_fixture, set_controls, wait_finished
+from tests.browser_utils import number, open_page, server_fixture, set_controls, wait_finished
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.filterwarnings("ignore:.*no_silent_downcasting", "ignore:The copy keyword")]
@@ -22,8 +22,7 @@ def finished_page(browser, url: str, width: int, temperature: str | None = None)
     page = open_page(context, url)
     set_controls(page, "Tell me about the capital of France and its river.", 12)
     if temperature is not None:  # a sampled draw (the page opens greedy)
-        page.fill("#tt-temperature input[type=number]", temperature)
-        page.press("#tt-temperature input[type=number]", "Enter")
+        number(page, "tt-temperature", temperature)
     page.click("#tt-send")
     wait_finished(page)
     page.wait_for_selector("#tt-attention .tt-ov")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.browser_utils import PANELS, open_page, page_fixture, server_fixture, set_controls, status, wait_status
+from tests.browser_utils import PANELS, number, open_page, page_fixture, server_fixture, set_controls, status, wait_status
 from tests.holds import UntilAbort
 
 pytestmark = [pytest.mark.slow,
@@ -195,8 +195,7 @@ def test_the_timeline_quotes_one_queue_time(page):
 
 
 def test_no_python_none_or_negative_zero_reaches_the_page(page):
-    page.fill("#tt-temperature input[type=number]", "0.8")  # a sampled draw with no seed (the page opens greedy)
-    page.press("#tt-temperature input[type=number]", "Enter")
+    number(page, "tt-temperature", 0.8)  # a sampled draw with no seed (the page opens greedy)
     for level in ("full", "basic", "off"):
         send_and_finish(page, f"Level {level}, please.", 10, level=level)
         assert "no seed (a random draw)" in page.inner_text("#tt-request")
@@ -238,12 +237,9 @@ def test_chip_text_and_token_ids_are_readable_and_the_latency_bars_explained(pag
 
 
 def test_a_loaded_trace_sets_the_controls_to_its_settings(page, browser, server, tmp_path):
-    page.fill("#tt-temperature input[type=number]", "0.7")
-    page.press("#tt-temperature input[type=number]", "Enter")
-    page.fill("#tt-top-p input[type=number]", "0.9")
-    page.press("#tt-top-p input[type=number]", "Enter")
-    page.fill("#tt-top-k input[type=number]", "20")
-    page.press("#tt-top-k input[type=number]", "Enter")
+    number(page, "tt-temperature", 0.7)
+    number(page, "tt-top-p", 0.9)
+    number(page, "tt-top-k", 20)
     page.fill("#tt-seed input", "11")
     page.uncheck("#tt-speculative input")
     send_and_finish(page, "Remember my settings.", 40, level="basic")

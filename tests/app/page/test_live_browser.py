@@ -12,7 +12,7 @@ import threading
 import httpx
 import pytest
 
-from tests.browser_utils import open_page, page_fixture, server_fixture, set_controls, status, wait_status
+from tests.browser_utils import number, open_page, page_fixture, server_fixture, set_controls, status, wait_status
 from tests.holds import StepGate
 
 pytestmark = [pytest.mark.slow,
@@ -56,8 +56,7 @@ def finish(page, before: str) -> str:
 
 def test_one_picture_shows_one_pass_while_the_answer_streams(page):
     set_controls(page, "Tell me a long story about a fox and an owl.", 40)
-    page.fill("#tt-temperature input[type=number]", "0.8")  # a sampled draw (the page opens greedy)
-    page.press("#tt-temperature input[type=number]", "Enter")
+    number(page, "tt-temperature", 0.8)  # a sampled draw (the page opens greedy)
     page.fill("#tt-seed input", "4")
     page.evaluate(PASSES)
     before = status(page)
@@ -74,8 +73,7 @@ def test_one_picture_shows_one_pass_while_the_answer_streams(page):
 def test_a_replay_at_capture_level_off_counts_the_steps_its_timeline_has(page):
     page.check("#tt-level input[value=off]")
     set_controls(page, "Tell me a long story about a fox and an owl.", 16)
-    page.fill("#tt-temperature input[type=number]", "0.8")  # a sampled draw (the page opens greedy)
-    page.press("#tt-temperature input[type=number]", "Enter")
+    number(page, "tt-temperature", 0.8)  # a sampled draw (the page opens greedy)
     page.fill("#tt-seed input", "4")  # a seeded draw with no early end-of-text: a replay of several steps
     before = status(page)
     page.click("#tt-send")
