@@ -57,9 +57,9 @@ def test_periods_are_set_and_refused_by_name(monkeypatch):
 def test_every_answer_runs_to_its_max_tokens(checkpoint):
     """The page's worst case is the full length: an answer the embedded model would end early
     (its end of text at once) runs on to max_tokens."""
-    from app.__main__ import build_service, parse_args
     from app.serving.requests import build_body, parse_body
-    service = build_service(parse_args(["--draft", "none"]))
+    from tests.service_utils import app_service
+    service = app_service(checkpoint, "--draft", "none", model=None)  # the embedded model
     eos = service.engine.model_config.eos_token_ids[0]
     body = build_body("m", "", "Say nothing.", 0.0, 0, 1.0, 12, 1, False, 1, "off")
     body["logit_bias"] = {str(eos): 100}  # end of text first, whatever the model would say
