@@ -33,23 +33,20 @@ class Holders:
         for seq in live:
             rid, table, n = seq.request_id, seq.block_table, seq.num_computed_tokens
             old, old_n = self.tables.get(rid, _NONE)
-            if table == old:  # most steps: the same blocks (the snapshot kept), only the fill moved
-                if n != old_n:
-                    lo, hi = (old_n, n) if old_n < n else (n, old_n)
-                    changed.update(table[lo // bs:hi // bs + 1])
-                now[rid] = (old, n)
-                continue
-            k = min(len(old), len(table))
-            same = k if table[:k] == old[:k] else next(i for i in range(k) if table[i] != old[i])
-            for i in range(same, len(old)):  # blocks the table no longer holds where it held them
-                self._drop(old[i], rid)
-                changed.add(old[i])
-            for i in range(same, len(table)):
-                self.at.setdefault(table[i], {})[rid] = i
-                changed.add(table[i])
+            if table == old:  # most steps: the same blocks, their snapshot kept
+                snapshot = old
+            else:
+                snapshot, k = list(table), min(len(old), len(table))
+                same = k if table[:k] == old[:k] else next(i for i in range(k) if table[i] != old[i])
+                for i in range(same, len(old)):  # blocks the table no longer holds where it held them
+                    self._drop(old[i], rid)
+                    changed.add(old[i])
+                for i in range(same, len(table)):
+                    self.at.setdefault(table[i], {})[rid] = i
+                    changed.add(table[i])
             lo, hi = min(old_n, n), max(old_n, n)  # the blocks whose written slots moved
             changed.update(table[lo // bs:min(len(table), hi // bs + 1)])
-            now[rid] = (list(table), n)
+            now[rid] = (snapshot, n)
         for rid, (old, _) in self.tables.items():
             if rid not in now:  # finished, preempted: it holds none of them now
                 for b in old:
