@@ -15,6 +15,7 @@ order. With no engine (`--replay FILE`) the page only replays.
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
 from typing import Callable
 
@@ -90,10 +91,12 @@ class Wiring:
             return self.out(handler(key_of(request), *args), keep, key_of(request))
         return call
 
-    def gen(self, handler: Callable, names: tuple[str, ...] = (), extra: int = 0) -> Callable:
+    def gen(self, handler: Callable, names: tuple[str, ...] = (), extra: int = 0, client: bool = False) -> Callable:
+        """fn's for a handler that yields {name: value} as it goes; client: the page's address
+        (client_of) passed last (a browser on this machine gets a core while it draws: SpareCore)."""
         def call(request: gr.Request, *values):
             args = list(values[:extra]) + ([self.controls(names, values[extra:])] if names else [])
-            for named in handler(key_of(request), *args):
+            for named in handler(key_of(request), *args, *((client_of(request),) if client else ())):
                 yield self.out(named, key=key_of(request))
         return call
 
@@ -363,31 +366,20 @@ def _wire(page: gr.Blocks, ui: dict, ctl: Controller) -> None:
     language.wire(page, ui["lang"], lambda key, panels: w.out(
         {**ctl.opening_page(key, panels), **(ctl.page_words(key) if panels else {})}, "map"), journey_out)
     if ctl.live:
-        def follow(request: gr.Request, *values):  # (the page's address: a browser here gets a core, SpareCore)
-            c = w.controls(("layer", "head", "model"), values)
-            for named in ctl.follow(key_of(request), c, client_of(request)):
-                yield w.out(named, key=key_of(request))
+        follow = w.gen(ctl.follow, ("layer", "head", "model"), client=True)
         watching = ui["watch"].click(follow, w.inputs(("layer", "head", "model")), outputs, concurrency_limit=16,
                                      **quiet)
         # input: the user's own pick (not the value Watch or Load write when they show another model)
         ui["model"].input(w.fn(ctl.pick_model, ("model",) + SETTINGS), w.inputs(("model",) + SETTINGS), outputs,
                           concurrency_limit=None, cancels=[watching], **quiet)
-
-        def run(request: gr.Request, *values):
-            c = Controls.of(dict(zip(SEND_INPUTS, values)))
-            for named in ctl.run(key_of(request), c, client_of(request)):
-                yield w.out(named, key=key_of(request))
+        run = w.gen(ctl.run, SEND_INPUTS, client=True)
         # sending from this tab ends its watching: one request per set of panels. "multiple": a Send while
         # one streams reaches run(), which refuses it visibly (Gradio's default drops it unseen)
         ui["send"].click(run, w.inputs(SEND_INPUTS), outputs, api_name="send", concurrency_limit=16,
                          show_progress="hidden", cancels=[watching], trigger_mode="multiple")
         ui["user"].submit(run, w.inputs(SEND_INPUTS), outputs, concurrency_limit=16, cancels=[watching],
                           trigger_mode="multiple", **quiet)
-
-        def second(request: gr.Request, *values):
-            c = Controls.of(dict(zip(SEND_INPUTS, values)))
-            for named in send_second(ctl, key_of(request), c, client_of(request)):
-                yield w.out(named, key=key_of(request))
+        second = w.gen(partial(send_second, ctl), SEND_INPUTS, client=True)
         ui["second"].click(second, w.inputs(SEND_INPUTS), outputs, concurrency_limit=16, cancels=[watching], **quiet)
 
         ui["stop"].click(w.fn(ctl.stop), None, [ui[n] for n in ("status",) + SETTINGS + ("send", "unlock", "stop")],
