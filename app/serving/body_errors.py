@@ -59,6 +59,9 @@ def unknown_message(name: str, endpoint: str) -> str:
 
 def _message(err: dict, name: str, endpoint: str) -> str:
     loc, value = err["loc"], err.get("input")
+    if err["type"] == "string_unicode" or "surrogates not allowed" in err.get("msg", ""):  # JSON's "\ud800"
+        what = "each message's content" if name == "messages" else name
+        return f"{what} must be valid Unicode text: it holds a lone surrogate (\\ud800-\\udfff), which is no character"
     if name in FIXED:
         return FIXED[name]
     if name in INTEGERS or name in NUMBERS or (name == "logprobs" and endpoint == "completion"):
@@ -92,12 +95,12 @@ def _number(name: str, value, out_of_range: bool, real: bool, endpoint: str) -> 
     """What parse_body always said of a number: its type, else its range."""
     if not out_of_range:
         return f"{name} must be {'a number' if real else 'an integer'}, got {value!r}"
-    return f"{name} must be {bounds(name, endpoint)}, got {value!r}"
+    return f"{name} must be {bounds(name, endpoint, value)}, got {value!r}"
 
 
-def bounds(name: str, endpoint: str) -> str:
-    """"in [lo, hi]", "at least lo" (hi only keeps it an int32) or "a 64-bit integer" (seed),
-    as the model's JSON schema has them."""
+def bounds(name: str, endpoint: str, value=None) -> str:
+    """"in [lo, hi]", "at least lo" (hi only keeps it an int32: "at most hi" for a value above
+    it) or "a 64-bit integer" (seed), as the model's JSON schema has them."""
     if name == "seed":
         return "a 64-bit integer"
     kinds = _schema(endpoint)["properties"][name]["anyOf"]
@@ -105,7 +108,9 @@ def bounds(name: str, endpoint: str) -> str:
     lo, hi = ranged["minimum"], ranged["maximum"]
     if name == "max_tokens":
         lo = 1  # 0 only scores a prompt (completions with echo)
-    return f"at least {lo:g}" if hi >= 2 ** 31 else f"in [{lo:g}, {hi:g}]"
+    if hi >= 2 ** 31:
+        return f"at most {hi:,}" if isinstance(value, (int, float)) and value > hi else f"at least {lo:g}"
+    return f"in [{lo:g}, {hi:g}]"
 
 
 @functools.cache
