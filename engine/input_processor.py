@@ -76,6 +76,8 @@ class InputProcessor:
             raise ValueError(f"context_fit must be one of {CONTEXT_FITS}")
         text, ids = self.tokenize(prompt, messages)
         params = self.validate(ids, params, opts.context_fit)
+        if text is None:  # token ids: their text, once they are known to be the vocabulary's (the trace shows it)
+            text = self.tokenizer.decode(ids, skip_special_tokens=False)
         seq = Sequence(opts.request_id, ids, params, IncrementalDetokenizer.start(self.tokenizer, ids),
                        trace_level=opts.trace_level, prompt=text, arrival_time=opts.arrival)
         seq.tokenized_time = time.perf_counter()
@@ -127,7 +129,7 @@ class InputProcessor:
 
     def tokenize(self, prompt, messages: list[dict] | None) -> tuple[str | None, list[int]]:
         """(the prompt's text, its token ids): messages through the chat template, a string
-        encoded, token ids as they are."""
+        encoded, token ids as they are (their text None: decoded once they are validated)."""
         if messages is not None:
             check_messages(messages)
             return self.tokenizer.apply_chat_template(messages), self.tokenizer.encode_chat(messages)

@@ -16,6 +16,8 @@ NAMES = {"messages": N_("messages"), "sampling": N_("sampling"), "engine": N_("e
 WHOLE = [(re.compile(r"(?P<n>[\d,]+) messages?"), None),
          (re.compile(r"a plain prompt of (?P<n>[\d,]+) characters \(no chat template\)"),
           N_("a plain prompt of {n} characters (no chat template)")),
+         (re.compile(r"a plain prompt of (?P<n>[\d,]+) token ids \(no tokenizer, no chat template\)"),
+          N_("a plain prompt of {n} token ids (no tokenizer, no chat template)")),
          (re.compile(r"accepted by (?P<model>.+); fits the context of (?P<n>[\d,]+) tokens and the KV pool"),
           N_("accepted by {model}; fits the context of {n} tokens and the KV pool")),
          (re.compile(r"accepted by (?P<model>.+) \(sent by another client\)"),

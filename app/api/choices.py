@@ -45,13 +45,18 @@ def chat_choice(c: Choice, sub: Submission, text: TokenText) -> dict:
             "finish_reason": c.finish}
 
 
+def echo_text(sub: Submission, text: TokenText) -> str:
+    """The prompt as echo returns it: the text sent, or token ids' text (special tokens written out)."""
+    return sub.prompt if isinstance(sub.prompt, str) else text.tokenizer.decode(sub.prompt, skip_special_tokens=False)
+
+
 def completion_choice(c: Choice, sub: Submission, text: TokenText) -> dict:
     """With echo the prompt comes first (and its tokens' logprobs, the first one null);
     score_only (echo, max_tokens 0): the prompt alone."""
     body = "" if sub.score_only else "".join(c.parts)
     ids, entries = ([], []) if sub.score_only else (c.token_ids, c.logprobs)
     if sub.echo:
-        body = sub.prompt + body
+        body = echo_text(sub, text) + body
         if c.prompt_ids is not None:
             ids, entries = c.prompt_ids + ids, c.prompt_logprobs + entries
     lp = completion_logprobs(entries, ids, text) if sub.params.logprobs is not None else None
@@ -95,8 +100,9 @@ class ChunkWriter:
         if self.endpoint == "completion" and sub.echo and index not in self.offsets:
             ids, entries = self.prompt
             lp = completion_logprobs(entries, ids, self.text) if lp_wanted and ids else None
-            out.append({"index": index, "text": sub.prompt, "logprobs": lp, "finish_reason": None})
-            self.offsets[index] = lp["text_offset"][-1] + len(lp["tokens"][-1]) if lp else len(sub.prompt)
+            echoed = echo_text(sub, self.text)
+            out.append({"index": index, "text": echoed, "logprobs": lp, "finish_reason": None})
+            self.offsets[index] = lp["text_offset"][-1] + len(lp["tokens"][-1]) if lp else len(echoed)
         if sub.score_only or (not item["text"] and not (lp_wanted and "logprobs" in item)):
             return out
         if self.endpoint == "chat":

@@ -37,15 +37,17 @@ def error(status: int, message: str, type_: str = "invalid_request_error", param
     return JSONResponse({"error": {"message": message, "type": type_, "param": param, "code": code}}, status)
 
 
-def refusal(e: ValueError, served) -> JSONResponse:
+def refusal(e: ValueError, served, endpoint: str = "chat") -> JSONResponse:
     """A refused request (bad body, server limits, the engine's own checks) as an OpenAI error.
-    served: anything with the server's .limits (an EngineService, ServedModels)."""
+    served: anything with the server's .limits (an EngineService, ServedModels); endpoint: "chat"
+    or "completion" (the engine's checks of the prompt name `messages` or `prompt`)."""
     if isinstance(e, RequestRefused):
         return error(e.status, served.limits.shown(str(e)), e.type, e.param, e.code)
     if isinstance(e, BodyError):
         return error(400, served.limits.shown(str(e)), param=e.param, code=e.code)
     first = str(e).split(" ")[0].rstrip(":")  # the engine's checks of a field name it first
-    param = first if first in ("logit_bias", *STRUCTURED_FIELDS) else "messages"  # else: context, KV pool
+    prompt = "messages" if endpoint == "chat" else "prompt"
+    param = first if first in ("logit_bias", *STRUCTURED_FIELDS) else prompt  # else: its ids, context, KV pool
     return error(400, served.limits.shown(str(e)), param=param)
 
 
@@ -158,7 +160,7 @@ async def _complete(request: Request, models: ServedModels, endpoint: str):
         service, sub = prepare(models, body, endpoint)
         watch = await run_in_threadpool(service.submit, sub, rid, client_of(request))
     except ValueError as e:  # the body, the server's limits, or the engine's checks (context, KV pool)
-        return refusal(e, models)
+        return refusal(e, models, endpoint)
     created = int(time.time())
     choices = {cid: Choice(i) for i, cid in enumerate(LLMEngine.choice_ids(rid, sub.params.n))}
     text = TokenText(service.engine.tokenizer)

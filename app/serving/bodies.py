@@ -146,9 +146,14 @@ class ChatCompletionRequest(Body):
     top_logprobs: integer(0, MAX_LOGPROBS) | None = Field(None, description="alternatives per token")
 
 
+TokenIds = Annotated[list[Annotated[int, Strict(), Field(ge=0)]], Field(min_length=1)]
+
+
 class CompletionRequest(Body):
-    """POST /v1/completions: a plain prompt, no chat template (base models)."""
-    prompt: Text | Annotated[list[Text], Field(min_length=1, max_length=1)]
+    """POST /v1/completions: a plain prompt, no chat template (base models): text or token ids,
+    alone or as OpenAI's batch of one."""
+    prompt: Text | TokenIds | Annotated[list[Text], Field(min_length=1, max_length=1)] \
+        | Annotated[list[TokenIds], Field(min_length=1, max_length=1)]
     echo: StrictBool | None = Field(None, description="the prompt comes back before the completion")
     # with echo, max_tokens 0 scores the prompt alone (evaluation harnesses)
     max_tokens: integer(0, LARGE) | None = Field(None, description="tokens to generate (the default 64)")

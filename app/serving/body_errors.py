@@ -22,7 +22,7 @@ FIXED = {
     "metadata": "metadata must be an object of at most 16 string values (keys up to 64 characters)",
     "stop": f"stop must be a non-empty string or a list of at most {MAX_STOPS} of them",
     "trace_level": "trace_level must be one of full, basic, off",
-    "prompt": "prompt must be a string",
+    "prompt": "prompt must be a string or a list of token ids (integers >= 0): one prompt a request",
     "guided_json": "guided_json must be a JSON schema (an object, or its JSON text)",
     "guided_regex": "guided_regex must be a non-empty string (a regular expression)",
     "guided_choice": "guided_choice must be a list of 1 to 64 non-empty strings",

@@ -100,6 +100,8 @@ class ReplicaSet:
         refuses the request with its own message)."""
         tok = self.engine.tokenizer
         try:
+            if isinstance(sub.prompt, list):  # token ids: as they are
+                return list(sub.prompt)
             if sub.prompt is not None:
                 return tok.encode(sub.prompt)
             return tok.encode_chat(sub.messages)

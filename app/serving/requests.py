@@ -24,7 +24,7 @@ class Submission:
     trace_level: str = "full"
     checks: list[tuple[str, bool, str]] = field(default_factory=list)
     body: dict | None = None  # as sent (less unknown fields dropped by --ignore-unknown-fields), kept with the trace
-    prompt: str | None = None  # a plain prompt (completions; base models): sent as is, no chat template
+    prompt: str | list[int] | None = None  # a plain prompt (completions; base models), text or token ids: no template
     echo: bool = False  # completions: the prompt comes back before the completion (its logprobs too, if asked)
     score_only: bool = False  # completions with echo and max_tokens 0: the prompt alone (one token is drawn, unsent)
 
@@ -91,10 +91,16 @@ def parse_body(body: dict, max_tokens_cap: int | None = None, endpoint: str | No
         fail(problem.check, problem.message, problem.param, problem.code)
     prompt, messages = None, []
     if endpoint == "completion":
-        prompt = req.prompt[0] if isinstance(req.prompt, list) else req.prompt  # OpenAI's batch form, one prompt
-        if not prompt.strip():
+        prompt = req.prompt  # text or token ids; OpenAI's batch form holds one of them
+        if isinstance(prompt, list) and isinstance(prompt[0], (str, list)):
+            prompt = prompt[0]
+        if isinstance(prompt, list):  # token ids, as they are (the engine checks them against its vocabulary)
+            checks.append(("prompt", True, f"a plain prompt of {len(prompt):,} token ids (no tokenizer, no chat "
+                                           "template)"))
+        elif not prompt.strip():
             fail("prompt", "the prompt is empty", "prompt")
-        checks.append(("prompt", True, f"a plain prompt of {len(prompt):,} characters (no chat template)"))
+        else:
+            checks.append(("prompt", True, f"a plain prompt of {len(prompt):,} characters (no chat template)"))
     else:
         messages = _messages(req, checks, fail)
     params, n = _sampling(req, endpoint, max_tokens_cap, fail)

@@ -9,12 +9,16 @@ from app.store.repository import TraceMeta
 PROMPT_CHARS = 200  # what the list shows and the search reads
 
 
-def prompt_words(body: dict | None) -> str:
-    """The prompt (a completion's) or the last user message (a chat's), whitespace folded."""
+def prompt_words(body: dict | None, events: list[dict] | None = None) -> str:
+    """The prompt (a completion's) or the last user message (a chat's), whitespace folded; a
+    prompt of token ids: their text as the trace's request.arrive has it (events), else none."""
     body = body or {}
     text = body.get("prompt")
     if isinstance(text, list):
         text = text[0] if text and isinstance(text[0], str) else ""
+        arrive = next((e for e in events or () if e.get("type") == "request.arrive"), None)
+        if not text and isinstance((arrive or {}).get("prompt"), str):
+            text = arrive["prompt"]
     if not isinstance(text, str):
         text = ""
         for m in reversed(body.get("messages") or []):
@@ -44,5 +48,5 @@ def started_meta(request_id: str, model: str | None, body: dict | None, created:
 
 
 def finished_meta(rec: Recording, created: float, pinned: bool) -> TraceMeta:
-    return TraceMeta(rec.request_id, rec.model.get("name"), created, prompt_words(rec.body),
+    return TraceMeta(rec.request_id, rec.model.get("name"), created, prompt_words(rec.body, rec.events),
                      tokens_of(rec.outputs), level_of(rec.body, rec.events), pinned)

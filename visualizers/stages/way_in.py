@@ -34,6 +34,14 @@ def untraced_words(f: Facts) -> str:
     return said(f, "This request's capture level (off) records no engine events for this stage.")
 
 
+def id_prompt(body: dict | None) -> list[int] | None:
+    """A completion body's prompt of token ids (OpenAI's [int], or its batch of one), else None."""
+    prompt = (body or {}).get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], list):
+        prompt = prompt[0]
+    return prompt if isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt) else None
+
+
 def request(f: Facts) -> Part:
     arrive = f.first.get("request.arrive") or {}
     body = f.body or {}
@@ -52,6 +60,12 @@ def request(f: Facts) -> Part:
                         "for {ask}.", **values) if f.idle else  # before any request: the body the controls make
                 said(f, "A client sent a JSON body like any OpenAI client would: {messages}, {chars} of text, asking "
                         "for {ask}.", **values))
+    elif (ids := id_prompt(body)) is not None:  # POST /v1/completions with token ids: no text was sent
+        chars = len(arrive.get("prompt") or "")
+        what = said_n(f, "A client sent a plain prompt (POST /v1/completions, no chat messages) as {n} token id, "
+                         "not text, asking for {ask}.",
+                      "A client sent a plain prompt (POST /v1/completions, no chat messages) as {n} token ids, "
+                      "not text, asking for {ask}.", len(ids), ask=ask)
     else:  # POST /v1/completions: a plain prompt, no chat messages
         prompt = body.get("prompt") if isinstance(body.get("prompt"), str) else arrive.get("prompt")
         chars = len(prompt) if isinstance(prompt, str) else 0
@@ -95,7 +109,15 @@ def tokenize(f: Facts) -> Part:
     special = sum(1 for t in tok["tokens"] if t.get("special"))
     vocab = n(int(tok.get("tokenizer_size") or f.model["vocab_size"]))
     total_tokens = int(tok["count"])
-    if tok.get("chat_template", True):
+    if id_prompt(f.body) is not None:  # token ids sent: no template, no tokenizer
+        cut = said_n(f, "The client sent {n} token id itself, so neither a chat template nor the tokenizer ran: "
+                        "the id goes to the model as it is, an integer in a vocabulary of {vocab}.",
+                     "The client sent the {n} token ids themselves, so neither a chat template nor the tokenizer "
+                     "ran: the ids go to the model as they are, each an integer in a vocabulary of {vocab}.",
+                     total_tokens, vocab=vocab)
+        marks = said_n(f, "{n} of them is a special token (highlighted).", "{n} of them are special tokens "
+                       "(highlighted).", special)
+    elif tok.get("chat_template", True):
         cut = said_n(f, "The chat template wrapped the messages in role markers, then the tokenizer (byte-pair "
                        "encoding) cut the text into {n} token, each an integer id in a vocabulary of {vocab}.",
                     "The chat template wrapped the messages in role markers, then the tokenizer (byte-pair encoding) "
