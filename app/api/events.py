@@ -119,15 +119,17 @@ async def _serve_socket(websocket: WebSocket, models: ServedModels, request_id: 
     async def submit(text: str) -> None:
         nonlocal watch
         rid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
+        endpoint = "chat"  # (a completion body's refusals by the engine name its prompt)
         try:
             if len(text) > models.limits.max_body_bytes:
                 raise RequestRefused(f"the body is larger than this server's limit of "
                                      f"{models.limits.max_body_bytes:,} bytes", status=413)
             service, sub = prepare(models, read_json(text))
+            endpoint = "chat" if sub.prompt is None else "completion"
             own = await run_in_threadpool(service.submit, sub, rid, client_of(websocket))
         except ValueError as e:
             await websocket.send_json({"schema": SCHEMA_VERSION, "type": "error", "request_id": None,
-                                       **json.loads(refusal(e, models).body)})
+                                       **json.loads(refusal(e, models, endpoint).body)})
             return
         owned.update(LLMEngine.choice_ids(rid, sub.params.n))  # n > 1: every choice's outputs are its own
         if request_id:  # a socket that watches one request follows the one it sent

@@ -103,3 +103,12 @@ def test_the_stages_say_the_client_sent_ids_not_text(server):
                              "tokenizer ran"), ("zh_CN", f"内容是 <b>{len(ids)}</b> 个词元 ID 而不是文本", "分词器都没有运行")):
         stages = {s.key: s for s in journey(model, rid, trace["body"], trace["events"], trace["outputs"], lang=lang)}
         assert sent in stages["request"].text and ran in stages["tokens"].text, lang
+
+
+def test_the_websocket_names_the_prompt_of_a_refused_completion(server):
+    from websockets.sync.client import connect
+    with connect(server.url.replace("http://", "ws://") + "ws") as ws:
+        ws.send(json.dumps({"model": "tiny-moe", "prompt": [10 ** 6], "max_tokens": 2}))
+        while (msg := json.loads(ws.recv(timeout=30)))["type"] != "error":
+            pass  # (another test's trace events)
+    assert msg["error"]["param"] == "prompt" and "prompt token ids must be in" in msg["error"]["message"]
