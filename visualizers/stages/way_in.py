@@ -52,6 +52,7 @@ def request(f: Facts) -> Part:
                   "temperature": body.get("temperature", 1.0)}
     ask = said(f, "at most {tokens} new tokens at temperature {temperature}", tokens=n(int(params.get("max_tokens") or 0)),
                temperature=n(float(params.get("temperature", 0) or 0)))
+    ids = None if msgs else id_prompt(body)
     if msgs:
         chars = sum(len(m["content"]) for m in msgs if isinstance(m, dict) and isinstance(m.get("content"), str))
         values = {"messages": said_n(f, "{n} message", "{n} messages", len(msgs)), "ask": ask,
@@ -60,8 +61,7 @@ def request(f: Facts) -> Part:
                         "for {ask}.", **values) if f.idle else  # before any request: the body the controls make
                 said(f, "A client sent a JSON body like any OpenAI client would: {messages}, {chars} of text, asking "
                         "for {ask}.", **values))
-    elif (ids := id_prompt(body)) is not None:  # POST /v1/completions with token ids: no text was sent
-        chars = len(arrive.get("prompt") or "")
+    elif ids is not None:  # POST /v1/completions with token ids: no text was sent
         what = said_n(f, "A client sent a plain prompt (POST /v1/completions, no chat messages) as {n} token id, "
                          "not text, asking for {ask}.",
                       "A client sent a plain prompt (POST /v1/completions, no chat messages) as {n} token ids, "
@@ -79,7 +79,8 @@ def request(f: Facts) -> Part:
                said(f, "The server checked every field before the engine saw it, and gave the request its id {id}: "
                        "every event below carries that id.", id="<b>" + esc(f.request_id) + "</b>"))
     text = p(what, checked, routed(f, arrive.get("replica")))
-    chip = esc(i18n.gettext(f.lang, "{chars} chars", chars=i18n.number(f.lang, chars)))
+    chip = esc(i18n.gettext(f.lang, "{chars} chars", chars=i18n.number(f.lang, chars)) if ids is None else
+               i18n.ngettext(f.lang, "{n} token id", "{n} token ids", len(ids)))
     return Part(text, ("request",), chip, reached=bool(arrive or f.body))
 
 

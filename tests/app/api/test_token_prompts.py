@@ -99,10 +99,13 @@ def test_the_stages_say_the_client_sent_ids_not_text(server):
                                                           "trace_level": "basic"}, timeout=60).json()["id"]
     trace = httpx.get(server.url + f"v1/traces/{rid}", timeout=30).json()
     model = server.service.model_info()
-    for lang, sent, ran in (("en", f"as <b>{len(ids)}</b> token ids, not text", "neither a chat template nor the "
-                             "tokenizer ran"), ("zh_CN", f"内容是 <b>{len(ids)}</b> 个词元 ID 而不是文本", "分词器都没有运行")):
+    for lang, sent, ran, chip in (
+            ("en", f"as <b>{len(ids)}</b> token ids, not text", "neither a chat template nor the tokenizer ran",
+             f"{len(ids)} token ids"),
+            ("zh_CN", f"内容是 <b>{len(ids)}</b> 个词元 ID 而不是文本", "分词器都没有运行", f"{len(ids)} 个词元 ID")):
         stages = {s.key: s for s in journey(model, rid, trace["body"], trace["events"], trace["outputs"], lang=lang)}
         assert sent in stages["request"].text and ran in stages["tokens"].text, lang
+        assert stages["request"].chip == chip  # the map's chip: ids, not characters (none were sent)
 
 
 def test_the_websocket_names_the_prompt_of_a_refused_completion(server):
