@@ -48,7 +48,22 @@ def first_problem(e: ValidationError, endpoint: str) -> Problem:
         return Problem("body", "the body must be a JSON object", None)
     err = min(errors, key=lambda x: ORDER.index(x["loc"][0]) if x["loc"][0] in ORDER else len(ORDER))
     name = str(err["loc"][0])
-    return Problem(CHECKS.get(name, "sampling"), _message(err, name, endpoint)[:200], name)
+    said = _turn(errors) if name == "messages" else None
+    return Problem(CHECKS.get(name, "sampling"), (said or _message(err, name, endpoint))[:200], name)
+
+
+def _turn(errors: list[dict]) -> str | None:
+    """What is wrong with one message, where the errors say it more closely than "each message
+    needs ...": a role no chat template has, or a content part that is not text."""
+    for err in errors:
+        loc, value = err["loc"], err.get("input")
+        if err["type"] == "literal_error" and len(loc) == 3 and loc[0] == "messages" and loc[2] == "role":
+            return (f"messages[{loc[1]}]: role {str(value)[:40]!r} is not one this server takes (system, developer, "
+                    "user or assistant; it runs no tools)")
+        if err["type"] == "literal_error" and len(loc) == 6 and loc[2] == "content" and loc[-1] == "type":
+            return (f"messages[{loc[1]}].content[{loc[4]}]: a part of type {str(value)[:40]!r}: this server's models "
+                    "read text only (parts {\"type\": \"text\", \"text\": ...})")
+    return None
 
 
 def unknown_message(name: str, endpoint: str) -> str:

@@ -71,6 +71,11 @@ CASES = [
     (json.dumps({"model": NAME, "messages": []}), 400, "messages", "messages"),
     (json.dumps({"model": NAME, "messages": [{"role": "user", "content": "   "}]}), 400, "empty", "messages"),
     (json.dumps({"model": NAME, "messages": [{"role": "wizard", "content": "x"}]}), 400, "role", "messages"),
+    (json.dumps({"model": NAME, "messages": [{"role": "tool", "content": "x"}]}), 400,
+     "messages[0]: role 'tool' is not one this server takes", "messages"),
+    (json.dumps({"model": NAME, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "What is this?"}, {"type": "image_url", "image_url": {"url": "http://x/a.png"}}]}]}),
+     400, "messages[0].content[1]: a part of type 'image_url': this server's models read text only", "messages"),
     (json.dumps({"model": NAME, "messages": [{"role": "user", "content": 5}]}), 400, "content", "messages"),
     (json.dumps({"model": NAME, "messages": [{"role": "user", "content": "\ud800"}]}), 400, "lone surrogate",
      "messages"),
