@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterator
 
 import httpx
+import pytest
 
 from app.__main__ import build_service, parse_args
 from app.serving.engine_service import EngineService, wait_idle
@@ -123,3 +124,20 @@ def stage_index(server, room: dict, key: str) -> int:
     """Where a stage stands in a classroom (stages may be added before it)."""
     return next(i for i in range(room["stages"])
                 if httpx.get(server.url + f"classroom/{room['id']}/stage/{i}").json()["key"] == key)
+
+
+def api_fixtures(name: str) -> tuple:
+    """Module-scoped `server` and `client` fixtures for a module that drives the API: the tiny
+    MoE served as `name` (block size 4) over HTTP, and the official `openai` SDK's client for it
+    (`server, client = api_fixtures("tiny-moe")`)."""
+    @pytest.fixture(scope="module")
+    def server(checkpoint, tmp_path_factory):
+        with served(app_service(checkpoint, "--served-model-name", name, "--block-size", "4"),
+                    tmp_path_factory) as srv:
+            yield srv
+
+    @pytest.fixture(scope="module")
+    def client(server):
+        from openai import OpenAI
+        return OpenAI(base_url=server.url + "v1", api_key="unused", max_retries=0)
+    return server, client

@@ -9,24 +9,14 @@ import httpx
 import pytest
 import torch
 
-from tests.service_utils import app_service, served
+from tests.service_utils import api_fixtures
 from tests.tiny import load_reference
 
 NAME = "tiny-moe"
 USER = [{"role": "user", "content": "Tell me about tokens"}]
 
 
-@pytest.fixture(scope="module")
-def server(checkpoint, tmp_path_factory):
-    svc = app_service(checkpoint, "--served-model-name", NAME, "--block-size", "4")
-    with served(svc, tmp_path_factory) as srv:
-        yield srv
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    from openai import OpenAI
-    return OpenAI(base_url=server.url + "v1", api_key="unused", max_retries=0)
+server, client = api_fixtures(NAME)
 
 
 @pytest.fixture(scope="module")

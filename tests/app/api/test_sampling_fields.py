@@ -5,23 +5,13 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.service_utils import app_service, served
+from tests.service_utils import api_fixtures
 
 NAME = "tiny-moe"
 USER = [{"role": "user", "content": "Say something"}]
 
 
-@pytest.fixture(scope="module")
-def server(checkpoint, tmp_path_factory):
-    svc = app_service(checkpoint, "--served-model-name", NAME, "--block-size", "4")
-    with served(svc, tmp_path_factory) as srv:
-        yield srv
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    from openai import OpenAI
-    return OpenAI(base_url=server.url + "v1", api_key="unused", max_retries=0)
+server, client = api_fixtures(NAME)
 
 
 def tokens_of(server, rid):

@@ -10,7 +10,7 @@ import jsonschema
 import pytest
 from pydantic import BaseModel
 
-from tests.service_utils import app_service, served
+from tests.service_utils import api_fixtures, served
 
 NAME = "tiny-moe"
 USER = [{"role": "user", "content": "Tell me about a person"}]
@@ -20,17 +20,7 @@ PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength
           "required": ["name", "age", "likes"], "additionalProperties": False}
 
 
-@pytest.fixture(scope="module")
-def server(checkpoint, tmp_path_factory):
-    svc = app_service(checkpoint, "--served-model-name", NAME, "--block-size", "4")
-    with served(svc, tmp_path_factory) as srv:
-        yield srv
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    from openai import OpenAI
-    return OpenAI(base_url=server.url + "v1", api_key="unused", max_retries=0)
+server, client = api_fixtures(NAME)
 
 
 def samples_of(server, rid):

@@ -10,22 +10,12 @@ import subprocess
 import httpx
 import pytest
 
-from tests.service_utils import app_service, served
+from tests.service_utils import api_fixtures
 
 TEXT = "The fox and the owl"
 
 
-@pytest.fixture(scope="module")
-def server(checkpoint, tmp_path_factory):
-    svc = app_service(checkpoint, "--served-model-name", "tiny-moe", "--block-size", "4")
-    with served(svc, tmp_path_factory) as srv:
-        yield srv
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    from openai import OpenAI
-    return OpenAI(base_url=server.url + "v1", api_key="unused", max_retries=0)
+server, client = api_fixtures("tiny-moe")
 
 
 def ids_of(server, text: str) -> list[int]:
