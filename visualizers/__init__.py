@@ -17,11 +17,11 @@ from visualizers.request import request_html
 from visualizers.sampling import sampling_html
 from visualizers.speculative import spec_html
 from visualizers.timeline import queue_seconds, timeline_html, timeline_steps, untraced_timeline_html
-from visualizers.tokens import tokens_html
+from visualizers.tokens import id_prompt, tokens_html
 
 __all__ = ["disagg_html", "answer_html", "attention_html", "attention_matrix", "layers_and_heads", "embedding_html",
            "embedding_matrix", "kv_formula_html", "kv_grid_html", "DTYPE_BYTES", "REFERENCE_MODELS",
            "calculator_html", "kv_cache_bytes", "logit_lens_html", "moe_html", "moe_layers", "parallel_html", "prefix_cache_html", "request_html",
-           "sampling_html", "spec_html", "timeline_html", "timeline_steps", "tokens_html", "not_recorded",
+           "sampling_html", "spec_html", "timeline_html", "timeline_steps", "tokens_html", "id_prompt", "not_recorded",
            "queue_seconds", "untraced_timeline_html", "apply_kv_pool", "copy_pool", "empty_pool", "pool_at",
            "decode_engine_of", "engine_kv_events", "pool_engine"]

@@ -67,11 +67,20 @@ def chips_html(toks: Sequence[dict], shown: Sequence[int | None], n_prompt: int,
     return "".join(out)
 
 
+def id_prompt(body: dict | None) -> list[int] | None:
+    """A completion body's prompt of token ids (OpenAI's [int], or its batch of one), else None."""
+    prompt = (body or {}).get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], list):
+        prompt = prompt[0]
+    return prompt if isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt) else None
+
+
 def tokens_html(tokenize: dict | None, generated: Sequence[dict] = (), prompt_tokens: int | None = None,
-                missing: str = "", lang: str = i18n.DEFAULT) -> str:
+                missing: str = "", lang: str = i18n.DEFAULT, ids_sent: bool = False) -> str:
     """tokenize: the `tokenize` event; generated: {"id", "text", "special"} per output token;
     prompt_tokens: the prompt's token count when its pieces were not recorded (capture level
-    off: from the usage), missing: why they were not (in lang)."""
+    off: from the usage), missing: why they were not (in lang); ids_sent: the client sent the
+    prompt as token ids (id_prompt), so no tokenizer ran: the time is their reading."""
     title = i18n.gettext(lang, "Tokens")
     gen_word = said_html(lang, "generated")
     if tokenize is None:
@@ -100,20 +109,28 @@ def tokens_html(tokenize: dict | None, generated: Sequence[dict] = (), prompt_to
               + '</span><span class="tt-chip">' + said_html(lang, "prompt") + '</span><span class="tt-chip tt-gen">'
               + gen_word + '</span></div>')
     note = cjk_note([_text(t) for t in toks], [bool(t.get("special")) for t in toks], lang)
-    return panel(title, _head(tokenize, toks, len(generated), lang) + note + legend
+    return panel(title, _head(tokenize, toks, len(generated), lang, ids_sent) + note + legend
                  + f'<div class="tt-chips">{chips}{gen}</div>')
 
 
-def _head(tokenize: dict, toks: Sequence[dict], generated: int, lang: str) -> str:
-    """The counts line: prompt tokens, generated, the vocabulary, the template, the time."""
+def _head(tokenize: dict, toks: Sequence[dict], generated: int, lang: str, ids_sent: bool = False) -> str:
+    """The counts line: prompt tokens, generated, the vocabulary, the template, the time (to
+    tokenize the prompt, or to read the ids a client sent)."""
     num = functools.partial(i18n.number, lang)
     newest = said_html(lang, " (the newest {n} shown)", n=str(MAX_GENERATED)) if generated > MAX_GENERATED else ""
     line = said_html(
         lang, "prompt tokens: {count} ({special} special) · generated: {generated}{newest} · vocabulary: {vocab} logits "
-              "({entries} tokenizer entries) · chat template: {template} · tokenized in {ms} ms",
+              "({entries} tokenizer entries) · chat template: {template} · {took}",
         count=bold(num(tokenize['count'])), special=str(sum(1 for t in toks if t.get("special"))),
         generated=bold(num(generated)), newest=newest, vocab=bold(num(tokenize['vocab_size'])),
         entries=num(tokenize.get('tokenizer_size', tokenize['vocab_size'])),
         template=said_html(lang, "yes") if tokenize.get("chat_template") else said_html(lang, "no"),
-        ms=esc(i18n.number(lang, tokenize.get('seconds', 0) * 1000, 1)))
+        took=_took(tokenize, lang, ids_sent))
     return f"<div class='tt-lines'><div>{line}</div></div>"
+
+
+def _took(tokenize: dict, lang: str, ids_sent: bool) -> str:
+    ms = esc(i18n.number(lang, tokenize.get("seconds", 0) * 1000, 1))
+    if ids_sent:
+        return said_html(lang, "ids read in {ms} ms (no tokenizer ran: the client sent them)", ms=ms)
+    return said_html(lang, "tokenized in {ms} ms", ms=ms)

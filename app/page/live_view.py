@@ -333,7 +333,8 @@ class LiveView:
                 usage = (self.finish_info() or {}).get("usage") or {}
                 return viz.tokens_html(None, gen, usage.get("prompt_tokens"), words.t(lang, words.OFF_TOKENS),
                                        lang=lang)
-            return viz.tokens_html(self.first("tokenize"), gen, lang=lang)
+            return viz.tokens_html(self.first("tokenize"), gen, lang=lang,
+                                   ids_sent=viz.id_prompt(self.body) is not None)
         if name == "embedding":
             return viz.embedding_html(self.by_type.get("embed", []), m.get("vocab_size"), m.get("hidden_size"),
                                       selection=self.selection(), frozen=self.frozen(name), lang=lang)

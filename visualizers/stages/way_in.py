@@ -6,6 +6,7 @@ from visualizers._html import esc, fmt_bytes
 from visualizers.i18n import N_
 from visualizers.prefix_next import FOLLOW_UP, NextHit, asked, next_hit, system_tokens
 from visualizers.stages.facts import Facts, Part, n, p, plural, said, said_n
+from visualizers.tokens import id_prompt
 
 NEVER = N_("Never reached")  # a finished request that did not get here (the page's heading says so too)
 NOT_YET = "Not reached yet: this request is still on its way (the page re-reads it while it runs)."
@@ -32,14 +33,6 @@ def idle_words(f: Facts) -> str:
 def untraced_words(f: Facts) -> str:
     """UNTRACED in the stage's language."""
     return said(f, "This request's capture level (off) records no engine events for this stage.")
-
-
-def id_prompt(body: dict | None) -> list[int] | None:
-    """A completion body's prompt of token ids (OpenAI's [int], or its batch of one), else None."""
-    prompt = (body or {}).get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], list):
-        prompt = prompt[0]
-    return prompt if isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt) else None
 
 
 def request(f: Facts) -> Part:

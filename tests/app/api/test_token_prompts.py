@@ -96,6 +96,12 @@ def test_the_stages_say_the_client_sent_ids_not_text(server):
         stages = {s.key: s for s in journey(model, rid, trace["body"], trace["events"], trace["outputs"], lang=lang)}
         assert sent in stages["request"].text and ran in stages["tokens"].text, lang
         assert stages["request"].chip == chip  # the map's chip: ids, not characters (none were sent)
+    import visualizers as viz
+    tokenize = next(e for e in trace["events"] if e["type"] == "tokenize")
+    sent = viz.id_prompt(trace["body"])
+    assert sent == ids
+    panel = viz.tokens_html(tokenize, ids_sent=sent is not None)  # the Tokens panel's time: no tokenizing was done
+    assert "ids read in" in panel and "tokenized in" not in panel
 
 
 def test_the_websocket_names_the_prompt_of_a_refused_completion(server):
